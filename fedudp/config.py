@@ -1,0 +1,249 @@
+"""Structured run configuration (ARCHITECTURE.md §6), registered with Hydra's ConfigStore.
+
+OmegaConf rejects unknown keys and wrongly typed / unknown enum values at composition
+time; ``validate`` checks the value ranges (epsilon > 0, delta in (0, 1), ...) and the
+cross-key constraints, raising ``ConfigError`` naming the offending key *before* any
+data is loaded or any round runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+from omegaconf import MISSING  # noqa: F401  (re-exported for presets)
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key."""
+
+
+class Method(str, Enum):
+    joint_dp = "joint_dp"
+    full_dp = "full_dp"
+    fedavg = "fedavg"
+    per_silo = "per_silo"
+
+
+class AggregatorName(str, Enum):
+    auto = "auto"          # gaussian for full_dp / joint_dp, none for fedavg and per_silo
+    gaussian = "gaussian"
+    none = "none"
+    winsorized = "winsorized"
+    outlier_removal = "outlier_removal"
+    friendlycore = "friendlycore"
+    few_users = "few_users"
+
+
+class Unit(str, Enum):
+    user = "user"
+    record = "record"
+    owner = "owner"
+
+
+class Accounting(str, Enum):
+    certified = "certified"
+    paper = "paper"
+
+
+class Calibration(str, Enum):
+    accountant = "accountant"
+    closed_form = "closed_form"
+
+
+class Placement(str, Enum):
+    server = "server"
+    local_dpsgd = "local_dpsgd"
+
+
+class SharedUpdate(str, Enum):
+    delta = "delta"
+    gradient = "gradient"
+
+
+class DatasetName(str, Enum):
+    synthetic = "synthetic"
+    mnist = "mnist"
+    fashion_mnist = "fashion_mnist"
+
+
+class Scheme(str, Enum):
+    paper_classes = "paper_classes"
+    iid = "iid"
+    dirichlet = "dirichlet"
+
+
+class EngineName(str, Enum):
+    local = "local"
+    flower = "flower"
+
+
+class ModelName(str, Enum):
+    auto = "auto"
+    linear = "linear"
+    cnn = "cnn"
+
+
+@dataclass
+class PrivacyConfig:
+    epsilon: float = 1.0
+    delta: float = 1e-5
+    unit: Unit = Unit.user
+    accounting: Accounting = Accounting.certified
+    calibration: Calibration = Calibration.accountant
+    placement: Placement = Placement.server
+    clip: float = 1.0
+    # None: calibrate to (epsilon, delta) over the whole schedule. A number: use it, and
+    # stop (cleanly) before the round that would exceed the budget.
+    noise_multiplier: Optional[float] = None
+
+
+@dataclass
+class TrainConfig:
+    rounds: int = 20
+    local_epochs: int = 1
+    sampling_rate: float = 1.0
+    shared_update: SharedUpdate = SharedUpdate.delta
+    lr: float = 0.5            # owners' local SGD step (shared deltas and personal updates)
+    batch_size: int = 32       # records per local SGD step
+    server_lr: float = 1.0     # billboard step: u += server_lr * mean (delta) / u -= ... (gradient)
+    personal_epochs: Optional[int] = None  # personal-parameter epochs per round (None: local_epochs)
+    eval_every: int = 1
+
+
+@dataclass
+class DatasetConfig:
+    name: DatasetName = DatasetName.synthetic
+    root: str = "data"
+    download: bool = False
+    num_records: int = 10_000   # the paper's N: size of the training subset split over owners
+    # synthetic only: feature dimension, number of classes, pool sizes, teacher strength
+    features: int = 60
+    classes: int = 10
+    pool_train: int = 60_000
+    pool_test: int = 10_000
+    signal: float = 3.0
+
+
+@dataclass
+class PartitionConfig:
+    num_owners: int = 16
+    records_per_user: int = 1
+    scheme: Scheme = Scheme.paper_classes
+    classes_per_owner: int = 8
+    dirichlet_alpha: float = 0.5
+    test_per_owner: Optional[int] = None  # None: the test pool split evenly over owners
+
+
+@dataclass
+class ModelConfig:
+    name: ModelName = ModelName.auto     # auto: linear for synthetic, cnn for images
+    # parameter-name patterns (fnmatch) kept personal by joint_dp; empty: the model's default
+    personal: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EngineConfig:
+    chunk_records: int = 8192   # local engine: records processed per vmapped chunk
+    threads: int = 0            # torch threads (0: torch default)
+    float64: bool = False       # equivalence mode
+    # flower engine (issue 4)
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    address: Optional[str] = None
+
+
+@dataclass
+class RunConfig:
+    method: Method = Method.joint_dp
+    aggregator: AggregatorName = AggregatorName.auto
+    engine: EngineName = EngineName.local
+    seed: int = 0
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine_opts: EngineConfig = field(default_factory=EngineConfig)
+    progress: bool = True
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="fedudp_schema", node=RunConfig)
+
+
+def resolved_aggregator(cfg: RunConfig) -> AggregatorName:
+    """``aggregator=auto``: gaussian for the private methods, none otherwise."""
+    if cfg.aggregator != AggregatorName.auto:
+        return AggregatorName(cfg.aggregator)
+    private = cfg.method in (Method.full_dp, Method.joint_dp)
+    return AggregatorName.gaussian if private else AggregatorName.none
+
+
+def _need(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _finite_pos(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def validate(cfg: RunConfig) -> None:
+    """Range and cross-key checks, before any work. Raises ``ConfigError`` naming the key."""
+    p, t, d, part = cfg.privacy, cfg.train, cfg.dataset, cfg.partition
+    _need(_finite_pos(p.epsilon), "privacy.epsilon", f"must be a finite number > 0, got {p.epsilon}")
+    _need(isinstance(p.delta, (int, float)) and 0 < p.delta < 1, "privacy.delta",
+          f"must be in (0, 1), got {p.delta}")
+    _need(_finite_pos(p.clip), "privacy.clip", f"must be > 0, got {p.clip}")
+    _need(p.noise_multiplier is None or (math.isfinite(p.noise_multiplier) and p.noise_multiplier > 0),
+          "privacy.noise_multiplier", f"must be null (calibrate) or > 0, got {p.noise_multiplier}")
+    _need(t.rounds >= 1, "train.rounds", f"must be >= 1, got {t.rounds}")
+    _need(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {t.local_epochs}")
+    _need(t.personal_epochs is None or t.personal_epochs >= 0, "train.personal_epochs",
+          f"must be null or >= 0, got {t.personal_epochs}")
+    _need(isinstance(t.sampling_rate, (int, float)) and 0 < t.sampling_rate <= 1,
+          "train.sampling_rate", f"must be in (0, 1], got {t.sampling_rate}")
+    _need(_finite_pos(t.lr), "train.lr", f"must be > 0, got {t.lr}")
+    _need(_finite_pos(t.server_lr), "train.server_lr", f"must be > 0, got {t.server_lr}")
+    _need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
+    _need(t.eval_every >= 1, "train.eval_every", f"must be >= 1, got {t.eval_every}")
+    _need(d.num_records >= 1, "dataset.num_records", f"must be >= 1, got {d.num_records}")
+    _need(part.num_owners >= 1, "partition.num_owners", f"must be >= 1, got {part.num_owners}")
+    _need(part.num_owners <= d.num_records, "partition.num_owners",
+          f"{part.num_owners} owners but only dataset.num_records={d.num_records} records: "
+          "every owner needs at least one record")
+    _need(part.records_per_user >= 1, "partition.records_per_user",
+          f"must be >= 1, got {part.records_per_user}")
+    _need(1 <= part.classes_per_owner, "partition.classes_per_owner",
+          f"must be >= 1, got {part.classes_per_owner}")
+    _need(_finite_pos(part.dirichlet_alpha), "partition.dirichlet_alpha",
+          f"must be > 0, got {part.dirichlet_alpha}")
+    if d.name == DatasetName.synthetic:
+        _need(d.features >= 1, "dataset.features", f"must be >= 1, got {d.features}")
+        _need(d.classes >= 2, "dataset.classes", f"must be >= 2, got {d.classes}")
+        _need(d.pool_train >= d.num_records, "dataset.pool_train",
+              f"must be >= dataset.num_records={d.num_records}, got {d.pool_train}")
+    if cfg.method in (Method.fedavg, Method.per_silo):
+        _need(cfg.aggregator in (AggregatorName.auto, AggregatorName.none), "aggregator",
+              f"method={cfg.method.value} is non-private and needs aggregator=none (or auto), "
+              f"got {cfg.aggregator.value}")
+    if cfg.method in (Method.full_dp, Method.joint_dp):
+        _need(cfg.aggregator != AggregatorName.none, "aggregator",
+              f"method={cfg.method.value} is private; aggregator=none releases without noise")
+    if p.placement == Placement.local_dpsgd:
+        raise ConfigError("privacy.placement: local_dpsgd (per-record DP-SGD inside owners) is "
+                          "not implemented yet; use privacy.placement=server")
+    if p.calibration == Calibration.closed_form and resolved_aggregator(cfg) == AggregatorName.gaussian:
+        raise ConfigError("privacy.calibration: closed_form has no closed form for clip+Gaussian "
+                          "(the paper's Alg. 1 constant c2 is unknown); use accountant")
+    if p.unit == Unit.record and cfg.method in (Method.full_dp, Method.joint_dp):
+        _need(part.records_per_user == 1, "privacy.unit",
+              "record with placement=server clips per user, so it needs "
+              "partition.records_per_user=1 (a user-level guarantee, privacy.unit=user, already "
+              "implies record level)")
+    if cfg.engine_opts.chunk_records < 1:
+        raise ConfigError("engine_opts.chunk_records: must be >= 1")

@@ -1,0 +1,106 @@
+"""The billboard server's round (Huang et al. (001) §2 billboard model; ARCHITECTURE.md §3).
+
+The billboard samples units (Poisson, seeded; never Flower's client sampler), checks the
+budget *before* releasing (composing the round's event must not exceed the target epsilon),
+runs the aggregator on the cohort, composes the event into the ledger, takes a step on the
+shared parameters and broadcasts them. Only this broadcast leaves the server, so every
+owner's personal parameters are joint-DP with respect to the other owners' data.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from fedudp.aggregators.base import Aggregate, Aggregator, Sampling
+from fedudp.privacy.accountant import Accountant, Ledger, LedgerEntry
+
+PURPOSE_SAMPLE = 11
+PURPOSE_NOISE = 12
+
+
+class Billboard:
+    def __init__(self, shared: Mapping[str, torch.Tensor], names: tuple[str, ...],
+                 aggregator: Aggregator, sampling: Sampling, ledger: Ledger, seed: int,
+                 server_lr: float, mode: str, target_epsilon: float | None, delta: float) -> None:
+        self.names = names
+        self.shapes = {k: tuple(shared[k].shape) for k in names}
+        self.u = torch.cat([shared[k].reshape(-1) for k in names]) if names else torch.zeros(0)
+        self.aggregator = aggregator
+        self.sampling = sampling
+        self.ledger = ledger
+        self.seed = seed
+        self.server_lr = server_lr
+        self.mode = mode
+        self.target_epsilon = target_epsilon
+        self.delta = delta
+        self.accountant = Accountant() if aggregator.private else None
+        self.event = aggregator.dp_event(sampling) if aggregator.private else None
+
+    @property
+    def dim(self) -> int:
+        return int(self.u.numel())
+
+    def shared_params(self) -> dict[str, torch.Tensor]:
+        """The broadcast: shared parameters as named tensors (a copy)."""
+        out, i = {}, 0
+        for k in self.names:
+            n = math.prod(self.shapes[k])
+            out[k] = self.u[i:i + n].reshape(self.shapes[k]).clone()
+            i += n
+        return out
+
+    def sample(self, round_: int) -> np.ndarray:
+        """Poisson sample of the ``population`` units at rate q (True: in this round's cohort)."""
+        q = self.sampling.rate
+        if q >= 1.0:
+            return np.ones(self.sampling.population, dtype=bool)
+        rng = np.random.default_rng([self.seed, PURPOSE_SAMPLE, round_])
+        return rng.random(self.sampling.population) < q
+
+    def noise_generator(self, round_: int) -> torch.Generator:
+        seq = np.random.SeedSequence([self.seed, PURPOSE_NOISE, round_])
+        return torch.Generator().manual_seed(int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+
+    def epsilon_after_round(self) -> float | None:
+        """Epsilon if this round's release were composed now (None for non-private runs)."""
+        if self.accountant is None:
+            return None
+        return self.accountant.epsilon_if(self.event, self.delta)
+
+    def within_budget(self) -> bool:
+        eps = self.epsilon_after_round()
+        return eps is None or self.target_epsilon is None or eps <= self.target_epsilon * (1 + 1e-9)
+
+    def _commit(self, agg: Aggregate, round_: int, step_shared: bool = True) -> None:
+        eps = eps_rdp = None
+        if self.accountant is not None:
+            self.accountant.compose(self.event)
+            eps = self.accountant.epsilon(self.delta)
+            eps_rdp = self.accountant.epsilon_rdp(self.delta)
+        z = getattr(self.aggregator, "noise_multiplier", None)
+        std = getattr(self.aggregator, "noise_std", None)
+        self.ledger.entries.append(LedgerEntry(round_, str(self.event), z, std,
+                                               self.sampling.rate, eps, eps_rdp))
+        if not step_shared:
+            return
+        step = agg.mean.to(self.u.dtype)
+        if self.mode == "delta":
+            self.u = self.u + self.server_lr * step
+        else:
+            self.u = self.u - self.server_lr * step
+
+    def release_sums(self, total: torch.Tensor, count: int, clipped: int, round_: int) -> Aggregate:
+        """Aggregators without per-unit needs: owners sent sums of clipped vectors + counts."""
+        agg = self.aggregator.release(total, count, rng=self.noise_generator(round_), clipped=clipped)
+        self._commit(agg, round_)
+        return agg
+
+    def release_matrix(self, G: torch.Tensor, round_: int) -> Aggregate:
+        """Aggregators that need the cohort matrix G (n_units x d)."""
+        agg = self.aggregator(G, rng=self.noise_generator(round_))
+        # a halted estimator (AboveThreshold said stop) still released its answer: compose it
+        self._commit(agg, round_, step_shared=not agg.halted)
+        return agg

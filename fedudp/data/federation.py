@@ -1,0 +1,134 @@
+"""The simulated federation: owners -> users -> records, laid out for vectorized rounds.
+
+Records are stored owner by owner and, within an owner, user by user, so every user's
+records are one contiguous slice ``x[user_offsets[u]:user_offsets[u+1]]`` and every owner's
+users are ``owner_user_offsets[j]..owner_user_offsets[j+1]``. Users are data, not objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedudp.config import DatasetName, RunConfig, Scheme
+from fedudp.data import partition as P
+from fedudp.data.idx import load_idx_dataset
+from fedudp.data.synthetic import synthetic_pool
+
+
+@dataclass
+class OwnerData:
+    """One owner's shard: what a Flower ClientApp loads by partition id."""
+
+    owner: int
+    x: torch.Tensor
+    y: torch.Tensor
+    user_offsets: np.ndarray      # local: user k's records are x[user_offsets[k]:user_offsets[k+1]]
+    first_user: int               # global id of user 0 of this owner
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_offsets) - 1
+
+
+@dataclass
+class Federation:
+    x: torch.Tensor
+    y: torch.Tensor
+    user_offsets: np.ndarray
+    user_owner: np.ndarray
+    owner_user_offsets: np.ndarray
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    test_offsets: np.ndarray
+    num_classes: int
+    owner_classes: list[np.ndarray] | None
+
+    @property
+    def num_owners(self) -> int:
+        return len(self.owner_user_offsets) - 1
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_owner)
+
+    @property
+    def num_records(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    @property
+    def owner_offsets(self) -> np.ndarray:
+        return self.user_offsets[self.owner_user_offsets]
+
+    def user_sizes(self) -> np.ndarray:
+        return np.diff(self.user_offsets)
+
+    def owner_sizes(self) -> np.ndarray:
+        return np.diff(self.owner_offsets)
+
+    def owner(self, j: int) -> OwnerData:
+        u0, u1 = self.owner_user_offsets[j], self.owner_user_offsets[j + 1]
+        r0, r1 = self.user_offsets[u0], self.user_offsets[u1]
+        t0, t1 = self.test_offsets[j], self.test_offsets[j + 1]
+        return OwnerData(j, self.x[r0:r1], self.y[r0:r1], self.user_offsets[u0:u1 + 1] - r0,
+                         int(u0), self.x_test[t0:t1], self.y_test[t0:t1])
+
+
+def _load_pool(cfg: RunConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    d = cfg.dataset
+    if d.name == DatasetName.synthetic:
+        tx, ty, vx, vy = synthetic_pool(d.features, d.classes, d.pool_train, d.pool_test,
+                                        d.signal, cfg.seed)
+        return tx, ty, vx, vy, d.classes
+    tx, ty, vx, vy = load_idx_dataset(DatasetName(d.name).value, d.root, d.download)
+    # scale to [0,1], then standardize with the training pool's statistics; add channel dim
+    mean, std = tx.mean() / 255.0, tx.std() / 255.0
+    norm = lambda a: ((a.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)[:, None]  # noqa: E731
+    if d.num_records > len(tx):
+        raise ValueError(f"dataset.num_records={d.num_records} > {len(tx)} training records")
+    return norm(tx), ty.astype(np.int64), norm(vx), vy.astype(np.int64), 10
+
+
+def build_federation(cfg: RunConfig) -> Federation:
+    """Load the pool, partition it over owners, cut owners into users (all seeded)."""
+    tx, ty, vx, vy, classes = _load_pool(cfg)
+    part = cfg.partition
+    n, N = part.num_owners, cfg.dataset.num_records
+    rng = np.random.default_rng([cfg.seed, 0xFA27])
+    test_per = part.test_per_owner or max(1, len(vy) // n)
+    owner_classes = None
+    if part.scheme == Scheme.paper_classes:
+        train, test, owner_classes = P.paper_classes(ty, vy, N, n, part.classes_per_owner,
+                                                     classes, test_per, rng)
+    elif part.scheme == Scheme.iid:
+        train, test = P.iid(len(ty), len(vy), N, n, min(test_per, len(vy) // n), rng)
+    else:
+        train, test, _ = P.dirichlet(ty, vy, N, n, part.dirichlet_alpha, classes, test_per, rng)
+
+    rec_idx, user_offsets, user_owner, owner_user_offsets = [], [0], [], [0]
+    for j, idx in enumerate(train):
+        users = P.assign_users(len(idx), part.records_per_user, rng)
+        order = np.argsort(users, kind="stable")
+        rec_idx.append(idx[order])
+        counts = np.bincount(users, minlength=users.max() + 1)
+        for c in counts:
+            user_offsets.append(user_offsets[-1] + int(c))
+            user_owner.append(j)
+        owner_user_offsets.append(len(user_owner))
+    rec = np.concatenate(rec_idx)
+    tst = np.concatenate(test)
+    return Federation(
+        x=torch.from_numpy(np.ascontiguousarray(tx[rec])), y=torch.from_numpy(ty[rec]),
+        user_offsets=np.array(user_offsets, dtype=np.int64),
+        user_owner=np.array(user_owner, dtype=np.int64),
+        owner_user_offsets=np.array(owner_user_offsets, dtype=np.int64),
+        x_test=torch.from_numpy(np.ascontiguousarray(vx[tst])), y_test=torch.from_numpy(vy[tst]),
+        test_offsets=np.concatenate([[0], np.cumsum([len(t) for t in test])]).astype(np.int64),
+        num_classes=classes, owner_classes=owner_classes)

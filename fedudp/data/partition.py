@@ -1,0 +1,124 @@
+"""Owners -> users -> records (ALGORITHMS.md §3.6, Huang et al. §4).
+
+* ``owner_sizes``: N records split evenly, sizes floor(N/n) or ceil(N/n).
+* ``paper_classes``: each owner draws ``k`` (paper: 8) of the classes uniformly and fills its
+  quota from them, disjointly and as class-balanced as availability allows (round robin over
+  its classes, from a shuffled pool). The N-record training subset is the union of quotas.
+  The test pool is split with the *same* per-owner class sets.
+* ``iid``: a uniformly random N-subset split evenly. ``dirichlet``: class proportions
+  p_j ~ Dir(alpha) per owner, the same proportions used for its test shard.
+* ``assign_users``: an owner's records, shuffled, cut into users of ``records_per_user``.
+All functions are pure given a ``numpy.random.Generator``.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+def owner_sizes(total: int, owners: int) -> np.ndarray:
+    if owners < 1 or owners > total:
+        raise ValueError(f"cannot split {total} records over {owners} owners")
+    base, extra = divmod(total, owners)
+    return np.array([base + 1] * extra + [base] * (owners - extra), dtype=np.int64)
+
+
+def _class_pools(labels: np.ndarray, classes: int, rng: np.random.Generator) -> list[deque]:
+    return [deque(rng.permutation(np.flatnonzero(labels == c)).tolist()) for c in range(classes)]
+
+
+def round_robin_fill(pools: list[deque], owner_classes: list[np.ndarray], quotas: np.ndarray,
+                     strict: bool) -> list[np.ndarray]:
+    """Owners take one record per turn, cycling over their own classes, until quotas are met.
+
+    Interleaving owners keeps the split fair when a class runs short. With ``strict`` an
+    owner that cannot fill its quota from its classes is an error; otherwise it keeps fewer.
+    """
+    taken: list[list[int]] = [[] for _ in quotas]
+    cursor = [0] * len(quotas)
+    active = [j for j in range(len(quotas)) if quotas[j] > 0]
+    while active:
+        still = []
+        for j in active:
+            cls = owner_classes[j]
+            for _ in range(len(cls)):
+                c = cls[cursor[j] % len(cls)]
+                cursor[j] += 1
+                if pools[c]:
+                    taken[j].append(pools[c].popleft())
+                    break
+            else:
+                if strict:
+                    raise ValueError(f"owner {j}: its classes {list(cls)} ran out of records "
+                                     f"({len(taken[j])} of {quotas[j]} filled)")
+                continue
+            if len(taken[j]) < quotas[j]:
+                still.append(j)
+        active = still
+    return [np.array(t, dtype=np.int64) for t in taken]
+
+
+def paper_classes(train_labels: np.ndarray, test_labels: np.ndarray, total: int, owners: int,
+                  classes_per_owner: int, classes: int, test_per_owner: int,
+                  rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    if classes_per_owner > classes:
+        raise ValueError(f"partition.classes_per_owner={classes_per_owner} > {classes} classes")
+    owner_classes = [np.sort(rng.choice(classes, classes_per_owner, replace=False)) for _ in range(owners)]
+    train = round_robin_fill(_class_pools(train_labels, classes, rng), owner_classes,
+                             owner_sizes(total, owners), strict=True)
+    test = round_robin_fill(_class_pools(test_labels, classes, rng), owner_classes,
+                            np.full(owners, test_per_owner), strict=False)
+    return train, test, owner_classes
+
+
+def iid(n_train: int, n_test: int, total: int, owners: int, test_per_owner: int,
+        rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    sizes = owner_sizes(total, owners)
+    sub = rng.permutation(n_train)[:total]
+    train = np.split(sub, np.cumsum(sizes)[:-1])
+    tsub = rng.permutation(n_test)[: test_per_owner * owners]
+    test = np.split(tsub, owners)
+    return train, test
+
+
+def dirichlet(train_labels: np.ndarray, test_labels: np.ndarray, total: int, owners: int,
+              alpha: float, classes: int, test_per_owner: int, rng: np.random.Generator
+              ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    props = rng.dirichlet(np.full(classes, alpha), size=owners)
+
+    def fill(labels: np.ndarray, quotas: np.ndarray) -> list[np.ndarray]:
+        pools = _class_pools(labels, classes, rng)
+        out = []
+        for j, q in enumerate(quotas):
+            p = props[j].copy()
+            got: list[int] = []
+            while len(got) < q:
+                avail = np.array([len(pl) > 0 for pl in pools])
+                if not avail.any():
+                    break
+                w = p * avail
+                w = w / w.sum() if w.sum() > 0 else avail / avail.sum()
+                counts = rng.multinomial(q - len(got), w)
+                for c in np.flatnonzero(counts):
+                    k = min(counts[c], len(pools[c]))
+                    got += [pools[c].popleft() for _ in range(k)]
+            out.append(np.array(got, dtype=np.int64))
+        return out
+
+    train = fill(train_labels, owner_sizes(total, owners))
+    if any(len(t) < q for t, q in zip(train, owner_sizes(total, owners))):
+        raise ValueError("dirichlet partition ran out of training records")
+    test = fill(test_labels, np.full(owners, test_per_owner))
+    return train, test, props
+
+
+def assign_users(n_records: int, records_per_user: int, rng: np.random.Generator) -> np.ndarray:
+    """User index (0..r-1) of each of an owner's records: shuffled, ``records_per_user`` each.
+
+    The last user holds fewer when ``records_per_user`` does not divide the owner's size.
+    """
+    order = rng.permutation(n_records)
+    users = np.empty(n_records, dtype=np.int64)
+    users[order] = np.arange(n_records) // records_per_user
+    return users

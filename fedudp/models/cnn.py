@@ -1,0 +1,41 @@
+"""The paper CNN inferred from Huang et al. Table 2 (ALGORITHMS.md §3.7).
+
+Conv1(1->16, 5x5, pad 2) -> ReLU -> MaxPool2 -> Conv2(16->32, 5x5, pad 2) -> ReLU -> MaxPool2
+-> flatten (32*7*7 = 1568) -> two parallel heads FC1, FC2 (Linear 1568->10), logits averaged.
+Parameter counts: Conv1 416, Conv2 12,832, each head 15,690 (PyTorch, biased; the paper's
+Table 2 lists FC1 as 17,248 = 1568 x 11, see §3.7). joint_dp personalizes FC1 by default.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+PAPER_TABLE2_COUNTS = {"conv1": 416, "conv2": 12_832, "fc1": 17_248}
+
+
+class PaperCNN(nn.Module):
+    default_personal = ("fc1.*",)
+
+    def __init__(self, in_channels: int = 1, classes: int = 10, side: int = 28) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 16, 5, padding=2)
+        self.conv2 = nn.Conv2d(16, 32, 5, padding=2)
+        flat = 32 * (side // 4) * (side // 4)
+        self.fc1 = nn.Linear(flat, classes)
+        self.fc2 = nn.Linear(flat, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        h = x.flatten(-3)
+        return 0.5 * (self.fc1(h) + self.fc2(h))
+
+
+def layer_counts(model: nn.Module) -> dict[str, int]:
+    """Parameters per top-level layer (weights + biases)."""
+    out: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        layer = name.split(".")[0]
+        out[layer] = out.get(layer, 0) + p.numel()
+    return out

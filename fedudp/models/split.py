@@ -1,0 +1,39 @@
+"""Shared / personal split of a model's parameters by name patterns (ALGORITHMS.md §3.6).
+
+A pattern is an fnmatch pattern over ``named_parameters()`` names; a bare layer name
+(``fc1``) means that layer's parameters (``fc1.*``). A pattern matching nothing is a
+``ConfigError`` listing the parameter names, so a typo never silently shares everything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Sequence
+
+import torch.nn as nn
+
+from fedudp.config import ConfigError
+
+
+@dataclass(frozen=True)
+class ParamSplit:
+    shared: tuple[str, ...]
+    personal: tuple[str, ...]
+
+
+def _expand(pattern: str) -> list[str]:
+    return [pattern] if any(ch in pattern for ch in "*?[.") else [pattern, pattern + ".*"]
+
+
+def split_by_patterns(model: nn.Module, patterns: Sequence[str], key: str = "model.personal"
+                      ) -> ParamSplit:
+    names = [n for n, _ in model.named_parameters()]
+    personal: set[str] = set()
+    for pat in patterns:
+        hits = {n for n in names for p in _expand(pat) if fnmatchcase(n, p)}
+        if not hits:
+            raise ConfigError(f"{key}: pattern {pat!r} matches no parameter of "
+                              f"{type(model).__name__}; its parameters are {names}")
+        personal |= hits
+    return ParamSplit(shared=tuple(n for n in names if n not in personal),
+                      personal=tuple(n for n in names if n in personal))

@@ -1,0 +1,198 @@
+"""Privacy accounting on Google's dp-accounting (ALGORITHMS.md §7).
+
+* ``Accountant`` composes the ``DpEvent`` of every release with a ``PLDAccountant``
+  (primary; tight for Poisson-sampled Gaussians) and an ``RdpAccountant`` (cross-check),
+  both under ``ADD_OR_REMOVE_ONE`` at the stated unit. No RDP formula is written here.
+* ``calibrate_noise_multiplier`` finds the smallest noise multiplier z = sigma / C whose
+  whole schedule (all rounds, the sampling rate) stays within the target (epsilon, delta),
+  with ``dp_accounting.calibrate_dp_mechanism`` over a PLD accountant.
+* ``Ledger`` records, per round, what was released: unit, adjacency, sigma, epsilon so far.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import dp_accounting
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+ADJACENCY = "add_or_remove_one"
+_RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+# Noise multipliers beyond this are treated as "target unreachable" (the run would be noise).
+MAX_NOISE_MULTIPLIER = 1e4
+
+
+class BudgetError(ValueError):
+    """The target (epsilon, delta) cannot be met by the configured schedule."""
+
+
+def pld_interval(target_epsilon: float | None) -> float:
+    """PLD discretization: 1e-4 up to epsilon 1, coarser (relative 1e-4) above, for speed.
+
+    PLD accounting with a coarser grid stays an upper bound on epsilon (pessimistic)."""
+    return 1e-4 * max(1.0, float(target_epsilon or 1.0))
+
+
+def _pld(interval: float = 1e-4) -> pld_privacy_accountant.PLDAccountant:
+    return pld_privacy_accountant.PLDAccountant(_RELATION, value_discretization_interval=interval)
+
+
+@contextlib.contextmanager
+def _quiet_absl():
+    """dp-accounting's RDP logs a warning per excluded order; keep the terminal readable."""
+    log = logging.getLogger("absl")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _rdp() -> rdp_privacy_accountant.RdpAccountant:
+    return rdp_privacy_accountant.RdpAccountant(neighboring_relation=_RELATION)
+
+
+class Accountant:
+    """Composes released events; reports epsilon at a delta (PLD, RDP as cross-check)."""
+
+    def __init__(self, pld_interval: float = 1e-4) -> None:
+        self.pld_interval = pld_interval
+        self._pld = _pld(pld_interval)
+        self._rdp = _rdp()
+        self._rdp_ok = True
+        self.events: list[dp_accounting.DpEvent] = []
+
+    def supports(self, event: dp_accounting.DpEvent) -> bool:
+        return self._pld.supports(event)
+
+    def compose(self, event: dp_accounting.DpEvent, count: int = 1) -> None:
+        if isinstance(event, dp_accounting.NonPrivateDpEvent):
+            raise ValueError("a non-private release cannot be composed into a DP ledger")
+        if not self._pld.supports(event):
+            raise dp_accounting.UnsupportedEventError(f"PLD accountant does not support {event}")
+        self._pld.compose(event, count)
+        if self._rdp_ok and self._rdp.supports(event):
+            with _quiet_absl():
+                self._rdp.compose(event, count)
+        else:
+            self._rdp_ok = False
+        self.events.extend([event] * count)
+
+    def epsilon(self, delta: float) -> float:
+        """Epsilon at ``delta`` of everything composed so far (PLD)."""
+        if not self.events:
+            return 0.0
+        return float(self._pld.get_epsilon(delta))
+
+    def epsilon_rdp(self, delta: float) -> float | None:
+        """The RDP accountant's (looser) epsilon, as a cross-check; None if unsupported."""
+        if not self.events:
+            return 0.0
+        if not self._rdp_ok:
+            return None
+        with _quiet_absl():
+            return float(self._rdp.get_epsilon(delta))
+
+    def epsilon_if(self, event: dp_accounting.DpEvent, delta: float, count: int = 1) -> float:
+        """Epsilon after composing ``event`` ``count`` more times, without composing it."""
+        acc = copy.deepcopy(self._pld)
+        acc.compose(event, count)
+        return float(acc.get_epsilon(delta))
+
+
+def schedule_epsilon(make_event: Callable[[float], dp_accounting.DpEvent], noise: float,
+                     rounds: int, delta: float, interval: float = 1e-4) -> float:
+    """Epsilon (PLD) of ``rounds`` self-composed releases of ``make_event(noise)``."""
+    acc = _pld(interval)
+    acc.compose(dp_accounting.SelfComposedDpEvent(make_event(noise), rounds))
+    return float(acc.get_epsilon(delta))
+
+
+def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEvent],
+                               target_epsilon: float, delta: float, rounds: int,
+                               tol: float = 1e-3) -> float:
+    """Smallest noise multiplier whose ``rounds``-fold schedule meets (target_epsilon, delta).
+
+    ``make_event(z)`` is one round's release. Raises ``BudgetError`` (naming the target)
+    when even ``MAX_NOISE_MULTIPLIER`` does not reach it.
+    """
+    validate_budget(target_epsilon, delta)
+    interval = pld_interval(target_epsilon)
+    if rounds < 1:
+        raise BudgetError(f"train.rounds must be >= 1, got {rounds}")
+    if schedule_epsilon(make_event, MAX_NOISE_MULTIPLIER, rounds, delta, interval) > target_epsilon:
+        raise BudgetError(
+            f"privacy.epsilon={target_epsilon} at privacy.delta={delta} is unreachable in "
+            f"{rounds} rounds even with noise multiplier {MAX_NOISE_MULTIPLIER:g}")
+
+    def event(z: float) -> dp_accounting.DpEvent:
+        return dp_accounting.SelfComposedDpEvent(make_event(z), rounds)
+
+    # RDP is an upper bound on epsilon, so its calibration brackets the PLD one from above;
+    # it is also fast where PLD is slow (small noise, large epsilon).
+    with _quiet_absl():
+        z_hi = float(dp_accounting.calibrate_dp_mechanism(
+            _rdp, event, target_epsilon, delta,
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-4, 1.0), tol=tol / 10))
+    z_lo = z_hi / 2
+    while schedule_epsilon(make_event, z_lo, rounds, delta, interval) <= target_epsilon:
+        z_hi, z_lo = z_lo, z_lo / 2
+    z = dp_accounting.calibrate_dp_mechanism(
+        lambda: _pld(interval), event, target_epsilon, delta,
+        bracket_interval=dp_accounting.ExplicitBracketInterval(z_lo, z_hi), tol=tol)
+    return float(z)
+
+
+def validate_budget(epsilon: float, delta: float) -> None:
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        raise BudgetError(f"privacy.epsilon must be a finite number > 0, got {epsilon}")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise BudgetError(f"privacy.delta must be in (0, 1), got {delta}")
+
+
+@dataclass
+class LedgerEntry:
+    round: int
+    event: str
+    noise_multiplier: float | None
+    noise_std: float | None
+    sampling_rate: float
+    epsilon: float | None
+    epsilon_rdp: float | None
+
+
+@dataclass
+class Ledger:
+    """Per-run privacy record (written to ``ledger.json``)."""
+
+    unit: str
+    adjacency: str
+    accounting: str
+    guarantee: str
+    mechanism: str
+    accountant: str
+    delta: float
+    target_epsilon: float | None
+    notes: list[str] = field(default_factory=list)
+    entries: list[LedgerEntry] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def epsilon(self) -> float | None:
+        return self.entries[-1].epsilon if self.entries else (0.0 if self.private else None)
+
+    @property
+    def private(self) -> bool:
+        return self.mechanism != "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["epsilon"] = self.epsilon
+        d["rounds_released"] = len(self.entries)
+        return d
