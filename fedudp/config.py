@@ -152,6 +152,7 @@ class EngineConfig:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     address: Optional[str] = None
+    timeout_s: Optional[float] = None   # flower engine: wait for owners' replies (None: no limit)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from typing import Callable, Iterator
@@ -90,6 +91,7 @@ class FlowerEngine:
         self.node_of_owner: dict[int, int] = {}
         self.owner_pids: dict[int, int] = {}
         self._result: EngineResult | None = None
+        self.ray_address: str | None = None
 
     # -- messaging -----------------------------------------------------------------------
     def _run_record(self, round_: int, owner: int, **extra) -> ConfigRecord:
@@ -209,6 +211,7 @@ class FlowerEngine:
     def serve(self, grid, on_round: Callable[[dict], None] | None = None) -> EngineResult:
         cfg, bb = self.cfg, self.billboard
         self._connect(grid)
+        self.ray_address = _ray_address()
         rounds, stop = 0, "completed"
         history: list[dict] = []
         acc = loss = None
@@ -263,7 +266,10 @@ class FlowerEngine:
         if acc is None or (history and "accuracy_mean" not in history[-1]):
             acc, loss, _ = self._evaluate(grid, shared, rounds)
         # personal parameters stay with the owners (context.state): the server has none
-        return EngineResult(shared, {}, acc, loss, rounds, stop, history)
+        res = EngineResult(shared, {}, acc, loss, rounds, stop, history)
+        res.extra = {"flower_nodes": len(self.node_of_owner), "ray_address": self.ray_address,
+                     "flower_worker_pids": sorted(set(self.owner_pids.values()))}
+        return res
 
     # -- launch ----------------------------------------------------------------------------
     def backend_config(self) -> dict:
@@ -278,6 +284,9 @@ class FlowerEngine:
         grid = getattr(_EXTERNAL, "grid", None)
         if grid is not None:
             return self.serve(grid, on_round)
+        address = self.cfg.engine_opts.address
+        if not address or str(address).split(":")[0] in ("127.0.0.1", "localhost"):
+            _loopback_only()
         from flwr.serverapp import ServerApp
         from flwr.simulation import run_simulation
 
@@ -293,6 +302,30 @@ class FlowerEngine:
         if self._result is None:
             raise RuntimeError("the Flower simulation ended without a result (see the log above)")
         return self._result
+
+
+def _loopback_only() -> None:
+    """Keep a local Ray on 127.0.0.1 (Ray otherwise advertises the host's network address).
+
+    Ray resolves a loopback node address to a reachable one unless its single-machine
+    mode is on (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read when Ray is imported, and by
+    worker processes from the environment). Set it unless the user chose otherwise.
+    """
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    consts = sys.modules.get("ray._private.ray_constants")
+    if consts is not None and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] in ("0", "false"):
+        consts.ENABLE_RAY_CLUSTER = False
+
+
+def _ray_address() -> str | None:
+    """The GCS address of the Ray cluster the simulation runs on (None outside Ray)."""
+    try:
+        import ray
+        if ray.is_initialized():
+            return str(ray.get_runtime_context().gcs_address)
+    except Exception:   # noqa: BLE001  (diagnostic only)
+        pass
+    return None
 
 
 def _copy_cfg(cfg: RunConfig) -> RunConfig:
