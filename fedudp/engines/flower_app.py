@@ -333,7 +333,9 @@ def _server_main(grid: Grid, context: Context) -> None:
     from fedudp.run import run as fedudp_run
 
     rc = dict(context.run_config)
-    out_dir = str(rc.pop("output-dir", "outputs/flwr"))
+    out_dir = os.path.abspath(str(rc.pop("output-dir", "outputs/flwr")))
+    if int(rc.get("partition.num_owners", 0)) == 0:   # one owner per Flower SuperNode
+        rc["partition.num_owners"] = _count_nodes(grid)
     cfg = cfg_from_overrides(rc)
     cfg.engine = EngineName.flower
     cfg.progress = False
@@ -343,3 +345,17 @@ def _server_main(grid: Grid, context: Context) -> None:
     from logging import INFO
     log(INFO, "fedudp: %s accuracy %.4f epsilon %s rounds %s -> %s", summary["method"],
         summary["accuracy_mean"], summary["epsilon"], summary["rounds_completed"], out_dir)
+
+
+def _count_nodes(grid: Grid, settle_s: float = 2.0, timeout_s: float = 300.0) -> int:
+    """Number of connected SuperNodes, once it has stopped growing for ``settle_s``."""
+    t_end = time.time() + timeout_s
+    last, since = -1, time.time()
+    while time.time() < t_end:
+        n = len(list(grid.get_node_ids()))
+        if n != last:
+            last, since = n, time.time()
+        elif n > 0 and time.time() - since >= settle_s:
+            return n
+        time.sleep(0.2)
+    raise RuntimeError("no Flower SuperNodes connected")
