@@ -102,11 +102,33 @@ class FlowerEngine:
         rec.update(extra)
         return ConfigRecord(rec)
 
-    def _exchange(self, grid, msgs: dict[int, Message]) -> dict[int, Message]:
-        """Send one message per owner, return the successful replies by owner."""
+    def _exchange(self, grid, msgs: dict[int, Message],
+                  while_waiting: Callable[[], None] | None = None) -> dict[int, Message]:
+        """Send one message per owner, return the successful replies by owner.
+
+        Like ``Grid.send_and_receive`` (push, then pull until every reply or the timeout),
+        with two differences: ``while_waiting`` runs on the server while the owners work,
+        and the pull interval starts at 2 ms and backs off to 50 ms (Flower's in-memory grid
+        sleeps a fixed 100 ms between pulls, which adds up to that much idle per exchange).
+        """
         if not msgs:
+            if while_waiting is not None:
+                while_waiting()
             return {}
-        replies = grid.send_and_receive(list(msgs.values()), timeout=self.timeout)
+        pending = set(grid.push_messages(list(msgs.values())))
+        if while_waiting is not None:
+            while_waiting()
+        end = None if self.timeout is None else time.time() + float(self.timeout)
+        replies: list[Message] = []
+        interval = 0.002
+        while pending:
+            got = list(grid.pull_messages(list(pending)))
+            replies.extend(got)
+            pending.difference_update(m.metadata.reply_to_message_id for m in got)
+            if not pending or (end is not None and time.time() >= end):
+                break
+            interval = 0.002 if got else min(interval * 1.5, 0.05)
+            time.sleep(interval)
         owner_of_node = {v: k for k, v in self.node_of_owner.items()}
         out: dict[int, Message] = {}
         for rep in replies:
@@ -189,7 +211,8 @@ class FlowerEngine:
         units = {j: (1 if contribute.get(j) else len(per_owner.get(j, ()))) for j in targets}
         return replies, units, failed
 
-    def _evaluate(self, grid, shared: dict[str, torch.Tensor], round_: int
+    def _evaluate(self, grid, shared: dict[str, torch.Tensor], round_: int,
+                  while_waiting: Callable[[], None] | None = None
                   ) -> tuple[np.ndarray, np.ndarray, int]:
         n = self.fed.num_owners
         shared_rec = A.params_to_record(shared) if shared else None
@@ -200,7 +223,7 @@ class FlowerEngine:
                 content[A.K_SHARED] = shared_rec
             msgs[j] = Message(content, dst_node_id=self.node_of_owner[j], message_type="evaluate",
                               group_id=str(round_))
-        got = self._exchange(grid, msgs)
+        got = self._exchange(grid, msgs, while_waiting)
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)
         for j, rep in got.items():
             m = rep.content[A.K_EVAL]
@@ -217,9 +240,18 @@ class FlowerEngine:
         acc = loss = None
         shared = bb.shared_params() if bb is not None else {}
         sizes = np.diff(self.fed.test_offsets)
+        budget_ok: bool | None = None   # next round's budget check, computed while owners evaluate
+
+        def check_budget() -> None:
+            nonlocal budget_ok
+            budget_ok = bb.within_budget() if bb is not None else True
+
         for r in range(1, cfg.train.rounds + 1):
             t0 = time.perf_counter()
-            if bb is not None and not bb.within_budget():
+            if budget_ok is None:
+                check_budget()
+            ok, budget_ok = budget_ok, None
+            if not ok:
                 stop = "budget"
                 break
             info: dict = {"round": r}
@@ -256,7 +288,8 @@ class FlowerEngine:
                     break
             rounds = r
             if r % cfg.train.eval_every == 0 or r == cfg.train.rounds:
-                acc, loss, eval_failed = self._evaluate(grid, shared, r)
+                acc, loss, eval_failed = self._evaluate(
+                    grid, shared, r, check_budget if r < cfg.train.rounds else None)
                 info.update(_summarize(acc, loss, sizes))
                 info["failed_eval_owners"] = eval_failed
             info["seconds"] = time.perf_counter() - t0
