@@ -131,7 +131,9 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
 
 @pytest.mark.parametrize("method,kw", [
     ("fedavg", {}),
-    ("joint_dp", {"train.sampling_rate": 0.5}),
+    # a given noise multiplier (no calibration: faster); the budget check still applies
+    ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 3.0,
+                  "privacy.epsilon": 5.0}),
 ])
 def test_flower_matches_local_engine(method, kw, tmp_path, monkeypatch):
     cap, out = _both(kw, method, tmp_path, monkeypatch)
@@ -157,7 +159,7 @@ def test_failed_owners_are_excluded_and_counted(tmp_path, monkeypatch):
     # owner 1 raises in round 2; owner 2 sends a NaN row in round 1 (dropped on the owner)
     cap = Capture(monkeypatch)
     cap.faults = {(2, 1): "raise", (1, 2): "nan"}
-    cfg = tiny("joint_dp", "flower")
+    cfg = tiny("joint_dp", "flower", **{"privacy.noise_multiplier": 3.0, "privacy.epsilon": 5.0})
     s = run(cfg, tmp_path)
     m = _metrics(tmp_path)
     assert s["rounds_completed"] == 3 and s["stop_reason"] == "completed"
@@ -182,3 +184,48 @@ def test_reply_codec_roundtrip():
     assert A.cfg_to_json(A.cfg_from_json(A.cfg_to_json(cfg))) == A.cfg_to_json(cfg)
     o = A.cfg_from_overrides({"method": "fedavg", "train.rounds": 2, "partition.num_owners": 3})
     assert o.method.value == "fedavg" and o.train.rounds == 2 and o.partition.num_owners == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_owner_timeout_is_excluded(tmp_path, monkeypatch):
+    # owner 3 sleeps past engine_opts.timeout_s in round 3: excluded, the run goes on
+    cap = Capture(monkeypatch)
+    cap.faults = {(3, 3): "sleep:10"}
+    cfg = tiny("joint_dp", "flower", **{"engine_opts.timeout_s": 5.0,
+                                         "privacy.noise_multiplier": 3.0, "privacy.epsilon": 5.0})
+    s = run(cfg, tmp_path)
+    m = _metrics(tmp_path)
+    users_of_3 = int(np.diff(cap.engine.fed.owner_user_offsets)[3])
+    assert s["rounds_completed"] == 3
+    assert [r["failed_owners"] for r in m] == [0, 0, 1]
+    assert m[2]["failed_units"] == users_of_3 and m[2]["users_used"] == 120 - users_of_3
+
+
+class RowMean:
+    """A test aggregator that needs the per-user rows (plain mean of the cohort matrix)."""
+
+    name = "row_mean"
+    needs_per_user_vectors = True
+    private = False
+
+    def __call__(self, G, *, rng=None):
+        from fedudp.aggregators import Aggregate
+        return Aggregate(mean=G.mean(0) if len(G) else torch.zeros(G.shape[1], dtype=G.dtype),
+                         users_used=int(G.shape[0]), diagnostics={"cohort": int(G.shape[0])})
+
+    def dp_event(self, sampling=None):
+        import dp_accounting
+        return dp_accounting.NonPrivateDpEvent()
+
+
+def test_per_user_vector_path_matches_local(tmp_path, monkeypatch):
+    # the billboard's aggregator needs the rows: owners send [n_users, d], nothing summed
+    from fedudp import aggregators
+    from fedudp.config import AggregatorName
+    monkeypatch.setitem(aggregators.BUILDERS, AggregatorName.none, lambda c, s, r: RowMean())
+    cap, out = _both({"train.rounds": 2}, "fedavg", tmp_path, monkeypatch)
+    _assert_equivalent(cap, out)
+    rows = [msg.content[A.K_VECTORS]["vectors"].numpy() for msg in cap.received
+            if A.K_VECTORS in msg.content]
+    assert rows and sum(r.shape[0] for r in rows) == 2 * 120

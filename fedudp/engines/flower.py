@@ -184,11 +184,13 @@ class FlowerEngine:
         targets = range(fed.num_owners) if self.trains_personal else \
             sorted(set(per_owner) | set(contribute))
         shared_rec = A.params_to_record(shared) if shared else None
+        bb = self.billboard
+        per_user = bool(bb is not None and bb.aggregator.needs_per_user_vectors)
         msgs = {}
         for j in targets:
             users = per_owner.get(j, np.zeros(0, dtype=np.int64)).astype(np.int64)
             run = self._run_record(round_, j, users=users.tobytes(),
-                                   contribute=bool(contribute.get(j, False)))
+                                   contribute=bool(contribute.get(j, False)), per_user=per_user)
             content = RecordDict({A.K_RUN: run})
             if shared_rec is not None:
                 content[A.K_SHARED] = shared_rec

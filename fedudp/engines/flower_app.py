@@ -240,9 +240,18 @@ def owner_user_vectors(env: OwnerEnv, j: int, shared, personal, users: np.ndarra
         yield G.detach()
 
 
+class _PerUserRows:
+    """The billboard asked for per-user vectors (its aggregator ``needs_per_user_vectors``)."""
+
+    needs_per_user_vectors = True
+
+
 def owner_reply(env: OwnerEnv, j: int, shared, personal, users: np.ndarray, round_: int,
-                contribute: bool, fault: str = "") -> OwnerReply:
-    names, agg = env.spec.shared, env.aggregator
+                contribute: bool, fault: str = "", per_user: bool = False) -> OwnerReply:
+    names = env.spec.shared
+    # the server says which form it needs; otherwise the owner's copy of the aggregator
+    # (same config, the server's noise multiplier) reduces its rows (sum of clipped + count)
+    agg = _PerUserRows() if per_user else env.aggregator
     dtype = next(iter(shared.values())).dtype
     d = sum(int(v.numel()) for v in shared.values())
     if env.spec.unit == Unit.owner:
@@ -299,7 +308,8 @@ def _train(msg: Message, context: Context) -> Message:
         rep = OwnerReply((), None, None, 0, 0, 0)
     else:
         users = np.frombuffer(run["users"], dtype=np.int64) if "users" in run else np.zeros(0, np.int64)
-        rep = owner_reply(env, j, shared, personal, users, round_, bool(run["contribute"]), fault)
+        rep = owner_reply(env, j, shared, personal, users, round_, bool(run["contribute"]), fault,
+                          bool(run["per_user"]) if "per_user" in run else False)
     return Message(reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
 
 
