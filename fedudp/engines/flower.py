@@ -207,6 +207,8 @@ class FlowerEngine:
                 owner, r = A.records_to_reply(rep.content)
                 if owner != j:
                     raise ValueError("reply from the wrong owner")
+                _check_reply(r, self.billboard, units_sent=1 if contribute.get(j) else
+                             len(per_owner.get(j, ())))
                 replies[j] = r
             except Exception:   # noqa: BLE001  (a failed owner is excluded, never fatal)
                 failed.append(j)
@@ -337,6 +339,21 @@ class FlowerEngine:
         if self._result is None:
             raise RuntimeError("the Flower simulation ended without a result (see the log above)")
         return self._result
+
+
+def _check_reply(rep: OwnerReply, bb: Billboard | None, units_sent: int) -> None:
+    """Reject (-> failed owner) a reply whose shape, counts or values cannot be right."""
+    if bb is None:
+        return
+    if rep.count + rep.failed > units_sent:
+        raise ValueError("more units than were sampled")
+    for t in (rep.vectors, rep.clipped_sum):
+        if t is None:
+            continue
+        if t.shape[-1] != bb.dim or not bool(torch.isfinite(t).all()):
+            raise ValueError("bad shared vector")
+    if rep.count and rep.vectors is None and rep.clipped_sum is None:
+        raise ValueError("no vectors")
 
 
 def _loopback_only() -> None:
