@@ -193,8 +193,29 @@ def _finite_pos(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
+def coerce(obj: Any, prefix: str = "") -> None:
+    """Turn plain strings into the schema's enums in place (programmatic use), naming bad keys."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        t = hints.get(f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            coerce(v, key + ".")
+        elif isinstance(t, type) and issubclass(t, Enum) and not isinstance(v, t):
+            try:
+                setattr(obj, f.name, t(v))
+            except ValueError:
+                raise ConfigError(f"{key}: invalid value {v!r}, expected one of "
+                                  f"{[e.value for e in t]}") from None
+
+
 def validate(cfg: RunConfig) -> None:
     """Range and cross-key checks, before any work. Raises ``ConfigError`` naming the key."""
+    coerce(cfg)
     p, t, d, part = cfg.privacy, cfg.train, cfg.dataset, cfg.partition
     _need(_finite_pos(p.epsilon), "privacy.epsilon", f"must be a finite number > 0, got {p.epsilon}")
     _need(isinstance(p.delta, (int, float)) and 0 < p.delta < 1, "privacy.delta",

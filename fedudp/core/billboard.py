@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Sampling
-from fedudp.privacy.accountant import Accountant, Ledger, LedgerEntry
+from fedudp.privacy.accountant import Accountant, Ledger, LedgerEntry, pld_interval
 
 PURPOSE_SAMPLE = 11
 PURPOSE_NOISE = 12
@@ -36,7 +36,7 @@ class Billboard:
         self.mode = mode
         self.target_epsilon = target_epsilon
         self.delta = delta
-        self.accountant = Accountant() if aggregator.private else None
+        self.accountant = Accountant(pld_interval(target_epsilon)) if aggregator.private else None
         self.event = aggregator.dp_event(sampling) if aggregator.private else None
 
     @property

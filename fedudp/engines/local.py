@@ -47,8 +47,15 @@ def owner_units(fed: Federation, owners: np.ndarray) -> O.Units:
     return O.Units(starts, sizes, owners, starts, sizes)
 
 
-def chunks(sizes: np.ndarray, budget: int) -> Iterator[np.ndarray]:
-    """Consecutive index groups whose padded size (count x max size) stays within ``budget``."""
+def chunks(sizes: np.ndarray, budget: int, per_unit_cap: int | None = None) -> Iterator[np.ndarray]:
+    """Consecutive index groups whose padded size (count x max size) stays within ``budget``.
+
+    ``per_unit_cap``: count each unit as at most this many records. Local SGD gathers one
+    batch per unit per step, so with ``per_unit_cap=batch_size`` the budget bounds the records
+    in one vmapped step (what sets speed and memory there), not the units' total sizes.
+    """
+    if per_unit_cap is not None:
+        sizes = np.minimum(sizes, max(int(per_unit_cap), 1))
     i, n = 0, len(sizes)
     while i < n:
         j, mx = i + 1, int(sizes[i])
@@ -89,7 +96,7 @@ class LocalEngine:
             return
         units = owner_units(self.fed, self.all_owners)
         new = {k: v.clone() for k, v in self.personal.items()}
-        for sel in chunks(units.sizes, self.budget):
+        for sel in chunks(units.sizes, self.budget, self.personal_spec.batch_size):
             out = O.personal_update(self.model, shared, _select(self.personal, sel), self.fed.x,
                                     self.fed.y, units.subset(sel), self.personal_spec, round_)
             for k in new:
@@ -100,7 +107,8 @@ class LocalEngine:
                       ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         """Yield (users, [len, d]) chunks of per-user shared vectors."""
         units = user_units(self.fed, users)
-        for sel in chunks(units.sizes, self.budget):
+        cap = self.user_spec.batch_size if self.mode == "delta" else None   # gradient: all at once
+        for sel in chunks(units.sizes, self.budget, cap):
             sub = units.subset(sel)
             if self.spec.feedback and self.spec.personal:
                 src, batched = _select(self.personal, sub.owners), True

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -59,50 +58,70 @@ def _rdp() -> rdp_privacy_accountant.RdpAccountant:
 
 
 class Accountant:
-    """Composes released events; reports epsilon at a delta (PLD, RDP as cross-check)."""
+    """Composes released events; reports epsilon at a delta (PLD, RDP as cross-check).
+
+    Rounds usually release the same event; consecutive identical events are kept as one
+    ``SelfComposedDpEvent`` and epsilon is computed on a fresh PLD accountant from those
+    runs, exactly as the calibration does (incremental PLD composition adds discretization
+    pessimism round by round and would not match the calibrated schedule).
+    """
 
     def __init__(self, pld_interval: float = 1e-4) -> None:
         self.pld_interval = pld_interval
-        self._pld = _pld(pld_interval)
-        self._rdp = _rdp()
-        self._rdp_ok = True
-        self.events: list[dp_accounting.DpEvent] = []
+        self.runs: list[list] = []   # [event, count]
+
+    @property
+    def events(self) -> list[dp_accounting.DpEvent]:
+        return [e for e, c in self.runs for _ in range(c)]
 
     def supports(self, event: dp_accounting.DpEvent) -> bool:
-        return self._pld.supports(event)
+        return _pld(self.pld_interval).supports(event)
 
     def compose(self, event: dp_accounting.DpEvent, count: int = 1) -> None:
         if isinstance(event, dp_accounting.NonPrivateDpEvent):
             raise ValueError("a non-private release cannot be composed into a DP ledger")
-        if not self._pld.supports(event):
+        if not self.supports(event):
             raise dp_accounting.UnsupportedEventError(f"PLD accountant does not support {event}")
-        self._pld.compose(event, count)
-        if self._rdp_ok and self._rdp.supports(event):
-            with _quiet_absl():
-                self._rdp.compose(event, count)
+        if self.runs and self.runs[-1][0] == event:
+            self.runs[-1][1] += count
         else:
-            self._rdp_ok = False
-        self.events.extend([event] * count)
+            self.runs.append([event, count])
+
+    def _composed(self, extra: dp_accounting.DpEvent | None = None, count: int = 1
+                  ) -> dp_accounting.DpEvent:
+        runs = [list(r) for r in self.runs]
+        if extra is not None:
+            if runs and runs[-1][0] == extra:
+                runs[-1][1] += count
+            else:
+                runs.append([extra, count])
+        parts = [dp_accounting.SelfComposedDpEvent(e, c) for e, c in runs]
+        return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
     def epsilon(self, delta: float) -> float:
         """Epsilon at ``delta`` of everything composed so far (PLD)."""
-        if not self.events:
+        if not self.runs:
             return 0.0
-        return float(self._pld.get_epsilon(delta))
+        acc = _pld(self.pld_interval)
+        acc.compose(self._composed())
+        return float(acc.get_epsilon(delta))
 
     def epsilon_rdp(self, delta: float) -> float | None:
         """The RDP accountant's (looser) epsilon, as a cross-check; None if unsupported."""
-        if not self.events:
+        if not self.runs:
             return 0.0
-        if not self._rdp_ok:
+        acc = _rdp()
+        ev = self._composed()
+        if not acc.supports(ev):
             return None
         with _quiet_absl():
-            return float(self._rdp.get_epsilon(delta))
+            acc.compose(ev)
+            return float(acc.get_epsilon(delta))
 
     def epsilon_if(self, event: dp_accounting.DpEvent, delta: float, count: int = 1) -> float:
         """Epsilon after composing ``event`` ``count`` more times, without composing it."""
-        acc = copy.deepcopy(self._pld)
-        acc.compose(event, count)
+        acc = _pld(self.pld_interval)
+        acc.compose(self._composed(event, count))
         return float(acc.get_epsilon(delta))
 
 
