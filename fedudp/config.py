@@ -144,6 +144,20 @@ class ModelConfig:
 
 
 @dataclass
+class EstimatorConfig:
+    """Options of the user-level mean estimators (``aggregator=...``, ALGORITHMS.md §1-§7).
+
+    ``bound`` is the public a-priori bound B on each unit vector (l2 norm, or per coordinate
+    where the estimator says so); ``tau`` the concentration radius (None: the estimator derives
+    it from its own assumptions, e.g. ~bound/sqrt(m)); ``beta`` the failure probability.
+    """
+
+    bound: float = 1.0
+    tau: Optional[float] = None
+    beta: float = 0.1
+
+
+@dataclass
 class EngineConfig:
     chunk_records: int = 8192   # local engine: records processed per vmapped chunk
     threads: int = 0            # torch threads (0: torch default)
@@ -167,6 +181,7 @@ class RunConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine_opts: EngineConfig = field(default_factory=EngineConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     progress: bool = True
 
 
@@ -233,6 +248,11 @@ def validate(cfg: RunConfig) -> None:
     _need(_finite_pos(t.server_lr), "train.server_lr", f"must be > 0, got {t.server_lr}")
     _need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
     _need(t.eval_every >= 1, "train.eval_every", f"must be >= 1, got {t.eval_every}")
+    e = cfg.estimator
+    _need(_finite_pos(e.bound), "estimator.bound", f"must be > 0, got {e.bound}")
+    _need(e.tau is None or _finite_pos(e.tau), "estimator.tau", f"must be null or > 0, got {e.tau}")
+    _need(isinstance(e.beta, (int, float)) and 0 < e.beta < 1, "estimator.beta",
+          f"must be in (0, 1), got {e.beta}")
     _need(d.num_records >= 1, "dataset.num_records", f"must be >= 1, got {d.num_records}")
     _need(part.num_owners >= 1, "partition.num_owners", f"must be >= 1, got {part.num_owners}")
     _need(part.num_owners <= d.num_records, "partition.num_owners",
