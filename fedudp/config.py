@@ -123,12 +123,12 @@ class DatasetConfig:
     classes: int = 10
     pool_train: int = 60_000
     pool_test: int = 10_000
-    signal: float = 3.0
+    signal: float = 6.0
 
 
 @dataclass
 class PartitionConfig:
-    num_owners: int = 16
+    num_owners: int = 64
     records_per_user: int = 1
     scheme: Scheme = Scheme.paper_classes
     classes_per_owner: int = 8
