@@ -19,14 +19,21 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
 
 
-class Method(str, Enum):
+class Choice(str, Enum):
+    """A config choice: a string enum whose ``str()`` is its value (folder names, tables)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Method(Choice):
     joint_dp = "joint_dp"
     full_dp = "full_dp"
     fedavg = "fedavg"
     per_silo = "per_silo"
 
 
-class AggregatorName(str, Enum):
+class AggregatorName(Choice):
     auto = "auto"          # gaussian for full_dp / joint_dp, none for fedavg and per_silo
     gaussian = "gaussian"
     none = "none"
@@ -36,50 +43,50 @@ class AggregatorName(str, Enum):
     few_users = "few_users"
 
 
-class Unit(str, Enum):
+class Unit(Choice):
     user = "user"
     record = "record"
     owner = "owner"
 
 
-class Accounting(str, Enum):
+class Accounting(Choice):
     certified = "certified"
     paper = "paper"
 
 
-class Calibration(str, Enum):
+class Calibration(Choice):
     accountant = "accountant"
     closed_form = "closed_form"
 
 
-class Placement(str, Enum):
+class Placement(Choice):
     server = "server"
     local_dpsgd = "local_dpsgd"
 
 
-class SharedUpdate(str, Enum):
+class SharedUpdate(Choice):
     delta = "delta"
     gradient = "gradient"
 
 
-class DatasetName(str, Enum):
+class DatasetName(Choice):
     synthetic = "synthetic"
     mnist = "mnist"
     fashion_mnist = "fashion_mnist"
 
 
-class Scheme(str, Enum):
+class Scheme(Choice):
     paper_classes = "paper_classes"
     iid = "iid"
     dirichlet = "dirichlet"
 
 
-class EngineName(str, Enum):
+class EngineName(Choice):
     local = "local"
     flower = "flower"
 
 
-class ModelName(str, Enum):
+class ModelName(Choice):
     auto = "auto"
     linear = "linear"
     cnn = "cnn"
