@@ -222,7 +222,15 @@ def _hydra_main() -> None:
     _main()
 
 
+def multirun_flag_first(argv: list[str]) -> list[str]:
+    """Hydra's parser rejects overrides on both sides of ``-m``; move the flag to the front so
+    that ``fedudp method=joint_dp -m partition.num_owners=4,16,64`` works as documented."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    return flags[:1] + [a for a in argv if a not in ("-m", "--multirun")]
+
+
 def main() -> None:
+    sys.argv[1:] = multirun_flag_first(sys.argv[1:])
     _hydra_main()
 
 
