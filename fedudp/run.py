@@ -76,18 +76,9 @@ def make_ledger(cfg: RunConfig, spec, aggregator) -> Ledger:
                   target_epsilon=p.epsilon if private else None, notes=notes)
 
 
-def run(cfg: RunConfig, out_dir: str | os.PathLike) -> dict:
-    """One fedudp run; returns summary.json's content."""
-    t_start = time.perf_counter()
-    validate(cfg)
-    if DatasetName(cfg.dataset.name) != DatasetName.synthetic:
-        check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root, cfg.dataset.download)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.engine_opts.threads:
-        torch.set_num_threads(cfg.engine_opts.threads)
-    (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
-
+def prepare(cfg: RunConfig, out: Path | None = None):
+    """Federation, model, method spec, aggregator, ledger, billboard and engine of a validated
+    config (what ``run`` drives; tests use it to look inside an engine)."""
     fed = build_federation(cfg)
     model = build_model(cfg, fed.input_shape, fed.num_classes)
     if cfg.engine_opts.float64:
@@ -120,6 +111,22 @@ def run(cfg: RunConfig, out_dir: str | os.PathLike) -> dict:
     else:
         from fedudp.engines.local import LocalEngine
         engine = LocalEngine(cfg, fed, model, spec, billboard)
+    return fed, model, spec, aggregator, ledger, billboard, engine
+
+
+def run(cfg: RunConfig, out_dir: str | os.PathLike) -> dict:
+    """One fedudp run; returns summary.json's content."""
+    t_start = time.perf_counter()
+    validate(cfg)
+    if DatasetName(cfg.dataset.name) != DatasetName.synthetic:
+        check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root, cfg.dataset.download)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.engine_opts.threads:
+        torch.set_num_threads(cfg.engine_opts.threads)
+    (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
+
+    fed, model, spec, aggregator, ledger, billboard, engine = prepare(cfg, out)
 
     metrics_path = out / "metrics.jsonl"
     metrics_path.write_text("")

@@ -1,0 +1,119 @@
+"""Owners -> users -> records (ALGORITHMS.md §3.6) and the IDX reader."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import tiny_cfg, tiny_mnist, write_idx
+from fedudp.data import partition as P
+from fedudp.data.federation import build_federation
+from fedudp.data.idx import check_available, load_idx_dataset, parse_idx
+
+LABELS = np.random.default_rng(7).integers(0, 10, 60_000)
+TEST_LABELS = np.random.default_rng(8).integers(0, 10, 10_000)
+
+
+def _paper(owners: int, seed: int, k: int = 8, total: int = 10_000):
+    rng = np.random.default_rng(seed)
+    return P.paper_classes(LABELS, TEST_LABELS, total, owners, k, 10, 10_000 // owners, rng)
+
+
+@pytest.mark.parametrize("owners", [4, 16, 64, 512])
+def test_paper_split_invariants(owners):
+    train, test, classes = _paper(owners, seed=1)
+    sizes = np.array([len(t) for t in train])
+    lo, hi = 10_000 // owners, -(-10_000 // owners)
+    assert sizes.sum() == 10_000 and set(sizes) <= {lo, hi}
+    assert (sizes == hi).sum() == 10_000 % owners or lo == hi
+    allidx = np.concatenate(train)
+    assert len(np.unique(allidx)) == len(allidx), "owners' training records overlap"
+    tall = np.concatenate(test)
+    assert len(np.unique(tall)) == len(tall), "owners' test records overlap"
+    for j in range(owners):
+        assert len(classes[j]) == 8 and len(set(classes[j])) == 8
+        assert set(LABELS[train[j]]) <= set(classes[j]) and len(set(LABELS[train[j]])) <= 8
+        # the test shard uses the same class set
+        assert set(TEST_LABELS[test[j]]) <= set(classes[j])
+        assert len(test[j]) > 0
+
+
+def test_paper_split_balanced_over_classes():
+    train, _, classes = _paper(16, seed=2)
+    for j in range(16):
+        counts = np.bincount(LABELS[train[j]], minlength=10)[classes[j]]
+        assert counts.max() - counts.min() <= 1       # round robin over its classes
+
+
+def test_partition_is_seeded():
+    a, b, c = _paper(16, 3), _paper(16, 3), _paper(16, 4)
+    assert all(np.array_equal(x, y) for x, y in zip(a[0], b[0]))
+    assert not all(np.array_equal(x, y) for x, y in zip(a[0], c[0]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(total=st.integers(1, 3000), owners=st.integers(1, 400))
+def test_owner_sizes_floor_ceil(total, owners):
+    if owners > total:
+        with pytest.raises(ValueError):
+            P.owner_sizes(total, owners)
+        return
+    s = P.owner_sizes(total, owners)
+    assert s.sum() == total and s.min() == total // owners and s.max() == -(-total // owners)
+
+
+def test_iid_and_dirichlet_disjoint_and_sized():
+    rng = np.random.default_rng(0)
+    train, test = P.iid(60_000, 10_000, 10_000, 16, 625, rng)
+    idx = np.concatenate(train)
+    assert len(np.unique(idx)) == 10_000 and {len(t) for t in train} == {625}
+    train, test, props = P.dirichlet(LABELS, TEST_LABELS, 10_000, 16, 0.1, 10, 300,
+                                     np.random.default_rng(1))
+    idx = np.concatenate(train)
+    assert len(np.unique(idx)) == 10_000 and {len(t) for t in train} == {625}
+    # alpha=0.1 concentrates each owner on few classes
+    top = [np.bincount(LABELS[t], minlength=10).max() / len(t) for t in train]
+    assert np.median(top) > 0.5
+
+
+@pytest.mark.parametrize("rpu", [1, 3, 10])
+def test_users_cut_owners(rpu):
+    fed = build_federation(tiny_cfg(**{"partition.records_per_user": rpu,
+                                       "dataset.num_records": 150}))
+    sizes = fed.user_sizes()
+    assert sizes.sum() == 150 and sizes.max() == rpu
+    for j in range(fed.num_owners):
+        us = sizes[fed.owner_user_offsets[j]:fed.owner_user_offsets[j + 1]]
+        assert (us[:-1] == rpu).all() if rpu > 1 else (us == 1).all()
+        assert (fed.user_owner[fed.owner_user_offsets[j]:fed.owner_user_offsets[j + 1]] == j).all()
+    assert set(fed.owner_sizes()) == {37, 38}
+
+
+def test_federation_owner_classes_and_test_shards():
+    fed = build_federation(tiny_cfg(**{"dataset.num_records": 400, "partition.classes_per_owner": 3}))
+    for j in range(fed.num_owners):
+        od = fed.owner(j)
+        assert set(od.y.tolist()) <= set(fed.owner_classes[j].tolist())
+        assert set(od.y_test.tolist()) <= set(fed.owner_classes[j].tolist())
+
+
+def test_idx_roundtrip_gz_and_raw(tmp_path):
+    root = tiny_mnist(tmp_path, n_train=50, n_test=20)
+    tx, ty, vx, vy = load_idx_dataset("mnist", root)
+    assert tx.shape == (50, 28, 28) and ty.shape == (50,) and vx.shape == (20, 28, 28)
+    assert tx.dtype == np.uint8 and ty.max() <= 9
+    arr = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(tmp_path / "x", arr, gz=False)
+    assert np.array_equal(parse_idx((tmp_path / "x").read_bytes()), arr)
+
+
+def test_idx_bad_files_rejected(tmp_path):
+    with pytest.raises(ValueError, match="magic"):
+        parse_idx(b"\x00\x00\x09\x99" + b"\x00" * 12)
+    with pytest.raises(ValueError, match="payload"):        # header says 5 labels, 2 present
+        parse_idx(b"\x00\x00\x08\x01" + b"\x00\x00\x00\x05" + b"\x01\x02")
+
+
+def test_missing_data_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="dataset.root"):
+        check_available("mnist", tmp_path / "nowhere", download=False)

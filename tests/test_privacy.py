@@ -1,0 +1,147 @@
+"""Accountant (dp-accounting) and the clip+Gaussian billboard release (ALGORITHMS.md §7).
+
+Unit: a user (add/remove one user's whole vector). The Gaussian release adds
+N(0, (z C)^2) to the sum of clipped vectors and divides by the public q*N_units.
+"""
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from fedudp.aggregators import GaussianAggregator, Sampling
+from fedudp.aggregators.gaussian import gaussian_round_event
+from fedudp.privacy.accountant import (Accountant, BudgetError, calibrate_noise_multiplier,
+                                       schedule_epsilon)
+
+
+def analytic_gaussian_epsilon(z: float, delta: float) -> float:
+    """Balle & Wang (2018) Thm 8: the exact (eps, delta) curve of N(0, z^2) at sensitivity 1."""
+    def d(eps):
+        return norm.cdf(0.5 / z - eps * z) - math.exp(eps) * norm.cdf(-0.5 / z - eps * z) - delta
+    return brentq(d, 0.0, 100.0)
+
+
+@pytest.mark.parametrize("z", [0.8, 2.0, 5.0])
+def test_one_gaussian_release_matches_analytic_gaussian(z):
+    acc = Accountant()
+    acc.compose(dp_accounting.GaussianDpEvent(z))
+    exact = analytic_gaussian_epsilon(z, 1e-5)
+    assert acc.epsilon(1e-5) == pytest.approx(exact, rel=2e-3)
+    assert acc.epsilon(1e-5) >= exact - 1e-9          # PLD is pessimistic, never optimistic
+    assert acc.epsilon_rdp(1e-5) >= exact             # RDP is an upper bound
+
+
+@pytest.mark.parametrize("q,rounds,eps", [(1.0, 20, 1.0), (0.01, 500, 1.0), (0.05, 100, 3.0)])
+def test_calibration_hits_target_within_1pct(q, rounds, eps):
+    z = calibrate_noise_multiplier(lambda s: gaussian_round_event(s, q), eps, 1e-5, rounds)
+    # re-account independently, on a finer PLD grid, straight from dp-accounting
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-5)
+    pld.compose(dp_accounting.SelfComposedDpEvent(gaussian_round_event(z, q), rounds))
+    got = pld.get_epsilon(1e-5)
+    assert got <= eps * 1.0001
+    assert got == pytest.approx(eps, rel=0.01)
+    # a 2% smaller noise multiplier must overshoot: z is (nearly) the smallest that fits
+    assert schedule_epsilon(lambda s: gaussian_round_event(s, q), 0.98 * z, rounds, 1e-5) > eps
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(dp_accounting.SelfComposedDpEvent(gaussian_round_event(z, q), rounds))
+    assert rdp.get_epsilon(1e-5) >= got * 0.999       # the cross-check is looser
+
+
+def test_accountant_composes_incrementally_like_the_schedule():
+    ev = gaussian_round_event(1.5, 0.1)
+    acc = Accountant()
+    for _ in range(30):
+        acc.compose(ev)
+    assert acc.epsilon(1e-5) == pytest.approx(schedule_epsilon(lambda s: gaussian_round_event(s, 0.1),
+                                                               1.5, 30, 1e-5), rel=1e-9)
+    assert acc.epsilon_if(ev, 1e-5) > acc.epsilon(1e-5)
+
+
+@pytest.mark.parametrize("eps,delta", [(0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0),
+                                       (float("nan"), 1e-5)])
+def test_bad_budget_rejected(eps, delta):
+    with pytest.raises(BudgetError):
+        calibrate_noise_multiplier(lambda s: gaussian_round_event(s, 1.0), eps, delta, 10)
+
+
+def test_unreachable_target_rejected():
+    with pytest.raises(BudgetError, match="unreachable"):
+        calibrate_noise_multiplier(lambda s: gaussian_round_event(s, 1.0), 1e-9, 1e-12, 10 ** 6)
+
+
+# -- the Gaussian aggregator: sensitivity of the pre-noise sum --------------------------------
+finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(G=arrays(np.float64, st.tuples(st.integers(2, 12), st.integers(1, 6)), elements=finite),
+       other=arrays(np.float64, 6, elements=finite), clip=st.floats(0.01, 50.0),
+       i=st.integers(0, 100))
+def test_pre_noise_sum_sensitivity(G, other, clip, i):
+    agg = GaussianAggregator(clip, 1.0, Sampling(1.0, 100))
+    G = torch.from_numpy(G)
+    i = i % G.shape[0]
+    s = agg.owner_contribution(G).clipped_sum
+    removed = agg.owner_contribution(torch.cat([G[:i], G[i + 1:]])).clipped_sum
+    repl = G.clone()
+    repl[i] = torch.from_numpy(other[: G.shape[1]])
+    replaced = agg.owner_contribution(repl).clipped_sum
+    tol = 1e-9 * max(1.0, clip)
+    assert torch.linalg.vector_norm(s - removed) <= clip + tol          # add/remove: C
+    assert torch.linalg.vector_norm(s - replaced) <= 2 * clip + tol     # replace-one: 2C
+
+
+def test_sensitivity_is_attained():
+    # the bounds are tight: a far-away user moves the sum by exactly C (and 2C when replaced)
+    agg = GaussianAggregator(1.0, 1.0, Sampling(1.0, 10))
+    G = torch.tensor([[100.0, 0.0], [0.0, 3.0]], dtype=torch.float64)
+    a = agg.owner_contribution(G).clipped_sum
+    b = agg.owner_contribution(G[1:]).clipped_sum
+    c = agg.owner_contribution(torch.tensor([[-100.0, 0.0], [0.0, 3.0]], dtype=torch.float64)).clipped_sum
+    assert float(torch.linalg.vector_norm(a - b)) == pytest.approx(1.0)
+    assert float(torch.linalg.vector_norm(a - c)) == pytest.approx(2.0)
+
+
+def test_noise_standard_deviation_statistical():
+    """One release over d = 200,000 coordinates: the noise on the sum is N(0, (zC)^2)."""
+    z, C, d = 1.7, 0.5, 200_000
+    agg = GaussianAggregator(C, z, Sampling(1.0, 1))
+    g = torch.Generator().manual_seed(1234)
+    G = torch.zeros(1, d, dtype=torch.float64)
+    G[0, 0] = 0.3                       # one user; its vector enters unclipped (norm < C)
+    out = agg(G, rng=g)
+    noise = out.mean.clone()            # divided by q*N = 1
+    noise[0] -= 0.3
+    sd = float(noise.std())
+    # the sample sd of 2e5 normals is within 1% of sigma with overwhelming probability
+    assert sd == pytest.approx(z * C, rel=0.01)
+    assert abs(float(noise.mean())) < 5 * z * C / math.sqrt(d)
+    # and the same seed gives the same release
+    assert torch.equal(agg(G, rng=torch.Generator().manual_seed(1234)).mean, out.mean)
+
+
+def test_release_divides_by_public_expected_cohort_not_realized():
+    agg = GaussianAggregator(10.0, 0.0, Sampling(0.25, 400))      # q*N = 100
+    G = torch.ones(37, 3, dtype=torch.float64)                    # realized cohort: 37
+    out = agg(G, rng=torch.Generator().manual_seed(0))
+    assert torch.allclose(out.mean, torch.full((3,), 37 / 100, dtype=torch.float64))
+    assert out.users_used == 37
+    assert isinstance(agg.dp_event(), dp_accounting.PoissonSampledDpEvent)
+    assert agg.dp_event().sampling_probability == 0.25
+
+
+def test_nonfinite_rows_are_excluded_before_release():
+    from fedudp.core.messages import make_reply
+    agg = GaussianAggregator(1.0, 1.0, Sampling(1.0, 10))
+    G = torch.tensor([[0.5, 0.0], [float("nan"), 1.0], [float("inf"), 0.0], [0.0, 0.25]])
+    rep = make_reply(G, ("w",), agg)
+    assert rep.failed == 2 and rep.count == 2
+    assert torch.equal(rep.clipped_sum, torch.tensor([0.5, 0.25]))

@@ -1,0 +1,231 @@
+"""End to end on the local engine: models, the owner boundary, the four methods, budget stop,
+config errors (ARCHITECTURE.md §2, §6; ALGORITHMS.md §3.2, §3.7)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from conftest import tiny_cfg, tiny_mnist
+from fedudp.config import ConfigError, RunConfig, register, validate
+from fedudp.engines import local as L
+from fedudp.models.cnn import PAPER_TABLE2_COUNTS, PaperCNN, layer_counts
+from fedudp.run import CONF_DIR, prepare, run
+
+ROOT = Path(__file__).resolve().parent.parent
+SUMMARY_KEYS = {"accuracy_mean", "accuracy_std", "accuracy_weighted", "epsilon", "delta", "unit",
+                "adjacency", "accounting", "guarantee", "rounds_completed", "seconds"}
+
+
+# -- models ------------------------------------------------------------------------------------
+def test_paper_cnn_parameter_counts():
+    counts = layer_counts(PaperCNN())
+    assert counts == {"conv1": 416, "conv2": 12_832, "fc1": 15_690, "fc2": 15_690}
+    assert PAPER_TABLE2_COUNTS["conv1"] == 416 and PAPER_TABLE2_COUNTS["conv2"] == 12_832
+
+
+def test_paper_cnn_averages_its_two_heads():
+    m = PaperCNN()
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        h = torch.nn.functional.max_pool2d(torch.relu(m.conv1(x)), 2)
+        h = torch.nn.functional.max_pool2d(torch.relu(m.conv2(h)), 2).flatten(1)
+        assert torch.allclose(m(x), 0.5 * (m.fc1(h) + m.fc2(h)), atol=1e-6)
+
+
+def test_unknown_personal_pattern_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="model.personal"):
+        run(tiny_cfg("joint_dp", **{"model.personal": ["nonexistent.*"]}), tmp_path)
+
+
+# -- the owner boundary ------------------------------------------------------------------------
+def _engine(method, **kw):
+    cfg = tiny_cfg(method, **kw)
+    validate(cfg)
+    fed, model, spec, agg, ledger, bb, engine = prepare(cfg)
+    return cfg, fed, spec, bb, engine
+
+
+@pytest.mark.parametrize("method,aggregator", [("joint_dp", "auto"), ("full_dp", "auto"),
+                                               ("fedavg", "auto")])
+@pytest.mark.parametrize("accounting", ["certified", "paper"])
+def test_no_personal_parameter_leaves_an_owner(monkeypatch, method, aggregator, accounting):
+    sent = []
+    orig = L.make_reply
+
+    def spy(G, names, agg):
+        rep = orig(G, names, agg)
+        sent.append(rep)
+        return rep
+
+    monkeypatch.setattr(L, "make_reply", spy)
+    cfg, fed, spec, bb, engine = _engine(method, aggregator=aggregator,
+                                         **{"privacy.accounting": accounting})
+    engine.run()
+    assert len(sent) >= cfg.train.rounds
+    personal = set(spec.personal)
+    if method == "joint_dp":
+        assert personal, "joint_dp must keep something personal"
+    d_shared = sum(p.numel() for k, p in engine.model.named_parameters() if k in spec.shared)
+    for rep in sent:
+        assert not personal & set(rep.param_names)
+        assert set(rep.param_names) == set(spec.shared)
+        payload = rep.vectors if rep.vectors is not None else rep.clipped_sum
+        assert payload.shape[-1] == d_shared == bb.dim
+
+
+def test_joint_dp_without_noise_is_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="aggregator"):
+        run(tiny_cfg("joint_dp", aggregator="none"), tmp_path)
+
+
+def test_per_silo_sends_nothing(monkeypatch):
+    sent = []
+    monkeypatch.setattr(L, "make_reply", lambda *a: sent.append(a))
+    cfg, fed, spec, bb, engine = _engine("per_silo")
+    res = engine.run()
+    assert bb is None and sent == [] and res.rounds_completed == cfg.train.rounds
+
+
+def _vectors(engine, bb, rnd=2):
+    users = torch.arange(engine.fed.num_users).numpy()
+    return torch.cat([G for _, G in engine._user_vectors(bb.shared_params(), users, rnd)])
+
+
+@pytest.mark.parametrize("mode", ["delta", "gradient"])
+def test_certified_vectors_do_not_depend_on_personal_state(mode):
+    cfg, fed, spec, bb, engine = _engine("joint_dp", **{"train.shared_update": mode})
+    engine._personal_round(bb.shared_params(), 1)     # owners fine-tune their personal layer
+    before = _vectors(engine, bb)
+    g = torch.Generator().manual_seed(5)
+    engine.personal = {k: v + torch.randn(v.shape, generator=g) for k, v in engine.personal.items()}
+    after = _vectors(engine, bb)
+    assert torch.equal(before, after)                 # bit-identical: no feedback
+
+
+def test_paper_mode_feeds_personal_state_back_and_says_heuristic(tmp_path):
+    cfg, fed, spec, bb, engine = _engine("joint_dp", **{"privacy.accounting": "paper"})
+    before = _vectors(engine, bb)
+    g = torch.Generator().manual_seed(5)
+    engine.personal = {k: v + torch.randn(v.shape, generator=g) for k, v in engine.personal.items()}
+    assert not torch.equal(before, _vectors(engine, bb))
+    s = run(tiny_cfg("joint_dp", **{"privacy.accounting": "paper"}), tmp_path)
+    assert s["guarantee"] == "heuristic"
+    led = json.loads((tmp_path / "ledger.json").read_text())
+    assert led["guarantee"] == "heuristic" and any("heuristic" in n for n in led["notes"])
+
+
+# -- the four methods end to end ---------------------------------------------------------------
+@pytest.mark.parametrize("method", ["per_silo", "fedavg", "full_dp", "joint_dp"])
+def test_method_end_to_end(method, tmp_path):
+    s = run(tiny_cfg(method), tmp_path)
+    for f in ("config.yaml", "metrics.jsonl", "owners.csv", "ledger.json", "summary.json"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert SUMMARY_KEYS <= set(s) and s["rounds_completed"] == 3
+    assert json.loads((tmp_path / "summary.json").read_text())["method"] == method
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert all({"loss", "accuracy_mean", "seconds"} <= set(r) for r in rows)
+    owners = (tmp_path / "owners.csv").read_text().splitlines()
+    assert len(owners) == 1 + 4
+    assert 0.0 <= s["accuracy_mean"] <= 1.0
+    if method in ("full_dp", "joint_dp"):
+        assert s["guarantee"] == "certified" and s["unit"] == "user"
+        assert s["adjacency"] == "add_or_remove_one" and s["delta"] == 1e-5
+        assert 0.9 < s["epsilon"] <= 1.0 + 1e-6            # the whole budget, not more
+        assert all("epsilon" in r for r in rows)
+        eps = [r["epsilon"] for r in rows]
+        assert eps == sorted(eps)
+    else:
+        assert s["epsilon"] is None and s["guarantee"] == "none"
+
+
+def test_training_beats_chance_and_is_seeded(tmp_path):
+    kw = {"train.rounds": 8, "dataset.num_records": 400}
+    a = run(tiny_cfg("fedavg", **kw), tmp_path / "a")
+    b = run(tiny_cfg("fedavg", **kw), tmp_path / "b")
+    assert a["accuracy_mean"] > 0.3                   # 10 classes: chance is 0.1
+    assert a["accuracy_mean"] == b["accuracy_mean"]
+
+
+def test_owner_unit_accounts_owners(tmp_path):
+    s = run(tiny_cfg("full_dp", **{"privacy.unit": "owner"}), tmp_path)
+    assert s["unit"] == "owner" and s["epsilon"] <= 1.0 + 1e-6
+    led = json.loads((tmp_path / "ledger.json").read_text())
+    assert led["unit"] == "owner"
+
+
+def test_budget_stop_before_exceeding(tmp_path):
+    # a fixed (too small) noise multiplier: the run stops before the round that would exceed
+    s = run(tiny_cfg("full_dp", **{"privacy.noise_multiplier": 6.0, "train.rounds": 40}), tmp_path)
+    assert s["stop_reason"] == "budget" and 1 <= s["rounds_completed"] < 40
+    assert s["epsilon"] <= 1.0
+    led = json.loads((tmp_path / "ledger.json").read_text())
+    assert len(led["entries"]) == s["rounds_completed"]
+    assert all(e["epsilon"] <= 1.0 for e in led["entries"])
+
+
+def test_refuses_to_start_when_one_round_exceeds(tmp_path):
+    with pytest.raises(ConfigError, match="privacy.epsilon"):
+        run(tiny_cfg("full_dp", **{"privacy.noise_multiplier": 0.1}), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_cnn_on_idx_images(tmp_path):
+    root = tiny_mnist(tmp_path / "data")
+    cfg = tiny_cfg("joint_dp", **{"dataset.name": "mnist", "dataset.root": str(root),
+                                  "dataset.num_records": 200, "train.rounds": 2,
+                                  "train.lr": 0.05})
+    s = run(cfg, tmp_path / "out")
+    assert s["num_records"] == 200 and s["rounds_completed"] == 2
+    assert s["shared_dim"] == 416 + 12_832 + 15_690      # fc1 personal
+
+
+# -- config errors -----------------------------------------------------------------------------
+def _compose(overrides):
+    register()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_typo_key_is_rejected_naming_it():
+    with pytest.raises(Exception, match="epsilonn"):
+        _compose(["privacy.epsilonn=1"])
+    with pytest.raises(Exception, match="method"):
+        _compose(["method=joint-dp"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("privacy.epsilon=0", "privacy.epsilon"), ("privacy.epsilon=-1", "privacy.epsilon"),
+    ("privacy.delta=1", "privacy.delta"), ("privacy.delta=0", "privacy.delta"),
+    ("partition.num_owners=20000", "partition.num_owners"),
+    ("train.sampling_rate=1.5", "train.sampling_rate"),
+    ("privacy.clip=0", "privacy.clip"),
+])
+def test_bad_values_are_rejected_naming_the_key(override, key, tmp_path):
+    cfg: RunConfig = OmegaConf.to_object(_compose([override]))
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        run(cfg, tmp_path)
+    assert list(tmp_path.iterdir()) == []                 # nothing started
+
+
+def test_missing_data_folder_fails_before_work(tmp_path):
+    cfg = tiny_cfg("fedavg", **{"dataset.name": "mnist", "dataset.root": str(tmp_path / "none")})
+    with pytest.raises(FileNotFoundError, match="dataset.root"):
+        run(cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_reports_config_error_and_exits_nonzero(tmp_path):
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
+    p = subprocess.run([sys.executable, "-m", "fedudp.run", "privacy.epsilon=0",
+                        f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode != 0 and "privacy.epsilon" in p.stderr
