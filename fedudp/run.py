@@ -68,10 +68,12 @@ def make_ledger(cfg: RunConfig, spec, aggregator) -> Ledger:
     if Unit(p.unit) == Unit.record:
         notes.append("records_per_user=1: each user is one record, so user level is record level")
     unit = Unit(p.unit).value if private else None
-    return Ledger(unit=unit, adjacency=ADJACENCY if private else None,
+    adjacency = getattr(aggregator, "adjacency", ADJACENCY)
+    return Ledger(unit=unit, adjacency=adjacency if private else None,
                   accounting=Accounting(p.accounting).value if private else None,
                   guarantee=spec.guarantee, mechanism=aggregator.name if aggregator else "none",
-                  accountant="dp_accounting.PLDAccountant (RDP cross-check)" if private else None,
+                  accountant=getattr(aggregator, "accountant",
+                                     "dp_accounting.PLDAccountant (RDP cross-check)") if private else None,
                   delta=p.delta if private else None,
                   target_epsilon=p.epsilon if private else None, notes=notes)
 
@@ -92,7 +94,8 @@ def prepare(cfg: RunConfig, out: Path | None = None):
     if spec.communicates:
         population = fed.num_owners if spec.unit == Unit.owner else fed.num_users
         sampling = Sampling(cfg.train.sampling_rate, population)
-        aggregator = build_aggregator(cfg, sampling, cfg.train.rounds)
+        dim = sum(p.numel() for k, p in model.named_parameters() if k in spec.shared)
+        aggregator = build_aggregator(cfg, sampling, cfg.train.rounds, dim)
     ledger = make_ledger(cfg, spec, aggregator)
     if spec.communicates:
         params = dict(model.named_parameters())

@@ -223,7 +223,7 @@ def test_per_user_vector_path_matches_local(tmp_path, monkeypatch):
     # the billboard's aggregator needs the rows: owners send [n_users, d], nothing summed
     from fedudp import aggregators
     from fedudp.config import AggregatorName
-    monkeypatch.setitem(aggregators.BUILDERS, AggregatorName.none, lambda c, s, r: RowMean())
+    monkeypatch.setitem(aggregators.BUILDERS, AggregatorName.none, lambda c, s, r, d=0: RowMean())
     cap, out = _both({"train.rounds": 2}, "fedavg", tmp_path, monkeypatch)
     _assert_equivalent(cap, out)
     rows = [msg.content[A.K_VECTORS]["vectors"].numpy() for msg in cap.received

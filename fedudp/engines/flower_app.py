@@ -165,8 +165,9 @@ def owner_env(cfg_json: str) -> OwnerEnv:
         if spec.communicates:
             population = fed.num_owners if spec.unit == Unit.owner else fed.num_users
             # the server put its calibrated noise multiplier into the config: no calibration here
+            dim = sum(p.numel() for k, p in model.named_parameters() if k in spec.shared)
             aggregator = build_aggregator(cfg, Sampling(cfg.train.sampling_rate, population),
-                                          cfg.train.rounds)
+                                          cfg.train.rounds, dim)
         t = cfg.train
         pe = t.local_epochs if t.personal_epochs is None else t.personal_epochs
         init = dict(model.named_parameters())

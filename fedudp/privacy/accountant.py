@@ -75,13 +75,21 @@ class Accountant:
         return [e for e, c in self.runs for _ in range(c)]
 
     def supports(self, event: dp_accounting.DpEvent) -> bool:
-        return _pld(self.pld_interval).supports(event)
+        return _pld(self.pld_interval).supports(event) or _rdp().supports(event)
+
+    @property
+    def primary(self) -> str:
+        """``pld`` when PLD supports every composed event, else ``rdp`` (e.g. ``ZCDpEvent``
+        for pure-DP steps, which dp-accounting's PLD cannot represent; ALGORITHMS.md §7)."""
+        if not self.runs:
+            return "pld"
+        return "pld" if _pld(self.pld_interval).supports(self._composed()) else "rdp"
 
     def compose(self, event: dp_accounting.DpEvent, count: int = 1) -> None:
         if isinstance(event, dp_accounting.NonPrivateDpEvent):
             raise ValueError("a non-private release cannot be composed into a DP ledger")
         if not self.supports(event):
-            raise dp_accounting.UnsupportedEventError(f"PLD accountant does not support {event}")
+            raise dp_accounting.UnsupportedEventError(f"neither PLD nor RDP supports {event}")
         if self.runs and self.runs[-1][0] == event:
             self.runs[-1][1] += count
         else:
@@ -102,6 +110,8 @@ class Accountant:
         """Epsilon at ``delta`` of everything composed so far (PLD)."""
         if not self.runs:
             return 0.0
+        if self.primary == "rdp":
+            return float(self.epsilon_rdp(delta))
         acc = _pld(self.pld_interval)
         acc.compose(self._composed())
         return float(acc.get_epsilon(delta))
@@ -120,16 +130,29 @@ class Accountant:
 
     def epsilon_if(self, event: dp_accounting.DpEvent, delta: float, count: int = 1) -> float:
         """Epsilon after composing ``event`` ``count`` more times, without composing it."""
+        ev = self._composed(event, count)
         acc = _pld(self.pld_interval)
-        acc.compose(self._composed(event, count))
+        if not acc.supports(ev):
+            acc = _rdp()
+            with _quiet_absl():
+                acc.compose(ev)
+                return float(acc.get_epsilon(delta))
+        acc.compose(ev)
         return float(acc.get_epsilon(delta))
 
 
 def schedule_epsilon(make_event: Callable[[float], dp_accounting.DpEvent], noise: float,
                      rounds: int, delta: float, interval: float = 1e-4) -> float:
-    """Epsilon (PLD) of ``rounds`` self-composed releases of ``make_event(noise)``."""
+    """Epsilon of ``rounds`` self-composed releases of ``make_event(noise)`` (PLD; RDP for
+    events PLD cannot represent)."""
+    ev = dp_accounting.SelfComposedDpEvent(make_event(noise), rounds)
     acc = _pld(interval)
-    acc.compose(dp_accounting.SelfComposedDpEvent(make_event(noise), rounds))
+    if not acc.supports(ev):
+        acc = _rdp()
+        with _quiet_absl():
+            acc.compose(ev)
+            return float(acc.get_epsilon(delta))
+    acc.compose(ev)
     return float(acc.get_epsilon(delta))
 
 
@@ -152,6 +175,12 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
 
     def event(z: float) -> dp_accounting.DpEvent:
         return dp_accounting.SelfComposedDpEvent(make_event(z), rounds)
+
+    if not _pld(interval).supports(event(1.0)):          # pure-DP steps: RDP only
+        with _quiet_absl():
+            return float(dp_accounting.calibrate_dp_mechanism(
+                _rdp, event, target_epsilon, delta,
+                bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-6, 1.0), tol=tol))
 
     # RDP is an upper bound on epsilon, so its calibration brackets the PLD one from above;
     # it is also fast where PLD is slow (small noise, large epsilon).

@@ -1,0 +1,141 @@
+"""DP primitives shared by the user-level mean estimators (ALGORITHMS.md §1).
+
+* Laplace and Gaussian noise from a seeded ``torch.Generator``;
+* the exponential mechanism in log space (Gumbel-max), batched over independent instances;
+* AboveThreshold (sparse vector, [ASI] Algorithm 1 / Dwork-Roth Thm 3.24), one instance
+  spanning a whole stream of queries;
+* the randomized Hadamard rotation of [LEVY] Alg. 2 with a fast Walsh-Hadamard transform
+  (O(d log d) per vector, vectorized over rows, padding to a power of two);
+* ``pure_dp_event``: how a pure eps0-DP step (exponential mechanism, AboveThreshold) enters
+  dp-accounting: ``ZCDpEvent(eps0**2 / 2)`` (every eps0-DP mechanism is eps0^2/2-zCDP, Bun &
+  Steinke 2016, Prop. 1.4), composed by the RDP accountant (ALGORITHMS.md §7.3).
+"""
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import torch
+
+
+def laplace(shape: tuple[int, ...] | torch.Size, scale: float, *, rng: torch.Generator,
+            dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """i.i.d. Lap(scale) (density ∝ exp(-|x|/scale), variance 2 scale^2)."""
+    u = torch.rand(shape, generator=rng, dtype=dtype)
+    e = -torch.log1p(-u)                               # Exp(1), u in [0, 1)
+    sign = torch.where(torch.rand(shape, generator=rng, dtype=dtype) < 0.5, -1.0, 1.0).to(dtype)
+    return scale * sign * e
+
+
+def gaussian(shape: tuple[int, ...] | torch.Size, std: float, *, rng: torch.Generator,
+             dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return std * torch.randn(shape, generator=rng, dtype=dtype)
+
+
+def gumbel(shape: tuple[int, ...] | torch.Size, *, rng: torch.Generator,
+           dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    u = torch.rand(shape, generator=rng, dtype=dtype).clamp(min=torch.finfo(dtype).tiny)
+    return -torch.log(-torch.log(u))
+
+
+def exponential_mechanism(log_weights: torch.Tensor, *, rng: torch.Generator) -> torch.Tensor:
+    """Sample an index of the last dimension with P(i) ∝ exp(log_weights[..., i]).
+
+    Gumbel-max in log space: ``argmax(log_w + Gumbel)``; ``-inf`` entries are never chosen.
+    For a score c with sensitivity Δ and budget eps, pass ``log_w = -eps * c / (2 Δ)`` (plus
+    ``log(multiplicity)`` where one entry stands for several equal-score outcomes).
+    """
+    g = gumbel(log_weights.shape, rng=rng, dtype=log_weights.dtype)
+    return torch.argmax(log_weights + g, dim=-1)
+
+
+def pure_dp_event(eps0: float) -> dp_accounting.DpEvent:
+    """A pure eps0-DP step for the RDP accountant (eps0-DP => eps0^2/2-zCDP)."""
+    if not eps0 > 0:
+        raise ValueError(f"pure DP step needs eps0 > 0, got {eps0}")
+    return dp_accounting.ZCDpEvent(eps0 ** 2 / 2)
+
+
+class AboveThreshold:
+    """Sparse vector over a stream of sensitivity-``sensitivity`` queries (ALGORITHMS.md §1.4).
+
+    The noisy threshold is drawn once per instance; each query gets fresh Lap(4 s / eps)
+    noise; the instance halts at the first query whose noisy value falls *below* the noisy
+    threshold (the [ASI] orientation). The whole stream is ``eps``-DP: its cost is paid once,
+    not per query (``dp_event`` is the one-off event).
+    """
+
+    def __init__(self, threshold: float, eps: float, *, rng: torch.Generator,
+                 sensitivity: float = 1.0) -> None:
+        if not eps > 0:
+            raise ValueError(f"AboveThreshold needs eps > 0, got {eps}")
+        self.eps, self.sensitivity, self.rng = float(eps), float(sensitivity), rng
+        self.noisy_threshold = threshold - float(laplace((1,), 2 * sensitivity / eps, rng=rng)[0])
+        self.halted = False
+        self.queries = 0
+
+    def test(self, value: float) -> bool:
+        """True (⊤: carry on) or False (⊥: halt; every later call raises)."""
+        if self.halted:
+            raise RuntimeError("AboveThreshold already halted")
+        self.queries += 1
+        nu = float(laplace((1,), 4 * self.sensitivity / self.eps, rng=self.rng)[0])
+        if value + nu < self.noisy_threshold:
+            self.halted = True
+            return False
+        return True
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        return pure_dp_event(self.eps)
+
+    @staticmethod
+    def accuracy(eps: float, queries: int, gamma: float) -> float:
+        """alpha_AT = 8 log(2T/gamma)/eps: with prob >= 1-gamma every ⊤ has q >= Δ - alpha and
+        the halting query has q <= Δ + alpha (sensitivity 1)."""
+        return 8 * math.log(2 * queries / gamma) / eps
+
+
+# -- randomized Hadamard rotation ----------------------------------------------------------------
+def next_pow2(d: int) -> int:
+    return 1 if d <= 1 else 1 << (d - 1).bit_length()
+
+
+def fwht(x: torch.Tensor) -> torch.Tensor:
+    """Unnormalized Walsh-Hadamard transform along the last dim (length a power of two):
+    ``x @ H`` with H the Sylvester matrix, in O(d log d) per row."""
+    d = x.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"fwht needs a power-of-two length, got {d}")
+    lead = x.shape[:-1]
+    y = x.reshape(-1, d)
+    h = 1
+    while h < d:
+        y = y.reshape(-1, d // (2 * h), 2, h)
+        a, b = y[:, :, 0, :], y[:, :, 1, :]
+        y = torch.stack((a + b, a - b), dim=2)
+        h *= 2
+    return y.reshape(*lead, d)
+
+
+class RandomRotation:
+    """U = d'^{-1/2} H diag(omega), omega uniform in {±1}^{d'} ([LEVY] Alg. 2, ALGORITHMS.md §1.5).
+
+    ``omega`` is public, data-independent randomness; one draw is shared by all rows of a call.
+    ``rotate`` pads rows to d' = 2^ceil(log2 d) with zeros; ``invert`` drops the padding.
+    """
+
+    def __init__(self, d: int, *, rng: torch.Generator, dtype: torch.dtype = torch.float64) -> None:
+        self.d, self.dp = int(d), next_pow2(int(d))
+        self.omega = torch.where(torch.rand(self.dp, generator=rng, dtype=dtype) < 0.5, -1.0, 1.0).to(dtype)
+        self.scale = 1.0 / math.sqrt(self.dp)
+
+    def rotate(self, X: torch.Tensor) -> torch.Tensor:
+        if X.shape[-1] != self.d:
+            raise ValueError(f"expected last dim {self.d}, got {X.shape[-1]}")
+        if self.dp != self.d:
+            X = torch.nn.functional.pad(X, (0, self.dp - self.d))
+        return fwht(X * self.omega.to(X.dtype)) * self.scale
+
+    def invert(self, Y: torch.Tensor) -> torch.Tensor:
+        X = fwht(Y) * self.scale * self.omega.to(Y.dtype)   # U^T = d'^{-1/2} D H (H symmetric)
+        return X[..., : self.d]

@@ -1,0 +1,92 @@
+"""DP primitives (ALGORITHMS.md §1): Laplace, exponential mechanism, AboveThreshold, rotation."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from scipy.linalg import hadamard
+
+from fedudp.privacy.accountant import Accountant
+from fedudp.privacy.mechanisms import (AboveThreshold, RandomRotation, exponential_mechanism,
+                                       fwht, laplace, next_pow2, pure_dp_event)
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_laplace_scale_statistical():
+    x = laplace((200_000,), 0.7, rng=gen(1))
+    assert float(x.abs().mean()) == pytest.approx(0.7, rel=0.01)       # E|X| = b
+    assert stats.kstest(x.numpy()[:20_000], stats.laplace(scale=0.7).cdf).pvalue > 1e-3
+
+
+def test_exponential_mechanism_frequencies():
+    # scores 0,1,2 with sensitivity 1 at eps=2: P ∝ exp(-eps c / 2)
+    eps, c = 2.0, torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)
+    logw = (-eps * c / 2).expand(100_000, 3)
+    picks = exponential_mechanism(logw, rng=gen(2))
+    freq = torch.bincount(picks, minlength=3).double() / 100_000
+    want = torch.softmax(-eps * c / 2, 0)
+    assert torch.allclose(freq, want, atol=0.006)
+    # -inf entries never chosen
+    lw = torch.tensor([[0.0, -math.inf, 0.0]]).expand(1000, 3)
+    assert (exponential_mechanism(lw, rng=gen(3)) != 1).all()
+
+
+def test_pure_dp_event_accounts_eps0_for_one_step():
+    acc = Accountant()
+    acc.compose(pure_dp_event(0.5))
+    assert acc.primary == "rdp"
+    # eps0-DP => (eps0^2/2)-zCDP => eps(δ) = ρ + 2 sqrt(ρ log(1/δ)) at most (Bun-Steinke)
+    rho = 0.125
+    assert acc.epsilon(1e-5) <= rho + 2 * math.sqrt(rho * math.log(1e5)) + 1e-6
+
+
+def test_above_threshold_halts_when_query_drops():
+    at = AboveThreshold(threshold=50.0, eps=4.0, rng=gen(4))
+    answers = [at.test(v) for v in [100, 100, 100, 0]]
+    assert answers == [True, True, True, False] and at.halted
+    with pytest.raises(RuntimeError):
+        at.test(100)
+    # the threshold noise is Lap(2/eps), drawn once; accuracy bound is the stated one
+    draws = np.array([AboveThreshold(0.0, 2.0, rng=gen(s)).noisy_threshold for s in range(4000)])
+    assert np.mean(np.abs(draws)) == pytest.approx(1.0, rel=0.06)            # E|Lap(1)| = 1
+    assert AboveThreshold.accuracy(1.0, 10, 0.1) == pytest.approx(8 * math.log(200))
+
+
+@pytest.mark.parametrize("d", [1, 2, 8, 64, 1024])
+def test_fwht_matches_hadamard_matrix(d):
+    x = torch.randn(5, d, dtype=torch.float64, generator=gen(d))
+    H = torch.from_numpy(hadamard(d).astype(np.float64))
+    assert torch.allclose(fwht(x), x @ H, atol=1e-9)
+
+
+@pytest.mark.parametrize("d", [1, 3, 100, 1000])
+def test_rotation_orthogonal_and_round_trip(d):
+    rot = RandomRotation(d, rng=gen(d))
+    dp = next_pow2(d)
+    eye = torch.eye(dp, dtype=torch.float64)
+    rot_full = RandomRotation(dp, rng=gen(d))           # same omega on the padded space
+    U = rot_full.rotate(eye)                            # rows: U e_i  -> U^T as a matrix
+    assert torch.allclose(U @ U.T, eye, atol=1e-10)
+    X = torch.randn(7, d, dtype=torch.float64, generator=gen(99))
+    Y = rot.rotate(X)
+    assert Y.shape == (7, dp)
+    assert torch.allclose(torch.linalg.vector_norm(Y, dim=1), torch.linalg.vector_norm(X, dim=1))
+    assert torch.allclose(rot.invert(Y), X, atol=1e-10)
+
+
+def test_rotation_spreads_mass_lemma2():
+    # Lemma 2: max_i ||U x_i - U x0||_inf <= 10 max_i ||x_i - x0||_2 sqrt(log(nd/α)/d) w.p. >= 1-α
+    n, d, alpha, fails = 50, 256, 0.1, 0
+    X = torch.zeros(n, d, dtype=torch.float64)
+    X[:, :3] = torch.randn(n, 3, dtype=torch.float64, generator=gen(5))  # sparse: worst for coords
+    for s in range(200):
+        Y = RandomRotation(d, rng=gen(1000 + s)).rotate(X)
+        bound = 10 * float(torch.linalg.vector_norm(X, dim=1).max()) * math.sqrt(math.log(n * d / alpha) / d)
+        fails += float(Y.abs().max()) > bound
+    assert fails <= 0.1 * 200
