@@ -162,6 +162,12 @@ class EstimatorConfig:
     bound: float = 1.0
     tau: Optional[float] = None
     beta: float = 0.1
+    # few_users ([ESF] §5.2-§5.4): copies of DP-Estimate-1 (median), rotated blocks (power of
+    # two; 1 = no rotation), ball radius multiplier κ, expected tries N of the geometric stop
+    copies: int = 1
+    blocks: int = 1
+    kappa: float = 1.0
+    tries: float = 1000.0
 
 
 @dataclass
@@ -258,6 +264,11 @@ def validate(cfg: RunConfig) -> None:
     e = cfg.estimator
     _need(_finite_pos(e.bound), "estimator.bound", f"must be > 0, got {e.bound}")
     _need(e.tau is None or _finite_pos(e.tau), "estimator.tau", f"must be null or > 0, got {e.tau}")
+    _need(isinstance(e.copies, int) and e.copies >= 1, "estimator.copies", f"must be an integer >= 1, got {e.copies}")
+    _need(isinstance(e.blocks, int) and e.blocks >= 1 and not (e.blocks & (e.blocks - 1)),
+          "estimator.blocks", f"must be a power of two >= 1, got {e.blocks}")
+    _need(_finite_pos(e.kappa), "estimator.kappa", f"must be > 0, got {e.kappa}")
+    _need(isinstance(e.tries, (int, float)) and e.tries >= 1, "estimator.tries", f"must be >= 1, got {e.tries}")
     _need(isinstance(e.beta, (int, float)) and 0 < e.beta < 1, "estimator.beta",
           f"must be in (0, 1), got {e.beta}")
     _need(d.num_records >= 1, "dataset.num_records", f"must be >= 1, got {d.num_records}")

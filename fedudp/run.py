@@ -55,6 +55,31 @@ def config_dict(cfg: RunConfig) -> dict:
     return _jsonable(asdict(cfg))
 
 
+def estimator_report(aggregator, res) -> dict:
+    """Failures as signals (issue 3): an unmet theoretical minimum number of users is a
+    warning (privacy holds for any n), an AboveThreshold halt a clean stop at a round."""
+    out: dict = {}
+    need = getattr(aggregator, "min_users_required", None)
+    if need is not None:
+        n = aggregator.sampling.population
+        out.update(min_users_met=bool(n >= need), min_users_required=int(need), units=int(n))
+        if n < need:
+            import warnings
+            warnings.warn(f"aggregator={aggregator.name}: n={n} units is below the theoretical "
+                          f"minimum {need} for its utility guarantee (privacy still holds)")
+    if res.stop_reason == "halted":
+        out["halted_at_round"] = int(res.rounds_completed)
+    return out
+
+
+def run_guarantee(spec, aggregator) -> str:
+    """The method's guarantee, downgraded to heuristic when the aggregator's own accounting
+    follows a paper's unproven constant (``privacy.accounting=paper``)."""
+    if getattr(aggregator, "guarantee", None) == "heuristic":
+        return "heuristic"
+    return spec.guarantee
+
+
 def make_ledger(cfg: RunConfig, spec, aggregator) -> Ledger:
     p = cfg.privacy
     private = spec.private
@@ -71,7 +96,7 @@ def make_ledger(cfg: RunConfig, spec, aggregator) -> Ledger:
     adjacency = getattr(aggregator, "adjacency", ADJACENCY)
     return Ledger(unit=unit, adjacency=adjacency if private else None,
                   accounting=Accounting(p.accounting).value if private else None,
-                  guarantee=spec.guarantee, mechanism=aggregator.name if aggregator else "none",
+                  guarantee=run_guarantee(spec, aggregator), mechanism=aggregator.name if aggregator else "none",
                   accountant=getattr(aggregator, "accountant",
                                      "dp_accounting.PLDAccountant (RDP cross-check)") if private else None,
                   delta=p.delta if private else None,
@@ -164,7 +189,7 @@ def run(cfg: RunConfig, out_dir: str | os.PathLike) -> dict:
         "target_epsilon": cfg.privacy.epsilon if spec.private else None,
         "delta": cfg.privacy.delta if spec.private else None,
         "unit": ledger.unit, "adjacency": ledger.adjacency, "accounting": ledger.accounting,
-        "guarantee": spec.guarantee if spec.private else "none",
+        "guarantee": run_guarantee(spec, aggregator) if spec.private else "none",
         "noise_multiplier": getattr(aggregator, "noise_multiplier", None) if spec.private else None,
         "rounds_completed": res.rounds_completed, "rounds_planned": cfg.train.rounds,
         "stop_reason": res.stop_reason,
@@ -173,6 +198,7 @@ def run(cfg: RunConfig, out_dir: str | os.PathLike) -> dict:
         "seconds": time.perf_counter() - t_start,
     }
     summary.update(getattr(res, "extra", {}) or {})
+    summary.update(estimator_report(aggregator, res))
     (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2))
     return summary
 

@@ -38,6 +38,13 @@ class Billboard:
         self.delta = delta
         self.accountant = Accountant(pld_interval(target_epsilon)) if aggregator.private else None
         self.event = aggregator.dp_event(sampling) if aggregator.private else None
+        # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
+        # probabilities that enter δ, ALGORITHMS.md §4.2): composed up front, conservatively
+        once = getattr(aggregator, "one_off_event", None) if aggregator.private else None
+        self.one_off = once() if once is not None else None
+        if self.one_off is not None:
+            self.accountant.compose(self.one_off)
+            ledger.extra["one_off_event"] = str(self.one_off)
 
     @property
     def dim(self) -> int:

@@ -30,6 +30,37 @@ class BudgetError(ValueError):
     """The target (epsilon, delta) cannot be met by the configured schedule."""
 
 
+@dataclass(frozen=True)
+class ApproxDp:
+    """An (epsilon, delta)-DP block that dp-accounting 0.6 has no event for (ALGORITHMS.md
+    §7.2): AboveThreshold's pure budget, a failure probability that enters delta (ASI's
+    zeta, a concentration check passing wrongly), Esfandiari's (4ε, 4δ) sampler. Blocks
+    compose with everything else by basic composition (``basic_composition``)."""
+
+    epsilon: float
+    delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon >= 0 and math.isfinite(self.epsilon)):
+            raise ValueError(f"block epsilon must be finite and >= 0, got {self.epsilon}")
+        if not 0 <= self.delta < 1:
+            raise ValueError(f"block delta must be in [0, 1), got {self.delta}")
+
+    def __str__(self) -> str:
+        return f"ApproxDp(epsilon={self.epsilon:.6g}, delta={self.delta:.3g})"
+
+
+def basic_composition(blocks: list[tuple[ApproxDp, int]] | list[ApproxDp]) -> ApproxDp:
+    """Basic composition (Dwork–Roth Thm 3.16): k mechanisms (ε_i, δ_i)-DP compose to
+    (Σε_i, Σδ_i)-DP, adaptively. Entries are blocks or (block, count) pairs."""
+    eps = dlt = 0.0
+    for b in blocks:
+        blk, c = b if isinstance(b, tuple) else (b, 1)
+        eps += c * blk.epsilon
+        dlt += c * blk.delta
+    return ApproxDp(eps, min(dlt, 1.0 - 1e-12))   # delta >= 1: nothing is left for the events
+
+
 def pld_interval(target_epsilon: float | None) -> float:
     """PLD discretization: 1e-4 up to epsilon 1, coarser (relative 1e-4) above, for speed.
 
@@ -69,12 +100,15 @@ class Accountant:
     def __init__(self, pld_interval: float = 1e-4) -> None:
         self.pld_interval = pld_interval
         self.runs: list[list] = []   # [event, count]
+        self.blocks: list[tuple[ApproxDp, int]] = []   # basic composition on top of the events
 
     @property
     def events(self) -> list[dp_accounting.DpEvent]:
         return [e for e, c in self.runs for _ in range(c)]
 
-    def supports(self, event: dp_accounting.DpEvent) -> bool:
+    def supports(self, event) -> bool:
+        if isinstance(event, ApproxDp):
+            return True
         return _pld(self.pld_interval).supports(event) or _rdp().supports(event)
 
     @property
@@ -85,9 +119,16 @@ class Accountant:
             return "pld"
         return "pld" if _pld(self.pld_interval).supports(self._composed()) else "rdp"
 
-    def compose(self, event: dp_accounting.DpEvent, count: int = 1) -> None:
+    def compose(self, event, count: int = 1) -> None:
+        """Compose ``count`` releases of ``event`` (a ``DpEvent`` or an ``ApproxDp`` block)."""
         if isinstance(event, dp_accounting.NonPrivateDpEvent):
             raise ValueError("a non-private release cannot be composed into a DP ledger")
+        if isinstance(event, ApproxDp):
+            if self.blocks and self.blocks[-1][0] == event:
+                self.blocks[-1] = (event, self.blocks[-1][1] + count)
+            else:
+                self.blocks.append((event, count))
+            return
         if not self.supports(event):
             raise dp_accounting.UnsupportedEventError(f"neither PLD nor RDP supports {event}")
         if self.runs and self.runs[-1][0] == event:
@@ -106,39 +147,56 @@ class Accountant:
         parts = [dp_accounting.SelfComposedDpEvent(e, c) for e, c in runs]
         return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
-    def epsilon(self, delta: float) -> float:
-        """Epsilon at ``delta`` of everything composed so far (PLD)."""
-        if not self.runs:
+    def _split(self, delta: float, extra=None, count: int = 1):
+        """(events' delta budget, blocks' epsilon) after basic composition of the blocks."""
+        blocks = list(self.blocks)
+        if isinstance(extra, ApproxDp):
+            blocks.append((extra, count))
+        b = basic_composition(blocks)
+        return delta - b.delta, b.epsilon
+
+    def _events_epsilon(self, event, delta: float, rdp_only: bool = False) -> float | None:
+        if event is None:
             return 0.0
-        if self.primary == "rdp":
-            return float(self.epsilon_rdp(delta))
-        acc = _pld(self.pld_interval)
-        acc.compose(self._composed())
-        return float(acc.get_epsilon(delta))
+        if delta <= 0:
+            return math.inf
+        if not rdp_only:
+            acc = _pld(self.pld_interval)
+            if acc.supports(event):
+                acc.compose(event)
+                return float(acc.get_epsilon(delta))
+        acc = _rdp()
+        if not acc.supports(event):
+            return None
+        with _quiet_absl():
+            acc.compose(event)
+            return float(acc.get_epsilon(delta))
+
+    def epsilon(self, delta: float) -> float:
+        """Epsilon at ``delta`` of everything composed so far: the events with PLD (RDP for
+        events PLD cannot represent) at delta minus the blocks' delta, plus the blocks'
+        epsilon (basic composition)."""
+        if not self.runs and not self.blocks:
+            return 0.0
+        d_ev, e_blk = self._split(delta)
+        return float(self._events_epsilon(self._composed() if self.runs else None, d_ev)) + e_blk
 
     def epsilon_rdp(self, delta: float) -> float | None:
         """The RDP accountant's (looser) epsilon, as a cross-check; None if unsupported."""
-        if not self.runs:
+        if not self.runs and not self.blocks:
             return 0.0
-        acc = _rdp()
-        ev = self._composed()
-        if not acc.supports(ev):
-            return None
-        with _quiet_absl():
-            acc.compose(ev)
-            return float(acc.get_epsilon(delta))
+        d_ev, e_blk = self._split(delta)
+        e = self._events_epsilon(self._composed() if self.runs else None, d_ev, rdp_only=True)
+        return None if e is None else float(e) + e_blk
 
-    def epsilon_if(self, event: dp_accounting.DpEvent, delta: float, count: int = 1) -> float:
+    def epsilon_if(self, event, delta: float, count: int = 1) -> float:
         """Epsilon after composing ``event`` ``count`` more times, without composing it."""
-        ev = self._composed(event, count)
-        acc = _pld(self.pld_interval)
-        if not acc.supports(ev):
-            acc = _rdp()
-            with _quiet_absl():
-                acc.compose(ev)
-                return float(acc.get_epsilon(delta))
-        acc.compose(ev)
-        return float(acc.get_epsilon(delta))
+        d_ev, e_blk = self._split(delta, event, count)
+        if isinstance(event, ApproxDp):
+            ev = self._composed() if self.runs else None
+        else:
+            ev = self._composed(event, count)
+        return float(self._events_epsilon(ev, d_ev)) + e_blk
 
 
 def schedule_epsilon(make_event: Callable[[float], dp_accounting.DpEvent], noise: float,

@@ -1,0 +1,198 @@
+"""Esfandiari, Mirrokni, Narayanan [ESF, seed 002]: private mean estimation with few users,
+robust to a corrupted fraction (ALGORITHMS.md §5.2-§5.5).
+
+* ``dp_estimate_1``: DP-Estimate-1 (Algorithm 1, Theorem 6), the polynomial-time rejection
+  sampler for the density ∝ exp(ε min(f(p), 2n/3)) on the union of the balls B(x_i, ρ),
+  ρ = κ r sqrt(d), with the garbage bucket and a Geometric(1/N) number of tries (the
+  geometric stop is part of the privacy proof, Lemma 18: never a fixed loop cap). Tries
+  run in vectorized batches; the first success in try order is returned, exactly as the
+  sequential loop would. All weights in log space (no overflow at n = 10^4).
+* ``dp_estimate_2``: DP-Estimate-2 (Corollary 7): k independent copies, coordinate-wise
+  median of the non-garbage outputs.
+* ``FewUsersAggregator`` (``aggregator=few_users``): user level (Theorem 9): applied to the
+  users' vectors with radius r' = τ (the users' concentration radius; [ESF] r' = 10 r/√m),
+  optionally on ``estimator.blocks`` blocks of a random Hadamard rotation (Theorem 8, the
+  FJL + blocks variant), each block with radius 10 τ sqrt(log(d'n/β)/d') · sqrt(d_b).
+  Garbage (no estimate) is mapped to the zero vector, i.e. "no update" (post-processing).
+
+Privacy (unit: user, or owner; replace-one; every unit every round). DP-Estimate-1 called
+with (ε1, δ1) is (4ε1, 4δ1)-DP (§5.2 "Privacy constants"), valid only if the acceptance
+probability never exceeds 1 and e^{ε1(1-2n/3)} N <= δ1 — both checked at construction (a
+configuration that breaks them is refused). k copies x b blocks x T rounds compose by basic
+composition (``ApproxDp``): ε1 = ε/(4kbT), δ1 = δ/(4kbT). The paper's Θ(·) splits have no
+constants, so there is no separate closed form; both accounting modes use these.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedudp.aggregators.base import Aggregate, Sampling
+from fedudp.privacy.accountant import ApproxDp
+from fedudp.privacy.mechanisms import RandomRotation
+
+
+def uniform_in_balls(centers: torch.Tensor, radius: float, *, rng: torch.Generator) -> torch.Tensor:
+    """One uniform point in each ball B(center, radius) (ALGORITHMS.md §1.6)."""
+    b, d = centers.shape
+    g = torch.randn(b, d, generator=rng, dtype=centers.dtype)
+    g = g / torch.linalg.vector_norm(g, dim=1, keepdim=True).clamp(min=1e-300)
+    u = torch.rand(b, 1, generator=rng, dtype=centers.dtype) ** (1.0 / d)
+    return centers + radius * u * g
+
+
+def log_accept(f: torch.Tensor, n: int, eps: float) -> torch.Tensor:
+    """log of (1/3)(n/f) exp(ε (min(f, 2n/3) - 2n/3))."""
+    f = f.to(torch.float64)
+    return (math.log(n / 3) - torch.log(f) + eps * (torch.minimum(f, torch.tensor(2 * n / 3,
+            dtype=torch.float64)) - 2 * n / 3))
+
+
+def check_privacy_conditions(n: int, eps: float, delta: float, tries: float) -> None:
+    """Raise ValueError when DP-Estimate-1's proof does not apply: an acceptance probability
+    above 1 for some count f ∈ [1, n], or e^{ε(1-2n/3)} N > δ (Lemma 18)."""
+    f = torch.arange(1, n + 1)
+    worst = float(log_accept(f, n, eps).max())
+    if worst > 0:
+        raise ValueError(f"acceptance probability exp({worst:.3g}) > 1 at n={n}, ε={eps:.3g}: "
+                         "too few users for DP-Estimate-1")
+    if eps * (1 - 2 * n / 3) + math.log(tries) > math.log(delta):
+        raise ValueError(f"e^(ε(1-2n/3))·N > δ at n={n}, ε={eps:.3g}, N={tries:g}, δ={delta:.3g} "
+                         "(Lemma 18): too few users for the geometric stop")
+
+
+def min_users(eps: float, delta: float, tries: float) -> int:
+    """Smallest n for which ``check_privacy_conditions`` passes (doubling then bisection)."""
+    def ok(n):
+        try:
+            check_privacy_conditions(n, eps, delta, tries)
+            return True
+        except ValueError:
+            return False
+    hi = 2
+    while not ok(hi):
+        hi *= 2
+        if hi > 1 << 40:
+            raise ValueError("no n satisfies DP-Estimate-1's conditions")
+    lo = hi // 2
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def dp_estimate_1(X: torch.Tensor, radius: float, eps: float, delta: float, tries: float, *,
+                  rng: torch.Generator, batch: int = 64) -> tuple[torch.Tensor | None, dict]:
+    """DP-Estimate-1 on the rows of ``X`` [n, d] with ball radius ``radius`` (= κ r sqrt(d)).
+
+    Returns (estimate, info) with estimate None for garbage (G1: the garbage bucket was
+    drawn and kept; G2: the geometric number of tries ran out). (4ε, 4δ)-DP (caller's split).
+    """
+    n, d = X.shape
+    X = X.to(torch.float64)
+    # X ~ Geometric(1/N) on {1, 2, ...}
+    u = float(torch.rand((), generator=rng, dtype=torch.float64))
+    budget = 1 if tries <= 1 else max(1, math.ceil(math.log1p(-u) / math.log1p(-1.0 / tries)))
+    # P(garbage index) = 1 / (1 + (δ/4) e^{2εn/3}) = sigmoid(log(4/δ) - 2εn/3)
+    p_garbage = float(torch.sigmoid(torch.tensor(math.log(4 / delta) - 2 * eps * n / 3,
+                                                 dtype=torch.float64)))
+    sq = (X * X).sum(1)
+    done = 0
+    while done < budget:
+        b = min(batch, budget - done)
+        garbage = torch.rand(b, generator=rng, dtype=torch.float64) < p_garbage
+        keep_garbage = torch.rand(b, generator=rng, dtype=torch.float64) < 1 / 3
+        idx = torch.randint(0, n, (b,), generator=rng)
+        P = uniform_in_balls(X[idx], radius, rng=rng)
+        d2 = (P * P).sum(1, keepdim=True) + sq[None] - 2 * P @ X.T
+        f = (d2 <= radius * radius).sum(1).clamp(min=1)      # p lies in its own ball
+        acc = torch.log(torch.rand(b, generator=rng, dtype=torch.float64)) < log_accept(f, n, eps)
+        stop = torch.where(garbage, keep_garbage, acc)
+        if bool(stop.any()):
+            j = int(torch.nonzero(stop)[0])
+            info = {"tries": done + j + 1, "budget": budget}
+            if bool(garbage[j]):
+                return None, info | {"garbage": "G1"}
+            return P[j], info | {"garbage": None, "friends": int(f[j])}
+        done += b
+    return None, {"tries": budget, "budget": budget, "garbage": "G2"}
+
+
+def dp_estimate_2(X: torch.Tensor, radius: float, eps: float, delta: float, tries: float,
+                  copies: int, *, rng: torch.Generator) -> tuple[torch.Tensor | None, dict]:
+    """DP-Estimate-2: coordinate-wise median of the non-garbage outputs of ``copies`` runs of
+    DP-Estimate-1 (each called with (eps, delta); the caller composes the copies)."""
+    outs, garbage = [], 0
+    for _ in range(copies):
+        p, info = dp_estimate_1(X, radius, eps, delta, tries, rng=rng)
+        if p is None:
+            garbage += 1
+        else:
+            outs.append(p)
+    if not outs:
+        return None, {"garbage_copies": garbage}
+    return torch.stack(outs).median(0).values, {"garbage_copies": garbage}
+
+
+class FewUsersAggregator:
+    """``aggregator=few_users``: [ESF] DP-Estimate-2 at user level, optionally on rotated blocks."""
+
+    name = "few_users"
+    needs_per_user_vectors = True
+    private = True
+    adjacency = "replace_one"
+    accountant = "basic composition of ESF's (4ε1, 4δ1) blocks (ApproxDp; no dp-accounting event exists)"
+
+    def __init__(self, dim: int, tau: float, eps: float, delta: float, rounds: int, sampling: Sampling,
+                 copies: int = 1, blocks: int = 1, kappa: float = 1.0, tries: float = 1000.0,
+                 beta: float = 0.1) -> None:
+        if sampling.rate < 1.0:
+            raise ValueError("aggregator=few_users is replace-one with a public n: it needs "
+                             "train.sampling_rate=1")
+        self.dim, self.tau, self.sampling = int(dim), float(tau), sampling
+        self.copies, self.blocks, self.kappa, self.tries = int(copies), int(blocks), float(kappa), float(tries)
+        self.rotate = self.blocks > 1
+        self.dp = 1 << max(0, (self.dim - 1).bit_length()) if self.rotate else self.dim
+        if self.rotate and (self.blocks & (self.blocks - 1) or self.blocks > self.dp):
+            raise ValueError(f"estimator.blocks must be a power of two <= {self.dp}, got {blocks}")
+        parts = self.copies * self.blocks * int(rounds)
+        self.eps1, self.delta1 = eps / (4 * parts), delta / (4 * parts)
+        n = sampling.population
+        self.min_users_required = min_users(self.eps1, self.delta1, self.tries)
+        check_privacy_conditions(n, self.eps1, self.delta1, self.tries)
+        db = self.dp // self.blocks
+        if self.rotate:   # per-block l2 radius after rotation (Lemma 2 per coordinate x sqrt(d_b))
+            r_b = 10 * self.tau * math.sqrt(math.log(max(self.dp * n / beta, 2.0)) / self.dp) * math.sqrt(db)
+        else:
+            r_b = self.tau
+        self.radius = self.kappa * r_b * math.sqrt(db)
+
+    def __call__(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
+        n = self.sampling.population
+        X = G.to(torch.float64)
+        if X.shape[0] < n:
+            X = torch.cat([X, X.new_zeros(n - X.shape[0], X.shape[1])])
+        rot = RandomRotation(self.dim, rng=rng) if self.rotate else None
+        Y = rot.rotate(X) if rot is not None else X
+        db = Y.shape[1] // self.blocks
+        est, garbage = [], 0
+        for b in range(self.blocks):
+            p, info = dp_estimate_2(Y[:, b * db:(b + 1) * db], self.radius, self.eps1, self.delta1,
+                                    self.tries, self.copies, rng=rng)
+            if p is None:
+                garbage += 1
+                p = Y.new_zeros(db)
+            est.append(p)
+        y = torch.cat(est)
+        mean = rot.invert(y) if rot is not None else y
+        diag = {"garbage_blocks": garbage, "blocks": self.blocks, "radius": self.radius,
+                "cohort": int(G.shape[0]), "min_users_met": n >= self.min_users_required,
+                "min_users_required": self.min_users_required}
+        # garbage in every block: no update this round (post-processing of the release)
+        return Aggregate(mean=mean.to(G.dtype), users_used=n, diagnostics=diag)
+
+    def dp_event(self, sampling: Sampling | None = None) -> ApproxDp:
+        """One round: copies x blocks runs of DP-Estimate-1, each (4ε1, 4δ1)-DP."""
+        k = self.copies * self.blocks
+        return ApproxDp(4 * self.eps1 * k, 4 * self.delta1 * k)
