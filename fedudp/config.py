@@ -172,7 +172,7 @@ class EstimatorConfig:
 
 @dataclass
 class EngineConfig:
-    chunk_records: int = 8192   # local engine: records processed per vmapped chunk
+    chunk_records: int = 0      # local engine: records per vmapped chunk (0: auto, see chunk_budget)
     threads: int = 0            # torch threads (0: torch default)
     float64: bool = False       # equivalence mode
     # flower engine (issue 4)
@@ -305,5 +305,5 @@ def validate(cfg: RunConfig) -> None:
               "record with placement=server clips per user, so it needs "
               "partition.records_per_user=1 (a user-level guarantee, privacy.unit=user, already "
               "implies record level)")
-    if cfg.engine_opts.chunk_records < 1:
-        raise ConfigError("engine_opts.chunk_records: must be >= 1")
+    if cfg.engine_opts.chunk_records < 0:
+        raise ConfigError("engine_opts.chunk_records: must be >= 1, or 0 for auto")

@@ -190,6 +190,7 @@ def main() -> None:
     if a.rounds < 3:
         raise SystemExit("--rounds must be >= 3")
     from fedudp.config import EngineConfig
+    from fedudp.engines.local import AUTO_CHUNK_CONV
 
     tmp = None
     root = Path(a.data_root)
@@ -229,7 +230,8 @@ def main() -> None:
     for r in results:
         print(f"| {r['n']} | {r['chunk_records']} | {r['local_s']:.2f} | {r['plain_s']:.2f} "
               f"| {r['ratio']:.2f} |")
-    print(f"\n(default engine_opts.chunk_records = {EngineConfig().chunk_records})")
+    print(f"\n(default engine_opts.chunk_records = {EngineConfig().chunk_records}: auto, "
+          f"{AUTO_CHUNK_CONV} for models with convolutions)")
     if a.json:
         Path(a.json).write_text(json.dumps({"data": data, "results": results}, indent=2))
     if tmp is not None:

@@ -41,6 +41,7 @@ from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from fedudp.config import RunConfig, SharedUpdate, Unit  # noqa: E402
 from fedudp.core import owner as O  # noqa: E402
 from fedudp.core.messages import OwnerReply, make_reply  # noqa: E402
+from fedudp.engines.local import chunk_budget  # noqa: E402
 
 # record keys (the whole wire vocabulary of engine=flower)
 K_RUN = "fedudp.run"          # ConfigRecord server -> owner: cfg json, round, sampled users, ...
@@ -176,7 +177,7 @@ def owner_env(cfg_json: str) -> OwnerEnv:
                        O.LocalSpec(cfg.seed, t.lr, t.batch_size, pe),
                        SharedUpdate(t.shared_update).value,
                        {k: init[k].detach().clone() for k in spec.personal},
-                       int(cfg.engine_opts.chunk_records))
+                       chunk_budget(cfg.engine_opts.chunk_records, model))
         _ENV.clear()       # one run per process at a time
         _ENV[key] = env
         return env
