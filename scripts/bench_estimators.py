@@ -181,7 +181,7 @@ def cost_per_call(n: int, d: int, eps: float) -> dict[str, float | str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--grid", nargs="+", default=["4000,16,1", "4000,16,10", "1000,256,10"],
+    ap.add_argument("--grid", nargs="*", default=["4000,16,1", "4000,16,10", "1000,256,10"],
                     help="n,d,eps triples")
     ap.add_argument("--m", nargs="+", type=int, default=[1, 10, 100, 1000, 10_000, 100_000, 1_000_000])
     ap.add_argument("--reps", type=int, default=5)

@@ -37,37 +37,50 @@ from fedudp.privacy.mechanisms import RandomRotation, exponential_mechanism, lap
 
 
 def private_range(X: torch.Tensor, tau: float, bound: float, eps: float, *,
-                  rng: torch.Generator) -> torch.Tensor:
+                  rng: torch.Generator, chunk_elems: int = 1 << 22) -> torch.Tensor:
     """PrivateRange per column of ``X`` [n, k]: the sampled bin centers μ̂ [k] (eps-DP each).
 
     Bins: l = ceil(B/τ) consecutive bins of width 2τ over [-B, B]; X_i is mapped to its bin
     (values outside [-B, B] to the end bins). Score of a bin x: c(x) = max(#{X' < x}, #{X' > x})
-    (sensitivity 1 under replace-one); P(x) ∝ exp(-eps c(x) / 2).
+    (sensitivity 1 under replace-one); P(x) ∝ exp(-eps c(x) / 2). Columns are processed in
+    blocks of about ``chunk_elems`` segment weights (memory stays O(chunk), not O(n k)).
     """
     n, k = X.shape
+    out = torch.empty(k, dtype=torch.float64)
+    cols = max(1, chunk_elems // (2 * n + 1))
+    for c0 in range(0, k, cols):
+        out[c0:c0 + cols] = _private_range_rows(X[:, c0:c0 + cols].T.contiguous(), tau, bound, eps, rng)
+    return out
+
+
+def _private_range_rows(Xr: torch.Tensor, tau: float, bound: float, eps: float,
+                        rng: torch.Generator) -> torch.Tensor:
+    """PrivateRange for each row of ``Xr`` [k, n] (one independent instance per row)."""
+    k, n = Xr.shape
     dt = torch.float64
     nbins = max(1, math.ceil(bound / tau))
-    b = torch.floor((X.to(dt) + bound) / (2 * tau)).clamp(0, nbins - 1).to(torch.int64)
-    s, _ = torch.sort(b, dim=0)                                    # [n, k]
-    # segments per column: n occupied bins (first occurrence only), n-1 gaps, before, after
-    left = torch.searchsorted(s.T.contiguous(), s.T.contiguous(), right=False).T
-    right = torch.searchsorted(s.T.contiguous(), s.T.contiguous(), right=True).T
+    b = torch.floor((Xr.to(dt) + bound) / (2 * tau)).clamp(0, nbins - 1).to(torch.int64)
+    s, _ = torch.sort(b, dim=1)                                    # [k, n]
+    # segments per row: n occupied bins (first occurrence only), n-1 gaps, before, after
+    left = torch.searchsorted(s, s, right=False)
+    right = torch.searchsorted(s, s, right=True)
     first = torch.ones_like(s, dtype=torch.bool)
-    first[1:] = s[1:] != s[:-1]
+    first[:, 1:] = s[:, 1:] != s[:, :-1]
     occ_len = first.to(dt)
     occ_cost = torch.maximum(left, n - right).to(dt)
-    gap_len = (s[1:] - s[:-1] - 1).clamp(min=0).to(dt)             # [n-1, k]
-    idx = torch.arange(1, n, dtype=dt).unsqueeze(1)
+    gap_len = (s[:, 1:] - s[:, :-1] - 1).clamp(min=0).to(dt)       # [k, n-1]
+    idx = torch.arange(1, n, dtype=dt).unsqueeze(0)
     gap_cost = torch.maximum(idx, n - idx).expand_as(gap_len)
-    pre_len, post_len = s[:1].to(dt), (nbins - 1 - s[-1:]).to(dt)
-    lens = torch.cat([occ_len, gap_len, pre_len, post_len])         # [2n+1, k]
-    costs = torch.cat([occ_cost, gap_cost, torch.full_like(pre_len, n), torch.full_like(post_len, n)])
+    pre_len, post_len = s[:, :1].to(dt), (nbins - 1 - s[:, -1:]).to(dt)
+    lens = torch.cat([occ_len, gap_len, pre_len, post_len], dim=1)  # [k, 2n+1]
+    costs = torch.cat([occ_cost, gap_cost, torch.full_like(pre_len, n),
+                       torch.full_like(post_len, n)], dim=1)
     logw = torch.where(lens > 0, torch.log(lens.clamp(min=1)) - eps * costs / 2,
                        torch.full_like(lens, -math.inf))
-    seg = exponential_mechanism(logw.T, rng=rng)                   # [k]
-    cols = torch.arange(k)
-    start = torch.cat([s, s[:-1] + 1, torch.zeros_like(s[:1]), s[-1:] + 1])[seg, cols]
-    length = lens[seg, cols]
+    seg = exponential_mechanism(logw, rng=rng).unsqueeze(1)        # [k, 1]
+    starts = torch.cat([s, s[:, :-1] + 1, torch.zeros_like(s[:, :1]), s[:, -1:] + 1], dim=1)
+    start = starts.gather(1, seg).squeeze(1)
+    length = lens.gather(1, seg).squeeze(1)
     u = torch.rand(k, generator=rng, dtype=dt)
     pick = start + torch.floor(u * length).to(torch.int64).clamp(max=(length - 1).to(torch.int64))
     return -bound + (pick.to(dt) + 0.5) * 2 * tau

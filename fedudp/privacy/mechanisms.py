@@ -100,20 +100,35 @@ def next_pow2(d: int) -> int:
     return 1 if d <= 1 else 1 << (d - 1).bit_length()
 
 
-def fwht(x: torch.Tensor) -> torch.Tensor:
+def _hadamard(f: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    H = torch.ones(1, 1, dtype=dtype, device=device)
+    while H.shape[0] < f:
+        H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
+    return H
+
+
+def fwht(x: torch.Tensor, block_bits: int = 6) -> torch.Tensor:
     """Unnormalized Walsh-Hadamard transform along the last dim (length a power of two):
-    ``x @ H`` with H the Sylvester matrix, in O(d log d) per row."""
+    ``x @ H`` with H the Sylvester matrix, in O(d log d) per row.
+
+    H_{2^L} = H_{2^{l_1}} ⊗ ... ⊗ H_{2^{l_r}} with l_i <= ``block_bits``: each factor is one
+    small dense batched matmul over its axis, so the data is swept ceil(L / block_bits) times
+    instead of L (the butterfly's memory traffic dominated on CPU). Work per row stays
+    O(d · 2^block_bits) = O(d log d) up to the constant block size.
+    """
     d = x.shape[-1]
     if d & (d - 1):
         raise ValueError(f"fwht needs a power-of-two length, got {d}")
     lead = x.shape[:-1]
     y = x.reshape(-1, d)
-    h = 1
-    while h < d:
-        y = y.reshape(-1, d // (2 * h), 2, h)
-        a, b = y[:, :, 0, :], y[:, :, 1, :]
-        y = torch.stack((a + b, a - b), dim=2)
-        h *= 2
+    L = d.bit_length() - 1
+    inner = 1                                  # product of the factor sizes already applied (low bits)
+    while inner < d:
+        f = 1 << min(block_bits, L - (inner.bit_length() - 1))
+        H = _hadamard(f, y.dtype, y.device)
+        # axis layout: [rows * outer, f, inner]; H acts on the f axis
+        y = torch.matmul(H, y.reshape(-1, f, inner)).reshape(-1, d)
+        inner *= f
     return y.reshape(*lead, d)
 
 
