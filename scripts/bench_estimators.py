@@ -170,12 +170,19 @@ def cost_per_call(n: int, d: int, eps: float) -> dict[str, float | str]:
         if mode != "certified":
             continue
         agg = make(name, mode, n, d, 100, eps)
+        note = ""
+        if isinstance(agg, str) and name == "friendlycore":
+            # below its privacy minimum at this n: time the same computation anyway
+            tau = tau_pair(100)
+            agg = O.FriendlyCoreAggregator(tau, 1.0, O.friendlycore_sensitivity(tau, n, DELTA / 4),
+                                           Sampling(1.0, n), 1.0, DELTA / 2, 0)
+            note = " (timing only: n is below its privacy minimum)"
         if isinstance(agg, str):
             res[name] = agg
             continue
         t = time.perf_counter()
         agg(X, rng=torch.Generator().manual_seed(0))
-        res[name] = time.perf_counter() - t
+        res[name + note] = time.perf_counter() - t
     return res
 
 
