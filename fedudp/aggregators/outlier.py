@@ -61,15 +61,16 @@ def friend_counts(V: torch.Tensor, radii: tuple[float, ...], chunk: int = 1024) 
     """counts[k, j] = #{j' : ||V_j - V_j'|| <= radii[k]} (j' = j included), via the Gram matrix."""
     n = V.shape[0]
     sq = (V * V).sum(1)
-    r2 = torch.tensor([r * r for r in radii], dtype=V.dtype, device=V.device)
     out = torch.zeros(len(radii), n, dtype=torch.int64, device=V.device)
     for i in range(0, n, chunk):
         blk = V[i:i + chunk]
-        d2 = sq[i:i + chunk, None] + sq[None, :] - 2.0 * (blk @ V.T)
-        d2.clamp_(min=0)
+        # ||a||² + ||b||² - 2<a,b> in two passes (negative rounding is harmless: r² >= 0)
+        d2 = torch.addmm(sq[None, :], blk, V.T, alpha=-2.0)
+        d2 += sq[i:i + chunk, None]
         idx = torch.arange(i, min(i + chunk, n), device=V.device)
         d2[idx - i, idx] = 0.0                         # a point is its own friend, exactly
-        out[:, i:i + chunk] = (d2[None] <= r2[:, None, None]).sum(-1)
+        for k, r in enumerate(radii):
+            out[k, i:i + chunk] = (d2 <= r * r).sum(1)
     return out
 
 
