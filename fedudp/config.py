@@ -12,11 +12,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-from omegaconf import MISSING  # noqa: F401  (re-exported for presets)
 
 
 class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key."""
+    """A user error: a configuration value, the budget, a data file or the output folder is
+    wrong. The message starts with the key or file it names; the CLI prints it as one line
+    ``fedudp: error: <message>`` and exits with status 2."""
+
+
+class DataError(ConfigError):
+    """A data file is missing, unreadable or inconsistent; the message names the file."""
 
 
 class Choice(str, Enum):
@@ -117,6 +122,10 @@ class TrainConfig:
     server_lr: float = 1.0     # billboard step: u += server_lr * mean (delta) / u -= ... (gradient)
     personal_epochs: Optional[int] = None  # personal-parameter epochs per round (None: local_epochs)
     eval_every: int = 1
+
+    def resolved_personal_epochs(self) -> int:
+        """``personal_epochs``, defaulting to ``local_epochs``."""
+        return self.local_epochs if self.personal_epochs is None else self.personal_epochs
 
 
 @dataclass
@@ -297,9 +306,6 @@ def validate(cfg: RunConfig) -> None:
     if p.placement == Placement.local_dpsgd:
         raise ConfigError("privacy.placement: local_dpsgd (per-record DP-SGD inside owners) is "
                           "not implemented yet; use privacy.placement=server")
-    if p.calibration == Calibration.closed_form and resolved_aggregator(cfg) == AggregatorName.gaussian:
-        raise ConfigError("privacy.calibration: closed_form has no closed form for clip+Gaussian "
-                          "(the paper's Alg. 1 constant c2 is unknown); use accountant")
     if p.unit == Unit.record and cfg.method in (Method.full_dp, Method.joint_dp):
         _need(part.records_per_user == 1, "privacy.unit",
               "record with placement=server clips per user, so it needs "
@@ -307,3 +313,52 @@ def validate(cfg: RunConfig) -> None:
               "implies record level)")
     if cfg.engine_opts.chunk_records < 0:
         raise ConfigError("engine_opts.chunk_records: must be >= 1, or 0 for auto")
+
+
+# -- (de)serialization: one vocabulary for Hydra, the Flower wire and `flwr run --run-config` --
+def jsonable(x: Any) -> Any:
+    """Plain JSON types: enums as their values, numpy scalars as Python, non-finite as None."""
+    import numpy as np
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, Enum):
+        return x.value
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def config_dict(cfg: RunConfig) -> dict:
+    import dataclasses
+    return jsonable(dataclasses.asdict(cfg))
+
+
+def config_to_json(cfg: RunConfig) -> str:
+    import json
+    return json.dumps(config_dict(cfg), sort_keys=True)
+
+
+def config_from_json(text: str) -> RunConfig:
+    """Inverse of ``config_to_json`` (the schema turns strings back into enums)."""
+    import json
+    from omegaconf import OmegaConf
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), json.loads(text)))
+
+
+def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
+    """``{"train.rounds": 3, "method": "fedavg"}`` -> a ``RunConfig``; an unknown key or a bad
+    value is a ``ConfigError`` naming the key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+    base = OmegaConf.structured(RunConfig)
+    OmegaConf.set_struct(base, True)
+    for k, v in overrides.items():
+        try:
+            OmegaConf.update(base, k, v, merge=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"{k}: {str(e).splitlines()[0]}") from None
+    return OmegaConf.to_object(base)

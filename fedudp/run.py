@@ -9,57 +9,33 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+import numpy as np
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from fedudp.aggregators import Sampling, build_aggregator  # noqa: E402
-from fedudp.config import (Accounting, ConfigError, DatasetName, EngineName, RunConfig,  # noqa: E402
-                           Unit, resolved_aggregator, validate)
-from fedudp.core.billboard import Billboard  # noqa: E402
-from fedudp.core.methods import method_spec  # noqa: E402
-from fedudp.data.federation import build_federation  # noqa: E402
-from fedudp.data.idx import check_available  # noqa: E402
-from fedudp.models import build_model  # noqa: E402
-from fedudp.privacy.accountant import ADJACENCY, Ledger  # noqa: E402
+from fedudp.aggregators import Aggregator, Sampling, build_aggregator, check_aggregator_config
+from fedudp.config import (Accounting, ConfigError, DatasetName, EngineName, RunConfig, Unit,
+                           config_dict, jsonable, resolved_aggregator, validate)
+from fedudp.core.billboard import Billboard
+from fedudp.core.methods import MethodSpec
+from fedudp.core.owner import Owners
+from fedudp.core.rounds import RoundsResult, run_rounds, summarize
+from fedudp.data.federation import Federation, build_federation, planned_units
+from fedudp.data.idx import check_available
+from fedudp.privacy.accountant import Ledger
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if hasattr(x, "value") and not isinstance(x, (int, float, str)):
-        return x.value
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, float) and not np.isfinite(x):
-        return None
-    if isinstance(x, str) and hasattr(x, "value"):
-        return x.value
-    return x
-
-
-def config_dict(cfg: RunConfig) -> dict:
-    return _jsonable(asdict(cfg))
 
 
 def estimator_report(aggregator, res) -> dict:
     """Failures as signals (issue 3): an unmet theoretical minimum number of users is a
     warning (privacy holds for any n), an AboveThreshold halt a clean stop at a round."""
     out: dict = {}
-    need = getattr(aggregator, "min_users_required", None)
+    need = aggregator.min_users_required if aggregator is not None else None
     if need is not None:
         n = aggregator.sampling.population
         out.update(min_users_met=bool(n >= need), min_users_required=int(need), units=int(n))
@@ -72,15 +48,15 @@ def estimator_report(aggregator, res) -> dict:
     return out
 
 
-def run_guarantee(spec, aggregator) -> str:
+def run_guarantee(spec: MethodSpec, aggregator: Aggregator | None) -> str:
     """The method's guarantee, downgraded to heuristic when the aggregator's own accounting
     follows a paper's unproven constant (``privacy.accounting=paper``)."""
-    if getattr(aggregator, "guarantee", None) == "heuristic":
+    if aggregator is not None and aggregator.guarantee == "heuristic":
         return "heuristic"
     return spec.guarantee
 
 
-def make_ledger(cfg: RunConfig, spec, aggregator) -> Ledger:
+def make_ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> Ledger:
     p = cfg.privacy
     private = spec.private
     notes = ["diagnostics (clipped fraction, cohort, failures) and owners.csv are simulator "
@@ -93,94 +69,118 @@ def make_ledger(cfg: RunConfig, spec, aggregator) -> Ledger:
     if Unit(p.unit) == Unit.record:
         notes.append("records_per_user=1: each user is one record, so user level is record level")
     unit = Unit(p.unit).value if private else None
-    adjacency = getattr(aggregator, "adjacency", ADJACENCY)
-    return Ledger(unit=unit, adjacency=adjacency if private else None,
+    return Ledger(unit=unit, adjacency=aggregator.adjacency if private else None,
                   accounting=Accounting(p.accounting).value if private else None,
                   guarantee=run_guarantee(spec, aggregator), mechanism=aggregator.name if aggregator else "none",
-                  accountant=getattr(aggregator, "accountant",
-                                     "dp_accounting.PLDAccountant (RDP cross-check)") if private else None,
+                  accountant=aggregator.accountant if private else None,
                   delta=p.delta if private else None,
                   target_epsilon=p.epsilon if private else None, notes=notes)
 
 
-def prepare(cfg: RunConfig, out: Path | None = None):
-    """Federation, model, method spec, aggregator, ledger, billboard and engine of a validated
-    config (what ``run`` drives; tests use it to look inside an engine)."""
-    fed = build_federation(cfg)
-    model = build_model(cfg, fed.input_shape, fed.num_classes)
-    if cfg.engine_opts.float64:
-        model = model.double()
-        fed.x, fed.x_test = fed.x.double(), fed.x_test.double()
-    for p_ in model.parameters():
-        p_.requires_grad_(False)
-    spec = method_spec(cfg, model)
+@dataclass
+class Prepared:
+    """A validated run before its first round: the owner side, the billboard, the data."""
 
-    billboard = aggregator = None
-    if spec.communicates:
-        population = fed.num_owners if spec.unit == Unit.owner else fed.num_users
-        sampling = Sampling(cfg.train.sampling_rate, population)
-        dim = sum(p.numel() for k, p in model.named_parameters() if k in spec.shared)
-        aggregator = build_aggregator(cfg, sampling, cfg.train.rounds, dim)
-    ledger = make_ledger(cfg, spec, aggregator)
-    if spec.communicates:
-        params = dict(model.named_parameters())
-        billboard = Billboard({k: params[k].detach() for k in spec.shared}, spec.shared,
-                              aggregator, sampling, ledger, cfg.seed, cfg.train.server_lr,
-                              cfg.train.shared_update.value if hasattr(cfg.train.shared_update, "value")
-                              else str(cfg.train.shared_update),
-                              cfg.privacy.epsilon if spec.private else None, cfg.privacy.delta)
-        if spec.private and not billboard.within_budget():
-            raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
-                              f"multiplier {getattr(aggregator, 'noise_multiplier', None)} exceeds it")
+    cfg: RunConfig
+    owners: Owners
+    aggregator: Aggregator | None
+    ledger: Ledger
+    billboard: Billboard | None
+    fed: Federation
 
-    if EngineName(cfg.engine) == EngineName.flower:
-        from fedudp.engines.flower import FlowerEngine  # issue 4
-        engine = FlowerEngine(cfg, fed, model, spec, billboard, out)
-    else:
-        from fedudp.engines.local import LocalEngine
-        engine = LocalEngine(cfg, fed, model, spec, billboard)
-    return fed, model, spec, aggregator, ledger, billboard, engine
+    @property
+    def spec(self) -> MethodSpec:
+        return self.owners.spec
 
 
-def run(cfg: RunConfig, out_dir: str | os.PathLike) -> dict:
-    """One fedudp run; returns summary.json's content."""
-    t_start = time.perf_counter()
+def prepare(cfg: RunConfig) -> Prepared:
+    """Everything that needs only the config first (validation, the estimator's own checks,
+    the data files' presence, model and split, the aggregator's calibration, the budget), then
+    the data. Every user error is a ``ConfigError`` naming the key or file."""
     validate(cfg)
+    check_aggregator_config(cfg)
     if DatasetName(cfg.dataset.name) != DatasetName.synthetic:
         check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root, cfg.dataset.download)
+    owners = Owners.from_config(cfg)
+    spec = owners.spec
+    billboard = aggregator = None
+    n_owners, n_users = planned_units(cfg)
+    if spec.communicates:
+        sampling = Sampling(cfg.train.sampling_rate, n_owners if spec.unit == Unit.owner else n_users)
+        aggregator = build_aggregator(cfg, sampling, cfg.train.rounds, owners.shared_dim)
+    ledger = make_ledger(cfg, spec, aggregator)
+    if aggregator is not None:
+        params = dict(owners.model.named_parameters())
+        billboard = Billboard({k: params[k].detach() for k in spec.shared}, spec.shared,
+                              aggregator, sampling, ledger, cfg.seed, cfg.train.server_lr,
+                              owners.training.mode, cfg.privacy.epsilon if spec.private else None,
+                              cfg.privacy.delta)
+        if spec.private and not billboard.within_budget():
+            raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
+                              f"multiplier {aggregator.noise_multiplier} exceeds it")
+    fed = build_federation(cfg).to(owners.dtype)
+    if (fed.num_owners, fed.num_users) != (n_owners, n_users):   # the plan's public n
+        raise RuntimeError(f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
+                           f"planned {n_owners} / {n_users}")
+    return Prepared(cfg, owners, aggregator, ledger, billboard, fed)
+
+
+def execute(p: Prepared, on_round=None, grid: Any = None) -> RoundsResult:
+    """The round loop on the configured engine (``grid``: ``flwr run``'s, for engine=flower)."""
+    if EngineName(p.cfg.engine) == EngineName.flower:
+        from fedudp.engines import flower as engine
+    else:
+        from fedudp.engines import local as engine
+    t = p.cfg.train
+
+    def drive(transport) -> RoundsResult:
+        return run_rounds(t.rounds, t.eval_every, p.billboard, transport,
+                          np.diff(p.fed.test_offsets), on_round)
+    constraint = p.aggregator.constraint if p.aggregator is not None else None
+    return engine.execute(p.cfg, p.owners, p.fed, constraint, drive, grid=grid)
+
+
+def _output_folder(out_dir: str | Path) -> Path:
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.engine_opts.threads:
-        torch.set_num_threads(cfg.engine_opts.threads)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".fedudp_write_test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{out}: cannot write the run's outputs there ({e.strerror or e})") from None
+    return out
+
+
+def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
+    """One fedudp run; returns summary.json's content."""
+    t_start = time.perf_counter()
+    p = prepare(cfg)
+    out = _output_folder(out_dir)
     (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
-
-    fed, model, spec, aggregator, ledger, billboard, engine = prepare(cfg, out)
-
     metrics_path = out / "metrics.jsonl"
     metrics_path.write_text("")
     bar = _progress(cfg)
 
     def on_round(info: dict) -> None:
         with open(metrics_path, "a") as f:
-            f.write(json.dumps(_jsonable(info)) + "\n")
+            f.write(json.dumps(jsonable(info)) + "\n")
         if bar is not None:
             bar.update(1)
             post = {"acc": info.get("accuracy_mean"), "eps": info.get("epsilon")}
             bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None})
 
     try:
-        res = engine.run(on_round=on_round)
+        res = execute(p, on_round, grid)
     finally:
         if bar is not None:
             bar.close()
+    fed, spec, ledger, aggregator = p.fed, p.spec, p.ledger, p.aggregator
     _write_owners(out / "owners.csv", fed, res)
-    (out / "ledger.json").write_text(json.dumps(_jsonable(ledger.to_dict()), indent=2))
-    sizes = np.diff(fed.test_offsets)
-    from fedudp.engines.local import summarize
-    summ = summarize(res.owner_accuracy, res.owner_loss, sizes)
+    (out / "ledger.json").write_text(json.dumps(jsonable(ledger.to_dict()), indent=2))
+    summ = summarize(res.owner_accuracy, res.owner_loss, np.diff(fed.test_offsets))
     summary = {
-        "method": cfg.method.value if hasattr(cfg.method, "value") else cfg.method,
-        "aggregator": resolved_aggregator(cfg).value,
+        "method": cfg.method.value, "aggregator": resolved_aggregator(cfg).value,
         "engine": EngineName(cfg.engine).value,
         "accuracy_mean": summ["accuracy_mean"], "accuracy_std": summ["accuracy_std"],
         "accuracy_weighted": summ["accuracy_weighted"], "loss": summ["loss"],
@@ -190,16 +190,16 @@ def run(cfg: RunConfig, out_dir: str | os.PathLike) -> dict:
         "delta": cfg.privacy.delta if spec.private else None,
         "unit": ledger.unit, "adjacency": ledger.adjacency, "accounting": ledger.accounting,
         "guarantee": run_guarantee(spec, aggregator) if spec.private else "none",
-        "noise_multiplier": getattr(aggregator, "noise_multiplier", None) if spec.private else None,
+        "noise_multiplier": aggregator.noise_multiplier if spec.private else None,
         "rounds_completed": res.rounds_completed, "rounds_planned": cfg.train.rounds,
         "stop_reason": res.stop_reason,
         "num_owners": fed.num_owners, "num_users": fed.num_users, "num_records": fed.num_records,
-        "shared_dim": billboard.dim if billboard is not None else 0,
+        "shared_dim": p.billboard.dim if p.billboard is not None else 0,
         "seconds": time.perf_counter() - t_start,
     }
-    summary.update(getattr(res, "extra", {}) or {})
+    summary.update(res.extra)
     summary.update(estimator_report(aggregator, res))
-    (out / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2))
+    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
     return summary
 
 
@@ -224,11 +224,7 @@ def _progress(cfg: RunConfig):
     if not cfg.progress:
         return None
     from tqdm import tqdm
-    return tqdm(total=cfg.train.rounds, desc=f"{_v(cfg.method)}", file=sys.stderr, leave=False)
-
-
-def _v(x: Any) -> str:
-    return x.value if hasattr(x, "value") else str(x)
+    return tqdm(total=cfg.train.rounds, desc=str(cfg.method), file=sys.stderr, leave=False)
 
 
 def _hydra_main() -> None:
@@ -245,9 +241,8 @@ def _hydra_main() -> None:
         cfg: RunConfig = OmegaConf.to_object(dcfg)
         try:
             summary = run(cfg, HydraConfig.get().runtime.output_dir)
-        except (ConfigError, FileNotFoundError) as e:
-            print(f"fedudp: error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+        except ConfigError as e:
+            fail(str(e))
         acc = summary["accuracy_mean"]
         eps = summary["epsilon"]
         print(f"[{summary['method']}] accuracy {acc:.4f} ± {summary['accuracy_std']:.4f}"
@@ -265,8 +260,51 @@ def multirun_flag_first(argv: list[str]) -> list[str]:
     return flags[:1] + [a for a in argv if a not in ("-m", "--multirun")]
 
 
+def fail(message: str) -> None:
+    """The one way a user error ends a run: one line on stderr, exit status 2."""
+    print(f"fedudp: error: {message.strip().splitlines()[0]}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def preflight(argv: list[str]) -> None:
+    """Compose the config the way Hydra will (first value of each sweep) so that an unknown key
+    or a bad value ends as ``fedudp: error: <key>: ...`` before Hydra starts any job."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from fedudp.config import register
+
+    args = [a for a in argv if not a.startswith("-") and "=" in a]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException as e:
+        fail(str(e))
+    first = []
+    for o in parsed:
+        if o.get_key_element().lstrip("+~").startswith("hydra"):
+            continue
+        value = next(iter(o.sweep_string_iterator()), None) if o.is_sweep_override() \
+            else o.get_value_element_as_str()
+        first.append(f"{o.get_key_element()}={value}")
+    register()
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            compose(config_name="config", overrides=first)
+    except (HydraException, OmegaConfBaseException) as e:
+        cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
+        key = getattr(cause, "full_key", None)
+        text = str(cause).strip().splitlines()[0]
+        if "MissingConfigException" in type(e).__name__:
+            options = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines()[3:]]
+            text += f" (available: {', '.join(o for o in options if o)})"
+        fail(f"{key}: {text}" if key else text)
+
+
 def main() -> None:
     sys.argv[1:] = multirun_flag_first(sys.argv[1:])
+    preflight(sys.argv[1:])
     _hydra_main()
 
 

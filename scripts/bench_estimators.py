@@ -33,11 +33,11 @@ import dp_accounting
 import torch
 
 from fedudp.aggregators import GaussianAggregator
-from fedudp.aggregators import few_users as F
-from fedudp.aggregators import outlier as O
-from fedudp.aggregators import winsorized as W
+from fedudp.aggregators import few_users
+from fedudp.aggregators import outlier
+from fedudp.aggregators import winsorized
 from fedudp.aggregators.base import Sampling
-from fedudp.privacy.accountant import calibrate_noise_multiplier, schedule_epsilon
+from fedudp.privacy.accountant import calibrate_noise_multiplier
 from fedudp.privacy.mechanisms import next_pow2
 
 B, DELTA, GAMMA = 1.0, 1e-5, 0.1
@@ -70,38 +70,38 @@ def make(name: str, mode: str, n: int, d: int, m: int, eps: float):
     if name == "winsorized":
         coords = next_pow2(d)
         if mode == "paper":
-            e1 = W.closed_form_eps_coord(eps, DELTA, 1, coords)
+            e1 = winsorized.closed_form_eps_coord(eps, DELTA, 1, coords)
         else:
-            e1 = 1.0 / calibrate_noise_multiplier(lambda z: W.winsorized_round_event(1.0 / z, coords),
+            e1 = 1.0 / calibrate_noise_multiplier(lambda z: winsorized.winsorized_round_event(1.0 / z, coords),
                                                   eps, DELTA, 1)
-        return W.WinsorizedAggregator(d, tau_center(n, d, m), B, e1, s, gamma=GAMMA)
+        return winsorized.WinsorizedAggregator(d, tau_center(n, d, m), B, e1, s, gamma=GAMMA)
     if name == "outlier_removal":
-        need = O.min_users_at(eps / 2, 1, DELTA / 4)
+        need = outlier.min_users_at(eps / 2, 1, DELTA / 4)
         if n < need:
             return f"needs n>={need}"
         tau = tau_pair(m)
         if mode == "paper":
             zeta = DELTA / (2 * (math.exp(eps) + 2))
             sens = tau * math.log(1 / zeta) / n
-            z = O.paper_sigma(tau, n, eps, DELTA, 1) / sens
+            z = outlier.paper_sigma(tau, n, eps, DELTA, 1) / sens
         else:
-            sens = O.sensitivity(tau, n, DELTA / 4)
+            sens = outlier.sensitivity(tau, n, DELTA / 4)
             z = calibrate_noise_multiplier(gev, eps / 2, DELTA / 2, 1)
-        return O.OutlierRemovalAggregator(tau, z, sens, s, eps / 2, 1, DELTA / 2, need)
+        return outlier.OutlierRemovalAggregator(tau, z, sens, s, eps / 2, 1, DELTA / 2, need)
     if name == "friendlycore":
         tau = tau_pair(m)
-        z = calibrate_noise_multiplier(lambda z: O.friendlycore_round_event(z, z), eps, DELTA / 2, 1)
-        if O.friendlycore_failure(n, z) > DELTA / 4:
+        z = calibrate_noise_multiplier(lambda z: outlier.friendlycore_round_event(z, z), eps, DELTA / 2, 1)
+        if outlier.friendlycore_failure(n, z) > DELTA / 4:
             return "needs more n"
         if mode == "paper":
             zeta = DELTA / (2 * (math.exp(eps) + 2))
             sens = tau * math.log(1 / zeta) / n
         else:
-            sens = O.friendlycore_sensitivity(tau, n, DELTA / 4)
-        return O.FriendlyCoreAggregator(tau, z, sens, s, z, DELTA / 2, 0)
+            sens = outlier.friendlycore_sensitivity(tau, n, DELTA / 4)
+        return outlier.FriendlyCoreAggregator(tau, z, sens, s, z, DELTA / 2, 0)
     if name == "few_users":
         try:
-            return F.FewUsersAggregator(d, (B / 2) / math.sqrt(m) * (1 + math.sqrt(2 * math.log(2 * n / GAMMA) / d)),
+            return few_users.FewUsersAggregator(d, (B / 2) / math.sqrt(m) * (1 + math.sqrt(2 * math.log(2 * n / GAMMA) / d)),
                                         eps, DELTA, 1, s)
         except ValueError as err:
             return str(err).split(":")[0]
@@ -116,7 +116,7 @@ ESTIMATORS = [("gaussian", "certified"), ("winsorized", "certified"), ("winsoriz
 def mse(agg, X, mu, reps: int) -> tuple[float, int]:
     errs, halted = [], 0
     for r in range(reps):
-        if isinstance(agg, O.OutlierRemovalAggregator):
+        if isinstance(agg, outlier.OutlierRemovalAggregator):
             agg.at = None                                # a fresh AboveThreshold per query
         out = agg(X, rng=torch.Generator().manual_seed(1000 + r))
         if out.halted:
@@ -174,7 +174,7 @@ def cost_per_call(n: int, d: int, eps: float) -> dict[str, float | str]:
         if isinstance(agg, str) and name == "friendlycore":
             # below its privacy minimum at this n: time the same computation anyway
             tau = tau_pair(100)
-            agg = O.FriendlyCoreAggregator(tau, 1.0, O.friendlycore_sensitivity(tau, n, DELTA / 4),
+            agg = outlier.FriendlyCoreAggregator(tau, 1.0, outlier.friendlycore_sensitivity(tau, n, DELTA / 4),
                                            Sampling(1.0, n), 1.0, DELTA / 2, 0)
             note = " (timing only: n is below its privacy minimum)"
         if isinstance(agg, str):

@@ -30,12 +30,12 @@ import threading
 import time
 from pathlib import Path
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # Ray on 127.0.0.1 only
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import fedudp  # noqa: E402,F401  (before flwr/ray: turns their telemetry off)
 
 
 def base_cfg(n: int, rounds: int, method: str, aggregator: str = "auto"):
@@ -68,7 +68,7 @@ _PLAIN_CACHE: dict = {}
 def _plain_env(cfg_json: str):
     if cfg_json not in _PLAIN_CACHE:
         from fedudp.data.federation import build_federation
-        from fedudp.engines.flower_app import cfg_from_json
+        from fedudp.config import config_from_json as cfg_from_json
         from fedudp.models import build_model
         cfg = cfg_from_json(cfg_json)
         torch.set_num_threads(1)
@@ -89,7 +89,7 @@ def _plain_train(msg: Message, context: Context) -> Message:
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
     n, b = int(od.x.shape[0]), cfg.train.batch_size
-    rng = np.random.default_rng([cfg.seed, int(msg.content["config"]["server-round"]), od.owner])
+    rng = np.random.default_rng([cfg.seed, int(msg.content["config"]["server-round"]), int(od.owner_ids[0])])
     for _ in range(cfg.train.local_epochs):
         perm = torch.from_numpy(rng.permutation(n))
         for s in range(0, n, b):
@@ -123,7 +123,7 @@ def run_plain(n: int, rounds: int) -> dict:
     from flwr.simulation import run_simulation
 
     from fedudp.data.federation import build_federation
-    from fedudp.engines.flower_app import cfg_to_json
+    from fedudp.config import config_to_json as cfg_to_json
     from fedudp.models import build_model
 
     cfg = base_cfg(n, rounds, "fedavg")
@@ -161,21 +161,31 @@ def run_plain(n: int, rounds: int) -> dict:
     return out
 
 
-class RowMean:
+def row_mean_aggregator():
     """``fedudp:fedavg:rows``: a plain mean that needs the per-user rows, to time the
-    per-user-vector path (owners send [n_users, d]) while no such estimator is built in."""
+    per-user-vector path (owners send [n_users, d]) with no privacy cost in the way."""
+    import dp_accounting
+    from fedudp.aggregators import Aggregate
+    from fedudp.aggregators.base import RowsAggregator
 
-    name = "row_mean"
-    needs_per_user_vectors = True
-    private = False
+    class RowMean(RowsAggregator):
+        name = "none"
+        private = False
 
-    def __call__(self, G, *, rng=None):
-        from fedudp.aggregators import Aggregate
-        return Aggregate(mean=G.mean(0), users_used=int(G.shape[0]), diagnostics={})
+        def __init__(self, sampling) -> None:
+            self.sampling = sampling
 
-    def dp_event(self, sampling=None):
-        import dp_accounting
-        return dp_accounting.NonPrivateDpEvent()
+        @classmethod
+        def from_config(cls, cfg, sampling, rounds, dim):
+            return cls(sampling)
+
+        def estimate(self, G, *, rng=None):
+            return Aggregate(mean=G.mean(0), users_used=int(G.shape[0]), diagnostics={})
+
+        def dp_event(self):
+            return dp_accounting.NonPrivateDpEvent()
+
+    return RowMean
 
 
 def run_fedudp(n: int, rounds: int, method: str, aggregator: str) -> dict:
@@ -183,7 +193,7 @@ def run_fedudp(n: int, rounds: int, method: str, aggregator: str) -> dict:
     from fedudp.config import AggregatorName
     from fedudp.run import run
     if aggregator == "rows":    # the billboard asks the owners for rows (see RowMean)
-        aggregators.BUILDERS[AggregatorName.none] = lambda c, s, r: RowMean()
+        aggregators.REGISTRY["none"] = row_mean_aggregator()
         aggregator = "none"
     elif aggregator not in [a.value for a in AggregatorName]:
         raise SystemExit(f"unknown aggregator {aggregator}")

@@ -1,27 +1,28 @@
-"""Benchmark: ``engine=local`` per round vs a plain single-process PyTorch loop (issue 2).
+"""Benchmark: ``engine=local`` per round vs a plain single-process PyTorch loop (issues 2, 8).
 
 Workload (``../shared/bench-reference/README.md``): FedAvg, every owner participating, one user
 per owner (``partition.records_per_user`` >= the owner's size), the local delta after one epoch
 of minibatch SGD at batch 32 and lr 0.05, the paper CNN (``model.name=cnn``), 10,000
 MNIST-shaped training records split over ``n`` owners (paper split, sizes floor/ceil(N/n)).
 
-* ``local``: ``fedudp.run.run`` with ``engine=local`` (owners batched with ``torch.func``,
-  ``engine_opts.chunk_records`` records per vmapped chunk); per-round seconds as the engine
-  reports them in ``metrics.jsonl`` (evaluation only after the last round, which is not timed).
+* ``local``: fedudp's own round loop (``fedudp.core.rounds.run_rounds`` on the local engine,
+  owners batched with ``torch.func`` in chunks of ``engine_opts.chunk_records`` records); its
+  per-round seconds as the loop reports them (evaluation only after the last round, not used).
 * ``plain``: this script's own loop: owners one after another, each loads the global weights
   into a ``PaperCNN``, runs one epoch of ``torch.optim.SGD`` over its records in the same batch
-  order (the per-owner public keys ``default_rng([seed, 1, round, epoch, owner])``, sorted),
-  and the global model moves by the mean of the owners' deltas (fedavg, server_lr 1).
+  order (the per-owner public keys of ``Purpose.USER_ORDER``, sorted), and the global model
+  moves by the mean of the owners' deltas (fedavg, server_lr 1).
 
-Both run in this one process on the same data, one after the other per ``n`` (machines are
-noisy: compare within a run). Reported: the median of rounds 2..3 per-round wall time. After
-the timed rounds the two final global models are compared (they do the same arithmetic up to
-float32 summation order; a large gap would mean the loop is not doing the same work).
+Interleaved in one process: after each fedudp round (the loop's ``on_round`` hook) the plain
+loop runs its own round of the same number, so both sides see the same machine state. Round 1
+(warm-up) and the last round (evaluation) are not counted; reported: min and median of the
+rest (``--rounds 7``: five rounds per side). After the run the two final global models are
+compared (same arithmetic up to float32 summation order).
 
-Data: real MNIST from ``--data-root`` (``<root>/mnist/*-idx?-ubyte[.gz]``) when present, else
-synthetic MNIST-shaped data generated here (smooth per-class patterns + Gaussian noise, as in
-the reference workload), written as IDX files to a temporary folder and read through the same
-``dataset.name=mnist`` path.
+Data: real MNIST from ``--data-root`` (default ``../shared/data`` beside the repository;
+``<root>/mnist/*-idx?-ubyte[.gz]``) when present, else synthetic MNIST-shaped data generated
+here (smooth per-class patterns + Gaussian noise, as in the reference workload), written as IDX
+files to a temporary folder and read through the same ``dataset.name=mnist`` path.
 
     .venv/bin/python scripts/bench_local.py                    # n = 16 128 512
     .venv/bin/python scripts/bench_local.py --n 512 --chunk-records 1024 2048 8192
@@ -47,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 N_RECORDS = 10_000
 LR, BATCH, EPOCHS = 0.05, 32, 1
-PURPOSE_USER_ORDER = 1          # fedudp.core.owner's purpose tag for users' batch orders
+DEFAULT_DATA = ROOT.parent / "shared" / "data"
 
 
 # -- data --------------------------------------------------------------------------------------
@@ -116,48 +117,32 @@ def make_cfg(n: int, rounds: int, data_root: str, chunk_records: int | None, thr
     return cfg
 
 
-# -- engine=local ------------------------------------------------------------------------------
-def run_local(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
-    from fedudp.engines import local as L
-    from fedudp.run import run
-    captured: dict = {}
-    orig = L.LocalEngine.run
-
-    def spy(self, *a, **k):            # keep the final global model for the cross-check
-        res = orig(self, *a, **k)
-        captured["shared"] = {k2: v.detach().clone() for k2, v in res.shared.items()}
-        return res
-
-    L.LocalEngine.run = spy
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench_local_") as d:
-            run(cfg, d)
-            rows = [json.loads(line) for line in open(Path(d) / "metrics.jsonl")]
-    finally:
-        L.LocalEngine.run = orig
-    return [r["seconds"] for r in rows], captured["shared"]
-
-
 # -- the plain loop ----------------------------------------------------------------------------
-def run_plain(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
-    from fedudp.data.federation import build_federation
-    from fedudp.models import build_model
-    fed = build_federation(cfg)
-    assert fed.num_users == fed.num_owners, "expected one user per owner"
-    net = build_model(cfg, fed.input_shape, fed.num_classes)     # same seeded initialization
-    glob = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    owners = [fed.owner(j) for j in range(fed.num_owners)]
-    seconds = []
-    for r in range(1, cfg.train.rounds + 1):
+class PlainLoop:
+    """FedAvg in plain PyTorch: owners one after another, same data, init and batch orders."""
+
+    def __init__(self, cfg) -> None:
+        from fedudp.data.federation import build_federation
+        from fedudp.models import build_model
+        fed = build_federation(cfg)
+        assert fed.num_users == fed.num_owners, "expected one user per owner"
+        self.cfg = cfg
+        self.net = build_model(cfg, fed.input_shape, fed.num_classes)   # same seeded init
+        self.glob = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
+        self.owners = [fed.owner(j) for j in range(fed.num_owners)]
+
+    def round(self, r: int) -> float:
+        from fedudp.randomness import Purpose, numpy_rng
+        cfg, net, glob = self.cfg, self.net, self.glob
         t0 = time.perf_counter()
         delta_sum = {k: torch.zeros_like(v) for k, v in glob.items()}
-        for od in owners:
+        for od in self.owners:
             net.load_state_dict(glob)
             net.train()
             opt = torch.optim.SGD(net.parameters(), lr=cfg.train.lr)
             m = int(od.x.shape[0])
             for e in range(cfg.train.local_epochs):
-                keys = np.random.default_rng([cfg.seed, PURPOSE_USER_ORDER, r, e, od.owner]).random(m)
+                keys = numpy_rng(cfg.seed, Purpose.USER_ORDER, r, e, int(od.owner_ids[0])).random(m)
                 perm = torch.from_numpy(np.argsort(keys, kind="stable"))
                 for s in range(0, m, cfg.train.batch_size):
                     idx = perm[s:s + cfg.train.batch_size]
@@ -167,30 +152,49 @@ def run_plain(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
             with torch.no_grad():
                 for k, v in net.state_dict().items():
                     delta_sum[k] += v - glob[k]
-        glob = {k: glob[k] + delta_sum[k] / len(owners) for k in glob}
-        seconds.append(time.perf_counter() - t0)
-    return seconds, glob
+        self.glob = {k: glob[k] + delta_sum[k] / len(self.owners) for k in glob}
+        return time.perf_counter() - t0
 
 
-def median_23(sec: list[float]) -> float:
-    return statistics.median(sec[1:3])
+# -- both, interleaved ---------------------------------------------------------------------------
+def run_interleaved(cfg) -> tuple[list[float], list[float], float, float]:
+    """(local seconds per round, plain seconds per round, max |w_local - w_plain|, max |w|)."""
+    from fedudp.run import execute, prepare
+    plain = PlainLoop(cfg)
+    p = prepare(cfg)
+    t_plain: list[float] = []
+    t_local: list[float] = []
+
+    def on_round(info: dict) -> None:
+        t_local.append(info["seconds"])
+        t_plain.append(plain.round(info["round"]))
+
+    res = execute(p, on_round)
+    diff = max(float((res.shared[k] - plain.glob[k]).abs().max()) for k in plain.glob)
+    scale = max(float(plain.glob[k].abs().max()) for k in plain.glob)
+    return t_local, t_plain, diff, scale
+
+
+def counted(sec: list[float]) -> list[float]:
+    """Rounds 2 .. R-1: no warm-up, no evaluation."""
+    return sec[1:-1]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[16, 128, 512])
-    ap.add_argument("--rounds", type=int, default=4,
-                    help="rounds per run (>= 3; median of rounds 2..3; the last one also evaluates)")
-    ap.add_argument("--data-root", default="/work/shared/data")
+    ap.add_argument("--rounds", type=int, default=7,
+                    help="rounds per run (>= 7: rounds 2..R-1 counted, at least five per side)")
+    ap.add_argument("--data-root", default=str(DEFAULT_DATA))
     ap.add_argument("--chunk-records", type=int, nargs="+", default=[None],
                     help="engine_opts.chunk_records values to time (default: the config default)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
-    if a.rounds < 3:
-        raise SystemExit("--rounds must be >= 3")
+    if a.rounds < 7:
+        raise SystemExit("--rounds must be >= 7 (five counted rounds per side)")
     from fedudp.config import EngineConfig
-    from fedudp.engines.local import AUTO_CHUNK_CONV
+    from fedudp.core.local_sgd import AUTO_CHUNK_CONV
 
     tmp = None
     root = Path(a.data_root)
@@ -204,32 +208,37 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     print(f"data: {data}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
           f"model cnn, fedavg, 1 user/owner, E={EPOCHS}, batch {BATCH}, lr {LR}; "
-          f"median of rounds 2-3", flush=True)
+          f"rounds 2..{a.rounds - 1} counted, local and plain interleaved", flush=True)
 
     results = []
     for n in a.n:
         for ck in a.chunk_records:
             cfg = make_cfg(n, a.rounds, str(root), ck, a.threads)
-            chunk = cfg.engine_opts.chunk_records
-            t_local, w_local = run_local(cfg)
-            t_plain, w_plain = run_plain(make_cfg(n, a.rounds, str(root), ck, a.threads))
-            diff = max(float((w_local[k] - w_plain[k]).abs().max()) for k in w_plain)
-            scale = max(float(w_plain[k].abs().max()) for k in w_plain)
-            row = {"n": n, "chunk_records": chunk, "local_s": median_23(t_local),
-                   "plain_s": median_23(t_plain), "local_rounds": t_local, "plain_rounds": t_plain,
+            t_local, t_plain, diff, scale = run_interleaved(cfg)
+            lo, pl = counted(t_local), counted(t_plain)
+            ratios = [x / y for x, y in zip(lo, pl)]
+            row = {"n": n, "chunk_records": cfg.engine_opts.chunk_records,
+                   "local_min": min(lo), "local_median": statistics.median(lo),
+                   "plain_min": min(pl), "plain_median": statistics.median(pl),
+                   "ratio_of_mins": min(lo) / min(pl),
+                   "ratio_of_medians": statistics.median(lo) / statistics.median(pl),
+                   "ratio_per_round_min": min(ratios), "ratio_per_round_median": statistics.median(ratios),
+                   "local_rounds": t_local, "plain_rounds": t_plain,
                    "max_abs_param_diff": diff, "max_abs_param": scale}
-            row["ratio"] = row["local_s"] / row["plain_s"]
             results.append(row)
-            print(f"  n={n} chunk_records={chunk}: local {[f'{s:.2f}' for s in t_local]} "
+            print(f"  n={n} chunk_records={row['chunk_records']}: local {[f'{s:.2f}' for s in t_local]} "
                   f"plain {[f'{s:.2f}' for s in t_plain]}  |w_local - w_plain|max={diff:.2e}",
                   flush=True)
 
     print()
-    print("| n | chunk_records | local engine s/round | plain loop s/round | ratio local/plain |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| n | chunk_records | local s/round min / median | plain s/round min / median "
+          "| ratio of mins | ratio of medians | per-round ratio min / median |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['n']} | {r['chunk_records']} | {r['local_s']:.2f} | {r['plain_s']:.2f} "
-              f"| {r['ratio']:.2f} |")
+        print(f"| {r['n']} | {r['chunk_records']} | {r['local_min']:.2f} / {r['local_median']:.2f} "
+              f"| {r['plain_min']:.2f} / {r['plain_median']:.2f} | {r['ratio_of_mins']:.2f} "
+              f"| {r['ratio_of_medians']:.2f} | {r['ratio_per_round_min']:.2f} / "
+              f"{r['ratio_per_round_median']:.2f} |")
     print(f"\n(default engine_opts.chunk_records = {EngineConfig().chunk_records}: auto, "
           f"{AUTO_CHUNK_CONV} for models with convolutions)")
     if a.json:

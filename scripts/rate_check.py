@@ -31,8 +31,8 @@ import dp_accounting
 import torch
 
 from fedudp.aggregators import GaussianAggregator, MeanAggregator
-from fedudp.aggregators import outlier as O
-from fedudp.aggregators import winsorized as W
+from fedudp.aggregators import outlier
+from fedudp.aggregators import winsorized
 from fedudp.aggregators.base import Sampling
 from fedudp.privacy.accountant import calibrate_noise_multiplier
 from fedudp.privacy.mechanisms import next_pow2
@@ -78,29 +78,29 @@ def make(name: str, mode: str, n: int, d: int, m: int, eps: float, T: int):
         return GaussianAggregator(G_BOUND, 2 * z, s)      # replace-one: sensitivity 2G
     if name == "winsorized":
         coords = next_pow2(d)
-        tau = W.default_tau(G_BOUND, n, m, GAMMA)
+        tau = winsorized.default_tau(G_BOUND, n, m, GAMMA)
         if mode == "paper":
-            e1 = W.closed_form_eps_coord(eps, DELTA, T, coords)
+            e1 = winsorized.closed_form_eps_coord(eps, DELTA, T, coords)
         else:
-            e1 = 1.0 / calibrate_noise_multiplier(lambda z: W.winsorized_round_event(1.0 / z, coords),
+            e1 = 1.0 / calibrate_noise_multiplier(lambda z: winsorized.winsorized_round_event(1.0 / z, coords),
                                                   eps, DELTA, T)
-        agg = W.WinsorizedAggregator(d, tau, G_BOUND, e1, s, gamma=GAMMA)
+        agg = winsorized.WinsorizedAggregator(d, tau, G_BOUND, e1, s, gamma=GAMMA)
         # below PrivateRange's minimum n only the utility guarantee is void (privacy holds): run it
-        agg.min_users_required = W.min_users(coords, e1, G_BOUND, agg.tau_coord, GAMMA)
+        agg.min_users_required = winsorized.min_users(coords, e1, G_BOUND, agg.tau_coord, GAMMA)
         return agg
     if name == "outlier_removal":
-        need = O.min_users_at(eps / 2, T, DELTA / 4)
+        need = outlier.min_users_at(eps / 2, T, DELTA / 4)
         if n < need:
             return f"infeasible: needs n>={need}"
         tau = G_BOUND * math.sqrt(math.log(2 * n * T / GAMMA) / m)
         if mode == "paper":
             zeta = DELTA / (2 * (math.exp(eps) + 1 + T))
             sens = tau * math.log(1 / zeta) / n
-            z = O.paper_sigma(tau, n, eps, DELTA, T) / sens
+            z = outlier.paper_sigma(tau, n, eps, DELTA, T) / sens
         else:
-            sens = O.sensitivity(tau, n, DELTA / (4 * T))
+            sens = outlier.sensitivity(tau, n, DELTA / (4 * T))
             z = calibrate_noise_multiplier(gev, eps / 2, DELTA / 2, T)
-        return O.OutlierRemovalAggregator(tau, z, sens, s, eps / 2, T, DELTA / 2, need)
+        return outlier.OutlierRemovalAggregator(tau, z, sens, s, eps / 2, T, DELTA / 2, need)
     raise ValueError(name)
 
 
@@ -152,7 +152,7 @@ def main() -> None:
                     continue
                 ex, halts = [], 0
                 for s, (X, y, Xt, yt, theta) in enumerate(data):
-                    if isinstance(agg, O.OutlierRemovalAggregator):
+                    if isinstance(agg, outlier.OutlierRemovalAggregator):
                         agg.at = None                  # one AboveThreshold per training run
                     th, info = train(agg, X, y, a.T, a.lr, s)
                     halts += info["halted_at"] is not None

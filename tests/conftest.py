@@ -2,16 +2,12 @@
 from __future__ import annotations
 
 import gzip
-import os
 import struct
 from pathlib import Path
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from fedudp.config import RunConfig  # noqa: E402
+from fedudp.config import RunConfig   # importing fedudp turns Flower/Ray telemetry off
 
 
 def set_key(cfg: RunConfig, key: str, value) -> None:

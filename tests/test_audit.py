@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from scipy.stats import beta
 
-from fedudp.aggregators import GaussianAggregator, Sampling
+from fedudp.aggregators import Contribution, GaussianAggregator, Sampling
 from fedudp.aggregators.winsorized import winsorized_mean_1d
 from fedudp.privacy.accountant import Accountant, calibrate_noise_multiplier
 
@@ -49,8 +49,8 @@ def test_gaussian_release_audit_matches_accountant():
     acc.compose(agg.dp_event())
     eps = acc.epsilon(delta)
     base = torch.full((DRAWS,), 3.0, dtype=torch.float64)          # the other users' clipped sum
-    with_user = agg.release(base + C, n, rng=torch.Generator().manual_seed(1)).mean.numpy()
-    without = agg.release(base, n - 1, rng=torch.Generator().manual_seed(2)).mean.numpy()
+    with_user = agg.release(Contribution(None, base + C, n), rng=torch.Generator().manual_seed(1)).mean.numpy()
+    without = agg.release(Contribution(None, base, n - 1), rng=torch.Generator().manual_seed(2)).mean.numpy()
     lb = epsilon_lower_bound(with_user, without, delta)
     assert lb <= eps, (lb, eps)
     assert lb >= 0.4 * eps, (lb, eps)          # 2e5 draws resolve tails down to ~1e-4
@@ -64,8 +64,8 @@ def test_gaussian_release_audit_catches_half_noise():
     acc.compose(dp_accounting.GaussianDpEvent(z))
     bad = GaussianAggregator(C, z / 2, Sampling(1.0, n))
     base = torch.zeros(DRAWS, dtype=torch.float64)
-    a = bad.release(base + C, n, rng=torch.Generator().manual_seed(1)).mean.numpy()
-    b = bad.release(base, n - 1, rng=torch.Generator().manual_seed(2)).mean.numpy()
+    a = bad.release(Contribution(None, base + C, n), rng=torch.Generator().manual_seed(1)).mean.numpy()
+    b = bad.release(Contribution(None, base, n - 1), rng=torch.Generator().manual_seed(2)).mean.numpy()
     assert epsilon_lower_bound(a, b, delta) > acc.epsilon(delta)
 
 

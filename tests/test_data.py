@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import tiny_cfg, tiny_mnist, write_idx
-from fedudp.data import partition as P
+from fedudp.config import DataError
+from fedudp.data import partition
 from fedudp.data.federation import build_federation
 from fedudp.data.idx import check_available, load_idx_dataset, parse_idx
 
@@ -16,7 +17,7 @@ TEST_LABELS = np.random.default_rng(8).integers(0, 10, 10_000)
 
 def _paper(owners: int, seed: int, k: int = 8, total: int = 10_000):
     rng = np.random.default_rng(seed)
-    return P.paper_classes(LABELS, TEST_LABELS, total, owners, k, 10, 10_000 // owners, rng)
+    return partition.paper_classes(LABELS, TEST_LABELS, total, owners, k, 10, 10_000 // owners, rng)
 
 
 @pytest.mark.parametrize("owners", [4, 16, 64, 512])
@@ -56,18 +57,18 @@ def test_partition_is_seeded():
 def test_owner_sizes_floor_ceil(total, owners):
     if owners > total:
         with pytest.raises(ValueError):
-            P.owner_sizes(total, owners)
+            partition.owner_sizes(total, owners)
         return
-    s = P.owner_sizes(total, owners)
+    s = partition.owner_sizes(total, owners)
     assert s.sum() == total and s.min() == total // owners and s.max() == -(-total // owners)
 
 
 def test_iid_and_dirichlet_disjoint_and_sized():
     rng = np.random.default_rng(0)
-    train, test = P.iid(60_000, 10_000, 10_000, 16, 625, rng)
+    train, test = partition.iid(60_000, 10_000, 10_000, 16, 625, rng)
     idx = np.concatenate(train)
     assert len(np.unique(idx)) == 10_000 and {len(t) for t in train} == {625}
-    train, test, props = P.dirichlet(LABELS, TEST_LABELS, 10_000, 16, 0.1, 10, 300,
+    train, test, props = partition.dirichlet(LABELS, TEST_LABELS, 10_000, 16, 0.1, 10, 300,
                                      np.random.default_rng(1))
     idx = np.concatenate(train)
     assert len(np.unique(idx)) == 10_000 and {len(t) for t in train} == {625}
@@ -115,5 +116,13 @@ def test_idx_bad_files_rejected(tmp_path):
 
 
 def test_missing_data_folder_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="dataset.root"):
+    with pytest.raises(DataError, match="dataset.root"):
         check_available("mnist", tmp_path / "nowhere", download=False)
+
+
+def test_bad_idx_file_is_a_data_error_naming_the_file(tmp_path):
+    root = tiny_mnist(tmp_path, n_train=50, n_test=20)
+    bad = root / "mnist" / "t10k-labels-idx1-ubyte"
+    bad.write_bytes(bad.read_bytes()[:-5])                   # truncated payload
+    with pytest.raises(DataError, match="t10k-labels-idx1-ubyte: IDX label payload"):
+        load_idx_dataset("mnist", root)

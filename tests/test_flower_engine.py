@@ -1,86 +1,88 @@
 """engine=flower (issue 4): equivalence with engine=local, the owner boundary, failures.
 
-All Flower runs here go through ``fedudp.run.run`` -> ``FlowerEngine`` ->
+All Flower runs here go through ``fedudp.run.run`` -> ``fedudp.engines.flower.execute`` ->
 ``flwr.simulation.run_simulation`` with the Ray backend (in this process; Ray stays up
-between tests of the module).
+between tests of the module). Faults are injected by the test-only ``flower_faults`` mod.
 """
 from __future__ import annotations
 
 import json
-import os
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+import numpy as np
+import pytest
+import torch
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from fedudp.config import RunConfig  # noqa: E402
-from fedudp.engines import flower as F  # noqa: E402
-from fedudp.engines import flower_app as A  # noqa: E402
-from fedudp.engines.local import LocalEngine  # noqa: E402
-from fedudp.run import run  # noqa: E402
+from conftest import tiny_cfg
+from flower_faults import inject
+import fedudp.run
+from fedudp.config import RunConfig, config_from_json, config_from_overrides, config_to_json
+from fedudp.engines import flower
+from fedudp.engines import flower_wire
+from fedudp.run import run
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def tiny(method: str, engine: str, **kw) -> RunConfig:
-    cfg = RunConfig()
-    cfg.progress = False
-    cfg.method = method
-    cfg.engine = engine
-    cfg.dataset.num_records, cfg.dataset.pool_train, cfg.dataset.pool_test = 120, 1000, 200
-    cfg.dataset.features = 20
-    cfg.partition.num_owners = 4
-    cfg.train.rounds = 3
-    cfg.train.batch_size = 8
-    # equivalence mode (ARCHITECTURE.md §5)
-    cfg.engine_opts.chunk_records, cfg.engine_opts.threads, cfg.engine_opts.float64 = 1, 1, True
-    for k, v in kw.items():
-        obj = cfg
-        *path, last = k.split(".")
-        for p in path:
-            obj = getattr(obj, p)
-        setattr(obj, last, v)
-    return cfg
+    """120 synthetic records over 4 owners in equivalence mode (ARCHITECTURE.md §5)."""
+    base = {"engine": engine, "dataset.num_records": 120, "dataset.features": 20,
+            "engine_opts.chunk_records": 1, "engine_opts.threads": 1, "engine_opts.float64": True}
+    return tiny_cfg(method, **{k.replace(".", "__"): v for k, v in {**base, **kw}.items()})
+
+
+class RecordingGrid:
+    """The server's grid, recording every message the billboard receives."""
+
+    def __init__(self, grid, received: list) -> None:
+        self._grid, self._received = grid, received
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
+
+    def pull_messages(self, ids):
+        got = list(self._grid.pull_messages(ids))
+        self._received.extend(got)
+        return got
+
+    def send_and_receive(self, msgs, timeout=None):
+        got = list(self._grid.send_and_receive(msgs, timeout=timeout))
+        self._received.extend(got)
+        return got
 
 
 class Capture:
-    """Record each engine's result, and every message the Flower server receives."""
+    """Each engine's result and transport, and every message the Flower server receives."""
 
     def __init__(self, monkeypatch) -> None:
         self.results: dict[str, object] = {}
+        self.transports: dict[str, object] = {}
         self.received: list = []
-        self.engine: F.FlowerEngine | None = None
-        self.faults: dict = {}
-        cap = self
-        orig_local, orig_serve = LocalEngine.run, F.FlowerEngine.serve
+        cap, orig_rounds, orig_connect = self, fedudp.run.run_rounds, flower.FlowerTransport._connect
 
-        def local_run(self, *a, **k):
-            res = orig_local(self, *a, **k)
-            cap.results["local"] = res
+        def run_rounds(rounds, eval_every, billboard, transport, *a, **k):
+            kind = "flower" if isinstance(transport, flower.FlowerTransport) else "local"
+            cap.transports[kind] = transport
+            cap.results[kind] = res = orig_rounds(rounds, eval_every, billboard, transport, *a, **k)
             return res
 
-        def serve(self, grid, on_round=None):
-            cap.engine = self
-            self.on_receive = cap.received.append
-            self.faults.update(cap.faults)
-            res = orig_serve(self, grid, on_round)
-            cap.results["flower"] = res
-            return res
+        def connect(self):
+            self.grid = RecordingGrid(self.grid, cap.received)
+            orig_connect(self)
 
-        monkeypatch.setattr(LocalEngine, "run", local_run)
-        monkeypatch.setattr(F.FlowerEngine, "serve", serve)
+        monkeypatch.setattr(fedudp.run, "run_rounds", run_rounds)
+        monkeypatch.setattr(flower.FlowerTransport, "_connect", connect)
+
+    @property
+    def flower_transport(self) -> flower.FlowerTransport:
+        return self.transports["flower"]
 
 
 def _metrics(path) -> list[dict]:
     return [json.loads(line) for line in open(path / "metrics.jsonl")]
 
 
-def _both(cfg_kw: dict, method: str, tmp_path, monkeypatch, faults=None):
+def _both(cfg_kw: dict, method: str, tmp_path, monkeypatch):
     cap = Capture(monkeypatch)
-    cap.faults = faults or {}
     out = {}
     for eng in ("local", "flower"):
         d = tmp_path / eng
@@ -97,10 +99,10 @@ def _assert_equivalent(cap, out) -> None:
     ml, mf = out["local"][1], out["flower"][1]
     assert len(ml) == len(mf)
     for a, b in zip(ml, mf):
-        assert a["accuracy_mean"] == b["accuracy_mean"]
+        assert a.get("accuracy_mean") == b.get("accuracy_mean")
         assert a.get("epsilon") == b.get("epsilon")
         assert a.get("users_used") == b.get("users_used")
-        assert b["failed_owners"] == 0
+        assert a["failed_owners"] == b["failed_owners"] == 0
     np.testing.assert_array_equal(loc.owner_accuracy, flo.owner_accuracy)
     sl, sf = out["local"][0], out["flower"][0]
     assert sf["engine"] == "flower"
@@ -126,7 +128,7 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
         blob = " ".join(texts)
         for name in personal_names:
             assert name not in blob
-        assert "personal" not in blob
+        assert "fedudp.personal" not in blob        # the owner-state keys
 
 
 @pytest.mark.parametrize("method,kw", [
@@ -134,16 +136,33 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
     # a given noise multiplier (no calibration: faster); the budget check still applies
     ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 3.0,
                   "privacy.epsilon": 5.0}),
+    # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
+    ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
 ])
 def test_flower_matches_local_engine(method, kw, tmp_path, monkeypatch):
     cap, out = _both(kw, method, tmp_path, monkeypatch)
     _assert_equivalent(cap, out)
+    bb_dim = cap.flower_transport.owners.shared_dim
     if method == "joint_dp":
         assert out["flower"][0]["guarantee"] == "certified"
         assert all(0 < m["cohort"] < 120 for m in out["flower"][1])
-        names = cap.engine.spec.personal
-        assert names
-        _assert_no_personal(cap, names, cap.engine.billboard.dim)
+        assert cap.flower_transport.owners.spec.personal
+    if kw.get("aggregator") == "winsorized":     # owners sent rows, one per user
+        rows = [m.content[flower_wire.K_VECTORS]["rows"].numpy() for m in cap.received
+                if flower_wire.K_VECTORS in m.content]
+        assert rows and sum(r.shape[0] for r in rows) == 2 * 120
+    _assert_no_personal(cap, cap.flower_transport.owners.spec.personal, bb_dim)
+
+
+@pytest.mark.parametrize("aggregator", ["outlier_removal", "friendlycore", "few_users"])
+def test_every_row_estimator_runs_on_flower(aggregator, tmp_path, monkeypatch):
+    # the seed estimators need many users for their privacy proofs: 3,000 users, 2 rounds
+    kw = {"aggregator": aggregator, "dataset.num_records": 3000, "dataset.pool_train": 4000,
+          "train.rounds": 2, "privacy.epsilon": 8.0, "engine_opts.chunk_records": 0}
+    if aggregator == "few_users":
+        kw.update({"estimator.tries": 20.0})
+    cap, out = _both(kw, "full_dp", tmp_path, monkeypatch)
+    _assert_equivalent(cap, out)
 
 
 def test_per_silo_sends_nothing_personal(tmp_path, monkeypatch):
@@ -152,37 +171,51 @@ def test_per_silo_sends_nothing_personal(tmp_path, monkeypatch):
     assert cap.results["flower"].personal == {}
     for msg in cap.received:       # only acknowledgements and test metrics came back
         assert not msg.content.array_records
-    _assert_no_personal(cap, cap.engine.spec.personal, 0)
+    _assert_no_personal(cap, cap.flower_transport.owners.spec.personal, 0)
 
 
 def test_failed_owners_are_excluded_and_counted(tmp_path, monkeypatch):
-    # owner 1 raises in round 2; owner 2 sends a NaN row in round 1 (dropped on the owner)
+    # owner 1 fails in round 2; owner 2 sends NaN vectors in round 1 (rejected on the billboard)
     cap = Capture(monkeypatch)
-    cap.faults = {(2, 1): "raise", (1, 2): "nan"}
+    inject(monkeypatch, {(2, 1): "raise", (1, 2): "nan"})
     cfg = tiny("joint_dp", "flower", **{"privacy.noise_multiplier": 3.0, "privacy.epsilon": 5.0})
     s = run(cfg, tmp_path)
     m = _metrics(tmp_path)
+    users = np.diff(cap.flower_transport.fed.owner_user_offsets)
     assert s["rounds_completed"] == 3 and s["stop_reason"] == "completed"
-    assert m[0]["failed_owners"] == 0 and m[0]["failed_units"] == 1
-    assert m[0]["users_used"] == 119
-    users_of_1 = int(np.diff(cap.engine.fed.owner_user_offsets)[1])
-    assert m[1]["failed_owners"] == 1 and m[1]["failed_units"] == users_of_1
-    assert m[1]["users_used"] == 120 - users_of_1
+    assert m[0]["failed_owners"] == 1 and m[0]["failed_units"] == users[2]
+    assert m[0]["users_used"] == 120 - users[2]
+    assert m[0]["failures"] == [{"owner": 2, "units": int(users[2]),
+                                 "reason": "ValueError: shared vector of the wrong length or not finite"}]
+    assert m[1]["failed_owners"] == 1 and m[1]["failed_units"] == users[1]
+    assert m[1]["users_used"] == 120 - users[1]
+    assert m[1]["failures"] == [{"owner": 1, "units": int(users[1]),
+                                 "reason": "[fedudp.OwnerFailure] injected failure"}]
     assert m[2]["failed_owners"] == 0 and m[2]["users_used"] == 120
     # the ledger composed every round's release regardless of exclusions
     ledger = json.loads((tmp_path / "ledger.json").read_text())
     assert len(ledger["entries"]) == 3
 
 
+def test_a_bug_in_an_owner_stops_the_run(tmp_path, monkeypatch):
+    # an exception that is not an OwnerFailure is fedudp's own bug: it must surface
+    inject(monkeypatch, {(2, 0): "bug"})
+    cfg = tiny("fedavg", "flower")
+    with pytest.raises(RuntimeError, match="(?s)owner 0 raised in round 2.*injected bug"):
+        run(cfg, tmp_path)
+
+
 def test_reply_codec_roundtrip():
+    from fedudp.aggregators import Contribution
     from fedudp.core.messages import OwnerReply
-    rep = OwnerReply(("a.w", "a.b"), torch.randn(3, 5, dtype=torch.float64), None, 3, 0, 1)
-    j, back = A.records_to_reply(A.reply_to_records(rep, 7, 0.1))
-    assert j == 7 and back.param_names == rep.param_names and back.count == 3 and back.failed == 1
-    assert torch.equal(back.vectors, rep.vectors) and back.clipped_sum is None
+    rep = OwnerReply(("a.w", "a.b"), Contribution(torch.randn(3, 5, dtype=torch.float64), None, 3), 1)
+    j, back = flower_wire.records_to_reply(flower_wire.reply_to_records(rep, 7, 0.1))
+    assert j == 7 and back.param_names == rep.param_names and back.failed == 1
+    assert back.contribution.count == 3 and back.contribution.total is None
+    assert torch.equal(back.contribution.rows, rep.contribution.rows)
     cfg = tiny("joint_dp", "flower", **{"privacy.noise_multiplier": 3.0})
-    assert A.cfg_to_json(A.cfg_from_json(A.cfg_to_json(cfg))) == A.cfg_to_json(cfg)
-    o = A.cfg_from_overrides({"method": "fedavg", "train.rounds": 2, "partition.num_owners": 3})
+    assert config_to_json(config_from_json(config_to_json(cfg))) == config_to_json(cfg)
+    o = config_from_overrides({"method": "fedavg", "train.rounds": 2, "partition.num_owners": 3})
     assert o.method.value == "fedavg" and o.train.rounds == 2 and o.partition.num_owners == 3
 
 
@@ -191,41 +224,13 @@ def test_reply_codec_roundtrip():
 def test_owner_timeout_is_excluded(tmp_path, monkeypatch):
     # owner 3 sleeps past engine_opts.timeout_s in round 3: excluded, the run goes on
     cap = Capture(monkeypatch)
-    cap.faults = {(3, 3): "sleep:10"}
+    inject(monkeypatch, {(3, 3): "sleep:10"})
     cfg = tiny("joint_dp", "flower", **{"engine_opts.timeout_s": 5.0,
                                          "privacy.noise_multiplier": 3.0, "privacy.epsilon": 5.0})
     s = run(cfg, tmp_path)
     m = _metrics(tmp_path)
-    users_of_3 = int(np.diff(cap.engine.fed.owner_user_offsets)[3])
+    users_of_3 = int(np.diff(cap.flower_transport.fed.owner_user_offsets)[3])
     assert s["rounds_completed"] == 3
     assert [r["failed_owners"] for r in m] == [0, 0, 1]
     assert m[2]["failed_units"] == users_of_3 and m[2]["users_used"] == 120 - users_of_3
-
-
-class RowMean:
-    """A test aggregator that needs the per-user rows (plain mean of the cohort matrix)."""
-
-    name = "row_mean"
-    needs_per_user_vectors = True
-    private = False
-
-    def __call__(self, G, *, rng=None):
-        from fedudp.aggregators import Aggregate
-        return Aggregate(mean=G.mean(0) if len(G) else torch.zeros(G.shape[1], dtype=G.dtype),
-                         users_used=int(G.shape[0]), diagnostics={"cohort": int(G.shape[0])})
-
-    def dp_event(self, sampling=None):
-        import dp_accounting
-        return dp_accounting.NonPrivateDpEvent()
-
-
-def test_per_user_vector_path_matches_local(tmp_path, monkeypatch):
-    # the billboard's aggregator needs the rows: owners send [n_users, d], nothing summed
-    from fedudp import aggregators
-    from fedudp.config import AggregatorName
-    monkeypatch.setitem(aggregators.BUILDERS, AggregatorName.none, lambda c, s, r, d=0: RowMean())
-    cap, out = _both({"train.rounds": 2}, "fedavg", tmp_path, monkeypatch)
-    _assert_equivalent(cap, out)
-    rows = [msg.content[A.K_VECTORS]["vectors"].numpy() for msg in cap.received
-            if A.K_VECTORS in msg.content]
-    assert rows and sum(r.shape[0] for r in rows) == 2 * 120
+    assert m[2]["failures"][0]["reason"].startswith("timeout")

@@ -1,16 +1,20 @@
-"""``flwr run . --stream`` through ``[tool.flwr.app]`` in pyproject.toml (issue 4).
+"""README's ``flwr run . --stream`` command, run as a new user would (issues 4, 8).
 
-Flower's state and ports are isolated: a temporary ``FLWR_HOME`` whose ``config.toml``
-names a SuperLink this test starts itself (``flower-superlink --simulation`` on a free
-loopback port, its own session, runtime dependency installation and update checks off),
-so nothing touches ``~/.flwr`` or Flower's default ports; the SuperLink and every process
-of its session are stopped at the end. The run's outputs (``output-dir`` from
-``--run-config``) must match ``engine=local`` on the same config in equivalence mode.
+A fresh ``FLWR_HOME`` and the environment the README tells a user to export; the command is
+read from README.md itself (only ``output-dir`` is pointed at a temporary folder). ``flwr run``
+starts its own background SuperLink (on free ports here, so that a SuperLink left by anyone
+else is never reused) and exits 0 even when the run fails, so the run's status is read with
+``flwr ls``. Every process that inherited this ``FLWR_HOME`` is stopped at the end.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,76 +22,85 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_flower_ray_cluster import free_port, loopback_env, session_pids, stop_session  # noqa: E402
-
-VENV_BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parent.parent
-
-OVERRIDES = {"method": "'joint_dp'", "train.rounds": "2", "train.batch_size": "8",
-             "dataset.num_records": "90", "dataset.features": "10",
-             "engine_opts.chunk_records": "1", "engine_opts.threads": "1",
-             "engine_opts.float64": "true"}
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _healthy(port: int) -> bool:
-    import httpx
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success
-    except httpx.HTTPError:
-        return False
+def readme_commands() -> tuple[dict[str, str], list[str]]:
+    """(the variables README exports for `flwr run`, the `flwr run` command) from README.md."""
+    text = (ROOT / "README.md").read_text()
+    exports = dict(kv.split("=", 1) for line in re.findall(r"^\s*export (FLWR_.*|RAY_.*)$", text, re.M)
+                   for kv in line.split())
+    cmd = re.search(r"^\s*(flwr run \. --stream .*)$", text, re.M).group(1)
+    return exports, shlex.split(cmd)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pids_with_env(key: str, value: str) -> list[int]:
+    """PIDs whose environment holds key=value (every process the SuperLink spawns inherits it)."""
+    needle = f"{key}={value}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if needle in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def _stop(home: str) -> list[int]:
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        pids = _pids_with_env("FLWR_HOME", home)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pids = _pids_with_env("FLWR_HOME", home)  # zombies have an empty environ
+        if not pids:
+            return []
+    return pids
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_flwr_run_stream_matches_local_engine(tmp_path):
-    home = tmp_path / "flwr_home"
+def test_readme_flwr_run(tmp_path):
+    exports, cmd = readme_commands()
+    assert exports.get("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION") == "1"
+    home, out = tmp_path / "flwr_home", tmp_path / "out"
     home.mkdir()
-    port = free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "fedudp-test"\n\n[superlink.fedudp-test]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n')
-    env = loopback_env(str(tmp_path))
-    env.update(FLWR_HOME=str(home), FLWR_DISABLE_UPDATE_CHECK="1",
-               PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}")
-    log = open(tmp_path / "superlink.out", "w")
-    link = subprocess.Popen(
-        [str(VENV_BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation",
-         "subprocess", "--host", "127.0.0.1", "--port", str(port),
-         "--disable-runtime-dependency-installation"],
-        env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    out = tmp_path / "out"
+    cmd = [re.sub(r"output-dir='[^']*'", f"output-dir='{out}'", a) for a in cmd]
+    bindir = str(Path(sys.executable).parent)  # the activated venv's bin: `flwr`, `flower-superlink`
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "RAY_"))}
+    env.update(exports)
+    env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(Path(bindir).parent),
+               FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
+               FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()))
+    flwr = shutil.which("flwr", path=bindir)
     try:
-        t_end = time.time() + 120
-        while not _healthy(port):
-            assert link.poll() is None, (tmp_path / "superlink.out").read_text()[-3000:]
-            assert time.time() < t_end, "SuperLink did not start"
-            time.sleep(0.5)
-        rc = " ".join(f"{k}={v}" for k, v in OVERRIDES.items()) + f" output-dir='{out}'"
-        proc = subprocess.run(
-            [str(VENV_BIN / "flwr"), "run", ".", "fedudp-test", "--stream",
-             "--federation-config", "num-supernodes=3", "--run-config", rc],
-            env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        t_end = time.time() + 60      # the stream may end just before the files are closed
-        while not (out / "summary.json").exists() and time.time() < t_end:
-            time.sleep(0.5)
-        summary = json.loads((out / "summary.json").read_text())
+        run = subprocess.run([flwr, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=480)
+        log = run.stdout + run.stderr
+        assert run.returncode == 0, log
+        assert "Starting local SuperLink" in log, log  # ours, not a leftover one
+        ls = subprocess.run([flwr, "ls", "--format", "json"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+        runs = json.loads(ls.stdout)["runs"]
+        assert [r["status"] for r in runs] == ["finished:completed"], (runs, log)
+        for name in ("summary.json", "metrics.jsonl", "ledger.json", "owners.csv"):
+            assert (out / name).is_file(), log
+        s = json.loads((out / "summary.json").read_text())
+        assert s["engine"] == "flower" and s["method"] == "fedavg" and s["rounds_completed"] == 3
+        assert s["flower_nodes"] == s["num_owners"] >= 2
     finally:
-        stop_session(link)
-        log.close()
-    assert not session_pids(link.pid)
-    assert summary["engine"] == "flower" and summary["num_owners"] == 3
-    assert summary["rounds_completed"] == 2
-    flower_rounds = [json.loads(line) for line in open(out / "metrics.jsonl")]
-
-    # the same run on engine=local, in this process
-    from fedudp.engines.flower_app import cfg_from_overrides
-    from fedudp.run import run
-    import tomllib
-    cfg_over = {k: tomllib.loads(f"v = {v}")["v"] for k, v in OVERRIDES.items()}
-    cfg = cfg_from_overrides({**cfg_over, "partition.num_owners": 3, "progress": False})
-    local = run(cfg, tmp_path / "local")
-    local_rounds = [json.loads(line) for line in open(tmp_path / "local" / "metrics.jsonl")]
-    assert [r["accuracy_mean"] for r in flower_rounds] == [r["accuracy_mean"] for r in local_rounds]
-    assert summary["epsilon"] == local["epsilon"]
+        assert _stop(str(home)) == [], "processes left behind"

@@ -89,11 +89,11 @@ def test_pre_noise_sum_sensitivity(G, other, clip, i):
     agg = GaussianAggregator(clip, 1.0, Sampling(1.0, 100))
     G = torch.from_numpy(G)
     i = i % G.shape[0]
-    s = agg.owner_contribution(G).clipped_sum
-    removed = agg.owner_contribution(torch.cat([G[:i], G[i + 1:]])).clipped_sum
+    s = agg.constraint.apply(G).total
+    removed = agg.constraint.apply(torch.cat([G[:i], G[i + 1:]])).total
     repl = G.clone()
     repl[i] = torch.from_numpy(other[: G.shape[1]])
-    replaced = agg.owner_contribution(repl).clipped_sum
+    replaced = agg.constraint.apply(repl).total
     tol = 1e-9 * max(1.0, clip)
     assert torch.linalg.vector_norm(s - removed) <= clip + tol          # add/remove: C
     assert torch.linalg.vector_norm(s - replaced) <= 2 * clip + tol     # replace-one: 2C
@@ -103,9 +103,9 @@ def test_sensitivity_is_attained():
     # the bounds are tight: a far-away user moves the sum by exactly C (and 2C when replaced)
     agg = GaussianAggregator(1.0, 1.0, Sampling(1.0, 10))
     G = torch.tensor([[100.0, 0.0], [0.0, 3.0]], dtype=torch.float64)
-    a = agg.owner_contribution(G).clipped_sum
-    b = agg.owner_contribution(G[1:]).clipped_sum
-    c = agg.owner_contribution(torch.tensor([[-100.0, 0.0], [0.0, 3.0]], dtype=torch.float64)).clipped_sum
+    a = agg.constraint.apply(G).total
+    b = agg.constraint.apply(G[1:]).total
+    c = agg.constraint.apply(torch.tensor([[-100.0, 0.0], [0.0, 3.0]], dtype=torch.float64)).total
     assert float(torch.linalg.vector_norm(a - b)) == pytest.approx(1.0)
     assert float(torch.linalg.vector_norm(a - c)) == pytest.approx(2.0)
 
@@ -142,6 +142,6 @@ def test_nonfinite_rows_are_excluded_before_release():
     from fedudp.core.messages import make_reply
     agg = GaussianAggregator(1.0, 1.0, Sampling(1.0, 10))
     G = torch.tensor([[0.5, 0.0], [float("nan"), 1.0], [float("inf"), 0.0], [0.0, 0.25]])
-    rep = make_reply(G, ("w",), agg)
-    assert rep.failed == 2 and rep.count == 2
-    assert torch.equal(rep.clipped_sum, torch.tensor([0.5, 0.25]))
+    rep = make_reply(G, ("w",), agg.constraint)
+    assert rep.failed == 2 and rep.contribution.count == 2
+    assert torch.equal(rep.contribution.total, torch.tensor([0.5, 0.25]))

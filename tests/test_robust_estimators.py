@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedudp.aggregators import GaussianAggregator, build_aggregator
-from fedudp.aggregators import few_users as F
-from fedudp.aggregators import outlier as O
+from fedudp.aggregators import few_users
+from fedudp.aggregators import outlier
 from fedudp.aggregators.base import Sampling
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 from fedudp.config import ConfigError
@@ -40,14 +40,14 @@ def tau_for(m, d=D):
 
 def outlier_agg(tau, n=N, eps=EPS, delta=DELTA, rounds=1):
     z = calibrate_noise_multiplier(lambda z: dp_accounting.GaussianDpEvent(z), eps / 2, delta / 2, rounds)
-    return O.OutlierRemovalAggregator(tau, z, O.sensitivity(tau, n, delta / (4 * rounds)),
+    return outlier.OutlierRemovalAggregator(tau, z, outlier.sensitivity(tau, n, delta / (4 * rounds)),
                                       Sampling(1.0, n), eps / 2, rounds, delta / 2,
-                                      O.min_users_at(eps / 2, rounds, delta / 4))
+                                      outlier.min_users_at(eps / 2, rounds, delta / 4))
 
 
 def friendly_agg(tau, n=N, eps=EPS, delta=DELTA, rounds=1):
-    z = calibrate_noise_multiplier(lambda z: O.friendlycore_round_event(z, z), eps, delta / 2, rounds)
-    return O.FriendlyCoreAggregator(tau, z, O.friendlycore_sensitivity(tau, n, delta / (4 * rounds)),
+    z = calibrate_noise_multiplier(lambda z: outlier.friendlycore_round_event(z, z), eps, delta / 2, rounds)
+    return outlier.FriendlyCoreAggregator(tau, z, outlier.friendlycore_sensitivity(tau, n, delta / (4 * rounds)),
                                     Sampling(1.0, n), z, delta / 2, 0)
 
 
@@ -80,10 +80,10 @@ def test_basic_composition_and_blocks_on_top_of_events():
 def test_chernoff_count_bounds_the_tail():
     # Poisson(6) is the extreme Bernoulli sum of mean 6; its exact tail must be below zeta
     for zeta in (1e-3, 1e-6, 1e-9):
-        k = O.chernoff_count(6.0, zeta)
+        k = outlier.chernoff_count(6.0, zeta)
         tail = 1 - sum(math.exp(-6) * 6 ** i / math.factorial(i) for i in range(k))
         assert tail <= zeta
-        assert O.chernoff_count(6.0, zeta) > 6
+        assert outlier.chernoff_count(6.0, zeta) > 6
 
 
 # -- pre-noise statistics under an adversarial replace-one neighbour ---------------------------
@@ -95,18 +95,18 @@ def test_friend_counts_score_and_mass_sensitivity(seed, j, new, tau):
     X = torch.randn(60, 4, generator=g, dtype=F64) * 0.3
     Y = X.clone()
     Y[j] = torch.tensor(new, dtype=F64)
-    cx, cy = O.friend_counts(X, (tau, 2 * tau), chunk=16), O.friend_counts(Y, (tau, 2 * tau), chunk=16)
+    cx, cy = outlier.friend_counts(X, (tau, 2 * tau), chunk=16), outlier.friend_counts(Y, (tau, 2 * tau), chunk=16)
     brute = (torch.cdist(X, X) <= tau).sum(1)
     assert torch.equal(cx[0], brute)
     n = 60
-    assert abs(O.concentration_score(cx[0]) - O.concentration_score(cy[0])) <= 2 * (n - 1) / n + 1e-12
+    assert abs(outlier.concentration_score(cx[0]) - outlier.concentration_score(cy[0])) <= 2 * (n - 1) / n + 1e-12
     # every other user's friend count moves by at most 1
     others = torch.arange(n) != j
     assert int((cx[1] - cy[1])[others].abs().max()) <= 1
-    px, py = O.keep_probabilities(cx[1], n), O.keep_probabilities(cy[1], n)
+    px, py = outlier.keep_probabilities(cx[1], n), outlier.keep_probabilities(cy[1], n)
     assert float((px - py)[others].abs().max()) <= 6 / n + 1e-12
-    fx, fy = O.friendly_keep_probabilities(cx[1], n), O.friendly_keep_probabilities(cy[1], n)
-    assert abs(float(fx.sum() - fy.sum())) <= O.MASS_SENSITIVITY
+    fx, fy = outlier.friendly_keep_probabilities(cx[1], n), outlier.friendly_keep_probabilities(cy[1], n)
+    assert abs(float(fx.sum() - fy.sum())) <= outlier.MASS_SENSITIVITY
 
 
 @pytest.mark.parametrize("kind", ["outlier_removal", "friendlycore"])
@@ -120,15 +120,15 @@ def test_filtered_mean_sensitivity_under_coupling(kind, adversary):
     Y = X.clone()
     Y[0] = {"far": mu + 50.0, "edge": mu + 2 * tau / math.sqrt(D), "center": mu}[adversary]
     if kind == "outlier_removal":
-        sens, keep = O.sensitivity(tau, n, 1e-6), O.keep_probabilities
+        sens, keep = outlier.sensitivity(tau, n, 1e-6), outlier.keep_probabilities
     else:
-        sens, keep = O.friendlycore_sensitivity(tau, n, 1e-6), O.friendly_keep_probabilities
+        sens, keep = outlier.friendlycore_sensitivity(tau, n, 1e-6), outlier.friendly_keep_probabilities
     worst = 0.0
     for s in range(50):
         means = []
         for V in (X, Y):
-            p = keep(O.friend_counts(V, (2 * tau,))[0], n)
-            mean, _ = O.filtered_mean(V, p, rng=torch.Generator().manual_seed(s))
+            p = keep(outlier.friend_counts(V, (2 * tau,))[0], n)
+            mean, _ = outlier.filtered_mean(V, p, rng=torch.Generator().manual_seed(s))
             means.append(mean)
         worst = max(worst, float((means[0] - means[1]).norm()))
     assert worst <= sens
@@ -185,7 +185,7 @@ def test_corrupted_users_each_estimator_as_its_guarantee_says(capsys):
     factories = {
         "outlier_removal": lambda: outlier_agg(tau),
         "friendlycore": lambda: friendly_agg(tau),
-        "few_users": lambda: F.FewUsersAggregator(D, tau, EPS, DELTA, 1, s),
+        "few_users": lambda: few_users.FewUsersAggregator(D, tau, EPS, DELTA, 1, s),
         "gaussian": lambda: GaussianAggregator(4.0, z / 2, s),
         "winsorized": lambda: WinsorizedAggregator(D, tau, 30.0, 0.3, s),
     }
@@ -217,21 +217,21 @@ def test_corrupted_users_each_estimator_as_its_guarantee_says(capsys):
 # -- Esfandiari specifics ----------------------------------------------------------------------
 def test_few_users_privacy_conditions_and_log_space():
     # acceptance probability never above one once the conditions hold; n = 10^4 does not overflow
-    F.check_privacy_conditions(10_000, 0.5, 1e-6, 1000)
-    la = F.log_accept(torch.arange(1, 10_001), 10_000, 0.5)
+    few_users.check_privacy_conditions(10_000, 0.5, 1e-6, 1000)
+    la = few_users.log_accept(torch.arange(1, 10_001), 10_000, 0.5)
     assert torch.isfinite(la).all() and float(la.max()) <= 0
     with pytest.raises(ValueError, match="too few users"):
-        F.check_privacy_conditions(20, 0.25, 1e-6, 1000)
-    need = F.min_users(0.25, 1e-6, 1000)
-    F.check_privacy_conditions(need, 0.25, 1e-6, 1000)
+        few_users.check_privacy_conditions(20, 0.25, 1e-6, 1000)
+    need = few_users.min_users(0.25, 1e-6, 1000)
+    few_users.check_privacy_conditions(need, 0.25, 1e-6, 1000)
     with pytest.raises(ValueError):
-        F.check_privacy_conditions(need - 1, 0.25, 1e-6, 1000)
+        few_users.check_privacy_conditions(need - 1, 0.25, 1e-6, 1000)
 
 
 def test_few_users_geometric_stop_returns_garbage_on_spread_data():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(400, 8, generator=g, dtype=F64) * 100.0     # nowhere 2/3 of the points
-    p, info = F.dp_estimate_1(X, 0.1, 2.5, 1e-6, 50, rng=torch.Generator().manual_seed(1))
+    p, info = few_users.dp_estimate_1(X, 0.1, 2.5, 1e-6, 50, rng=torch.Generator().manual_seed(1))
     assert p is None and info["garbage"] in ("G1", "G2") and info["tries"] <= info["budget"]
 
 
@@ -244,7 +244,7 @@ def test_few_users_within_radius_on_two_thirds_in_a_ball():
     X[:n // 4] = torch.randn(n // 4, d, generator=g, dtype=F64) * 50    # arbitrary rest
     ok = 0
     for s in range(20):
-        p, info = F.dp_estimate_1(X, r * math.sqrt(d), 2.0, 1e-6, 1000, rng=torch.Generator().manual_seed(s))
+        p, info = few_users.dp_estimate_1(X, r * math.sqrt(d), 2.0, 1e-6, 1000, rng=torch.Generator().manual_seed(s))
         ok += p is not None and float((p - x).norm()) <= (1 + math.sqrt(d)) * r
     assert ok >= 18
 

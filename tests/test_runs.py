@@ -8,16 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conftest import tiny_cfg, tiny_mnist
-from fedudp.config import ConfigError, RunConfig, register, validate
-from fedudp.engines import local as L
+from fedudp.config import ConfigError, RunConfig, register
+from fedudp.core import owner as OW
 from fedudp.models.cnn import PAPER_TABLE2_COUNTS, PaperCNN, layer_counts
-from fedudp.run import CONF_DIR, prepare, run
+from fedudp.run import CONF_DIR, execute, prepare, run
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {"accuracy_mean", "accuracy_std", "accuracy_weighted", "epsilon", "delta", "unit",
@@ -46,39 +47,41 @@ def test_unknown_personal_pattern_names_the_key(tmp_path):
 
 
 # -- the owner boundary ------------------------------------------------------------------------
-def _engine(method, **kw):
+def _prepared(method, **kw):
     cfg = tiny_cfg(method, **kw)
-    validate(cfg)
-    fed, model, spec, agg, ledger, bb, engine = prepare(cfg)
-    return cfg, fed, spec, bb, engine
+    return cfg, prepare(cfg)
 
 
 @pytest.mark.parametrize("method,aggregator", [("joint_dp", "auto"), ("full_dp", "auto"),
-                                               ("fedavg", "auto")])
+                                               ("fedavg", "auto"), ("joint_dp", "winsorized")])
 @pytest.mark.parametrize("accounting", ["certified", "paper"])
 def test_no_personal_parameter_leaves_an_owner(monkeypatch, method, aggregator, accounting):
     sent = []
-    orig = L.make_reply
+    orig = OW.make_reply
 
-    def spy(G, names, agg):
-        rep = orig(G, names, agg)
+    def spy(G, names, constraint):
+        rep = orig(G, names, constraint)
         sent.append(rep)
         return rep
 
-    monkeypatch.setattr(L, "make_reply", spy)
-    cfg, fed, spec, bb, engine = _engine(method, aggregator=aggregator,
-                                         **{"privacy.accounting": accounting})
-    engine.run()
+    monkeypatch.setattr(OW, "make_reply", spy)
+    kw = {"privacy.accounting": accounting}
+    if aggregator == "winsorized":
+        kw.update({"estimator.bound": 10.0})
+    cfg, p = _prepared(method, aggregator=aggregator, **kw)
+    execute(p)
     assert len(sent) >= cfg.train.rounds
-    personal = set(spec.personal)
+    personal = set(p.spec.personal)
     if method == "joint_dp":
         assert personal, "joint_dp must keep something personal"
-    d_shared = sum(p.numel() for k, p in engine.model.named_parameters() if k in spec.shared)
+    d_shared = sum(t.numel() for k, t in p.owners.model.named_parameters() if k in p.spec.shared)
     for rep in sent:
         assert not personal & set(rep.param_names)
-        assert set(rep.param_names) == set(spec.shared)
-        payload = rep.vectors if rep.vectors is not None else rep.clipped_sum
-        assert payload.shape[-1] == d_shared == bb.dim
+        assert set(rep.param_names) == set(p.spec.shared)
+        c = rep.contribution
+        payload = c.rows if c.rows is not None else c.total
+        assert (c.rows is not None) == (aggregator == "winsorized")
+        assert payload.shape[-1] == d_shared == p.billboard.dim
 
 
 def test_joint_dp_without_noise_is_rejected(tmp_path):
@@ -88,34 +91,36 @@ def test_joint_dp_without_noise_is_rejected(tmp_path):
 
 def test_per_silo_sends_nothing(monkeypatch):
     sent = []
-    monkeypatch.setattr(L, "make_reply", lambda *a: sent.append(a))
-    cfg, fed, spec, bb, engine = _engine("per_silo")
-    res = engine.run()
-    assert bb is None and sent == [] and res.rounds_completed == cfg.train.rounds
+    monkeypatch.setattr(OW, "make_reply", lambda *a: sent.append(a))
+    cfg, p = _prepared("per_silo")
+    res = execute(p)
+    assert p.billboard is None and sent == [] and res.rounds_completed == cfg.train.rounds
 
 
-def _vectors(engine, bb, rnd=2):
-    users = torch.arange(engine.fed.num_users).numpy()
-    return torch.cat([G for _, G in engine._user_vectors(bb.shared_params(), users, rnd)])
+def _vectors(p, personal, rnd=2):
+    users = np.arange(p.fed.num_users)
+    shared = p.billboard.shared_params()
+    return torch.cat([G for _, G in p.owners.user_vectors(p.fed, shared, personal, users, rnd)])
 
 
 @pytest.mark.parametrize("mode", ["delta", "gradient"])
 def test_certified_vectors_do_not_depend_on_personal_state(mode):
-    cfg, fed, spec, bb, engine = _engine("joint_dp", **{"train.shared_update": mode})
-    engine._personal_round(bb.shared_params(), 1)     # owners fine-tune their personal layer
-    before = _vectors(engine, bb)
+    cfg, p = _prepared("joint_dp", **{"train.shared_update": mode})
+    personal = p.owners.initial_personal(p.fed.num_owners)
+    personal = p.owners.personal_round(p.fed, p.billboard.shared_params(), personal, 1)
+    before = _vectors(p, personal)           # owners fine-tuned their personal layer
     g = torch.Generator().manual_seed(5)
-    engine.personal = {k: v + torch.randn(v.shape, generator=g) for k, v in engine.personal.items()}
-    after = _vectors(engine, bb)
-    assert torch.equal(before, after)                 # bit-identical: no feedback
+    personal = {k: v + torch.randn(v.shape, generator=g) for k, v in personal.items()}
+    assert torch.equal(before, _vectors(p, personal))        # bit-identical: no feedback
 
 
 def test_paper_mode_feeds_personal_state_back_and_says_heuristic(tmp_path):
-    cfg, fed, spec, bb, engine = _engine("joint_dp", **{"privacy.accounting": "paper"})
-    before = _vectors(engine, bb)
+    cfg, p = _prepared("joint_dp", **{"privacy.accounting": "paper"})
+    personal = p.owners.initial_personal(p.fed.num_owners)
+    before = _vectors(p, personal)
     g = torch.Generator().manual_seed(5)
-    engine.personal = {k: v + torch.randn(v.shape, generator=g) for k, v in engine.personal.items()}
-    assert not torch.equal(before, _vectors(engine, bb))
+    personal = {k: v + torch.randn(v.shape, generator=g) for k, v in personal.items()}
+    assert not torch.equal(before, _vectors(p, personal))
     s = run(tiny_cfg("joint_dp", **{"privacy.accounting": "paper"}), tmp_path)
     assert s["guarantee"] == "heuristic"
     led = json.loads((tmp_path / "ledger.json").read_text())
@@ -218,14 +223,26 @@ def test_bad_values_are_rejected_naming_the_key(override, key, tmp_path):
 
 def test_missing_data_folder_fails_before_work(tmp_path):
     cfg = tiny_cfg("fedavg", **{"dataset.name": "mnist", "dataset.root": str(tmp_path / "none")})
-    with pytest.raises(FileNotFoundError, match="dataset.root"):
+    with pytest.raises(ConfigError, match="dataset.root"):
         run(cfg, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_reports_config_error_and_exits_nonzero(tmp_path):
+@pytest.mark.parametrize("args,key", [
+    (["privacy.epsilon=0"], "privacy.epsilon"),                       # a bad value
+    (["privacy.epsilonn=1"], "privacy.epsilonn"),                     # a typo in a key
+    (["method=joint-dp"], "method"),                                  # an unknown choice
+    (["-m", "method=full_dp,joint_dp", "privacy.epsilonn=1"], "privacy.epsilonn"),   # sweeps too
+    (["method=full_dp", "privacy.noise_multiplier=0.1"], "privacy.epsilon"),   # the budget
+    (["dataset.name=mnist", "dataset.root=/nonexistent"], "dataset.root"),   # data files
+    (["aggregator=winsorized", "train.sampling_rate=0.5"], "train.sampling_rate"),
+])
+def test_cli_user_errors_are_one_line_and_exit_2(tmp_path, args, key):
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
-    p = subprocess.run([sys.executable, "-m", "fedudp.run", "privacy.epsilon=0",
-                        f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, env=env,
+    p = subprocess.run([sys.executable, "-m", "fedudp.run", *args, f"hydra.run.dir={tmp_path}",
+                        f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=120)
-    assert p.returncode != 0 and "privacy.epsilon" in p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"fedudp: error: {key}"), p.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()

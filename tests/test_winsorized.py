@@ -11,7 +11,7 @@ from scipy import stats
 
 from conftest import tiny_cfg
 from fedudp.aggregators import Sampling, build_aggregator
-from fedudp.aggregators.winsorized import (WinsorizedAggregator, private_range, winsorized_mean_1d,
+from fedudp.aggregators.winsorized import (private_range, winsorized_mean_1d,
                                            winsorized_sum, winsorized_round_event)
 from fedudp.privacy.accountant import schedule_epsilon
 

@@ -1,22 +1,29 @@
-"""The one interface every user-level DP mean estimator implements (ARCHITECTURE.md §4).
+"""The contract every user-level DP mean estimator implements (ARCHITECTURE.md §4).
 
-An *aggregator* runs on the billboard server. Each round it receives the per-unit
-vectors ``G`` (one row per sampled privacy unit: a user, or an owner when
-``privacy.unit=owner``), releases a (noisy) estimate of their mean, and describes what
-that release cost as a ``dp_accounting.DpEvent`` so the accountant can compose it.
+An *aggregator* runs on the billboard. Each round the owners apply its ``constraint`` to their
+sampled units' vectors (the owner side, pfl-research's ``constrain_sensitivity``): estimators
+that need the cohort matrix get each unit's row; clip+Gaussian and the plain mean get the sum
+of the (clipped) rows and a count, which is the same privacy with a trusted billboard and far
+less traffic. The billboard merges the owners' ``Contribution``s and calls ``release`` (the
+server side: clip/rotate/filter, noise), then composes ``dp_event()`` into the ledger.
 
-Aggregators that do not need the rows one by one (``none``, ``gaussian``) set
-``needs_per_user_vectors = False``: owners then send ``owner_contribution(G_owner)`` (the
-sum of their clipped rows and a count) and the billboard calls ``release(total, count)``.
-Same privacy (the billboard is trusted), far less traffic and memory.
+Everything a caller reads is declared on ``Aggregator``: the billboard, the ledger, the run
+summary and the engines read nothing else. Each estimator builds itself from the run config
+(``from_config``, which calibrates), and registers under its ``name`` (``register``).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import dp_accounting
 import torch
+
+from fedudp.privacy.accountant import ADJACENCY, ApproxDp
+
+if TYPE_CHECKING:
+    from fedudp.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -44,12 +51,13 @@ class Sampling:
 
 @dataclass
 class Aggregate:
-    """What one aggregator call returns.
+    """What one release returns.
 
     ``mean`` is the released estimate (d,). ``users_used`` counts the rows that entered
     the statistic. ``diagnostics`` are simulator observations (clipped / kept fractions,
     whether a concentration check failed): they are *not* part of the DP release and
-    nothing that changes later releases may read them (ALGORITHMS.md §7.8).
+    nothing that changes later releases may read them (ALGORITHMS.md §7.8). ``halted``: an
+    AboveThreshold said stop ([ASI] Alg. 2); the run ends after composing this release.
     """
 
     mean: torch.Tensor
@@ -58,21 +66,141 @@ class Aggregate:
     halted: bool = False
 
 
-@runtime_checkable
-class Aggregator(Protocol):
-    """User-level mean estimator on the billboard (ARCHITECTURE.md §4)."""
+@dataclass
+class Contribution:
+    """What owners send for their sampled units: each unit's row (``rows``, [n, d]) or the sum
+    of the constrained rows (``total``, [d]); ``count`` units, ``clipped`` of them clipped."""
 
-    name: str
-    needs_per_user_vectors: bool
-    private: bool
+    rows: torch.Tensor | None
+    total: torch.Tensor | None
+    count: int
+    clipped: int = 0
+
+    @staticmethod
+    def merge(parts: Sequence["Contribution"], dim: int, dtype: torch.dtype, rows: bool
+              ) -> "Contribution":
+        """The cohort's contribution: rows stacked, or totals summed (in ``dtype``)."""
+        count = sum(p.count for p in parts)
+        clipped = sum(p.clipped for p in parts)
+        if rows:
+            got = [p.rows.to(dtype) for p in parts if p.rows is not None and len(p.rows)]
+            G = torch.cat(got) if got else torch.zeros(0, dim, dtype=dtype)
+            return Contribution(G, None, count, clipped)
+        total = torch.zeros(dim, dtype=dtype)
+        for p in parts:
+            if p.total is not None and p.count:
+                total = total + p.total.to(dtype)
+        return Contribution(None, total, count, clipped)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The owner side of an aggregator: send each unit's row (``rows``), or the sum of the rows
+    clipped to l2 norm ``clip`` (``None``: unclipped, non-private) and their count. Small and
+    serializable: a Flower owner receives it with the round instead of rebuilding the aggregator."""
+
+    rows: bool
+    clip: float | None = None
+
+    def apply(self, G: torch.Tensor) -> Contribution:
+        n = int(G.shape[0])
+        if self.rows:
+            return Contribution(G, None, n)
+        if self.clip is None:
+            return Contribution(None, G.sum(0), n)
+        clipped, was = clip_rows(G, self.clip)
+        return Contribution(None, clipped.sum(0), n, int(was.sum()))
+
+
+class Aggregator(ABC):
+    """User-level mean estimator on the billboard (ARCHITECTURE.md §4).
+
+    Class attributes: ``name`` (the ``aggregator=`` value), ``private`` (does a release
+    need a DP ledger), ``needs_per_user_vectors`` (owners send rows, not sums), ``adjacency``
+    of the analysis, ``accountant`` (how its events are composed, for the ledger).
+    Instance attributes: ``sampling``, ``guarantee`` (``certified``, or ``heuristic`` when a
+    paper's unproven constant is used), ``noise_multiplier`` and ``noise_std`` (None where no
+    single Gaussian/Laplace multiplier describes the release), ``min_users_required`` (the
+    utility guarantee's minimum n; None if none).
+    """
+
+    name: ClassVar[str]
+    private: ClassVar[bool] = True
+    needs_per_user_vectors: ClassVar[bool] = True
+    adjacency: ClassVar[str] = ADJACENCY
+    accountant: ClassVar[str] = "dp_accounting.PLDAccountant (RDP cross-check)"
+
+    sampling: Sampling
+    guarantee: str = "certified"
+    noise_multiplier: float | None = None
+    min_users_required: int | None = None
+
+    @property
+    def noise_std(self) -> float | None:
+        """Standard deviation of the release noise per coordinate, where one exists."""
+        return None
+
+    @classmethod
+    def check_config(cls, cfg: "RunConfig") -> None:
+        """Checks that need only the config (no data, no calibration): raise ``ConfigError``."""
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, cfg: "RunConfig", sampling: Sampling, rounds: int, dim: int
+                    ) -> "Aggregator":
+        """Calibrate to (ε, δ) over ``rounds`` releases of ``dim``-vectors, then construct."""
+
+    @property
+    def constraint(self) -> Constraint:
+        """What owners do to their units' vectors (rows, or the clipped sum)."""
+        return Constraint(rows=True)
+
+    @abstractmethod
+    def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
+        """Release an estimate of the cohort's mean from the merged contribution."""
 
     def __call__(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
-        """Release an estimate of the mean of the rows of ``G`` (n_units x d)."""
-        ...
+        """Owner side and release in one call, on the cohort matrix ``G`` (n_units x d)."""
+        return self.release(self.constraint.apply(G), rng=rng)
 
-    def dp_event(self, sampling: Sampling) -> dp_accounting.DpEvent:
-        """The event one call releases, for the accountant (``NonPrivateDpEvent`` if none)."""
-        ...
+    @abstractmethod
+    def dp_event(self) -> dp_accounting.DpEvent | ApproxDp:
+        """Exactly what one release released, for the accountant."""
+
+    def one_off_event(self) -> ApproxDp | None:
+        """A block spent once per run (AboveThreshold's ε, failure probabilities in δ)."""
+        return None
+
+
+class RowsAggregator(Aggregator):
+    """An estimator on the cohort matrix (winsorized, outlier removal, few users)."""
+
+    needs_per_user_vectors: ClassVar[bool] = True
+    adjacency: ClassVar[str] = "replace_one"
+
+    def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
+        return self.estimate(c.rows, rng=rng)
+
+    @abstractmethod
+    def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
+        """The estimator on the rows received (missing units count as zero rows)."""
+
+
+REGISTRY: dict[str, type[Aggregator]] = {}
+
+
+def register(cls: type[Aggregator]) -> type[Aggregator]:
+    """Class decorator: ``aggregator=<cls.name>`` builds ``cls``."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def pad_to_population(G: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows for the public n of a replace-one estimator: missing units (failed owners, NaN/inf
+    rows) count as zero vectors, so n stays public (ALGORITHMS.md §7.2)."""
+    if G.shape[0] < n:
+        G = torch.cat([G, G.new_zeros(n - G.shape[0], G.shape[1])])
+    return G
 
 
 def clip_rows(G: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,3 +213,29 @@ def clip_rows(G: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]
 def finite_rows(G: torch.Tensor) -> torch.Tensor:
     """Boolean mask of rows with only finite entries (NaN/inf rows are excluded upstream)."""
     return torch.isfinite(G).all(dim=1)
+
+
+def records_per_unit(cfg: "RunConfig") -> int:
+    """Records per privacy unit m (public): records_per_user, or an owner's share at owner level."""
+    from fedudp.config import Unit
+    if Unit(cfg.privacy.unit) == Unit.owner:
+        return max(1, cfg.dataset.num_records // max(1, cfg.partition.num_owners))
+    return int(cfg.partition.records_per_user)
+
+
+def require_replace_one(cfg: "RunConfig", name: str) -> None:
+    """Config checks every seed estimator shares: it sets its own noise (no fixed multiplier)
+    and is analysed replace-one with a public n (every unit, every round)."""
+    from fedudp.config import ConfigError
+    if cfg.privacy.noise_multiplier is not None:
+        raise ConfigError(f"privacy.noise_multiplier: only aggregator=gaussian takes a fixed noise "
+                          f"multiplier; aggregator={name} calibrates its own noise, leave it null")
+    if cfg.train.sampling_rate < 1.0:
+        raise ConfigError(f"train.sampling_rate: aggregator={name} is analysed replace-one with a "
+                          "public n (every unit, every round); set train.sampling_rate=1")
+
+
+def require_dim(dim: int, name: str) -> None:
+    from fedudp.config import ConfigError
+    if dim < 1:
+        raise ConfigError(f"aggregator={name} needs at least one shared parameter")

@@ -28,9 +28,11 @@ import math
 
 import torch
 
-from fedudp.aggregators.base import Aggregate, Sampling
+from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, pad_to_population,
+                                     records_per_unit, register, require_dim, require_replace_one)
+from fedudp.config import Calibration, ConfigError, RunConfig
 from fedudp.privacy.accountant import ApproxDp
-from fedudp.privacy.mechanisms import RandomRotation
+from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordinate_radius
 
 
 def uniform_in_balls(centers: torch.Tensor, radius: float, *, rng: torch.Generator) -> torch.Tensor:
@@ -135,13 +137,11 @@ def dp_estimate_2(X: torch.Tensor, radius: float, eps: float, delta: float, trie
     return torch.stack(outs).median(0).values, {"garbage_copies": garbage}
 
 
-class FewUsersAggregator:
+@register
+class FewUsersAggregator(RowsAggregator):
     """``aggregator=few_users``: [ESF] DP-Estimate-2 at user level, optionally on rotated blocks."""
 
     name = "few_users"
-    needs_per_user_vectors = True
-    private = True
-    adjacency = "replace_one"
     accountant = "basic composition of ESF's (4ε1, 4δ1) blocks (ApproxDp; no dp-accounting event exists)"
 
     def __init__(self, dim: int, tau: float, eps: float, delta: float, rounds: int, sampling: Sampling,
@@ -153,7 +153,7 @@ class FewUsersAggregator:
         self.dim, self.tau, self.sampling = int(dim), float(tau), sampling
         self.copies, self.blocks, self.kappa, self.tries = int(copies), int(blocks), float(kappa), float(tries)
         self.rotate = self.blocks > 1
-        self.dp = 1 << max(0, (self.dim - 1).bit_length()) if self.rotate else self.dim
+        self.dp = next_pow2(self.dim) if self.rotate else self.dim
         if self.rotate and (self.blocks & (self.blocks - 1) or self.blocks > self.dp):
             raise ValueError(f"estimator.blocks must be a power of two <= {self.dp}, got {blocks}")
         parts = self.copies * self.blocks * int(rounds)
@@ -163,16 +163,37 @@ class FewUsersAggregator:
         check_privacy_conditions(n, self.eps1, self.delta1, self.tries)
         db = self.dp // self.blocks
         if self.rotate:   # per-block l2 radius after rotation (Lemma 2 per coordinate x sqrt(d_b))
-            r_b = 10 * self.tau * math.sqrt(math.log(max(self.dp * n / beta, 2.0)) / self.dp) * math.sqrt(db)
+            r_b = rotated_coordinate_radius(self.tau, self.dp, n, beta) * math.sqrt(db)
         else:
             r_b = self.tau
         self.radius = self.kappa * r_b * math.sqrt(db)
 
-    def __call__(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        require_replace_one(cfg, cls.name)
+        if Calibration(cfg.privacy.calibration) == Calibration.closed_form:
+            raise ConfigError("privacy.calibration=closed_form: [ESF]'s splits are Θ(·) without "
+                              "constants; aggregator=few_users uses the proof's (ε/4, δ/4) per "
+                              "copy and basic composition (calibration=accountant)")
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "FewUsersAggregator":
+        """Radius τ of the users' vectors: [ESF] r' = 10 r/√m unless ``estimator.tau`` is given."""
+        require_dim(dim, cls.name)
+        p, e = cfg.privacy, cfg.estimator
+        tau = e.tau if e.tau is not None else 10 * e.bound / math.sqrt(records_per_unit(cfg))
+        try:
+            return cls(dim, tau, p.epsilon, p.delta, rounds, sampling, copies=e.copies,
+                       blocks=e.blocks, kappa=e.kappa, tries=e.tries, beta=e.beta)
+        except ValueError as err:
+            raise ConfigError(f"aggregator=few_users with n={sampling.population} units, "
+                              f"ε={p.epsilon:g} over {rounds} rounds x {e.copies} copies x "
+                              f"{e.blocks} blocks: {err}") from None
+
+    def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        X = G.to(torch.float64)
-        if X.shape[0] < n:
-            X = torch.cat([X, X.new_zeros(n - X.shape[0], X.shape[1])])
+        X = pad_to_population(G.to(torch.float64), n)
         rot = RandomRotation(self.dim, rng=rng) if self.rotate else None
         Y = rot.rotate(X) if rot is not None else X
         db = Y.shape[1] // self.blocks
@@ -192,7 +213,7 @@ class FewUsersAggregator:
         # garbage in every block: no update this round (post-processing of the release)
         return Aggregate(mean=mean.to(G.dtype), users_used=n, diagnostics=diag)
 
-    def dp_event(self, sampling: Sampling | None = None) -> ApproxDp:
+    def dp_event(self) -> ApproxDp:
         """One round: copies x blocks runs of DP-Estimate-1, each (4ε1, 4δ1)-DP."""
         k = self.copies * self.blocks
         return ApproxDp(4 * self.eps1 * k, 4 * self.delta1 * k)

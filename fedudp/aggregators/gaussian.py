@@ -14,24 +14,17 @@ most 2C). The event is ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` under
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import Aggregate, Sampling, clip_rows
+from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution, Sampling,
+                                     register)
+from fedudp.config import Calibration, ConfigError, RunConfig
+from fedudp.privacy.accountant import calibrate_noise_multiplier
 
 
-@dataclass
-class OwnerContribution:
-    """What an owner sends when the aggregator does not need per-unit vectors."""
-
-    clipped_sum: torch.Tensor  # (d,)
-    count: int
-    clipped: int
-
-
-class GaussianAggregator:
+@register
+class GaussianAggregator(Aggregator):
     """Clip each unit's vector to l2 norm ``clip``, sum, add N(0, (z*clip)^2 I), divide by q*N."""
 
     name = "gaussian"
@@ -47,31 +40,41 @@ class GaussianAggregator:
         self.noise_multiplier = float(noise_multiplier)
         self.sampling = sampling
 
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        if Calibration(cfg.privacy.calibration) == Calibration.closed_form:
+            raise ConfigError("privacy.calibration: closed_form has no closed form for "
+                              "clip+Gaussian (the paper's Alg. 1 constant c2 is unknown); use accountant")
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "GaussianAggregator":
+        p = cfg.privacy
+        z = p.noise_multiplier
+        if z is None:
+            z = calibrate_noise_multiplier(lambda s: gaussian_round_event(s, sampling.rate),
+                                           p.epsilon, p.delta, rounds)
+        return cls(p.clip, z, sampling)
+
     @property
     def noise_std(self) -> float:
         """Standard deviation of the noise added to the *sum* (per coordinate)."""
         return self.noise_multiplier * self.clip
 
-    def owner_contribution(self, G: torch.Tensor) -> OwnerContribution:
-        """Owner side: sum of the clipped rows and their count."""
-        clipped, was = clip_rows(G, self.clip)
-        return OwnerContribution(clipped.sum(0), int(G.shape[0]), int(was.sum()))
+    @property
+    def constraint(self) -> Constraint:
+        return Constraint(rows=False, clip=self.clip)
 
-    def release(self, total: torch.Tensor, count: int, *, rng: torch.Generator,
-                clipped: int = 0) -> Aggregate:
+    def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         """Billboard side: add Gaussian noise to the sum and divide by q * N_units."""
+        total = c.total
         noise = torch.randn(total.shape, generator=rng, dtype=total.dtype, device=total.device)
         mean = (total + self.noise_std * noise) / self.sampling.expected_cohort
-        diag = {"clipped_fraction": (clipped / count) if count else 0.0, "cohort": count}
-        return Aggregate(mean=mean, users_used=count, diagnostics=diag)
+        diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count}
+        return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)
 
-    def __call__(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
-        c = self.owner_contribution(G)
-        return self.release(c.clipped_sum, c.count, rng=rng, clipped=c.clipped)
-
-    def dp_event(self, sampling: Sampling | None = None) -> dp_accounting.DpEvent:
-        s = sampling or self.sampling
-        return gaussian_round_event(self.noise_multiplier, s.rate)
+    def dp_event(self) -> dp_accounting.DpEvent:
+        return gaussian_round_event(self.noise_multiplier, self.sampling.rate)
 
 
 def gaussian_round_event(noise_multiplier: float, rate: float) -> dp_accounting.DpEvent:
@@ -80,24 +83,29 @@ def gaussian_round_event(noise_multiplier: float, rate: float) -> dp_accounting.
     return g if rate >= 1.0 else dp_accounting.PoissonSampledDpEvent(rate, g)
 
 
-class MeanAggregator:
+@register
+class MeanAggregator(Aggregator):
     """``aggregator=none``: the plain (non-private) mean of the received vectors (FedAvg)."""
 
     name = "none"
     needs_per_user_vectors = False
     private = False
 
-    def owner_contribution(self, G: torch.Tensor) -> OwnerContribution:
-        return OwnerContribution(G.sum(0), int(G.shape[0]), 0)
+    def __init__(self, sampling: Sampling | None = None) -> None:
+        self.sampling = sampling or Sampling(1.0, 1)
 
-    def release(self, total: torch.Tensor, count: int, *, rng: torch.Generator | None = None,
-                clipped: int = 0) -> Aggregate:
-        mean = total / max(count, 1)
-        return Aggregate(mean=mean, users_used=count, diagnostics={"cohort": count})
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "MeanAggregator":
+        return cls(sampling)
 
-    def __call__(self, G: torch.Tensor, *, rng: torch.Generator | None = None) -> Aggregate:
-        c = self.owner_contribution(G)
-        return self.release(c.clipped_sum, c.count)
+    @property
+    def constraint(self) -> Constraint:
+        return Constraint(rows=False, clip=None)
 
-    def dp_event(self, sampling: Sampling | None = None) -> dp_accounting.DpEvent:
+    def release(self, c: Contribution, *, rng: torch.Generator | None = None) -> Aggregate:
+        return Aggregate(mean=c.total / max(c.count, 1), users_used=c.count,
+                         diagnostics={"cohort": c.count})
+
+    def dp_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.NonPrivateDpEvent()

@@ -48,8 +48,10 @@ import math
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import Aggregate, Sampling
-from fedudp.privacy.accountant import ApproxDp
+from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, pad_to_population,
+                                     records_per_unit, register, require_dim, require_replace_one)
+from fedudp.config import Accounting, Calibration, ConfigError, RunConfig
+from fedudp.privacy.accountant import ApproxDp, calibrate_noise_multiplier, schedule_epsilon
 from fedudp.privacy.mechanisms import AboveThreshold, laplace
 
 SCORE_SENSITIVITY = 2.0
@@ -128,18 +130,28 @@ def paper_sigma(tau: float, n: int, eps: float, delta: float, rounds: int) -> fl
     return math.sqrt(var)
 
 
-def _pad_rows(G: torch.Tensor, n: int) -> torch.Tensor:
-    if G.shape[0] < n:
-        G = torch.cat([G, G.new_zeros(n - G.shape[0], G.shape[1])])
-    return G
+def filter_tau(cfg: RunConfig, sampling: Sampling, rounds: int) -> float:
+    """[ASI] §4.3 practical default τ = κ G sqrt(log(2nT/γ)/m) with κ = 1, G = estimator.bound
+    (ALGORITHMS.md §4.2), unless ``estimator.tau`` is given."""
+    e = cfg.estimator
+    if e.tau is not None:
+        return e.tau
+    return e.bound * math.sqrt(math.log(2 * sampling.population * rounds / e.beta)
+                               / records_per_unit(cfg))
 
 
-class _FilterGaussian:
+def paper_sensitivity(tau: float, n: int, eps: float, delta: float, rounds: int) -> float:
+    """[ASI] Lemma 3.5 read with constant 1: Δ = τ log(1/ζ')/n, ζ' = δ/(2(e^ε + 1 + T))."""
+    zeta = delta / (2 * (math.exp(eps) + 1 + rounds))
+    return tau * math.log(1 / zeta) / n
+
+
+class _FilterGaussian(RowsAggregator):
     """Shared body: friend counts, filter, Gaussian noise of std ``noise_std`` per coordinate."""
 
-    needs_per_user_vectors = True
-    private = True
-    adjacency = "replace_one"
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        require_replace_one(cfg, cls.name)
 
     def __init__(self, tau: float, noise_multiplier: float, delta_sens: float,
                  sampling: Sampling, min_users_required: int) -> None:
@@ -156,7 +168,7 @@ class _FilterGaussian:
 
     def _filtered(self, G: torch.Tensor, rng: torch.Generator):
         n = self.sampling.population
-        V = _pad_rows(G, n)
+        V = pad_to_population(G, n)
         counts = friend_counts(V, (self.tau, 2 * self.tau))
         score = concentration_score(counts[0])
         p = keep_probabilities(counts[1], n)
@@ -174,6 +186,7 @@ class _FilterGaussian:
                 "min_users_required": self.min_users_required}
 
 
+@register
 class OutlierRemovalAggregator(_FilterGaussian):
     """``aggregator=outlier_removal``: [ASI] Alg. 2, one AboveThreshold across all rounds."""
 
@@ -188,7 +201,40 @@ class OutlierRemovalAggregator(_FilterGaussian):
         self.at: AboveThreshold | None = None
         self.halted_at: int | None = None
 
-    def __call__(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "OutlierRemovalAggregator":
+        """ε/2 for the one AboveThreshold, ε/2 (at δ/2) for the T Gaussian releases, δ/4 for AT
+        passing a non-concentrated query, δ/4 for the coupling's ζ over T rounds."""
+        require_dim(dim, cls.name)
+        p, tau = cfg.privacy, filter_tau(cfg, sampling, rounds)
+        n, eps, delta = sampling.population, p.epsilon, p.delta
+        eps_at = eps / 2
+        need = min_users_at(eps_at, rounds, delta / 4)
+        if n < need:
+            raise ConfigError(
+                f"partition: aggregator=outlier_removal needs n >= {need} users (7.5 α_AT for "
+                f"AboveThreshold at ε/2={eps_at:g}, T={rounds}, failure δ/4) for its privacy "
+                f"proof; got n={n}. Raise users or privacy.epsilon, or use aggregator=gaussian")
+        paper = Accounting(p.accounting) == Accounting.paper
+        sens = (paper_sensitivity(tau, n, eps, delta, rounds) if paper
+                else sensitivity(tau, n, delta / (4 * rounds)))
+        if Calibration(p.calibration) == Calibration.closed_form:
+            z = paper_sigma(tau, n, eps, delta, rounds) / sens
+            got = eps_at + schedule_epsilon(dp_accounting.GaussianDpEvent, z, rounds, delta / 2)
+            if got > eps * (1 + 1e-6):
+                raise ConfigError(
+                    f"privacy.calibration=closed_form: the paper's σ certifies ε={got:.3g} > "
+                    f"privacy.epsilon={eps:g} with the explicit sensitivity 30τK/n; use "
+                    "privacy.accounting=paper (heuristic) or privacy.calibration=accountant")
+        else:
+            z = calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, eps - eps_at,
+                                           delta / 2, rounds)
+        agg = cls(tau, z, sens, sampling, eps_at, rounds, delta / 2, need)
+        agg.guarantee = "heuristic" if paper else "certified"
+        return agg
+
+    def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         if self.at is None:                       # one instance: the threshold drawn once
             seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng))
             self.at = AboveThreshold(4 * self.sampling.population / 5, self.eps_at,
@@ -205,7 +251,7 @@ class OutlierRemovalAggregator(_FilterGaussian):
         return Aggregate(mean=self._noisy(mean, rng), users_used=kept,
                          diagnostics=self._diag(G, score, kept, True))
 
-    def dp_event(self, sampling: Sampling | None = None) -> dp_accounting.DpEvent:
+    def dp_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
 
     def one_off_event(self) -> ApproxDp:
@@ -213,6 +259,7 @@ class OutlierRemovalAggregator(_FilterGaussian):
         return ApproxDp(self.eps_at, self.delta_reserved)
 
 
+@register
 class FriendlyCoreAggregator(_FilterGaussian):
     """``aggregator=friendlycore``: the FriendlyCore filter as its own per-round estimator.
 
@@ -242,9 +289,43 @@ class FriendlyCoreAggregator(_FilterGaussian):
     def check_scale(self) -> float:
         return self.check_multiplier * MASS_SENSITIVITY
 
-    def __call__(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        super().check_config(cfg)
+        if Calibration(cfg.privacy.calibration) == Calibration.closed_form:
+            raise ConfigError("privacy.calibration=closed_form: aggregator=friendlycore has no "
+                              "seed closed form (FriendlyCore is not one of the seeds); use accountant")
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "FriendlyCoreAggregator":
+        """Laplace mass check (noise multiplier b = z) + Gaussian (z) per round, composed with
+        dp-accounting at δ/2; the rest of δ covers the failure terms."""
+        require_dim(dim, cls.name)
+        p, tau = cfg.privacy, filter_tau(cfg, sampling, rounds)
+        n, eps, delta = sampling.population, p.epsilon, p.delta
+        paper = Accounting(p.accounting) == Accounting.paper
+        sens = (paper_sensitivity(tau, n, eps, delta, rounds) if paper
+                else friendlycore_sensitivity(tau, n, delta / (4 * rounds)))
+        z = calibrate_noise_multiplier(lambda z: friendlycore_round_event(z, z), eps, delta / 2,
+                                       rounds)
+        need = n
+        while rounds * friendlycore_failure(need, z) <= delta / 4 and need > 1:
+            need = max(1, need // 2)
+        while rounds * friendlycore_failure(need, z) > delta / 4:
+            need += max(1, need // 64)
+        if n < need:
+            raise ConfigError(
+                f"partition: aggregator=friendlycore needs n >= {need} units so that a release "
+                f"with a small kept set has probability <= δ/(4T) (mass check multiplier "
+                f"{z:.3g}); got n={n}. Raise users or privacy.epsilon")
+        agg = cls(tau, z, sens, sampling, z, delta / 2, need)
+        agg.guarantee = "heuristic" if paper else "certified"
+        return agg
+
+    def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        V = _pad_rows(G, n)
+        V = pad_to_population(G, n)
         counts = friend_counts(V, (2 * self.tau,))
         p = friendly_keep_probabilities(counts[0], n)
         mass = float(p.sum())
@@ -259,7 +340,7 @@ class FriendlyCoreAggregator(_FilterGaussian):
         return Aggregate(mean=self._noisy(mean, rng), users_used=kept,
                          diagnostics=diag | {"kept_fraction": kept / n, "concentration_check_failed": False})
 
-    def dp_event(self, sampling: Sampling | None = None) -> dp_accounting.DpEvent:
+    def dp_event(self) -> dp_accounting.DpEvent:
         return friendlycore_round_event(self.noise_multiplier, self.check_multiplier)
 
     def one_off_event(self) -> ApproxDp:

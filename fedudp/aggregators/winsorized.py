@@ -32,8 +32,12 @@ import math
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import Aggregate, Sampling
-from fedudp.privacy.mechanisms import RandomRotation, exponential_mechanism, laplace, pure_dp_event
+from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, pad_to_population, records_per_unit,
+                                     register, require_dim, require_replace_one)
+from fedudp.config import Calibration, RunConfig
+from fedudp.privacy.accountant import calibrate_noise_multiplier
+from fedudp.privacy.mechanisms import (RandomRotation, exponential_mechanism, laplace, next_pow2,
+                                      pure_dp_event, rotated_coordinate_radius)
 
 
 def private_range(X: torch.Tensor, tau: float, bound: float, eps: float, *,
@@ -125,13 +129,11 @@ def default_tau(bound: float, n: int, m: int, gamma: float) -> float:
     return bound * math.sqrt(math.log(2 * n / gamma) / (2 * m))
 
 
-class WinsorizedAggregator:
+@register
+class WinsorizedAggregator(RowsAggregator):
     """``aggregator=winsorized``: WinsorizedMeanHighD on the billboard (see module docstring)."""
 
     name = "winsorized"
-    needs_per_user_vectors = True
-    private = True
-    adjacency = "replace_one"
     accountant = "dp_accounting.RdpAccountant (ZCDpEvent for the exponential mechanism)"
 
     def __init__(self, dim: int, tau: float, bound: float, eps_coord: float, sampling: Sampling,
@@ -140,19 +142,40 @@ class WinsorizedAggregator:
         if sampling.rate < 1.0:
             raise ValueError("aggregator=winsorized is replace-one with a public n: it needs "
                              "train.sampling_rate=1 (no amplification claimed)")
-        self.dim, self.dp = int(dim), 1 << max(0, (int(dim) - 1).bit_length())
+        self.dim, self.dp = int(dim), next_pow2(int(dim))
         self.tau, self.bound, self.eps_coord = float(tau), float(bound), float(eps_coord)
         self.sampling, self.gamma, self.h = sampling, float(gamma), float(halfwidth_factor)
         n = sampling.population
-        self.tau_coord = 10 * self.tau * math.sqrt(math.log(max(self.dp * n / gamma, 2.0)) / self.dp)
+        self.tau_coord = rotated_coordinate_radius(self.tau, self.dp, n, gamma)
         self.min_users_required = min_users_required
         self.noise_multiplier = 2.0 / self.eps_coord      # Laplace scale / sensitivity
 
-    def __call__(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        require_replace_one(cfg, cls.name)
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "WinsorizedAggregator":
+        """τ from [LEVY] Corollary 1 unless given; the per-coordinate ε' from the accountant
+        (PrivateRange as ZCDpEvent + Laplace, RDP) or the paper's closed form."""
+        require_dim(dim, cls.name)
+        p, e = cfg.privacy, cfg.estimator
+        n, coords = sampling.population, next_pow2(dim)
+        tau = e.tau if e.tau is not None else default_tau(e.bound, n, records_per_unit(cfg), e.beta)
+        if Calibration(p.calibration) == Calibration.closed_form:
+            eps_coord = closed_form_eps_coord(p.epsilon, p.delta, rounds, coords)
+        else:
+            z = calibrate_noise_multiplier(lambda z: winsorized_round_event(1.0 / z, coords),
+                                           p.epsilon, p.delta, rounds)
+            eps_coord = 1.0 / z
+        agg = cls(dim, tau, e.bound, eps_coord, sampling, gamma=e.beta)
+        agg.min_users_required = min_users(coords, eps_coord, e.bound, agg.tau_coord, e.beta)
+        return agg
+
+    def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        X = G.to(torch.float64)
-        if X.shape[0] < n:                                # missing units: zero vectors
-            X = torch.cat([X, X.new_zeros(n - X.shape[0], X.shape[1])])
+        X = pad_to_population(G.to(torch.float64), n)
         rot = RandomRotation(self.dim, rng=rng)
         Y = rot.rotate(X)
         # per rotated coordinate |Y_j| <= ||X||_2 <= B (the l2 bound), ALGORITHMS.md §2.3
@@ -166,7 +189,7 @@ class WinsorizedAggregator:
                         min_users_required=self.min_users_required)
         return Aggregate(mean=mean, users_used=int(G.shape[0]), diagnostics=info)
 
-    def dp_event(self, sampling: Sampling | None = None) -> dp_accounting.DpEvent:
+    def dp_event(self) -> dp_accounting.DpEvent:
         return winsorized_round_event(self.eps_coord, self.dp)
 
 

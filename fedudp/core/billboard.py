@@ -9,16 +9,15 @@ owner's personal parameters are joint-DP with respect to the other owners' data.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from fedudp.aggregators.base import Aggregate, Aggregator, Sampling
+from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
+from fedudp.core.messages import OwnerReply
 from fedudp.privacy.accountant import Accountant, Ledger, LedgerEntry, pld_interval
-
-PURPOSE_SAMPLE = 11
-PURPOSE_NOISE = 12
+from fedudp.randomness import Purpose, numpy_rng, torch_generator
 
 
 class Billboard:
@@ -37,11 +36,10 @@ class Billboard:
         self.target_epsilon = target_epsilon
         self.delta = delta
         self.accountant = Accountant(pld_interval(target_epsilon)) if aggregator.private else None
-        self.event = aggregator.dp_event(sampling) if aggregator.private else None
+        self.event = aggregator.dp_event() if aggregator.private else None
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
         # probabilities that enter δ, ALGORITHMS.md §4.2): composed up front, conservatively
-        once = getattr(aggregator, "one_off_event", None) if aggregator.private else None
-        self.one_off = once() if once is not None else None
+        self.one_off = aggregator.one_off_event() if aggregator.private else None
         if self.one_off is not None:
             self.accountant.compose(self.one_off)
             ledger.extra["one_off_event"] = str(self.one_off)
@@ -64,12 +62,10 @@ class Billboard:
         q = self.sampling.rate
         if q >= 1.0:
             return np.ones(self.sampling.population, dtype=bool)
-        rng = np.random.default_rng([self.seed, PURPOSE_SAMPLE, round_])
-        return rng.random(self.sampling.population) < q
+        return numpy_rng(self.seed, Purpose.SAMPLE, round_).random(self.sampling.population) < q
 
     def noise_generator(self, round_: int) -> torch.Generator:
-        seq = np.random.SeedSequence([self.seed, PURPOSE_NOISE, round_])
-        return torch.Generator().manual_seed(int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+        return torch_generator(self.seed, Purpose.NOISE, round_)
 
     def epsilon_after_round(self) -> float | None:
         """Epsilon if this round's release were composed now (None for non-private runs)."""
@@ -81,33 +77,22 @@ class Billboard:
         eps = self.epsilon_after_round()
         return eps is None or self.target_epsilon is None or eps <= self.target_epsilon * (1 + 1e-9)
 
-    def _commit(self, agg: Aggregate, round_: int, step_shared: bool = True) -> None:
+    def release(self, replies: Sequence[OwnerReply], round_: int) -> Aggregate:
+        """Merge the owners' contributions (rows or clipped sums, as the aggregator's constraint
+        asked), release, compose the event into the ledger and step the shared parameters.
+        A halted estimator (AboveThreshold said stop) still released its answer: composed,
+        but the shared parameters do not move."""
+        c = Contribution.merge([r.contribution for r in replies], self.dim, self.u.dtype,
+                               self.aggregator.needs_per_user_vectors)
+        agg = self.aggregator.release(c, rng=self.noise_generator(round_))
         eps = eps_rdp = None
         if self.accountant is not None:
             self.accountant.compose(self.event)
             eps = self.accountant.epsilon(self.delta)
             eps_rdp = self.accountant.epsilon_rdp(self.delta)
-        z = getattr(self.aggregator, "noise_multiplier", None)
-        std = getattr(self.aggregator, "noise_std", None)
-        self.ledger.entries.append(LedgerEntry(round_, str(self.event), z, std,
-                                               self.sampling.rate, eps, eps_rdp))
-        if not step_shared:
-            return
-        step = agg.mean.to(self.u.dtype)
-        if self.mode == "delta":
-            self.u = self.u + self.server_lr * step
-        else:
-            self.u = self.u - self.server_lr * step
-
-    def release_sums(self, total: torch.Tensor, count: int, clipped: int, round_: int) -> Aggregate:
-        """Aggregators without per-unit needs: owners sent sums of clipped vectors + counts."""
-        agg = self.aggregator.release(total, count, rng=self.noise_generator(round_), clipped=clipped)
-        self._commit(agg, round_)
-        return agg
-
-    def release_matrix(self, G: torch.Tensor, round_: int) -> Aggregate:
-        """Aggregators that need the cohort matrix G (n_units x d)."""
-        agg = self.aggregator(G, rng=self.noise_generator(round_))
-        # a halted estimator (AboveThreshold said stop) still released its answer: compose it
-        self._commit(agg, round_, step_shared=not agg.halted)
+        self.ledger.entries.append(LedgerEntry(round_, str(self.event), self.aggregator.noise_multiplier,
+                                               self.aggregator.noise_std, self.sampling.rate, eps, eps_rdp))
+        if not agg.halted:
+            step = agg.mean.to(self.u.dtype)
+            self.u = self.u + self.server_lr * step if self.mode == "delta" else self.u - self.server_lr * step
         return agg

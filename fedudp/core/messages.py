@@ -1,8 +1,9 @@
 """What crosses the owner -> billboard boundary (ARCHITECTURE.md §3 rules).
 
 An ``OwnerReply`` carries shared-parameter vectors only: ``param_names`` lists the shared
-parameters the vectors concatenate (in order); personal parameters have no field here.
-Engines build replies with ``make_reply`` and the billboard consumes nothing else.
+parameters the vectors concatenate (in order), ``contribution`` the rows or the clipped sum the
+aggregator's ``Constraint`` asked for; personal parameters have no field here. Owners build
+replies with ``make_reply`` and the billboard consumes nothing else.
 """
 from __future__ import annotations
 
@@ -10,27 +11,41 @@ from dataclasses import dataclass
 
 import torch
 
-from fedudp.aggregators.base import finite_rows
+from fedudp.aggregators.base import Constraint, Contribution, finite_rows
+
+
+class OwnerFailure(Exception):
+    """An owner could not take part in a round (its infrastructure, not a bug in fedudp): the
+    billboard excludes it from that round's release and records the reason. The message
+    carries ``TAG`` so that the billboard recognizes it in a Flower error reply."""
+
+    TAG = "[fedudp.OwnerFailure]"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{self.TAG} {reason}")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An owner excluded from a round: ``units`` of its sampled units did not contribute."""
+
+    owner: int
+    units: int
+    reason: str
 
 
 @dataclass
 class OwnerReply:
     param_names: tuple[str, ...]
-    vectors: torch.Tensor | None        # [n_units, d] when the aggregator needs rows
-    clipped_sum: torch.Tensor | None    # [d] otherwise (sum of the units' clipped vectors)
-    count: int                          # units that contributed
-    clipped: int                        # of which clipped (diagnostic)
-    failed: int                         # units excluded for NaN/inf (diagnostic)
+    contribution: Contribution
+    failed: int = 0        # units excluded on the owner for a NaN/inf vector (diagnostic)
 
 
-def make_reply(G: torch.Tensor, names: tuple[str, ...], aggregator) -> OwnerReply:
-    """Drop non-finite rows (they contribute zero; ALGORITHMS.md §7.2), then either keep the
-    rows or reduce them to the aggregator's owner-side contribution."""
+def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint) -> OwnerReply:
+    """Drop non-finite rows (they contribute zero; ALGORITHMS.md §7.2), then apply the
+    aggregator's owner-side constraint (rows, or the sum of clipped rows and a count)."""
     ok = finite_rows(G)
     failed = int((~ok).sum())
     if failed:
         G = G[ok]
-    if aggregator.needs_per_user_vectors:
-        return OwnerReply(names, G, None, int(G.shape[0]), 0, failed)
-    c = aggregator.owner_contribution(G)
-    return OwnerReply(names, None, c.clipped_sum, c.count, c.clipped, failed)
+    return OwnerReply(names, constraint.apply(G), failed)

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch.nn as nn
-
 from fedudp.config import Accounting, ConfigError, Method, RunConfig, Unit
-from fedudp.models.split import ParamSplit, split_by_patterns
+from fedudp.models.split import ParamSplit, SplitModel, split_by_patterns
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class MethodSpec:
         return self.split.personal
 
 
-def method_spec(cfg: RunConfig, model: nn.Module) -> MethodSpec:
+def method_spec(cfg: RunConfig, model: SplitModel) -> MethodSpec:
     m = Method(cfg.method)
     names = tuple(n for n, _ in model.named_parameters())
     unit = Unit(cfg.privacy.unit)
@@ -51,7 +49,7 @@ def method_spec(cfg: RunConfig, model: nn.Module) -> MethodSpec:
         private = m == Method.full_dp
         return MethodSpec(m, ParamSplit(names, ()), private, True, False, release_unit,
                           "certified" if private else "none")
-    patterns = list(cfg.model.personal) or list(getattr(model, "default_personal", ()))
+    patterns = list(cfg.model.personal) or list(model.default_personal)
     if not patterns:
         raise ConfigError("model.personal: joint_dp needs at least one personal parameter pattern")
     split = split_by_patterns(model, patterns)

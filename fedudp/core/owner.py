@@ -1,227 +1,184 @@
-"""Owner-side math, vectorized over units with ``torch.func`` (ARCHITECTURE.md §3, §5).
+"""THE owner-side computation, written once for both engines (ARCHITECTURE.md §3, §5).
 
-A *unit* here is a set of contiguous records trained as one: a user (for the per-user shared
-vectors the billboard aggregates) or a whole owner (for its personal-parameter update, or
-per_silo training). Every unit runs its own plain minibatch SGD trajectory; ``vmap`` runs
-many trajectories at once, padding shorter units with masked records. A masked step has
-zero gradient, so a unit of ``n`` records takes exactly ``ceil(n / batch)`` real steps per
-epoch, the same steps a per-unit Python loop takes: the engine-equivalence test relies on it.
+Huang et al. (001) Alg. 1 / §4, the owner's step of a round: update the personal parameters on
+all of the owner's records without noise (they never leave the owner), then compute, for each
+sampled user, the average gradient (or the local delta after E epochs) on the *shared*
+parameters, and reply with what the aggregator's ``Constraint`` asks for (rows, or the sum of
+clipped rows and a count). With ``privacy.unit=owner`` an owner's unit vector is the mean of
+all its users' vectors.
 
-Randomness (batch order) is a pure function of (seed, round, epoch, purpose, owner), so the
-result does not depend on how units are chunked, on the engine, or on scheduling order.
-
-Huang et al. (001) Alg. 1 / §4: each sampled user's vector is the average gradient (or the
-local delta after E epochs) on the *shared* parameters; the personal parameters are updated
-on the owner's own records without noise and never leave the owner.
+``Owners`` works on any group of owners held as a ``Federation``: ``engine=local`` passes the
+whole federation (owners batched with ``vmap`` in chunks of ``engine_opts.chunk_records``
+records), a Flower ``ClientApp`` its own one-owner shard (``Federation.owner(j)``). Personal
+parameters are stacked ``[owners here, ...]``. Batch orders are keyed by the global owner id,
+so both engines compute the same vectors. A new owner-side training mode belongs here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator
 
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
-Params = dict[str, torch.Tensor]
+from fedudp.aggregators.base import Constraint, Contribution
+from fedudp.config import RunConfig, SharedUpdate, Unit
+from fedudp.core import local_sgd
+from fedudp.core.messages import OwnerReply, make_reply
+from fedudp.core.methods import MethodSpec, method_spec
+from fedudp.data.federation import Federation, planned_shape
+from fedudp.randomness import Purpose
 
-PURPOSE_USER_ORDER = 1
-PURPOSE_PERSONAL_ORDER = 2
-
-
-@dataclass(frozen=True)
-class LocalSpec:
-    """How units train locally (public hyperparameters)."""
-
-    seed: int
-    lr: float
-    batch_size: int
-    epochs: int
+Params = local_sgd.Params
 
 
 @dataclass(frozen=True)
-class Units:
-    """Units as record ranges: unit i owns records ``starts[i] .. starts[i] + sizes[i]``.
+class OwnerTraining:
+    """Public hyperparameters of the owner side: users' local SGD (``user``), the personal
+    update (``personal``), and whether a user's vector is its ``delta`` or mean ``gradient``."""
 
-    ``starts`` index the record arrays passed alongside (global or one owner's shard).
-    ``owners`` is each unit's owner id; ``owner_starts`` the index of that owner's first
-    record in the same arrays (the batch-order keys are drawn per owner).
-    """
+    user: local_sgd.LocalSpec
+    personal: local_sgd.LocalSpec
+    mode: str
 
-    starts: np.ndarray
-    sizes: np.ndarray
-    owners: np.ndarray
-    owner_starts: np.ndarray
-    owner_sizes: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def subset(self, sel: np.ndarray) -> "Units":
-        return Units(self.starts[sel], self.sizes[sel], self.owners[sel],
-                     self.owner_starts[sel], self.owner_sizes[sel])
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "OwnerTraining":
+        t = cfg.train
+        return cls(local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.local_epochs),
+                   local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.resolved_personal_epochs()),
+                   SharedUpdate(t.shared_update).value)
 
 
-def epoch_keys(seed: int, round_: int, epoch: int, purpose: int, owner: int, n: int) -> np.ndarray:
-    """Sort keys for one owner's ``n`` records in one epoch (public randomness)."""
-    return np.random.default_rng([seed, purpose, round_, epoch, owner]).random(n)
+def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
+    lo = fed.user_owner[users]
+    oo = fed.owner_offsets
+    return local_sgd.Units(fed.user_offsets[users], np.diff(fed.user_offsets)[users], fed.owner_ids[lo],
+                   oo[lo], np.diff(oo)[lo])
 
 
-def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: int) -> np.ndarray:
-    """Per unit and epoch, its records in visiting order, padded with -1: [U, E, L]."""
-    L = int(units.sizes.max()) if len(units) else 0
-    U = len(units)
-    out = np.full((U, spec.epochs, L), -1, dtype=np.int64)
-    if U == 0 or L == 0:
-        return out
-    col = np.arange(L)[None, :]
-    valid = col < units.sizes[:, None]
-    idx = units.starts[:, None] + np.minimum(col, units.sizes[:, None] - 1)  # absolute
-    rel = idx - units.owner_starts[:, None]                                   # within owner
-    owners = np.unique(units.owners)
-    for e in range(spec.epochs):
-        keys = np.full((U, L), np.inf)
-        for o in owners:
-            rows = np.flatnonzero(units.owners == o)
-            k = epoch_keys(spec.seed, round_, e, purpose, int(o), int(units.owner_sizes[rows[0]]))
-            keys[rows] = np.where(valid[rows], k[rel[rows]], np.inf)
-        order = np.argsort(keys, axis=1, kind="stable")
-        out[:, e] = np.where(np.take_along_axis(valid, order, 1), np.take_along_axis(idx, order, 1), -1)
-    return out
+def owner_units(fed: Federation, owners: np.ndarray) -> local_sgd.Units:
+    oo = fed.owner_offsets
+    starts, sizes = oo[owners], np.diff(oo)[owners]
+    return local_sgd.Units(starts, sizes, fed.owner_ids[owners], starts, sizes)
 
 
-def _loss(model: nn.Module, params: Mapping[str, torch.Tensor], xb: torch.Tensor,
-          yb: torch.Tensor, mb: torch.Tensor) -> torch.Tensor:
-    out = functional_call(model, dict(params), (xb,))
-    per = F.cross_entropy(out, yb, reduction="none")
-    return (per * mb).sum() / mb.sum().clamp(min=1.0)
+class Owners:
+    """The owner side of a run: model, shared/personal split, local training (see module doc)."""
 
+    def __init__(self, model: nn.Module, spec: MethodSpec, training: OwnerTraining, budget: int
+                 ) -> None:
+        self.model, self.spec, self.training, self.budget = model, spec, training, int(budget)
+        init = dict(model.named_parameters())
+        # x_pub: the public (seeded, data-independent) initial personal parameters
+        self.public_personal = {k: init[k].detach().clone() for k in spec.personal}
+        self.shared_dim = sum(int(init[k].numel()) for k in spec.shared)
+        self.dtype = next(iter(init.values())).dtype
 
-def local_sgd(model: nn.Module, trainable: Params, frozen_per_unit: Params, frozen_common: Params,
-              x: torch.Tensor, y: torch.Tensor, orders: np.ndarray, spec: LocalSpec) -> Params:
-    """Run each unit's SGD (``spec.epochs`` passes, batches of ``spec.batch_size``) at once.
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> "Owners":
+        """Model (seeded init, float64 in equivalence mode), method split and training from the
+        config alone: the billboard process and every Flower owner build the same."""
+        from fedudp.models import build_model
+        if cfg.engine_opts.threads:
+            torch.set_num_threads(cfg.engine_opts.threads)
+        model = build_model(cfg, *planned_shape(cfg))
+        if cfg.engine_opts.float64:
+            model = model.double()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return cls(model, method_spec(cfg, model), OwnerTraining.from_config(cfg),
+                   local_sgd.chunk_budget(cfg.engine_opts.chunk_records, model))
 
-    ``trainable`` and ``frozen_per_unit`` have a leading unit dimension; ``frozen_common``
-    is shared by all units. Returns the trained ``trainable``.
-    """
-    U, E, L = orders.shape
-    if U == 0 or L == 0:
-        return trainable
+    @property
+    def trains_personal(self) -> bool:
+        return bool(self.spec.personal) and self.training.personal.epochs > 0
 
-    def unit_loss(tr: Params, fr: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor):
-        return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
+    def initial_personal(self, owners: int) -> Params:
+        return {k: v.unsqueeze(0).expand(owners, *v.shape).clone()
+                for k, v in self.public_personal.items()}
 
-    g = vmap(grad(unit_loss), in_dims=(0, 0, 0, 0, 0))
-    b = spec.batch_size
-    steps = -(-L // b)
-    dtype = next(iter(trainable.values())).dtype
-    for e in range(E):
-        ord_e = torch.from_numpy(orders[:, e])
-        for s in range(steps):
-            idx = ord_e[:, s * b:(s + 1) * b]
-            mask = idx >= 0
-            if not bool(mask.any()):
-                continue
-            ic = idx.clamp(min=0)
-            grads = g(trainable, frozen_per_unit, x[ic], y[ic], mask.to(dtype))
-            trainable = {k: v - spec.lr * grads[k] for k, v in trainable.items()}
-    return trainable
+    def personal_round(self, fed: Federation, shared: Params, personal: Params, round_: int
+                       ) -> Params:
+        """Every owner's personal parameters after its epochs of SGD on all its records, the
+        shared parameters fixed at the broadcast. No noise: they never leave the owner."""
+        if not self.trains_personal:
+            return personal
+        spec = self.training.personal
+        units = owner_units(fed, np.arange(fed.num_owners))
+        new = {k: v.clone() for k, v in personal.items()}
+        for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):
+            orders = local_sgd.batch_orders(units.subset(sel), spec, round_, Purpose.PERSONAL_ORDER)
+            out = local_sgd.local_sgd(self.model, local_sgd.select(personal, sel), {}, dict(shared), fed.x, fed.y,
+                              orders, spec)
+            for k in new:
+                new[k][torch.from_numpy(sel)] = out[k].detach()
+        return new
 
+    def user_vectors(self, fed: Federation, shared: Params, personal: Params, users: np.ndarray,
+                     round_: int) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+        """(users, [len, d_shared]) chunks of the users' shared vectors at the broadcast.
 
-def mean_gradients(model: nn.Module, trainable: Params, frozen_per_unit: Params,
-                   frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
-                   units: Units) -> Params:
-    """Each unit's average gradient over all its records, w.r.t. ``trainable`` ([U, ...])."""
-    U, L = len(units), int(units.sizes.max()) if len(units) else 0
-    col = np.arange(L)[None, :]
-    mask = torch.from_numpy(col < units.sizes[:, None])
-    idx = torch.from_numpy(units.starts[:, None] + np.minimum(col, units.sizes[:, None] - 1))
+        ``delta``: the change of the shared parameters after the user's epochs of SGD on its own
+        records; ``gradient``: its average gradient. Personal parameters are frozen at the
+        public copy (certified joint_dp, option (c) of ALGORITHMS.md §3.2) or, with
+        ``spec.feedback`` (paper mode, owner level), at the user's owner's own parameters.
+        """
+        spec, names = self.training.user, self.spec.shared
+        units = user_units(fed, users)
+        delta = self.training.mode == SharedUpdate.delta.value
+        feedback = self.spec.feedback and bool(self.spec.personal)
+        for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size if delta else None):
+            sub = units.subset(sel)
+            fr_unit = local_sgd.select(personal, fed.user_owner[users[sel]]) if feedback else {}
+            fr_common = {} if feedback else dict(self.public_personal)
+            start = local_sgd.expand(shared, len(sub))
+            if delta:
+                orders = local_sgd.batch_orders(sub, spec, round_, Purpose.USER_ORDER)
+                end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec)
+                G = local_sgd.flatten(end, names) - local_sgd.flatten(start, names)
+            else:
+                G = local_sgd.flatten(local_sgd.mean_gradients(self.model, start, fr_unit, fr_common, fed.x, fed.y,
+                                               sub), names)
+            yield users[sel], G.detach()
 
-    def unit_loss(tr, fr, xb, yb, mb):
-        return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
+    def unit_vectors(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
+                     round_: int) -> Iterator[torch.Tensor]:
+        """Row chunks for the billboard's sampled ``units`` of this federation: users, or with
+        ``privacy.unit=owner`` owners (each the mean of all its users' vectors)."""
+        if self.spec.unit != Unit.owner:
+            for _, G in self.user_vectors(fed, shared, personal, units, round_):
+                yield G
+            return
+        if not len(units):
+            return
+        ou = fed.owner_user_offsets
+        users = np.concatenate([np.arange(ou[j], ou[j + 1]) for j in units])
+        row = np.full(fed.num_owners, -1, dtype=np.int64)
+        row[units] = np.arange(len(units))
+        sums = torch.zeros(len(units), self.shared_dim, dtype=self.dtype)
+        for us, G in self.user_vectors(fed, shared, personal, users, round_):
+            sums.index_add_(0, torch.from_numpy(row[fed.user_owner[us]]), G.to(sums.dtype))
+        counts = torch.from_numpy(np.diff(ou)[units]).to(sums.dtype)
+        yield sums / counts.clamp(min=1).unsqueeze(1)
 
-    dtype = next(iter(trainable.values())).dtype
-    return vmap(grad(unit_loss), in_dims=(0, 0, 0, 0, 0))(
-        trainable, frozen_per_unit, x[idx], y[idx], mask.to(dtype))
+    def reply(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
+              round_: int, constraint: Constraint) -> OwnerReply:
+        """The owners' reply for their sampled ``units``: shared parts only, constrained chunk
+        by chunk (the cohort matrix is never built when sums suffice)."""
+        parts = [make_reply(G, self.spec.shared, constraint)
+                 for G in self.unit_vectors(fed, shared, personal, units, round_)]
+        c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
+                               constraint.rows)
+        return OwnerReply(self.spec.shared, c, sum(p.failed for p in parts))
 
-
-def expand(params: Mapping[str, torch.Tensor], n: int) -> Params:
-    """Broadcast unbatched params to a leading unit dimension of size ``n`` (a copy)."""
-    return {k: v.unsqueeze(0).expand(n, *v.shape).clone() for k, v in params.items()}
-
-
-def flatten(params: Mapping[str, torch.Tensor], names: tuple[str, ...]) -> torch.Tensor:
-    """[U, d]: the named batched params of each unit, concatenated in ``names`` order."""
-    return torch.cat([params[k].reshape(params[k].shape[0], -1) for k in names], dim=1)
-
-
-def user_shared_vectors(model: nn.Module, shared: Params, personal_src: Params,
-                        personal_batched: bool, x: torch.Tensor, y: torch.Tensor,
-                        users: Units, spec: LocalSpec, mode: str, round_: int,
-                        names: tuple[str, ...]) -> torch.Tensor:
-    """[U, d_shared]: each user's shared-parameter vector at the broadcast ``shared``.
-
-    ``mode="delta"``: the change of the shared parameters after ``spec.epochs`` of SGD on
-    the user's own records (personal parameters frozen at ``personal_src``).
-    ``mode="gradient"``: the average gradient over the user's records.
-    ``personal_src`` is either one public copy (``personal_batched=False``: certified
-    joint_dp, option (c) of ALGORITHMS.md §3.2) or one row per user (paper mode: the owner's
-    own personal parameters, which is the heuristic feedback path).
-    """
-    U = len(users)
-    fr_unit = personal_src if personal_batched else {}
-    fr_common = {} if personal_batched else dict(personal_src)
-    start = expand(shared, U)
-    if mode == "gradient":
-        g = mean_gradients(model, start, fr_unit, fr_common, x, y, users)
-        return flatten(g, names)
-    orders = batch_orders(users, spec, round_, PURPOSE_USER_ORDER)
-    end = local_sgd(model, start, fr_unit, fr_common, x, y, orders, spec)
-    return flatten(end, names) - flatten(start, names)
-
-
-def personal_update(model: nn.Module, shared: Params, personal: Params, x: torch.Tensor,
-                    y: torch.Tensor, owners: Units, spec: LocalSpec, round_: int) -> Params:
-    """Owners' personal parameters ([O, ...]) after ``spec.epochs`` of SGD on all their records,
-    with the shared parameters fixed at the broadcast. No noise: they never leave the owner."""
-    if spec.epochs == 0 or not personal:
-        return personal
-    orders = batch_orders(owners, spec, round_, PURPOSE_PERSONAL_ORDER)
-    return local_sgd(model, personal, {}, dict(shared), x, y, orders, spec)
-
-
-@torch.no_grad()
-def evaluate_owners(model: nn.Module, shared: Params, personal: Params, x: torch.Tensor,
-                    y: torch.Tensor, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(accuracy, mean loss) of each owner on its test shard with its own personal params.
-
-    ``personal`` has a leading owner dimension (may be empty); ``offsets`` [O+1] delimit
-    the owners' test records in ``x``.
-    """
-    O = len(offsets) - 1
-    sizes = np.diff(offsets)
-    L = int(sizes.max()) if O else 0
-    if L == 0:
-        return np.full(O, np.nan), np.full(O, np.nan)
-    col = np.arange(L)[None, :]
-    valid = col < sizes[:, None]
-    idx = torch.from_numpy(offsets[:-1, None] + np.minimum(col, np.maximum(sizes[:, None] - 1, 0)))
-    mask = torch.from_numpy(valid)
-
-    def one(pers, xb):
-        return functional_call(model, {**shared, **pers}, (xb,))
-
-    logits = vmap(one, in_dims=(0, 0))(personal, x[idx]) if personal else \
-        functional_call(model, dict(shared), (x[idx].reshape(O * L, *x.shape[1:]),)).reshape(O, L, -1)
-    yy = y[idx]
-    correct = ((logits.argmax(-1) == yy) & mask).sum(1).double()
-    loss = (F.cross_entropy(logits.reshape(O * L, -1), yy.reshape(-1), reduction="none")
-            .reshape(O, L) * mask).sum(1).double()
-    n = torch.from_numpy(np.maximum(sizes, 1)).double()
-    acc = (correct / n).numpy()
-    los = (loss / n).numpy()
-    acc[sizes == 0] = np.nan
-    los[sizes == 0] = np.nan
-    return acc, los
+    def evaluate(self, fed: Federation, shared: Params, personal: Params
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(accuracy, loss) of each owner on its test shard with its own personal parameters."""
+        sizes = np.diff(fed.test_offsets)
+        acc, loss = np.zeros(fed.num_owners), np.zeros(fed.num_owners)
+        for sel in local_sgd.chunks(np.maximum(sizes, 1), max(self.budget, int(sizes.max(initial=1)))):
+            offs = fed.test_offsets[sel[0]:sel[-1] + 2]
+            acc[sel], loss[sel] = local_sgd.evaluate_owners(self.model, shared, local_sgd.select(personal, sel),
+                                                    fed.x_test, fed.y_test, offs)
+        return acc, loss

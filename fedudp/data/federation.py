@@ -11,27 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedudp.config import DatasetName, RunConfig, Scheme
-from fedudp.data import partition as P
+from fedudp.config import ConfigError, DatasetName, RunConfig, Scheme
+from fedudp.data import partition
 from fedudp.data.idx import load_idx_dataset
 from fedudp.data.synthetic import synthetic_pool
-
-
-@dataclass
-class OwnerData:
-    """One owner's shard: what a Flower ClientApp loads by partition id."""
-
-    owner: int
-    x: torch.Tensor
-    y: torch.Tensor
-    user_offsets: np.ndarray      # local: user k's records are x[user_offsets[k]:user_offsets[k+1]]
-    first_user: int               # global id of user 0 of this owner
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-    @property
-    def num_users(self) -> int:
-        return len(self.user_offsets) - 1
+from fedudp.randomness import Purpose, numpy_rng
 
 
 @dataclass
@@ -46,6 +30,11 @@ class Federation:
     test_offsets: np.ndarray
     num_classes: int
     owner_classes: list[np.ndarray] | None
+    owner_ids: np.ndarray | None = None   # global id of each owner here (None: 0..n-1)
+
+    def __post_init__(self) -> None:
+        if self.owner_ids is None:
+            self.owner_ids = np.arange(self.num_owners, dtype=np.int64)
 
     @property
     def num_owners(self) -> int:
@@ -73,12 +62,40 @@ class Federation:
     def owner_sizes(self) -> np.ndarray:
         return np.diff(self.owner_offsets)
 
-    def owner(self, j: int) -> OwnerData:
+    def owner(self, j: int) -> "Federation":
+        """Owner ``j``'s shard as a one-owner federation (what a Flower ClientApp holds)."""
         u0, u1 = self.owner_user_offsets[j], self.owner_user_offsets[j + 1]
         r0, r1 = self.user_offsets[u0], self.user_offsets[u1]
         t0, t1 = self.test_offsets[j], self.test_offsets[j + 1]
-        return OwnerData(j, self.x[r0:r1], self.y[r0:r1], self.user_offsets[u0:u1 + 1] - r0,
-                         int(u0), self.x_test[t0:t1], self.y_test[t0:t1])
+        return Federation(
+            x=self.x[r0:r1], y=self.y[r0:r1], user_offsets=self.user_offsets[u0:u1 + 1] - r0,
+            user_owner=np.zeros(u1 - u0, dtype=np.int64),
+            owner_user_offsets=np.array([0, u1 - u0], dtype=np.int64),
+            x_test=self.x_test[t0:t1], y_test=self.y_test[t0:t1],
+            test_offsets=np.array([0, t1 - t0], dtype=np.int64), num_classes=self.num_classes,
+            owner_classes=None if self.owner_classes is None else [self.owner_classes[j]],
+            owner_ids=self.owner_ids[j:j + 1].copy())
+
+    def to(self, dtype: torch.dtype) -> "Federation":
+        """Features in ``dtype`` (the model's), in place; returns self."""
+        self.x, self.x_test = self.x.to(dtype), self.x_test.to(dtype)
+        return self
+
+
+def planned_shape(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
+    """(input shape, classes) the configured dataset will have, known before loading it."""
+    d = cfg.dataset
+    if d.name == DatasetName.synthetic:
+        return (int(d.features),), int(d.classes)
+    return (1, 28, 28), 10
+
+
+def planned_units(cfg: RunConfig) -> tuple[int, int]:
+    """(owners, users) the partition will produce, known before loading the data: owner sizes
+    are floor/ceil(N/n) for every scheme, and owners are cut into users of records_per_user."""
+    sizes = partition.owner_sizes(cfg.dataset.num_records, cfg.partition.num_owners)
+    rpu = cfg.partition.records_per_user
+    return len(sizes), int(sum(-(-int(s) // rpu) for s in sizes))
 
 
 def _load_pool(cfg: RunConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
@@ -92,7 +109,8 @@ def _load_pool(cfg: RunConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     mean, std = tx.mean() / 255.0, tx.std() / 255.0
     norm = lambda a: ((a.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)[:, None]  # noqa: E731
     if d.num_records > len(tx):
-        raise ValueError(f"dataset.num_records={d.num_records} > {len(tx)} training records")
+        raise ConfigError(f"dataset.num_records: {d.num_records} records asked for, but {d.root} "
+                          f"holds {len(tx)} {DatasetName(d.name).value} training records")
     return norm(tx), ty.astype(np.int64), norm(vx), vy.astype(np.int64), 10
 
 
@@ -101,20 +119,20 @@ def build_federation(cfg: RunConfig) -> Federation:
     tx, ty, vx, vy, classes = _load_pool(cfg)
     part = cfg.partition
     n, N = part.num_owners, cfg.dataset.num_records
-    rng = np.random.default_rng([cfg.seed, 0xFA27])
+    rng = numpy_rng(cfg.seed, Purpose.PARTITION)
     test_per = part.test_per_owner or max(1, len(vy) // n)
     owner_classes = None
     if part.scheme == Scheme.paper_classes:
-        train, test, owner_classes = P.paper_classes(ty, vy, N, n, part.classes_per_owner,
+        train, test, owner_classes = partition.paper_classes(ty, vy, N, n, part.classes_per_owner,
                                                      classes, test_per, rng)
     elif part.scheme == Scheme.iid:
-        train, test = P.iid(len(ty), len(vy), N, n, min(test_per, len(vy) // n), rng)
+        train, test = partition.iid(len(ty), len(vy), N, n, min(test_per, len(vy) // n), rng)
     else:
-        train, test, _ = P.dirichlet(ty, vy, N, n, part.dirichlet_alpha, classes, test_per, rng)
+        train, test, _ = partition.dirichlet(ty, vy, N, n, part.dirichlet_alpha, classes, test_per, rng)
 
     rec_idx, user_offsets, user_owner, owner_user_offsets = [], [0], [], [0]
     for j, idx in enumerate(train):
-        users = P.assign_users(len(idx), part.records_per_user, rng)
+        users = partition.assign_users(len(idx), part.records_per_user, rng)
         order = np.argsort(users, kind="stable")
         rec_idx.append(idx[order])
         counts = np.bincount(users, minlength=users.max() + 1)

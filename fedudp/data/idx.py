@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedudp.config import DataError
+
 FILES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",
@@ -90,7 +92,7 @@ def _download(name: str, stem: str, dest: Path) -> Path:
             return target
         except Exception as e:  # noqa: BLE001 - report the last mirror's failure
             last = e
-    raise FileNotFoundError(f"could not download {stem}.gz for {name}: {last}")
+    raise DataError(f"dataset.download: could not download {stem}.gz for {name}: {last}")
 
 
 def load_idx_dataset(name: str, root: str | os.PathLike, download: bool = False
@@ -99,21 +101,25 @@ def load_idx_dataset(name: str, root: str | os.PathLike, download: bool = False
     if name not in MIRRORS:
         raise ValueError(f"dataset.name: unknown IDX dataset {name!r}")
     root = Path(root).expanduser()
-    arrays = {}
+    arrays, paths = {}, {}
     for key, stem in FILES.items():
         path = next((p for p in _candidates(root, name, stem) if p.is_file()), None)
         if path is None:
             if not download:
-                raise FileNotFoundError(
+                raise DataError(
                     f"dataset.root: {stem}(.gz) for {name} not found under {root} (looked in "
                     f"{root / name} and {root}); point dataset.root at the folder holding the IDX "
                     f"files or set dataset.download=true")
             path = _download(name, stem, root / name)
-        arrays[key] = parse_idx(_read(path))
-    if len(arrays["train_images"]) != len(arrays["train_labels"]):
-        raise ValueError(f"{name}: train images and labels differ in count")
-    if len(arrays["test_images"]) != len(arrays["test_labels"]):
-        raise ValueError(f"{name}: test images and labels differ in count")
+        try:
+            arrays[key] = parse_idx(_read(path))
+        except (ValueError, OSError, EOFError) as e:
+            raise DataError(f"{path}: {e}") from None
+        paths[key] = path
+    for split in ("train", "test"):
+        if len(arrays[f"{split}_images"]) != len(arrays[f"{split}_labels"]):
+            raise DataError(f"{paths[f'{split}_labels']}: {len(arrays[f'{split}_labels'])} labels "
+                            f"for {len(arrays[f'{split}_images'])} images in {paths[f'{split}_images']}")
     return arrays["train_images"], arrays["train_labels"], arrays["test_images"], arrays["test_labels"]
 
 
@@ -122,6 +128,6 @@ def check_available(name: str, root: str | os.PathLike, download: bool) -> None:
     root = Path(root).expanduser()
     for stem in FILES.values():
         if not any(p.is_file() for p in _candidates(root, name, stem)) and not download:
-            raise FileNotFoundError(
+            raise DataError(
                 f"dataset.root: {stem}(.gz) for {name} not found under {root}; point "
                 f"dataset.root at the folder holding the IDX files or set dataset.download=true")

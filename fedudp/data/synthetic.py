@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedudp.randomness import Purpose, numpy_rng
+
+TRAIN_SPLIT, TEST_SPLIT = 1, 2   # the two draws' stream keys (under the run seed)
+
 
 def synthetic_pool(features: int, classes: int, n_train: int, n_test: int, signal: float,
                    seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train_x float32 [n,features], train_y int64, test_x, test_y), all from ``seed``."""
-    rng = np.random.default_rng([seed, 0x5EED])
+    rng = numpy_rng(seed, Purpose.SYNTHETIC_TEACHER)
     teacher = rng.standard_normal((features, classes)) * signal / np.sqrt(features)
     bias = rng.standard_normal(classes) * 0.5
 
@@ -29,6 +33,6 @@ def synthetic_pool(features: int, classes: int, n_train: int, n_test: int, signa
         y = (p.cumsum(1) < u).sum(1).clip(max=classes - 1)
         return x.astype(np.float32), y.astype(np.int64)
 
-    tx, ty = draw(n_train, np.random.default_rng([seed, 1]))
-    vx, vy = draw(n_test, np.random.default_rng([seed, 2]))
+    tx, ty = draw(n_train, np.random.default_rng([seed, TRAIN_SPLIT]))
+    vx, vy = draw(n_test, np.random.default_rng([seed, TEST_SPLIT]))
     return tx, ty, vx, vy

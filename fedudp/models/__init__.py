@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from fedudp.config import ConfigError, ModelName, RunConfig
+from fedudp.models.split import SplitModel
 
 
-def build_model(cfg: RunConfig, input_shape: tuple[int, ...], classes: int) -> nn.Module:
+def build_model(cfg: RunConfig, input_shape: tuple[int, ...], classes: int) -> SplitModel:
     """The configured model, initialized from the run seed (public randomness)."""
     from fedudp.models.cnn import PaperCNN
     from fedudp.models.linear import SharedPersonalLogistic

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+
+from fedudp.models.split import SplitModel
 import torch.nn.functional as F
 
 PAPER_TABLE2_COUNTS = {"conv1": 416, "conv2": 12_832, "fc1": 17_248}
 
 
-class PaperCNN(nn.Module):
+class PaperCNN(SplitModel):
     default_personal = ("fc1.*",)
 
     def __init__(self, in_channels: int = 1, classes: int = 10, side: int = 28) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fedudp.models.split import SplitModel
+
 
 class PersonalOffset(nn.Module):
     def __init__(self, classes: int) -> None:
@@ -22,7 +24,7 @@ class PersonalOffset(nn.Module):
         return logits + self.bias
 
 
-class SharedPersonalLogistic(nn.Module):
+class SharedPersonalLogistic(SplitModel):
     default_personal = ("personal.*",)
 
     def __init__(self, features: int, classes: int) -> None:

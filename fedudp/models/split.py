@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch.nn as nn
 
 from fedudp.config import ConfigError
+
+
+class SplitModel(nn.Module):
+    """A fedudp model: declares which parameters joint_dp keeps personal by default
+    (fnmatch patterns over ``named_parameters()``; ``model.personal`` overrides them)."""
+
+    default_personal: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,16 @@ import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from fedudp.config import ConfigError
+
 ADJACENCY = "add_or_remove_one"
 _RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 # Noise multipliers beyond this are treated as "target unreachable" (the run would be noise).
 MAX_NOISE_MULTIPLIER = 1e4
 
 
-class BudgetError(ValueError):
-    """The target (epsilon, delta) cannot be met by the configured schedule."""
+class BudgetError(ConfigError):
+    """The target (epsilon, delta) cannot be met by the configured schedule (a user error)."""
 
 
 @dataclass(frozen=True)
@@ -156,21 +158,7 @@ class Accountant:
         return delta - b.delta, b.epsilon
 
     def _events_epsilon(self, event, delta: float, rdp_only: bool = False) -> float | None:
-        if event is None:
-            return 0.0
-        if delta <= 0:
-            return math.inf
-        if not rdp_only:
-            acc = _pld(self.pld_interval)
-            if acc.supports(event):
-                acc.compose(event)
-                return float(acc.get_epsilon(delta))
-        acc = _rdp()
-        if not acc.supports(event):
-            return None
-        with _quiet_absl():
-            acc.compose(event)
-            return float(acc.get_epsilon(delta))
+        return event_epsilon(event, delta, self.pld_interval, rdp_only)
 
     def epsilon(self, delta: float) -> float:
         """Epsilon at ``delta`` of everything composed so far: the events with PLD (RDP for
@@ -199,19 +187,32 @@ class Accountant:
         return float(self._events_epsilon(ev, d_ev)) + e_blk
 
 
+def event_epsilon(event: dp_accounting.DpEvent | None, delta: float, interval: float = 1e-4,
+                  rdp_only: bool = False) -> float | None:
+    """Epsilon of one (composed) event at ``delta``: PLD, or RDP for events PLD cannot
+    represent (or when ``rdp_only``); None if neither supports it, inf when delta <= 0."""
+    if event is None:
+        return 0.0
+    if delta <= 0:
+        return math.inf
+    if not rdp_only:
+        acc = _pld(interval)
+        if acc.supports(event):
+            acc.compose(event)
+            return float(acc.get_epsilon(delta))
+    acc = _rdp()
+    if not acc.supports(event):
+        return None
+    with _quiet_absl():
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+
 def schedule_epsilon(make_event: Callable[[float], dp_accounting.DpEvent], noise: float,
                      rounds: int, delta: float, interval: float = 1e-4) -> float:
     """Epsilon of ``rounds`` self-composed releases of ``make_event(noise)`` (PLD; RDP for
     events PLD cannot represent)."""
-    ev = dp_accounting.SelfComposedDpEvent(make_event(noise), rounds)
-    acc = _pld(interval)
-    if not acc.supports(ev):
-        acc = _rdp()
-        with _quiet_absl():
-            acc.compose(ev)
-            return float(acc.get_epsilon(delta))
-    acc.compose(ev)
-    return float(acc.get_epsilon(delta))
+    return event_epsilon(dp_accounting.SelfComposedDpEvent(make_event(noise), rounds), delta, interval)
 
 
 def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEvent],

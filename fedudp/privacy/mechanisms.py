@@ -132,6 +132,12 @@ def fwht(x: torch.Tensor, block_bits: int = 6) -> torch.Tensor:
     return y.reshape(*lead, d)
 
 
+def rotated_coordinate_radius(tau: float, d: int, n: int, alpha: float) -> float:
+    """[LEVY] Lemma 2: after the rotation (length d), n points within τ (l2) of a center lie
+    within 10 τ sqrt(log(d n/α)/d) of it per coordinate, with probability >= 1-α."""
+    return 10 * tau * math.sqrt(math.log(max(d * n / alpha, 2.0)) / d)
+
+
 class RandomRotation:
     """U = d'^{-1/2} H diag(omega), omega uniform in {±1}^{d'} ([LEVY] Alg. 2, ALGORITHMS.md §1.5).
 

@@ -1,0 +1,228 @@
+"""Local SGD and gradients, vectorized over units with ``torch.func`` (ARCHITECTURE.md §5).
+
+The math under the owner component (``fedudp.core.owner``); pure functions of tensors.
+
+A *unit* here is a set of contiguous records trained as one: a user (for the per-user shared
+vectors the billboard aggregates) or a whole owner (for its personal-parameter update, or
+per_silo training). Every unit runs its own plain minibatch SGD trajectory; ``vmap`` runs
+many trajectories at once, padding shorter units with masked records. A masked step has
+zero gradient, so a unit of ``n`` records takes exactly ``ceil(n / batch)`` real steps per
+epoch, the same steps a per-unit Python loop takes: the engine-equivalence test relies on it.
+
+Randomness (batch order) is a pure function of (seed, round, epoch, purpose, owner), so the
+result does not depend on how units are chunked, on the engine, or on scheduling order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from fedudp.randomness import Purpose, numpy_rng
+
+Params = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """How units train locally (public hyperparameters)."""
+
+    seed: int
+    lr: float
+    batch_size: int
+    epochs: int
+
+
+@dataclass(frozen=True)
+class Units:
+    """Units as record ranges: unit i owns records ``starts[i] .. starts[i] + sizes[i]``.
+
+    ``starts`` index the record arrays passed alongside (global or one owner's shard).
+    ``owners`` is each unit's owner id; ``owner_starts`` the index of that owner's first
+    record in the same arrays (the batch-order keys are drawn per owner).
+    """
+
+    starts: np.ndarray
+    sizes: np.ndarray
+    owners: np.ndarray
+    owner_starts: np.ndarray
+    owner_sizes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def subset(self, sel: np.ndarray) -> "Units":
+        return Units(self.starts[sel], self.sizes[sel], self.owners[sel],
+                     self.owner_starts[sel], self.owner_sizes[sel])
+
+
+def epoch_keys(seed: int, round_: int, epoch: int, purpose: Purpose, owner: int, n: int) -> np.ndarray:
+    """Sort keys for one owner's ``n`` records in one epoch (public randomness)."""
+    return numpy_rng(seed, purpose, round_, epoch, owner).random(n)
+
+
+def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: Purpose) -> np.ndarray:
+    """Per unit and epoch, its records in visiting order, padded with -1: [U, E, L]."""
+    L = int(units.sizes.max()) if len(units) else 0
+    U = len(units)
+    out = np.full((U, spec.epochs, L), -1, dtype=np.int64)
+    if U == 0 or L == 0:
+        return out
+    col = np.arange(L)[None, :]
+    valid = col < units.sizes[:, None]
+    idx = units.starts[:, None] + np.minimum(col, units.sizes[:, None] - 1)  # absolute
+    rel = idx - units.owner_starts[:, None]                                   # within owner
+    owners = np.unique(units.owners)
+    for e in range(spec.epochs):
+        keys = np.full((U, L), np.inf)
+        for o in owners:
+            rows = np.flatnonzero(units.owners == o)
+            k = epoch_keys(spec.seed, round_, e, purpose, int(o), int(units.owner_sizes[rows[0]]))
+            keys[rows] = np.where(valid[rows], k[rel[rows]], np.inf)
+        order = np.argsort(keys, axis=1, kind="stable")
+        out[:, e] = np.where(np.take_along_axis(valid, order, 1), np.take_along_axis(idx, order, 1), -1)
+    return out
+
+
+def _loss(model: nn.Module, params: Mapping[str, torch.Tensor], xb: torch.Tensor,
+          yb: torch.Tensor, mb: torch.Tensor) -> torch.Tensor:
+    out = functional_call(model, dict(params), (xb,))
+    per = F.cross_entropy(out, yb, reduction="none")
+    return (per * mb).sum() / mb.sum().clamp(min=1.0)
+
+
+def local_sgd(model: nn.Module, trainable: Params, frozen_per_unit: Params, frozen_common: Params,
+              x: torch.Tensor, y: torch.Tensor, orders: np.ndarray, spec: LocalSpec) -> Params:
+    """Run each unit's SGD (``spec.epochs`` passes, batches of ``spec.batch_size``) at once.
+
+    ``trainable`` and ``frozen_per_unit`` have a leading unit dimension; ``frozen_common``
+    is shared by all units. Returns the trained ``trainable``.
+    """
+    U, E, L = orders.shape
+    if U == 0 or L == 0:
+        return trainable
+
+    def unit_loss(tr: Params, fr: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor):
+        return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
+
+    g = vmap(grad(unit_loss), in_dims=(0, 0, 0, 0, 0))
+    b = spec.batch_size
+    steps = -(-L // b)
+    dtype = next(iter(trainable.values())).dtype
+    for e in range(E):
+        ord_e = torch.from_numpy(orders[:, e])
+        for s in range(steps):
+            idx = ord_e[:, s * b:(s + 1) * b]
+            mask = idx >= 0
+            if not bool(mask.any()):
+                continue
+            ic = idx.clamp(min=0)
+            grads = g(trainable, frozen_per_unit, x[ic], y[ic], mask.to(dtype))
+            trainable = {k: v - spec.lr * grads[k] for k, v in trainable.items()}
+    return trainable
+
+
+def mean_gradients(model: nn.Module, trainable: Params, frozen_per_unit: Params,
+                   frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
+                   units: Units) -> Params:
+    """Each unit's average gradient over all its records, w.r.t. ``trainable`` ([U, ...])."""
+    L = int(units.sizes.max()) if len(units) else 0
+    col = np.arange(L)[None, :]
+    mask = torch.from_numpy(col < units.sizes[:, None])
+    idx = torch.from_numpy(units.starts[:, None] + np.minimum(col, units.sizes[:, None] - 1))
+
+    def unit_loss(tr, fr, xb, yb, mb):
+        return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
+
+    dtype = next(iter(trainable.values())).dtype
+    return vmap(grad(unit_loss), in_dims=(0, 0, 0, 0, 0))(
+        trainable, frozen_per_unit, x[idx], y[idx], mask.to(dtype))
+
+
+def expand(params: Mapping[str, torch.Tensor], n: int) -> Params:
+    """Broadcast unbatched params to a leading unit dimension of size ``n`` (a copy)."""
+    return {k: v.unsqueeze(0).expand(n, *v.shape).clone() for k, v in params.items()}
+
+
+def flatten(params: Mapping[str, torch.Tensor], names: tuple[str, ...]) -> torch.Tensor:
+    """[U, d]: the named batched params of each unit, concatenated in ``names`` order."""
+    return torch.cat([params[k].reshape(params[k].shape[0], -1) for k in names], dim=1)
+
+
+@torch.no_grad()
+def evaluate_owners(model: nn.Module, shared: Params, personal: Params, x: torch.Tensor,
+                    y: torch.Tensor, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(accuracy, mean loss) of each owner on its test shard with its own personal params.
+
+    ``personal`` has a leading owner dimension (may be empty); ``offsets`` [O+1] delimit
+    the owners' test records in ``x``.
+    """
+    O = len(offsets) - 1
+    sizes = np.diff(offsets)
+    L = int(sizes.max()) if O else 0
+    if L == 0:
+        return np.full(O, np.nan), np.full(O, np.nan)
+    col = np.arange(L)[None, :]
+    valid = col < sizes[:, None]
+    idx = torch.from_numpy(offsets[:-1, None] + np.minimum(col, np.maximum(sizes[:, None] - 1, 0)))
+    mask = torch.from_numpy(valid)
+
+    def one(pers, xb):
+        return functional_call(model, {**shared, **pers}, (xb,))
+
+    logits = vmap(one, in_dims=(0, 0))(personal, x[idx]) if personal else \
+        functional_call(model, dict(shared), (x[idx].reshape(O * L, *x.shape[1:]),)).reshape(O, L, -1)
+    yy = y[idx]
+    correct = ((logits.argmax(-1) == yy) & mask).sum(1).double()
+    loss = (F.cross_entropy(logits.reshape(O * L, -1), yy.reshape(-1), reduction="none")
+            .reshape(O, L) * mask).sum(1).double()
+    n = torch.from_numpy(np.maximum(sizes, 1)).double()
+    acc = (correct / n).numpy()
+    los = (loss / n).numpy()
+    acc[sizes == 0] = np.nan
+    los[sizes == 0] = np.nan
+    return acc, los
+
+
+AUTO_CHUNK_CONV, AUTO_CHUNK_DENSE = 512, 8192
+
+
+def chunk_budget(requested: int, model: nn.Module) -> int:
+    """``engine_opts.chunk_records`` (0: auto). Auto: 512 records per vmapped step for models with
+    convolutions (per-owner conv weights become grouped convolutions, whose CPU backward slows
+    down with the group count: scripts/bench_local.py measured 1.2-1.5x of a plain loop at 512
+    vs 2.2-3x at 8192), 8192 for dense models (fewer, larger matmuls win)."""
+    if requested:
+        return int(requested)
+    conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    return AUTO_CHUNK_CONV if conv else AUTO_CHUNK_DENSE
+
+
+def chunks(sizes: np.ndarray, budget: int, per_unit_cap: int | None = None):
+    """Consecutive index groups whose padded size (count x max size) stays within ``budget``.
+
+    ``per_unit_cap``: count each unit as at most this many records. Local SGD gathers one
+    batch per unit per step, so with ``per_unit_cap=batch_size`` the budget bounds the records
+    in one vmapped step (what sets speed and memory there), not the units' total sizes.
+    """
+    if per_unit_cap is not None:
+        sizes = np.minimum(sizes, max(int(per_unit_cap), 1))
+    i, n = 0, len(sizes)
+    while i < n:
+        j, mx = i + 1, int(sizes[i])
+        while j < n and (j - i + 1) * max(mx, int(sizes[j])) <= budget:
+            mx = max(mx, int(sizes[j]))
+            j += 1
+        yield np.arange(i, j)
+        i = j
+
+
+def select(params: Params, idx: np.ndarray) -> Params:
+    """Rows ``idx`` of batched params."""
+    t = torch.from_numpy(np.asarray(idx))
+    return {k: v[t] for k, v in params.items()}

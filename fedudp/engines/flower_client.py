@@ -1,0 +1,102 @@
+"""One owner as a Flower ``ClientApp`` (Message API; ARCHITECTURE.md §5).
+
+The node's partition id is the owner id. The owner rebuilds, once per worker process, the
+model, split and federation from the run configuration the billboard sends (all seeded, so
+every process gets the same), takes its own shard, keeps its personal parameters **only** in
+``context.state``, and runs ``fedudp.core.owner.Owners`` on that shard, the code the local
+engine runs for all owners at once:
+
+* ``@train``: personal update (no noise), then the reply for its sampled units under the
+  aggregator's ``Constraint`` sent with the message (shared parts only);
+* ``@evaluate``: accuracy and loss on its test shard with its own personal parameters;
+* ``@query``: which owner this node is.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedudp.config import config_from_json
+from fedudp.core.owner import Owners, Params
+from fedudp.data.federation import Federation, build_federation
+from fedudp.engines import flower_wire
+
+K_STATE, K_STATE_RUN = "fedudp.personal", "fedudp.personal_run"   # context.state only
+
+_CACHE: dict[str, tuple[Owners, Federation]] = {}
+_LOCK = threading.Lock()
+
+
+def _key(cfg_json: str) -> str:
+    return hashlib.sha1(cfg_json.encode()).hexdigest()
+
+
+def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
+    """(owners component, whole federation) of a run, built once per process."""
+    key = _key(cfg_json)
+    with _LOCK:
+        if key not in _CACHE:
+            cfg = config_from_json(cfg_json)
+            owners = Owners.from_config(cfg)
+            _CACHE.clear()            # one run per process at a time
+            _CACHE[key] = (owners, build_federation(cfg).to(owners.dtype))
+        return _CACHE[key]
+
+
+def _setup(msg: Message, context: Context) -> tuple[ConfigRecord, Owners, Federation, Params, Params]:
+    run = msg.content[flower_wire.K_RUN]
+    owners, fed = owner_side(str(run["cfg"]))
+    j = int(context.node_config["partition-id"])
+    shard = fed.owner(j)
+    shared = flower_wire.record_to_params(msg.content[flower_wire.K_SHARED]) if flower_wire.K_SHARED in msg.content else {}
+    key = _key(str(run["cfg"]))
+    if K_STATE in context.state and context.state[K_STATE_RUN]["run"] == key:
+        personal = flower_wire.record_to_params(context.state[K_STATE])
+    else:
+        personal = owners.initial_personal(1)
+    return run, owners, shard, shared, personal
+
+
+client_app = ClientApp()
+
+
+@client_app.query()
+def query(msg: Message, context: Context) -> Message:
+    owners, fed = owner_side(str(msg.content[flower_wire.K_RUN]["cfg"]))
+    j = int(context.node_config["partition-id"])
+    n = int(context.node_config.get("num-partitions", fed.num_owners))
+    if n != fed.num_owners or not 0 <= j < n:
+        raise ValueError(f"node has partition-id {j} of {n}, but partition.num_owners="
+                         f"{fed.num_owners}: start Flower with num-supernodes equal to it")
+    return Message(RecordDict({flower_wire.K_REPLY: MetricRecord({"owner": j, "pid": os.getpid()})}),
+                   reply_to=msg)
+
+
+@client_app.train()
+def train(msg: Message, context: Context) -> Message:
+    t0 = time.perf_counter()
+    run, owners, shard, shared, personal = _setup(msg, context)
+    personal = owners.personal_round(shard, shared, personal, int(run["round"]))
+    if personal:
+        context.state[K_STATE] = flower_wire.params_to_record(personal)
+        context.state[K_STATE_RUN] = ConfigRecord({"run": _key(str(run["cfg"]))})
+    j = int(shard.owner_ids[0])
+    asked = flower_wire.read_units(run)
+    if asked is None:                 # per_silo: nothing is sent
+        return Message(flower_wire.ack_record(j), reply_to=msg)
+    units, constraint = asked
+    rep = owners.reply(shard, shared, personal, units, int(run["round"]), constraint)
+    return Message(flower_wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
+
+
+@client_app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    run, owners, shard, shared, personal = _setup(msg, context)
+    acc, loss = owners.evaluate(shard, shared, personal)
+    return Message(flower_wire.eval_record(int(shard.owner_ids[0]), acc[0], loss[0],
+                                 int(shard.x_test.shape[0])), reply_to=msg)
