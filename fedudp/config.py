@@ -69,6 +69,11 @@ class Placement(Choice):
     local_dpsgd = "local_dpsgd"
 
 
+class OwnerWeights(Choice):
+    uniform = "uniform"
+    size = "size"
+
+
 class SharedUpdate(Choice):
     delta = "delta"
     gradient = "gradient"
@@ -122,6 +127,8 @@ class TrainConfig:
     server_lr: float = 1.0     # billboard step: u += server_lr * mean (delta) / u -= ... (gradient)
     personal_epochs: Optional[int] = None  # personal-parameter epochs per round (None: local_epochs)
     eval_every: int = 1
+    # owner-level updates (fedavg, placement=local_dpsgd): how the billboard averages owners
+    owner_weights: OwnerWeights = OwnerWeights.uniform
 
     def resolved_personal_epochs(self) -> int:
         """``personal_epochs``, defaulting to ``local_epochs``."""
@@ -207,10 +214,25 @@ class RunConfig:
     progress: bool = True
 
 
+# Huang et al. (001) Table 3: local epochs E and global rounds T for each number of owners n
+HUANG_TABLE3 = {4: (20, 10), 16: (10, 10), 64: (10, 10), 128: (5, 20), 256: (5, 20), 512: (5, 20)}
+
+
+def huang_table3(owners: Any, which: str) -> int:
+    """``${huang_table3:${partition.num_owners},E}`` (or ``T``) in the Huang presets."""
+    n = int(owners)
+    if n not in HUANG_TABLE3 or which not in ("E", "T"):
+        raise ConfigError(f"partition.num_owners: Huang et al. Table 3 gives E and T for n in "
+                          f"{sorted(HUANG_TABLE3)}, not {n}; set train.local_epochs and train.rounds")
+    return HUANG_TABLE3[n][0 if which == "E" else 1]
+
+
 def register() -> None:
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="fedudp_schema", node=RunConfig)
+    OmegaConf.register_new_resolver("huang_table3", huang_table3, replace=True)
 
 
 def resolved_aggregator(cfg: RunConfig) -> AggregatorName:
@@ -303,9 +325,13 @@ def validate(cfg: RunConfig) -> None:
     if cfg.method in (Method.full_dp, Method.joint_dp):
         _need(cfg.aggregator != AggregatorName.none, "aggregator",
               f"method={cfg.method.value} is private; aggregator=none releases without noise")
-    if p.placement == Placement.local_dpsgd:
-        raise ConfigError("privacy.placement: local_dpsgd (per-record DP-SGD inside owners) is "
-                          "not implemented yet; use privacy.placement=server")
+    if p.placement == Placement.local_dpsgd and cfg.method in (Method.full_dp, Method.joint_dp):
+        _need(cfg.aggregator == AggregatorName.auto, "aggregator",
+              "privacy.placement=local_dpsgd adds the noise inside the owners (DP-SGD) and the "
+              f"billboard averages their deltas; leave aggregator=auto, got {cfg.aggregator.value}")
+        _need(p.unit != Unit.owner, "privacy.unit",
+              "privacy.placement=local_dpsgd clips each user's gradient (user level); owner level "
+              "needs privacy.placement=server")
     if p.unit == Unit.record and cfg.method in (Method.full_dp, Method.joint_dp):
         _need(part.records_per_user == 1, "privacy.unit",
               "record with placement=server clips per user, so it needs "

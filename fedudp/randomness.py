@@ -14,6 +14,9 @@ import torch
 class Purpose(IntEnum):
     USER_ORDER = 1          # a user's record order in local SGD (shared vectors)
     PERSONAL_ORDER = 2      # an owner's record order in its personal update
+    OWNER_ORDER = 3         # an owner's record order in standard FedAvg (all its records)
+    DPSGD_SAMPLE = 4        # an owner's Poisson sample of its users at one DP-SGD step
+    DPSGD_NOISE = 5         # an owner's Gaussian noise at one DP-SGD step
     SAMPLE = 11             # the billboard's Poisson sample of units
     NOISE = 12              # the billboard's release noise
     SYNTHETIC_TEACHER = 0x5EED   # the synthetic dataset's teacher

@@ -19,7 +19,8 @@ try:
 except Exception:  # pragma: no cover - hydra is a hard dependency; keep report importable
     Callback = object  # type: ignore[misc,assignment]
 
-KEY_FIELDS = ("method", "aggregator", "accounting", "unit", "target_epsilon", "num_owners")
+KEY_FIELDS = ("method", "aggregator", "accounting", "unit", "target_epsilon", "num_owners",
+              "placement", "dataset")
 
 
 def load_summaries(folder: str | Path) -> list[dict]:
@@ -79,13 +80,23 @@ class ComparisonCallback(Callback):  # type: ignore[misc]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fedudp-report", description=__doc__)
     ap.add_argument("folder", help="a run or sweep folder (searched recursively for summary.json)")
+    ap.add_argument("--paper", choices=sorted(PAPER_LAYOUTS),
+                    help="the paper's layout beside its numbers (Markdown, CSV and PNG in --out)")
+    ap.add_argument("--out", help="folder for the --paper table and plots (default: FOLDER)")
     a = ap.parse_args(argv)
     summaries = load_summaries(a.folder)
     if not summaries:
         print(f"fedudp-report: no summary.json under {a.folder}", file=sys.stderr)
         return 2
+    if a.paper:
+        from fedudp.paper_report import write_paper_report
+        print(write_paper_report(a.paper, summaries, Path(a.out or a.folder)))
+        return 0
     print(comparison_table(summaries))
     return 0
+
+
+PAPER_LAYOUTS = {"huang_table1"}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 
 from fedudp.aggregators import Aggregator, Sampling, build_aggregator, check_aggregator_config
 from fedudp.config import (Accounting, ConfigError, DatasetName, EngineName, RunConfig, Unit,
-                           config_dict, jsonable, resolved_aggregator, validate)
+                           config_dict, jsonable, validate)
 from fedudp.core.billboard import Billboard
 from fedudp.core.methods import MethodSpec
 from fedudp.core.owner import Owners
@@ -66,6 +66,8 @@ def make_ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None)
         notes.append("paper mode: shared vectors are computed at each owner's own personal "
                      "parameters (trained without noise on all its users), which the per-user "
                      "accounting ignores (ALGORITHMS.md §3.2 caveat): guarantee is heuristic")
+    if aggregator is not None and private:
+        notes += aggregator.ledger_notes()
     if Unit(p.unit) == Unit.record:
         notes.append("records_per_user=1: each user is one record, so user level is record level")
     unit = Unit(p.unit).value if private else None
@@ -106,7 +108,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     billboard = aggregator = None
     n_owners, n_users = planned_units(cfg)
     if spec.communicates:
-        sampling = Sampling(cfg.train.sampling_rate, n_owners if spec.unit == Unit.owner else n_users)
+        sampling = Sampling(cfg.train.sampling_rate, n_owners if spec.cohort_is_owners else n_users)
         aggregator = build_aggregator(cfg, sampling, cfg.train.rounds, owners.shared_dim)
     ledger = make_ledger(cfg, spec, aggregator)
     if aggregator is not None:
@@ -152,9 +154,32 @@ def _output_folder(out_dir: str | Path) -> Path:
     return out
 
 
+def finished_summary(cfg: RunConfig, out_dir: str | Path) -> dict | None:
+    """summary.json of a run of this very config that already finished in ``out_dir`` (a
+    re-run sweep skips it), else None. ``progress`` does not count."""
+    out = Path(out_dir)
+    if not ((out / "summary.json").is_file() and (out / "config.yaml").is_file()):
+        return None
+    from omegaconf import OmegaConf
+    try:
+        done = OmegaConf.to_container(OmegaConf.load(out / "config.yaml"))
+        summary = json.loads((out / "summary.json").read_text())
+    except Exception:   # noqa: BLE001  (unreadable: not finished)
+        return None
+    mine = config_dict(cfg)
+    done.pop("progress", None)
+    mine.pop("progress", None)
+    return summary if done == mine else None
+
+
 def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
-    """One fedudp run; returns summary.json's content."""
+    """One fedudp run; returns summary.json's content. A run of the same config that already
+    finished in ``out_dir`` is not run again (its summary is returned, ``skipped: true``)."""
     t_start = time.perf_counter()
+    validate(cfg)
+    done = finished_summary(cfg, out_dir)
+    if done is not None:
+        return {**done, "skipped": True}
     p = prepare(cfg)
     out = _output_folder(out_dir)
     (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
@@ -180,8 +205,9 @@ def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
     (out / "ledger.json").write_text(json.dumps(jsonable(ledger.to_dict()), indent=2))
     summ = summarize(res.owner_accuracy, res.owner_loss, np.diff(fed.test_offsets))
     summary = {
-        "method": cfg.method.value, "aggregator": resolved_aggregator(cfg).value,
-        "engine": EngineName(cfg.engine).value,
+        "method": cfg.method.value, "aggregator": aggregator.name if aggregator else "none",
+        "placement": cfg.privacy.placement.value if spec.private else None,
+        "engine": EngineName(cfg.engine).value, "dataset": DatasetName(cfg.dataset.name).value,
         "accuracy_mean": summ["accuracy_mean"], "accuracy_std": summ["accuracy_std"],
         "accuracy_weighted": summ["accuracy_weighted"], "loss": summ["loss"],
         "epsilon": ledger.epsilon if spec.private else None,
@@ -245,6 +271,8 @@ def _hydra_main() -> None:
             fail(str(e))
         acc = summary["accuracy_mean"]
         eps = summary["epsilon"]
+        if summary.get("skipped"):
+            print(f"[{summary['method']}] finished before in {HydraConfig.get().runtime.output_dir}: skipped")
         print(f"[{summary['method']}] accuracy {acc:.4f} ± {summary['accuracy_std']:.4f}"
               f"  epsilon {'n/a' if eps is None else f'{eps:.3f}'}"
               f"  rounds {summary['rounds_completed']}  ({summary['seconds']:.1f}s)")
@@ -272,6 +300,7 @@ def preflight(argv: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from fedudp.config import register
@@ -291,8 +320,11 @@ def preflight(argv: list[str]) -> None:
     register()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            compose(config_name="config", overrides=first)
+            OmegaConf.to_object(compose(config_name="config", overrides=first))
     except (HydraException, OmegaConfBaseException) as e:
+        marker = "ConfigError raised while resolving interpolation: "
+        if marker in str(e):                            # raised by a resolver (huang_table3)
+            fail(str(e).split(marker, 1)[1])
         cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
         key = getattr(cause, "full_key", None)
         text = str(cause).strip().splitlines()[0]

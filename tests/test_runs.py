@@ -59,8 +59,8 @@ def test_no_personal_parameter_leaves_an_owner(monkeypatch, method, aggregator, 
     sent = []
     orig = OW.make_reply
 
-    def spy(G, names, constraint):
-        rep = orig(G, names, constraint)
+    def spy(G, names, constraint, **kw):
+        rep = orig(G, names, constraint, **kw)
         sent.append(rep)
         return rep
 

@@ -2,7 +2,8 @@
 
 ``aggregator=<name>`` builds ``REGISTRY[name].from_config(cfg, sampling, rounds, dim)``;
 ``check_aggregator_config(cfg)`` runs the chosen estimator's config-only checks before any
-data is loaded.
+data is loaded. ``privacy.placement=local_dpsgd`` (private methods) uses ``LocalDpSgdMean``:
+the noise is added inside the owners, the billboard only averages.
 """
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ from fedudp.aggregators import few_users, gaussian, outlier, winsorized  # noqa:
 from fedudp.aggregators.base import (REGISTRY, Aggregate, Aggregator, Constraint, Contribution,
                                      Sampling, clip_rows, finite_rows, register)
 from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
-from fedudp.config import ConfigError, RunConfig, resolved_aggregator
+from fedudp.aggregators.local_dpsgd import LocalDpSgdMean
+from fedudp.config import ConfigError, Method, Placement, RunConfig, resolved_aggregator
 
 __all__ = ["Aggregate", "Aggregator", "Constraint", "Contribution", "Sampling", "REGISTRY",
            "register", "clip_rows", "finite_rows", "aggregator_class", "build_aggregator",
-           "check_aggregator_config", "GaussianAggregator", "MeanAggregator"]
+           "check_aggregator_config", "GaussianAggregator", "MeanAggregator", "LocalDpSgdMean"]
 
 
 def aggregator_class(cfg: RunConfig) -> type[Aggregator]:
+    if (Placement(cfg.privacy.placement) == Placement.local_dpsgd
+            and Method(cfg.method) in (Method.full_dp, Method.joint_dp)):
+        return LocalDpSgdMean
     name = resolved_aggregator(cfg).value
     if name not in REGISTRY:
         raise ConfigError(f"aggregator: {name} is not available in this build "

@@ -69,12 +69,19 @@ class Aggregate:
 @dataclass
 class Contribution:
     """What owners send for their sampled units: each unit's row (``rows``, [n, d]) or the sum
-    of the constrained rows (``total``, [d]); ``count`` units, ``clipped`` of them clipped."""
+    of the constrained rows (``total``, [d]); ``count`` units, ``clipped`` of them clipped.
+    ``weight``: the sum of the weights already applied to the rows of ``total`` (owner-level
+    updates averaged by owner size, ``train.owner_weights=size``); None means ``count``."""
 
     rows: torch.Tensor | None
     total: torch.Tensor | None
     count: int
     clipped: int = 0
+    weight: float | None = None
+
+    @property
+    def total_weight(self) -> float:
+        return float(self.count if self.weight is None else self.weight)
 
     @staticmethod
     def merge(parts: Sequence["Contribution"], dim: int, dtype: torch.dtype, rows: bool
@@ -90,17 +97,23 @@ class Contribution:
         for p in parts:
             if p.total is not None and p.count:
                 total = total + p.total.to(dtype)
-        return Contribution(None, total, count, clipped)
+        weighted = any(p.weight is not None for p in parts)
+        return Contribution(None, total, count, clipped,
+                            sum(p.total_weight for p in parts) if weighted else None)
 
 
 @dataclass(frozen=True)
 class Constraint:
     """The owner side of an aggregator: send each unit's row (``rows``), or the sum of the rows
-    clipped to l2 norm ``clip`` (``None``: unclipped, non-private) and their count. Small and
-    serializable: a Flower owner receives it with the round instead of rebuilding the aggregator."""
+    clipped to l2 norm ``clip`` (``None``: unclipped, non-private) and their count. With
+    ``dpsgd_noise`` the owners compute their updates with DP-SGD (noise multiplier ``dpsgd_noise``,
+    per-user clip ``dpsgd_clip``; ``privacy.placement=local_dpsgd``). Small and serializable: a
+    Flower owner receives it with the round instead of rebuilding the aggregator."""
 
     rows: bool
     clip: float | None = None
+    dpsgd_noise: float | None = None
+    dpsgd_clip: float | None = None
 
     def apply(self, G: torch.Tensor) -> Contribution:
         n = int(G.shape[0])
@@ -170,6 +183,10 @@ class Aggregator(ABC):
     def one_off_event(self) -> ApproxDp | None:
         """A block spent once per run (AboveThreshold's ε, failure probabilities in δ)."""
         return None
+
+    def ledger_notes(self) -> list[str]:
+        """What the ledger must say about this mechanism beyond unit, adjacency and events."""
+        return []
 
 
 class RowsAggregator(Aggregator):

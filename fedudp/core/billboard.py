@@ -16,7 +16,8 @@ import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
 from fedudp.core.messages import OwnerReply
-from fedudp.privacy.accountant import Accountant, Ledger, LedgerEntry, pld_interval
+from fedudp.privacy.accountant import (Accountant, Ledger, LedgerEntry, Parallel, ParallelAccountant,
+                                       pld_interval)
 from fedudp.randomness import Purpose, numpy_rng, torch_generator
 
 
@@ -35,8 +36,12 @@ class Billboard:
         self.mode = mode
         self.target_epsilon = target_epsilon
         self.delta = delta
-        self.accountant = Accountant(pld_interval(target_epsilon)) if aggregator.private else None
         self.event = aggregator.dp_event() if aggregator.private else None
+        self.accountant = None
+        if aggregator.private:      # one accountant, or one per disjoint part (owners' users)
+            interval = pld_interval(target_epsilon)
+            self.accountant = (ParallelAccountant(len(self.event.parts), interval)
+                               if isinstance(self.event, Parallel) else Accountant(interval))
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
         # probabilities that enter δ, ALGORITHMS.md §4.2): composed up front, conservatively
         self.one_off = aggregator.one_off_event() if aggregator.private else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedudp.aggregators.base import Constraint, Contribution, finite_rows
@@ -41,11 +42,18 @@ class OwnerReply:
     failed: int = 0        # units excluded on the owner for a NaN/inf vector (diagnostic)
 
 
-def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint) -> OwnerReply:
+def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint,
+               weights: np.ndarray | None = None) -> OwnerReply:
     """Drop non-finite rows (they contribute zero; ALGORITHMS.md §7.2), then apply the
-    aggregator's owner-side constraint (rows, or the sum of clipped rows and a count)."""
+    aggregator's owner-side constraint (rows, or the sum of clipped rows and a count).
+    ``weights``: owner-level updates averaged by weight (the rows are scaled before summing)."""
     ok = finite_rows(G)
     failed = int((~ok).sum())
     if failed:
         G = G[ok]
-    return OwnerReply(names, constraint.apply(G), failed)
+    if weights is None:
+        return OwnerReply(names, constraint.apply(G), failed)
+    w = np.asarray(weights, dtype=np.float64)[ok.numpy()]
+    c = constraint.apply(G * torch.from_numpy(w).to(G.dtype).unsqueeze(1))
+    c.weight = float(w.sum())
+    return OwnerReply(names, c, failed)

@@ -3,9 +3,15 @@
 | method   | shared        | personal               | server release           |
 |----------|---------------|------------------------|--------------------------|
 | per_silo | none          | all parameters         | none (no communication)  |
-| fedavg   | all           | none                   | plain mean (no DP)       |
-| full_dp  | all           | none                   | DP aggregator            |
-| joint_dp | the rest      | ``model.personal``     | DP aggregator on shared  |
+| fedavg   | all           | none                   | mean of owners' deltas   |
+| full_dp  | all           | none                   | DP (see ``update``)      |
+| joint_dp | the rest      | ``model.personal``     | DP on shared (``update``)|
+
+``update``, what an owner computes for the billboard: ``user_vectors`` (each sampled user's
+delta or gradient; the billboard's aggregator adds the noise: ``privacy.placement=server``),
+``owner_sgd`` (standard FedAvg: the owner's delta after E epochs of SGD on all its records), or
+``owner_dpsgd`` (the owner's delta after E epochs of DP-SGD over its users:
+``privacy.placement=local_dpsgd``, Huang et al. §4 reading A).
 
 ``feedback``: whether each shared vector is computed at the owner's own personal parameters
 (paper reading, heuristic at user level, ALGORITHMS.md §3.2 caveat) or at a public copy
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedudp.config import Accounting, ConfigError, Method, RunConfig, Unit
+from fedudp.config import Accounting, ConfigError, Method, Placement, RunConfig, Unit
 from fedudp.models.split import ParamSplit, SplitModel, split_by_patterns
 
 
@@ -28,6 +34,12 @@ class MethodSpec:
     feedback: bool          # shared vectors computed at the owner's own personal params
     unit: Unit              # privacy unit of the release (user or owner)
     guarantee: str          # "certified" | "heuristic" | "none"
+    update: str = "user_vectors"   # user_vectors | owner_sgd | owner_dpsgd (see the module doc)
+
+    @property
+    def cohort_is_owners(self) -> bool:
+        """The billboard samples owners (owner level, or owner-level updates), not users."""
+        return self.unit == Unit.owner or self.update != "user_vectors"
 
     @property
     def shared(self) -> tuple[str, ...]:
@@ -45,10 +57,14 @@ def method_spec(cfg: RunConfig, model: SplitModel) -> MethodSpec:
     release_unit = Unit.owner if unit == Unit.owner else Unit.user
     if m == Method.per_silo:
         return MethodSpec(m, ParamSplit((), names), False, False, False, release_unit, "none")
-    if m in (Method.fedavg, Method.full_dp):
-        private = m == Method.full_dp
-        return MethodSpec(m, ParamSplit(names, ()), private, True, False, release_unit,
-                          "certified" if private else "none")
+    update = ("owner_dpsgd" if Placement(cfg.privacy.placement) == Placement.local_dpsgd
+              else "user_vectors")
+    if m == Method.fedavg:
+        return MethodSpec(m, ParamSplit(names, ()), False, True, False, release_unit, "none",
+                          "owner_sgd")
+    if m == Method.full_dp:
+        return MethodSpec(m, ParamSplit(names, ()), True, True, False, release_unit, "certified",
+                          update)
     patterns = list(cfg.model.personal) or list(model.default_personal)
     if not patterns:
         raise ConfigError("model.personal: joint_dp needs at least one personal parameter pattern")
@@ -59,4 +75,4 @@ def method_spec(cfg: RunConfig, model: SplitModel) -> MethodSpec:
     paper = Accounting(cfg.privacy.accounting) == Accounting.paper
     feedback = paper or release_unit == Unit.owner
     guarantee = "heuristic" if (paper and release_unit != Unit.owner) else "certified"
-    return MethodSpec(m, split, True, True, feedback, release_unit, guarantee)
+    return MethodSpec(m, split, True, True, feedback, release_unit, guarantee, update)

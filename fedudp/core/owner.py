@@ -7,6 +7,11 @@ parameters, and reply with what the aggregator's ``Constraint`` asks for (rows, 
 clipped rows and a count). With ``privacy.unit=owner`` an owner's unit vector is the mean of
 all its users' vectors.
 
+Owner-level updates (``MethodSpec.update``): standard FedAvg sends the owner's delta after E
+epochs of SGD over all its records (``owner_sgd``); ``privacy.placement=local_dpsgd`` the delta
+after E epochs of DP-SGD over its users (``owner_dpsgd``, ``fedudp.core.dpsgd``); both are
+weighted by ``train.owner_weights`` (uniform, or the owner's record count).
+
 ``Owners`` works on any group of owners held as a ``Federation``: ``engine=local`` passes the
 whole federation (owners batched with ``vmap`` in chunks of ``engine_opts.chunk_records``
 records), a Flower ``ClientApp`` its own one-owner shard (``Federation.owner(j)``). Personal
@@ -23,8 +28,9 @@ import torch
 import torch.nn as nn
 
 from fedudp.aggregators.base import Constraint, Contribution
-from fedudp.config import RunConfig, SharedUpdate, Unit
+from fedudp.config import OwnerWeights, RunConfig, SharedUpdate, Unit
 from fedudp.core import local_sgd
+from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
 from fedudp.core.messages import OwnerReply, make_reply
 from fedudp.core.methods import MethodSpec, method_spec
 from fedudp.data.federation import Federation, planned_shape
@@ -35,19 +41,21 @@ Params = local_sgd.Params
 
 @dataclass(frozen=True)
 class OwnerTraining:
-    """Public hyperparameters of the owner side: users' local SGD (``user``), the personal
-    update (``personal``), and whether a user's vector is its ``delta`` or mean ``gradient``."""
+    """Public hyperparameters of the owner side: users' (and owners') local SGD (``user``), the
+    personal update (``personal``), whether a user's vector is its ``delta`` or mean
+    ``gradient``, and how owner-level updates are weighted (``uniform`` or ``size``)."""
 
     user: local_sgd.LocalSpec
     personal: local_sgd.LocalSpec
     mode: str
+    owner_weights: str = OwnerWeights.uniform.value
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "OwnerTraining":
         t = cfg.train
         return cls(local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.local_epochs),
                    local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.resolved_personal_epochs()),
-                   SharedUpdate(t.shared_update).value)
+                   SharedUpdate(t.shared_update).value, OwnerWeights(t.owner_weights).value)
 
 
 def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
@@ -127,11 +135,9 @@ class Owners:
         spec, names = self.training.user, self.spec.shared
         units = user_units(fed, users)
         delta = self.training.mode == SharedUpdate.delta.value
-        feedback = self.spec.feedback and bool(self.spec.personal)
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size if delta else None):
             sub = units.subset(sel)
-            fr_unit = local_sgd.select(personal, fed.user_owner[users[sel]]) if feedback else {}
-            fr_common = {} if feedback else dict(self.public_personal)
+            fr_unit, fr_common = self._frozen(fed, personal, fed.user_owner[users[sel]])
             start = local_sgd.expand(shared, len(sub))
             if delta:
                 orders = local_sgd.batch_orders(sub, spec, round_, Purpose.USER_ORDER)
@@ -162,10 +168,46 @@ class Owners:
         counts = torch.from_numpy(np.diff(ou)[units]).to(sums.dtype)
         yield sums / counts.clamp(min=1).unsqueeze(1)
 
+    def _frozen(self, fed: Federation, personal: Params, owners: np.ndarray) -> tuple[Params, Params]:
+        """(per-unit personal params, common ones) at which shared updates are computed."""
+        if self.spec.feedback and self.spec.personal:
+            return local_sgd.select(personal, owners), {}
+        return {}, dict(self.public_personal)
+
+    def owner_deltas(self, fed: Federation, shared: Params, personal: Params, owners: np.ndarray,
+                     round_: int, constraint: Constraint) -> torch.Tensor:
+        """[len(owners), d_shared]: each owner's owner-level update (``owner_sgd`` or
+        ``owner_dpsgd``) from the broadcast ``shared``."""
+        spec, names = self.training.user, self.spec.shared
+        if self.spec.update == "owner_dpsgd":
+            ou = fed.owner_user_offsets
+            fr_unit, fr_common = self._frozen(fed, personal, owners)
+            dp = DpSgdSpec(float(constraint.dpsgd_noise), float(constraint.dpsgd_clip),
+                           spec.batch_size, spec.epochs, spec.lr, spec.seed)
+            return dpsgd_deltas(self.model, shared, fr_unit, fr_common, fed.x, fed.y,
+                                fed.user_offsets[:-1], np.diff(fed.user_offsets), ou[owners],
+                                np.diff(ou)[owners], fed.owner_ids[owners], dp, round_, names,
+                                self.budget)
+        units = owner_units(fed, owners)
+        out = []
+        for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):
+            fr_unit, fr_common = self._frozen(fed, personal, owners[sel])
+            start = local_sgd.expand(shared, len(sel))
+            orders = local_sgd.batch_orders(units.subset(sel), spec, round_, Purpose.OWNER_ORDER)
+            end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders,
+                                      spec)
+            out.append(local_sgd.flatten(end, names) - local_sgd.flatten(start, names))
+        return torch.cat(out) if out else torch.zeros(0, self.shared_dim, dtype=self.dtype)
+
     def reply(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
               round_: int, constraint: Constraint) -> OwnerReply:
         """The owners' reply for their sampled ``units``: shared parts only, constrained chunk
         by chunk (the cohort matrix is never built when sums suffice)."""
+        if self.spec.update != "user_vectors":
+            G = self.owner_deltas(fed, shared, personal, units, round_, constraint)
+            w = (np.ones(len(units)) if self.training.owner_weights == OwnerWeights.uniform.value
+                 else np.diff(fed.owner_offsets)[units].astype(np.float64))
+            return make_reply(G, self.spec.shared, constraint, weights=w)
         parts = [make_reply(G, self.spec.shared, constraint)
                  for G in self.unit_vectors(fed, shared, personal, units, round_)]
         c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,

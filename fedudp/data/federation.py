@@ -90,12 +90,17 @@ def planned_shape(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
     return (1, 28, 28), 10
 
 
-def planned_units(cfg: RunConfig) -> tuple[int, int]:
-    """(owners, users) the partition will produce, known before loading the data: owner sizes
-    are floor/ceil(N/n) for every scheme, and owners are cut into users of records_per_user."""
+def planned_owner_users(cfg: RunConfig) -> np.ndarray:
+    """Each owner's user count, known before loading the data: owner sizes are floor/ceil(N/n)
+    for every scheme, and owners are cut into users of records_per_user."""
     sizes = partition.owner_sizes(cfg.dataset.num_records, cfg.partition.num_owners)
-    rpu = cfg.partition.records_per_user
-    return len(sizes), int(sum(-(-int(s) // rpu) for s in sizes))
+    return -(-sizes // cfg.partition.records_per_user)
+
+
+def planned_units(cfg: RunConfig) -> tuple[int, int]:
+    """(owners, users) the partition will produce (see ``planned_owner_users``)."""
+    users = planned_owner_users(cfg)
+    return len(users), int(users.sum())
 
 
 def _load_pool(cfg: RunConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:

@@ -29,7 +29,7 @@ from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from fedudp.aggregators.base import Constraint
-from fedudp.config import RunConfig, Unit, config_to_json
+from fedudp.config import RunConfig, config_to_json
 from fedudp.core.messages import Failure, OwnerFailure, OwnerReply
 from fedudp.core.owner import Owners, Params
 from fedudp.core.rounds import Collected, Evaluation
@@ -48,7 +48,6 @@ class FlowerTransport:
         self.owners, self.fed, self.constraint, self.grid = owners, fed, constraint, grid
         self.cfg_json = config_to_json(cfg)
         self.timeout = cfg.engine_opts.timeout_s
-        self.unit = Unit(cfg.privacy.unit)
         self.node_of_owner: dict[int, int] = {}
         self.owner_pids: dict[int, int] = {}
         self._connect()
@@ -114,7 +113,7 @@ class FlowerTransport:
 
     def train(self, shared: Params, cohort: np.ndarray | None, round_: int) -> Collected:
         units: dict[int, np.ndarray] = {}
-        if cohort is not None and self.unit == Unit.owner:
+        if cohort is not None and self.owners.spec.cohort_is_owners:
             units = {int(j): np.zeros(1, dtype=np.int64) for j in cohort}
         elif cohort is not None:
             owner = self.fed.user_owner[cohort]

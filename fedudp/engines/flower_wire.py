@@ -8,6 +8,8 @@ parameters have no key here; they stay in the owner's ``context.state``.
 """
 from __future__ import annotations
 
+from dataclasses import asdict, fields
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -38,17 +40,18 @@ def run_record(cfg_json: str, round_: int, owner: int, units: np.ndarray | None 
     rec: dict = {"cfg": cfg_json, "round": int(round_), "owner": int(owner)}
     if units is not None:
         rec["units"] = np.asarray(units, dtype=np.int64).tobytes()
-        rec["rows"] = bool(constraint.rows)
-        rec["clip"] = -1.0 if constraint.clip is None else float(constraint.clip)
+        fields = asdict(constraint)
+        rec["rows"] = bool(fields.pop("rows"))
+        rec.update({k: -1.0 if v is None else float(v) for k, v in fields.items()})   # -1: None
     return ConfigRecord(rec)
 
 
 def read_units(run: ConfigRecord) -> tuple[np.ndarray, Constraint] | None:
     if "units" not in run:
         return None
-    clip = float(run["clip"])
-    return (np.frombuffer(run["units"], dtype=np.int64),
-            Constraint(rows=bool(run["rows"]), clip=None if clip < 0 else clip))
+    opt = {f.name: None if float(run[f.name]) < 0 else float(run[f.name])
+           for f in fields(Constraint) if f.name != "rows"}
+    return np.frombuffer(run["units"], dtype=np.int64), Constraint(rows=bool(run["rows"]), **opt)
 
 
 def reply_to_records(rep: OwnerReply, owner: int, seconds: float) -> RecordDict:

@@ -52,6 +52,18 @@ class ApproxDp:
         return f"ApproxDp(epsilon={self.epsilon:.6g}, delta={self.delta:.3g})"
 
 
+@dataclass(frozen=True)
+class Parallel:
+    """One round's releases on disjoint parts of the data (each owner's users under
+    ``privacy.placement=local_dpsgd``): a unit is in one part only, so the run's ε is the worst
+    part's (parallel composition). ``parts[i]`` is part i's event for one round."""
+
+    parts: tuple
+
+    def __str__(self) -> str:
+        return "Parallel(" + ", ".join(str(p) for p in self.parts) + ")"
+
+
 def basic_composition(blocks: list[tuple[ApproxDp, int]] | list[ApproxDp]) -> ApproxDp:
     """Basic composition (Dwork–Roth Thm 3.16): k mechanisms (ε_i, δ_i)-DP compose to
     (Σε_i, Σδ_i)-DP, adaptively. Entries are blocks or (block, count) pairs."""
@@ -185,6 +197,36 @@ class Accountant:
         else:
             ev = self._composed(event, count)
         return float(self._events_epsilon(ev, d_ev)) + e_blk
+
+
+class ParallelAccountant:
+    """``Accountant``'s interface over ``Parallel`` events: one accountant per part, ε the max."""
+
+    def __init__(self, parts: int, pld_interval: float = 1e-4) -> None:
+        self.parts = [Accountant(pld_interval) for _ in range(parts)]
+
+    def compose(self, event, count: int = 1) -> None:
+        if isinstance(event, ApproxDp):
+            for a in self.parts:
+                a.compose(event, count)
+            return
+        if not isinstance(event, Parallel) or len(event.parts) != len(self.parts):
+            raise ValueError(f"expected a Parallel event of {len(self.parts)} parts, got {event}")
+        for a, e in zip(self.parts, event.parts):
+            a.compose(e, count)
+
+    def epsilon(self, delta: float) -> float:
+        return max(a.epsilon(delta) for a in self.parts)
+
+    def epsilon_rdp(self, delta: float) -> float | None:
+        eps = [a.epsilon_rdp(delta) for a in self.parts]
+        return None if any(e is None for e in eps) else max(eps)
+
+    def epsilon_if(self, event: Parallel, delta: float, count: int = 1) -> float:
+        return max(a.epsilon_if(e, delta, count) for a, e in zip(self.parts, event.parts))
+
+    def part_epsilons(self, delta: float) -> list[float]:
+        return [a.epsilon(delta) for a in self.parts]
 
 
 def event_epsilon(event: dp_accounting.DpEvent | None, delta: float, interval: float = 1e-4,

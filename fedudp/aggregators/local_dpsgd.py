@@ -1,0 +1,94 @@
+"""``privacy.placement=local_dpsgd``: DP-SGD inside the owners, a plain mean on the billboard.
+
+Huang et al. (001) §4, reading A of ALGORITHMS.md §3.6: owner j runs DP-SGD on the shared
+parameters (``fedudp.core.dpsgd``): per step a ``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))``
+for its users, q_j = min(B, m_j)/m_j, ceil(m_j/B) steps per epoch, E epochs per round. The
+billboard averages the owners' noisy deltas (uniformly or by size) and adds nothing. Adjacency:
+add/remove one user of one owner; m_j (hence q_j) is treated as public. A user belongs to one
+owner, so the run's ε is the worst owner's (parallel composition): owners with the same m_j
+form one part of a ``Parallel`` event; z is calibrated so that the worst part meets (ε, δ).
+"""
+from __future__ import annotations
+
+import dp_accounting
+import numpy as np
+import torch
+
+from fedudp.aggregators.base import Aggregate, Aggregator, Constraint, Contribution, Sampling
+from fedudp.config import Calibration, ConfigError, RunConfig
+from fedudp.core.dpsgd import owner_rates
+from fedudp.data.federation import planned_owner_users
+from fedudp.privacy.accountant import Parallel, calibrate_noise_multiplier
+
+
+def owner_round_event(z: float, q: float, steps: int) -> dp_accounting.DpEvent:
+    """One round of one owner's DP-SGD: ``steps`` Poisson-sampled Gaussian steps."""
+    g = dp_accounting.GaussianDpEvent(z)
+    step = g if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(float(q), g)
+    return dp_accounting.SelfComposedDpEvent(step, int(steps))
+
+
+class LocalDpSgdMean(Aggregator):
+    """The billboard's side of ``privacy.placement=local_dpsgd`` (see the module docstring)."""
+
+    name = "local_dpsgd"
+    private = True
+    needs_per_user_vectors = False
+    accountant = ("dp_accounting.PLDAccountant per owner class (RDP cross-check); the worst "
+                  "owner's ε by parallel composition")
+
+    def __init__(self, noise_multiplier: float, clip: float, batch: int, epochs: int,
+                 owner_users: np.ndarray, sampling: Sampling) -> None:
+        self.noise_multiplier, self.clip = float(noise_multiplier), float(clip)
+        self.batch, self.epochs, self.sampling = int(batch), int(epochs), sampling
+        users, counts = np.unique(np.asarray(owner_users, dtype=np.int64), return_counts=True)
+        q, steps = owner_rates(users, self.batch)
+        # one part per distinct owner size: (users m_j, owners with it, q_j, steps per round)
+        self.classes = [(int(m), int(c), float(qq), int(s) * self.epochs)
+                        for m, c, qq, s in zip(users, counts, q, steps)]
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig) -> None:
+        if Calibration(cfg.privacy.calibration) == Calibration.closed_form:
+            raise ConfigError("privacy.calibration: closed_form has no closed form for owner-side "
+                              "DP-SGD; use accountant")
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "LocalDpSgdMean":
+        p, t = cfg.privacy, cfg.train
+        users = planned_owner_users(cfg)
+        probe = cls(1.0, p.clip, t.batch_size, t.local_epochs, users, sampling)
+        z = p.noise_multiplier
+        if z is None:        # the worst part must meet (ε, δ): the largest per-part z
+            z = max(calibrate_noise_multiplier(
+                lambda z, q=q, s=s: owner_round_event(z, q, s), p.epsilon, p.delta, rounds)
+                for _, _, q, s in probe.classes)
+        return cls(z, p.clip, t.batch_size, t.local_epochs, users, sampling)
+
+    @property
+    def noise_std(self) -> float:
+        """Noise std per coordinate on each owner's per-step sum of clipped user gradients."""
+        return self.noise_multiplier * self.clip
+
+    @property
+    def constraint(self) -> Constraint:
+        return Constraint(rows=False, clip=None, dpsgd_noise=self.noise_multiplier,
+                          dpsgd_clip=self.clip)
+
+    def release(self, c: Contribution, *, rng: torch.Generator | None = None) -> Aggregate:
+        mean = c.total / max(c.total_weight, 1e-12) if c.count else c.total
+        return Aggregate(mean=mean, users_used=c.count, diagnostics={"cohort": c.count})
+
+    def ledger_notes(self) -> list[str]:
+        parts = "; ".join(f"{c} owners with m_j={m} users: q_j={q:.6g}, {s} steps per round"
+                          for m, c, q, s in self.classes)
+        return [f"privacy.placement=local_dpsgd: DP-SGD inside each owner (noise multiplier "
+                f"{self.noise_multiplier:.6g}, per-user clip {self.clip:g}, batch {self.batch}); "
+                f"the billboard averages without noise. Parts (parallel composition, epsilon is "
+                f"the worst part's): {parts}. Each owner's user count m_j (hence q_j) is treated "
+                "as public"]
+
+    def dp_event(self) -> Parallel:
+        return Parallel(tuple(owner_round_event(self.noise_multiplier, q, s)
+                              for _, _, q, s in self.classes))

@@ -1,0 +1,117 @@
+"""Owner-side DP-SGD on the shared parameters (Huang et al. (001) §4, reading A of ALGORITHMS.md §3.6).
+
+Inside owner j, each step Poisson-samples the owner's users at rate q_j = B_j/m_j (m_j its user
+count, treated as public; B_j = min(B, m_j) the expected batch), takes each sampled user's
+gradient (the average over its records) on the shared parameters, clips it to l2 norm C, adds
+N(0, (zC)^2 I) to the sum (drawn in float64) and divides by B_j; ceil(m_j/B) steps per epoch, E
+epochs per round. The owner sends the change of its shared parameters. One user's presence
+moves a step's pre-noise sum by at most C (add/remove-one user of owner j), so each step is a
+``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))`` for owner j's users.
+
+Owners are vectorized: at every step the sampled users of all owners here are one vmapped batch
+(in chunks of ``budget`` records), each at its own owner's current parameters; per-owner sums
+are segment sums. Sampling and noise are keyed by (seed, round, epoch, step, owner id), so one
+owner's shard (Flower) and all owners at once (local engine) give the same deltas.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from fedudp.core import local_sgd
+from fedudp.randomness import Purpose, numpy_rng, torch_generator
+
+Params = local_sgd.Params
+
+
+@dataclass(frozen=True)
+class DpSgdSpec:
+    """Public DP-SGD hyperparameters of the owners (one per run)."""
+
+    noise_multiplier: float     # z: noise std on a step's sum is z * clip
+    clip: float                 # C: l2 bound of each sampled user's gradient
+    batch: int                  # B: expected users per step
+    epochs: int                 # E
+    lr: float
+    seed: int
+
+
+def owner_rates(users: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(q_j, steps per epoch) for owners with ``users`` users: q = min(B, m)/m, ceil(m/B)."""
+    users = np.asarray(users, dtype=np.int64)
+    b = np.minimum(batch, users)
+    return b / np.maximum(users, 1), -(-users // batch)
+
+
+def clipped_sums(G: torch.Tensor, owner_row: torch.Tensor, owners: int, clip: float) -> torch.Tensor:
+    """[owners, d] in ``G``'s dtype: per owner, the sum of its sampled users' gradients (rows of
+    ``G``) each clipped to l2 norm ``clip``. The norms, which decide the clip, are computed in
+    float64. Adding or removing one user moves its owner's sum by at most ``clip``."""
+    norms = torch.linalg.vector_norm(G, dim=1).to(torch.float64)
+    # a float32 norm is within 0.5% of the true one (d·2^-24 relative at most, d < 80,000):
+    # rows below 0.99 C are certainly not clipped; the others get their norm in float64
+    near = norms > 0.99 * clip if G.shape[1] < 80_000 else torch.ones_like(norms, dtype=torch.bool)
+    if bool(near.any()):
+        norms[near] = torch.linalg.vector_norm(G[near], dim=1, dtype=torch.float64)
+    scale = torch.clamp(clip / torch.clamp(norms, min=1e-300), max=1.0).to(G.dtype)
+    return torch.zeros(owners, G.shape[1], dtype=G.dtype).index_add_(0, owner_row, G * scale.unsqueeze(1))
+
+
+def _unflatten(flat: torch.Tensor, like: Params, names: tuple[str, ...]) -> Params:
+    out, i = {}, 0
+    for k in names:
+        shape = like[k].shape[1:]
+        n = int(np.prod(shape)) if len(shape) else 1
+        out[k] = flat[:, i:i + n].reshape(flat.shape[0], *shape)
+        i += n
+    return out
+
+
+def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, frozen_common: Params,
+                 x: torch.Tensor, y: torch.Tensor, user_starts: np.ndarray, user_sizes: np.ndarray,
+                 first_user: np.ndarray, users: np.ndarray, owner_ids: np.ndarray,
+                 spec: DpSgdSpec, round_: int, names: tuple[str, ...], budget: int) -> torch.Tensor:
+    """[k, d] shared deltas of k owners after their DP-SGD epochs of this round.
+
+    Owner i's users are ``first_user[i] .. first_user[i] + users[i]`` (indices into
+    ``user_starts``/``user_sizes``, whose records index ``x``/``y``); ``frozen_by_owner``: its
+    personal parameters ([k, ...], paper mode) or {} with ``frozen_common`` the public copy.
+    """
+    k = len(users)
+    q, steps = owner_rates(users, spec.batch)
+    params = local_sgd.expand(shared, k)
+    start = local_sgd.flatten(params, names)
+    dtype = start.dtype
+    for e in range(spec.epochs):
+        for s in range(int(steps.max(initial=0))):
+            active = np.flatnonzero(steps > s)
+            picked, rows = [], []
+            for i in active:
+                mask = numpy_rng(spec.seed, Purpose.DPSGD_SAMPLE, round_, e, s, owner_ids[i]
+                                 ).random(int(users[i])) < q[i]
+                picked.append(first_user[i] + np.flatnonzero(mask))
+                rows.append(np.full(int(mask.sum()), i))
+            picked_users = np.concatenate(picked) if picked else np.zeros(0, np.int64)
+            owner_row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+            sums = torch.zeros(k, start.shape[1], dtype=dtype)
+            sizes = user_sizes[picked_users]
+            for sel in local_sgd.chunks(sizes, budget):
+                u, r = picked_users[sel], owner_row[sel]
+                units = local_sgd.Units(user_starts[u], sizes[sel], owner_ids[r], user_starts[u], sizes[sel])
+                g = local_sgd.mean_gradients(model, local_sgd.select(params, r),
+                                             local_sgd.select(frozen_by_owner, r), frozen_common,
+                                             x, y, units)
+                sums += clipped_sums(local_sgd.flatten(g, names), torch.from_numpy(r), k, spec.clip)
+            noise = torch.stack([
+                torch.randn(start.shape[1], dtype=torch.float64,
+                            generator=torch_generator(spec.seed, Purpose.DPSGD_NOISE, round_, e, s,
+                                                      owner_ids[i])) for i in active])
+            step = (sums[active].to(torch.float64) + spec.noise_multiplier * spec.clip * noise) \
+                / torch.from_numpy(q[active] * users[active]).unsqueeze(1)
+            flat = local_sgd.flatten(params, names)
+            flat[torch.from_numpy(active)] -= spec.lr * step.to(dtype)
+            params = _unflatten(flat, params, names)
+    return local_sgd.flatten(params, names) - start

@@ -1,0 +1,113 @@
+"""Huang et al. (001) Table 1 as published: the resumable grid behind docs/results/huang_table1/.
+
+Runs ``+experiment=huang_table1`` (standard FedAvg, DP-SGD inside the owners, clip 15,
+δ = 1/N, E and T from the paper's Table 3) one configuration after another, in priority
+order: the four methods row by row (n = 256, 64, 512, 128, 16, 4) at seed 0 with certified
+accounting; then joint-DP in ``paper`` mode; then the server placement (reading B) at
+n ∈ {16, 256, 512}; then second seeds at n ∈ {64, 256}; then Fashion-MNIST. Every run writes
+its small outputs (config, summary, ledger, metrics, owners) under ``--out``; a run whose
+folder already holds a finished run of the same config is skipped, so re-running the script
+continues the grid. Each finished run appends its wall time to ``grid_times.jsonl``.
+
+    .venv/bin/python scripts/reproduce_huang.py                 # the whole grid, resumable
+    .venv/bin/python scripts/reproduce_huang.py --list          # what it would run, in order
+    .venv/bin/python scripts/reproduce_huang.py --only 'mnist/n256/*'
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+ROWS = [256, 64, 512, 128, 16, 4]
+METHODS = ["per_silo", "fedavg", "full_dp", "joint_dp"]
+
+
+def grid(datasets: list[str]) -> list[tuple[str, dict]]:
+    """(run name, overrides) in priority order."""
+    out: list[tuple[str, dict]] = []
+
+    def add(ds, n, method, placement="local_dpsgd", accounting="certified", seed=0):
+        private = method in ("full_dp", "joint_dp")
+        name = (f"{ds}/n{n}/{method}_{placement}_{accounting}_s{seed}" if private
+                else f"{ds}/n{n}/{method}_s{seed}")
+        over = {"dataset.name": ds, "partition.num_owners": n, "method": method, "seed": seed,
+                "privacy.placement": placement, "privacy.accounting": accounting}
+        if (name, over) not in out:
+            out.append((name, over))
+
+    for ds in datasets:
+        for n in ROWS:
+            for m in METHODS:
+                add(ds, n, m)
+        if ds != datasets[0]:
+            continue
+        for n in ROWS:
+            add(ds, n, "joint_dp", accounting="paper")
+        for n in (16, 256, 512):
+            for m in ("full_dp", "joint_dp"):
+                add(ds, n, m, placement="server")
+        for n in (64, 256):
+            for m in METHODS:
+                add(ds, n, m, seed=1)
+    return out
+
+
+def compose(over: dict, data_root: str, threads: int):
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from fedudp.config import register
+    from fedudp.run import CONF_DIR
+    register()
+    args = ["+experiment=huang_table1", f"dataset.root={data_root}", "progress=false",
+            f"engine_opts.threads={threads}"] + [f"{k}={v}" for k, v in over.items()]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return OmegaConf.to_object(hydra_compose(config_name="config", overrides=args))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "huang_table1" / "runs"))
+    ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--datasets", nargs="+", default=["mnist", "fashion_mnist"])
+    ap.add_argument("--only", default="*", help="fnmatch pattern over run names")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    from fedudp.run import run
+    out = Path(a.out)
+    todo = [(name, over) for name, over in grid(a.datasets) if fnmatch.fnmatch(name, a.only)]
+    if a.list:
+        for name, _ in todo:
+            done = (out / name / "summary.json").is_file()
+            print(("done  " if done else "todo  ") + name)
+        return 0
+    for name, over in todo:
+        t0 = time.time()
+        try:
+            s = run(compose(over, a.data_root, a.threads), out / name)
+        except Exception:   # noqa: BLE001  (log, go on with the grid)
+            (out / "grid_errors.log").open("a").write(f"{name}\n{traceback.format_exc()}\n")
+            print(f"FAILED {name} (see grid_errors.log)", flush=True)
+            continue
+        if s.get("skipped"):
+            continue
+        rec = {"run": name, "seconds": round(time.time() - t0, 1),
+               "accuracy_mean": s["accuracy_mean"], "epsilon": s["epsilon"],
+               "rounds": s["rounds_completed"], "stop_reason": s["stop_reason"]}
+        with open(out / "grid_times.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(json.dumps(rec), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

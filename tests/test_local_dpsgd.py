@@ -1,0 +1,207 @@
+"""Issue 9: standard FedAvg and owner-side DP-SGD (``privacy.placement=local_dpsgd``)."""
+from __future__ import annotations
+
+import json
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+
+from conftest import tiny_cfg
+from fedudp.config import ConfigError
+from fedudp.core.dpsgd import DpSgdSpec, clipped_sums, dpsgd_deltas, owner_rates
+from fedudp.randomness import Purpose, numpy_rng
+from fedudp.run import execute, prepare, run
+
+
+def cfg_kw(method, **kw):
+    return tiny_cfg(method, **{k.replace(".", "__"): v for k, v in kw.items()})
+
+
+# -- accounting ----------------------------------------------------------------------------------
+def test_worst_owner_epsilon_equals_a_direct_dp_accounting_computation(tmp_path):
+    # 150 records over 4 owners: 38, 38, 37, 37 users; batch 8 -> two parts (q = 8/38, 8/37)
+    kw = {"privacy.placement": "local_dpsgd", "dataset.num_records": 150, "train.rounds": 3,
+          "train.local_epochs": 2}
+    s = run(cfg_kw("full_dp", **kw), tmp_path)
+    z, eps, delta = s["noise_multiplier"], [], 1e-5
+    for m in (37, 38):
+        q, steps = 8 / m, 2 * math.ceil(m / 8) * 3
+        acc = dp_accounting.pld.PLDAccountant(
+            dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+        acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps)
+        eps.append(acc.get_epsilon(delta))
+    assert s["epsilon"] == pytest.approx(max(eps), rel=1e-3)
+    assert max(eps) <= 1.0 + 1e-6 and max(eps) >= 0.99         # calibrated to the worst part
+    led = json.loads((tmp_path / "ledger.json").read_text())
+    assert "m_j=37" in led["notes"][-1] and "m_j=38" in led["notes"][-1] and "public" in led["notes"][-1]
+    assert [e["epsilon"] for e in led["entries"]] == sorted(e["epsilon"] for e in led["entries"])
+    assert s["aggregator"] == "local_dpsgd" and s["placement"] == "local_dpsgd"
+
+
+def test_owner_rates():
+    q, steps = owner_rates(np.array([5, 32, 40, 100]), 32)
+    np.testing.assert_allclose(q, [1.0, 1.0, 32 / 40, 0.32])
+    np.testing.assert_array_equal(steps, [1, 1, 2, 4])
+
+
+@pytest.mark.parametrize("kw,key", [({"aggregator": "winsorized"}, "aggregator"),
+                                    ({"privacy.unit": "owner"}, "privacy.unit"),
+                                    ({"privacy.calibration": "closed_form"}, "privacy.calibration")])
+def test_local_dpsgd_refuses_what_it_cannot_account(kw, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        prepare(cfg_kw("joint_dp", **{"privacy.placement": "local_dpsgd", **kw}))
+
+
+# -- sensitivity and noise ------------------------------------------------------------------------
+finite = st.floats(-1e4, 1e4, allow_nan=False, allow_infinity=False, width=64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(G=arrays(np.float64, st.tuples(st.integers(2, 10), st.integers(1, 5)), elements=finite),
+       clip=st.floats(0.01, 20.0), i=st.integers(0, 99), batch=st.integers(1, 16))
+def test_one_user_moves_an_owner_step_by_at_most_c_over_b(G, clip, i, batch):
+    G = torch.from_numpy(G)
+    rows = torch.zeros(G.shape[0], dtype=torch.int64)            # one owner
+    i = i % G.shape[0]
+    keep = torch.arange(G.shape[0]) != i
+    a = clipped_sums(G, rows, 1, clip)[0] / batch
+    b = clipped_sums(G[keep], rows[keep], 1, clip)[0] / batch
+    assert float(torch.linalg.vector_norm(a - b)) <= clip / batch * (1 + 1e-9)
+
+
+def _linear_setup(owners=40, users=4, features=6, classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    model = torch.nn.Linear(features, classes).double()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    n = owners * users
+    x = torch.randn(n, features, generator=g, dtype=torch.float64)
+    y = torch.randint(0, classes, (n,), generator=g)
+    shared = {k: v.detach().clone() for k, v in model.named_parameters()}
+    names = tuple(shared)
+    return model, shared, names, x, y, np.arange(n), np.ones(n, dtype=np.int64), \
+        np.arange(0, n, users), np.full(owners, users), np.arange(owners)
+
+
+def test_owner_noise_has_the_calibrated_std():
+    # one step (users <= batch: q = 1, every user every step): the deltas with and without noise
+    # differ by exactly lr * z * C * N(0, I) / B_j
+    model, shared, names, x, y, starts, sizes, first, users, ids = _linear_setup()
+    z, C, lr = 1.7, 0.3, 0.5
+    base = DpSgdSpec(0.0, C, 8, 1, lr, 0)
+    noisy = DpSgdSpec(z, C, 8, 1, lr, 0)
+    args = (x, y, starts, sizes, first, users, ids)
+    d0 = dpsgd_deltas(model, shared, {}, {}, *args, base, 1, names, 512)
+    d1 = dpsgd_deltas(model, shared, {}, {}, *args, noisy, 1, names, 512)
+    noise = ((d0 - d1) * 4 / lr).flatten()                          # B_j = 4 users
+    assert noise.numel() == 40 * 21
+    assert float(noise.std()) == pytest.approx(z * C, rel=0.06)
+    assert abs(float(noise.mean())) < 5 * z * C / math.sqrt(noise.numel())
+    d2 = dpsgd_deltas(model, shared, {}, {}, *args, noisy, 2, names, 512)
+    assert not torch.equal(d1, d2)                                    # fresh noise each round
+
+
+def test_one_owner_alone_gets_the_same_delta_as_in_the_batch():
+    # sampling and noise are keyed by owner id: the Flower view (one owner) equals the local one
+    model, shared, names, x, y, starts, sizes, first, users, ids = _linear_setup(owners=5, users=9)
+    spec = DpSgdSpec(1.1, 0.5, 4, 2, 0.3, 7)
+    allo = dpsgd_deltas(model, shared, {}, {}, x, y, starts, sizes, first, users, ids, spec, 3,
+                        names, 6)
+    for j in range(5):
+        one = dpsgd_deltas(model, shared, {}, {}, x, y, starts, sizes, first[j:j + 1],
+                           users[j:j + 1], ids[j:j + 1], spec, 3, names, 6)
+        torch.testing.assert_close(one[0], allo[j], rtol=0, atol=1e-12)
+
+
+# -- standard FedAvg ------------------------------------------------------------------------------
+def test_standard_fedavg_equals_a_plain_per_owner_pytorch_loop():
+    cfg = cfg_kw("fedavg", **{"engine_opts.float64": True, "train.rounds": 2, "train.lr": 0.3,
+                               "train.local_epochs": 2, "partition.records_per_user": 3})
+    p = prepare(cfg)
+    res = execute(p)
+    fed, model = p.fed, p.owners.model
+    glob = {k: v.detach().clone() for k, v in model.named_parameters()}
+    net = type(model)(fed.x.shape[1], fed.num_classes).double()
+    for r in (1, 2):
+        deltas = []
+        for j in range(fed.num_owners):
+            shard = fed.owner(j)
+            net.load_state_dict(glob)
+            opt = torch.optim.SGD(net.parameters(), lr=cfg.train.lr)
+            m = shard.x.shape[0]
+            for e in range(cfg.train.local_epochs):
+                perm = np.argsort(numpy_rng(cfg.seed, Purpose.OWNER_ORDER, r, e, j).random(m),
+                                  kind="stable")
+                for s in range(0, m, cfg.train.batch_size):
+                    idx = torch.from_numpy(perm[s:s + cfg.train.batch_size])
+                    opt.zero_grad()
+                    F.cross_entropy(net(shard.x[idx]), shard.y[idx]).backward()
+                    opt.step()
+            deltas.append({k: v.detach() - glob[k] for k, v in net.named_parameters()})
+        glob = {k: glob[k] + sum(d[k] for d in deltas) / len(deltas) for k in glob}
+    for k in glob:
+        torch.testing.assert_close(res.shared[k], glob[k], rtol=0, atol=1e-10)
+
+
+def test_owner_weights_size_weights_by_records(tmp_path):
+    # 150 records over 4 owners (38, 38, 37, 37): size weights differ from uniform
+    kw = {"dataset.num_records": 150, "train.rounds": 2, "engine_opts.float64": True}
+    u = prepare(cfg_kw("fedavg", **kw))
+    w = prepare(cfg_kw("fedavg", **kw, **{"train.owner_weights": "size"}))
+    shared = u.billboard.shared_params()
+    owners = np.arange(u.fed.num_owners)
+    G = u.owners.owner_deltas(u.fed, shared, {}, owners, 1, u.aggregator.constraint)
+    sizes = torch.from_numpy(np.diff(u.fed.owner_offsets)).double()
+    ru = u.owners.reply(u.fed, shared, {}, owners, 1, u.aggregator.constraint)
+    rw = w.owners.reply(w.fed, shared, {}, owners, 1, w.aggregator.constraint)
+    torch.testing.assert_close(u.aggregator.release(ru.contribution).mean, G.mean(0))
+    torch.testing.assert_close(w.aggregator.release(rw.contribution).mean,
+                               (G * sizes[:, None]).sum(0) / sizes.sum())
+
+
+# -- the preset through a sweep, a re-run and the report ------------------------------------------
+def test_huang_preset_sweep_resumes_and_reports(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import tiny_mnist
+    from fedudp.report import load_summaries, main as report_main
+    root = tiny_mnist(tmp_path / "data", n_train=400, n_test=100)
+    sweep = tmp_path / "sweep"
+    args = [sys.executable, "-m", "fedudp.run", "-m", "+experiment=huang_table1",
+            f"dataset.root={root}", "dataset.num_records=200", "partition.num_owners=4",
+            "train.rounds=1", "train.local_epochs=1", "method=per_silo,fedavg,full_dp,joint_dp",
+            f"hydra.sweep.dir={sweep}", "progress=false"]
+    env = dict(os.environ)
+    first = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600,
+                           cwd=Path(__file__).resolve().parents[1])
+    assert first.returncode == 0, first.stderr[-2000:]
+    summaries = load_summaries(sweep)
+    assert sorted(s["method"] for s in summaries) == ["fedavg", "full_dp", "joint_dp", "per_silo"]
+    dp = [s for s in summaries if s["method"] in ("full_dp", "joint_dp")]
+    assert all(s["placement"] == "local_dpsgd" and s["aggregator"] == "local_dpsgd" for s in dp)
+    assert all(s["epsilon"] <= 1.0 + 1e-6 and s["delta"] == 1e-4 for s in dp)
+    mtimes = {s["_dir"]: (Path(s["_dir"]) / "summary.json").stat().st_mtime for s in summaries}
+    second = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert second.returncode == 0 and second.stdout.count("skipped") == 4, second.stdout
+    assert {d: (Path(d) / "summary.json").stat().st_mtime for d in mtimes} == mtimes
+    out = tmp_path / "report"
+    assert report_main([str(sweep), "--paper", "huang_table1", "--out", str(out)]) == 0
+    import csv
+    rows = list(csv.DictReader(open(out / "huang_table1.csv")))
+    by_col = {r["column"]: float(r["ours_mean"]) for r in rows}
+    want = {"per-silo": "per_silo", "FedAvg (no DP)": "fedavg", "full-DP": "full_dp", "joint-DP": "joint_dp"}
+    for col, method in want.items():
+        s = next(s for s in summaries if s["method"] == method)
+        assert by_col[col] == pytest.approx(s["accuracy_mean"], abs=1e-12)
+    assert (out / "huang_table1.png").stat().st_size > 10_000
+    assert "/ 0.960 (" in (out / "huang_table1.md").read_text()      # the paper's n = 4 FedAvg
