@@ -59,8 +59,14 @@ def run_guarantee(spec: MethodSpec, aggregator: Aggregator | None) -> str:
 def make_ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> Ledger:
     p = cfg.privacy
     private = spec.private
-    notes = ["diagnostics (clipped fraction, cohort, failures) and owners.csv are simulator "
-             "observations outside the DP release",
+    notes = ["released outside the DP guarantee (simulator observations, not covered by epsilon): "
+             "the per-round diagnostics in metrics.jsonl (clipped/kept fractions, cohort sizes, "
+             "failures, the estimators' scores and checks), the counts of owners, users and "
+             "records in summary.json, and the evaluation accuracy and loss of every owner "
+             "(metrics.jsonl, owners.csv; on engine=flower sent by the owners in evaluate "
+             "replies), computed with personal parameters trained without noise",
+             "the number of units N (hence the Poisson denominator q*N) and each owner's user "
+             "count are treated as public",
              "epsilon certifies the idealized mechanism; seeded randomness is a simulation"]
     if spec.feedback and spec.unit == Unit.user:
         notes.append("paper mode: shared vectors are computed at each owner's own personal "

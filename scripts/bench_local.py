@@ -10,7 +10,7 @@ MNIST-shaped training records split over ``n`` owners (paper split, sizes floor/
   per-round seconds as the loop reports them (evaluation only after the last round, not used).
 * ``plain``: this script's own loop: owners one after another, each loads the global weights
   into a ``PaperCNN``, runs one epoch of ``torch.optim.SGD`` over its records in the same batch
-  order (the per-owner public keys of ``Purpose.USER_ORDER``, sorted), and the global model
+  order (the per-owner public keys of ``Purpose.OWNER_ORDER``, as standard FedAvg, sorted), and the global model
   moves by the mean of the owners' deltas (fedavg, server_lr 1).
 
 Interleaved in one process: after each fedudp round (the loop's ``on_round`` hook) the plain
@@ -142,7 +142,7 @@ class PlainLoop:
             opt = torch.optim.SGD(net.parameters(), lr=cfg.train.lr)
             m = int(od.x.shape[0])
             for e in range(cfg.train.local_epochs):
-                keys = numpy_rng(cfg.seed, Purpose.USER_ORDER, r, e, int(od.owner_ids[0])).random(m)
+                keys = numpy_rng(cfg.seed, Purpose.OWNER_ORDER, r, e, int(od.owner_ids[0])).random(m)
                 perm = torch.from_numpy(np.argsort(keys, kind="stable"))
                 for s in range(0, m, cfg.train.batch_size):
                     idx = perm[s:s + cfg.train.batch_size]

@@ -145,3 +145,33 @@ def test_nonfinite_rows_are_excluded_before_release():
     rep = make_reply(G, ("w",), agg.constraint)
     assert rep.failed == 2 and rep.contribution.count == 2
     assert torch.equal(rep.contribution.total, torch.tensor([0.5, 0.25]))
+
+
+def test_gaussian_noise_is_drawn_in_float64_then_cast():
+    # float32's normal sampler never exceeds |z| ≈ 5.77 and has a point mass there, which
+    # underestimates δ; the release must be the float64 draw, added in float64, cast afterwards
+    from fedudp.aggregators import Contribution
+    agg = GaussianAggregator(0.7, 3.3, Sampling(0.5, 40))
+    total = torch.randn(10_000, generator=torch.Generator().manual_seed(3))       # float32 sum
+    out = agg.release(Contribution(None, total, 17), rng=torch.Generator().manual_seed(9))
+    z64 = torch.randn(10_000, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    want = ((total.double() + 0.7 * 3.3 * z64) / 20.0).float()
+    assert out.mean.dtype == torch.float32 and torch.equal(out.mean, want)
+    z32 = torch.randn(10_000, generator=torch.Generator().manual_seed(9), dtype=torch.float32)
+    assert not torch.equal(out.mean, ((total + 0.7 * 3.3 * z32) / 20.0))
+
+
+def test_friend_counts_far_from_the_origin_are_exact():
+    # users at ||v|| ≈ 1e5 spaced 3 apart (radius 1): nobody is anybody's friend. A float32 Gram
+    # matrix counts them all as friends (its rounding error there is ~1e3 in squared distance)
+    from fedudp.aggregators.outlier import friend_counts
+    n, d = 200, 8
+    V = torch.full((n, d), 1e5, dtype=torch.float32)
+    V[:, 0] += 3.0 * torch.arange(n, dtype=torch.float32)
+    counts = friend_counts(V, (1.0, 2.9, 3.1))
+    assert counts[0].tolist() == [1] * n and counts[1].tolist() == [1] * n
+    assert counts[2].tolist() == [2] + [3] * (n - 2) + [2]           # neighbours at exactly 3
+    # the float32 computation the function must not fall back to gets it wrong
+    sq = (V * V).sum(1)
+    d2 = torch.addmm(sq[None, :], V, V.T, alpha=-2.0) + sq[:, None]
+    assert int((d2 <= 1.0).sum()) > 2 * n

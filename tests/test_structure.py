@@ -137,3 +137,31 @@ def test_owner_component_serves_one_owner_and_all_owners_alike():
         parts += [G for _, G in owners.user_vectors(shard, shared, mine,
                                                     np.arange(shard.num_users), 2)]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("view", ["all_owners", "one_owner"])
+def test_removing_a_user_leaves_every_other_users_vector_bit_identical(view):
+    # certified joint_dp, 10 records per user, batch 4 < 10: a user's vector depends only on the
+    # broadcast, public randomness and its own records (ALGORITHMS.md §3.2), so removing the
+    # first user of owner 0 (which shifts every later user's position) changes nothing else
+    p = prepare(tiny_cfg("joint_dp", **{"partition.records_per_user": 10, "train.batch_size": 4,
+                                        "train.local_epochs": 2}))
+    fed, owners, shared = p.fed, p.owners, p.billboard.shared_params()
+    gone = int(fed.owner_user_offsets[0])
+    small = fed.without_user(gone)
+    assert small.num_users == fed.num_users - 1 and np.diff(fed.user_offsets)[gone] == 10
+
+    def vectors(f: "object") -> dict[int, torch.Tensor]:
+        out = {}
+        views = [(f, np.arange(f.num_owners))] if view == "all_owners" else \
+            [(f.owner(j), [j]) for j in range(f.num_owners)]
+        for v, _ in views:
+            personal = owners.initial_personal(v.num_owners)
+            for us, G in owners.user_vectors(v, shared, personal, np.arange(v.num_users), 3):
+                out.update({int(v.user_ids[u]): g for u, g in zip(us, G)})
+        return out
+
+    before, after = vectors(fed), vectors(small)
+    assert set(before) - set(after) == {int(fed.user_ids[gone])}
+    for uid, g in after.items():
+        assert torch.equal(g, before[uid]), uid

@@ -68,8 +68,11 @@ class GaussianAggregator(Aggregator):
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         """Billboard side: add Gaussian noise to the sum and divide by q * N_units."""
         total = c.total
-        noise = torch.randn(total.shape, generator=rng, dtype=total.dtype, device=total.device)
-        mean = (total + self.noise_std * noise) / self.sampling.expected_cohort
+        # drawn in float64, added in float64, cast afterwards: float32's sampler is truncated at
+        # |z| ≈ 5.77 with a point mass there, which would underestimate δ (ALGORITHMS.md §7)
+        noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
+        mean = ((total.to(torch.float64) + self.noise_std * noise)
+                / self.sampling.expected_cohort).to(total.dtype)
         diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count}
         return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)
 

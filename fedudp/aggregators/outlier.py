@@ -60,8 +60,13 @@ COUPLING_MEAN = 6.0           # Σ_j |p_j - p'_j| <= 6 (n-1)/n under replace-one
 
 
 def friend_counts(V: torch.Tensor, radii: tuple[float, ...], chunk: int = 1024) -> torch.Tensor:
-    """counts[k, j] = #{j' : ||V_j - V_j'|| <= radii[k]} (j' = j included), via the Gram matrix."""
+    """counts[k, j] = #{j' : ||V_j - V_j'|| <= radii[k]} (j' = j included), via the Gram matrix.
+
+    The distances decide who is a friend (a privacy-relevant branch): computed in float64 on
+    centred rows, so that users far from the origin are not counted as friends by rounding."""
     n = V.shape[0]
+    V = V.to(torch.float64)
+    V = V - V.mean(0, keepdim=True)
     sq = (V * V).sum(1)
     out = torch.zeros(len(radii), n, dtype=torch.int64, device=V.device)
     for i in range(0, n, chunk):

@@ -66,8 +66,14 @@ def epoch_keys(seed: int, round_: int, epoch: int, purpose: Purpose, owner: int,
     return numpy_rng(seed, purpose, round_, epoch, owner).random(n)
 
 
-def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: Purpose) -> np.ndarray:
-    """Per unit and epoch, its records in visiting order, padded with -1: [U, E, L]."""
+def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: Purpose,
+                 unit_keys: np.ndarray | None = None) -> np.ndarray:
+    """Per unit and epoch, its records in visiting order, padded with -1: [U, E, L].
+
+    Keys are drawn per owner (an owner's records, by position in the owner: owner-level
+    training), or, with ``unit_keys``, per unit from that unit's own stable identity (users:
+    a user's order must not move when another user of its owner is added or removed,
+    ALGORITHMS.md §3.2)."""
     L = int(units.sizes.max()) if len(units) else 0
     U = len(units)
     out = np.full((U, spec.epochs, L), -1, dtype=np.int64)
@@ -80,7 +86,12 @@ def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: Purpose) -
     owners = np.unique(units.owners)
     for e in range(spec.epochs):
         keys = np.full((U, L), np.inf)
-        for o in owners:
+        if unit_keys is not None:
+            for i in np.flatnonzero(units.sizes > 1):      # one record: nothing to order
+                size = int(units.sizes[i])
+                keys[i, :size] = numpy_rng(spec.seed, purpose, round_, e, int(unit_keys[i])).random(size)
+            keys[units.sizes == 1, 0] = 0.0
+        for o in owners if unit_keys is None else ():
             rows = np.flatnonzero(units.owners == o)
             k = epoch_keys(spec.seed, round_, e, purpose, int(o), int(units.owner_sizes[rows[0]]))
             keys[rows] = np.where(valid[rows], k[rel[rows]], np.inf)

@@ -140,7 +140,8 @@ class Owners:
             fr_unit, fr_common = self._frozen(fed, personal, fed.user_owner[users[sel]])
             start = local_sgd.expand(shared, len(sub))
             if delta:
-                orders = local_sgd.batch_orders(sub, spec, round_, Purpose.USER_ORDER)
+                orders = local_sgd.batch_orders(sub, spec, round_, Purpose.USER_ORDER,
+                                                fed.user_ids[users[sel]])
                 end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec)
                 G = local_sgd.flatten(end, names) - local_sgd.flatten(start, names)
             else:

@@ -31,10 +31,15 @@ class Federation:
     num_classes: int
     owner_classes: list[np.ndarray] | None
     owner_ids: np.ndarray | None = None   # global id of each owner here (None: 0..n-1)
+    # a stable identity per user (the pool index of its first record): it keys the user's own
+    # randomness, and does not move when another user is added or removed (None: 0..U-1)
+    user_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.owner_ids is None:
             self.owner_ids = np.arange(self.num_owners, dtype=np.int64)
+        if self.user_ids is None:
+            self.user_ids = np.arange(self.num_users, dtype=np.int64)
 
     @property
     def num_owners(self) -> int:
@@ -74,7 +79,21 @@ class Federation:
             x_test=self.x_test[t0:t1], y_test=self.y_test[t0:t1],
             test_offsets=np.array([0, t1 - t0], dtype=np.int64), num_classes=self.num_classes,
             owner_classes=None if self.owner_classes is None else [self.owner_classes[j]],
-            owner_ids=self.owner_ids[j:j + 1].copy())
+            owner_ids=self.owner_ids[j:j + 1].copy(), user_ids=self.user_ids[u0:u1].copy())
+
+    def without_user(self, u: int) -> "Federation":
+        """The neighbouring federation without user ``u`` (its records removed; every other user
+        keeps its records, owner and identity): add/remove-one-user adjacency."""
+        r0, r1 = int(self.user_offsets[u]), int(self.user_offsets[u + 1])
+        keep = np.r_[0:r0, r1:self.num_records]
+        offs = np.delete(self.user_offsets, u + 1)
+        offs[u + 1:] -= r1 - r0
+        owner = int(self.user_owner[u])
+        ou = self.owner_user_offsets.copy()
+        ou[owner + 1:] -= 1
+        return Federation(self.x[keep], self.y[keep], offs, np.delete(self.user_owner, u), ou,
+                          self.x_test, self.y_test, self.test_offsets, self.num_classes,
+                          self.owner_classes, self.owner_ids.copy(), np.delete(self.user_ids, u))
 
     def to(self, dtype: torch.dtype) -> "Federation":
         """Features in ``dtype`` (the model's), in place; returns self."""
@@ -154,4 +173,5 @@ def build_federation(cfg: RunConfig) -> Federation:
         owner_user_offsets=np.array(owner_user_offsets, dtype=np.int64),
         x_test=torch.from_numpy(np.ascontiguousarray(vx[tst])), y_test=torch.from_numpy(vy[tst]),
         test_offsets=np.concatenate([[0], np.cumsum([len(t) for t in test])]).astype(np.int64),
-        num_classes=classes, owner_classes=owner_classes)
+        num_classes=classes, owner_classes=owner_classes,
+        user_ids=rec[np.array(user_offsets[:-1], dtype=np.int64)].astype(np.int64))
