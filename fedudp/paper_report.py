@@ -1,17 +1,19 @@
-"""The paper's layout beside its numbers: ``fedudp-report DIR --paper huang_table1`` (issue 9).
+"""The paper's layouts beside its numbers: ``fedudp-report DIR --paper huang_table1`` (issue 9),
+``huang_table2``, ``huang_table4``, ``huang_fig1``.
 
-Rows n (with m = N/n), columns the methods (per-silo, FedAvg, full-DP, joint-DP under the
-paper's protocol, certified; joint-DP in ``paper`` mode; the server placement's full- and
-joint-DP), mean ± std over seeds, the paper's number and the difference beside each cell, the
-best of per-silo / full-DP / joint-DP in bold as in the paper. Writes ``<name>.md``,
-``<name>.csv`` and ``<name>.png`` (accuracy vs n, ours solid, the paper's dashed) and states
-the paper's qualitative claims as holds / does not hold on the numbers found.
+A layout has rows (n for Table 1; the personal layers for Table 2; (n, m/r) for Table 4;
+(n, ε) for Figure 1) and columns (methods and variants), each cell the mean ± std over seeds of
+the mean over owners of each owner's test accuracy, the paper's number and the difference beside
+it, the best of the compared columns in bold as in the paper. Writes ``<name>.md``,
+``<name>.csv`` and ``<name>.png`` (ours solid, the paper's dashed) and, for Table 1, states the
+paper's qualitative claims as holds / does not hold on the numbers found.
 """
 from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
@@ -36,138 +38,233 @@ HUANG_TABLE1 = {
 }
 
 
-def _is(method: str, placement: str | None = None, accounting: str | None = None) -> Callable[[dict], bool]:
+# Table 2 (n = 256 per its numbers, ε = 1): joint-DP accuracy by personal layers (() = full-DP)
+HUANG_TABLE2 = {(): (0.7399, 0.0324), ("conv1",): (0.7240, 0.0130), ("conv2",): (0.7090, 0.0014),
+                ("conv1", "conv2"): (0.1863, 0.0329), ("fc1",): (0.7835, 0.0136),
+                ("conv1", "fc1"): (0.6606, 0.0259), ("conv2", "fc1"): (0.7291, 0.0320),
+                ("conv1", "conv2", "fc1"): (0.1727, 0.0419)}
+# Table 4 (MNIST): (n, m/r) -> full-DP ε=1, joint-DP ε=1, 3, 8 (per-silo and FedAvg as Table 1)
+HUANG_TABLE4 = {
+    (4, 1): (0.4444, 0.4658, 0.5841, 0.8103), (4, 2): (0.2867, 0.3297, 0.5011, 0.6576),
+    (4, 5): (0.1986, 0.2064, 0.2867, 0.4802), (4, 10): (0.1526, 0.1708, 0.2644, 0.3709),
+    (4, 20): (0.1517, 0.1691, 0.1864, 0.2741),
+    (256, 1): (0.7399, 0.7835, 0.8124, 0.8896), (256, 2): (0.2606, 0.3930, 0.6962, 0.8160),
+    (256, 5): (0.1700, 0.2517, 0.3715, 0.7020), (256, 10): (0.1450, 0.1603, 0.2764, 0.4703),
+    (256, 20): (0.1089, 0.1297, 0.2400, 0.2941)}
+
+
+def _config(s: dict, key: str, default: Any = None) -> Any:
+    node: Any = s.get("_config", {})
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _is(method: str, placement: str | None = None, accounting: str | None = None,
+        epsilon: float | None = None) -> Callable[[dict], bool]:
     def f(s: dict) -> bool:
         return (s.get("method") == method and (placement is None or s.get("placement") == placement)
-                and (accounting is None or s.get("accounting") == accounting))
+                and (accounting is None or s.get("accounting") == accounting)
+                and (epsilon is None or s.get("target_epsilon") == epsilon))
     return f
 
 
-# (column label, which summaries, the paper's column it reproduces or None)
-COLUMNS = [
-    ("per-silo", _is("per_silo"), "per_silo"),
-    ("FedAvg (no DP)", _is("fedavg"), "fedavg"),
-    ("full-DP", _is("full_dp", "local_dpsgd", "certified"), "full_dp"),
-    ("joint-DP", _is("joint_dp", "local_dpsgd", "certified"), "joint_dp"),
-    ("joint-DP, paper mode (heuristic)", _is("joint_dp", "local_dpsgd", "paper"), "joint_dp"),
-    ("full-DP, server placement", _is("full_dp", "server", "certified"), None),
-    ("joint-DP, server placement", _is("joint_dp", "server", "certified"), None),
-]
-COMPARED = ("per-silo", "full-DP", "joint-DP")      # the paper bolds the best of these
+@dataclass
+class Layout:
+    """Rows, columns and the paper's numbers of one table or figure."""
+
+    title: str
+    row_of: Callable[[dict], Any]                  # a run's row key, None: not in this layout
+    row_label: Callable[[Any], str]
+    columns: list[tuple[str, Callable[[dict], bool], Callable[[Any], tuple | None]]]
+    compared: tuple[str, ...] = ()                 # bold the best of these columns
+    x_of: Callable[[Any], float] | None = None     # the plot: x per row ...
+    series_of: Callable[[Any], str] = lambda row: ""   # ... and one line per series
+    x_label: str = ""
+    paper_rows: Callable[[str], list] = lambda series: []   # rows with a paper number, per series
+    claims: bool = False
+    extra: dict = field(default_factory=dict)
 
 
-def _cells(summaries: list[dict], dataset: str) -> dict[tuple[int, str], list[float]]:
-    out: dict[tuple[int, str], list[float]] = {}
+def _t1(key: str) -> Callable[[Any], tuple | None]:
+    return lambda row: HUANG_TABLE1.get(row[0], {}).get(row[1], {}).get(key)
+
+
+def _personal(s: dict) -> tuple[str, ...]:
+    if s.get("method") == "full_dp":
+        return ()
+    pats = _config(s, "model.personal", []) or ["fc1"]
+    return tuple(sorted({p.split(".")[0] for p in pats}))
+
+
+def _t4(i: int) -> Callable[[Any], tuple | None]:
+    return lambda row: (HUANG_TABLE4[row][i], None) if row in HUANG_TABLE4 else None
+
+
+LAYOUTS = {
+    "huang_table1": Layout(
+        "Huang et al. Table 1 (ε = 1, δ = 1e-4)",
+        lambda s: (s.get("dataset", "mnist"), int(s["num_owners"])) if _config(s, "partition.records_per_user", 1) == 1 and s.get("target_epsilon") in (None, 1.0) else None,
+        lambda row: f"{row[0]} | {row[1]} | {10_000 / row[1]:.2f}",
+        [("per-silo", _is("per_silo"), _t1("per_silo")), ("FedAvg (no DP)", _is("fedavg"), _t1("fedavg")),
+         ("full-DP", _is("full_dp", "local_dpsgd", "certified"), _t1("full_dp")),
+         ("joint-DP", _is("joint_dp", "local_dpsgd", "certified"), _t1("joint_dp")),
+         ("joint-DP, paper mode (heuristic)", _is("joint_dp", "local_dpsgd", "paper"), _t1("joint_dp")),
+         ("full-DP, server placement", _is("full_dp", "server", "certified"), lambda row: None),
+         ("joint-DP, server placement", _is("joint_dp", "server", "certified"), lambda row: None)],
+        compared=("per-silo", "full-DP", "joint-DP"), x_of=lambda row: row[1],
+        series_of=lambda row: row[0], x_label="owners n (N = 10,000 records, one per user)",
+        paper_rows=lambda ds: [(ds, n) for n in sorted(HUANG_TABLE1.get(ds, {}))], claims=True, extra={"row_header": "dataset | n | m"}),
+    "huang_table2": Layout(
+        "Huang et al. Table 2 (joint-DP by personal layers, ε = 1)",
+        lambda s: _personal(s) if s.get("method") in ("full_dp", "joint_dp") and s.get("placement") == "local_dpsgd" else None,
+        lambda row: " + ".join(row) or "none (full-DP)",
+        [("accuracy", lambda s: True, lambda row: HUANG_TABLE2.get(row))],
+        extra={"row_header": "personal layers"}),
+    "huang_table4": Layout(
+        "Huang et al. Table 4 (records per user m/r)",
+        lambda s: (int(s["num_owners"]), int(_config(s, "partition.records_per_user", 1))),
+        lambda row: f"{row[0]} | {row[1]}",
+        [("full-DP ε=1", _is("full_dp", "local_dpsgd", "certified", 1.0), _t4(0)),
+         ("joint-DP ε=1", _is("joint_dp", "local_dpsgd", "certified", 1.0), _t4(1)),
+         ("joint-DP ε=3", _is("joint_dp", "local_dpsgd", "certified", 3.0), _t4(2)),
+         ("joint-DP ε=8", _is("joint_dp", "local_dpsgd", "certified", 8.0), _t4(3))],
+        x_of=lambda row: row[1], series_of=lambda row: f"n={row[0]}", x_label="records per user m/r",
+        paper_rows=lambda ser: sorted(r for r in HUANG_TABLE4 if f"n={r[0]}" == ser), extra={"row_header": "n | m/r"}),
+    "huang_fig1": Layout(
+        "Huang et al. Figure 1 (accuracy vs ε; the paper gives a plot, no numbers)",
+        lambda s: (int(s["num_owners"]), float(s["target_epsilon"])) if s.get("target_epsilon") else None,
+        lambda row: f"{row[0]} | {row[1]:g}",
+        [("full-DP", _is("full_dp", "local_dpsgd", "certified"), lambda row: None),
+         ("joint-DP", _is("joint_dp", "local_dpsgd", "certified"), lambda row: None)],
+        x_of=lambda row: row[1], series_of=lambda row: f"n={row[0]}", x_label="ε",
+        extra={"row_header": "n | ε"}),
+}
+
+
+def _cells(layout: Layout, summaries: list[dict]) -> dict[tuple[Any, str], list[float]]:
+    out: dict[tuple[Any, str], list[float]] = {}
     for s in summaries:
-        if s.get("dataset", "mnist") != dataset or s.get("stop_reason") not in ("completed", "budget"):
+        if s.get("stop_reason") not in ("completed", "budget"):
             continue
-        for label, match, _ in COLUMNS:
+        row = layout.row_of(s)
+        if row is None:
+            continue
+        for label, match, _ in layout.columns:
             if match(s):
-                out.setdefault((int(s["num_owners"]), label), []).append(float(s["accuracy_mean"]))
+                out.setdefault((row, label), []).append(float(s["accuracy_mean"]))
     return out
 
 
-def _claims(cells: dict, ns: list[int]) -> list[str]:
-    def mean(n, label):
-        v = cells.get((n, label))
+def _claims(cells: dict, rows: list) -> list[str]:
+    def mean(row, label):
+        v = cells.get((row, label))
         return float(np.mean(v)) if v else None
 
     lines = []
-    pairs = [(n, mean(n, "joint-DP"), mean(n, "full-DP")) for n in ns]
-    pairs = [p for p in pairs if None not in p]
-    if pairs:
-        ok = all(j >= f for _, j, f in pairs)
-        lines.append(f"- joint-DP ≥ full-DP at ε = 1 (certified): {'holds' if ok else 'does not hold'} "
-                     + ", ".join(f"n={n}: {j:.3f} vs {f:.3f}" for n, j, f in pairs))
-    big = [(n, mean(n, "joint-DP"), mean(n, "per-silo")) for n in ns if n >= 256]
-    big = [p for p in big if None not in p]
-    if big:
-        ok = all(j > p for _, j, p in big)
-        lines.append(f"- joint-DP beats per-silo for n ≥ 256: {'holds' if ok else 'does not hold'} "
-                     + ", ".join(f"n={n}: {j:.3f} vs {p:.3f}" for n, j, p in big))
-    for label in ("full-DP", "joint-DP"):
-        seq = [(n, mean(n, label)) for n in ns if mean(n, label) is not None]
-        if len(seq) >= 3:
-            v = [x for _, x in seq]
-            mono = all(a <= b for a, b in zip(v, v[1:])) or all(a >= b for a, b in zip(v, v[1:]))
-            lines.append(f"- {label} accuracy non-monotone in n: {'does not hold' if mono else 'holds'} "
-                         + ", ".join(f"n={n}: {x:.3f}" for n, x in seq))
-    return lines
+    for ds in sorted({r[0] for r in rows}):
+        rs = [r for r in rows if r[0] == ds]
+        pairs = [(r[1], mean(r, "joint-DP"), mean(r, "full-DP")) for r in rs]
+        pairs = [p for p in pairs if None not in p]
+        if pairs:
+            ok = all(j >= f for _, j, f in pairs)
+            lines.append(f"- {ds}: joint-DP ≥ full-DP at ε = 1 (certified): "
+                         f"{'holds' if ok else 'does not hold'} on the n run ("
+                         + ", ".join(f"n={n}: {j:.3f} vs {f:.3f}" for n, j, f in pairs) + ")")
+        big = [(r[1], mean(r, "joint-DP"), mean(r, "per-silo")) for r in rs if r[1] >= 256]
+        big = [p for p in big if None not in p]
+        if big:
+            ok = all(j > p for _, j, p in big)
+            lines.append(f"- {ds}: joint-DP beats per-silo for n ≥ 256: "
+                         f"{'holds' if ok else 'does not hold'} on the n run ("
+                         + ", ".join(f"n={n}: {j:.3f} vs {p:.3f}" for n, j, p in big) + ")")
+        for label in ("full-DP", "joint-DP"):
+            seq = [(r[1], mean(r, label)) for r in rs if mean(r, label) is not None]
+            if len(seq) >= 3:
+                v = [x for _, x in seq]
+                mono = all(a <= b for a, b in zip(v, v[1:])) or all(a >= b for a, b in zip(v, v[1:]))
+                lines.append(f"- {ds}: {label} accuracy non-monotone in n: "
+                             f"{'does not hold' if mono else 'holds'} ("
+                             + ", ".join(f"n={n}: {x:.3f}" for n, x in seq) + ")")
+    return lines or ["- not enough runs yet to judge any claim"]
 
 
-def write_paper_report(layout: str, summaries: list[dict], out: Path) -> str:
-    """Write the huang_table1 layout under ``out``; returns the Markdown."""
+def write_paper_report(name: str, summaries: list[dict], out: Path) -> str:
+    """Write the layout ``name`` under ``out``; returns the Markdown."""
+    layout = LAYOUTS[name]
     out.mkdir(parents=True, exist_ok=True)
-    md, rows = [f"# Huang et al. Table 1, reproduced ({layout})", ""], []
-    for dataset, paper in HUANG_TABLE1.items():
-        cells = _cells(summaries, dataset)
-        if not cells:
-            continue
-        ns = sorted({n for n, _ in cells} | set())
-        labels = [c[0] for c in COLUMNS if any((n, c[0]) in cells for n in ns)]
-        md += [f"## {dataset} (mean over owners of each owner's test accuracy; ours / paper (ours − paper))", "",
-               "| n | m | " + " | ".join(labels) + " |", "|---:|---:|" + "---|" * len(labels)]
-        for n in ns:
-            means = {lb: float(np.mean(cells[(n, lb)])) for lb in labels if (n, lb) in cells}
-            best = max((means[lb] for lb in COMPARED if lb in means), default=None)
-            row = [str(n), f"{10_000 / n:.2f}"]
-            for label, _, key in COLUMNS:
-                if label not in labels:
-                    continue
-                v = cells.get((n, label))
-                if not v:
-                    row.append("—")
-                    continue
-                m, sd = float(np.mean(v)), float(np.std(v))
-                ours = f"{m:.3f}" + (f" ± {sd:.3f}" if len(v) > 1 else "") + f" ({len(v)})"
-                if label in COMPARED and best is not None and m == best:
-                    ours = f"**{ours}**"
-                p = paper.get(n, {}).get(key) if key else None
-                row.append(ours + (f" / {p[0]:.3f} ({m - p[0]:+.3f})" if p else ""))
-                rows.append({"dataset": dataset, "n": n, "column": label, "ours_mean": m,
-                             "ours_std": sd, "runs": len(v), "paper_mean": p[0] if p else None,
-                             "paper_std": p[1] if p else None, "diff": m - p[0] if p else None})
-            md.append("| " + " | ".join(row) + " |")
-        md += ["", "(k): runs (seeds) behind the cell; bold: best of per-silo, full-DP, joint-DP.", "",
-               "Claims of the paper on these numbers:", ""] + _claims(cells, ns) + [""]
+    cells = _cells(layout, summaries)
+    rows = sorted({r for r, _ in cells}, key=lambda r: (len(r), r) if isinstance(r, tuple) else r)
+    labels = [c[0] for c in layout.columns if any((r, c[0]) in cells for r in rows)]
+    md = [f"# {layout.title}, reproduced", "",
+          "Each cell: ours, mean ± std over seeds (runs) / the paper's number (ours − paper).", "",
+          f"| {layout.extra.get('row_header', 'row')} | " + " | ".join(labels) + " |",
+          "|" + "---|" * (len(layout.extra.get("row_header", "row").split("|")) + len(labels))]
+    table = []
+    for row in rows:
+        means = {lb: float(np.mean(cells[(row, lb)])) for lb in labels if (row, lb) in cells}
+        best = max((means[lb] for lb in layout.compared if lb in means), default=None)
+        line = [layout.row_label(row)]
+        for label, _, paper_of in layout.columns:
+            if label not in labels:
+                continue
+            v = cells.get((row, label))
+            if not v:
+                line.append("—")
+                continue
+            m, sd = float(np.mean(v)), float(np.std(v))
+            ours = f"{m:.3f}" + (f" ± {sd:.3f}" if len(v) > 1 else "") + f" ({len(v)})"
+            if label in layout.compared and best is not None and m == best:
+                ours = f"**{ours}**"
+            p = paper_of(row)
+            line.append(ours + (f" / {p[0]:.3f} ({m - p[0]:+.3f})" if p else ""))
+            table.append({"row": layout.row_label(row).replace(" | ", "/"), "column": label,
+                          "ours_mean": m, "ours_std": sd, "runs": len(v),
+                          "paper_mean": p[0] if p else None, "diff": m - p[0] if p else None})
+        md.append("| " + " | ".join(line) + " |")
+    if layout.compared:
+        md += ["", "Bold: the best of " + ", ".join(layout.compared) + "."]
+    if layout.claims:
+        md += ["", "The paper's claims on these numbers:", ""] + _claims(cells, rows)
     text = "\n".join(md)
-    (out / f"{layout}.md").write_text(text + "\n")
-    with open(out / f"{layout}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["dataset"])
+    (out / f"{name}.md").write_text(text + "\n")
+    with open(out / f"{name}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["row", "column", "ours_mean", "ours_std", "runs",
+                                          "paper_mean", "diff"])
         w.writeheader()
-        w.writerows(rows)
-    _plot(layout, summaries, out)
+        w.writerows(table)
+    if layout.x_of is not None and cells:
+        _plot(name, layout, cells, rows, out)
     return text
 
 
-def _plot(layout: str, summaries: list[dict], out: Path) -> None:
+def _plot(name: str, layout: Layout, cells: dict, rows: list, out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    datasets = [d for d in HUANG_TABLE1 if _cells(summaries, d)]
-    if not datasets:
-        return
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 4.5), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets):
-        cells, paper = _cells(summaries, dataset), HUANG_TABLE1[dataset]
-        for i, (label, _, key) in enumerate(COLUMNS):
-            pts = sorted((n, float(np.mean(v))) for (n, lb), v in cells.items() if lb == label)
+    series = sorted({layout.series_of(r) for r in rows})
+    fig, axes = plt.subplots(1, len(series), figsize=(6.5 * len(series), 4.5), squeeze=False)
+    for ax, ser in zip(axes[0], series):
+        rs = sorted((r for r in rows if layout.series_of(r) == ser), key=layout.x_of)
+        for i, (label, _, paper_of) in enumerate(layout.columns):
+            pts = [(layout.x_of(r), float(np.mean(cells[(r, label)]))) for r in rs if (r, label) in cells]
             if not pts:
                 continue
-            color = f"C{i}"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=f"{label} (ours)")
-            if key and label != "joint-DP, paper mode (heuristic)":
-                pn = sorted(paper)
-                ax.plot(pn, [paper[n][key][0] for n in pn], "--", color=color, alpha=0.6,
-                        label=f"{label} (paper)")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("owners n (N = 10,000 records, one per user)")
+            ax.plot(*zip(*pts), "o-", color=f"C{i}", label=f"{label} (ours)")
+            pp = [(layout.x_of(r), paper_of(r)[0]) for r in sorted(set(rs) | set(layout.paper_rows(ser)),
+                                                                 key=layout.x_of) if paper_of(r)]
+            if pp and "paper mode" not in label:
+                ax.plot(*zip(*pp), "--", color=f"C{i}", alpha=0.6, label=f"{label} (paper)")
+        ax.set_xscale("log", base=2 if name != "huang_fig1" else 10)
+        ax.set_xlabel(layout.x_label)
         ax.set_ylabel("mean over owners of test accuracy")
-        ax.set_title(f"{dataset}: Huang et al. protocol, ε = 1, δ = 1e-4, certified")
+        ax.set_title(f"{ser}: {layout.title}; certified unless marked", fontsize=9)
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower left")
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(out / f"{layout}.png", dpi=120)
+    fig.savefig(out / f"{name}.png", dpi=120)
     plt.close(fig)

@@ -24,6 +24,8 @@ KEY_FIELDS = ("method", "aggregator", "accounting", "unit", "target_epsilon", "n
 
 
 def load_summaries(folder: str | Path) -> list[dict]:
+    """Every run's summary below ``folder``, with its folder (``_dir``) and, where the run wrote
+    one, its resolved config (``_config``, a dict)."""
     out = []
     for p in sorted(Path(folder).rglob("summary.json")):
         try:
@@ -31,6 +33,10 @@ def load_summaries(folder: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
         s["_dir"] = str(p.parent)
+        cfg = p.parent / "config.yaml"
+        if cfg.is_file():
+            from omegaconf import OmegaConf
+            s["_config"] = OmegaConf.to_container(OmegaConf.load(cfg))
         out.append(s)
     return out
 
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-PAPER_LAYOUTS = {"huang_table1"}
+PAPER_LAYOUTS = {"huang_table1", "huang_table2", "huang_table4", "huang_fig1"}
 
 
 if __name__ == "__main__":
