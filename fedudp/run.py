@@ -148,8 +148,51 @@ def execute(p: Prepared, on_round=None, grid: Any = None) -> RoundsResult:
     return engine.execute(p.cfg, p.owners, p.fed, constraint, drive, grid=grid)
 
 
-def _output_folder(out_dir: str | Path) -> Path:
+def finished_summary(cfg: RunConfig, out_dir: str | Path) -> dict | None:
+    """summary.json of a run of this very config that already finished in ``out_dir`` (a
+    re-run sweep skips it), else None. ``progress`` does not count; a run that stopped
+    ``interrupted`` or ``failed`` has not finished."""
     out = Path(out_dir)
+    if not ((out / "summary.json").is_file() and (out / "config.yaml").is_file()):
+        return None
+    from omegaconf import OmegaConf
+    try:
+        done = OmegaConf.to_container(OmegaConf.load(out / "config.yaml"))
+        summary = json.loads((out / "summary.json").read_text())
+    except Exception:   # noqa: BLE001  (unreadable: not finished)
+        return None
+    if summary.get("stop_reason") in ("interrupted", "failed"):
+        return None
+    mine = config_dict(cfg)
+    done.pop("progress", None)
+    mine.pop("progress", None)
+    return summary if done == mine else None
+
+
+OUTPUT_FILES = ("config.yaml", "metrics.jsonl", "ledger.jsonl", "ledger.json", "owners.csv",
+                "summary.json")
+
+
+def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
+    """The run's folder, writable. A folder holding another configuration's run is refused (runs
+    are never mixed); an unfinished run of this very configuration is cleared and redone."""
+    out = Path(out_dir)
+    old = out / "config.yaml"
+    if old.is_file():
+        from omegaconf import OmegaConf
+        try:
+            theirs = OmegaConf.to_container(OmegaConf.load(old))
+        except Exception:   # noqa: BLE001
+            theirs = None
+        mine = config_dict(cfg)
+        if isinstance(theirs, dict):
+            theirs.pop("progress", None)
+        mine.pop("progress", None)
+        if theirs != mine:
+            raise ConfigError(f"{out}: holds the outputs of another run (its config.yaml differs); "
+                              "choose another output folder (hydra.run.dir=...)")
+        for name in OUTPUT_FILES:
+            (out / name).unlink(missing_ok=True)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".fedudp_write_test"
@@ -160,56 +203,62 @@ def _output_folder(out_dir: str | Path) -> Path:
     return out
 
 
-def finished_summary(cfg: RunConfig, out_dir: str | Path) -> dict | None:
-    """summary.json of a run of this very config that already finished in ``out_dir`` (a
-    re-run sweep skips it), else None. ``progress`` does not count."""
-    out = Path(out_dir)
-    if not ((out / "summary.json").is_file() and (out / "config.yaml").is_file()):
-        return None
-    from omegaconf import OmegaConf
-    try:
-        done = OmegaConf.to_container(OmegaConf.load(out / "config.yaml"))
-        summary = json.loads((out / "summary.json").read_text())
-    except Exception:   # noqa: BLE001  (unreadable: not finished)
-        return None
-    mine = config_dict(cfg)
-    done.pop("progress", None)
-    mine.pop("progress", None)
-    return summary if done == mine else None
-
-
 def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
     """One fedudp run; returns summary.json's content. A run of the same config that already
-    finished in ``out_dir`` is not run again (its summary is returned, ``skipped: true``)."""
+    finished in ``out_dir`` is not run again (its summary is returned, ``skipped: true``).
+    metrics.jsonl and ledger.jsonl are appended and flushed every round; summary.json is
+    written whatever the stop reason (also when the run fails, before the error propagates)."""
     t_start = time.perf_counter()
     validate(cfg)
     done = finished_summary(cfg, out_dir)
     if done is not None:
         return {**done, "skipped": True}
     p = prepare(cfg)
-    out = _output_folder(out_dir)
+    out = _output_folder(out_dir, cfg)
     (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
-    metrics_path = out / "metrics.jsonl"
+    metrics_path, ledger_path = out / "metrics.jsonl", out / "ledger.jsonl"
     metrics_path.write_text("")
+    head = {k: v for k, v in p.ledger.to_dict().items() if k not in ("entries", "epsilon", "rounds_released")}
+    ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
+    written = 0
     bar = _progress(cfg)
 
     def on_round(info: dict) -> None:
+        nonlocal written
         with open(metrics_path, "a") as f:
             f.write(json.dumps(jsonable(info)) + "\n")
+        with open(ledger_path, "a") as f:
+            for e in p.ledger.entries[written:]:
+                f.write(json.dumps(jsonable(e.__dict__)) + "\n")
+        written = len(p.ledger.entries)
         if bar is not None:
             bar.update(1)
             post = {"acc": info.get("accuracy_mean"), "eps": info.get("epsilon")}
             bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None})
 
+    res = None
     try:
         res = execute(p, on_round, grid)
+    except BaseException as e:
+        _write_outputs(cfg, p, out, None, t_start, error=f"{type(e).__name__}: {e}")
+        raise
     finally:
         if bar is not None:
             bar.close()
+    return _write_outputs(cfg, p, out, res, t_start)
+
+
+def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | None, t_start: float,
+                   error: str | None = None) -> dict:
+    """owners.csv, ledger.json and summary.json for whatever happened (``res`` None: failed)."""
     fed, spec, ledger, aggregator = p.fed, p.spec, p.ledger, p.aggregator
-    _write_owners(out / "owners.csv", fed, res)
+    if res is not None:
+        _write_owners(out / "owners.csv", fed, res)
     (out / "ledger.json").write_text(json.dumps(jsonable(ledger.to_dict()), indent=2))
-    summ = summarize(res.owner_accuracy, res.owner_loss, np.diff(fed.test_offsets))
+    n = fed.num_owners
+    summ = summarize(res.owner_accuracy if res is not None else np.full(n, np.nan),
+                     res.owner_loss if res is not None else np.full(n, np.nan),
+                     np.diff(fed.test_offsets))
     summary = {
         "method": cfg.method.value, "aggregator": aggregator.name if aggregator else "none",
         "placement": cfg.privacy.placement.value if spec.private else None,
@@ -223,14 +272,19 @@ def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
         "unit": ledger.unit, "adjacency": ledger.adjacency, "accounting": ledger.accounting,
         "guarantee": run_guarantee(spec, aggregator) if spec.private else "none",
         "noise_multiplier": aggregator.noise_multiplier if spec.private else None,
-        "rounds_completed": res.rounds_completed, "rounds_planned": cfg.train.rounds,
-        "stop_reason": res.stop_reason,
+        "rounds_completed": res.rounds_completed if res is not None else len(ledger.entries),
+        "rounds_planned": cfg.train.rounds,
+        "stop_reason": res.stop_reason if res is not None else "failed",
+        "stop_message": res.message if res is not None else error,
         "num_owners": fed.num_owners, "num_users": fed.num_users, "num_records": fed.num_records,
         "shared_dim": p.billboard.dim if p.billboard is not None else 0,
         "seconds": time.perf_counter() - t_start,
     }
-    summary.update(res.extra)
-    summary.update(estimator_report(aggregator, res))
+    if res is not None:
+        summary.update(res.extra)
+        summary.update(estimator_report(aggregator, res))
+        if res.signum is not None:
+            summary["signal"] = int(res.signum)
     (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
     return summary
 
@@ -262,6 +316,7 @@ def _progress(cfg: RunConfig):
 def _hydra_main() -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import DictConfig, OmegaConf
 
     from fedudp.config import register
@@ -279,7 +334,17 @@ def _hydra_main() -> None:
         eps = summary["epsilon"]
         if summary.get("skipped"):
             print(f"[{summary['method']}] finished before in {HydraConfig.get().runtime.output_dir}: skipped")
-        print(f"[{summary['method']}] accuracy {acc:.4f} ± {summary['accuracy_std']:.4f}"
+        stop = summary["stop_reason"]
+        if stop in ("diverged", "interrupted"):
+            print(f"fedudp: {stop}: {summary['stop_message']} "
+                  f"(outputs in {HydraConfig.get().runtime.output_dir})", file=sys.stderr)
+            multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+            if stop == "interrupted":
+                raise SystemExit(128 + int(summary.get("signal", 2)))
+            if not multirun:
+                raise SystemExit(3)
+        acc_s = "n/a" if acc is None else f"{acc:.4f} ± {summary['accuracy_std']:.4f}"
+        print(f"[{summary['method']}] accuracy {acc_s}"
               f"  epsilon {'n/a' if eps is None else f'{eps:.3f}'}"
               f"  rounds {summary['rounds_completed']}  ({summary['seconds']:.1f}s)")
         return acc

@@ -36,6 +36,7 @@ class Billboard:
         self.mode = mode
         self.target_epsilon = target_epsilon
         self.delta = delta
+        self.diverged = False              # the last step would have made u non-finite
         self.event = aggregator.dp_event() if aggregator.private else None
         self.accountant = None
         if aggregator.private:      # one accountant, or one per disjoint part (owners' users)
@@ -99,5 +100,8 @@ class Billboard:
                                                self.aggregator.noise_std, self.sampling.rate, eps, eps_rdp))
         if not agg.halted:
             step = agg.mean.to(self.u.dtype)
-            self.u = self.u + self.server_lr * step if self.mode == "delta" else self.u - self.server_lr * step
+            u = self.u + self.server_lr * step if self.mode == "delta" else self.u - self.server_lr * step
+            self.diverged = not bool(torch.isfinite(u).all())
+            if not self.diverged:          # keep the last finite state
+                self.u = u
         return agg

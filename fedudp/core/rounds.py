@@ -3,11 +3,20 @@
 Each round: check the budget *before* releasing (stop cleanly rather than exceed the target
 ε), the billboard's own seeded Poisson sample, the cohort's replies (collected by the engine's
 ``Transport``), the billboard's release (rows or sums, the aggregator decides), the server step,
-evaluation, the per-round metrics line. An AboveThreshold halt or the budget ends the run
-cleanly. An engine supplies only how replies are collected and how owners are evaluated.
+evaluation, the per-round metrics line. An engine supplies only how replies are collected and
+how owners are evaluated.
+
+Stops (``stop_reason``): ``completed``; ``budget`` (the next release would exceed ε);
+``halted`` (AboveThreshold said stop); ``diverged`` (the shared parameters became non-finite,
+kept at their last finite value, or every sampled unit of a round failed); ``interrupted``
+(SIGINT/SIGTERM: the round in progress is abandoned before its release, so the ledger holds
+exactly the releases that happened; a signal during the release is deferred to its end).
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -61,6 +70,50 @@ class Transport(Protocol):
         ...
 
 
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM arrived during a run (``signum``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT/SIGTERM as ``RunInterrupted`` (main thread only), deferred inside ``critical()``."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._depth = 0
+        self._old: dict[int, object] = {}
+
+    def _handler(self, signum, frame) -> None:   # noqa: ANN001
+        if self._depth:
+            self.pending = signum
+            return
+        raise RunInterrupted(signum)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    @contextlib.contextmanager
+    def critical(self):
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if not self._depth and self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise RunInterrupted(signum)
+
+
 @dataclass
 class RoundsResult:
     shared: Params
@@ -68,14 +121,18 @@ class RoundsResult:
     owner_accuracy: np.ndarray
     owner_loss: np.ndarray
     rounds_completed: int
-    stop_reason: str            # completed | budget | halted
+    stop_reason: str            # completed | budget | halted | diverged | interrupted
     history: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    message: str = ""           # why a run diverged or was interrupted (one line)
+    signum: int | None = None   # the signal that interrupted it
 
 
 def summarize(acc: np.ndarray, loss: np.ndarray, sizes: np.ndarray) -> dict:
     """Mean / std / test-size-weighted accuracy and mean loss over owners with test records."""
     ok = (sizes > 0) & np.isfinite(acc)
+    if not ok.any():
+        return {"loss": None, "accuracy_mean": None, "accuracy_std": None, "accuracy_weighted": None}
     w = sizes[ok] / sizes[ok].sum()
     return {"loss": float(np.mean(loss[ok])), "accuracy_mean": float(np.mean(acc[ok])),
             "accuracy_std": float(np.std(acc[ok])), "accuracy_weighted": float(np.sum(w * acc[ok]))}
@@ -95,7 +152,7 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
     """Run up to ``rounds`` rounds; ``test_sizes`` weight the accuracy summary."""
     bb = billboard
     shared = bb.shared_params() if bb is not None else {}
-    done, stop, history = 0, "completed", []
+    done, stop, message, signum, history = 0, "completed", "", None, []
     ev: Evaluation | None = None
     budget_ok: bool | None = None       # next round's check, computed while owners evaluate
 
@@ -103,43 +160,59 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
         nonlocal budget_ok
         budget_ok = bb.within_budget() if bb is not None else True
 
-    for r in range(1, rounds + 1):
-        t0 = time.perf_counter()
-        if budget_ok is None:
-            check_budget()
-        ok, budget_ok = budget_ok, None
-        if not ok:
-            stop = "budget"
-            break
-        cohort = np.flatnonzero(bb.sample(r)) if bb is not None else None
-        got = transport.train(shared, cohort, r)
-        info: dict = {"round": r, "failed_owners": len(got.failures)}
-        if got.failures:
-            info["failures"] = _failures("train", got.failures)["failed_train"]
-        halted = False
-        if bb is not None:
-            agg = bb.release(got.replies, r)
-            shared = bb.shared_params()
-            failed = sum(rep.failed for rep in got.replies) + sum(f.units for f in got.failures)
-            info.update(cohort=int(len(cohort)), failed_units=failed, users_used=agg.users_used,
-                        **{f"agg_{k}": v for k, v in agg.diagnostics.items()})
-            if bb.ledger.entries:
-                info["epsilon"] = bb.ledger.entries[-1].epsilon
-            halted = agg.halted
-        done = r
-        if halted:
-            stop = "halted"
-        elif r % eval_every == 0 or r == rounds:
-            ev = transport.evaluate(shared, r, check_budget if r < rounds else None)
-            info.update(summarize(ev.accuracy, ev.loss, test_sizes))
-            info.update(_failures("eval", ev.failures))
-        info["seconds"] = time.perf_counter() - t0
-        history.append(info)
-        if on_round is not None:
-            on_round(info)
-        if halted:
-            break
-    if ev is None or (history and "accuracy_mean" not in history[-1]):
+    with StopSignals() as signals:
+        for r in range(1, rounds + 1):
+            t0 = time.perf_counter()
+            try:
+                if budget_ok is None:
+                    check_budget()
+                ok, budget_ok = budget_ok, None
+                if not ok:
+                    stop = "budget"
+                    break
+                cohort = np.flatnonzero(bb.sample(r)) if bb is not None else None
+                got = transport.train(shared, cohort, r)
+                info: dict = {"round": r, "failed_owners": len(got.failures)}
+                if got.failures:
+                    info["failures"] = _failures("train", got.failures)["failed_train"]
+                if bb is not None:
+                    with signals.critical():            # released and ledgered, or neither
+                        agg = bb.release(got.replies, r)
+                    shared = bb.shared_params()
+                    failed = sum(rep.failed for rep in got.replies) + sum(f.units for f in got.failures)
+                    info.update(cohort=int(len(cohort)), failed_units=failed, users_used=agg.users_used,
+                                **{f"agg_{k}": v for k, v in agg.diagnostics.items()})
+                    if bb.ledger.entries:
+                        info["epsilon"] = bb.ledger.entries[-1].epsilon
+                    if agg.halted:
+                        stop = "halted"
+                    elif bb.diverged:
+                        stop, message = "diverged", (
+                            f"round {r}: the shared parameters became non-finite (kept at their "
+                            "last finite value); likely cause: train.lr or train.server_lr too large")
+                    elif len(cohort) and failed >= len(cohort):
+                        stop, message = "diverged", (
+                            f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
+                            "non-finite vectors or failed owners); likely cause: train.lr too large")
+                done = r
+                if stop == "completed" and (r % eval_every == 0 or r == rounds):
+                    ev = transport.evaluate(shared, r, check_budget if r < rounds else None)
+                    info.update(summarize(ev.accuracy, ev.loss, test_sizes))
+                    info.update(_failures("eval", ev.failures))
+            except RunInterrupted as e:
+                stop, signum = "interrupted", e.signum
+                message = f"{e} during round {r}: stopped after round {done}, nothing of round {r} released"
+                break
+            info["seconds"] = time.perf_counter() - t0
+            history.append(info)
+            if on_round is not None:
+                on_round(info)
+            if stop != "completed":
+                break
+    if stop != "interrupted" and (ev is None or (history and "accuracy_mean" not in history[-1])):
         ev = transport.evaluate(shared, done)
+    if ev is None:                       # interrupted before any evaluation
+        n = len(test_sizes)
+        ev = Evaluation(np.full(n, np.nan), np.full(n, np.nan))
     return RoundsResult(shared, transport.personal(), ev.accuracy, ev.loss, done, stop, history,
-                        transport.info())
+                        transport.info(), message, signum)
