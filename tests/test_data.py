@@ -126,3 +126,23 @@ def test_bad_idx_file_is_a_data_error_naming_the_file(tmp_path):
     bad.write_bytes(bad.read_bytes()[:-5])                   # truncated payload
     with pytest.raises(DataError, match="t10k-labels-idx1-ubyte: IDX label payload"):
         load_idx_dataset("mnist", root)
+
+
+def test_out_of_range_label_names_the_file_and_value(tmp_path):
+    root = tiny_mnist(tmp_path, n_train=50, n_test=20)
+    labels = np.zeros(20, dtype=np.uint8)
+    labels[7] = 12
+    write_idx(root / "mnist" / "t10k-labels-idx1-ubyte", labels, gz=False)
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte: label 12 at index 7 is outside \[0, 10\)"):
+        load_idx_dataset("mnist", root)
+
+
+def test_more_records_than_the_data_holds_is_a_config_error(tmp_path):
+    from fedudp.config import ConfigError
+    from fedudp.run import run
+    root = tiny_mnist(tmp_path / "data", n_train=300, n_test=50)
+    cfg = tiny_cfg("fedavg", **{"dataset.name": "mnist", "dataset.root": str(root),
+                                "dataset.num_records": 500})
+    with pytest.raises(ConfigError, match="dataset.num_records: 500 records asked for"):
+        run(cfg, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

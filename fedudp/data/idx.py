@@ -17,6 +17,8 @@ import numpy as np
 
 from fedudp.config import DataError
 
+CLASSES = 10          # MNIST and Fashion-MNIST
+
 FILES = {
     "train_images": "train-images-idx3-ubyte",
     "train_labels": "train-labels-idx1-ubyte",
@@ -120,6 +122,14 @@ def load_idx_dataset(name: str, root: str | os.PathLike, download: bool = False
         if len(arrays[f"{split}_images"]) != len(arrays[f"{split}_labels"]):
             raise DataError(f"{paths[f'{split}_labels']}: {len(arrays[f'{split}_labels'])} labels "
                             f"for {len(arrays[f'{split}_images'])} images in {paths[f'{split}_images']}")
+        labels = arrays[f"{split}_labels"]
+        if labels.ndim != 1 or arrays[f"{split}_images"].ndim != 3:
+            raise DataError(f"{paths[f'{split}_labels']}: expected 1-d labels and 3-d images, got "
+                            f"{labels.ndim}-d labels and {arrays[f'{split}_images'].ndim}-d images")
+        bad = np.flatnonzero(labels >= CLASSES)
+        if len(bad):
+            raise DataError(f"{paths[f'{split}_labels']}: label {int(labels[bad[0]])} at index "
+                            f"{int(bad[0])} is outside [0, {CLASSES}) ({len(bad)} such labels)")
     return arrays["train_images"], arrays["train_labels"], arrays["test_images"], arrays["test_labels"]
 
 
