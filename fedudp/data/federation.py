@@ -146,13 +146,17 @@ def build_federation(cfg: RunConfig) -> Federation:
     rng = numpy_rng(cfg.seed, Purpose.PARTITION)
     test_per = part.test_per_owner or max(1, len(vy) // n)
     owner_classes = None
-    if part.scheme == Scheme.paper_classes:
-        train, test, owner_classes = partition.paper_classes(ty, vy, N, n, part.classes_per_owner,
-                                                     classes, test_per, rng)
-    elif part.scheme == Scheme.iid:
-        train, test = partition.iid(len(ty), len(vy), N, n, min(test_per, len(vy) // n), rng)
-    else:
-        train, test, _ = partition.dirichlet(ty, vy, N, n, part.dirichlet_alpha, classes, test_per, rng)
+    try:
+        if part.scheme == Scheme.paper_classes:
+            train, test, owner_classes = partition.paper_classes(
+                ty, vy, N, n, part.classes_per_owner, classes, test_per, rng)
+        elif part.scheme == Scheme.iid:
+            train, test = partition.iid(len(ty), len(vy), N, n, min(test_per, len(vy) // n), rng)
+        else:
+            train, test, _ = partition.dirichlet(ty, vy, N, n, part.dirichlet_alpha, classes,
+                                                 test_per, rng)
+    except ValueError as e:          # the data cannot be split as configured
+        raise ConfigError(f"partition.scheme={Scheme(part.scheme).value}: {e}") from None
 
     rec_idx, user_offsets, user_owner, owner_user_offsets = [], [0], [], [0]
     for j, idx in enumerate(train):
