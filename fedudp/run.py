@@ -148,25 +148,36 @@ def execute(p: Prepared, on_round=None, grid: Any = None) -> RoundsResult:
     return engine.execute(p.cfg, p.owners, p.fed, constraint, drive, grid=grid)
 
 
+def _same_config(out: Path, cfg: RunConfig) -> bool | None:
+    """Whether ``out/config.yaml`` is this config (``progress`` aside); None if there is none
+    (an unreadable one counts as another run's)."""
+    path = out / "config.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+    try:
+        theirs = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:   # noqa: BLE001
+        return False
+    mine = config_dict(cfg)
+    if isinstance(theirs, dict):
+        theirs.pop("progress", None)
+    mine.pop("progress", None)
+    return theirs == mine
+
+
 def finished_summary(cfg: RunConfig, out_dir: str | Path) -> dict | None:
     """summary.json of a run of this very config that already finished in ``out_dir`` (a
     re-run sweep skips it), else None. ``progress`` does not count; a run that stopped
     ``interrupted`` or ``failed`` has not finished."""
     out = Path(out_dir)
-    if not ((out / "summary.json").is_file() and (out / "config.yaml").is_file()):
+    if not (out / "summary.json").is_file() or not _same_config(out, cfg):
         return None
-    from omegaconf import OmegaConf
     try:
-        done = OmegaConf.to_container(OmegaConf.load(out / "config.yaml"))
         summary = json.loads((out / "summary.json").read_text())
-    except Exception:   # noqa: BLE001  (unreadable: not finished)
+    except json.JSONDecodeError:
         return None
-    if summary.get("stop_reason") in ("interrupted", "failed"):
-        return None
-    mine = config_dict(cfg)
-    done.pop("progress", None)
-    mine.pop("progress", None)
-    return summary if done == mine else None
+    return None if summary.get("stop_reason") in ("interrupted", "failed") else summary
 
 
 OUTPUT_FILES = ("config.yaml", "metrics.jsonl", "ledger.jsonl", "ledger.json", "owners.csv",
@@ -177,22 +188,12 @@ def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
     """The run's folder, writable. A folder holding another configuration's run is refused (runs
     are never mixed); an unfinished run of this very configuration is cleared and redone."""
     out = Path(out_dir)
-    old = out / "config.yaml"
-    if old.is_file():
-        from omegaconf import OmegaConf
-        try:
-            theirs = OmegaConf.to_container(OmegaConf.load(old))
-        except Exception:   # noqa: BLE001
-            theirs = None
-        mine = config_dict(cfg)
-        if isinstance(theirs, dict):
-            theirs.pop("progress", None)
-        mine.pop("progress", None)
-        if theirs != mine:
-            raise ConfigError(f"{out}: holds the outputs of another run (its config.yaml differs); "
-                              "choose another output folder (hydra.run.dir=...)")
-        for name in OUTPUT_FILES:
-            (out / name).unlink(missing_ok=True)
+    same = _same_config(out, cfg)
+    if same is False:
+        raise ConfigError(f"{out}: holds the outputs of another run (its config.yaml differs); "
+                          "choose another output folder (hydra.run.dir=...)")
+    for name in OUTPUT_FILES if same else ():
+        (out / name).unlink(missing_ok=True)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".fedudp_write_test"

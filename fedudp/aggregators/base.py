@@ -83,6 +83,10 @@ class Contribution:
     def total_weight(self) -> float:
         return float(self.count if self.weight is None else self.weight)
 
+    def weighted_mean(self) -> torch.Tensor:
+        """``total`` divided by the total weight (zeros when nothing was contributed)."""
+        return self.total / max(self.total_weight, 1e-12) if self.count else self.total
+
     @staticmethod
     def merge(parts: Sequence["Contribution"], dim: int, dtype: torch.dtype, rows: bool
               ) -> "Contribution":

@@ -107,8 +107,7 @@ class MeanAggregator(Aggregator):
         return Constraint(rows=False, clip=None)
 
     def release(self, c: Contribution, *, rng: torch.Generator | None = None) -> Aggregate:
-        return Aggregate(mean=c.total / max(c.total_weight, 1e-12) if c.count else c.total,
-                         users_used=c.count, diagnostics={"cohort": c.count})
+        return Aggregate(mean=c.weighted_mean(), users_used=c.count, diagnostics={"cohort": c.count})
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.NonPrivateDpEvent()

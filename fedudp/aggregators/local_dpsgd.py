@@ -77,8 +77,7 @@ class LocalDpSgdMean(Aggregator):
                           dpsgd_clip=self.clip)
 
     def release(self, c: Contribution, *, rng: torch.Generator | None = None) -> Aggregate:
-        mean = c.total / max(c.total_weight, 1e-12) if c.count else c.total
-        return Aggregate(mean=mean, users_used=c.count, diagnostics={"cohort": c.count})
+        return Aggregate(mean=c.weighted_mean(), users_used=c.count, diagnostics={"cohort": c.count})
 
     def ledger_notes(self) -> list[str]:
         parts = "; ".join(f"{c} owners with m_j={m} users: q_j={q:.6g}, {s} steps per round"
