@@ -160,6 +160,12 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
         nonlocal budget_ok
         budget_ok = bb.within_budget() if bb is not None else True
 
+    def record(info: dict, t0: float) -> None:
+        info["seconds"] = time.perf_counter() - t0
+        history.append(info)
+        if on_round is not None:
+            on_round(info)
+
     with StopSignals() as signals:
         for r in range(1, rounds + 1):
             t0 = time.perf_counter()
@@ -175,38 +181,40 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
                 info: dict = {"round": r, "failed_owners": len(got.failures)}
                 if got.failures:
                     info["failures"] = _failures("train", got.failures)["failed_train"]
-                if bb is not None:
-                    with signals.critical():            # released and ledgered, or neither
+                with signals.critical():    # released, ledgered and recorded, or none of it
+                    if bb is not None:
                         agg = bb.release(got.replies, r)
-                    shared = bb.shared_params()
-                    failed = sum(rep.failed for rep in got.replies) + sum(f.units for f in got.failures)
-                    info.update(cohort=int(len(cohort)), failed_units=failed, users_used=agg.users_used,
-                                **{f"agg_{k}": v for k, v in agg.diagnostics.items()})
-                    if bb.ledger.entries:
-                        info["epsilon"] = bb.ledger.entries[-1].epsilon
-                    if agg.halted:
-                        stop = "halted"
-                    elif bb.diverged:
-                        stop, message = "diverged", (
-                            f"round {r}: the shared parameters became non-finite (kept at their "
-                            "last finite value); likely cause: train.lr or train.server_lr too large")
-                    elif len(cohort) and failed >= len(cohort):
-                        stop, message = "diverged", (
-                            f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
-                            "non-finite vectors or failed owners); likely cause: train.lr too large")
-                done = r
+                        shared = bb.shared_params()
+                        failed = sum(rep.failed for rep in got.replies) + sum(f.units for f in got.failures)
+                        info.update(cohort=int(len(cohort)), failed_units=failed,
+                                    users_used=agg.users_used,
+                                    **{f"agg_{k}": v for k, v in agg.diagnostics.items()})
+                        if bb.ledger.entries:
+                            info["epsilon"] = bb.ledger.entries[-1].epsilon
+                        if agg.halted:
+                            stop = "halted"
+                        elif bb.diverged:
+                            stop, message = "diverged", (
+                                f"round {r}: the shared parameters became non-finite (kept at their "
+                                "last finite value); likely cause: train.lr or train.server_lr too large")
+                        elif len(cohort) and failed >= len(cohort):
+                            stop, message = "diverged", (
+                                f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
+                                "non-finite vectors or failed owners); likely cause: train.lr too large")
+                    done = r
                 if stop == "completed" and (r % eval_every == 0 or r == rounds):
                     ev = transport.evaluate(shared, r, check_budget if r < rounds else None)
                     info.update(summarize(ev.accuracy, ev.loss, test_sizes))
                     info.update(_failures("eval", ev.failures))
+                with signals.critical():
+                    record(info, t0)
             except RunInterrupted as e:
                 stop, signum = "interrupted", e.signum
-                message = f"{e} during round {r}: stopped after round {done}, nothing of round {r} released"
+                if done == r and (not history or history[-1] is not info):
+                    record(info, t0)       # released before the signal: recorded, unevaluated
+                message = (f"{e} in round {r}: stopped after round {done}"
+                           + ("" if done == r else f", nothing of round {r} released"))
                 break
-            info["seconds"] = time.perf_counter() - t0
-            history.append(info)
-            if on_round is not None:
-                on_round(info)
             if stop != "completed":
                 break
     if stop != "interrupted" and (ev is None or (history and "accuracy_mean" not in history[-1])):
