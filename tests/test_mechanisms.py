@@ -80,13 +80,35 @@ def test_rotation_orthogonal_and_round_trip(d):
     assert torch.allclose(rot.invert(Y), X, atol=1e-10)
 
 
-def test_rotation_spreads_mass_lemma2():
-    # Lemma 2: max_i ||U x_i - U x0||_inf <= 10 max_i ||x_i - x0||_2 sqrt(log(nd/α)/d) w.p. >= 1-α
-    n, d, alpha, fails = 50, 256, 0.1, 0
-    X = torch.zeros(n, d, dtype=torch.float64)
-    X[:, :3] = torch.randn(n, 3, dtype=torch.float64, generator=gen(5))  # sparse: worst for coords
-    for s in range(200):
-        Y = RandomRotation(d, rng=gen(1000 + s)).rotate(X)
-        bound = 10 * float(torch.linalg.vector_norm(X, dim=1).max()) * math.sqrt(math.log(n * d / alpha) / d)
-        fails += float(Y.abs().max()) > bound
-    assert fails <= 0.1 * 200
+def _lemma2_checks(rotate, d: int, draws: int, alpha: float) -> tuple[bool, int]:
+    """(spikes flat, failures of the Hoeffding bound) for a rotation ``rotate(X, s)``."""
+    eye = torch.eye(d, dtype=torch.float64)
+    flat = all(torch.allclose(rotate(eye[:8], s).abs(), torch.full((8, d), d ** -0.5,
+                                                                 dtype=torch.float64), atol=1e-12)
+               for s in range(5))
+    # the Hadamard's own columns: a fixed Hadamard (or signs applied after it) maps them to spikes
+    X = torch.from_numpy(hadamard(d).astype(np.float64))[:8] / math.sqrt(d)
+    bound = math.sqrt(2 * math.log(2 * d / alpha) / d)            # ||x|| = 1
+    fails = sum(int((rotate(X, 100 + s).abs().amax(dim=1) > bound).sum()) for s in range(draws))
+    return flat, fails
+
+
+def test_rotation_is_the_randomized_hadamard_lemma2():
+    # [LEVY] Lemma 2 rests on U = d^{-1/2} H D: (i) a spike e_j maps to a vector with every
+    # coordinate of magnitude exactly d^{-1/2}, which no other orthogonal matrix does; (ii)
+    # each rotated coordinate is a Rademacher sum with variance ||x||^2/d, so (Hoeffding plus a
+    # union bound) max_i |(U x)_i| <= ||x|| sqrt(2 log(2d/α)/d) w.p. >= 1-α, even for the
+    # vectors a Hadamard without the random signs maps to spikes.
+    d, draws, alpha = 256, 100, 0.05
+    flat, fails = _lemma2_checks(lambda X, s: RandomRotation(d, rng=gen(s)).rotate(X), d, draws, alpha)
+    assert flat and fails <= 2 * alpha * 8 * draws
+    # the same checks have power: each wrong rotation fails one of them
+    H = torch.from_numpy(hadamard(d).astype(np.float64)) / math.sqrt(d)
+    signs = lambda s: RandomRotation(d, rng=gen(s)).omega               # noqa: E731
+    haar = lambda s: torch.linalg.qr(torch.randn(d, d, dtype=torch.float64, generator=gen(s)))[0]  # noqa: E731
+    wrong = {"no signs": lambda X, s: X @ H,
+             "signs after H": lambda X, s: (X @ H) * signs(s),
+             "Haar orthogonal": lambda X, s: X @ haar(s)}
+    for name, rotate in wrong.items():
+        flat, fails = _lemma2_checks(rotate, d, 10 if name == "Haar orthogonal" else draws, alpha)
+        assert not flat or fails > 2 * alpha * 8 * draws, name
