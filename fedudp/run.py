@@ -149,7 +149,9 @@ def execute(p: Prepared, on_round=None, grid: Any = None) -> RoundsResult:
 
 
 def _same_config(out: Path, cfg: RunConfig) -> bool | None:
-    """Whether ``out/config.yaml`` is this config (``progress`` aside); None if there is none
+    """Whether ``out/config.yaml`` is this config (``progress`` and ``engine_opts.threads``
+    aside: they change how a run is shown and scheduled, not the experiment, though a thread
+    count can move float rounding); None if there is none
     (an unreadable one counts as another run's)."""
     path = out / "config.yaml"
     if not path.is_file():
@@ -160,9 +162,10 @@ def _same_config(out: Path, cfg: RunConfig) -> bool | None:
     except Exception:   # noqa: BLE001
         return False
     mine = config_dict(cfg)
-    if isinstance(theirs, dict):
-        theirs.pop("progress", None)
-    mine.pop("progress", None)
+    for d in (theirs, mine) if isinstance(theirs, dict) else (mine,):
+        d.pop("progress", None)                       # how the run is shown or scheduled,
+        if isinstance(d.get("engine_opts"), dict):    # not what it computes
+            d["engine_opts"].pop("threads", None)
     return theirs == mine
 
 

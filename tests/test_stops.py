@@ -54,6 +54,10 @@ def test_an_output_folder_of_another_run_is_refused(tmp_path):
         run(tiny_cfg("fedavg", **{"train.rounds": 2}), tmp_path)
     again = run(tiny_cfg("fedavg", **{"train.rounds": 1}), tmp_path)      # same config: finished
     assert again["skipped"]
+    # thread count and progress display are not part of the experiment: still the same run
+    again = run(tiny_cfg("fedavg", **{"train.rounds": 1, "engine_opts.threads": 1, "progress": True}),
+                tmp_path)
+    assert again["skipped"]
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
