@@ -36,3 +36,18 @@ def test_cli_reports_and_exits_nonzero_on_a_violation(capsys):
                  "partition.num_owners=4", "--trials", "20000", "--break", "noise=0.3"]) == 1
     out = capsys.readouterr().out
     assert "| gaussian | add_or_remove_one | 20000 |" in out and "VIOLATION" in out
+
+
+@pytest.mark.parametrize("accounting,violation", [("paper", True), ("certified", False)])
+def test_cli_audits_the_paper_mode_leak_pair(capsys, accounting, violation):
+    # issue 10: the paper-mode pair moves the clipped sum by ~15 C, so its one release at a
+    # claimed ε = 1 is measurably far less private; certified mode's pair moves it by C
+    assert main(["--pair", "paper_leak", f"privacy.accounting={accounting}",
+                 "--trials", "10000"]) == int(violation)
+    out = capsys.readouterr().out
+    moved = float(out.split("moves the clipped sum by ")[1].split(" C")[0])
+    bound = float(out.splitlines()[-1].split("|")[6])
+    if violation:
+        assert moved > 10 and bound > 4, out
+    else:
+        assert moved <= 1.0 + 1e-6 and bound < 1.0, out
