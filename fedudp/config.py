@@ -186,6 +186,41 @@ class EstimatorConfig:
     tries: float = 1000.0
 
 
+class AlgorithmName(Choice):
+    none = "none"              # the plain round (every method, every aggregator)
+    levy_alg4 = "levy_alg4"
+    asi_alg3 = "asi_alg3"
+    asi_alg4 = "asi_alg4"
+    huang_alg1 = "huang_alg1"
+    huang_alg2 = "huang_alg2"
+
+
+@dataclass
+class AlgorithmConfig:
+    """A seed's training algorithm on the one round loop (``fedudp.algorithms``, issue 12).
+
+    Every ``None`` takes the paper's formula (each module's docstring gives it); ``train.rounds``
+    is the configured T (the paper's, often infeasible, T is recorded beside it in summary.json).
+    ``lipschitz``: the gradient bound G (Levy, Asi) / L (Huang); None: ``estimator.bound``
+    (``privacy.clip`` for Huang Alg. 1). ``radius``: R, the radius of the parameter ball Θ that
+    iterates are projected on. ``sigma``: Levy's sub-Gaussian parameter (None: G/sqrt(d)).
+    ``strong_convexity``: μ of the public regulariser (μ/2)||θ||² added server-side (Asi Alg. 4).
+    ``smoothness``: H (Levy Alg. 4's per-phase step 1/(H + λ_t)).
+    """
+
+    name: AlgorithmName = AlgorithmName.none
+    step_size: Optional[float] = None
+    radius: float = 10.0
+    lipschitz: Optional[float] = None
+    sigma: Optional[float] = None
+    smoothing_radius: Optional[float] = None
+    phases: Optional[int] = None
+    lam: Optional[float] = None
+    strong_convexity: float = 0.1
+    smoothness: float = 1.0
+    averaged: Optional[bool] = None
+
+
 @dataclass
 class EngineConfig:
     chunk_records: int = 0      # local engine: records per vmapped chunk (0: auto, see chunk_budget)
@@ -211,6 +246,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine_opts: EngineConfig = field(default_factory=EngineConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     progress: bool = True
 
 

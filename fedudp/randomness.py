@@ -19,6 +19,8 @@ class Purpose(IntEnum):
     DPSGD_NOISE = 5         # an owner's Gaussian noise at one DP-SGD step
     SAMPLE = 11             # the billboard's Poisson sample of units
     NOISE = 12              # the billboard's release noise
+    SMOOTHING = 13          # [ASI] Alg. 3 smoothing perturbations (per round, user)
+    SCHEDULE = 14           # an algorithm's public cohort schedule (phases, owner/record per step)
     SYNTHETIC_TEACHER = 0x5EED   # the synthetic dataset's teacher
     PARTITION = 0xFA27      # owners' classes, record split, users
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from fedudp import algorithms
 from fedudp.aggregators import Aggregator, Sampling, build_aggregator, check_aggregator_config
 from fedudp.config import (Accounting, ConfigError, DatasetName, EngineName, RunConfig, Unit,
                            config_dict, jsonable, validate)
@@ -24,7 +25,7 @@ from fedudp.core.billboard import Billboard
 from fedudp.core.methods import MethodSpec
 from fedudp.core.owner import Owners
 from fedudp.core.rounds import RoundsResult, run_rounds, summarize
-from fedudp.data.federation import Federation, build_federation, planned_units
+from fedudp.data.federation import Federation, build_federation, planned_owner_users, planned_units
 from fedudp.data.idx import check_available
 from fedudp.privacy.accountant import Ledger
 
@@ -95,6 +96,7 @@ class Prepared:
     ledger: Ledger
     billboard: Billboard | None
     fed: Federation
+    algorithm: Any = None       # fedudp.algorithms.Setup (algorithm.name != none)
 
     @property
     def spec(self) -> MethodSpec:
@@ -107,6 +109,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     the data. Every user error is a ``ConfigError`` naming the key or file."""
     validate(cfg)
     check_aggregator_config(cfg)
+    algorithms.check_config(cfg)
     if DatasetName(cfg.dataset.name) != DatasetName.synthetic:
         check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root, cfg.dataset.download)
     owners = Owners.from_config(cfg)
@@ -115,14 +118,24 @@ def prepare(cfg: RunConfig) -> Prepared:
     n_owners, n_users = planned_units(cfg)
     if spec.communicates:
         sampling = Sampling(cfg.train.sampling_rate, n_owners if spec.cohort_is_owners else n_users)
-        aggregator = build_aggregator(cfg, sampling, cfg.train.rounds, owners.shared_dim)
+        algo = algorithms.setup(algorithms.Context(cfg, owners, planned_owner_users(cfg),
+                                                   owners.shared_dim))
+        if algo is not None:      # a seed's training algorithm: its estimators and plan
+            sampling, aggregator = algo.sampling, algo.aggregator
+        else:
+            aggregator = build_aggregator(cfg, sampling, cfg.train.rounds, owners.shared_dim)
+    else:
+        algo = None
     ledger = make_ledger(cfg, spec, aggregator)
+    if algo is not None:
+        ledger.notes += algo.notes
+        ledger.extra["algorithm"] = algo.summary
     if aggregator is not None:
         params = dict(owners.model.named_parameters())
         billboard = Billboard({k: params[k].detach() for k in spec.shared}, spec.shared,
                               aggregator, sampling, ledger, cfg.seed, cfg.train.server_lr,
                               owners.training.mode, cfg.privacy.epsilon if spec.private else None,
-                              cfg.privacy.delta)
+                              cfg.privacy.delta, plan=algo.plan if algo is not None else None)
         if spec.private and not billboard.within_budget():
             raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
                               f"multiplier {aggregator.noise_multiplier} exceeds it")
@@ -130,7 +143,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     if (fed.num_owners, fed.num_users) != (n_owners, n_users):   # the plan's public n
         raise RuntimeError(f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
                            f"planned {n_owners} / {n_users}")
-    return Prepared(cfg, owners, aggregator, ledger, billboard, fed)
+    return Prepared(cfg, owners, aggregator, ledger, billboard, fed, algo)
 
 
 def execute(p: Prepared, on_round=None, grid: Any = None) -> RoundsResult:
@@ -284,6 +297,8 @@ def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | N
         "shared_dim": p.billboard.dim if p.billboard is not None else 0,
         "seconds": time.perf_counter() - t_start,
     }
+    if p.algorithm is not None:
+        summary["algorithm"] = p.algorithm.summary
     if res is not None:
         summary.update(res.extra)
         summary.update(estimator_report(aggregator, res))

@@ -16,6 +16,7 @@ import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
 from fedudp.core.messages import OwnerReply
+from fedudp.core.plan import Plan
 from fedudp.privacy.accountant import (Accountant, Ledger, LedgerEntry, Parallel, ParallelAccountant,
                                        pld_interval)
 from fedudp.randomness import Purpose, numpy_rng, torch_generator
@@ -24,8 +25,11 @@ from fedudp.randomness import Purpose, numpy_rng, torch_generator
 class Billboard:
     def __init__(self, shared: Mapping[str, torch.Tensor], names: tuple[str, ...],
                  aggregator: Aggregator, sampling: Sampling, ledger: Ledger, seed: int,
-                 server_lr: float, mode: str, target_epsilon: float | None, delta: float) -> None:
+                 server_lr: float, mode: str, target_epsilon: float | None, delta: float,
+                 plan: Plan | None = None) -> None:
         self.names = names
+        self.plan = plan                   # a training algorithm's hooks (fedudp.core.plan)
+        self.next_round = 1
         self.shapes = {k: tuple(shared[k].shape) for k in names}
         self.u = torch.cat([shared[k].reshape(-1) for k in names]) if names else torch.zeros(0)
         self.aggregator = aggregator
@@ -38,6 +42,8 @@ class Billboard:
         self.delta = delta
         self.diverged = False              # the last step would have made u non-finite
         self.event = aggregator.dp_event() if aggregator.private else None
+        if aggregator.private and plan is not None and plan.event(1) is not None:
+            self.event = plan.event(1)
         self.accountant = None
         if aggregator.private:      # one accountant, or one per disjoint part (owners' users)
             interval = pld_interval(target_epsilon)
@@ -46,6 +52,8 @@ class Billboard:
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
         # probabilities that enter δ, ALGORITHMS.md §4.2): composed up front, conservatively
         self.one_off = aggregator.one_off_event() if aggregator.private else None
+        if aggregator.private and plan is not None and plan.one_off() is not None:
+            self.one_off = plan.one_off()
         if self.one_off is not None:
             self.accountant.compose(self.one_off)
             ledger.extra["one_off_event"] = str(self.one_off)
@@ -64,7 +72,11 @@ class Billboard:
         return out
 
     def sample(self, round_: int) -> np.ndarray:
-        """Poisson sample of the ``population`` units at rate q (True: in this round's cohort)."""
+        """Poisson sample of the ``population`` units at rate q (True: in this round's cohort),
+        or the plan's cohort."""
+        mask = self.plan.sample(round_) if self.plan is not None else None
+        if mask is not None:
+            return mask
         q = self.sampling.rate
         if q >= 1.0:
             return np.ones(self.sampling.population, dtype=bool)
@@ -77,7 +89,13 @@ class Billboard:
         """Epsilon if this round's release were composed now (None for non-private runs)."""
         if self.accountant is None:
             return None
-        return self.accountant.epsilon_if(self.event, self.delta)
+        return self.accountant.epsilon_if(self.round_event(self.next_round), self.delta)
+
+    def round_event(self, round_: int):
+        """What round ``round_`` releases: the plan's event where it has one, else the
+        aggregator's (the same every round)."""
+        e = self.plan.event(round_) if self.plan is not None else None
+        return self.event if e is None else e
 
     def within_budget(self) -> bool:
         eps = self.epsilon_after_round()
@@ -88,17 +106,26 @@ class Billboard:
         asked), release, compose the event into the ledger and step the shared parameters.
         A halted estimator (AboveThreshold said stop) still released its answer: composed,
         but the shared parameters do not move."""
+        aggregator = (self.plan.aggregator(round_) if self.plan is not None else None) or self.aggregator
+        event = self.round_event(round_)
         c = Contribution.merge([r.contribution for r in replies], self.dim, self.u.dtype,
-                               self.aggregator.needs_per_user_vectors)
-        agg = self.aggregator.release(c, rng=self.noise_generator(round_))
+                               aggregator.needs_per_user_vectors)
+        agg = aggregator.release(c, rng=self.noise_generator(round_))
         eps = eps_rdp = None
         if self.accountant is not None:
-            self.accountant.compose(self.event)
+            self.accountant.compose(event)
             eps = self.accountant.epsilon(self.delta)
             eps_rdp = self.accountant.epsilon_rdp(self.delta)
-        self.ledger.entries.append(LedgerEntry(round_, str(self.event), self.aggregator.noise_multiplier,
-                                               self.aggregator.noise_std, self.sampling.rate, eps, eps_rdp))
-        if not agg.halted:
+        self.ledger.entries.append(LedgerEntry(round_, str(event), aggregator.noise_multiplier,
+                                               aggregator.noise_std, self.sampling.rate, eps, eps_rdp))
+        self.next_round = round_ + 1
+        stepped = (self.plan.step(self.u, None if agg.halted else agg.mean.to(self.u.dtype), round_)
+                   if self.plan is not None else None)
+        if stepped is not None:            # the plan's step (it also handles a halt)
+            self.diverged = not bool(torch.isfinite(stepped).all())
+            if not self.diverged:
+                self.u = stepped
+        elif not agg.halted:
             step = agg.mean.to(self.u.dtype)
             u = self.u + self.server_lr * step if self.mode == "delta" else self.u - self.server_lr * step
             self.diverged = not bool(torch.isfinite(u).all())

@@ -21,7 +21,7 @@ so both engines compute the same vectors. A new owner-side training mode belongs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -34,7 +34,14 @@ from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
 from fedudp.core.messages import OwnerReply, make_reply
 from fedudp.core.methods import MethodSpec, method_spec
 from fedudp.data.federation import Federation, planned_shape
-from fedudp.randomness import Purpose
+from fedudp.randomness import Purpose, numpy_rng
+
+
+def uniform_ball(rng: np.random.Generator, k: int, d: int, radius: float) -> np.ndarray:
+    """[k, d] points uniform in the l2 ball of ``radius`` (ALGORITHMS.md §1.6), float64."""
+    g = rng.standard_normal((k, d))
+    u = rng.random((k, 1))
+    return radius * u ** (1.0 / d) * g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
 
 Params = local_sgd.Params
 
@@ -49,6 +56,14 @@ class OwnerTraining:
     personal: local_sgd.LocalSpec
     mode: str
     owner_weights: str = OwnerWeights.uniform.value
+    # set by a training algorithm (fedudp.algorithms), 0 / None otherwise:
+    # [ASI] Alg. 3 randomized smoothing: a user's gradient is the mean over its records z_j of
+    # grad l(u + y_j; z_j), y_j ~ Unif(B(0, r)) fresh per record from public randomness
+    smoothing_radius: float = 0.0
+    # [HUANG] Alg. 1/2: instead of epochs over all records, the owners of the round's sampled
+    # units (``Owners.round_units``) take one gradient step of this size on their personal
+    # parameters, over the sampled units' records (no noise: they never leave the owner)
+    personal_step: float | None = None
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "OwnerTraining":
@@ -82,6 +97,9 @@ class Owners:
         self.public_personal = {k: init[k].detach().clone() for k in spec.personal}
         self.shared_dim = sum(int(init[k].numel()) for k in spec.shared)
         self.dtype = next(iter(init.values())).dtype
+        # the round's sampled units (public randomness, the billboard's plan), for
+        # ``training.personal_step``; None: no sampled personal step
+        self.round_units: Callable[[int], np.ndarray] | None = None
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "Owners":
@@ -109,7 +127,11 @@ class Owners:
     def personal_round(self, fed: Federation, shared: Params, personal: Params, round_: int
                        ) -> Params:
         """Every owner's personal parameters after its epochs of SGD on all its records, the
-        shared parameters fixed at the broadcast. No noise: they never leave the owner."""
+        shared parameters fixed at the broadcast. No noise: they never leave the owner.
+        With ``training.personal_step`` (Huang Alg. 1/2): one gradient step for the owners of the
+        round's sampled units only (``personal_step_round``)."""
+        if self.training.personal_step is not None:
+            return self.personal_step_round(fed, shared, personal, round_)
         if not self.trains_personal:
             return personal
         spec = self.training.personal
@@ -122,6 +144,57 @@ class Owners:
             for k in new:
                 new[k][torch.from_numpy(sel)] = out[k].detach()
         return new
+
+    def personal_step_round(self, fed: Federation, shared: Params, personal: Params, round_: int
+                            ) -> Params:
+        """[HUANG] Alg. 1/2's personal move: x_j <- x_j - eta * (mean over the round's sampled
+        records of owner j of grad_x h(x_j, u, z)), for each owner j with sampled units; every
+        other owner's x_j is unchanged."""
+        units = self.round_units(round_) if self.round_units is not None else np.zeros(0, np.int64)
+        if not self.spec.personal or not len(units):
+            return personal
+        units = np.asarray(units, dtype=np.int64)
+        owners = fed.user_owner[units]
+        grads = local_sgd.mean_gradients(self.model, local_sgd.select(personal, owners), {}, dict(shared),
+                                         fed.x, fed.y, user_units(fed, units))
+        sizes = torch.from_numpy(np.diff(fed.user_offsets)[units].astype(np.float64))
+        uniq, row = np.unique(owners, return_inverse=True)
+        idx = torch.from_numpy(row)
+        weight = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, idx, sizes)
+        new = {k: v.clone() for k, v in personal.items()}
+        for k, g in grads.items():
+            flat = (g.to(torch.float64).reshape(len(units), -1) * sizes.unsqueeze(1))
+            tot = torch.zeros(len(uniq), flat.shape[1], dtype=torch.float64).index_add_(0, idx, flat)
+            step = (tot / weight.unsqueeze(1)).reshape(len(uniq), *g.shape[1:]).to(new[k].dtype)
+            new[k][torch.from_numpy(uniq)] -= self.training.personal_step * step
+        return new
+
+    def smoothed_gradients(self, fed: Federation, shared: Params, fr_unit: Params, fr_common: Params,
+                           sub: local_sgd.Units, user_ids: np.ndarray, round_: int) -> torch.Tensor:
+        """[ASI] Alg. 3 randomized smoothing: [len(sub), d_shared], each user's mean over its
+        records z_j of grad l(u + y_j; z_j), y_j ~ Unif(B(0, r)) drawn per record (float64) from
+        public randomness keyed by (round, the user's stable id)."""
+        names, r, d = self.spec.shared, self.training.smoothing_radius, self.shared_dim
+        sizes = sub.sizes.astype(np.int64)
+        rec = np.concatenate([np.arange(s, s + k) for s, k in zip(sub.starts, sizes)])
+        of = np.repeat(np.arange(len(sub)), sizes)
+        Y = torch.cat([torch.from_numpy(uniform_ball(numpy_rng(self.training.user.seed, Purpose.SMOOTHING,
+                                                               round_, int(uid)), int(k), d, r))
+                       for uid, k in zip(user_ids, sizes)])
+        base = local_sgd.flatten(local_sgd.expand(shared, len(rec)), names)
+        flat = (base.to(torch.float64) + Y).to(base.dtype)
+        trainable, i = {}, 0
+        for k in names:
+            n = shared[k].numel()
+            trainable[k] = flat[:, i:i + n].reshape(len(rec), *shared[k].shape)
+            i += n
+        ones = np.ones(len(rec), dtype=np.int64)
+        units = local_sgd.Units(rec, ones, np.zeros_like(ones), rec, ones)
+        fr = local_sgd.select(fr_unit, of) if fr_unit else {}
+        G = local_sgd.flatten(local_sgd.mean_gradients(self.model, trainable, fr, fr_common, fed.x,
+                                                       fed.y, units), names)
+        out = torch.zeros(len(sub), d, dtype=G.dtype).index_add_(0, torch.from_numpy(of), G)
+        return out / torch.from_numpy(np.maximum(sizes, 1)).to(G.dtype).unsqueeze(1)
 
     def user_vectors(self, fed: Federation, shared: Params, personal: Params, users: np.ndarray,
                      round_: int) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
@@ -144,6 +217,9 @@ class Owners:
                                                 fed.user_ids[users[sel]])
                 end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec)
                 G = local_sgd.flatten(end, names) - local_sgd.flatten(start, names)
+            elif self.training.smoothing_radius > 0:
+                G = self.smoothed_gradients(fed, shared, fr_unit, fr_common, sub,
+                                            fed.user_ids[users[sel]], round_)
             else:
                 G = local_sgd.flatten(local_sgd.mean_gradients(self.model, start, fr_unit, fr_common, fed.x, fed.y,
                                                sub), names)

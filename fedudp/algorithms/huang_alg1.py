@@ -1,0 +1,98 @@
+"""Huang et al., "Learning across Data Owners with Joint Differential Privacy" (seed
+001_40594ba3d5609f29.txt), §3.1 Algorithm 1 (A_NSGD, Theorem 3.1, Lemma 3.2; ALGORITHMS.md §3.2),
+as stated: one record per step, noise on the shared coordinates only, averaged iterate.
+
+    per step t: one record z of owner j (``privacy.accounting=certified``: Poisson-sampled at
+        rate q = 1/(mn) over the mn records, the data flow the accountant certifies;
+        ``paper``: exactly one record uniformly, with replacement across steps, accounted as the
+        Poisson approximation and labelled heuristic, dp-accounting has no with-replacement
+        sampling)
+    u   <- Π_U(u - η (clip_L(∇_u h(x_j, u, z)) + b_t)),  b_t ~ N(0, σ² I_ℓ)   (the billboard:
+        ``aggregator=gaussian`` at rate q, noise on the shared block only)
+    x_j <- x_j - η ∇_x h(x_j, u, z)   (owner j's personal block, no noise; the owner hook
+        ``OwnerTraining.personal_step``; every other owner's x is unchanged)
+    return ū = (1/T) Σ_t u^t   (the shared averaged iterate; personal blocks: last iterate)
+
+One record per user (``partition.records_per_user=1``): the unit is the record (user level
+follows by group privacy, §3.3: run at ε r/m). σ: calibrated by dp-accounting for T Poisson-
+sampled Gaussian releases at rate 1/(mn) (the paper's σ = L sqrt(T log(1/δ))/(ε m n) holds only
+up to an unknown constant c2 and is recorded, not used). Step size (ALGORITHMS.md §3.2, derived
+by balancing the proof's terms): η = R / (L T sqrt(1/(mn) + ℓ log(1/δ)/(ε² m² n²)))
+(``algorithm.step_size``). T = Θ(m²n²) (proof of Thm 3.1) is infeasible: ``train.rounds``
+replaces it; both in summary.json. In certified mode (joint_dp) the shared gradient is taken at
+the public personal copy (option (c), ALGORITHMS.md §3.2); paper mode at x_j (the feedback).
+Personal update order: x_j moves before u's gradient is taken in the same round (the round
+loop's order), a one-step lag against the paper's simultaneous update, only in paper mode.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedudp.aggregators.base import REGISTRY, Sampling
+from fedudp.algorithms import Context, Setup, need, require, set_owner_hooks
+from fedudp.algorithms.schedule import AlgorithmPlan, Phase
+from fedudp.config import Accounting, Method, RunConfig
+from fedudp.randomness import Purpose, numpy_rng
+
+SEED = "001_40594ba3d5609f29.txt (Huang et al.), Algorithm 1, Theorem 3.1, Lemma 3.2"
+
+
+def check_config(cfg: RunConfig) -> None:
+    require(cfg, methods=(Method.joint_dp, Method.full_dp), aggregator="gaussian")
+    need(cfg.partition.records_per_user == 1, "partition.records_per_user",
+         "algorithm.name=huang_alg1 samples one record per step: it needs one record per user "
+         "(user level via group privacy: privacy.epsilon = ε r/m)")
+    need(cfg.privacy.noise_multiplier is None, "privacy.noise_multiplier",
+         "algorithm.name=huang_alg1 calibrates σ to (ε, δ) over train.rounds; leave it null")
+
+
+def paper_step_size(R: float, L: float, T: int, N: int, ell: int, eps: float, delta: float) -> float:
+    """η = R / (L T sqrt(1/N + ℓ log(1/δ)/(ε² N²))), N = mn records."""
+    return R / (L * T * math.sqrt(1 / N + ell * math.log(1 / delta) / (eps ** 2 * N ** 2)))
+
+
+def paper_sigma(L: float, T: int, N: int, eps: float, delta: float) -> float:
+    """Algorithm 1's σ = L sqrt(T log(1/δ)) / (ε m n) (up to Lemma 3.2's unknown c2)."""
+    return L * math.sqrt(T * math.log(1 / delta)) / (eps * N)
+
+
+def setup(ctx: Context) -> Setup:
+    cfg, a = ctx.cfg, ctx.cfg.algorithm
+    N, T, ell = ctx.n_users, cfg.train.rounds, ctx.dim     # one record per user: N = mn
+    L = a.lipschitz or cfg.privacy.clip
+    eps, delta = cfg.privacy.epsilon, cfg.privacy.delta
+    q = 1.0 / N
+    paper = Accounting(cfg.privacy.accounting) == Accounting.paper
+    sampling = Sampling(q, N)
+    agg = REGISTRY["gaussian"].from_config(cfg, sampling, T, ell)
+    if paper:
+        agg.guarantee = "heuristic"
+    eta = a.step_size or paper_step_size(a.radius, L, T, N, ell, eps, delta)
+    seed = cfg.seed
+
+    def sampler(round_: int) -> np.ndarray:
+        if paper:                              # one record, uniformly, with replacement
+            mask = np.zeros(N, dtype=bool)
+            mask[numpy_rng(seed, Purpose.SCHEDULE, round_).integers(N)] = True
+            return mask
+        return numpy_rng(seed, Purpose.SAMPLE, round_).random(N) < q     # Poisson at 1/(mn)
+
+    averaged = True if a.averaged is None else a.averaged
+    plan = AlgorithmPlan([Phase(T, agg, eta, radius=a.radius)], N, averaged, sampler=sampler)
+    set_owner_hooks(ctx.owners, plan, personal_step=eta)
+    sigma = agg.noise_std
+    summary = {"seed": SEED, "configured_T": T, "paper_T": N ** 2, "records": N, "rate": q,
+               "step_size": eta, "step_size_paper": paper_step_size(a.radius, L, T, N, ell, eps, delta),
+               "L": L, "R": a.radius, "sigma": sigma, "sigma_paper_formula": paper_sigma(L, T, N, eps, delta),
+               "noise_multiplier": agg.noise_multiplier, "shared_dim": ell,
+               "sampling": "with replacement (one record per step)" if paper else "Poisson at 1/(mn)",
+               "theorem_conditions": {"mn>=10": N >= 10, "0<eps<=10": 0 < eps <= 10}}
+    notes = ["huang_alg1: one record per step; noise N(0, σ²) on the SHARED coordinates only, the "
+             "personal blocks move without noise and never leave their owner",
+             ("paper mode: one record sampled with replacement per step, accounted as Poisson "
+              "sampling at 1/(mn) (an approximation; dp-accounting has no with-replacement event): "
+              "guarantee heuristic") if paper else
+             "certified: records Poisson-sampled at q = 1/(mn) exactly as accounted"]
+    return Setup(agg, plan, sampling, summary, notes)

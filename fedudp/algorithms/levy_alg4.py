@@ -1,0 +1,92 @@
+"""Levy et al., "Learning with User-Level Privacy" (seed 004_07414daf854bd785.txt), §5.1
+Algorithm 4 (phased ERM for SCO, Theorem 4; ALGORITHMS.md §2.6).
+
+    P = ceil(log2(G n sqrt(m) ε / (σ d)))            phases (``algorithm.phases``)
+    λ = sqrt(G G_ / (n m) + σ² d² / (n² m ε²)) / R     G_ = min(G, σ sqrt(d)) (``algorithm.lam``)
+    phase t = 1..P: n_t = floor(n / 2^t) users not used before (a public random split),
+        λ_t = 4^t λ,  θ̂_t ≈ argmin (1/(m n_t)) Σ_{u ∈ S_t} Σ_j l(θ; z_j^u) + (λ_t/2)||θ - θ̂_{t-1}||²
+        solved by Alg. 3 (WinsorizedMeanHighD on the users' mean gradients, ``aggregator=winsorized``
+        calibrated for the phase's n_t and T_t) with the public regulariser's gradient
+        λ_t (θ - θ̂_{t-1}) added by the billboard, step 1/(H + λ_t) (``algorithm.step_size``),
+        projection on ||θ|| <= R, output the phase's averaged iterate.
+    return θ̂_P
+
+Privacy: phases use disjoint users, so each spends the full (ε, δ): the ledger composes them in
+parallel (a ``Parallel`` event, one part per phase). Theorem 4 needs ε <= 1, δ <= 1/n² and
+Corollary 2's T_t = (H/λ_t) log(n_t² m (G/G̃²) λ_t R ε² / d) steps per phase; ``train.rounds``
+(split evenly over the phases) replaces it, both recorded in summary.json.
+"""
+from __future__ import annotations
+
+import math
+
+from fedudp.aggregators.base import REGISTRY, Sampling
+from fedudp.algorithms import Context, Setup, need, public_permutation, require, split_rounds, set_owner_hooks
+from fedudp.algorithms.schedule import AlgorithmPlan, Phase
+from fedudp.config import Method, RunConfig
+
+SEED = "004_07414daf854bd785.txt (Levy et al.), Algorithm 4, Theorem 4"
+
+
+def check_config(cfg: RunConfig) -> None:
+    require(cfg, methods=(Method.full_dp, Method.joint_dp), aggregator="winsorized")
+
+
+def paper_parameters(n: int, m: int, d: int, eps: float, G: float, sigma: float, R: float
+                     ) -> dict:
+    """P and λ of Algorithm 4 (at least one phase)."""
+    g_low = min(G, sigma * math.sqrt(d))
+    P = max(1, math.ceil(math.log2(G * n * math.sqrt(m) * eps / (sigma * d))))
+    lam = math.sqrt(G * g_low / (n * m) + sigma ** 2 * d ** 2 / (n ** 2 * m * eps ** 2)) / R
+    return {"phases": P, "lam": lam, "g_low": g_low}
+
+
+def corollary2_rounds(n_t: int, m: int, d: int, eps: float, G: float, sigma: float, R: float,
+                      H: float, mu: float) -> int:
+    """Corollary 2's T = (H/μ) log(n² m (G/G̃²) μ R ε² / d), G̃ = σ sqrt(d) (at least 1)."""
+    g_tilde = sigma * math.sqrt(d)
+    arg = n_t ** 2 * m * (G / g_tilde ** 2) * mu * R * eps ** 2 / d
+    return max(1, math.ceil(H / mu * math.log(max(arg, math.e))))
+
+
+def setup(ctx: Context) -> Setup:
+    cfg, a = ctx.cfg, ctx.cfg.algorithm
+    n, m, d = ctx.n_users, ctx.m, ctx.dim
+    G = a.lipschitz or cfg.estimator.bound
+    sigma = a.sigma or G / math.sqrt(d)
+    eps, delta, R = cfg.privacy.epsilon, cfg.privacy.delta, a.radius
+    paper = paper_parameters(n, m, d, eps, G, sigma, R)
+    P = a.phases or paper["phases"]
+    lam = a.lam if a.lam is not None else paper["lam"]
+    need(n // 2 ** P >= 1, "algorithm.phases", f"{P} phases halve n={n} users below one user")
+    rounds = split_rounds(cfg.train.rounds, P)
+    perm = public_permutation(cfg.seed, n)
+    phases, info, start = [], [], 0
+    for t in range(1, P + 1):
+        n_t = n // 2 ** t
+        lam_t = 4 ** t * lam
+        users = perm[start:start + n_t]
+        start += n_t
+        agg = REGISTRY["winsorized"].from_config(cfg, Sampling(1.0, n_t), rounds[t - 1], d)
+        eta = a.step_size or 1.0 / (a.smoothness + lam_t)
+        phases.append(Phase(rounds[t - 1], agg, eta, units=users, reg=lam_t, reg_centre="start",
+                            radius=R))
+        info.append({"phase": t, "users": n_t, "lambda": lam_t, "step_size": eta,
+                     "rounds": rounds[t - 1], "eps_coord": agg.eps_coord, "tau": agg.tau,
+                     "paper_rounds": corollary2_rounds(n_t, m, d, eps, G, sigma, R, a.smoothness, lam_t),
+                     "min_users_required": agg.min_users_required})
+    averaged = True if a.averaged is None else a.averaged
+    plan = AlgorithmPlan(phases, n, averaged)
+    set_owner_hooks(ctx.owners, plan)
+    conditions = {"eps<=1": eps <= 1, "delta<=1/n^2": delta <= 1 / n ** 2}
+    summary = {"seed": SEED, "phases": P, "phases_paper": paper["phases"], "lambda": lam,
+               "lambda_paper": paper["lam"], "G": G, "sigma": sigma, "R": R,
+               "configured_T": cfg.train.rounds,
+               "paper_T": sum(p["paper_rounds"] for p in info), "phase_detail": info,
+               "theorem_conditions": conditions, "users_unused": n - start}
+    notes = [f"levy_alg4: {P} phases on disjoint users ({[p['users'] for p in info]} of n={n}), "
+             "each (ε, δ) on its own users: composed in PARALLEL (one Parallel part per phase; "
+             "the run's epsilon is the worst phase's)",
+             "the regulariser λ_t (θ - θ̂_{t-1}) is public (θ̂_{t-1} is the previous phase's DP "
+             "output): added by the billboard, post-processing"]
+    return Setup(phases[0].aggregator, plan, Sampling(1.0, n), summary, notes)
