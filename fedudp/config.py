@@ -234,6 +234,17 @@ class EngineConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints of the round loop (issue 11; ``fedudp.core.checkpoint``): one after every
+    ``every``-th completed round (0: none), the newest ``keep`` kept in the run folder. They
+    change nothing a run computes, so a finished or resumed run compares its configuration
+    without them."""
+
+    every: int = 1
+    keep: int = 2
+
+
+@dataclass
 class RunConfig:
     method: Method = Method.joint_dp
     aggregator: AggregatorName = AggregatorName.auto
@@ -247,6 +258,9 @@ class RunConfig:
     engine_opts: EngineConfig = field(default_factory=EngineConfig)
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # a run folder: continue that run from its newest usable checkpoint (same configuration)
+    resume: Optional[str] = None
     progress: bool = True
 
 
@@ -373,6 +387,10 @@ def validate(cfg: RunConfig) -> None:
               "record with placement=server clips per user, so it needs "
               "partition.records_per_user=1 (a user-level guarantee, privacy.unit=user, already "
               "implies record level)")
+    _need(isinstance(cfg.checkpoint.every, int) and cfg.checkpoint.every >= 0, "checkpoint.every",
+          f"must be an integer >= 0 (0: no checkpoints), got {cfg.checkpoint.every}")
+    _need(isinstance(cfg.checkpoint.keep, int) and cfg.checkpoint.keep >= 1, "checkpoint.keep",
+          f"must be an integer >= 1, got {cfg.checkpoint.keep}")
     if cfg.engine_opts.chunk_records < 0:
         raise ConfigError("engine_opts.chunk_records: must be >= 1, or 0 for auto")
 

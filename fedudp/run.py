@@ -21,6 +21,7 @@ from fedudp import algorithms
 from fedudp.aggregators import Aggregator, Sampling, build_aggregator, check_aggregator_config
 from fedudp.config import (Accounting, ConfigError, DatasetName, EngineName, RunConfig, Unit,
                            config_dict, jsonable, validate)
+from fedudp.core import checkpoint as checkpoints
 from fedudp.core.billboard import Billboard
 from fedudp.core.methods import MethodSpec
 from fedudp.core.owner import Owners
@@ -146,8 +147,11 @@ def prepare(cfg: RunConfig) -> Prepared:
     return Prepared(cfg, owners, aggregator, ledger, billboard, fed, algo)
 
 
-def execute(p: Prepared, on_round=None, grid: Any = None) -> RoundsResult:
-    """The round loop on the configured engine (``grid``: ``flwr run``'s, for engine=flower)."""
+def execute(p: Prepared, on_round=None, grid: Any = None,
+            checkpoint: checkpoints.Checkpointer | None = None) -> RoundsResult:
+    """The round loop on the configured engine (``grid``: ``flwr run``'s, for engine=flower;
+    ``checkpoint``: where and how often it checkpoints, and the state a resumed run starts
+    from)."""
     if EngineName(p.cfg.engine) == EngineName.flower:
         from fedudp.engines import flower as engine
     else:
@@ -156,7 +160,7 @@ def execute(p: Prepared, on_round=None, grid: Any = None) -> RoundsResult:
 
     def drive(transport) -> RoundsResult:
         return run_rounds(t.rounds, t.eval_every, p.billboard, transport,
-                          np.diff(p.fed.test_offsets), on_round)
+                          np.diff(p.fed.test_offsets), on_round, checkpoint=checkpoint)
     constraint = p.aggregator.constraint if p.aggregator is not None else None
     return engine.execute(p.cfg, p.owners, p.fed, constraint, drive, grid=grid)
 
@@ -174,12 +178,33 @@ def _same_config(out: Path, cfg: RunConfig) -> bool | None:
         theirs = OmegaConf.to_container(OmegaConf.load(path))
     except Exception:   # noqa: BLE001
         return False
-    mine = config_dict(cfg)
-    for d in (theirs, mine) if isinstance(theirs, dict) else (mine,):
-        d.pop("progress", None)                       # how the run is shown or scheduled,
-        if isinstance(d.get("engine_opts"), dict):    # not what it computes
-            d["engine_opts"].pop("threads", None)
-    return theirs == mine
+    return comparable(theirs) == comparable(config_dict(cfg))
+
+
+def comparable(d: Any) -> Any:
+    """A config dict without what changes how a run is shown, scheduled, checkpointed or
+    resumed, not what it computes (``progress``, ``engine_opts.threads``, ``checkpoint``,
+    ``resume``)."""
+    if not isinstance(d, dict):
+        return d
+    d = {k: v for k, v in d.items() if k not in ("progress", "checkpoint", "resume")}
+    if isinstance(d.get("engine_opts"), dict):
+        d["engine_opts"] = {k: v for k, v in d["engine_opts"].items() if k != "threads"}
+    return d
+
+
+def config_differences(out: Path, cfg: RunConfig) -> list[str]:
+    """Dotted keys where ``out/config.yaml`` and ``cfg`` differ (``comparable`` parts)."""
+    from omegaconf import OmegaConf
+    theirs = comparable(OmegaConf.to_container(OmegaConf.load(out / "config.yaml")))
+    mine = comparable(config_dict(cfg))
+
+    def diff(a: Any, b: Any, prefix: str) -> list[str]:
+        if isinstance(a, dict) and isinstance(b, dict):
+            return [k for key in sorted(set(a) | set(b))
+                    for k in diff(a.get(key), b.get(key), f"{prefix}{key}.")]
+        return [] if a == b else [prefix.rstrip(".")]
+    return diff(theirs, mine, "")
 
 
 def finished_summary(cfg: RunConfig, out_dir: str | Path) -> dict | None:
@@ -210,6 +235,8 @@ def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
                           "choose another output folder (hydra.run.dir=...)")
     for name in OUTPUT_FILES if same else ():
         (out / name).unlink(missing_ok=True)
+    if same:
+        checkpoints.remove_all(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".fedudp_write_test"
@@ -224,20 +251,30 @@ def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
     """One fedudp run; returns summary.json's content. A run of the same config that already
     finished in ``out_dir`` is not run again (its summary is returned, ``skipped: true``).
     metrics.jsonl and ledger.jsonl are appended and flushed every round; summary.json is
-    written whatever the stop reason (also when the run fails, before the error propagates)."""
+    written whatever the stop reason (also when the run fails, before the error propagates).
+    With ``resume=<run folder>`` (``out_dir`` is then ignored) the run in that folder continues
+    from its newest usable checkpoint: same files, no round twice."""
     t_start = time.perf_counter()
     validate(cfg)
+    if cfg.resume:
+        out_dir = cfg.resume
+        _check_resumable(Path(out_dir), cfg)
     done = finished_summary(cfg, out_dir)
     if done is not None:
         return {**done, "skipped": True}
     p = prepare(cfg)
-    out = _output_folder(out_dir, cfg)
-    (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
-    metrics_path, ledger_path = out / "metrics.jsonl", out / "ledger.jsonl"
-    metrics_path.write_text("")
+    metrics_path, ledger_path = Path(out_dir) / "metrics.jsonl", Path(out_dir) / "ledger.jsonl"
     head = {k: v for k, v in p.ledger.to_dict().items() if k not in ("entries", "epsilon", "rounds_released")}
-    ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
-    written = 0
+    if cfg.resume:
+        out = Path(out_dir)
+        ckpt = _resume_from(out, cfg, head)
+        written = len(ckpt.resumed["billboard"]["entries"]) if ckpt.resumed["billboard"] else 0
+    else:
+        out = _output_folder(out_dir, cfg)
+        (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
+        metrics_path.write_text("")
+        ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
+        ckpt, written = _checkpointer(out, cfg), 0
     bar = _progress(cfg)
 
     def on_round(info: dict) -> None:
@@ -255,14 +292,56 @@ def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
 
     res = None
     try:
-        res = execute(p, on_round, grid)
+        res = execute(p, on_round, grid, ckpt)
     except BaseException as e:
         _write_outputs(cfg, p, out, None, t_start, error=f"{type(e).__name__}: {e}")
+        if isinstance(e, checkpoints.CheckpointError):
+            raise ConfigError(f"resume={out}: the checkpoint does not fit this run: {e}") from None
         raise
     finally:
         if bar is not None:
             bar.close()
     return _write_outputs(cfg, p, out, res, t_start)
+
+
+def _identity(cfg: RunConfig) -> str:
+    """What a checkpoint must have been written by: this configuration (``comparable``)."""
+    return json.dumps(comparable(config_dict(cfg)), sort_keys=True)
+
+
+def _checkpointer(out: Path, cfg: RunConfig) -> checkpoints.Checkpointer:
+    return checkpoints.Checkpointer(out, cfg.checkpoint.every, cfg.checkpoint.keep, _identity(cfg))
+
+
+def _check_resumable(out: Path, cfg: RunConfig) -> None:
+    """``resume=<folder>`` must name a run folder of this very configuration."""
+    if not (out / "config.yaml").is_file():
+        raise ConfigError(f"resume={out}: not a fedudp run folder (no config.yaml there)")
+    if not _same_config(out, cfg):
+        keys = config_differences(out, cfg) if (out / "config.yaml").is_file() else []
+        raise ConfigError(f"resume={out}: that run's configuration differs from this one"
+                          + (f" in {', '.join(keys[:5])}" if keys else "")
+                          + f"; resume with the same overrides (see {out / 'config.yaml'})")
+
+
+def _resume_from(out: Path, cfg: RunConfig, head: dict) -> checkpoints.Checkpointer:
+    """Load the newest usable checkpoint in ``out`` (reporting each unusable one on stderr)
+    and cut metrics.jsonl and ledger.jsonl back to its round: the rounds after it run again,
+    with the same keyed randomness, so each release is recorded once."""
+    ckpt = _checkpointer(out, cfg)
+    state = ckpt.load_latest()
+    if state is None:
+        raise ConfigError(f"resume={out}: no usable checkpoint (ckpt-*.pt) in that folder; "
+                          "run again without resume= to start it afresh")
+    history = json.loads(state["history"])
+    entries = state["billboard"]["entries"] if state["billboard"] is not None else []
+    lines = [json.dumps(jsonable(h)) for h in history]
+    checkpoints.atomic_write(out / "metrics.jsonl", "".join(x + "\n" for x in lines).encode())
+    ledger = [json.dumps(jsonable(head))] + [json.dumps(jsonable(e)) for e in entries]
+    checkpoints.atomic_write(out / "ledger.jsonl", "".join(x + "\n" for x in ledger).encode())
+    for name in ("ledger.json", "owners.csv", "summary.json"):    # rewritten at the end
+        (out / name).unlink(missing_ok=True)
+    return ckpt
 
 
 def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | None, t_start: float,
@@ -345,18 +424,19 @@ def _hydra_main() -> None:
     @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
     def _main(dcfg: DictConfig) -> float | None:
         cfg: RunConfig = OmegaConf.to_object(dcfg)
+        out_dir = cfg.resume or HydraConfig.get().runtime.output_dir
         try:
-            summary = run(cfg, HydraConfig.get().runtime.output_dir)
+            summary = run(cfg, out_dir)
         except ConfigError as e:
             fail(str(e))
         acc = summary["accuracy_mean"]
         eps = summary["epsilon"]
         if summary.get("skipped"):
-            print(f"[{summary['method']}] finished before in {HydraConfig.get().runtime.output_dir}: skipped")
+            print(f"[{summary['method']}] finished before in {out_dir}: skipped")
         stop = summary["stop_reason"]
         if stop in ("diverged", "interrupted"):
             print(f"fedudp: {stop}: {summary['stop_message']} "
-                  f"(outputs in {HydraConfig.get().runtime.output_dir})", file=sys.stderr)
+                  f"(outputs in {out_dir})", file=sys.stderr)
             multirun = HydraConfig.get().mode == RunMode.MULTIRUN
             if stop == "interrupted":
                 raise SystemExit(128 + int(summary.get("signal", 2)))

@@ -192,6 +192,16 @@ class Aggregator(ABC):
         """What the ledger must say about this mechanism beyond unit, adjacency and events."""
         return []
 
+    def checkpoint_state(self) -> dict:
+        """State carried from one release to the next (a checkpoint saves it; issue 11).
+        Stateless estimators, whose randomness is the round's keyed generator, have none."""
+        return {}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        """Continue from ``checkpoint_state()``."""
+        if state:
+            raise ValueError(f"aggregator={self.name} keeps no state, got {sorted(state)}")
+
 
 class RowsAggregator(Aggregator):
     """An estimator on the cohort matrix (winsorized, outlier removal, few users)."""

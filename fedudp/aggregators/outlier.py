@@ -263,6 +263,25 @@ class OutlierRemovalAggregator(_FilterGaussian):
         """AboveThreshold's pure ε/2 (one instance) and the δ reserved for the failures."""
         return ApproxDp(self.eps_at, self.delta_reserved)
 
+    def checkpoint_state(self) -> dict:
+        """The one AboveThreshold across rounds: its noisy threshold, queries, halt and RNG."""
+        at = self.at
+        return {"halted_at": self.halted_at, "at": None if at is None else {
+            "noisy_threshold": float(at.noisy_threshold), "halted": bool(at.halted),
+            "queries": int(at.queries), "rng": at.rng.get_state()}}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        self.halted_at = state["halted_at"]
+        saved = state["at"]
+        if saved is None:
+            self.at = None
+            return
+        self.at = AboveThreshold(4 * self.sampling.population / 5, self.eps_at,
+                                 rng=torch.Generator(), sensitivity=SCORE_SENSITIVITY)
+        self.at.rng.set_state(saved["rng"])
+        self.at.noisy_threshold = saved["noisy_threshold"]
+        self.at.halted, self.at.queries = saved["halted"], saved["queries"]
+
 
 @register
 class FriendlyCoreAggregator(_FilterGaussian):

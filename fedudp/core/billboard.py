@@ -9,12 +9,14 @@ owner's personal parameters are joint-DP with respect to the other owners' data.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
+from fedudp.core.checkpoint import CheckpointError, plain
 from fedudp.core.messages import OwnerReply
 from fedudp.core.plan import Plan
 from fedudp.privacy.accountant import (Accountant, Ledger, LedgerEntry, Parallel, ParallelAccountant,
@@ -132,3 +134,55 @@ class Billboard:
             if not self.diverged:          # keep the last finite state
                 self.u = u
         return agg
+
+    def state(self) -> dict:
+        """What a checkpoint needs to continue this billboard exactly: the shared parameters,
+        the ledger's entries (the accountant is recomposed from them, ``restore``), the
+        aggregator's own state and a training algorithm's plan's. Sampling and noise are keyed
+        by round: nothing to save. ``CheckpointError`` if a plan cannot be checkpointed."""
+        plan = getattr(self, "plan", None)
+        if plan is not None and not hasattr(plan, "checkpoint_state"):
+            raise CheckpointError(f"{type(plan).__name__} keeps no checkpointable state")
+        return {"u": self.u.clone(), "diverged": bool(self.diverged),
+                "entries": [plain(asdict(e)) for e in self.ledger.entries],
+                "aggregator": self.aggregator.checkpoint_state(),
+                "plan": plan.checkpoint_state() if plan is not None else None}
+
+    def _event_of(self, round_: int):
+        """The event round ``round_`` released (a plan's, where an algorithm has one)."""
+        of = getattr(self, "round_event", None)
+        return of(round_) if of is not None else self.event
+
+    def restore(self, state: dict) -> None:
+        """Continue from ``state()``: each released entry must be the event this configuration
+        releases in its round; the accountant composes them again one by one, in order (the
+        one-off block was composed at construction), and the epsilon it then reports must
+        equal the last entry's bit for bit, or the checkpoint is refused."""
+        u = state["u"]
+        if tuple(u.shape) != tuple(self.u.shape) or u.dtype != self.u.dtype:
+            raise CheckpointError(f"shared parameters of shape {tuple(u.shape)} {u.dtype}, "
+                                  f"this run has {tuple(self.u.shape)} {self.u.dtype}")
+        if self.ledger.entries:
+            raise RuntimeError("restore() needs a fresh billboard")
+        entries = [LedgerEntry(**e) for e in state["entries"]]
+        if [e.round for e in entries] != list(range(1, len(entries) + 1)):
+            raise CheckpointError("its ledger entries are not rounds 1, 2, ... in order")
+        if self.accountant is not None:
+            for e in entries:
+                event = self._event_of(e.round)
+                if e.event != str(event):
+                    raise CheckpointError(f"round {e.round} released {e.event}, this "
+                                          f"configuration releases {event}")
+                self.accountant.compose(event)
+            if entries and self.accountant.epsilon(self.delta) != entries[-1].epsilon:
+                raise CheckpointError(f"recomposed epsilon {self.accountant.epsilon(self.delta)!r} "
+                                      f"differs from the ledger's {entries[-1].epsilon!r}")
+        self.u = u.clone()
+        self.diverged = bool(state["diverged"])
+        self.ledger.entries[:] = entries
+        if hasattr(self, "next_round"):
+            self.next_round = len(entries) + 1
+        self.aggregator.restore_checkpoint_state(state["aggregator"])
+        plan = getattr(self, "plan", None)
+        if plan is not None:
+            plan.restore_checkpoint_state(state["plan"])

@@ -15,6 +15,7 @@ exactly the releases that happened; a signal during the release is deferred to i
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import threading
 import time
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from fedudp.core.billboard import Billboard
+from fedudp.core.checkpoint import CheckpointError, Checkpointer, warn
 from fedudp.core.messages import Failure, OwnerReply
 
 Params = dict[str, torch.Tensor]
@@ -67,6 +69,20 @@ class Transport(Protocol):
 
     def info(self) -> dict:
         """Engine facts for summary.json."""
+        ...
+
+    def will_checkpoint(self, round_: int, folder) -> None:
+        """Round ``round_`` will be checkpointed (owners that keep their own state save it to
+        ``folder`` while they train)."""
+        ...
+
+    def checkpoint_state(self, round_: int) -> dict | None:
+        """The owners' state after ``round_`` as a checkpoint holds it (None: it cannot be
+        checkpointed this round)."""
+        ...
+
+    def restore(self, state: dict, folder) -> None:
+        """Continue from ``checkpoint_state`` (``folder``: where owners saved their own state)."""
         ...
 
 
@@ -146,13 +162,54 @@ def _failures(kind: str, failures: list[Failure]) -> dict:
                                for f in failures]}
 
 
+def loop_state(billboard: Billboard | None, transport: Transport, round_: int,
+               history: list[dict]) -> dict:
+    """A checkpoint after ``round_`` (``fedudp.core.checkpoint``): billboard, transport, the
+    metrics so far. Everything else a round draws is keyed by (seed, purpose, round)."""
+    from fedudp.config import jsonable
+    return {"billboard": billboard.state() if billboard is not None else None,
+            "transport": transport.checkpoint_state(round_),
+            "history": json.dumps(jsonable(history))}
+
+
+def restore_loop(state: dict, billboard: Billboard | None, transport: Transport,
+                 checkpoint: Checkpointer) -> tuple[int, list[dict]]:
+    """(round, metrics so far) of a checkpoint, billboard and transport restored from it."""
+    if (billboard is None) != (state["billboard"] is None):
+        raise CheckpointError("written by a run with another billboard")
+    if billboard is not None:
+        billboard.restore(state["billboard"])
+    r = int(state["round"])
+    transport.restore(state["transport"], checkpoint.owners_dir(r))
+    return r, json.loads(state["history"])
+
+
+def save_checkpoint(checkpoint: Checkpointer, billboard: Billboard | None, transport: Transport,
+                    round_: int, history: list[dict]) -> None:
+    """Round ``round_``'s checkpoint, unless the billboard or the transport cannot give its
+    state this round (a Flower owner did not save its own; a training algorithm's plan that
+    keeps no checkpointable state): then the previous checkpoint stays the newest."""
+    try:
+        state = loop_state(billboard, transport, round_, history)
+        if state["transport"] is None:
+            raise CheckpointError("an owner did not save its state")
+    except CheckpointError as e:
+        warn(f"round {round_}: no checkpoint ({e}); the previous one stays the newest")
+        return
+    checkpoint.save(round_, state)
+
+
 def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transport: Transport,
-               test_sizes: np.ndarray, on_round: Callable[[dict], None] | None = None
-               ) -> RoundsResult:
-    """Run up to ``rounds`` rounds; ``test_sizes`` weight the accuracy summary."""
+               test_sizes: np.ndarray, on_round: Callable[[dict], None] | None = None,
+               checkpoint: Checkpointer | None = None) -> RoundsResult:
+    """Run up to ``rounds`` rounds; ``test_sizes`` weight the accuracy summary. With
+    ``checkpoint``, a checkpoint after every ``checkpoint.every``-th completed round, and a
+    run that starts from ``checkpoint.resumed`` (a resumed run) if it is set."""
     bb = billboard
-    shared = bb.shared_params() if bb is not None else {}
     done, stop, message, signum, history = 0, "completed", "", None, []
+    if checkpoint is not None and checkpoint.resumed is not None:
+        done, history = restore_loop(checkpoint.resumed, bb, transport, checkpoint)
+    shared = bb.shared_params() if bb is not None else {}
     ev: Evaluation | None = None
     budget_ok: bool | None = None       # next round's check, computed while owners evaluate
 
@@ -167,7 +224,7 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
             on_round(info)
 
     with StopSignals() as signals:
-        for r in range(1, rounds + 1):
+        for r in range(done + 1, rounds + 1):
             t0 = time.perf_counter()
             try:
                 if budget_ok is None:
@@ -177,6 +234,8 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
                     stop = "budget"
                     break
                 cohort = np.flatnonzero(bb.sample(r)) if bb is not None else None
+                if checkpoint is not None and checkpoint.due(r):
+                    transport.will_checkpoint(r, checkpoint.owners_dir(r))
                 got = transport.train(shared, cohort, r)
                 info: dict = {"round": r, "failed_owners": len(got.failures)}
                 if got.failures:
@@ -208,6 +267,8 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
                     info.update(_failures("eval", ev.failures))
                 with signals.critical():
                     record(info, t0)
+                    if stop == "completed" and checkpoint is not None and checkpoint.due(r):
+                        save_checkpoint(checkpoint, bb, transport, r, history)
             except RunInterrupted as e:
                 stop, signum = "interrupted", e.signum
                 if done == r and (not history or history[-1] is not info):

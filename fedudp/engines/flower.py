@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -30,6 +31,7 @@ from flwr.common.constant import ErrorCode
 
 from fedudp.aggregators.base import Constraint
 from fedudp.config import RunConfig, config_to_json
+from fedudp.core import checkpoint
 from fedudp.core.messages import Failure, OwnerFailure, OwnerReply
 from fedudp.core.owner import Owners, Params
 from fedudp.core.rounds import Collected, Evaluation
@@ -50,11 +52,18 @@ class FlowerTransport:
         self.timeout = cfg.engine_opts.timeout_s
         self.node_of_owner: dict[int, int] = {}
         self.owner_pids: dict[int, int] = {}
+        self._save: tuple[int, Path] | None = None   # (round, folder): owners save their state
+        self._resume: Path | None = None             # owners without state load it from here
         self._connect()
 
     def _message(self, j: int, round_: int, kind: str, shared: Params | None,
                  units: np.ndarray | None = None) -> Message:
-        content = RecordDict({flower_wire.K_RUN: flower_wire.run_record(self.cfg_json, round_, j, units, self.constraint)})
+        rec = flower_wire.run_record(self.cfg_json, round_, j, units, self.constraint)
+        if kind == "train" and self._save is not None and self._save[0] == round_:
+            rec[flower_client.K_PERSONAL_OUT] = str(self._save[1])
+        if self._resume is not None:
+            rec[flower_client.K_PERSONAL_IN] = str(self._resume)
+        content = RecordDict({flower_wire.K_RUN: rec})
         if shared:
             content[flower_wire.K_SHARED] = flower_wire.params_to_record(shared)
         return Message(content, dst_node_id=self.node_of_owner[j], message_type=kind,
@@ -150,6 +159,32 @@ class FlowerTransport:
     def info(self) -> dict:
         return {"flower_nodes": len(self.node_of_owner), "ray_address": _ray_address(),
                 "flower_worker_pids": sorted(set(self.owner_pids.values()))}
+
+    def _holders(self) -> list[int]:
+        """Owners whose personal state changes (and so must be checkpointed)."""
+        return list(range(self.fed.num_owners)) if self.owners.trains_personal else []
+
+    def will_checkpoint(self, round_: int, folder) -> None:
+        """Round ``round_``'s train messages ask each owner to save its personal state to
+        ``folder/owner-<j>.pt`` itself (atomically; it never crosses the wire)."""
+        self._save = (round_, Path(folder))
+        if self._holders():
+            Path(folder).mkdir(parents=True, exist_ok=True)
+
+    def checkpoint_state(self, round_: int) -> dict | None:
+        """The owners who saved their state for ``round_``; None (no checkpoint this round)
+        if one of them did not (it failed or timed out)."""
+        folder = self._save[1] if self._save is not None and self._save[0] == round_ else None
+        holders = self._holders()
+        if holders and (folder is None or not all(
+                checkpoint.owner_file(folder, j).is_file() for j in holders)):
+            return None
+        return {"owners_saved": holders}
+
+    def restore(self, state: dict, folder) -> None:
+        """Owners load their personal state from the checkpoint's folder on their first
+        message (their ``context.state`` is empty in a new simulation)."""
+        self._resume = Path(folder) if state["owners_saved"] else None
 
 
 def _short(reason: str) -> str:

@@ -22,11 +22,15 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedudp.config import config_from_json
+from fedudp.core import checkpoint
 from fedudp.core.owner import Owners, Params
 from fedudp.data.federation import Federation, build_federation
 from fedudp.engines import flower_wire
 
 K_STATE, K_STATE_RUN = "fedudp.personal", "fedudp.personal_run"   # context.state only
+# run-record keys: a folder where the owner saves its personal state this round (checkpoint),
+# or loads it from when its context.state has none (a resumed run); file owner-<j>.pt
+K_PERSONAL_OUT, K_PERSONAL_IN = "personal_out", "personal_in"
 
 _CACHE: dict[str, tuple[Owners, Federation]] = {}
 _LOCK = threading.Lock()
@@ -57,6 +61,8 @@ def _setup(msg: Message, context: Context) -> tuple[ConfigRecord, Owners, Federa
     key = _key(str(run["cfg"]))
     if K_STATE in context.state and context.state[K_STATE_RUN]["run"] == key:
         personal = flower_wire.record_to_params(context.state[K_STATE])
+    elif K_PERSONAL_IN in run and owners.trains_personal:
+        personal = checkpoint.load_file(checkpoint.owner_file(str(run[K_PERSONAL_IN]), j))["personal"]
     else:
         personal = owners.initial_personal(1)
     return run, owners, shard, shared, personal
@@ -82,10 +88,13 @@ def train(msg: Message, context: Context) -> Message:
     t0 = time.perf_counter()
     run, owners, shard, shared, personal = _setup(msg, context)
     personal = owners.personal_round(shard, shared, personal, int(run["round"]))
+    j = int(shard.owner_ids[0])
     if personal:
         context.state[K_STATE] = flower_wire.params_to_record(personal)
         context.state[K_STATE_RUN] = ConfigRecord({"run": _key(str(run["cfg"]))})
-    j = int(shard.owner_ids[0])
+        if K_PERSONAL_OUT in run and owners.trains_personal:
+            checkpoint.atomic_write(checkpoint.owner_file(str(run[K_PERSONAL_OUT]), j),
+                                    checkpoint.dump({"personal": personal}))
     asked = flower_wire.read_units(run)
     if asked is None:                 # per_silo: nothing is sent
         return Message(flower_wire.ack_record(j), reply_to=msg)

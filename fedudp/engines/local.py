@@ -45,6 +45,22 @@ class LocalTransport:
     def info(self) -> dict:
         return {}
 
+    def will_checkpoint(self, round_: int, folder) -> None:
+        """Nothing to prepare: the personal parameters live here."""
+
+    def checkpoint_state(self, round_: int) -> dict:
+        return {"personal": {k: v.clone() for k, v in self.personal_params.items()}}
+
+    def restore(self, state: dict, folder=None) -> None:
+        """The stacked personal parameters of the checkpoint (same names, shapes, dtypes)."""
+        from fedudp.core.checkpoint import CheckpointError
+        saved = state["personal"]
+        mine = self.personal_params
+        if set(saved) != set(mine) or any(saved[k].shape != mine[k].shape
+                                          or saved[k].dtype != mine[k].dtype for k in mine):
+            raise CheckpointError("personal parameters of other names or shapes")
+        self.personal_params = {k: saved[k].clone() for k in mine}
+
 
 def execute(cfg: RunConfig, owners: Owners, fed: Federation, constraint: Constraint | None,
             drive: Callable[[LocalTransport], object], grid: object = None):

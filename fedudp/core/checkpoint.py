@@ -1,0 +1,217 @@
+"""Checkpoints of the round loop (issue 11): atomic, checksummed, the last few kept.
+
+``fedudp.core.rounds.run_rounds`` writes one after every ``checkpoint.every``-th completed
+round: the billboard's state (shared parameters, the released ledger entries from which the
+accountant is recomposed event by event, the aggregator's own state and RNG), the transport's
+(the local engine's stacked personal parameters; for ``engine=flower`` the round whose files
+the owners wrote themselves, ``ckpt-<round>.owners/owner-<j>.pt``), the round index and the
+metrics so far. Every other random stream is keyed by (seed, purpose, round, ...)
+(``fedudp.randomness``), so nothing else needs saving.
+
+File format: ``MAGIC``, the SHA-256 of the payload, the payload (``torch.save`` of plain types
+and tensors, loaded with ``weights_only=True``). Written to a temporary file, fsynced, renamed
+over ``ckpt-<round:06d>.pt`` and the folder fsynced: a crash leaves the previous checkpoint or
+the new one, never half of one; a damaged file fails its checksum and the previous one is used.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+MAGIC = b"FEDUDP-CKPT-1\n"
+_NAME = re.compile(r"^ckpt-(\d{6,})\.pt$")
+_OWNERS = re.compile(r"^ckpt-(\d{6,})\.owners$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint file cannot be used (damaged, truncated, another run's); says why."""
+
+
+def ckpt_path(folder: Path, round_: int) -> Path:
+    return Path(folder) / f"ckpt-{round_:06d}.pt"
+
+
+def owners_dir(folder: Path, round_: int) -> Path:
+    """Where the owners of a Flower run write their own personal state for a checkpoint."""
+    return Path(folder) / f"ckpt-{round_:06d}.owners"
+
+
+def owner_file(folder: Path | str, owner: int) -> Path:
+    return Path(folder) / f"owner-{owner}.pt"
+
+
+def dump(state: dict) -> bytes:
+    """Checkpoint bytes: magic, SHA-256 of the payload, payload."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    return MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def load_bytes(data: bytes) -> dict:
+    """Inverse of ``dump``; ``CheckpointError`` if the bytes are not an intact checkpoint."""
+    if not data.startswith(MAGIC):
+        raise CheckpointError("not a fedudp checkpoint (bad magic)" if data else "empty file")
+    head = len(MAGIC)
+    digest, payload = data[head:head + 32], data[head + 32:]
+    if len(digest) < 32 or hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError("checksum mismatch (truncated or damaged)")
+    try:
+        state = torch.load(io.BytesIO(payload), weights_only=True)
+    except Exception as e:   # noqa: BLE001  (any unpickling error: unusable)
+        raise CheckpointError(f"unreadable payload ({type(e).__name__})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError("payload is not a checkpoint dict")
+    return state
+
+
+def load_file(path: Path) -> dict:
+    try:
+        return load_bytes(Path(path).read_bytes())
+    except OSError as e:
+        raise CheckpointError(e.strerror or str(e)) from None
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Temporary file in the same folder, fsync, rename over ``path``, fsync the folder."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def rounds_on_disk(folder: Path) -> list[int]:
+    """Rounds of the checkpoint files in ``folder``, newest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = (_NAME.match(p.name) for p in folder.iterdir())
+    return sorted((int(m.group(1)) for m in found if m), reverse=True)
+
+
+def remove_all(folder: Path) -> None:
+    """Delete every checkpoint file and owners' folder in ``folder`` (a run started afresh)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for p in folder.iterdir():
+        if _NAME.match(p.name):
+            p.unlink(missing_ok=True)
+        elif _OWNERS.match(p.name):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def warn(message: str) -> None:
+    print(f"fedudp: warning: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Checkpointer:
+    """Writes the round loop's checkpoints into a run folder and finds the newest usable one.
+
+    ``every``: a checkpoint after every ``every``-th completed round (0: none); ``keep``: how
+    many are kept (older ones and their owners' folders are removed after each save);
+    ``identity``: a string that must match on load (the run's configuration), so that a
+    checkpoint of another run is never used. ``resumed`` is the state a resumed run starts
+    from (set by ``load_latest``)."""
+
+    folder: Path
+    every: int = 1
+    keep: int = 2
+    identity: str = ""
+    resumed: dict | None = None
+    report: Callable[[str], None] = warn
+    verify_state: Callable[[dict], None] | None = field(default=None, repr=False)
+
+    def due(self, round_: int) -> bool:
+        return self.every > 0 and round_ % self.every == 0
+
+    def owners_dir(self, round_: int) -> Path:
+        return owners_dir(self.folder, round_)
+
+    def save(self, round_: int, state: dict) -> Path:
+        """Atomically write ``state`` as round ``round_``'s checkpoint, then prune."""
+        path = ckpt_path(self.folder, round_)
+        atomic_write(path, dump({**state, "round": int(round_), "identity": self.identity}))
+        self.prune()
+        return path
+
+    def prune(self) -> None:
+        """Keep the newest ``keep`` checkpoints; drop older ones and every owners' folder that
+        belongs to no kept checkpoint (also one written for a round that was abandoned)."""
+        kept = set(rounds_on_disk(self.folder)[:max(self.keep, 1)])
+        for p in Path(self.folder).iterdir():
+            m = _NAME.match(p.name) or _OWNERS.match(p.name)
+            if m and int(m.group(1)) not in kept:
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+
+    def _verify_owner_files(self, round_: int, state: dict) -> None:
+        """A Flower run's checkpoint is usable only with every owner's own file intact."""
+        saved = (state.get("transport") or {}).get("owners_saved") or []
+        folder = self.owners_dir(round_)
+        for j in saved:
+            try:
+                load_file(owner_file(folder, j))
+            except CheckpointError as e:
+                raise CheckpointError(f"owner {j}'s state {owner_file(folder, j)}: {e}") from None
+
+    def load_latest(self) -> dict | None:
+        """The newest checkpoint that loads, checks and belongs to this run; each unusable one
+        is reported (naming the file) and the previous one tried. None if there is none."""
+        for r in rounds_on_disk(self.folder):
+            path = ckpt_path(self.folder, r)
+            try:
+                state = load_file(path)
+                if state.get("round") != r:
+                    raise CheckpointError(f"holds round {state.get('round')}, named {r}")
+                if state.get("identity") != self.identity:
+                    raise CheckpointError("written by a run of another configuration")
+                self._verify_owner_files(r, state)
+                if self.verify_state is not None:
+                    self.verify_state(state)
+            except CheckpointError as e:
+                self.report(f"checkpoint {path} is unusable: {e}; trying the previous one")
+                continue
+            self.resumed = state
+            return state
+        return None
+
+
+def plain(x: Any) -> Any:
+    """Python scalars for numpy ones (a checkpoint loads with ``weights_only=True``)."""
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, torch.Tensor):
+        return x.item()
+    return x

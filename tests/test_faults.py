@@ -1,0 +1,259 @@
+"""Issue 11 fault matrix: SIGKILL / SIGINT then resume, damaged checkpoints, bad data.
+
+The bar for resume is bit for bit: a run killed after round k (k drawn from a seeded RNG) and
+resumed ends with the same shared and personal parameters, ledger, metrics (timings aside)
+and summary (wall time aside) as the uninterrupted run. ``tests/kill_run.py`` is the process
+that SIGKILLs itself at a chosen point; the Flower cases are marked slow.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import tiny_cfg, tiny_mnist, write_idx
+from fedudp.config import ConfigError, DataError
+from fedudp.core import checkpoint
+from fedudp.run import run
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROUNDS = 6
+# joint_dp with Poisson sampling: personal parameters, sampling and noise all in play
+KW = {"train.rounds": ROUNDS, "train.sampling_rate": 0.5, "privacy.noise_multiplier": 2.0,
+      "privacy.epsilon": 50.0}
+TIMINGS = ("seconds",)
+
+
+def _cfg(**kw):
+    return tiny_cfg("joint_dp", **{k.replace(".", "__"): v for k, v in {**KW, **kw}.items()})
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _final_state(folder: Path) -> dict:
+    """The checkpoint written after the last round (checkpoint.every=1)."""
+    return checkpoint.load_file(checkpoint.ckpt_path(folder, ROUNDS))
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Two run folders hold the same run, bit for bit (wall-clock timings aside)."""
+    for name in ("ledger.jsonl", "ledger.json", "owners.csv", "config.yaml"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    ma, mb = _lines(a / "metrics.jsonl"), _lines(b / "metrics.jsonl")
+    assert [m["round"] for m in mb] == list(range(1, ROUNDS + 1))
+    strip = [{k: v for k, v in m.items() if k not in TIMINGS} for m in ma]
+    assert strip == [{k: v for k, v in m.items() if k not in TIMINGS} for m in mb]
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    assert {k: v for k, v in sa.items() if k != "seconds"} == {k: v for k, v in sb.items() if k != "seconds"}
+    assert sb["stop_reason"] == "completed" and sb["epsilon"] == sa["epsilon"]
+    fa, fb = _final_state(a), _final_state(b)
+    assert torch.equal(fa["billboard"]["u"], fb["billboard"]["u"])
+    pa, pb = fa["transport"]["personal"], fb["transport"]["personal"]
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The uninterrupted run."""
+    out = tmp_path_factory.mktemp("reference")
+    s = run(_cfg(), out)
+    assert s["stop_reason"] == "completed" and s["rounds_completed"] == ROUNDS
+    return out
+
+
+def _kill(out: Path, round_: int, phase: str) -> None:
+    args = [f"{k}={json.dumps(v)}" for k, v in KW.items()]
+    p = subprocess.run([sys.executable, str(HERE / "kill_run.py"), str(out), str(round_), phase, *args],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+
+
+def _interrupt_after(monkeypatch, round_: int) -> None:
+    """SIGINT to this process right after round ``round_``'s checkpoint is written."""
+    save = checkpoint.Checkpointer.save
+
+    def patched(self, r, state):
+        path = save(self, r, state)
+        if r == round_:
+            os.kill(os.getpid(), signal.SIGINT)
+        return path
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", patched)
+
+
+def test_sigkill_after_a_random_round_then_resume_is_the_uninterrupted_run(reference, tmp_path):
+    rng = np.random.default_rng(2026)
+    k = int(rng.integers(2, ROUNDS))                       # the kill point, drawn seeded
+    phase = str(rng.choice(["before_checkpoint", "after_checkpoint", "mid_checkpoint"]))
+    _kill(tmp_path, k, phase)
+    assert not (tmp_path / "summary.json").exists()        # killed: no handler ran
+    assert checkpoint.rounds_on_disk(tmp_path)[0] == (k if phase == "after_checkpoint" else k - 1)
+    s = run(_cfg(resume=str(tmp_path)), "ignored")
+    assert s["rounds_completed"] == ROUNDS
+    assert_same_run(reference, tmp_path)
+    assert not list(tmp_path.glob(".ckpt-*.tmp*")) or phase == "mid_checkpoint"
+    assert checkpoint.rounds_on_disk(tmp_path) == [ROUNDS, ROUNDS - 1]     # the last two kept
+
+
+def test_sigint_gives_interrupted_with_all_files_and_resumes_exactly(reference, tmp_path, monkeypatch):
+    _interrupt_after(monkeypatch, 3)
+    s = run(_cfg(), tmp_path)
+    monkeypatch.undo()
+    assert s["stop_reason"] == "interrupted" and s["rounds_completed"] == 3
+    for name in ("summary.json", "ledger.json", "ledger.jsonl", "metrics.jsonl", "owners.csv"):
+        assert (tmp_path / name).is_file()
+    assert [m["round"] for m in _lines(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+    again = run(_cfg(resume=str(tmp_path)), "ignored")
+    assert again["rounds_completed"] == ROUNDS and "skipped" not in again
+    assert_same_run(reference, tmp_path)
+    assert run(_cfg(resume=str(tmp_path)), "ignored")["skipped"]          # finished: not redone
+
+
+def _interrupted_at_4(tmp_path, monkeypatch) -> Path:
+    _interrupt_after(monkeypatch, 4)
+    assert run(_cfg(), tmp_path)["stop_reason"] == "interrupted"
+    monkeypatch.undo()
+    assert checkpoint.rounds_on_disk(tmp_path) == [4, 3]
+    return tmp_path
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+def test_a_damaged_checkpoint_is_reported_and_the_previous_one_used(reference, tmp_path, monkeypatch,
+                                                                     capsys, damage):
+    out = _interrupted_at_4(tmp_path, monkeypatch)
+    bad = checkpoint.ckpt_path(out, 4)
+    data = bytearray(bad.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x40
+    bad.write_bytes(bytes(data[:len(data) // 3] if damage == "truncate" else b"" if damage == "empty" else data))
+    capsys.readouterr()
+    s = run(_cfg(resume=str(out)), "ignored")
+    err = capsys.readouterr().err
+    assert f"checkpoint {bad} is unusable" in err
+    assert s["rounds_completed"] == ROUNDS
+    assert_same_run(reference, out)
+
+
+def test_no_usable_checkpoint_is_a_one_line_error(tmp_path, monkeypatch):
+    overrides = {"method": "fedavg", "dataset.num_records": 400, "partition.num_owners": 4,
+                 "train.rounds": 6, "progress": False}
+    from fedudp.config import config_from_overrides
+    _interrupt_after(monkeypatch, 2)
+    assert run(config_from_overrides(overrides), tmp_path)["stop_reason"] == "interrupted"
+    monkeypatch.undo()
+    for r in checkpoint.rounds_on_disk(tmp_path):
+        checkpoint.ckpt_path(tmp_path, r).write_bytes(b"garbage")
+    with pytest.raises(ConfigError, match="no usable checkpoint"):
+        run(config_from_overrides({**overrides, "resume": str(tmp_path)}), "ignored")
+    args = [f"{k}={v}" for k, v in overrides.items()] + [f"resume={tmp_path}",
+                                                          f"hydra.run.dir={tmp_path / 'hydra'}"]
+    p = subprocess.run([sys.executable, "-m", "fedudp.run", *args], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert p.returncode == 2, p.stderr[-2000:]
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("fedudp: error: ")]
+    assert len(errors) == 1 and "no usable checkpoint" in errors[0] and str(tmp_path) in errors[0]
+    assert sum("ckpt-000002.pt is unusable" in ln for ln in p.stderr.splitlines()) == 1
+
+
+def test_resume_refuses_another_configuration_and_a_non_run_folder(tmp_path, monkeypatch):
+    out = _interrupted_at_4(tmp_path / "run", monkeypatch)
+    with pytest.raises(ConfigError, match=r"configuration differs from this one in train\.lr"):
+        run(_cfg(resume=str(out), **{"train.lr": 0.1}), "ignored")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="not a fedudp run folder"):
+        run(_cfg(resume=str(tmp_path / "empty")), "ignored")
+    s = run(_cfg(resume=str(out), **{"checkpoint.every": 2}), "ignored")   # cadence may change
+    assert s["rounds_completed"] == ROUNDS
+
+
+def test_checkpoint_every_zero_writes_none_and_a_fresh_run_clears_old_ones(tmp_path, monkeypatch):
+    out = _interrupted_at_4(tmp_path, monkeypatch)
+    s = run(_cfg(**{"checkpoint.every": 0}), out)        # same run, not resumed: started afresh
+    assert s["rounds_completed"] == ROUNDS and checkpoint.rounds_on_disk(out) == []
+
+
+def test_outlier_removal_state_survives_a_checkpoint():
+    """The one stateful estimator: its AboveThreshold (noisy threshold, queries, RNG) is saved."""
+    from fedudp.aggregators.base import Sampling
+    from fedudp.aggregators.outlier import OutlierRemovalAggregator
+    from fedudp.randomness import Purpose, torch_generator
+
+    def make():
+        return OutlierRemovalAggregator(0.5, 1.0, 0.1, Sampling(1.0, 200), 1.0, 10, 1e-6, 1)
+    G = torch.randn(200, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.01
+    a = make()
+    a.estimate(G, rng=torch_generator(0, Purpose.NOISE, 1))
+    state = checkpoint.load_bytes(checkpoint.dump({"agg": a.checkpoint_state()}))["agg"]
+    b = make()
+    b.restore_checkpoint_state(state)
+    ra = a.estimate(G, rng=torch_generator(0, Purpose.NOISE, 2))
+    rb = b.estimate(G, rng=torch_generator(0, Purpose.NOISE, 2))
+    assert torch.equal(ra.mean, rb.mean) and a.at.queries == b.at.queries == 2
+    assert a.at.rng.get_state().equal(b.at.rng.get_state())
+
+
+# -- bad data: each case a one-line DataError naming the file, before any round --------------
+def _bad(root: Path, case: str) -> str:
+    d = root / "mnist"
+    if case == "wrong_magic":
+        f = d / "t10k-images-idx3-ubyte"
+        raw = bytearray(f.read_bytes())
+        raw[2:4] = b"\x09\x99"
+        f.write_bytes(bytes(raw))
+        return "t10k-images-idx3-ubyte: not an IDX image/label file (magic"
+    if case == "truncated_idx":
+        f = d / "t10k-images-idx3-ubyte"
+        f.write_bytes(f.read_bytes()[:-100])
+        return "t10k-images-idx3-ubyte: IDX image payload"
+    if case == "truncated_gz":
+        f = d / "train-images-idx3-ubyte.gz"
+        f.write_bytes(f.read_bytes()[:-200])
+        return "train-images-idx3-ubyte.gz: "
+    if case == "labels_shorter":
+        write_idx(d / "t10k-labels-idx1-ubyte", np.zeros(150, dtype=np.uint8), gz=False)
+        return "t10k-labels-idx1-ubyte: 150 labels for 200 images"
+    if case == "label_out_of_range":
+        with gzip.open(d / "train-labels-idx1-ubyte.gz", "rb") as fh:
+            y = np.frombuffer(fh.read(), dtype=np.uint8, offset=8).copy()
+        y[5] = 12
+        write_idx(d / "train-labels-idx1-ubyte", y)
+        return r"train-labels-idx1-ubyte.gz: label 12 at index 5 is outside [0, 10)"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["wrong_magic", "truncated_idx", "truncated_gz", "labels_shorter",
+                                  "label_out_of_range"])
+@pytest.mark.parametrize("scheme", ["paper_classes", "iid"])
+def test_bad_data_is_a_one_line_error_naming_the_file(tmp_path, case, scheme):
+    root = tiny_mnist(tmp_path / "data", n_train=600, n_test=200)
+    expected = _bad(root, case)
+    cfg = tiny_cfg("fedavg", **{"dataset__name": "mnist", "dataset__root": str(root),
+                                "dataset__num_records": 400, "partition__scheme": scheme})
+    with pytest.raises(DataError) as e:
+        run(cfg, tmp_path / "out")
+    assert expected in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_bad_data_on_the_command_line(tmp_path):
+    root = tiny_mnist(tmp_path / "data", n_train=600, n_test=200)
+    _bad(root, "truncated_gz")
+    p = subprocess.run([sys.executable, "-m", "fedudp.run", "method=fedavg", "dataset.name=mnist",
+                        f"dataset.root={root}", "dataset.num_records=400", "partition.num_owners=4",
+                        f"hydra.run.dir={tmp_path / 'out'}", "progress=false"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 2
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedudp: error: ") and "train-images-idx3-ubyte.gz" in lines[0]
