@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from fedudp import algorithms
 from fedudp.aggregators import Aggregator, Sampling, build_aggregator, check_aggregator_config
+from fedudp.aggregators.memory import check_rows_fit
 from fedudp.config import (Accounting, ConfigError, DatasetName, EngineName, RunConfig, Unit,
                            config_dict, jsonable, validate)
 from fedudp.core import checkpoint as checkpoints
@@ -132,6 +135,7 @@ def prepare(cfg: RunConfig) -> Prepared:
         ledger.notes += algo.notes
         ledger.extra["algorithm"] = algo.summary
     if aggregator is not None:
+        check_rows_fit(aggregator, owners.shared_dim, torch.empty((), dtype=owners.dtype).element_size())
         params = dict(owners.model.named_parameters())
         billboard = Billboard({k: params[k].detach() for k in spec.shared}, spec.shared,
                               aggregator, sampling, ledger, cfg.seed, cfg.train.server_lr,
@@ -439,7 +443,7 @@ def _hydra_main() -> None:
                   f"(outputs in {out_dir})", file=sys.stderr)
             multirun = HydraConfig.get().mode == RunMode.MULTIRUN
             if stop == "interrupted":
-                raise SystemExit(128 + int(summary.get("signal", 2)))
+                exit_now(128 + int(summary.get("signal", 2)))
             if not multirun:
                 raise SystemExit(3)
         acc_s = "n/a" if acc is None else f"{acc:.4f} ± {summary['accuracy_std']:.4f}"
@@ -449,6 +453,15 @@ def _hydra_main() -> None:
         return acc
 
     _main()
+
+
+def exit_now(code: int) -> None:
+    """End an interrupted run with ``code`` (every output is written by now) without the
+    interpreter's teardown: after SIGTERM, Ray's C++ core worker aborts the process while it
+    finalizes (exit status -6 instead of 143)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def multirun_flag_first(argv: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 from conftest import tiny_cfg, tiny_mnist, write_idx
 from fedudp.config import ConfigError, DataError
 from fedudp.core import checkpoint
+from fedudp.engines.ray_watchdog import ray_descendants
 from fedudp.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,26 +44,34 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def _final_state(folder: Path) -> dict:
+def _final_state(folder: Path, rounds: int = ROUNDS) -> dict:
     """The checkpoint written after the last round (checkpoint.every=1)."""
-    return checkpoint.load_file(checkpoint.ckpt_path(folder, ROUNDS))
+    return checkpoint.load_file(checkpoint.ckpt_path(folder, rounds))
 
 
-def assert_same_run(a: Path, b: Path) -> None:
+def assert_same_run(a: Path, b: Path, rounds: int = ROUNDS) -> None:
     """Two run folders hold the same run, bit for bit (wall-clock timings aside)."""
     for name in ("ledger.jsonl", "ledger.json", "owners.csv", "config.yaml"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     ma, mb = _lines(a / "metrics.jsonl"), _lines(b / "metrics.jsonl")
-    assert [m["round"] for m in mb] == list(range(1, ROUNDS + 1))
+    assert [m["round"] for m in mb] == list(range(1, rounds + 1))
     strip = [{k: v for k, v in m.items() if k not in TIMINGS} for m in ma]
     assert strip == [{k: v for k, v in m.items() if k not in TIMINGS} for m in mb]
     sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
-    assert {k: v for k, v in sa.items() if k != "seconds"} == {k: v for k, v in sb.items() if k != "seconds"}
+    facts = ("seconds", "ray_address", "flower_worker_pids")      # of the process, not the run
+    assert {k: v for k, v in sa.items() if k not in facts} == {k: v for k, v in sb.items() if k not in facts}
     assert sb["stop_reason"] == "completed" and sb["epsilon"] == sa["epsilon"]
-    fa, fb = _final_state(a), _final_state(b)
+    fa, fb = _final_state(a, rounds), _final_state(b, rounds)
     assert torch.equal(fa["billboard"]["u"], fb["billboard"]["u"])
-    pa, pb = fa["transport"]["personal"], fb["transport"]["personal"]
-    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+    if "personal" in fa["transport"]:                    # engine=local
+        pa, pb = fa["transport"]["personal"], fb["transport"]["personal"]
+        assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+    else:                                                 # engine=flower: the owners' own files
+        assert fa["transport"] == fb["transport"]
+        for j in fa["transport"]["owners_saved"]:
+            pa, pb = (checkpoint.load_file(checkpoint.owner_file(checkpoint.owners_dir(d, rounds), j))
+                      ["personal"] for d in (a, b))
+            assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +267,118 @@ def test_bad_data_on_the_command_line(tmp_path):
     assert p.returncode == 2
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("fedudp: error: ") and "train-images-idx3-ubyte.gz" in lines[0]
+
+
+# -- engine=flower (slow: Ray starts in each process) ------------------------------------------
+FLOWER = {"engine": "flower", "dataset.num_records": 120, "dataset.features": 20,
+          "engine_opts.chunk_records": 1, "engine_opts.threads": 1, "engine_opts.float64": True,
+          "train.rounds": 4}
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+           FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
+
+
+def _run_watching(args: list[str], stop=None, timeout: float = 600) -> tuple[subprocess.Popen, dict, str]:
+    """Run ``args`` (its own session), recording its Ray processes; ``stop(proc)`` may act on it
+    (it returns True once it has). Returns (process, {pid: start time} seen, stderr)."""
+    proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    seen: dict[int, int] = {}
+    import threading
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    t_end, acted = time.time() + timeout, False
+    while proc.poll() is None and time.time() < t_end:
+        seen.update(ray_descendants(proc.pid))
+        if stop is not None and not acted:
+            acted = stop(proc)
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    reader.join(10)
+    return proc, seen, "".join(err)
+
+
+def _assert_ray_gone(seen: dict[int, int], within_s: float = 30.0) -> None:
+    """Every Ray process the run started has exited within ``within_s`` seconds."""
+    from fedudp.engines.ray_watchdog import _alive
+    assert seen, "the run started no Ray process?"
+    t_end = time.time() + within_s
+    while time.time() < t_end and any(_alive(p, t) for p, t in seen.items()):
+        time.sleep(0.5)
+    left = [p for p, t in seen.items() if _alive(p, t)]
+    assert not left, f"Ray processes still alive {within_s:.0f} s after the run: {left}"
+
+
+def _kill_args(out: Path, round_: int, phase: str, **kw) -> list[str]:
+    pairs = [f"{k}={json.dumps(v)}" for k, v in {**KW, **FLOWER, **kw}.items()]
+    return [sys.executable, str(HERE / "kill_run.py"), str(out), str(round_), phase, *pairs]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_flower_sigkill_after_a_random_round_then_resume_is_the_uninterrupted_run(tmp_path):
+    rounds = FLOWER["train.rounds"]
+    ref, _, err = _run_watching(_kill_args(tmp_path / "ref", 0, "none"))
+    assert ref.returncode == 0, err[-3000:]
+    rng = np.random.default_rng(2027)
+    k = int(rng.integers(2, rounds))
+    phase = str(rng.choice(["before_checkpoint", "after_checkpoint"]))
+    killed, seen, err = _run_watching(_kill_args(tmp_path / "run", k, phase))
+    assert killed.returncode == -signal.SIGKILL, err[-3000:]
+    _assert_ray_gone(seen)                       # SIGKILL: the watchdog ends Ray's processes
+    again, seen, err = _run_watching(_kill_args(tmp_path / "run", 0, "none",
+                                                resume=str(tmp_path / "run")))
+    assert again.returncode == 0, err[-3000:]
+    assert_same_run(tmp_path / "ref", tmp_path / "run", rounds)
+    _assert_ray_gone(seen)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("sig,code,group", [(signal.SIGINT, 130, True), (signal.SIGTERM, 143, False)])
+def test_flower_signal_stops_within_seconds_with_every_file_and_no_ray_left(tmp_path, sig, code, group):
+    """SIGINT as a terminal sends it (the whole process group: Ray's processes block SIGINT);
+    SIGTERM as ``kill``, ``timeout`` or a container stop send it (the driver). A SIGTERM to the
+    whole group also kills Ray's own processes at once, and Ray's core worker then aborts the
+    driver: no summary.json then, but metrics, ledger and checkpoints of the completed rounds
+    are there and the run resumes (README, Checkpoint and resume)."""
+    metrics, sent = tmp_path / "metrics.jsonl", {}
+
+    def stop(proc) -> bool:
+        if metrics.is_file() and len(_lines(metrics)) >= 2:
+            sent["t"] = time.time()
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+            return True
+        return False
+    args = [sys.executable, "-m", "fedudp.run", "engine=flower", "method=joint_dp", "train.rounds=500",
+            "dataset.num_records=120", "dataset.features=20", "partition.num_owners=4",
+            "privacy.noise_multiplier=5", "privacy.epsilon=100", f"hydra.run.dir={tmp_path}",
+            "progress=false"]
+    proc, seen, err = _run_watching(args, stop)
+    assert "t" in sent, err[-3000:]
+    assert time.time() - sent["t"] < 20 and proc.returncode == code, err[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["stop_reason"] == "interrupted" and s["signal"] == sig
+    assert [m["round"] for m in _lines(metrics)] == list(range(1, s["rounds_completed"] + 1))
+    led = _lines(tmp_path / "ledger.jsonl")[1:]
+    assert len(led) == s["rounds_completed"] == len(json.loads((tmp_path / "ledger.json").read_text())["entries"])
+    assert (tmp_path / "owners.csv").is_file()
+    assert [ln for ln in err.splitlines() if ln.startswith("fedudp: interrupted: ")]
+    _assert_ray_gone(seen)
+
+
+# -- load: estimators that need the cohort's rows fit in memory or refuse before work ---------
+def test_rows_estimator_refuses_before_work_when_its_rows_do_not_fit(tmp_path, monkeypatch):
+    from fedudp.aggregators import memory
+    assert memory.cohort_rows(1.0, 60_000) == 60_000
+    assert 0.01 * 60_000 < memory.cohort_rows(0.01, 60_000) < 0.02 * 60_000
+    # full MNIST, paper CNN, full_dp: 60,000 rows of 44,628 coordinates (float32) and copies
+    assert memory.rows_bytes(60_000, 44_628, 4) > 60 * memory.GIB
+    monkeypatch.setattr(memory, "available_bytes", lambda: 64 * 1024)
+    cfg = tiny_cfg("full_dp", aggregator="winsorized", **{"train__rounds": 1})
+    with pytest.raises(ConfigError, match=r"aggregator=winsorized: its per-unit rows need about .* GiB"):
+        run(cfg, tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+    run(tiny_cfg("full_dp", **{"train__rounds": 1}), tmp_path / "sums")    # gaussian: sums, fits

@@ -148,6 +148,7 @@ class Checkpointer:
     resumed: dict | None = None
     report: Callable[[str], None] = warn
     verify_state: Callable[[dict], None] | None = field(default=None, repr=False)
+    warned: set = field(default_factory=set, repr=False)
 
     def due(self, round_: int) -> bool:
         return self.every > 0 and round_ % self.every == 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -94,13 +95,58 @@ class RunInterrupted(Exception):
         self.signum = signum
 
 
-class StopSignals:
-    """SIGINT/SIGTERM as ``RunInterrupted`` (main thread only), deferred inside ``critical()``."""
+class StopFlag:
+    """A stop signal caught by the main thread for a round loop that runs in another thread
+    (Flower's ServerApp): ``catching()`` installs SIGINT/SIGTERM handlers that only record the
+    signal (a second one acts as the signal's default would); the loop and the transport's
+    waits poll ``signum``."""
 
     def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    def _handler(self, signum, frame) -> None:   # noqa: ANN001
+        if self.signum is not None:                # the second signal: no more waiting
+            signal.signal(signum, signal.SIG_DFL)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+
+    def check(self) -> None:
+        """Raise ``RunInterrupted`` if a stop signal arrived."""
+        if self.signum is not None:
+            raise RunInterrupted(self.signum)
+
+    @contextlib.contextmanager
+    def catching(self):
+        """The handlers, installed while the block runs (main thread only; else a no-op)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handler)
+        try:
+            yield self
+        finally:
+            for sig, old in self._old.items():
+                signal.signal(sig, old)
+            self._old.clear()
+
+
+class StopSignals:
+    """SIGINT/SIGTERM as ``RunInterrupted`` (main thread only), deferred inside ``critical()``;
+    in another thread, the ``flag`` the main thread sets, polled by ``check()`` (each round,
+    the end of each critical section, and the transport's waits)."""
+
+    def __init__(self, flag: StopFlag | None = None) -> None:
         self.pending: int | None = None
+        self.flag = flag
         self._depth = 0
         self._old: dict[int, object] = {}
+
+    def check(self) -> None:
+        if not self._depth and self.flag is not None:
+            self.flag.check()
 
     def _handler(self, signum, frame) -> None:   # noqa: ANN001
         if self._depth:
@@ -128,6 +174,7 @@ class StopSignals:
         if not self._depth and self.pending is not None:
             signum, self.pending = self.pending, None
             raise RunInterrupted(signum)
+        self.check()
 
 
 @dataclass
@@ -194,7 +241,9 @@ def save_checkpoint(checkpoint: Checkpointer, billboard: Billboard | None, trans
         if state["transport"] is None:
             raise CheckpointError("an owner did not save its state")
     except CheckpointError as e:
-        warn(f"round {round_}: no checkpoint ({e}); the previous one stays the newest")
+        if str(e) not in checkpoint.warned:          # once per reason, not every round
+            checkpoint.warned.add(str(e))
+            warn(f"round {round_}: no checkpoint ({e}); the previous one stays the newest")
         return
     checkpoint.save(round_, state)
 
@@ -223,10 +272,11 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
         if on_round is not None:
             on_round(info)
 
-    with StopSignals() as signals:
+    with StopSignals(getattr(transport, "stop_flag", None)) as signals:
         for r in range(done + 1, rounds + 1):
             t0 = time.perf_counter()
             try:
+                signals.check()
                 if budget_ok is None:
                     check_budget()
                 ok, budget_ok = budget_ok, None

@@ -18,6 +18,7 @@ provided a failure depends only on the failing owner's infrastructure, not its d
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -34,10 +35,10 @@ from fedudp.config import RunConfig, config_to_json
 from fedudp.core import checkpoint
 from fedudp.core.messages import Failure, OwnerFailure, OwnerReply
 from fedudp.core.owner import Owners, Params
-from fedudp.core.rounds import Collected, Evaluation
+from fedudp.core.rounds import Collected, Evaluation, StopFlag
 from fedudp.data.federation import Federation
 from fedudp.engines import flower_client
-from fedudp.engines import flower_wire
+from fedudp.engines import flower_wire, ray_watchdog
 
 # Flower errors that say the owner's infrastructure failed (not fedudp's code)
 INFRASTRUCTURE = {ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
@@ -46,8 +47,9 @@ INFRASTRUCTURE = {ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAIL
 
 class FlowerTransport:
     def __init__(self, cfg: RunConfig, owners: Owners, fed: Federation,
-                 constraint: Constraint | None, grid) -> None:
+                 constraint: Constraint | None, grid, stop_flag: StopFlag | None = None) -> None:
         self.owners, self.fed, self.constraint, self.grid = owners, fed, constraint, grid
+        self.stop_flag = stop_flag    # SIGINT/SIGTERM seen by the main thread (run_rounds polls it)
         self.cfg_json = config_to_json(cfg)
         self.timeout = cfg.engine_opts.timeout_s
         self.node_of_owner: dict[int, int] = {}
@@ -72,6 +74,7 @@ class FlowerTransport:
     def _connect(self) -> None:
         n, t_end = self.fed.num_owners, time.time() + 300
         while len(nodes := sorted(self.grid.get_node_ids())) < n:
+            self._check_stop()
             if time.time() > t_end:
                 raise RuntimeError(f"only {len(nodes)} Flower nodes connected, "
                                    f"partition.num_owners={n} needed")
@@ -99,6 +102,7 @@ class FlowerTransport:
         got: list[Message] = []
         interval = 0.002
         while pending and (end is None or time.time() < end):
+            self._check_stop()            # abandon the round: nothing of it is released
             new = list(self.grid.pull_messages(list(pending)))
             got.extend(new)
             pending.difference_update(m.metadata.reply_to_message_id for m in new)
@@ -160,6 +164,10 @@ class FlowerTransport:
         return {"flower_nodes": len(self.node_of_owner), "ray_address": _ray_address(),
                 "flower_worker_pids": sorted(set(self.owner_pids.values()))}
 
+    def _check_stop(self) -> None:
+        if self.stop_flag is not None:
+            self.stop_flag.check()
+
     def _holders(self) -> list[int]:
         """Owners whose personal state changes (and so must be checkpointed)."""
         return list(range(self.fed.num_owners)) if self.owners.trains_personal else []
@@ -213,11 +221,15 @@ def execute(cfg: RunConfig, owners: Owners, fed: Federation, constraint: Constra
             drive: Callable[[FlowerTransport], object], grid=None):
     """Run ``drive`` (the round loop) on Flower: on ``grid`` (``flwr run``), or in a simulation
     on Ray with one SuperNode per owner."""
-    if grid is not None:
-        return drive(FlowerTransport(cfg, owners, fed, constraint, grid))
+    stop = StopFlag()
+    if grid is not None:          # flwr run: this ServerApp may run outside the main thread
+        with stop.catching():
+            return drive(FlowerTransport(cfg, owners, fed, constraint, grid, stop))
     eo = cfg.engine_opts
     if not eo.address or str(eo.address).split(":")[0] in ("127.0.0.1", "localhost"):
         _loopback_only()
+    if not eo.address:            # the Ray this run starts ends with it, even after SIGKILL
+        ray_watchdog.start()
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
@@ -226,20 +238,43 @@ def execute(cfg: RunConfig, owners: Owners, fed: Federation, constraint: Constra
     @app.main()
     def _main(grid, context) -> None:   # noqa: ANN001
         try:
-            result.append(drive(FlowerTransport(cfg, owners, fed, constraint, grid)))
+            result.append(drive(FlowerTransport(cfg, owners, fed, constraint, grid, stop)))
         except BaseException as e:   # re-raised below: Flower only logs a ServerApp's error
             error.append(e)
             raise
 
-    run_simulation(server_app=app, client_app=flower_client.client_app, num_supernodes=fed.num_owners,
-                   backend_name="ray", backend_config={
-                       "client_resources": {"num_cpus": float(eo.num_cpus), "num_gpus": float(eo.num_gpus)},
-                       "init_args": {"address": str(eo.address)} if eo.address else {}})
+    # The round loop runs in Flower's ServerApp thread, where no signal handler can be set: the
+    # main thread records SIGINT/SIGTERM, the loop abandons its round, returns ``interrupted``,
+    # and Flower then stops its runtime and Ray as after a finished run.
+    with stop.catching(), _keep_sigterm_handler():
+        run_simulation(server_app=app, client_app=flower_client.client_app,
+                       num_supernodes=fed.num_owners, backend_name="ray", backend_config={
+                           "client_resources": {"num_cpus": float(eo.num_cpus),
+                                                "num_gpus": float(eo.num_gpus)},
+                           "init_args": {"address": str(eo.address)} if eo.address else {}})
     if error:
         raise error[0]
     if not result:
         raise RuntimeError("the Flower simulation ended without a result (see the log above)")
     return result[0]
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler():
+    """``ray.init`` (called by Flower in the main thread) replaces the driver's SIGTERM handler
+    with ``sys.exit``, which would end the process mid-round with the ServerApp thread still
+    running; keep fedudp's (``StopFlag``) while the simulation runs."""
+    try:
+        import ray._private.utils as ray_utils
+    except ImportError:
+        yield
+        return
+    original = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
 
 
 def _loopback_only() -> None:
