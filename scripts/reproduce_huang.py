@@ -12,6 +12,7 @@ continues the grid. Each finished run appends its wall time to ``grid_times.json
     .venv/bin/python scripts/reproduce_huang.py                 # the whole grid, resumable
     .venv/bin/python scripts/reproduce_huang.py --list          # what it would run, in order
     .venv/bin/python scripts/reproduce_huang.py --only 'mnist/n256/*'
+    .venv/bin/python scripts/reproduce_huang.py --first 'mnist/n256/*server*'   # those first
 """
 from __future__ import annotations
 
@@ -79,12 +80,17 @@ def main() -> int:
     ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--datasets", nargs="+", default=["mnist", "fashion_mnist"])
     ap.add_argument("--only", default="*", help="fnmatch pattern over run names")
+    ap.add_argument("--first", nargs="*", default=[],
+                    help="fnmatch patterns of runs to take before the rest (in this order)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     from fedudp.run import run
     out = Path(a.out)
     todo = [(name, over) for name, over in grid(a.datasets) if fnmatch.fnmatch(name, a.only)]
+    rank = {name: next((i for i, pat in enumerate(a.first) if fnmatch.fnmatch(name, pat)), len(a.first))
+            for name, _ in todo}
+    todo.sort(key=lambda item: rank[item[0]])            # stable: priority order otherwise
     if a.list:
         for name, _ in todo:
             done = (out / name / "summary.json").is_file()
