@@ -177,12 +177,23 @@ def _same_config(out: Path, cfg: RunConfig) -> bool | None:
     path = out / "config.yaml"
     if not path.is_file():
         return None
-    from omegaconf import OmegaConf
     try:
-        theirs = OmegaConf.to_container(OmegaConf.load(path))
+        theirs = saved_config(path)
     except Exception:   # noqa: BLE001
         return False
     return comparable(theirs) == comparable(config_dict(cfg))
+
+
+def saved_config(path: Path) -> dict:
+    """A run's saved config.yaml with the current schema's defaults for keys it predates (a key
+    added later, at its default, does not make an old run another run)."""
+    from omegaconf import OmegaConf
+    loaded = OmegaConf.load(path)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), loaded)
+        return jsonable(OmegaConf.to_container(merged, enum_to_str=True))
+    except Exception:   # noqa: BLE001  (a key the schema no longer has: compare as saved)
+        return OmegaConf.to_container(loaded)
 
 
 def comparable(d: Any) -> Any:
@@ -199,8 +210,7 @@ def comparable(d: Any) -> Any:
 
 def config_differences(out: Path, cfg: RunConfig) -> list[str]:
     """Dotted keys where ``out/config.yaml`` and ``cfg`` differ (``comparable`` parts)."""
-    from omegaconf import OmegaConf
-    theirs = comparable(OmegaConf.to_container(OmegaConf.load(out / "config.yaml")))
+    theirs = comparable(saved_config(out / "config.yaml"))
     mine = comparable(config_dict(cfg))
 
     def diff(a: Any, b: Any, prefix: str) -> list[str]:

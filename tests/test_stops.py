@@ -58,6 +58,17 @@ def test_an_output_folder_of_another_run_is_refused(tmp_path):
     again = run(tiny_cfg("fedavg", **{"train.rounds": 1, "engine_opts.threads": 1, "progress": True}),
                 tmp_path)
     assert again["skipped"]
+    # a run saved before a config key existed (the key at its default) is still the same run
+    saved = (tmp_path / "config.yaml").read_text()
+    assert "\nalgorithm:" in saved and "\ncheckpoint:" in saved
+    lines, skip = [], False
+    for line in saved.splitlines():
+        skip = line.startswith("algorithm:") or (skip and line.startswith(" "))
+        if not skip:
+            lines.append(line)
+    (tmp_path / "config.yaml").write_text("\n".join(lines) + "\n")
+    assert "algorithm" not in (tmp_path / "config.yaml").read_text()
+    assert run(tiny_cfg("fedavg", **{"train.rounds": 1}), tmp_path)["skipped"]
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
