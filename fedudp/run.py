@@ -527,8 +527,17 @@ def preflight(argv: list[str]) -> None:
         fail(f"{key}: {text}" if key else text)
 
 
+def resume_in_place(argv: list[str]) -> list[str]:
+    """``resume=<folder>`` continues the run in that folder: Hydra's own run folder is the same
+    (no new dated folder), unless ``hydra.run.dir`` is given."""
+    folder = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
+    if not folder or folder in ("null", "None") or any(a.startswith("hydra.run.dir=") for a in argv):
+        return argv
+    return argv + [f"hydra.run.dir={folder}"]
+
+
 def main() -> None:
-    sys.argv[1:] = multirun_flag_first(sys.argv[1:])
+    sys.argv[1:] = resume_in_place(multirun_flag_first(sys.argv[1:]))
     preflight(sys.argv[1:])
     _hydra_main()
 

@@ -187,14 +187,14 @@ def test_no_usable_checkpoint_is_a_one_line_error(tmp_path, monkeypatch):
         checkpoint.ckpt_path(tmp_path, r).write_bytes(b"garbage")
     with pytest.raises(ConfigError, match="no usable checkpoint"):
         run(config_from_overrides({**overrides, "resume": str(tmp_path)}), "ignored")
-    args = [f"{k}={v}" for k, v in overrides.items()] + [f"resume={tmp_path}",
-                                                          f"hydra.run.dir={tmp_path / 'hydra'}"]
+    args = [f"{k}={v}" for k, v in overrides.items()] + [f"resume={tmp_path}"]
     p = subprocess.run([sys.executable, "-m", "fedudp.run", *args], capture_output=True, text=True,
                        cwd=ROOT, timeout=300)
     assert p.returncode == 2, p.stderr[-2000:]
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("fedudp: error: ")]
     assert len(errors) == 1 and "no usable checkpoint" in errors[0] and str(tmp_path) in errors[0]
     assert sum("ckpt-000002.pt is unusable" in ln for ln in p.stderr.splitlines()) == 1
+    assert (tmp_path / ".hydra").is_dir()          # Hydra's folder is the resumed run's own
 
 
 def test_resume_refuses_another_configuration_and_a_non_run_folder(tmp_path, monkeypatch):
