@@ -10,7 +10,13 @@ Stops (``stop_reason``): ``completed``; ``budget`` (the next release would excee
 ``halted`` (AboveThreshold said stop); ``diverged`` (the shared parameters became non-finite,
 kept at their last finite value, or every sampled unit of a round failed); ``interrupted``
 (SIGINT/SIGTERM: the round in progress is abandoned before its release, so the ledger holds
-exactly the releases that happened; a signal during the release is deferred to its end).
+exactly the releases that happened; a signal during the release is deferred to its end; where
+the loop runs outside the main thread, as in Flower's ServerApp, the main thread's ``StopFlag``
+is polled at the same points and in the transport's waits).
+
+Checkpoints (``fedudp.core.checkpoint``): after every ``checkpoint.every``-th completed round
+the billboard's and the transport's state and the metrics so far; a resumed run restores them
+and continues with the next round.
 """
 from __future__ import annotations
 
