@@ -251,7 +251,9 @@ def execute(cfg: RunConfig, owners: Owners, fed: Federation, constraint: Constra
                        num_supernodes=fed.num_owners, backend_name="ray", backend_config={
                            "client_resources": {"num_cpus": float(eo.num_cpus),
                                                 "num_gpus": float(eo.num_gpus)},
-                           "init_args": {"address": str(eo.address)} if eo.address else {}})
+                           # "local": a new Ray of this run's own, never a stale cluster named
+                           # in /tmp/ray/ray_current_cluster (ray.init's default would join it)
+                           "init_args": {"address": str(eo.address) if eo.address else "local"}})
     if error:
         raise error[0]
     if not result:
