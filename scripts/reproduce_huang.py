@@ -106,6 +106,9 @@ def main() -> int:
             continue
         if s.get("skipped"):
             continue
+        if s["stop_reason"] == "interrupted":     # SIGINT/SIGTERM: end the grid, not just this run
+            print(f"interrupted in {name}; re-run the script to continue the grid", flush=True)
+            return 130
         rec = {"run": name, "seconds": round(time.time() - t0, 1),
                "accuracy_mean": s["accuracy_mean"], "epsilon": s["epsilon"],
                "rounds": s["rounds_completed"], "stop_reason": s["stop_reason"]}
