@@ -13,6 +13,9 @@ Parameters (Thm 4.1), each overridable: R̂ = R (``algorithm.radius``); r = d^{1
 (``algorithm.smoothing_radius``); η = (R̂/G) min{sqrt(m) n ε / (T sqrt(d log²(mnd/δ))), T^{-3/4},
 sqrt(nm)/T} (``algorithm.step_size``); τ = G log(n d m e^ε T / δ) / sqrt(m) (``estimator.tau``);
 T = m²n² + mn sqrt(d) is infeasible here: ``train.rounds`` replaces it (both in summary.json).
+The paper runs Algorithm 2 at δ/(2Tmnd) (for its utility proof); here Algorithm 2 is calibrated
+at the run's (ε, δ) by the accountant (``privacy.accounting=certified``) or with its σ² read as
+written (``paper``), the same estimator every other run uses.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ def paper_parameters(n: int, m: int, d: int, eps: float, delta: float, G: float,
     eta = (R / G) * min(math.sqrt(m) * n * eps / (T * math.sqrt(d * logs)), T ** -0.75,
                         math.sqrt(n * m) / T)
     return {"smoothing_radius": d ** 0.25 * R / math.sqrt(T), "step_size": eta,
-            "tau": G * math.log(n * d * m * math.exp(eps) * T / delta) / math.sqrt(m),
+            "tau": G * (math.log(n * d * m * T / delta) + eps) / math.sqrt(m),
             "paper_T": m ** 2 * n ** 2 + m * n * math.sqrt(d)}
 
 

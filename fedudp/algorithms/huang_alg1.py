@@ -15,7 +15,8 @@ as stated: one record per step, noise on the shared coordinates only, averaged i
 
 One record per user (``partition.records_per_user=1``): the unit is the record (user level
 follows by group privacy, §3.3: run at ε r/m). σ: calibrated by dp-accounting for T Poisson-
-sampled Gaussian releases at rate 1/(mn) (the paper's σ = L sqrt(T log(1/δ))/(ε m n) holds only
+sampled Gaussian releases at rate 1/(mn), or ``privacy.noise_multiplier`` if set (the billboard
+then stops before the budget is exceeded; the paper's σ = L sqrt(T log(1/δ))/(ε m n) holds only
 up to an unknown constant c2 and is recorded, not used). Step size (ALGORITHMS.md §3.2, derived
 by balancing the proof's terms): η = R / (L T sqrt(1/(mn) + ℓ log(1/δ)/(ε² m² n²)))
 (``algorithm.step_size``). T = Θ(m²n²) (proof of Thm 3.1) is infeasible: ``train.rounds``
@@ -44,8 +45,6 @@ def check_config(cfg: RunConfig) -> None:
     need(cfg.partition.records_per_user == 1, "partition.records_per_user",
          "algorithm.name=huang_alg1 samples one record per step: it needs one record per user "
          "(user level via group privacy: privacy.epsilon = ε r/m)")
-    need(cfg.privacy.noise_multiplier is None, "privacy.noise_multiplier",
-         "algorithm.name=huang_alg1 calibrates σ to (ε, δ) over train.rounds; leave it null")
 
 
 def paper_step_size(R: float, L: float, T: int, N: int, ell: int, eps: float, delta: float) -> float:
