@@ -74,6 +74,19 @@ def identical_rows(monkeypatch) -> None:
         (len(radii), V.shape[0]), V.shape[0], dtype=torch.int64))
 
 
+def record_laplace(module, monkeypatch) -> tuple[list[float], object]:
+    """Patch ``module.laplace`` to record the first value of every draw; (draws, the real one)."""
+    draws: list[float] = []
+    real = module.laplace
+
+    def laplace(shape, scale, *, rng, **kw):
+        x = real(shape, scale, rng=rng, **kw)
+        draws.append(float(x[0]))
+        return x
+    monkeypatch.setattr(module, "laplace", laplace)
+    return draws, real
+
+
 def mean_abs(values: list[float]) -> float:
     """E|Lap(b)| = b: the measured Laplace scale."""
     return float(np.mean(np.abs(values)))
@@ -113,14 +126,7 @@ def outlier_eps(agg, n: int, T: int, eps: float, delta: float, monkeypatch) -> f
     over Δ = 30 τ (1 + K)/n ([ASI] Lemma 3.5 read with explicit constants: kept points within
     10τ·3 of each other, K = 1 + Chernoff(6, ζ)), at what remains of δ after the AT's false
     pass γ = 2T exp(-(2n/15) ε_AT / 16) and the coupling's T ζ, ζ = δ/(4T)."""
-    draws: list[float] = []
-    real = mechanisms_mod.laplace
-
-    def laplace(shape, scale, *, rng, **kw):
-        x = real(shape, scale, rng=rng, **kw)
-        draws.append(float(x[0]))
-        return x
-    monkeypatch.setattr(mechanisms_mod, "laplace", laplace)
+    draws, real = record_laplace(mechanisms_mod, monkeypatch)
     small = Contribution(torch.zeros(n, 4, dtype=torch.float64), None, n)    # a concentrated cohort
     twin_noise = agg.noise_multiplier
     at_agg = type(agg)(agg.tau, twin_noise, agg.sensitivity, agg.sampling, agg.eps_at, agg.rounds,
@@ -165,14 +171,7 @@ def friendlycore_eps(agg, n: int, T: int, delta: float, monkeypatch) -> float:
     """Per round: the kept-mass check Lap(b) over mass sensitivity 7 and the Gaussian release at
     the measured σ over Δ = 2 D K / s (D = 4τ, s = n/20, K = 2 + Chernoff(6, ζ)); δ less the
     failure terms T (½ e^{-(0.15 - 0.10) n / b} + e^{-(1/2)² 0.10 n / 2} + ζ), ζ = δ/(4T)."""
-    draws: list[float] = []
-    real = outlier_mod.laplace
-
-    def laplace(shape, scale, *, rng, **kw):
-        x = real(shape, scale, rng=rng, **kw)
-        draws.append(float(x[0]))
-        return x
-    monkeypatch.setattr(outlier_mod, "laplace", laplace)
+    draws, real = record_laplace(outlier_mod, monkeypatch)
     d = 2048
     v = torch.full((d,), -0.2, dtype=torch.float64)
     G = v.expand(n, d).clone()
