@@ -75,6 +75,19 @@ def test_one_user_moves_an_owner_step_by_at_most_c_over_b(G, clip, i, batch):
     assert float(torch.linalg.vector_norm(a - b)) <= clip / batch * (1 + 1e-9)
 
 
+def test_clipped_sums_of_blocks_equal_those_of_the_concatenated_rows():
+    g = torch.Generator().manual_seed(0)
+    G = torch.randn(50, 30, generator=g, dtype=torch.float64) * 3
+    rows = torch.randint(0, 4, (50,), generator=g)
+    whole = clipped_sums(G, rows, 4, 2.0)
+    parts = clipped_sums([G[:, :7], G[:, 7:20], G[:, 20:]], rows, 4, 2.0)
+    torch.testing.assert_close(parts, whole, rtol=1e-12, atol=1e-12)
+    clipped = G * torch.clamp(2.0 / torch.linalg.vector_norm(G, dim=1), max=1.0).unsqueeze(1)
+    # the clipped rows are shrunk by 4 float32 ulps (mechanisms.clip_factors): 2.4e-7 relative
+    torch.testing.assert_close(whole, torch.zeros(4, 30, dtype=torch.float64).index_add_(0, rows, clipped),
+                               rtol=1e-6, atol=1e-9)
+
+
 def _linear_setup(owners=40, users=4, features=6, classes=3, seed=0):
     g = torch.Generator().manual_seed(seed)
     model = torch.nn.Linear(features, classes).double()

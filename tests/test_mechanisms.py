@@ -10,8 +10,9 @@ from scipy import stats
 from scipy.linalg import hadamard
 
 from fedudp.privacy.accountant import Accountant
-from fedudp.privacy.mechanisms import (AboveThreshold, RandomRotation, exponential_mechanism,
-                                       fwht, laplace, next_pow2, pure_dp_event)
+from fedudp.privacy.mechanisms import (AboveThreshold, RandomRotation, clip_factors,
+                                       exponential_mechanism, fwht, laplace, next_pow2,
+                                       pure_dp_event, row_norms64)
 
 
 def gen(seed=0):
@@ -112,3 +113,25 @@ def test_rotation_is_the_randomized_hadamard_lemma2():
     for name, rotate in wrong.items():
         flat, fails = _lemma2_checks(rotate, d, 10 if name == "Haar orthogonal" else draws, alpha)
         assert not flat or fails > 2 * alpha * 8 * draws, name
+
+
+def test_clip_factors_bound_float32_rows_by_clip_exactly():
+    """Clipping (owner side and DP-SGD) decides in float64 and never leaves a float32 row above
+    the clip it is calibrated for, even for rows whose norm is within float32 rounding of it."""
+    g = torch.Generator().manual_seed(3)
+    d, clip = 29_000, 15.0
+    G = torch.randn(400, d, generator=g)
+    scale = torch.cat([torch.full((100,), 0.3), torch.full((100,), 40.0),
+                       1 + (torch.rand(200, generator=g) - 0.5) * 1e-6]).unsqueeze(1)
+    G = (G / torch.linalg.vector_norm(G, dim=1, keepdim=True) * clip * scale).float()
+    exact = torch.from_numpy(np.linalg.norm(G.double().numpy(), axis=1))
+    torch.testing.assert_close(row_norms64(G), exact, rtol=1e-14, atol=0)
+    blocks = [G[:, :416], G[:, 416:13_248], G[:, 13_248:]]
+    torch.testing.assert_close(row_norms64(blocks), exact, rtol=1e-14, atol=0)
+    factor, was = clip_factors(G, clip)
+    assert torch.equal(was, exact > clip)
+    assert factor.dtype == torch.float32
+    after = np.linalg.norm((G * factor.unsqueeze(1)).double().numpy(), axis=1)
+    assert after.max() <= clip                                   # never above, not even 1 ulp
+    assert np.all(after[was.numpy()] >= clip * (1 - 1e-6))       # clipped rows land at clip
+    assert torch.equal(factor[~was], torch.ones(int((~was).sum())))   # the others untouched

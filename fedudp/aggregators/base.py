@@ -21,6 +21,7 @@ import dp_accounting
 import torch
 
 from fedudp.privacy.accountant import ADJACENCY, ApproxDp
+from fedudp.privacy.mechanisms import clip_factors
 
 if TYPE_CHECKING:
     from fedudp.config import RunConfig
@@ -235,10 +236,10 @@ def pad_to_population(G: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def clip_rows(G: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale each row of ``G`` to l2 norm at most ``clip``; returns (clipped, was_clipped)."""
-    norms = torch.linalg.vector_norm(G, dim=1)
-    factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0)
-    return G * factor.unsqueeze(1).to(G.dtype), norms > clip
+    """Scale each row of ``G`` to l2 norm at most ``clip`` (norms in float64,
+    ``mechanisms.clip_factors``); returns (clipped, was_clipped)."""
+    factor, was = clip_factors(G, clip)
+    return G * factor.unsqueeze(1), was
 
 
 def finite_rows(G: torch.Tensor) -> torch.Tensor:

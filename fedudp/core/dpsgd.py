@@ -16,12 +16,14 @@ owner's shard (Flower) and all owners at once (local engine) give the same delta
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from fedudp.core import local_sgd
+from fedudp.privacy.mechanisms import clip_factors
 from fedudp.randomness import Purpose, numpy_rng, torch_generator
 
 Params = local_sgd.Params
@@ -46,18 +48,20 @@ def owner_rates(users: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
     return b / np.maximum(users, 1), -(-users // batch)
 
 
-def clipped_sums(G: torch.Tensor, owner_row: torch.Tensor, owners: int, clip: float) -> torch.Tensor:
+def clipped_sums(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor, owners: int,
+                 clip: float) -> torch.Tensor:
     """[owners, d] in ``G``'s dtype: per owner, the sum of its sampled users' gradients (rows of
-    ``G``) each clipped to l2 norm ``clip``. The norms, which decide the clip, are computed in
-    float64. Adding or removing one user moves its owner's sum by at most ``clip``."""
-    norms = torch.linalg.vector_norm(G, dim=1).to(torch.float64)
-    # a float32 norm is within 0.5% of the true one (d·2^-24 relative at most, d < 80,000):
-    # rows below 0.99 C are certainly not clipped; the others get their norm in float64
-    near = norms > 0.99 * clip if G.shape[1] < 80_000 else torch.ones_like(norms, dtype=torch.bool)
-    if bool(near.any()):
-        norms[near] = torch.linalg.vector_norm(G[near], dim=1, dtype=torch.float64)
-    scale = torch.clamp(clip / torch.clamp(norms, min=1e-300), max=1.0).to(G.dtype)
-    return torch.zeros(owners, G.shape[1], dtype=G.dtype).index_add_(0, owner_row, G * scale.unsqueeze(1))
+    ``G``, or of row-aligned blocks [n, d_1], [n, d_2], ... read as one concatenated row) each
+    clipped to l2 norm ``clip``. The norms, which decide the clip, are computed in float64
+    (``mechanisms.clip_factors``). Adding or removing one user moves its owner's sum by at most
+    ``clip``. The sum is a matrix product with a [owners, rows] weight matrix holding each row's
+    clip factor in its owner's line."""
+    blocks = [G] if isinstance(G, torch.Tensor) else list(G)
+    factor, _ = clip_factors(blocks, clip)
+    n = blocks[0].shape[0]
+    W = torch.zeros(owners, n, dtype=blocks[0].dtype, device=blocks[0].device)
+    W[owner_row, torch.arange(n, device=W.device)] = factor
+    return torch.cat([W @ B for B in blocks], dim=1)
 
 
 def _unflatten(flat: torch.Tensor, like: Params, names: tuple[str, ...]) -> Params:
@@ -104,7 +108,8 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                 g = local_sgd.mean_gradients(model, local_sgd.select(params, r),
                                              local_sgd.select(frozen_by_owner, r), frozen_common,
                                              x, y, units)
-                sums += clipped_sums(local_sgd.flatten(g, names), torch.from_numpy(r), k, spec.clip)
+                sums += clipped_sums([g[n].reshape(len(u), -1) for n in names], torch.from_numpy(r), k,
+                                     spec.clip)
             noise = torch.stack([
                 torch.randn(start.shape[1], dtype=torch.float64,
                             generator=torch_generator(spec.seed, Purpose.DPSGD_NOISE, round_, e, s,
