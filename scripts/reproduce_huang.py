@@ -1,24 +1,30 @@
-"""Huang et al. (001) Table 1 as published: the resumable grid behind docs/results/huang_table1/.
+"""Huang et al. (001) as published: the resumable grid behind docs/results/huang_table1/ (and the
+Table 2 / Figure 1 reports, made from the same run folder).
 
 Runs ``+experiment=huang_table1`` (standard FedAvg, DP-SGD inside the owners, clip 15,
 δ = 1/N, E and T from the paper's Table 3) one configuration after another, in priority
 order: the four methods row by row (n = 256, 64, 512, 128, 16, 4) at seed 0 with certified
-accounting; then joint-DP in ``paper`` mode; then the server placement (reading B) at
-n ∈ {16, 256, 512}; then second seeds at n ∈ {64, 256}; then Fashion-MNIST. Every run writes
-its small outputs (config, summary, ledger, metrics, owners) under ``--out``; a run whose
-folder already holds a finished run of the same config is skipped, so re-running the script
-continues the grid. Each finished run appends its wall time to ``grid_times.jsonl``.
+accounting; Figure 1's other ε (n = 64); Table 2's personal-layer subsets (n = 256); joint-DP
+in ``paper`` mode; the server placement (reading B) at n ∈ {16, 256, 512}; second seeds at
+n ∈ {64, 256}; then Fashion-MNIST. Every run writes its small outputs (config, summary, ledger,
+metrics, owners) under ``--out``; a finished run is skipped, so re-running the script continues
+the grid. Several workers may share one grid (one per core): each claims a run under
+``--out/.claims`` (its pid) before starting it. Each finished run appends its wall time to
+``grid_times.jsonl``.
 
     .venv/bin/python scripts/reproduce_huang.py                 # the whole grid, resumable
     .venv/bin/python scripts/reproduce_huang.py --list          # what it would run, in order
     .venv/bin/python scripts/reproduce_huang.py --only 'mnist/n256/*'
     .venv/bin/python scripts/reproduce_huang.py --first 'mnist/n256/*server*'   # those first
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/reproduce_huang.py --threads 1 &   # two workers
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/reproduce_huang.py --threads 1 &   # on 2 cores
 """
 from __future__ import annotations
 
 import argparse
 import fnmatch
 import json
+import os
 import sys
 import time
 import traceback
@@ -31,16 +37,28 @@ ROWS = [256, 64, 512, 128, 16, 4]
 METHODS = ["per_silo", "fedavg", "full_dp", "joint_dp"]
 
 
+FIG1_EPS = [100.0, 5.0, 10.0, 2.0]          # Figure 1's other ε (ε = 1 is Table 1's run), extremes first
+FIG1_N = [64]
+TABLE2_PERSONAL = [["conv1"], ["conv2"], ["conv1", "conv2"], ["conv1", "fc1"], ["conv2", "fc1"],
+                   ["conv1", "conv2", "fc1"]]    # [fc1] and none (full-DP) are Table 1's runs
+
+
 def grid(datasets: list[str]) -> list[tuple[str, dict]]:
     """(run name, overrides) in priority order."""
     out: list[tuple[str, dict]] = []
 
-    def add(ds, n, method, placement="local_dpsgd", accounting="certified", seed=0):
+    def add(ds, n, method, placement="local_dpsgd", accounting="certified", seed=0, eps=None,
+            personal=None):
         private = method in ("full_dp", "joint_dp")
-        name = (f"{ds}/n{n}/{method}_{placement}_{accounting}_s{seed}" if private
+        tag = ("_personal-" + "+".join(personal) if personal else "") + (f"_eps{eps:g}" if eps else "")
+        name = (f"{ds}/n{n}/{method}{tag}_{placement}_{accounting}_s{seed}" if private
                 else f"{ds}/n{n}/{method}_s{seed}")
         over = {"dataset.name": ds, "partition.num_owners": n, "method": method, "seed": seed,
                 "privacy.placement": placement, "privacy.accounting": accounting}
+        if eps:
+            over["privacy.epsilon"] = eps
+        if personal:
+            over["model.personal"] = "[" + ",".join(f"{p}.*" for p in personal) + "]"
         if (name, over) not in out:
             out.append((name, over))
 
@@ -50,6 +68,12 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
                 add(ds, n, m)
         if ds != datasets[0]:
             continue
+        for n in FIG1_N:                      # Figure 1: accuracy vs ε
+            for eps in FIG1_EPS:
+                for m in ("full_dp", "joint_dp"):
+                    add(ds, n, m, eps=eps)
+        for personal in TABLE2_PERSONAL:      # Table 2: which layers are personal (n = 256)
+            add(ds, 256, "joint_dp", personal=personal)
         for n in ROWS:
             add(ds, n, "joint_dp", accounting="paper")
         for n in (16, 256, 512):
@@ -59,6 +83,31 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
             for m in METHODS:
                 add(ds, n, m, seed=1)
     return out
+
+
+def claim(out: Path, name: str) -> Path | None:
+    """Claim a run for this process (several workers can share one grid): a file under
+    ``out/.claims`` holding our pid; None if a live process holds it. A dead holder's claim
+    is taken over."""
+    path = out / ".claims" / name.replace("/", "__")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(path.read_text() or "0")
+                os.kill(pid, 0)
+                return None                   # a live worker runs it
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                path.unlink(missing_ok=True)  # stale: its worker is gone
+                continue
+            except PermissionError:
+                return None
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return path
+    return None
 
 
 def compose(over: dict, data_root: str, threads: int):
@@ -79,7 +128,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "huang_table1" / "runs"))
     ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--datasets", nargs="+", default=["mnist", "fashion_mnist"])
-    ap.add_argument("--only", default="*", help="fnmatch pattern over run names")
+    ap.add_argument("--only", nargs="*", default=["*"], help="fnmatch patterns over run names")
     ap.add_argument("--first", nargs="*", default=[],
                     help="fnmatch patterns of runs to take before the rest (in this order)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
@@ -87,7 +136,7 @@ def main() -> int:
     a = ap.parse_args()
     from fedudp.run import run
     out = Path(a.out)
-    todo = [(name, over) for name, over in grid(a.datasets) if fnmatch.fnmatch(name, a.only)]
+    todo = [(name, over) for name, over in grid(a.datasets) if any(fnmatch.fnmatch(name, p) for p in a.only)]
     rank = {name: next((i for i, pat in enumerate(a.first) if fnmatch.fnmatch(name, pat)), len(a.first))
             for name, _ in todo}
     todo.sort(key=lambda item: rank[item[0]])            # stable: priority order otherwise
@@ -97,6 +146,13 @@ def main() -> int:
             print(("done  " if done else "todo  ") + name)
         return 0
     for name, over in todo:
+        if (out / name / "summary.json").is_file():
+            s0 = json.loads((out / name / "summary.json").read_text())
+            if s0.get("stop_reason") in ("completed", "budget"):
+                continue                       # finished (run() would also skip it)
+        held = claim(out, name)
+        if held is None:
+            continue                           # another worker has it
         t0 = time.time()
         try:
             s = run(compose(over, a.data_root, a.threads), out / name)
@@ -104,6 +160,8 @@ def main() -> int:
             (out / "grid_errors.log").open("a").write(f"{name}\n{traceback.format_exc()}\n")
             print(f"FAILED {name} (see grid_errors.log)", flush=True)
             continue
+        finally:
+            held.unlink(missing_ok=True)
         if s.get("skipped"):
             continue
         if s["stop_reason"] == "interrupted":     # SIGINT/SIGTERM: end the grid, not just this run
