@@ -86,6 +86,8 @@ class Layout:
     paper_rows: Callable[[str], list] = lambda series: []   # rows with a paper number, per series
     claims: bool = False
     extra: dict = field(default_factory=dict)
+    # a horizontal reference line per series (Figure 1: per-silo at that n), from the runs
+    reference: Callable[[dict], tuple[str, str] | None] | None = None
 
 
 def _t1(key: str) -> Callable[[Any], tuple | None]:
@@ -99,6 +101,15 @@ def _personal(s: dict) -> tuple[str, ...]:
     return tuple(sorted({p.split(".")[0] for p in pats}))
 
 
+def _default_split(s: dict) -> bool:
+    """The presets' parameter split: full-DP, or joint-DP with FC1 personal (Table 1, Fig. 1)."""
+    return _personal(s) in ((), ("fc1",))
+
+
+def _records_per_user(s: dict) -> int:
+    return int(_config(s, "partition.records_per_user", 1) or 1)
+
+
 def _t4(i: int) -> Callable[[Any], tuple | None]:
     return lambda row: (HUANG_TABLE4[row][i], None) if row in HUANG_TABLE4 else None
 
@@ -106,7 +117,9 @@ def _t4(i: int) -> Callable[[Any], tuple | None]:
 LAYOUTS = {
     "huang_table1": Layout(
         "Huang et al. Table 1 (ε = 1, δ = 1e-4)",
-        lambda s: (s.get("dataset", "mnist"), int(s["num_owners"])) if _config(s, "partition.records_per_user", 1) == 1 and s.get("target_epsilon") in (None, 1.0) else None,
+        lambda s: ((s.get("dataset", "mnist"), int(s["num_owners"]))
+                   if _records_per_user(s) == 1 and s.get("target_epsilon") in (None, 1.0)
+                   and _default_split(s) else None),
         lambda row: f"{row[0]} | {row[1]} | {10_000 / row[1]:.2f}",
         [("per-silo", _is("per_silo"), _t1("per_silo")), ("FedAvg (no DP)", _is("fedavg"), _t1("fedavg")),
          ("full-DP", _is("full_dp", "local_dpsgd", "certified"), _t1("full_dp")),
@@ -119,13 +132,18 @@ LAYOUTS = {
         paper_rows=lambda ds: [(ds, n) for n in sorted(HUANG_TABLE1.get(ds, {}))], claims=True, extra={"row_header": "dataset | n | m"}),
     "huang_table2": Layout(
         "Huang et al. Table 2 (joint-DP by personal layers, ε = 1)",
-        lambda s: _personal(s) if s.get("method") in ("full_dp", "joint_dp") and s.get("placement") == "local_dpsgd" else None,
+        lambda s: (_personal(s) if s.get("method") in ("full_dp", "joint_dp")
+                   and s.get("placement") == "local_dpsgd" and s.get("accounting") == "certified"
+                   and s.get("target_epsilon") == 1.0 and _records_per_user(s) == 1
+                   and int(s["num_owners"]) == 256 and s.get("dataset", "mnist") == "mnist"
+                   else None),
         lambda row: " + ".join(row) or "none (full-DP)",
         [("accuracy", lambda s: True, lambda row: HUANG_TABLE2.get(row))],
         extra={"row_header": "personal layers"}),
     "huang_table4": Layout(
         "Huang et al. Table 4 (records per user m/r)",
-        lambda s: (int(s["num_owners"]), int(_config(s, "partition.records_per_user", 1))),
+        lambda s: ((int(s["num_owners"]), _records_per_user(s))
+                   if _default_split(s) and s.get("dataset", "mnist") == "mnist" else None),
         lambda row: f"{row[0]} | {row[1]}",
         [("full-DP ε=1", _is("full_dp", "local_dpsgd", "certified", 1.0), _t4(0)),
          ("joint-DP ε=1", _is("joint_dp", "local_dpsgd", "certified", 1.0), _t4(1)),
@@ -135,12 +153,17 @@ LAYOUTS = {
         paper_rows=lambda ser: sorted(r for r in HUANG_TABLE4 if f"n={r[0]}" == ser), extra={"row_header": "n | m/r"}),
     "huang_fig1": Layout(
         "Huang et al. Figure 1 (accuracy vs ε; the paper gives a plot, no numbers)",
-        lambda s: (int(s["num_owners"]), float(s["target_epsilon"])) if s.get("target_epsilon") else None,
+        lambda s: ((int(s["num_owners"]), float(s["target_epsilon"]))
+                   if s.get("target_epsilon") and _default_split(s) and _records_per_user(s) == 1
+                   and s.get("dataset", "mnist") == "mnist" else None),
         lambda row: f"{row[0]} | {row[1]:g}",
         [("full-DP", _is("full_dp", "local_dpsgd", "certified"), lambda row: None),
          ("joint-DP", _is("joint_dp", "local_dpsgd", "certified"), lambda row: None)],
         x_of=lambda row: row[1], series_of=lambda row: f"n={row[0]}", x_label="ε",
-        extra={"row_header": "n | ε"}),
+        extra={"row_header": "n | ε"},
+        reference=lambda s: ((f"n={int(s['num_owners'])}", "per-silo (no DP)")
+                             if s.get("method") == "per_silo" and _records_per_user(s) == 1
+                             and s.get("dataset", "mnist") == "mnist" else None)),
 }
 
 
@@ -226,6 +249,10 @@ def write_paper_report(name: str, summaries: list[dict], out: Path) -> str:
         md.append("| " + " | ".join(line) + " |")
     if layout.compared:
         md += ["", "Bold: the best of " + ", ".join(layout.compared) + "."]
+    refs = _references(layout, summaries, {layout.series_of(r) for r in rows})
+    if refs:
+        md += ["", "Reference lines: " + "; ".join(f"{ser}: {lb} {np.mean(v):.3f} ({len(v)})"
+                                                   for (ser, lb), v in sorted(refs.items()))]
     if layout.claims:
         md += ["", "The paper's claims on these numbers:", ""] + _claims(cells, rows)
     text = "\n".join(md)
@@ -236,11 +263,23 @@ def write_paper_report(name: str, summaries: list[dict], out: Path) -> str:
         w.writeheader()
         w.writerows(table)
     if layout.x_of is not None and cells:
-        _plot(name, layout, cells, rows, out)
+        _plot(name, layout, cells, rows, out, refs)
     return text
 
 
-def _plot(name: str, layout: Layout, cells: dict, rows: list, out: Path) -> None:
+def _references(layout: Layout, summaries: list[dict], series: set) -> dict[tuple[str, str], list[float]]:
+    out: dict[tuple[str, str], list[float]] = {}
+    if layout.reference is None:
+        return out
+    for s in summaries:
+        ref = layout.reference(s) if s.get("stop_reason") in ("completed", "budget") else None
+        if ref is not None and ref[0] in series:
+            out.setdefault(ref, []).append(float(s["accuracy_mean"]))
+    return out
+
+
+def _plot(name: str, layout: Layout, cells: dict, rows: list, out: Path,
+          refs: dict | None = None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -258,6 +297,9 @@ def _plot(name: str, layout: Layout, cells: dict, rows: list, out: Path) -> None
                                                                  key=layout.x_of) if paper_of(r)]
             if pp and "paper mode" not in label:
                 ax.plot(*zip(*pp), "--", color=f"C{i}", alpha=0.6, label=f"{label} (paper)")
+        for (rser, label), v in (refs or {}).items():
+            if rser == ser:
+                ax.axhline(float(np.mean(v)), color="gray", ls=":", label=label)
         ax.set_xscale("log", base=2 if name != "huang_fig1" else 10)
         ax.set_xlabel(layout.x_label)
         ax.set_ylabel("mean over owners of test accuracy")

@@ -45,6 +45,33 @@ def test_table4_and_fig1_layouts(tmp_path):
     assert float(got[("4/2", "full-DP ε=1")]["paper_mean"]) == HUANG_TABLE4[(4, 2)][0]
     assert float(got[("256/1", "joint-DP ε=8")]["ours_mean"]) == 0.9
     assert (tmp_path / "huang_table4.png").stat().st_size > 10_000
+    ss += [summary("joint_dp", 4, 0.6, eps=3.0), summary("full_dp", 4, 0.4)]
     write_paper_report("huang_fig1", ss, tmp_path)
-    fig = {(r["row"], r["column"]) for r in rows(tmp_path / "huang_fig1.csv")}
-    assert ("4/3", "joint-DP") in fig and ("256/8", "joint-DP") in fig and ("4/1", "full-DP") in fig
+    fig = {(r["row"], r["column"]): float(r["ours_mean"]) for r in rows(tmp_path / "huang_fig1.csv")}
+    # Figure 1 is one record per user and the default split: the m/r = 2 runs stay out
+    assert fig == {("4/3", "joint-DP"): 0.6, ("256/8", "joint-DP"): 0.9, ("4/1", "full-DP"): 0.4}
+
+
+def test_one_run_folder_feeds_every_layout_without_mixing_them(tmp_path):
+    """Table 1, Table 2 and Figure 1 runs share docs/results/huang_table1/runs: each layout
+    takes only its own (a Table 2 subset or a Figure 1 ε never enters Table 1's cells)."""
+    ss = [summary("joint_dp", 256, 0.54, personal=["fc1.*"]), summary("full_dp", 256, 0.13),
+          summary("joint_dp", 256, 0.10, personal=["conv1.*", "conv2.*"]),
+          summary("joint_dp", 256, 0.95, eps=100.0), summary("full_dp", 256, 0.90, eps=100.0),
+          summary("joint_dp", 64, 0.50)]
+    write_paper_report("huang_table1", ss, tmp_path)
+    t1 = {(r["row"], r["column"]): float(r["ours_mean"]) for r in rows(tmp_path / "huang_table1.csv")}
+    assert t1 == {("mnist/256/39.06", "joint-DP"): 0.54, ("mnist/256/39.06", "full-DP"): 0.13,
+                  ("mnist/64/156.25", "joint-DP"): 0.50}
+    write_paper_report("huang_table2", ss, tmp_path)
+    t2 = {r["row"]: float(r["ours_mean"]) for r in rows(tmp_path / "huang_table2.csv")}
+    assert t2 == {"fc1": 0.54, "none (full-DP)": 0.13, "conv1 + conv2": 0.10}
+    write_paper_report("huang_fig1", ss, tmp_path)
+    f1 = {(r["row"], r["column"]): float(r["ours_mean"]) for r in rows(tmp_path / "huang_fig1.csv")}
+    assert "n=256: per-silo (no DP)" not in (tmp_path / "huang_fig1.md").read_text()
+    ss.append(summary("per_silo", 256, 0.77))
+    md = write_paper_report("huang_fig1", ss, tmp_path)
+    assert "Reference lines: n=256: per-silo (no DP) 0.770 (1)" in md
+    f1 = {(r["row"], r["column"]): float(r["ours_mean"]) for r in rows(tmp_path / "huang_fig1.csv")}
+    assert f1 == {("256/1", "joint-DP"): 0.54, ("256/1", "full-DP"): 0.13, ("256/100", "joint-DP"): 0.95,
+                  ("256/100", "full-DP"): 0.90, ("64/1", "joint-DP"): 0.50}
