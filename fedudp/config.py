@@ -114,6 +114,11 @@ class PrivacyConfig:
     # None: calibrate to (epsilon, delta) over the whole schedule. A number: use it, and
     # stop (cleanly) before the round that would exceed the budget.
     noise_multiplier: Optional[float] = None
+    # placement=local_dpsgd only: DP-SGD clips and Poisson-samples *records* and is accounted
+    # at record level, then converted to the user level by group privacy over a user's
+    # records_per_user records (Huang et al. Table 4's reading, ALGORITHMS.md §3.3): standard
+    # form in certified mode, the paper's k·e^{kε}·δ form (heuristic) in paper mode
+    group_privacy: bool = False
 
 
 @dataclass
@@ -382,6 +387,16 @@ def validate(cfg: RunConfig) -> None:
         _need(p.unit != Unit.owner, "privacy.unit",
               "privacy.placement=local_dpsgd clips each user's gradient (user level); owner level "
               "needs privacy.placement=server")
+    if p.group_privacy:
+        _need(p.placement == Placement.local_dpsgd and cfg.method in (Method.full_dp, Method.joint_dp),
+              "privacy.group_privacy",
+              "converts record-level DP-SGD inside the owners to user level; it needs "
+              "privacy.placement=local_dpsgd and method=full_dp or joint_dp")
+        _need(p.unit == Unit.user, "privacy.group_privacy",
+              f"gives a user-level guarantee (privacy.unit=user), got privacy.unit={Unit(p.unit).value}")
+        _need(p.noise_multiplier is None, "privacy.group_privacy",
+              "calibrates the record-level noise to the converted budget; leave "
+              "privacy.noise_multiplier=null")
     if p.unit == Unit.record and cfg.method in (Method.full_dp, Method.joint_dp):
         _need(part.records_per_user == 1, "privacy.unit",
               "record with placement=server clips per user, so it needs "

@@ -110,6 +110,13 @@ def _records_per_user(s: dict) -> int:
     return int(_config(s, "partition.records_per_user", 1) or 1)
 
 
+def _t4_is(method: str, eps: float, accounting: str, group: bool) -> Callable[[dict], bool]:
+    """Table 4's cells: user-level clipping (certified), or record-level DP-SGD with the
+    group-privacy conversion (``privacy.group_privacy``; the paper's form in paper mode)."""
+    base = _is(method, "local_dpsgd", accounting, eps)
+    return lambda s: base(s) and bool(_config(s, "privacy.group_privacy", False)) == group
+
+
 def _t4(i: int) -> Callable[[Any], tuple | None]:
     return lambda row: (HUANG_TABLE4[row][i], None) if row in HUANG_TABLE4 else None
 
@@ -145,10 +152,11 @@ LAYOUTS = {
         lambda s: ((int(s["num_owners"]), _records_per_user(s))
                    if _default_split(s) and s.get("dataset", "mnist") == "mnist" else None),
         lambda row: f"{row[0]} | {row[1]}",
-        [("full-DP ε=1", _is("full_dp", "local_dpsgd", "certified", 1.0), _t4(0)),
-         ("joint-DP ε=1", _is("joint_dp", "local_dpsgd", "certified", 1.0), _t4(1)),
-         ("joint-DP ε=3", _is("joint_dp", "local_dpsgd", "certified", 3.0), _t4(2)),
-         ("joint-DP ε=8", _is("joint_dp", "local_dpsgd", "certified", 8.0), _t4(3))],
+        [(f"{m}-DP ε={e:g}{lab}", _t4_is(f"{m}_dp", e, acc, grp), _t4(i))
+         for acc, grp, lab in (("certified", False, ""),
+                               ("paper", True, ", paper (group privacy)"),
+                               ("certified", True, ", group privacy (certified)"))
+         for i, (m, e) in enumerate((("full", 1.0), ("joint", 1.0), ("joint", 3.0), ("joint", 8.0)))],
         x_of=lambda row: row[1], series_of=lambda row: f"n={row[0]}", x_label="records per user m/r",
         paper_rows=lambda ser: sorted(r for r in HUANG_TABLE4 if f"n={r[0]}" == ser), extra={"row_header": "n | m/r"}),
     "huang_fig1": Layout(

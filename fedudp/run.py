@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -323,8 +323,26 @@ def _identity(cfg: RunConfig) -> str:
     return json.dumps(comparable(config_dict(cfg)), sort_keys=True)
 
 
+def _same_identity(cfg: RunConfig) -> Callable[[str], bool]:
+    """A checkpoint's identity read through the current schema's defaults (as ``saved_config``
+    reads an old config.yaml) equals this configuration's."""
+    mine = comparable(config_dict(cfg))
+
+    def same(identity: str) -> bool:
+        from omegaconf import OmegaConf
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(RunConfig),
+                                     OmegaConf.create(json.loads(identity)))
+            theirs = jsonable(OmegaConf.to_container(merged, enum_to_str=True))
+        except Exception:   # noqa: BLE001  (a key the schema no longer has: not this run)
+            return False
+        return comparable(theirs) == mine
+    return same
+
+
 def _checkpointer(out: Path, cfg: RunConfig) -> checkpoints.Checkpointer:
-    return checkpoints.Checkpointer(out, cfg.checkpoint.every, cfg.checkpoint.keep, _identity(cfg))
+    return checkpoints.Checkpointer(out, cfg.checkpoint.every, cfg.checkpoint.keep, _identity(cfg),
+                                    same_identity=_same_identity(cfg))
 
 
 def _check_resumable(out: Path, cfg: RunConfig) -> None:

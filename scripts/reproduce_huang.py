@@ -154,6 +154,8 @@ def main() -> int:
         if held is None:
             continue                           # another worker has it
         t0 = time.time()
+        if list((out / name).glob("ckpt-*.pt")):   # an interrupted run: continue it
+            over = {**over, "resume": str(out / name)}
         try:
             s = run(compose(over, a.data_root, a.threads), out / name)
         except Exception:   # noqa: BLE001  (log, go on with the grid)

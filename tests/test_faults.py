@@ -209,6 +209,20 @@ def test_resume_refuses_another_configuration_and_a_non_run_folder(tmp_path, mon
     assert s["rounds_completed"] == ROUNDS
 
 
+def test_a_checkpoint_written_before_a_key_existed_still_resumes():
+    """A checkpoint's identity lacking a key added since (at its default) is the same run; one
+    with another value is not."""
+    from fedudp.run import _identity, _same_identity
+    cfg = _cfg()
+    old = json.loads(_identity(cfg))
+    del old["privacy"]["group_privacy"]                     # as written before the key existed
+    assert _same_identity(cfg)(json.dumps(old))
+    old["train"]["lr"] = 0.123
+    assert not _same_identity(cfg)(json.dumps(old))
+    old["train"]["no_such_key"] = 1
+    assert not _same_identity(cfg)(json.dumps(old))
+
+
 def test_checkpoint_every_zero_writes_none_and_a_fresh_run_clears_old_ones(tmp_path, monkeypatch):
     out = _interrupted_at_4(tmp_path, monkeypatch)
     s = run(_cfg(**{"checkpoint.every": 0}), out)        # same run, not resumed: started afresh

@@ -138,8 +138,10 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
                   "privacy.epsilon": 5.0}),
     # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
     ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
-    # DP-SGD inside the owners (issue 9), paper mode: at each owner's own personal layer
+    # DP-SGD inside the owners (issue 9), paper mode: at each owner's own personal layer, and
+    # Table 4's reading: record-level DP-SGD, user level by group privacy over 2 records a user
     ("joint_dp", {"privacy.placement": "local_dpsgd", "privacy.accounting": "paper",
+                  "privacy.group_privacy": True, "partition.records_per_user": 2,
                   "train.rounds": 2}),
 ])
 def test_flower_matches_local_engine(method, kw, tmp_path, monkeypatch):

@@ -218,3 +218,74 @@ def test_huang_preset_sweep_resumes_and_reports(tmp_path):
         assert by_col[col] == pytest.approx(s["accuracy_mean"], abs=1e-12)
     assert (out / "huang_table1.png").stat().st_size > 10_000
     assert "/ 0.960 (" in (out / "huang_table1.md").read_text()      # the paper's n = 4 FedAvg
+
+
+# -- group privacy (Huang et al. Table 4's reading, ALGORITHMS.md §3.3) ---------------------------
+@pytest.mark.parametrize("accounting", ["certified", "paper"])
+def test_group_privacy_epsilon_is_k_times_a_direct_record_level_computation(tmp_path, accounting):
+    # 150 records, 3 per user, over 4 owners: 38/38/37/37 records -> record-level q = 8/38, 8/37
+    k, eps_target, delta = 3, 1.0, 1e-5
+    kw = {"privacy.placement": "local_dpsgd", "dataset.num_records": 150, "train.rounds": 2,
+          "partition.records_per_user": k, "privacy.group_privacy": True,
+          "privacy.accounting": accounting}
+    s = run(cfg_kw("full_dp", **kw), tmp_path)
+    record_delta = delta / (k * math.exp((k - 1) * eps_target / k)) if accounting == "certified" \
+        else delta / k
+    rec = []
+    for m in sorted({int(c) for c in np.diff(prepare(cfg_kw("full_dp", **kw)).fed.owner_offsets)}):
+        acc = dp_accounting.pld.PLDAccountant(
+            dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+        acc.compose(dp_accounting.PoissonSampledDpEvent(8 / m, dp_accounting.GaussianDpEvent(
+            s["noise_multiplier"])), math.ceil(m / 8) * 2)
+        rec.append(acc.get_epsilon(record_delta))
+    assert s["epsilon"] == pytest.approx(k * max(rec), rel=1e-3)
+    assert 0.99 <= s["epsilon"] <= eps_target + 1e-6            # calibrated at (eps/k, delta')
+    user_delta = k * math.exp((k - 1) * max(rec)) * record_delta  # the standard group form
+    led = json.loads((tmp_path / "ledger.json").read_text())
+    assert "group_conversion" in led["extra"] and "records" in " ".join(led["notes"])
+    if accounting == "certified":
+        assert user_delta <= delta * (1 + 1e-9) and led["guarantee"] == "certified"
+    else:                              # the paper's form: user-level delta is e^eps times delta
+        assert k * math.exp(k * max(rec)) * record_delta == pytest.approx(delta * math.exp(s["epsilon"]), rel=1e-3)
+        assert led["guarantee"] == "heuristic"
+
+
+def test_group_privacy_dpsgd_clips_records_not_users():
+    """Noise-free, every unit in the batch (q = 1, one step): the owner's step is the mean of its
+    records' clipped gradients with group privacy, of its users' clipped mean gradients without."""
+    from fedudp.aggregators.base import Constraint
+    C, lr = 1e-3, 0.5                                    # every row is clipped
+    kw = {"privacy.placement": "local_dpsgd", "dataset.num_records": 48, "train.rounds": 1,
+          "partition.records_per_user": 3, "train.batch_size": 64, "train.lr": lr,
+          "engine_opts.float64": True}
+    con = Constraint(rows=False, clip=None, dpsgd_noise=0.0, dpsgd_clip=C)
+    for group in (True, False):
+        p = prepare(cfg_kw("full_dp", **kw, **{"privacy.group_privacy": group}))
+        fed, model = p.fed, p.owners.model
+        shared = p.billboard.shared_params()
+        G = p.owners.owner_deltas(fed, shared, {}, np.arange(fed.num_owners), 1, con)
+        net = type(model)(fed.x.shape[1], fed.num_classes).double()
+        net.load_state_dict(shared)
+        for j in range(fed.num_owners):
+            lo, hi = fed.owner_offsets[j], fed.owner_offsets[j + 1]
+            if group:
+                groups = [[r] for r in range(lo, hi)]
+            else:
+                u0, u1 = fed.owner_user_offsets[j], fed.owner_user_offsets[j + 1]
+                groups = [list(range(fed.user_offsets[u], fed.user_offsets[u + 1])) for u in range(u0, u1)]
+            total = 0
+            for rows in groups:
+                net.zero_grad()
+                F.cross_entropy(net(fed.x[rows]), fed.y[rows]).backward()
+                g = torch.cat([p_.grad.reshape(-1) for p_ in net.parameters()])
+                total = total + g * min(1.0, C / float(g.norm()))
+            want = -lr * total / len(groups)
+            torch.testing.assert_close(G[j], want, rtol=1e-6, atol=1e-12)
+
+
+def test_group_privacy_refuses_what_it_cannot_convert():
+    with pytest.raises(ConfigError, match=r"privacy\.group_privacy"):
+        prepare(cfg_kw("full_dp", **{"privacy.group_privacy": True}))         # server placement
+    with pytest.raises(ConfigError, match=r"privacy\.group_privacy"):
+        prepare(cfg_kw("full_dp", **{"privacy.group_privacy": True, "privacy.placement": "local_dpsgd",
+                                     "privacy.noise_multiplier": 1.0}))

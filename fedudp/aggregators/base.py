@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 import dp_accounting
 import torch
 
-from fedudp.privacy.accountant import ADJACENCY, ApproxDp
+from fedudp.privacy.accountant import ADJACENCY, ApproxDp, GroupConversion
 from fedudp.privacy.mechanisms import clip_factors
 
 if TYPE_CHECKING:
@@ -139,7 +139,8 @@ class Aggregator(ABC):
     Instance attributes: ``sampling``, ``guarantee`` (``certified``, or ``heuristic`` when a
     paper's unproven constant is used), ``noise_multiplier`` and ``noise_std`` (None where no
     single Gaussian/Laplace multiplier describes the release), ``min_users_required`` (the
-    utility guarantee's minimum n; None if none).
+    utility guarantee's minimum n; None if none), ``group`` (a ``GroupConversion`` when the
+    events are record-level and the run's user-level ε comes from group privacy; None if not).
     """
 
     name: ClassVar[str]
@@ -152,6 +153,7 @@ class Aggregator(ABC):
     guarantee: str = "certified"
     noise_multiplier: float | None = None
     min_users_required: int | None = None
+    group: GroupConversion | None = None
 
     @property
     def noise_std(self) -> float | None:

@@ -7,6 +7,12 @@ billboard averages the owners' noisy deltas (uniformly or by size) and adds noth
 add/remove one user of one owner; m_j (hence q_j) is treated as public. A user belongs to one
 owner, so the run's ε is the worst owner's (parallel composition): owners with the same m_j
 form one part of a ``Parallel`` event; z is calibrated so that the worst part meets (ε, δ).
+
+With ``privacy.group_privacy`` (Huang et al. Table 4's reading, ALGORITHMS.md §3.3) the owners'
+DP-SGD samples and clips *records* instead (q_j = B/records_j, ceil(records_j/B) steps per
+epoch, adjacency add/remove one record); events are record-level and the user-level ε is k
+times the record-level one at the ``GroupConversion``'s δ', k = records_per_user; z is
+calibrated to (ε/k, δ').
 """
 from __future__ import annotations
 
@@ -15,10 +21,10 @@ import numpy as np
 import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Constraint, Contribution, Sampling
-from fedudp.config import Calibration, ConfigError, RunConfig
+from fedudp.config import Accounting, Calibration, ConfigError, RunConfig
 from fedudp.core.dpsgd import owner_rates
-from fedudp.data.federation import planned_owner_users
-from fedudp.privacy.accountant import Parallel, calibrate_noise_multiplier
+from fedudp.data.federation import planned_owner_records, planned_owner_users
+from fedudp.privacy.accountant import GroupConversion, Parallel, calibrate_noise_multiplier
 
 
 def owner_round_event(z: float, q: float, steps: int) -> dp_accounting.DpEvent:
@@ -38,10 +44,15 @@ class LocalDpSgdMean(Aggregator):
                   "owner's ε by parallel composition")
 
     def __init__(self, noise_multiplier: float, clip: float, batch: int, epochs: int,
-                 owner_users: np.ndarray, sampling: Sampling) -> None:
+                 owner_units: np.ndarray, sampling: Sampling,
+                 group: GroupConversion | None = None) -> None:
+        """``owner_units``: each owner's DP-SGD unit count (users; records with ``group``)."""
         self.noise_multiplier, self.clip = float(noise_multiplier), float(clip)
         self.batch, self.epochs, self.sampling = int(batch), int(epochs), sampling
-        users, counts = np.unique(np.asarray(owner_users, dtype=np.int64), return_counts=True)
+        self.group = group
+        if group is not None:
+            self.guarantee = "certified" if group.form == "certified" else "heuristic"
+        users, counts = np.unique(np.asarray(owner_units, dtype=np.int64), return_counts=True)
         q, steps = owner_rates(users, self.batch)
         # one part per distinct owner size: (users m_j, owners with it, q_j, steps per round)
         self.classes = [(int(m), int(c), float(qq), int(s) * self.epochs)
@@ -57,14 +68,20 @@ class LocalDpSgdMean(Aggregator):
     def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
                     ) -> "LocalDpSgdMean":
         p, t = cfg.privacy, cfg.train
-        users = planned_owner_users(cfg)
-        probe = cls(1.0, p.clip, t.batch_size, t.local_epochs, users, sampling)
+        users = planned_owner_records(cfg) if p.group_privacy else planned_owner_users(cfg)
+        group = None
+        eps, delta = p.epsilon, p.delta
+        if p.group_privacy:
+            group = GroupConversion.for_user_budget(int(cfg.partition.records_per_user), p.epsilon,
+                                                    p.delta, Accounting(p.accounting).value)
+            eps, delta = p.epsilon / group.size, group.record_delta
+        probe = cls(1.0, p.clip, t.batch_size, t.local_epochs, users, sampling, group)
         z = p.noise_multiplier
         if z is None:        # the worst part must meet (ε, δ): the largest per-part z
             z = max(calibrate_noise_multiplier(
-                lambda z, q=q, s=s: owner_round_event(z, q, s), p.epsilon, p.delta, rounds)
+                lambda z, q=q, s=s: owner_round_event(z, q, s), eps, delta, rounds)
                 for _, _, q, s in probe.classes)
-        return cls(z, p.clip, t.batch_size, t.local_epochs, users, sampling)
+        return cls(z, p.clip, t.batch_size, t.local_epochs, users, sampling, group)
 
     @property
     def noise_std(self) -> float:
@@ -80,13 +97,24 @@ class LocalDpSgdMean(Aggregator):
         return Aggregate(mean=c.weighted_mean(), users_used=c.count, diagnostics={"cohort": c.count})
 
     def ledger_notes(self) -> list[str]:
-        parts = "; ".join(f"{c} owners with m_j={m} users: q_j={q:.6g}, {s} steps per round"
+        what = "records" if self.group else "users"
+        parts = "; ".join(f"{c} owners with m_j={m} {what}: q_j={q:.6g}, {s} steps per round"
                           for m, c, q, s in self.classes)
-        return [f"privacy.placement=local_dpsgd: DP-SGD inside each owner (noise multiplier "
-                f"{self.noise_multiplier:.6g}, per-user clip {self.clip:g}, batch {self.batch}); "
-                f"the billboard averages without noise. Parts (parallel composition, epsilon is "
-                f"the worst part's): {parts}. Each owner's user count m_j (hence q_j) is treated "
-                "as public"]
+        notes = [f"privacy.placement=local_dpsgd: DP-SGD inside each owner (noise multiplier "
+                 f"{self.noise_multiplier:.6g}, per-{what[:-1]} clip {self.clip:g}, batch "
+                 f"{self.batch}); the billboard averages without noise. Parts (parallel "
+                 f"composition, epsilon is the worst part's): {parts}. Each owner's {what[:-1]} "
+                 "count m_j (hence q_j) is treated as public"]
+        if self.group is not None:
+            g = self.group
+            notes.append(
+                f"privacy.group_privacy: the events are record-level (add/remove one record); "
+                f"the ledger's epsilon is user-level, {g.size} x the record-level epsilon at "
+                f"delta'={g.record_delta:.6g}, by group privacy over a user's {g.size} records "
+                + ("(k e^{(k-1)eps'} delta' <= delta: certified)" if g.form == "certified" else
+                   "in the paper's form k e^{k eps'} delta', which gives user-level delta "
+                   "e^eps times the stated one: heuristic"))
+        return notes
 
     def dp_event(self) -> Parallel:
         return Parallel(tuple(owner_round_event(self.noise_multiplier, q, s)

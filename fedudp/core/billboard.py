@@ -19,8 +19,8 @@ from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Samplin
 from fedudp.core.checkpoint import CheckpointError, plain
 from fedudp.core.messages import OwnerReply
 from fedudp.core.plan import Plan
-from fedudp.privacy.accountant import (Accountant, Ledger, LedgerEntry, Parallel, ParallelAccountant,
-                                       pld_interval)
+from fedudp.privacy.accountant import (Accountant, GroupAccountant, Ledger, LedgerEntry, Parallel,
+                                       ParallelAccountant, pld_interval)
 from fedudp.randomness import Purpose, numpy_rng, torch_generator
 
 
@@ -51,6 +51,9 @@ class Billboard:
             interval = pld_interval(target_epsilon)
             self.accountant = (ParallelAccountant(len(self.event.parts), interval)
                                if isinstance(self.event, Parallel) else Accountant(interval))
+            if aggregator.group is not None:    # record-level events, user level by group privacy
+                self.accountant = GroupAccountant(self.accountant, aggregator.group)
+                ledger.extra["group_conversion"] = str(aggregator.group)
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
         # probabilities that enter δ, ALGORITHMS.md §4.2): composed up front, conservatively
         self.one_off = aggregator.one_off_event() if aggregator.private else None

@@ -138,8 +138,10 @@ class Checkpointer:
     ``every``: a checkpoint after every ``every``-th completed round (0: none); ``keep``: how
     many are kept (older ones and their owners' folders are removed after each save);
     ``identity``: a string that must match on load (the run's configuration), so that a
-    checkpoint of another run is never used. ``resumed`` is the state a resumed run starts
-    from (set by ``load_latest``)."""
+    checkpoint of another run is never used; ``same_identity`` (optional) decides that match
+    instead of string equality (a configuration written before a key existed, with that key at
+    its default, is the same run). ``resumed`` is the state a resumed run starts from (set by
+    ``load_latest``)."""
 
     folder: Path
     every: int = 1
@@ -148,6 +150,7 @@ class Checkpointer:
     resumed: dict | None = None
     report: Callable[[str], None] = warn
     verify_state: Callable[[dict], None] | None = field(default=None, repr=False)
+    same_identity: Callable[[str], bool] | None = field(default=None, repr=False)
     warned: set = field(default_factory=set, repr=False)
 
     def due(self, round_: int) -> bool:
@@ -194,7 +197,11 @@ class Checkpointer:
                 state = load_file(path)
                 if state.get("round") != r:
                     raise CheckpointError(f"holds round {state.get('round')}, named {r}")
-                if state.get("identity") != self.identity:
+                theirs = state.get("identity")
+                same = (theirs == self.identity or (self.same_identity is not None
+                                                    and isinstance(theirs, str)
+                                                    and self.same_identity(theirs)))
+                if not same:
                     raise CheckpointError("written by a run of another configuration")
                 self._verify_owner_files(r, state)
                 if self.verify_state is not None:

@@ -64,13 +64,16 @@ class OwnerTraining:
     # units (``Owners.round_units``) take one gradient step of this size on their personal
     # parameters, over the sampled units' records (no noise: they never leave the owner)
     personal_step: float | None = None
+    # privacy.group_privacy: owner DP-SGD samples and clips records, not users
+    dpsgd_records: bool = False
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "OwnerTraining":
         t = cfg.train
         return cls(local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.local_epochs),
                    local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.resolved_personal_epochs()),
-                   SharedUpdate(t.shared_update).value, OwnerWeights(t.owner_weights).value)
+                   SharedUpdate(t.shared_update).value, OwnerWeights(t.owner_weights).value,
+                   dpsgd_records=bool(cfg.privacy.group_privacy))
 
 
 def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
@@ -257,14 +260,19 @@ class Owners:
         ``owner_dpsgd``) from the broadcast ``shared``."""
         spec, names = self.training.user, self.spec.shared
         if self.spec.update == "owner_dpsgd":
-            ou = fed.owner_user_offsets
             fr_unit, fr_common = self._frozen(fed, personal, owners)
             dp = DpSgdSpec(float(constraint.dpsgd_noise), float(constraint.dpsgd_clip),
                            spec.batch_size, spec.epochs, spec.lr, spec.seed)
-            return dpsgd_deltas(self.model, shared, fr_unit, fr_common, fed.x, fed.y,
-                                fed.user_offsets[:-1], np.diff(fed.user_offsets), ou[owners],
-                                np.diff(ou)[owners], fed.owner_ids[owners], dp, round_, names,
-                                self.budget)
+            if self.training.dpsgd_records:     # group privacy: every record is a DP-SGD unit
+                n, oo = len(fed.y), fed.owner_offsets
+                starts, sizes, first, count = np.arange(n), np.ones(n, np.int64), oo, np.diff(oo)
+            else:
+                ou = fed.owner_user_offsets
+                starts, sizes, first, count = (fed.user_offsets[:-1], np.diff(fed.user_offsets),
+                                               ou, np.diff(ou))
+            return dpsgd_deltas(self.model, shared, fr_unit, fr_common, fed.x, fed.y, starts, sizes,
+                                first[owners], count[owners], fed.owner_ids[owners], dp, round_,
+                                names, self.budget)
         units = owner_units(fed, owners)
         out = []
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):

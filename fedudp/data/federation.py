@@ -109,6 +109,11 @@ def planned_shape(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
     return (1, 28, 28), 10
 
 
+def planned_owner_records(cfg: RunConfig) -> np.ndarray:
+    """Each owner's record count, known before loading the data (floor/ceil(N/n))."""
+    return partition.owner_sizes(cfg.dataset.num_records, cfg.partition.num_owners)
+
+
 def planned_owner_users(cfg: RunConfig) -> np.ndarray:
     """Each owner's user count, known before loading the data: owner sizes are floor/ceil(N/n)
     for every scheme, and owners are cut into users of records_per_user."""

@@ -229,6 +229,70 @@ class ParallelAccountant:
         return [a.epsilon(delta) for a in self.parts]
 
 
+@dataclass(frozen=True)
+class GroupConversion:
+    """User level from record level by group privacy (ALGORITHMS.md §3.3, §7; Huang et al.
+    (001) Lemma 3.6): a mechanism (ε', δ')-DP for one-record changes is, for the ``size`` = k
+    records of one user, (kε', k·e^{(k−1)ε'}·δ')-DP (the standard form, ``form="certified"``)
+    or, as Huang et al. write it, (kε', k·e^{kε'}·δ') (``form="paper"``).
+
+    ``for_user_budget`` picks the record-level (ε/k, δ') that yields the user-level target:
+    certified δ' = δ / (k·e^{(k−1)ε/k}), the exact inverse of the standard form (at k = 1 it is
+    δ); paper δ' = δ·r/m = δ/k as in the paper, which by its own form only gives user-level
+    (ε, e^ε·δ): heuristic."""
+
+    size: int
+    record_delta: float
+    form: str = "certified"
+
+    @classmethod
+    def for_user_budget(cls, size: int, epsilon: float, delta: float, form: str) -> "GroupConversion":
+        if size < 1:
+            raise ValueError(f"group size must be >= 1, got {size}")
+        if form not in ("certified", "paper"):
+            raise ValueError(f"form must be certified or paper, got {form}")
+        k = int(size)
+        rd = delta / (k * math.exp((k - 1) * epsilon / k)) if form == "certified" else delta / k
+        return cls(k, rd, form)
+
+    def user_epsilon(self, record_epsilon: float) -> float:
+        return self.size * record_epsilon
+
+    def user_delta(self, record_epsilon: float) -> float:
+        """The user-level δ that group privacy gives at record level (record_epsilon, δ')."""
+        k, e = self.size, record_epsilon
+        return k * math.exp(((k - 1) if self.form == "certified" else k) * e) * self.record_delta
+
+    def __str__(self) -> str:
+        return (f"GroupConversion(k={self.size}, record_delta={self.record_delta:.6g}, "
+                f"form={self.form})")
+
+
+class GroupAccountant:
+    """An accountant at record level read at user level through a ``GroupConversion``: events
+    are composed record-level by ``inner`` (``Accountant`` or ``ParallelAccountant``); epsilon
+    at the user-level δ is k times the record-level epsilon at the conversion's δ'."""
+
+    def __init__(self, inner, group: GroupConversion) -> None:
+        self.inner, self.group = inner, group
+
+    def compose(self, event, count: int = 1) -> None:
+        self.inner.compose(event, count)
+
+    def epsilon(self, delta: float) -> float:
+        return self.group.user_epsilon(self.inner.epsilon(self.group.record_delta))
+
+    def epsilon_rdp(self, delta: float) -> float | None:
+        e = self.inner.epsilon_rdp(self.group.record_delta)
+        return None if e is None else self.group.user_epsilon(e)
+
+    def epsilon_if(self, event, delta: float, count: int = 1) -> float:
+        return self.group.user_epsilon(self.inner.epsilon_if(event, self.group.record_delta, count))
+
+    def record_epsilon(self) -> float:
+        return self.inner.epsilon(self.group.record_delta)
+
+
 def event_epsilon(event: dp_accounting.DpEvent | None, delta: float, interval: float = 1e-4,
                   rdp_only: bool = False) -> float | None:
     """Epsilon of one (composed) event at ``delta``: PLD, or RDP for events PLD cannot
