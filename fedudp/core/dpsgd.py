@@ -8,9 +8,11 @@ epochs per round. The owner sends the change of its shared parameters. One user'
 moves a step's pre-noise sum by at most C (add/remove-one user of owner j), so each step is a
 ``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))`` for owner j's users.
 
-Owners are vectorized: at every step the sampled users of all owners here are one vmapped batch
-(in chunks of ``budget`` records), each at its own owner's current parameters; per-owner sums
-are segment sums. Sampling and noise are keyed by (seed, round, epoch, step, owner id), so one
+Per step, each owner's sampled users go through one batched forward/backward at that owner's
+parameters, with exact per-record gradients from the layers' inputs and output gradients
+(``fedudp.core.per_sample``: Linear and Conv2d models, the paper CNN); for other models the
+sampled users of all owners are one vmapped batch (in chunks of ``budget`` records), each at its
+own owner's current parameters, with per-owner segment sums. Sampling and noise are keyed by (seed, round, epoch, step, owner id), so one
 owner's shard (Flower) and all owners at once (local engine) give the same deltas.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fedudp.core import local_sgd
+from fedudp.core import local_sgd, per_sample
 from fedudp.privacy.mechanisms import clip_factors
 from fedudp.randomness import Purpose, numpy_rng, torch_generator
 
@@ -89,6 +91,7 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
     params = local_sgd.expand(shared, k)
     start = local_sgd.flatten(params, names)
     dtype = start.dtype
+    batched = per_sample.supported(model, names)
     for e in range(spec.epochs):
         for s in range(int(steps.max(initial=0))):
             active = np.flatnonzero(steps > s)
@@ -102,14 +105,22 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
             owner_row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
             sums = torch.zeros(k, start.shape[1], dtype=dtype)
             sizes = user_sizes[picked_users]
-            for sel in local_sgd.chunks(sizes, budget):
-                u, r = picked_users[sel], owner_row[sel]
-                units = local_sgd.Units(user_starts[u], sizes[sel], owner_ids[r], user_starts[u], sizes[sel])
-                g = local_sgd.mean_gradients(model, local_sgd.select(params, r),
-                                             local_sgd.select(frozen_by_owner, r), frozen_common,
-                                             x, y, units)
-                sums += clipped_sums([g[n].reshape(len(u), -1) for n in names], torch.from_numpy(r), k,
-                                     spec.clip)
+            if batched:          # owner by owner, one batched forward/backward (per_sample)
+                for i, us in zip(active, picked):
+                    if len(us):
+                        sums[i] = _owner_clipped_sum(model, params, frozen_by_owner, frozen_common,
+                                                     x, y, user_starts[us], user_sizes[us], i,
+                                                     names, spec.clip)
+            else:                # vmap over the step's users, each at its own owner's parameters
+                for sel in local_sgd.chunks(sizes, budget):
+                    u, r = picked_users[sel], owner_row[sel]
+                    units = local_sgd.Units(user_starts[u], sizes[sel], owner_ids[r], user_starts[u],
+                                            sizes[sel])
+                    g = local_sgd.mean_gradients(model, local_sgd.select(params, r),
+                                                 local_sgd.select(frozen_by_owner, r), frozen_common,
+                                                 x, y, units)
+                    sums += clipped_sums([g[n].reshape(len(u), -1) for n in names],
+                                         torch.from_numpy(r), k, spec.clip)
             noise = torch.stack([
                 torch.randn(start.shape[1], dtype=torch.float64,
                             generator=torch_generator(spec.seed, Purpose.DPSGD_NOISE, round_, e, s,
@@ -120,3 +131,25 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
             flat[torch.from_numpy(active)] -= spec.lr * step.to(dtype)
             params = _unflatten(flat, params, names)
     return local_sgd.flatten(params, names) - start
+
+
+def _owner_clipped_sum(model: nn.Module, params: Params, frozen_by_owner: Params,
+                       frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
+                       starts: np.ndarray, sizes: np.ndarray, i: int, names: tuple[str, ...],
+                       clip: float) -> torch.Tensor:
+    """[d]: the sum of owner i's sampled users' clipped mean gradients, at owner i's parameters.
+    Each user's gradient is the mean of its records' (``per_sample``), then clipped to ``clip``
+    with float64 norms (``clipped_sums``)."""
+    rec = np.concatenate([np.arange(a, a + b) for a, b in zip(starts, sizes)])
+    of = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes))
+    at = {**frozen_common, **{k: v[i] for k, v in frozen_by_owner.items()},
+          **{k: v[i] for k, v in params.items()}}
+    g = per_sample.per_record_gradients(model, at, x[rec], y[rec], names)
+    blocks = []
+    for n in names:
+        flat = g[n].reshape(len(rec), -1)
+        if len(rec) != len(starts):                    # users of several records: their mean
+            tot = torch.zeros(len(starts), flat.shape[1], dtype=flat.dtype).index_add_(0, of, flat)
+            flat = tot / torch.from_numpy(sizes).to(flat.dtype).unsqueeze(1)
+        blocks.append(flat)
+    return clipped_sums(blocks, torch.zeros(len(starts), dtype=torch.int64), 1, clip)[0]
