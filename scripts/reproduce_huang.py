@@ -4,7 +4,8 @@ Table 2 / Figure 1 reports, made from the same run folder).
 Runs ``+experiment=huang_table1`` (standard FedAvg, DP-SGD inside the owners, clip 15,
 δ = 1/N, E and T from the paper's Table 3) one configuration after another, in priority
 order: the four methods row by row (n = 256, 64, 512, 128, 16, 4) at seed 0 with certified
-accounting; Figure 1's other ε (n = 64); Table 2's personal-layer subsets (n = 256); joint-DP
+accounting; Figure 1's other ε (n = 64); Table 2's personal-layer subsets (n = 256); a corner of
+Table 4 (n = 256, 5 records per user: user-level clipping, and the paper's group privacy); joint-DP
 in ``paper`` mode; the server placement (reading B) at n ∈ {16, 256, 512}; second seeds at
 n ∈ {64, 256}; then Fashion-MNIST. Every run writes its small outputs (config, summary, ledger,
 metrics, owners) under ``--out``; a finished run is skipped, so re-running the script continues
@@ -39,6 +40,7 @@ METHODS = ["per_silo", "fedavg", "full_dp", "joint_dp"]
 
 FIG1_EPS = [100.0, 5.0, 10.0, 2.0]          # Figure 1's other ε (ε = 1 is Table 1's run), extremes first
 FIG1_N = [64]
+TABLE4 = [(256, 5)]        # (n, records per user m/r): a corner of Table 4 the machine allows
 TABLE2_PERSONAL = [["conv1"], ["conv2"], ["conv1", "conv2"], ["conv1", "fc1"], ["conv2", "fc1"],
                    ["conv1", "conv2", "fc1"]]    # [fc1] and none (full-DP) are Table 1's runs
 
@@ -48,9 +50,10 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
     out: list[tuple[str, dict]] = []
 
     def add(ds, n, method, placement="local_dpsgd", accounting="certified", seed=0, eps=None,
-            personal=None):
+            personal=None, rpu=None, group=False):
         private = method in ("full_dp", "joint_dp")
-        tag = ("_personal-" + "+".join(personal) if personal else "") + (f"_eps{eps:g}" if eps else "")
+        tag = ("_personal-" + "+".join(personal) if personal else "") + (f"_eps{eps:g}" if eps else "") \
+            + (f"_rpu{rpu}" if rpu else "") + ("_group" if group else "")
         name = (f"{ds}/n{n}/{method}{tag}_{placement}_{accounting}_s{seed}" if private
                 else f"{ds}/n{n}/{method}_s{seed}")
         over = {"dataset.name": ds, "partition.num_owners": n, "method": method, "seed": seed,
@@ -59,6 +62,10 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
             over["privacy.epsilon"] = eps
         if personal:
             over["model.personal"] = "[" + ",".join(f"{p}.*" for p in personal) + "]"
+        if rpu:
+            over["partition.records_per_user"] = rpu
+        if group:
+            over["privacy.group_privacy"] = "true"
         if (name, over) not in out:
             out.append((name, over))
 
@@ -74,6 +81,10 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
                     add(ds, n, m, eps=eps)
         for personal in TABLE2_PERSONAL:      # Table 2: which layers are personal (n = 256)
             add(ds, 256, "joint_dp", personal=personal)
+        for n, rpu in TABLE4:                 # Table 4: user-level clipping (certified) and the
+            for m in ("joint_dp", "full_dp"):  # paper's group-privacy reading (paper mode)
+                add(ds, n, m, rpu=rpu)
+                add(ds, n, m, rpu=rpu, accounting="paper", group=True)
         for n in ROWS:
             add(ds, n, "joint_dp", accounting="paper")
         for n in (16, 256, 512):
