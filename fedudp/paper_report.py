@@ -84,7 +84,7 @@ class Layout:
     series_of: Callable[[Any], str] = lambda row: ""   # ... and one line per series
     x_label: str = ""
     paper_rows: Callable[[str], list] = lambda series: []   # rows with a paper number, per series
-    claims: bool = False
+    claims: Callable[[dict, list], list[str]] | None = None   # the paper's claims, judged
     extra: dict = field(default_factory=dict)
     # a horizontal reference line per series (Figure 1: per-silo at that n), from the runs
     reference: Callable[[dict], tuple[str, str] | None] | None = None
@@ -136,7 +136,7 @@ LAYOUTS = {
          ("joint-DP, server placement", _is("joint_dp", "server", "certified"), lambda row: None)],
         compared=("per-silo", "full-DP", "joint-DP"), x_of=lambda row: row[1],
         series_of=lambda row: row[0], x_label="owners n (N = 10,000 records, one per user)",
-        paper_rows=lambda ds: [(ds, n) for n in sorted(HUANG_TABLE1.get(ds, {}))], claims=True, extra={"row_header": "dataset | n | m"}),
+        paper_rows=lambda ds: [(ds, n) for n in sorted(HUANG_TABLE1.get(ds, {}))], claims=lambda c, r: _claims(c, r), extra={"row_header": "dataset | n | m"}),
     "huang_table2": Layout(
         "Huang et al. Table 2 (joint-DP by personal layers, ε = 1)",
         lambda s: (_personal(s) if s.get("method") in ("full_dp", "joint_dp")
@@ -146,11 +146,12 @@ LAYOUTS = {
                    else None),
         lambda row: " + ".join(row) or "none (full-DP)",
         [("accuracy", lambda s: True, lambda row: HUANG_TABLE2.get(row))],
-        extra={"row_header": "personal layers"}),
+        extra={"row_header": "personal layers"}, claims=lambda c, r: _claims_table2(c, r)),
     "huang_table4": Layout(
         "Huang et al. Table 4 (records per user m/r)",
         lambda s: ((int(s["num_owners"]), _records_per_user(s))
-                   if _default_split(s) and s.get("dataset", "mnist") == "mnist" else None),
+                   if _default_split(s) and s.get("dataset", "mnist") == "mnist"
+                   and int(s["num_owners"]) in (4, 256) else None),
         lambda row: f"{row[0]} | {row[1]}",
         [(f"{m}-DP ε={e:g}{lab}", _t4_is(f"{m}_dp", e, acc, grp), _t4(i))
          for acc, grp, lab in (("certified", False, ""),
@@ -168,7 +169,7 @@ LAYOUTS = {
         [("full-DP", _is("full_dp", "local_dpsgd", "certified"), lambda row: None),
          ("joint-DP", _is("joint_dp", "local_dpsgd", "certified"), lambda row: None)],
         x_of=lambda row: row[1], series_of=lambda row: f"n={row[0]}", x_label="ε",
-        extra={"row_header": "n | ε"},
+        extra={"row_header": "n | ε"}, claims=lambda c, r: _claims_fig1(c, r),
         reference=lambda s: ((f"n={int(s['num_owners'])}", "per-silo (no DP)")
                              if s.get("method") == "per_silo" and _records_per_user(s) == 1
                              and s.get("dataset", "mnist") == "mnist" else None)),
@@ -222,6 +223,38 @@ def _claims(cells: dict, rows: list) -> list[str]:
     return lines or ["- not enough runs yet to judge any claim"]
 
 
+def _claims_table2(cells: dict, rows: list) -> list[str]:
+    """Personalising a layer below a shared one (conv1 or conv2 personal; FC2 is always shared
+    and above them) hurts: each such subset scores below FC1 alone personal."""
+    mean = {r: float(np.mean(cells[(r, "accuracy")])) for r in rows if (r, "accuracy") in cells}
+    top = mean.get(("fc1",))
+    below = {r: v for r, v in mean.items() if any(l in ("conv1", "conv2") for l in r)}
+    if top is None or not below:
+        return ["- personalising layers below shared ones hurts: not enough runs yet (needs FC1 "
+                "alone and a subset with a convolution personal)"]
+    ok = all(v < top for v in below.values())
+    return [f"- personalising layers below shared ones hurts: {'holds' if ok else 'does not hold'} "
+            f"(FC1 alone {top:.3f}; " + ", ".join(f"{' + '.join(r)} {v:.3f}"
+                                                  for r, v in sorted(below.items())) + ")"]
+
+
+def _claims_fig1(cells: dict, rows: list) -> list[str]:
+    """Joint-DP's advantage over full-DP shrinks as ε grows: per n, the gap at the largest ε
+    run is below the gap at the smallest."""
+    lines = []
+    for n in sorted({r[0] for r in rows}):
+        gaps = [(r[1], float(np.mean(cells[(r, "joint-DP")])) - float(np.mean(cells[(r, "full-DP")])))
+                for r in sorted(rows) if r[0] == n and (r, "joint-DP") in cells and (r, "full-DP") in cells]
+        if len(gaps) < 2:
+            continue
+        ok = gaps[-1][1] < gaps[0][1]
+        lines.append(f"- n={n}: joint-DP's advantage over full-DP shrinks as ε grows: "
+                     f"{'holds' if ok else 'does not hold'} (joint − full: "
+                     + ", ".join(f"ε={e:g}: {g:+.3f}" for e, g in gaps) + ")")
+    return lines or ["- joint-DP's advantage shrinking with ε: not enough runs yet (needs two ε "
+                     "with both methods at one n)"]
+
+
 def write_paper_report(name: str, summaries: list[dict], out: Path) -> str:
     """Write the layout ``name`` under ``out``; returns the Markdown."""
     layout = LAYOUTS[name]
@@ -261,8 +294,8 @@ def write_paper_report(name: str, summaries: list[dict], out: Path) -> str:
     if refs:
         md += ["", "Reference lines: " + "; ".join(f"{ser}: {lb} {np.mean(v):.3f} ({len(v)})"
                                                    for (ser, lb), v in sorted(refs.items()))]
-    if layout.claims:
-        md += ["", "The paper's claims on these numbers:", ""] + _claims(cells, rows)
+    if layout.claims is not None:
+        md += ["", "The paper's claims on these numbers:", ""] + layout.claims(cells, rows)
     text = "\n".join(md)
     (out / f"{name}.md").write_text(text + "\n")
     with open(out / f"{name}.csv", "w", newline="") as f:
