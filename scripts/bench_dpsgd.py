@@ -56,12 +56,19 @@ def prepared(n: int, data_root: str, threads: int):
     return prepare(cfg)
 
 
+def expected_gradients(p) -> int:
+    """Per-user gradients in one DP-SGD epoch, in expectation: ceil(m_j/B) steps of
+    min(B, m_j) sampled users per owner (more than m_j when B does not divide m_j)."""
+    return int(sum(c * -(-m // p.cfg.train.batch_size) * min(p.cfg.train.batch_size, m)
+                   for m, c, _, _ in p.aggregator.classes))
+
+
 def fedudp_epoch(p, round_: int) -> int:
-    """One DP-SGD epoch of every owner through the owner component; returns the gradients."""
+    """One DP-SGD epoch of every owner through the owner component."""
     fed = p.fed
     owners = np.arange(fed.num_owners)
     p.owners.owner_deltas(fed, p.billboard.shared_params(), {}, owners, round_, p.aggregator.constraint)
-    return int(fed.num_users)
+    return expected_gradients(p)
 
 
 class Plain:
@@ -151,25 +158,34 @@ def main() -> None:
                 grads[side] = f()
                 t[side].append(time.perf_counter() - t0)
         N = int(p.fed.num_users)
-        row = {side: {"min_s": min(v), "median_s": statistics.median(v),
-                      "grads_per_s_median": N / statistics.median(v)} for side, v in t.items()}
+        count = {"fedudp": expected_gradients(p), "plain_dpsgd": expected_gradients(p), "plain_sgd": N}
+        row = {side: {"min_s": min(v), "median_s": statistics.median(v), "gradients": count[side],
+                      "grads_per_s_median": count[side] / statistics.median(v)} for side, v in t.items()}
         row["ratio_fedudp_over_plain_dpsgd_median"] = (row["fedudp"]["median_s"]
                                                        / row["plain_dpsgd"]["median_s"])
-        row["ratio_fedudp_over_plain_sgd_median"] = (row["fedudp"]["median_s"]
-                                                     / row["plain_sgd"]["median_s"])
+        row["ratio_per_gradient_fedudp_over_plain_sgd"] = (row["plain_sgd"]["grads_per_s_median"]
+                                                           / row["fedudp"]["grads_per_s_median"])
         out[n] = row
-        print(f"n={n}: one DP-SGD epoch over {N} records, {a.reps} reps, {a.threads} thread(s)")
+        print(f"n={n}: one DP-SGD epoch over {N} records ({count['fedudp']} per-user gradients in "
+              f"expectation), {a.reps} reps, {a.threads} thread(s)")
         for side in t:
             print(f"  {side:12s} min {row[side]['min_s']:.2f} s  median {row[side]['median_s']:.2f} s"
                   f"  ({row[side]['grads_per_s_median']:.0f} gradients/s)")
         print(f"  fedudp / plain DP-SGD: {row['ratio_fedudp_over_plain_dpsgd_median']:.2f}x   "
-              f"fedudp / plain SGD: {row['ratio_fedudp_over_plain_sgd_median']:.2f}x", flush=True)
-    rate = statistics.median(r["fedudp"]["grads_per_s_median"] for r in out.values())
-    total = 4 * sum(e * 10_000 for e in EPOCHS_PER_RUN.values())
-    proj = {"gradients": total, "fedudp_rate": rate, "hours_one_core": total / rate / 3600,
-            "hours_two_cores": total / rate / 3600 / 2}
-    print(f"Table 1 grid, one seed (24 runs): {total / 1e6:.0f}M per-record gradients; at "
-          f"{rate:.0f}/s per core: {proj['hours_one_core']:.1f} h on one core, "
+              f"per gradient, fedudp DP-SGD / plain SGD: {row['ratio_per_gradient_fedudp_over_plain_sgd']:.2f}x",
+              flush=True)
+    dp_rate = statistics.median(r["fedudp"]["grads_per_s_median"] for r in out.values())
+    sgd_rate = statistics.median(r["plain_sgd"]["grads_per_s_median"] for r in out.values())
+    from fedudp.data.partition import owner_sizes
+    per_method = sum(e * 10_000 for e in EPOCHS_PER_RUN.values())     # per-silo, FedAvg
+    dp = sum(e * sum(-(-int(m) // 32) * min(32, int(m)) for m in owner_sizes(10_000, n))
+             for n, e in EPOCHS_PER_RUN.items())                        # DP-SGD, per DP method
+    sec = 2 * per_method / sgd_rate + 2 * dp / dp_rate
+    proj = {"gradients": 2 * per_method + 2 * dp, "dp_rate": dp_rate, "sgd_rate": sgd_rate,
+            "hours_one_core": sec / 3600, "hours_two_cores": sec / 3600 / 2}
+    print(f"Table 1 grid, one seed (24 runs): {proj['gradients'] / 1e6:.0f}M gradients; per-silo and "
+          f"FedAvg at plain SGD's {sgd_rate:.0f}/s (bench_local.py: the engine is within a few % "
+          f"of it), the DP runs at {dp_rate:.0f}/s: {proj['hours_one_core']:.1f} h on one core, "
           f"{proj['hours_two_cores']:.1f} h on two (one run per core)")
     if a.json:
         Path(a.json).write_text(json.dumps({"per_n": out, "projection": proj,
