@@ -183,6 +183,8 @@ def main() -> int:
         rec = {"run": name, "seconds": round(time.time() - t0, 1),
                "accuracy_mean": s["accuracy_mean"], "epsilon": s["epsilon"],
                "rounds": s["rounds_completed"], "stop_reason": s["stop_reason"]}
+        if "resume" in over:        # seconds are this process's part only
+            rec["resumed"] = True
         with open(out / "grid_times.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
         print(json.dumps(rec), flush=True)
