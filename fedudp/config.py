@@ -210,7 +210,9 @@ class AlgorithmConfig:
     (``privacy.clip`` for Huang Alg. 1). ``radius``: R, the radius of the parameter ball Θ that
     iterates are projected on. ``sigma``: Levy's sub-Gaussian parameter (None: G/sqrt(d)).
     ``strong_convexity``: μ of the public regulariser (μ/2)||θ||² added server-side (Asi Alg. 4).
-    ``smoothness``: H (Levy Alg. 4's per-phase step 1/(H + λ_t)).
+    ``smoothness``: H (Levy Alg. 4's per-phase step 1/(H + λ_t)). ``noise_personal``: Huang
+    Alg. 1 only (``method=joint_dp``): the paper's full-DP baseline, the shared step's noise σ
+    also added to every owner's personal block every step (``fedudp.algorithms.huang_alg1``).
     """
 
     name: AlgorithmName = AlgorithmName.none
@@ -224,6 +226,9 @@ class AlgorithmConfig:
     strong_convexity: float = 0.1
     smoothness: float = 1.0
     averaged: Optional[bool] = None
+    # Huang Alg. 1's full-DP baseline (§3.2 / App. A.3): noise N(0, σ²) also on every owner's
+    # personal block every step (inside the owner component; accounting unchanged)
+    noise_personal: bool = False
 
 
 @dataclass

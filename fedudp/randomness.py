@@ -21,6 +21,7 @@ class Purpose(IntEnum):
     NOISE = 12              # the billboard's release noise
     SMOOTHING = 13          # [ASI] Alg. 3 smoothing perturbations (per round, user)
     SCHEDULE = 14           # an algorithm's public cohort schedule (phases, owner/record per step)
+    PERSONAL_NOISE = 15     # [HUANG] Alg. 1 full-DP baseline: an owner's personal-block noise
     SYNTHETIC_TEACHER = 0x5EED   # the synthetic dataset's teacher
     PARTITION = 0xFA27      # owners' classes, record split, users
 

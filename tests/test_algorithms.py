@@ -4,6 +4,8 @@ a direct dp-accounting computation, Huang Alg. 2's owner schedule accounting, Hu
 noise on the shared coordinates only (std measured), the halting path, config errors."""
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 
@@ -236,6 +238,78 @@ def test_huang_alg1_noise_on_shared_only():
     torch.testing.assert_close(delta[j], -eta * want.to(delta.dtype))
 
 
+def test_huang_alg1_full_dp_baseline_noises_every_personal_block():
+    """algorithm.noise_personal (the paper's full-DP baseline): each step EVERY owner's personal
+    block gets -η b_j on top of its noise-free move (the gradient only for the sampled record's
+    owner), b_j ~ N(0, σ_eff² I_k) with σ_eff the shared step's per-coordinate noise std,
+    drawn per (round, owner) from the keyed randomness; measured over many steps."""
+    cfg = preset("huang_alg1", "algorithm.step_size=0.01", "privacy.noise_multiplier=0.5",
+                 "algorithm.noise_personal=true")
+    p = prepare(cfg)
+    owners, fed, agg = p.owners, p.fed, p.aggregator
+    sigma = owners.training.personal_noise_std
+    assert sigma == pytest.approx(agg.noise_std / agg.sampling.expected_cohort)     # "same σ"
+    assert sigma == pytest.approx(0.5 * cfg.privacy.clip)
+    eta = owners.training.personal_step
+    assert eta == p.algorithm.plan.phases[0].step_size == 0.01
+    assert p.algorithm.summary["noise_personal"] and any("personal noise is extra" in n for n in p.ledger.notes)
+    clean = copy.copy(owners)
+    clean.training = dataclasses.replace(owners.training, personal_noise_std=None)
+    unit = np.array([5])
+    j = int(fed.user_owner[unit[0]])
+    shared0 = p.billboard.shared_params()
+    personal0 = {k: v + 0.3 for k, v in owners.initial_personal(fed.num_owners).items()}
+    flat = lambda d: torch.cat([v.reshape(len(v), -1) for v in d.values()], 1).to(torch.float64)  # noqa: E731
+    draws = []
+    for r in range(1, 801):
+        units = unit if r % 2 else np.zeros(0, np.int64)      # rounds with and without a sample
+        owners.round_units = clean.round_units = lambda _r, u=units: u
+        noisy = flat(owners.personal_round(fed, shared0, personal0, r))
+        free = flat(clean.personal_round(fed, shared0, personal0, r))
+        if not r % 2:
+            assert torch.equal(free, flat(personal0))           # nobody sampled: no gradient move
+        draws.append((free - noisy) / eta)                       # = b_t for every owner
+    b = torch.stack(draws)                                       # [steps, owners, k]
+    assert b.shape[1] == fed.num_owners
+    std = b.std(dim=0)
+    assert float(std.mean()) == pytest.approx(sigma, rel=0.05)
+    assert float(std.min()) > 0.85 * sigma and float(std.max()) < 1.15 * sigma
+    assert float(b.mean(dim=0).abs().max()) < 4 * sigma / math.sqrt(len(b))
+    # fresh per owner: uncorrelated across owners
+    c = np.corrcoef(b[:, :, 0].T.numpy())
+    assert np.abs(c[~np.eye(len(c), dtype=bool)]).max() < 0.15
+    # exactly the keyed draw of (seed, PERSONAL_NOISE, round, owner id), in float64
+    from fedudp.randomness import Purpose, numpy_rng
+    want = sigma * numpy_rng(cfg.seed, Purpose.PERSONAL_NOISE, 1, j).standard_normal(b.shape[2])
+    np.testing.assert_allclose(b[0, j].numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_huang_alg1_noise_personal_end_to_end():
+    """Same σ, T and step: the shared release and the accounting are unchanged (certified joint
+    DP: shared gradients at the public personal copy), every owner's personal block differs.
+    Without algorithm.step_size, η is the paper's formula at the noised dimension nk + ℓ."""
+    from fedudp.algorithms.huang_alg1 import paper_step_size
+    base = ["algorithm.step_size=0.5", "privacy.noise_multiplier=0.5"]
+    runs = {}
+    for noise in (False, True):
+        p = prepare(preset("huang_alg1", *base, f"algorithm.noise_personal={str(noise).lower()}"))
+        runs[noise] = (p, execute(p))
+    (pj, rj), (pf, rf) = runs[False], runs[True]
+    assert torch.equal(pj.billboard.u, pf.billboard.u)
+    assert pj.ledger.epsilon == pf.ledger.epsilon > 0
+    for k in rj.personal:
+        d = (rj.personal[k] - rf.personal[k]).reshape(len(rj.personal[k]), -1).abs().amax(1)
+        assert bool((d > 0).all())
+    assert pj.owners.training.personal_noise_std is None
+    cfg = preset("huang_alg1", "privacy.noise_multiplier=0.5", "algorithm.noise_personal=true")
+    s = prepare(cfg).algorithm.summary
+    nk = cfg.partition.num_owners * cfg.dataset.classes            # the personal logit offsets
+    assert s["personal_dim_total"] == nk and s["noised_dim"] == s["shared_dim"] + nk
+    assert s["step_size"] == pytest.approx(paper_step_size(
+        s["R"], s["L"], cfg.train.rounds, s["records"], s["shared_dim"] + nk,
+        cfg.privacy.epsilon, cfg.privacy.delta))
+
+
 def test_huang_alg1_samples_records_at_one_over_mn():
     cfg = preset("huang_alg1")
     p = prepare(cfg)
@@ -261,4 +335,15 @@ def test_huang_alg1_samples_records_at_one_over_mn():
 def test_bad_algorithm_config_names_the_key(name, override, key, tmp_path):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         run(preset(name, override), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("huang_alg1", ["method=full_dp"]),           # full_dp has no personal blocks
+    ("huang_alg2", []),                           # Huang Alg. 1's baseline only
+    ("levy_alg3", []),                            # algorithm.name=none
+])
+def test_noise_personal_refused_outside_huang_alg1_joint_dp(name, extra, tmp_path):
+    with pytest.raises(ConfigError, match=r"algorithm\.noise_personal"):
+        run(preset(name, *extra, "algorithm.noise_personal=true"), tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()

@@ -104,6 +104,9 @@ def require(cfg: RunConfig, *, methods: tuple[Method, ...], aggregator: str) -> 
 
 def check_config(cfg: RunConfig) -> None:
     """Config-only checks of the chosen algorithm (``ConfigError`` naming the key)."""
+    need(not cfg.algorithm.noise_personal or AlgorithmName(cfg.algorithm.name) == AlgorithmName.huang_alg1,
+         "algorithm.noise_personal", "is Huang Alg. 1's full-DP baseline: it needs "
+         f"algorithm.name=huang_alg1, got {AlgorithmName(cfg.algorithm.name).value}")
     if AlgorithmName(cfg.algorithm.name) == AlgorithmName.none:
         return
     _module(AlgorithmName(cfg.algorithm.name)).check_config(cfg)

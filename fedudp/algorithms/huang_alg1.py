@@ -13,6 +13,16 @@ as stated: one record per step, noise on the shared coordinates only, averaged i
         ``OwnerTraining.personal_step``; every other owner's x is unchanged)
     return ū = (1/T) Σ_t u^t   (the shared averaged iterate; personal blocks: last iterate)
 
+Full-DP baseline (§3.2 table / App. A.3, ``algorithm.noise_personal=true``, ``method=joint_dp``):
+noise N(0, σ² I_{nk+ℓ}) on ALL coordinates, same σ and T. The shared step is unchanged; inside
+the owner component (``OwnerTraining.personal_noise_std``) every owner's personal block takes
+x_j <- x_j - η (∇_x h(x_j, u, z) [only if one of its records was sampled] + b_j), b_j ~ N(0, σ² I_k)
+fresh every step for EVERY owner, σ the per-coordinate std of the shared step's released mean
+(noise_std / (qN)). The personal blocks still never leave their owner; the accounting is that of
+the shared release (the personal noise is extra). η: A.3's analysis tunes it for the noised
+dimension, so the paper's formula is taken with nk + ℓ in place of ℓ (``algorithm.step_size``
+overrides it for both).
+
 One record per user (``partition.records_per_user=1``): the unit is the record (user level
 follows by group privacy, §3.3: run at ε r/m). σ: calibrated by dp-accounting for T Poisson-
 sampled Gaussian releases at rate 1/(mn), or ``privacy.noise_multiplier`` if set (the billboard
@@ -45,6 +55,9 @@ def check_config(cfg: RunConfig) -> None:
     need(cfg.partition.records_per_user == 1, "partition.records_per_user",
          "algorithm.name=huang_alg1 samples one record per step: it needs one record per user "
          "(user level via group privacy: privacy.epsilon = ε r/m)")
+    need(not cfg.algorithm.noise_personal or Method(cfg.method) == Method.joint_dp,
+         "algorithm.noise_personal", "the full-DP baseline noises the personal blocks of "
+         f"method=joint_dp (method=full_dp has none), got method={Method(cfg.method).value}")
 
 
 def paper_step_size(R: float, L: float, T: int, N: int, ell: int, eps: float, delta: float) -> float:
@@ -68,7 +81,10 @@ def setup(ctx: Context) -> Setup:
     agg = REGISTRY["gaussian"].from_config(cfg, sampling, T, ell)
     if paper:
         agg.guarantee = "heuristic"
-    eta = a.step_size or paper_step_size(a.radius, L, T, N, ell, eps, delta)
+    # the full-DP baseline: noise on every owner's personal block too (nk more coordinates)
+    nk = ctx.n_owners * sum(int(v.numel()) for v in ctx.owners.public_personal.values())
+    noised = ell + nk if a.noise_personal else ell
+    eta = a.step_size or paper_step_size(a.radius, L, T, N, noised, eps, delta)
     seed = cfg.seed
 
     def sampler(round_: int) -> np.ndarray:
@@ -80,15 +96,30 @@ def setup(ctx: Context) -> Setup:
 
     averaged = True if a.averaged is None else a.averaged
     plan = AlgorithmPlan([Phase(T, agg, eta, radius=a.radius)], N, averaged, sampler=sampler)
-    set_owner_hooks(ctx.owners, plan, personal_step=eta)
+    # σ per coordinate of the released mean, the shared step's noise (qN = 1 here: = z C)
+    sigma_mean = agg.noise_std / sampling.expected_cohort
+    set_owner_hooks(ctx.owners, plan, personal_step=eta,
+                    personal_noise_std=sigma_mean if a.noise_personal else None)
     sigma = agg.noise_std
     summary = {"seed": SEED, "configured_T": T, "paper_T": N ** 2, "records": N, "rate": q,
-               "step_size": eta, "step_size_paper": paper_step_size(a.radius, L, T, N, ell, eps, delta),
+               "step_size": eta, "step_size_paper": paper_step_size(a.radius, L, T, N, noised, eps, delta),
                "L": L, "R": a.radius, "sigma": sigma, "sigma_paper_formula": paper_sigma(L, T, N, eps, delta),
                "noise_multiplier": agg.noise_multiplier, "shared_dim": ell,
+               "personal_dim_total": nk, "noise_personal": bool(a.noise_personal),
+               "personal_noise_std": sigma_mean if a.noise_personal else None,
+               "noised_dim": noised,
                "sampling": "with replacement (one record per step)" if paper else "Poisson at 1/(mn)",
                "theorem_conditions": {"mn>=10": N >= 10, "0<eps<=10": 0 < eps <= 10}}
-    notes = ["huang_alg1: one record per step; noise N(0, σ²) on the SHARED coordinates only, the "
+    notes = [(f"huang_alg1 full-DP baseline (algorithm.noise_personal=true): noise N(0, σ²), "
+              f"σ = {sigma_mean:.6g} (the shared step's per-coordinate std), on the shared "
+              f"coordinates AND on every owner's personal block every step ({nk} personal "
+              "coordinates, noised inside the owner component; they never leave their owner); "
+              "the privacy accounting is unchanged: epsilon/delta are those of the shared "
+              "release (the joint-DP guarantee), the personal noise is extra and not accounted"
+              + (f"; step size {eta:.6g} (algorithm.step_size)" if a.step_size else
+                 f"; step size from the paper's formula at the noised dimension nk + ℓ = {noised}"))
+             if a.noise_personal else
+             "huang_alg1: one record per step; noise N(0, σ²) on the SHARED coordinates only, the "
              "personal blocks move without noise and never leave their owner",
              ("paper mode: one record sampled with replacement per step, accounted as Poisson "
               "sampling at 1/(mn) (an approximation; dp-accounting has no with-replacement event): "

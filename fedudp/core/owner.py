@@ -64,6 +64,13 @@ class OwnerTraining:
     # units (``Owners.round_units``) take one gradient step of this size on their personal
     # parameters, over the sampled units' records (no noise: they never leave the owner)
     personal_step: float | None = None
+    # [HUANG] Alg. 1's full-DP baseline (``algorithm.noise_personal``): with ``personal_step``,
+    # every owner's personal block also moves by -personal_step * b_j every step, b_j ~
+    # N(0, personal_noise_std² I_k) drawn fresh (float64, keyed by (seed, PERSONAL_NOISE, round,
+    # owner id)) for EVERY owner, sampled or not; the std is the per-coordinate std of the noise
+    # of the shared step's released mean in the same round ("same σ"). Extra noise: the personal
+    # blocks still never leave their owner, and the accounting is the shared release's
+    personal_noise_std: float | None = None
     # privacy.group_privacy: owner DP-SGD samples and clips records, not users
     dpsgd_records: bool = False
 
@@ -152,11 +159,40 @@ class Owners:
                             ) -> Params:
         """[HUANG] Alg. 1/2's personal move: x_j <- x_j - eta * (mean over the round's sampled
         records of owner j of grad_x h(x_j, u, z)), for each owner j with sampled units; every
-        other owner's x_j is unchanged."""
+        other owner's x_j is unchanged. With ``training.personal_noise_std`` (Alg. 1's full-DP
+        baseline) every owner here also takes x_j <- x_j - eta * b_j (``personal_noise``)."""
         units = self.round_units(round_) if self.round_units is not None else np.zeros(0, np.int64)
-        if not self.spec.personal or not len(units):
+        noisy = bool(self.training.personal_noise_std)
+        if not self.spec.personal or (not len(units) and not noisy):
             return personal
-        units = np.asarray(units, dtype=np.int64)
+        new = {k: v.clone() for k, v in personal.items()}
+        if len(units):
+            self._personal_gradient_step(fed, shared, personal, np.asarray(units, dtype=np.int64), new)
+        if noisy:
+            eta = float(self.training.personal_step)
+            for k, b in self.personal_noise(fed, round_).items():
+                new[k] = (new[k].to(torch.float64) - eta * b).to(new[k].dtype)
+        return new
+
+    def personal_noise(self, fed: Federation, round_: int) -> Params:
+        """[HUANG] Alg. 1's full-DP baseline: this round's b_j ~ N(0, personal_noise_std² I_k) for
+        every owner here (float64, stacked like the personal parameters), each owner's drawn from
+        the run's keyed randomness (``fedudp.randomness``) at (seed, PERSONAL_NOISE, round, its global owner id), so
+        an owner's draw does not depend on which other owners share its process."""
+        std, names = float(self.training.personal_noise_std), self.spec.personal
+        shapes = [tuple(self.public_personal[k].shape) for k in names]
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+        draws = np.stack([numpy_rng(self.training.user.seed, Purpose.PERSONAL_NOISE, round_, int(j))
+                          .standard_normal(sum(sizes)) for j in fed.owner_ids])
+        out, i = {}, 0
+        for k, s, n in zip(names, shapes, sizes):
+            out[k] = std * torch.from_numpy(draws[:, i:i + n]).reshape(len(fed.owner_ids), *s)
+            i += n
+        return out
+
+    def _personal_gradient_step(self, fed: Federation, shared: Params, personal: Params,
+                                units: np.ndarray, new: Params) -> None:
+        """x_j -= eta * (owner j's sampled records' mean personal gradient), in ``new``."""
         owners = fed.user_owner[units]
         grads = local_sgd.mean_gradients(self.model, local_sgd.select(personal, owners), {}, dict(shared),
                                          fed.x, fed.y, user_units(fed, units))
@@ -164,13 +200,11 @@ class Owners:
         uniq, row = np.unique(owners, return_inverse=True)
         idx = torch.from_numpy(row)
         weight = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, idx, sizes)
-        new = {k: v.clone() for k, v in personal.items()}
         for k, g in grads.items():
             flat = (g.to(torch.float64).reshape(len(units), -1) * sizes.unsqueeze(1))
             tot = torch.zeros(len(uniq), flat.shape[1], dtype=torch.float64).index_add_(0, idx, flat)
             step = (tot / weight.unsqueeze(1)).reshape(len(uniq), *g.shape[1:]).to(new[k].dtype)
             new[k][torch.from_numpy(uniq)] -= self.training.personal_step * step
-        return new
 
     def smoothed_gradients(self, fed: Federation, shared: Params, fr_unit: Params, fr_common: Params,
                            sub: local_sgd.Units, user_ids: np.ndarray, round_: int) -> torch.Tensor:
