@@ -28,7 +28,13 @@ What differs from a plain ``fedudp +experiment=...`` run, and why (all recorded 
   Levy Alg. 4 runs P = 3 phases (the paper's P is 11-13 here and would leave its last phases
   with a handful of users).
 
+Huang's full-DP baseline vs joint DP (axis ``nk``): n owners at fixed N = mn, so nk grows,
+``huang_alg1`` with and without ``algorithm.noise_personal`` at the same σ and T (η: the paper's
+formula at nk + ℓ, and joint DP's η), the gap excess_full − excess_joint against nk beside the
+theorem's sqrt(nk+ℓ) − sqrt(ℓ) (table.md's last table, huang_alg1_full_vs_joint.png).
+
     python scripts/rate_algorithms.py --out docs/results/rates_algorithms
+    python scripts/rate_algorithms.py --out docs/results/rates_algorithms --resume --axes nk
 """
 from __future__ import annotations
 
@@ -134,6 +140,12 @@ LEVY_BASE = {"n": 4000, "m": 10, "eps": 4.0}
 ASI_BASE = {"asi_alg3": {"n": 4000, "m": 10, "eps": 2.0}, "asi_alg4": {"n": 4000, "m": 10, "eps": 8.0}}
 HUANG1_BASE = {"N": 1000, "eps": 1.0, "f": 8, "k": 1}
 HUANG2_BASE = {"n": 8, "eps": 32.0}
+# Huang's full-DP baseline vs joint DP: owners at N = 1000 records, k personal coordinates each
+NK_OWNERS = (5, 10, 20, 50, 100)
+K_PERSONAL = 2              # the 2-class model's personal logit offset (personal.bias)
+FULL_JOINT = "huang_alg1 joint (nk axis)"
+FULL_BASE = "huang_alg1 full-DP baseline"
+FULL_SAME_STEP = "huang_alg1 full-DP baseline, joint's η"
 
 
 def levy(alg: str, n: int, m: int, eps: float, T: int = 12) -> tuple[str, list[str], None]:
@@ -160,16 +172,30 @@ def asi(alg: str, n: int, m: int, eps: float, T: int = 10, accounting: str = "pa
     return alg, o, (0.1 if alg == "asi_alg4" else None)
 
 
-def huang1(N: int, eps: float, f: int, k: int, method: str = "joint_dp"):
-    """Record level at ε/k, δ/k·e^{-ε} for k records per user (group privacy, §3.3)."""
+def huang1(N: int, eps: float, f: int, k: int, method: str = "joint_dp", owners: int = 10,
+           noise_personal: bool = False, step: float | None = None):
+    """Record level at ε/k, δ/k·e^{-ε} for k records per user (group privacy, §3.3).
+    ``noise_personal``: the paper's full-DP baseline (σ on every owner's personal block too);
+    ``step``: a fixed η (None: the paper's formula, at ℓ, or at nk + ℓ with noise_personal)."""
     T = N
     e, d = eps / k, (DELTA / k * math.exp(-eps) if eps < REF_EPS else DELTA)
     # reference: noise multiplier 0.1 (1% of the noise variance of the ε = 1 runs, z ≈ 1)
     z = rdp_noise(1.0 / N, T, e, d) if eps < REF_EPS else 0.1
-    o = [f"dataset.num_records={N}", f"dataset.pool_train={max(N, 20000)}", "partition.num_owners=10",
-         f"dataset.features={f}", f"privacy.epsilon={e}", f"privacy.delta={d}",
-         f"privacy.noise_multiplier={z}", f"train.rounds={T}", f"method={method}"]
+    o = [f"dataset.num_records={N}", f"dataset.pool_train={max(N, 20000)}",
+         f"partition.num_owners={owners}", f"dataset.features={f}", f"privacy.epsilon={e}",
+         f"privacy.delta={d}", f"privacy.noise_multiplier={z}", f"train.rounds={T}", f"method={method}"]
+    if noise_personal:
+        o.append("algorithm.noise_personal=true")
+    if step is not None:
+        o.append(f"algorithm.step_size={step}")
     return "huang_alg1", o, None
+
+
+def huang1_joint_step(N: int, eps: float, f: int, k: int) -> float:
+    """The step size joint DP's run takes (the paper's formula at ℓ = 2f + 2, preset R and L)."""
+    from fedudp.algorithms.huang_alg1 import paper_step_size
+    e, d = eps / k, (DELTA / k * math.exp(-eps) if eps < REF_EPS else DELTA)
+    return paper_step_size(10.0, 3.0, N, N, 2 * f + 2, e, d)
 
 
 def huang2(n: int, eps: float):
@@ -217,6 +243,19 @@ def sweeps(quick: bool):
             for k in (1, 2, 4, 8)]
     out += [("huang_alg1 full_dp", "N=mn", N,
              lambda E=None, N=N: huang1(N, E or H["eps"], H["f"], H["k"], "full_dp")) for N in (500, 1000, 2000)]
+    # full-DP baseline vs joint DP (Huang §3.2): n owners at fixed N = mn = 1000, so nk (k = 2
+    # personal logit offsets per owner) grows; same σ (N, T, ε fixed) and T
+    for n in NK_OWNERS:
+        nk = n * K_PERSONAL
+        out += [(FULL_JOINT, "nk", nk,
+                 lambda E=None, n=n: huang1(H["N"], E or H["eps"], H["f"], H["k"], owners=n)),
+                (FULL_BASE, "nk", nk,
+                 lambda E=None, n=n: huang1(H["N"], E or H["eps"], H["f"], H["k"], owners=n,
+                                            noise_personal=True)),
+                (FULL_SAME_STEP, "nk", nk,
+                 lambda E=None, n=n: huang1(H["N"], E or H["eps"], H["f"], H["k"], owners=n,
+                                            noise_personal=True,
+                                            step=huang1_joint_step(H["N"], E or H["eps"], H["f"], H["k"])))]
     out += [("huang_alg2", "n", n, lambda E=None, n=n: huang2(n, E or H2["eps"])) for n in (4, 8, 16)]
     out += [("huang_alg2", "eps", e, lambda E=None, e=e: huang2(H2["n"], E or e)) for e in (16.0, 32.0, 64.0, 128.0)]
     if quick:
@@ -237,6 +276,9 @@ THEORY = {
     ("huang_alg1", "ell"): "+1/2", ("huang_alg1", "m/r"): "+1 (group privacy: ∝ 1/r)",
     ("huang_alg1 full_dp", "N=mn"): "-1 (privacy; sqrt(nk+ℓ) not sqrt(ℓ))",
     ("huang_alg2", "n"): "-1 (privacy; -1/2 statistical)", ("huang_alg2", "eps"): "-1",
+    (FULL_JOINT, "nk"): "0 (sqrt(ℓ) log(1/δ)/(εmn): independent of n at fixed mn)",
+    (FULL_BASE, "nk"): "privacy ∝ sqrt(nk+ℓ)",
+    (FULL_SAME_STEP, "nk"): "privacy ∝ sqrt(nk+ℓ) (same η as joint)",
 }
 
 
@@ -272,6 +314,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a few points only (smoke test)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the points already in <out>/results.json, run the others")
+    ap.add_argument("--axes", nargs="*", default=None,
+                    help="run only the points on these axes (e.g. nk: Huang's full-DP baseline vs "
+                         "joint DP); with --resume the other points are kept")
     a = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(a.out)
@@ -280,7 +325,7 @@ def main() -> None:
     results = json.loads((out / "results.json").read_text()) if a.resume else []
     done = {(r["algorithm"], r["axis"], r["x"]) for r in results}
     for label, axis, x, build in sweeps(a.quick):
-        if (label, axis, x) in done:
+        if (label, axis, x) in done or (a.axes is not None and axis not in a.axes):
             continue
         t0 = time.perf_counter()
         vals, info = [], {}
@@ -299,6 +344,8 @@ def main() -> None:
             refs.append(reference(build, seed))
             alg = p.algorithm.summary if p.algorithm is not None else {}
             info = {"stop": res.stop_reason, "rounds": res.rounds_completed,
+                    "step_size": alg.get("step_size"), "noised_dim": alg.get("noised_dim"),
+                    "personal_noise_std": alg.get("personal_noise_std"),
                     "noise_multiplier": p.aggregator.noise_multiplier,
                     "min_users_required": p.aggregator.min_users_required,
                     "units": p.aggregator.sampling.population,
@@ -347,8 +394,9 @@ def write_report(results: list[dict], out: Path, wall: float, seeds: int) -> Non
                         for r in rows)
         f = lambda v: "n/a" if v is None else f"{v:.2f}"   # noqa: E731
         lines.append(f"| {alg} | {axis} | {pts} | {f(s_ex)} | {f(s_pr)} | {THEORY.get((alg, axis), '')} |")
+    lines += full_vs_joint(groups, out)
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    for alg in sorted({k[0] for k in groups}):
+    for alg in sorted({k[0] for k in groups if k[1] != "nk"}):
         axes = [(k[1], v) for k, v in groups.items() if k[0] == alg]
         fig, axs = plt.subplots(1, len(axes), figsize=(4 * len(axes), 3.4), squeeze=False)
         for ax, (axis, rows) in zip(axs[0], axes):
@@ -371,6 +419,58 @@ def write_report(results: list[dict], out: Path, wall: float, seeds: int) -> Non
         fig.savefig(out / f"{alg.replace(' ', '_')}.png", dpi=110)
         plt.close(fig)
     print("\n".join(lines))
+
+
+def full_vs_joint(groups: dict, out: Path) -> list[str]:
+    """Huang's full-DP baseline against joint DP on the nk axis: the gap excess_full − excess_joint
+    per nk (per seed: the runs of one seed share data, sampled records and, at joint's η, the
+    shared noise), its fitted log-log slope, and the theorem's: the privacy terms differ by
+    ∝ sqrt(nk+ℓ) − sqrt(ℓ) (ℓ = 18), fitted over the same nk. Also ``full_vs_joint.png``."""
+    joint = {r["x"]: r for r in groups.get((FULL_JOINT, "nk"), []) if r["excess"] is not None}
+    if not joint:
+        return []
+    import matplotlib.pyplot as plt
+    ell = 2 * HUANG1_BASE["f"] + 2
+    lines = ["", f"Huang Alg. 1, full-DP baseline vs joint DP (n owners at N = mn = {HUANG1_BASE['N']}, "
+             f"T = N, ε = {HUANG1_BASE['eps']}, same σ; k = {K_PERSONAL} personal coordinates per owner, "
+             f"ℓ = {ell}): gap = excess_full − excess_joint (per seed in brackets), fitted log-log "
+             "slope against nk beside the theorem's, the slope of sqrt(nk+ℓ) − sqrt(ℓ) over the same nk.",
+             "", "| variant | nk: gap [seeds] (excess_full / excess_joint) | slope of gap | slope of priv gap | theorem |",
+             "|---|---|---:|---:|---:|"]
+    fig, axs = plt.subplots(1, 2, figsize=(9, 3.6))
+    xs_j = sorted(joint)
+    axs[0].loglog(xs_j, [joint[x]["excess"] for x in xs_j], "o-", color="C0", label="joint DP")
+    for label, mark, col in ((FULL_BASE, "s-", "C1"), (FULL_SAME_STEP, "^--", "C2")):
+        rows = [r for r in groups.get((label, "nk"), []) if r["excess"] is not None and r["x"] in joint]
+        if not rows:
+            continue
+        xs = [r["x"] for r in rows]
+        gaps = [r["excess"] - joint[r["x"]]["excess"] for r in rows]
+        pgaps = [r["privacy_part"] - joint[r["x"]]["privacy_part"] for r in rows]
+        seeds = [[a - b for a, b in zip(r["excess_seeds"], joint[r["x"]]["excess_seeds"])] for r in rows]
+        theory = [math.sqrt(x + ell) - math.sqrt(ell) for x in xs]
+        s_g, s_p, s_t = slope(xs, gaps), slope(xs, pgaps), slope(xs, theory)
+        f = lambda v: "n/a" if v is None else f"{v:.2f}"   # noqa: E731
+        pts = ", ".join(f"{x:g}: {g:.3g} [{', '.join(f'{v:.3g}' for v in sd)}] ({r['excess']:.3g} / "
+                        f"{joint[x]['excess']:.3g})" for x, g, sd, r in zip(xs, gaps, seeds, rows))
+        lines.append(f"| {label} | {pts} | {f(s_g)} | {f(s_p)} | {f(s_t)} |")
+        axs[0].loglog(xs, [r["excess"] for r in rows], mark, color=col, label=label.replace("huang_alg1 ", ""))
+        if all(g > 0 for g in gaps):
+            axs[1].loglog(xs, gaps, mark, color=col, label=f"{label.replace('huang_alg1 ', '')} − joint "
+                          f"(slope {f(s_g)})")
+            c = gaps[0] / theory[0]
+            axs[1].loglog(xs, [c * t for t in theory], ":", color=col, alpha=0.6)
+    axs[1].plot([], [], ":", color="gray", label="∝ sqrt(nk+ℓ) − sqrt(ℓ) (theorem, from the first point)")
+    for ax, t in zip(axs, ("excess population loss", "gap to joint DP")):
+        ax.set_xlabel("nk (n owners × k = 2 personal coordinates)")
+        ax.set_ylabel(t)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Huang Alg. 1: full-DP baseline vs joint DP (N = mn = {HUANG1_BASE['N']})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "huang_alg1_full_vs_joint.png", dpi=110)
+    plt.close(fig)
+    return lines
 
 
 if __name__ == "__main__":
