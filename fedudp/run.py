@@ -69,7 +69,9 @@ def make_ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None)
              "failures, the estimators' scores and checks), the counts of owners, users and "
              "records in summary.json, and the evaluation accuracy and loss of every owner "
              "(metrics.jsonl, owners.csv; on engine=flower sent by the owners in evaluate "
-             "replies), computed with personal parameters trained without noise",
+             "replies), computed with personal parameters trained "
+             + ("with the full-DP baseline's noise (algorithm.noise_personal)"
+                if getattr(cfg.algorithm, "noise_personal", False) else "without noise"),
              "the number of units N (hence the Poisson denominator q*N) and each owner's user "
              "count are treated as public",
              "epsilon certifies the idealized mechanism; seeded randomness is a simulation"]
