@@ -1,0 +1,42 @@
+"""scripts/reproduce_huang.py: the grid's order and the claims that let workers share it."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("reproduce_huang", ROOT / "scripts" / "reproduce_huang.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_claimed_run_is_skipped_by_other_workers_and_a_dead_claim_is_taken_over(tmp_path):
+    rh = _script()
+    held = rh.claim(tmp_path, "mnist/n4/per_silo_s0")
+    assert held is not None and held.read_text() == str(os.getpid())
+    assert rh.claim(tmp_path, "mnist/n4/per_silo_s0") is None          # a live worker holds it
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    held.write_text(dead)                                                 # its worker is gone
+    again = rh.claim(tmp_path, "mnist/n4/per_silo_s0")
+    assert again is not None and again.read_text() == str(os.getpid())
+
+
+def test_grid_names_and_overrides_are_unique_and_cover_the_tables():
+    g = _script().grid(["mnist", "fashion_mnist"])
+    names = [n for n, _ in g]
+    assert len(names) == len(set(names))
+    over = dict(g)
+    assert {f"mnist/n{n}/{m}_s0" for n in (4, 16, 64, 128, 256, 512) for m in ("per_silo", "fedavg")} <= set(names)
+    assert over["mnist/n256/joint_dp_personal-conv1+conv2_local_dpsgd_certified_s0"]["model.personal"] == "[conv1.*,conv2.*]"
+    t4 = over["mnist/n256/joint_dp_rpu5_group_local_dpsgd_paper_s0"]
+    assert t4["partition.records_per_user"] == 5 and t4["privacy.group_privacy"] == "true"
+    assert t4["privacy.accounting"] == "paper"
+    assert over["mnist/n64/full_dp_eps100_local_dpsgd_certified_s0"]["privacy.epsilon"] == 100.0
