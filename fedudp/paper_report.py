@@ -53,6 +53,10 @@ HUANG_TABLE4 = {
     (256, 20): (0.1089, 0.1297, 0.2400, 0.2941)}
 
 
+PROTOCOL = ("standard FedAvg, E and T of Table 3; DP-SGD inside the owners\n(clip 15, batch 32, "
+            "δ = 1e-4), server placement where marked")
+
+
 def _config(s: dict, key: str, default: Any = None) -> Any:
     node: Any = s.get("_config", {})
     for part in key.split("."):
@@ -325,7 +329,7 @@ def _plot(name: str, layout: Layout, cells: dict, rows: list, out: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = sorted({layout.series_of(r) for r in rows})
+    series = list(dict.fromkeys(layout.series_of(r) for r in sorted(rows)))   # numeric order
     fig, axes = plt.subplots(1, len(series), figsize=(6.5 * len(series), 4.5), squeeze=False)
     for ax, ser in zip(axes[0], series):
         rs = sorted((r for r in rows if layout.series_of(r) == ser), key=layout.x_of)
@@ -344,7 +348,9 @@ def _plot(name: str, layout: Layout, cells: dict, rows: list, out: Path,
         ax.set_xscale("log", base=2 if name != "huang_fig1" else 10)
         ax.set_xlabel(layout.x_label)
         ax.set_ylabel("mean over owners of test accuracy")
-        ax.set_title(f"{ser}: {layout.title}; certified unless marked", fontsize=9)
+        data = "" if layout.title.startswith("Huang et al. Table 1") else "MNIST, "
+        ax.set_title(f"{data}{ser}: {layout.title}\n{PROTOCOL};\ncertified accounting unless marked",
+                     fontsize=8)
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
