@@ -347,3 +347,44 @@ def test_noise_personal_refused_outside_huang_alg1_joint_dp(name, extra, tmp_pat
     with pytest.raises(ConfigError, match=r"algorithm\.noise_personal"):
         run(preset(name, *extra, "algorithm.noise_personal=true"), tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+# -- checkpoints: the plan's state (averaged iterate, phase starts, AboveThreshold) ----------------
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("name,rounds,stop", [("levy_alg4", 6, 4), ("asi_alg3", 5, 2),
+                                              ("huang_alg1", 3, 1), ("huang_alg2", 8, 5)])
+def test_interrupted_algorithm_resumes_to_the_uninterrupted_run(name, rounds, stop, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from fedudp.core import checkpoint as ck
+    extra = ("checkpoint.every=1", "checkpoint.keep=20", f"train.rounds={rounds}")
+    ref = run(preset(name, *extra), tmp_path / "ref")
+    save = ck.Checkpointer.save
+
+    def patched(self, r, state):
+        path = save(self, r, state)
+        if r == stop:
+            os.kill(os.getpid(), signal.SIGINT)
+        return path
+    monkeypatch.setattr(ck.Checkpointer, "save", patched)
+    out = tmp_path / "cut"
+    assert run(preset(name, *extra), out)["stop_reason"] == "interrupted"
+    monkeypatch.undo()
+    res = run(preset(name, *extra, f"resume={out}"), "ignored")
+    assert res["stop_reason"] == "completed" and res["rounds_completed"] == rounds
+    a, b = ck.load_file(ck.ckpt_path(tmp_path / "ref", rounds)), ck.load_file(ck.ckpt_path(out, rounds))
+    assert torch.equal(a["billboard"]["u"], b["billboard"]["u"])
+    assert a["billboard"]["entries"] == b["billboard"]["entries"]
+    pa, pb = a["billboard"]["plan"], b["billboard"]["plan"]
+    assert _same(pa, pb)                  # averaged iterate, phase start, AboveThreshold state
+    assert res["accuracy_mean"] == ref["accuracy_mean"] and res["loss"] == ref["loss"]

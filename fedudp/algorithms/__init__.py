@@ -84,9 +84,6 @@ def require(cfg: RunConfig, *, methods: tuple[Method, ...], aggregator: str) -> 
          f"{resolved_aggregator(cfg).value}")
     need(SharedUpdate(cfg.train.shared_update) == SharedUpdate.gradient, "train.shared_update",
          f"algorithm.name={name} is a gradient method: set train.shared_update=gradient")
-    need(not getattr(cfg, "resume", None), "resume",
-         f"algorithm.name={name} keeps plan state (averaged iterate, phase starts) that checkpoints "
-         "do not hold yet: resuming it is not supported, run it afresh")
     need(Unit(cfg.privacy.unit) != Unit.owner, "privacy.unit",
          f"algorithm.name={name} is analysed at user (or record) level, not owner")
     a = cfg.algorithm

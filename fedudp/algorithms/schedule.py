@@ -61,6 +61,28 @@ class AlgorithmPlan(Plan):
     def rounds(self) -> int:
         return int(self.ends[-1])
 
+    # -- checkpoints (fedudp.core.checkpoint via Billboard.state) ---------------------------------
+    def checkpoint_state(self) -> dict:
+        """What continuing exactly needs: the phase's start and the running sum of its iterates
+        (the averaged iterate), the halt flag, and each phase estimator's own state (an
+        AboveThreshold's noisy threshold, queries and RNG). Cohorts and noise are keyed by round."""
+        return {"start_u": None if self.start_u is None else self.start_u.clone(),
+                "sum_u": None if self.sum_u is None else self.sum_u.clone(),
+                "halted": bool(self.halted),
+                "phases": [ph.aggregator.checkpoint_state() for ph in self.phases]}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        if len(state["phases"]) != len(self.phases):
+            from fedudp.core.checkpoint import CheckpointError
+            raise CheckpointError(f"the plan has {len(self.phases)} phases, the checkpoint "
+                                  f"{len(state['phases'])}")
+        self.start_u = None if state["start_u"] is None else state["start_u"].clone()
+        self.sum_u = None if state["sum_u"] is None else state["sum_u"].clone()
+        self.halted = bool(state["halted"])
+        self._mask_cache = None
+        for ph, st in zip(self.phases, state["phases"]):
+            ph.aggregator.restore_checkpoint_state(st)
+
     def phase_of(self, round_: int) -> int:
         return int(min(np.searchsorted(self.ends, round_, side="left"), len(self.phases) - 1))
 
