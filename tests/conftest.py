@@ -70,3 +70,19 @@ def tiny_mnist(root: Path, n_train: int = 600, n_test: int = 200, seed: int = 0)
     write_idx(d / "t10k-images-idx3-ubyte", vx, gz=False)
     write_idx(d / "t10k-labels-idx1-ubyte", vy, gz=False)
     return root
+
+
+def interrupt_after(monkeypatch, round_: int) -> None:
+    """SIGINT to this process right after round ``round_``'s checkpoint is written."""
+    import os
+    import signal
+
+    from fedudp.core import checkpoint
+    save = checkpoint.Checkpointer.save
+
+    def patched(self, r, state):
+        path = save(self, r, state)
+        if r == round_:
+            os.kill(os.getpid(), signal.SIGINT)
+        return path
+    monkeypatch.setattr(checkpoint.Checkpointer, "save", patched)

@@ -363,20 +363,11 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("name,rounds,stop", [("levy_alg4", 6, 4), ("asi_alg3", 5, 2),
                                               ("huang_alg1", 3, 1), ("huang_alg2", 8, 5)])
 def test_interrupted_algorithm_resumes_to_the_uninterrupted_run(name, rounds, stop, tmp_path, monkeypatch):
-    import os
-    import signal
-
+    from conftest import interrupt_after
     from fedudp.core import checkpoint as ck
     extra = ("checkpoint.every=1", "checkpoint.keep=20", f"train.rounds={rounds}")
     ref = run(preset(name, *extra), tmp_path / "ref")
-    save = ck.Checkpointer.save
-
-    def patched(self, r, state):
-        path = save(self, r, state)
-        if r == stop:
-            os.kill(os.getpid(), signal.SIGINT)
-        return path
-    monkeypatch.setattr(ck.Checkpointer, "save", patched)
+    interrupt_after(monkeypatch, stop)
     out = tmp_path / "cut"
     assert run(preset(name, *extra), out)["stop_reason"] == "interrupted"
     monkeypatch.undo()

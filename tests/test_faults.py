@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_cfg, tiny_mnist, write_idx
+from conftest import interrupt_after, tiny_cfg, tiny_mnist, write_idx
 from fedudp.config import ConfigError, DataError
 from fedudp.core import checkpoint
 from fedudp.engines.ray_watchdog import ray_descendants
@@ -93,16 +93,7 @@ def _kill(out: Path, round_: int, phase: str) -> None:
     assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
 
 
-def _interrupt_after(monkeypatch, round_: int) -> None:
-    """SIGINT to this process right after round ``round_``'s checkpoint is written."""
-    save = checkpoint.Checkpointer.save
-
-    def patched(self, r, state):
-        path = save(self, r, state)
-        if r == round_:
-            os.kill(os.getpid(), signal.SIGINT)
-        return path
-    monkeypatch.setattr(checkpoint.Checkpointer, "save", patched)
+_interrupt_after = interrupt_after
 
 
 def test_sigkill_after_a_random_round_then_resume_is_the_uninterrupted_run(reference, tmp_path):
