@@ -134,6 +134,16 @@ def compose(over: dict, data_root: str, threads: int):
         return OmegaConf.to_object(hydra_compose(config_name="config", overrides=args))
 
 
+def run_state(folder: Path) -> str:
+    """'done' (completed or budget stop), 'part' (interrupted: resumes from its checkpoint) or 'todo'."""
+    summary = folder / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("stop_reason") in ("completed", "budget"):
+        return "done"
+    if summary.is_file() or list(folder.glob("ckpt-*.pt")):
+        return "part"
+    return "todo"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "huang_table1" / "runs"))
@@ -153,14 +163,11 @@ def main() -> int:
     todo.sort(key=lambda item: rank[item[0]])            # stable: priority order otherwise
     if a.list:
         for name, _ in todo:
-            done = (out / name / "summary.json").is_file()
-            print(("done  " if done else "todo  ") + name)
+            print(f"{run_state(out / name):5s} {name}")
         return 0
     for name, over in todo:
-        if (out / name / "summary.json").is_file():
-            s0 = json.loads((out / name / "summary.json").read_text())
-            if s0.get("stop_reason") in ("completed", "budget"):
-                continue                       # finished (run() would also skip it)
+        if run_state(out / name) == "done":
+            continue                           # finished (run() would also skip it)
         held = claim(out, name)
         if held is None:
             continue                           # another worker has it

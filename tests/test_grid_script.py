@@ -40,3 +40,17 @@ def test_grid_names_and_overrides_are_unique_and_cover_the_tables():
     assert t4["partition.records_per_user"] == 5 and t4["privacy.group_privacy"] == "true"
     assert t4["privacy.accounting"] == "paper"
     assert over["mnist/n64/full_dp_eps100_local_dpsgd_certified_s0"]["privacy.epsilon"] == 100.0
+
+
+def test_run_state_tells_finished_from_interrupted_runs(tmp_path):
+    rh = _script()
+    assert rh.run_state(tmp_path / "absent") == "todo"
+    for stop, state in (("completed", "done"), ("budget", "done"), ("interrupted", "part")):
+        folder = tmp_path / stop
+        folder.mkdir()
+        (folder / "summary.json").write_text('{"stop_reason": "%s"}' % stop)
+        assert rh.run_state(folder) == state
+    ckpt_only = tmp_path / "ckpt_only"
+    ckpt_only.mkdir()
+    (ckpt_only / "ckpt-000001.pt").write_bytes(b"")
+    assert rh.run_state(ckpt_only) == "part"
