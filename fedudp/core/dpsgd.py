@@ -88,30 +88,28 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
     """
     k = len(users)
     q, steps = owner_rates(users, spec.batch)
-    params = local_sgd.expand(shared, k)
-    start = local_sgd.flatten(params, names)
-    dtype = start.dtype
+    start = local_sgd.flatten(local_sgd.expand(shared, k), names)
+    flat = start.clone()                          # [k, d]: every owner's shared parameters
+    params = _unflatten(flat, {n: shared[n].unsqueeze(0) for n in names}, names)   # views of flat
     batched = per_sample.supported(model, names)
     for e in range(spec.epochs):
         for s in range(int(steps.max(initial=0))):
             active = np.flatnonzero(steps > s)
-            picked, rows = [], []
-            for i in active:
-                mask = numpy_rng(spec.seed, Purpose.DPSGD_SAMPLE, round_, e, s, owner_ids[i]
-                                 ).random(int(users[i])) < q[i]
-                picked.append(first_user[i] + np.flatnonzero(mask))
-                rows.append(np.full(int(mask.sum()), i))
-            picked_users = np.concatenate(picked) if picked else np.zeros(0, np.int64)
-            owner_row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-            sums = torch.zeros(k, start.shape[1], dtype=dtype)
-            sizes = user_sizes[picked_users]
+            picked = [first_user[i] + np.flatnonzero(
+                numpy_rng(spec.seed, Purpose.DPSGD_SAMPLE, round_, e, s, owner_ids[i]
+                          ).random(int(users[i])) < q[i]) for i in active]
             if batched:          # owner by owner, one batched forward/backward (per_sample)
                 for i, us in zip(active, picked):
-                    if len(us):
-                        sums[i] = _owner_clipped_sum(model, params, frozen_by_owner, frozen_common,
-                                                     x, y, user_starts[us], user_sizes[us], i,
-                                                     names, spec.clip)
+                    total = (_owner_clipped_sum(model, params, frozen_by_owner, frozen_common, x, y,
+                                                user_starts[us], user_sizes[us], i, names, spec.clip)
+                             if len(us) else torch.zeros(flat.shape[1], dtype=flat.dtype))
+                    _noisy_step(flat[i], total, spec, q[i] * users[i], round_, e, s, owner_ids[i])
             else:                # vmap over the step's users, each at its own owner's parameters
+                picked_users = np.concatenate(picked) if picked else np.zeros(0, np.int64)
+                owner_row = np.concatenate([np.full(len(us), i) for i, us in zip(active, picked)]
+                                           ) if picked else np.zeros(0, np.int64)
+                sums = torch.zeros(k, flat.shape[1], dtype=flat.dtype)
+                sizes = user_sizes[picked_users]
                 for sel in local_sgd.chunks(sizes, budget):
                     u, r = picked_users[sel], owner_row[sel]
                     units = local_sgd.Units(user_starts[u], sizes[sel], owner_ids[r], user_starts[u],
@@ -121,16 +119,21 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                                                  x, y, units)
                     sums += clipped_sums([g[n].reshape(len(u), -1) for n in names],
                                          torch.from_numpy(r), k, spec.clip)
-            noise = torch.stack([
-                torch.randn(start.shape[1], dtype=torch.float64,
-                            generator=torch_generator(spec.seed, Purpose.DPSGD_NOISE, round_, e, s,
-                                                      owner_ids[i])) for i in active])
-            step = (sums[active].to(torch.float64) + spec.noise_multiplier * spec.clip * noise) \
-                / torch.from_numpy(q[active] * users[active]).unsqueeze(1)
-            flat = local_sgd.flatten(params, names)
-            flat[torch.from_numpy(active)] -= spec.lr * step.to(dtype)
-            params = _unflatten(flat, params, names)
-    return local_sgd.flatten(params, names) - start
+                for i in active:
+                    _noisy_step(flat[i], sums[i], spec, q[i] * users[i], round_, e, s, owner_ids[i])
+    return flat - start
+
+
+def _noisy_step(row: torch.Tensor, total: torch.Tensor, spec: DpSgdSpec, expected_batch: float,
+                round_: int, epoch: int, step: int, owner_id: int) -> None:
+    """One owner's DP-SGD update, in place on its flat shared parameters ``row``: the clipped
+    sum ``total`` plus N(0, (zC)^2 I) drawn in float64 (keyed by round, epoch, step and owner),
+    divided by the expected batch q_j*m_j, cast to the parameters' dtype, times -lr."""
+    noise = torch.randn(row.shape[0], dtype=torch.float64,
+                        generator=torch_generator(spec.seed, Purpose.DPSGD_NOISE, round_, epoch, step,
+                                                  owner_id))
+    update = (total.to(torch.float64) + spec.noise_multiplier * spec.clip * noise) / float(expected_batch)
+    row -= spec.lr * update.to(row.dtype)
 
 
 def _owner_clipped_sum(model: nn.Module, params: Params, frozen_by_owner: Params,
