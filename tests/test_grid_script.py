@@ -54,3 +54,17 @@ def test_run_state_tells_finished_from_interrupted_runs(tmp_path):
     ckpt_only.mkdir()
     (ckpt_only / "ckpt-000001.pt").write_bytes(b"")
     assert rh.run_state(ckpt_only) == "part"
+
+
+def test_dp_collapse_noise_prediction_is_the_random_walk_of_the_owner_steps():
+    spec = importlib.util.spec_from_file_location("diagnose_dp_collapse",
+                                                  ROOT / "scripts" / "diagnose_dp_collapse.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import numpy as np
+    # 4 owners of 2500 users, B = 32: 79 steps/epoch of lr*z*C/32 each, averaged over 4 walks
+    got = mod.predicted_noise_std(np.full(4, 2500), 32, 0.05, 5.0, 15.0, epochs=20, rounds=3)
+    assert abs(got - 0.05 * 5.0 * 15.0 / 32 * (3 * 20 * 79 / 4) ** 0.5) < 1e-12
+    # an owner smaller than B: its expected batch is m_j, one step per epoch
+    one = mod.predicted_noise_std(np.array([10]), 32, 0.1, 2.0, 1.0, epochs=1, rounds=1)
+    assert abs(one - 0.1 * 2.0 / 10) < 1e-12
