@@ -5,9 +5,10 @@ E·T·N per-record gradients of the paper CNN (N = 10,000 records; E·T = 100 ep
 DP-SGD per-user (here per-record: one record per user) gradients included. This script times
 one DP-SGD epoch of all owners, both sides in one process, interleaved, ``--reps`` times each:
 
-* ``fedudp``: ``Owners.owner_deltas`` of the run's own owner component (owners batched with
-  ``torch.func``, per-user parameters, chunked; clip norms in float64; keyed Poisson sampling
-  and noise), exactly what a round of ``method=full_dp privacy.placement=local_dpsgd`` calls;
+* ``fedudp``: ``Owners.owner_deltas`` of the run's own owner component (owner by owner, one
+  batched forward/backward with exact per-record gradients, ``fedudp.core.per_sample``; clip
+  norms in float64; keyed Poisson sampling and noise; each owner's noisy step in place), exactly
+  what a round of ``method=full_dp privacy.placement=local_dpsgd`` calls;
 * ``plain``: this script's own DP-SGD in plain PyTorch + ``torch.func``, owners one after
   another: per step, the Poisson-sampled users' per-sample gradients with
   ``vmap(grad(loss), in_dims=(None, 0, 0))`` (the standard per-sample recipe, parameters not
