@@ -180,10 +180,21 @@ LAYOUTS = {
 }
 
 
+# The presets' hyperparameters (conf/experiment/huang_table1.yaml: the paper's clip, and the lr
+# and batch it leaves unspecified). Runs made with others (ablations beside the grid) are kept
+# out of every layout, which compares with the paper's protocol only.
+PRESET_HYPER = {"privacy.clip": 15.0, "train.lr": 0.05, "train.batch_size": 32}
+
+
+def _preset_hyper(s: dict) -> bool:
+    """True when the run used the presets' clip, lr and batch (or its config does not say)."""
+    return all(_config(s, key) in (None, value) for key, value in PRESET_HYPER.items())
+
+
 def _cells(layout: Layout, summaries: list[dict]) -> dict[tuple[Any, str], list[float]]:
     out: dict[tuple[Any, str], list[float]] = {}
     for s in summaries:
-        if s.get("stop_reason") not in ("completed", "budget"):
+        if s.get("stop_reason") not in ("completed", "budget") or not _preset_hyper(s):
             continue
         row = layout.row_of(s)
         if row is None:

@@ -87,3 +87,24 @@ def test_table2_and_fig1_claims_are_judged_on_the_numbers(tmp_path):
           summary("joint_dp", 64, 0.90, eps=100.0), summary("full_dp", 64, 0.88, eps=100.0)]
     md = write_paper_report("huang_fig1", ss, tmp_path)
     assert "n=64: joint-DP's advantage over full-DP shrinks as ε grows: holds (joint − full: ε=1: +0.380, ε=100: +0.020)" in md
+
+
+def test_runs_off_the_presets_hyperparameters_stay_out_of_every_layout(tmp_path):
+    """An ablation (here clip 1 or lr 0.01) shares the run folder but not the paper's cells."""
+    import yaml
+    from fedudp.paper_report import PRESET_HYPER
+    from pathlib import Path
+    conf = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "huang_table1.yaml"
+    preset = yaml.safe_load(conf.read_text())
+    for key, value in PRESET_HYPER.items():             # the filter is the preset's own values
+        section, name = key.split(".")
+        assert preset[section][name] == value
+    base = summary("joint_dp", 64, 0.50)
+    clip1 = summary("joint_dp", 64, 0.90)
+    clip1["_config"]["privacy"] = {"clip": 1.0}
+    lr = summary("full_dp", 64, 0.80)
+    lr["_config"]["train"] = {"lr": 0.01, "batch_size": 32}
+    for name in ("huang_table1", "huang_fig1"):
+        write_paper_report(name, [base, clip1, lr], tmp_path)
+        got = {(r["row"], r["column"]): float(r["ours_mean"]) for r in rows(tmp_path / f"{name}.csv")}
+        assert list(got.values()) == [0.50]
