@@ -40,6 +40,7 @@ METHODS = ["per_silo", "fedavg", "full_dp", "joint_dp"]
 
 FIG1_EPS = [100.0, 5.0, 10.0, 2.0]          # Figure 1's other ε (ε = 1 is Table 1's run), extremes first
 FIG1_N = [64]
+ABLATION_CLIP_N = [64, 4]                      # clip 1 instead of 15 (ablation, not in the paper)
 TABLE4 = [(256, 5)]        # (n, records per user m/r): a corner of Table 4 the machine allows
 TABLE2_PERSONAL = [["conv1"], ["conv2"], ["conv1", "conv2"], ["conv1", "fc1"], ["conv2", "fc1"],
                    ["conv1", "conv2", "fc1"]]    # [fc1] and none (full-DP) are Table 1's runs
@@ -50,10 +51,10 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
     out: list[tuple[str, dict]] = []
 
     def add(ds, n, method, placement="local_dpsgd", accounting="certified", seed=0, eps=None,
-            personal=None, rpu=None, group=False):
+            personal=None, rpu=None, group=False, clip=None):
         private = method in ("full_dp", "joint_dp")
         tag = ("_personal-" + "+".join(personal) if personal else "") + (f"_eps{eps:g}" if eps else "") \
-            + (f"_rpu{rpu}" if rpu else "") + ("_group" if group else "")
+            + (f"_rpu{rpu}" if rpu else "") + ("_group" if group else "") + (f"_clip{clip:g}" if clip else "")
         name = (f"{ds}/n{n}/{method}{tag}_{placement}_{accounting}_s{seed}" if private
                 else f"{ds}/n{n}/{method}_s{seed}")
         over = {"dataset.name": ds, "partition.num_owners": n, "method": method, "seed": seed,
@@ -66,6 +67,8 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
             over["partition.records_per_user"] = rpu
         if group:
             over["privacy.group_privacy"] = "true"
+        if clip:
+            over["privacy.clip"] = clip
         if (name, over) not in out:
             out.append((name, over))
 
@@ -79,6 +82,9 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
             for eps in FIG1_EPS:
                 for m in ("full_dp", "joint_dp"):
                     add(ds, n, m, eps=eps)
+        for n in ABLATION_CLIP_N:             # ablation (not in the paper): is clip 15 what drowns
+            for m in ("full_dp", "joint_dp"):  # the shared layers? (docs/results/huang_table1/dp_collapse.md)
+                add(ds, n, m, clip=1.0)
         for personal in TABLE2_PERSONAL:      # Table 2: which layers are personal (n = 256)
             add(ds, 256, "joint_dp", personal=personal)
         for n, rpu in TABLE4:                 # Table 4: user-level clipping (certified) and the

@@ -68,3 +68,10 @@ def test_dp_collapse_noise_prediction_is_the_random_walk_of_the_owner_steps():
     # an owner smaller than B: its expected batch is m_j, one step per epoch
     one = mod.predicted_noise_std(np.array([10]), 32, 0.1, 2.0, 1.0, epochs=1, rounds=1)
     assert abs(one - 0.1 * 2.0 / 10) < 1e-12
+
+
+def test_clip_ablation_is_named_and_overridden():
+    over = dict(_script().grid(["mnist"]))
+    ab = over["mnist/n64/joint_dp_clip1_local_dpsgd_certified_s0"]
+    assert ab["privacy.clip"] == 1.0 and ab["partition.num_owners"] == 64
+    assert "privacy.clip" not in over["mnist/n64/joint_dp_local_dpsgd_certified_s0"]
