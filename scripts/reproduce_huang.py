@@ -4,7 +4,7 @@ Table 2 / Figure 1 reports, made from the same run folder).
 Runs ``+experiment=huang_table1`` (standard FedAvg, DP-SGD inside the owners, clip 15,
 δ = 1/N, E and T from the paper's Table 3) one configuration after another, in priority
 order: the four methods row by row (n = 256, 64, 512, 128, 16, 4) at seed 0 with certified
-accounting; Figure 1's other ε (n = 64); Table 2's personal-layer subsets (n = 256); a corner of
+accounting; Figure 1's other ε (n = 64); Table 2's personal-layer subsets (n = 256, certified, then paper mode); a corner of
 Table 4 (n = 256, 5 records per user: user-level clipping, and the paper's group privacy); joint-DP
 in ``paper`` mode; the server placement (reading B) at n ∈ {16, 256, 512}; second seeds at
 n ∈ {64, 256}; then Fashion-MNIST. Every run writes its small outputs (config, summary, ledger,
@@ -87,6 +87,8 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
                 add(ds, n, m, clip=1.0)
         for personal in TABLE2_PERSONAL:      # Table 2: which layers are personal (n = 256)
             add(ds, 256, "joint_dp", personal=personal)
+        for personal in TABLE2_PERSONAL:      # ... and in paper mode: is the certified column's
+            add(ds, 256, "joint_dp", personal=personal, accounting="paper")  # reversal option (c)'s?
         for n, rpu in TABLE4:                 # Table 4: user-level clipping (certified) and the
             for m in ("joint_dp", "full_dp"):  # paper's group-privacy reading (paper mode)
                 add(ds, n, m, rpu=rpu)

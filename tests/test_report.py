@@ -77,12 +77,32 @@ def test_one_run_folder_feeds_every_layout_without_mixing_them(tmp_path):
                   ("256/100", "full-DP"): 0.90, ("64/1", "joint-DP"): 0.50}
 
 
+def test_table2_keeps_certified_and_paper_mode_apart(tmp_path):
+    """Table 2's paper-mode runs (shared gradients at the owners' own personal layers, heuristic)
+    get their own column and their own verdict; they never average with the certified runs."""
+    ss = [summary("joint_dp", 256, 0.54, personal=["fc1.*"]),
+          summary("joint_dp", 256, 0.10, personal=["conv1.*"]),
+          summary("joint_dp", 256, 0.80, personal=["fc1.*"], accounting="paper"),
+          summary("joint_dp", 256, 0.70, personal=["conv1.*"], accounting="paper"),
+          summary("joint_dp", 256, 0.99, personal=["conv1.*"], accounting="paper", eps=3.0)]
+    md = write_paper_report("huang_table2", ss, tmp_path)
+    got = {(r["row"], r["column"]): float(r["ours_mean"]) for r in rows(tmp_path / "huang_table2.csv")}
+    assert got == {("fc1", "certified"): 0.54, ("conv1", "certified"): 0.10,
+                   ("fc1", "paper mode (heuristic)"): 0.80, ("conv1", "paper mode (heuristic)"): 0.70}
+    assert "hurts (certified): holds (FC1 alone 0.540; conv1 0.100)" in md
+    assert "hurts (paper mode (heuristic)): holds (FC1 alone 0.800; conv1 0.700)" in md
+    ss.append(summary("joint_dp", 256, 0.85, personal=["conv1.*", "conv2.*"], accounting="paper"))
+    md = write_paper_report("huang_table2", ss, tmp_path)
+    assert "hurts (paper mode (heuristic)): does not hold (FC1 alone 0.800; conv1 0.700, conv1 + conv2 0.850)" in md
+
+
 def test_table2_and_fig1_claims_are_judged_on_the_numbers(tmp_path):
     ss = [summary("joint_dp", 256, 0.54, personal=["fc1.*"]),
           summary("joint_dp", 256, 0.30, personal=["conv1.*"]),
           summary("joint_dp", 256, 0.60, personal=["conv2.*", "fc1.*"])]
     md = write_paper_report("huang_table2", ss, tmp_path)
-    assert "personalising layers below shared ones hurts: does not hold (FC1 alone 0.540; conv1 0.300, conv2 + fc1 0.600)" in md
+    assert "personalising layers below shared ones hurts (certified): does not hold (FC1 alone 0.540; conv1 0.300, conv2 + fc1 0.600)" in md
+    assert "(paper mode (heuristic))" not in md            # no paper-mode runs: no verdict
     ss = [summary("joint_dp", 64, 0.50), summary("full_dp", 64, 0.12),
           summary("joint_dp", 64, 0.90, eps=100.0), summary("full_dp", 64, 0.88, eps=100.0)]
     md = write_paper_report("huang_fig1", ss, tmp_path)
