@@ -1,4 +1,4 @@
-"""Why per-silo at n = 512 falls short of Huang et al.'s 0.724 (issue 9 diagnosis).
+"""Why per-silo falls short of Huang et al. at some n (MNIST n = 512, Fashion-MNIST n = 64; issue 9).
 
 Per-silo trains each owner alone, so a subset of owners answers cheaply: the first ``--owners``
 owners of the ``+experiment=huang_table1`` partition at ``--n`` (same records, classes, test
@@ -7,6 +7,7 @@ initial CNN, for each (epochs, lr) asked, and evaluated on its own test shard. T
 (E·T = 100 epochs, lr 0.05) is the grid's setting, checked against that run's owners.csv.
 
     OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_per_silo.py --n 512 --owners 64
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_per_silo.py --dataset fashion_mnist --n 64 --owners 16
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dataset", default="mnist", choices=["mnist", "fashion_mnist"])
     ap.add_argument("--n", type=int, default=512)
     ap.add_argument("--owners", type=int, default=64)
     ap.add_argument("--settings", nargs="+", default=["100:0.05", "400:0.05", "100:0.2", "1000:0.05"],
@@ -36,10 +38,10 @@ def main() -> None:
     torch.set_num_threads(1)
     from reproduce_huang import compose
     from fedudp.run import prepare
-    p = prepare(compose({"partition.num_owners": a.n, "method": "per_silo"}, a.data_root, 1))
+    p = prepare(compose({"dataset.name": a.dataset, "partition.num_owners": a.n, "method": "per_silo"}, a.data_root, 1))
     fed, model = p.fed, p.owners.model
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
-    run_csv = ROOT / "docs/results/huang_table1/runs/mnist" / f"n{a.n}" / "per_silo_s0" / "owners.csv"
+    run_csv = ROOT / "docs/results/huang_table1/runs" / a.dataset / f"n{a.n}" / "per_silo_s0" / "owners.csv"
     if run_csv.is_file():
         rows = list(csv.DictReader(open(run_csv)))
         key = next(k for k in rows[0] if "acc" in k)
