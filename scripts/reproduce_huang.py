@@ -6,7 +6,8 @@ Runs ``+experiment=huang_table1`` (standard FedAvg, DP-SGD inside the owners, cl
 order: the four methods row by row (n = 256, 64, 512, 128, 16, 4) at seed 0 with certified
 accounting; Figure 1's other ε (n = 64); Table 2's personal-layer subsets (n = 256, certified, then paper mode); a corner of
 Table 4 (n = 256, 5 records per user: user-level clipping, and the paper's group privacy); joint-DP
-in ``paper`` mode; the server placement (reading B) at n ∈ {16, 256, 512}; second seeds at
+in ``paper`` mode; more of Table 4 in the paper's reading (n = 256: m/r ∈ {2, 10}, and joint-DP at
+ε ∈ {3, 8} with m/r = 5); the server placement (reading B) at n ∈ {16, 256, 512}; second seeds at
 n ∈ {64, 256}; then Fashion-MNIST. Every run writes its small outputs (config, summary, ledger,
 metrics, owners) under ``--out``; a finished run is skipped, so re-running the script continues
 the grid. Several workers may share one grid (one per core): each claims a run under
@@ -42,6 +43,9 @@ FIG1_EPS = [100.0, 5.0, 10.0, 2.0]          # Figure 1's other ε (ε = 1 is Tab
 FIG1_N = [64]
 ABLATION_CLIP_N = [64, 4]                      # clip 1 instead of 15 (ablation, not in the paper)
 TABLE4 = [(256, 5)]        # (n, records per user m/r): a corner of Table 4 the machine allows
+# (n, m/r, ε): more of Table 4 in the paper's reading (group privacy, paper mode): joint-DP at each,
+# full-DP too where ε = 1 (the paper's Table 4 has full-DP at ε = 1 only)
+TABLE4_PAPER = [(256, 2, 1.0), (256, 10, 1.0), (256, 5, 3.0), (256, 5, 8.0)]
 TABLE2_PERSONAL = [["conv1"], ["conv2"], ["conv1", "conv2"], ["conv1", "fc1"], ["conv2", "fc1"],
                    ["conv1", "conv2", "fc1"]]    # [fc1] and none (full-DP) are Table 1's runs
 
@@ -95,6 +99,9 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
                 add(ds, n, m, rpu=rpu, accounting="paper", group=True)
         for n in ROWS:
             add(ds, n, "joint_dp", accounting="paper")
+        for n, rpu, eps in TABLE4_PAPER:      # Table 4, further cells (the paper's reading first)
+            for m in (("joint_dp", "full_dp") if eps == 1.0 else ("joint_dp",)):
+                add(ds, n, m, rpu=rpu, accounting="paper", group=True, eps=None if eps == 1.0 else eps)
         for n in (16, 256, 512):
             for m in ("full_dp", "joint_dp"):
                 add(ds, n, m, placement="server")

@@ -40,6 +40,10 @@ def test_grid_names_and_overrides_are_unique_and_cover_the_tables():
     assert t4["partition.records_per_user"] == 5 and t4["privacy.group_privacy"] == "true"
     assert t4["privacy.accounting"] == "paper"
     assert over["mnist/n64/full_dp_eps100_local_dpsgd_certified_s0"]["privacy.epsilon"] == 100.0
+    t4e = over["mnist/n256/joint_dp_eps8_rpu5_group_local_dpsgd_paper_s0"]      # Table 4's ε = 8 column
+    assert (t4e["privacy.epsilon"], t4e["partition.records_per_user"], t4e["privacy.group_privacy"]) == (8.0, 5, "true")
+    assert "privacy.epsilon" not in over["mnist/n256/full_dp_rpu10_group_local_dpsgd_paper_s0"]   # ε = 1 preset
+    assert not any("full_dp_eps3_rpu" in n for n in names)     # the paper has full-DP at ε = 1 only
 
 
 def test_run_state_tells_finished_from_interrupted_runs(tmp_path):
