@@ -74,3 +74,23 @@ def test_dpsgd_batched_path_equals_the_vmap_path(monkeypatch):
                         names, 64)
     assert float(fast.abs().max()) > 0
     torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("conv", [dict(kernel_size=3, stride=2, padding=1),
+                                  dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2), padding=(2, 0)),
+                                  dict(kernel_size=4, stride=3, padding=0)])
+def test_conv_per_record_weight_gradients_with_stride_dilation_padding(conv):
+    """The grouped-convolution form of the per-record conv weight gradient, on layer shapes the
+    paper CNN does not have (strides that do not divide, dilation, asymmetric padding)."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(3, 5, **conv), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4))
+    model(torch.randn(1, 3, 11, 13))          # materialise the lazy layer
+    model = model.double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    names = tuple(params)
+    x, y = torch.randn(6, 3, 11, 13, dtype=torch.float64), torch.randint(0, 4, (6,))
+    assert per_sample.supported(model, names)
+    got = per_sample.per_record_gradients(model, params, x, y, names)
+    want = _vmap_grads(model, params, x, y, names)
+    for n in names:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-10, atol=1e-12)

@@ -9,7 +9,14 @@ backward run batched as in plain SGD, forward hooks keep each layer's input and 
 parameter gradients follow exactly (Goodfellow 2015; the unfold form of Opacus's grad samplers):
 
     Linear:  dW_b = g_b^T a_b (summed over any middle dims),  db_b = Σ g_b
-    Conv2d:  dW_b = g_b · unfold(a_b)^T (one batched matmul),  db_b = Σ_{h,w} g_b
+    Conv2d:  dW_b[o, c, i, j] = Σ_{h,w} g_b[o, h, w] · pad(a_b)[c, s·h + d·i, s·w + d·j],
+             db_b = Σ_{h,w} g_b
+
+A Conv2d's per-record weight gradients are one grouped convolution (Rochette et al. 2019): the
+padded inputs with records as channels ([C_in, R, H_p, W_p]) convolved, R groups, with each
+record's output gradient as the kernel ([R·C_out, 1, H_o, W_o], dilated by the layer's stride,
+strided by its dilation). On this CPU that is 1.7-2x faster than the unfold + batched matmul
+form (the paper CNN's two layers at 32 records, ``scripts/bench_dpsgd.py``), with the same result.
 
 The loss of a record is its own cross-entropy, so the summed loss's per-layer output gradients
 are the records' own. ``supported(model, names)`` says whether a model qualifies; callers fall
@@ -82,9 +89,20 @@ def per_record_gradients(model: nn.Module, params: Mapping[str, torch.Tensor],
             grads[_join(path, "weight")] = torch.bmm(g3.transpose(1, 2), a3)
             grads[_join(path, "bias")] = g3.sum(1)
         else:
-            cols = F.unfold(a, mod.kernel_size, dilation=mod.dilation, padding=mod.padding,
-                            stride=mod.stride)                       # [R, C_in*kh*kw, L]
-            gw = torch.bmm(g.reshape(R, g.shape[1], -1), cols.transpose(1, 2))
-            grads[_join(path, "weight")] = gw.reshape(R, *mod.weight.shape)
+            grads[_join(path, "weight")] = conv2d_weight_per_record(a, g, mod)
             grads[_join(path, "bias")] = g.sum((2, 3))
     return {n: grads[n] for n in names}
+
+
+def conv2d_weight_per_record(a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d) -> torch.Tensor:
+    """[R, C_out, C_in, kh, kw]: each record's gradient of ``mod.weight`` (groups = 1, zero
+    padding) from its input ``a`` [R, C_in, H, W] and output gradient ``g`` [R, C_out, H_o, W_o],
+    as one grouped convolution with the output gradients as kernels (see the module docstring)."""
+    R, c_in = a.shape[0], a.shape[1]
+    c_out, kh, kw = mod.weight.shape[0], mod.weight.shape[2], mod.weight.shape[3]
+    ph, pw = mod.padding
+    inp = F.pad(a, (pw, pw, ph, ph)).transpose(0, 1)                 # [C_in, R, H_p, W_p]
+    ker = g.reshape(R * c_out, 1, g.shape[2], g.shape[3])
+    out = F.conv2d(inp, ker, stride=mod.dilation, dilation=mod.stride, groups=R)
+    out = out[:, :, :kh, :kw]                     # a stride that does not divide: extra taps
+    return out.reshape(c_in, R, c_out, kh, kw).permute(1, 2, 0, 3, 4)
