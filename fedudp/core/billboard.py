@@ -48,7 +48,12 @@ class Billboard:
             self.event = plan.event(1)
         self.accountant = None
         if aggregator.private:      # one accountant, or one per disjoint part (owners' users)
-            interval = pld_interval(target_epsilon)
+            # the PLD grid the noise was calibrated on: that of the events' own target, ε/k for
+            # record-level events under group privacy (a coarser grid is more pessimistic and
+            # would stop a calibrated run before its last round)
+            group = aggregator.group
+            interval = pld_interval(target_epsilon / group.size if group is not None and target_epsilon
+                                    else target_epsilon)
             self.accountant = (ParallelAccountant(len(self.event.parts), interval)
                                if isinstance(self.event, Parallel) else Accountant(interval))
             if aggregator.group is not None:    # record-level events, user level by group privacy
