@@ -354,6 +354,7 @@ def _plot(name: str, layout: Layout, cells: dict, rows: list, out: Path,
 
     series = list(dict.fromkeys(layout.series_of(r) for r in sorted(rows)))   # numeric order
     fig, axes = plt.subplots(1, len(series), figsize=(6.5 * len(series), 4.5), squeeze=False)
+    most = 0
     for ax, ser in zip(axes[0], series):
         rs = sorted((r for r in rows if layout.series_of(r) == ser), key=layout.x_of)
         for i, (label, _, paper_of) in enumerate(layout.columns):
@@ -376,7 +377,10 @@ def _plot(name: str, layout: Layout, cells: dict, rows: list, out: Path,
                      fontsize=8)
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        handles = ax.get_legend_handles_labels()[0]     # below the panel: never over the data
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+        most = max(most, len(handles))
+    fig.set_size_inches(6.5 * len(series), 4.5 + 0.16 * -(-most // 2))
     fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=120)
+    fig.savefig(out / f"{name}.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
