@@ -74,7 +74,7 @@ class LocalDpSgdMean(Aggregator):
         if p.group_privacy:
             group = GroupConversion.for_user_budget(int(cfg.partition.records_per_user), p.epsilon,
                                                     p.delta, Accounting(p.accounting).value)
-            eps, delta = p.epsilon / group.size, group.record_delta
+            eps, delta = group.record_epsilon(p.epsilon), group.record_delta
         probe = cls(1.0, p.clip, t.batch_size, t.local_epochs, users, sampling, group)
         z = p.noise_multiplier
         if z is None:        # the worst part must meet (ε, δ): the largest per-part z

@@ -48,17 +48,18 @@ class Billboard:
             self.event = plan.event(1)
         self.accountant = None
         if aggregator.private:      # one accountant, or one per disjoint part (owners' users)
-            # the PLD grid the noise was calibrated on: that of the events' own target, ε/k for
-            # record-level events under group privacy (a coarser grid is more pessimistic and
+            # the PLD grid the noise was calibrated on: that of the events' own target, ε' = ε/k
+            # for record-level events under group privacy (a coarser grid is more pessimistic and
             # would stop a calibrated run before its last round)
             group = aggregator.group
-            interval = pld_interval(target_epsilon / group.size if group is not None and target_epsilon
-                                    else target_epsilon)
+            events_target = (group.record_epsilon(target_epsilon) if group is not None and target_epsilon
+                             else target_epsilon)
+            interval = pld_interval(events_target)
             self.accountant = (ParallelAccountant(len(self.event.parts), interval)
                                if isinstance(self.event, Parallel) else Accountant(interval))
-            if aggregator.group is not None:    # record-level events, user level by group privacy
-                self.accountant = GroupAccountant(self.accountant, aggregator.group)
-                ledger.extra["group_conversion"] = str(aggregator.group)
+            if group is not None:    # record-level events, user level by group privacy
+                self.accountant = GroupAccountant(self.accountant, group)
+                ledger.extra["group_conversion"] = str(group)
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
         # probabilities that enter δ, ALGORITHMS.md §4.2): composed up front, conservatively
         self.one_off = aggregator.one_off_event() if aggregator.private else None

@@ -6,7 +6,7 @@ the cost of a plain minibatch step. Here, for models whose parameters all sit in
 and ``nn.Conv2d`` modules (groups = 1; the paper CNN, the linear model), the forward and the
 backward run batched as in plain SGD, forward hooks keep each layer's input and output, one
 ``autograd.grad`` of the summed loss gives every layer's output gradient, and each record's
-parameter gradients follow exactly (Goodfellow 2015; the unfold form of Opacus's grad samplers):
+parameter gradients follow exactly (Goodfellow 2015; Rochette et al. 2019 for convolutions):
 
     Linear:  dW_b = g_b^T a_b (summed over any middle dims),  db_b = Σ g_b
     Conv2d:  dW_b[o, c, i, j] = Σ_{h,w} g_b[o, h, w] · pad(a_b)[c, s·h + d·i, s·w + d·j],
@@ -15,8 +15,8 @@ parameter gradients follow exactly (Goodfellow 2015; the unfold form of Opacus's
 A Conv2d's per-record weight gradients are one grouped convolution (Rochette et al. 2019): the
 padded inputs with records as channels ([C_in, R, H_p, W_p]) convolved, R groups, with each
 record's output gradient as the kernel ([R·C_out, 1, H_o, W_o], dilated by the layer's stride,
-strided by its dilation). On this CPU that is 1.7-2x faster than the unfold + batched matmul
-form (the paper CNN's two layers at 32 records, ``scripts/bench_dpsgd.py``), with the same result.
+strided by its dilation). On this CPU it makes one DP-SGD epoch of the paper CNN about 20 % faster
+than the unfold + batched matmul form, with the same result (docs/results/bench_dpsgd).
 
 The loss of a record is its own cross-entropy, so the summed loss's per-layer output gradients
 are the records' own. ``supported(model, names)`` says whether a model qualifies; callers fall

@@ -258,6 +258,11 @@ class GroupConversion:
     def user_epsilon(self, record_epsilon: float) -> float:
         return self.size * record_epsilon
 
+    def record_epsilon(self, user_epsilon: float) -> float:
+        """The record-level ε' whose conversion is ``user_epsilon`` (what the noise is
+        calibrated to, and whose PLD grid the ledger accounts on)."""
+        return user_epsilon / self.size
+
     def user_delta(self, record_epsilon: float) -> float:
         """The user-level δ that group privacy gives at record level (record_epsilon, δ')."""
         k, e = self.size, record_epsilon
