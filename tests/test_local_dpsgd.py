@@ -39,7 +39,7 @@ def test_worst_owner_epsilon_equals_a_direct_dp_accounting_computation(tmp_path)
     assert s["epsilon"] == pytest.approx(max(eps), rel=1e-3)
     assert max(eps) <= 1.0 + 1e-6 and max(eps) >= 0.99         # calibrated to the worst part
     led = json.loads((tmp_path / "ledger.json").read_text())
-    assert "m_j=37" in led["notes"][-1] and "m_j=38" in led["notes"][-1] and "public" in led["notes"][-1]
+    assert "M_j=37" in led["notes"][-1] and "M_j=38" in led["notes"][-1] and "PUBLIC" in led["notes"][-1]
     assert [e["epsilon"] for e in led["entries"]] == sorted(e["epsilon"] for e in led["entries"])
     assert s["aggregator"] == "local_dpsgd" and s["placement"] == "local_dpsgd"
 
@@ -109,7 +109,7 @@ def test_owner_noise_has_the_calibrated_std():
     z, C, lr = 1.7, 0.3, 0.5
     base = DpSgdSpec(0.0, C, 8, 1, lr, 0)
     noisy = DpSgdSpec(z, C, 8, 1, lr, 0)
-    args = (x, y, starts, sizes, first, users, ids)
+    args = (x, y, starts, sizes, first, users, users, ids)
     d0 = dpsgd_deltas(model, shared, {}, {}, *args, base, 1, names, 512)
     d1 = dpsgd_deltas(model, shared, {}, {}, *args, noisy, 1, names, 512)
     noise = ((d0 - d1) * 4 / lr).flatten()                          # B_j = 4 users
@@ -124,12 +124,73 @@ def test_one_owner_alone_gets_the_same_delta_as_in_the_batch():
     # sampling and noise are keyed by owner id: the Flower view (one owner) equals the local one
     model, shared, names, x, y, starts, sizes, first, users, ids = _linear_setup(owners=5, users=9)
     spec = DpSgdSpec(1.1, 0.5, 4, 2, 0.3, 7)
-    allo = dpsgd_deltas(model, shared, {}, {}, x, y, starts, sizes, first, users, ids, spec, 3,
+    allo = dpsgd_deltas(model, shared, {}, {}, x, y, starts, sizes, first, users, users, ids, spec, 3,
                         names, 6)
     for j in range(5):
         one = dpsgd_deltas(model, shared, {}, {}, x, y, starts, sizes, first[j:j + 1],
-                           users[j:j + 1], ids[j:j + 1], spec, 3, names, 6)
+                           users[j:j + 1], users[j:j + 1], ids[j:j + 1], spec, 3, names, 6)
         torch.testing.assert_close(one[0], allo[j], rtol=0, atol=1e-12)
+
+
+# -- the schedule comes from public capacities (issue 21) ----------------------------------------
+def _one_owner(users, features=6, classes=3, seed=0):
+    """One owner of ``users`` one-record users; user 0 is a canary whose gradient is clipped."""
+    model, shared, names, x, y, starts, sizes, first, _, _ = _linear_setup(
+        owners=1, users=users, features=features, classes=classes, seed=seed)
+    x[0] *= 50.0
+    shared = {k: torch.zeros_like(v) for k, v in shared.items()}   # uniform logits: a big gradient
+    return model, shared, names, x, y, starts, sizes
+
+
+def _deltas(setup, keep, capacity, spec, owner_id=3):
+    model, shared, names, x, y, starts, sizes = setup
+    return dpsgd_deltas(model, shared, {}, {}, x, y, starts[keep], sizes[keep], np.array([0]),
+                        np.array([len(keep)]), np.array([capacity]), np.array([owner_id]), spec, 1,
+                        names, 512)[0]
+
+
+def test_removing_a_user_changes_only_its_clipped_gradient_in_the_step():
+    # capacity M = 10 <= B = 32: q = 1, one step, divisor min(B, M) = 10 on BOTH neighbours. With
+    # the same randomness the noise cancels: D - D' = -lr * clip(g_canary) / 10, of norm lr*C/10
+    setup = _one_owner(10)
+    C, lr = 0.5, 0.3
+    spec = DpSgdSpec(2.0, C, 32, 1, lr, 0)
+    d = _deltas(setup, np.arange(10), 10, spec)
+    d_prime = _deltas(setup, np.arange(1, 10), 10, spec)
+    assert float(torch.linalg.vector_norm(d - d_prime)) == pytest.approx(lr * C / 10, rel=1e-6)
+    # the weakened twin (the schedule before issue 21: divisor from the 9 users D' holds) moves
+    # more than one clipped gradient can: the other users' sum and the noise are rescaled
+    twin = _deltas(setup, np.arange(1, 10), 9, spec)
+    assert float(torch.linalg.vector_norm(d - twin)) > 1.3 * lr * C / 10
+
+
+def test_the_step_count_does_not_follow_the_users_an_owner_holds(monkeypatch):
+    # capacity M = 33 > B = 32: ceil(33/32) = 2 noisy steps per epoch, with 33 users or 32 held
+    from fedudp.core import dpsgd
+    calls = []
+    real = dpsgd._noisy_step
+    monkeypatch.setattr(dpsgd, "_noisy_step",
+                        lambda row, total, spec, b, *k: (calls.append(b), real(row, total, spec, b, *k)))
+    setup = _one_owner(33)
+    spec = DpSgdSpec(1.0, 0.5, 32, 2, 0.1, 0)
+    for keep, cap in ((np.arange(33), 33), (np.arange(1, 33), 33), (np.arange(1, 33), 32)):
+        calls.clear()
+        _deltas(setup, keep, cap, spec)
+        assert calls == [min(32, cap)] * (2 * -(-cap // 32)), (len(keep), cap, calls)
+
+
+def test_owner_training_capacity_is_the_configured_plan_not_the_data():
+    from fedudp.core.owner import OwnerTraining
+    from fedudp.data.federation import planned_owner_records, planned_owner_users
+    cfg = cfg_kw("full_dp", **{"privacy.placement": "local_dpsgd", "dataset.num_records": 150,
+                               "partition.records_per_user": 2})
+    t = OwnerTraining.from_config(cfg)
+    assert t.dpsgd_capacity == (19, 19, 19, 19)            # 38, 38, 37, 37 records in users of 2
+    assert t.dpsgd_capacity == tuple(planned_owner_users(cfg))
+    assert t.public_owner_records == tuple(planned_owner_records(cfg)) == (38, 38, 37, 37)
+    with pytest.raises(ValueError, match="capacity"):
+        setup = _one_owner(4)
+        _deltas(setup, np.arange(4), 0, DpSgdSpec(1.0, 0.5, 32, 1, 0.1, 0))
 
 
 # -- standard FedAvg ------------------------------------------------------------------------------

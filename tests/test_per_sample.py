@@ -67,10 +67,10 @@ def test_dpsgd_batched_path_equals_the_vmap_path(monkeypatch):
     starts, sizes = np.arange(0, n, k), np.full(n // k, k)
     first, users, ids = np.arange(0, owners * users_per, users_per), np.full(owners, users_per), np.arange(owners)
     spec = DpSgdSpec(0.7, 0.05, 3, 2, 0.1, 5)
-    fast = dpsgd_deltas(model, shared, frozen, {}, x, y, starts, sizes, first, users, ids, spec, 1,
+    fast = dpsgd_deltas(model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1,
                         names, 64)
     monkeypatch.setattr(dpsgd.per_sample, "supported", lambda *a: False)
-    slow = dpsgd_deltas(model, shared, frozen, {}, x, y, starts, sizes, first, users, ids, spec, 1,
+    slow = dpsgd_deltas(model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1,
                         names, 64)
     assert float(fast.abs().max()) > 0
     torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-12)

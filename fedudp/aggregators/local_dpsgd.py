@@ -2,15 +2,19 @@
 
 Huang et al. (001) §4, reading A of ALGORITHMS.md §3.6: owner j runs DP-SGD on the shared
 parameters (``fedudp.core.dpsgd``): per step a ``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))``
-for its users, q_j = min(B, m_j)/m_j, ceil(m_j/B) steps per epoch, E epochs per round. The
-billboard averages the owners' noisy deltas (uniformly or by size) and adds nothing. Adjacency:
-add/remove one user of one owner; m_j (hence q_j) is treated as public. A user belongs to one
-owner, so the run's ε is the worst owner's (parallel composition): owners with the same m_j
-form one part of a ``Parallel`` event; z is calibrated so that the worst part meets (ε, δ).
+for its users, q_j = min(B, M_j)/M_j, ceil(M_j/B) steps per epoch, E epochs per round, where M_j
+is owner j's PUBLIC capacity: its planned user count (the config's ⌊N/n⌋/⌈N/n⌉ records per
+owner cut into users of ``partition.records_per_user``), fixed before any data is read. The
+schedule and the divisor never read the users an owner actually holds, so adding or removing one
+user of one owner (the adjacency) changes only whether that user's clipped gradient can enter a
+step's sum. The billboard averages the owners' noisy deltas, uniformly or weighted by the
+owners' public (planned) record counts, and adds nothing. A user belongs to one owner, so the
+run's ε is the worst owner's (parallel composition): owners with the same M_j form one part of a
+``Parallel`` event; z is calibrated so that the worst part meets (ε, δ).
 
 With ``privacy.group_privacy`` (Huang et al. Table 4's reading, ALGORITHMS.md §3.3) the owners'
 DP-SGD samples and clips *records* instead (q_j = B/records_j, ceil(records_j/B) steps per
-epoch, adjacency add/remove one record); events are record-level and the user-level ε is k
+epoch, records_j the owner's public planned record count; adjacency add/remove one record); events are record-level and the user-level ε is k
 times the record-level one at the ``GroupConversion``'s δ', k = records_per_user; z is
 calibrated to (ε/k, δ').
 """
@@ -46,7 +50,8 @@ class LocalDpSgdMean(Aggregator):
     def __init__(self, noise_multiplier: float, clip: float, batch: int, epochs: int,
                  owner_units: np.ndarray, sampling: Sampling,
                  group: GroupConversion | None = None) -> None:
-        """``owner_units``: each owner's DP-SGD unit count (users; records with ``group``)."""
+        """``owner_units``: each owner's public DP-SGD capacity M_j (users; records with
+        ``group``), the same numbers the owners' schedule uses (``OwnerTraining.dpsgd_capacity``)."""
         self.noise_multiplier, self.clip = float(noise_multiplier), float(clip)
         self.batch, self.epochs, self.sampling = int(batch), int(epochs), sampling
         self.group = group
@@ -54,7 +59,7 @@ class LocalDpSgdMean(Aggregator):
             self.guarantee = "certified" if group.form == "certified" else "heuristic"
         users, counts = np.unique(np.asarray(owner_units, dtype=np.int64), return_counts=True)
         q, steps = owner_rates(users, self.batch)
-        # one part per distinct owner size: (users m_j, owners with it, q_j, steps per round)
+        # one part per distinct capacity: (M_j, owners with it, q_j, steps per round)
         self.classes = [(int(m), int(c), float(qq), int(s) * self.epochs)
                         for m, c, qq, s in zip(users, counts, q, steps)]
 
@@ -98,13 +103,18 @@ class LocalDpSgdMean(Aggregator):
 
     def ledger_notes(self) -> list[str]:
         what = "records" if self.group else "users"
-        parts = "; ".join(f"{c} owners with m_j={m} {what}: q_j={q:.6g}, {s} steps per round"
-                          for m, c, q, s in self.classes)
+        parts = "; ".join(f"{c} owners with capacity M_j={m} {what}: q_j={q:.6g}, {s} steps "
+                          "per round" for m, c, q, s in self.classes)
         notes = [f"privacy.placement=local_dpsgd: DP-SGD inside each owner (noise multiplier "
                  f"{self.noise_multiplier:.6g}, per-{what[:-1]} clip {self.clip:g}, batch "
                  f"{self.batch}); the billboard averages without noise. Parts (parallel "
-                 f"composition, epsilon is the worst part's): {parts}. Each owner's {what[:-1]} "
-                 "count m_j (hence q_j) is treated as public"]
+                 f"composition, epsilon is the worst part's): {parts}. PUBLIC (fixed from the "
+                 f"config before any data is read): each owner's capacity M_j, its planned "
+                 f"{what[:-1]} count; the sampling rate q_j = min(B, M_j)/M_j, the "
+                 f"ceil(M_j/B) steps per epoch, the divisor min(B, M_j) and the size weights "
+                 f"(planned record counts) are computed from it, never from the {what} an "
+                 f"owner holds, so adding or removing one {what[:-1]} changes only whether its "
+                 f"clipped gradient enters a step's sum (add/remove-one-{what[:-1]} adjacency)"]
         if self.group is not None:
             g = self.group
             notes.append(

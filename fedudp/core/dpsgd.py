@@ -1,12 +1,18 @@
 """Owner-side DP-SGD on the shared parameters (Huang et al. (001) §4, reading A of ALGORITHMS.md §3.6).
 
-Inside owner j, each step Poisson-samples the owner's users at rate q_j = B_j/m_j (m_j its user
-count, treated as public; B_j = min(B, m_j) the expected batch), takes each sampled user's
-gradient (the average over its records) on the shared parameters, clips it to l2 norm C, adds
-N(0, (zC)^2 I) to the sum (drawn in float64) and divides by B_j; ceil(m_j/B) steps per epoch, E
-epochs per round. The owner sends the change of its shared parameters. One user's presence
-moves a step's pre-noise sum by at most C (add/remove-one user of owner j), so each step is a
-``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))`` for owner j's users.
+Every quantity of the schedule comes from owner j's *public capacity* M_j (its planned user
+count, declared before any data is read), never from the users it actually holds: each step
+Poisson-samples every user the owner holds, independently, at rate q_j = B_j/M_j (B_j =
+min(B, M_j), the expected batch), takes each sampled user's gradient (the average over its
+records) on the shared parameters, clips it to l2 norm C, adds N(0, (zC)^2 I) to the sum (drawn
+in float64) and divides by B_j; ceil(M_j/B) steps per epoch, E epochs per round. The owner sends
+the change of its shared parameters. Adding or removing one user of owner j changes only
+whether that user's clipped gradient can enter a step's sum (q_j, the step count and the divisor
+stay put), so it moves a step's pre-noise sum by at most C, and each step is a
+``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))`` for owner j's users under add/remove-one-user
+adjacency. (A schedule read from the actual count m_j would leak m_j: removing one user would
+change the divisor, or the number of noisy steps when m_j crosses a multiple of B. ``fedudp-audit
+--break schedule=data`` measures that leak.)
 
 Per step, each owner's sampled users go through one batched forward/backward at that owner's
 parameters, with exact per-record gradients from the layers' inputs and output gradients
@@ -43,11 +49,12 @@ class DpSgdSpec:
     seed: int
 
 
-def owner_rates(users: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """(q_j, steps per epoch) for owners with ``users`` users: q = min(B, m)/m, ceil(m/B)."""
-    users = np.asarray(users, dtype=np.int64)
-    b = np.minimum(batch, users)
-    return b / np.maximum(users, 1), -(-users // batch)
+def owner_rates(capacity: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(q_j, steps per epoch) for owners of public capacity M_j (``capacity``): q = min(B, M)/M,
+    ceil(M/B). Pass capacities, never the users an owner actually holds."""
+    capacity = np.asarray(capacity, dtype=np.int64)
+    b = np.minimum(batch, capacity)
+    return b / np.maximum(capacity, 1), -(-capacity // batch)
 
 
 def clipped_sums(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor, owners: int,
@@ -78,16 +85,24 @@ def _unflatten(flat: torch.Tensor, like: Params, names: tuple[str, ...]) -> Para
 
 def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, frozen_common: Params,
                  x: torch.Tensor, y: torch.Tensor, user_starts: np.ndarray, user_sizes: np.ndarray,
-                 first_user: np.ndarray, users: np.ndarray, owner_ids: np.ndarray,
-                 spec: DpSgdSpec, round_: int, names: tuple[str, ...], budget: int) -> torch.Tensor:
+                 first_user: np.ndarray, users: np.ndarray, capacity: np.ndarray,
+                 owner_ids: np.ndarray, spec: DpSgdSpec, round_: int, names: tuple[str, ...],
+                 budget: int) -> torch.Tensor:
     """[k, d] shared deltas of k owners after their DP-SGD epochs of this round.
 
     Owner i's users are ``first_user[i] .. first_user[i] + users[i]`` (indices into
-    ``user_starts``/``user_sizes``, whose records index ``x``/``y``); ``frozen_by_owner``: its
+    ``user_starts``/``user_sizes``, whose records index ``x``/``y``); ``capacity[i]``: its public
+    capacity M_i, from which the sampling rate, the step count and the divisor are computed
+    (``users[i]`` only says which users exist to be sampled); ``frozen_by_owner``: its
     personal parameters ([k, ...], paper mode) or {} with ``frozen_common`` the public copy.
     """
     k = len(users)
-    q, steps = owner_rates(users, spec.batch)
+    capacity = np.asarray(capacity, dtype=np.int64)
+    if len(capacity) != k or (capacity < 1).any():
+        raise ValueError(f"dpsgd_deltas: capacity needs one public capacity >= 1 per owner, "
+                         f"got {capacity!r} for {k} owners")
+    q, steps = owner_rates(capacity, spec.batch)
+    expected = np.minimum(spec.batch, capacity)          # B_j = q_j M_j, public
     start = local_sgd.flatten(local_sgd.expand(shared, k), names)
     flat = start.clone()                          # [k, d]: every owner's shared parameters
     params = _unflatten(flat, {n: shared[n].unsqueeze(0) for n in names}, names)   # views of flat
@@ -103,7 +118,7 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                     total = (_owner_clipped_sum(model, params, frozen_by_owner, frozen_common, x, y,
                                                 user_starts[us], user_sizes[us], i, names, spec.clip)
                              if len(us) else torch.zeros(flat.shape[1], dtype=flat.dtype))
-                    _noisy_step(flat[i], total, spec, q[i] * users[i], round_, e, s, owner_ids[i])
+                    _noisy_step(flat[i], total, spec, expected[i], round_, e, s, owner_ids[i])
             else:                # vmap over the step's users, each at its own owner's parameters
                 picked_users = np.concatenate(picked) if picked else np.zeros(0, np.int64)
                 owner_row = np.concatenate([np.full(len(us), i) for i, us in zip(active, picked)]
@@ -120,7 +135,7 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                     sums += clipped_sums([g[n].reshape(len(u), -1) for n in names],
                                          torch.from_numpy(r), k, spec.clip)
                 for i in active:
-                    _noisy_step(flat[i], sums[i], spec, q[i] * users[i], round_, e, s, owner_ids[i])
+                    _noisy_step(flat[i], sums[i], spec, expected[i], round_, e, s, owner_ids[i])
     return flat - start
 
 
@@ -128,7 +143,7 @@ def _noisy_step(row: torch.Tensor, total: torch.Tensor, spec: DpSgdSpec, expecte
                 round_: int, epoch: int, step: int, owner_id: int) -> None:
     """One owner's DP-SGD update, in place on its flat shared parameters ``row``: the clipped
     sum ``total`` plus N(0, (zC)^2 I) drawn in float64 (keyed by round, epoch, step and owner),
-    divided by the expected batch q_j*m_j, cast to the parameters' dtype, times -lr."""
+    divided by the public expected batch q_j*M_j = min(B, M_j), cast to the parameters' dtype, times -lr."""
     noise = torch.randn(row.shape[0], dtype=torch.float64,
                         generator=torch_generator(spec.seed, Purpose.DPSGD_NOISE, round_, epoch, step,
                                                   owner_id))

@@ -33,7 +33,8 @@ from fedudp.core import local_sgd
 from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
 from fedudp.core.messages import OwnerReply, make_reply
 from fedudp.core.methods import MethodSpec, method_spec
-from fedudp.data.federation import Federation, planned_shape
+from fedudp.data.federation import (Federation, planned_owner_records, planned_owner_users,
+                                    planned_shape)
 from fedudp.randomness import Purpose, numpy_rng
 
 
@@ -73,14 +74,25 @@ class OwnerTraining:
     personal_noise_std: float | None = None
     # privacy.group_privacy: owner DP-SGD samples and clips records, not users
     dpsgd_records: bool = False
+    # owner-side DP-SGD (``owner_dpsgd``): each owner's PUBLIC capacity, indexed by global owner
+    # id, in DP-SGD units (users; records with ``dpsgd_records``). The sampling rate, the step
+    # count and the divisor come from it, never from the data (``fedudp.core.dpsgd``)
+    dpsgd_capacity: tuple[int, ...] | None = None
+    # each owner's PUBLIC record count (global owner id): the ``owner_weights=size`` weights of
+    # owner-side DP-SGD's deltas (the actual counts would be data the billboard reads)
+    public_owner_records: tuple[int, ...] | None = None
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "OwnerTraining":
         t = cfg.train
+        records = planned_owner_records(cfg)
+        capacity = records if cfg.privacy.group_privacy else planned_owner_users(cfg)
         return cls(local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.local_epochs),
                    local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.resolved_personal_epochs()),
                    SharedUpdate(t.shared_update).value, OwnerWeights(t.owner_weights).value,
-                   dpsgd_records=bool(cfg.privacy.group_privacy))
+                   dpsgd_records=bool(cfg.privacy.group_privacy),
+                   dpsgd_capacity=tuple(int(c) for c in capacity),
+                   public_owner_records=tuple(int(r) for r in records))
 
 
 def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
@@ -304,8 +316,13 @@ class Owners:
                 ou = fed.owner_user_offsets
                 starts, sizes, first, count = (fed.user_offsets[:-1], np.diff(fed.user_offsets),
                                                ou, np.diff(ou))
+            if self.training.dpsgd_capacity is None:
+                raise ValueError("owner-side DP-SGD needs each owner's public capacity "
+                                 "(OwnerTraining.dpsgd_capacity)")
+            ids = fed.owner_ids[owners]
+            capacity = np.asarray(self.training.dpsgd_capacity, dtype=np.int64)[ids]
             return dpsgd_deltas(self.model, shared, fr_unit, fr_common, fed.x, fed.y, starts, sizes,
-                                first[owners], count[owners], fed.owner_ids[owners], dp, round_,
+                                first[owners], count[owners], capacity, ids, dp, round_,
                                 names, self.budget)
         units = owner_units(fed, owners)
         out = []
@@ -324,8 +341,13 @@ class Owners:
         by chunk (the cohort matrix is never built when sums suffice)."""
         if self.spec.update != "user_vectors":
             G = self.owner_deltas(fed, shared, personal, units, round_, constraint)
-            w = (np.ones(len(units)) if self.training.owner_weights == OwnerWeights.uniform.value
-                 else np.diff(fed.owner_offsets)[units].astype(np.float64))
+            if self.training.owner_weights == OwnerWeights.uniform.value:
+                w = np.ones(len(units))
+            elif self.spec.update == "owner_dpsgd":     # public sizes: the actual ones are data
+                w = np.asarray(self.training.public_owner_records,
+                               dtype=np.float64)[fed.owner_ids[units]]
+            else:
+                w = np.diff(fed.owner_offsets)[units].astype(np.float64)
             return make_reply(G, self.spec.shared, constraint, weights=w)
         parts = [make_reply(G, self.spec.shared, constraint)
                  for G in self.unit_vectors(fed, shared, personal, units, round_)]
