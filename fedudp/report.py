@@ -1,16 +1,23 @@
 """Results folders -> comparison tables (ARCHITECTURE.md §6).
 
 ``fedudp-report <sweep dir>`` reads every ``summary.json`` below a folder and prints a
-markdown table grouped by configuration (mean ± std over seeds). The Hydra callback prints
-the same table at the end of a multirun, so the quickstart ends with the comparison.
+markdown table with one row per configuration (mean ± std over its runs, i.e. its seeds). Two
+runs share a row only when their whole resolved ``config.yaml`` is the same, ``seed`` and the
+keys in ``NOT_SETTINGS`` aside, and their privacy guarantee is the same; the keys that differ
+between rows are the table's first columns, the rest is said once above it. Runs without a
+``config.yaml`` are grouped by their summary fields (``SUMMARY_KEY_FIELDS``) in a table of their
+own, never with runs that have one. An ε from heuristic accounting (``guarantee: heuristic``)
+is printed ``1.000 (heuristic)`` wherever it appears (``epsilon_display``). The Hydra callback
+prints the same table at the end of a multirun, so the quickstart ends with the comparison.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections import defaultdict
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,10 +26,72 @@ try:
 except Exception:  # pragma: no cover - hydra is a hard dependency; keep report importable
     Callback = object  # type: ignore[misc,assignment]
 
-KEY_FIELDS = ("method", "aggregator", "accounting", "unit", "target_epsilon", "num_owners",
-              "placement", "dataset")
+# Config keys (dotted; a key names its whole subtree) that do not change what a run computes,
+# so runs differing only there share a row. Everything else in config.yaml separates rows.
+NOT_SETTINGS = (
+    "seed",                       # the replicate: a row averages over it
+    "progress",                   # a progress bar on stderr
+    "resume",                     # the run folder a run continued in (resumes are bit-identical)
+    "checkpoint",                 # checkpoint cadence and how many are kept (CheckpointConfig)
+    "engine_opts.threads",        # torch threads: scheduling (fedudp.run.comparable drops it too)
+    "engine_opts.chunk_records",  # records per vmapped chunk: memory and speed; batch order is
+                                  # keyed by (seed, round, epoch, owner), not by chunk (local_sgd)
+    "engine_opts.num_cpus",       # Ray resources per Flower client: scheduling
+    "engine_opts.num_gpus",       # likewise (no fedudp code places tensors on a GPU)
+    "engine_opts.address",        # which Ray cluster runs the simulation
+    "dataset.download",           # whether missing files are fetched; the files are the same
+    "hydra",                      # Hydra's own settings, should a config carry them
+)
+
+# Runs without config.yaml: the summary fields that name their setting (a row per combination)
+SUMMARY_KEY_FIELDS = ("method", "aggregator", "placement", "engine", "dataset", "accounting",
+                      "unit", "adjacency", "target_epsilon", "delta", "num_owners", "num_users",
+                      "num_records", "rounds_planned")
+
+# Always named above a config table (with every other key whose value is not the default)
+HEADLINE_KEYS = ("method", "aggregator", "dataset.name", "partition.num_owners", "train.rounds")
+
+HEURISTIC_MARK = "(heuristic)"
+METHOD_ORDER = {"per_silo": 0, "fedavg": 1, "full_dp": 2, "joint_dp": 3}
 
 
+# -- the heuristic mark: one rule for summary.json, the run's last line and every table ---------
+def epsilon_kind(s: dict) -> str | None:
+    """What a summary's ε is: ``certified``, ``heuristic`` (an unproven accounting or
+    conversion, ``privacy.accounting=paper``), or None (no DP, no ε). Summaries written before
+    ``epsilon_kind`` existed are read from ``guarantee``; one with neither counts as heuristic
+    when its accounting is ``paper`` (never read a bound where none was proven)."""
+    kind = s.get("epsilon_kind")
+    if kind in ("certified", "heuristic"):
+        return kind
+    guarantee = s.get("guarantee")
+    if guarantee in ("certified", "heuristic"):
+        return guarantee
+    if guarantee is None and s.get("accounting") == "paper":
+        return "heuristic"
+    if guarantee is None and s.get("epsilon") is not None:
+        return "certified"
+    return None
+
+
+def is_heuristic(s: dict) -> bool:
+    return epsilon_kind(s) == "heuristic"
+
+
+def mark_epsilon(text: str, heuristic: bool) -> str:
+    """``1.000`` -> ``1.000 (heuristic)`` for a heuristic ε."""
+    return f"{text} {HEURISTIC_MARK}" if heuristic else text
+
+
+def epsilon_display(epsilon: float | None, kind: str | None, digits: int = 3) -> str:
+    """The text every fedudp output prints for a run's ε (``summary.json``'s
+    ``epsilon_display``)."""
+    if epsilon is None:
+        return "n/a (no DP)"
+    return mark_epsilon(f"{epsilon:.{digits}f}", kind == "heuristic")
+
+
+# -- reading runs ---------------------------------------------------------------------------
 def load_summaries(folder: str | Path) -> list[dict]:
     """Every run's summary below ``folder``, with its folder (``_dir``) and, where the run wrote
     one, its resolved config (``_config``, a dict)."""
@@ -41,34 +110,171 @@ def load_summaries(folder: str | Path) -> list[dict]:
     return out
 
 
-def _fmt(vals: list[float | None], digits: int = 4) -> str:
+def _with_schema_defaults(config: dict) -> dict:
+    """``config`` over the current schema's defaults (a key added after the run was made, at
+    its default, does not separate it from newer runs; ``1`` and ``1.0`` compare equal). A
+    config the schema cannot read (a key it no longer has) is compared as saved."""
+    from omegaconf import OmegaConf
+
+    from fedudp.config import RunConfig, jsonable
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(config))
+        return jsonable(OmegaConf.to_container(merged, enum_to_str=True))
+    except Exception:   # noqa: BLE001
+        return config
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((str(k), _hashable(x)) for k, x in v.items()))
+    return v
+
+
+def _not_setting(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in NOT_SETTINGS)
+
+
+def flat_settings(config: dict, defaults: bool = True) -> dict[str, Any]:
+    """A resolved config as ``{dotted key: value}``, less ``NOT_SETTINGS`` (``defaults``: first
+    filled in from the schema's defaults)."""
+    out: dict[str, Any] = {}
+
+    def walk(d: dict, prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict) and v:
+                walk(v, f"{prefix}{k}.")
+            else:
+                out[f"{prefix}{k}"] = _hashable(v)
+    walk(_with_schema_defaults(config) if defaults else config, "")
+    return {k: v for k, v in out.items() if not _not_setting(k)}
+
+
+def _schema_defaults() -> dict[str, Any]:
+    from fedudp.config import RunConfig, config_dict
+    return flat_settings(config_dict(RunConfig()), defaults=False)
+
+
+# -- the table ------------------------------------------------------------------------------
+_MISSING = object()
+
+
+def _value(v: Any) -> str:
+    if v is _MISSING:
+        return "—"
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, tuple):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return str(v).replace("|", "\\|")
+
+
+def _sortable(v: Any) -> tuple:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, float(v), "")
+    if v is None or v is _MISSING:
+        return (2, 0.0, "")
+    return (1, 0.0, _value(v))
+
+
+def _fmt(vals: list[float | None], runs: int, digits: int = 4) -> str:
+    """Mean ± std (population) of the values a group has; ``(n=k)`` when only k of its runs
+    have one (a failed run has no accuracy)."""
     xs = [v for v in vals if v is not None]
     if not xs:
         return "n/a"
-    if len(xs) == 1:
-        return f"{xs[0]:.{digits}f}"
-    return f"{np.mean(xs):.{digits}f} ± {np.std(xs):.{digits}f}"
+    text = f"{xs[0]:.{digits}f}" if len(xs) == 1 else f"{np.mean(xs):.{digits}f} ± {np.std(xs):.{digits}f}"
+    return text + (f" (n={len(xs)})" if len(xs) < runs else "")
+
+
+def _group(summaries: list[dict]) -> tuple[dict, dict]:
+    """(groups of runs with a config, groups of runs without), each ``{key: (settings, runs)}``;
+    the key holds every setting and the guarantee."""
+    with_cfg: dict[tuple, tuple[dict, list[dict]]] = {}
+    without: dict[tuple, tuple[dict, list[dict]]] = {}
+    for s in summaries:
+        if isinstance(s.get("_config"), dict):
+            settings, into = flat_settings(s["_config"]), with_cfg
+        else:
+            settings, into = {k: _hashable(s.get(k)) for k in SUMMARY_KEY_FIELDS}, without
+        key = (tuple(sorted(settings.items(), key=lambda kv: kv[0])), s.get("guarantee"),
+               epsilon_kind(s))
+        into.setdefault(key, (settings, []))[1].append(s)
+    return with_cfg, without
+
+
+def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
+    keys: list[str] = []
+    for settings, _ in groups.values():
+        keys += [k for k in settings if k not in keys]
+    varying = [k for k in keys if len({st.get(k, _MISSING) for st, _ in groups.values()}) > 1]
+    first = next(iter(groups.values()))[0]
+    common = [k for k in keys if k not in varying and k in first]
+    if defaults is not None:          # a config table: the headline keys and what is not default
+        shown = [k for k in common if k in HEADLINE_KEYS or defaults.get(k, _MISSING) != first[k]]
+        tail = "; every other key at its default (seed and NOT_SETTINGS not compared)"
+    else:
+        shown, tail = common, ""
+    lines = []
+    if shown:
+        lines.append("Common settings: " + ", ".join(f"{k}={_value(first[k])}" for k in shown) + tail)
+    runs_all = [s for _, ss in groups.values() for s in ss]
+    stops = any(s.get("stop_reason") not in (None, "completed") for s in runs_all)
+    head = varying + ["accuracy (mean over owners)", "weighted", "epsilon", "delta", "guarantee",
+                      "rounds"] + (["stopped"] if stops else []) + ["seconds", "runs"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def order(item):
+        settings, ss = item
+        method = settings.get("method", ss[0].get("method"))
+        return (METHOD_ORDER.get(str(method), 9),
+                tuple(_sortable(settings.get(k, _MISSING)) for k in varying),
+                str(ss[0].get("guarantee")))
+    for settings, ss in sorted(groups.values(), key=order):
+        n = len(ss)
+        eps = [s.get("epsilon") for s in ss]
+        if all(e is None for e in eps):
+            eps_s = "n/a (no DP)"
+        else:
+            eps_s = mark_epsilon(_fmt(eps, n, 3), any(is_heuristic(s) for s in ss))
+        deltas = sorted({s.get("delta") for s in ss if s.get("delta") is not None})
+        rounds = sorted({s.get("rounds_completed") for s in ss}, key=_sortable)
+        rounds_s = (_value(rounds[0]) if len(rounds) == 1
+                    else f"{_value(rounds[0])}–{_value(rounds[-1])}")
+        row = [_value(settings.get(k, _MISSING)) for k in varying]
+        row += [_fmt([s.get("accuracy_mean") for s in ss], n),
+                _fmt([s.get("accuracy_weighted") for s in ss], n), eps_s,
+                ", ".join(f"{d:g}" for d in deltas) or "—", str(ss[0].get("guarantee")), rounds_s]
+        if stops:
+            c = Counter(str(s.get("stop_reason")) for s in ss)
+            row.append(", ".join(k if v == n else f"{k} ×{v}" for k, v in sorted(c.items())))
+        seeds = [s["_config"].get("seed") for s in ss if isinstance(s.get("_config"), dict)]
+        repeat = len(seeds) > len(set(map(str, seeds)))
+        row += [_fmt([s.get("seconds") for s in ss], n, 1),
+                f"{n}" + (f" (seeds {', '.join(map(str, sorted(seeds, key=str)))})" if repeat else "")]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 def comparison_table(summaries: list[dict]) -> str:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for s in summaries:
-        groups[tuple(s.get(k) for k in KEY_FIELDS)].append(s)
-    lines = ["| method | aggregator | accounting | unit | owners | accuracy (mean over owners) "
-             "| weighted | epsilon (delta) | guarantee | rounds | seconds | runs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    order = {"per_silo": 0, "fedavg": 1, "full_dp": 2, "joint_dp": 3}
-    for key in sorted(groups, key=lambda k: (order.get(k[0], 9), str(k))):
-        ss = groups[key]
-        eps = _fmt([s.get("epsilon") for s in ss], 3)
-        delta = ss[0].get("delta")
-        eps_s = f"{eps} ({delta:g})" if delta is not None else "n/a (no DP)"
-        lines.append(
-            f"| {key[0]} | {key[1]} | {key[2] or '-'} | {key[3] or '-'} | {key[5]} | "
-            f"{_fmt([s['accuracy_mean'] for s in ss])} | {_fmt([s['accuracy_weighted'] for s in ss])} | "
-            f"{eps_s} | {ss[0].get('guarantee')} | {ss[0].get('rounds_completed')} | "
-            f"{_fmt([s.get('seconds') for s in ss], 1)} | {len(ss)} |")
-    return "\n".join(lines)
+    """One row per configuration (see the module docstring): mean ± std over its runs."""
+    with_cfg, without = _group(summaries)
+    parts: list[str] = []
+    if with_cfg:
+        parts += _table(with_cfg, _schema_defaults())
+    if without:
+        if parts:
+            parts += [""]
+        parts += ["Runs without config.yaml, grouped by their summary fields only "
+                  f"({', '.join(SUMMARY_KEY_FIELDS)}, guarantee):", ""]
+        parts += _table(without, None)
+    if any(is_heuristic(s) for s in summaries):
+        parts += ["", f"{HEURISTIC_MARK}: ε from privacy.accounting=paper (a paper's unproven "
+                  "accounting or group-privacy form), not a proven (ε, δ) guarantee."]
+    return "\n".join(parts).lstrip("\n")
 
 
 class ComparisonCallback(Callback):  # type: ignore[misc]
@@ -84,7 +290,8 @@ class ComparisonCallback(Callback):  # type: ignore[misc]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fedudp-report", description=__doc__)
+    ap = argparse.ArgumentParser(prog="fedudp-report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder", help="a run or sweep folder (searched recursively for summary.json)")
     ap.add_argument("--paper", choices=sorted(PAPER_LAYOUTS),
                     help="the paper's layout beside its numbers (Markdown, CSV and PNG in --out)")

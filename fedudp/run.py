@@ -32,6 +32,7 @@ from fedudp.core.rounds import RoundsResult, run_rounds, summarize
 from fedudp.data.federation import Federation, build_federation, planned_owner_users, planned_units
 from fedudp.data.idx import check_available
 from fedudp.privacy.accountant import Ledger
+from fedudp.report import epsilon_display, epsilon_kind
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
@@ -389,18 +390,23 @@ def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | N
     summ = summarize(res.owner_accuracy if res is not None else np.full(n, np.nan),
                      res.owner_loss if res is not None else np.full(n, np.nan),
                      np.diff(fed.test_offsets))
+    guarantee = run_guarantee(spec, aggregator) if spec.private else "none"
+    epsilon = ledger.epsilon if spec.private else None
+    # epsilon stays a number for programs; epsilon_kind (beside it) says whether it is a proven
+    # bound, epsilon_display is the text every fedudp output prints for it ("1.000 (heuristic)")
+    kind = guarantee if spec.private else None
     summary = {
         "method": cfg.method.value, "aggregator": aggregator.name if aggregator else "none",
         "placement": cfg.privacy.placement.value if spec.private else None,
         "engine": EngineName(cfg.engine).value, "dataset": DatasetName(cfg.dataset.name).value,
         "accuracy_mean": summ["accuracy_mean"], "accuracy_std": summ["accuracy_std"],
         "accuracy_weighted": summ["accuracy_weighted"], "loss": summ["loss"],
-        "epsilon": ledger.epsilon if spec.private else None,
+        "epsilon": epsilon, "epsilon_kind": kind, "epsilon_display": epsilon_display(epsilon, kind),
         "epsilon_rdp": ledger.entries[-1].epsilon_rdp if (spec.private and ledger.entries) else None,
         "target_epsilon": cfg.privacy.epsilon if spec.private else None,
         "delta": cfg.privacy.delta if spec.private else None,
         "unit": ledger.unit, "adjacency": ledger.adjacency, "accounting": ledger.accounting,
-        "guarantee": run_guarantee(spec, aggregator) if spec.private else "none",
+        "guarantee": guarantee,
         "noise_multiplier": aggregator.noise_multiplier if spec.private else None,
         "rounds_completed": res.rounds_completed if res is not None else len(ledger.entries),
         "rounds_planned": cfg.train.rounds,
@@ -464,7 +470,6 @@ def _hydra_main() -> None:
         except ConfigError as e:
             fail(str(e))
         acc = summary["accuracy_mean"]
-        eps = summary["epsilon"]
         if summary.get("skipped"):
             print(f"[{summary['method']}] finished before in {out_dir}: skipped")
         stop = summary["stop_reason"]
@@ -478,7 +483,7 @@ def _hydra_main() -> None:
                 raise SystemExit(3)
         acc_s = "n/a" if acc is None else f"{acc:.4f} ± {summary['accuracy_std']:.4f}"
         print(f"[{summary['method']}] accuracy {acc_s}"
-              f"  epsilon {'n/a' if eps is None else f'{eps:.3f}'}"
+              f"  epsilon {epsilon_display(summary['epsilon'], epsilon_kind(summary))}"
               f"  rounds {summary['rounds_completed']}  ({summary['seconds']:.1f}s)")
         return acc
 
