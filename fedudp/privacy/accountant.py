@@ -412,5 +412,7 @@ class Ledger:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["epsilon"] = self.epsilon
+        # beside the number, what it is: a proven bound (certified) or not (heuristic)
+        d["epsilon_kind"] = self.guarantee if self.private else None
         d["rounds_released"] = len(self.entries)
         return d
