@@ -72,9 +72,9 @@ def render(done: list[dict]) -> str:
     out = ["# Privacy audit table (issue 21)", "",
            "Written by `.venv/bin/python scripts/privacy_audit_table.py` (functions of "
            "`fedudp-audit`). ε claimed: the ledger's ε for the one audited release; lower bound: "
-           "95% jointly over the bounds tried (Bonferroni). 2 cores, shared with other work.", "",
+           "99% jointly over the bounds tried (Bonferroni). 2 cores, shared with other work.", "",
            "| case | mechanism | adjacency pair | releases per side | broken | ε claimed "
-           "| ε lower bound (95%) | by | verdict | power (noise cut detected, prob. ≈ 1/2) "
+           "| ε lower bound (99%) | by | verdict | power (noise cut detected, prob. ≈ 1/2) "
            "| wall time |",
            "|---|---|---|---:|---|---:|---:|---|---|---|---:|"]
     for name, (kind, broken, users, trials, seeds) in CASES.items():

@@ -189,7 +189,7 @@ def _scores(d: np.ndarray, dp: np.ndarray, fit: int) -> dict[str, tuple[np.ndarr
                                                   ((dp - centre) ** 2).sum(1))}
 
 
-def audit_samples(d: np.ndarray, dp: np.ndarray, delta: float, alpha: float = 0.05,
+def audit_samples(d: np.ndarray, dp: np.ndarray, delta: float, alpha: float = 0.01,
                   gaussian: bool = False) -> SampleAudit:
     """Lower bounds on ε from releases on D (``d``, [n, dim] or [n]) and D' (``dp``), jointly at
     level 1 - ``alpha`` (Bonferroni over the bounds tried). The releases of each side are split
