@@ -265,7 +265,14 @@ def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
 
 
 def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
-    """One fedudp run; returns summary.json's content. A run of the same config that already
+    """One fedudp run in ``out_dir``; returns summary.json's content (``run_with_result``)."""
+    return run_with_result(cfg, out_dir, grid)[0]
+
+
+def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None
+                    ) -> tuple[dict, RoundsResult | None, Prepared | None]:
+    """One fedudp run; returns summary.json's content, the round loop's result (final
+    parameters, history) and the prepared run (its ledger). A run of the same config that already
     finished in ``out_dir`` is not run again (its summary is returned, ``skipped: true``).
     metrics.jsonl and ledger.jsonl are appended and flushed every round; summary.json is
     written whatever the stop reason (also when the run fails, before the error propagates).
@@ -278,7 +285,7 @@ def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
         _check_resumable(Path(out_dir), cfg)
     done = finished_summary(cfg, out_dir)
     if done is not None:
-        return {**done, "skipped": True}
+        return {**done, "skipped": True}, None, None
     p = prepare(cfg)
     metrics_path, ledger_path = Path(out_dir) / "metrics.jsonl", Path(out_dir) / "ledger.jsonl"
     head = {k: v for k, v in p.ledger.to_dict().items() if k not in ("entries", "epsilon", "rounds_released")}
@@ -318,7 +325,7 @@ def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
     finally:
         if bar is not None:
             bar.close()
-    return _write_outputs(cfg, p, out, res, t_start)
+    return _write_outputs(cfg, p, out, res, t_start), res, p
 
 
 def _identity(cfg: RunConfig) -> str:
@@ -382,10 +389,19 @@ def _resume_from(out: Path, cfg: RunConfig, head: dict) -> checkpoints.Checkpoin
 def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | None, t_start: float,
                    error: str | None = None) -> dict:
     """owners.csv, ledger.json and summary.json for whatever happened (``res`` None: failed)."""
-    fed, spec, ledger, aggregator = p.fed, p.spec, p.ledger, p.aggregator
     if res is not None:
-        _write_owners(out / "owners.csv", fed, res)
-    (out / "ledger.json").write_text(json.dumps(jsonable(ledger.to_dict()), indent=2))
+        _write_owners(out / "owners.csv", p.fed, res)
+    (out / "ledger.json").write_text(json.dumps(jsonable(p.ledger.to_dict()), indent=2))
+    summary = summary_of(cfg, p, res, t_start, error)
+    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
+    return summary
+
+
+def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: float | None = None,
+               error: str | None = None) -> dict:
+    """summary.json's content for a run that ended with ``res`` (None: failed with ``error``);
+    ``seconds`` counts from ``t_start`` (None: not timed)."""
+    fed, spec, ledger, aggregator = p.fed, p.spec, p.ledger, p.aggregator
     n = fed.num_owners
     summ = summarize(res.owner_accuracy if res is not None else np.full(n, np.nan),
                      res.owner_loss if res is not None else np.full(n, np.nan),
@@ -414,7 +430,7 @@ def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | N
         "stop_message": res.message if res is not None else error,
         "num_owners": fed.num_owners, "num_users": fed.num_users, "num_records": fed.num_records,
         "shared_dim": p.billboard.dim if p.billboard is not None else 0,
-        "seconds": time.perf_counter() - t_start,
+        "seconds": time.perf_counter() - t_start if t_start is not None else None,
     }
     if p.algorithm is not None:
         summary["algorithm"] = p.algorithm.summary
@@ -423,7 +439,6 @@ def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | N
         summary.update(estimator_report(aggregator, res))
         if res.signum is not None:
             summary["signal"] = int(res.signum)
-    (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
     return summary
 
 

@@ -1,0 +1,95 @@
+"""The Python entry point: ``fedudp.simulate``.
+
+    import fedudp
+    res = fedudp.simulate({"method": "joint_dp", "train.rounds": 3, "partition.num_owners": 8})
+    res.epsilon, res.epsilon_kind, res.history[-1]["accuracy_mean"], res.shared["shared.weight"]
+
+``simulate`` takes a ``RunConfig`` or a mapping of dotted config keys (the command line's
+``key=value`` overrides, as Python values), validates it (a ``ConfigError`` naming the key),
+runs it on the configured engine and returns a ``SimulationResult``: the per-round history, the
+ledger, ε and what kind of number it is, the final shared parameters and each owner's personal
+parameters. With ``out=<folder>`` it also writes the run folder the command line writes
+(config.yaml, metrics.jsonl, ledger.jsonl, ledger.json, owners.csv, summary.json, checkpoints).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from fedudp.config import ConfigError, RunConfig, config_from_overrides
+
+
+@dataclass
+class SimulationResult:
+    """What one simulated run produced (``simulate``)."""
+
+    config: RunConfig
+    stop_reason: str                      # completed | budget | halted | diverged | interrupted
+    rounds_completed: int
+    history: list[dict]                   # one dict per round (metrics.jsonl's lines)
+    ledger: Any                           # fedudp.privacy.accountant.Ledger (every release)
+    epsilon: float | None                 # ε spent at the ledger's δ; None without DP
+    epsilon_kind: str | None              # certified | heuristic | None (no DP)
+    delta: float | None
+    shared: dict[str, torch.Tensor]       # the final shared parameters
+    personal: dict[str, torch.Tensor]     # each owner's personal parameters, [owners, ...]
+    owner_accuracy: np.ndarray            # final test accuracy of each owner
+    summary: dict = field(default_factory=dict)   # summary.json's content
+    out: Path | None = None               # the run folder, when one was written
+
+    @property
+    def accuracy(self) -> float | None:
+        """Mean over owners of the final test accuracy (``summary["accuracy_mean"]``)."""
+        return self.summary.get("accuracy_mean")
+
+
+def _config(config: RunConfig | Mapping[str, Any] | None) -> RunConfig:
+    if config is None:
+        return config_from_overrides({"progress": False})
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, Mapping):
+        return config_from_overrides({"progress": False, **dict(config)})
+    raise TypeError(f"simulate: config must be a RunConfig or a mapping of dotted keys "
+                    f"(e.g. {{'train.rounds': 3}}), got {type(config).__name__}")
+
+
+def simulate(config: RunConfig | Mapping[str, Any] | None = None, *,
+             out: str | Path | None = None) -> SimulationResult:
+    """Run one simulation (see the module doc). ``config``: a ``RunConfig``, or a mapping of
+    dotted keys over the defaults (``{"method": "fedavg", "train.lr": 0.1}``); ``out``: a
+    folder to write the run's files into (None: nothing is written). A folder that already
+    holds a finished run of this very config is not run again: its summary and history are
+    read back and the parameters are None."""
+    import json
+
+    from fedudp.report import epsilon_kind
+    from fedudp.run import execute, prepare, run_with_result, summary_of
+    cfg = _config(config)
+    if out is not None:
+        summary, res, p = run_with_result(cfg, out)
+        folder = Path(cfg.resume or out)
+        if res is None:          # finished before: read back what the folder holds
+            history = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()
+                       if x.strip()]
+            ledger = json.loads((folder / "ledger.json").read_text())
+            return SimulationResult(cfg, summary["stop_reason"], summary["rounds_completed"],
+                                    history, ledger, summary["epsilon"], epsilon_kind(summary),
+                                    summary.get("delta"), None, None,
+                                    np.array([]), summary, folder)
+    else:
+        p = prepare(cfg)
+        res = execute(p)
+        summary = summary_of(cfg, p, res)
+        folder = None
+    return SimulationResult(cfg, res.stop_reason, res.rounds_completed, list(res.history),
+                            p.ledger, summary["epsilon"], epsilon_kind(summary),
+                            summary.get("delta"), dict(res.shared), dict(res.personal),
+                            np.asarray(res.owner_accuracy), summary, folder)
+
+
+__all__ = ["simulate", "SimulationResult", "RunConfig", "ConfigError", "config_from_overrides"]
