@@ -1,4 +1,5 @@
-"""Hydra entry point: config -> federation -> engine -> outputs (ARCHITECTURE.md §6).
+"""Hydra entry point: config -> federation -> engine -> outputs
+(docs/architecture.md#configuration-and-outputs).
 
 ``fedudp method=joint_dp privacy.epsilon=1 -m partition.num_owners=4,16,64``. One call is
 one run; each run writes to its Hydra output folder: ``config.yaml`` (resolved),
@@ -38,7 +39,7 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def estimator_report(aggregator, res) -> dict:
-    """Failures as signals (issue 3): an unmet theoretical minimum number of users is a
+    """Failures as signals: an unmet theoretical minimum number of users is a
     warning (privacy holds for any n), an AboveThreshold halt a clean stop at a round."""
     out: dict = {}
     need = aggregator.min_users_required if aggregator is not None else None
@@ -79,7 +80,8 @@ def make_ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None)
     if spec.feedback and spec.unit == Unit.user:
         notes.append("paper mode: shared vectors are computed at each owner's own personal "
                      "parameters (trained without noise on all its users), which the per-user "
-                     "accounting ignores (ALGORITHMS.md §3.2 caveat): guarantee is heuristic")
+                     "accounting ignores (docs/algorithms.md#certified-vs-paper-accounting): "
+                     "guarantee is heuristic")
     if aggregator is not None and private:
         notes += aggregator.ledger_notes()
     if Unit(p.unit) == Unit.record:
@@ -545,7 +547,10 @@ def preflight(argv: list[str]) -> None:
         fail(str(e))
     first = []
     for o in parsed:
-        if o.get_key_element().lstrip("+~").startswith("hydra"):
+        key = o.get_key_element().lstrip("+~")
+        if key in ("hydra.run.dir", "hydra.sweep.dir"):
+            check_output_path(key, o.get_value_element_as_str())
+        if key.startswith("hydra"):
             continue
         value = next(iter(o.sweep_string_iterator()), None) if o.is_sweep_override() \
             else o.get_value_element_as_str()
@@ -565,6 +570,26 @@ def preflight(argv: list[str]) -> None:
             options = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines()[3:]]
             text += f" (available: {', '.join(o for o in options if o)})"
         fail(f"{key}: {text}" if key else text)
+
+
+def check_output_path(key: str, value: str) -> None:
+    """An output folder the run could not create ends as one line naming ``key``, before any
+    work: its nearest existing ancestor must be a writable folder (Hydra's own interpolations,
+    ``${...}``, are left to Hydra: only the literal part before them is checked)."""
+    literal = value.split("${", 1)[0]
+    path = Path(literal or ".").expanduser().absolute()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        fail(f"{key}={value}: {probe} is a file, not a folder; choose another output folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        fail(f"{key}={value}: {probe} is not writable; choose another output folder")
+    if literal == value:           # no interpolation: create it now, as Hydra would next
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"{key}={value}: cannot create it ({e.strerror}); choose another output folder")
 
 
 def resume_in_place(argv: list[str]) -> list[str]:

@@ -1,5 +1,6 @@
 """End to end on the local engine: models, the owner boundary, the four methods, budget stop,
-config errors (ARCHITECTURE.md §2, §6; ALGORITHMS.md §3.2, §3.7)."""
+config errors (docs/architecture.md#configuration-and-outputs;
+docs/algorithms.md#certified-vs-paper-accounting, docs/algorithms.md#paper-cnn)."""
 from __future__ import annotations
 
 import json
@@ -246,3 +247,18 @@ def test_cli_user_errors_are_one_line_and_exit_2(tmp_path, args, key):
     assert p.returncode == 2, p.stderr
     assert len(lines) == 1 and lines[0].startswith(f"fedudp: error: {key}"), p.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("key", ["hydra.run.dir", "hydra.sweep.dir"])
+def test_cli_output_folder_it_cannot_create_is_one_line(tmp_path, key):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
+    args = ["-m", "method=fedavg"] if key == "hydra.sweep.dir" else []
+    p = subprocess.run([sys.executable, "-m", "fedudp.run", *args, "train.rounds=1",
+                        f"{key}={blocker}/x"], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=120)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2, p.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"fedudp: error: {key}=") \
+        and "is a file, not a folder" in lines[0], p.stderr
