@@ -1,4 +1,5 @@
-"""Structured run configuration (ARCHITECTURE.md §6), registered with Hydra's ConfigStore.
+"""Structured run configuration (docs/architecture.md#configuration-and-outputs), registered
+with Hydra's ConfigStore.
 
 OmegaConf rejects unknown keys and wrongly typed / unknown enum values at composition
 time; ``validate`` checks the value ranges (epsilon > 0, delta in (0, 1), ...) and the
@@ -116,7 +117,7 @@ class PrivacyConfig:
     noise_multiplier: Optional[float] = None
     # placement=local_dpsgd only: DP-SGD clips and Poisson-samples *records* and is accounted
     # at record level, then converted to the user level by group privacy over a user's
-    # records_per_user records (Huang et al. Table 4's reading, ALGORITHMS.md §3.3): standard
+    # records_per_user records (Huang et al. Table 4's reading, docs/algorithms.md#group-privacy): standard
     # form in certified mode, the paper's k·e^{kε}·δ form (heuristic) in paper mode
     group_privacy: bool = False
 
@@ -173,7 +174,8 @@ class ModelConfig:
 
 @dataclass
 class EstimatorConfig:
-    """Options of the user-level mean estimators (``aggregator=...``, ALGORITHMS.md §1-§7).
+    """Options of the user-level mean estimators (``aggregator=...``,
+    docs/algorithms.md#user-level-mean-estimators).
 
     ``bound`` is the public a-priori bound B on each unit vector (l2 norm, or per coordinate
     where the estimator says so); ``tau`` the concentration radius (None: the estimator derives
@@ -183,7 +185,7 @@ class EstimatorConfig:
     bound: float = 1.0
     tau: Optional[float] = None
     beta: float = 0.1
-    # few_users ([ESF] §5.2-§5.4): copies of DP-Estimate-1 (median), rotated blocks (power of
+    # few_users ([ESF], docs/algorithms.md#few-users): copies of DP-Estimate-1 (median), rotated blocks (power of
     # two; 1 = no rotation), ball radius multiplier κ, expected tries N of the geometric stop
     copies: int = 1
     blocks: int = 1
@@ -202,7 +204,8 @@ class AlgorithmName(Choice):
 
 @dataclass
 class AlgorithmConfig:
-    """A seed's training algorithm on the one round loop (``fedudp.algorithms``, issue 12).
+    """A seed's training algorithm on the one round loop (``fedudp.algorithms``;
+    docs/algorithms.md#training-algorithms).
 
     Every ``None`` takes the paper's formula (each module's docstring gives it); ``train.rounds``
     is the configured T (the paper's, often infeasible, T is recorded beside it in summary.json).
@@ -236,7 +239,7 @@ class EngineConfig:
     chunk_records: int = 0      # local engine: records per vmapped chunk (0: auto, see chunk_budget)
     threads: int = 0            # torch threads (0: torch default)
     float64: bool = False       # equivalence mode
-    # flower engine (issue 4)
+    # flower engine only (Ray resources per owner, an existing cluster, reply timeout)
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     address: Optional[str] = None
@@ -245,7 +248,7 @@ class EngineConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Checkpoints of the round loop (issue 11; ``fedudp.core.checkpoint``): one after every
+    """Checkpoints of the round loop (``fedudp.core.checkpoint``): one after every
     ``every``-th completed round (0: none), the newest ``keep`` kept in the run folder. They
     change nothing a run computes, so a finished or resumed run compares its configuration
     without them."""
@@ -342,6 +345,8 @@ def validate(cfg: RunConfig) -> None:
     _need(_finite_pos(p.clip), "privacy.clip", f"must be > 0, got {p.clip}")
     _need(p.noise_multiplier is None or (math.isfinite(p.noise_multiplier) and p.noise_multiplier > 0),
           "privacy.noise_multiplier", f"must be null (calibrate) or > 0, got {p.noise_multiplier}")
+    _need(isinstance(cfg.seed, int) and 0 <= cfg.seed < 2 ** 32, "seed",
+          f"must be an integer in [0, 2**32), got {cfg.seed}")
     _need(t.rounds >= 1, "train.rounds", f"must be >= 1, got {t.rounds}")
     _need(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {t.local_epochs}")
     _need(t.personal_epochs is None or t.personal_epochs >= 0, "train.personal_epochs",

@@ -1,5 +1,6 @@
 """Asi & Liu (seed 003_60e5b11bfa501c93.txt), §4.1 Algorithm 4: localization for μ-strongly
-convex losses (Theorem 4.11; per-phase parameters from App. B.4, ALGORITHMS.md §4.4).
+convex losses (Theorem 4.11; per-phase parameters from App. B.4,
+docs/algorithms.md#asi-and-liu-algorithm-4).
 
     k = ceil(log log(mn)) phases (``algorithm.phases``); disjoint users D_1..D_k (a public random
     split), |D_i| = n_i = floor(n / 2^{k+1-i})

@@ -1,7 +1,8 @@
 """Levy et al., "Learning with User-Level Privacy" (seed 004_07414daf854bd785.txt), §5.1
-Algorithm 4 (phased ERM for SCO, Theorem 4; ALGORITHMS.md §2.6).
+Algorithm 4 (phased ERM for SCO, Theorem 4; docs/algorithms.md#levy-algorithm-4).
 
-    P = ceil(log2(G n sqrt(m) ε / (σ d)))            phases (``algorithm.phases``)
+    P = ceil(log2(G n sqrt(m) ε / (σ d)))            phases (``algorithm.phases``; null: this P,
+        capped at floor(log2 n) and at train.rounds, see ``default_phases``)
     λ = sqrt(G G_ / (n m) + σ² d² / (n² m ε²)) / R     G_ = min(G, σ sqrt(d)) (``algorithm.lam``)
     phase t = 1..P: n_t = floor(n / 2^t) users not used before (a public random split),
         λ_t = 4^t λ,  θ̂_t ≈ argmin (1/(m n_t)) Σ_{u ∈ S_t} Σ_j l(θ; z_j^u) + (λ_t/2)||θ - θ̂_{t-1}||²
@@ -41,6 +42,19 @@ def paper_parameters(n: int, m: int, d: int, eps: float, G: float, sigma: float,
     return {"phases": P, "lam": lam, "g_low": g_low}
 
 
+def default_phases(paper_phases: int, n: int, rounds: int) -> int:
+    """``algorithm.phases: null``: the paper's P, capped so that every phase has a user and a round.
+
+    The paper's n_t = n/2^t is real-valued; its P (Alg. 4 line 1) leaves n/2^P users in the
+    last phase, between half of and all of σd/(G sqrt(m) ε) (sqrt(d/m)/ε with the default
+    σ = G/sqrt(d)), whatever n is: below one user whenever m ε² > d, and often otherwise (e.g.
+    P = 12 at n = 4000, m = 10, ε = 1, d = 20: n/2^P = 0.98). With n_t = floor(n/2^t) the largest
+    usable P is floor(log2 n); ``train.rounds`` (split over the phases) caps it too. Where the
+    paper's P fits, it is used unchanged; an explicit ``algorithm.phases`` is never capped (too
+    many is an error)."""
+    return max(1, min(paper_phases, n.bit_length() - 1, rounds))
+
+
 def corollary2_rounds(n_t: int, m: int, d: int, eps: float, G: float, sigma: float, R: float,
                       H: float, mu: float) -> int:
     """Corollary 2's T = (H/μ) log(n² m (G/G̃²) μ R ε² / d), G̃ = σ sqrt(d) (at least 1)."""
@@ -56,7 +70,7 @@ def setup(ctx: Context) -> Setup:
     sigma = a.sigma or G / math.sqrt(d)
     eps, delta, R = cfg.privacy.epsilon, cfg.privacy.delta, a.radius
     paper = paper_parameters(n, m, d, eps, G, sigma, R)
-    P = a.phases or paper["phases"]
+    P = a.phases or default_phases(paper["phases"], n, cfg.train.rounds)
     lam = a.lam if a.lam is not None else paper["lam"]
     need(n // 2 ** P >= 1, "algorithm.phases", f"{P} phases halve n={n} users below one user")
     rounds = split_rounds(cfg.train.rounds, P)
@@ -89,4 +103,12 @@ def setup(ctx: Context) -> Setup:
              "the run's epsilon is the worst phase's)",
              "the regulariser λ_t (θ - θ̂_{t-1}) is public (θ̂_{t-1} is the previous phase's DP "
              "output): added by the billboard, post-processing"]
+    if not a.phases and P < paper["phases"]:
+        Pp = paper["phases"]
+        why = [f"leave phase {Pp} with n/2^P = {n / 2 ** Pp:.3g} users"] if n // 2 ** Pp < 1 else []
+        if Pp > cfg.train.rounds:
+            why.append(f"need {Pp} rounds, more than train.rounds={cfg.train.rounds}")
+        notes.append(f"levy_alg4: the paper's P = {Pp} phases would {' and '.join(why)}: capped at "
+                     f"P = {P}, the largest with at least one user and one round per phase "
+                     "(algorithm.phases sets P)")
     return Setup(phases[0].aggregator, plan, Sampling(1.0, n), summary, notes)
