@@ -1,4 +1,4 @@
-"""The paper's layouts beside its numbers: ``fedudp-report DIR --paper huang_table1`` (issue 9),
+"""The paper's layouts beside its numbers: ``fedudp-report DIR --paper huang_table1``,
 ``huang_table2``, ``huang_table4``, ``huang_fig1``.
 
 A layout has rows (n for Table 1; the personal layers for Table 2; (n, m/r) for Table 4;
@@ -152,8 +152,8 @@ LAYOUTS = {
                    and int(s["num_owners"]) == 256 and s.get("dataset", "mnist") == "mnist"
                    else None),
         lambda row: " + ".join(row) or "none (full-DP)",
-        # certified: shared gradients at the public personal value (ALGORITHMS.md §3.2 option
-        # (c)); paper mode: at the owner's own personal layers, as the paper trains (heuristic)
+        # certified: shared gradients at the public personal value
+        # (docs/algorithms.md#certified-vs-paper-accounting); paper mode: at the owner's own personal layers, as the paper trains (heuristic)
         [("certified", lambda s: s.get("accounting") == "certified", lambda row: HUANG_TABLE2.get(row)),
          ("paper mode (heuristic)", lambda s: s.get("accounting") == "paper",
           lambda row: HUANG_TABLE2.get(row))],

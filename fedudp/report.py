@@ -1,4 +1,4 @@
-"""Results folders -> comparison tables (ARCHITECTURE.md §6).
+"""Results folders -> comparison tables (docs/architecture.md#configuration-and-outputs).
 
 ``fedudp-report <sweep dir>`` reads every ``summary.json`` below a folder and prints a
 markdown table with one row per configuration (mean ± std over its runs, i.e. its seeds). Two

@@ -1,4 +1,4 @@
-"""Benchmark: owner-side DP-SGD (``privacy.placement=local_dpsgd``, issue 9) vs a plain loop.
+"""Benchmark: owner-side DP-SGD (``privacy.placement=local_dpsgd``) vs a plain loop.
 
 What bounds a Huang Table 1 run (``+experiment=huang_table1``): every run computes about
 E·T·N per-record gradients of the paper CNN (N = 10,000 records; E·T = 100 epochs, 200 at n = 4),
@@ -20,12 +20,14 @@ Reported per side: per-record gradients per second (min and median seconds over 
 ratio fedudp/plain, and the projected compute of the one-seed MNIST Table 1 grid (24 runs) at
 the measured fedudp rate on 1 and 2 cores.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_dpsgd.py --n 64 256 --reps 5 --threads 1
+    # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_dpsgd.py --data-root DATA --n 64 256 --reps 5 --threads 1
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -139,9 +141,13 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
+    if not a.data_root:
+        raise SystemExit("bench_dpsgd.py: error: --data-root <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     torch.set_num_threads(a.threads)
     out = {}
     for n in a.n:

@@ -1,4 +1,4 @@
-"""Benchmark (issue 3): error of each user-level DP mean estimator against the true mean as the
+"""Benchmark: error of each user-level DP mean estimator against the true mean as the
 samples per user m grow, at a small grid of (n, d, ε), with certified and paper constants;
 the crossover m where each beats clip+Gaussian; and the cost of one call at n = 1,000 users,
 d = 100,000.

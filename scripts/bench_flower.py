@@ -1,4 +1,4 @@
-"""Benchmark: fedudp's ``engine=flower`` vs a plain Flower FedAvg app (issue 4).
+"""Benchmark: fedudp's ``engine=flower`` vs a plain Flower FedAvg app.
 
 Both run on Flower's simulation (``run_simulation``, Ray backend, one ClientApp per owner)
 with the same model (fedudp's ``build_model``), data and owners (``build_federation``):

@@ -1,6 +1,6 @@
 """Benchmark: how long the one-seed MNIST Table 1 grid of Huang et al. (24 runs) takes on this machine.
 
-Issue 9's speed target: the 24 runs (n ∈ {4, 16, 64, 128, 256, 512} × per-silo, FedAvg, full-DP,
+The speed target: the 24 runs (n ∈ {4, 16, 64, 128, 256, 512} × per-silo, FedAvg, full-DP,
 joint-DP; ``+experiment=huang_table1``, seed 0, certified, DP-SGD inside the owners) in under 2 hours
 on the 2-core machine. A full grid takes hours and the grid's own wall times
 (``docs/results/huang_table1/runs/grid_times.jsonl``) were taken over several sessions beside tests
@@ -17,7 +17,9 @@ and on older code, so this script measures every run's cost directly and project
 * the grid's projected wall time is the 24 projected runs list-scheduled on the workers in the
   grid's order (what ``reproduce_huang.py`` run once per core does), and with the longest first.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_huang_grid.py --json docs/results/bench_dpsgd/grid.json
+    # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_huang_grid.py --data-root DATA \
+        --json docs/results/bench_dpsgd/grid.json
 """
 from __future__ import annotations
 
@@ -78,12 +80,16 @@ def makespan(times: list[float], workers: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
     ap.add_argument("--rounds", type=int, default=1, help="rounds timed per run")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", default="", help="substring of the run names to keep")
     ap.add_argument("--json", help="also write the per-run numbers here")
     a = ap.parse_args()
+    if not a.data_root:
+        raise SystemExit("bench_huang_grid.py: error: --data-root <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     runs = [r for r in table1_runs() if a.only in r[0]]
     t0 = time.time()

@@ -1,6 +1,6 @@
-"""Benchmark: ``engine=local`` per round vs a plain single-process PyTorch loop (issues 2, 8).
+"""Benchmark: ``engine=local`` per round vs a plain single-process PyTorch loop.
 
-Workload (``../shared/bench-reference/README.md``): FedAvg, every owner participating, one user
+Workload (the reference workload the local engine is measured against): FedAvg, every owner participating, one user
 per owner (``partition.records_per_user`` >= the owner's size), the local delta after one epoch
 of minibatch SGD at batch 32 and lr 0.05, the paper CNN (``model.name=cnn``), 10,000
 MNIST-shaped training records split over ``n`` owners (paper split, sizes floor/ceil(N/n)).
@@ -19,19 +19,20 @@ loop runs its own round of the same number, so both sides see the same machine s
 rest (``--rounds 7``: five rounds per side). After the run the two final global models are
 compared (same arithmetic up to float32 summation order).
 
-Data: real MNIST from ``--data-root`` (default ``../shared/data`` beside the repository;
-``<root>/mnist/*-idx?-ubyte[.gz]``) when present, else synthetic MNIST-shaped data generated
+Data: real MNIST from ``--data-root`` (required, or the environment variable ``FEDUDP_DATA``;
+``<root>/mnist/*-idx?-ubyte[.gz]``) when present there, else synthetic MNIST-shaped data generated
 here (smooth per-class patterns + Gaussian noise, as in the reference workload), written as IDX
 files to a temporary folder and read through the same ``dataset.name=mnist`` path.
 
-    .venv/bin/python scripts/bench_local.py                    # n = 16 128 512
-    .venv/bin/python scripts/bench_local.py --n 512 --chunk-records 1024 2048 8192
+    .venv/bin/python scripts/bench_local.py --data-root DATA            # n = 16 128 512
+    .venv/bin/python scripts/bench_local.py --data-root DATA --n 512 --chunk-records 1024 2048 8192
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
+import os
 import statistics
 import struct
 import sys
@@ -48,7 +49,6 @@ sys.path.insert(0, str(ROOT))
 
 N_RECORDS = 10_000
 LR, BATCH, EPOCHS = 0.05, 32, 1
-DEFAULT_DATA = ROOT.parent / "shared" / "data"
 
 
 # -- data --------------------------------------------------------------------------------------
@@ -185,12 +185,17 @@ def main() -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[16, 128, 512])
     ap.add_argument("--rounds", type=int, default=7,
                     help="rounds per run (>= 7: rounds 2..R-1 counted, at least five per side)")
-    ap.add_argument("--data-root", default=str(DEFAULT_DATA))
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding <root>/mnist/ IDX files (one without them: synthetic "
+                         "MNIST-shaped data); default: $FEDUDP_DATA")
     ap.add_argument("--chunk-records", type=int, nargs="+", default=[None],
                     help="engine_opts.chunk_records values to time (default: the config default)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
+    if not a.data_root:
+        raise SystemExit("bench_local.py: error: --data-root <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     if a.rounds < 7:
         raise SystemExit("--rounds must be >= 7 (five counted rounds per side)")
     from fedudp.config import EngineConfig

@@ -1,4 +1,4 @@
-"""Why owner-side DP-SGD runs of the Huang grid end near chance (issue 9 diagnosis).
+"""Why owner-side DP-SGD runs of the Huang grid end near chance (a diagnosis).
 
 For finished ``local_dpsgd`` runs of ``scripts/reproduce_huang.py`` whose last checkpoints are
 still on disk (``ckpt-*.pt``, kept out of git), this compares the billboard's shared parameters
@@ -14,13 +14,15 @@ DP-SGD noise alone predicts:
   and conv2 (the shared layers) and of the flattened features that never fire: the ones FC1
   and FC2 see.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_dp_collapse.py \\
+    # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_dp_collapse.py --data-root DATA \\
         mnist/n4/joint_dp_local_dpsgd_certified_s0 mnist/n4/full_dp_local_dpsgd_certified_s0
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -55,8 +57,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="run names of scripts/reproduce_huang.py")
     ap.add_argument("--dir", default=str(ROOT / "docs" / "results" / "huang_table1" / "runs"))
-    ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
     a = ap.parse_args()
+    if not a.data_root:
+        raise SystemExit("diagnose_dp_collapse.py: error: --data-root <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     torch.set_num_threads(1)
     from reproduce_huang import compose, grid
     from fedudp.core.checkpoint import load_file

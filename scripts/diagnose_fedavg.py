@@ -1,4 +1,4 @@
-"""Why standard FedAvg falls short of Huang et al. at some n (Fashion-MNIST n = 512; issue 9).
+"""Why standard FedAvg falls short of Huang et al. at some n (Fashion-MNIST n = 512).
 
 Runs fedudp itself (``+experiment=huang_table1``, ``method=fedavg``, seed 0, the grid's partition)
 once per setting, each setting a comma-separated list of overrides of what the paper leaves
@@ -7,13 +7,15 @@ Prints the accuracy curve (mean over owners' test shards, global model) at a few
 sees whether a setting is still climbing when Table 3's T rounds end. The first row should be the
 grid's run (its metrics.jsonl is read and printed for comparison when present).
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_fedavg.py --dataset fashion_mnist --n 512 \
+    # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_fedavg.py --data-root DATA --dataset fashion_mnist --n 512 \
         --settings train.lr=0.05 train.lr=0.2 train.batch_size=8 train.rounds=80
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,8 +38,12 @@ def main() -> int:
                     help="comma-separated overrides per setting")
     ap.add_argument("--at", type=int, nargs="+", default=[5, 10, 15, 20, 40, 80])
     ap.add_argument("--out", default="/tmp/diagnose_fedavg")
-    ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
     a = ap.parse_args()
+    if not a.data_root:
+        raise SystemExit("diagnose_fedavg.py: error: --data-root <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     from reproduce_huang import compose
     from fedudp.run import run
     head = " | ".join(f"round {t}" for t in a.at)

@@ -1,4 +1,4 @@
-"""Why per-silo falls short of Huang et al. at some n (MNIST n = 512, Fashion-MNIST n = 64; issue 9).
+"""Why per-silo falls short of Huang et al. at some n (MNIST n = 512, Fashion-MNIST n = 64).
 
 Per-silo trains each owner alone, so a subset of owners answers cheaply: the first ``--owners``
 owners of the ``+experiment=huang_table1`` partition at ``--n`` (same records, classes, test
@@ -6,13 +6,15 @@ shards), each trained here with plain PyTorch minibatch SGD (batch 32) from the 
 initial CNN, for each (epochs, lr) asked, and evaluated on its own test shard. The first row
 (E·T = 100 epochs, lr 0.05) is the grid's setting, checked against that run's owners.csv.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_per_silo.py --n 512 --owners 64
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_per_silo.py --dataset fashion_mnist --n 64 --owners 16
+    # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_per_silo.py --data-root DATA --n 512 --owners 64
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_per_silo.py --data-root DATA --dataset fashion_mnist --n 64 --owners 16
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,8 +35,12 @@ def main() -> None:
     ap.add_argument("--owners", type=int, default=64)
     ap.add_argument("--settings", nargs="+", default=["100:0.05", "400:0.05", "100:0.2", "1000:0.05"],
                     help="epochs:lr pairs")
-    ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
     a = ap.parse_args()
+    if not a.data_root:
+        raise SystemExit("diagnose_per_silo.py: error: --data-root <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     torch.set_num_threads(1)
     from reproduce_huang import compose
     from fedudp.run import prepare

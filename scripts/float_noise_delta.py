@@ -1,4 +1,4 @@
-"""How much δ the old float32 Gaussian noise lost, and what float64 noise loses (issue 10).
+"""How much δ the old float32 Gaussian noise lost, and what float64 noise loses.
 
 torch's CPU normal sampler is Box–Muller on uniforms with a ``b``-bit grid (b = 24 for float32,
 53 for float64): u1 = 1 - k 2^-b (k < 2^b), u2 = l 2^-b, z = sqrt(-2 ln u1) (cos 2πu2, sin 2πu2).
@@ -16,11 +16,13 @@ least max(δ_accountant, δ_tail) and about their sum.
 P[E] is computed exactly on the grid: for each radius k = 1, 2, ... above the threshold, the
 number of u2 grid points whose cos (or sin) exceeds threshold / radius.
 
-    .venv/bin/python scripts/float_noise_delta.py --out docs/results/privacy_audit
+    # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
+    .venv/bin/python scripts/float_noise_delta.py --data-root DATA --out docs/results/privacy_audit
 """
 from __future__ import annotations
 
 import argparse
+import os
 import math
 import sys
 import time
@@ -58,8 +60,9 @@ def run_delta(bits: int, z: float, d: int, q: float, releases: int) -> float:
     return -math.expm1(releases * math.log1p(-per_release))
 
 
-def settings():
-    """(name, z, d, q, releases, ε, δ) of the three settings of issue 10."""
+def settings(data_root: str):
+    """(name, z, d, q, releases, ε, δ) of the three settings (``data_root``: the MNIST IDX
+    folder the Huang Table 1 preset reads)."""
     import dp_accounting
     from fedudp.aggregators.gaussian import gaussian_round_event
     from fedudp.models.cnn import PaperCNN
@@ -68,7 +71,7 @@ def settings():
     d_cnn = sum(p.numel() for p in PaperCNN(1, 10, 28).parameters())
     out = []
     cfg = compose({"partition.num_owners": 16, "method": "full_dp", "privacy.placement": "server"},
-                  str(ROOT.parent / "shared" / "data"), 1)
+                  data_root, 1)
     from fedudp.run import prepare
     agg = prepare(cfg).aggregator
     out.append(("huang_table1, full_dp, privacy.placement=server, n=16", agg.noise_multiplier, d_cnn,
@@ -93,12 +96,17 @@ def sampler_check(n: int = 50_000_000) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
     a = ap.parse_args()
+    if not a.data_root:
+        raise SystemExit("float_noise_delta.py: error: --data-root <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     sys.path.insert(0, str(ROOT / "scripts"))
     t0 = time.time()
     top, m24 = sampler_check()
     rows = []
-    for name, z, d, q, T, eps, delta in settings():
+    for name, z, d, q, T, eps, delta in settings(a.data_root):
         d32, d64 = run_delta(24, z, d, q, T), run_delta(53, z, d, q, T)
         rows.append(f"| {name} | {z:.3f} | {d:,} | {q:g} | {T} | {eps:g} | {delta:g} | "
                     f"{d32:.3g} | {d32 / delta:.2f}× | {(delta + d32) / delta:.2f}× | {d64:.3g} |")

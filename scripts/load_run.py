@@ -1,6 +1,6 @@
-"""Load run (issue 11): all 60,000 MNIST training records over 1,024 owners, on each engine.
+"""Load run: all 60,000 MNIST training records over 1,024 owners, on each engine.
 
-``python scripts/load_run.py [--engines local,flower] [--data /work/shared/data] [--rounds 2]
+``python scripts/load_run.py --data DATA [--engines local,flower] [--rounds 2]
 [--threads 1] [--note TEXT] [KEY=VALUE ...]`` runs ``fedudp`` once per engine (a subprocess,
 its own output folder ``--runs``/<engine>) and records its wall time and the peak
 resident memory of its whole process tree (the driver plus every descendant: Ray's raylet, GCS,
@@ -88,7 +88,7 @@ def measure(cmd: list[str], every: float, env: dict) -> dict:
 
 def write_readme(path: Path, rows: list[dict], args: argparse.Namespace) -> None:
     gib = 1024 ** 3
-    lines = ["# Load: all 60,000 MNIST training records, 1,024 owners (issue 11)", "",
+    lines = ["# Load: all 60,000 MNIST training records, 1,024 owners", "",
              "Produced by `scripts/load_run.py`; one fedudp run per engine. Peak memory is the "
              "largest sum of VmRSS over the run's whole process tree (driver and every "
              f"descendant: Ray's raylet, GCS, agents and workers), sampled every {args.every} s "
@@ -158,7 +158,8 @@ def preflight(args: argparse.Namespace, env: dict) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engines", default="local,flower")
-    ap.add_argument("--data", default="/work/shared/data", help="folder holding mnist/ IDX files")
+    ap.add_argument("--data", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding mnist/ IDX files; default: $FEDUDP_DATA")
     ap.add_argument("--method", default="joint_dp")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--scheme", default="iid", help="partition.scheme (paper_classes cannot place "
@@ -178,6 +179,9 @@ def main() -> None:
     ap.add_argument("--readme-only", action="store_true",
                     help="rewrite README.md from results.json and the run folders (no runs)")
     args = ap.parse_args()
+    if not args.data and not args.readme_only:
+        raise SystemExit("load_run.py: error: --data <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     args.invocation = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
     out = Path(args.out)
     if args.preflight:

@@ -1,4 +1,4 @@
-"""Issue 10's per-aggregator table: independent ε, worst-case pair, half-noise twin.
+"""The per-aggregator privacy-constants table: independent ε, worst-case pair, half-noise twin.
 
 Runs the measurements of ``tests/test_privacy_constants.py`` (same settings, same code) and
 prints one Markdown row per aggregator: the ε the aggregator claims, the ε recomputed

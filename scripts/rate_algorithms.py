@@ -1,4 +1,4 @@
-"""Rates of the seeds' training algorithms (issue 12): excess population loss against n, m (or
+"""Rates of the seeds' training algorithms: excess population loss against n, m (or
 records per user), ε (and ℓ for Huang) for each preset, run through fedudp itself
 (``fedudp.run.prepare`` + ``execute``: the one round loop, the owner component, the registered
 estimators), with the fitted log-log slope beside the theorem's.
@@ -23,7 +23,8 @@ What differs from a plain ``fedudp +experiment=...`` run, and why (all recorded 
   are set for that T (``algorithm.step_size``/``train.server_lr``) and the output is the last
   iterate (``algorithm.averaged=false``): with T ≪ the paper's T the average of early iterates
   would dominate the error. Asi's τ is the practical κ = 1 radius G sqrt(log(2nT/γ)/m)
-  (ALGORITHMS.md §4.3; the paper's τ makes the noise larger than the signal at these sizes),
+  (docs/algorithms.md#outlier-removal; the paper's τ makes the noise larger than the signal at
+  these sizes),
   and its smoothing radius r is Thm 4.1's formula at the paper's T (≈ 0: the loss is smooth).
   Levy Alg. 4 runs P = 3 phases (the paper's P is 11-13 here and would leave its last phases
   with a handful of users).
@@ -174,7 +175,8 @@ def asi(alg: str, n: int, m: int, eps: float, T: int = 10, accounting: str = "pa
 
 def huang1(N: int, eps: float, f: int, k: int, method: str = "joint_dp", owners: int = 10,
            noise_personal: bool = False, step: float | None = None):
-    """Record level at ε/k, δ/k·e^{-ε} for k records per user (group privacy, §3.3).
+    """Record level at ε/k, δ/k·e^{-ε} for k records per user (group privacy,
+    docs/algorithms.md#group-privacy).
     ``noise_personal``: the paper's full-DP baseline (σ on every owner's personal block too);
     ``step``: a fixed η (None: the paper's formula, at ℓ, or at nk + ℓ with noise_personal)."""
     T = N

@@ -1,4 +1,4 @@
-"""Rate check (issue 3): user-level DP gradient descent on a synthetic convex problem with the
+"""Rate check: user-level DP gradient descent on a synthetic convex problem with the
 winsorized ([LEVY] Alg. 3) and outlier-removal ([ASI] Alg. 2 inside Alg. 3, smooth loss, r = 0)
 estimators; excess population loss as the samples per user m grow at fixed n, ε, with the
 papers' constants and certified ones (clip+Gaussian alongside for reference).

@@ -7,14 +7,15 @@ order: the four methods row by row (n = 256, 64, 512, 128, 16, 4) at seed 0 with
 accounting; Figure 1's other ε (n = 64); Table 2's personal-layer subsets (n = 256, certified, then paper mode); a corner of
 Table 4 (n = 256, 5 records per user: user-level clipping, and the paper's group privacy); joint-DP
 in ``paper`` mode; more of Table 4 in the paper's reading (n = 256: m/r ∈ {2, 10}, and joint-DP at
-ε ∈ {3, 8} with m/r = 5); the server placement (reading B) at n ∈ {16, 256, 512}; second seeds at
+ε ∈ {3, 8} with m/r = 5); the server placement (the billboard-side reading) at n ∈ {16, 256, 512}; second seeds at
 n ∈ {64, 256}; then Fashion-MNIST. Every run writes its small outputs (config, summary, ledger,
 metrics, owners) under ``--out``; a finished run is skipped, so re-running the script continues
 the grid. Several workers may share one grid (one per core): each claims a run under
 ``--out/.claims`` (its pid) before starting it. Each finished run appends its wall time to
 ``grid_times.jsonl``.
 
-    .venv/bin/python scripts/reproduce_huang.py                 # the whole grid, resumable
+    # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
+    .venv/bin/python scripts/reproduce_huang.py --data-root DATA   # the whole grid, resumable
     .venv/bin/python scripts/reproduce_huang.py --list          # what it would run, in order
     .venv/bin/python scripts/reproduce_huang.py --only 'mnist/n256/*'
     .venv/bin/python scripts/reproduce_huang.py --first 'mnist/n256/*server*'   # those first
@@ -92,7 +93,7 @@ def grid(datasets: list[str]) -> list[tuple[str, dict]]:
         for personal in TABLE2_PERSONAL:      # Table 2: which layers are personal (n = 256)
             add(ds, 256, "joint_dp", personal=personal)
         for personal in TABLE2_PERSONAL:      # ... and in paper mode: is the certified column's
-            add(ds, 256, "joint_dp", personal=personal, accounting="paper")  # reversal option (c)'s?
+            add(ds, 256, "joint_dp", personal=personal, accounting="paper")  # reversal due to the public personal value?
         for n, rpu in TABLE4:                 # Table 4: user-level clipping (certified) and the
             for m in ("joint_dp", "full_dp"):  # paper's group-privacy reading (paper mode)
                 add(ds, n, m, rpu=rpu)
@@ -162,7 +163,8 @@ def run_state(folder: Path) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "huang_table1" / "runs"))
-    ap.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
     ap.add_argument("--datasets", nargs="+", default=["mnist", "fashion_mnist"])
     ap.add_argument("--only", nargs="*", default=["*"], help="fnmatch patterns over run names")
     ap.add_argument("--first", nargs="*", default=[],
@@ -170,6 +172,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
+    if not a.data_root and not a.list:
+        raise SystemExit("reproduce_huang.py: error: --data-root <folder with the MNIST IDX files> is "
+                         "required (or set FEDUDP_DATA)")
     from fedudp.run import run
     out = Path(a.out)
     todo = [(name, over) for name, over in grid(a.datasets) if any(fnmatch.fnmatch(name, p) for p in a.only)]

@@ -1,4 +1,4 @@
-"""Test helper (issue 11 fault matrix): a fedudp run that SIGKILLs itself at a chosen point.
+"""Test helper (the fault matrix of tests/test_faults.py): a fedudp run that SIGKILLs itself at a chosen point.
 
 ``python tests/kill_run.py OUT ROUND PHASE KEY=VALUE...`` runs ``fedudp.run.run`` on
 ``tiny_cfg(**overrides)`` (``KEY=VALUE`` parsed as JSON when it can be) in OUT and kills its

@@ -1,4 +1,5 @@
-"""The seeds' training algorithms (issue 12; fedudp/algorithms/): each preset end to end on a tiny
+"""The seeds' training algorithms (fedudp/algorithms/, docs/algorithms.md#training-algorithms):
+each preset end to end on a tiny
 synthetic convex problem, the disjoint-phase (parallel) and one-AboveThreshold accounting against
 a direct dp-accounting computation, Huang Alg. 2's owner schedule accounting, Huang Alg. 1's
 noise on the shared coordinates only (std measured), the halting path, config errors."""

@@ -1,4 +1,4 @@
-"""Owners -> users -> records (ALGORITHMS.md §3.6) and the IDX reader."""
+"""Owners -> users -> records (docs/algorithms.md#data-partition) and the IDX reader."""
 from __future__ import annotations
 
 import numpy as np

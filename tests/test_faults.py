@@ -1,4 +1,4 @@
-"""Issue 11 fault matrix: SIGKILL / SIGINT then resume, damaged checkpoints, bad data.
+"""The fault matrix: SIGKILL / SIGINT then resume, damaged checkpoints, bad data.
 
 The bar for resume is bit for bit: a run killed after round k (k drawn from a seeded RNG) and
 resumed ends with the same shared and personal parameters, ledger, metrics (timings aside)

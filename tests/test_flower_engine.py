@@ -1,4 +1,4 @@
-"""engine=flower (issue 4): equivalence with engine=local, the owner boundary, failures.
+"""engine=flower: equivalence with engine=local, the owner boundary, failures.
 
 All Flower runs here go through ``fedudp.run.run`` -> ``fedudp.engines.flower.execute`` ->
 ``flwr.simulation.run_simulation`` with the Ray backend (in this process; Ray stays up
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def tiny(method: str, engine: str, **kw) -> RunConfig:
-    """120 synthetic records over 4 owners in equivalence mode (ARCHITECTURE.md §5)."""
+    """120 synthetic records over 4 owners in equivalence mode (docs/architecture.md#engines)."""
     base = {"engine": engine, "dataset.num_records": 120, "dataset.features": 20,
             "engine_opts.chunk_records": 1, "engine_opts.threads": 1, "engine_opts.float64": True}
     return tiny_cfg(method, **{k.replace(".", "__"): v for k, v in {**base, **kw}.items()})
@@ -138,7 +138,7 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
                   "privacy.epsilon": 5.0}),
     # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
     ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
-    # DP-SGD inside the owners (issue 9), paper mode: at each owner's own personal layer, and
+    # DP-SGD inside the owners, paper mode: at each owner's own personal layer, and
     # Table 4's reading: record-level DP-SGD, user level by group privacy over 2 records a user
     ("joint_dp", {"privacy.placement": "local_dpsgd", "privacy.accounting": "paper",
                   "privacy.group_privacy": True, "partition.records_per_user": 2,

@@ -1,4 +1,4 @@
-"""README's ``flwr run . --stream`` command, run as a new user would (issues 4, 8).
+"""README's ``flwr run . --stream`` command, run as a new user would.
 
 A fresh ``FLWR_HOME`` and the environment the README tells a user to export; the command is
 read from README.md itself (only ``output-dir`` is pointed at a temporary folder). ``flwr run``

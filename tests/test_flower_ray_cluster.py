@@ -1,4 +1,4 @@
-"""engine=flower against an existing Ray cluster (issue 4), started here on loopback.
+"""engine=flower against an existing Ray cluster, started here on loopback.
 
 ``ray start --head --block`` runs in a subprocess in its own session (so that exactly the
 processes it started can be stopped; ``ray stop`` would stop every Ray on the machine);

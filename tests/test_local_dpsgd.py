@@ -1,4 +1,5 @@
-"""Issue 9: standard FedAvg and owner-side DP-SGD (``privacy.placement=local_dpsgd``)."""
+"""Standard FedAvg and owner-side DP-SGD (``privacy.placement=local_dpsgd``;
+docs/algorithms.md#owner-side-dp-sgd)."""
 from __future__ import annotations
 
 import json
@@ -132,7 +133,7 @@ def test_one_owner_alone_gets_the_same_delta_as_in_the_batch():
         torch.testing.assert_close(one[0], allo[j], rtol=0, atol=1e-12)
 
 
-# -- the schedule comes from public capacities (issue 21) ----------------------------------------
+# -- the schedule comes from public capacities ------------------------------------------------
 def _one_owner(users, features=6, classes=3, seed=0):
     """One owner of ``users`` one-record users; user 0 is a canary whose gradient is clipped."""
     model, shared, names, x, y, starts, sizes, first, _, _ = _linear_setup(
@@ -158,7 +159,7 @@ def test_removing_a_user_changes_only_its_clipped_gradient_in_the_step():
     d = _deltas(setup, np.arange(10), 10, spec)
     d_prime = _deltas(setup, np.arange(1, 10), 10, spec)
     assert float(torch.linalg.vector_norm(d - d_prime)) == pytest.approx(lr * C / 10, rel=1e-6)
-    # the weakened twin (the schedule before issue 21: divisor from the 9 users D' holds) moves
+    # the weakened twin (a schedule read from the data: divisor from the 9 users D' holds) moves
     # more than one clipped gradient can: the other users' sum and the noise are rescaled
     twin = _deltas(setup, np.arange(1, 10), 9, spec)
     assert float(torch.linalg.vector_norm(d - twin)) > 1.3 * lr * C / 10
@@ -281,7 +282,7 @@ def test_huang_preset_sweep_resumes_and_reports(tmp_path):
     assert "/ 0.960 (" in (out / "huang_table1.md").read_text()      # the paper's n = 4 FedAvg
 
 
-# -- group privacy (Huang et al. Table 4's reading, ALGORITHMS.md §3.3) ---------------------------
+# -- group privacy (Huang et al. Table 4's reading, docs/algorithms.md#group-privacy) -------------
 @pytest.mark.parametrize("accounting,eps_target", [("certified", 1.0), ("paper", 1.0), ("certified", 3.0),
                                                     ("paper", 8.0)])
 def test_group_privacy_epsilon_is_k_times_a_direct_record_level_computation(tmp_path, accounting, eps_target):

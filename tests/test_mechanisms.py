@@ -1,4 +1,5 @@
-"""DP primitives (ALGORITHMS.md §1): Laplace, exponential mechanism, AboveThreshold, rotation."""
+"""DP primitives (docs/algorithms.md#shared-primitives): Laplace, exponential mechanism,
+AboveThreshold, rotation."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
-"""Accountant (dp-accounting) and the clip+Gaussian billboard release (ALGORITHMS.md §7).
+"""Accountant (dp-accounting) and the clip+Gaussian billboard release
+(docs/algorithms.md#privacy-accounting, docs/algorithms.md#gaussian-mean).
 
 Unit: a user (add/remove one user's whole vector). The Gaussian release adds
 N(0, (z C)^2) to the sum of clipped vectors and divides by the public q*N_units.

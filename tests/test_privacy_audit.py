@@ -69,7 +69,7 @@ def test_local_dpsgd_audit_pairs_through_the_owner_path(users):
 
 
 def test_local_dpsgd_audit_catches_the_data_dependent_schedule():
-    # the schedule before issue 21: removing a user of 33 drops a noisy step (2 -> 1)
+    # a schedule read from the data: removing a user of 33 drops a noisy step (2 -> 1)
     r = audit_local_dpsgd({}, 33, 3_000, seed=0, broken="schedule=data")
     assert r.violation and r.lower_bound > 2.0, r.samples.bounds
 
@@ -89,7 +89,7 @@ def test_cli_audits_local_dpsgd(capsys):
 
 @pytest.mark.parametrize("accounting,violation", [("paper", True), ("certified", False)])
 def test_cli_audits_the_paper_mode_leak_pair(capsys, accounting, violation):
-    # issue 10: the paper-mode pair moves the clipped sum by ~15 C, so its one release at a
+    # the paper-mode pair moves the clipped sum by ~15 C, so its one release at a
     # claimed ε = 1 is measurably far less private; certified mode's pair moves it by C
     assert main(["--pair", "paper_leak", f"privacy.accounting={accounting}",
                  "--trials", "10000"]) == int(violation)

@@ -1,4 +1,4 @@
-"""Every privacy constant tested with power (issue 10).
+"""Every privacy constant tested with power.
 
 For each private aggregator, an ε computed *independently* of its code: from the noise its
 releases actually carry (measured on many draws) and the seeds' sensitivities and mechanism

@@ -1,10 +1,11 @@
-"""Whole-run release statistics (issue 10): what the billboard actually releases, round after
+"""Whole-run release statistics: what the billboard actually releases, round after
 round, on both engines, against what the ledger accounts for.
 
 * Noise: every round's released mean minus the noise-free mean of the contributions it received
   is N(0, (zC/(qN))^2) per coordinate, z C the ledger's noise std, fresh every round
   (consecutive rounds uncorrelated), the same on engine=local and engine=flower.
-* Poisson cohorts (add/remove adjacency, ALGORITHMS.md §7): each unit enters a round with
+* Poisson cohorts (add/remove adjacency, docs/algorithms.md#privacy-units-and-adjacency): each
+  unit enters a round with
   probability q, the cohort size has variance N q (1-q), rounds are independent; and on both
   engines the units whose vectors reach the billboard are exactly that sample's.
 """

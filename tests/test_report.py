@@ -1,5 +1,5 @@
 """``fedudp-report``: the comparison table has one row per whole resolved configuration and marks
-a heuristic ε (issue 21); ``--paper``: the paper's layouts carry our numbers and the paper's,
+a heuristic ε; ``--paper``: the paper's layouts carry our numbers and the paper's,
 unchanged. The runs behind the comparison-table tests are real (tiny) runs."""
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_runs_off_the_presets_hyperparameters_stay_out_of_every_layout(tmp_path)
         assert list(got.values()) == [0.50]
 
 
-# -- fedudp-report's comparison table: one row per whole resolved configuration (issue 21) -------
+# -- fedudp-report's comparison table: one row per whole resolved configuration -------------------
 
 def tables(text):
     """The Markdown tables in ``text``: each a list of {header: cell} rows."""

@@ -1,4 +1,4 @@
-"""Issue 11 (part): how a run stops — diverged, interrupted — and what it leaves behind."""
+"""How a run stops — diverged, interrupted — and what it leaves behind."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
-"""One round, one owner, one aggregator contract (issue 8): the structure the engines rely on."""
+"""One round, one owner, one aggregator contract: the structure the engines rely on
+(docs/architecture.md#one-round-as-data)."""
 from __future__ import annotations
 
 import ast
@@ -144,7 +145,8 @@ def test_owner_component_serves_one_owner_and_all_owners_alike():
 @pytest.mark.parametrize("view", ["all_owners", "one_owner"])
 def test_removing_a_user_leaves_every_other_users_vector_bit_identical(view):
     # certified joint_dp, 10 records per user, batch 4 < 10: a user's vector depends only on the
-    # broadcast, public randomness and its own records (ALGORITHMS.md §3.2), so removing the
+    # broadcast, public randomness and its own records
+    # (docs/algorithms.md#certified-vs-paper-accounting), so removing the
     # first user of owner 0 (which shifts every later user's position) changes nothing else
     p = prepare(tiny_cfg("joint_dp", **{"partition.records_per_user": 10, "train.batch_size": 4,
                                         "train.local_epochs": 2}))
@@ -171,7 +173,7 @@ def test_removing_a_user_leaves_every_other_users_vector_bit_identical(view):
 
 @pytest.mark.parametrize("accounting", ["certified", "paper"])
 def test_paper_mode_leaks_through_the_personal_layer_and_certified_does_not(accounting):
-    # issue 10's neighbouring pair (fedudp.privacy.leak), noise-free: 4 owners x 20 users x 10
+    # the paper-mode leak's neighbouring pair (fedudp.privacy.leak), noise-free: 4 owners x 20 users x 10
     # records, one class per owner, one user of owner 0 relabelled to another class (it pulls
     # its owner's noiselessly trained personal bias), 20 personal epochs, clip 0.05 near the
     # vectors' size. Adding the user moves the clipped sum by at most C in certified mode; in

@@ -1,4 +1,5 @@
-"""Levy et al. winsorized mean (ALGORITHMS.md §2): PrivateRange, WinsorizedMean1D/HighD."""
+"""Levy et al. winsorized mean (docs/algorithms.md#winsorized-mean): PrivateRange,
+WinsorizedMean1D/HighD."""
 from __future__ import annotations
 
 import math

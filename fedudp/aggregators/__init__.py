@@ -1,4 +1,5 @@
-"""User-level DP mean estimators, one module each, registered by name (ARCHITECTURE.md §4).
+"""User-level DP mean estimators, one module each, registered by name
+(docs/architecture.md#aggregator, docs/algorithms.md#user-level-mean-estimators).
 
 ``aggregator=<name>`` builds ``REGISTRY[name].from_config(cfg, sampling, rounds, dim)``;
 ``check_aggregator_config(cfg)`` runs the chosen estimator's config-only checks before any

@@ -1,4 +1,4 @@
-"""The contract every user-level DP mean estimator implements (ARCHITECTURE.md §4).
+"""The contract every user-level DP mean estimator implements (docs/architecture.md#aggregator).
 
 An *aggregator* runs on the billboard. Each round the owners apply its ``constraint`` to their
 sampled units' vectors (the owner side, pfl-research's ``constrain_sensitivity``): estimators
@@ -33,7 +33,7 @@ class Sampling:
 
     ``rate`` is the Poisson sampling probability ``q`` of each unit (1.0: every unit, every
     round); ``population`` is the public number of units ``N_units``. Clip+Gaussian divides
-    its noisy sum by the public constant ``rate * population`` (ALGORITHMS.md §7.2).
+    its noisy sum by the public constant ``rate * population`` (docs/algorithms.md#gaussian-mean).
     """
 
     rate: float
@@ -57,7 +57,8 @@ class Aggregate:
     ``mean`` is the released estimate (d,). ``users_used`` counts the rows that entered
     the statistic. ``diagnostics`` are simulator observations (clipped / kept fractions,
     whether a concentration check failed): they are *not* part of the DP release and
-    nothing that changes later releases may read them (ALGORITHMS.md §7.8). ``halted``: an
+    nothing that changes later releases may read them (docs/algorithms.md#what-is-released).
+    ``halted``: an
     AboveThreshold said stop ([ASI] Alg. 2); the run ends after composing this release.
     """
 
@@ -131,7 +132,7 @@ class Constraint:
 
 
 class Aggregator(ABC):
-    """User-level mean estimator on the billboard (ARCHITECTURE.md §4).
+    """User-level mean estimator on the billboard (docs/architecture.md#aggregator).
 
     Class attributes: ``name`` (the ``aggregator=`` value), ``private`` (does a release
     need a DP ledger), ``needs_per_user_vectors`` (owners send rows, not sums), ``adjacency``
@@ -196,7 +197,7 @@ class Aggregator(ABC):
         return []
 
     def checkpoint_state(self) -> dict:
-        """State carried from one release to the next (a checkpoint saves it; issue 11).
+        """State carried from one release to the next (a checkpoint saves it).
         Stateless estimators, whose randomness is the round's keyed generator, have none."""
         return {}
 
@@ -231,7 +232,8 @@ def register(cls: type[Aggregator]) -> type[Aggregator]:
 
 def pad_to_population(G: torch.Tensor, n: int) -> torch.Tensor:
     """Rows for the public n of a replace-one estimator: missing units (failed owners, NaN/inf
-    rows) count as zero vectors, so n stays public (ALGORITHMS.md §7.2)."""
+    rows) count as zero vectors, so n stays public
+    (docs/algorithms.md#privacy-units-and-adjacency)."""
     if G.shape[0] < n:
         G = torch.cat([G, G.new_zeros(n - G.shape[0], G.shape[1])])
     return G

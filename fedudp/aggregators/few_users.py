@@ -1,5 +1,5 @@
 """Esfandiari, Mirrokni, Narayanan [ESF, seed 002]: private mean estimation with few users,
-robust to a corrupted fraction (ALGORITHMS.md §5.2-§5.5).
+robust to a corrupted fraction (docs/algorithms.md#few-users).
 
 * ``dp_estimate_1``: DP-Estimate-1 (Algorithm 1, Theorem 6), the polynomial-time rejection
   sampler for the density ∝ exp(ε min(f(p), 2n/3)) on the union of the balls B(x_i, ρ),
@@ -16,7 +16,8 @@ robust to a corrupted fraction (ALGORITHMS.md §5.2-§5.5).
   Garbage (no estimate) is mapped to the zero vector, i.e. "no update" (post-processing).
 
 Privacy (unit: user, or owner; replace-one; every unit every round). DP-Estimate-1 called
-with (ε1, δ1) is (4ε1, 4δ1)-DP (§5.2 "Privacy constants"), valid only if the acceptance
+with (ε1, δ1) is (4ε1, 4δ1)-DP (the stopping layer's (3ε1, 3δ1) and the sampler's (ε1, δ1) in
+[ESF]'s proof), valid only if the acceptance
 probability never exceeds 1 and e^{ε1(1-2n/3)} N <= δ1 — both checked at construction (a
 configuration that breaks them is refused). k copies x b blocks x T rounds compose by basic
 composition (``ApproxDp``): ε1 = ε/(4kbT), δ1 = δ/(4kbT). The paper's Θ(·) splits have no
@@ -36,7 +37,7 @@ from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordin
 
 
 def uniform_in_balls(centers: torch.Tensor, radius: float, *, rng: torch.Generator) -> torch.Tensor:
-    """One uniform point in each ball B(center, radius) (ALGORITHMS.md §1.6)."""
+    """One uniform point in each ball B(center, radius) (docs/algorithms.md#uniform-point-in-a-ball)."""
     b, d = centers.shape
     g = torch.randn(b, d, generator=rng, dtype=centers.dtype)
     g = g / torch.linalg.vector_norm(g, dim=1, keepdim=True).clamp(min=1e-300)

@@ -1,7 +1,7 @@
 """Clip + Gaussian (DP-FedAvg at the privacy unit) and the non-private plain mean.
 
-Clip+Gaussian is not from the seeds; it is the range-based baseline of ALGORITHMS.md §6
-and §7.2. Under Poisson sampling of units with rate ``q`` from a public population
+Clip+Gaussian is not from the seeds; it is the range-based baseline
+(docs/algorithms.md#gaussian-mean, docs/algorithms.md#choosing-an-estimator). Under Poisson sampling of units with rate ``q`` from a public population
 ``N_units`` it releases
 
     ( sum_{k in S} clip_C(g_k) + N(0, z^2 C^2 I) ) / (q * N_units)
@@ -69,7 +69,8 @@ class GaussianAggregator(Aggregator):
         """Billboard side: add Gaussian noise to the sum and divide by q * N_units."""
         total = c.total
         # drawn in float64, added in float64, cast afterwards: float32's sampler is truncated at
-        # |z| ≈ 5.77 with a point mass there, which would underestimate δ (ALGORITHMS.md §7)
+        # |z| ≈ 5.77 with a point mass there, which would underestimate δ
+        # (docs/algorithms.md#laplace-and-gaussian-noise)
         noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
         mean = ((total.to(torch.float64) + self.noise_std * noise)
                 / self.sampling.expected_cohort).to(total.dtype)

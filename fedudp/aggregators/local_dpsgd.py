@@ -1,6 +1,7 @@
 """``privacy.placement=local_dpsgd``: DP-SGD inside the owners, a plain mean on the billboard.
 
-Huang et al. (001) §4, reading A of ALGORITHMS.md §3.6: owner j runs DP-SGD on the shared
+Huang et al. (001) §4, the owner-side reading of its experiments (docs/algorithms.md#owner-side-dp-sgd):
+owner j runs DP-SGD on the shared
 parameters (``fedudp.core.dpsgd``): per step a ``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))``
 for its users, q_j = min(B, M_j)/M_j, ceil(M_j/B) steps per epoch, E epochs per round, where M_j
 is owner j's PUBLIC capacity: its planned user count (the config's ⌊N/n⌋/⌈N/n⌉ records per
@@ -12,8 +13,9 @@ owners' public (planned) record counts, and adds nothing. A user belongs to one 
 run's ε is the worst owner's (parallel composition): owners with the same M_j form one part of a
 ``Parallel`` event; z is calibrated so that the worst part meets (ε, δ).
 
-With ``privacy.group_privacy`` (Huang et al. Table 4's reading, ALGORITHMS.md §3.3) the owners'
-DP-SGD samples and clips *records* instead (q_j = B/records_j, ceil(records_j/B) steps per
+With ``privacy.group_privacy`` (Huang et al. Table 4's reading, docs/algorithms.md#group-privacy)
+the owners' DP-SGD samples and clips *records* instead (q_j = min(B, records_j)/records_j,
+ceil(records_j/B) steps per
 epoch, records_j the owner's public planned record count; adjacency add/remove one record); events are record-level and the user-level ε is k
 times the record-level one at the ``GroupConversion``'s δ', k = records_per_user; z is
 calibrated to (ε/k, δ').

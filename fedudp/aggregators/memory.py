@@ -1,7 +1,8 @@
-"""Pre-flight memory check for estimators that need the cohort's per-unit rows (issue 11).
+"""Pre-flight memory check for estimators that need the cohort's per-unit rows.
 
 An aggregator with ``needs_per_user_vectors`` receives one row of ``dim`` shared coordinates
-per sampled unit and holds them as one matrix on the billboard (ARCHITECTURE.md §3), then works
+per sampled unit and holds them as one matrix on the billboard
+(docs/architecture.md#one-round-as-data), then works
 on float64 copies (centring, the randomized Hadamard rotation padded to a power of two, the
 friend counts' distance blocks). With 60,000 users and the paper CNN that is tens of GiB, so
 such a run is refused *before any work* when the estimate exceeds the memory available,

@@ -1,5 +1,6 @@
 """Outlier-removal user-level mean estimation: Asi & Liu [ASI, seed 003] Algorithm 2 after
-FriendlyCore (Tsfadia et al. 2022); ALGORITHMS.md §4.1-§4.2.
+FriendlyCore (Tsfadia et al. 2022); docs/algorithms.md#outlier-removal and
+docs/algorithms.md#friendlycore.
 
 Pieces (pure functions, vectorized, on the vectors' device):
 
@@ -7,8 +8,8 @@ Pieces (pure functions, vectorized, on the vectors' device):
   radius, from the Gram matrix ||a-b||² = ||a||² + ||b||² - 2<a,b>, in row chunks (never the
   full n x n distance matrix at once).
 * ``concentration_score``: s = (1/n) Σ_j Σ_j' 1(||v_j - v_j'|| <= τ) ∈ [0, n]. Replacing one
-  user changes at most 2(n-1) indicators, so s has sensitivity 2(n-1)/n < 2 (§4.2 subtlety 1:
-  both AboveThreshold noises are scaled by ``SCORE_SENSITIVITY = 2``).
+  user changes at most 2(n-1) indicators, so s has sensitivity 2(n-1)/n < 2, not the 1 the
+  paper's AboveThreshold assumes: both its noises are scaled by ``SCORE_SENSITIVITY = 2``.
 * ``keep_probabilities``: p_j = 0 if f_j < n/2, 1 if f_j >= 2n/3, (f_j - n/2)/(n/6) between,
   with f_j the count within 2τ.
 * ``filtered_mean``: keep each user independently with p_j, average the kept (0 if none).
@@ -24,14 +25,14 @@ a public n: every unit every round, missing rows count as zero vectors):
   the filter and the Gaussian mean; a failed check releases 0 for that round (no halt). Its
   check costs compose over rounds (≈ sqrt(T) users needed, vs log T for the AT version).
 
-Calibration (ALGORITHMS.md §0, §4.2):
+Calibration (docs/algorithms.md#outlier-removal):
 
 * ``certified``/``accountant``: explicit replace-one sensitivity Δ = 30 τ K(ζ)/n of the kept
   mean (all kept points within 10τ of each other, |S| >= 2n/3, |S Δ S'| <= K(ζ) with
   probability >= 1-ζ), Gaussian noise multiplier z = σ/Δ composed with dp-accounting (PLD/RDP).
   K: 1 (the replaced user) + a Chernoff bound on a sum of independent Bernoullis whose total
-  mean is at most 6 (each p_j moves by at most 6/n when one other user changes: the spec's
-  "≤ 2" is too small for these thresholds, so we use the larger, safe value).
+  mean is at most 6 (each p_j moves by at most 6/n when one other user changes: [ASI] Lemma
+  3.3's "≤ 2" is too small for these thresholds, so we use the larger, safe value).
   The failure probabilities (AT passing a non-concentrated query; the coupling's ζ per round)
   are charged to δ with basic composition (``ApproxDp``), as is AboveThreshold's pure ε/2.
 * ``closed_form``/``paper``: the seed's σ² = 8 τ² T log(e^ε T/δ) log(e^{ε/2}/δ)/(n² ε²) per
@@ -55,7 +56,7 @@ from fedudp.privacy.accountant import ApproxDp, calibrate_noise_multiplier, sche
 from fedudp.privacy.mechanisms import AboveThreshold, laplace
 
 SCORE_SENSITIVITY = 2.0
-DIAMETER_FACTOR = 30.0        # Δ = 30 τ K / n (ALGORITHMS.md §4.2)
+DIAMETER_FACTOR = 30.0        # Δ = 30 τ K / n (docs/algorithms.md#outlier-removal)
 COUPLING_MEAN = 6.0           # Σ_j |p_j - p'_j| <= 6 (n-1)/n under replace-one
 
 
@@ -118,13 +119,15 @@ def sensitivity(tau: float, n: int, zeta: float) -> float:
 
 def at_false_pass(n: int, eps_at: float, queries: int) -> float:
     """Probability that some ⊤ of an AboveThreshold(ε_AT, threshold 4n/5, sensitivity 2) over
-    ``queries`` queries comes from a query below 2n/3: γ with α_AT(γ) = 2n/15 (§1.4), i.e.
+    ``queries`` queries comes from a query below 2n/3: γ with α_AT(γ) = 2n/15
+    (docs/algorithms.md#abovethreshold), i.e.
     γ = 2T exp(-(2n/15) ε_AT / (8·2))."""
     return min(1.0, 2 * queries * math.exp(-(2 * n / 15) * eps_at / (8 * SCORE_SENSITIVITY)))
 
 
 def min_users_at(eps_at: float, queries: int, gamma: float) -> int:
-    """n >= 7.5 α_AT with α_AT = 8·2·log(2T/γ)/ε_AT (§4.2 'Users needed')."""
+    """n >= 7.5 α_AT with α_AT = 8·2·log(2T/γ)/ε_AT (so that 4n/5 - α_AT >= 2n/3; [ASI]
+    Prop. 3.6 with the score's sensitivity 2)."""
     return math.ceil(7.5 * 8 * SCORE_SENSITIVITY * math.log(2 * queries / gamma) / eps_at)
 
 
@@ -137,7 +140,7 @@ def paper_sigma(tau: float, n: int, eps: float, delta: float, rounds: int) -> fl
 
 def filter_tau(cfg: RunConfig, sampling: Sampling, rounds: int) -> float:
     """[ASI] §4.3 practical default τ = κ G sqrt(log(2nT/γ)/m) with κ = 1, G = estimator.bound
-    (ALGORITHMS.md §4.2), unless ``estimator.tau`` is given."""
+    (docs/algorithms.md#outlier-removal), unless ``estimator.tau`` is given."""
     e = cfg.estimator
     if e.tau is not None:
         return e.tau

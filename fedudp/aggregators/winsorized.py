@@ -1,4 +1,5 @@
-"""Levy et al. [LEVY, seed 004] winsorized user-level mean estimation (ALGORITHMS.md §2.1-2.3).
+"""Levy et al. [LEVY, seed 004] winsorized user-level mean estimation
+(docs/algorithms.md#winsorized-mean).
 
 * ``private_range``: PrivateRange (Alg. 6): exponential mechanism over bins of width 2τ of
   [-B, B] with score max(#below, #above), sampled run by run (at most 2n+1 runs of equal
@@ -16,13 +17,13 @@ Unit: a user (or an owner with ``privacy.unit=owner``); adjacency **replace-one*
 fixed public n (the papers' analysis): every unit participates (``train.sampling_rate=1``)
 and missing rows (failed owners, NaN/inf) count as zero vectors, so n stays public.
 
-Calibration (ALGORITHMS.md §0, §7.3). Per round and coordinate the release spends ε'/2 in
+Calibration (docs/algorithms.md#winsorized-mean). Per round and coordinate the release spends ε'/2 in
 the exponential mechanism (pure: ``ZCDpEvent((ε'/2)^2/2)``) and ε'/2 in the Laplace noise
 (``LaplaceDpEvent(2/ε')``: scale 4hτ'/(nε') over replace-one sensitivity 2hτ'/n), over the
 d' = 2^ceil(log2 d) rotated coordinates, composed over the rounds with the RDP accountant.
 ``accountant``: ε' is the largest that meets (ε, δ) over the schedule. ``closed_form``: the
 paper's ε' = ε_step / sqrt(8 d log(1/δ_step)) with ε_step = ε / (2 sqrt(2T log(2/δ))),
-δ_step = δ/(2T) (advanced composition; §7.3); the ledger then reports what the accountant
+δ_step = δ/(2T) (advanced composition, [LEVY] Thm 10); the ledger then reports what the accountant
 certifies for those constants.
 """
 from __future__ import annotations
@@ -178,7 +179,7 @@ class WinsorizedAggregator(RowsAggregator):
         X = pad_to_population(G.to(torch.float64), n)
         rot = RandomRotation(self.dim, rng=rng)
         Y = rot.rotate(X)
-        # per rotated coordinate |Y_j| <= ||X||_2 <= B (the l2 bound), ALGORITHMS.md §2.3
+        # per rotated coordinate |Y_j| <= ||X||_2 <= B (the l2 bound), docs/algorithms.md#winsorized-mean
         est, diag = winsorized_mean_1d(Y, self.tau_coord, self.bound, self.eps_coord, rng=rng,
                                        halfwidth_factor=self.h, n_public=n)
         mean = rot.invert(est).to(G.dtype)
@@ -202,7 +203,8 @@ def winsorized_round_event(eps_coord: float, coords: int) -> dp_accounting.DpEve
 
 
 def closed_form_eps_coord(eps: float, delta: float, rounds: int, dim: int) -> float:
-    """[LEVY] Alg. 3 / Alg. 2 constants (ALGORITHMS.md §7.3): per-step ε_s = ε/(2 sqrt(2T log(2/δ))),
+    """[LEVY] Alg. 3 / Alg. 2 constants (docs/algorithms.md#winsorized-mean): per-step
+    ε_s = ε/(2 sqrt(2T log(2/δ))),
     δ_s = δ/(2T); per coordinate ε_s / sqrt(8 d log(1/δ_s)). One call (T = 1 and no step
     split) uses ε / sqrt(8 d log(1/δ))."""
     if rounds == 1:

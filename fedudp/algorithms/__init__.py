@@ -1,5 +1,5 @@
-"""The seeds' training algorithms on the one round loop (issue 12; ALGORITHMS.md §2.6, §3.2,
-§3.5, §4.3, §4.4), one module each, chosen with ``algorithm.name`` (presets
+"""The seeds' training algorithms on the one round loop (docs/algorithms.md#training-algorithms),
+one module each, chosen with ``algorithm.name`` (presets
 ``+experiment=levy_alg3|levy_alg4|asi_alg3|asi_alg4|huang_alg1|huang_alg2``).
 
 An algorithm adds no round loop, owner computation or accountant of its own: it builds its

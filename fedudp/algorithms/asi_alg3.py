@@ -1,5 +1,6 @@
 """Asi & Liu, "User-level DP Stochastic Convex Optimization: Efficient Algorithms with Optimal
-Rates" (seed 003_60e5b11bfa501c93.txt), §4 Algorithm 3 (Theorem 4.1; ALGORITHMS.md §4.3).
+Rates" (seed 003_60e5b11bfa501c93.txt), §4 Algorithm 3 (Theorem 4.1;
+docs/algorithms.md#asi-and-liu-algorithm-3).
 
     one instance of Algorithm 2 (``aggregator=outlier_removal``: ONE AboveThreshold across all T
     queries, its ε/2 spent once per run) answers the T queries

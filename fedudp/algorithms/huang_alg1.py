@@ -1,5 +1,6 @@
 """Huang et al., "Learning across Data Owners with Joint Differential Privacy" (seed
-001_40594ba3d5609f29.txt), §3.1 Algorithm 1 (A_NSGD, Theorem 3.1, Lemma 3.2; ALGORITHMS.md §3.2),
+001_40594ba3d5609f29.txt), §3.1 Algorithm 1 (A_NSGD, Theorem 3.1, Lemma 3.2;
+docs/algorithms.md#huang-algorithm-1),
 as stated: one record per step, noise on the shared coordinates only, averaged iterate.
 
     per step t: one record z of owner j (``privacy.accounting=certified``: Poisson-sampled at
@@ -24,14 +25,15 @@ dimension, so the paper's formula is taken with nk + ℓ in place of ℓ (``algo
 overrides it for both).
 
 One record per user (``partition.records_per_user=1``): the unit is the record (user level
-follows by group privacy, §3.3: run at ε r/m). σ: calibrated by dp-accounting for T Poisson-
+follows by group privacy, [HUANG] Lemma 3.6: run at ε r/m). σ: calibrated by dp-accounting for T Poisson-
 sampled Gaussian releases at rate 1/(mn), or ``privacy.noise_multiplier`` if set (the billboard
 then stops before the budget is exceeded; the paper's σ = L sqrt(T log(1/δ))/(ε m n) holds only
-up to an unknown constant c2 and is recorded, not used). Step size (ALGORITHMS.md §3.2, derived
+up to an unknown constant c2 and is recorded, not used). Step size (not stated by the paper; derived
 by balancing the proof's terms): η = R / (L T sqrt(1/(mn) + ℓ log(1/δ)/(ε² m² n²)))
 (``algorithm.step_size``). T = Θ(m²n²) (proof of Thm 3.1) is infeasible: ``train.rounds``
 replaces it; both in summary.json. In certified mode (joint_dp) the shared gradient is taken at
-the public personal copy (option (c), ALGORITHMS.md §3.2); paper mode at x_j (the feedback).
+the public personal copy (docs/algorithms.md#certified-vs-paper-accounting); paper mode at x_j
+(the feedback).
 Personal update order: x_j moves before u's gradient is taken in the same round (the round
 loop's order), a one-step lag against the paper's simultaneous update, only in paper mode.
 """

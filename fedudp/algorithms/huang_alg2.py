@@ -1,5 +1,5 @@
 """Huang et al. (seed 001_40594ba3d5609f29.txt), App. B Algorithm 2 (A_NSSGD, Theorem B.1,
-Lemma B.4; ALGORITHMS.md §3.5): the smooth case.
+Lemma B.4; docs/algorithms.md#huang-algorithm-2): the smooth case.
 
     per step t: owner j_t sampled; each of its r users k sends X_k = its mean gradient on the
         SHARED coordinates; g_t = WinsorizedMeanHighD({X_k}) (``aggregator=winsorized`` over the

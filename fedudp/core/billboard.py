@@ -1,4 +1,5 @@
-"""The billboard server's round (Huang et al. (001) §2 billboard model; ARCHITECTURE.md §3).
+"""The billboard server's round (Huang et al. (001) §2 billboard model;
+docs/architecture.md#one-round-as-data).
 
 The billboard samples units (Poisson, seeded; never Flower's client sampler), checks the
 budget *before* releasing (composing the round's event must not exceed the target epsilon),
@@ -61,7 +62,8 @@ class Billboard:
                 self.accountant = GroupAccountant(self.accountant, group)
                 ledger.extra["group_conversion"] = str(group)
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
-        # probabilities that enter δ, ALGORITHMS.md §4.2): composed up front, conservatively
+        # probabilities that enter δ, docs/algorithms.md#outlier-removal): composed up front,
+        # conservatively
         self.one_off = aggregator.one_off_event() if aggregator.private else None
         if aggregator.private and plan is not None and plan.one_off() is not None:
             self.one_off = plan.one_off()

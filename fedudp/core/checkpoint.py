@@ -1,4 +1,5 @@
-"""Checkpoints of the round loop (issue 11): atomic, checksummed, the last few kept.
+"""Checkpoints of the round loop: atomic, checksummed, the last few kept
+(docs/architecture.md#checkpoints-and-stops).
 
 ``fedudp.core.rounds.run_rounds`` writes one after every ``checkpoint.every``-th completed
 round: the billboard's state (shared parameters, the released ledger entries from which the

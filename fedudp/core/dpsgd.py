@@ -1,4 +1,5 @@
-"""Owner-side DP-SGD on the shared parameters (Huang et al. (001) §4, reading A of ALGORITHMS.md §3.6).
+"""Owner-side DP-SGD on the shared parameters (Huang et al. (001) §4;
+docs/algorithms.md#owner-side-dp-sgd).
 
 Every quantity of the schedule comes from owner j's *public capacity* M_j (its planned user
 count, declared before any data is read), never from the users it actually holds: each step

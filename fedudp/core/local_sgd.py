@@ -1,4 +1,5 @@
-"""Local SGD and gradients, vectorized over units with ``torch.func`` (ARCHITECTURE.md §5).
+"""Local SGD and gradients, vectorized over units with ``torch.func``
+(docs/architecture.md#engines).
 
 The math under the owner component (``fedudp.core.owner``); pure functions of tensors.
 
@@ -73,7 +74,7 @@ def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: Purpose,
     Keys are drawn per owner (an owner's records, by position in the owner: owner-level
     training), or, with ``unit_keys``, per unit from that unit's own stable identity (users:
     a user's order must not move when another user of its owner is added or removed,
-    ALGORITHMS.md §3.2)."""
+    docs/algorithms.md#certified-vs-paper-accounting)."""
     L = int(units.sizes.max()) if len(units) else 0
     U = len(units)
     out = np.full((U, spec.epochs, L), -1, dtype=np.int64)

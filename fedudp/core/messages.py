@@ -1,4 +1,4 @@
-"""What crosses the owner -> billboard boundary (ARCHITECTURE.md §3 rules).
+"""What crosses the owner -> billboard boundary (docs/architecture.md#the-owner-boundary).
 
 An ``OwnerReply`` carries shared-parameter vectors only: ``param_names`` lists the shared
 parameters the vectors concatenate (in order), ``contribution`` the rows or the clipped sum the
@@ -44,7 +44,7 @@ class OwnerReply:
 
 def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint,
                weights: np.ndarray | None = None) -> OwnerReply:
-    """Drop non-finite rows (they contribute zero; ALGORITHMS.md §7.2), then apply the
+    """Drop non-finite rows (they contribute zero; docs/architecture.md#failures), then apply the
     aggregator's owner-side constraint (rows, or the sum of clipped rows and a count).
     ``weights``: owner-level updates averaged by weight (the rows are scaled before summing)."""
     ok = finite_rows(G)

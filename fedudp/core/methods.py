@@ -1,4 +1,5 @@
-"""The four methods as configurations of one algorithm (ARCHITECTURE.md §1, ALGORITHMS.md §3.6).
+"""The four methods as configurations of one algorithm
+(docs/algorithms.md#joint-dp-and-the-four-methods).
 
 | method   | shared        | personal               | server release           |
 |----------|---------------|------------------------|--------------------------|
@@ -11,11 +12,12 @@
 delta or gradient; the billboard's aggregator adds the noise: ``privacy.placement=server``),
 ``owner_sgd`` (standard FedAvg: the owner's delta after E epochs of SGD on all its records), or
 ``owner_dpsgd`` (the owner's delta after E epochs of DP-SGD over its users:
-``privacy.placement=local_dpsgd``, Huang et al. §4 reading A).
+``privacy.placement=local_dpsgd``, the owner-side reading of Huang et al. §4).
 
 ``feedback``: whether each shared vector is computed at the owner's own personal parameters
-(paper reading, heuristic at user level, ALGORITHMS.md §3.2 caveat) or at a public copy
-(certified option (c)); owner-level accounting (option (a)) allows the feedback.
+(paper reading, heuristic at user level, docs/algorithms.md#certified-vs-paper-accounting) or
+at a public copy (certified); owner-level accounting allows the feedback (it stays inside the
+unit).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""THE owner-side computation, written once for both engines (ARCHITECTURE.md §3, §5).
+"""THE owner-side computation, written once for both engines
+(docs/architecture.md#one-round-as-data, docs/architecture.md#engines).
 
 Huang et al. (001) Alg. 1 / §4, the owner's step of a round: update the personal parameters on
 all of the owner's records without noise (they never leave the owner), then compute, for each
@@ -39,7 +40,8 @@ from fedudp.randomness import Purpose, numpy_rng
 
 
 def uniform_ball(rng: np.random.Generator, k: int, d: int, radius: float) -> np.ndarray:
-    """[k, d] points uniform in the l2 ball of ``radius`` (ALGORITHMS.md §1.6), float64."""
+    """[k, d] points uniform in the l2 ball of ``radius`` (docs/algorithms.md#uniform-point-in-a-ball),
+    float64."""
     g = rng.standard_normal((k, d))
     u = rng.random((k, 1))
     return radius * u ** (1.0 / d) * g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
@@ -251,7 +253,7 @@ class Owners:
 
         ``delta``: the change of the shared parameters after the user's epochs of SGD on its own
         records; ``gradient``: its average gradient. Personal parameters are frozen at the
-        public copy (certified joint_dp, option (c) of ALGORITHMS.md §3.2) or, with
+        public copy (certified joint_dp, docs/algorithms.md#certified-vs-paper-accounting) or, with
         ``spec.feedback`` (paper mode, owner level), at the user's owner's own parameters.
         """
         spec, names = self.training.user, self.spec.shared

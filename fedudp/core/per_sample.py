@@ -1,4 +1,4 @@
-"""Per-record gradients from one batched forward/backward (the DP-SGD owners' hot loop, issue 9).
+"""Per-record gradients from one batched forward/backward (the DP-SGD owners' hot loop).
 
 ``torch.func.vmap(grad(loss))`` computes each record's gradient as a batch of one: on the CPU
 every convolution's weight gradient then runs per record (a grouped convolution), about 1.5x

@@ -1,4 +1,4 @@
-"""The declared hooks a training algorithm gives the one round loop (issue 12).
+"""The declared hooks a training algorithm gives the one round loop (docs/architecture.md#plan).
 
 ``run_rounds`` and the ``Billboard`` stay the only round; a seed's training algorithm
 (``fedudp.algorithms``: Levy et al. Alg. 4, Asi & Liu Alg. 3/4, Huang et al. Alg. 1/2) changes

@@ -1,4 +1,5 @@
-"""THE round loop, written once for both engines (ARCHITECTURE.md §3; Flower's Strategy.start).
+"""THE round loop, written once for both engines (docs/architecture.md#one-round-as-data;
+Flower's Strategy.start).
 
 Each round: check the budget *before* releasing (stop cleanly rather than exceed the target
 ε), the billboard's own seeded Poisson sample, the cohort's replies (collected by the engine's

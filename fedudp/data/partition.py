@@ -1,4 +1,4 @@
-"""Owners -> users -> records (ALGORITHMS.md §3.6, Huang et al. §4).
+"""Owners -> users -> records (docs/algorithms.md#data-partition, Huang et al. §4).
 
 * ``owner_sizes``: N records split evenly, sizes floor(N/n) or ceil(N/n).
 * ``paper_classes``: each owner draws ``k`` (paper: 8) of the classes uniformly and fills its

@@ -1,4 +1,5 @@
-"""``engine=flower``: owners as Flower ``ClientApp``s, the round loop in a ``ServerApp`` (issue 4).
+"""``engine=flower``: owners as Flower ``ClientApp``s, the round loop in a ``ServerApp``
+(docs/architecture.md#engines).
 
 A transport only: ``FlowerTransport`` sends each round's broadcast and the owners' sampled
 units as Flower messages (one ``train`` message per owner that has to act: every owner when

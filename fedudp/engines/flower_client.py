@@ -1,4 +1,4 @@
-"""One owner as a Flower ``ClientApp`` (Message API; ARCHITECTURE.md §5).
+"""One owner as a Flower ``ClientApp`` (Message API; docs/architecture.md#engines).
 
 The node's partition id is the owner id. The owner rebuilds, once per worker process, the
 model, split and federation from the run configuration the billboard sends (all seeded, so

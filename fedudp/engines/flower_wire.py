@@ -1,4 +1,5 @@
-"""The whole wire vocabulary of ``engine=flower``: record keys and codecs (ARCHITECTURE.md §3).
+"""The whole wire vocabulary of ``engine=flower``: record keys and codecs
+(docs/architecture.md#the-owner-boundary).
 
 Server -> owner: ``K_RUN`` (config JSON, round, the owner's sampled units, the aggregator's
 ``Constraint``) and ``K_SHARED`` (the broadcast: shared parameters only). Owner -> server:

@@ -1,4 +1,5 @@
-"""``engine=local``: every owner in one process, batched with ``torch.func`` (ARCHITECTURE.md §5).
+"""``engine=local``: every owner in one process, batched with ``torch.func``
+(docs/architecture.md#engines).
 
 A transport only: the owners' computation is ``fedudp.core.owner.Owners`` over the whole
 federation (personal parameters stacked ``[n_owners, ...]``, users in vmapped chunks of at most

@@ -1,4 +1,4 @@
-"""Ray processes never outlive the run that started them (issue 11), even after SIGKILL.
+"""Ray processes never outlive the run that started them, even after SIGKILL.
 
 ``start(pid)`` launches this file as a small separate process (its own session, standard
 library only, no fedudp import). While the driver ``pid`` lives it records, every half second,

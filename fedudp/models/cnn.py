@@ -1,9 +1,9 @@
-"""The paper CNN inferred from Huang et al. Table 2 (ALGORITHMS.md §3.7).
+"""The paper CNN inferred from Huang et al. Table 2 (docs/algorithms.md#paper-cnn).
 
 Conv1(1->16, 5x5, pad 2) -> ReLU -> MaxPool2 -> Conv2(16->32, 5x5, pad 2) -> ReLU -> MaxPool2
 -> flatten (32*7*7 = 1568) -> two parallel heads FC1, FC2 (Linear 1568->10), logits averaged.
 Parameter counts: Conv1 416, Conv2 12,832, each head 15,690 (PyTorch, biased; the paper's
-Table 2 lists FC1 as 17,248 = 1568 x 11, see §3.7). joint_dp personalizes FC1 by default.
+Table 2 lists FC1 as 17,248 = 1568 x 11, see docs/algorithms.md#paper-cnn). joint_dp personalizes FC1 by default.
 """
 from __future__ import annotations
 

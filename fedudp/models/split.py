@@ -1,4 +1,5 @@
-"""Shared / personal split of a model's parameters by name patterns (ALGORITHMS.md §3.6).
+"""Shared / personal split of a model's parameters by name patterns
+(docs/algorithms.md#joint-dp-and-the-four-methods).
 
 A pattern is an fnmatch pattern over ``named_parameters()`` names; a bare layer name
 (``fc1``) means that layer's parameters (``fc1.*``). A pattern matching nothing is a

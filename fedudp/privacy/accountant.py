@@ -1,4 +1,4 @@
-"""Privacy accounting on Google's dp-accounting (ALGORITHMS.md §7).
+"""Privacy accounting on Google's dp-accounting (docs/algorithms.md#privacy-accounting).
 
 * ``Accountant`` composes the ``DpEvent`` of every release with a ``PLDAccountant``
   (primary; tight for Poisson-sampled Gaussians) and an ``RdpAccountant`` (cross-check),
@@ -34,8 +34,8 @@ class BudgetError(ConfigError):
 
 @dataclass(frozen=True)
 class ApproxDp:
-    """An (epsilon, delta)-DP block that dp-accounting 0.6 has no event for (ALGORITHMS.md
-    §7.2): AboveThreshold's pure budget, a failure probability that enters delta (ASI's
+    """An (epsilon, delta)-DP block that dp-accounting 0.6 has no event for
+    (docs/algorithms.md#blocks-without-a-dp-accounting-event): AboveThreshold's pure budget, a failure probability that enters delta (ASI's
     zeta, a concentration check passing wrongly), Esfandiari's (4ε, 4δ) sampler. Blocks
     compose with everything else by basic composition (``basic_composition``)."""
 
@@ -128,7 +128,8 @@ class Accountant:
     @property
     def primary(self) -> str:
         """``pld`` when PLD supports every composed event, else ``rdp`` (e.g. ``ZCDpEvent``
-        for pure-DP steps, which dp-accounting's PLD cannot represent; ALGORITHMS.md §7)."""
+        for pure-DP steps, which dp-accounting's PLD cannot represent;
+        docs/algorithms.md#events-and-accountants)."""
         if not self.runs:
             return "pld"
         return "pld" if _pld(self.pld_interval).supports(self._composed()) else "rdp"
@@ -231,7 +232,7 @@ class ParallelAccountant:
 
 @dataclass(frozen=True)
 class GroupConversion:
-    """User level from record level by group privacy (ALGORITHMS.md §3.3, §7; Huang et al.
+    """User level from record level by group privacy (docs/algorithms.md#group-privacy; Huang et al.
     (001) Lemma 3.6): a mechanism (ε', δ')-DP for one-record changes is, for the ``size`` = k
     records of one user, (kε', k·e^{(k−1)ε'}·δ')-DP (the standard form, ``form="certified"``)
     or, as Huang et al. write it, (kε', k·e^{kε'}·δ') (``form="paper"``).

@@ -32,7 +32,7 @@ noise cut it would detect at the given number of releases.
 ``noise=FACTOR`` (any factor; the noise is multiplied by it), ``clip=off`` (server-side release:
 the owners send unclipped vectors and the canary is 10 times the clip norm) and
 ``schedule=data`` (owner-side DP-SGD: the sampling rate, step count and divisor taken from the
-users each neighbour actually holds, the schedule before issue 21).
+users each neighbour actually holds: a schedule read from the data).
 
 Power: for the robust estimators the certified sensitivity (a worst case over all datasets) far
 exceeds one unit's influence on a typical cohort, so their audit bound stays well below the claim
@@ -305,7 +305,7 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
     if kind == "noise":
         constraint = dataclasses.replace(constraint, dpsgd_noise=constraint.dpsgd_noise * factor)
     # the public capacity of every simulated owner (ids: D even, D' odd); schedule=data gives
-    # each neighbour the count it holds, as the mechanism before issue 21 did
+    # each neighbour the count it holds (a schedule read from the data)
     cap = np.full(2 * trials, users, dtype=np.int64)
     if kind == "schedule=data":
         cap[1::2] = users - 1

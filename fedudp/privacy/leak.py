@@ -1,4 +1,5 @@
-"""The paper-mode leak of joint DP as a neighbouring pair (ALGORITHMS.md §3.2 caveat; issue 10).
+"""The paper-mode leak of joint DP as a neighbouring pair
+(docs/algorithms.md#certified-vs-paper-accounting).
 
 Huang et al. (001) account each step as if a user's shared vector depended only on that user's
 records. In ``privacy.accounting=paper`` the shared vectors are computed at the owner's own
@@ -11,7 +12,7 @@ relabelled to another class (so it pulls its owner's personal bias); 20 personal
 C = 0.05, near the vectors' size; one round, every user. D holds that user, D' does not
 (add/remove-one-user adjacency). ``clipped_sums`` gives the owner side's clipped sums on both
 (the billboard adds the noise). In ``certified`` mode the vectors are computed at the public
-personal value (option (c)), so the sums differ by at most C; in ``paper`` mode by ≈ 15 C.
+personal value, so the sums differ by at most C; in ``paper`` mode by ≈ 15 C.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DP primitives shared by the user-level mean estimators (ALGORITHMS.md §1).
+"""DP primitives shared by the user-level mean estimators (docs/algorithms.md#shared-primitives).
 
 * Laplace and Gaussian noise from a seeded ``torch.Generator``;
 * the exponential mechanism in log space (Gumbel-max), batched over independent instances;
@@ -10,7 +10,8 @@
   clipping and DP-SGD), norms in float64;
 * ``pure_dp_event``: how a pure eps0-DP step (exponential mechanism, AboveThreshold) enters
   dp-accounting: ``ZCDpEvent(eps0**2 / 2)`` (every eps0-DP mechanism is eps0^2/2-zCDP, Bun &
-  Steinke 2016, Prop. 1.4), composed by the RDP accountant (ALGORITHMS.md §7.3).
+  Steinke 2016, Prop. 1.4), composed by the RDP accountant
+  (docs/algorithms.md#events-and-accountants).
 """
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def pure_dp_event(eps0: float) -> dp_accounting.DpEvent:
 
 
 class AboveThreshold:
-    """Sparse vector over a stream of sensitivity-``sensitivity`` queries (ALGORITHMS.md §1.4).
+    """Sparse vector over a stream of sensitivity-``sensitivity`` queries
+    (docs/algorithms.md#abovethreshold).
 
     The noisy threshold is drawn once per instance; each query gets fresh Lap(4 s / eps)
     noise; the instance halts at the first query whose noisy value falls *below* the noisy
@@ -186,7 +188,8 @@ def rotated_coordinate_radius(tau: float, d: int, n: int, alpha: float) -> float
 
 
 class RandomRotation:
-    """U = d'^{-1/2} H diag(omega), omega uniform in {±1}^{d'} ([LEVY] Alg. 2, ALGORITHMS.md §1.5).
+    """U = d'^{-1/2} H diag(omega), omega uniform in {±1}^{d'} ([LEVY] Alg. 2;
+    docs/algorithms.md#randomized-hadamard-rotation).
 
     ``omega`` is public, data-independent randomness; one draw is shared by all rows of a call.
     ``rotate`` pads rows to d' = 2^ceil(log2 d) with zeros; ``invert`` drops the padding.
