@@ -21,12 +21,12 @@ def test_claimed_epsilon_is_the_ledgers_for_one_release():
 
 @pytest.mark.parametrize("broken,violation", [("", False), ("noise=0.7", True), ("clip=off", True)])
 def test_audit_is_consistent_and_catches_broken_mechanisms(broken, violation):
-    r = audit(gaussian(), dim=4, trials=60_000, delta=1e-5, seed=1, broken=broken)
+    r = audit(gaussian(), dim=4, trials=40_000, delta=1e-5, seed=1, broken=broken)
     assert r.violation == violation, r
     assert r.samples.gaussian_used                       # unsampled Gaussian: the near-optimal fit
     if not broken:
         assert 0.8 <= r.lower_bound <= 1.0, r
-        assert 0.9 < r.power["gaussian"] < 1.0 and r.power["threshold"] < r.power["gaussian"]
+        assert 0.85 < r.power["gaussian"] < 1.0 and r.power["threshold"] < r.power["gaussian"]
 
 
 def test_subsampled_release_is_audited_without_the_gaussian_model():
@@ -92,7 +92,7 @@ def test_cli_audits_the_paper_mode_leak_pair(capsys, accounting, violation):
     # the paper-mode pair moves the clipped sum by ~15 C, so its one release at a
     # claimed ε = 1 is measurably far less private; certified mode's pair moves it by C
     assert main(["--pair", "paper_leak", f"privacy.accounting={accounting}",
-                 "--trials", "10000"]) == int(violation)
+                 "--trials", "4000"]) == int(violation)
     out = capsys.readouterr().out
     moved = float(out.split("moves the clipped sum by ")[1].split(" C")[0])
     row = next(line for line in out.splitlines() if line.startswith("| gaussian (paper_leak"))
