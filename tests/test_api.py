@@ -11,21 +11,24 @@ import fedudp
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def readme_example() -> str:
+def readme_examples() -> list[str]:
     text = README.read_text()
-    section = text.split("## Use from Python", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = text.split("## Use from Python", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
 def test_the_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_example(), "README.md", "exec"), {})
+    first, estimator = readme_examples()
+    exec(compile(first, "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "completed 3"
     assert out[1] == "epsilon 1.000 (certified)"
     assert "summary.json" in out[6] and "config.yaml" in out[6]
     assert out[-1].startswith("train.roundz")
     assert (tmp_path / "runs" / "fedavg" / "summary.json").is_file()
+    exec(compile(estimator, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "(5,) GaussianDpEvent(noise_multiplier=1.1)"
 
 
 def test_simulate_in_memory_equals_the_run_folder(tmp_path):

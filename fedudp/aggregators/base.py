@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 
 import dp_accounting
+import numpy as np
 import torch
 
 from fedudp.privacy.accountant import ADJACENCY, ApproxDp, GroupConversion
@@ -180,9 +181,13 @@ class Aggregator(ABC):
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         """Release an estimate of the cohort's mean from the merged contribution."""
 
-    def __call__(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
-        """Owner side and release in one call, on the cohort matrix ``G`` (n_units x d)."""
-        return self.release(self.constraint.apply(G), rng=rng)
+    def __call__(self, G: "torch.Tensor | np.ndarray", *,
+                 rng: "torch.Generator | int | None" = None) -> Aggregate:
+        """Owner side and release in one call, on the cohort matrix ``G`` (n_units x d): a torch
+        tensor or a numpy array of real numbers (integers are read as float64). ``rng``: the
+        release's generator, or an int seed; None draws a fresh seed from the OS (the noise of a
+        DP release must not be predictable). Any other input is a ``TypeError``."""
+        return self.release(self.constraint.apply(as_rows(G)), rng=as_generator(rng))
 
     @abstractmethod
     def dp_event(self) -> dp_accounting.DpEvent | ApproxDp:
@@ -219,6 +224,39 @@ class RowsAggregator(Aggregator):
     @abstractmethod
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         """The estimator on the rows received (missing units count as zero rows)."""
+
+
+def as_rows(G: Any) -> torch.Tensor:
+    """``G`` as a 2-D floating tensor (numpy arrays and integer tensors become float64); anything
+    else is a ``TypeError`` saying what an estimator takes."""
+    if isinstance(G, np.ndarray):
+        if not (np.issubdtype(G.dtype, np.floating) or np.issubdtype(G.dtype, np.integer)):
+            raise TypeError(f"an estimator takes a real matrix (n_units x d), got a numpy array of "
+                            f"dtype {G.dtype}")
+        G = torch.from_numpy(np.ascontiguousarray(G, dtype=np.float64 if not np.issubdtype(
+            G.dtype, np.floating) else G.dtype))
+    if not isinstance(G, torch.Tensor):
+        raise TypeError(f"an estimator takes a torch tensor or a numpy array (n_units x d), got "
+                        f"{type(G).__name__}")
+    if G.is_complex() or G.dtype == torch.bool:
+        raise TypeError(f"an estimator takes a real matrix (n_units x d), got dtype {G.dtype}")
+    if not G.is_floating_point():
+        G = G.to(torch.float64)
+    if G.dim() != 2:
+        raise ValueError(f"an estimator takes a matrix (n_units x d), got shape {tuple(G.shape)}")
+    return G
+
+
+def as_generator(rng: Any) -> torch.Generator:
+    """A release's generator: itself, a seeded one for an int, a fresh OS-seeded one for None."""
+    if isinstance(rng, torch.Generator):
+        return rng
+    if rng is None:
+        import secrets
+        return torch.Generator().manual_seed(secrets.randbits(63))
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        return torch.Generator().manual_seed(int(rng))
+    raise TypeError(f"rng must be a torch.Generator, an int seed or None, got {type(rng).__name__}")
 
 
 REGISTRY: dict[str, type[Aggregator]] = {}
