@@ -20,7 +20,7 @@ What is audited:
   scaled up and the label that maximizes its gradient, so its gradient is clipped); one round.
   ``--owner-users`` picks the M's; the default pairs are one owner below the batch B and one
   crossing a multiple of B (``B//3`` and ``B+1``: 10 → 9 and 33 → 32 at B = 32);
-* ``--pair paper_leak``: the joint-DP paper-mode leak pair (``fedudp.privacy.leak``).
+* ``--pair paper_leak``: the joint-DP paper-mode leak pair (``fedudp.leak``).
 
 Tests: the distribution-free threshold test with its region chosen on a held-out half, on the
 projection along the mean shift and on the squared distance from D''s mean; and, where the release
@@ -191,7 +191,7 @@ def audit(agg: Aggregator, dim: int, trials: int, delta: float, seed: int = 0,
 def audit_pair(agg: Aggregator, on_d: Contribution, on_dprime: Contribution, trials: int,
                delta: float, seed: int = 0) -> AuditResult:
     """Audit the billboard's release on a given neighbouring pair of owner-side contributions
-    (e.g. ``fedudp.privacy.leak``): ``trials`` seeded releases of each."""
+    (e.g. ``fedudp.leak``): ``trials`` seeded releases of each."""
     t0 = time.perf_counter()
     claimed = one_release_epsilon(agg, delta)
     diff = on_d.total.to(torch.float64) - on_dprime.total.to(torch.float64)
@@ -368,9 +368,9 @@ def _details(r: AuditResult) -> list[str]:
 
 
 def _main_pair(a, over: dict) -> int:
-    """``--pair paper_leak``: the paper-mode leak pair (``fedudp.privacy.leak``)."""
+    """``--pair paper_leak``: the paper-mode leak pair (``fedudp.leak``)."""
     from fedudp.config import ConfigError
-    from fedudp.privacy.leak import clipped_sums, leak_config
+    from fedudp.leak import clipped_sums, leak_config
     try:
         pair = clipped_sums(leak_config(**over))
     except (ConfigError, ValueError) as e:

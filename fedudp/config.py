@@ -13,12 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-
-
-class ConfigError(ValueError):
-    """A user error: a configuration value, the budget, a data file or the output folder is
-    wrong. The message starts with the key or file it names; the CLI prints it as one line
-    ``fedudp: error: <message>`` and exits with status 2."""
+from fedudp.errors import ConfigError  # noqa: F401  (re-exported: fedudp.config.ConfigError)
 
 
 class DataError(ConfigError):

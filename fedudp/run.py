@@ -35,7 +35,9 @@ from fedudp.data.idx import check_available
 from fedudp.privacy.accountant import Ledger
 from fedudp.report import epsilon_display, epsilon_kind
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# The config tree ships inside the package (package data, pyproject.toml): the same path in an
+# editable install, a wheel, a Flower FAB and a Ray/joblib launcher worker.
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
 
 def estimator_report(aggregator, res) -> dict:

@@ -47,7 +47,7 @@ def run_case(name: str) -> dict:
     from fedudp.aggregators import Sampling, build_aggregator
     from fedudp.config import config_from_overrides
     from fedudp.data.federation import planned_units
-    from fedudp.privacy.audit import audit, audit_local_dpsgd
+    from fedudp.audit import audit, audit_local_dpsgd
     kind, broken, users, trials, seeds = CASES[name]
     t0 = time.perf_counter()
     rows = []

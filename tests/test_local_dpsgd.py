@@ -15,7 +15,8 @@ from hypothesis.extra.numpy import arrays
 
 from conftest import tiny_cfg
 from fedudp.config import ConfigError
-from fedudp.core.dpsgd import DpSgdSpec, clipped_sums, dpsgd_deltas, owner_rates
+from fedudp.aggregators.local_dpsgd import owner_rates
+from fedudp.core.dpsgd import DpSgdSpec, clipped_sums, dpsgd_deltas
 from fedudp.randomness import Purpose, numpy_rng
 from fedudp.run import execute, prepare, run
 

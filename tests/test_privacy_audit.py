@@ -6,7 +6,7 @@ import dp_accounting
 import pytest
 
 from fedudp.aggregators import GaussianAggregator, Sampling
-from fedudp.privacy.audit import audit, audit_local_dpsgd, main, one_release_epsilon
+from fedudp.audit import audit, audit_local_dpsgd, main, one_release_epsilon
 
 
 def gaussian(z_scale: float = 1.0) -> GaussianAggregator:

@@ -125,7 +125,8 @@ def test_runs_off_the_presets_hyperparameters_stay_out_of_every_layout(tmp_path)
     """An ablation (here clip 1 or lr 0.01) shares the run folder but not the paper's cells."""
     import yaml
     from fedudp.paper_report import PRESET_HYPER
-    conf = Path(__file__).resolve().parents[1] / "conf" / "experiment" / "huang_table1.yaml"
+    from fedudp.run import CONF_DIR
+    conf = Path(CONF_DIR) / "experiment" / "huang_table1.yaml"
     preset = yaml.safe_load(conf.read_text())
     for key, value in PRESET_HYPER.items():             # the filter is the preset's own values
         section, name = key.split(".")

@@ -173,12 +173,12 @@ def test_removing_a_user_leaves_every_other_users_vector_bit_identical(view):
 
 @pytest.mark.parametrize("accounting", ["certified", "paper"])
 def test_paper_mode_leaks_through_the_personal_layer_and_certified_does_not(accounting):
-    # the paper-mode leak's neighbouring pair (fedudp.privacy.leak), noise-free: 4 owners x 20 users x 10
+    # the paper-mode leak's neighbouring pair (fedudp.leak), noise-free: 4 owners x 20 users x 10
     # records, one class per owner, one user of owner 0 relabelled to another class (it pulls
     # its owner's noiselessly trained personal bias), 20 personal epochs, clip 0.05 near the
     # vectors' size. Adding the user moves the clipped sum by at most C in certified mode; in
     # paper mode the other users' vectors move too (through the personal layer), by more than C.
-    from fedudp.privacy.leak import clipped_sums, leak_config
+    from fedudp.leak import clipped_sums, leak_config
     pair = clipped_sums(leak_config(**{"privacy.accounting": accounting}))
     assert pair.clip == 0.05
     if accounting == "certified":

@@ -28,9 +28,16 @@ import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Constraint, Contribution, Sampling
 from fedudp.config import Accounting, Calibration, ConfigError, RunConfig
-from fedudp.core.dpsgd import owner_rates
 from fedudp.data.federation import planned_owner_records, planned_owner_users
 from fedudp.privacy.accountant import GroupConversion, Parallel, calibrate_noise_multiplier
+
+
+def owner_rates(capacity: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(q_j, steps per epoch) for owners of public capacity M_j (``capacity``): q = min(B, M)/M,
+    ceil(M/B). Pass capacities, never the users an owner actually holds."""
+    capacity = np.asarray(capacity, dtype=np.int64)
+    b = np.minimum(batch, capacity)
+    return b / np.maximum(capacity, 1), -(-capacity // batch)
 
 
 def owner_round_event(z: float, q: float, steps: int) -> dp_accounting.DpEvent:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from fedudp.aggregators.local_dpsgd import owner_rates
 from fedudp.core import local_sgd, per_sample
 from fedudp.privacy.mechanisms import clip_factors
 from fedudp.randomness import Purpose, numpy_rng, torch_generator
@@ -48,14 +49,6 @@ class DpSgdSpec:
     epochs: int                 # E
     lr: float
     seed: int
-
-
-def owner_rates(capacity: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """(q_j, steps per epoch) for owners of public capacity M_j (``capacity``): q = min(B, M)/M,
-    ceil(M/B). Pass capacities, never the users an owner actually holds."""
-    capacity = np.asarray(capacity, dtype=np.int64)
-    b = np.minimum(batch, capacity)
-    return b / np.maximum(capacity, 1), -(-capacity // batch)
 
 
 def clipped_sums(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor, owners: int,

@@ -20,7 +20,7 @@ import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from fedudp.config import ConfigError
+from fedudp.errors import ConfigError
 
 ADJACENCY = "add_or_remove_one"
 _RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE

@@ -1,0 +1,11 @@
+"""The user-error type every layer may raise (the bottom of the import graph: it imports nothing).
+
+A ``ConfigError`` says that a configuration value, the privacy budget, a data file or the output
+folder is wrong. Its message starts with the key or file it names; the command line prints it as
+one line ``fedudp: error: <message>`` and exits with status 2. ``fedudp.config`` re-exports it.
+"""
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A user error (see the module doc)."""
