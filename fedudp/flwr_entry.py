@@ -31,7 +31,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg.engine, cfg.progress = EngineName.flower, False
     s = run(cfg, out_dir, grid=grid)
     log(INFO, "fedudp: %s accuracy %.4f epsilon %s rounds %s -> %s", s["method"],
-        s["accuracy_mean"], s["epsilon"], s["rounds_completed"], out_dir)
+        s["accuracy_mean"], s["epsilon_display"], s["rounds_completed"], out_dir)
 
 
 def count_nodes(grid: Grid, settle_s: float = 2.0, timeout_s: float = 300.0) -> int:

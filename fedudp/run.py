@@ -304,6 +304,7 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None
         ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
         ckpt, written = _checkpointer(out, cfg), 0
     bar = _progress(cfg)
+    heuristic = p.spec.private and run_guarantee(p.spec, p.aggregator) == "heuristic"
 
     def on_round(info: dict) -> None:
         nonlocal written
@@ -315,7 +316,9 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None
         written = len(p.ledger.entries)
         if bar is not None:
             bar.update(1)
-            post = {"acc": info.get("accuracy_mean"), "eps": info.get("epsilon")}
+            # a heuristic ε is never shown bare, the progress bar included
+            eps_key = "eps (heuristic)" if heuristic else "eps"
+            post = {"acc": info.get("accuracy_mean"), eps_key: info.get("epsilon")}
             bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None})
 
     res = None

@@ -101,3 +101,9 @@ def test_cli_audits_the_paper_mode_leak_pair(capsys, accounting, violation):
         assert moved > 10 and bound > 4, out
     else:
         assert moved <= 1.0 + 1e-6 and bound <= 1.0, out
+
+
+def test_a_heuristic_claim_is_marked_in_the_audit_row(capsys):
+    assert main(["--pair", "paper_leak", "privacy.accounting=paper", "--trials", "1000"]) == 1
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| gaussian ("))
+    assert row.split("|")[5].strip() == "1.000 (heuristic)"

@@ -262,3 +262,15 @@ def test_cli_output_folder_it_cannot_create_is_one_line(tmp_path, key):
     assert p.returncode == 2, p.stderr
     assert len(lines) == 1 and lines[0].startswith(f"fedudp: error: {key}=") \
         and "is a file, not a folder" in lines[0], p.stderr
+
+
+def test_progress_bar_marks_a_heuristic_epsilon(tmp_path, capsys):
+    cfg = tiny_cfg("joint_dp", **{"privacy.accounting": "paper", "train.rounds": 1})
+    cfg.progress = True
+    run(cfg, tmp_path / "paper")
+    assert "eps (heuristic)=" in capsys.readouterr().err
+    cfg = tiny_cfg("joint_dp", **{"train.rounds": 1})
+    cfg.progress = True
+    run(cfg, tmp_path / "certified")
+    err = capsys.readouterr().err
+    assert "eps=" in err and "heuristic" not in err
