@@ -19,7 +19,7 @@ def readme_examples() -> list[str]:
 
 def test_the_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    first, estimator = readme_examples()
+    first, estimator, calibrated = readme_examples()
     exec(compile(first, "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "completed 3"
@@ -29,6 +29,8 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "runs" / "fedavg" / "summary.json").is_file()
     exec(compile(estimator, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "(5,) GaussianDpEvent(noise_multiplier=1.1)"
+    exec(compile(calibrated, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "1200 0.709"
 
 
 def test_simulate_in_memory_equals_the_run_folder(tmp_path):

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from fedudp.aggregators import few_users, gaussian, outlier, winsorized  # noqa: F401  (register)
 from fedudp.aggregators.base import (REGISTRY, Aggregate, Aggregator, Constraint, Contribution,
-                                     Sampling, clip_rows, finite_rows, register)
+                                     ParameterError, Sampling, clip_rows, finite_rows, register)
+from fedudp.aggregators.few_users import FewUsersAggregator
 from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean
+from fedudp.aggregators.outlier import FriendlyCoreAggregator, OutlierRemovalAggregator
+from fedudp.aggregators.winsorized import WinsorizedAggregator
 from fedudp.config import ConfigError, Method, Placement, RunConfig, resolved_aggregator
 
 __all__ = ["Aggregate", "Aggregator", "Constraint", "Contribution", "Sampling", "REGISTRY",
            "register", "clip_rows", "finite_rows", "aggregator_class", "build_aggregator",
-           "check_aggregator_config", "GaussianAggregator", "MeanAggregator", "LocalDpSgdMean"]
+           "check_aggregator_config", "GaussianAggregator", "MeanAggregator", "LocalDpSgdMean",
+           "WinsorizedAggregator", "OutlierRemovalAggregator", "FriendlyCoreAggregator",
+           "FewUsersAggregator", "ParameterError"]
 
 
 def aggregator_class(cfg: RunConfig) -> type[Aggregator]:

@@ -8,20 +8,34 @@ less traffic. The billboard merges the owners' ``Contribution``s and calls ``rel
 server side: clip/rotate/filter, noise), then composes ``dp_event()`` into the ledger.
 
 Everything a caller reads is declared on ``Aggregator``: the billboard, the ledger, the run
-summary and the engines read nothing else. Each estimator builds itself from the run config
-(``from_config``, which calibrates), and registers under its ``name`` (``register``).
+summary and the engines read nothing else. Each estimator registers under its ``name``
+(``register``) and is built in one of three ways:
+
+* ``Cls(...)``: the constructor takes the final constants (noise multipliers, radii) as given;
+* ``Cls.calibrated(...)``: keyword-only *plain* values (epsilon, delta, rounds, a ``Sampling``,
+  the public bounds and the estimator's options) -> calibrates, then calls the constructor. A bad
+  value is a ``ParameterError`` (a ``ValueError``) whose message starts with the parameter's name;
+* ``Cls.from_config(cfg, sampling, rounds, dim)``: reads the run config's fields and calls
+  ``calibrated`` (a thin wrapper); its errors are ``ConfigError``s naming the config keys
+  (``config_errors``).
 """
 from __future__ import annotations
 
+import contextlib
+import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.privacy.accountant import ADJACENCY, ApproxDp, GroupConversion
+from fedudp.errors import ConfigError
+from fedudp.privacy.accountant import (ADJACENCY, MAX_NOISE_MULTIPLIER, ApproxDp, BudgetError,
+                                       GroupConversion, calibrate_noise_multiplier)
 from fedudp.privacy.mechanisms import clip_factors
 
 if TYPE_CHECKING:
@@ -170,7 +184,10 @@ class Aggregator(ABC):
     @abstractmethod
     def from_config(cls, cfg: "RunConfig", sampling: Sampling, rounds: int, dim: int
                     ) -> "Aggregator":
-        """Calibrate to (ε, δ) over ``rounds`` releases of ``dim``-vectors, then construct."""
+        """Calibrate to (ε, δ) over ``rounds`` releases of ``dim``-vectors, then construct: read
+        the config's fields and pass them to the class's ``calibrated`` (keyword-only plain
+        values; see the module docstring), re-raising its ``ParameterError`` as a ``ConfigError``
+        that names the config key (``config_errors``)."""
 
     @property
     def constraint(self) -> Constraint:
@@ -313,3 +330,145 @@ def require_dim(dim: int, name: str) -> None:
     from fedudp.config import ConfigError
     if dim < 1:
         raise ConfigError(f"aggregator={name} needs at least one shared parameter")
+
+
+# -- plain-value construction: ``calibrated(...)`` and its errors --------------------------------
+class ParameterError(ValueError):
+    """``calibrated`` refuses a plain value (or a combination of them): the message names the
+    parameter ``param`` (``"epsilon must be a finite number > 0, got -1"``); ``facts`` keeps the
+    numbers behind it, so that ``from_config`` can say the same with the config's keys
+    (``config_error``). ``facts["config"]``, where present, is the exact ``ConfigError`` the
+    config path raises (an unreachable budget's ``BudgetError``)."""
+
+    def __init__(self, param: str, message: str, **facts: Any) -> None:
+        super().__init__(message)
+        self.param, self.facts = param, facts
+
+
+# the config key each ``calibrated`` parameter comes from (``from_config``)
+CONFIG_KEYS = {
+    "epsilon": "privacy.epsilon", "delta": "privacy.delta", "clip": "privacy.clip",
+    "accounting": "privacy.accounting", "calibration": "privacy.calibration",
+    "rounds": "train.rounds", "sampling": "train.sampling_rate",
+    "sampling.rate": "train.sampling_rate", "sampling.population": "partition",
+    "batch_size": "train.batch_size", "local_epochs": "train.local_epochs",
+    "bound": "estimator.bound", "tau": "estimator.tau", "beta": "estimator.beta",
+    "copies": "estimator.copies", "blocks": "estimator.blocks", "kappa": "estimator.kappa",
+    "tries": "estimator.tries", "records_per_unit": "partition.records_per_user",
+    "group_size": "partition.records_per_user", "owner_units": "partition", "dim": "model",
+}
+_BUDGET = ("epsilon", "delta", "rounds")
+
+
+def config_message(err: ParameterError) -> str:
+    """``err``'s message with the parameter's name replaced by its config key
+    (``"clip must be > 0, got 0"`` -> ``"privacy.clip must be > 0, got 0"``)."""
+    key, text = CONFIG_KEYS.get(err.param, err.param), str(err)
+    if text.startswith(err.param + " "):
+        return key + text[len(err.param):]
+    return f"{key}: {text}"
+
+
+def config_error(err: ParameterError) -> ConfigError:
+    """The ``ConfigError`` the config path raises for ``err`` (``BudgetError`` for the budget)."""
+    given = err.facts.get("config")
+    if isinstance(given, ConfigError):
+        return given
+    return (BudgetError if err.param in _BUDGET else ConfigError)(config_message(err))
+
+
+@contextlib.contextmanager
+def config_errors() -> Iterator[None]:
+    """``with config_errors(): return cls.calibrated(...)``: ``ParameterError`` -> ``ConfigError``."""
+    try:
+        yield
+    except ParameterError as err:
+        raise config_error(err) from None
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _integer(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def need(ok: bool, param: str, rule: str, value: Any) -> None:
+    """``ParameterError("<param> <rule>, got <value>")`` unless ``ok``."""
+    if not ok:
+        raise ParameterError(param, f"{param} {rule}, got {value!r}" if isinstance(value, str)
+                             else f"{param} {rule}, got {value}")
+
+
+def check_positive(param: str, value: Any) -> None:
+    need(_real(value) and value > 0, param, "must be > 0", value)
+
+
+def check_at_least(param: str, value: Any, low: float) -> None:
+    need(_real(value) and value >= low, param, f"must be >= {low:g}", value)
+
+
+def check_fraction(param: str, value: Any) -> None:
+    need(_real(value) and 0 < value < 1, param, "must be in (0, 1)", value)
+
+
+def check_count(param: str, value: Any, low: int = 1) -> None:
+    need(_integer(value) and value >= low, param, f"must be an integer >= {low}", value)
+
+
+def check_budget(epsilon: Any, delta: Any, rounds: Any) -> None:
+    """The target (ε, δ) over ``rounds`` releases (the accountant's own rules, plain names)."""
+    need(_real(epsilon) and epsilon > 0, "epsilon", "must be a finite number > 0", epsilon)
+    check_fraction("delta", delta)
+    check_count("rounds", rounds)
+
+
+def check_dim(dim: Any) -> None:
+    check_count("dim", dim)
+
+
+def check_sampling(sampling: Any, replace_one: str | None = None) -> None:
+    """``sampling`` is a ``Sampling``; a replace-one estimator (``replace_one``: its name) needs
+    rate 1 (every unit, every round, a public n: no amplification claimed)."""
+    if not isinstance(sampling, Sampling):
+        raise ParameterError("sampling", f"sampling must be a Sampling(rate, population), got "
+                             f"{type(sampling).__name__}")
+    if replace_one is not None:
+        need(sampling.rate == 1.0, "sampling.rate", f"must be 1 for {replace_one} (replace-one "
+             "with a public n: every unit, every round; no amplification claimed)", sampling.rate)
+
+
+def choice(param: str, value: Any, options: tuple[str, ...]) -> str:
+    """``value`` (a string or a config enum) as one of ``options``."""
+    plain = value.value if isinstance(value, Enum) else value
+    need(isinstance(plain, str) and plain in options, param,
+         "must be one of " + ", ".join(repr(o) for o in options), value)
+    return plain
+
+
+def concentration_radius(tau: Any, default: Callable[[int], float] | None,
+                         records_per_unit: Any) -> float:
+    """``tau`` when given (> 0); else ``default(records_per_unit)`` (the estimator's derivation
+    from the bound and the records per unit m, which must then be given)."""
+    if tau is not None:
+        check_positive("tau", tau)
+        return tau
+    if records_per_unit is None:
+        raise ParameterError("tau", "tau is None: give tau, or records_per_unit (and the bound) "
+                             "to derive it")
+    check_count("records_per_unit", records_per_unit)
+    return default(records_per_unit)
+
+
+def calibrate(make_event: Callable[[float], Any], epsilon: float, delta: float, rounds: int
+              ) -> float:
+    """``calibrate_noise_multiplier`` for ``calibrated``: an unreachable target is a
+    ``ParameterError`` naming epsilon (the config path re-raises the accountant's ``BudgetError``)."""
+    try:
+        return calibrate_noise_multiplier(make_event, epsilon, delta, rounds)
+    except BudgetError as err:
+        raise ParameterError(
+            "epsilon", f"epsilon is unreachable: the noise calibration's target (epsilon="
+            f"{epsilon:g}, delta={delta:g}) is not met in {rounds} rounds even with noise "
+            f"multiplier {MAX_NOISE_MULTIPLIER:g}", config=err) from None

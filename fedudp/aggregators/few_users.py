@@ -26,11 +26,15 @@ constants, so there is no separate closed form; both accounting modes use these.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
-from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, pad_to_population,
-                                     records_per_unit, register, require_dim, require_replace_one)
+from fedudp.aggregators.base import (Aggregate, ParameterError, RowsAggregator, Sampling,
+                                     check_at_least, check_budget, check_count, check_dim, check_fraction,
+                                     check_positive, check_sampling, concentration_radius,
+                                     config_message, need, pad_to_population, records_per_unit,
+                                     register, require_dim, require_replace_one)
 from fedudp.config import Calibration, ConfigError, RunConfig
 from fedudp.privacy.accountant import ApproxDp
 from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordinate_radius
@@ -178,19 +182,63 @@ class FewUsersAggregator(RowsAggregator):
                               "copy and basic composition (calibration=accountant)")
 
     @classmethod
+    def calibrated(cls, *, dim: int, epsilon: float, delta: float, rounds: int,
+                   sampling: Sampling, bound: float | None = None, tau: float | None = None,
+                   records_per_unit: int | None = None, copies: int = 1, blocks: int = 1,
+                   kappa: float = 1.0, tries: float = 1000.0, beta: float = 0.1
+                   ) -> "FewUsersAggregator":
+        """[ESF] DP-Estimate-2 for ``rounds`` releases over all ``sampling.population`` units
+        (rate 1) meeting (ε, δ) by basic composition: ε1 = ε/(4·copies·blocks·rounds), likewise δ1.
+
+        ``tau``: the users' concentration radius; None derives [ESF]'s 10·bound/sqrt(m) from
+        ``bound`` and ``records_per_unit`` m. ``copies``: runs of DP-Estimate-1 (median);
+        ``blocks``: a power of two <= dim's power of two (> 1: Hadamard rotation, one estimate
+        per block); ``kappa``: the ball radius multiplier κ; ``tries``: the expected tries N of
+        the geometric stop; ``beta``: the rotation's failure probability. A population too small
+        for DP-Estimate-1's privacy conditions is refused (``sampling.population``)."""
+        check_dim(dim)
+        check_budget(epsilon, delta, rounds)
+        check_sampling(sampling, cls.name)
+        check_count("copies", copies)
+        dp = next_pow2(int(dim))
+        need(_integer_power_of_two(blocks) and (blocks == 1 or blocks <= dp), "blocks",
+             f"must be a power of two <= {dp}", blocks)
+        check_positive("kappa", kappa)
+        check_at_least("tries", tries, 1)
+        check_fraction("beta", beta)
+        if bound is not None or tau is None:
+            check_positive("bound", bound)
+        tau = concentration_radius(tau, lambda m: 10 * bound / math.sqrt(m), records_per_unit)
+        n = sampling.population
+        try:
+            return cls(dim, tau, epsilon, delta, rounds, sampling, copies=copies, blocks=blocks,
+                       kappa=kappa, tries=tries, beta=beta)
+        except ValueError as err:     # DP-Estimate-1's privacy conditions (too few units)
+            raise ParameterError(
+                "sampling.population", f"sampling.population={n} is too small for few_users at "
+                f"epsilon={epsilon:g} over rounds={rounds} x copies={copies} x blocks={blocks}: "
+                f"{err}", detail=str(err)) from None
+
+    @classmethod
     def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
                     ) -> "FewUsersAggregator":
-        """Radius τ of the users' vectors: [ESF] r' = 10 r/√m unless ``estimator.tau`` is given."""
+        """Reads privacy.epsilon, privacy.delta, estimator.copies, estimator.blocks,
+        estimator.kappa, estimator.tries, estimator.beta, estimator.tau and, when tau is null,
+        estimator.bound and the records per unit (``records_per_unit``). privacy.calibration=
+        closed_form is refused by ``check_config``."""
         require_dim(dim, cls.name)
         p, e = cfg.privacy, cfg.estimator
-        tau = e.tau if e.tau is not None else 10 * e.bound / math.sqrt(records_per_unit(cfg))
         try:
-            return cls(dim, tau, p.epsilon, p.delta, rounds, sampling, copies=e.copies,
-                       blocks=e.blocks, kappa=e.kappa, tries=e.tries, beta=e.beta)
-        except ValueError as err:
+            return cls.calibrated(
+                dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
+                bound=e.bound, tau=e.tau, copies=e.copies, blocks=e.blocks, kappa=e.kappa,
+                tries=e.tries, beta=e.beta,
+                records_per_unit=records_per_unit(cfg) if e.tau is None else None)
+        except ParameterError as err:
             raise ConfigError(f"aggregator=few_users with n={sampling.population} units, "
                               f"ε={p.epsilon:g} over {rounds} rounds x {e.copies} copies x "
-                              f"{e.blocks} blocks: {err}") from None
+                              f"{e.blocks} blocks: {err.facts.get('detail') or config_message(err)}"
+                              ) from None
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
@@ -218,3 +266,7 @@ class FewUsersAggregator(RowsAggregator):
         """One round: copies x blocks runs of DP-Estimate-1, each (4ε1, 4δ1)-DP."""
         k = self.copies * self.blocks
         return ApproxDp(4 * self.eps1 * k, 4 * self.delta1 * k)
+
+
+def _integer_power_of_two(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)

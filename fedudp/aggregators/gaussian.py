@@ -18,9 +18,9 @@ import dp_accounting
 import torch
 
 from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution, Sampling,
-                                     register)
+                                     calibrate, check_budget, check_positive, check_sampling,
+                                     config_errors, register)
 from fedudp.config import Calibration, ConfigError, RunConfig
-from fedudp.privacy.accountant import calibrate_noise_multiplier
 
 
 @register
@@ -47,14 +47,28 @@ class GaussianAggregator(Aggregator):
                               "clip+Gaussian (the paper's Alg. 1 constant c2 is unknown); use accountant")
 
     @classmethod
+    def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
+                   sampling: Sampling) -> "GaussianAggregator":
+        """Clip to ``clip``, with the smallest noise multiplier z whose ``rounds`` releases,
+        Poisson-sampled at ``sampling.rate`` (plain Gaussian at rate 1), meet (ε, δ) under the
+        PLD accountant. (A fixed z: ``GaussianAggregator(clip, z, sampling)``.)"""
+        check_sampling(sampling)
+        check_budget(epsilon, delta, rounds)
+        check_positive("clip", clip)
+        z = calibrate(lambda s: gaussian_round_event(s, sampling.rate), epsilon, delta, rounds)
+        return cls(clip, z, sampling)
+
+    @classmethod
     def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
                     ) -> "GaussianAggregator":
+        """Reads privacy.clip, privacy.noise_multiplier (a number: used as given) and
+        privacy.epsilon / privacy.delta (calibrated over ``rounds``)."""
         p = cfg.privacy
-        z = p.noise_multiplier
-        if z is None:
-            z = calibrate_noise_multiplier(lambda s: gaussian_round_event(s, sampling.rate),
-                                           p.epsilon, p.delta, rounds)
-        return cls(p.clip, z, sampling)
+        if p.noise_multiplier is not None:
+            return cls(p.clip, p.noise_multiplier, sampling)
+        with config_errors():
+            return cls.calibrated(clip=p.clip, epsilon=p.epsilon, delta=p.delta, rounds=rounds,
+                                  sampling=sampling)
 
     @property
     def noise_std(self) -> float:
@@ -99,9 +113,18 @@ class MeanAggregator(Aggregator):
         self.sampling = sampling or Sampling(1.0, 1)
 
     @classmethod
+    def calibrated(cls, *, sampling: Sampling | None = None) -> "MeanAggregator":
+        """Nothing to calibrate (not private): the plain mean."""
+        if sampling is not None:
+            check_sampling(sampling)
+        return cls(sampling)
+
+    @classmethod
     def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
                     ) -> "MeanAggregator":
-        return cls(sampling)
+        """Reads nothing from the config."""
+        with config_errors():
+            return cls.calibrated(sampling=sampling)
 
     @property
     def constraint(self) -> Constraint:

@@ -26,10 +26,13 @@ import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.aggregators.base import Aggregate, Aggregator, Constraint, Contribution, Sampling
+from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution,
+                                     ParameterError, Sampling, calibrate, check_budget,
+                                     check_count, check_positive, check_sampling, choice,
+                                     config_errors)
 from fedudp.config import Accounting, Calibration, ConfigError, RunConfig
 from fedudp.data.federation import planned_owner_records, planned_owner_users
-from fedudp.privacy.accountant import GroupConversion, Parallel, calibrate_noise_multiplier
+from fedudp.privacy.accountant import GroupConversion, Parallel
 
 
 def owner_rates(capacity: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,23 +82,66 @@ class LocalDpSgdMean(Aggregator):
                               "DP-SGD; use accountant")
 
     @classmethod
+    def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
+                   batch_size: int, local_epochs: int, owner_units, sampling: Sampling,
+                   group_size: int | None = None, accounting: str = "certified"
+                   ) -> "LocalDpSgdMean":
+        """Owner-side DP-SGD whose worst owner meets (ε, δ) over ``rounds`` rounds of
+        ``local_epochs`` epochs of Poisson-sampled batches of ``batch_size``, per-unit clip
+        ``clip``; ``owner_units``: each owner's public capacity M_j (users; records with
+        ``group_size``), fixed before any data is read. ``group_size`` k: DP-SGD on records,
+        converted to user level by group privacy over k records per user (``accounting``
+        ``"certified"``: the standard form; ``"paper"``: Huang et al.'s, heuristic); None: on
+        users. (A fixed z: the constructor.)"""
+        check_budget(epsilon, delta, rounds)
+        check_positive("clip", clip)
+        check_count("batch_size", batch_size)
+        check_count("local_epochs", local_epochs)
+        check_sampling(sampling)
+        units = np.asarray(owner_units)
+        if not (units.ndim == 1 and units.size and np.issubdtype(units.dtype, np.integer)
+                and (units >= 0).all()):
+            raise ParameterError("owner_units", "owner_units must be a non-empty sequence of "
+                                 f"integers >= 0 (each owner's public capacity), got {owner_units!r}")
+        form = choice("accounting", accounting, ("certified", "paper"))
+        if group_size is not None:
+            check_count("group_size", group_size)
+        group, eps, dlt = cls._group(group_size, epsilon, delta, form)
+        probe = cls(1.0, clip, batch_size, local_epochs, owner_units, sampling, group)
+        # the worst part must meet (ε, δ): the largest per-part z
+        z = max(calibrate(lambda z, q=q, s=s: owner_round_event(z, q, s), eps, dlt, rounds)
+                for _, _, q, s in probe.classes)
+        return cls(z, clip, batch_size, local_epochs, owner_units, sampling, group)
+
+    @staticmethod
+    def _group(size: int | None, epsilon: float, delta: float, form: str
+               ) -> tuple[GroupConversion | None, float, float]:
+        """(the group conversion, the record-level (ε, δ) to calibrate to); None: user level."""
+        if size is None:
+            return None, epsilon, delta
+        group = GroupConversion.for_user_budget(int(size), epsilon, delta, form)
+        return group, group.record_epsilon(epsilon), group.record_delta
+
+    @classmethod
     def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
                     ) -> "LocalDpSgdMean":
+        """Reads privacy.clip, privacy.epsilon, privacy.delta, privacy.noise_multiplier (a
+        number: used as given), privacy.group_privacy (with partition.records_per_user and
+        privacy.accounting), train.batch_size, train.local_epochs and the owners' planned
+        capacities (dataset.num_records, partition.num_owners, partition.records_per_user)."""
         p, t = cfg.privacy, cfg.train
         users = planned_owner_records(cfg) if p.group_privacy else planned_owner_users(cfg)
-        group = None
-        eps, delta = p.epsilon, p.delta
-        if p.group_privacy:
-            group = GroupConversion.for_user_budget(int(cfg.partition.records_per_user), p.epsilon,
-                                                    p.delta, Accounting(p.accounting).value)
-            eps, delta = group.record_epsilon(p.epsilon), group.record_delta
-        probe = cls(1.0, p.clip, t.batch_size, t.local_epochs, users, sampling, group)
-        z = p.noise_multiplier
-        if z is None:        # the worst part must meet (ε, δ): the largest per-part z
-            z = max(calibrate_noise_multiplier(
-                lambda z, q=q, s=s: owner_round_event(z, q, s), eps, delta, rounds)
-                for _, _, q, s in probe.classes)
-        return cls(z, p.clip, t.batch_size, t.local_epochs, users, sampling, group)
+        size = int(cfg.partition.records_per_user) if p.group_privacy else None
+        form = Accounting(p.accounting).value
+        if p.noise_multiplier is not None:
+            group = cls._group(size, p.epsilon, p.delta, form)[0]
+            return cls(p.noise_multiplier, p.clip, t.batch_size, t.local_epochs, users, sampling,
+                       group)
+        with config_errors():
+            return cls.calibrated(clip=p.clip, epsilon=p.epsilon, delta=p.delta, rounds=rounds,
+                                  batch_size=t.batch_size, local_epochs=t.local_epochs,
+                                  owner_units=users, sampling=sampling, group_size=size,
+                                  accounting=form)
 
     @property
     def noise_std(self) -> float:

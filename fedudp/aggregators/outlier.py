@@ -49,10 +49,13 @@ import math
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, pad_to_population,
-                                     records_per_unit, register, require_dim, require_replace_one)
-from fedudp.config import Accounting, Calibration, ConfigError, RunConfig
-from fedudp.privacy.accountant import ApproxDp, calibrate_noise_multiplier, schedule_epsilon
+from fedudp.aggregators.base import (Aggregate, ParameterError, RowsAggregator, Sampling,
+                                     calibrate, check_budget, check_fraction, check_positive,
+                                     check_sampling, choice, concentration_radius, config_error,
+                                     config_errors, pad_to_population, records_per_unit, register,
+                                     require_dim, require_replace_one)
+from fedudp.config import Calibration, ConfigError, RunConfig
+from fedudp.privacy.accountant import ApproxDp, schedule_epsilon
 from fedudp.privacy.mechanisms import AboveThreshold, laplace
 
 SCORE_SENSITIVITY = 2.0
@@ -144,8 +147,25 @@ def filter_tau(cfg: RunConfig, sampling: Sampling, rounds: int) -> float:
     e = cfg.estimator
     if e.tau is not None:
         return e.tau
-    return e.bound * math.sqrt(math.log(2 * sampling.population * rounds / e.beta)
-                               / records_per_unit(cfg))
+    return default_filter_tau(e.bound, sampling.population, rounds, e.beta, records_per_unit(cfg))
+
+
+def default_filter_tau(bound: float, n: int, rounds: int, beta: float, m: int) -> float:
+    """τ = G sqrt(log(2nT/γ)/m) (``filter_tau`` from plain values)."""
+    return bound * math.sqrt(math.log(2 * n * rounds / beta) / m)
+
+
+def _filter_options(bound, tau, records_per_unit, beta, accounting, sampling, rounds, name):
+    """The plain options both filters share: (τ, paper accounting?)."""
+    check_sampling(sampling, name)
+    check_fraction("beta", beta)
+    if bound is not None or tau is None:
+        check_positive("bound", bound)
+    paper = choice("accounting", accounting, ("certified", "paper")) == "paper"
+    tau = concentration_radius(
+        tau, lambda m: default_filter_tau(bound, sampling.population, rounds, beta, m),
+        records_per_unit)
+    return tau, paper
 
 
 def paper_sensitivity(tau: float, n: int, eps: float, delta: float, rounds: int) -> float:
@@ -210,37 +230,76 @@ class OutlierRemovalAggregator(_FilterGaussian):
         self.halted_at: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "OutlierRemovalAggregator":
-        """ε/2 for the one AboveThreshold, ε/2 (at δ/2) for the T Gaussian releases, δ/4 for AT
-        passing a non-concentrated query, δ/4 for the coupling's ζ over T rounds."""
-        require_dim(dim, cls.name)
-        p, tau = cfg.privacy, filter_tau(cfg, sampling, rounds)
-        n, eps, delta = sampling.population, p.epsilon, p.delta
-        eps_at = eps / 2
+    def calibrated(cls, *, epsilon: float, delta: float, rounds: int, sampling: Sampling,
+                   bound: float | None = None, tau: float | None = None,
+                   records_per_unit: int | None = None, beta: float = 0.1,
+                   accounting: str = "certified", calibration: str = "accountant"
+                   ) -> "OutlierRemovalAggregator":
+        """[ASI] Alg. 2 for ``rounds`` releases over all ``sampling.population`` units (rate 1)
+        meeting (ε, δ): ε/2 for the one AboveThreshold, ε/2 (at δ/2) for the T Gaussian releases,
+        δ/4 for AT passing a non-concentrated query, δ/4 for the coupling's ζ over T rounds.
+
+        ``tau``: the filter radius; None derives [ASI] §4.3's bound·sqrt(log(2nT/β)/m) from
+        ``bound`` and ``records_per_unit`` m. ``accounting``: ``"certified"`` (explicit
+        sensitivity 30τK/n) or ``"paper"`` (the seed's Δ, heuristic). ``calibration``:
+        ``"accountant"`` (z from dp-accounting) or ``"closed_form"`` (the seed's σ, refused
+        where the accountant does not certify it within ε)."""
+        check_budget(epsilon, delta, rounds)
+        tau, paper = _filter_options(bound, tau, records_per_unit, beta, accounting, sampling,
+                                     rounds, cls.name)
+        calibration = choice("calibration", calibration, ("accountant", "closed_form"))
+        n = sampling.population
+        eps_at = epsilon / 2
         need = min_users_at(eps_at, rounds, delta / 4)
         if n < need:
-            raise ConfigError(
-                f"partition: aggregator=outlier_removal needs n >= {need} users (7.5 α_AT for "
-                f"AboveThreshold at ε/2={eps_at:g}, T={rounds}, failure δ/4) for its privacy "
-                f"proof; got n={n}. Raise users or privacy.epsilon, or use aggregator=gaussian")
-        paper = Accounting(p.accounting) == Accounting.paper
-        sens = (paper_sensitivity(tau, n, eps, delta, rounds) if paper
+            raise ParameterError(
+                "sampling.population", f"sampling.population must be >= {need} units for "
+                f"outlier_removal's privacy proof (7.5 α_AT for AboveThreshold at "
+                f"epsilon/2={eps_at:g}, rounds={rounds}, failure delta/4), got {n}", need=need)
+        sens = (paper_sensitivity(tau, n, epsilon, delta, rounds) if paper
                 else sensitivity(tau, n, delta / (4 * rounds)))
-        if Calibration(p.calibration) == Calibration.closed_form:
-            z = paper_sigma(tau, n, eps, delta, rounds) / sens
+        if calibration == "closed_form":
+            z = paper_sigma(tau, n, epsilon, delta, rounds) / sens
             got = eps_at + schedule_epsilon(dp_accounting.GaussianDpEvent, z, rounds, delta / 2)
-            if got > eps * (1 + 1e-6):
-                raise ConfigError(
-                    f"privacy.calibration=closed_form: the paper's σ certifies ε={got:.3g} > "
-                    f"privacy.epsilon={eps:g} with the explicit sensitivity 30τK/n; use "
-                    "privacy.accounting=paper (heuristic) or privacy.calibration=accountant")
+            if got > epsilon * (1 + 1e-6):
+                raise ParameterError(
+                    "calibration", f"calibration='closed_form': the paper's σ certifies "
+                    f"ε={got:.3g} > epsilon={epsilon:g} with the explicit sensitivity 30τK/n; use "
+                    "accounting='paper' (heuristic) or calibration='accountant'", got=got)
         else:
-            z = calibrate_noise_multiplier(dp_accounting.GaussianDpEvent, eps - eps_at,
-                                           delta / 2, rounds)
+            z = calibrate(dp_accounting.GaussianDpEvent, epsilon - eps_at, delta / 2, rounds)
         agg = cls(tau, z, sens, sampling, eps_at, rounds, delta / 2, need)
         agg.guarantee = "heuristic" if paper else "certified"
         return agg
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "OutlierRemovalAggregator":
+        """Reads privacy.epsilon, privacy.delta, privacy.accounting, privacy.calibration,
+        estimator.tau and, when tau is null, estimator.bound, estimator.beta and the records per
+        unit (``records_per_unit``)."""
+        require_dim(dim, cls.name)
+        p, e = cfg.privacy, cfg.estimator
+        try:
+            return cls.calibrated(
+                epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
+                bound=e.bound, tau=e.tau, beta=e.beta, accounting=p.accounting,
+                calibration=p.calibration,
+                records_per_unit=records_per_unit(cfg) if e.tau is None else None)
+        except ParameterError as err:
+            if err.param == "sampling.population":
+                raise ConfigError(
+                    f"partition: aggregator=outlier_removal needs n >= {err.facts['need']} users "
+                    f"(7.5 α_AT for AboveThreshold at ε/2={p.epsilon / 2:g}, T={rounds}, failure "
+                    f"δ/4) for its privacy proof; got n={sampling.population}. Raise users or "
+                    "privacy.epsilon, or use aggregator=gaussian") from None
+            if err.param == "calibration" and "got" in err.facts:
+                raise ConfigError(
+                    f"privacy.calibration=closed_form: the paper's σ certifies "
+                    f"ε={err.facts['got']:.3g} > privacy.epsilon={p.epsilon:g} with the explicit "
+                    "sensitivity 30τK/n; use privacy.accounting=paper (heuristic) or "
+                    "privacy.calibration=accountant") from None
+            raise config_error(err) from None
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         if self.at is None:                       # one instance: the threshold drawn once
@@ -324,31 +383,59 @@ class FriendlyCoreAggregator(_FilterGaussian):
                               "seed closed form (FriendlyCore is not one of the seeds); use accountant")
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "FriendlyCoreAggregator":
-        """Laplace mass check (noise multiplier b = z) + Gaussian (z) per round, composed with
-        dp-accounting at δ/2; the rest of δ covers the failure terms."""
-        require_dim(dim, cls.name)
-        p, tau = cfg.privacy, filter_tau(cfg, sampling, rounds)
-        n, eps, delta = sampling.population, p.epsilon, p.delta
-        paper = Accounting(p.accounting) == Accounting.paper
-        sens = (paper_sensitivity(tau, n, eps, delta, rounds) if paper
+    def calibrated(cls, *, epsilon: float, delta: float, rounds: int, sampling: Sampling,
+                   bound: float | None = None, tau: float | None = None,
+                   records_per_unit: int | None = None, beta: float = 0.1,
+                   accounting: str = "certified") -> "FriendlyCoreAggregator":
+        """FriendlyCore for ``rounds`` releases over all ``sampling.population`` units (rate 1)
+        meeting (ε, δ): per round a Laplace mass check (noise multiplier b = z) and a Gaussian
+        (z), composed with dp-accounting at δ/2; the rest of δ covers the failure terms.
+
+        ``tau``: the friend radius; None derives bound·sqrt(log(2nT/β)/m) from ``bound`` and
+        ``records_per_unit`` m. ``accounting``: ``"certified"`` (sensitivity 2DK/s) or
+        ``"paper"`` (the seed's Δ, heuristic). No closed form (always the accountant)."""
+        check_budget(epsilon, delta, rounds)
+        tau, paper = _filter_options(bound, tau, records_per_unit, beta, accounting, sampling,
+                                     rounds, cls.name)
+        n = sampling.population
+        sens = (paper_sensitivity(tau, n, epsilon, delta, rounds) if paper
                 else friendlycore_sensitivity(tau, n, delta / (4 * rounds)))
-        z = calibrate_noise_multiplier(lambda z: friendlycore_round_event(z, z), eps, delta / 2,
-                                       rounds)
+        z = calibrate(lambda z: friendlycore_round_event(z, z), epsilon, delta / 2, rounds)
         need = n
         while rounds * friendlycore_failure(need, z) <= delta / 4 and need > 1:
             need = max(1, need // 2)
         while rounds * friendlycore_failure(need, z) > delta / 4:
             need += max(1, need // 64)
         if n < need:
-            raise ConfigError(
-                f"partition: aggregator=friendlycore needs n >= {need} units so that a release "
-                f"with a small kept set has probability <= δ/(4T) (mass check multiplier "
-                f"{z:.3g}); got n={n}. Raise users or privacy.epsilon")
+            raise ParameterError(
+                "sampling.population", f"sampling.population must be >= {need} units for "
+                f"friendlycore, so that a release with a small kept set has probability <= "
+                f"delta/(4 rounds) (mass check multiplier {z:.3g}), got {n}", need=need, z=z)
         agg = cls(tau, z, sens, sampling, z, delta / 2, need)
         agg.guarantee = "heuristic" if paper else "certified"
         return agg
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
+                    ) -> "FriendlyCoreAggregator":
+        """Reads privacy.epsilon, privacy.delta, privacy.accounting, estimator.tau and, when tau
+        is null, estimator.bound, estimator.beta and the records per unit
+        (``records_per_unit``). privacy.calibration=closed_form is refused by ``check_config``."""
+        require_dim(dim, cls.name)
+        p, e = cfg.privacy, cfg.estimator
+        try:
+            return cls.calibrated(
+                epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
+                bound=e.bound, tau=e.tau, beta=e.beta, accounting=p.accounting,
+                records_per_unit=records_per_unit(cfg) if e.tau is None else None)
+        except ParameterError as err:
+            if err.param == "sampling.population":
+                raise ConfigError(
+                    f"partition: aggregator=friendlycore needs n >= {err.facts['need']} units so "
+                    f"that a release with a small kept set has probability <= δ/(4T) (mass check "
+                    f"multiplier {err.facts['z']:.3g}); got n={sampling.population}. Raise users "
+                    "or privacy.epsilon") from None
+            raise config_error(err) from None
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population

@@ -33,10 +33,12 @@ import math
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, pad_to_population, records_per_unit,
-                                     register, require_dim, require_replace_one)
-from fedudp.config import Calibration, RunConfig
-from fedudp.privacy.accountant import calibrate_noise_multiplier
+from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, calibrate, check_budget,
+                                     check_dim, check_fraction, check_positive, check_sampling,
+                                     choice, concentration_radius, config_errors,
+                                     pad_to_population, records_per_unit, register, require_dim,
+                                     require_replace_one)
+from fedudp.config import RunConfig
 from fedudp.privacy.mechanisms import (RandomRotation, exponential_mechanism, laplace, next_pow2,
                                       pure_dp_event, rotated_coordinate_radius)
 
@@ -156,23 +158,49 @@ class WinsorizedAggregator(RowsAggregator):
         require_replace_one(cfg, cls.name)
 
     @classmethod
+    def calibrated(cls, *, dim: int, epsilon: float, delta: float, rounds: int,
+                   sampling: Sampling, bound: float, tau: float | None = None,
+                   records_per_unit: int | None = None, beta: float = 0.1,
+                   calibration: str = "accountant") -> "WinsorizedAggregator":
+        """WinsorizedMeanHighD on ``dim``-vectors of l2 norm <= ``bound`` for ``rounds`` releases
+        over all ``sampling.population`` units (rate 1) meeting (ε, δ).
+
+        ``tau``: the users' concentration radius; None derives [LEVY] Corollary 1's
+        bound·sqrt(log(2n/β)/(2m)) from ``records_per_unit`` m. ``beta``: the failure
+        probability γ of the rotation's radius and of τ. ``calibration``: ``"accountant"`` (the
+        largest per-coordinate ε' the RDP accountant certifies) or ``"closed_form"`` (the paper's
+        ε', [LEVY] Thm 10)."""
+        check_dim(dim)
+        check_budget(epsilon, delta, rounds)
+        check_sampling(sampling, cls.name)
+        check_positive("bound", bound)
+        check_fraction("beta", beta)
+        calibration = choice("calibration", calibration, ("accountant", "closed_form"))
+        n, coords = sampling.population, next_pow2(dim)
+        tau = concentration_radius(tau, lambda m: default_tau(bound, n, m, beta), records_per_unit)
+        if calibration == "closed_form":
+            eps_coord = closed_form_eps_coord(epsilon, delta, rounds, coords)
+        else:
+            z = calibrate(lambda z: winsorized_round_event(1.0 / z, coords), epsilon, delta, rounds)
+            eps_coord = 1.0 / z
+        agg = cls(dim, tau, bound, eps_coord, sampling, gamma=beta)
+        agg.min_users_required = min_users(coords, eps_coord, bound, agg.tau_coord, beta)
+        return agg
+
+    @classmethod
     def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
                     ) -> "WinsorizedAggregator":
-        """τ from [LEVY] Corollary 1 unless given; the per-coordinate ε' from the accountant
-        (PrivateRange as ZCDpEvent + Laplace, RDP) or the paper's closed form."""
+        """Reads privacy.epsilon, privacy.delta, privacy.calibration, estimator.bound,
+        estimator.tau, estimator.beta and, when tau is null, the records per unit
+        (``records_per_unit``: partition.records_per_user, or dataset.num_records /
+        partition.num_owners with privacy.unit=owner)."""
         require_dim(dim, cls.name)
         p, e = cfg.privacy, cfg.estimator
-        n, coords = sampling.population, next_pow2(dim)
-        tau = e.tau if e.tau is not None else default_tau(e.bound, n, records_per_unit(cfg), e.beta)
-        if Calibration(p.calibration) == Calibration.closed_form:
-            eps_coord = closed_form_eps_coord(p.epsilon, p.delta, rounds, coords)
-        else:
-            z = calibrate_noise_multiplier(lambda z: winsorized_round_event(1.0 / z, coords),
-                                           p.epsilon, p.delta, rounds)
-            eps_coord = 1.0 / z
-        agg = cls(dim, tau, e.bound, eps_coord, sampling, gamma=e.beta)
-        agg.min_users_required = min_users(coords, eps_coord, e.bound, agg.tau_coord, e.beta)
-        return agg
+        with config_errors():
+            return cls.calibrated(
+                dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
+                bound=e.bound, tau=e.tau, beta=e.beta, calibration=p.calibration,
+                records_per_unit=records_per_unit(cfg) if e.tau is None else None)
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
