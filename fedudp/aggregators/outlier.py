@@ -213,6 +213,15 @@ class _FilterGaussian(RowsAggregator):
                 "min_users_met": n >= self.min_users_required,
                 "min_users_required": self.min_users_required}
 
+    @classmethod
+    def _filter_values(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) -> dict:
+        """The plain values both filters' ``calibrated`` take, read from the config."""
+        require_dim(dim, cls.name)
+        p, e = cfg.privacy, cfg.estimator
+        return dict(epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
+                    bound=e.bound, tau=e.tau, beta=e.beta, accounting=p.accounting,
+                    records_per_unit=records_per_unit(cfg) if e.tau is None else None)
+
 
 @register
 class OutlierRemovalAggregator(_FilterGaussian):
@@ -278,14 +287,10 @@ class OutlierRemovalAggregator(_FilterGaussian):
         """Reads privacy.epsilon, privacy.delta, privacy.accounting, privacy.calibration,
         estimator.tau and, when tau is null, estimator.bound, estimator.beta and the records per
         unit (``records_per_unit``)."""
-        require_dim(dim, cls.name)
-        p, e = cfg.privacy, cfg.estimator
+        p = cfg.privacy
         try:
-            return cls.calibrated(
-                epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
-                bound=e.bound, tau=e.tau, beta=e.beta, accounting=p.accounting,
-                calibration=p.calibration,
-                records_per_unit=records_per_unit(cfg) if e.tau is None else None)
+            return cls.calibrated(**cls._filter_values(cfg, sampling, rounds, dim),
+                                  calibration=p.calibration)
         except ParameterError as err:
             if err.param == "sampling.population":
                 raise ConfigError(
@@ -421,13 +426,9 @@ class FriendlyCoreAggregator(_FilterGaussian):
         """Reads privacy.epsilon, privacy.delta, privacy.accounting, estimator.tau and, when tau
         is null, estimator.bound, estimator.beta and the records per unit
         (``records_per_unit``). privacy.calibration=closed_form is refused by ``check_config``."""
-        require_dim(dim, cls.name)
-        p, e = cfg.privacy, cfg.estimator
+        p = cfg.privacy
         try:
-            return cls.calibrated(
-                epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
-                bound=e.bound, tau=e.tau, beta=e.beta, accounting=p.accounting,
-                records_per_unit=records_per_unit(cfg) if e.tau is None else None)
+            return cls.calibrated(**cls._filter_values(cfg, sampling, rounds, dim))
         except ParameterError as err:
             if err.param == "sampling.population":
                 raise ConfigError(
