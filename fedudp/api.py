@@ -31,7 +31,8 @@ class SimulationResult:
     stop_reason: str                      # completed | budget | halted | diverged | interrupted
     rounds_completed: int
     history: list[dict]                   # one dict per round (metrics.jsonl's lines)
-    ledger: Any                           # fedudp.privacy.accountant.Ledger (every release)
+    ledger: Any                           # the Ledger (every release); ledger.json read back
+                                          # (a dict) for a run finished before
     epsilon: float | None                 # ε spent at the ledger's δ; None without DP
     epsilon_kind: str | None              # certified | heuristic | None (no DP)
     delta: float | None

@@ -462,3 +462,17 @@ def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
         except OmegaConfBaseException as e:
             raise ConfigError(f"{k}: {str(e).splitlines()[0]}") from None
     return OmegaConf.to_object(base)
+
+
+def with_schema_defaults(config: Any) -> dict:
+    """A saved config (a dict or an OmegaConf node) over the current schema's defaults: a key
+    added after the run was made, at its default, does not make an old run another run, and
+    ``1`` and ``1.0`` compare equal. A config the schema cannot read (a key it no longer has)
+    comes back as saved."""
+    from omegaconf import OmegaConf
+    node = config if OmegaConf.is_config(config) else OmegaConf.create(config)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), node)
+        return jsonable(OmegaConf.to_container(merged, enum_to_str=True))
+    except Exception:   # noqa: BLE001
+        return OmegaConf.to_container(node)

@@ -110,20 +110,6 @@ def load_summaries(folder: str | Path) -> list[dict]:
     return out
 
 
-def _with_schema_defaults(config: dict) -> dict:
-    """``config`` over the current schema's defaults (a key added after the run was made, at
-    its default, does not separate it from newer runs; ``1`` and ``1.0`` compare equal). A
-    config the schema cannot read (a key it no longer has) is compared as saved."""
-    from omegaconf import OmegaConf
-
-    from fedudp.config import RunConfig, jsonable
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.create(config))
-        return jsonable(OmegaConf.to_container(merged, enum_to_str=True))
-    except Exception:   # noqa: BLE001
-        return config
-
-
 def _hashable(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return tuple(_hashable(x) for x in v)
@@ -139,6 +125,7 @@ def _not_setting(key: str) -> bool:
 def flat_settings(config: dict, defaults: bool = True) -> dict[str, Any]:
     """A resolved config as ``{dotted key: value}``, less ``NOT_SETTINGS`` (``defaults``: first
     filled in from the schema's defaults)."""
+    from fedudp.config import with_schema_defaults
     out: dict[str, Any] = {}
 
     def walk(d: dict, prefix: str) -> None:
@@ -147,7 +134,7 @@ def flat_settings(config: dict, defaults: bool = True) -> dict[str, Any]:
                 walk(v, f"{prefix}{k}.")
             else:
                 out[f"{prefix}{k}"] = _hashable(v)
-    walk(_with_schema_defaults(config) if defaults else config, "")
+    walk(with_schema_defaults(config) if defaults else config, "")
     return {k: v for k, v in out.items() if not _not_setting(k)}
 
 

@@ -24,7 +24,7 @@ from fedudp import algorithms
 from fedudp.aggregators import Aggregator, Sampling, build_aggregator, check_aggregator_config
 from fedudp.aggregators.memory import check_rows_fit
 from fedudp.config import (Accounting, ConfigError, DatasetName, EngineName, RunConfig, Unit,
-                           config_dict, jsonable, validate)
+                           config_dict, jsonable, validate, with_schema_defaults)
 from fedudp.core import checkpoint as checkpoints
 from fedudp.core.billboard import Billboard
 from fedudp.core.methods import MethodSpec
@@ -192,15 +192,10 @@ def _same_config(out: Path, cfg: RunConfig) -> bool | None:
 
 
 def saved_config(path: Path) -> dict:
-    """A run's saved config.yaml with the current schema's defaults for keys it predates (a key
-    added later, at its default, does not make an old run another run)."""
+    """A run's saved config.yaml with the current schema's defaults for keys it predates
+    (``config.with_schema_defaults``)."""
     from omegaconf import OmegaConf
-    loaded = OmegaConf.load(path)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), loaded)
-        return jsonable(OmegaConf.to_container(merged, enum_to_str=True))
-    except Exception:   # noqa: BLE001  (a key the schema no longer has: compare as saved)
-        return OmegaConf.to_container(loaded)
+    return with_schema_defaults(OmegaConf.load(path))
 
 
 def comparable(d: Any) -> Any:
