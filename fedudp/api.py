@@ -69,11 +69,12 @@ def simulate(config: RunConfig | Mapping[str, Any] | None = None, *,
     import json
 
     from fedudp.report import epsilon_kind
+    from fedudp.build import settings
     from fedudp.run import execute, prepare, run_with_result, summary_of
     cfg = _config(config)
     if out is not None:
         summary, res, p = run_with_result(cfg, out)
-        folder = Path(cfg.resume or out)
+        folder = Path(settings(cfg).resume or out)
         if res is None:          # finished before: read back what the folder holds
             history = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()
                        if x.strip()]

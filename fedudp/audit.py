@@ -276,7 +276,7 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
     path; ``trials`` releases per side, each with its own DP-SGD randomness."""
     from fedudp.config import ConfigError, config_from_overrides
     from fedudp.core.dpsgd import owner_rates
-    from fedudp.run import prepare
+    from fedudp.build import prepare
     t0 = time.perf_counter()
     kind, factor = parse_break(broken)
     if kind == "clip=off":
@@ -287,16 +287,16 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
     over = {**AUDIT_DPSGD, **overrides, "seed": seed}
     rpu = int(over.get("partition.records_per_user", 1))
     over["dataset.num_records"] = int(over["partition.num_owners"]) * users * rpu
-    cfg = config_from_overrides(over)
-    if cfg.privacy.group_privacy:
+    p = prepare(config_from_overrides(over))
+    if p.owners.training.dpsgd_records:
         raise ConfigError("privacy.group_privacy: the owner-side audit removes one user; audit "
                           "without group privacy")
-    p = prepare(cfg)
     if p.aggregator is None or p.aggregator.name != "local_dpsgd":
         raise ConfigError("privacy.placement: the owner-side audit needs privacy.placement="
                           "local_dpsgd and a private method")
     agg, owners = p.aggregator, p.owners
-    claimed = one_release_epsilon(agg, cfg.privacy.delta)
+    delta, batch = p.settings.delta, owners.training.user.batch_size
+    claimed = one_release_epsilon(agg, delta)
     shard = p.fed.owner(0)
     if shard.num_users != users:
         raise ConfigError(f"dataset.num_records: owner 0 holds {shard.num_users} users, the "
@@ -323,16 +323,16 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
             parts.append(owners.owner_deltas(rep, shared, personal, np.arange(k), 1, constraint)
                          .to(torch.float64).numpy())
         outs[side] = np.concatenate(parts)
-    q, steps = owner_rates(np.array([users]), cfg.train.batch_size)
+    q, steps = owner_rates(np.array([users]), batch)
     # one DP-SGD step with every user in it: the delta is Gaussian, same covariance on D and D'
-    gaussian = (float(q[0]) >= 1.0 and int(steps[0]) * cfg.train.local_epochs == 1
+    gaussian = (float(q[0]) >= 1.0 and int(steps[0]) * owners.training.user.epochs == 1
                 and kind != "schedule=data")
-    samples = audit_samples(outs["D"], outs["D'"], cfg.privacy.delta, ALPHA, gaussian=gaussian)
-    power = _power(samples, claimed, cfg.privacy.delta, trials, factor or 1.0, gaussian) \
+    samples = audit_samples(outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian)
+    power = _power(samples, claimed, delta, trials, factor or 1.0, gaussian) \
         if kind != "schedule=data" else None
-    name = f"local_dpsgd, owner of {users} -> {users - 1} users, B={cfg.train.batch_size}"
-    from fedudp.run import run_guarantee
-    res = AuditResult(name, "add_or_remove_one", trials, cfg.privacy.delta, claimed, samples,
+    name = f"local_dpsgd, owner of {users} -> {users - 1} users, B={batch}"
+    from fedudp.build import run_guarantee
+    res = AuditResult(name, "add_or_remove_one", trials, delta, claimed, samples,
                       ratio, broken, time.perf_counter() - t0, power, gaussian,
                       claim_heuristic=run_guarantee(p.spec, agg) == "heuristic")
     return res
@@ -381,15 +381,15 @@ def _main_pair(a, over: dict) -> int:
     except (ConfigError, ValueError) as e:
         print(f"fedudp-audit: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    cfg = pair.prepared.cfg
-    print(f"pair: {a.pair} (privacy.accounting={cfg.privacy.accounting}): adding the canary user "
+    s = pair.prepared.settings
+    print(f"pair: {a.pair} (privacy.accounting={s.accounting}): adding the canary user "
           f"moves the clipped sum by {pair.moved:.2f} C (the accountant assumes at most 1 C)")
     r = audit_pair(pair.prepared.aggregator, pair.with_user, pair.without_user, a.trials,
-                   cfg.privacy.delta, a.seed)
-    from fedudp.run import run_guarantee
+                   s.delta, a.seed)
+    from fedudp.build import run_guarantee
     r.claim_heuristic = run_guarantee(pair.prepared.spec, pair.prepared.aggregator) == "heuristic"
     print(TABLE_HEAD)
-    print(_row(r, f"{r.mechanism} ({a.pair}, {cfg.privacy.accounting})"))
+    print(_row(r, f"{r.mechanism} ({a.pair}, {s.accounting})"))
     print("\n".join(_details(r)))
     return 1 if r.violation else 0
 
@@ -442,28 +442,26 @@ def main(argv: list[str] | None = None) -> int:
         if a.broken:
             return err("--break applies to the canary audit, not to --pair")
         return _main_pair(a, over)
-    from fedudp.aggregators import Sampling, build_aggregator
-    from fedudp.config import ConfigError, config_from_overrides, validate
-    from fedudp.core.methods import method_spec
-    from fedudp.data.federation import planned_shape, planned_units
-    from fedudp.models import build_model
+    from fedudp import build
+    from fedudp.aggregators import Sampling
+    from fedudp.config import ConfigError, config_from_overrides
     try:
         placement = over.get("privacy.placement", "server")
         if placement == "local_dpsgd":
             return _main_local_dpsgd(a, over)
         cfg = config_from_overrides({"method": "full_dp", **over})
-        validate(cfg)
-        spec = method_spec(cfg, build_model(cfg, *planned_shape(cfg)))
+        build.check(cfg)
+        spec, s = build.method(cfg, build.model(cfg)), build.settings(cfg)
         if not spec.private:
             raise ConfigError("method: the audit needs a private method (full_dp or joint_dp)")
-        n_owners, n_users = planned_units(cfg)
+        n_owners, n_users = build.planned_units(cfg)
         population = n_owners if spec.cohort_is_owners else n_users
-        build = lambda: build_aggregator(cfg, Sampling(cfg.train.sampling_rate, population),  # noqa: E731
-                                         a.rounds or cfg.train.rounds, a.dim)
-        build()
+        make = lambda: build.estimator(cfg, Sampling(s.sampling_rate, population),  # noqa: E731
+                                       a.rounds or s.rounds, a.dim)
+        make()
         print(TABLE_HEAD)
-        results = _repeat(lambda s: audit(build(), a.dim, a.trials, cfg.privacy.delta, s,
-                                          a.broken, cfg.estimator.bound),
+        results = _repeat(lambda seed: audit(make(), a.dim, a.trials, s.delta, seed,
+                                             a.broken, s.bound),
                           list(range(a.seed, a.seed + a.repeat)))
     except (ConfigError, ValueError) as e:
         return err(str(e).splitlines()[0])

@@ -15,7 +15,7 @@ from flwr.app import Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedudp.config import EngineName, config_from_overrides
+from fedudp.config import config_from_overrides
 from fedudp.run import run
 
 server_app = ServerApp()
@@ -27,8 +27,7 @@ def main(grid: Grid, context: Context) -> None:
     out_dir = os.path.abspath(str(rc.pop("output-dir", "outputs/flwr")))
     if int(rc.get("partition.num_owners", 0)) == 0:
         rc["partition.num_owners"] = count_nodes(grid)
-    cfg = config_from_overrides(rc)
-    cfg.engine, cfg.progress = EngineName.flower, False
+    cfg = config_from_overrides({**rc, "engine": "flower", "progress": False})
     s = run(cfg, out_dir, grid=grid)
     log(INFO, "fedudp: %s accuracy %.4f epsilon %s rounds %s -> %s", s["method"],
         s["accuracy_mean"], s["epsilon_display"], s["rounds_completed"], out_dir)

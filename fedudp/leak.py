@@ -57,7 +57,7 @@ def clipped_sums(cfg: RunConfig) -> LeakPair:
     """Build the pair of the module doc for ``cfg`` (from ``leak_config``) and return the owner
     side's contributions (every user's shared vector, clipped by the aggregator's constraint,
     summed) on both neighbours."""
-    from fedudp.run import prepare
+    from fedudp.build import prepare
     p = prepare(cfg)
     fed, owners, shared = p.fed, p.owners, p.billboard.shared_params()
     u = int(fed.owner_user_offsets[0])                       # owner 0's first user: the canary

@@ -102,10 +102,10 @@ def load_summaries(folder: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
         s["_dir"] = str(p.parent)
-        cfg = p.parent / "config.yaml"
-        if cfg.is_file():
+        saved = p.parent / "config.yaml"
+        if saved.is_file():
             from omegaconf import OmegaConf
-            s["_config"] = OmegaConf.to_container(OmegaConf.load(cfg))
+            s["_config"] = OmegaConf.to_container(OmegaConf.load(saved))
         out.append(s)
     return out
 

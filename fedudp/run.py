@@ -13,149 +13,24 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import torch
 
-from fedudp import algorithms
-from fedudp.aggregators import Aggregator, Sampling, build_aggregator, check_aggregator_config
-from fedudp.aggregators.memory import check_rows_fit
-from fedudp.config import (Accounting, ConfigError, DatasetName, EngineName, RunConfig, Unit,
-                           config_dict, jsonable, validate, with_schema_defaults)
+from fedudp.build import Prepared, prepare, run_guarantee, settings, warn_min_users
+from fedudp.config import (ConfigError, RunConfig, config_dict, jsonable, validate,
+                           with_schema_defaults)
 from fedudp.core import checkpoint as checkpoints
-from fedudp.core.billboard import Billboard
-from fedudp.core.methods import MethodSpec
-from fedudp.core.owner import Owners
 from fedudp.core.rounds import RoundsResult, run_rounds, summarize
-from fedudp.data.federation import Federation, build_federation, planned_owner_users, planned_units
-from fedudp.data.idx import check_available
-from fedudp.privacy.accountant import Ledger
 from fedudp.report import epsilon_display, epsilon_kind
+
+__all__ = ["run", "run_with_result", "execute", "prepare", "Prepared", "summary_of", "main",
+           "CONF_DIR"]
 
 # The config tree ships inside the package (package data, pyproject.toml): the same path in an
 # editable install, a wheel, a Flower FAB and a Ray/joblib launcher worker.
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
-
-
-def estimator_report(aggregator, res) -> dict:
-    """Failures as signals: an unmet theoretical minimum number of users is a
-    warning (privacy holds for any n), an AboveThreshold halt a clean stop at a round."""
-    out: dict = {}
-    need = aggregator.min_users_required if aggregator is not None else None
-    if need is not None:
-        n = aggregator.sampling.population
-        out.update(min_users_met=bool(n >= need), min_users_required=int(need), units=int(n))
-        if n < need:
-            import warnings
-            warnings.warn(f"aggregator={aggregator.name}: n={n} units is below the theoretical "
-                          f"minimum {need} for its utility guarantee (privacy still holds)")
-    if res.stop_reason == "halted":
-        out["halted_at_round"] = int(res.rounds_completed)
-    return out
-
-
-def run_guarantee(spec: MethodSpec, aggregator: Aggregator | None) -> str:
-    """The method's guarantee, downgraded to heuristic when the aggregator's own accounting
-    follows a paper's unproven constant (``privacy.accounting=paper``)."""
-    if aggregator is not None and aggregator.guarantee == "heuristic":
-        return "heuristic"
-    return spec.guarantee
-
-
-def make_ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> Ledger:
-    p = cfg.privacy
-    private = spec.private
-    notes = ["released outside the DP guarantee (simulator observations, not covered by epsilon): "
-             "the per-round diagnostics in metrics.jsonl (clipped/kept fractions, cohort sizes, "
-             "failures, the estimators' scores and checks), the counts of owners, users and "
-             "records in summary.json, and the evaluation accuracy and loss of every owner "
-             "(metrics.jsonl, owners.csv; on engine=flower sent by the owners in evaluate "
-             "replies), computed with personal parameters trained "
-             + ("with the full-DP baseline's noise (algorithm.noise_personal)"
-                if getattr(cfg.algorithm, "noise_personal", False) else "without noise"),
-             "the number of units N (hence the Poisson denominator q*N) and each owner's user "
-             "count are treated as public",
-             "epsilon certifies the idealized mechanism; seeded randomness is a simulation"]
-    if spec.feedback and spec.unit == Unit.user:
-        notes.append("paper mode: shared vectors are computed at each owner's own personal "
-                     "parameters (trained without noise on all its users), which the per-user "
-                     "accounting ignores (docs/algorithms.md#certified-vs-paper-accounting): "
-                     "guarantee is heuristic")
-    if aggregator is not None and private:
-        notes += aggregator.ledger_notes()
-    if Unit(p.unit) == Unit.record:
-        notes.append("records_per_user=1: each user is one record, so user level is record level")
-    unit = Unit(p.unit).value if private else None
-    return Ledger(unit=unit, adjacency=aggregator.adjacency if private else None,
-                  accounting=Accounting(p.accounting).value if private else None,
-                  guarantee=run_guarantee(spec, aggregator), mechanism=aggregator.name if aggregator else "none",
-                  accountant=aggregator.accountant if private else None,
-                  delta=p.delta if private else None,
-                  target_epsilon=p.epsilon if private else None, notes=notes)
-
-
-@dataclass
-class Prepared:
-    """A validated run before its first round: the owner side, the billboard, the data."""
-
-    cfg: RunConfig
-    owners: Owners
-    aggregator: Aggregator | None
-    ledger: Ledger
-    billboard: Billboard | None
-    fed: Federation
-    algorithm: Any = None       # fedudp.algorithms.Setup (algorithm.name != none)
-
-    @property
-    def spec(self) -> MethodSpec:
-        return self.owners.spec
-
-
-def prepare(cfg: RunConfig) -> Prepared:
-    """Everything that needs only the config first (validation, the estimator's own checks,
-    the data files' presence, model and split, the aggregator's calibration, the budget), then
-    the data. Every user error is a ``ConfigError`` naming the key or file."""
-    validate(cfg)
-    check_aggregator_config(cfg)
-    algorithms.check_config(cfg)
-    if DatasetName(cfg.dataset.name) != DatasetName.synthetic:
-        check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root, cfg.dataset.download)
-    owners = Owners.from_config(cfg)
-    spec = owners.spec
-    billboard = aggregator = None
-    n_owners, n_users = planned_units(cfg)
-    if spec.communicates:
-        sampling = Sampling(cfg.train.sampling_rate, n_owners if spec.cohort_is_owners else n_users)
-        algo = algorithms.setup(algorithms.Context(cfg, owners, planned_owner_users(cfg),
-                                                   owners.shared_dim))
-        if algo is not None:      # a seed's training algorithm: its estimators and plan
-            sampling, aggregator = algo.sampling, algo.aggregator
-        else:
-            aggregator = build_aggregator(cfg, sampling, cfg.train.rounds, owners.shared_dim)
-    else:
-        algo = None
-    ledger = make_ledger(cfg, spec, aggregator)
-    if algo is not None:
-        ledger.notes += algo.notes
-        ledger.extra["algorithm"] = algo.summary
-    if aggregator is not None:
-        check_rows_fit(aggregator, owners.shared_dim, torch.empty((), dtype=owners.dtype).element_size())
-        params = dict(owners.model.named_parameters())
-        billboard = Billboard({k: params[k].detach() for k in spec.shared}, spec.shared,
-                              aggregator, sampling, ledger, cfg.seed, cfg.train.server_lr,
-                              owners.training.mode, cfg.privacy.epsilon if spec.private else None,
-                              cfg.privacy.delta, plan=algo.plan if algo is not None else None)
-        if spec.private and not billboard.within_budget():
-            raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
-                              f"multiplier {aggregator.noise_multiplier} exceeds it")
-    fed = build_federation(cfg).to(owners.dtype)
-    if (fed.num_owners, fed.num_users) != (n_owners, n_users):   # the plan's public n
-        raise RuntimeError(f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
-                           f"planned {n_owners} / {n_users}")
-    return Prepared(cfg, owners, aggregator, ledger, billboard, fed, algo)
 
 
 def execute(p: Prepared, on_round=None, grid: Any = None,
@@ -163,17 +38,17 @@ def execute(p: Prepared, on_round=None, grid: Any = None,
     """The round loop on the configured engine (``grid``: ``flwr run``'s, for engine=flower;
     ``checkpoint``: where and how often it checkpoints, and the state a resumed run starts
     from)."""
-    if EngineName(p.cfg.engine) == EngineName.flower:
+    if p.settings.engine == "flower":
         from fedudp.engines import flower as engine
     else:
         from fedudp.engines import local as engine
-    t = p.cfg.train
+    t = p.settings
 
     def drive(transport) -> RoundsResult:
         return run_rounds(t.rounds, t.eval_every, p.billboard, transport,
                           np.diff(p.fed.test_offsets), on_round, checkpoint=checkpoint)
     constraint = p.aggregator.constraint if p.aggregator is not None else None
-    return engine.execute(p.cfg, p.owners, p.fed, constraint, drive, grid=grid)
+    return engine.execute(p.cfg, p.settings, p.owners, p.fed, constraint, drive, grid=grid)
 
 
 def _same_config(out: Path, cfg: RunConfig) -> bool | None:
@@ -279,8 +154,9 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None
     from its newest usable checkpoint: same files, no round twice."""
     t_start = time.perf_counter()
     validate(cfg)
-    if cfg.resume:
-        out_dir = cfg.resume
+    resume = settings(cfg).resume
+    if resume:
+        out_dir = resume
         _check_resumable(Path(out_dir), cfg)
     done = finished_summary(cfg, out_dir)
     if done is not None:
@@ -288,7 +164,7 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None
     p = prepare(cfg)
     metrics_path, ledger_path = Path(out_dir) / "metrics.jsonl", Path(out_dir) / "ledger.jsonl"
     head = {k: v for k, v in p.ledger.to_dict().items() if k not in ("entries", "epsilon", "rounds_released")}
-    if cfg.resume:
+    if resume:
         out = Path(out_dir)
         ckpt = _resume_from(out, cfg, head)
         written = len(ckpt.resumed["billboard"]["entries"]) if ckpt.resumed["billboard"] else 0
@@ -298,7 +174,7 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None
         metrics_path.write_text("")
         ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
         ckpt, written = _checkpointer(out, cfg), 0
-    bar = _progress(cfg)
+    bar = _progress(p.settings)
     heuristic = p.spec.private and run_guarantee(p.spec, p.aggregator) == "heuristic"
 
     def on_round(info: dict) -> None:
@@ -353,7 +229,8 @@ def _same_identity(cfg: RunConfig) -> Callable[[str], bool]:
 
 
 def _checkpointer(out: Path, cfg: RunConfig) -> checkpoints.Checkpointer:
-    return checkpoints.Checkpointer(out, cfg.checkpoint.every, cfg.checkpoint.keep, _identity(cfg),
+    s = settings(cfg)
+    return checkpoints.Checkpointer(out, s.checkpoint_every, s.checkpoint_keep, _identity(cfg),
                                     same_identity=_same_identity(cfg))
 
 
@@ -403,7 +280,7 @@ def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: f
                error: str | None = None) -> dict:
     """summary.json's content for a run that ended with ``res`` (None: failed with ``error``);
     ``seconds`` counts from ``t_start`` (None: not timed)."""
-    fed, spec, ledger, aggregator = p.fed, p.spec, p.ledger, p.aggregator
+    fed, spec, ledger, aggregator, s = p.fed, p.spec, p.ledger, p.aggregator, p.settings
     n = fed.num_owners
     summ = summarize(res.owner_accuracy if res is not None else np.full(n, np.nan),
                      res.owner_loss if res is not None else np.full(n, np.nan),
@@ -414,20 +291,18 @@ def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: f
     # bound, epsilon_display is the text every fedudp output prints for it ("1.000 (heuristic)")
     kind = guarantee if spec.private else None
     summary = {
-        "method": cfg.method.value, "aggregator": aggregator.name if aggregator else "none",
-        "placement": cfg.privacy.placement.value if spec.private else None,
-        "engine": EngineName(cfg.engine).value, "dataset": DatasetName(cfg.dataset.name).value,
+        "method": s.method, "aggregator": aggregator.name if aggregator else "none",
+        "placement": s.placement, "engine": s.engine, "dataset": s.dataset,
         "accuracy_mean": summ["accuracy_mean"], "accuracy_std": summ["accuracy_std"],
         "accuracy_weighted": summ["accuracy_weighted"], "loss": summ["loss"],
         "epsilon": epsilon, "epsilon_kind": kind, "epsilon_display": epsilon_display(epsilon, kind),
         "epsilon_rdp": ledger.entries[-1].epsilon_rdp if (spec.private and ledger.entries) else None,
-        "target_epsilon": cfg.privacy.epsilon if spec.private else None,
-        "delta": cfg.privacy.delta if spec.private else None,
+        "target_epsilon": s.target_epsilon, "delta": s.delta,
         "unit": ledger.unit, "adjacency": ledger.adjacency, "accounting": ledger.accounting,
         "guarantee": guarantee,
         "noise_multiplier": aggregator.noise_multiplier if spec.private else None,
         "rounds_completed": res.rounds_completed if res is not None else len(ledger.entries),
-        "rounds_planned": cfg.train.rounds,
+        "rounds_planned": s.rounds,
         "stop_reason": res.stop_reason if res is not None else "failed",
         "stop_message": res.message if res is not None else error,
         "num_owners": fed.num_owners, "num_users": fed.num_users, "num_records": fed.num_records,
@@ -438,7 +313,9 @@ def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: f
         summary["algorithm"] = p.algorithm.summary
     if res is not None:
         summary.update(res.extra)
-        summary.update(estimator_report(aggregator, res))
+        summary.update(warn_min_users(aggregator))
+        if res.stop_reason == "halted":
+            summary["halted_at_round"] = int(res.rounds_completed)
         if res.signum is not None:
             summary["signal"] = int(res.signum)
     return summary
@@ -461,11 +338,12 @@ def _to_yaml(d: dict) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(d))
 
 
-def _progress(cfg: RunConfig):
-    if not cfg.progress:
+def _progress(s):
+    """The round bar on stderr (``progress=false``: None)."""
+    if not s.progress:
         return None
     from tqdm import tqdm
-    return tqdm(total=cfg.train.rounds, desc=str(cfg.method), file=sys.stderr, leave=False)
+    return tqdm(total=s.rounds, desc=s.method, file=sys.stderr, leave=False)
 
 
 def _hydra_main() -> None:
@@ -481,8 +359,9 @@ def _hydra_main() -> None:
     @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
     def _main(dcfg: DictConfig) -> float | None:
         cfg: RunConfig = OmegaConf.to_object(dcfg)
-        out_dir = cfg.resume or HydraConfig.get().runtime.output_dir
+        out_dir = HydraConfig.get().runtime.output_dir
         try:
+            out_dir = settings(cfg).resume or out_dir
             summary = run(cfg, out_dir)
         except ConfigError as e:
             fail(str(e))

@@ -1,7 +1,7 @@
 """Benchmark: fedudp's ``engine=flower`` vs a plain Flower FedAvg app.
 
 Both run on Flower's simulation (``run_simulation``, Ray backend, one ClientApp per owner)
-with the same model (fedudp's ``build_model``), data and owners (``build_federation``):
+with the same model (``fedudp.build.model``), data and owners (``fedudp.build.federation``):
 
 * ``fedudp``: ``fedudp.run.run`` with ``engine=flower`` (the billboard ServerApp; owners
   reply with per-user shared vectors or, for ``aggregator=gaussian``, the sum of clipped
@@ -67,14 +67,13 @@ _PLAIN_CACHE: dict = {}
 
 def _plain_env(cfg_json: str):
     if cfg_json not in _PLAIN_CACHE:
-        from fedudp.data.federation import build_federation
+        from fedudp import build
         from fedudp.config import config_from_json as cfg_from_json
-        from fedudp.models import build_model
         cfg = cfg_from_json(cfg_json)
         torch.set_num_threads(1)
-        fed = build_federation(cfg)
+        fed = build.federation(cfg)
         _PLAIN_CACHE.clear()
-        _PLAIN_CACHE[cfg_json] = (cfg, fed, build_model(cfg, fed.input_shape, fed.num_classes))
+        _PLAIN_CACHE[cfg_json] = (cfg, fed, build.model(cfg).requires_grad_(True))
     return _PLAIN_CACHE[cfg_json]
 
 
@@ -122,13 +121,12 @@ def run_plain(n: int, rounds: int) -> dict:
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
 
-    from fedudp.data.federation import build_federation
+    from fedudp import build
     from fedudp.config import config_to_json as cfg_to_json
-    from fedudp.models import build_model
 
     cfg = base_cfg(n, rounds, "fedavg")
-    fed = build_federation(cfg)
-    model = build_model(cfg, fed.input_shape, fed.num_classes)
+    fed = build.federation(cfg)
+    model = build.model(cfg).requires_grad_(True)
     cfg_json = cfg_to_json(cfg)
     stamps: list[float] = []
     out: dict = {}
@@ -176,7 +174,7 @@ def row_mean_aggregator():
             self.sampling = sampling
 
         @classmethod
-        def from_config(cls, cfg, sampling, rounds, dim):
+        def calibrated(cls, *, sampling):
             return cls(sampling)
 
         def estimate(self, G, *, rng=None):

@@ -122,12 +122,11 @@ class PlainLoop:
     """FedAvg in plain PyTorch: owners one after another, same data, init and batch orders."""
 
     def __init__(self, cfg) -> None:
-        from fedudp.data.federation import build_federation
-        from fedudp.models import build_model
-        fed = build_federation(cfg)
+        from fedudp import build
+        fed = build.federation(cfg)
         assert fed.num_users == fed.num_owners, "expected one user per owner"
         self.cfg = cfg
-        self.net = build_model(cfg, fed.input_shape, fed.num_classes)   # same seeded init
+        self.net = build.model(cfg).requires_grad_(True)    # same seeded init
         self.glob = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
         self.owners = [fed.owner(j) for j in range(fed.num_owners)]
 

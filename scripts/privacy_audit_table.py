@@ -44,9 +44,10 @@ CASES = {
 
 
 def run_case(name: str) -> dict:
-    from fedudp.aggregators import Sampling, build_aggregator
+    from fedudp.aggregators import Sampling
+    from fedudp.build import estimator as build_aggregator
     from fedudp.config import config_from_overrides
-    from fedudp.data.federation import planned_units
+    from fedudp.build import planned_units
     from fedudp.audit import audit, audit_local_dpsgd
     kind, broken, users, trials, seeds = CASES[name]
     t0 = time.perf_counter()

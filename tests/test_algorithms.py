@@ -6,7 +6,6 @@ noise on the shared coordinates only (std measured), the halting path, config er
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 
@@ -201,7 +200,7 @@ def test_huang_alg1_noise_on_shared_only():
     bb.accountant = None                   # accounting is not under test here (and is slow)
     eta = p.algorithm.plan.phases[0].step_size
     unit = np.array([5])
-    owners.round_units = lambda r: unit
+    owners.hooks.cohort = lambda r: unit          # the owner hook's cohort, fixed for the test
     shared0 = bb.shared_params()
     personal0 = owners.initial_personal(fed.num_owners)
     personal0 = {k: v + 0.3 for k, v in personal0.items()}      # a non-trivial starting point
@@ -248,14 +247,15 @@ def test_huang_alg1_full_dp_baseline_noises_every_personal_block():
                  "algorithm.noise_personal=true")
     p = prepare(cfg)
     owners, fed, agg = p.owners, p.fed, p.aggregator
-    sigma = owners.training.personal_noise_std
+    sigma = owners.hooks.noise_std
     assert sigma == pytest.approx(agg.noise_std / agg.sampling.expected_cohort)     # "same σ"
     assert sigma == pytest.approx(0.5 * cfg.privacy.clip)
-    eta = owners.training.personal_step
+    eta = owners.hooks.step
     assert eta == p.algorithm.plan.phases[0].step_size == 0.01
     assert p.algorithm.summary["noise_personal"] and any("personal noise is extra" in n for n in p.ledger.notes)
     clean = copy.copy(owners)
-    clean.training = dataclasses.replace(owners.training, personal_noise_std=None)
+    clean.hooks = copy.copy(owners.hooks)
+    clean.hooks.noise_std = None
     unit = np.array([5])
     j = int(fed.user_owner[unit[0]])
     shared0 = p.billboard.shared_params()
@@ -264,7 +264,7 @@ def test_huang_alg1_full_dp_baseline_noises_every_personal_block():
     draws = []
     for r in range(1, 801):
         units = unit if r % 2 else np.zeros(0, np.int64)      # rounds with and without a sample
-        owners.round_units = clean.round_units = lambda _r, u=units: u
+        owners.hooks.cohort = clean.hooks.cohort = lambda _r, u=units: u
         noisy = flat(owners.personal_round(fed, shared0, personal0, r))
         free = flat(clean.personal_round(fed, shared0, personal0, r))
         if not r % 2:
@@ -301,7 +301,7 @@ def test_huang_alg1_noise_personal_end_to_end():
     for k in rj.personal:
         d = (rj.personal[k] - rf.personal[k]).reshape(len(rj.personal[k]), -1).abs().amax(1)
         assert bool((d > 0).all())
-    assert pj.owners.training.personal_noise_std is None
+    assert pj.owners.hooks.noise_std is None and pf.owners.hooks.noise_std > 0
     cfg = preset("huang_alg1", "privacy.noise_multiplier=0.5", "algorithm.noise_personal=true")
     s = prepare(cfg).algorithm.summary
     nk = cfg.partition.num_owners * cfg.dataset.classes            # the personal logit offsets

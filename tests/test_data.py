@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from conftest import tiny_cfg, tiny_mnist, write_idx
 from fedudp.config import DataError
 from fedudp.data import partition
-from fedudp.data.federation import build_federation
+from fedudp.build import federation as build_federation
 from fedudp.data.idx import check_available, load_idx_dataset, parse_idx
 
 LABELS = np.random.default_rng(7).integers(0, 10, 60_000)

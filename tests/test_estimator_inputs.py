@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedudp.aggregators import GaussianAggregator, Sampling, build_aggregator
+from fedudp.aggregators import GaussianAggregator, Sampling
+from fedudp.build import estimator as build_aggregator
 from fedudp.aggregators.base import as_generator
 from fedudp.config import config_from_overrides
 

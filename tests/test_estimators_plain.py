@@ -1,7 +1,7 @@
 """Every estimator built and calibrated from plain Python values (``Cls.calibrated(...)``).
 
 ``calibrated`` takes keyword-only plain numbers (no ``RunConfig``) and returns exactly what
-``from_config`` returns for the same numbers: same class, same noise multiplier (bit for bit),
+the config builder (``fedudp.build.estimator``) returns for the same numbers: same class, same noise multiplier (bit for bit),
 same ``dp_event()``, constraint and constants, and the same release for the same input and seed.
 A bad plain value is a ``ValueError`` whose message starts with the parameter's name (not a
 ``ConfigError``); the config path keeps its ``ConfigError`` naming the config key.
@@ -21,15 +21,17 @@ from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
 from fedudp.aggregators.outlier import FriendlyCoreAggregator, OutlierRemovalAggregator
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 from fedudp.config import ConfigError, config_from_overrides
-from fedudp.data.federation import planned_owner_records, planned_owner_users
+from fedudp.build import estimator, planned_owner_records, planned_owner_users
 from fedudp.privacy.accountant import BudgetError
 
 DELTA = 1e-5
 
 
-def from_config(name: str, overrides: dict, sampling: Sampling, rounds: int, dim: int):
+def from_the_builder(name: str, overrides: dict, sampling: Sampling, rounds: int, dim: int):
     cfg = config_from_overrides({"method": "full_dp", "aggregator": name, **overrides})
-    return REGISTRY[name].from_config(cfg, sampling, rounds, dim)
+    built = estimator(cfg, sampling, rounds, dim)
+    assert type(built) is REGISTRY[name]
+    return built
 
 
 def matrix(n: int, dim: int, seed: int = 5) -> np.ndarray:
@@ -96,7 +98,7 @@ def test_calibrated_equals_from_config(case):
     if "rounds" in inspect.signature(cls.calibrated).parameters:
         plain = {**plain, "rounds": rounds}
     assert_same(cls.calibrated(sampling=sampling, **plain),
-                from_config(name, overrides, sampling, rounds, dim), dim)
+                from_the_builder(name, overrides, sampling, rounds, dim), dim)
 
 
 @pytest.mark.parametrize("group", [False, True])
@@ -113,7 +115,9 @@ def test_local_dpsgd_calibrated_equals_from_config(group):
                                   local_epochs=1, owner_units=[int(u) for u in units],
                                   sampling=sampling, group_size=2 if group else None,
                                   accounting="paper" if group else "certified")
-    assert_same(a, LocalDpSgdMean.from_config(cfg, sampling, 2, 6), 6, release=False)
+    built = estimator(cfg, sampling, 2, 6)
+    assert type(built) is LocalDpSgdMean
+    assert_same(a, built, 6, release=False)
     assert (a.group is not None) == group
 
 
@@ -166,22 +170,21 @@ def test_unreachable_budget_plain_and_config():
                                       sampling=Sampling(1.0, 50))
     assert not isinstance(info.value, ConfigError)
     with pytest.raises(BudgetError, match=r"^privacy\.epsilon=1e-06 at privacy\.delta=1e-12 is unreachable"):
-        from_config("gaussian", {"privacy.epsilon": 1e-6, "privacy.delta": 1e-12},
+        from_the_builder("gaussian", {"privacy.epsilon": 1e-6, "privacy.delta": 1e-12},
                     Sampling(1.0, 50), 2000, 6)
 
 
 @pytest.mark.parametrize("name,overrides,sampling,rounds,pattern", [
     ("outlier_removal", {"privacy.epsilon": 8.0}, Sampling(1.0, 100), 2,
-     r"^partition: aggregator=outlier_removal needs n >= 429 users"),
+     r"^partition: aggregator=outlier_removal needs n >= 429 units, got n=100"),
     ("friendlycore", {"privacy.epsilon": 8.0, "estimator.tau": 0.4}, Sampling(1.0, 450), 1,
-     r"^partition: aggregator=friendlycore needs n >= \d+ units .*Raise users"),
+     r"^partition: aggregator=friendlycore needs n >= \d+ units.*Raise users"),
     ("few_users", {"privacy.epsilon": 8.0, "estimator.blocks": 16}, Sampling(1.0, 200), 1,
-     r"^aggregator=few_users with n=200 units, ε=8 over 1 rounds x 1 copies x 16 blocks: "
-     r"estimator\.blocks must be a power of two <= 8, got 16$"),
+     r"^estimator\.blocks must be a power of two <= 8, got 16$"),
     ("gaussian", {"privacy.clip": 0.0}, Sampling(1.0, 50), 2, r"^privacy\.clip must be > 0, got 0"),
     ("winsorized", {"estimator.tau": -1.0}, Sampling(1.0, 50), 2, r"^estimator\.tau must be > 0"),
     ("winsorized", {}, Sampling(0.5, 50), 2, r"^train\.sampling_rate must be 1"),
 ])
 def test_config_path_names_the_config_key(name, overrides, sampling, rounds, pattern):
     with pytest.raises(ConfigError, match=pattern):
-        from_config(name, overrides, sampling, rounds, 6)
+        from_the_builder(name, overrides, sampling, rounds, 6)

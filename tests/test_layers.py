@@ -19,7 +19,8 @@ LAYERS = [
     ("fedudp.aggregators",),        # the user-level mean estimators
     ("fedudp.core",),               # owner, billboard, round loop, checkpoints
     ("fedudp.algorithms",),         # the seeds' training algorithms
-    ("fedudp.engines",),            # local and Flower engines
+    ("fedudp.build",),              # the config builder: the one reader of a RunConfig
+    ("fedudp.engines",),            # local and Flower engines (owners build their side)
 ]
 TOP = len(LAYERS)                   # run, report, paper_report, api, audit, leak, flwr_entry
 

@@ -182,11 +182,10 @@ def test_the_step_count_does_not_follow_the_users_an_owner_holds(monkeypatch):
 
 
 def test_owner_training_capacity_is_the_configured_plan_not_the_data():
-    from fedudp.core.owner import OwnerTraining
-    from fedudp.data.federation import planned_owner_records, planned_owner_users
+    from fedudp.build import owner_training, planned_owner_records, planned_owner_users
     cfg = cfg_kw("full_dp", **{"privacy.placement": "local_dpsgd", "dataset.num_records": 150,
                                "partition.records_per_user": 2})
-    t = OwnerTraining.from_config(cfg)
+    t = owner_training(cfg)
     assert t.dpsgd_capacity == (19, 19, 19, 19)            # 38, 38, 37, 37 records in users of 2
     assert t.dpsgd_capacity == tuple(planned_owner_users(cfg))
     assert t.public_owner_records == tuple(planned_owner_records(cfg)) == (38, 38, 37, 37)

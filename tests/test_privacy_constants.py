@@ -26,7 +26,8 @@ import fedudp.aggregators.few_users as few_users_mod
 import fedudp.aggregators.outlier as outlier_mod
 import fedudp.aggregators.winsorized as winsorized_mod
 import fedudp.privacy.mechanisms as mechanisms_mod
-from fedudp.aggregators import Sampling, build_aggregator
+from fedudp.aggregators import Sampling
+from fedudp.build import estimator as build_aggregator
 from fedudp.aggregators.base import Contribution
 from fedudp.config import config_from_overrides
 

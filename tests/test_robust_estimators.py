@@ -11,13 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedudp.aggregators import GaussianAggregator, build_aggregator
+from fedudp.aggregators import GaussianAggregator
+from fedudp.build import estimator as build_aggregator
 from fedudp.aggregators import few_users
 from fedudp.aggregators import outlier
 from fedudp.aggregators.base import Sampling
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 from fedudp.config import ConfigError
-from fedudp.privacy.accountant import Accountant, ApproxDp, basic_composition, calibrate_noise_multiplier
+from fedudp.privacy.accountant import Accountant, calibrate_noise_multiplier
 from fedudp.run import run
 from tests.conftest import tiny_cfg
 
@@ -60,21 +61,6 @@ def mean_error(agg_factory, X, mu, reps=5):
         else:
             errs.append(float((out.mean - mu).norm()))
     return (sum(errs) / len(errs) if errs else math.nan), halted
-
-
-# -- accounting building blocks ---------------------------------------------------------------
-def test_basic_composition_and_blocks_on_top_of_events():
-    b = basic_composition([(ApproxDp(0.5, 1e-6), 3), ApproxDp(0.25)])
-    assert b.epsilon == pytest.approx(1.75) and b.delta == pytest.approx(3e-6)
-    acc = Accountant()
-    acc.compose(dp_accounting.GaussianDpEvent(2.0), 5)
-    only_events = acc.epsilon(1e-5 - 4e-6)
-    acc.compose(ApproxDp(0.3, 4e-6))
-    assert acc.epsilon(1e-5) == pytest.approx(only_events + 0.3, rel=1e-9)
-    assert acc.epsilon_if(ApproxDp(0.1, 0.0), 1e-5) == pytest.approx(only_events + 0.4, rel=1e-9)
-    # blocks that eat the whole delta leave nothing for the Gaussian: infinite epsilon
-    acc.compose(ApproxDp(0.0, 6e-6))
-    assert acc.epsilon(1e-5) == math.inf
 
 
 def test_chernoff_count_bounds_the_tail():

@@ -9,37 +9,34 @@ server side: clip/rotate/filter, noise), then composes ``dp_event()`` into the l
 
 Everything a caller reads is declared on ``Aggregator``: the billboard, the ledger, the run
 summary and the engines read nothing else. Each estimator registers under its ``name``
-(``register``) and is built in one of three ways:
+(``register``) and is built in one of two ways:
 
 * ``Cls(...)``: the constructor takes the final constants (noise multipliers, radii) as given;
 * ``Cls.calibrated(...)``: keyword-only *plain* values (epsilon, delta, rounds, a ``Sampling``,
   the public bounds and the estimator's options) -> calibrates, then calls the constructor. A bad
-  value is a ``ParameterError`` (a ``ValueError``) whose message starts with the parameter's name;
-* ``Cls.from_config(cfg, sampling, rounds, dim)``: reads the run config's fields and calls
-  ``calibrated`` (a thin wrapper); its errors are ``ConfigError``s naming the config keys
-  (``config_errors``).
+  value is a ``ParameterError`` (a ``ValueError``) whose message starts with the parameter's name.
+
+The config builder (``fedudp.build.estimator``) passes the run's values to ``calibrated`` by
+the names its signature declares, and reads the class attributes an estimator declares about
+itself (``calibrations``, ``fixed_noise``, ``replace_one``); estimators never see the config.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.errors import ConfigError
 from fedudp.privacy.accountant import (ADJACENCY, MAX_NOISE_MULTIPLIER, ApproxDp, BudgetError,
                                        GroupConversion, calibrate_noise_multiplier)
 from fedudp.privacy.mechanisms import clip_factors
 
-if TYPE_CHECKING:
-    from fedudp.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -164,6 +161,11 @@ class Aggregator(ABC):
     needs_per_user_vectors: ClassVar[bool] = True
     adjacency: ClassVar[str] = ADJACENCY
     accountant: ClassVar[str] = "dp_accounting.PLDAccountant (RDP cross-check)"
+    # declared for the config builder (checked before any work):
+    calibrations: ClassVar[tuple[str, ...]] = ("accountant",)   # privacy.calibration values
+    closed_form_note: ClassVar[str] = "has no closed form for this estimator"   # why not
+    fixed_noise: ClassVar[bool] = False      # takes a given noise multiplier (with_noise_multiplier)
+    replace_one: ClassVar[bool] = False      # analysed replace-one with a public n: rate 1 only
 
     sampling: Sampling
     guarantee: str = "certified"
@@ -177,17 +179,16 @@ class Aggregator(ABC):
         return None
 
     @classmethod
-    def check_config(cls, cfg: "RunConfig") -> None:
-        """Checks that need only the config (no data, no calibration): raise ``ConfigError``."""
+    def calibrated(cls, **values: Any) -> "Aggregator":
+        """Calibrate to (ε, δ) from keyword-only plain values, then construct (see the module
+        doc). Each estimator declares its own parameters."""
+        raise NotImplementedError(f"{cls.__name__} has no calibrated constructor")
 
     @classmethod
-    @abstractmethod
-    def from_config(cls, cfg: "RunConfig", sampling: Sampling, rounds: int, dim: int
-                    ) -> "Aggregator":
-        """Calibrate to (ε, δ) over ``rounds`` releases of ``dim``-vectors, then construct: read
-        the config's fields and pass them to the class's ``calibrated`` (keyword-only plain
-        values; see the module docstring), re-raising its ``ParameterError`` as a ``ConfigError``
-        that names the config key (``config_errors``)."""
+    def with_noise_multiplier(cls, noise_multiplier: float, **values: Any) -> "Aggregator":
+        """Construct with a given noise multiplier (``fixed_noise`` estimators only)."""
+        raise ParameterError("noise_multiplier", f"noise_multiplier: {cls.__name__} calibrates "
+                             "its own noise")
 
     @property
     def constraint(self) -> Constraint:
@@ -306,84 +307,17 @@ def finite_rows(G: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(G).all(dim=1)
 
 
-def records_per_unit(cfg: "RunConfig") -> int:
-    """Records per privacy unit m (public): records_per_user, or an owner's share at owner level."""
-    from fedudp.config import Unit
-    if Unit(cfg.privacy.unit) == Unit.owner:
-        return max(1, cfg.dataset.num_records // max(1, cfg.partition.num_owners))
-    return int(cfg.partition.records_per_user)
-
-
-def require_replace_one(cfg: "RunConfig", name: str) -> None:
-    """Config checks every seed estimator shares: it sets its own noise (no fixed multiplier)
-    and is analysed replace-one with a public n (every unit, every round)."""
-    from fedudp.config import ConfigError
-    if cfg.privacy.noise_multiplier is not None:
-        raise ConfigError(f"privacy.noise_multiplier: only aggregator=gaussian takes a fixed noise "
-                          f"multiplier; aggregator={name} calibrates its own noise, leave it null")
-    if cfg.train.sampling_rate < 1.0:
-        raise ConfigError(f"train.sampling_rate: aggregator={name} is analysed replace-one with a "
-                          "public n (every unit, every round); set train.sampling_rate=1")
-
-
-def require_dim(dim: int, name: str) -> None:
-    from fedudp.config import ConfigError
-    if dim < 1:
-        raise ConfigError(f"aggregator={name} needs at least one shared parameter")
-
-
 # -- plain-value construction: ``calibrated(...)`` and its errors --------------------------------
 class ParameterError(ValueError):
     """``calibrated`` refuses a plain value (or a combination of them): the message names the
     parameter ``param`` (``"epsilon must be a finite number > 0, got -1"``); ``facts`` keeps the
-    numbers behind it, so that ``from_config`` can say the same with the config's keys
-    (``config_error``). ``facts["config"]``, where present, is the exact ``ConfigError`` the
-    config path raises (an unreachable budget's ``BudgetError``)."""
+    numbers behind it, so that the config builder can say the same with the config's keys.
+    ``facts["config"]``, where present, is the exact ``ConfigError`` the config path raises (an
+    unreachable budget's ``BudgetError``)."""
 
     def __init__(self, param: str, message: str, **facts: Any) -> None:
         super().__init__(message)
         self.param, self.facts = param, facts
-
-
-# the config key each ``calibrated`` parameter comes from (``from_config``)
-CONFIG_KEYS = {
-    "epsilon": "privacy.epsilon", "delta": "privacy.delta", "clip": "privacy.clip",
-    "accounting": "privacy.accounting", "calibration": "privacy.calibration",
-    "rounds": "train.rounds", "sampling": "train.sampling_rate",
-    "sampling.rate": "train.sampling_rate", "sampling.population": "partition",
-    "batch_size": "train.batch_size", "local_epochs": "train.local_epochs",
-    "bound": "estimator.bound", "tau": "estimator.tau", "beta": "estimator.beta",
-    "copies": "estimator.copies", "blocks": "estimator.blocks", "kappa": "estimator.kappa",
-    "tries": "estimator.tries", "records_per_unit": "partition.records_per_user",
-    "group_size": "partition.records_per_user", "owner_units": "partition", "dim": "model",
-}
-_BUDGET = ("epsilon", "delta", "rounds")
-
-
-def config_message(err: ParameterError) -> str:
-    """``err``'s message with the parameter's name replaced by its config key
-    (``"clip must be > 0, got 0"`` -> ``"privacy.clip must be > 0, got 0"``)."""
-    key, text = CONFIG_KEYS.get(err.param, err.param), str(err)
-    if text.startswith(err.param + " "):
-        return key + text[len(err.param):]
-    return f"{key}: {text}"
-
-
-def config_error(err: ParameterError) -> ConfigError:
-    """The ``ConfigError`` the config path raises for ``err`` (``BudgetError`` for the budget)."""
-    given = err.facts.get("config")
-    if isinstance(given, ConfigError):
-        return given
-    return (BudgetError if err.param in _BUDGET else ConfigError)(config_message(err))
-
-
-@contextlib.contextmanager
-def config_errors() -> Iterator[None]:
-    """``with config_errors(): return cls.calibrated(...)``: ``ParameterError`` -> ``ConfigError``."""
-    try:
-        yield
-    except ParameterError as err:
-        raise config_error(err) from None
 
 
 def _real(x: Any) -> bool:
@@ -464,7 +398,7 @@ def concentration_radius(tau: Any, default: Callable[[int], float] | None,
 def calibrate(make_event: Callable[[float], Any], epsilon: float, delta: float, rounds: int
               ) -> float:
     """``calibrate_noise_multiplier`` for ``calibrated``: an unreachable target is a
-    ``ParameterError`` naming epsilon (the config path re-raises the accountant's ``BudgetError``)."""
+    ``ParameterError`` naming epsilon (the config builder re-raises the accountant's ``BudgetError``)."""
     try:
         return calibrate_noise_multiplier(make_event, epsilon, delta, rounds)
     except BudgetError as err:

@@ -31,11 +31,10 @@ import numbers
 import torch
 
 from fedudp.aggregators.base import (Aggregate, ParameterError, RowsAggregator, Sampling,
-                                     check_at_least, check_budget, check_count, check_dim, check_fraction,
-                                     check_positive, check_sampling, concentration_radius,
-                                     config_message, need, pad_to_population, records_per_unit,
-                                     register, require_dim, require_replace_one)
-from fedudp.config import Calibration, ConfigError, RunConfig
+                                     check_at_least, check_budget, check_count, check_dim,
+                                     check_fraction, check_positive, check_sampling,
+                                     concentration_radius, need, pad_to_population,
+                                     register)
 from fedudp.privacy.accountant import ApproxDp
 from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordinate_radius
 
@@ -147,6 +146,10 @@ class FewUsersAggregator(RowsAggregator):
     """``aggregator=few_users``: [ESF] DP-Estimate-2 at user level, optionally on rotated blocks."""
 
     name = "few_users"
+    replace_one = True
+    closed_form_note = ("is not available: [ESF]'s splits are Θ(·) without constants; "
+                        "aggregator=few_users uses the proof's (ε/4, δ/4) per copy and basic "
+                        "composition")
     accountant = "basic composition of ESF's (4ε1, 4δ1) blocks (ApproxDp; no dp-accounting event exists)"
 
     def __init__(self, dim: int, tau: float, eps: float, delta: float, rounds: int, sampling: Sampling,
@@ -172,14 +175,6 @@ class FewUsersAggregator(RowsAggregator):
         else:
             r_b = self.tau
         self.radius = self.kappa * r_b * math.sqrt(db)
-
-    @classmethod
-    def check_config(cls, cfg: RunConfig) -> None:
-        require_replace_one(cfg, cls.name)
-        if Calibration(cfg.privacy.calibration) == Calibration.closed_form:
-            raise ConfigError("privacy.calibration=closed_form: [ESF]'s splits are Θ(·) without "
-                              "constants; aggregator=few_users uses the proof's (ε/4, δ/4) per "
-                              "copy and basic composition (calibration=accountant)")
 
     @classmethod
     def calibrated(cls, *, dim: int, epsilon: float, delta: float, rounds: int,
@@ -218,27 +213,6 @@ class FewUsersAggregator(RowsAggregator):
                 "sampling.population", f"sampling.population={n} is too small for few_users at "
                 f"epsilon={epsilon:g} over rounds={rounds} x copies={copies} x blocks={blocks}: "
                 f"{err}", detail=str(err)) from None
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "FewUsersAggregator":
-        """Reads privacy.epsilon, privacy.delta, estimator.copies, estimator.blocks,
-        estimator.kappa, estimator.tries, estimator.beta, estimator.tau and, when tau is null,
-        estimator.bound and the records per unit (``records_per_unit``). privacy.calibration=
-        closed_form is refused by ``check_config``."""
-        require_dim(dim, cls.name)
-        p, e = cfg.privacy, cfg.estimator
-        try:
-            return cls.calibrated(
-                dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
-                bound=e.bound, tau=e.tau, copies=e.copies, blocks=e.blocks, kappa=e.kappa,
-                tries=e.tries, beta=e.beta,
-                records_per_unit=records_per_unit(cfg) if e.tau is None else None)
-        except ParameterError as err:
-            raise ConfigError(f"aggregator=few_users with n={sampling.population} units, "
-                              f"ε={p.epsilon:g} over {rounds} rounds x {e.copies} copies x "
-                              f"{e.blocks} blocks: {err.facts.get('detail') or config_message(err)}"
-                              ) from None
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population

@@ -19,8 +19,7 @@ import torch
 
 from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution, Sampling,
                                      calibrate, check_budget, check_positive, check_sampling,
-                                     config_errors, register)
-from fedudp.config import Calibration, ConfigError, RunConfig
+                                     register)
 
 
 @register
@@ -40,11 +39,9 @@ class GaussianAggregator(Aggregator):
         self.noise_multiplier = float(noise_multiplier)
         self.sampling = sampling
 
-    @classmethod
-    def check_config(cls, cfg: RunConfig) -> None:
-        if Calibration(cfg.privacy.calibration) == Calibration.closed_form:
-            raise ConfigError("privacy.calibration: closed_form has no closed form for "
-                              "clip+Gaussian (the paper's Alg. 1 constant c2 is unknown); use accountant")
+    closed_form_note = ("has no closed form for clip+Gaussian (the paper's Alg. 1 constant c2 "
+                        "is unknown)")
+    fixed_noise = True
 
     @classmethod
     def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
@@ -59,16 +56,13 @@ class GaussianAggregator(Aggregator):
         return cls(clip, z, sampling)
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "GaussianAggregator":
-        """Reads privacy.clip, privacy.noise_multiplier (a number: used as given) and
-        privacy.epsilon / privacy.delta (calibrated over ``rounds``)."""
-        p = cfg.privacy
-        if p.noise_multiplier is not None:
-            return cls(p.clip, p.noise_multiplier, sampling)
-        with config_errors():
-            return cls.calibrated(clip=p.clip, epsilon=p.epsilon, delta=p.delta, rounds=rounds,
-                                  sampling=sampling)
+    def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, sampling: Sampling
+                              ) -> "GaussianAggregator":
+        """Clip to ``clip`` with the given noise multiplier (the accountant then tracks ε)."""
+        check_sampling(sampling)
+        check_positive("clip", clip)
+        check_positive("noise_multiplier", noise_multiplier)
+        return cls(clip, noise_multiplier, sampling)
 
     @property
     def noise_std(self) -> float:
@@ -118,13 +112,6 @@ class MeanAggregator(Aggregator):
         if sampling is not None:
             check_sampling(sampling)
         return cls(sampling)
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "MeanAggregator":
-        """Reads nothing from the config."""
-        with config_errors():
-            return cls.calibrated(sampling=sampling)
 
     @property
     def constraint(self) -> Constraint:

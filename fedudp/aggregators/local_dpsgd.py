@@ -28,10 +28,7 @@ import torch
 
 from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution,
                                      ParameterError, Sampling, calibrate, check_budget,
-                                     check_count, check_positive, check_sampling, choice,
-                                     config_errors)
-from fedudp.config import Accounting, Calibration, ConfigError, RunConfig
-from fedudp.data.federation import planned_owner_records, planned_owner_users
+                                     check_count, check_positive, check_sampling, choice)
 from fedudp.privacy.accountant import GroupConversion, Parallel
 
 
@@ -54,6 +51,8 @@ class LocalDpSgdMean(Aggregator):
     """The billboard's side of ``privacy.placement=local_dpsgd`` (see the module docstring)."""
 
     name = "local_dpsgd"
+    fixed_noise = True
+    closed_form_note = "has no closed form for owner-side DP-SGD"
     private = True
     needs_per_user_vectors = False
     accountant = ("dp_accounting.PLDAccountant per owner class (RDP cross-check); the worst "
@@ -74,12 +73,6 @@ class LocalDpSgdMean(Aggregator):
         # one part per distinct capacity: (M_j, owners with it, q_j, steps per round)
         self.classes = [(int(m), int(c), float(qq), int(s) * self.epochs)
                         for m, c, qq, s in zip(users, counts, q, steps)]
-
-    @classmethod
-    def check_config(cls, cfg: RunConfig) -> None:
-        if Calibration(cfg.privacy.calibration) == Calibration.closed_form:
-            raise ConfigError("privacy.calibration: closed_form has no closed form for owner-side "
-                              "DP-SGD; use accountant")
 
     @classmethod
     def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
@@ -113,6 +106,18 @@ class LocalDpSgdMean(Aggregator):
                 for _, _, q, s in probe.classes)
         return cls(z, clip, batch_size, local_epochs, owner_units, sampling, group)
 
+    @classmethod
+    def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, epsilon: float,
+                              delta: float, batch_size: int, local_epochs: int, owner_units,
+                              sampling: Sampling, group_size: int | None = None,
+                              accounting: str = "certified") -> "LocalDpSgdMean":
+        """Owner-side DP-SGD with the given noise multiplier (the accountant then tracks ε;
+        ``epsilon`` and ``delta`` set the group-privacy conversion's grid where there is one)."""
+        check_positive("noise_multiplier", noise_multiplier)
+        form = choice("accounting", accounting, ("certified", "paper"))
+        group = cls._group(group_size, epsilon, delta, form)[0]
+        return cls(noise_multiplier, clip, batch_size, local_epochs, owner_units, sampling, group)
+
     @staticmethod
     def _group(size: int | None, epsilon: float, delta: float, form: str
                ) -> tuple[GroupConversion | None, float, float]:
@@ -121,27 +126,6 @@ class LocalDpSgdMean(Aggregator):
             return None, epsilon, delta
         group = GroupConversion.for_user_budget(int(size), epsilon, delta, form)
         return group, group.record_epsilon(epsilon), group.record_delta
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "LocalDpSgdMean":
-        """Reads privacy.clip, privacy.epsilon, privacy.delta, privacy.noise_multiplier (a
-        number: used as given), privacy.group_privacy (with partition.records_per_user and
-        privacy.accounting), train.batch_size, train.local_epochs and the owners' planned
-        capacities (dataset.num_records, partition.num_owners, partition.records_per_user)."""
-        p, t = cfg.privacy, cfg.train
-        users = planned_owner_records(cfg) if p.group_privacy else planned_owner_users(cfg)
-        size = int(cfg.partition.records_per_user) if p.group_privacy else None
-        form = Accounting(p.accounting).value
-        if p.noise_multiplier is not None:
-            group = cls._group(size, p.epsilon, p.delta, form)[0]
-            return cls(p.noise_multiplier, p.clip, t.batch_size, t.local_epochs, users, sampling,
-                       group)
-        with config_errors():
-            return cls.calibrated(clip=p.clip, epsilon=p.epsilon, delta=p.delta, rounds=rounds,
-                                  batch_size=t.batch_size, local_epochs=t.local_epochs,
-                                  owner_units=users, sampling=sampling, group_size=size,
-                                  accounting=form)
 
     @property
     def noise_std(self) -> float:

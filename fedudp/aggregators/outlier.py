@@ -51,10 +51,8 @@ import torch
 
 from fedudp.aggregators.base import (Aggregate, ParameterError, RowsAggregator, Sampling,
                                      calibrate, check_budget, check_fraction, check_positive,
-                                     check_sampling, choice, concentration_radius, config_error,
-                                     config_errors, pad_to_population, records_per_unit, register,
-                                     require_dim, require_replace_one)
-from fedudp.config import Calibration, ConfigError, RunConfig
+                                     check_sampling, choice, concentration_radius,
+                                     pad_to_population, register)
 from fedudp.privacy.accountant import ApproxDp, schedule_epsilon
 from fedudp.privacy.mechanisms import AboveThreshold, laplace
 
@@ -141,15 +139,6 @@ def paper_sigma(tau: float, n: int, eps: float, delta: float, rounds: int) -> fl
     return math.sqrt(var)
 
 
-def filter_tau(cfg: RunConfig, sampling: Sampling, rounds: int) -> float:
-    """[ASI] §4.3 practical default τ = κ G sqrt(log(2nT/γ)/m) with κ = 1, G = estimator.bound
-    (docs/algorithms.md#outlier-removal), unless ``estimator.tau`` is given."""
-    e = cfg.estimator
-    if e.tau is not None:
-        return e.tau
-    return default_filter_tau(e.bound, sampling.population, rounds, e.beta, records_per_unit(cfg))
-
-
 def default_filter_tau(bound: float, n: int, rounds: int, beta: float, m: int) -> float:
     """τ = G sqrt(log(2nT/γ)/m) (``filter_tau`` from plain values)."""
     return bound * math.sqrt(math.log(2 * n * rounds / beta) / m)
@@ -176,10 +165,6 @@ def paper_sensitivity(tau: float, n: int, eps: float, delta: float, rounds: int)
 
 class _FilterGaussian(RowsAggregator):
     """Shared body: friend counts, filter, Gaussian noise of std ``noise_std`` per coordinate."""
-
-    @classmethod
-    def check_config(cls, cfg: RunConfig) -> None:
-        require_replace_one(cfg, cls.name)
 
     def __init__(self, tau: float, noise_multiplier: float, delta_sens: float,
                  sampling: Sampling, min_users_required: int) -> None:
@@ -213,21 +198,13 @@ class _FilterGaussian(RowsAggregator):
                 "min_users_met": n >= self.min_users_required,
                 "min_users_required": self.min_users_required}
 
-    @classmethod
-    def _filter_values(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) -> dict:
-        """The plain values both filters' ``calibrated`` take, read from the config."""
-        require_dim(dim, cls.name)
-        p, e = cfg.privacy, cfg.estimator
-        return dict(epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
-                    bound=e.bound, tau=e.tau, beta=e.beta, accounting=p.accounting,
-                    records_per_unit=records_per_unit(cfg) if e.tau is None else None)
-
-
 @register
 class OutlierRemovalAggregator(_FilterGaussian):
     """``aggregator=outlier_removal``: [ASI] Alg. 2, one AboveThreshold across all rounds."""
 
     name = "outlier_removal"
+    replace_one = True
+    calibrations = ("accountant", "closed_form")
     accountant = ("dp_accounting PLD/RDP for the Gaussian releases; AboveThreshold ε/2 and the "
                   "failure probabilities by basic composition (ApproxDp)")
 
@@ -280,31 +257,6 @@ class OutlierRemovalAggregator(_FilterGaussian):
         agg = cls(tau, z, sens, sampling, eps_at, rounds, delta / 2, need)
         agg.guarantee = "heuristic" if paper else "certified"
         return agg
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "OutlierRemovalAggregator":
-        """Reads privacy.epsilon, privacy.delta, privacy.accounting, privacy.calibration,
-        estimator.tau and, when tau is null, estimator.bound, estimator.beta and the records per
-        unit (``records_per_unit``)."""
-        p = cfg.privacy
-        try:
-            return cls.calibrated(**cls._filter_values(cfg, sampling, rounds, dim),
-                                  calibration=p.calibration)
-        except ParameterError as err:
-            if err.param == "sampling.population":
-                raise ConfigError(
-                    f"partition: aggregator=outlier_removal needs n >= {err.facts['need']} users "
-                    f"(7.5 α_AT for AboveThreshold at ε/2={p.epsilon / 2:g}, T={rounds}, failure "
-                    f"δ/4) for its privacy proof; got n={sampling.population}. Raise users or "
-                    "privacy.epsilon, or use aggregator=gaussian") from None
-            if err.param == "calibration" and "got" in err.facts:
-                raise ConfigError(
-                    f"privacy.calibration=closed_form: the paper's σ certifies "
-                    f"ε={err.facts['got']:.3g} > privacy.epsilon={p.epsilon:g} with the explicit "
-                    "sensitivity 30τK/n; use privacy.accounting=paper (heuristic) or "
-                    "privacy.calibration=accountant") from None
-            raise config_error(err) from None
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         if self.at is None:                       # one instance: the threshold drawn once
@@ -368,6 +320,9 @@ class FriendlyCoreAggregator(_FilterGaussian):
     """
 
     name = "friendlycore"
+    replace_one = True
+    closed_form_note = ("has no seed closed form for aggregator=friendlycore (FriendlyCore is "
+                        "not one of the seeds)")
     accountant = ("dp_accounting PLD/RDP (Laplace mass check + Gaussian per round); failure "
                   "probabilities in δ by basic composition")
 
@@ -379,13 +334,6 @@ class FriendlyCoreAggregator(_FilterGaussian):
     @property
     def check_scale(self) -> float:
         return self.check_multiplier * MASS_SENSITIVITY
-
-    @classmethod
-    def check_config(cls, cfg: RunConfig) -> None:
-        super().check_config(cfg)
-        if Calibration(cfg.privacy.calibration) == Calibration.closed_form:
-            raise ConfigError("privacy.calibration=closed_form: aggregator=friendlycore has no "
-                              "seed closed form (FriendlyCore is not one of the seeds); use accountant")
 
     @classmethod
     def calibrated(cls, *, epsilon: float, delta: float, rounds: int, sampling: Sampling,
@@ -419,24 +367,6 @@ class FriendlyCoreAggregator(_FilterGaussian):
         agg = cls(tau, z, sens, sampling, z, delta / 2, need)
         agg.guarantee = "heuristic" if paper else "certified"
         return agg
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "FriendlyCoreAggregator":
-        """Reads privacy.epsilon, privacy.delta, privacy.accounting, estimator.tau and, when tau
-        is null, estimator.bound, estimator.beta and the records per unit
-        (``records_per_unit``). privacy.calibration=closed_form is refused by ``check_config``."""
-        p = cfg.privacy
-        try:
-            return cls.calibrated(**cls._filter_values(cfg, sampling, rounds, dim))
-        except ParameterError as err:
-            if err.param == "sampling.population":
-                raise ConfigError(
-                    f"partition: aggregator=friendlycore needs n >= {err.facts['need']} units so "
-                    f"that a release with a small kept set has probability <= δ/(4T) (mass check "
-                    f"multiplier {err.facts['z']:.3g}); got n={sampling.population}. Raise users "
-                    "or privacy.epsilon") from None
-            raise config_error(err) from None
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population

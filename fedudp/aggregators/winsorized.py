@@ -35,10 +35,7 @@ import torch
 
 from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, calibrate, check_budget,
                                      check_dim, check_fraction, check_positive, check_sampling,
-                                     choice, concentration_radius, config_errors,
-                                     pad_to_population, records_per_unit, register, require_dim,
-                                     require_replace_one)
-from fedudp.config import RunConfig
+                                     choice, concentration_radius, pad_to_population, register)
 from fedudp.privacy.mechanisms import (RandomRotation, exponential_mechanism, laplace, next_pow2,
                                       pure_dp_event, rotated_coordinate_radius)
 
@@ -137,6 +134,8 @@ class WinsorizedAggregator(RowsAggregator):
     """``aggregator=winsorized``: WinsorizedMeanHighD on the billboard (see module docstring)."""
 
     name = "winsorized"
+    replace_one = True
+    calibrations = ("accountant", "closed_form")
     accountant = "dp_accounting.RdpAccountant (ZCDpEvent for the exponential mechanism)"
 
     def __init__(self, dim: int, tau: float, bound: float, eps_coord: float, sampling: Sampling,
@@ -152,10 +151,6 @@ class WinsorizedAggregator(RowsAggregator):
         self.tau_coord = rotated_coordinate_radius(self.tau, self.dp, n, gamma)
         self.min_users_required = min_users_required
         self.noise_multiplier = 2.0 / self.eps_coord      # Laplace scale / sensitivity
-
-    @classmethod
-    def check_config(cls, cfg: RunConfig) -> None:
-        require_replace_one(cfg, cls.name)
 
     @classmethod
     def calibrated(cls, *, dim: int, epsilon: float, delta: float, rounds: int,
@@ -186,21 +181,6 @@ class WinsorizedAggregator(RowsAggregator):
         agg = cls(dim, tau, bound, eps_coord, sampling, gamma=beta)
         agg.min_users_required = min_users(coords, eps_coord, bound, agg.tau_coord, beta)
         return agg
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig, sampling: Sampling, rounds: int, dim: int
-                    ) -> "WinsorizedAggregator":
-        """Reads privacy.epsilon, privacy.delta, privacy.calibration, estimator.bound,
-        estimator.tau, estimator.beta and, when tau is null, the records per unit
-        (``records_per_unit``: partition.records_per_user, or dataset.num_records /
-        partition.num_owners with privacy.unit=owner)."""
-        require_dim(dim, cls.name)
-        p, e = cfg.privacy, cfg.estimator
-        with config_errors():
-            return cls.calibrated(
-                dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
-                bound=e.bound, tau=e.tau, beta=e.beta, calibration=p.calibration,
-                records_per_unit=records_per_unit(cfg) if e.tau is None else None)
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population

@@ -2,40 +2,108 @@
 one module each, chosen with ``algorithm.name`` (presets
 ``+experiment=levy_alg3|levy_alg4|asi_alg3|asi_alg4|huang_alg1|huang_alg2``).
 
-An algorithm adds no round loop, owner computation or accountant of its own: it builds its
-estimators from the aggregator registry, and configures the declared hooks of the billboard
-(``fedudp.core.plan``: cohort per round, event per round, server step) and of the owner
-component (``OwnerTraining.smoothing_radius``, ``OwnerTraining.personal_step``,
-``Owners.round_units``). ``run.prepare`` calls ``check_config`` (before any work) and
-``setup``.
+An algorithm adds no round loop, owner computation or accountant of its own. Each module
+declares:
+
+* ``REQUIRES``: a ``Requirements`` (engines, methods, the estimator its steps use, gradient
+  updates, privacy units, equal owners), checked by the config builder before any work;
+* ``check(ctx)``: its own parameters' checks on plain values (``ParameterError``);
+* ``setup(ctx)``: from a ``Context`` of plain values, its estimators (built through
+  ``ctx.estimator``, calibrated with the run's privacy settings), the billboard's ``Plan``
+  (``fedudp.core.plan``: cohort per round, event per round, server step) and, where the
+  algorithm changes the owner's computation, its ``OwnerHooks`` (``fedudp.core.owner``:
+  a user's gradient, the personal update). Nothing is patched after it is built.
 
 Levy et al. Alg. 3 needs no module: it is ``model.name=linear method=full_dp
 train.shared_update=gradient aggregator=winsorized`` (preset ``levy_alg3``).
 """
+
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from fedudp.aggregators.base import Aggregator, Sampling
-from fedudp.config import (AlgorithmName, ConfigError, EngineName, Method, RunConfig,
-                           SharedUpdate, Unit, resolved_aggregator)
+from fedudp.aggregators.base import Aggregator, ParameterError, Sampling
 
-__all__ = ["Context", "Setup", "check_config", "setup"]
+__all__ = ["AlgorithmParams", "Context", "Requirements", "Setup", "NAMES", "requirements",
+           "check", "setup"]
+
+NAMES = ("levy_alg4", "asi_alg3", "asi_alg4", "huang_alg1", "huang_alg2")
 
 
-@dataclass
+@dataclass(frozen=True)
+class Requirements:
+    """What an algorithm needs from the rest of the run (checked by the config builder)."""
+
+    methods: tuple[str, ...]
+    aggregator: str                      # the registered estimator its steps release with
+    engines: tuple[str, ...] = ("local",)
+    shared_update: str = "gradient"
+    units: tuple[str, ...] = ("user", "record")
+    equal_owners: bool = False           # every owner holds the same number of users
+
+
+@dataclass(frozen=True)
+class AlgorithmParams:
+    """The algorithms' options (``algorithm.*``); ``None``: the paper's formula (each module's
+    docstring gives it)."""
+
+    step_size: float | None = None
+    radius: float = 10.0
+    lipschitz: float | None = None
+    sigma: float | None = None
+    smoothing_radius: float | None = None
+    phases: int | None = None
+    lam: float | None = None
+    strong_convexity: float = 0.1
+    smoothness: float = 1.0
+    averaged: bool | None = None
+    noise_personal: bool = False
+
+    def check(self) -> None:
+        """Ranges of every option (``ParameterError`` naming it)."""
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ParameterError(name, f"{name} must be {rule}, got {getattr(self, name)}")
+        need(self.step_size is None or self.step_size > 0, "step_size", "null or > 0")
+        need(self.radius > 0, "radius", "> 0")
+        need(self.lipschitz is None or self.lipschitz > 0, "lipschitz", "null or > 0")
+        need(self.sigma is None or self.sigma > 0, "sigma", "null or > 0")
+        need(self.smoothing_radius is None or self.smoothing_radius >= 0, "smoothing_radius",
+             "null or >= 0")
+        need(self.phases is None or self.phases >= 1, "phases", "null or >= 1")
+        need(self.lam is None or self.lam >= 0, "lam", "null or >= 0")
+        need(self.strong_convexity > 0, "strong_convexity", "> 0")
+        need(self.smoothness > 0, "smoothness", "> 0")
+
+
+@dataclass(frozen=True)
 class Context:
-    """What an algorithm needs to know before the data: the config, the owner component, the
-    public counts (owners, users, each owner's users), the shared dimension."""
+    """What an algorithm is set up from, all public and known before the data: its options, the
+    run's budget and accounting mode, the schedule, the population (users of each owner,
+    records per user), the shared and per-owner personal dimensions, the public bounds, and
+    ``estimator(name, sampling, rounds, **overrides)``, which returns the registered estimator
+    ``name`` calibrated with the run's privacy settings (``overrides``: e.g. the algorithm's
+    own ``tau``)."""
 
-    cfg: RunConfig
-    owners: object                     # fedudp.core.owner.Owners
-    owner_users: np.ndarray            # users of each owner (public)
-    dim: int
+    params: AlgorithmParams
+    epsilon: float
+    delta: float
+    paper: bool                          # privacy.accounting=paper
+    rounds: int
+    seed: int
+    owner_users: np.ndarray              # users of each owner (public)
+    records_per_user: int
+    dim: int                             # shared dimension
+    clip: float
+    bound: float
+    tau: float | None
+    beta: float
+    estimator: Callable[..., Aggregator]
+    method: str = "joint_dp"
+    personal_dim: int = 0                # personal parameters of one owner
 
     @property
     def n_users(self) -> int:
@@ -48,7 +116,7 @@ class Context:
     @property
     def m(self) -> int:
         """Records per user."""
-        return int(self.cfg.partition.records_per_user)
+        return int(self.records_per_user)
 
 
 @dataclass
@@ -58,86 +126,45 @@ class Setup:
     sampling: Sampling                 # the billboard's units and rate
     summary: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    owner_hooks: object = None         # fedudp.core.owner.OwnerHooks, or None
 
 
-def _module(name: AlgorithmName):
+def _module(name: str):
     from fedudp.algorithms import asi_alg3, asi_alg4, huang_alg1, huang_alg2, levy_alg4
-    return {AlgorithmName.levy_alg4: levy_alg4, AlgorithmName.asi_alg3: asi_alg3,
-            AlgorithmName.asi_alg4: asi_alg4, AlgorithmName.huang_alg1: huang_alg1,
-            AlgorithmName.huang_alg2: huang_alg2}[name]
+    mods = {"levy_alg4": levy_alg4, "asi_alg3": asi_alg3, "asi_alg4": asi_alg4,
+            "huang_alg1": huang_alg1, "huang_alg2": huang_alg2}
+    if name not in mods:
+        raise ValueError(f"no training algorithm {name!r} (available: {sorted(mods)})")
+    return mods[name]
 
 
-def need(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}: {msg}")
+def requirements(name: str) -> Requirements:
+    return _module(name).REQUIRES
 
 
-def require(cfg: RunConfig, *, methods: tuple[Method, ...], aggregator: str) -> None:
-    """The checks every algorithm shares: engine, method, estimator, gradient updates."""
-    name = AlgorithmName(cfg.algorithm.name).value
-    need(EngineName(cfg.engine) == EngineName.local, "engine",
-         f"algorithm.name={name} runs on engine=local only")
-    need(Method(cfg.method) in methods, "method",
-         f"algorithm.name={name} needs method in {[m.value for m in methods]}, got {Method(cfg.method).value}")
-    need(resolved_aggregator(cfg).value == aggregator, "aggregator",
-         f"algorithm.name={name} runs its steps with aggregator={aggregator}, got "
-         f"{resolved_aggregator(cfg).value}")
-    need(SharedUpdate(cfg.train.shared_update) == SharedUpdate.gradient, "train.shared_update",
-         f"algorithm.name={name} is a gradient method: set train.shared_update=gradient")
-    need(Unit(cfg.privacy.unit) != Unit.owner, "privacy.unit",
-         f"algorithm.name={name} is analysed at user (or record) level, not owner")
-    a = cfg.algorithm
-    need(a.step_size is None or a.step_size > 0, "algorithm.step_size", f"must be null or > 0, got {a.step_size}")
-    need(a.radius > 0, "algorithm.radius", f"must be > 0, got {a.radius}")
-    need(a.lipschitz is None or a.lipschitz > 0, "algorithm.lipschitz", f"must be null or > 0, got {a.lipschitz}")
-    need(a.sigma is None or a.sigma > 0, "algorithm.sigma", f"must be null or > 0, got {a.sigma}")
-    need(a.smoothing_radius is None or a.smoothing_radius >= 0, "algorithm.smoothing_radius",
-         f"must be null or >= 0, got {a.smoothing_radius}")
-    need(a.phases is None or a.phases >= 1, "algorithm.phases", f"must be null or >= 1, got {a.phases}")
-    need(a.lam is None or a.lam >= 0, "algorithm.lam", f"must be null or >= 0, got {a.lam}")
-    need(a.strong_convexity > 0, "algorithm.strong_convexity", f"must be > 0, got {a.strong_convexity}")
-    need(a.smoothness > 0, "algorithm.smoothness", f"must be > 0, got {a.smoothness}")
+def check(name: str, ctx: Context) -> None:
+    """The algorithm's own checks on plain values (``ParameterError``)."""
+    ctx.params.check()
+    fn = getattr(_module(name), "check", None)
+    if fn is not None:
+        fn(ctx)
 
 
-def check_config(cfg: RunConfig) -> None:
-    """Config-only checks of the chosen algorithm (``ConfigError`` naming the key)."""
-    need(not cfg.algorithm.noise_personal or AlgorithmName(cfg.algorithm.name) == AlgorithmName.huang_alg1,
-         "algorithm.noise_personal", "is Huang Alg. 1's full-DP baseline: it needs "
-         f"algorithm.name=huang_alg1, got {AlgorithmName(cfg.algorithm.name).value}")
-    if AlgorithmName(cfg.algorithm.name) == AlgorithmName.none:
-        return
-    _module(AlgorithmName(cfg.algorithm.name)).check_config(cfg)
-
-
-def setup(ctx: Context) -> Setup | None:
-    """The algorithm's estimators, plan and owner hooks (None for ``algorithm.name=none``)."""
-    name = AlgorithmName(ctx.cfg.algorithm.name)
-    if name == AlgorithmName.none:
-        return None
+def setup(name: str, ctx: Context) -> Setup:
+    """The algorithm's estimators, plan and owner hooks."""
+    check(name, ctx)
     s = _module(name).setup(ctx)
-    s.summary = {"name": name.value, **s.summary}
+    s.summary = {"name": name, **s.summary}
     return s
 
 
-def with_keys(cfg: RunConfig, **keys) -> RunConfig:
-    """A copy of ``cfg`` with dotted keys set (an estimator calibrated for one phase)."""
-    c = copy.deepcopy(cfg)
-    for k, v in keys.items():
-        obj = c
-        *path, last = k.split("__")
-        for p in path:
-            obj = getattr(obj, p)
-        setattr(obj, last, v)
-    return c
+def need(cond: bool, key: str, msg: str) -> None:
+    """``ParameterError`` naming ``key`` (``train.rounds``, or one of the algorithm's options)."""
+    if not cond:
+        raise ParameterError(key, f"{key}: {msg}")
 
 
-def set_owner_hooks(owners, plan, **training) -> None:
-    """The owner component's declared hooks: training options and the round's cohort."""
-    owners.training = dataclasses.replace(owners.training, **training)
-    owners.round_units = plan.cohort
-
-
-def split_rounds(total: int, parts: int, key: str = "train.rounds") -> list[int]:
+def split_rounds(total: int, parts: int, key: str = "rounds") -> list[int]:
     need(total >= parts, key, f"{total} rounds cannot be split over {parts} phases")
     base, extra = divmod(total, parts)
     return [base + (1 if i >= parts - extra else 0) for i in range(parts)]

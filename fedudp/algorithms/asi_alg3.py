@@ -5,7 +5,7 @@ docs/algorithms.md#asi-and-liu-algorithm-3).
     one instance of Algorithm 2 (``aggregator=outlier_removal``: ONE AboveThreshold across all T
     queries, its ε/2 spent once per run) answers the T queries
     q_t(Z) = (1/m) Σ_j ∇l(θ_t + y_j; z_j),  y_j ~ Unif(B(0, r)) fresh per record  (randomized
-        smoothing, the owners' ``OwnerTraining.smoothing_radius`` hook, public randomness)
+        smoothing, the owner hook ``fedudp.algorithms.smoothing.Smoothing``, public randomness)
     θ_{t+1} = Π_Θ(θ_t - η ĝ_t)   (Θ: ||θ|| <= R)
     if Algorithm 2 halted: return θ_0
     return θ̂ = (1/T) Σ_t θ_t   (the averaged iterate)
@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import math
 
-from fedudp.aggregators.base import REGISTRY, Sampling
-from fedudp.algorithms import Context, Setup, require, set_owner_hooks, with_keys
+from fedudp.aggregators.base import Sampling
+from fedudp.algorithms import Context, Requirements, Setup
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
-from fedudp.config import Method, RunConfig
+from fedudp.algorithms.smoothing import Smoothing
 
 SEED = "003_60e5b11bfa501c93.txt (Asi & Liu), Algorithm 3, Theorem 4.1"
 
 
-def check_config(cfg: RunConfig) -> None:
-    require(cfg, methods=(Method.full_dp, Method.joint_dp), aggregator="outlier_removal")
+REQUIRES = Requirements(methods=("full_dp", "joint_dp"), aggregator="outlier_removal")
 
 
 def paper_parameters(n: int, m: int, d: int, eps: float, delta: float, G: float, R: float,
@@ -49,12 +48,11 @@ def phase(ctx: Context, n: int, R: float, T: int, units=None, centre: str = "zer
           reg: float = 0.0) -> tuple[Phase, dict]:
     """One run of Algorithm 3 on ``n`` users (``units``) for ``T`` steps from the phase's start,
     inside the ball of radius R around ``centre``."""
-    cfg, a = ctx.cfg, ctx.cfg.algorithm
-    G = a.lipschitz or cfg.estimator.bound
-    p = paper_parameters(n, ctx.m, ctx.dim, cfg.privacy.epsilon, cfg.privacy.delta, G, R, T)
-    tau = cfg.estimator.tau if cfg.estimator.tau is not None else p["tau"]
-    agg = REGISTRY["outlier_removal"].from_config(with_keys(cfg, estimator__tau=tau),
-                                                  Sampling(1.0, n), T, ctx.dim)
+    a = ctx.params
+    G = a.lipschitz or ctx.bound
+    p = paper_parameters(n, ctx.m, ctx.dim, ctx.epsilon, ctx.delta, G, R, T)
+    tau = ctx.tau if ctx.tau is not None else p["tau"]
+    agg = ctx.estimator("outlier_removal", Sampling(1.0, n), T, tau=tau)
     eta = a.step_size or p["step_size"]
     info = {"users": n, "rounds": T, "tau": tau, "tau_paper": p["tau"], "step_size": eta,
             "step_size_paper": p["step_size"], "paper_T": p["paper_T"], "R": R,
@@ -64,22 +62,22 @@ def phase(ctx: Context, n: int, R: float, T: int, units=None, centre: str = "zer
 
 
 def smoothing(ctx: Context, R: float, T: int) -> float:
-    a = ctx.cfg.algorithm
+    a = ctx.params
     return a.smoothing_radius if a.smoothing_radius is not None else ctx.dim ** 0.25 * R / math.sqrt(T)
 
 
 def setup(ctx: Context) -> Setup:
-    cfg, a = ctx.cfg, ctx.cfg.algorithm
-    n, T, R = ctx.n_users, cfg.train.rounds, a.radius
+    a = ctx.params
+    n, T, R = ctx.n_users, ctx.rounds, a.radius
     ph, info = phase(ctx, n, R, T)
     averaged = True if a.averaged is None else a.averaged
     plan = AlgorithmPlan([ph], n, averaged)
     r = smoothing(ctx, R, T)
-    set_owner_hooks(ctx.owners, plan, smoothing_radius=r)
     summary = {"seed": SEED, "configured_T": T, "smoothing_radius": r,
                "smoothing_radius_paper": ctx.dim ** 0.25 * R / math.sqrt(T), **info,
-               "theorem_conditions": {"0<eps<10": 0 < cfg.privacy.epsilon < 10}}
+               "theorem_conditions": {"0<eps<10": 0 < ctx.epsilon < 10}}
     notes = ["asi_alg3: ONE AboveThreshold instance (budget ε/2, the one-off block) across all "
              "T queries; an AboveThreshold halt ends the run and returns θ_0",
              "randomized-smoothing perturbations are public randomness (seeded per round and user)"]
-    return Setup(ph.aggregator, plan, Sampling(1.0, n), summary, notes)
+    return Setup(ph.aggregator, plan, Sampling(1.0, n), summary, notes,
+                 owner_hooks=Smoothing(r, ctx.seed))

@@ -23,17 +23,15 @@ from __future__ import annotations
 import math
 
 from fedudp.aggregators.base import Sampling
-from fedudp.algorithms import (Context, Setup, need, public_permutation, require, set_owner_hooks,
-                               split_rounds)
+from fedudp.algorithms import Context, Requirements, Setup, need, public_permutation, split_rounds
 from fedudp.algorithms.asi_alg3 import phase, smoothing
 from fedudp.algorithms.schedule import AlgorithmPlan
-from fedudp.config import Method, RunConfig
+from fedudp.algorithms.smoothing import Smoothing
 
 SEED = "003_60e5b11bfa501c93.txt (Asi & Liu), Algorithm 4, Theorem 4.11, App. B.4"
 
 
-def check_config(cfg: RunConfig) -> None:
-    require(cfg, methods=(Method.full_dp, Method.joint_dp), aggregator="outlier_removal")
+REQUIRES = Requirements(methods=("full_dp", "joint_dp"), aggregator="outlier_removal")
 
 
 def phase_sizes(n: int, m: int, phases: int | None = None) -> list[int]:
@@ -54,14 +52,14 @@ def radii(sizes: list[int], n: int, m: int, d: int, eps: float, delta: float, G:
 
 
 def setup(ctx: Context) -> Setup:
-    cfg, a = ctx.cfg, ctx.cfg.algorithm
+    a = ctx.params
     n, m, d, mu = ctx.n_users, ctx.m, ctx.dim, a.strong_convexity
-    G = a.lipschitz or cfg.estimator.bound
+    G = a.lipschitz or ctx.bound
     sizes = phase_sizes(n, m, a.phases)
-    need(min(sizes) >= 1, "algorithm.phases", f"{len(sizes)} phases leave a phase with no user of n={n}")
-    rounds = split_rounds(cfg.train.rounds, len(sizes))
-    Rs = radii(sizes, n, m, d, cfg.privacy.epsilon, cfg.privacy.delta, G, mu)
-    perm = public_permutation(cfg.seed, n)
+    need(min(sizes) >= 1, "phases", f"{len(sizes)} phases leave a phase with no user of n={n}")
+    rounds = split_rounds(ctx.rounds, len(sizes))
+    Rs = radii(sizes, n, m, d, ctx.epsilon, ctx.delta, G, mu)
+    perm = public_permutation(ctx.seed, n)
     phases, info, start = [], [], 0
     for i, (ni, Ti, Ri) in enumerate(zip(sizes, rounds, Rs)):
         ph, inf = phase(ctx, ni, Ri, Ti, units=perm[start:start + ni],
@@ -73,16 +71,16 @@ def setup(ctx: Context) -> Setup:
     plan = AlgorithmPlan(phases, n, averaged)
     # one smoothing radius for the run (the owners' hook); Thm 4.1's r for the first phase
     r = smoothing(ctx, Rs[0], rounds[0])
-    set_owner_hooks(ctx.owners, plan, smoothing_radius=r)
     summary = {"seed": SEED, "phases": len(sizes), "phase_users": sizes, "mu": mu, "G": G,
-               "smoothing_radius": r, "configured_T": cfg.train.rounds,
+               "smoothing_radius": r, "configured_T": ctx.rounds,
                "paper_T": sum(p["paper_T"] for p in info), "phase_detail": info,
                "theorem_conditions": {"n>log(mdn)log(mdn/delta)/eps":
-                                      n > math.log(m * d * n) * math.log(m * d * n / cfg.privacy.delta)
-                                      / cfg.privacy.epsilon},
+                                      n > math.log(m * d * n) * math.log(m * d * n / ctx.delta)
+                                      / ctx.epsilon},
                "users_unused": n - start}
     notes = [f"asi_alg4: {len(sizes)} phases on disjoint users ({sizes} of n={n}), each a run of "
              "Alg. 3 with its own AboveThreshold: composed in PARALLEL (one Parallel part per "
              "phase; the run's epsilon is the worst phase's)",
              "the regulariser gradient μθ is public: added by the billboard, post-processing"]
-    return Setup(phases[0].aggregator, plan, Sampling(1.0, n), summary, notes)
+    return Setup(phases[0].aggregator, plan, Sampling(1.0, n), summary, notes,
+                 owner_hooks=Smoothing(r, ctx.seed))

@@ -11,12 +11,12 @@ as stated: one record per step, noise on the shared coordinates only, averaged i
     u   <- Π_U(u - η (clip_L(∇_u h(x_j, u, z)) + b_t)),  b_t ~ N(0, σ² I_ℓ)   (the billboard:
         ``aggregator=gaussian`` at rate q, noise on the shared block only)
     x_j <- x_j - η ∇_x h(x_j, u, z)   (owner j's personal block, no noise; the owner hook
-        ``OwnerTraining.personal_step``; every other owner's x is unchanged)
+        ``fedudp.algorithms.personal_step.PersonalStep``; every other owner's x is unchanged)
     return ū = (1/T) Σ_t u^t   (the shared averaged iterate; personal blocks: last iterate)
 
 Full-DP baseline (§3.2 table / App. A.3, ``algorithm.noise_personal=true``, ``method=joint_dp``):
 noise N(0, σ² I_{nk+ℓ}) on ALL coordinates, same σ and T. The shared step is unchanged; inside
-the owner component (``OwnerTraining.personal_noise_std``) every owner's personal block takes
+the owner hook (``PersonalStep.noise_std``) every owner's personal block takes
 x_j <- x_j - η (∇_x h(x_j, u, z) [only if one of its records was sampled] + b_j), b_j ~ N(0, σ² I_k)
 fresh every step for EVERY owner, σ the per-coordinate std of the shared step's released mean
 (noise_std / (qN)). The personal blocks still never leave their owner; the accounting is that of
@@ -43,23 +43,25 @@ import math
 
 import numpy as np
 
-from fedudp.aggregators.base import REGISTRY, Sampling
-from fedudp.algorithms import Context, Setup, need, require, set_owner_hooks
+from fedudp.aggregators.base import Sampling
+from fedudp.algorithms import Context, Requirements, Setup, need
+from fedudp.algorithms.personal_step import PersonalStep
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
-from fedudp.config import Accounting, Method, RunConfig
 from fedudp.randomness import Purpose, numpy_rng
 
 SEED = "001_40594ba3d5609f29.txt (Huang et al.), Algorithm 1, Theorem 3.1, Lemma 3.2"
 
 
-def check_config(cfg: RunConfig) -> None:
-    require(cfg, methods=(Method.joint_dp, Method.full_dp), aggregator="gaussian")
-    need(cfg.partition.records_per_user == 1, "partition.records_per_user",
+REQUIRES = Requirements(methods=("joint_dp", "full_dp"), aggregator="gaussian")
+
+
+def check(ctx: Context) -> None:
+    need(ctx.records_per_user == 1, "records_per_user",
          "algorithm.name=huang_alg1 samples one record per step: it needs one record per user "
          "(user level via group privacy: privacy.epsilon = ε r/m)")
-    need(not cfg.algorithm.noise_personal or Method(cfg.method) == Method.joint_dp,
-         "algorithm.noise_personal", "the full-DP baseline noises the personal blocks of "
-         f"method=joint_dp (method=full_dp has none), got method={Method(cfg.method).value}")
+    need(not ctx.params.noise_personal or ctx.method == "joint_dp", "noise_personal",
+         "the full-DP baseline noises the personal blocks of method=joint_dp (method=full_dp "
+         f"has none), got method={ctx.method}")
 
 
 def paper_step_size(R: float, L: float, T: int, N: int, ell: int, eps: float, delta: float) -> float:
@@ -73,21 +75,21 @@ def paper_sigma(L: float, T: int, N: int, eps: float, delta: float) -> float:
 
 
 def setup(ctx: Context) -> Setup:
-    cfg, a = ctx.cfg, ctx.cfg.algorithm
-    N, T, ell = ctx.n_users, cfg.train.rounds, ctx.dim     # one record per user: N = mn
-    L = a.lipschitz or cfg.privacy.clip
-    eps, delta = cfg.privacy.epsilon, cfg.privacy.delta
+    a = ctx.params
+    N, T, ell = ctx.n_users, ctx.rounds, ctx.dim     # one record per user: N = mn
+    L = a.lipschitz or ctx.clip
+    eps, delta = ctx.epsilon, ctx.delta
     q = 1.0 / N
-    paper = Accounting(cfg.privacy.accounting) == Accounting.paper
+    paper = ctx.paper
     sampling = Sampling(q, N)
-    agg = REGISTRY["gaussian"].from_config(cfg, sampling, T, ell)
+    agg = ctx.estimator("gaussian", sampling, T)
     if paper:
         agg.guarantee = "heuristic"
     # the full-DP baseline: noise on every owner's personal block too (nk more coordinates)
-    nk = ctx.n_owners * sum(int(v.numel()) for v in ctx.owners.public_personal.values())
+    nk = ctx.n_owners * ctx.personal_dim
     noised = ell + nk if a.noise_personal else ell
     eta = a.step_size or paper_step_size(a.radius, L, T, N, noised, eps, delta)
-    seed = cfg.seed
+    seed = ctx.seed
 
     def sampler(round_: int) -> np.ndarray:
         if paper:                              # one record, uniformly, with replacement
@@ -100,8 +102,7 @@ def setup(ctx: Context) -> Setup:
     plan = AlgorithmPlan([Phase(T, agg, eta, radius=a.radius)], N, averaged, sampler=sampler)
     # σ per coordinate of the released mean, the shared step's noise (qN = 1 here: = z C)
     sigma_mean = agg.noise_std / sampling.expected_cohort
-    set_owner_hooks(ctx.owners, plan, personal_step=eta,
-                    personal_noise_std=sigma_mean if a.noise_personal else None)
+    hooks = PersonalStep(eta, plan.cohort, seed, sigma_mean if a.noise_personal else None)
     sigma = agg.noise_std
     summary = {"seed": SEED, "configured_T": T, "paper_T": N ** 2, "records": N, "rate": q,
                "step_size": eta, "step_size_paper": paper_step_size(a.radius, L, T, N, noised, eps, delta),
@@ -127,4 +128,4 @@ def setup(ctx: Context) -> Setup:
               "sampling at 1/(mn) (an approximation; dp-accounting has no with-replacement event): "
               "guarantee heuristic") if paper else
              "certified: records Poisson-sampled at q = 1/(mn) exactly as accounted"]
-    return Setup(agg, plan, sampling, summary, notes)
+    return Setup(agg, plan, sampling, summary, notes, owner_hooks=hooks)

@@ -4,7 +4,7 @@ Lemma B.4; docs/algorithms.md#huang-algorithm-2): the smooth case.
     per step t: owner j_t sampled; each of its r users k sends X_k = its mean gradient on the
         SHARED coordinates; g_t = WinsorizedMeanHighD({X_k}) (``aggregator=winsorized`` over the
         r users, public n = r); u <- Π_U(u - η g_t); x_{j_t} <- x_{j_t} - η (plain average of its
-        records' personal gradients; the owner hook ``OwnerTraining.personal_step``)
+        records' personal gradients; the owner hook ``fedudp.algorithms.personal_step.PersonalStep``)
     return the averaged shared iterate
 
 Owner sampling (``privacy.accounting``):
@@ -33,11 +33,11 @@ import math
 import dp_accounting
 import numpy as np
 
-from fedudp.aggregators.base import REGISTRY, Sampling
-from fedudp.algorithms import Context, Setup, need, require, set_owner_hooks, with_keys
+from fedudp.aggregators.base import Sampling
+from fedudp.aggregators.winsorized import WinsorizedAggregator, winsorized_round_event
+from fedudp.algorithms import Context, Requirements, Setup
+from fedudp.algorithms.personal_step import PersonalStep
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
-from fedudp.aggregators.winsorized import winsorized_round_event
-from fedudp.config import Accounting, Method, RunConfig
 from fedudp.privacy.accountant import ApproxDp, Parallel, calibrate_noise_multiplier
 from fedudp.privacy.mechanisms import next_pow2
 from fedudp.randomness import Purpose, numpy_rng
@@ -45,15 +45,8 @@ from fedudp.randomness import Purpose, numpy_rng
 SEED = "001_40594ba3d5609f29.txt (Huang et al.), Algorithm 2, Theorem B.1, Lemma B.4"
 
 
-def check_config(cfg: RunConfig) -> None:
-    require(cfg, methods=(Method.joint_dp, Method.full_dp), aggregator="winsorized")
-    N, n, k = cfg.dataset.num_records, cfg.partition.num_owners, cfg.partition.records_per_user
-    need(N % n == 0 and (N // n) % k == 0, "partition.records_per_user",
-         f"algorithm.name=huang_alg2 needs every owner to hold the same number of users: "
-         f"dataset.num_records={N} / partition.num_owners={n} records per owner must be a "
-         f"multiple of partition.records_per_user={k}")
-    if Accounting(cfg.privacy.accounting) == Accounting.paper:
-        need(cfg.train.rounds >= 1, "train.rounds", "must be >= 1")
+REQUIRES = Requirements(methods=("joint_dp", "full_dp"), aggregator="winsorized",
+                        equal_owners=True)
 
 
 def lemma_b4_tau(L: float, r: int, m: int, ell: int, R: float, H: float, gamma: float) -> float:
@@ -62,17 +55,16 @@ def lemma_b4_tau(L: float, r: int, m: int, ell: int, R: float, H: float, gamma: 
 
 
 def setup(ctx: Context) -> Setup:
-    cfg, a = ctx.cfg, ctx.cfg.algorithm
-    n, r, ell, T = ctx.n_owners, int(ctx.owner_users[0]), ctx.dim, cfg.train.rounds
+    a = ctx.params
+    n, r, ell, T = ctx.n_owners, int(ctx.owner_users[0]), ctx.dim, ctx.rounds
     m_owner = r * ctx.m
-    L = a.lipschitz or cfg.estimator.bound
-    eps, delta = cfg.privacy.epsilon, cfg.privacy.delta
-    paper = Accounting(cfg.privacy.accounting) == Accounting.paper
-    tau = cfg.estimator.tau if cfg.estimator.tau is not None else \
-        lemma_b4_tau(L, r, m_owner, ell, a.radius, a.smoothness, cfg.estimator.beta)
-    c = with_keys(cfg, estimator__tau=tau)
+    L = a.lipschitz or ctx.bound
+    eps, delta = ctx.epsilon, ctx.delta
+    paper = ctx.paper
+    tau = ctx.tau if ctx.tau is not None else \
+        lemma_b4_tau(L, r, m_owner, ell, a.radius, a.smoothness, ctx.beta)
     offs = np.concatenate([[0], np.cumsum(ctx.owner_users)])
-    seed, U = cfg.seed, ctx.n_users
+    seed, U = ctx.seed, ctx.n_users
 
     def owners_of(round_: int) -> np.ndarray:
         if paper:                      # Poisson at 1/n
@@ -91,8 +83,8 @@ def setup(ctx: Context) -> Setup:
         coords = next_pow2(ell)
         z = calibrate_noise_multiplier(lambda z: winsorized_round_event(1.0 / z, coords),
                                        eps_call, delta_call, 1)
-        agg = REGISTRY["winsorized"](ell, tau, c.estimator.bound, 1.0 / z, Sampling(1.0, r),
-                                     gamma=c.estimator.beta)
+        agg = WinsorizedAggregator(ell, tau, ctx.bound, 1.0 / z, Sampling(1.0, r),
+                                   gamma=ctx.beta)
         agg.guarantee = "heuristic"
         block = ApproxDp(math.log1p(math.expm1(eps_call) / n), delta_call / n)
         event_fn = (lambda round_: block)
@@ -100,7 +92,7 @@ def setup(ctx: Context) -> Setup:
     else:
         counts = np.bincount([int(owners_of(t)[0]) for t in range(1, T + 1)], minlength=n)
         K = int(counts.max())
-        agg = REGISTRY["winsorized"].from_config(c, Sampling(1.0, r), K, ell)
+        agg = ctx.estimator("winsorized", Sampling(1.0, r), K, tau=tau)
         ev, noop = agg.dp_event(), dp_accounting.NoOpDpEvent()
 
         def event_fn(round_: int):
@@ -111,7 +103,6 @@ def setup(ctx: Context) -> Setup:
     averaged = True if a.averaged is None else a.averaged
     plan = AlgorithmPlan([Phase(T, agg, eta, radius=a.radius)], U, averaged, sampler=sampler,
                          event_fn=event_fn)
-    set_owner_hooks(ctx.owners, plan, personal_step=eta)
     summary = {"seed": SEED, "configured_T": T, "paper_T": n ** 2 / math.log(1 / delta),
                "owners": n, "users_per_owner": r, "tau": tau, "step_size": eta,
                "eps_coord": agg.eps_coord, "max_steps_per_owner": K,
@@ -127,4 +118,5 @@ def setup(ctx: Context) -> Setup:
              ("certified: one owner per step; each round's release composed in the sampled "
               "owner's part of a Parallel event (parallel composition over owners, no "
               "amplification claimed)")]
-    return Setup(agg, plan, Sampling(1.0, U), summary, notes)
+    return Setup(agg, plan, Sampling(1.0, U), summary, notes,
+                 owner_hooks=PersonalStep(eta, plan.cohort, seed))

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import math
 
-from fedudp.aggregators.base import REGISTRY, Sampling
-from fedudp.algorithms import Context, Setup, need, public_permutation, require, split_rounds, set_owner_hooks
+from fedudp.aggregators.base import Sampling
+from fedudp.algorithms import Context, Requirements, Setup, need, public_permutation, split_rounds
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
-from fedudp.config import Method, RunConfig
 
 SEED = "004_07414daf854bd785.txt (Levy et al.), Algorithm 4, Theorem 4"
 
 
-def check_config(cfg: RunConfig) -> None:
-    require(cfg, methods=(Method.full_dp, Method.joint_dp), aggregator="winsorized")
+REQUIRES = Requirements(methods=("full_dp", "joint_dp"), aggregator="winsorized")
 
 
 def paper_parameters(n: int, m: int, d: int, eps: float, G: float, sigma: float, R: float
@@ -64,24 +62,24 @@ def corollary2_rounds(n_t: int, m: int, d: int, eps: float, G: float, sigma: flo
 
 
 def setup(ctx: Context) -> Setup:
-    cfg, a = ctx.cfg, ctx.cfg.algorithm
+    a = ctx.params
     n, m, d = ctx.n_users, ctx.m, ctx.dim
-    G = a.lipschitz or cfg.estimator.bound
+    G = a.lipschitz or ctx.bound
     sigma = a.sigma or G / math.sqrt(d)
-    eps, delta, R = cfg.privacy.epsilon, cfg.privacy.delta, a.radius
+    eps, delta, R = ctx.epsilon, ctx.delta, a.radius
     paper = paper_parameters(n, m, d, eps, G, sigma, R)
-    P = a.phases or default_phases(paper["phases"], n, cfg.train.rounds)
+    P = a.phases or default_phases(paper["phases"], n, ctx.rounds)
     lam = a.lam if a.lam is not None else paper["lam"]
-    need(n // 2 ** P >= 1, "algorithm.phases", f"{P} phases halve n={n} users below one user")
-    rounds = split_rounds(cfg.train.rounds, P)
-    perm = public_permutation(cfg.seed, n)
+    need(n // 2 ** P >= 1, "phases", f"{P} phases halve n={n} users below one user")
+    rounds = split_rounds(ctx.rounds, P)
+    perm = public_permutation(ctx.seed, n)
     phases, info, start = [], [], 0
     for t in range(1, P + 1):
         n_t = n // 2 ** t
         lam_t = 4 ** t * lam
         users = perm[start:start + n_t]
         start += n_t
-        agg = REGISTRY["winsorized"].from_config(cfg, Sampling(1.0, n_t), rounds[t - 1], d)
+        agg = ctx.estimator("winsorized", Sampling(1.0, n_t), rounds[t - 1])
         eta = a.step_size or 1.0 / (a.smoothness + lam_t)
         phases.append(Phase(rounds[t - 1], agg, eta, units=users, reg=lam_t, reg_centre="start",
                             radius=R))
@@ -91,11 +89,10 @@ def setup(ctx: Context) -> Setup:
                      "min_users_required": agg.min_users_required})
     averaged = True if a.averaged is None else a.averaged
     plan = AlgorithmPlan(phases, n, averaged)
-    set_owner_hooks(ctx.owners, plan)
     conditions = {"eps<=1": eps <= 1, "delta<=1/n^2": delta <= 1 / n ** 2}
     summary = {"seed": SEED, "phases": P, "phases_paper": paper["phases"], "lambda": lam,
                "lambda_paper": paper["lam"], "G": G, "sigma": sigma, "R": R,
-               "configured_T": cfg.train.rounds,
+               "configured_T": ctx.rounds,
                "paper_T": sum(p["paper_rounds"] for p in info), "phase_detail": info,
                "theorem_conditions": conditions, "users_unused": n - start}
     notes = [f"levy_alg4: {P} phases on disjoint users ({[p['users'] for p in info]} of n={n}), "
@@ -106,8 +103,8 @@ def setup(ctx: Context) -> Setup:
     if not a.phases and P < paper["phases"]:
         Pp = paper["phases"]
         why = [f"leave phase {Pp} with n/2^P = {n / 2 ** Pp:.3g} users"] if n // 2 ** Pp < 1 else []
-        if Pp > cfg.train.rounds:
-            why.append(f"need {Pp} rounds, more than train.rounds={cfg.train.rounds}")
+        if Pp > ctx.rounds:
+            why.append(f"need {Pp} rounds, more than train.rounds={ctx.rounds}")
         notes.append(f"levy_alg4: the paper's P = {Pp} phases would {' and '.join(why)}: capped at "
                      f"P = {P}, the largest with at least one user and one round per phase "
                      "(algorithm.phases sets P)")

@@ -102,7 +102,7 @@ class AlgorithmPlan(Plan):
         return mask
 
     def cohort(self, round_: int) -> np.ndarray:
-        """The round's sampled unit ids (what ``Owners.round_units`` asks)."""
+        """The round's sampled unit ids (what the owner hook ``PersonalStep`` asks)."""
         return np.flatnonzero(self.sample(round_))
 
     def event(self, round_: int):

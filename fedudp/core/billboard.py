@@ -10,7 +10,7 @@ owner's personal parameters are joint-DP with respect to the other owners' data.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -20,47 +20,50 @@ from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Samplin
 from fedudp.core.checkpoint import CheckpointError, plain
 from fedudp.core.messages import OwnerReply
 from fedudp.core.plan import Plan
-from fedudp.privacy.accountant import (Accountant, GroupAccountant, Ledger, LedgerEntry, Parallel,
-                                       ParallelAccountant, pld_interval)
+from fedudp.privacy.accountant import Ledger, LedgerEntry
 from fedudp.randomness import Purpose, numpy_rng, torch_generator
 
 
+@dataclass(frozen=True)
+class ServerStep:
+    """The billboard's plain step on the shared parameters from the released mean: u + lr·mean
+    for local deltas (``mode="delta"``), u − lr·mean for gradients (``mode="gradient"``)."""
+
+    lr: float
+    mode: str = "delta"
+
+    def __call__(self, u: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        return u + self.lr * mean if self.mode == "delta" else u - self.lr * mean
+
+
 class Billboard:
-    def __init__(self, shared: Mapping[str, torch.Tensor], names: tuple[str, ...],
-                 aggregator: Aggregator, sampling: Sampling, ledger: Ledger, seed: int,
-                 server_lr: float, mode: str, target_epsilon: float | None, delta: float,
-                 plan: Plan | None = None) -> None:
-        self.names = names
+    """The server of the billboard model, from plain parts: the initial ``shared`` parameters
+    (named tensors, in the order they are flattened), the ``aggregator`` that releases, the
+    ``sampling`` of units, the ``ledger`` it records into, the ``accountant`` that composes its
+    events (None for a non-private aggregator; ``fedudp.privacy.accountant.accountant_for``),
+    the seed of its keyed randomness, its ``step`` on the shared parameters, the target ε it
+    stops before exceeding (None: no stop) at ``delta``, and a training algorithm's ``plan``
+    (``fedudp.core.plan``: the round's cohort, event, estimator and step)."""
+
+    def __init__(self, shared: Mapping[str, torch.Tensor], aggregator: Aggregator,
+                 sampling: Sampling, ledger: Ledger, accountant=None, *, seed: int,
+                 step: ServerStep = ServerStep(1.0), target_epsilon: float | None = None,
+                 delta: float | None = None, plan: Plan | None = None) -> None:
+        if aggregator.private and accountant is None:
+            raise ValueError(f"aggregator={aggregator.name} is private: the billboard needs an "
+                             "accountant (fedudp.privacy.accountant.accountant_for)")
+        self.names = tuple(shared)
         self.plan = plan                   # a training algorithm's hooks (fedudp.core.plan)
         self.next_round = 1
-        self.shapes = {k: tuple(shared[k].shape) for k in names}
-        self.u = torch.cat([shared[k].reshape(-1) for k in names]) if names else torch.zeros(0)
-        self.aggregator = aggregator
-        self.sampling = sampling
-        self.ledger = ledger
-        self.seed = seed
-        self.server_lr = server_lr
-        self.mode = mode
-        self.target_epsilon = target_epsilon
-        self.delta = delta
+        self.shapes = {k: tuple(shared[k].shape) for k in self.names}
+        self.u = (torch.cat([shared[k].reshape(-1) for k in self.names]) if self.names
+                  else torch.zeros(0))
+        self.aggregator, self.sampling, self.ledger = aggregator, sampling, ledger
+        self.seed, self.step = seed, step
+        self.target_epsilon, self.delta = target_epsilon, delta
         self.diverged = False              # the last step would have made u non-finite
-        self.event = aggregator.dp_event() if aggregator.private else None
-        if aggregator.private and plan is not None and plan.event(1) is not None:
-            self.event = plan.event(1)
-        self.accountant = None
-        if aggregator.private:      # one accountant, or one per disjoint part (owners' users)
-            # the PLD grid the noise was calibrated on: that of the events' own target, ε' = ε/k
-            # for record-level events under group privacy (a coarser grid is more pessimistic and
-            # would stop a calibrated run before its last round)
-            group = aggregator.group
-            events_target = (group.record_epsilon(target_epsilon) if group is not None and target_epsilon
-                             else target_epsilon)
-            interval = pld_interval(events_target)
-            self.accountant = (ParallelAccountant(len(self.event.parts), interval)
-                               if isinstance(self.event, Parallel) else Accountant(interval))
-            if group is not None:    # record-level events, user level by group privacy
-                self.accountant = GroupAccountant(self.accountant, group)
-                ledger.extra["group_conversion"] = str(group)
+        self.event = self.first_event(aggregator, plan) if aggregator.private else None
+        self.accountant = accountant if aggregator.private else None
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
         # probabilities that enter δ, docs/algorithms.md#outlier-removal): composed up front,
         # conservatively
@@ -70,6 +73,12 @@ class Billboard:
         if self.one_off is not None:
             self.accountant.compose(self.one_off)
             ledger.extra["one_off_event"] = str(self.one_off)
+
+    @staticmethod
+    def first_event(aggregator: Aggregator, plan: Plan | None = None):
+        """What round 1 releases: the plan's event where it has one, else the aggregator's."""
+        e = plan.event(1) if plan is not None else None
+        return aggregator.dp_event() if e is None else e
 
     @property
     def dim(self) -> int:
@@ -139,8 +148,7 @@ class Billboard:
             if not self.diverged:
                 self.u = stepped
         elif not agg.halted:
-            step = agg.mean.to(self.u.dtype)
-            u = self.u + self.server_lr * step if self.mode == "delta" else self.u - self.server_lr * step
+            u = self.step(self.u, agg.mean.to(self.u.dtype))
             self.diverged = not bool(torch.isfinite(u).all())
             if not self.diverged:          # keep the last finite state
                 self.u = u

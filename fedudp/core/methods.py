@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedudp.config import Accounting, ConfigError, Method, Placement, RunConfig, Unit
+from fedudp.config import Method, Placement, Unit
 from fedudp.models.split import ParamSplit, SplitModel, split_by_patterns
 
 
@@ -52,29 +52,33 @@ class MethodSpec:
         return self.split.personal
 
 
-def method_spec(cfg: RunConfig, model: SplitModel) -> MethodSpec:
-    m = Method(cfg.method)
+def make_method(method: str, model: SplitModel, *, personal: tuple[str, ...] = (),
+                unit: str = "user", placement: str = "server", paper: bool = False) -> MethodSpec:
+    """The method's split, privacy and update from plain values: ``method`` (per_silo, fedavg,
+    full_dp, joint_dp), the model, joint-DP's personal parameter patterns (empty: the model's
+    default), the privacy ``unit`` (user, record, owner), where the noise is added
+    (``placement``: server, local_dpsgd) and whether accounting follows the paper (``paper``:
+    shared vectors at the owner's own personal parameters). A split that leaves no personal or
+    no shared parameter for joint_dp is a ``ValueError``."""
+    m = Method(method)
     names = tuple(n for n, _ in model.named_parameters())
-    unit = Unit(cfg.privacy.unit)
-    release_unit = Unit.owner if unit == Unit.owner else Unit.user
+    release_unit = Unit.owner if Unit(unit) == Unit.owner else Unit.user
     if m == Method.per_silo:
         return MethodSpec(m, ParamSplit((), names), False, False, False, release_unit, "none")
-    update = ("owner_dpsgd" if Placement(cfg.privacy.placement) == Placement.local_dpsgd
-              else "user_vectors")
+    update = "owner_dpsgd" if Placement(placement) == Placement.local_dpsgd else "user_vectors"
     if m == Method.fedavg:
         return MethodSpec(m, ParamSplit(names, ()), False, True, False, release_unit, "none",
                           "owner_sgd")
     if m == Method.full_dp:
         return MethodSpec(m, ParamSplit(names, ()), True, True, False, release_unit, "certified",
                           update)
-    patterns = list(cfg.model.personal) or list(model.default_personal)
+    patterns = list(personal) or list(model.default_personal)
     if not patterns:
-        raise ConfigError("model.personal: joint_dp needs at least one personal parameter pattern")
+        raise ValueError("joint_dp needs at least one personal parameter pattern")
     split = split_by_patterns(model, patterns)
     if not split.shared:
-        raise ConfigError(f"model.personal: {patterns} makes every parameter personal; "
-                          "joint_dp needs shared parameters (use method=per_silo for none)")
-    paper = Accounting(cfg.privacy.accounting) == Accounting.paper
+        raise ValueError(f"{patterns} makes every parameter personal; joint_dp needs shared "
+                         "parameters (use method=per_silo for none)")
     feedback = paper or release_unit == Unit.owner
     guarantee = "heuristic" if (paper and release_unit != Unit.owner) else "certified"
     return MethodSpec(m, split, True, True, feedback, release_unit, guarantee, update)

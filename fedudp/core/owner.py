@@ -22,29 +22,20 @@ so both engines compute the same vectors. A new owner-side training mode belongs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from fedudp.aggregators.base import Constraint, Contribution
-from fedudp.config import OwnerWeights, RunConfig, SharedUpdate, Unit
+from fedudp.config import OwnerWeights, SharedUpdate, Unit
 from fedudp.core import local_sgd
 from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
 from fedudp.core.messages import OwnerReply, make_reply
-from fedudp.core.methods import MethodSpec, method_spec
-from fedudp.data.federation import (Federation, planned_owner_records, planned_owner_users,
-                                    planned_shape)
-from fedudp.randomness import Purpose, numpy_rng
-
-
-def uniform_ball(rng: np.random.Generator, k: int, d: int, radius: float) -> np.ndarray:
-    """[k, d] points uniform in the l2 ball of ``radius`` (docs/algorithms.md#uniform-point-in-a-ball),
-    float64."""
-    g = rng.standard_normal((k, d))
-    u = rng.random((k, 1))
-    return radius * u ** (1.0 / d) * g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
+from fedudp.core.methods import MethodSpec
+from fedudp.data.federation import Federation
+from fedudp.randomness import Purpose
 
 Params = local_sgd.Params
 
@@ -59,21 +50,6 @@ class OwnerTraining:
     personal: local_sgd.LocalSpec
     mode: str
     owner_weights: str = OwnerWeights.uniform.value
-    # set by a training algorithm (fedudp.algorithms), 0 / None otherwise:
-    # [ASI] Alg. 3 randomized smoothing: a user's gradient is the mean over its records z_j of
-    # grad l(u + y_j; z_j), y_j ~ Unif(B(0, r)) fresh per record from public randomness
-    smoothing_radius: float = 0.0
-    # [HUANG] Alg. 1/2: instead of epochs over all records, the owners of the round's sampled
-    # units (``Owners.round_units``) take one gradient step of this size on their personal
-    # parameters, over the sampled units' records (no noise: they never leave the owner)
-    personal_step: float | None = None
-    # [HUANG] Alg. 1's full-DP baseline (``algorithm.noise_personal``): with ``personal_step``,
-    # every owner's personal block also moves by -personal_step * b_j every step, b_j ~
-    # N(0, personal_noise_std² I_k) drawn fresh (float64, keyed by (seed, PERSONAL_NOISE, round,
-    # owner id)) for EVERY owner, sampled or not; the std is the per-coordinate std of the noise
-    # of the shared step's released mean in the same round ("same σ"). Extra noise: the personal
-    # blocks still never leave their owner, and the accounting is the shared release's
-    personal_noise_std: float | None = None
     # privacy.group_privacy: owner DP-SGD samples and clips records, not users
     dpsgd_records: bool = False
     # owner-side DP-SGD (``owner_dpsgd``): each owner's PUBLIC capacity, indexed by global owner
@@ -83,18 +59,6 @@ class OwnerTraining:
     # each owner's PUBLIC record count (global owner id): the ``owner_weights=size`` weights of
     # owner-side DP-SGD's deltas (the actual counts would be data the billboard reads)
     public_owner_records: tuple[int, ...] | None = None
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig) -> "OwnerTraining":
-        t = cfg.train
-        records = planned_owner_records(cfg)
-        capacity = records if cfg.privacy.group_privacy else planned_owner_users(cfg)
-        return cls(local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.local_epochs),
-                   local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.resolved_personal_epochs()),
-                   SharedUpdate(t.shared_update).value, OwnerWeights(t.owner_weights).value,
-                   dpsgd_records=bool(cfg.privacy.group_privacy),
-                   dpsgd_capacity=tuple(int(c) for c in capacity),
-                   public_owner_records=tuple(int(r) for r in records))
 
 
 def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
@@ -110,35 +74,37 @@ def owner_units(fed: Federation, owners: np.ndarray) -> local_sgd.Units:
     return local_sgd.Units(starts, sizes, fed.owner_ids[owners], starts, sizes)
 
 
-class Owners:
-    """The owner side of a run: model, shared/personal split, local training (see module doc)."""
+class OwnerHooks:
+    """The owner computation's declared extension points (a training algorithm's,
+    ``fedudp.algorithms``). Each returns None for the plain behaviour."""
 
-    def __init__(self, model: nn.Module, spec: MethodSpec, training: OwnerTraining, budget: int
-                 ) -> None:
+    def personal_round(self, owners: "Owners", fed: Federation, shared: Params,
+                       personal: Params, round_: int) -> Params | None:
+        """Every owner's personal parameters after this round (instead of epochs of SGD on all
+        its records)."""
+        return None
+
+    def user_gradients(self, owners: "Owners", fed: Federation, shared: Params, fr_unit: Params,
+                       fr_common: Params, sub: local_sgd.Units, user_ids: np.ndarray,
+                       round_: int) -> torch.Tensor | None:
+        """[len(sub), d_shared]: the users' shared vectors in ``gradient`` mode (instead of
+        their mean gradients at the broadcast)."""
+        return None
+
+
+class Owners:
+    """The owner side of a run: model, shared/personal split, local training (see module doc).
+    ``hooks``: a training algorithm's ``OwnerHooks`` (None: the plain owner)."""
+
+    def __init__(self, model: nn.Module, spec: MethodSpec, training: OwnerTraining, budget: int,
+                 hooks: OwnerHooks | None = None) -> None:
         self.model, self.spec, self.training, self.budget = model, spec, training, int(budget)
+        self.hooks = hooks if hooks is not None else OwnerHooks()
         init = dict(model.named_parameters())
         # x_pub: the public (seeded, data-independent) initial personal parameters
         self.public_personal = {k: init[k].detach().clone() for k in spec.personal}
         self.shared_dim = sum(int(init[k].numel()) for k in spec.shared)
         self.dtype = next(iter(init.values())).dtype
-        # the round's sampled units (public randomness, the billboard's plan), for
-        # ``training.personal_step``; None: no sampled personal step
-        self.round_units: Callable[[int], np.ndarray] | None = None
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig) -> "Owners":
-        """Model (seeded init, float64 in equivalence mode), method split and training from the
-        config alone: the billboard process and every Flower owner build the same."""
-        from fedudp.models import build_model
-        if cfg.engine_opts.threads:
-            torch.set_num_threads(cfg.engine_opts.threads)
-        model = build_model(cfg, *planned_shape(cfg))
-        if cfg.engine_opts.float64:
-            model = model.double()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        return cls(model, method_spec(cfg, model), OwnerTraining.from_config(cfg),
-                   local_sgd.chunk_budget(cfg.engine_opts.chunk_records, model))
 
     @property
     def trains_personal(self) -> bool:
@@ -152,10 +118,10 @@ class Owners:
                        ) -> Params:
         """Every owner's personal parameters after its epochs of SGD on all its records, the
         shared parameters fixed at the broadcast. No noise: they never leave the owner.
-        With ``training.personal_step`` (Huang Alg. 1/2): one gradient step for the owners of the
-        round's sampled units only (``personal_step_round``)."""
-        if self.training.personal_step is not None:
-            return self.personal_step_round(fed, shared, personal, round_)
+        A training algorithm's ``hooks.personal_round`` replaces this update."""
+        hooked = self.hooks.personal_round(self, fed, shared, personal, round_)
+        if hooked is not None:
+            return hooked
         if not self.trains_personal:
             return personal
         spec = self.training.personal
@@ -168,84 +134,6 @@ class Owners:
             for k in new:
                 new[k][torch.from_numpy(sel)] = out[k].detach()
         return new
-
-    def personal_step_round(self, fed: Federation, shared: Params, personal: Params, round_: int
-                            ) -> Params:
-        """[HUANG] Alg. 1/2's personal move: x_j <- x_j - eta * (mean over the round's sampled
-        records of owner j of grad_x h(x_j, u, z)), for each owner j with sampled units; every
-        other owner's x_j is unchanged. With ``training.personal_noise_std`` (Alg. 1's full-DP
-        baseline) every owner here also takes x_j <- x_j - eta * b_j (``personal_noise``)."""
-        units = self.round_units(round_) if self.round_units is not None else np.zeros(0, np.int64)
-        noisy = bool(self.training.personal_noise_std)
-        if not self.spec.personal or (not len(units) and not noisy):
-            return personal
-        new = {k: v.clone() for k, v in personal.items()}
-        if len(units):
-            self._personal_gradient_step(fed, shared, personal, np.asarray(units, dtype=np.int64), new)
-        if noisy:
-            eta = float(self.training.personal_step)
-            for k, b in self.personal_noise(fed, round_).items():
-                new[k] = (new[k].to(torch.float64) - eta * b).to(new[k].dtype)
-        return new
-
-    def personal_noise(self, fed: Federation, round_: int) -> Params:
-        """[HUANG] Alg. 1's full-DP baseline: this round's b_j ~ N(0, personal_noise_std² I_k) for
-        every owner here (float64, stacked like the personal parameters), each owner's drawn from
-        the run's keyed randomness (``fedudp.randomness``) at (seed, PERSONAL_NOISE, round, its global owner id), so
-        an owner's draw does not depend on which other owners share its process."""
-        std, names = float(self.training.personal_noise_std), self.spec.personal
-        shapes = [tuple(self.public_personal[k].shape) for k in names]
-        sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-        draws = np.stack([numpy_rng(self.training.user.seed, Purpose.PERSONAL_NOISE, round_, int(j))
-                          .standard_normal(sum(sizes)) for j in fed.owner_ids])
-        out, i = {}, 0
-        for k, s, n in zip(names, shapes, sizes):
-            out[k] = std * torch.from_numpy(draws[:, i:i + n]).reshape(len(fed.owner_ids), *s)
-            i += n
-        return out
-
-    def _personal_gradient_step(self, fed: Federation, shared: Params, personal: Params,
-                                units: np.ndarray, new: Params) -> None:
-        """x_j -= eta * (owner j's sampled records' mean personal gradient), in ``new``."""
-        owners = fed.user_owner[units]
-        grads = local_sgd.mean_gradients(self.model, local_sgd.select(personal, owners), {}, dict(shared),
-                                         fed.x, fed.y, user_units(fed, units))
-        sizes = torch.from_numpy(np.diff(fed.user_offsets)[units].astype(np.float64))
-        uniq, row = np.unique(owners, return_inverse=True)
-        idx = torch.from_numpy(row)
-        weight = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, idx, sizes)
-        for k, g in grads.items():
-            flat = (g.to(torch.float64).reshape(len(units), -1) * sizes.unsqueeze(1))
-            tot = torch.zeros(len(uniq), flat.shape[1], dtype=torch.float64).index_add_(0, idx, flat)
-            step = (tot / weight.unsqueeze(1)).reshape(len(uniq), *g.shape[1:]).to(new[k].dtype)
-            new[k][torch.from_numpy(uniq)] -= self.training.personal_step * step
-
-    def smoothed_gradients(self, fed: Federation, shared: Params, fr_unit: Params, fr_common: Params,
-                           sub: local_sgd.Units, user_ids: np.ndarray, round_: int) -> torch.Tensor:
-        """[ASI] Alg. 3 randomized smoothing: [len(sub), d_shared], each user's mean over its
-        records z_j of grad l(u + y_j; z_j), y_j ~ Unif(B(0, r)) drawn per record (float64) from
-        public randomness keyed by (round, the user's stable id)."""
-        names, r, d = self.spec.shared, self.training.smoothing_radius, self.shared_dim
-        sizes = sub.sizes.astype(np.int64)
-        rec = np.concatenate([np.arange(s, s + k) for s, k in zip(sub.starts, sizes)])
-        of = np.repeat(np.arange(len(sub)), sizes)
-        Y = torch.cat([torch.from_numpy(uniform_ball(numpy_rng(self.training.user.seed, Purpose.SMOOTHING,
-                                                               round_, int(uid)), int(k), d, r))
-                       for uid, k in zip(user_ids, sizes)])
-        base = local_sgd.flatten(local_sgd.expand(shared, len(rec)), names)
-        flat = (base.to(torch.float64) + Y).to(base.dtype)
-        trainable, i = {}, 0
-        for k in names:
-            n = shared[k].numel()
-            trainable[k] = flat[:, i:i + n].reshape(len(rec), *shared[k].shape)
-            i += n
-        ones = np.ones(len(rec), dtype=np.int64)
-        units = local_sgd.Units(rec, ones, np.zeros_like(ones), rec, ones)
-        fr = local_sgd.select(fr_unit, of) if fr_unit else {}
-        G = local_sgd.flatten(local_sgd.mean_gradients(self.model, trainable, fr, fr_common, fed.x,
-                                                       fed.y, units), names)
-        out = torch.zeros(len(sub), d, dtype=G.dtype).index_add_(0, torch.from_numpy(of), G)
-        return out / torch.from_numpy(np.maximum(sizes, 1)).to(G.dtype).unsqueeze(1)
 
     def user_vectors(self, fed: Federation, shared: Params, personal: Params, users: np.ndarray,
                      round_: int) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
@@ -268,12 +156,12 @@ class Owners:
                                                 fed.user_ids[users[sel]])
                 end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec)
                 G = local_sgd.flatten(end, names) - local_sgd.flatten(start, names)
-            elif self.training.smoothing_radius > 0:
-                G = self.smoothed_gradients(fed, shared, fr_unit, fr_common, sub,
-                                            fed.user_ids[users[sel]], round_)
             else:
-                G = local_sgd.flatten(local_sgd.mean_gradients(self.model, start, fr_unit, fr_common, fed.x, fed.y,
-                                               sub), names)
+                G = self.hooks.user_gradients(self, fed, shared, fr_unit, fr_common, sub,
+                                              fed.user_ids[users[sel]], round_)
+                if G is None:
+                    G = local_sgd.flatten(local_sgd.mean_gradients(
+                        self.model, start, fr_unit, fr_common, fed.x, fed.y, sub), names)
             yield users[sel], G.detach()
 
     def unit_vectors(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedudp.config import ConfigError, DatasetName, RunConfig, Scheme
 from fedudp.data import partition
 from fedudp.data.idx import load_idx_dataset
 from fedudp.data.synthetic import synthetic_pool
@@ -101,71 +100,74 @@ class Federation:
         return self
 
 
-def planned_shape(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
-    """(input shape, classes) the configured dataset will have, known before loading it."""
-    d = cfg.dataset
-    if d.name == DatasetName.synthetic:
-        return (int(d.features),), int(d.classes)
-    return (1, 28, 28), 10
+# the image data sets' (MNIST, Fashion-MNIST) input shape and classes, known before loading
+IMAGE_SHAPE, IMAGE_CLASSES = (1, 28, 28), 10
 
 
-def planned_owner_records(cfg: RunConfig) -> np.ndarray:
+@dataclass(frozen=True)
+class Pool:
+    """Training and test records a federation is cut from (features, int64 labels)."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    classes: int
+
+
+def planned_owner_records(num_records: int, num_owners: int) -> np.ndarray:
     """Each owner's record count, known before loading the data (floor/ceil(N/n))."""
-    return partition.owner_sizes(cfg.dataset.num_records, cfg.partition.num_owners)
+    return partition.owner_sizes(num_records, num_owners)
 
 
-def planned_owner_users(cfg: RunConfig) -> np.ndarray:
+def planned_owner_users(num_records: int, num_owners: int, records_per_user: int) -> np.ndarray:
     """Each owner's user count, known before loading the data: owner sizes are floor/ceil(N/n)
     for every scheme, and owners are cut into users of records_per_user."""
-    sizes = partition.owner_sizes(cfg.dataset.num_records, cfg.partition.num_owners)
-    return -(-sizes // cfg.partition.records_per_user)
+    return -(-partition.owner_sizes(num_records, num_owners) // records_per_user)
 
 
-def planned_units(cfg: RunConfig) -> tuple[int, int]:
-    """(owners, users) the partition will produce (see ``planned_owner_users``)."""
-    users = planned_owner_users(cfg)
-    return len(users), int(users.sum())
+def synthetic(features: int, classes: int, pool_train: int, pool_test: int, signal: float,
+              seed: int) -> Pool:
+    """The seeded synthetic pool (``fedudp.data.synthetic``)."""
+    tx, ty, vx, vy = synthetic_pool(features, classes, pool_train, pool_test, signal, seed)
+    return Pool(tx, ty, vx, vy, int(classes))
 
 
-def _load_pool(cfg: RunConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    d = cfg.dataset
-    if d.name == DatasetName.synthetic:
-        tx, ty, vx, vy = synthetic_pool(d.features, d.classes, d.pool_train, d.pool_test,
-                                        d.signal, cfg.seed)
-        return tx, ty, vx, vy, d.classes
-    tx, ty, vx, vy = load_idx_dataset(DatasetName(d.name).value, d.root, d.download)
-    # scale to [0,1], then standardize with the training pool's statistics; add channel dim
+def image_pool(name: str, root: str, download: bool = False) -> Pool:
+    """MNIST or Fashion-MNIST from IDX files under ``root``: scaled to [0, 1], standardized with
+    the training pool's statistics, a channel dimension added."""
+    tx, ty, vx, vy = load_idx_dataset(name, root, download)
     mean, std = tx.mean() / 255.0, tx.std() / 255.0
     norm = lambda a: ((a.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)[:, None]  # noqa: E731
-    if d.num_records > len(tx):
-        raise ConfigError(f"dataset.num_records: {d.num_records} records asked for, but {d.root} "
-                          f"holds {len(tx)} {DatasetName(d.name).value} training records")
-    return norm(tx), ty.astype(np.int64), norm(vx), vy.astype(np.int64), 10
+    return Pool(norm(tx), ty.astype(np.int64), norm(vx), vy.astype(np.int64), IMAGE_CLASSES)
 
 
-def build_federation(cfg: RunConfig) -> Federation:
-    """Load the pool, partition it over owners, cut owners into users (all seeded)."""
-    tx, ty, vx, vy, classes = _load_pool(cfg)
-    part = cfg.partition
-    n, N = part.num_owners, cfg.dataset.num_records
-    rng = numpy_rng(cfg.seed, Purpose.PARTITION)
-    test_per = part.test_per_owner or max(1, len(vy) // n)
+def partition_pool(pool: Pool, *, num_owners: int, num_records: int, records_per_user: int,
+                   scheme: str = "paper_classes", classes_per_owner: int = 8,
+                   dirichlet_alpha: float = 0.5, test_per_owner: int | None = None,
+                   seed: int = 0) -> Federation:
+    """Partition ``num_records`` of the pool over ``num_owners`` owners by ``scheme``
+    (``paper_classes``, ``iid``, ``dirichlet``; docs/algorithms.md#data-partition), cut each
+    owner into users of ``records_per_user`` (all seeded). A split the data cannot give is a
+    ``ValueError``."""
+    tx, ty, vx, vy, classes = pool.train_x, pool.train_y, pool.test_x, pool.test_y, pool.classes
+    n, N = num_owners, num_records
+    rng = numpy_rng(seed, Purpose.PARTITION)
+    test_per = test_per_owner or max(1, len(vy) // n)
     owner_classes = None
-    try:
-        if part.scheme == Scheme.paper_classes:
-            train, test, owner_classes = partition.paper_classes(
-                ty, vy, N, n, part.classes_per_owner, classes, test_per, rng)
-        elif part.scheme == Scheme.iid:
-            train, test = partition.iid(len(ty), len(vy), N, n, min(test_per, len(vy) // n), rng)
-        else:
-            train, test, _ = partition.dirichlet(ty, vy, N, n, part.dirichlet_alpha, classes,
-                                                 test_per, rng)
-    except ValueError as e:          # the data cannot be split as configured
-        raise ConfigError(f"partition.scheme={Scheme(part.scheme).value}: {e}") from None
+    if scheme == "paper_classes":
+        train, test, owner_classes = partition.paper_classes(
+            ty, vy, N, n, classes_per_owner, classes, test_per, rng)
+    elif scheme == "iid":
+        train, test = partition.iid(len(ty), len(vy), N, n, min(test_per, len(vy) // n), rng)
+    elif scheme == "dirichlet":
+        train, test, _ = partition.dirichlet(ty, vy, N, n, dirichlet_alpha, classes, test_per, rng)
+    else:
+        raise ValueError(f"unknown scheme {scheme!r} (paper_classes, iid, dirichlet)")
 
     rec_idx, user_offsets, user_owner, owner_user_offsets = [], [0], [], [0]
     for j, idx in enumerate(train):
-        users = partition.assign_users(len(idx), part.records_per_user, rng)
+        users = partition.assign_users(len(idx), records_per_user, rng)
         order = np.argsort(users, kind="stable")
         rec_idx.append(idx[order])
         counts = np.bincount(users, minlength=users.max() + 1)

@@ -32,6 +32,7 @@ from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from fedudp.aggregators.base import Constraint
+from fedudp.build import RunSettings
 from fedudp.config import RunConfig, config_to_json
 from fedudp.core import checkpoint
 from fedudp.core.messages import Failure, OwnerFailure, OwnerReply
@@ -47,12 +48,12 @@ INFRASTRUCTURE = {ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAIL
 
 
 class FlowerTransport:
-    def __init__(self, cfg: RunConfig, owners: Owners, fed: Federation,
+    def __init__(self, cfg: RunConfig, settings: RunSettings, owners: Owners, fed: Federation,
                  constraint: Constraint | None, grid, stop_flag: StopFlag | None = None) -> None:
         self.owners, self.fed, self.constraint, self.grid = owners, fed, constraint, grid
         self.stop_flag = stop_flag    # SIGINT/SIGTERM seen by the main thread (run_rounds polls it)
         self.cfg_json = config_to_json(cfg)
-        self.timeout = cfg.engine_opts.timeout_s
+        self.timeout = settings.timeout_s
         self.node_of_owner: dict[int, int] = {}
         self.owner_pids: dict[int, int] = {}
         self._save: tuple[int, Path] | None = None   # (round, folder): owners save their state
@@ -218,15 +219,16 @@ def _check_reply(rep: OwnerReply, owner: int, expected: int, units_sent: int, di
         raise ValueError("units counted but no vectors")
 
 
-def execute(cfg: RunConfig, owners: Owners, fed: Federation, constraint: Constraint | None,
-            drive: Callable[[FlowerTransport], object], grid=None):
+def execute(cfg: RunConfig, settings: RunSettings, owners: Owners, fed: Federation,
+            constraint: Constraint | None, drive: Callable[[FlowerTransport], object], grid=None):
     """Run ``drive`` (the round loop) on Flower: on ``grid`` (``flwr run``), or in a simulation
-    on Ray with one SuperNode per owner."""
+    on Ray with one SuperNode per owner. ``cfg`` travels to the owners (as JSON), which build
+    their side from it (``fedudp.build``)."""
     stop = StopFlag()
     if grid is not None:          # flwr run: this ServerApp may run outside the main thread
         with stop.catching():
-            return drive(FlowerTransport(cfg, owners, fed, constraint, grid, stop))
-    eo = cfg.engine_opts
+            return drive(FlowerTransport(cfg, settings, owners, fed, constraint, grid, stop))
+    eo = settings
     if not eo.address or str(eo.address).split(":")[0] in ("127.0.0.1", "localhost"):
         _loopback_only()
     if not eo.address:            # the Ray this run starts ends with it, even after SIGKILL
@@ -239,7 +241,7 @@ def execute(cfg: RunConfig, owners: Owners, fed: Federation, constraint: Constra
     @app.main()
     def _main(grid, context) -> None:   # noqa: ANN001
         try:
-            result.append(drive(FlowerTransport(cfg, owners, fed, constraint, grid, stop)))
+            result.append(drive(FlowerTransport(cfg, settings, owners, fed, constraint, grid, stop)))
         except BaseException as e:   # re-raised below: Flower only logs a ServerApp's error
             error.append(e)
             raise

@@ -21,10 +21,11 @@ import time
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedudp import build
 from fedudp.config import config_from_json
 from fedudp.core import checkpoint
 from fedudp.core.owner import Owners, Params
-from fedudp.data.federation import Federation, build_federation
+from fedudp.data.federation import Federation
 from fedudp.engines import flower_wire
 
 K_STATE, K_STATE_RUN = "fedudp.personal", "fedudp.personal_run"   # context.state only
@@ -46,9 +47,9 @@ def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
     with _LOCK:
         if key not in _CACHE:
             cfg = config_from_json(cfg_json)
-            owners = Owners.from_config(cfg)
+            owners = build.owners(cfg)
             _CACHE.clear()            # one run per process at a time
-            _CACHE[key] = (owners, build_federation(cfg).to(owners.dtype))
+            _CACHE[key] = (owners, build.federation(cfg).to(owners.dtype))
         return _CACHE[key]
 
 

@@ -63,8 +63,9 @@ class LocalTransport:
         self.personal_params = {k: saved[k].clone() for k in mine}
 
 
-def execute(cfg: RunConfig, owners: Owners, fed: Federation, constraint: Constraint | None,
-            drive: Callable[[LocalTransport], object], grid: object = None):
+def execute(cfg: RunConfig, settings: object, owners: Owners, fed: Federation,
+            constraint: Constraint | None, drive: Callable[[LocalTransport], object],
+            grid: object = None):
     """Run ``drive`` (the round loop) on an in-process transport (``grid``: Flower only)."""
     if grid is not None:
         raise ValueError("engine=local runs in-process; a Flower grid needs engine=flower")

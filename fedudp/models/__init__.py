@@ -3,22 +3,26 @@ from __future__ import annotations
 
 import torch
 
-from fedudp.config import ConfigError, ModelName, RunConfig
 from fedudp.models.split import SplitModel
 
+MODELS = ("auto", "linear", "cnn")
 
-def build_model(cfg: RunConfig, input_shape: tuple[int, ...], classes: int) -> SplitModel:
-    """The configured model, initialized from the run seed (public randomness)."""
+
+def make_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int) -> SplitModel:
+    """The model ``name`` (``auto``: linear for flat inputs, cnn for images) for inputs of
+    ``input_shape`` and ``classes`` classes, initialised from ``seed`` (public randomness).
+    An unknown name or a CNN on flat inputs is a ``ValueError``."""
     from fedudp.models.cnn import PaperCNN
     from fedudp.models.linear import SharedPersonalLogistic
 
-    name = ModelName(cfg.model.name)
-    if name == ModelName.auto:
-        name = ModelName.linear if len(input_shape) == 1 else ModelName.cnn
-    torch.manual_seed(cfg.seed)
-    if name == ModelName.cnn:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r} (available: {list(MODELS)})")
+    if name == "auto":
+        name = "linear" if len(input_shape) == 1 else "cnn"
+    torch.manual_seed(seed)
+    if name == "cnn":
         if len(input_shape) != 3:
-            raise ConfigError(f"model.name: cnn needs image inputs (C,H,W), got shape {input_shape}")
+            raise ValueError(f"cnn needs image inputs (C,H,W), got shape {input_shape}")
         return PaperCNN(input_shape[0], classes, input_shape[1])
     features = 1
     for s in input_shape:

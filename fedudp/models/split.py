@@ -3,7 +3,7 @@
 
 A pattern is an fnmatch pattern over ``named_parameters()`` names; a bare layer name
 (``fc1``) means that layer's parameters (``fc1.*``). A pattern matching nothing is a
-``ConfigError`` listing the parameter names, so a typo never silently shares everything.
+``ValueError`` listing the parameter names, so a typo never silently shares everything.
 """
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from fnmatch import fnmatchcase
 from typing import ClassVar, Sequence
 
 import torch.nn as nn
-
-from fedudp.config import ConfigError
 
 
 class SplitModel(nn.Module):
@@ -33,14 +31,13 @@ def _expand(pattern: str) -> list[str]:
     return [pattern] if any(ch in pattern for ch in "*?[.") else [pattern, pattern + ".*"]
 
 
-def split_by_patterns(model: nn.Module, patterns: Sequence[str], key: str = "model.personal"
-                      ) -> ParamSplit:
+def split_by_patterns(model: nn.Module, patterns: Sequence[str]) -> ParamSplit:
     names = [n for n, _ in model.named_parameters()]
     personal: set[str] = set()
     for pat in patterns:
         hits = {n for n in names for p in _expand(pat) if fnmatchcase(n, p)}
         if not hits:
-            raise ConfigError(f"{key}: pattern {pat!r} matches no parameter of "
+            raise ValueError(f"pattern {pat!r} matches no parameter of "
                               f"{type(model).__name__}; its parameters are {names}")
         personal |= hits
     return ParamSplit(shared=tuple(n for n in names if n not in personal),

@@ -417,3 +417,19 @@ class Ledger:
         d["epsilon_kind"] = self.guarantee if self.private else None
         d["rounds_released"] = len(self.entries)
         return d
+
+
+def accountant_for(event, group: GroupConversion | None = None,
+                   target_epsilon: float | None = None):
+    """The accountant for a run whose rounds release events like ``event``: one ``Accountant``,
+    or a ``ParallelAccountant`` with one part per part of a ``Parallel`` event (disjoint units),
+    read at user level through ``group`` where the events are record-level. Its PLD grid is the
+    one the noise was calibrated on: that of the events' own target (ε' = ε/k for record-level
+    events under group privacy), since a coarser grid is more pessimistic and would stop a
+    calibrated run before its last round."""
+    target = (group.record_epsilon(target_epsilon) if group is not None and target_epsilon
+              else target_epsilon)
+    interval = pld_interval(target)
+    acc = (ParallelAccountant(len(event.parts), interval) if isinstance(event, Parallel)
+           else Accountant(interval))
+    return GroupAccountant(acc, group) if group is not None else acc

@@ -1,0 +1,548 @@
+"""The config builder: the one module that reads a ``RunConfig``'s fields and turns them into
+objects (docs/architecture.md#the-config-builder).
+
+Every other module takes plain Python values: estimators (``calibrated(epsilon=..., ...)``),
+the owner component (``Owners(model, method, training, budget, hooks)``), the billboard, the
+models, the federation and the training algorithms. This module maps the configuration's keys
+onto those values, decides the method and the noise placement once (``method``,
+``placement``), reports a bad value as a ``ConfigError`` naming the config key, and assembles a
+run (``prepare``). Nothing here computes: each part's arithmetic and its own parameter checks
+live with the part.
+
+Order of ``prepare``, everything that needs only the config first (no data is read before the
+config, the estimator's calibration and the budget have been checked):
+validate -> estimator/algorithm checks -> data files present -> model, method, training ->
+calibrated estimator (or a training algorithm's estimators and plan) -> ledger -> billboard ->
+the federation (its owner and user counts must equal the planned, public ones).
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedudp import algorithms
+from fedudp.aggregators import REGISTRY, Aggregator, LocalDpSgdMean, Sampling
+from fedudp.aggregators.base import ParameterError
+from fedudp.aggregators.memory import check_rows_fit
+from fedudp.config import (Accounting, AlgorithmName, Calibration, ConfigError, DatasetName,
+                           EngineName, Method, ModelName, OwnerWeights, Placement, RunConfig,
+                           Scheme, SharedUpdate, Unit, resolved_aggregator, validate)
+from fedudp.core.billboard import Billboard, ServerStep
+from fedudp.core.methods import MethodSpec, make_method
+from fedudp.core.owner import OwnerHooks, Owners, OwnerTraining
+from fedudp.core import local_sgd
+from fedudp.data import federation as federation_mod
+from fedudp.data.federation import Federation
+from fedudp.data.idx import check_available
+from fedudp.models import make_model
+from fedudp.models.split import SplitModel
+from fedudp.privacy.accountant import BudgetError, Ledger, accountant_for
+
+__all__ = ["RunSettings", "Prepared", "prepare", "check", "settings", "placement",
+           "estimator", "estimator_class", "model", "method", "owner_training", "owners",
+           "federation", "ledger", "planned_owner_records", "planned_owner_users",
+           "planned_units", "planned_shape", "records_per_unit", "CONFIG_KEYS"]
+
+
+# -- the run's plain settings (what the runner, the engines and the tools read) -----------------
+@dataclass(frozen=True)
+class RunSettings:
+    """The plain values a runner needs from a config, besides the built objects."""
+
+    method: str
+    private: bool
+    placement: str | None           # server | local_dpsgd (private methods only)
+    engine: str
+    dataset: str
+    seed: int
+    rounds: int
+    eval_every: int
+    target_epsilon: float | None    # private methods only
+    delta: float | None
+    checkpoint_every: int
+    checkpoint_keep: int
+    resume: str | None
+    progress: bool
+    threads: int
+    timeout_s: float | None         # engine=flower
+    num_cpus: float
+    num_gpus: float
+    address: str | None
+    noise_personal: bool            # Huang Alg. 1's full-DP baseline (the ledger says so)
+    sampling_rate: float            # the billboard's Poisson rate q
+    bound: float                    # the public a-priori bound on a unit's vector
+    accounting: str                 # certified | paper
+
+
+def settings(cfg: RunConfig) -> RunSettings:
+    private = Method(cfg.method) in (Method.full_dp, Method.joint_dp)
+    p, e = cfg.privacy, cfg.engine_opts
+    return RunSettings(
+        method=Method(cfg.method).value, private=private,
+        placement=placement(cfg).value if private else None,
+        engine=EngineName(cfg.engine).value, dataset=DatasetName(cfg.dataset.name).value,
+        seed=int(cfg.seed), rounds=int(cfg.train.rounds), eval_every=int(cfg.train.eval_every),
+        target_epsilon=p.epsilon if private else None, delta=p.delta if private else None,
+        checkpoint_every=int(cfg.checkpoint.every), checkpoint_keep=int(cfg.checkpoint.keep),
+        resume=cfg.resume or None, progress=bool(cfg.progress), threads=int(e.threads),
+        timeout_s=e.timeout_s, num_cpus=float(e.num_cpus), num_gpus=float(e.num_gpus),
+        address=str(e.address) if e.address else None,
+        noise_personal=bool(cfg.algorithm.noise_personal),
+        sampling_rate=float(cfg.train.sampling_rate), bound=float(cfg.estimator.bound),
+        accounting=Accounting(p.accounting).value)
+
+
+def placement(cfg: RunConfig) -> Placement:
+    """Where the noise is added: in the owners (``local_dpsgd``, private methods only) or on the
+    billboard (``server``). Decided here, once."""
+    private = Method(cfg.method) in (Method.full_dp, Method.joint_dp)
+    if private and Placement(cfg.privacy.placement) == Placement.local_dpsgd:
+        return Placement.local_dpsgd
+    return Placement.server
+
+
+# -- the public plan: counts known before any data is read ----------------------------------------
+def planned_owner_records(cfg: RunConfig) -> np.ndarray:
+    """Each owner's record count, floor/ceil(N/n) (public)."""
+    return federation_mod.planned_owner_records(cfg.dataset.num_records, cfg.partition.num_owners)
+
+
+def planned_owner_users(cfg: RunConfig) -> np.ndarray:
+    """Each owner's user count (public): its records cut into users of records_per_user."""
+    return federation_mod.planned_owner_users(cfg.dataset.num_records, cfg.partition.num_owners,
+                                              cfg.partition.records_per_user)
+
+
+def planned_units(cfg: RunConfig) -> tuple[int, int]:
+    """(owners, users) the partition will produce."""
+    users = planned_owner_users(cfg)
+    return len(users), int(users.sum())
+
+
+def planned_shape(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
+    """(input shape, classes) of the configured dataset, known before loading it."""
+    d = cfg.dataset
+    if DatasetName(d.name) == DatasetName.synthetic:
+        return (int(d.features),), int(d.classes)
+    return federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES
+
+
+def records_per_unit(cfg: RunConfig) -> int:
+    """Records per privacy unit m (public): records_per_user, or an owner's share at owner
+    level."""
+    if Unit(cfg.privacy.unit) == Unit.owner:
+        return max(1, cfg.dataset.num_records // max(1, cfg.partition.num_owners))
+    return int(cfg.partition.records_per_user)
+
+
+# -- estimators -----------------------------------------------------------------------------------
+# the config key each plain estimator parameter comes from (errors name the key)
+CONFIG_KEYS = {
+    "epsilon": "privacy.epsilon", "delta": "privacy.delta", "clip": "privacy.clip",
+    "noise_multiplier": "privacy.noise_multiplier",
+    "accounting": "privacy.accounting", "calibration": "privacy.calibration",
+    "rounds": "train.rounds", "sampling": "train.sampling_rate",
+    "sampling.rate": "train.sampling_rate", "sampling.population": "partition",
+    "batch_size": "train.batch_size", "local_epochs": "train.local_epochs",
+    "bound": "estimator.bound", "tau": "estimator.tau", "beta": "estimator.beta",
+    "copies": "estimator.copies", "blocks": "estimator.blocks", "kappa": "estimator.kappa",
+    "tries": "estimator.tries", "records_per_unit": "partition.records_per_user",
+    "records_per_user": "partition.records_per_user",
+    "group_size": "partition.records_per_user", "owner_units": "partition", "dim": "model",
+}
+_BUDGET = ("epsilon", "delta", "rounds")
+
+
+def config_message(err: ParameterError) -> str:
+    """``err``'s message with the parameter's name replaced by its config key
+    (``"clip must be > 0, got 0"`` -> ``"privacy.clip must be > 0, got 0"``)."""
+    key, text = CONFIG_KEYS.get(err.param, err.param), str(err)
+    if text.startswith(err.param + " "):
+        return key + text[len(err.param):]
+    return f"{key}: {text}"
+
+
+def config_error(err: ParameterError, name: str = "", sampling: Sampling | None = None
+                 ) -> ConfigError:
+    """The ``ConfigError`` for a refused plain value: the key named, a budget that cannot be met
+    a ``BudgetError``, a population too small for an estimator's proof a ``partition`` error."""
+    given = err.facts.get("config")
+    if isinstance(given, ConfigError):
+        return given
+    if err.param == "sampling.population" and name:
+        n = sampling.population if sampling is not None else "?"
+        need = err.facts.get("need")
+        head = (f"partition: aggregator={name} needs n >= {need} units, got n={n}"
+                if need is not None else f"partition: aggregator={name} with n={n} units")
+        return ConfigError(f"{head}: {err.facts.get('detail') or str(err)}. Raise users or "
+                           "privacy.epsilon, or use aggregator=gaussian")
+    return (BudgetError if err.param in _BUDGET else ConfigError)(config_message(err))
+
+
+def estimator_class(cfg: RunConfig) -> type[Aggregator]:
+    """The configured estimator's class: owner-side DP-SGD's billboard mean under
+    ``placement=local_dpsgd``, else the registered ``aggregator`` (auto: gaussian for the
+    private methods, the plain mean otherwise)."""
+    if placement(cfg) == Placement.local_dpsgd:
+        return LocalDpSgdMean
+    name = resolved_aggregator(cfg)
+    if name not in REGISTRY:
+        raise ConfigError(f"aggregator: {name} is not available in this build "
+                          f"(available: {sorted(REGISTRY)})")
+    return REGISTRY[name]
+
+
+def check_estimator(cfg: RunConfig) -> None:
+    """What an estimator declares about itself, checked against the config before any work:
+    the calibrations it supports, whether it takes a fixed noise multiplier, whether it is
+    analysed replace-one (every unit every round)."""
+    cls = estimator_class(cfg)
+    if not cls.private:
+        return
+    cal = Calibration(cfg.privacy.calibration).value
+    if cal not in cls.calibrations:
+        raise ConfigError(f"privacy.calibration: closed_form {cls.closed_form_note}; use "
+                          "accountant")
+    if cfg.privacy.noise_multiplier is not None and not cls.fixed_noise:
+        raise ConfigError(f"privacy.noise_multiplier: only aggregator=gaussian (and "
+                          f"placement=local_dpsgd) take a fixed noise multiplier; "
+                          f"aggregator={cls.name} calibrates its own noise, leave it null")
+    if cls.replace_one and cfg.train.sampling_rate < 1.0:
+        raise ConfigError(f"train.sampling_rate: aggregator={cls.name} is analysed replace-one "
+                          "with a public n (every unit, every round); set train.sampling_rate=1")
+
+
+def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) -> dict:
+    """Every plain value an estimator's ``calibrated`` may take, read from the config."""
+    p, t, e = cfg.privacy, cfg.train, cfg.estimator
+    group = bool(p.group_privacy)
+    return dict(
+        dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
+        clip=p.clip, bound=e.bound, tau=e.tau, beta=e.beta, copies=e.copies, blocks=e.blocks,
+        kappa=e.kappa, tries=e.tries, accounting=Accounting(p.accounting).value,
+        calibration=Calibration(p.calibration).value,
+        records_per_unit=records_per_unit(cfg) if e.tau is None else None,
+        batch_size=t.batch_size, local_epochs=t.local_epochs,
+        owner_units=planned_owner_records(cfg) if group else planned_owner_users(cfg),
+        group_size=int(cfg.partition.records_per_user) if group else None)
+
+
+def estimator(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int, *,
+              name: str | None = None, **overrides: Any) -> Aggregator:
+    """The configured estimator (or the registered ``name``), calibrated over ``rounds``
+    releases of ``dim``-vectors: the config's values passed by name to the class's
+    ``calibrated`` (the parameters its signature declares), ``overrides`` replacing some (a
+    training algorithm's own τ). A fixed ``privacy.noise_multiplier`` goes to the class's
+    ``with_noise_multiplier``."""
+    cls = REGISTRY[name] if name is not None else estimator_class(cfg)
+    if name is None:
+        check_estimator(cfg)
+    if cls.needs_per_user_vectors and dim < 1:
+        raise ConfigError(f"aggregator={cls.name} needs at least one shared parameter")
+    values = {**estimator_values(cfg, sampling, rounds, dim), **overrides}
+    fixed = cfg.privacy.noise_multiplier if cls.private and cls.fixed_noise else None
+    make = cls.with_noise_multiplier if fixed is not None else cls.calibrated
+    accepted = inspect.signature(make).parameters
+    kwargs = {k: v for k, v in values.items() if k in accepted}
+    if fixed is not None:
+        kwargs["noise_multiplier"] = fixed
+    try:
+        return make(**kwargs)
+    except ParameterError as err:
+        raise config_error(err, cls.name, sampling) from None
+
+
+# -- models, method, owners -----------------------------------------------------------------------
+def model(cfg: RunConfig) -> SplitModel:
+    """The configured model at the run seed's initialisation (float64 in equivalence mode),
+    parameters frozen (the owner side trains functional copies)."""
+    shape, classes = planned_shape(cfg)
+    try:
+        m = make_model(ModelName(cfg.model.name).value, shape, classes, seed=cfg.seed)
+    except ValueError as e:
+        raise ConfigError(f"model.name: {e}") from None
+    if cfg.engine_opts.float64:
+        m = m.double()
+    for prm in m.parameters():
+        prm.requires_grad_(False)
+    return m
+
+
+def method(cfg: RunConfig, net: SplitModel) -> MethodSpec:
+    """The method's split, privacy and update (decided here, once)."""
+    try:
+        return make_method(Method(cfg.method).value, net, personal=tuple(cfg.model.personal),
+                           unit=Unit(cfg.privacy.unit).value, placement=placement(cfg).value,
+                           paper=Accounting(cfg.privacy.accounting) == Accounting.paper)
+    except ValueError as e:
+        raise ConfigError(f"model.personal: {e}") from None
+
+
+def owner_training(cfg: RunConfig) -> OwnerTraining:
+    """The owner side's public hyperparameters, and each owner's public capacity for
+    owner-side DP-SGD (planned users; planned records under group privacy)."""
+    t = cfg.train
+    records = planned_owner_records(cfg)
+    capacity = records if cfg.privacy.group_privacy else planned_owner_users(cfg)
+    return OwnerTraining(
+        local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.local_epochs),
+        local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.resolved_personal_epochs()),
+        SharedUpdate(t.shared_update).value, OwnerWeights(t.owner_weights).value,
+        dpsgd_records=bool(cfg.privacy.group_privacy),
+        dpsgd_capacity=tuple(int(c) for c in capacity),
+        public_owner_records=tuple(int(r) for r in records))
+
+
+def owners(cfg: RunConfig, hooks: OwnerHooks | None = None, net: SplitModel | None = None,
+           spec: MethodSpec | None = None) -> Owners:
+    """The owner component from the config alone: the billboard process and every Flower
+    owner build the same. ``hooks``: a training algorithm's (``prepare`` passes them)."""
+    if cfg.engine_opts.threads:
+        torch.set_num_threads(cfg.engine_opts.threads)
+    net = net if net is not None else model(cfg)
+    spec = spec if spec is not None else method(cfg, net)
+    return Owners(net, spec, owner_training(cfg),
+                  local_sgd.chunk_budget(cfg.engine_opts.chunk_records, net), hooks=hooks)
+
+
+def federation(cfg: RunConfig) -> Federation:
+    """Load the configured pool and partition it over owners and users (seeded)."""
+    d, part = cfg.dataset, cfg.partition
+    if DatasetName(d.name) == DatasetName.synthetic:
+        pool = federation_mod.synthetic(d.features, d.classes, d.pool_train, d.pool_test,
+                                        d.signal, cfg.seed)
+    else:
+        pool = federation_mod.image_pool(DatasetName(d.name).value, d.root, d.download)
+        if d.num_records > len(pool.train_y):
+            raise ConfigError(f"dataset.num_records: {d.num_records} records asked for, but "
+                              f"{d.root} holds {len(pool.train_y)} {DatasetName(d.name).value} "
+                              "training records")
+    try:
+        return federation_mod.partition_pool(
+            pool, num_owners=part.num_owners, num_records=d.num_records,
+            records_per_user=part.records_per_user, scheme=Scheme(part.scheme).value,
+            classes_per_owner=part.classes_per_owner, dirichlet_alpha=part.dirichlet_alpha,
+            test_per_owner=part.test_per_owner, seed=cfg.seed)
+    except ValueError as e:          # the data cannot be split as configured
+        raise ConfigError(f"partition.scheme={Scheme(part.scheme).value}: {e}") from None
+
+
+# -- the ledger -----------------------------------------------------------------------------------
+def run_guarantee(spec: MethodSpec, aggregator: Aggregator | None) -> str:
+    """The method's guarantee, downgraded to heuristic when the aggregator's own accounting
+    follows a paper's unproven constant (``privacy.accounting=paper``)."""
+    if aggregator is not None and aggregator.guarantee == "heuristic":
+        return "heuristic"
+    return spec.guarantee
+
+
+def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> Ledger:
+    """The run's ledger head: unit, adjacency, accounting, guarantee, what is public, what is
+    released outside the guarantee."""
+    p = cfg.privacy
+    private = spec.private
+    notes = ["released outside the DP guarantee (simulator observations, not covered by epsilon): "
+             "the per-round diagnostics in metrics.jsonl (clipped/kept fractions, cohort sizes, "
+             "failures, the estimators' scores and checks), the counts of owners, users and "
+             "records in summary.json, and the evaluation accuracy and loss of every owner "
+             "(metrics.jsonl, owners.csv; on engine=flower sent by the owners in evaluate "
+             "replies), computed with personal parameters trained "
+             + ("with the full-DP baseline's noise (algorithm.noise_personal)"
+                if cfg.algorithm.noise_personal else "without noise"),
+             "the number of units N (hence the Poisson denominator q*N) and each owner's user "
+             "count are treated as public",
+             "epsilon certifies the idealized mechanism; seeded randomness is a simulation"]
+    if spec.feedback and spec.unit == Unit.user:
+        notes.append("paper mode: shared vectors are computed at each owner's own personal "
+                     "parameters (trained without noise on all its users), which the per-user "
+                     "accounting ignores (docs/algorithms.md#certified-vs-paper-accounting): "
+                     "guarantee is heuristic")
+    if aggregator is not None and private:
+        notes += aggregator.ledger_notes()
+    if Unit(p.unit) == Unit.record:
+        notes.append("records_per_user=1: each user is one record, so user level is record level")
+    unit = Unit(p.unit).value if private else None
+    return Ledger(unit=unit, adjacency=aggregator.adjacency if private else None,
+                  accounting=Accounting(p.accounting).value if private else None,
+                  guarantee=run_guarantee(spec, aggregator),
+                  mechanism=aggregator.name if aggregator else "none",
+                  accountant=aggregator.accountant if private else None,
+                  delta=p.delta if private else None,
+                  target_epsilon=p.epsilon if private else None, notes=notes)
+
+
+# -- training algorithms --------------------------------------------------------------------------
+def algorithm_context(cfg: RunConfig, dim: int, personal_dim: int = 0) -> algorithms.Context:
+    """The plain values a seed's training algorithm is set up from; its estimators are built
+    by ``estimator`` with the run's privacy settings (``Context.estimator``)."""
+    a, e = cfg.algorithm, cfg.estimator
+
+    def make_estimator(name: str, sampling: Sampling, rounds: int, **overrides: Any) -> Aggregator:
+        return estimator(cfg, sampling, rounds, dim, name=name, **overrides)
+
+    return algorithms.Context(
+        params=algorithms.AlgorithmParams(
+            step_size=a.step_size, radius=a.radius, lipschitz=a.lipschitz, sigma=a.sigma,
+            smoothing_radius=a.smoothing_radius, phases=a.phases, lam=a.lam,
+            strong_convexity=a.strong_convexity, smoothness=a.smoothness, averaged=a.averaged,
+            noise_personal=bool(a.noise_personal)),
+        epsilon=float(cfg.privacy.epsilon), delta=float(cfg.privacy.delta),
+        paper=Accounting(cfg.privacy.accounting) == Accounting.paper,
+        rounds=int(cfg.train.rounds), seed=int(cfg.seed),
+        owner_users=planned_owner_users(cfg), records_per_user=int(cfg.partition.records_per_user),
+        dim=int(dim), clip=float(cfg.privacy.clip), bound=float(e.bound), tau=e.tau,
+        beta=float(e.beta), estimator=make_estimator, method=Method(cfg.method).value,
+        personal_dim=int(personal_dim))
+
+
+def check_algorithm(cfg: RunConfig) -> None:
+    """The chosen training algorithm's declared requirements and its parameters' ranges."""
+    name = AlgorithmName(cfg.algorithm.name)
+    if cfg.algorithm.noise_personal and name != AlgorithmName.huang_alg1:
+        raise ConfigError("algorithm.noise_personal: is Huang Alg. 1's full-DP baseline: it needs "
+                          f"algorithm.name=huang_alg1, got {name.value}")
+    if name == AlgorithmName.none:
+        return
+    req = algorithms.requirements(name.value)
+    if EngineName(cfg.engine).value not in req.engines:
+        raise ConfigError(f"engine: algorithm.name={name.value} runs on engine="
+                          f"{'|'.join(req.engines)} only")
+    if Method(cfg.method).value not in req.methods:
+        raise ConfigError(f"method: algorithm.name={name.value} needs method in "
+                          f"{list(req.methods)}, got {Method(cfg.method).value}")
+    agg = resolved_aggregator(cfg)
+    if agg != req.aggregator:
+        raise ConfigError(f"aggregator: algorithm.name={name.value} runs its steps with "
+                          f"aggregator={req.aggregator}, got {agg}")
+    if SharedUpdate(cfg.train.shared_update).value != req.shared_update:
+        raise ConfigError(f"train.shared_update: algorithm.name={name.value} is a "
+                          f"{req.shared_update} method: set train.shared_update="
+                          f"{req.shared_update}")
+    if Unit(cfg.privacy.unit).value not in req.units:
+        raise ConfigError(f"privacy.unit: algorithm.name={name.value} is analysed at "
+                          f"{' or '.join(req.units)} level, not {Unit(cfg.privacy.unit).value}")
+    if req.equal_owners:
+        N, n, k = cfg.dataset.num_records, cfg.partition.num_owners, cfg.partition.records_per_user
+        if not (N % n == 0 and (N // n) % k == 0):
+            raise ConfigError(
+                f"partition.records_per_user: algorithm.name={name.value} needs every owner to "
+                f"hold the same number of users: dataset.num_records={N} / "
+                f"partition.num_owners={n} records per owner must be a multiple of "
+                f"partition.records_per_user={k}")
+    try:
+        algorithms.check(name.value, algorithm_context(cfg, 1))
+    except ParameterError as err:
+        raise algorithm_error(err) from None
+
+
+def algorithm_error(err: ParameterError) -> ConfigError:
+    """A training algorithm's refused value as a ``ConfigError`` naming its config key
+    (``algorithm.<option>``, ``train.rounds``, ``partition.records_per_user``, ...)."""
+    import dataclasses
+    options = {f.name for f in dataclasses.fields(algorithms.AlgorithmParams)}
+    key = f"algorithm.{err.param}" if err.param in options else CONFIG_KEYS.get(err.param, err.param)
+    text = str(err)
+    for lead in (err.param + ": ", err.param + " "):
+        if text.startswith(lead):
+            return ConfigError(f"{key}: {text[len(lead):]}")
+    return ConfigError(f"{key}: {text}")
+
+
+# -- a whole run ----------------------------------------------------------------------------------
+def check(cfg: RunConfig) -> None:
+    """Every check that needs only the config: ranges, the estimator's and the algorithm's
+    declared requirements, the data files' presence. ``ConfigError`` naming the key."""
+    validate(cfg)
+    check_estimator(cfg)
+    check_algorithm(cfg)
+    if DatasetName(cfg.dataset.name) != DatasetName.synthetic:
+        check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root,
+                        cfg.dataset.download)
+
+
+@dataclass
+class Prepared:
+    """A validated run before its first round: the owner side, the billboard, the data."""
+
+    cfg: RunConfig
+    settings: RunSettings
+    owners: Owners
+    aggregator: Aggregator | None
+    ledger: Ledger
+    billboard: Billboard | None
+    fed: Federation
+    algorithm: Any = None       # fedudp.algorithms.Setup (algorithm.name != none)
+
+    @property
+    def spec(self) -> MethodSpec:
+        return self.owners.spec
+
+
+def prepare(cfg: RunConfig) -> Prepared:
+    """Everything that needs only the config first (see the module doc), then the data. Every
+    user error is a ``ConfigError`` naming the key or file."""
+    check(cfg)
+    run = settings(cfg)
+    net = model(cfg)
+    spec = method(cfg, net)
+    params = dict(net.named_parameters())
+    dim = sum(int(params[k].numel()) for k in spec.shared)
+    personal_dim = sum(int(params[k].numel()) for k in spec.personal)
+    n_owners, n_users = planned_units(cfg)
+    aggregator = algo = None
+    sampling = Sampling(cfg.train.sampling_rate, n_owners if spec.cohort_is_owners else n_users)
+    if spec.communicates:
+        if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
+            try:
+                algo = algorithms.setup(AlgorithmName(cfg.algorithm.name).value,
+                                        algorithm_context(cfg, dim, personal_dim))
+            except ParameterError as err:
+                raise algorithm_error(err) from None
+            sampling, aggregator = algo.sampling, algo.aggregator
+        else:
+            aggregator = estimator(cfg, sampling, cfg.train.rounds, dim)
+    own = owners(cfg, algo.owner_hooks if algo is not None else None, net, spec)
+    led = ledger(cfg, spec, aggregator)
+    if algo is not None:
+        led.notes += algo.notes
+        led.extra["algorithm"] = algo.summary
+    board = None
+    if aggregator is not None:
+        check_rows_fit(aggregator, dim, torch.empty((), dtype=own.dtype).element_size())
+        plan = algo.plan if algo is not None else None
+        target = run.target_epsilon if spec.private else None
+        accountant = None
+        if aggregator.private:
+            accountant = accountant_for(Billboard.first_event(aggregator, plan),
+                                        aggregator.group, target)
+            if aggregator.group is not None:     # record-level events, user level by group privacy
+                led.extra["group_conversion"] = str(aggregator.group)
+        board = Billboard({k: params[k].detach() for k in spec.shared}, aggregator, sampling, led,
+                          accountant, seed=cfg.seed, step=ServerStep(cfg.train.server_lr, own.training.mode),
+                          target_epsilon=target, delta=cfg.privacy.delta, plan=plan)
+        if spec.private and not board.within_budget():
+            raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
+                              f"multiplier {aggregator.noise_multiplier} exceeds it")
+    fed = federation(cfg).to(own.dtype)
+    if (fed.num_owners, fed.num_users) != (n_owners, n_users):   # the plan's public n
+        raise RuntimeError(f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
+                           f"planned {n_owners} / {n_users}")
+    return Prepared(cfg, run, own, aggregator, led, board, fed, algo)
+
+
+def warn_min_users(aggregator: Aggregator | None) -> dict:
+    """An unmet theoretical minimum number of users for the estimator's utility guarantee: a
+    warning (privacy holds for any n) and the summary's fields."""
+    need = aggregator.min_users_required if aggregator is not None else None
+    if need is None:
+        return {}
+    n = aggregator.sampling.population
+    if n < need:
+        warnings.warn(f"aggregator={aggregator.name}: n={n} units is below the theoretical "
+                      f"minimum {need} for its utility guarantee (privacy still holds)")
+    return {"min_users_met": bool(n >= need), "min_users_required": int(need), "units": int(n)}

@@ -1,0 +1,310 @@
+"""The guard of ``fedudp/core/rounds.py``: THE round loop (``run_rounds``), its stops, metrics
+lines and checkpoints, driven through the ``Transport`` protocol.
+
+A small fake transport written here answers for the owners: unit k's vector is the gradient
+u - t_k of 0.5·||u - t_k||² (so every round depends on the last), built into replies with
+``make_reply`` as owners build them; it can fail units or owners and scores owners with fixed
+numbers. The billboard is a real one built from plain values, so the loop itself is under test:
+the expected shared parameters follow in closed form, epsilons come from fresh accountants.
+"""
+from __future__ import annotations
+
+import math
+import signal
+from dataclasses import asdict
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+
+from conftest import interrupt_after
+from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
+from fedudp.aggregators.base import Aggregate, Contribution
+from fedudp.core.billboard import Billboard, ServerStep
+from fedudp.core.checkpoint import Checkpointer
+from fedudp.core.messages import Failure, OwnerReply, make_reply
+from fedudp.core.rounds import Collected, Evaluation, run_rounds
+from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
+
+N = 6                                       # units (users): owner 0 holds 0..2, owner 1 3..5
+OWNER = np.array([0, 0, 0, 1, 1, 1])
+TARGETS = torch.tensor([[1.0, 0.0, 2.0, -1.0, 0.5], [3.0, 1.0, 0.0, 0.0, 0.5],
+                        [-1.0, 2.0, 1.0, 1.0, 0.5], [0.0, 0.0, 0.0, 4.0, 0.5],
+                        [2.0, -2.0, 3.0, 0.0, 0.5], [1.0, 1.0, 0.0, 2.0, 0.5]])
+TBAR = TARGETS.mean(0)
+LR = 0.5
+TEST_SIZES = np.array([10, 30, 0])          # the third owner has no test records
+DELTA = 1e-5
+
+
+class FakeTransport:
+    """The ``Transport`` protocol over in-memory units (train / evaluate / personal / info and
+    the checkpoint hooks). ``nan_round``: every row non-finite; ``lost``: round -> the owners
+    whose units fail (reported as ``Failure``); ``nan_total_round``: a reply whose sum is NaN."""
+
+    def __init__(self, constraint, nan_round=None, lost=None, nan_total_round=None,
+                 eval_lost=None):
+        self.constraint = constraint
+        self.nan_round, self.lost = nan_round, lost or {}
+        self.nan_total_round, self.eval_lost = nan_total_round, eval_lost or {}
+        self.trained: list[tuple[int, np.ndarray, torch.Tensor]] = []
+        self.evaluated: list[tuple[int, torch.Tensor, bool]] = []
+        self.restored = None
+
+    def train(self, shared, cohort, round_):
+        u = torch.cat([shared[k].reshape(-1) for k in shared])
+        self.trained.append((round_, cohort.copy(), u.clone()))
+        replies, failures = [], []
+        for j in (0, 1):
+            units = cohort[OWNER[cohort] == j]
+            if j in self.lost.get(round_, ()):
+                failures.append(Failure(j, int(len(units)), "owner unreachable"))
+                continue
+            G = u.unsqueeze(0) - TARGETS[units]
+            if round_ == self.nan_round:
+                G = torch.full_like(G, math.nan)
+            replies.append(make_reply(G, tuple(shared), self.constraint))
+        if round_ == self.nan_total_round:
+            replies = [OwnerReply(tuple(shared),
+                                  Contribution(None, torch.full((5,), math.nan), len(cohort)))]
+        return Collected(replies, failures)
+
+    def evaluate(self, shared, round_, while_waiting=None):
+        if while_waiting is not None:
+            while_waiting()
+        u = torch.cat([shared[k].reshape(-1) for k in shared])
+        self.evaluated.append((round_, u.clone(), while_waiting is not None))
+        acc = np.array([0.1 * round_, 0.5, 0.9])
+        loss = np.array([1.0, 2.0, 3.0]) * (round_ + 1)
+        failures = []
+        if round_ in self.eval_lost:
+            acc[1] = loss[1] = np.nan
+            failures = [Failure(1, 0, self.eval_lost[round_])]
+        return Evaluation(acc, loss, failures)
+
+    def personal(self):
+        return {}
+
+    def info(self):
+        return {"transport": "fake"}
+
+    def will_checkpoint(self, round_, folder):
+        pass
+
+    def checkpoint_state(self, round_):
+        return {"trained_rounds": [r for r, _, _ in self.trained]}
+
+    def restore(self, state, folder):
+        self.restored = state
+
+
+def shared0():
+    return {"w": torch.zeros(3), "b": torch.zeros(2)}
+
+
+def ledger(private: bool, target=None) -> Ledger:
+    return Ledger(unit="user", adjacency=ADJACENCY, accounting="certified",
+                  guarantee="certified", mechanism="gaussian" if private else "none",
+                  accountant="pld", delta=DELTA, target_epsilon=target)
+
+
+def mean_board(aggregator=None) -> Billboard:
+    s = Sampling(1.0, N)
+    return Billboard(shared0(), aggregator or MeanAggregator(s), s, ledger(False), seed=0,
+                     step=ServerStep(LR, "gradient"))
+
+
+def gaussian_board(z=20.0, rate=1.0, target=None, seed=0) -> Billboard:
+    s = Sampling(rate, N)
+    agg = GaussianAggregator(10.0, z, s)
+    return Billboard(shared0(), agg, s, ledger(True, target),
+                     accountant_for(Billboard.first_event(agg), None, target), seed=seed,
+                     step=ServerStep(LR, "gradient"), target_epsilon=target, delta=DELTA)
+
+
+def u_after(r: int) -> torch.Tensor:
+    """Closed form of u_r = u_{r-1} - LR·(u_{r-1} - t̄) from u_0 = 0 (every unit, plain mean)."""
+    return TBAR * (1 - (1 - LR) ** r)
+
+
+def run(bb, transport, rounds=3, eval_every=1, checkpoint=None):
+    lines = []
+    res = run_rounds(rounds, eval_every, bb, transport, TEST_SIZES, on_round=lines.append,
+                     checkpoint=checkpoint)
+    return res, lines
+
+
+def test_rounds_run_in_order_step_the_billboard_and_report_metrics():
+    bb = mean_board()
+    tr = FakeTransport(bb.aggregator.constraint)
+    res, lines = run(bb, tr, rounds=3)
+    assert (res.stop_reason, res.rounds_completed, res.message) == ("completed", 3, "")
+    assert [r for r, _, _ in tr.trained] == [1, 2, 3]
+    for r, cohort, u in tr.trained:        # each round trains at the previous round's broadcast
+        assert np.array_equal(cohort, np.arange(N))
+        torch.testing.assert_close(u, u_after(r - 1))
+    torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), u_after(3))
+    assert res.history == lines and [x["round"] for x in lines] == [1, 2, 3]
+    for r, x in enumerate(lines, 1):
+        assert {"round", "failed_owners", "cohort", "failed_units", "users_used", "agg_cohort",
+                "epsilon", "loss", "accuracy_mean", "accuracy_std", "accuracy_weighted",
+                "failed_eval_owners", "seconds"} <= set(x)
+        assert (x["failed_owners"], x["cohort"], x["failed_units"], x["users_used"],
+                x["agg_cohort"], x["epsilon"], x["failed_eval_owners"]) == (0, 6, 0, 6, 6, None, 0)
+        # the summary over owners with test records (sizes 10 and 30; the third has none)
+        acc = [0.1 * r, 0.5]
+        assert x["accuracy_mean"] == pytest.approx(np.mean(acc))
+        assert x["accuracy_std"] == pytest.approx(np.std(acc))
+        assert x["accuracy_weighted"] == pytest.approx((10 * acc[0] + 30 * acc[1]) / 40)
+        assert x["loss"] == pytest.approx(1.5 * (r + 1))
+        assert x["seconds"] >= 0
+    assert "failures" not in lines[0]
+    np.testing.assert_allclose(res.owner_accuracy, [0.3, 0.5, 0.9])
+    assert res.personal == {} and res.extra == {"transport": "fake"}
+    assert [e.round for e in bb.ledger.entries] == [1, 2, 3]
+
+
+def test_eval_every_cadence_and_the_last_round():
+    bb = mean_board()
+    tr = FakeTransport(bb.aggregator.constraint)
+    res, lines = run(bb, tr, rounds=5, eval_every=2)
+    # every 2nd round and the last one; the budget check overlaps all but the last evaluation
+    assert [(r, waited) for r, _, waited in tr.evaluated] == [(2, True), (4, True), (5, False)]
+    assert [("accuracy_mean" in x) for x in lines] == [False, True, False, True, True]
+    torch.testing.assert_close(tr.evaluated[-1][1], u_after(5))
+    np.testing.assert_allclose(res.owner_accuracy, [0.5, 0.5, 0.9])
+
+
+def test_budget_stop_releases_exactly_the_rounds_the_target_allows():
+    event = dp_accounting.GaussianDpEvent(20.0)
+    target = 0.26
+    acc = accountant_for(event, None, target)
+    eps = []
+    for _ in range(3):
+        acc.compose(event)
+        eps.append(acc.epsilon(DELTA))
+    assert eps[1] < target < eps[2]            # ε after 2 rounds fits, after 3 does not
+    bb = gaussian_board(20.0, target=target)
+    tr = FakeTransport(bb.aggregator.constraint)
+    res, lines = run(bb, tr, rounds=6)
+    assert (res.stop_reason, res.rounds_completed) == ("budget", 2)
+    assert [r for r, _, _ in tr.trained] == [1, 2]              # round 3 never trained
+    assert [e.round for e in bb.ledger.entries] == [1, 2]       # nor released
+    assert [x["epsilon"] for x in lines] == eps[:2]
+    assert [r for r, _, _ in tr.evaluated] == [1, 2]            # no evaluation beyond
+    # a target below one round's ε: nothing released, the initial parameters evaluated
+    bb0 = gaussian_board(20.0, target=eps[0] / 2)
+    tr0 = FakeTransport(bb0.aggregator.constraint)
+    res0, lines0 = run(bb0, tr0, rounds=3)
+    assert (res0.stop_reason, res0.rounds_completed, lines0, tr0.trained) == ("budget", 0, [], [])
+    assert bb0.ledger.entries == [] and [r for r, _, _ in tr0.evaluated] == [0]
+    torch.testing.assert_close(torch.cat([res0.shared["w"], res0.shared["b"]]), torch.zeros(5))
+
+
+def test_diverged_on_a_non_finite_step_keeps_the_last_finite_parameters():
+    bb = mean_board()
+    tr = FakeTransport(bb.aggregator.constraint, nan_total_round=2)
+    res, lines = run(bb, tr, rounds=4)
+    assert (res.stop_reason, res.rounds_completed) == ("diverged", 2)
+    assert res.message.startswith("round 2: the shared parameters became non-finite")
+    torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), u_after(1))
+    assert [r for r, _, _ in tr.trained] == [1, 2] and len(bb.ledger.entries) == 2
+    # round 2 is recorded unevaluated; the final evaluation scores the last finite parameters
+    assert [x["round"] for x in lines] == [1, 2] and "accuracy_mean" not in lines[1]
+    assert [r for r, _, _ in tr.evaluated] == [1, 2]
+    torch.testing.assert_close(tr.evaluated[-1][1], u_after(1))
+
+
+def test_diverged_when_every_sampled_unit_fails():
+    bb = mean_board()
+    tr = FakeTransport(bb.aggregator.constraint, nan_round=2)
+    res, lines = run(bb, tr, rounds=4)
+    assert (res.stop_reason, res.rounds_completed) == ("diverged", 2)
+    assert "every sampled unit failed (6 of 6" in res.message
+    assert lines[1]["failed_units"] == 6 and lines[1]["users_used"] == 0
+    # nothing was contributed: the mean of no vectors is zero and u did not move
+    torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), u_after(1))
+    # owners that fail as a whole count the same way
+    bb2 = mean_board()
+    tr2 = FakeTransport(bb2.aggregator.constraint, lost={1: (0, 1)})
+    res2, lines2 = run(bb2, tr2, rounds=3)
+    assert (res2.stop_reason, res2.rounds_completed) == ("diverged", 1)
+    assert lines2[0]["failed_owners"] == 2 and lines2[0]["failed_units"] == 6
+
+
+def test_failures_reported_by_the_transport_appear_in_the_metrics():
+    bb = mean_board()
+    tr = FakeTransport(bb.aggregator.constraint, lost={2: (0,)}, eval_lost={3: "eval timeout"})
+    res, lines = run(bb, tr, rounds=3)
+    assert res.stop_reason == "completed"
+    assert lines[1]["failed_owners"] == 1 and lines[1]["failed_units"] == 3
+    assert lines[1]["failures"] == [{"owner": 0, "units": 3, "reason": "owner unreachable"}]
+    assert lines[1]["users_used"] == 3 and lines[1]["cohort"] == 6
+    assert "failures" not in lines[0] and lines[0]["failed_units"] == 0
+    # round 2 stepped on owner 1's units only: u_2 = u_1 - LR·(u_1 - mean(t_3..t_5))
+    u1 = u_after(1)
+    u2 = u1 - LR * (u1 - TARGETS[3:].mean(0))
+    torch.testing.assert_close(tr.trained[2][2], u2)
+    # an evaluation failure: reported, and the owner left out of the summary
+    assert lines[2]["failed_eval_owners"] == 1
+    assert lines[2]["failed_eval"] == [{"owner": 1, "units": 0, "reason": "eval timeout"}]
+    assert lines[2]["accuracy_mean"] == pytest.approx(0.1 * 3)
+    assert lines[2]["accuracy_weighted"] == pytest.approx(0.1 * 3)
+
+
+class HaltOnSecond(MeanAggregator):
+    """The plain mean whose second release says stop (as an AboveThreshold does)."""
+
+    def __init__(self, sampling):
+        super().__init__(sampling)
+        self.calls = 0
+
+    def release(self, c, *, rng=None):
+        self.calls += 1
+        agg = super().release(c, rng=rng)
+        return Aggregate(agg.mean, agg.users_used, agg.diagnostics, halted=self.calls == 2)
+
+
+def test_halted_release_is_recorded_and_does_not_step():
+    bb = mean_board(HaltOnSecond(Sampling(1.0, N)))
+    tr = FakeTransport(bb.aggregator.constraint)
+    res, lines = run(bb, tr, rounds=4)
+    assert (res.stop_reason, res.rounds_completed) == ("halted", 2)
+    assert len(bb.ledger.entries) == 2 and [x["round"] for x in lines] == [1, 2]
+    torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), u_after(1))
+
+
+def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(tmp_path, monkeypatch):
+    # Poisson sampling at rate 0.5 and Gaussian noise: cohorts and noise keyed by round
+    whole = gaussian_board(z=20.0, rate=0.5, seed=5)
+    tr_whole = FakeTransport(whole.aggregator.constraint)
+    ref, ref_lines = run(whole, tr_whole, rounds=4)
+    assert ref.stop_reason == "completed"
+
+    # the same run, stopped by SIGINT right after round 2's checkpoint ...
+    interrupt_after(monkeypatch, 2)
+    first = gaussian_board(z=20.0, rate=0.5, seed=5)
+    tr1 = FakeTransport(first.aggregator.constraint)
+    stopped, _ = run(first, tr1, rounds=4, checkpoint=Checkpointer(tmp_path, every=1))
+    assert (stopped.stop_reason, stopped.rounds_completed, stopped.signum) == \
+        ("interrupted", 2, signal.SIGINT)
+    assert [r for r, _, _ in tr1.trained] == [1, 2] and len(first.ledger.entries) == 2
+    monkeypatch.undo()
+
+    # ... and resumed from it by a fresh billboard and transport
+    ck = Checkpointer(tmp_path, every=1)
+    assert ck.load_latest()["round"] == 2
+    second = gaussian_board(z=20.0, rate=0.5, seed=5)
+    tr2 = FakeTransport(second.aggregator.constraint)
+    res, lines = run(second, tr2, rounds=4, checkpoint=ck)
+    assert tr2.restored == {"trained_rounds": [1, 2]}
+    assert [r for r, _, _ in tr2.trained] == [3, 4]
+    assert (res.stop_reason, res.rounds_completed) == ("completed", 4)
+    assert torch.equal(second.u, whole.u)
+    assert [asdict(e) for e in second.ledger.entries] == [asdict(e) for e in whole.ledger.entries]
+    for (r, c, u), (r2, c2, u2) in zip(tr_whole.trained[2:], tr2.trained):
+        assert r == r2 and np.array_equal(c, c2) and torch.equal(u, u2)
+    strip = lambda xs: [{k: v for k, v in x.items() if k != "seconds"} for x in xs]  # noqa: E731
+    assert strip(res.history) == strip(ref_lines)
+    assert [x["round"] for x in lines] == [3, 4]
