@@ -1,0 +1,195 @@
+"""A researcher's own federation from one columnar file: NumPy ``.npz`` or Apache Parquet.
+
+Each file holds one split (train or test), one row per record, with named columns:
+
+* features: in ``.npz`` one array ``[N, ...]``; in Parquet either one list column (each cell an
+  array; nested lists give more dimensions, e.g. ``list<list<float>>`` for ``[N, 28, 28]``;
+  every cell must have the same shape) or several numeric scalar columns, given as a list of
+  names and stacked in that order into ``[N, F]``;
+* the label: integers in ``[0, classes)``;
+* the user id of each record: integers or strings (the privacy unit; never split);
+* optionally the owner id of each record (a user must have one owner), and extra metadata
+  columns (``meta``) kept in ``Records.meta`` (e.g. to group users with
+  ``group_users(records, "column", column=...)``).
+
+Float features become float32, integer features int64 (token ids). ``.npz`` files are read with
+``allow_pickle=False``: save string ids as a str array (``np.asarray(ids, dtype=str)``), not an
+object array. Parquet needs pyarrow (``pip install 'fedudp[parquet]'``).
+
+Errors are ``DataError`` with a one-line message naming the file (and the column).
+"""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from fedudp.config import DataError
+from fedudp.data.records import Records, from_arrays
+
+__all__ = ["read_npz", "read_parquet", "MissingDependency"]
+
+
+class MissingDependency(DataError, ImportError):
+    """An optional package a reader needs is not installed (the message says what to install)."""
+
+
+def _existing(path: str | Path, how: str) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: no such file; {how}")
+    return p
+
+
+def _missing_column(path: Path, column: str, present: Sequence[str], key: str) -> DataError:
+    listed = ", ".join(present) or "none"
+    return DataError(f"{path}: no column {column!r} (columns present: {listed}); "
+                     f"pass {key}='<column>'")
+
+
+def _wanted(features: str | Sequence[str], label: str, user: str, owner: str | None,
+            meta: Sequence[str]) -> list[tuple[str, str]]:
+    """(column, argument name) pairs to read, features first."""
+    feats = [features] if isinstance(features, str) else list(features)
+    pairs = [(f, "features") for f in feats] + [(label, "label"), (user, "user")]
+    pairs += [] if owner is None else [(owner, "owner")]
+    return pairs + [(m, "meta") for m in meta]
+
+
+# ------------------------------------------------------------------------------------- npz
+
+def _load_npz(path: Path) -> Any:
+    try:
+        return np.load(path, allow_pickle=False)
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise DataError(f"{path}: not a readable .npz archive ({e})") from e
+
+
+def _npz_column(npz: Any, path: Path, name: str) -> np.ndarray:
+    try:
+        return npz[name]
+    except ValueError as e:   # an object array needs pickle, which stays off
+        raise DataError(f"{path}: column {name!r} is an object array; save it as a numeric or "
+                        f"str array (np.asarray(values, dtype=str))") from e
+
+
+def read_npz(path: str | Path, *, features: str = "x", label: str = "y", user: str = "user",
+             owner: str | None = None, meta: Sequence[str] = (),
+             classes: int | None = None) -> Records:
+    """``Records`` from a ``.npz`` archive written by ``np.savez``/``np.savez_compressed``.
+
+    ``features``, ``label``, ``user``, ``owner`` and ``meta`` name the archive's arrays;
+    ``classes`` defaults to ``max(label) + 1``.
+    """
+    p = _existing(path, "write it with np.savez(path, x=..., y=..., user=...)")
+    with _load_npz(p) as npz:
+        present = list(npz.files)
+        for column, key in _wanted(features, label, user, owner, meta):
+            if column not in present:
+                raise _missing_column(p, column, present, key)
+        cols = {name: _npz_column(npz, p, name) for name, _ in
+                _wanted(features, label, user, owner, meta)}
+    return from_arrays(cols[features], cols[label], cols[user],
+                       None if owner is None else cols[owner], classes,
+                       meta={m: cols[m] for m in meta}, source=str(p))
+
+
+# ---------------------------------------------------------------------------------- parquet
+
+def _pyarrow() -> tuple[Any, Any, Any]:
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise MissingDependency("read_parquet needs pyarrow, which is not installed: "
+                                "pip install 'fedudp[parquet]'") from e
+    return pa, pc, pq
+
+
+def _schema_names(pq: Any, path: Path) -> list[str]:
+    try:
+        return list(pq.read_schema(path).names)
+    except Exception as e:     # pyarrow raises ArrowInvalid / OSError for a non-Parquet file
+        raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__})") from e
+
+
+def _list_cells(pa: Any, pc: Any, arr: Any, path: Path, name: str) -> tuple[Any, list[int]]:
+    """Peel list levels off ``arr``: (the flat values, the per-cell shape)."""
+    shape: list[int] = []
+    n = len(arr)
+    while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) \
+            or pa.types.is_fixed_size_list(arr.type):
+        if arr.null_count:
+            raise DataError(f"{path}: column {name!r} has empty (null) cells")
+        lengths = np.unique(pc.list_value_length(arr).to_numpy(zero_copy_only=False))
+        if len(lengths) > 1:
+            raise DataError(f"{path}: column {name!r} has cells of different lengths "
+                            f"({int(lengths[0])} and {int(lengths[1])}); every record's "
+                            f"features must have one shape")
+        shape.append(int(lengths[0]) if len(lengths) else 0)
+        arr = arr.flatten()
+    if n and len(arr) != n * int(np.prod(shape)):
+        raise DataError(f"{path}: column {name!r} has cells of different shapes")
+    return arr, shape
+
+
+def _numeric(pa: Any, arr: Any, path: Path, name: str) -> np.ndarray:
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
+            or pa.types.is_boolean(arr.type)):
+        raise DataError(f"{path}: column {name!r} must be numeric, got {arr.type}")
+    if arr.null_count:
+        raise DataError(f"{path}: column {name!r} has missing (null) values")
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def _parquet_features(pa: Any, pc: Any, table: Any, path: Path,
+                      features: str | Sequence[str]) -> np.ndarray:
+    if isinstance(features, str):
+        arr = table.column(features).combine_chunks()
+        values, shape = _list_cells(pa, pc, arr, path, features)
+        return _numeric(pa, values, path, features).reshape(len(arr), *shape)
+    cols = []
+    for name in features:
+        arr = table.column(name).combine_chunks()
+        if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
+                or pa.types.is_boolean(arr.type)):
+            raise DataError(f"{path}: feature column {name!r} must be a numeric scalar column, "
+                            f"got {arr.type}")
+        cols.append(_numeric(pa, arr, path, name))
+    return np.stack(cols, axis=1) if cols else np.zeros((table.num_rows, 0), np.float32)
+
+
+def _parquet_ids(table: Any, path: Path, name: str) -> np.ndarray:
+    arr = table.column(name).combine_chunks()
+    if arr.null_count:
+        raise DataError(f"{path}: column {name!r} has missing (null) values")
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def read_parquet(path: str | Path, *, features: str | Sequence[str] = "x", label: str = "y",
+                 user: str = "user", owner: str | None = None, meta: Sequence[str] = (),
+                 classes: int | None = None) -> Records:
+    """``Records`` from a Parquet file (one row per record).
+
+    ``features`` is one list column (each cell an array, nested lists allowed) or a list of
+    scalar column names stacked into ``[N, F]``. ``label``, ``user``, ``owner`` and ``meta`` name
+    scalar columns; ``classes`` defaults to ``max(label) + 1``. Needs pyarrow
+    (``pip install 'fedudp[parquet]'``); without it a ``MissingDependency`` (a ``DataError`` and an
+    ``ImportError``) says so.
+    """
+    pa, pc, pq = _pyarrow()
+    p = _existing(path, "write it with pyarrow.parquet.write_table")
+    present = _schema_names(pq, p)
+    wanted = _wanted(features, label, user, owner, meta)
+    for column, key in wanted:
+        if column not in present:
+            raise _missing_column(p, column, present, key)
+    table = pq.read_table(p, columns=list(dict.fromkeys(c for c, _ in wanted)))
+    x = _parquet_features(pa, pc, table, p, features)
+    ids = {name: _parquet_ids(table, p, name) for name in
+           [label, user, *([] if owner is None else [owner]), *meta]}
+    return from_arrays(x, ids[label], ids[user], None if owner is None else ids[owner], classes,
+                       meta={m: ids[m] for m in meta}, source=str(p))
