@@ -26,6 +26,7 @@ ADJACENCY = "add_or_remove_one"
 _RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 # Noise multipliers beyond this are treated as "target unreachable" (the run would be noise).
 MAX_NOISE_MULTIPLIER = 1e4
+MIN_NOISE_MULTIPLIER = 1e-6     # calibration below it: the target does not need noise
 
 
 class BudgetError(ConfigError):
@@ -303,10 +304,10 @@ def event_epsilon(event: dp_accounting.DpEvent | None, delta: float, interval: f
                   rdp_only: bool = False) -> float | None:
     """Epsilon of one (composed) event at ``delta``: PLD, or RDP for events PLD cannot
     represent (or when ``rdp_only``); None if neither supports it, inf when delta <= 0."""
+    if delta <= 0:          # the blocks' δ already exceeds the budget: no ε covers it
+        return math.inf
     if event is None:
         return 0.0
-    if delta <= 0:
-        return math.inf
     if not rdp_only:
         acc = _pld(interval)
         if acc.supports(event):
@@ -360,7 +361,13 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
             _rdp, event, target_epsilon, delta,
             bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-4, 1.0), tol=tol / 10))
     z_lo = z_hi / 2
-    while schedule_epsilon(make_event, z_lo, rounds, delta, interval) <= target_epsilon:
+    while (eps_lo := schedule_epsilon(make_event, z_lo, rounds, delta, interval)) <= target_epsilon:
+        # ε = 0 at a finite noise, or no floor in sight: δ covers the release whatever the noise
+        if eps_lo == 0.0 or z_lo < MIN_NOISE_MULTIPLIER:
+            raise BudgetError(
+                f"privacy.delta={delta} is too large for this schedule: (epsilon={target_epsilon}, "
+                f"delta={delta}) holds for any noise multiplier (e.g. delta >= the sampling "
+                "rate); choose delta well below the chance that a user is sampled")
         z_hi, z_lo = z_lo, z_lo / 2
     z = dp_accounting.calibrate_dp_mechanism(
         lambda: _pld(interval), event, target_epsilon, delta,
