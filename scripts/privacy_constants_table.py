@@ -1,6 +1,6 @@
 """The per-aggregator privacy-constants table: independent ε, worst-case pair, half-noise twin.
 
-Runs the measurements of ``tests/test_privacy_constants.py`` (same settings, same code) and
+Runs the measurements of ``tests/privacy/test_privacy_constants.py`` (same settings, same code) and
 prints one Markdown row per aggregator: the ε the aggregator claims, the ε recomputed
 independently from its measured noise and literal constants, the same for its half-noise
 twin, and its worst-case pair's change as a fraction of the calibrated sensitivity.
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "privacy")]
 
 import pytest  # noqa: E402
 
@@ -37,7 +37,7 @@ def main() -> int:
     ind = t.gaussian_eps(agg, 2000, 20, 1e-5)
     agg.noise_multiplier *= 0.5
     rows.append(("gaussian (q = 0.05, T = 20, z = 1.1)", claim, ind, t.gaussian_eps(agg, 2000, 20, 1e-5),
-                 "1.00 (clip edge; tests/test_privacy.py)"))
+                 "1.00 (clip edge; tests/privacy/test_privacy.py)"))
 
     t.identical_rows(mp)
     agg, _ = t.make("outlier_removal", 500, 5, 2048, **{"privacy.epsilon": 8.0, "privacy.delta": 1e-5,

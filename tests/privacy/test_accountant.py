@@ -62,7 +62,7 @@ def analytic_gaussian_epsilon(z: float, delta: float) -> float:
 
 
 # -- one release, composition, the cross-check -------------------------------------------------
-# (moved from tests/test_privacy.py)
+# (moved from tests/privacy/test_privacy.py)
 @pytest.mark.parametrize("z", [0.8, 2.0, 5.0])
 def test_one_gaussian_release_matches_analytic_gaussian(z):
     acc = Accountant()
@@ -73,7 +73,7 @@ def test_one_gaussian_release_matches_analytic_gaussian(z):
     assert acc.epsilon_rdp(1e-5) >= exact             # RDP is an upper bound
 
 
-# (moved from tests/test_privacy.py)
+# (moved from tests/privacy/test_privacy.py)
 @pytest.mark.parametrize("q,rounds,eps", [(1.0, 20, 1.0), (0.01, 500, 1.0), (0.05, 100, 3.0)])
 def test_calibration_hits_target_within_1pct(q, rounds, eps):
     z = calibrate_noise_multiplier(lambda s: sampled_gaussian(s, q), eps, 1e-5, rounds)
@@ -90,7 +90,7 @@ def test_calibration_hits_target_within_1pct(q, rounds, eps):
     assert rdp.get_epsilon(1e-5) >= got * 0.999       # the cross-check is looser
 
 
-# (moved from tests/test_privacy.py)
+# (moved from tests/privacy/test_privacy.py)
 def test_accountant_composes_incrementally_like_the_schedule():
     ev = sampled_gaussian(1.5, 0.1)
     acc = Accountant()
@@ -206,7 +206,7 @@ def test_epsilon_if_does_not_compose_and_equals_composing_then_asking():
 
 
 # -- blocks (basic composition) -----------------------------------------------------------------
-# (moved from tests/test_robust_estimators.py)
+# (moved from tests/aggregators/test_robust_estimators.py)
 def test_basic_composition_and_blocks_on_top_of_events():
     b = basic_composition([(ApproxDp(0.5, 1e-6), 3), ApproxDp(0.25)])
     assert b.epsilon == pytest.approx(1.75) and b.delta == pytest.approx(3e-6)
@@ -286,7 +286,7 @@ def test_calibration_of_pure_dp_steps_goes_through_rdp():
                       1e-5) > 1.0
 
 
-# (moved from tests/test_privacy.py)
+# (moved from tests/privacy/test_privacy.py)
 @pytest.mark.parametrize("eps,delta", [(0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0),
                                        (float("nan"), 1e-5)])
 def test_bad_budget_rejected(eps, delta):
@@ -294,7 +294,7 @@ def test_bad_budget_rejected(eps, delta):
         calibrate_noise_multiplier(lambda s: sampled_gaussian(s, 1.0), eps, delta, 10)
 
 
-# (moved from tests/test_privacy.py)
+# (moved from tests/privacy/test_privacy.py)
 def test_unreachable_target_rejected():
     with pytest.raises(BudgetError, match="unreachable"):
         calibrate_noise_multiplier(lambda s: sampled_gaussian(s, 1.0), 1e-9, 1e-12, 10 ** 6)

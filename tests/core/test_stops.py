@@ -15,7 +15,7 @@ from conftest import tiny_cfg
 from fedudp.config import ConfigError
 from fedudp.run import run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _lines(path: Path) -> list[dict]:

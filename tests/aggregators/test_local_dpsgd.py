@@ -257,7 +257,7 @@ def test_huang_preset_sweep_resumes_and_reports(tmp_path):
             f"hydra.sweep.dir={sweep}", "progress=false"]
     env = dict(os.environ)
     first = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600,
-                           cwd=Path(__file__).resolve().parents[1])
+                           cwd=Path(__file__).resolve().parents[2])
     assert first.returncode == 0, first.stderr[-2000:]
     summaries = load_summaries(sweep)
     assert sorted(s["method"] for s in summaries) == ["fedavg", "full_dp", "joint_dp", "per_silo"]
@@ -266,7 +266,7 @@ def test_huang_preset_sweep_resumes_and_reports(tmp_path):
     assert all(s["epsilon"] <= 1.0 + 1e-6 and s["delta"] == 1e-4 for s in dp)
     mtimes = {s["_dir"]: (Path(s["_dir"]) / "summary.json").stat().st_mtime for s in summaries}
     second = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600,
-                            cwd=Path(__file__).resolve().parents[1])
+                            cwd=Path(__file__).resolve().parents[2])
     assert second.returncode == 0 and second.stdout.count("skipped") == 4, second.stdout
     assert {d: (Path(d) / "summary.json").stat().st_mtime for d in mtimes} == mtimes
     out = tmp_path / "report"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 VENV_BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
