@@ -3,8 +3,8 @@
     import fedudp
     result = fedudp.simulate({"method": "joint_dp", "train.rounds": 3})
 
-``simulate``, ``SimulationResult``, ``RunConfig``, ``ConfigError`` and ``config_from_overrides``
-are imported on first use (``import fedudp`` alone stays light: every fedudp process, Ray workers
+``simulate``, ``SimulationResult``, ``RunConfig``, ``ConfigError``, ``config_from_overrides``,
+``Records`` and ``from_arrays`` (your own federation, docs/your-data.md) are imported on first use (``import fedudp`` alone stays light: every fedudp process, Ray workers
 included, imports the package first).
 
 Flower and Ray read the two variables below at import time; with no network, telemetry and usage
@@ -17,7 +17,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 _API = {"simulate": "fedudp.api", "SimulationResult": "fedudp.api",
         "RunConfig": "fedudp.config", "ConfigError": "fedudp.config",
-        "config_from_overrides": "fedudp.config"}
+        "config_from_overrides": "fedudp.config",
+        "Records": "fedudp.data.records", "from_arrays": "fedudp.data.records"}
 
 __all__ = sorted(_API)
 

@@ -60,20 +60,31 @@ def _config(config: RunConfig | Mapping[str, Any] | None) -> RunConfig:
 
 
 def simulate(config: RunConfig | Mapping[str, Any] | None = None, *,
-             out: str | Path | None = None) -> SimulationResult:
+             out: str | Path | None = None, model: Any = None, records: Any = None
+             ) -> SimulationResult:
     """Run one simulation (see the module doc). ``config``: a ``RunConfig``, or a mapping of
     dotted keys over the defaults (``{"method": "fedavg", "train.lr": 0.1}``); ``out``: a
     folder to write the run's files into (None: nothing is written). A folder that already
     holds a finished run of this very config is not run again: its summary and history are
-    read back and the parameters are None."""
+    read back and the parameters are None.
+
+    ``model``: your own ``torch.nn.Module`` (copied; its initial parameters are the run's;
+    ``model.personal`` patterns name joint DP's personal layers), engine=local.
+    ``records``: your own federation in memory (``dataset.name=memory``): a
+    ``fedudp.Records`` (``fedudp.from_arrays(x, y, user, owner)``) or a (train, test) pair
+    (docs/your-data.md)."""
     import json
 
     from fedudp.report import epsilon_kind
     from fedudp.build import settings
     from fedudp.run import execute, prepare, run_with_result, summary_of
+    if records is not None and not isinstance(config, RunConfig):
+        # records given: the in-memory data set, unless the mapping names another (refused)
+        config = {"dataset.name": "memory", **dict(config or {})}
     cfg = _config(config)
+    given = {"model_object": model, "records": records}
     if out is not None:
-        summary, res, p = run_with_result(cfg, out)
+        summary, res, p = run_with_result(cfg, out, **given)
         folder = Path(settings(cfg).resume or out)
         if res is None:          # finished before: read back what the folder holds
             history = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()
@@ -84,7 +95,7 @@ def simulate(config: RunConfig | Mapping[str, Any] | None = None, *,
                                     summary.get("delta"), None, None,
                                     np.array([]), summary, folder)
     else:
-        p = prepare(cfg)
+        p = prepare(cfg, **given)
         res = execute(p)
         summary = summary_of(cfg, p, res)
         folder = None

@@ -29,9 +29,10 @@ from fedudp import algorithms
 from fedudp.aggregators import REGISTRY, Aggregator, LocalDpSgdMean, Sampling
 from fedudp.aggregators.base import ParameterError
 from fedudp.aggregators.memory import check_rows_fit
-from fedudp.config import (Accounting, AlgorithmName, Calibration, ConfigError, DatasetName,
-                           EngineName, Method, ModelName, OwnerWeights, Placement, RunConfig,
-                           Scheme, SharedUpdate, Unit, resolved_aggregator, validate)
+from fedudp.config import (NATURAL_DATASETS, Accounting, AlgorithmName, Calibration, ConfigError,
+                           DatasetName, EngineName, Method, ModelName, OwnerRule, OwnerWeights,
+                           Placement, RunConfig, Scheme, SharedUpdate, Unit, UserRule, jsonable,
+                           resolved_aggregator, validate)
 from fedudp.core.billboard import Billboard, ServerStep
 from fedudp.core.methods import MethodSpec, make_method
 from fedudp.core.owner import OwnerHooks, Owners, OwnerTraining
@@ -39,6 +40,8 @@ from fedudp.core import local_sgd
 from fedudp.data import federation as federation_mod
 from fedudp.data.federation import Federation
 from fedudp.data.idx import check_available
+from fedudp.data.natural import owner_of_users
+from fedudp.data.records import Records, group_users, users_by_rule
 from fedudp.models import make_model
 from fedudp.models.split import SplitModel
 from fedudp.privacy.accountant import BudgetError, Ledger, accountant_for
@@ -107,37 +110,242 @@ def placement(cfg: RunConfig) -> Placement:
 
 
 # -- the public plan: counts known before any data is read ----------------------------------------
+def natural(cfg: RunConfig) -> bool:
+    """Whether the users (and owner sizes) come from the data (docs/your-data.md)."""
+    return DatasetName(cfg.dataset.name).value in NATURAL_DATASETS
+
+
+def declared(cfg: RunConfig, key: str) -> int:
+    """A natural federation's declared public number ``public.<key>`` (``ConfigError`` if not
+    declared; ``prepare`` first reads the data so that its message gives the data's value)."""
+    v = getattr(cfg.public, key)
+    if v is None:
+        raise ConfigError(f"public.{key}: a federation read from data needs it declared "
+                          "(docs/your-data.md#public-numbers)")
+    return int(v)
+
+
 def planned_owner_records(cfg: RunConfig) -> np.ndarray:
-    """Each owner's record count, floor/ceil(N/n) (public)."""
+    """Each owner's public record count: floor/ceil(N/n) planned; for a natural federation
+    the declared capacity times the declared records per user (an upper bound)."""
+    if natural(cfg):
+        return np.full(cfg.partition.num_owners,
+                       declared(cfg, "owner_capacity") * declared(cfg, "records_per_user"),
+                       dtype=np.int64)
     return federation_mod.planned_owner_records(cfg.dataset.num_records, cfg.partition.num_owners)
 
 
 def planned_owner_users(cfg: RunConfig) -> np.ndarray:
-    """Each owner's user count (public): its records cut into users of records_per_user."""
+    """Each owner's public user count: its records cut into users of records_per_user planned;
+    for a natural federation the declared capacity ``public.owner_capacity``."""
+    if natural(cfg):
+        return np.full(cfg.partition.num_owners, declared(cfg, "owner_capacity"), dtype=np.int64)
     return federation_mod.planned_owner_users(cfg.dataset.num_records, cfg.partition.num_owners,
                                               cfg.partition.records_per_user)
 
 
 def planned_units(cfg: RunConfig) -> tuple[int, int]:
-    """(owners, users) the partition will produce."""
+    """(owners, users) of the federation: planned, or declared (``public.users``)."""
+    if natural(cfg):
+        return int(cfg.partition.num_owners), declared(cfg, "users")
     users = planned_owner_users(cfg)
     return len(users), int(users.sum())
 
 
-def planned_shape(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
-    """(input shape, classes) of the configured dataset, known before loading it."""
+def planned_shape(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], int]:
+    """(input shape, classes) of the configured dataset: known before loading it for the
+    planned data sets; a natural federation's from its records."""
+    return input_spec(cfg, records)[:2]
+
+
+def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], int, bool]:
+    """(input shape, classes, whether the inputs are token ids)."""
     d = cfg.dataset
     if DatasetName(d.name) == DatasetName.synthetic:
-        return (int(d.features),), int(d.classes)
-    return federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES
+        return (int(d.features),), int(d.classes), False
+    if not natural(cfg):
+        return federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES, False
+    train = natural_records(cfg, records)[0]
+    return tuple(train.x.shape[1:]), int(train.classes), train.x.dtype == np.int64
 
 
 def records_per_unit(cfg: RunConfig) -> int:
     """Records per privacy unit m (public): records_per_user, or an owner's share at owner
-    level."""
+    level; a natural federation's declared ``public.records_per_user`` (times the declared
+    owner capacity at owner level)."""
+    if natural(cfg):
+        m = declared(cfg, "records_per_user")
+        return m * declared(cfg, "owner_capacity") if Unit(cfg.privacy.unit) == Unit.owner else m
     if Unit(cfg.privacy.unit) == Unit.owner:
         return max(1, cfg.dataset.num_records // max(1, cfg.partition.num_owners))
     return int(cfg.partition.records_per_user)
+
+
+# -- natural federations (docs/your-data.md) --------------------------------------------------------
+_NATURAL_CACHE: dict[str, tuple] = {}
+
+
+def _natural_key(cfg: RunConfig) -> str:
+    import json
+    from dataclasses import asdict
+    return json.dumps(jsonable({"dataset": asdict(cfg.dataset), "partition": asdict(cfg.partition),
+                                "seed": cfg.seed}), sort_keys=True)
+
+
+def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records | None]:
+    """The grouped training records (every user has an owner) and the test records of a
+    natural federation: read from the configured files (once per process), or ``given``
+    (``dataset.name=memory``: a ``Records`` or a (train, test) pair)."""
+    name = DatasetName(cfg.dataset.name).value
+    if name == "memory":
+        if given is None:
+            raise ConfigError("dataset.name: memory takes its records from the Python API: "
+                              "fedudp.simulate(config, records=...)")
+        train, test = given if isinstance(given, tuple) else (given, None)
+        return _group(cfg, train, test)
+    if given is not None:
+        raise ConfigError(f"dataset.name: {name} reads its records from files; records given "
+                          "through the Python API need dataset.name=memory")
+    key = _natural_key(cfg)
+    if key not in _NATURAL_CACHE:
+        _NATURAL_CACHE.clear()
+        _NATURAL_CACHE[key] = _group(cfg, *_read_natural(cfg))
+    return _NATURAL_CACHE[key]
+
+
+def _read_natural(cfg: RunConfig) -> tuple[Records, Records | None]:
+    from fedudp.data import cifar, columnar, leaf
+    d, part = cfg.dataset, cfg.partition
+    name = DatasetName(d.name).value
+    cols = d.columns
+    if name in ("npz", "parquet"):
+        if not d.path:
+            raise ConfigError(f"dataset.path: dataset.name={name} reads the records of a file; "
+                              "set dataset.path=<file>")
+        read = columnar.read_npz if name == "npz" else columnar.read_parquet
+        kw = dict(features=cols.x, label=cols.y, user=cols.user, owner=cols.owner,
+                  meta=tuple(cols.meta))
+        return read(d.path, **kw), (read(d.test_path, **kw) if d.test_path else None)
+    if name == "femnist":
+        return leaf.read_femnist(d.root)
+    if name == "shakespeare":
+        return leaf.read_shakespeare(d.root, unknown=d.unknown_char or "error")
+    read_c = cifar.read_cifar10 if name == "cifar10" else (
+        lambda root: cifar.read_cifar100(root, labels="coarse" if d.coarse else "fine"))
+    train, test = read_c(d.root)
+    rule = UserRule(part.user_rule).value
+    train = users_by_rule(train, rule, records_per_user=part.records_per_user, seed=cfg.seed,
+                          alpha=part.dirichlet_alpha if rule == "dirichlet" else None)
+    return train, test
+
+
+def _group(cfg: RunConfig, train: Records, test: Records | None
+           ) -> tuple[Records, Records | None]:
+    """Users into owners by ``partition.owner_rule``; test records without training users to
+    owners (CIFAR's test batch dealt evenly; a user seen only in the test split dealt at
+    random); without a test set, ``dataset.test_fraction`` of each user's records held out."""
+    from fedudp.data import natural as nat
+    part, d = cfg.partition, cfg.dataset
+    rule = OwnerRule(part.owner_rule).value
+    try:
+        if rule == "given":
+            if train.owner is None:
+                raise ConfigError("partition.owner_rule: given needs an owner column "
+                                  "(dataset.columns.owner=<column>)")
+        elif rule == "column":
+            if not part.owner_column:
+                raise ConfigError("partition.owner_column: owner_rule=column groups users by a "
+                                  "metadata column; name it (and list it in dataset.columns.meta)")
+            train = group_users(train, "column", column=part.owner_column)
+        else:
+            train = group_users(train, rule, num_owners=part.num_owners, seed=cfg.seed,
+                                alpha=part.dirichlet_alpha if rule == "dirichlet" else None)
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"partition.owner_rule={rule}: {e}") from None
+    owners = np.unique(train.owner)
+    if test is None:
+        if d.test_fraction > 0:
+            train, test = nat.holdout(train, d.test_fraction, cfg.seed)
+    elif DatasetName(d.name).value in ("cifar10", "cifar100"):
+        # no users in the test batch: each record its own (never one of the training users)
+        test = nat.deal(test.with_user(np.array([f"test{i}" for i in range(len(test))])),
+                        owners, cfg.seed)
+    elif test.owner is None:
+        seen = set(np.unique(train.user).tolist())
+        unseen = np.array([u not in seen for u in test.user.tolist()], dtype=bool)
+        if unseen.any():
+            users = np.unique(test.user[unseen])
+            pick = np.random.default_rng(cfg.seed).integers(len(owners), size=len(users))
+            who = dict(zip(users.tolist(), owners[pick].tolist()))
+            known = owner_of_users(train)
+            own = np.array([known.get(u, who.get(u)) for u in test.user.tolist()])
+            test = test.with_owner(own.astype(owners.dtype))
+    return train, test
+
+
+def natural_numbers(train: Records) -> dict:
+    """What a grouped natural federation holds: users, owners, the largest owner (users), the
+    largest user (records)."""
+    users, uinv = np.unique(train.user, return_inverse=True)
+    per_user = np.bincount(uinv)
+    first = np.unique(train.user, return_index=True)[1]
+    _, owner_users = np.unique(train.owner[first], return_counts=True)
+    return {"users": int(len(users)), "owners": int(len(owner_users)),
+            "owner_capacity": int(owner_users.max()), "records_per_user": int(per_user.max())}
+
+
+def check_public(cfg: RunConfig, train: Records) -> None:
+    """The declared public numbers against the data: the user and owner counts equal, every
+    owner within the capacity, every user within the records bound. A missing declaration is
+    one line that gives the data's value."""
+    have = natural_numbers(train)
+    missing = [k for k in ("users", "owner_capacity", "records_per_user")
+               if getattr(cfg.public, k) is None]
+    if missing:
+        raise ConfigError(f"public.{missing[0]}: a federation read from data needs its public "
+                          "numbers declared (docs/your-data.md#public-numbers); this data has "
+                          + ", ".join(f"public.{k}={have[k]}" for k in
+                                      ("users", "owner_capacity", "records_per_user")))
+    if have["owners"] != cfg.partition.num_owners:
+        raise ConfigError(f"partition.num_owners: {cfg.partition.num_owners} declared, the data "
+                          f"is grouped into {have['owners']} owners")
+    pub = cfg.public
+    if have["users"] != pub.users:
+        raise ConfigError(f"public.users: {pub.users} declared, the data has {have['users']} users")
+    if have["owner_capacity"] > pub.owner_capacity:
+        raise ConfigError(f"public.owner_capacity: {pub.owner_capacity} declared, an owner of the "
+                          f"data holds {have['owner_capacity']} users")
+    if have["records_per_user"] > pub.records_per_user:
+        raise ConfigError(f"public.records_per_user: {pub.records_per_user} declared, a user of "
+                          f"the data holds {have['records_per_user']} records")
+
+
+def public_numbers(cfg: RunConfig) -> dict:
+    """The numbers the accountant treats as public, and where they come from (the ledger)."""
+    if natural(cfg):
+        return {"users": declared(cfg, "users"), "owners": int(cfg.partition.num_owners),
+                "owner_capacity": declared(cfg, "owner_capacity"),
+                "records_per_user": declared(cfg, "records_per_user"),
+                "source": "declared (public.*), checked against the data before the first round"}
+    users = planned_owner_users(cfg)
+    return {"users": int(users.sum()), "owners": len(users),
+            "owner_capacity": int(users.max()),
+            "records_per_user": int(cfg.partition.records_per_user),
+            "source": "planned from the config (dataset.num_records, partition.*)"}
+
+
+def check_planned_public(cfg: RunConfig) -> None:
+    """A planned federation's ``public.*``, where set, must be the plan's."""
+    if natural(cfg):
+        return
+    plan = public_numbers(cfg)
+    for k in ("users", "owner_capacity", "records_per_user"):
+        v = getattr(cfg.public, k)
+        if v is not None and v != plan[k]:
+            raise ConfigError(f"public.{k}: {v} declared, the planned federation has {plan[k]} "
+                              "(leave it null for a planned data set)")
 
 
 # -- estimators -----------------------------------------------------------------------------------
@@ -258,14 +466,29 @@ def estimator(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int, *,
 
 
 # -- models, method, owners -----------------------------------------------------------------------
-def model(cfg: RunConfig) -> SplitModel:
+def model(cfg: RunConfig, records: Any = None, given: Any = None) -> SplitModel:
     """The configured model at the run seed's initialisation (float64 in equivalence mode),
-    parameters frozen (the owner side trains functional copies)."""
-    shape, classes = planned_shape(cfg)
+    parameters frozen (the owner side trains functional copies): ``model.target`` (your own
+    module), else ``model.name`` (``auto``: linear for flat features, cnn for images,
+    char_gru for token sequences); ``given``: a module object from the Python API (copied).
+    Layers that break per-user privacy (BatchNorm, ...) are refused, naming the layer."""
+    from fedudp.models import custom, validate as model_check
+    shape, classes, tokens = input_spec(cfg, records)
+    name = ModelName(cfg.model.name).value
     try:
-        m = make_model(ModelName(cfg.model.name).value, shape, classes, seed=cfg.seed)
+        if given is not None:
+            m = custom.fresh_copy(given)
+        elif cfg.model.target:
+            m = custom.from_target(cfg.model.target, dict(cfg.model.kwargs), input_shape=shape,
+                                   classes=classes, seed=cfg.seed)
+        else:
+            if name == "auto" and tokens:
+                name = "char_gru"
+            m = make_model(name, shape, classes, seed=cfg.seed)
+        model_check.check_model(m)
     except ValueError as e:
-        raise ConfigError(f"model.name: {e}") from None
+        key = "model.target" if cfg.model.target and given is None else "model.name"
+        raise ConfigError(f"{key}: {e}" if given is None else f"model: {e}") from None
     if cfg.engine_opts.float64:
         m = m.double()
     for prm in m.parameters():
@@ -299,20 +522,26 @@ def owner_training(cfg: RunConfig) -> OwnerTraining:
 
 
 def owners(cfg: RunConfig, hooks: OwnerHooks | None = None, net: SplitModel | None = None,
-           spec: MethodSpec | None = None) -> Owners:
+           spec: MethodSpec | None = None, records: Any = None) -> Owners:
     """The owner component from the config alone: the billboard process and every Flower
     owner build the same. ``hooks``: a training algorithm's (``prepare`` passes them)."""
     if cfg.engine_opts.threads:
         torch.set_num_threads(cfg.engine_opts.threads)
-    net = net if net is not None else model(cfg)
+    net = net if net is not None else model(cfg, records)
     spec = spec if spec is not None else method(cfg, net)
     return Owners(net, spec, owner_training(cfg),
                   local_sgd.chunk_budget(cfg.engine_opts.chunk_records, net), hooks=hooks)
 
 
-def federation(cfg: RunConfig) -> Federation:
-    """Load the configured pool and partition it over owners and users (seeded)."""
+def federation(cfg: RunConfig, records: Any = None) -> Federation:
+    """Load the configured pool and partition it over owners and users (seeded); a natural
+    federation's grouped records laid out, its declared public numbers checked first."""
     d, part = cfg.dataset, cfg.partition
+    if natural(cfg):
+        from fedudp.data import natural as nat
+        train, test = natural_records(cfg, records)
+        check_public(cfg, train)
+        return nat.layout(train, test)
     if DatasetName(d.name) == DatasetName.synthetic:
         pool = federation_mod.synthetic(d.features, d.classes, d.pool_train, d.pool_test,
                                         d.signal, cfg.seed)
@@ -367,13 +596,15 @@ def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> L
     if Unit(p.unit) == Unit.record:
         notes.append("records_per_user=1: each user is one record, so user level is record level")
     unit = Unit(p.unit).value if private else None
-    return Ledger(unit=unit, adjacency=aggregator.adjacency if private else None,
+    led = Ledger(unit=unit, adjacency=aggregator.adjacency if private else None,
                   accounting=Accounting(p.accounting).value if private else None,
                   guarantee=run_guarantee(spec, aggregator),
                   mechanism=aggregator.name if aggregator else "none",
                   accountant=aggregator.accountant if private else None,
                   delta=p.delta if private else None,
                   target_epsilon=p.epsilon if private else None, notes=notes)
+    led.extra["public"] = public_numbers(cfg)
+    return led
 
 
 # -- training algorithms --------------------------------------------------------------------------
@@ -458,9 +689,20 @@ def check(cfg: RunConfig) -> None:
     """Every check that needs only the config: ranges, the estimator's and the algorithm's
     declared requirements, the data files' presence. ``ConfigError`` naming the key."""
     validate(cfg)
+    check_planned_public(cfg)
     check_estimator(cfg)
     check_algorithm(cfg)
-    if DatasetName(cfg.dataset.name) != DatasetName.synthetic:
+    if natural(cfg):
+        if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
+            raise ConfigError(f"algorithm.name: the seeds' training algorithms run on planned "
+                              f"federations (synthetic, mnist, fashion_mnist), not on "
+                              f"dataset.name={DatasetName(cfg.dataset.name).value}")
+        if DatasetName(cfg.dataset.name) == DatasetName.memory and \
+                EngineName(cfg.engine) == EngineName.flower:
+            raise ConfigError("engine: records given through the Python API live in this "
+                              "process; engine=flower owners read their data from files "
+                              "(dataset.name=npz|parquet|...)")
+    elif DatasetName(cfg.dataset.name) != DatasetName.synthetic:
         check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root,
                         cfg.dataset.download)
 
@@ -483,12 +725,20 @@ class Prepared:
         return self.owners.spec
 
 
-def prepare(cfg: RunConfig) -> Prepared:
+def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) -> Prepared:
     """Everything that needs only the config first (see the module doc), then the data. Every
-    user error is a ``ConfigError`` naming the key or file."""
+    user error is a ``ConfigError`` naming the key or file. A natural federation's records are
+    read (and its declared public numbers checked) right after the config's own checks: its
+    input shape and its counts come from them. ``model_object``: your own module (the Python
+    API, engine=local); ``records``: in-memory records (``dataset.name=memory``)."""
     check(cfg)
+    if model_object is not None and EngineName(cfg.engine) == EngineName.flower:
+        raise ConfigError("engine: a model object from the Python API lives in this process; "
+                          "engine=flower owners build theirs from the config (model.target=...)")
+    if natural(cfg):
+        check_public(cfg, natural_records(cfg, records)[0])
     run = settings(cfg)
-    net = model(cfg)
+    net = model(cfg, records, model_object)
     spec = method(cfg, net)
     params = dict(net.named_parameters())
     dim = sum(int(params[k].numel()) for k in spec.shared)
@@ -528,7 +778,7 @@ def prepare(cfg: RunConfig) -> Prepared:
         if spec.private and not board.within_budget():
             raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
                               f"multiplier {aggregator.noise_multiplier} exceeds it")
-    fed = federation(cfg).to(own.dtype)
+    fed = federation(cfg, records).to(own.dtype)
     if (fed.num_owners, fed.num_users) != (n_owners, n_users):   # the plan's public n
         raise RuntimeError(f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
                            f"planned {n_owners} / {n_users}")

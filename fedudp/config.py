@@ -83,6 +83,34 @@ class DatasetName(Choice):
     synthetic = "synthetic"
     mnist = "mnist"
     fashion_mnist = "fashion_mnist"
+    # natural users (docs/your-data.md): read from dataset.path / dataset.root
+    npz = "npz"
+    parquet = "parquet"
+    femnist = "femnist"
+    shakespeare = "shakespeare"
+    cifar10 = "cifar10"
+    cifar100 = "cifar100"
+    memory = "memory"            # records handed to fedudp.simulate(records=...)
+
+
+# the data sets whose users (and owner sizes) come from the data, not from the plan
+NATURAL_DATASETS = ("npz", "parquet", "femnist", "shakespeare", "cifar10", "cifar100", "memory")
+
+
+class OwnerRule(Choice):
+    """How a natural federation's users are grouped into owners (``fedudp.data.records``)."""
+
+    given = "given"              # the data's owner column (dataset.columns.owner)
+    random = "random"            # users dealt at random into partition.num_owners owners
+    column = "column"            # by a metadata column (partition.owner_column)
+    dirichlet = "dirichlet"      # label-skewed (partition.dirichlet_alpha)
+
+
+class UserRule(Choice):
+    """How users are formed where the data has none (CIFAR)."""
+
+    shuffle = "shuffle"          # records shuffled, cut into users of records_per_user
+    dirichlet = "dirichlet"      # each user's records drawn with a Dirichlet(alpha) class mix
 
 
 class Scheme(Choice):
@@ -100,6 +128,7 @@ class ModelName(Choice):
     auto = "auto"
     linear = "linear"
     cnn = "cnn"
+    char_gru = "char_gru"
 
 
 @dataclass
@@ -141,6 +170,18 @@ class TrainConfig:
 
 
 @dataclass
+class ColumnsConfig:
+    """npz / parquet: the column (array) names of the features, label, user and owner, and the
+    metadata columns kept (``partition.owner_rule=column`` groups by one of them)."""
+
+    x: str = "x"
+    y: str = "y"
+    user: str = "user"
+    owner: Optional[str] = None
+    meta: list[str] = field(default_factory=list)
+
+
+@dataclass
 class DatasetConfig:
     name: DatasetName = DatasetName.synthetic
     root: str = "data"
@@ -152,6 +193,13 @@ class DatasetConfig:
     pool_train: int = 60_000
     pool_test: int = 10_000
     signal: float = 6.0
+    # natural users (npz, parquet: a file; femnist, shakespeare, cifar10/100: a folder, root)
+    path: Optional[str] = None         # npz / parquet: the training records' file
+    test_path: Optional[str] = None    # their test file (same columns); None: hold out below
+    test_fraction: float = 0.2         # held out of each user's records when there is no test set
+    columns: ColumnsConfig = field(default_factory=lambda: ColumnsConfig())
+    coarse: bool = False               # cifar100: the 20 coarse labels instead of the 100 fine
+    unknown_char: Optional[str] = None  # shakespeare: map characters outside LEAF's 80 to this one
 
 
 @dataclass
@@ -162,13 +210,36 @@ class PartitionConfig:
     classes_per_owner: int = 8
     dirichlet_alpha: float = 0.5
     test_per_owner: Optional[int] = None  # None: the test pool split evenly over owners
+    # natural users (docs/your-data.md): grouping users into owners, forming users (CIFAR)
+    owner_rule: OwnerRule = OwnerRule.random
+    owner_column: Optional[str] = None
+    user_rule: UserRule = UserRule.shuffle
 
 
 @dataclass
 class ModelConfig:
-    name: ModelName = ModelName.auto     # auto: linear for synthetic, cnn for images
+    # auto: linear for flat features, cnn for images, char_gru for token sequences
+    name: ModelName = ModelName.auto
     # parameter-name patterns (fnmatch) kept personal by joint_dp; empty: the model's default
     personal: list[str] = field(default_factory=list)
+    # your own torch.nn.Module: "package.module.Class" (or a factory), called with kwargs (and
+    # input_shape / classes where its signature asks for them); overrides name
+    target: Optional[str] = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PublicConfig:
+    """What the accountant treats as public about a federation read from data, declared once
+    and checked against the data before any round (docs/your-data.md#public-numbers):
+    the number of users N (the sampling denominator), every owner's user capacity M (owner-side
+    DP-SGD's schedule) and the most records one user holds (group privacy's k, the estimators'
+    m). Planned federations (synthetic, mnist, fashion_mnist) take them from the plan; set here
+    they must agree with it."""
+
+    users: Optional[int] = None
+    owner_capacity: Optional[int] = None
+    records_per_user: Optional[int] = None
 
 
 @dataclass
@@ -272,6 +343,7 @@ class RunConfig:
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    public: PublicConfig = field(default_factory=PublicConfig)
     # a run folder: continue that run from its newest usable checkpoint (same configuration)
     resume: Optional[str] = None
     progress: bool = True
@@ -374,6 +446,13 @@ def validate(cfg: RunConfig) -> None:
           f"must be >= 1, got {part.classes_per_owner}")
     _need(_finite_pos(part.dirichlet_alpha), "partition.dirichlet_alpha",
           f"must be > 0, got {part.dirichlet_alpha}")
+    _need(isinstance(d.test_fraction, (int, float)) and 0 <= d.test_fraction < 1,
+          "dataset.test_fraction", f"must be in [0, 1), got {d.test_fraction}")
+    pub = cfg.public
+    for key in ("users", "owner_capacity", "records_per_user"):
+        v = getattr(pub, key)
+        _need(v is None or (isinstance(v, int) and v >= 1), f"public.{key}",
+              f"must be null or an integer >= 1, got {v}")
     if d.name == DatasetName.synthetic:
         _need(d.features >= 1, "dataset.features", f"must be >= 1, got {d.features}")
         _need(d.classes >= 2, "dataset.classes", f"must be >= 2, got {d.classes}")
@@ -453,12 +532,16 @@ def config_from_json(text: str) -> RunConfig:
 def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
     """``{"train.rounds": 3, "method": "fedavg"}`` -> a ``RunConfig``; an unknown key or a bad
     value is a ``ConfigError`` naming the key."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
     base = OmegaConf.structured(RunConfig)
     OmegaConf.set_struct(base, True)
     for k, v in overrides.items():
         try:
+            if k == "model.kwargs" or k.startswith("model.kwargs."):   # a free-form dict
+                with open_dict(base.model.kwargs):
+                    OmegaConf.update(base, k, v, merge=True)
+                continue
             OmegaConf.update(base, k, v, merge=True)
         except OmegaConfBaseException as e:
             raise ConfigError(f"{k}: {str(e).splitlines()[0]}") from None

@@ -143,7 +143,8 @@ def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
     return run_with_result(cfg, out_dir, grid)[0]
 
 
-def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None
+def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
+                    model_object: Any = None, records: Any = None
                     ) -> tuple[dict, RoundsResult | None, Prepared | None]:
     """One fedudp run; returns summary.json's content, the round loop's result (final
     parameters, history) and the prepared run (its ledger). A run of the same config that already
@@ -158,10 +159,15 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None
     if resume:
         out_dir = resume
         _check_resumable(Path(out_dir), cfg)
+    objects = model_object is not None or records is not None
+    if objects and (resume or (Path(out_dir) / "config.yaml").exists()):
+        # the config does not identify a Python object: such a run is never skipped or resumed
+        raise ConfigError(f"{out_dir}: a run with a model object or in-memory records needs a "
+                          "new output folder (its config does not identify them)")
     done = finished_summary(cfg, out_dir)
     if done is not None:
         return {**done, "skipped": True}, None, None
-    p = prepare(cfg)
+    p = prepare(cfg, model_object=model_object, records=records)
     metrics_path, ledger_path = Path(out_dir) / "metrics.jsonl", Path(out_dir) / "ledger.jsonl"
     head = {k: v for k, v in p.ledger.to_dict().items() if k not in ("entries", "epsilon", "rounds_released")}
     if resume:

@@ -19,7 +19,7 @@ def readme_examples() -> list[str]:
 
 def test_the_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    first, estimator, calibrated = readme_examples()
+    first, estimator, calibrated, own = readme_examples()
     exec(compile(first, "README.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "completed 3"
@@ -31,6 +31,8 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == "(5,) GaussianDpEvent(noise_multiplier=1.1)"
     exec(compile(calibrated, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "1200 0.709"
+    exec(compile(own, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "300 300"
 
 
 def test_simulate_in_memory_equals_the_run_folder(tmp_path):
@@ -58,6 +60,6 @@ def test_simulate_refuses_what_is_not_a_config():
 
 def test_package_exports_only_what_it_documents():
     assert set(fedudp.__all__) == {"simulate", "SimulationResult", "RunConfig", "ConfigError",
-                                   "config_from_overrides"}
+                                   "config_from_overrides", "Records", "from_arrays"}
     with pytest.raises(AttributeError):
         fedudp.nothing_here

@@ -31,8 +31,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from conftest import tiny_mnist
+from fedudp import build
 from fedudp import run as run_module
-from fedudp.config import DatasetName, RunConfig, register
+from fedudp.config import NATURAL_DATASETS, DatasetName, RunConfig, register
+from formats import write_cifar10, write_cifar100, write_femnist, write_shakespeare
 from fedudp.core.rounds import RunInterrupted
 from fedudp.run import CONF_DIR, prepare, run
 
@@ -53,7 +55,21 @@ def compose_preset(name: str, *overrides: str) -> RunConfig:
 
 
 def reads_idx(cfg: RunConfig) -> bool:
-    return DatasetName(cfg.dataset.name) != DatasetName.synthetic
+    return DatasetName(cfg.dataset.name).value in ("mnist", "fashion_mnist")
+
+
+def reads_natural(cfg: RunConfig) -> bool:
+    return DatasetName(cfg.dataset.name).value in NATURAL_DATASETS
+
+
+# the natural-user presets read small files written in their published formats (tests/formats.py)
+NATURAL_WRITERS = {
+    "femnist": lambda root: write_femnist(root, [5, 12, 3, 30, 8, 2, 17, 9, 4, 21, 6, 11, 7, 3,
+                                                 14, 10, 5, 8, 25, 6]),
+    "shakespeare": lambda root: write_shakespeare(root, [6, 2, 14, 9, 3, 20, 5, 11, 7, 4]),
+    "cifar10": lambda root: write_cifar10(root, per_batch=200, test=100),
+    "cifar100": lambda root: write_cifar100(root, train=1000, test=100),
+}
 
 
 def start_overrides(cfg: RunConfig) -> list[str]:
@@ -89,8 +105,16 @@ def idx_root(tmp_path_factory) -> Path:
 
 def shipped_preset(name: str, request) -> tuple[RunConfig, list[str]]:
     """The preset as shipped (``progress=false`` aside) and the overrides that point an IDX
-    preset at the generated dataset."""
+    preset at the generated dataset, or a natural-user preset at files generated in its format
+    with the public numbers declared (the data's own, as the first run prints them)."""
     cfg = compose_preset(name, "progress=false")
+    if reads_natural(cfg):
+        root = request.getfixturevalue("tmp_path_factory").mktemp(name)
+        NATURAL_WRITERS[DatasetName(cfg.dataset.name).value](root)
+        data = ["progress=false", f"dataset.root={root}"]
+        have = build.natural_numbers(build.natural_records(compose_preset(name, *data))[0])
+        data += [f"public.{k}={have[k]}" for k in ("users", "owner_capacity", "records_per_user")]
+        return compose_preset(name, *data), data
     if not reads_idx(cfg):
         return cfg, ["progress=false"]
     data = ["progress=false", f"dataset.root={request.getfixturevalue('idx_root')}"]
@@ -117,7 +141,10 @@ def test_preset_is_valid_as_shipped(name, request):
     calibration over the shipped schedule, the phases, the data at the shipped population."""
     cfg, _ = shipped_preset(name, request)
     p = prepare(cfg)
-    assert p.fed.num_records == cfg.dataset.num_records
+    if reads_natural(cfg):
+        assert p.fed.num_users == cfg.public.users
+    else:
+        assert p.fed.num_records == cfg.dataset.num_records
     assert p.fed.num_owners == cfg.partition.num_owners and p.fed.num_users > 0
 
 

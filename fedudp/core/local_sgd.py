@@ -211,6 +211,9 @@ def chunk_budget(requested: int, model: nn.Module) -> int:
     vs 2.2-3x at 8192), 8192 for dense models (fewer, larger matmuls win)."""
     if requested:
         return int(requested)
+    hint = getattr(model, "auto_chunk_records", None)      # a model's own bound (memory)
+    if hint:
+        return int(hint)
     conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
     return AUTO_CHUNK_CONV if conv else AUTO_CHUNK_DENSE
 

@@ -72,8 +72,11 @@ def per_record_gradients(model: nn.Module, params: Mapping[str, torch.Tensor],
         hooks.append(mods[path].register_forward_hook(hook))
     try:
         with torch.enable_grad():
-            xin = x.detach().requires_grad_(True)      # makes every layer output part of the graph
-            out = functional_call(model, dict(params), (xin,))
+            # the differentiated parameters make every wanted layer's output part of the graph
+            # (token-id inputs cannot require gradients themselves)
+            at = {k: v.detach().requires_grad_(True) if k in names else v
+                  for k, v in params.items()}
+            out = functional_call(model, at, (x,))
             loss = F.cross_entropy(out, y, reduction="sum")
             order = sorted(saved)
             gouts = torch.autograd.grad(loss, [saved[p][1] for p in order])

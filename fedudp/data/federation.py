@@ -95,8 +95,10 @@ class Federation:
                           self.owner_classes, self.owner_ids.copy(), np.delete(self.user_ids, u))
 
     def to(self, dtype: torch.dtype) -> "Federation":
-        """Features in ``dtype`` (the model's), in place; returns self."""
-        self.x, self.x_test = self.x.to(dtype), self.x_test.to(dtype)
+        """Floating features in ``dtype`` (the model's), in place; integer features (token ids)
+        stay integers. Returns self."""
+        if self.x.is_floating_point():
+            self.x, self.x_test = self.x.to(dtype), self.x_test.to(dtype)
         return self
 
 

@@ -5,13 +5,15 @@ import torch
 
 from fedudp.models.split import SplitModel
 
-MODELS = ("auto", "linear", "cnn")
+MODELS = ("auto", "linear", "cnn", "char_gru")
 
 
 def make_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int) -> SplitModel:
-    """The model ``name`` (``auto``: linear for flat inputs, cnn for images) for inputs of
+    """The model ``name`` (``auto``: linear for flat inputs, cnn for images; ``char_gru``: a
+    character-level GRU over token ids) for inputs of
     ``input_shape`` and ``classes`` classes, initialised from ``seed`` (public randomness).
     An unknown name or a CNN on flat inputs is a ``ValueError``."""
+    from fedudp.models.char_rnn import CharGRU
     from fedudp.models.cnn import PaperCNN
     from fedudp.models.linear import SharedPersonalLogistic
 
@@ -20,6 +22,10 @@ def make_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int)
     if name == "auto":
         name = "linear" if len(input_shape) == 1 else "cnn"
     torch.manual_seed(seed)
+    if name == "char_gru":
+        if len(input_shape) != 1:
+            raise ValueError(f"char_gru needs token-id sequences (T,), got shape {input_shape}")
+        return CharGRU(vocab=classes, classes=classes)
     if name == "cnn":
         if len(input_shape) != 3:
             raise ValueError(f"cnn needs image inputs (C,H,W), got shape {input_shape}")

@@ -169,7 +169,10 @@ class Accountant:
         if isinstance(extra, ApproxDp):
             blocks.append((extra, count))
         b = basic_composition(blocks)
-        return delta - b.delta, b.epsilon
+        left = delta - b.delta
+        if left < 0 and b.delta <= delta * (1 + 1e-9):     # the blocks spend exactly δ (rounding)
+            left = 0.0
+        return left, b.epsilon
 
     def _events_epsilon(self, event, delta: float, rdp_only: bool = False) -> float | None:
         return event_epsilon(event, delta, self.pld_interval, rdp_only)
@@ -304,10 +307,10 @@ def event_epsilon(event: dp_accounting.DpEvent | None, delta: float, interval: f
                   rdp_only: bool = False) -> float | None:
     """Epsilon of one (composed) event at ``delta``: PLD, or RDP for events PLD cannot
     represent (or when ``rdp_only``); None if neither supports it, inf when delta <= 0."""
-    if delta <= 0:          # the blocks' δ already exceeds the budget: no ε covers it
+    if event is None:       # nothing but blocks: fine while they leave δ >= 0
+        return 0.0 if delta >= 0 else math.inf
+    if delta <= 0:          # events need some δ: none is left
         return math.inf
-    if event is None:
-        return 0.0
     if not rdp_only:
         acc = _pld(interval)
         if acc.supports(event):

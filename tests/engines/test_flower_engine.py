@@ -239,3 +239,29 @@ def test_owner_timeout_is_excluded(tmp_path, monkeypatch):
     assert [r["failed_owners"] for r in m] == [0, 0, 1]
     assert m[2]["failed_units"] == users_of_3 and m[2]["users_used"] == 120 - users_of_3
     assert m[2]["failures"][0]["reason"].startswith("timeout")
+
+
+@pytest.mark.parametrize("method,kw", [
+    ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 2.0,
+                  "privacy.epsilon": 8.0}),
+    ("full_dp", {"privacy.placement": "local_dpsgd", "privacy.epsilon": 8.0}),
+])
+def test_flower_matches_local_on_a_natural_federation(method, kw, tmp_path, monkeypatch):
+    """Users of 1..40 records, owners of 2..6 users, from an NPZ file (docs/your-data.md): the
+    Flower owners read and lay out the same federation and compute the same vectors."""
+    from fedudp.config import config_from_overrides
+    from formats import write_npz
+    sizes = [1, 3, 5, 20, 2, 8, 40, 1, 7, 12, 4, 9, 15, 2, 6, 30]
+    path = write_npz(tmp_path / "fed.npz", sizes, [0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3])
+    cap, out = Capture(monkeypatch), {}
+    for eng in ("local", "flower"):
+        cfg = config_from_overrides({
+            "method": method, "engine": eng, "progress": False, "train.rounds": 2,
+            "train.batch_size": 4, "dataset.name": "npz", "dataset.path": str(path),
+            "dataset.columns.owner": "owner", "partition.owner_rule": "given",
+            "partition.num_owners": 4, "public.users": 16, "public.owner_capacity": 6,
+            "public.records_per_user": 32, "engine_opts.chunk_records": 1,
+            "engine_opts.threads": 1, "engine_opts.float64": True, **kw})
+        out[eng] = (run(cfg, tmp_path / eng), _metrics(tmp_path / eng))
+    _assert_equivalent(cap, out)
+    assert out["flower"][0]["num_users"] == 16 and out["flower"][0]["num_owners"] == 4

@@ -1,0 +1,143 @@
+"""A federation from records with natural users: ``Records`` -> ``Federation``
+(docs/your-data.md).
+
+``layout(train, test, ...)`` lays grouped records out the way the rounds need them: owner by
+owner, and within an owner user by user, each user one contiguous slice. Owners are numbered
+0..n-1 in the sorted order of their ids; users within an owner in the order of their stable
+keys. Every user keeps a stable key (``user_keys``): the user's integer id where it fits in
+[0, 2³²), else a 32-bit BLAKE2b hash of its id. The key seeds the user's own randomness (its
+batch order), so it does not move when another user is added or removed.
+
+Test records: a test record belongs to the owner of its user where the user has training
+records; otherwise to the owner its own ``owner`` column gives (``deal`` fills that column for
+test sets without natural users, such as CIFAR's test batch). Without a test split,
+``holdout`` keeps a fraction of every user's records for evaluation.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from fedudp.config import DataError
+from fedudp.data.federation import Federation
+from fedudp.data.records import Records
+
+__all__ = ["user_keys", "holdout", "deal", "layout", "owner_of_users"]
+
+
+def user_keys(ids: np.ndarray, source: str = "records") -> np.ndarray:
+    """A stable int64 key in [0, 2³²) per (distinct) user id; a collision is a ``DataError``."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu" and (len(ids) == 0 or (ids.min() >= 0 and ids.max() < 2 ** 32)):
+        keys = ids.astype(np.int64)
+    else:
+        keys = np.array([int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=4).digest(),
+                                        "little") for v in ids.tolist()], dtype=np.int64)
+    uniq, counts = np.unique(keys, return_counts=True)
+    if len(uniq) != len(np.unique(ids)):
+        clash = uniq[counts > 1][0]
+        raise DataError(f"{source}: two user ids hash to the same key {int(clash)}; rename one "
+                        "of them (integer ids in [0, 2**32) are used as they are)")
+    return keys
+
+
+def holdout(records: Records, fraction: float, seed: int) -> tuple[Records, Records]:
+    """(train, test): ``fraction`` of each user's records (rounded down; a user with one record
+    keeps it for training) drawn with ``default_rng(seed)`` over the records in user order."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction}")
+    rng = np.random.default_rng(seed)
+    users, inv = np.unique(records.user, return_inverse=True)
+    order = np.argsort(inv, kind="stable")
+    counts = np.bincount(inv, minlength=len(users))
+    is_test = np.zeros(len(records), dtype=bool)
+    start = 0
+    for c in counts:
+        k = int(np.floor(fraction * c))
+        if k and c > 1:
+            pick = rng.choice(c, size=min(k, c - 1), replace=False)
+            is_test[order[start + pick]] = True
+        start += c
+    return _subset(records, ~is_test), _subset(records, is_test)
+
+
+def _subset(r: Records, keep: np.ndarray) -> Records:
+    from dataclasses import replace
+    return replace(r, x=r.x[keep], y=r.y[keep], user=r.user[keep],
+                   owner=None if r.owner is None else r.owner[keep],
+                   meta={k: v[keep] for k, v in r.meta.items()})
+
+
+def deal(records: Records, owners: np.ndarray, seed: int) -> Records:
+    """Records without natural users (each its own) dealt to ``owners`` evenly at random
+    (``default_rng(seed)``), as the owners' test shards."""
+    owners = np.asarray(owners)
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(records))
+    owner = np.empty(len(records), dtype=owners.dtype)
+    owner[perm] = owners[np.arange(len(records)) % len(owners)]
+    return records.with_owner(owner)
+
+
+def owner_of_users(records: Records) -> dict:
+    """user id -> owner id of grouped records."""
+    users, first = np.unique(records.user, return_index=True)
+    return dict(zip(users.tolist(), records.owner[first].tolist()))
+
+
+def layout(train: Records, test: Records | None) -> Federation:
+    """The federation of grouped ``train`` records (every record has an owner) and their
+    ``test`` records (see the module doc), in the rounds' layout."""
+    if train.owner is None:
+        raise ValueError("layout needs grouped records (an owner per record): use group_users")
+    owner_ids = np.unique(train.owner)
+    oidx = np.searchsorted(owner_ids, train.owner)
+    users, uinv = np.unique(train.user, return_inverse=True)
+    keys = user_keys(users, train.source or "records")
+    order = np.lexsort((np.arange(len(train)), keys[uinv], oidx))
+    uo = uinv[order]
+    starts = np.flatnonzero(np.r_[True, uo[1:] != uo[:-1]])
+    user_of_slot = uo[starts]
+    user_offsets = np.r_[starts, len(order)].astype(np.int64)
+    user_owner = oidx[order][starts].astype(np.int64)
+    owner_user_offsets = np.searchsorted(user_owner, np.arange(len(owner_ids) + 1)).astype(np.int64)
+    tx, ty, toff = _test_layout(test, owner_ids, dict(zip(users.tolist(),
+                                                          user_owner[np.argsort(user_of_slot)]
+                                                          .tolist())), train)
+    return Federation(
+        x=torch.from_numpy(np.ascontiguousarray(train.x[order])),
+        y=torch.from_numpy(train.y[order].astype(np.int64)),
+        user_offsets=user_offsets, user_owner=user_owner, owner_user_offsets=owner_user_offsets,
+        x_test=torch.from_numpy(np.ascontiguousarray(tx)), y_test=torch.from_numpy(ty),
+        test_offsets=toff, num_classes=int(train.classes), owner_classes=None,
+        user_ids=keys[user_of_slot])
+
+
+def _test_layout(test: Records | None, owner_ids: np.ndarray, owner_index_of_user: dict,
+                 train: Records) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = len(owner_ids)
+    if test is None or len(test) == 0:
+        return (np.zeros((0, *train.x.shape[1:]), dtype=train.x.dtype), np.zeros(0, np.int64),
+                np.zeros(n + 1, np.int64))
+    idx = np.full(len(test), -1, dtype=np.int64)
+    known = np.array([u in owner_index_of_user for u in test.user.tolist()], dtype=bool)
+    if known.any():
+        idx[known] = [owner_index_of_user[u] for u in test.user[known].tolist()]
+    if (~known).any():
+        if test.owner is None:
+            u = test.user[~known][0]
+            raise DataError(f"{test.source or 'test records'}: user {u!r} has test records but "
+                            "no training records and no owner; give the test set an owner column")
+        own = test.owner[~known]
+        pos = np.searchsorted(owner_ids, own)
+        bad = (pos >= n) | (owner_ids[np.minimum(pos, n - 1)] != own)
+        if bad.any():
+            raise DataError(f"{test.source or 'test records'}: owner {own[bad][0]!r} of a test "
+                            "record has no training users")
+        idx[~known] = pos
+    order = np.argsort(idx, kind="stable")
+    counts = np.bincount(idx, minlength=n)
+    return (test.x[order], test.y[order].astype(np.int64),
+            np.r_[0, np.cumsum(counts)].astype(np.int64))

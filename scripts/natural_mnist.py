@@ -1,0 +1,90 @@
+"""A federation with natural-looking users built from the real MNIST (or Fashion-MNIST) files,
+written as an NPZ that ``fedudp dataset.name=npz`` reads (docs/results/natural_mnist).
+
+Construction (all from ``--seed``):
+
+* users: ``--users`` users whose record counts are drawn from a log-normal (median
+  ``--median``, shape 1.0), rounded, clipped to [1, ``--max-records``];
+* labels: each user draws a Dirichlet(``--label-alpha``) mixture over the 10 classes and takes
+  its records from the training pool with those proportions (without replacement, non-IID);
+* owners: ``--owners`` owners whose shares of the users come from a Dirichlet(1) draw (at least
+  two users each), users dealt to owners at random by those shares;
+* test records: fedudp holds out ``dataset.test_fraction`` of each user's records.
+
+    .venv/bin/python scripts/natural_mnist.py --data-root DATA --out /tmp/natural/mnist.npz
+    # prints the public numbers to declare (public.users, public.owner_capacity, ...)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def build(data_root: str, dataset: str, users: int, median: float, max_records: int,
+          label_alpha: float, owners: int, seed: int) -> dict[str, np.ndarray]:
+    from fedudp.data.idx import load_idx_dataset
+    tx, ty, _, _ = load_idx_dataset(dataset, data_root)
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(np.rint(rng.lognormal(np.log(median), 1.0, users)), 1, max_records).astype(int)
+    pools = [list(rng.permutation(np.flatnonzero(ty == c))) for c in range(10)]
+    idx, user = [], []
+    for u, n in enumerate(sizes):
+        mix = rng.dirichlet(np.full(10, label_alpha))
+        for c in rng.choice(10, size=n, p=mix):
+            while not pools[c]:                       # a class ran out: take the next one
+                c = (c + 1) % 10
+            idx.append(pools[c].pop())
+            user.append(u)
+    idx, user = np.array(idx), np.array(user)
+    share = rng.dirichlet(np.ones(owners))
+    counts = np.maximum(2, np.floor(share * (users - 2 * owners)).astype(int) + 2)
+    while counts.sum() > users:
+        counts[np.argmax(counts)] -= 1
+    while counts.sum() < users:
+        counts[rng.integers(owners)] += 1
+    owner_of_user = rng.permutation(np.repeat(np.arange(owners), counts))
+    x = (tx[idx].astype(np.float32) / 255.0 - 0.1307) / 0.3081     # MNIST's usual scaling
+    return {"x": x[:, None].astype(np.float32), "y": ty[idx].astype(np.int64), "user": user,
+            "owner": owner_of_user[user]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-root", required=True, help="folder with the MNIST IDX files")
+    ap.add_argument("--dataset", default="mnist", choices=["mnist", "fashion_mnist"])
+    ap.add_argument("--out", required=True, help="the NPZ file to write")
+    ap.add_argument("--users", type=int, default=2000)
+    ap.add_argument("--median", type=float, default=5.0)
+    ap.add_argument("--max-records", type=int, default=500)
+    ap.add_argument("--label-alpha", type=float, default=0.3)
+    ap.add_argument("--owners", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    arrays = build(a.data_root, a.dataset, a.users, a.median, a.max_records, a.label_alpha,
+                   a.owners, a.seed)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    np.savez(a.out, **arrays)
+    per_user = np.bincount(arrays["user"])
+    first = np.unique(arrays["user"], return_index=True)[1]
+    per_owner = np.bincount(arrays["owner"][first])
+    records_owner = np.bincount(arrays["owner"], minlength=a.owners)
+    print(json.dumps({
+        "records": int(len(arrays["y"])), "users": int(len(per_user)), "owners": int(a.owners),
+        "records_per_user": {"min": int(per_user.min()), "median": float(np.median(per_user)),
+                             "max": int(per_user.max())},
+        "users_per_owner": {"min": int(per_owner.min()), "median": float(np.median(per_owner)),
+                            "max": int(per_owner.max())},
+        "records_per_owner": {"min": int(records_owner.min()), "max": int(records_owner.max())},
+        "declare": {"public.users": int(len(per_user)), "public.owner_capacity": int(per_owner.max()),
+                    "public.records_per_user": int(per_user.max())}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
