@@ -18,7 +18,8 @@ import os
 import threading
 import time
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.common.constant import ErrorCode
 from flwr.clientapp import ClientApp
 
 from fedudp import build
@@ -71,9 +72,28 @@ def _setup(msg: Message, context: Context) -> tuple[ConfigRecord, Owners, Federa
 
 client_app = ClientApp()
 
+# the error code of a reply to a message that is not fedudp's (a foreign ServerApp)
+NOT_FEDUDP = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+
+
+def foreign(msg: Message) -> Message | None:
+    """An error reply when ``msg`` was not sent by fedudp's billboard (no run record): a foreign
+    ServerApp (e.g. Flower's own FedAvg) records a failure that says what was expected,
+    instead of the owner crashing on a missing key."""
+    if flower_wire.K_RUN in msg.content:
+        return None
+    got = sorted(msg.content.keys())
+    return Message(error=Error(NOT_FEDUDP, (
+        f"fedudp's ClientApp answers fedudp's billboard only: the message has no "
+        f"'{flower_wire.K_RUN}' record (it has {got}); run it with fedudp's ServerApp "
+        "(`flwr run .` in the fedudp project), or add user-level DP to your own app with "
+        "fedudp.flower's strategy wrapper and client mod")), reply_to=msg)
+
 
 @client_app.query()
 def query(msg: Message, context: Context) -> Message:
+    if (err := foreign(msg)) is not None:
+        return err
     owners, fed = owner_side(str(msg.content[flower_wire.K_RUN]["cfg"]))
     j = int(context.node_config["partition-id"])
     n = int(context.node_config.get("num-partitions", fed.num_owners))
@@ -86,6 +106,8 @@ def query(msg: Message, context: Context) -> Message:
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
+    if (err := foreign(msg)) is not None:
+        return err
     t0 = time.perf_counter()
     run, owners, shard, shared, personal = _setup(msg, context)
     personal = owners.personal_round(shard, shared, personal, int(run["round"]))
@@ -106,6 +128,8 @@ def train(msg: Message, context: Context) -> Message:
 
 @client_app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
+    if (err := foreign(msg)) is not None:
+        return err
     run, owners, shard, shared, personal = _setup(msg, context)
     acc, loss = owners.evaluate(shard, shared, personal)
     return Message(flower_wire.eval_record(int(shard.owner_ids[0]), acc[0], loss[0],

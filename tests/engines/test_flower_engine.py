@@ -265,3 +265,44 @@ def test_flower_matches_local_on_a_natural_federation(method, kw, tmp_path, monk
         out[eng] = (run(cfg, tmp_path / eng), _metrics(tmp_path / eng))
     _assert_equivalent(cap, out)
     assert out["flower"][0]["num_users"] == 16 and out["flower"][0]["num_owners"] == 4
+
+
+def test_a_foreign_server_gets_a_clear_failure(tmp_path):
+    """Flower's own FedAvg ServerApp addressing fedudp's ClientApp: every reply is a Flower
+    error naming what fedudp expected (the server records failures), never a KeyError."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context as AppContext
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+    from fedudp.engines.flower_client import client_app
+
+    got: list = []
+    app = ServerApp()
+
+    class Recorder:                      # Flower's strategies call send_and_receive(messages=...)
+        def __init__(self, grid):
+            self._grid = grid
+
+        def __getattr__(self, name):
+            return getattr(self._grid, name)
+
+        def send_and_receive(self, messages, timeout=None):
+            replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+            got.extend(replies)
+            return replies
+
+    @app.main()
+    def main(grid: Grid, context: AppContext) -> None:
+        recording = Recorder(grid)
+        FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=2).start(
+            grid=recording, initial_arrays=ArrayRecord({"w": torch.zeros(3)}), num_rounds=1,
+            train_config=ConfigRecord({"lr": 0.1}))
+
+    run_simulation(server_app=app, client_app=client_app, num_supernodes=2, backend_name="ray",
+                   backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
+                                   "init_args": {"address": "local"}})
+    assert len(got) == 2
+    for msg in got:
+        assert msg.has_error()
+        assert "fedudp's ClientApp answers fedudp's billboard only" in msg.error.reason
+        assert "KeyError" not in msg.error.reason
