@@ -214,16 +214,26 @@ def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records
 
 
 def _read_natural(cfg: RunConfig) -> tuple[Records, Records | None]:
-    from fedudp.data import cifar, columnar, leaf
+    from fedudp.data import cifar, columnar, hf, leaf
     d, part = cfg.dataset, cfg.partition
     name = DatasetName(d.name).value
     cols = d.columns
+    features = cols.x if isinstance(cols.x, str) else [str(c) for c in cols.x]
+    if name == "hf":
+        if not d.path:
+            raise ConfigError("dataset.path: dataset.name=hf reads a Hugging Face data set saved "
+                              "with save_to_disk; set dataset.path=<folder>")
+        return hf.read_hf(d.path, split=d.split, test_split=d.test_split, features=features,
+                          label=cols.y, user=cols.user, owner=cols.owner, meta=tuple(cols.meta))
     if name in ("npz", "parquet"):
         if not d.path:
             raise ConfigError(f"dataset.path: dataset.name={name} reads the records of a file; "
                               "set dataset.path=<file>")
+        if name == "npz" and not isinstance(features, str):
+            raise ConfigError("dataset.columns.x: an NPZ file holds the features as one array; "
+                              "name it (a list of columns is for parquet and hf)")
         read = columnar.read_npz if name == "npz" else columnar.read_parquet
-        kw = dict(features=cols.x, label=cols.y, user=cols.user, owner=cols.owner,
+        kw = dict(features=features, label=cols.y, user=cols.user, owner=cols.owner,
                   meta=tuple(cols.meta))
         return read(d.path, **kw), (read(d.test_path, **kw) if d.test_path else None)
     if name == "femnist":

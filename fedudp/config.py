@@ -86,6 +86,7 @@ class DatasetName(Choice):
     # natural users (docs/your-data.md): read from dataset.path / dataset.root
     npz = "npz"
     parquet = "parquet"
+    hf = "hf"                    # a Hugging Face data set saved with save_to_disk (a folder)
     femnist = "femnist"
     shakespeare = "shakespeare"
     cifar10 = "cifar10"
@@ -94,7 +95,8 @@ class DatasetName(Choice):
 
 
 # the data sets whose users (and owner sizes) come from the data, not from the plan
-NATURAL_DATASETS = ("npz", "parquet", "femnist", "shakespeare", "cifar10", "cifar100", "memory")
+NATURAL_DATASETS = ("npz", "parquet", "hf", "femnist", "shakespeare", "cifar10", "cifar100",
+                    "memory")
 
 
 class OwnerRule(Choice):
@@ -171,10 +173,11 @@ class TrainConfig:
 
 @dataclass
 class ColumnsConfig:
-    """npz / parquet: the column (array) names of the features, label, user and owner, and the
-    metadata columns kept (``partition.owner_rule=column`` groups by one of them)."""
+    """npz / parquet / hf: the column (array) names of the features (one name, or a list of
+    scalar columns), label, user and owner, and the metadata columns kept
+    (``partition.owner_rule=column`` groups by one of them)."""
 
-    x: str = "x"
+    x: Any = "x"
     y: str = "y"
     user: str = "user"
     owner: Optional[str] = None
@@ -196,6 +199,8 @@ class DatasetConfig:
     # natural users (npz, parquet: a file; femnist, shakespeare, cifar10/100: a folder, root)
     path: Optional[str] = None         # npz / parquet: the training records' file
     test_path: Optional[str] = None    # their test file (same columns); None: hold out below
+    split: str = "train"               # hf: the split read for training
+    test_split: Optional[str] = "test"  # hf: its test split (absent or null: hold out below)
     test_fraction: float = 0.2         # held out of each user's records when there is no test set
     columns: ColumnsConfig = field(default_factory=lambda: ColumnsConfig())
     coarse: bool = False               # cifar100: the 20 coarse labels instead of the 100 fine
