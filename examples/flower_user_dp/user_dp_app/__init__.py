@@ -1,0 +1,1 @@
+"""A small Flower PyTorch app with user-level DP added by fedudp.flower (see README.md)."""

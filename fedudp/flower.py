@@ -1,0 +1,318 @@
+"""User-level DP inside any Flower app (Message API, flwr 1.42): a strategy wrapper and a client
+mod (docs/flower-apps.md).
+
+Flower's own DP wrappers treat each client as one privacy unit. Here a client (an owner, a
+silo) holds many users, and the privacy unit is the user:
+
+* ``user_level_mod(users_per_client=k, personal=...)`` is a client mod. On a training message
+  it samples the client's users (Poisson at the rate the server sends, from public keyed
+  randomness), runs the app's own training step once per sampled user on that user's data
+  only, and replies with the sum of the users' clipped model updates and their count (or, for
+  an estimator that needs them, the clipped rows). The app's data loader selects a user
+  because the mod hands it a context whose ``partition-id`` is the user's global index and
+  whose ``num-partitions`` is the number of users: a Flower app that loads
+  ``partition_id`` of ``num_partitions`` needs no change. Parameters named by ``personal``
+  (fnmatch patterns) are joint DP's personal layers: they are never sent; the client keeps them
+  in ``context.state`` and restores them into every broadcast before training.
+* ``UserLevelDP(strategy, aggregator, ...)`` wraps any Flower strategy (``FedAvg``,
+  ``FedAdam``, ``FedProx``, ...). It adds the user sampling and the constraint (clip, rows or
+  sum) to every training message, merges the clients' contributions, releases one private mean
+  update with fedudp's estimator (clip + Gaussian, winsorized, outlier removal, FriendlyCore,
+  few users), composes the release in a dp-accounting ledger and hands the wrapped strategy a
+  single update (the broadcast plus the released mean), which it applies as it would a
+  client's. Before a round whose release would exceed the target ε it stops training (no more
+  training messages; evaluation rounds go on) and says so. Every round's ε is in the round's
+  metrics (``epsilon``).
+
+The user population N (the estimator's public denominator) is declared: ``num_users``; the
+sampling rate q is ``user_sampling_rate``. Both are public, as fedudp's own engine treats them.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord,
+                      RecordDict)
+from flwr.common import log
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedudp.aggregators.base import Aggregator, Constraint, Contribution
+from fedudp.privacy.accountant import Ledger, LedgerEntry, accountant_for
+from fedudp.randomness import Purpose, numpy_rng, torch_generator
+
+__all__ = ["UserLevelDP", "user_level_mod", "K_DP", "K_CONTRIB", "K_COUNTS"]
+
+# keys of the records the wrapper and the mod exchange (beside the app's own "arrays"/"config")
+K_DP = "fedudp.dp"                  # ConfigRecord in a training message
+K_CONTRIB = "fedudp.contribution"   # ArrayRecord in a reply: "sum" [d] or "rows" [n, d]
+K_COUNTS = "fedudp.counts"          # MetricRecord in a reply: "count", "clipped"
+
+
+def _flat(arrays: ArrayRecord, names: Sequence[str]) -> torch.Tensor:
+    return torch.cat([torch.from_numpy(np.asarray(arrays[k].numpy(), dtype=np.float64)).reshape(-1)
+                      for k in names]) if names else torch.zeros(0, dtype=torch.float64)
+
+
+def _unflat(vec: torch.Tensor, like: ArrayRecord, names: Sequence[str]) -> dict[str, np.ndarray]:
+    out, i = {}, 0
+    for k in names:
+        ref = like[k].numpy()
+        n = ref.size
+        out[k] = vec[i:i + n].numpy().reshape(ref.shape).astype(ref.dtype)
+        i += n
+    return out
+
+
+def _record(arrays: dict) -> ArrayRecord:
+    """An ArrayRecord of numpy arrays (or Flower ``Array``s), in the given key order."""
+    return ArrayRecord({k: v if isinstance(v, Array) else Array(np.ascontiguousarray(v))
+                        for k, v in arrays.items()})
+
+
+def _is_personal(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*")
+               for p in patterns)
+
+
+# -- server side --------------------------------------------------------------------------------
+class UserLevelDP(Strategy):
+    """User-level DP around ``strategy`` (see the module doc).
+
+    ``aggregator``: a fedudp estimator from plain values, e.g.
+    ``GaussianAggregator.calibrated(clip=1.0, epsilon=2.0, delta=1e-5, rounds=10,
+    sampling=Sampling(rate=0.2, population=num_users))``; its ``sampling`` states the public user
+    sampling rate and population. ``delta``: the ledger's δ; ``target_epsilon``: stop before a
+    release would exceed it (None: report only). ``personal``: the parameter-name patterns the
+    clients keep (never sent, never updated here). ``seed``: the keyed randomness of the user
+    sampling and the noise."""
+
+    def __init__(self, strategy: Strategy, aggregator: Aggregator, *, delta: float,
+                 target_epsilon: float | None = None, personal: Sequence[str] = (),
+                 seed: int = 0) -> None:
+        if not aggregator.private:
+            raise ValueError("UserLevelDP needs a private estimator (its noise is the guarantee)")
+        self.strategy, self.aggregator = strategy, aggregator
+        self.delta, self.target_epsilon = float(delta), target_epsilon
+        self.personal, self.seed = tuple(personal), int(seed)
+        self.event = aggregator.dp_event()
+        self.accountant = accountant_for(self.event, aggregator.group, target_epsilon)
+        one_off = aggregator.one_off_event()
+        if one_off is not None:
+            self.accountant.compose(one_off)
+        self.ledger = Ledger(unit="user", adjacency=aggregator.adjacency, accounting="certified",
+                             guarantee=aggregator.guarantee, mechanism=aggregator.name,
+                             accountant=aggregator.accountant, delta=self.delta,
+                             target_epsilon=target_epsilon,
+                             notes=["fedudp.flower.UserLevelDP: user-level DP of the released "
+                                    "shared update; the number of users and the sampling rate "
+                                    "are public (declared)",
+                                    "released outside the guarantee: the clients' training and "
+                                    "evaluation metrics"])
+        self.ledger.extra["public"] = {"users": aggregator.sampling.population,
+                                       "user_sampling_rate": aggregator.sampling.rate}
+        self.stopped: str | None = None
+        self._sent: dict[int, ArrayRecord] = {}
+
+    @property
+    def epsilon(self) -> float:
+        return float(self.accountant.epsilon(self.delta))
+
+    def _constraint(self) -> Constraint:
+        return self.aggregator.constraint
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if self.stopped is None and self.target_epsilon is not None:
+            nxt = self.accountant.epsilon_if(self.event, self.delta)
+            if nxt > self.target_epsilon * (1 + 1e-9):
+                self.stopped = (f"budget: round {server_round}'s release would reach epsilon "
+                                f"{nxt:.4g} > target {self.target_epsilon:g}")
+        if self.stopped is not None:
+            log(WARNING, "UserLevelDP: no more training (%s)", self.stopped)
+            return []
+        self._sent[server_round] = arrays
+        c = self._constraint()
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        for m in messages:
+            m.content[K_DP] = ConfigRecord({
+                "round": int(server_round), "seed": self.seed,
+                "rate": float(self.aggregator.sampling.rate), "rows": bool(c.rows),
+                "clip": float(c.clip) if c.clip is not None else -1.0,
+                "population": int(self.aggregator.sampling.population),
+                "personal": list(self.personal) or [""]})
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        sent = self._sent.pop(server_round, None)
+        if sent is None:
+            return None, None
+        names = [k for k in sent.keys() if not _is_personal(k, self.personal)]
+        dim = sum(int(np.prod(sent[k].shape)) for k in names)
+        parts, failed = [], 0
+        for r in replies:
+            if r.has_error() or K_CONTRIB not in r.content or K_COUNTS not in r.content:
+                failed += 1          # contributes exactly zero against the public denominator
+                continue
+            rec, counts = r.content[K_CONTRIB], r.content[K_COUNTS]
+            n = int(counts["count"])
+            if "rows" in rec:
+                G = torch.from_numpy(np.asarray(rec["rows"].numpy(), dtype=np.float64))
+                parts.append(Contribution(G.reshape(-1, dim), None, n, int(counts["clipped"])))
+            else:
+                t = torch.from_numpy(np.asarray(rec["sum"].numpy(), dtype=np.float64))
+                parts.append(Contribution(None, t.reshape(dim), n, int(counts["clipped"])))
+        c = Contribution.merge(parts, dim, torch.float64, self._constraint().rows)
+        agg = self.aggregator.release(c, rng=torch_generator(self.seed, Purpose.NOISE,
+                                                             server_round))
+        self.accountant.compose(self.event)
+        eps = self.epsilon
+        self.ledger.entries.append(LedgerEntry(server_round, str(self.event),
+                                               self.aggregator.noise_multiplier,
+                                               self.aggregator.noise_std,
+                                               self.aggregator.sampling.rate, eps,
+                                               self.accountant.epsilon_rdp(self.delta)))
+        new = _flat(sent, names) + agg.mean.to(torch.float64)
+        updated = _unflat(new, sent, names)
+        arrays = _record({k: updated.get(k, sent[k]) for k in sent.keys()})
+        # the wrapped strategy applies the one private update as it would a client's model
+        inner_arrays, inner_metrics = self.strategy.aggregate_train(server_round, [Message(
+            RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})}),
+            reply_to=replies[0] if replies else None)] if replies else [])
+        metrics = MetricRecord({"epsilon": eps, "users": int(c.count), "failed_clients": failed,
+                                "delta": self.delta})
+        log(INFO, "UserLevelDP round %s: %s users, epsilon %.4f (delta %g)", server_round,
+            c.count, eps, self.delta)
+        if inner_metrics is not None:
+            for k, v in inner_metrics.items():
+                if k not in metrics:
+                    metrics[k] = v
+        return (inner_arrays if inner_arrays is not None else arrays), metrics
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
+                           ) -> MetricRecord | None:
+        return self.strategy.aggregate_evaluate(server_round, replies)
+
+    def summary(self) -> None:
+        log(INFO, "UserLevelDP: estimator %s, %d releases, epsilon %.4f at delta %g%s",
+            self.aggregator.name, len(self.ledger.entries), self.epsilon, self.delta,
+            f" ({self.stopped})" if self.stopped else "")
+        self.strategy.summary()
+
+
+# -- client side --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Round:
+    round: int
+    seed: int
+    rate: float
+    rows: bool
+    clip: float | None
+    personal: tuple[str, ...]
+    population: int
+
+
+def _round_of(msg: Message) -> _Round:
+    r = msg.content[K_DP]
+    clip = float(r["clip"])
+    return _Round(int(r["round"]), int(r["seed"]), float(r["rate"]), bool(r["rows"]),
+                  None if clip < 0 else clip, tuple(p for p in r["personal"] if p),
+                  int(r["population"]))
+
+
+def sampled_users(users: Sequence[int], seed: int, round_: int, rate: float,
+                  population: int) -> list[int]:
+    """The users taking part this round: each independently with probability ``rate`` (Poisson),
+    from the public randomness keyed by (seed, round): the billboard's own sample of fedudp's
+    engine (``Billboard.sample``) over the ``population`` users' global indices."""
+    if rate >= 1.0:
+        return list(users)
+    mask = numpy_rng(seed, Purpose.SAMPLE, round_).random(int(population)) < rate
+    return [u for u in users if mask[int(u)]]
+
+
+def user_level_mod(users_per_client: int, *, personal: Sequence[str] = (),
+                   users_of: Callable[[Context], Sequence[int]] | None = None):
+    """A Flower client mod (see the module doc). ``users_per_client``: the users each client
+    holds (client with partition-id p holds users p·k .. p·k + k − 1 of
+    num-partitions · k); ``users_of(context)``: another rule, returning the client's global user
+    indices. ``personal``: parameter-name patterns kept on the client."""
+    k = int(users_per_client)
+    if k < 1:
+        raise ValueError(f"users_per_client must be >= 1, got {users_per_client}")
+
+    def users(context: Context) -> list[int]:
+        if users_of is not None:
+            return [int(u) for u in users_of(context)]
+        p = int(context.node_config["partition-id"])
+        return list(range(p * k, (p + 1) * k))
+
+    def mod(msg: Message, context: Context, call_next) -> Message:
+        if msg.metadata.message_type != "train" or K_DP not in msg.content:
+            return call_next(msg, context)
+        rnd = _round_of(msg)
+        patterns = tuple(personal) or rnd.personal
+        arrays_key = next(iter(msg.content.array_records.keys()))
+        sent = msg.content[arrays_key]
+        keep = context.state.get("fedudp.personal") if "fedudp.personal" in context.state else None
+        base = _record({k2: (keep[k2] if keep is not None and k2 in keep.keys()
+                             and _is_personal(k2, patterns) else sent[k2])
+                        for k2 in sent.keys()})
+        names = [k2 for k2 in base.keys() if not _is_personal(k2, patterns)]
+        start = _flat(base, names)
+        total = int(context.node_config.get("num-partitions", 1)) * k
+        if users_of is None and total != rnd.population:
+            return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, (
+                f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
+                f"{k} users per client = {total} users, but the server's estimator is "
+                f"calibrated for {rnd.population}")), reply_to=msg)
+        total = rnd.population
+        rows, last = [], None
+        for u in sampled_users(users(context), rnd.seed, rnd.round, rnd.rate, total):
+            content = RecordDict({key: (base if key == arrays_key else rec)
+                                  for key, rec in msg.content.items() if key != K_DP})
+            user_ctx = Context(run_id=context.run_id, node_id=context.node_id,
+                               node_config={**context.node_config, "partition-id": int(u),
+                                            "num-partitions": int(total)},
+                               state=context.state, run_config=context.run_config)
+            # the app's own training step, on user u's data only (partition u of ``total``)
+            reply = call_next(_copy_with(msg, content), user_ctx)
+            if reply.has_error():
+                return reply
+            got = reply.content[next(iter(reply.content.array_records.keys()))]
+            rows.append(_flat(got, names) - start)
+            last = got
+        G = torch.stack(rows) if rows else torch.zeros(0, len(start), dtype=torch.float64)
+        c = Constraint(rows=rnd.rows, clip=rnd.clip).apply(G)
+        if patterns and last is not None:          # personal layers stay here, never sent
+            context.state["fedudp.personal"] = _record(
+                {k2: last[k2] for k2 in last.keys() if _is_personal(k2, patterns)})
+        out = RecordDict({K_COUNTS: MetricRecord({"count": int(c.count), "clipped": int(c.clipped)})})
+        if rnd.rows:
+            rows_out = c.rows if c.rows is not None else torch.zeros(0, len(start))
+            out[K_CONTRIB] = _record({"rows": rows_out.to(torch.float64).numpy()})
+        else:
+            out[K_CONTRIB] = _record({"sum": c.total.to(torch.float64).numpy()})
+        return Message(out, reply_to=msg)
+
+    return mod
+
+
+def _copy_with(msg: Message, content: RecordDict) -> Message:
+    """``msg`` with another content (same metadata), for the app's own training step."""
+    import copy
+    m = copy.copy(msg)
+    m.content = content
+    return m
