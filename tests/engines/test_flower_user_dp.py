@@ -11,9 +11,7 @@ import sys
 from pathlib import Path
 
 import dp_accounting
-import numpy as np
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "flower_user_dp"))

@@ -1,7 +1,6 @@
 """The ClientApp: Flower's PyTorch quickstart shape. The one fedudp line is the mod."""
 from __future__ import annotations
 
-import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
