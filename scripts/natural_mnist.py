@@ -13,6 +13,8 @@ Construction (all from ``--seed``):
 
     .venv/bin/python scripts/natural_mnist.py --data-root DATA --out /tmp/natural/mnist.npz
     # prints the public numbers to declare (public.users, public.owner_capacity, ...)
+    .venv/bin/python scripts/natural_mnist.py --report RUNS --plot OUT.png
+    # accuracy per round of every run below RUNS (one line per method and epsilon)
 """
 from __future__ import annotations
 
@@ -55,11 +57,34 @@ def build(data_root: str, dataset: str, users: int, median: float, max_records: 
             "owner": owner_of_user[user]}
 
 
+def plot(runs: str, out: str) -> None:
+    """Mean test accuracy over owners per round, one line per run (method, epsilon)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for summary in sorted(Path(runs).rglob("summary.json")):
+        s = json.loads(summary.read_text())
+        rows = [json.loads(x) for x in (summary.parent / "metrics.jsonl").read_text().splitlines()]
+        label = s["method"] + (f", eps = {s['target_epsilon']:g}" if s["target_epsilon"] else "")
+        ax.plot([r["round"] for r in rows], [r["accuracy_mean"] for r in rows], marker=".",
+                label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy, mean over owners")
+    ax.set_title("natural users from MNIST: 2,000 users of 1-107 records, 32 unequal owners")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-root", required=True, help="folder with the MNIST IDX files")
+    ap.add_argument("--report", help="a sweep folder: plot its runs (with --plot) and stop")
+    ap.add_argument("--plot", help="the PNG to write with --report")
+    ap.add_argument("--data-root", help="folder with the MNIST IDX files")
     ap.add_argument("--dataset", default="mnist", choices=["mnist", "fashion_mnist"])
-    ap.add_argument("--out", required=True, help="the NPZ file to write")
+    ap.add_argument("--out", help="the NPZ file to write")
     ap.add_argument("--users", type=int, default=2000)
     ap.add_argument("--median", type=float, default=5.0)
     ap.add_argument("--max-records", type=int, default=500)
@@ -67,6 +92,11 @@ def main() -> None:
     ap.add_argument("--owners", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    if a.report:
+        plot(a.report, a.plot or "natural_mnist.png")
+        return
+    if not a.data_root or not a.out:
+        ap.error("--data-root and --out are required to build the federation")
     arrays = build(a.data_root, a.dataset, a.users, a.median, a.max_records, a.label_alpha,
                    a.owners, a.seed)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

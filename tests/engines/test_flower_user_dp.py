@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "flower_user_dp"))
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]   # Ray simulations: ~1 min each
 
 
 def simulate(server_app, client_app, clients: int = 4) -> None:
