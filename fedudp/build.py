@@ -528,7 +528,8 @@ def owner_training(cfg: RunConfig) -> OwnerTraining:
         SharedUpdate(t.shared_update).value, OwnerWeights(t.owner_weights).value,
         dpsgd_records=bool(cfg.privacy.group_privacy),
         dpsgd_capacity=tuple(int(c) for c in capacity),
-        public_owner_records=tuple(int(r) for r in records))
+        public_owner_records=tuple(int(r) for r in records),
+        sort_users=natural(cfg))
 
 
 def owners(cfg: RunConfig, hooks: OwnerHooks | None = None, net: SplitModel | None = None,

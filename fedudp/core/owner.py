@@ -59,6 +59,10 @@ class OwnerTraining:
     # each owner's PUBLIC record count (global owner id): the ``owner_weights=size`` weights of
     # owner-side DP-SGD's deltas (the actual counts would be data the billboard reads)
     public_owner_records: tuple[int, ...] | None = None
+    # users of unequal sizes (natural federations): vmap the cohort in chunks of users sorted by
+    # record count, so a chunk's steps follow its largest user with little padding
+    # (docs/results/natural_speed); rows are handed on in the cohort's order
+    sort_users: bool = False
 
 
 def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
@@ -145,6 +149,8 @@ class Owners:
         ``spec.feedback`` (paper mode, owner level), at the user's owner's own parameters.
         """
         spec, names = self.training.user, self.spec.shared
+        if self.training.sort_users and len(users) > 1:
+            users = users[np.argsort(np.diff(fed.user_offsets)[users], kind="stable")]
         units = user_units(fed, users)
         delta = self.training.mode == SharedUpdate.delta.value
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size if delta else None):
@@ -239,6 +245,17 @@ class Owners:
             else:
                 w = np.diff(fed.owner_offsets)[units].astype(np.float64)
             return make_reply(G, self.spec.shared, constraint, weights=w)
+        if constraint.rows and self.training.sort_users and self.spec.unit != Unit.owner:
+            # sorted chunks: the rows go to the estimator in the cohort's own order
+            got = list(self.user_vectors(fed, shared, personal, units, round_))
+            if not got:
+                return make_reply(torch.zeros(0, self.shared_dim, dtype=self.dtype),
+                                  self.spec.shared, constraint)
+            done = np.concatenate([u for u, _ in got])
+            G = torch.cat([g for _, g in got])
+            where = {int(u): i for i, u in enumerate(done)}
+            G = G[torch.from_numpy(np.array([where[int(u)] for u in units], dtype=np.int64))]
+            return make_reply(G, self.spec.shared, constraint)
         parts = [make_reply(G, self.spec.shared, constraint)
                  for G in self.unit_vectors(fed, shared, personal, units, round_)]
         c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
