@@ -301,3 +301,23 @@ def test_users_sorted_by_size_give_the_same_reply(npz, rows):
     else:
         torch.testing.assert_close(a.total, b.total, rtol=0, atol=1e-12)
         assert a.clipped == b.clipped
+
+
+@pytest.mark.parametrize("aggregator,extra", [("outlier_removal", {}), ("friendlycore", {}),
+                                              ("few_users", {"estimator.tries": 20.0})])
+def test_every_row_estimator_runs_on_a_natural_federation(tmp_path, aggregator, extra):
+    """The seed estimators need thousands of users for their proofs: 3,000 users of 1-4
+    records in 12 owners of unequal sizes, one round, every user."""
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(1, 5, size=3000).tolist()
+    owners = np.sort(rng.integers(0, 12, size=3000)).tolist()
+    path = write_npz(tmp_path / "many.npz", sizes, owners)
+    first = np.unique(np.asarray(owners), return_counts=True)[1]
+    cfg = npz_cfg(path, method="full_dp", aggregator=aggregator,
+                  **{"partition.num_owners": 12, "public.users": 3000,
+                     "public.owner_capacity": int(first.max()), "public.records_per_user": 4,
+                     "privacy.epsilon": 8.0, "train.rounds": 1, "dataset.test_fraction": 0.0,
+                     **extra})
+    res = fedudp.simulate(cfg)
+    assert res.rounds_completed == 1 and res.summary["aggregator"] == aggregator
+    assert 0 < res.epsilon <= 8.0 * (1 + 1e-6) and res.summary["num_users"] == 3000
