@@ -31,6 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from fedudp.models.validate import fast_per_record
+
 
 def _owner_modules(model: nn.Module) -> dict[str, nn.Module]:
     """Module path -> module, for the modules that own parameters directly."""
@@ -43,16 +45,9 @@ def _join(path: str, leaf: str) -> str:
 
 
 def supported(model: nn.Module, names: tuple[str, ...]) -> bool:
-    """Every module owning one of ``names`` is a Linear, or a Conv2d with groups = 1."""
-    mods = _owner_modules(model)
-    for n in names:
-        mod = mods.get(n.rpartition(".")[0])
-        if mod is None or type(mod) not in (nn.Linear, nn.Conv2d):
-            return False
-        if isinstance(mod, nn.Conv2d) and (mod.groups != 1 or mod.padding_mode != "zeros"
-                                           or isinstance(mod.padding, str)):
-            return False
-    return True
+    """Every module owning one of ``names`` is a Linear, or a Conv2d with groups = 1 (the rule
+    is the models layer's, ``fedudp.models.validate.fast_per_record``, where it is documented)."""
+    return fast_per_record(model, names)
 
 
 def per_record_gradients(model: nn.Module, params: Mapping[str, torch.Tensor],

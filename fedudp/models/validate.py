@@ -176,9 +176,8 @@ def fast_per_record(model: nn.Module, names: Iterable[str] | None = None) -> boo
     """Whether DP-SGD's one-pass per-record gradients (``fedudp.core.per_sample``) cover the
     parameters ``names`` (all of the model's when None): each sits in a module that is exactly
     an ``nn.Linear``, or an ``nn.Conv2d`` with groups = 1, zero padding and numeric padding.
-    False means the vmap path. (The same rule as ``fedudp.core.per_sample.supported``, written
-    here because models sit below core and may not import it, even inside a function;
-    tests/models/test_models.py checks the two agree.)"""
+    False means the vmap path. ``fedudp.core.per_sample.supported`` applies this rule (core
+    sits above models)."""
     owners = {name: mod for name, mod in model.named_modules()
               if any(True for _ in mod.parameters(recurse=False))}
     names = tuple(n for n, _ in model.named_parameters()) if names is None else tuple(names)
