@@ -1,6 +1,9 @@
 """The ServerApp: Flower's FedAvg, wrapped by fedudp's UserLevelDP (the fedudp lines marked)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
@@ -13,7 +16,7 @@ app = ServerApp()
 RESULT: dict = {}          # the last run's strategy (tests read its ledger)
 # pyproject.toml's [tool.flwr.app.config] (flwr run passes it; run_simulation passes none)
 DEFAULTS = {"num-server-rounds": 3, "num-clients": 4, "lr": 0.5, "clip": 1.0, "epsilon": 4.0,
-            "delta": 1e-5, "user-rate": 0.5}
+            "delta": 1e-5, "user-rate": 0.5, "output-dir": ""}
 
 
 @app.main()
@@ -30,3 +33,8 @@ def main(grid: Grid, context: Context) -> None:
     RESULT["strategy"] = strategy
     strategy.start(grid=grid, initial_arrays=ArrayRecord(make_model().state_dict()),
                    num_rounds=rounds, train_config=ConfigRecord({"lr": float(rc["lr"])}))
+    if rc.get("output-dir"):          # the ledger, for whoever ran it (flwr run --run-config)
+        out = Path(str(rc["output-dir"]))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ledger.json").write_text(json.dumps(strategy.ledger.to_dict(), indent=1,
+                                                    default=str))
