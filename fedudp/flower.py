@@ -120,6 +120,38 @@ class UserLevelDP(Strategy):
         self.stopped: str | None = None
         self._sent: dict[int, ArrayRecord] = {}
 
+    @classmethod
+    def from_run_config(cls, strategy: Strategy, run_config, initial_arrays: ArrayRecord,
+                        personal: Sequence[str] = ()) -> "UserLevelDP":
+        """The wrapper configured through Flower's run config alone
+        (``[tool.flwr.app.config]`` / ``--run-config``): every key ``fedudp.<key>`` is a fedudp
+        config key (``fedudp.aggregator``, ``fedudp.privacy.epsilon``, ``fedudp.privacy.delta``,
+        ``fedudp.privacy.clip``, ``fedudp.privacy.noise_multiplier``,
+        ``fedudp.train.sampling_rate`` (the user rate q), ``fedudp.train.rounds``,
+        ``fedudp.public.users`` (N), ``fedudp.estimator.*``, ``fedudp.seed``); the estimator is
+        calibrated by fedudp's config builder over the shared parameters of ``initial_arrays``
+        (those not matching ``personal``)."""
+        from fedudp import build
+        from fedudp.aggregators.base import Sampling
+        from fedudp.config import config_from_overrides
+        over = {k[len("fedudp."):]: v for k, v in dict(run_config).items()
+                if str(k).startswith("fedudp.") and k != "fedudp.users-per-client"}   # the mod's
+        if "public.users" not in over:
+            raise ValueError("fedudp.public.users: declare the number of users N in the run "
+                             "config (the estimator's public population)")
+        # the app's own data: its public numbers are the declared ones (records per user: 1
+        # unless declared, for the estimators that derive a radius from it)
+        over = {"dataset.name": "memory", "public.records_per_user": 1,
+                "public.owner_capacity": over["public.users"], **over}
+        cfg = config_from_overrides({"method": "full_dp", **over})
+        build.check(cfg)
+        s = build.settings(cfg)
+        dim = sum(int(np.prod(initial_arrays[k].shape)) for k in initial_arrays.keys()
+                  if not _is_personal(k, personal))
+        agg = build.estimator(cfg, Sampling(s.sampling_rate, int(cfg.public.users)), s.rounds, dim)
+        return cls(strategy, agg, delta=float(s.delta), target_epsilon=s.target_epsilon,
+                   personal=personal, seed=s.seed)
+
     @property
     def epsilon(self) -> float:
         return float(self.accountant.epsilon(self.delta))
@@ -243,20 +275,28 @@ def sampled_users(users: Sequence[int], seed: int, round_: int, rate: float,
     return [u for u in users if mask[int(u)]]
 
 
-def user_level_mod(users_per_client: int, *, personal: Sequence[str] = (),
+def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[str] = (),
                    users_of: Callable[[Context], Sequence[int]] | None = None):
     """A Flower client mod (see the module doc). ``users_per_client``: the users each client
     holds (client with partition-id p holds users p·k .. p·k + k − 1 of
-    num-partitions · k); ``users_of(context)``: another rule, returning the client's global user
-    indices. ``personal``: parameter-name patterns kept on the client."""
-    k = int(users_per_client)
-    if k < 1:
+    num-partitions · k), unless the run config sets ``fedudp.users-per-client``.
+    ``users_of(context)``: another rule, returning the client's global user indices.
+    ``personal``: parameter-name patterns kept on the client."""
+    if users_per_client is not None and int(users_per_client) < 1:
         raise ValueError(f"users_per_client must be >= 1, got {users_per_client}")
+
+    def per_client(context: Context) -> int:
+        if "fedudp.users-per-client" in context.run_config:     # the run config decides
+            return int(context.run_config["fedudp.users-per-client"])
+        if users_per_client is None:
+            raise ValueError("user_level_mod: set fedudp.users-per-client in the run config "
+                             "or users_per_client=")
+        return int(users_per_client)
 
     def users(context: Context) -> list[int]:
         if users_of is not None:
             return [int(u) for u in users_of(context)]
-        p = int(context.node_config["partition-id"])
+        p, k = int(context.node_config["partition-id"]), per_client(context)
         return list(range(p * k, (p + 1) * k))
 
     def mod(msg: Message, context: Context, call_next) -> Message:
@@ -272,11 +312,11 @@ def user_level_mod(users_per_client: int, *, personal: Sequence[str] = (),
                         for k2 in sent.keys()})
         names = [k2 for k2 in base.keys() if not _is_personal(k2, patterns)]
         start = _flat(base, names)
-        total = int(context.node_config.get("num-partitions", 1)) * k
+        total = int(context.node_config.get("num-partitions", 1)) * per_client(context)
         if users_of is None and total != rnd.population:
             return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, (
                 f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
-                f"{k} users per client = {total} users, but the server's estimator is "
+                f"{per_client(context)} users per client = {total} users, but the server's estimator is "
                 f"calibrated for {rnd.population}")), reply_to=msg)
         total = rnd.population
         rows, last = [], None

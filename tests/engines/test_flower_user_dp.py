@@ -32,7 +32,7 @@ def test_the_example_app_is_user_level_dp_with_a_direct_epsilon():
     simulate(server_app.app, client_app.app)
     strategy = server_app.RESULT["strategy"]
     d = server_app.DEFAULTS
-    assert len(strategy.ledger.entries) == d["num-server-rounds"]
+    assert len(strategy.ledger.entries) == d["fedudp.train.rounds"]
     z = strategy.aggregator.noise_multiplier
     # the ledger's epsilon, recomputed directly: 3 Poisson(0.5)-sampled Gaussian releases
     acc = dp_accounting.pld.PLDAccountant()
@@ -40,7 +40,7 @@ def test_the_example_app_is_user_level_dp_with_a_direct_epsilon():
         dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 3))
     direct = acc.get_epsilon(1e-5)
     assert strategy.ledger.entries[-1].epsilon == pytest.approx(direct, rel=1e-3)
-    assert direct <= d["epsilon"] * (1 + 1e-6)
+    assert direct <= d["fedudp.privacy.epsilon"] * (1 + 1e-6)
     assert strategy.ledger.extra["public"] == {"users": 40, "user_sampling_rate": 0.5}
 
 

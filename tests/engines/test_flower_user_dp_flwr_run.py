@@ -35,7 +35,7 @@ def test_the_example_runs_under_flwr_run(tmp_path):
     flwr = shutil.which("flwr", path=bindir)
     try:
         run = subprocess.run([flwr, "run", ".", "--stream", "--run-config",
-                              f"num-server-rounds=2 output-dir='{out}'"], cwd=app, env=env,
+                              f"fedudp.train.rounds=2 output-dir='{out}'"], cwd=app, env=env,
                              capture_output=True, text=True, timeout=480)
         log = run.stdout + run.stderr
         assert run.returncode == 0, log[-4000:]
@@ -100,7 +100,7 @@ def test_the_example_runs_on_the_deployment_engine(tmp_path):
                 env=env, cwd=tmp_path, stdout=open(tmp_path / f"supernode{p}.log", "w"),
                 stderr=subprocess.STDOUT))
         run = subprocess.run([shutil.which("flwr", path=bindir), "run", ".", "deploy", "--stream",
-                              "--run-config", f"num-server-rounds=2 num-clients=2 output-dir='{out}'"],
+                              "--run-config", f"fedudp.train.rounds=2 fedudp.public.users=20 output-dir='{out}'"],
                              cwd=app, env=env, capture_output=True, text=True, timeout=420)
         log = run.stdout + run.stderr
         logs = "".join((tmp_path / f).read_text()[-1500:] for f in

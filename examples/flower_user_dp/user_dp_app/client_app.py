@@ -7,7 +7,7 @@ from flwr.clientapp import ClientApp
 from fedudp.flower import user_level_mod                                   # fedudp
 from user_dp_app.task import evaluate, load_data, make_model, train
 
-app = ClientApp(mods=[user_level_mod(users_per_client=10)])                # fedudp
+app = ClientApp(mods=[user_level_mod(users_per_client=10)])   # fedudp (the run config may set it)
 
 
 @app.train()
