@@ -54,3 +54,63 @@ def test_the_release_is_the_mean_of_the_users_clipped_updates():
     p = subprocess.run([sys.executable, str(Path(__file__).with_name("flower_release_check.py"))],
                        capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert p.returncode == 0 and p.stdout.strip().endswith("release ok"), p.stderr[-3000:]
+
+
+def test_personal_layers_never_leave_the_clients():
+    """With the output layer personal (``personal=["2.*"]`` on both sides), every reply the
+    server receives carries only the shared layers' clipped sum (its length the shared
+    dimension) and counts: no personal name, no personal-sized array; the server never moves
+    the personal layer; the clients keep theirs in ``context.state``."""
+    from flwr.app import ArrayRecord, ConfigRecord, Context
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+
+    from fedudp.aggregators import GaussianAggregator, Sampling
+    from fedudp.flower import K_CONTRIB, UserLevelDP, user_level_mod
+    from user_dp_app import client_app
+    from user_dp_app.task import make_model
+
+    personal = ["2.*"]
+    app_client = ClientApp(mods=[user_level_mod(users_per_client=10, personal=personal)])
+    app_client.train()(client_app.train_fn)
+    got, out = [], {}
+    app = ServerApp()
+
+    class Recorder:
+        def __init__(self, grid):
+            self._grid = grid
+
+        def __getattr__(self, name):
+            return getattr(self._grid, name)
+
+        def send_and_receive(self, messages, timeout=None):
+            replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+            got.extend(replies)
+            return replies
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        agg = GaussianAggregator(1.0, 1.0, Sampling(0.5, 30))
+        s = UserLevelDP(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), agg, delta=1e-5,
+                        personal=personal, seed=3)
+        init = ArrayRecord(make_model().state_dict())
+        res = s.start(grid=Recorder(grid), initial_arrays=init, num_rounds=2,
+                      train_config=ConfigRecord({"lr": 0.5}))
+        out["init"], out["final"] = init, res.arrays
+
+    simulate(app, app_client, 3)
+    model = make_model()
+    shared_dim = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("2."))
+    personal_names = [n for n, _ in model.named_parameters() if n.startswith("2.")]
+    assert len(got) == 6                                 # 3 clients x 2 rounds
+    for msg in got:
+        assert not msg.has_error()
+        assert set(msg.content.keys()) == {K_CONTRIB, "fedudp.counts"}
+        arrays = msg.content[K_CONTRIB]
+        assert list(arrays.keys()) == ["sum"] and arrays["sum"].shape == (shared_dim,)
+        assert not any(name in str(msg.content) for name in personal_names)
+    for name in personal_names:                           # the server never moves them
+        assert (out["final"][name].numpy() == out["init"][name].numpy()).all()
+    assert any((out["final"][k].numpy() != out["init"][k].numpy()).any()
+               for k in out["init"].keys() if k not in personal_names)
