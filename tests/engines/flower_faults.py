@@ -63,3 +63,19 @@ def inject(monkeypatch, faults: dict[tuple[int, int], str]) -> None:
 
     monkeypatch.setattr(flower_wire, "run_record", run_record)
     monkeypatch.setattr(flower_client, "client_app", faulty_client_app())
+
+
+class SendRecorder:
+    """A server grid that keeps every reply of ``send_and_receive`` in ``got`` (the keyword form
+    Flower's strategies use: ``send_and_receive(messages=..., timeout=...)``)."""
+
+    def __init__(self, grid, got: list) -> None:
+        self._grid, self._got = grid, got
+
+    def __getattr__(self, name):
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        self._got.extend(replies)
+        return replies

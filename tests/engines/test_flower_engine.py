@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import tiny_cfg
-from flower_faults import inject
+from flower_faults import SendRecorder, inject
 import fedudp.run
 from fedudp.config import RunConfig, config_from_json, config_from_overrides, config_to_json
 from fedudp.engines import flower
@@ -279,21 +279,9 @@ def test_a_foreign_server_gets_a_clear_failure(tmp_path):
     got: list = []
     app = ServerApp()
 
-    class Recorder:                      # Flower's strategies call send_and_receive(messages=...)
-        def __init__(self, grid):
-            self._grid = grid
-
-        def __getattr__(self, name):
-            return getattr(self._grid, name)
-
-        def send_and_receive(self, messages, timeout=None):
-            replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-            got.extend(replies)
-            return replies
-
     @app.main()
     def main(grid: Grid, context: AppContext) -> None:
-        recording = Recorder(grid)
+        recording = SendRecorder(grid, got)
         FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=2).start(
             grid=recording, initial_arrays=ArrayRecord({"w": torch.zeros(3)}), num_rounds=1,
             train_config=ConfigRecord({"lr": 0.1}))

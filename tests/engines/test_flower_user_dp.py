@@ -68,6 +68,7 @@ def test_personal_layers_never_leave_the_clients():
 
     from fedudp.aggregators import GaussianAggregator, Sampling
     from fedudp.flower import K_CONTRIB, UserLevelDP, user_level_mod
+    from flower_faults import SendRecorder
     from user_dp_app import client_app
     from user_dp_app.task import make_model
 
@@ -77,25 +78,13 @@ def test_personal_layers_never_leave_the_clients():
     got, out = [], {}
     app = ServerApp()
 
-    class Recorder:
-        def __init__(self, grid):
-            self._grid = grid
-
-        def __getattr__(self, name):
-            return getattr(self._grid, name)
-
-        def send_and_receive(self, messages, timeout=None):
-            replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-            got.extend(replies)
-            return replies
-
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         agg = GaussianAggregator(1.0, 1.0, Sampling(0.5, 30))
         s = UserLevelDP(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), agg, delta=1e-5,
                         personal=personal, seed=3)
         init = ArrayRecord(make_model().state_dict())
-        res = s.start(grid=Recorder(grid), initial_arrays=init, num_rounds=2,
+        res = s.start(grid=SendRecorder(grid, got), initial_arrays=init, num_rounds=2,
                       train_config=ConfigRecord({"lr": 0.5}))
         out["init"], out["final"] = init, res.arrays
 

@@ -18,6 +18,17 @@ from test_flower_flwr_run import _free_port, _stop
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def flwr_env(home: Path) -> tuple[str, dict]:
+    """(the venv's bin folder, the environment for Flower's commands): this venv first on PATH,
+    a fresh FLWR_HOME, no telemetry, no runtime dependency installation."""
+    bindir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "RAY_"))}
+    env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(Path(bindir).parent),
+               FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    return bindir, env
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_example_runs_under_flwr_run(tmp_path):
@@ -25,12 +36,8 @@ def test_the_example_runs_under_flwr_run(tmp_path):
     shutil.copytree(ROOT / "examples" / "flower_user_dp", app)
     home, out = tmp_path / "flwr_home", tmp_path / "out"
     home.mkdir()
-    bindir = str(Path(sys.executable).parent)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "RAY_"))}
-    env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(Path(bindir).parent),
-               FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
+    bindir, env = flwr_env(home)
+    env.update(FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
                FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()))
     flwr = shutil.which("flwr", path=bindir)
     try:
@@ -79,11 +86,7 @@ def test_the_example_runs_on_the_deployment_engine(tmp_path):
                 'insecure = true\n')
     home, out = tmp_path / "flwr_home", tmp_path / "out"
     home.mkdir()
-    bindir = str(Path(sys.executable).parent)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "RAY_"))}
-    env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(Path(bindir).parent),
-               FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    bindir, env = flwr_env(home)
     procs = []
     try:
         procs.append(subprocess.Popen(
