@@ -148,7 +148,8 @@ class UserLevelDP(Strategy):
         s = build.settings(cfg)
         dim = sum(int(np.prod(initial_arrays[k].shape)) for k in initial_arrays.keys()
                   if not _is_personal(k, personal))
-        agg = build.estimator(cfg, Sampling(s.sampling_rate, int(cfg.public.users)), s.rounds, dim)
+        agg = build.estimator(cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds,
+                              dim)
         return cls(strategy, agg, delta=float(s.delta), target_epsilon=s.target_epsilon,
                    personal=personal, seed=s.seed)
 
