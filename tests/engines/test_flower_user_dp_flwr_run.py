@@ -18,6 +18,16 @@ from test_flower_flwr_run import _free_port, _stop
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def assert_direct_epsilon(ledger: dict) -> None:
+    """The ledger's ε after its 2 releases equals dp-accounting's PLD for 2 Poisson(0.5)-sampled
+    Gaussian releases at its noise multiplier, δ = 1e-5 (the example's run config)."""
+    z = ledger["entries"][-1]["noise_multiplier"]
+    acc = dp_accounting.pld.PLDAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 2))
+    assert ledger["entries"][-1]["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
+
+
 def flwr_env(home: Path) -> tuple[str, dict]:
     """(the venv's bin folder, the environment for Flower's commands): this venv first on PATH,
     a fresh FLWR_HOME, no telemetry, no runtime dependency installation."""
@@ -51,11 +61,7 @@ def test_the_example_runs_under_flwr_run(tmp_path):
         assert [r["status"] for r in json.loads(ls.stdout)["runs"]] == ["finished:completed"], log[-4000:]
         ledger = json.loads((out / "ledger.json").read_text())
         assert len(ledger["entries"]) == 2 and ledger["unit"] == "user"
-        z = ledger["entries"][-1]["noise_multiplier"]
-        acc = dp_accounting.pld.PLDAccountant()
-        acc.compose(dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 2))
-        assert ledger["entries"][-1]["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
+        assert_direct_epsilon(ledger)
     finally:
         assert _stop(str(home)) == [], "processes left behind"
 
@@ -111,11 +117,7 @@ def test_the_example_runs_on_the_deployment_engine(tmp_path):
         assert run.returncode == 0 and (out / "ledger.json").is_file(), log[-3000:] + logs
         ledger = json.loads((out / "ledger.json").read_text())
         assert len(ledger["entries"]) == 2 and ledger["extra"]["public"]["users"] == 20
-        z = ledger["entries"][-1]["noise_multiplier"]
-        acc = dp_accounting.pld.PLDAccountant()
-        acc.compose(dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 2))
-        assert ledger["entries"][-1]["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
+        assert_direct_epsilon(ledger)
     finally:
         for p in procs:
             p.terminate()
