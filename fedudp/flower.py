@@ -12,8 +12,14 @@ silo) holds many users, and the privacy unit is the user:
   because the mod hands it a context whose ``partition-id`` is the user's global index and
   whose ``num-partitions`` is the number of users: a Flower app that loads
   ``partition_id`` of ``num_partitions`` needs no change. Parameters named by ``personal``
-  (fnmatch patterns) are joint DP's personal layers: they are never sent; the client keeps them
-  in ``context.state`` and restores them into every broadcast before training.
+  (fnmatch patterns) are joint DP's personal layers: they are never sent. Each user's update
+  is computed at the broadcast, whose personal layers are the server's untouched initial
+  (public) values, so that a user's update depends on the broadcast and that user's records
+  only (fedudp's certified joint DP, docs/algorithms.md#certified-vs-paper-accounting). The
+  client's own personal layers are trained on all its users' records every round (the app's
+  training step once per user, in order, each starting from the previous one's personal
+  layers and the broadcast's shared ones), kept in ``context.state``, and put into every
+  evaluation message's model before the app evaluates.
 * ``UserLevelDP(strategy, aggregator, ...)`` wraps any Flower strategy (``FedAvg``,
   ``FedAdam``, ``FedProx``, ...). It adds the user sampling and the constraint (clip, rows or
   sum) to every training message, merges the clients' contributions, releases one private mean
@@ -53,6 +59,7 @@ __all__ = ["UserLevelDP", "user_level_mod", "K_DP", "K_CONTRIB", "K_COUNTS"]
 K_DP = "fedudp.dp"                  # ConfigRecord in a training message
 K_CONTRIB = "fedudp.contribution"   # ArrayRecord in a reply: "sum" [d] or "rows" [n, d]
 K_COUNTS = "fedudp.counts"          # MetricRecord in a reply: "count", "clipped"
+K_PERSONAL = "fedudp.personal"      # ArrayRecord in a client's context.state (never sent)
 
 
 def _flat(arrays: ArrayRecord, names: Sequence[str]) -> torch.Tensor:
@@ -300,46 +307,79 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
         p, k = int(context.node_config["partition-id"]), per_client(context)
         return list(range(p * k, (p + 1) * k))
 
+    def kept(context: Context) -> ArrayRecord | None:
+        return context.state[K_PERSONAL] if K_PERSONAL in context.state else None
+
+    def with_personal(arrays: ArrayRecord, keep: ArrayRecord | None) -> ArrayRecord:
+        if keep is None:
+            return arrays
+        return _record({k2: keep[k2] if k2 in keep.keys() else arrays[k2] for k2 in arrays.keys()})
+
+    def user_context(context: Context, u: int, total: int) -> Context:
+        return Context(run_id=context.run_id, node_id=context.node_id,
+                       node_config={**context.node_config, "partition-id": int(u),
+                                    "num-partitions": int(total)},
+                       state=context.state, run_config=context.run_config)
+
+    def train_as(msg: Message, arrays_key: str, arrays: ArrayRecord, context: Context, u: int,
+                 total: int, call_next) -> Message:
+        """The app's own training step on user ``u``'s data only (partition u of ``total``),
+        from ``arrays``."""
+        content = RecordDict({key: (arrays if key == arrays_key else rec)
+                              for key, rec in msg.content.items() if key != K_DP})
+        return call_next(_copy_with(msg, content), user_context(context, u, total))
+
     def mod(msg: Message, context: Context, call_next) -> Message:
         if msg.metadata.message_type != "train" or K_DP not in msg.content:
+            keep = kept(context)
+            if keep is not None and msg.content.array_records:     # evaluation: own personal
+                key = next(iter(msg.content.array_records.keys()))
+                content = RecordDict({k2: (with_personal(rec, keep) if k2 == key else rec)
+                                      for k2, rec in msg.content.items()})
+                msg = _copy_with(msg, content)
             return call_next(msg, context)
         rnd = _round_of(msg)
         patterns = tuple(personal) or rnd.personal
         arrays_key = next(iter(msg.content.array_records.keys()))
-        sent = msg.content[arrays_key]
-        keep = context.state.get("fedudp.personal") if "fedudp.personal" in context.state else None
-        base = _record({k2: (keep[k2] if keep is not None and k2 in keep.keys()
-                             and _is_personal(k2, patterns) else sent[k2])
-                        for k2 in sent.keys()})
+        # every user's update at the broadcast: its personal layers are the server's initial,
+        # public values (the server never moves them), never this client's own
+        base = msg.content[arrays_key]
         names = [k2 for k2 in base.keys() if not _is_personal(k2, patterns)]
         start = _flat(base, names)
-        total = int(context.node_config.get("num-partitions", 1)) * per_client(context)
-        if users_of is None and total != rnd.population:
-            return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, (
-                f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
-                f"{per_client(context)} users per client = {total} users, but the server's estimator is "
-                f"calibrated for {rnd.population}")), reply_to=msg)
+        if users_of is None:
+            total = int(context.node_config.get("num-partitions", 1)) * per_client(context)
+            if total != rnd.population:
+                return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, (
+                    f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
+                    f"{per_client(context)} users per client = {total} users, but the server's "
+                    f"estimator is calibrated for {rnd.population}")), reply_to=msg)
         total = rnd.population
-        rows, last = [], None
-        for u in sampled_users(users(context), rnd.seed, rnd.round, rnd.rate, total):
-            content = RecordDict({key: (base if key == arrays_key else rec)
-                                  for key, rec in msg.content.items() if key != K_DP})
-            user_ctx = Context(run_id=context.run_id, node_id=context.node_id,
-                               node_config={**context.node_config, "partition-id": int(u),
-                                            "num-partitions": int(total)},
-                               state=context.state, run_config=context.run_config)
-            # the app's own training step, on user u's data only (partition u of ``total``)
-            reply = call_next(_copy_with(msg, content), user_ctx)
+        mine = users(context)
+        outside = [u for u in mine if not 0 <= u < total]
+        if outside:
+            return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, (
+                f"user_level_mod: users_of gave user indices {outside[:5]} outside 0..{total - 1}"
+                f" (the server's estimator is calibrated for {total} users)")), reply_to=msg)
+        rows = []
+        for u in sampled_users(mine, rnd.seed, rnd.round, rnd.rate, total):
+            reply = train_as(msg, arrays_key, base, context, u, total, call_next)
             if reply.has_error():
                 return reply
             got = reply.content[next(iter(reply.content.array_records.keys()))]
             rows.append(_flat(got, names) - start)
-            last = got
         G = torch.stack(rows) if rows else torch.zeros(0, len(start), dtype=torch.float64)
         c = Constraint(rows=rnd.rows, clip=rnd.clip).apply(G)
-        if patterns and last is not None:          # personal layers stay here, never sent
-            context.state["fedudp.personal"] = _record(
-                {k2: last[k2] for k2 in last.keys() if _is_personal(k2, patterns)})
+        if patterns:          # the client's own personal layers: on all its users, never sent
+            own = kept(context)
+            for u in mine:
+                reply = train_as(msg, arrays_key, with_personal(base, own), context, u, total,
+                                 call_next)
+                if reply.has_error():
+                    return reply
+                got = reply.content[next(iter(reply.content.array_records.keys()))]
+                own = _record({k2: got[k2] for k2 in got.keys() if _is_personal(k2, patterns)})
+            if own is not None:
+                context.state[K_PERSONAL] = own
         out = RecordDict({K_COUNTS: MetricRecord({"count": int(c.count), "clipped": int(c.clipped)})})
         if rnd.rows:
             rows_out = c.rows if c.rows is not None else torch.zeros(0, len(start))

@@ -105,3 +105,31 @@ def test_personal_layers_never_leave_the_clients():
         assert (out["final"][name].numpy() == out["init"][name].numpy()).all()
     assert any((out["final"][k].numpy() != out["init"][k].numpy()).any()
                for k in out["init"].keys() if k not in personal_names)
+
+
+@pytest.mark.parametrize("aggregator", ["gaussian", "winsorized"])
+def test_the_wrapper_and_mod_equal_fedudps_own_engine(aggregator):
+    """The same federation, model, seed and calibrated estimator through Flower's FedAvg wrapped
+    by ``UserLevelDP`` with ``user_level_mod`` (tests/engines/flower_equivalence_check.py) and
+    through fedudp's own engine: the same shared parameters after 3 rounds (float32 summation
+    order apart), the same users per round, the same ledger (events, σ, ε per round)."""
+    import json
+    import subprocess
+    p = subprocess.run([sys.executable, str(Path(__file__).with_name("flower_equivalence_check.py")),
+                        aggregator, "3"], capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["shared_keys"] == got["flower_keys"]
+    assert got["moved"] > 0.1                              # the model did move, three times
+    assert got["max_abs_diff"] <= 1e-6 * max(1.0, got["moved"])
+    assert got["ours_users"] == got["flower_users"] and len(got["ours_users"]) == 3
+    if aggregator == "gaussian":
+        assert 0 < min(got["ours_users"]) < 20             # Poisson(0.6) samples of 20 users
+    else:
+        assert got["ours_users"] == [20, 20, 20]
+    assert len(got["ours"]) == len(got["flower"]) == 3
+    for a, b in zip(got["ours"], got["flower"]):
+        assert a[0] == b[0] and a[2] == b[2] and a[3] == b[3]      # round, sigma, event
+        assert a[1] == pytest.approx(b[1], rel=1e-12)              # epsilon
+    assert got["ours_epsilon"] == pytest.approx(got["flower_epsilon"], rel=1e-12)
+    assert got["ours_epsilon"] <= 8.0 * (1 + 1e-6)
