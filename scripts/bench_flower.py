@@ -1,20 +1,32 @@
-"""Benchmark: fedudp's ``engine=flower`` vs a plain Flower FedAvg app.
+"""Benchmark: fedudp's ``engine=flower`` (and ``engine=local``) vs a plain Flower FedAvg app.
 
-Both run on Flower's simulation (``run_simulation``, Ray backend, one ClientApp per owner)
-with the same model (``fedudp.build.model``), data and owners (``fedudp.build.federation``):
+The documented workload (the one ``scripts/bench_local.py`` uses): the paper CNN
+(``model.name=cnn``) on 10,000 MNIST training records split over ``n`` owners, one user per
+owner, FedAvg, every owner every round, one local epoch of minibatch SGD at batch 32 and
+lr 0.05. All sides use the same model (``fedudp.build.model``), data and owners
+(``fedudp.build.federation``):
 
-* ``fedudp``: ``fedudp.run.run`` with ``engine=flower`` (the billboard ServerApp; owners
-  reply with per-user shared vectors or, for ``aggregator=gaussian``, the sum of clipped
-  vectors and a count), every owner evaluated every round;
-* ``plain``: Flower's own ``FedAvg`` strategy (``fraction_train=fraction_evaluate=1``); the
-  ClientApp trains the full model with a plain PyTorch SGD loop (same lr, batch size and
-  epochs) on its shard and returns it; every owner evaluates every round.
+* ``plain``: Flower's own ``FedAvg`` strategy (``fraction_train=fraction_evaluate=1``) on
+  Flower's simulation (``run_simulation``, Ray backend, one ClientApp per owner); the ClientApp
+  trains the full model with a plain PyTorch SGD loop (same lr, batch size and epochs) on its
+  shard and returns it; every owner evaluates every round;
+* ``fedudp:<method>:<aggregator>``: ``fedudp.run.run`` with ``engine=flower`` on the same
+  simulation (the billboard ServerApp; owners reply with per-user shared vectors or, for
+  ``aggregator=gaussian``, the sum of clipped vectors and a count), every owner evaluated every
+  round;
+* ``local:<method>:<aggregator>``: the same fedudp run with ``engine=local`` (one process).
 
-Per-round wall time is the median over rounds 2..R (round 1 includes actor warm-up); peak
-memory is the peak of the summed RSS of every process of the run's session (driver, Ray
-raylet/GCS and workers), sampled every 0.2 s, plus the driver's own peak RSS.
+Every run is a fresh process (its own session). Repetitions are interleaved: rep 1 runs every
+config, then rep 2, ...; a run's seconds per round is the median over its rounds 2..R (round 1
+includes actor warm-up and imports); reported per config: the min and the median over the reps,
+and the ratio to ``plain`` of each. Peak memory: the peak of the summed RSS of every process of
+the run's session (driver, Ray raylet/GCS and workers), sampled every 0.2 s, and the driver's
+own peak RSS; the max over the reps.
 
-    .venv/bin/python scripts/bench_flower.py --n 16 128 512 --rounds 4
+Data: real MNIST from ``--data-root`` (or ``$FEDUDP_DATA``; ``<root>/mnist/*-idx?-ubyte[.gz]``),
+else synthetic MNIST-shaped data (``bench_local.synthetic_mnist``) read the same way.
+
+    .venv/bin/python scripts/bench_flower.py --data-root DATA --n 128 512 --rounds 3 --reps 5
 """
 from __future__ import annotations
 
@@ -38,16 +50,16 @@ sys.path.insert(0, str(ROOT))
 import fedudp  # noqa: E402,F401  (before flwr/ray: turns their telemetry off)
 
 
-def base_cfg(n: int, rounds: int, method: str, aggregator: str = "auto"):
-    from fedudp.config import RunConfig
-    cfg = RunConfig()
-    cfg.progress = False
+def base_cfg(n: int, rounds: int, method: str, aggregator: str = "auto", data_root: str = "",
+             engine: str = "flower"):
+    """The documented workload (bench_local.make_cfg) on ``engine``, one thread per process."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_local
+    cfg = bench_local.make_cfg(n, rounds, data_root, None, 1)
     cfg.method = method
     cfg.aggregator = aggregator
-    cfg.engine = "flower"
-    cfg.partition.num_owners = n
-    cfg.train.rounds = rounds
-    cfg.engine_opts.threads = 1
+    cfg.engine = engine
+    cfg.train.eval_every = 1                 # every owner evaluated every round, as plain does
     cfg.engine_opts.num_cpus = 1.0
     return cfg
 
@@ -114,7 +126,7 @@ def _plain_evaluate(msg: Message, context: Context) -> Message:
         "accuracy": acc, "loss": loss, "num-examples": int(od.x_test.shape[0])})}), reply_to=msg)
 
 
-def run_plain(n: int, rounds: int) -> dict:
+def run_plain(n: int, rounds: int, data_root: str) -> dict:
     import torch
     from flwr.app import ArrayRecord, ConfigRecord
     from flwr.serverapp import ServerApp
@@ -124,7 +136,7 @@ def run_plain(n: int, rounds: int) -> dict:
     from fedudp import build
     from fedudp.config import config_to_json as cfg_to_json
 
-    cfg = base_cfg(n, rounds, "fedavg")
+    cfg = base_cfg(n, rounds, "fedavg", data_root=data_root)
     fed = build.federation(cfg)
     model = build.model(cfg).requires_grad_(True)
     cfg_json = cfg_to_json(cfg)
@@ -186,7 +198,8 @@ def row_mean_aggregator():
     return RowMean
 
 
-def run_fedudp(n: int, rounds: int, method: str, aggregator: str) -> dict:
+def run_fedudp(n: int, rounds: int, method: str, aggregator: str, data_root: str,
+               engine: str) -> dict:
     from fedudp import aggregators
     from fedudp.config import AggregatorName
     from fedudp.run import run
@@ -196,7 +209,8 @@ def run_fedudp(n: int, rounds: int, method: str, aggregator: str) -> dict:
     elif aggregator not in [a.value for a in AggregatorName]:
         raise SystemExit(f"unknown aggregator {aggregator}")
     d = tempfile.mkdtemp(prefix="bench_fedudp_")
-    summary = run(base_cfg(n, rounds, method, aggregator), d)
+    torch.set_num_threads(1)
+    summary = run(base_cfg(n, rounds, method, aggregator, data_root, engine), d)
     rows = [json.loads(line) for line in open(Path(d) / "metrics.jsonl")]
     return {"round_seconds": [r["seconds"] for r in rows], "accuracy": summary["accuracy_mean"],
             "epsilon": summary["epsilon"]}
@@ -220,12 +234,13 @@ def _session_rss(sid: int) -> int:
     return total
 
 
-def measure(kind: str, n: int, rounds: int, method: str, aggregator: str) -> dict:
+def measure(kind: str, n: int, rounds: int, method: str, aggregator: str, data_root: str) -> dict:
     """Run one configuration in a fresh process (its own session); sample its memory."""
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     cmd = [sys.executable, __file__, "--child", kind, "--n", str(n), "--rounds", str(rounds),
-           "--method", method, "--aggregator", aggregator, "--out", path]
+           "--method", method, "--aggregator", aggregator, "--out", path,
+           "--data-root", data_root]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     peak = [0]
@@ -247,8 +262,8 @@ def measure(kind: str, n: int, rounds: int, method: str, aggregator: str) -> dic
     res = json.loads(Path(path).read_text())
     os.unlink(path)
     steady = res["round_seconds"][1:] or res["round_seconds"]
-    res.update(kind=kind, n=n, method=method if kind == "fedudp" else "fedavg (Flower FedAvg)",
-               aggregator=aggregator if kind == "fedudp" else "flower",
+    res.update(kind=kind, n=n, method=method if kind != "plain" else "fedavg (Flower FedAvg)",
+               aggregator=aggregator if kind != "plain" else "flower",
                round_s=statistics.median(steady), total_s=time.perf_counter() - t0,
                peak_rss_mb=peak[0] / 2**20)
     return res
@@ -256,12 +271,17 @@ def measure(kind: str, n: int, rounds: int, method: str, aggregator: str) -> dic
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, nargs="+", default=[16, 128, 512])
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--n", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per run (2..R counted)")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions per config")
     ap.add_argument("--configs", nargs="+",
-                    default=["plain", "fedudp:joint_dp:gaussian", "fedudp:fedavg:none"],
-                    help="plain | fedudp:<method>:<aggregator> (aggregator 'rows': per-user "
-                         "vectors sent, see RowMean)")
+                    default=["plain", "fedudp:fedavg:none", "local:fedavg:none"],
+                    help="plain | fedudp:<method>:<aggregator> (engine=flower) | "
+                         "local:<method>:<aggregator> (engine=local); aggregator 'rows': "
+                         "per-user vectors sent, see RowMean")
+    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
+                    help="folder holding <root>/mnist/ IDX files (else synthetic MNIST-shaped "
+                         "data); default: $FEDUDP_DATA")
     ap.add_argument("--json", type=str, default=None, help="write all results here")
     ap.add_argument("--child", type=str, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--method", type=str, default="joint_dp", help=argparse.SUPPRESS)
@@ -270,26 +290,58 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         n = a.n[0]
-        res = run_plain(n, a.rounds) if a.child == "plain" else \
-            run_fedudp(n, a.rounds, a.method, a.aggregator)
+        res = run_plain(n, a.rounds, a.data_root) if a.child == "plain" else \
+            run_fedudp(n, a.rounds, a.method, a.aggregator, a.data_root,
+                       "local" if a.child == "local" else "flower")
         res["driver_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         Path(a.out).write_text(json.dumps(res))
         return
-    results = []
-    print(f"{'n':>5} {'config':<32} {'s/round':>8} {'ratio':>6} {'peak MB':>8} {'driver MB':>9} {'acc':>6}")
+    if a.rounds < 2 or a.reps < 1:
+        raise SystemExit("bench_flower.py: error: --rounds must be >= 2 and --reps >= 1")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_local
+    tmp = None
+    if a.data_root and bench_local._has_mnist(Path(a.data_root)):
+        root, data = a.data_root, f"MNIST from {a.data_root}"
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="bench_mnist_")
+        root = str(bench_local.synthetic_mnist(Path(tmp.name)))
+        data = f"synthetic MNIST-shaped data (no MNIST under {a.data_root})"
+    print(f"data: {data}; model cnn, fedavg workload, {a.rounds} rounds per run (2..R counted), "
+          f"{a.reps} interleaved reps, one thread per process", flush=True)
+    runs: dict = {}
+    t_all = time.perf_counter()
     for n in a.n:
-        base = None
+        for rep in range(a.reps):
+            for c in a.configs:
+                kind, method, agg = (c.split(":") + ["", ""])[:3] if c != "plain" else ("plain", "", "")
+                r = measure(kind, n, a.rounds, method or "fedavg", agg or "auto", root)
+                runs.setdefault((n, c), []).append(r)
+                print(f"  n={n} rep {rep + 1} {c}: {r['round_s']:.2f} s/round "
+                      f"(peak {r['peak_rss_mb']:.0f} MB, {r['total_s']:.0f} s)", flush=True)
+    results = []
+    print(f"\n| n | config | s/round min | s/round median | ratio to plain (min / median) | "
+          f"peak RSS tree (MB) | driver (MB) | accuracy |\n|---|---|---|---|---|---|---|---|")
+    for n in a.n:
+        base = runs.get((n, "plain"))
         for c in a.configs:
-            kind, method, agg = (c.split(":") + ["", ""])[:3] if c != "plain" else ("plain", "", "")
-            r = measure(kind, n, a.rounds, method or "fedavg", agg or "auto")
-            if kind == "plain":
-                base = r["round_s"]
-            r["ratio_vs_plain"] = r["round_s"] / base if base else None
-            results.append(r)
-            ratio = f"{r['ratio_vs_plain']:.2f}" if r["ratio_vs_plain"] else "-"
-            acc = f"{r['accuracy']:.3f}" if r.get("accuracy") is not None else "-"
-            print(f"{n:>5} {c:<32} {r['round_s']:>8.3f} {ratio:>6} {r['peak_rss_mb']:>8.0f} "
-                  f"{r['driver_peak_rss_mb']:>9.0f} {acc:>6}", flush=True)
+            rs = runs[(n, c)]
+            per = [r["round_s"] for r in rs]
+            mn, md = min(per), statistics.median(per)
+            ratio = "-"
+            if base:
+                bp = [r["round_s"] for r in base]
+                ratio = f"{mn / min(bp):.2f} / {md / statistics.median(bp):.2f}"
+            acc = rs[-1].get("accuracy")
+            row = {"n": n, "config": c, "round_s": per, "min": mn, "median": md,
+                   "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+                   "driver_peak_rss_mb": max(r["driver_peak_rss_mb"] for r in rs),
+                   "accuracy": acc, "ratio": ratio}
+            results.append(row)
+            print(f"| {n} | {c} | {mn:.2f} | {md:.2f} | {ratio} | {row['peak_rss_mb']:.0f} | "
+                  f"{row['driver_peak_rss_mb']:.0f} | "
+                  f"{'-' if acc is None else f'{acc:.3f}'} |", flush=True)
+    print(f"\nwall time {time.perf_counter() - t_all:.0f} s", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 
