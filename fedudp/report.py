@@ -9,6 +9,8 @@ between rows are the table's first columns, the rest is said once above it. Runs
 own, never with runs that have one. An ε from heuristic accounting (``guarantee: heuristic``)
 is printed ``1.000 (heuristic)`` wherever it appears (``epsilon_display``). The Hydra callback
 prints the same table at the end of a multirun, so the quickstart ends with the comparison.
+``--plots`` (or ``--out DIR``) also writes the table as ``report.md`` with two figures beside it,
+accuracy and ε per round and the privacy–utility frontier (``fedudp.report_plots``).
 """
 from __future__ import annotations
 
@@ -193,11 +195,36 @@ def _group(summaries: list[dict]) -> tuple[dict, dict]:
     return with_cfg, without
 
 
-def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
+def groups_of(summaries: list[dict]) -> tuple[dict, dict]:
+    """The table's groups (runs that differ only in ``seed`` and ``NOT_SETTINGS``): (those with
+    a config.yaml, those without), each ``{key: (settings, runs)}``."""
+    return _group(summaries)
+
+
+def varying_keys(groups: dict) -> tuple[list[str], list[str]]:
+    """(every key some group has, the keys whose value differs between groups): the latter are
+    the table's first columns."""
     keys: list[str] = []
     for settings, _ in groups.values():
         keys += [k for k in settings if k not in keys]
     varying = [k for k in keys if len({st.get(k, _MISSING) for st, _ in groups.values()}) > 1]
+    return keys, varying
+
+
+def group_order(varying: list[str]):
+    """The table's row order: by method (per_silo, fedavg, full_dp, joint_dp), then the
+    varying keys' values, then the guarantee; a key for ``sorted`` over ``(settings, runs)``."""
+    def order(item):
+        settings, ss = item
+        method = settings.get("method", ss[0].get("method"))
+        return (METHOD_ORDER.get(str(method), 9),
+                tuple(_sortable(settings.get(k, _MISSING)) for k in varying),
+                str(ss[0].get("guarantee")))
+    return order
+
+
+def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
+    keys, varying = varying_keys(groups)
     first = next(iter(groups.values()))[0]
     common = [k for k in keys if k not in varying and k in first]
     if defaults is not None:          # a config table: the headline keys and what is not default
@@ -214,13 +241,7 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
                       "rounds"] + (["stopped"] if stops else []) + ["seconds", "runs"]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
-    def order(item):
-        settings, ss = item
-        method = settings.get("method", ss[0].get("method"))
-        return (METHOD_ORDER.get(str(method), 9),
-                tuple(_sortable(settings.get(k, _MISSING)) for k in varying),
-                str(ss[0].get("guarantee")))
-    for settings, ss in sorted(groups.values(), key=order):
+    for settings, ss in sorted(groups.values(), key=group_order(varying)):
         n = len(ss)
         eps = [s.get("epsilon") for s in ss]
         if all(e is None for e in eps):
@@ -282,8 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("folder", help="a run or sweep folder (searched recursively for summary.json)")
     ap.add_argument("--paper", choices=sorted(PAPER_LAYOUTS),
                     help="the paper's layout beside its numbers (Markdown, CSV and PNG in --out)")
-    ap.add_argument("--out", help="folder for the --paper table and plots (default: FOLDER)")
+    ap.add_argument("--plots", action="store_true",
+                    help="also write report.md (the table and the figures), curves.png (accuracy "
+                         "and ε per round, one line per row) and frontier.png (final accuracy "
+                         "against ε, one line per method) in --out")
+    ap.add_argument("--out", help="folder for the --paper or --plots files (default: FOLDER); "
+                                  "without --paper, --out implies --plots")
     a = ap.parse_args(argv)
+    if a.paper and a.plots:
+        ap.error("--plots draws the comparison table's figures; --paper draws its own layout")
     summaries = load_summaries(a.folder)
     if not summaries:
         print(f"fedudp-report: no summary.json under {a.folder}", file=sys.stderr)
@@ -293,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         print(write_paper_report(a.paper, summaries, Path(a.out or a.folder)))
         return 0
     print(comparison_table(summaries))
+    if a.plots or a.out:
+        from fedudp.report_plots import write_report
+        folder = Path(a.folder).resolve()
+        paths = write_report(summaries, Path(a.out or a.folder), name=folder.name)
+        print(f"\n(wrote {', '.join(p.name for p in paths.values())} in {paths['report'].parent})")
     return 0
 
 
