@@ -62,15 +62,34 @@ K_COUNTS = "fedudp.counts"          # MetricRecord in a reply: "count", "clipped
 K_PERSONAL = "fedudp.personal"      # ArrayRecord in a client's context.state (never sent)
 
 
+def _numpy(arr: Array) -> np.ndarray:
+    """``arr.numpy()`` without parsing the .npy header for every array (numpy parses it with
+    ``ast.literal_eval``, most of the mod's own time per user): the data of a C-ordered
+    ``.npy`` are its last ``size · itemsize`` bytes; anything else goes through ``numpy()``."""
+    try:
+        dt = np.dtype(arr.dtype)
+        shape = tuple(int(n) for n in arr.shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        data = arr.data
+        head = bytes(data[:len(data) - nbytes][:256])
+        if (arr.stype == "numpy.ndarray" and len(data) >= nbytes and head.startswith(b"\x93NUMPY")
+                and b"'fortran_order': False" in head and repr(dt.str).encode() in head):
+            return np.frombuffer(data, dtype=dt, count=nbytes // max(dt.itemsize, 1),
+                                 offset=len(data) - nbytes).reshape(shape)
+    except (TypeError, ValueError):
+        pass
+    return arr.numpy()
+
+
 def _flat(arrays: ArrayRecord, names: Sequence[str]) -> torch.Tensor:
-    return torch.cat([torch.from_numpy(np.asarray(arrays[k].numpy(), dtype=np.float64)).reshape(-1)
+    return torch.cat([torch.from_numpy(np.array(_numpy(arrays[k]), dtype=np.float64)).reshape(-1)
                       for k in names]) if names else torch.zeros(0, dtype=torch.float64)
 
 
 def _unflat(vec: torch.Tensor, like: ArrayRecord, names: Sequence[str]) -> dict[str, np.ndarray]:
     out, i = {}, 0
     for k in names:
-        ref = like[k].numpy()
+        ref = _numpy(like[k])
         n = ref.size
         out[k] = vec[i:i + n].numpy().reshape(ref.shape).astype(ref.dtype)
         i += n

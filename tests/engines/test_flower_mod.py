@@ -149,3 +149,14 @@ def test_a_population_that_does_not_match_the_servers_is_refused():
     assert reply.has_error() and "calibrated for 10" in reply.error.reason
     with pytest.raises(ValueError, match="users_per_client"):
         user_level_mod(users_per_client=0)
+
+
+@pytest.mark.parametrize("arr", [np.arange(12, dtype=np.float32).reshape(3, 4),
+                                 np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+                                 np.array(3.5, dtype=np.float64), np.zeros((0, 5), np.float32),
+                                 np.arange(6, dtype=">i4"), np.array([True, False])])
+def test_the_fast_array_decode_equals_flowers(arr):
+    from fedudp.flower import _numpy
+    a = Array(arr)
+    got, want = _numpy(a), a.numpy()
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
