@@ -7,18 +7,32 @@
   whole schedule (all rounds, the sampling rate) stays within the target (epsilon, delta),
   with ``dp_accounting.calibrate_dp_mechanism`` over a PLD accountant.
 * ``Ledger`` records, per round, what was released: unit, adjacency, sigma, epsilon so far.
+
+Cost per round (docs/results/ledger/README.md): the PLD of an event is built once (the
+expensive part of dp-accounting's Poisson-sampled Gaussian), a state's epsilon is computed
+once (the budget check before a round and the ledger after it ask the same question), and a
+long run of one event is read off a grid of counts on which epsilon is computed (an upper
+envelope within ``LEDGER_TOL`` of the exact value, the exact value wherever it decides the
+budget); see ``Accountant``.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import logging
 import math
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import dp_accounting
-from dp_accounting.pld import pld_privacy_accountant
+import numpy as np
+from dp_accounting.pld import pld_pmf, pld_privacy_accountant
+from dp_accounting.pld import privacy_loss_distribution as _PLD
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import fft as _fft
+from scipy import special as _special
 
 from fedudp.errors import ConfigError
 
@@ -27,6 +41,11 @@ _RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 # Noise multipliers beyond this are treated as "target unreachable" (the run would be noise).
 MAX_NOISE_MULTIPLIER = 1e4
 MIN_NOISE_MULTIPLIER = 1e-6     # calibration below it: the target does not need noise
+# The ledger's epsilon after c rounds of one event is at most this much above dp-accounting's
+# direct computation of those c rounds (the grid's envelope, ``Accountant``); exact up to
+# ``EXACT_ROUNDS`` rounds of a run and wherever it would exceed the target.
+LEDGER_TOL = 1e-3
+EXACT_ROUNDS = 32
 
 
 class BudgetError(ConfigError):
@@ -103,19 +122,414 @@ def _rdp() -> rdp_privacy_accountant.RdpAccountant:
     return rdp_privacy_accountant.RdpAccountant(neighboring_relation=_RELATION)
 
 
+# -- the PLD engine: dp-accounting's own computation, with what does not change kept -----------
+# A PLDAccountant composing ``event`` builds one PrivacyLossDistribution per leaf event (for a
+# Poisson-sampled Gaussian run of c rounds: ``from_gaussian_mechanism(z, sampling_prob=q)
+# .self_compose(c)``), composes them onto ``identity`` and reads epsilon. ``_direct_pld_epsilon``
+# does exactly that (bit for bit, tests/privacy/test_accountant.py) but builds each sampled
+# Gaussian's PLD once; everything else is built by dp-accounting's own PLDAccountant.
+
+def _lru_get(cache: OrderedDict, key, make: Callable[[], Any], size: int):
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = make()
+    cache[key] = value
+    while len(cache) > size:
+        cache.popitem(last=False)
+    return value
+
+
+_RAW: OrderedDict = OrderedDict()        # (q, z, interval) -> PrivacyLossDistribution
+_CAPTURED: OrderedDict = OrderedDict()   # (event, count, interval) -> (parts, non-private)
+_EPSILON: OrderedDict = OrderedDict()    # (event, delta, interval) -> epsilon (pure function)
+_FAST: OrderedDict = OrderedDict()       # (q, z, interval) -> _FastPLD
+_RDP_VECTORS: OrderedDict = OrderedDict()  # event -> RDP at the default orders (None: unsupported)
+
+
+def _event_key(event) -> str:
+    """A hashable, exact name for an event (dp-accounting's events are attrs classes whose repr
+    lists every field; floats repr exactly)."""
+    return repr(event)
+
+
+def _sampled_gaussian(event) -> tuple[float, float] | None:
+    """(q, z) of a ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (q = 0 and z = 0 excluded:
+    dp-accounting composes nothing, or a non-private event)."""
+    if (isinstance(event, dp_accounting.PoissonSampledDpEvent)
+            and isinstance(event.event, dp_accounting.GaussianDpEvent)
+            and event.sampling_probability != 0 and event.event.noise_multiplier != 0):
+        return float(event.sampling_probability), float(event.event.noise_multiplier)
+    return None
+
+
+def _raw_sampled_gaussian(q: float, z: float, interval: float):
+    """The PLD dp-accounting's PLDAccountant builds for one ``PoissonSampledDpEvent(q,
+    GaussianDpEvent(z))`` before self-composing it (its own code path, argument for argument)."""
+    return _lru_get(_RAW, (q, z, interval), lambda: _PLD.from_gaussian_mechanism(
+        standard_deviation=z, value_discretization_interval=interval, sampling_prob=q,
+        neighboring_relation=_RELATION), 4)
+
+
+class _NotCaptured(RuntimeError):
+    """dp-accounting's PLDAccountant did not compose through ``_Capture`` (another version)."""
+
+
+class _Capture:
+    """Stands in for a PLDAccountant's running PLD: collects the PLDs it would compose."""
+
+    def __init__(self) -> None:
+        self.parts: list = []
+
+    def compose(self, pld, tail_mass_truncation: float | None = None) -> "_Capture":
+        self.parts.append(pld)
+        return self
+
+
+def _captured(event, count: int, interval: float) -> tuple[tuple, bool]:
+    """The PLDs dp-accounting's PLDAccountant composes for ``count`` x ``event`` (a leaf event),
+    built by that accountant itself, and whether it marked the event non-private."""
+    def make():
+        acc = _pld(interval)
+        cap = _Capture()
+        acc._pld = cap                       # noqa: SLF001 -- collect instead of composing
+        acc.compose(event, count)
+        non_private = bool(getattr(acc, "_contains_non_dp_event", False))
+        if acc._pld is not cap or not (cap.parts or non_private):     # noqa: SLF001
+            # another dp-accounting layout: nothing was captured (never read that as ε = 0)
+            raise _NotCaptured(repr(event))
+        return tuple(cap.parts), non_private
+    return _lru_get(_CAPTURED, (_event_key(event), count, interval), make, 4)
+
+
+def _pld_parts(event, interval: float, count: int, parts: list) -> bool:
+    """PLDAccountant._maybe_compose's traversal: append the PLDs composing ``count`` x ``event``
+    to ``parts``; True if a non-private event was met."""
+    if isinstance(event, dp_accounting.NoOpDpEvent):
+        return False
+    if isinstance(event, dp_accounting.NonPrivateDpEvent):
+        return True
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return _pld_parts(event.event, interval, event.count * count, parts)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        non_private = False
+        for e in event.events:
+            non_private |= _pld_parts(e, interval, count, parts)
+        return non_private
+    qz = _sampled_gaussian(event)
+    if qz is not None:       # from_gaussian_mechanism(z, sampling_prob=q).self_compose(count)
+        parts.append(_fast_pld(*qz, interval).self_composed(count))
+        return False
+    sub, non_private = _captured(event, count, interval)
+    parts.extend(sub)
+    return non_private
+
+
+def _direct_pld_epsilon(event, delta: float, interval: float) -> float:
+    """``PLDAccountant(ADD_OR_REMOVE_ONE, interval).compose(event).get_epsilon(delta)``, the
+    same numbers (memoized; a sampled Gaussian's PLD built once)."""
+    def make():
+        parts: list = []
+        try:
+            if _pld_parts(event, interval, 1, parts):
+                return math.inf
+        except _NotCaptured:       # dp-accounting's own accountant, on the whole event
+            acc = _pld(interval)
+            acc.compose(event)
+            return float(acc.get_epsilon(delta))
+        pld = _PLD.identity(value_discretization_interval=interval)
+        for p in parts:
+            pld = pld.compose(p)
+        return float(pld.get_epsilon_for_delta(delta))
+    return _lru_get(_EPSILON, (_event_key(event), float(delta), float(interval)), make, 512)
+
+
+# -- long runs of one sampled Gaussian: dp-accounting's self-composition, count after count ------
+_TAIL = 1e-15            # dp-accounting's tail_mass_truncation in self_compose
+# Where a self-composition's upper tail holds at most this fraction of delta (positive mass,
+# FFT noise included), it is moved to infinite loss (pessimistic: delta(eps) can only grow, by
+# at most this, so epsilon moves by ~1e-6 of d(eps)/d(log delta)): dp-accounting's epsilon
+# search then does not walk through ~1e5 entries of rounding noise.
+_TRIM = 1e-6
+
+
+def _power(f: np.ndarray, k: int) -> np.ndarray:
+    """f**k by repeated squaring: a fixed sequence of products for each k (so the same numbers
+    whenever k is asked), about twice as fast here as numpy's complex power."""
+    out = None
+    base = f
+    while k:
+        if k & 1:
+            out = base.copy() if out is None else out * base
+        k >>= 1
+        if k:
+            base = base * base
+    return out
+
+
+class _SelfCompositions:
+    """``DensePLDPmf.self_compose(k)`` of one dense PMF for many k: dp-accounting's algorithm
+    (common.self_convolve: Chernoff bounds on the k-fold sum from the log-MGF at 40 orders, an
+    FFT of the PMF raised to the k-th power, the bounded window, the tail mass added to the
+    infinite loss), with the count-free work (log-MGFs, the forward FFT) done once.
+    ``exact(k)``: dp-accounting's numbers bit for bit; ``compose(k)``: the same PMF up to
+    floating-point rounding (a real FFT, one length per dyadic block of counts, powers by
+    squaring), about twice as fast."""
+
+    def __init__(self, pmf) -> None:
+        self.pmf = pmf
+        probs = pmf._probs                                            # noqa: SLF001
+        n = len(probs)
+        self.orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n
+        self.log_mgfs = [_special.logsumexp(np.arange(n) * o, b=probs) for o in self.orders]
+        self._fft: tuple = (0, None)      # (length, complex FFT) for exact()
+        self._rfft: tuple = (0, None)     # (length, real FFT) for compose()
+
+    def bounds(self, k: int) -> tuple[int, int]:
+        """common.compute_self_convolve_bounds(probs, k, 1e-15), from the cached log-MGFs."""
+        upper, lower = (len(self.pmf._probs) - 1) * k, 0              # noqa: SLF001
+        for order, log_mgf in zip(self.orders, self.log_mgfs):
+            bound = (k * log_mgf + math.log(2 / _TAIL)) / order
+            if not math.isfinite(bound):
+                continue
+            if order > 0:
+                upper = min(upper, math.ceil(bound))
+            if order < 0:
+                lower = max(lower, math.floor(bound))
+        return lower, upper
+
+    def _pmf(self, k: int, lo: int, window: np.ndarray):
+        pmf = self.pmf
+        inf_mass = _TAIL - math.expm1(k * math.log1p(-pmf._infinity_mass))   # noqa: SLF001
+        return pld_pmf.DensePLDPmf(pmf._discretization,                    # noqa: SLF001
+                                   pmf._lower_loss * k + lo, window,          # noqa: SLF001
+                                   inf_mass, pmf._pessimistic_estimate)      # noqa: SLF001
+
+    def exact(self, k: int):
+        """``self.pmf.self_compose(k)``, the same operations on the same numbers."""
+        probs = self.pmf._probs                                       # noqa: SLF001
+        lo, hi = self.bounds(k)
+        out_len = hi - lo + 1
+        n_fft = _fft.next_fast_len(max(out_len, len(probs)))
+        if self._fft[0] != n_fft:
+            self._fft = (n_fft, _fft.fft(probs, n_fft))
+        conv = np.real(_fft.ifft(self._fft[1] ** k))
+        return self._pmf(k, lo, np.array(np.roll(conv, -lo)[:out_len]))
+
+    def compose(self, k: int):
+        probs = self.pmf._probs                                       # noqa: SLF001
+        lo, hi = self.bounds(k)
+        out_len = hi - lo + 1
+        lo2, hi2 = self.bounds(1 << (k - 1).bit_length())
+        n_fft = _fft.next_fast_len(max(out_len, hi2 - lo2 + 1, len(probs)), real=True)
+        if self._rfft[0] != n_fft:
+            self._rfft = (n_fft, _fft.rfft(probs, n_fft))
+        conv = _fft.irfft(_power(self._rfft[1], k), n_fft)
+        return self._pmf(k, lo, np.roll(conv, -lo)[:out_len])
+
+
+def _trimmed_epsilon(pmf, delta: float) -> float:
+    """dp-accounting's epsilon of ``pmf`` (``DensePLDPmf.get_epsilon_for_delta``: the same
+    function on the same numbers, fed Python floats, which it walks twice as fast) after the
+    pessimistic trim of its upper tail (``_TRIM``)."""
+    probs = pmf._probs                                                # noqa: SLF001
+    inf_mass = pmf._infinity_mass                                     # noqa: SLF001
+    top = np.cumsum(np.clip(probs[::-1], 0.0, None))
+    j = min(int(np.searchsorted(top, _TRIM * delta, side="right")), len(probs) - 1)
+    if j > 0:
+        probs, inf_mass = probs[:len(probs) - j], inf_mass + float(top[j - 1])
+    disc = pmf._discretization                                        # noqa: SLF001
+    upper_loss = (pmf._lower_loss + len(probs) - 1) * disc            # noqa: SLF001
+    return float(pld_pmf._get_epsilon_for_delta(                      # noqa: SLF001
+        inf_mass, itertools.count(upper_loss, -disc), probs[::-1].tolist(), delta))
+
+
+class _FastPLD:
+    """k-fold ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` for many k: both dominating pairs
+    (remove, add) of dp-accounting's PLD, self-composed as dp-accounting does. The add pair's
+    epsilon (far below the remove pair's for small q) is computed only where its value at the
+    next power of two does not already lie below the remove pair's (epsilon of either pair
+    grows with the count, so that value bounds it)."""
+
+    def __init__(self, q: float, z: float, interval: float) -> None:
+        raw = _raw_sampled_gaussian(q, z, interval)
+        self.raw = raw
+        try:      # dp-accounting 0.6's PMF internals; another layout: its own public code path
+            pmfs = [raw._pmf_remove] + ([] if raw._symmetric else [raw._pmf_add])   # noqa: SLF001
+            # sparse PMFs (a few losses, e.g. huge noise) self-compose by dp-accounting's own code
+            self.dense = all(isinstance(p, pld_pmf.DensePLDPmf) and hasattr(p, "_probs")
+                             for p in pmfs)
+        except AttributeError:
+            pmfs, self.dense = [], False
+        sides = [_SelfCompositions(p) for p in pmfs] if self.dense else [None, None]
+        self.remove, self.add = sides[0], (sides[1] if len(sides) > 1 else None)
+        self._add_at: dict = {}
+
+    def self_composed(self, k: int):
+        """The PLD dp-accounting's PLDAccountant composes for k releases (bit for bit)."""
+        if not self.dense:
+            return self.raw.self_compose(k)
+        if self.add is None:
+            return _PLD.PrivacyLossDistribution(self.remove.exact(k))
+        return _PLD.PrivacyLossDistribution(self.remove.exact(k), self.add.exact(k))
+
+    def _add_epsilon(self, k: int, delta: float) -> float:
+        key = (k, delta)
+        if key not in self._add_at:
+            self._add_at[key] = _trimmed_epsilon(self.add.compose(k), delta)
+        return self._add_at[key]
+
+    def epsilon(self, k: int, delta: float) -> float:
+        eps = _trimmed_epsilon(self.remove.compose(k), delta)
+        if self.add is None:
+            return eps
+        if self._add_epsilon(1 << (k - 1).bit_length(), delta) <= eps:
+            return eps
+        return max(eps, _trimmed_epsilon(self.add.compose(k), delta))
+
+
+def _fast_atom(event) -> tuple[float, float, int] | None:
+    """(q, z, m) when one ``event`` is m releases of a Poisson-sampled Gaussian (possibly inside
+    ``SelfComposedDpEvent``s), else None."""
+    m = 1
+    while isinstance(event, dp_accounting.SelfComposedDpEvent):
+        m *= event.count
+        event = event.event
+    qz = _sampled_gaussian(event)
+    return None if qz is None or m < 1 else (qz[0], qz[1], m)
+
+
+def _fast_pld(q: float, z: float, interval: float) -> "_FastPLD":
+    return _lru_get(_FAST, (q, z, interval), lambda: _FastPLD(q, z, interval), 2)
+
+
+def _fast_epsilon(q: float, z: float, k: int, delta: float, interval: float) -> float | None:
+    """Epsilon of k releases of the sampled Gaussian (``_FastPLD``); None for a sparse PLD."""
+    fast = _fast_pld(q, z, interval)
+    return fast.epsilon(k, delta) if fast.dense else None
+
+
+# -- RDP: additive over the orders ---------------------------------------------------------------
+def _rdp_vector(event) -> np.ndarray | None:
+    """dp-accounting's RDP of one ``event`` at its default orders (None: unsupported)."""
+    def make():
+        acc = _rdp()
+        if not acc.supports(event):
+            return None
+        with _quiet_absl():
+            acc.compose(event)
+        return acc.rdp
+    return _lru_get(_RDP_VECTORS, _event_key(event), make, 64)
+
+
+_RDP_ORDERS: np.ndarray | None = None
+
+
+def _rdp_runs_epsilon(runs, delta: float) -> float | None:
+    """RdpAccountant's epsilon of the runs [(event, count), ...] composed in order."""
+    global _RDP_ORDERS
+    if _RDP_ORDERS is None:
+        _RDP_ORDERS = _rdp().orders
+    total = np.zeros_like(_RDP_ORDERS, dtype=np.float64)
+    for e, c in runs:
+        r = _rdp_vector(e)
+        if r is None:
+            return None
+        total += c * r
+    with _quiet_absl():
+        return float(rdp_privacy_accountant.compute_epsilon(_RDP_ORDERS, total, delta)[0])
+
+
+def _composed_event(runs) -> dp_accounting.DpEvent:
+    parts = [dp_accounting.SelfComposedDpEvent(e, c) for e, c in runs]
+    return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
+
+
+# consecutive grid values differ by at most this (room left for the grid values' trim, _TRIM)
+_GRID_GAP = 0.99 * LEDGER_TOL
+
+
+class _Series:
+    """Epsilon of ``prefix`` + c x ``event`` (at one delta) for c = 1, 2, ...: exact for
+    c <= EXACT_ROUNDS; beyond, the value at the next point of a grid of counts whose consecutive
+    values differ by at most _GRID_GAP (an upper envelope: epsilon grows with c), unless that
+    value exceeds the threshold (what the budget leaves the events), where the exact value is
+    used. The grid depends only on the series (not on which counts were asked, nor in which
+    order): a run resumed from a checkpoint reads the very same numbers."""
+
+    def __init__(self, exact: Callable[[int], float], grid_value: Callable[[int], float]) -> None:
+        self._exact_fn, self._grid_fn = exact, grid_value
+        self._exact: dict[int, float] = {}
+        self.grid: list[int] = []
+        self.values: list[float] = []
+
+    def exact(self, c: int) -> float:
+        if c not in self._exact:
+            self._exact[c] = self._exact_fn(c)
+        return self._exact[c]
+
+    def _extend(self, c: int) -> None:
+        if not self.grid:
+            a = EXACT_ROUNDS
+            self.grid, self.values = [a - 1, a], [self.exact(a - 1), self.exact(a)]
+        while self.grid[-1] < c:
+            a0, a = self.grid[-2], self.grid[-1]
+            v0, va = self.values[-2], self.values[-1]
+            slope = (va - v0) / (a - a0)
+            step = min(2 * (a - a0), max(1, a // 8))
+            if slope > 0:
+                step = min(step, max(1, int(_GRID_GAP / slope)))
+            while True:
+                vb = self._grid_fn(a + step)
+                if vb - va <= _GRID_GAP or step == 1:
+                    break
+                step = max(1, step // 2)
+            self.grid.append(a + step)
+            self.values.append(vb)
+
+    def value(self, c: int, threshold: float = math.inf) -> float:
+        if c <= EXACT_ROUNDS:
+            return self.exact(c)
+        self._extend(c)
+        v = self.values[bisect.bisect_left(self.grid, c)]
+        return self.exact(c) if v > threshold else v
+
+
 class Accountant:
     """Composes released events; reports epsilon at a delta (PLD, RDP as cross-check).
 
-    Rounds usually release the same event; consecutive identical events are kept as one
-    ``SelfComposedDpEvent`` and epsilon is computed on a fresh PLD accountant from those
-    runs, exactly as the calibration does (incremental PLD composition adds discretization
+    Rounds usually release the same event; consecutive identical events are kept as one run
+    (``runs``: [event, count]) and epsilon is that of the whole composition, as a fresh
+    dp-accounting PLD accountant computes it from the runs (``SelfComposedDpEvent`` each), which
+    is how the calibration computed it (incremental PLD composition adds discretization
     pessimism round by round and would not match the calibrated schedule).
+
+    At a small, constant cost per round (docs/results/ledger/README.md):
+
+    * a state's epsilon is computed once (``epsilon_if`` before a round and ``epsilon`` after
+      it ask about the same composition), each sampled Gaussian's PLD is built once, and
+      ``NoOpDpEvent``s (nothing released) are left out of the computation;
+    * after ``EXACT_ROUNDS`` rounds of a run, epsilon is read off a grid of counts of that run
+      (``_Series``): an upper bound at most ``LEDGER_TOL`` above the exact value. Where that
+      bound would exceed ``target_epsilon`` (the budget check's threshold, ``accountant_for``;
+      less the blocks' epsilon) the exact value is computed, so budget stops fall where the
+      exact epsilon puts them and a calibrated run is never stopped early by the envelope;
+    * a Poisson-sampled Gaussian's grid values come from dp-accounting's self-composition with
+      the count-free work done once and a pessimistic trim of the FFT noise in its upper tail
+      (``_FastPLD``: never below the direct value up to dp-accounting's own rounding, above it
+      by about 1e-6 x d(eps)/d(log delta), a few 1e-6 at most).
+
+    Every number is a function of the composed events alone (not of the order of questions), so
+    an accountant recomposed from a checkpoint reports the same epsilon bit for bit.
     """
 
-    def __init__(self, pld_interval: float = 1e-4) -> None:
+    def __init__(self, pld_interval: float = 1e-4, target_epsilon: float | None = None) -> None:
         self.pld_interval = pld_interval
+        self.target_epsilon = target_epsilon
         self.runs: list[list] = []   # [event, count]
         self.blocks: list[tuple[ApproxDp, int]] = []   # basic composition on top of the events
+        self._canon: list[list] = []    # the runs without NoOpDpEvent, neighbours merged
+        self._series: OrderedDict = OrderedDict()
 
     @property
     def events(self) -> list[dp_accounting.DpEvent]:
@@ -124,7 +538,7 @@ class Accountant:
     def supports(self, event) -> bool:
         if isinstance(event, ApproxDp):
             return True
-        return _pld(self.pld_interval).supports(event) or _rdp().supports(event)
+        return _pld_supports(event) or _rdp().supports(event)
 
     @property
     def primary(self) -> str:
@@ -133,7 +547,7 @@ class Accountant:
         docs/algorithms.md#events-and-accountants)."""
         if not self.runs:
             return "pld"
-        return "pld" if _pld(self.pld_interval).supports(self._composed()) else "rdp"
+        return "pld" if all(_pld_supports(e) for e, _ in self.runs) else "rdp"
 
     def compose(self, event, count: int = 1) -> None:
         """Compose ``count`` releases of ``event`` (a ``DpEvent`` or an ``ApproxDp`` block)."""
@@ -151,17 +565,16 @@ class Accountant:
             self.runs[-1][1] += count
         else:
             self.runs.append([event, count])
+        self._canon = self._with(event, count)
 
-    def _composed(self, extra: dp_accounting.DpEvent | None = None, count: int = 1
-                  ) -> dp_accounting.DpEvent:
-        runs = [list(r) for r in self.runs]
-        if extra is not None:
-            if runs and runs[-1][0] == extra:
-                runs[-1][1] += count
-            else:
-                runs.append([extra, count])
-        parts = [dp_accounting.SelfComposedDpEvent(e, c) for e, c in runs]
-        return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
+    def _with(self, extra=None, count: int = 1) -> list[list]:
+        """The canonical runs (what the computation composes), with ``count`` x ``extra`` more."""
+        runs = self._canon
+        if extra is None or isinstance(extra, (dp_accounting.NoOpDpEvent, ApproxDp)) or count == 0:
+            return runs
+        if runs and runs[-1][0] == extra:
+            return runs[:-1] + [[extra, runs[-1][1] + count]]
+        return runs + [[extra, count]]
 
     def _split(self, delta: float, extra=None, count: int = 1):
         """(events' delta budget, blocks' epsilon) after basic composition of the blocks."""
@@ -174,8 +587,42 @@ class Accountant:
             left = 0.0
         return left, b.epsilon
 
-    def _events_epsilon(self, event, delta: float, rdp_only: bool = False) -> float | None:
-        return event_epsilon(event, delta, self.pld_interval, rdp_only)
+    def _series_for(self, prefix, event, delta: float) -> _Series:
+        key = (tuple((_event_key(e), c) for e, c in prefix), _event_key(event), delta)
+        if key in self._series:
+            self._series.move_to_end(key)
+            return self._series[key]
+        interval = self.pld_interval
+        prefix = [tuple(r) for r in prefix]
+
+        def exact(c: int) -> float:
+            return _direct_pld_epsilon(_composed_event(prefix + [(event, c)]), delta, interval)
+        atom = None if prefix else _fast_atom(event)
+
+        def grid(c: int) -> float:
+            v = (None if atom is None
+                 else _fast_epsilon(atom[0], atom[1], atom[2] * c, delta, interval))
+            return exact(c) if v is None else v
+        s = self._series[key] = _Series(exact, grid)
+        while len(self._series) > 8:
+            self._series.popitem(last=False)
+        return s
+
+    def _events_epsilon(self, runs, delta: float, rdp_only: bool = False,
+                        spent: float = 0.0) -> float | None:
+        """Epsilon of the (canonical) runs at ``delta``: PLD, or RDP where PLD cannot represent
+        them (or ``rdp_only``); None if neither supports them; inf when delta <= 0. ``spent``:
+        the blocks' epsilon (the events' threshold is the target minus it)."""
+        if not runs and not self.runs:     # nothing but blocks: fine while they leave δ >= 0
+            return 0.0 if delta >= 0 else math.inf
+        if delta <= 0:                     # events need some δ: none is left
+            return math.inf
+        if not runs:                       # only NoOpDpEvents: nothing released
+            return 0.0
+        if not rdp_only and all(_pld_supports(e) for e, _ in runs):
+            threshold = math.inf if self.target_epsilon is None else self.target_epsilon - spent
+            return self._series_for(runs[:-1], runs[-1][0], delta).value(runs[-1][1], threshold)
+        return _rdp_runs_epsilon(runs, delta)
 
     def epsilon(self, delta: float) -> float:
         """Epsilon at ``delta`` of everything composed so far: the events with PLD (RDP for
@@ -184,31 +631,32 @@ class Accountant:
         if not self.runs and not self.blocks:
             return 0.0
         d_ev, e_blk = self._split(delta)
-        return float(self._events_epsilon(self._composed() if self.runs else None, d_ev)) + e_blk
+        return float(self._events_epsilon(self._canon, d_ev, spent=e_blk)) + e_blk
 
     def epsilon_rdp(self, delta: float) -> float | None:
         """The RDP accountant's (looser) epsilon, as a cross-check; None if unsupported."""
         if not self.runs and not self.blocks:
             return 0.0
         d_ev, e_blk = self._split(delta)
-        e = self._events_epsilon(self._composed() if self.runs else None, d_ev, rdp_only=True)
+        e = self._events_epsilon(self._canon, d_ev, rdp_only=True)
         return None if e is None else float(e) + e_blk
 
     def epsilon_if(self, event, delta: float, count: int = 1) -> float:
         """Epsilon after composing ``event`` ``count`` more times, without composing it."""
         d_ev, e_blk = self._split(delta, event, count)
-        if isinstance(event, ApproxDp):
-            ev = self._composed() if self.runs else None
-        else:
-            ev = self._composed(event, count)
-        return float(self._events_epsilon(ev, d_ev)) + e_blk
+        runs = self._with(event, count)
+        if not self.runs and not runs and not isinstance(event, ApproxDp) and count:
+            # only NoOpDpEvents so far and asked about one: events present, nothing released
+            return (math.inf if d_ev <= 0 else 0.0) + e_blk
+        return float(self._events_epsilon(runs, d_ev, spent=e_blk)) + e_blk
 
 
 class ParallelAccountant:
     """``Accountant``'s interface over ``Parallel`` events: one accountant per part, ε the max."""
 
-    def __init__(self, parts: int, pld_interval: float = 1e-4) -> None:
-        self.parts = [Accountant(pld_interval) for _ in range(parts)]
+    def __init__(self, parts: int, pld_interval: float = 1e-4,
+                 target_epsilon: float | None = None) -> None:
+        self.parts = [Accountant(pld_interval, target_epsilon) for _ in range(parts)]
 
     def compose(self, event, count: int = 1) -> None:
         if isinstance(event, ApproxDp):
@@ -306,22 +754,56 @@ class GroupAccountant:
 def event_epsilon(event: dp_accounting.DpEvent | None, delta: float, interval: float = 1e-4,
                   rdp_only: bool = False) -> float | None:
     """Epsilon of one (composed) event at ``delta``: PLD, or RDP for events PLD cannot
-    represent (or when ``rdp_only``); None if neither supports it, inf when delta <= 0."""
+    represent (or when ``rdp_only``); None if neither supports it, inf when delta <= 0.
+    PLD: the numbers of a fresh ``PLDAccountant`` (``_direct_pld_epsilon``, memoized)."""
     if event is None:       # nothing but blocks: fine while they leave δ >= 0
         return 0.0 if delta >= 0 else math.inf
     if delta <= 0:          # events need some δ: none is left
         return math.inf
-    if not rdp_only:
-        acc = _pld(interval)
-        if acc.supports(event):
-            acc.compose(event)
-            return float(acc.get_epsilon(delta))
+    if not rdp_only and _pld_supports(event):
+        return _direct_pld_epsilon(event, delta, interval)
     acc = _rdp()
     if not acc.supports(event):
         return None
     with _quiet_absl():
         acc.compose(event)
         return float(acc.get_epsilon(delta))
+
+
+class _MemoPLDAccountant(pld_privacy_accountant.PLDAccountant):
+    """dp-accounting's PLDAccountant for ``calibrate_dp_mechanism``, answering through
+    ``_direct_pld_epsilon`` (the same numbers, memoized: Brent's method re-evaluates the
+    bracket's ends that the bracket search computed, and the run's accountant reuses the
+    calibrated noise's PLD)."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(_RELATION, value_discretization_interval=interval)
+        self._events: list = []
+
+    def _maybe_compose(self, event, count, do_compose):
+        if do_compose:
+            self._events.append(
+                event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count))
+        return super()._maybe_compose(event, count, False)
+
+    def get_epsilon(self, target_delta: float) -> float:
+        if not self._events:
+            return 0.0
+        ev = (self._events[0] if len(self._events) == 1
+              else dp_accounting.ComposedDpEvent(self._events))
+        return _direct_pld_epsilon(ev, target_delta, self._value_discretization_interval)
+
+
+_PLD_SUPPORTS: dict = {}
+
+
+def _pld_supports(event) -> bool:
+    key = _event_key(event)
+    if key not in _PLD_SUPPORTS:
+        if len(_PLD_SUPPORTS) > 4096:
+            _PLD_SUPPORTS.clear()
+        _PLD_SUPPORTS[key] = _pld().supports(event)
+    return _PLD_SUPPORTS[key]
 
 
 def schedule_epsilon(make_event: Callable[[float], dp_accounting.DpEvent], noise: float,
@@ -351,7 +833,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
     def event(z: float) -> dp_accounting.DpEvent:
         return dp_accounting.SelfComposedDpEvent(make_event(z), rounds)
 
-    if not _pld(interval).supports(event(1.0)):          # pure-DP steps: RDP only
+    if not _pld_supports(event(1.0)):                     # pure-DP steps: RDP only
         with _quiet_absl():
             return float(dp_accounting.calibrate_dp_mechanism(
                 _rdp, event, target_epsilon, delta,
@@ -373,7 +855,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
                 "rate); choose delta well below the chance that a user is sampled")
         z_hi, z_lo = z_lo, z_lo / 2
     z = dp_accounting.calibrate_dp_mechanism(
-        lambda: _pld(interval), event, target_epsilon, delta,
+        lambda: _MemoPLDAccountant(interval), event, target_epsilon, delta,
         bracket_interval=dp_accounting.ExplicitBracketInterval(z_lo, z_hi), tol=tol)
     return float(z)
 
@@ -436,10 +918,11 @@ def accountant_for(event, group: GroupConversion | None = None,
     read at user level through ``group`` where the events are record-level. Its PLD grid is the
     one the noise was calibrated on: that of the events' own target (ε' = ε/k for record-level
     events under group privacy), since a coarser grid is more pessimistic and would stop a
-    calibrated run before its last round."""
+    calibrated run before its last round. The target (that of the events) is the threshold above
+    which the accountant computes epsilon exactly rather than reading its grid (``Accountant``)."""
     target = (group.record_epsilon(target_epsilon) if group is not None and target_epsilon
               else target_epsilon)
     interval = pld_interval(target)
-    acc = (ParallelAccountant(len(event.parts), interval) if isinstance(event, Parallel)
-           else Accountant(interval))
+    acc = (ParallelAccountant(len(event.parts), interval, target) if isinstance(event, Parallel)
+           else Accountant(interval, target))
     return GroupAccountant(acc, group) if group is not None else acc

@@ -541,3 +541,251 @@ def test_ledger_marks_heuristic_and_certified_epsilon():
     assert not plain.private and plain.epsilon is None
     d = plain.to_dict()
     assert d["epsilon"] is None and d["epsilon_kind"] is None
+
+
+# -- the ledger at a small, constant cost per round (docs/results/ledger/README.md) ---------------
+# Beyond accountant_mod.EXACT_ROUNDS rounds of a run the accountant reads epsilon off a grid of
+# counts: an upper envelope at most LEDGER_TOL above dp-accounting's direct computation (a fresh
+# PLDAccountant composing SelfComposedDpEvent(event, rounds) at the same grid), never below it.
+# Every "want" below is that direct computation on literal events.
+HUANG = dp_accounting.PoissonSampledDpEvent(1 / 2000, dp_accounting.GaussianDpEvent(0.6129660146601268))
+
+
+def assert_tracks(got: float, want: float, tol: float = 1e-3) -> None:
+    """The ledger's epsilon: a valid upper bound on the direct one (up to float noise), <= tol above."""
+    assert want - 1e-9 <= got <= want + tol, (got, want)
+
+
+def test_constants_of_the_envelope():
+    assert accountant_mod.LEDGER_TOL == 1e-3 and accountant_mod.EXACT_ROUNDS == 32
+
+
+def test_huang_alg1_event_4000_rounds_within_1e_3_of_direct():
+    # the preset's event: Poisson q = 1/2000, z calibrated for (1.0, 1e-5) over 4,000 rounds
+    acc = accountant_for(HUANG, None, 1.0)
+    assert acc.pld_interval == 1e-4 and acc.target_epsilon == 1.0
+    got, k = {}, 0
+    for stop in (33, 100, 1000, 4000):
+        acc.compose(HUANG, stop - 1 - k)
+        assert acc.epsilon_if(HUANG, 1e-5) <= 1.0                # the budget check passes
+        acc.compose(HUANG)
+        k = stop
+        got[stop] = acc.epsilon(1e-5)
+    assert acc.runs == [[HUANG, 4000]]                           # no round forgotten
+    want = {stop: direct_pld(dp_accounting.SelfComposedDpEvent(HUANG, stop), 1e-5)
+            for stop in (100, 4000)}
+    assert want[4000] == pytest.approx(0.99140716, abs=1e-7)     # the direct value, on record
+    for stop in (100, 4000):
+        assert_tracks(got[stop], want[stop])
+    assert got[33] < got[100] < got[1000] < got[4000] <= 1.0
+    # a twin that forgot 100 of the 4,000 rounds is below the direct value: caught
+    assert direct_pld(dp_accounting.SelfComposedDpEvent(HUANG, 3900), 1e-5) < got[4000] - 1e-3
+
+
+def test_exact_up_to_exact_rounds_and_a_forgetful_twin_is_caught():
+    ev = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1))
+
+    class Forgetful(Accountant):                  # the weakened twin: loses round 7
+        def compose(self, event, count=1):
+            self.n = getattr(self, "n", 0) + count
+            if self.n != 7:
+                super().compose(event, count)
+
+    for cls, ok in ((Accountant, True), (Forgetful, False)):
+        acc = cls()
+        for _ in range(20):
+            acc.compose(ev)
+        want = direct_pld(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            0.05, dp_accounting.GaussianDpEvent(1.1)), 20), 1e-5)
+        if ok:
+            assert acc.epsilon(1e-5) == want                     # bit for bit at <= 32 rounds
+        else:
+            with pytest.raises(AssertionError):
+                assert_tracks(acc.epsilon(1e-5), want)
+
+
+def test_long_runs_of_several_events_track_the_direct_computation():
+    q01 = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0))
+    gauss = dp_accounting.GaussianDpEvent(20.0)
+    sgd = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.1, G(2.0)), 5)
+    for ev, rounds in ((q01, 300), (gauss, 60), (sgd, 120)):
+        acc, values = Accountant(), []
+        for _ in range(rounds):
+            acc.compose(ev)
+            values.append(acc.epsilon(1e-5))
+        for k in (40, rounds // 2 + 1, rounds):
+            assert_tracks(values[k - 1], direct_pld(dp_accounting.SelfComposedDpEvent(ev, k), 1e-5))
+        assert values == sorted(values)                          # the envelope never goes down
+
+
+def test_a_mixed_sequence_of_two_events():
+    a = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1))
+    b = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(2.5))
+    acc = Accountant()
+    acc.compose(a, 40)
+    for _ in range(50):                            # the second run, after a 40-round prefix
+        acc.compose(b)
+    want = direct_pld(dp_accounting.ComposedDpEvent(
+        [dp_accounting.SelfComposedDpEvent(a, 40), dp_accounting.SelfComposedDpEvent(b, 50)]), 1e-5)
+    assert_tracks(acc.epsilon(1e-5), want)
+    assert acc.runs == [[a, 40], [b, 50]]
+    # alternating releases: every state is a short run, computed exactly
+    alt = Accountant()
+    for ev in (a, b, a, b, a):
+        alt.compose(ev)
+    assert alt.epsilon(1e-5) == direct_pld(dp_accounting.ComposedDpEvent(
+        [dp_accounting.SelfComposedDpEvent(e, 1) for e in (a, b, a, b, a)]), 1e-5)
+    # the RDP cross-check: dp-accounting's RDP on the same composition
+    assert acc.epsilon_rdp(1e-5) == pytest.approx(direct_rdp(dp_accounting.ComposedDpEvent(
+        [dp_accounting.SelfComposedDpEvent(a, 40), dp_accounting.SelfComposedDpEvent(b, 50)]),
+        1e-5), rel=1e-12)
+
+
+def test_parallel_parts_with_idle_rounds_track_their_own_direct_computation():
+    # one part releases while the other idles (NoOp), as in Huang Alg. 2 and phased algorithms
+    ev = dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0))
+    noop = dp_accounting.NoOpDpEvent()
+    acc = ParallelAccountant(2)
+    for r in range(120):
+        acc.compose(Parallel((ev, noop) if r % 3 else (noop, ev)))
+    w0 = direct_pld(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0)), 80), 1e-5)
+    w1 = direct_pld(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0)), 40), 1e-5)
+    p0, p1 = acc.part_epsilons(1e-5)
+    assert_tracks(p0, w0)
+    assert_tracks(p1, w1)
+    assert acc.epsilon(1e-5) == max(p0, p1)
+    # idle rounds release nothing: the epsilon is that of the releases alone
+    assert acc.parts[1].runs[0] == [ev, 1] and len(acc.parts[1].runs) > 40
+
+
+def test_group_conversion_over_a_long_run():
+    g = GroupConversion.for_user_budget(2, 2.0, 1e-5, "certified")
+    ev = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.2))
+    acc = accountant_for(ev, g, 2.0)
+    for _ in range(200):
+        acc.compose(ev)
+    record_delta = 1e-5 / (2 * math.exp(2.0 / 2))                # literal: delta/(k e^{(k-1)eps/k})
+    want = direct_pld(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        0.01, dp_accounting.GaussianDpEvent(1.2)), 200), record_delta)
+    assert_tracks(acc.record_epsilon(), want)
+    assert acc.epsilon(1e-5) == 2 * acc.record_epsilon()
+
+
+def test_cached_paths_equal_dp_accounting_and_do_not_depend_on_the_caches():
+    # the direct engine is dp-accounting's PLDAccountant, bit for bit, for every kind of event
+    for ev in (HUANG, dp_accounting.SelfComposedDpEvent(HUANG, 7), G(2.0),
+               dp_accounting.ComposedDpEvent([dp_accounting.LaplaceDpEvent(3.0), G(4.0)]),
+               dp_accounting.SelfComposedDpEvent(
+                   dp_accounting.PoissonSampledDpEvent(0.1, G(1.5)), 4),
+               dp_accounting.PoissonSampledDpEvent(0.2, G(MAX_NOISE_MULTIPLIER))):    # sparse PLD
+        assert accountant_mod._direct_pld_epsilon(ev, 1e-5, 1e-4) == direct_pld(ev, 1e-5), ev
+    # the cached self-composition: dp-accounting's (exact()) and its rounding twin (compose())
+    fast = accountant_mod._fast_pld(1 / 2000, 0.6129660146601268, 1e-4)
+    pmf = fast.raw._pmf_remove
+    for k in (1, 10, 300):
+        theirs, exact, twin = pmf.self_compose(k), fast.remove.exact(k), fast.remove.compose(k)
+        assert exact._lower_loss == theirs._lower_loss and (exact._probs == theirs._probs).all()
+        assert exact._infinity_mass == theirs._infinity_mass
+        assert twin._lower_loss == theirs._lower_loss
+        assert abs(twin._probs - theirs._probs).max() < 1e-15
+    # a run asked round by round and one recomposed at once from cold caches: the same numbers
+    ev = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0))
+    live = Accountant(1e-4, 3.0)
+    seen = []
+    for _ in range(150):
+        live.epsilon_if(ev, 1e-5)
+        live.compose(ev)
+        seen.append(live.epsilon(1e-5))
+    for name in ("_RAW", "_CAPTURED", "_EPSILON", "_FAST", "_RDP_VECTORS", "_PLD_SUPPORTS"):
+        getattr(accountant_mod, name).clear()
+    resumed = Accountant(1e-4, 3.0)
+    resumed.compose(ev, 100)                      # a checkpoint's 100 rounds, recomposed
+    assert resumed.epsilon(1e-5) == seen[99]
+    for r in range(100, 150):
+        resumed.compose(ev)
+        assert resumed.epsilon(1e-5) == seen[r]
+    assert resumed.epsilon_rdp(1e-5) == live.epsilon_rdp(1e-5)
+
+
+def test_epsilon_if_is_the_next_state_and_mutates_nothing_in_a_long_run():
+    ev = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0))
+    other = dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0))
+    acc = Accountant()
+    acc.compose(ev, 80)
+    acc.compose(ApproxDp(0.1, 1e-7))
+    runs, blocks, before = copy.deepcopy(acc.runs), list(acc.blocks), acc.epsilon(1e-5)
+    for e, count in ((ev, 1), (ev, 30), (other, 2), (ApproxDp(0.2), 1),
+                     (dp_accounting.NoOpDpEvent(), 5)):
+        asked = acc.epsilon_if(e, 1e-5, count)
+        assert acc.runs == runs and acc.blocks == blocks and acc.epsilon(1e-5) == before
+        twin = copy.deepcopy(acc)
+        twin.compose(e, count)
+        assert asked == twin.epsilon(1e-5), e                    # the same state, the same number
+        assert asked >= before
+
+
+@pytest.mark.parametrize("block", [0.0, 0.3])
+def test_budget_stop_falls_where_the_exact_epsilon_puts_it(block):
+    # a fixed noise multiplier runs until the next round would exceed the target: the envelope
+    # must not stop it early. Target: just above the direct epsilon of 90 rounds (plus a one-off
+    # block of epsilon 0.3 spent up front, as AboveThreshold's, in the second case).
+    ev = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1))
+    eps90 = direct_pld(dp_accounting.SelfComposedDpEvent(ev, 90), 1e-5)
+    eps91 = direct_pld(dp_accounting.SelfComposedDpEvent(ev, 91), 1e-5)
+    target = block + eps90 + 0.1 * (eps91 - eps90)
+    acc, rounds = Accountant(1e-4, target_epsilon=target), 0      # the grid of eps90
+    if block:
+        acc.compose(ApproxDp(block))
+    while acc.epsilon_if(ev, 1e-5) <= target * (1 + 1e-9):
+        acc.compose(ev)
+        rounds += 1
+        assert acc.epsilon(1e-5) <= target
+    assert rounds == 90
+    assert_tracks(acc.epsilon(1e-5), block + eps90)
+    if block:
+        return
+    # a calibrated schedule runs to its last round
+    z = calibrate_noise_multiplier(lambda s: sampled_gaussian(s, 0.05), 2.0, 1e-5, 150)
+    acc = accountant_for(sampled_gaussian(z, 0.05), None, 2.0)
+    for _ in range(150):
+        assert acc.epsilon_if(sampled_gaussian(z, 0.05), 1e-5) <= 2.0 * (1 + 1e-9)
+        acc.compose(sampled_gaussian(z, 0.05))
+    assert_tracks(acc.epsilon(1e-5), direct_pld(dp_accounting.SelfComposedDpEvent(
+        sampled_gaussian(z, 0.05), 150), 1e-5, pld_interval(2.0)))
+
+
+def test_without_dp_accountings_internals_the_public_path_gives_the_same_epsilon(monkeypatch):
+    """The cached fast paths read dp-accounting 0.6's internals; where those are not there
+    (another version), the accountant falls back to dp-accounting's public computation and
+    never reads an empty capture as epsilon 0."""
+    import dp_accounting
+
+    from fedudp.privacy import accountant as A
+    ev = dp_accounting.ComposedDpEvent([
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)),
+        dp_accounting.LaplaceDpEvent(20.0)])
+    direct = dp_accounting.pld.PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+    direct.compose(dp_accounting.SelfComposedDpEvent(ev, 40))
+    want = direct.get_epsilon(1e-5)
+    for cache in (A._CAPTURED, A._EPSILON, A._FAST, A._RAW):
+        cache.clear()
+
+    class Elsewhere:              # a PLDAccountant that keeps its PLD under another name
+        def __init__(self, *a, **k):
+            self.inner = dp_accounting.pld.PLDAccountant(*a, **k)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(A.pld_privacy_accountant, "PLDAccountant", Elsewhere)
+    monkeypatch.setattr(A._FastPLD, "__init__", lambda self, q, z, interval: (
+        setattr(self, "raw", A._raw_sampled_gaussian(q, z, interval)),
+        setattr(self, "dense", False)) and None)
+    acc = A.Accountant(1e-4)
+    acc.compose(ev, 40)
+    assert acc.epsilon(1e-5) == pytest.approx(want, rel=1e-9) and want > 0.5
+    for cache in (A._CAPTURED, A._EPSILON, A._FAST, A._RAW):
+        cache.clear()
