@@ -104,12 +104,22 @@ class Contribution:
     @staticmethod
     def merge(parts: Sequence["Contribution"], dim: int, dtype: torch.dtype, rows: bool
               ) -> "Contribution":
-        """The cohort's contribution: rows stacked, or totals summed (in ``dtype``)."""
+        """The cohort's contribution: rows stacked, or totals summed (in ``dtype``).
+
+        Rows are held once: a single part's rows are returned as they are (no copy where the
+        dtype matches; the billboard receives one reply per engine=local round), several parts
+        are written into one matrix allocated up front (no list of converted copies)."""
         count = sum(p.count for p in parts)
         clipped = sum(p.clipped for p in parts)
         if rows:
-            got = [p.rows.to(dtype) for p in parts if p.rows is not None and len(p.rows)]
-            G = torch.cat(got) if got else torch.zeros(0, dim, dtype=dtype)
+            got = [p.rows for p in parts if p.rows is not None and len(p.rows)]
+            if len(got) == 1:
+                return Contribution(got[0].to(dtype), None, count, clipped)
+            G = torch.empty(sum(len(g) for g in got), dim, dtype=dtype)
+            at = 0
+            for g in got:
+                G[at:at + len(g)].copy_(g)
+                at += len(g)
             return Contribution(G, None, count, clipped)
         total = torch.zeros(dim, dtype=dtype)
         for p in parts:
@@ -231,10 +241,17 @@ class Aggregator(ABC):
 
 
 class RowsAggregator(Aggregator):
-    """An estimator on the cohort matrix (winsorized, outlier removal, few users)."""
+    """An estimator on the cohort matrix (winsorized, outlier removal, few users).
+
+    The rows are read in float64 chunks (``fedudp.aggregators.rows.CohortRows``): ``chunk_rows``
+    rows per chunk of every pass, or None for as many as fit in ``rows.WORK_BYTES`` (the
+    released values are the same up to the summation order of sums over rows).
+    ``working_bytes(rows, dim)``: what one release needs on top of the rows themselves, for
+    the pre-flight memory check (``fedudp.aggregators.memory``)."""
 
     needs_per_user_vectors: ClassVar[bool] = True
     adjacency: ClassVar[str] = "replace_one"
+    chunk_rows: int | None = None
 
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         return self.estimate(c.rows, rng=rng)
@@ -242,6 +259,11 @@ class RowsAggregator(Aggregator):
     @abstractmethod
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         """The estimator on the rows received (missing units count as zero rows)."""
+
+    def working_bytes(self, rows: int, dim: int) -> int:
+        """Peak bytes of one release beyond the [rows, dim] rows (float64 chunks)."""
+        from fedudp.aggregators.rows import chunks_bytes
+        return chunks_bytes() + 8 * rows
 
 
 def as_rows(G: Any) -> torch.Tensor:

@@ -33,8 +33,8 @@ import torch
 from fedudp.aggregators.base import (Aggregate, ParameterError, RowsAggregator, Sampling,
                                      check_at_least, check_budget, check_count, check_dim,
                                      check_fraction, check_positive, check_sampling,
-                                     concentration_radius, need, pad_to_population,
-                                     register)
+                                     concentration_radius, need, register)
+from fedudp.aggregators.rows import CohortRows, as_cohort, chunks_bytes
 from fedudp.privacy.accountant import ApproxDp
 from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordinate_radius
 
@@ -88,31 +88,35 @@ def min_users(eps: float, delta: float, tries: float) -> int:
     return hi
 
 
-def dp_estimate_1(X: torch.Tensor, radius: float, eps: float, delta: float, tries: float, *,
-                  rng: torch.Generator, batch: int = 64) -> tuple[torch.Tensor | None, dict]:
+def dp_estimate_1(X: "torch.Tensor | CohortRows", radius: float, eps: float, delta: float,
+                  tries: float, *, rng: torch.Generator, batch: int = 64
+                  ) -> tuple[torch.Tensor | None, dict]:
     """DP-Estimate-1 on the rows of ``X`` [n, d] with ball radius ``radius`` (= κ r sqrt(d)).
 
     Returns (estimate, info) with estimate None for garbage (G1: the garbage bucket was
     drawn and kept; G2: the geometric number of tries ran out). (4ε, 4δ)-DP (caller's split).
+    ``X``: a tensor or ``CohortRows``; each batch's friend counts f compare float64 distances
+    to the rows one float64 chunk at a time (the same values as on a whole float64 copy).
     """
-    n, d = X.shape
-    X = X.to(torch.float64)
+    rows = as_cohort(X)
+    n = rows.n
     # X ~ Geometric(1/N) on {1, 2, ...}
     u = float(torch.rand((), generator=rng, dtype=torch.float64))
     budget = 1 if tries <= 1 else max(1, math.ceil(math.log1p(-u) / math.log1p(-1.0 / tries)))
     # P(garbage index) = 1 / (1 + (δ/4) e^{2εn/3}) = sigmoid(log(4/δ) - 2εn/3)
     p_garbage = float(torch.sigmoid(torch.tensor(math.log(4 / delta) - 2 * eps * n / 3,
                                                  dtype=torch.float64)))
-    sq = (X * X).sum(1)
+    sq = torch.empty(n, dtype=torch.float64, device=rows.device)
+    for s, B in rows.chunks():
+        sq[s:s + len(B)] = (B * B).sum(1)
     done = 0
     while done < budget:
         b = min(batch, budget - done)
         garbage = torch.rand(b, generator=rng, dtype=torch.float64) < p_garbage
         keep_garbage = torch.rand(b, generator=rng, dtype=torch.float64) < 1 / 3
         idx = torch.randint(0, n, (b,), generator=rng)
-        P = uniform_in_balls(X[idx], radius, rng=rng)
-        d2 = (P * P).sum(1, keepdim=True) + sq[None] - 2 * P @ X.T
-        f = (d2 <= radius * radius).sum(1).clamp(min=1)      # p lies in its own ball
+        P = uniform_in_balls(rows.take(idx), radius, rng=rng)
+        f = ball_counts(P, rows, sq, radius).clamp(min=1)      # p lies in its own ball
         acc = torch.log(torch.rand(b, generator=rng, dtype=torch.float64)) < log_accept(f, n, eps)
         stop = torch.where(garbage, keep_garbage, acc)
         if bool(stop.any()):
@@ -123,6 +127,27 @@ def dp_estimate_1(X: torch.Tensor, radius: float, eps: float, delta: float, trie
             return P[j], info | {"garbage": None, "friends": int(f[j])}
         done += b
     return None, {"tries": budget, "budget": budget, "garbage": "G2"}
+
+
+def ball_counts(P: torch.Tensor, rows: CohortRows, sq: torch.Tensor, radius: float
+                ) -> torch.Tensor:
+    """For each point of ``P`` [b, d] (float64), the rows within ``radius``: float64
+    ||p||² + ||x||² - 2<p,x> against one chunk of rows at a time (``sq``: the rows' ||x||²)."""
+    pp = (P * P).sum(1, keepdim=True)
+    f = torch.zeros(P.shape[0], dtype=torch.int64, device=P.device)
+    for s, B in rows.chunks():
+        d2 = pp + sq[None, s:s + len(B)] - 2 * P @ B.T
+        f += (d2 <= radius * radius).sum(1)
+    return f
+
+
+def rotated_block(rows: CohortRows, rot: RandomRotation, c0: int, c1: int) -> torch.Tensor:
+    """Columns ``c0..c1-1`` of the rotated rows [n, c1-c0] (float64), rotating one chunk of
+    rows at a time (the whole rotated matrix is never held)."""
+    out = torch.empty(rows.n, c1 - c0, dtype=torch.float64, device=rows.device)
+    for s, B in rows.chunks(rows.rows_per_chunk(rot.dp)):
+        out[s:s + len(B)] = rot.rotate(B)[:, c0:c1]
+    return out
 
 
 def dp_estimate_2(X: torch.Tensor, radius: float, eps: float, delta: float, tries: float,
@@ -216,17 +241,20 @@ class FewUsersAggregator(RowsAggregator):
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        X = pad_to_population(G.to(torch.float64), n)
+        rows = CohortRows(G, n, self.chunk_rows)      # missing units: zero rows (never stored)
         rot = RandomRotation(self.dim, rng=rng) if self.rotate else None
-        Y = rot.rotate(X) if rot is not None else X
-        db = Y.shape[1] // self.blocks
+        db = (rot.dp if rot is not None else self.dim) // self.blocks
         est, garbage = [], 0
         for b in range(self.blocks):
-            p, info = dp_estimate_2(Y[:, b * db:(b + 1) * db], self.radius, self.eps1, self.delta1,
+            # one block of the rotated rows at a time (float64, n x d'/blocks)
+            Y = (rows if rot is None else
+                 CohortRows(rotated_block(rows, rot, b * db, (b + 1) * db), n, self.chunk_rows))
+            p, info = dp_estimate_2(Y, self.radius, self.eps1, self.delta1,
                                     self.tries, self.copies, rng=rng)
+            del Y
             if p is None:
                 garbage += 1
-                p = Y.new_zeros(db)
+                p = torch.zeros(db, dtype=torch.float64)
             est.append(p)
         y = torch.cat(est)
         mean = rot.invert(y) if rot is not None else y
@@ -235,6 +263,11 @@ class FewUsersAggregator(RowsAggregator):
                 "min_users_required": self.min_users_required}
         # garbage in every block: no update this round (post-processing of the release)
         return Aggregate(mean=mean.to(G.dtype), users_used=n, diagnostics=diag)
+
+    def working_bytes(self, rows: int, dim: int) -> int:
+        """One block of the rotated rows (float64) when rotating, the norms and the chunks."""
+        block = rows * (self.dp // self.blocks) * 8 if self.rotate else 0
+        return block + 16 * rows + chunks_bytes()
 
     def dp_event(self) -> ApproxDp:
         """One round: copies x blocks runs of DP-Estimate-1, each (4ε1, 4δ1)-DP."""

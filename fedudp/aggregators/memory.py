@@ -1,21 +1,26 @@
 """Pre-flight memory check for estimators that need the cohort's per-unit rows.
 
 An aggregator with ``needs_per_user_vectors`` receives one row of ``dim`` shared coordinates
-per sampled unit and holds them as one matrix on the billboard
-(docs/architecture.md#one-round-as-data), then works
-on float64 copies (centring, the randomized Hadamard rotation padded to a power of two, the
-friend counts' distance blocks). With 60,000 users and the paper CNN that is tens of GiB, so
-such a run is refused *before any work* when the estimate exceeds the memory available,
-with the estimate in the message; sum aggregators (``gaussian``, ``none``) need O(dim).
+per sampled unit, held once on the billboard as the owners produced them
+(docs/architecture.md#one-round-as-data); the estimator reads them in float64 chunks
+(``fedudp.aggregators.rows``) and adds its own working set (``RowsAggregator.working_bytes``:
+the winsorized mean's stored range bins, the friend counts' float64 blocks, few users' rotated
+block). With 60,000 users and the paper CNN the rows alone are GiBs, so a run whose estimate
+exceeds the memory available is refused *before any work*, with the estimate in the message;
+sum aggregators (``gaussian``, ``none``) need O(dim).
 """
 from __future__ import annotations
 
 import math
 
+from fedudp.aggregators.rows import DISTANCE_CHUNK, chunks_bytes  # noqa: F401
 from fedudp.config import ConfigError
 
 GIB = 1024 ** 3
-DISTANCE_CHUNK = 1024      # rows per block of the friend counts (outlier.friend_counts)
+# The owners' side holds the rows twice for a moment: engine=local's ``Owners.reply``
+# (fedudp/core/owner.py) collects the cohort's row chunks in a list and concatenates them
+# (``Contribution.merge``), so the estimate counts the matrix twice.
+OWNER_ROW_COPIES = 2
 
 
 def cohort_rows(rate: float, population: int) -> int:
@@ -26,11 +31,16 @@ def cohort_rows(rate: float, population: int) -> int:
     return int(min(population, math.ceil(rate * population + 6 * sd + 10)))
 
 
-def rows_bytes(rows: int, dim: int, itemsize: int) -> int:
-    """The cohort matrix, two float64 working copies padded to a power of two, and one block
-    of pairwise distances (a generous bound for every row estimator here)."""
-    padded = 1 << max(dim - 1, 0).bit_length()
-    return int(rows * dim * itemsize + 2 * rows * padded * 8 + 2 * DISTANCE_CHUNK * rows * 8)
+def rows_bytes(rows: int, dim: int, itemsize: int, aggregator=None) -> int:
+    """Peak bytes of one release's rows: the [rows, dim] matrix in the owners' dtype
+    (``itemsize``) and the larger of what comes on top of it at any one time: its copy while
+    the owners assemble it (``OWNER_ROW_COPIES``), or the estimator's working set
+    (``aggregator.working_bytes``; without an aggregator, a few float64 chunks)."""
+    matrix = int(rows) * int(dim) * int(itemsize)
+    work = (aggregator.working_bytes(int(rows), int(dim))
+            if aggregator is not None and hasattr(aggregator, "working_bytes")
+            else chunks_bytes())
+    return int(matrix + max((OWNER_ROW_COPIES - 1) * matrix, work))
 
 
 def available_bytes() -> int | None:
@@ -52,12 +62,13 @@ def check_rows_fit(aggregator, dim: int, itemsize: int, available: int | None = 
         return 0
     s = aggregator.sampling
     rows = cohort_rows(s.rate, s.population)
-    need = rows_bytes(rows, dim, itemsize)
+    need = rows_bytes(rows, dim, itemsize, aggregator)
     have = available_bytes() if available is None else available
     if have is not None and need > have:
         raise ConfigError(
             f"aggregator={aggregator.name}: its per-unit rows need about {need / GIB:.1f} GiB "
-            f"(up to {rows} units x {dim} shared coordinates, plus float64 working copies), "
-            f"{have / GIB:.1f} GiB is available; lower train.sampling_rate or the number of "
-            "users, use privacy.unit=owner, or an aggregator that takes sums (gaussian)")
+            f"(up to {rows} units x {dim} shared coordinates, held once in the owners' dtype, "
+            f"copied once while the owners assemble them, plus the estimator's float64 working "
+            f"chunks), {have / GIB:.1f} GiB is available; lower train.sampling_rate or the "
+            "number of users, use privacy.unit=owner, or an aggregator that takes sums (gaussian)")
     return need

@@ -5,14 +5,16 @@ docs/algorithms.md#friendlycore.
 Pieces (pure functions, vectorized, on the vectors' device):
 
 * ``friend_counts``: for every user, how many users (itself included) lie within each given
-  radius, from the Gram matrix ||a-b||² = ||a||² + ||b||² - 2<a,b>, in row chunks (never the
-  full n x n distance matrix at once).
+  radius, from the Gram matrix ||a-b||² = ||a||² + ||b||² - 2<a,b> in float64 blocks of
+  centred rows (BLAS), each pair once; the rows stay as the owners sent them and are converted
+  one block at a time (never the full n x n distances nor an n x d float64 copy).
 * ``concentration_score``: s = (1/n) Σ_j Σ_j' 1(||v_j - v_j'|| <= τ) ∈ [0, n]. Replacing one
   user changes at most 2(n-1) indicators, so s has sensitivity 2(n-1)/n < 2, not the 1 the
   paper's AboveThreshold assumes: both its noises are scaled by ``SCORE_SENSITIVITY = 2``.
 * ``keep_probabilities``: p_j = 0 if f_j < n/2, 1 if f_j >= 2n/3, (f_j - n/2)/(n/6) between,
   with f_j the count within 2τ.
-* ``filtered_mean``: keep each user independently with p_j, average the kept (0 if none).
+* ``filtered_mean``: keep each user independently with p_j, average the kept (0 if none;
+  summed in float64, a chunk of kept rows at a time).
 
 Aggregators (unit: user, or owner with ``privacy.unit=owner``; adjacency **replace-one** with
 a public n: every unit every round, missing rows count as zero vectors):
@@ -52,7 +54,9 @@ import torch
 from fedudp.aggregators.base import (Aggregate, ParameterError, RowsAggregator, Sampling,
                                      calibrate, check_budget, check_fraction, check_positive,
                                      check_sampling, choice, concentration_radius,
-                                     pad_to_population, register)
+                                     register)
+from fedudp.aggregators.rows import (DISTANCE_CHUNK, CohortRows, as_cohort, chunks_bytes,
+                                     outer_rows)
 from fedudp.privacy.accountant import ApproxDp, schedule_epsilon
 from fedudp.privacy.mechanisms import AboveThreshold, laplace
 
@@ -61,26 +65,131 @@ DIAMETER_FACTOR = 30.0        # Δ = 30 τ K / n (docs/algorithms.md#outlier-rem
 COUPLING_MEAN = 6.0           # Σ_j |p_j - p'_j| <= 6 (n-1)/n under replace-one
 
 
-def friend_counts(V: torch.Tensor, radii: tuple[float, ...], chunk: int = 1024) -> torch.Tensor:
+PRUNE_MARGIN = 1e-6     # relative: a pair decided by its norms alone is this far from a radius
+
+
+def friend_counts(V: "torch.Tensor | CohortRows", radii: tuple[float, ...], chunk: int | None = None,
+                  outer: int | None = None, prune: bool = True) -> torch.Tensor:
     """counts[k, j] = #{j' : ||V_j - V_j'|| <= radii[k]} (j' = j included), via the Gram matrix.
 
     The distances decide who is a friend (a privacy-relevant branch): computed in float64 on
-    centred rows, so that users far from the origin are not counted as friends by rounding."""
-    n = V.shape[0]
-    V = V.to(torch.float64)
-    V = V - V.mean(0, keepdim=True)
-    sq = (V * V).sum(1)
-    out = torch.zeros(len(radii), n, dtype=torch.int64, device=V.device)
-    for i in range(0, n, chunk):
-        blk = V[i:i + chunk]
-        # ||a||² + ||b||² - 2<a,b> in two passes (negative rounding is harmless: r² >= 0)
-        d2 = torch.addmm(sq[None, :], blk, V.T, alpha=-2.0)
-        d2 += sq[i:i + chunk, None]
-        idx = torch.arange(i, min(i + chunk, n), device=V.device)
-        d2[idx - i, idx] = 0.0                         # a point is its own friend, exactly
-        for k, r in enumerate(radii):
-            out[k, i:i + chunk] = (d2 <= r * r).sum(1)
+    centred rows, so that users far from the origin are not counted as friends by rounding.
+    ``V``: the rows (a tensor, or ``CohortRows`` with its virtual zero rows), kept as given;
+    float64 copies exist one block at a time: an outer block of ``outer`` rows (default: as
+    many as fit in ``rows.OUTER_BYTES``) against inner blocks of ``chunk`` rows (default
+    ``rows.DISTANCE_CHUNK``, at most ``outer``; a ``CohortRows`` with its own chunk sets both).
+    Each pair of rows is compared once, ||a-b||² = ||a||² + ||b||² - 2<a,b> from one float64
+    BLAS block (``addmm``), and counted for both rows; a row with itself is distance 0, exactly.
+    Never the full n x n distances nor the whole float64 matrix.
+
+    ``prune``: the blocks are formed in the order of the centred rows' float64 norms, and a
+    pair of blocks whose norms alone decide every pair for a radius skips the Gram block for it:
+    ||a|| + ||b|| <= r (1 - ``PRUNE_MARGIN``) means friends, | ||a|| - ||b|| | >= r (1 + margin)
+    means not (the triangle inequality). The margin is far above float64's rounding of the
+    norms and of the Gram formula (~d 2^-53 relative), so such a pair gets the answer the Gram
+    block would give it: the counts are the same, computed in float64 throughout; the O(n² d)
+    products are spent only on pairs near a radius (all of them for unconcentrated data)."""
+    rows = as_cohort(V)
+    n, d = rows.n, rows.d
+    if outer is None:
+        outer = rows.chunk or outer_rows(d)
+    if chunk is None:
+        chunk = rows.chunk or min(DISTANCE_CHUNK, outer)
+    chunk, outer = max(1, int(chunk)), max(1, int(outer))
+    dev = rows.device
+    centre = rows.column_sum() / n if n else torch.zeros(d, dtype=torch.float64, device=dev)
+    sq = torch.empty(n, dtype=torch.float64, device=dev)
+    for s, B in rows.chunks(centre=centre):
+        sq[s:s + len(B)] = (B * B).sum(1)
+    r2 = [r * r for r in radii]
+    if prune:                                      # positions in the order of the norms
+        order = torch.argsort(sq, stable=True)
+        sq = sq[order]
+    else:
+        order = None
+    norm = torch.sqrt(sq).tolist()
+    sure = [r * (1 - PRUNE_MARGIN) for r in radii]   # norms' sum below: friends
+    apart = [r * (1 + PRUNE_MARGIN) for r in radii]  # norms' difference above: not friends
+    out = torch.zeros(len(radii), n, dtype=torch.int64, device=dev)
+
+    def load(p0: int, p1: int, buf: torch.Tensor | None) -> torch.Tensor:
+        if order is None:
+            return rows.block(p0, p1, centre=centre, out=buf)
+        return rows.take(order[p0:p1], centre=centre, out=buf)
+
+    def plan(i0: int, i1: int, j0: int, j1: int) -> list[str]:
+        """Per radius, for the pairs (positions i0..i1-1) x (j0..j1-1), j0 >= i0: "all" friends,
+        "none", or "gram" (their products decide)."""
+        if order is None:
+            return ["gram"] * len(radii)
+        most = norm[i1 - 1] + norm[j1 - 1]
+        least = norm[j0] - norm[i1 - 1] if j0 >= i1 else 0.0
+        return ["all" if most <= sure[k] else "none" if least >= apart[k] else "gram"
+                for k in range(len(radii))]
+
+    def count(i0: int, A, j0: int, B, both: bool, how: list[str], na: int, nb: int) -> None:
+        d2 = None
+        for k, rr in enumerate(r2):
+            if how[k] == "all":
+                out[k, i0:i0 + na] += nb
+                if both:
+                    out[k, j0:j0 + nb] += na
+                continue
+            if how[k] == "none":
+                continue
+            if d2 is None:
+                a, b = A(), B()
+                # ||a||² + ||b||² - 2<a,b> in two passes (negative rounding is harmless: r² >= 0)
+                d2 = torch.addmm(sq[None, j0:j0 + nb], a, b.T, alpha=-2.0)
+                d2 += sq[i0:i0 + na, None]
+                if not both:                           # a diagonal block: its own rows
+                    idx = torch.arange(na, device=dev)
+                    d2[idx, idx + (i0 - j0)] = 0.0    # a point is its own friend, exactly
+            near = d2 <= rr
+            out[k, i0:i0 + na] += near.sum(1)
+            if both:
+                out[k, j0:j0 + nb] += near.sum(0)
+
+    outer_buf = torch.empty(min(outer, n), d, dtype=torch.float64, device=dev) if n else None
+    inner_buf = torch.empty(min(chunk, n), d, dtype=torch.float64, device=dev) if outer < n else None
+    far = max(apart) if apart else 0.0
+    for o0 in range(0, n, outer):
+        o1 = min(n, o0 + outer)
+        held: list[torch.Tensor] = []
+
+        def outer_rows_() -> torch.Tensor:             # converted once, when first needed
+            if not held:
+                held.append(load(o0, o1, outer_buf))
+            return held[0]
+
+        for i0 in range(o0, o1, chunk):                # pairs inside the outer block
+            i1 = min(o1, i0 + chunk)
+            sub = (lambda i0=i0, i1=i1: outer_rows_()[i0 - o0:i1 - o0])
+            count(i0, sub, i0, sub, False, plan(i0, i1, i0, i1), i1 - i0, i1 - i0)
+            for j0 in range(i1, o1, chunk):
+                j1 = min(o1, j0 + chunk)
+                how = plan(i0, i1, j0, j1)
+                count(i0, sub, j0, lambda j0=j0, j1=j1: outer_rows_()[j0 - o0:j1 - o0], True,
+                      how, i1 - i0, j1 - j0)
+        for j0 in range(o1, n, chunk):                 # against every later row, once
+            j1 = min(n, j0 + chunk)
+            if order is not None and norm[j0] - norm[o1 - 1] >= far:
+                break                                  # sorted: every later block is farther
+            how = plan(o0, o1, j0, j1)
+            count(o0, outer_rows_, j0, lambda j0=j0, j1=j1: load(j0, j1, inner_buf), True,
+                  how, o1 - o0, j1 - j0)
+    if order is not None:                              # back to the rows' own order
+        out[:, order] = out.clone()
     return out
+
+
+def friend_counts_bytes(rows: int, dim: int, radii: int = 2) -> int:
+    """Peak bytes of ``friend_counts`` and the kept mean beyond the rows: the float64 outer and
+    inner blocks, one distance block and its masks, the norms and counts, two working chunks."""
+    outer = min(rows, outer_rows(dim))
+    inner = min(outer, DISTANCE_CHUNK)
+    return (8 * ((outer + inner) * dim + 2 * outer * inner + (2 + radii) * rows + 2 * dim)
+            + outer * inner + chunks_bytes())
 
 
 def concentration_score(counts_tau: torch.Tensor) -> float:
@@ -94,14 +203,17 @@ def keep_probabilities(counts_2tau: torch.Tensor, n: int) -> torch.Tensor:
     return ((counts_2tau.to(torch.float64) - n / 2) / (n / 6)).clamp(0.0, 1.0)
 
 
-def filtered_mean(V: torch.Tensor, p: torch.Tensor, *, rng: torch.Generator
+def filtered_mean(V: "torch.Tensor | CohortRows", p: torch.Tensor, *, rng: torch.Generator
                   ) -> tuple[torch.Tensor, int]:
-    """Keep row j with probability p_j (independently); mean of the kept rows (0 if none)."""
+    """Keep row j with probability p_j (independently); mean of the kept rows (0 if none), in
+    the rows' dtype: summed in float64 from the kept rows, a chunk of them at a time."""
+    rows = as_cohort(V)
     keep = torch.rand(p.shape, generator=rng, dtype=torch.float64) < p
     k = int(keep.sum())
     if k == 0:
-        return V.new_zeros(V.shape[1]), 0
-    return V[keep.to(V.device)].mean(0), k
+        return torch.zeros(rows.d, dtype=rows.dtype, device=rows.device), 0
+    total = rows.sum_rows(torch.nonzero(keep).squeeze(1))
+    return (total / k).to(rows.dtype), k
 
 
 def chernoff_count(mean: float, zeta: float) -> int:
@@ -181,7 +293,7 @@ class _FilterGaussian(RowsAggregator):
 
     def _filtered(self, G: torch.Tensor, rng: torch.Generator):
         n = self.sampling.population
-        V = pad_to_population(G, n)
+        V = CohortRows(G, n, self.chunk_rows)         # missing units: zero rows (never stored)
         counts = friend_counts(V, (self.tau, 2 * self.tau))
         score = concentration_score(counts[0])
         p = keep_probabilities(counts[1], n)
@@ -190,6 +302,9 @@ class _FilterGaussian(RowsAggregator):
     def _noisy(self, mean: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
         noise = torch.randn(mean.shape, generator=rng, dtype=torch.float64)
         return (mean.to(torch.float64) + self.noise_std * noise).to(mean.dtype)
+
+    def working_bytes(self, rows: int, dim: int) -> int:
+        return friend_counts_bytes(rows, dim, radii=2)
 
     def _diag(self, G, score, kept, passed) -> dict:
         n = self.sampling.population
@@ -370,7 +485,7 @@ class FriendlyCoreAggregator(_FilterGaussian):
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        V = pad_to_population(G, n)
+        V = CohortRows(G, n, self.chunk_rows)         # missing units: zero rows (never stored)
         counts = friend_counts(V, (2 * self.tau,))
         p = friendly_keep_probabilities(counts[0], n)
         mass = float(p.sum())

@@ -9,7 +9,10 @@
   add Lap(4hτ/(nε)) (h = 2 in the paper; ``halfwidth_factor``).
 * ``WinsorizedAggregator`` (``aggregator=winsorized``): WinsorizedMeanHighD (Alg. 2): random
   Hadamard rotation, per-coordinate WinsorizedMean1D at radius τ' = 10 τ sqrt(log(dn/γ)/d),
-  inverse rotation. Used by every training method, this is Levy's Winsorized first-order
+  inverse rotation. The rotated rows are never held whole (``winsorized_mean_rows``): the
+  cohort's rows stay as the owners sent them and two passes rotate float64 chunks of them,
+  the first storing each rotated entry's PrivateRange bin (one byte where there are at most
+  256 bins), the second summing the clipped entries. Used by every training method, this is Levy's Winsorized first-order
   optimization (Alg. 3) on the convex model: ``model.name=linear method=full_dp
   aggregator=winsorized train.shared_update=gradient``.
 
@@ -29,41 +32,91 @@ certifies for those constants.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import dp_accounting
 import torch
 
 from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, calibrate, check_budget,
                                      check_dim, check_fraction, check_positive, check_sampling,
-                                     choice, concentration_radius, pad_to_population, register)
+                                     choice, concentration_radius, register)
+from fedudp.aggregators.rows import CohortRows, chunks_bytes
 from fedudp.privacy.mechanisms import (RandomRotation, exponential_mechanism, laplace, next_pow2,
                                       pure_dp_event, rotated_coordinate_radius)
 
 
-def private_range(X: torch.Tensor, tau: float, bound: float, eps: float, *,
-                  rng: torch.Generator, chunk_elems: int = 1 << 22) -> torch.Tensor:
+RANGE_ELEMS = 1 << 22      # segment weights per PrivateRange block (its columns: range_block)
+
+
+def range_bins(X: torch.Tensor, tau: float, bound: float, dtype: torch.dtype = torch.int64
+               ) -> torch.Tensor:
+    """PrivateRange's bin of each entry of ``X`` (as ``dtype``): l = max(1, ceil(B/τ)) bins of
+    width 2τ from -B, values outside [-B, B] in the end bins; computed in float64."""
+    nbins = max(1, math.ceil(bound / tau))
+    return torch.floor((X.to(torch.float64) + bound) / (2 * tau)).clamp(0, nbins - 1).to(dtype)
+
+
+def bin_dtype(tau: float, bound: float) -> torch.dtype:
+    """The smallest integer dtype that holds every bin index (what a stored bin takes)."""
+    top = max(1, math.ceil(bound / tau)) - 1
+    for dt in (torch.uint8, torch.int16, torch.int32):
+        if top <= torch.iinfo(dt).max:
+            return dt
+    return torch.int64
+
+
+@dataclass(frozen=True)
+class Binned:
+    """The columns of an [n, k] matrix as their stored PrivateRange bins ``bins_t`` [k, n]
+    (``range_bins`` in any integer dtype): what ``private_range`` needs of them."""
+
+    bins_t: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        k, n = self.bins_t.shape
+        return (n, k)
+
+
+def private_range(X: "torch.Tensor | Binned", tau: float, bound: float, eps: float, *,
+                  rng: torch.Generator, chunk_elems: int | None = None) -> torch.Tensor:
     """PrivateRange per column of ``X`` [n, k]: the sampled bin centers μ̂ [k] (eps-DP each).
 
     Bins: l = ceil(B/τ) consecutive bins of width 2τ over [-B, B]; X_i is mapped to its bin
     (values outside [-B, B] to the end bins). Score of a bin x: c(x) = max(#{X' < x}, #{X' > x})
     (sensitivity 1 under replace-one); P(x) ∝ exp(-eps c(x) / 2). Columns are processed in
     blocks of about ``chunk_elems`` segment weights (memory stays O(chunk), not O(n k)).
+    ``X`` may be ``Binned`` (the columns' bins, stored): the same blocks, draws and μ̂.
     """
     n, k = X.shape
     out = torch.empty(k, dtype=torch.float64)
-    cols = max(1, chunk_elems // (2 * n + 1))
+    cols = range_block(n, chunk_elems)
     for c0 in range(0, k, cols):
-        out[c0:c0 + cols] = _private_range_rows(X[:, c0:c0 + cols].T.contiguous(), tau, bound, eps, rng)
+        if isinstance(X, Binned):
+            b = X.bins_t[c0:c0 + cols].to(torch.int64)
+        else:
+            b = range_bins(X[:, c0:c0 + cols].T.contiguous(), tau, bound)
+        out[c0:c0 + cols] = _range_from_bins(b, tau, bound, eps, rng)
     return out
+
+
+def range_block(n: int, chunk_elems: int | None = None) -> int:
+    """Columns per block of PrivateRange on n rows (the blocks fix the order of the draws)."""
+    return max(1, (RANGE_ELEMS if chunk_elems is None else chunk_elems) // (2 * n + 1))
 
 
 def _private_range_rows(Xr: torch.Tensor, tau: float, bound: float, eps: float,
                         rng: torch.Generator) -> torch.Tensor:
     """PrivateRange for each row of ``Xr`` [k, n] (one independent instance per row)."""
-    k, n = Xr.shape
+    return _range_from_bins(range_bins(Xr, tau, bound), tau, bound, eps, rng)
+
+
+def _range_from_bins(b: torch.Tensor, tau: float, bound: float, eps: float,
+                     rng: torch.Generator) -> torch.Tensor:
+    """PrivateRange for each row of the bins ``b`` [k, n] (int64; one instance per row)."""
+    k, n = b.shape
     dt = torch.float64
     nbins = max(1, math.ceil(bound / tau))
-    b = torch.floor((Xr.to(dt) + bound) / (2 * tau)).clamp(0, nbins - 1).to(torch.int64)
     s, _ = torch.sort(b, dim=1)                                    # [k, n]
     # segments per row: n occupied bins (first occurrence only), n-1 gaps, before, after
     left = torch.searchsorted(s, s, right=False)
@@ -97,12 +150,63 @@ def winsorized_mean_1d(X: torch.Tensor, tau: float, bound: float, eps: float, *,
 
     ``n_public`` (default: the rows) is the public n the clipped sum is divided by.
     """
-    n = int(n_public or X.shape[0])
-    X = X.to(torch.float64)
-    mu = private_range(X, tau, bound, eps / 2, rng=rng)
-    stat, frac = winsorized_sum(X, mu, halfwidth_factor * tau)
-    scale = 4 * halfwidth_factor * tau / (n * eps)            # (2hτ/n) / (eps/2)
-    out = stat / n + laplace((X.shape[1],), scale, rng=rng)
+    return winsorized_mean_rows(CohortRows(X), tau, bound, eps, rng=rng,
+                                halfwidth_factor=halfwidth_factor, n_public=n_public)
+
+
+def winsorized_mean_rows(rows: CohortRows, tau: float, bound: float, eps: float, *,
+                         rng: torch.Generator, rotation: RandomRotation | None = None,
+                         halfwidth_factor: float = 2.0, n_public: int | None = None,
+                         chunk_elems: int | None = None) -> tuple[torch.Tensor, dict]:
+    """WinsorizedMean1D per column of the cohort's rows, rotated by ``rotation`` if given
+    (WinsorizedMeanHighD's inner step), in two passes over float64 chunks of rows:
+
+    1. each chunk is rotated and its entries' PrivateRange bins stored (the smallest integer
+       dtype that holds them, ``bin_dtype``: [k, n], column by column); PrivateRange then runs
+       on the stored bins in the same column blocks, with the same draws, as on a whole matrix;
+    2. each chunk is rotated again, clipped to [μ̂ ± hτ] and summed (float64); Laplace noise.
+       Where no entry lies outside [μ̂ ± hτ] (pass 1 keeps each column's float64 min and max)
+       the clipped sums are pass 1's plain column sums, the same values: pass 2 is skipped.
+
+    Memory: the bins (n k bytes at most 2^8 bins) and a few float64 chunks, never the rotated
+    n x k matrix. Same values as ``winsorized_mean_1d`` on the whole rotated matrix up to the
+    summation order of the clipped sums."""
+    n = rows.n
+    n_pub = int(n_public or n)
+    k = rotation.dp if rotation is not None else rows.d
+    step = rows.rows_per_chunk(k)
+
+    def values():
+        for s, B in rows.chunks(step):
+            yield s, (rotation.rotate(B) if rotation is not None else B)
+
+    stored = bin_dtype(tau, bound)
+    bins_t = torch.empty(k, n, dtype=stored)
+    total = torch.zeros(k, dtype=torch.float64)          # Σ_i Y_ij, in pass 2's chunk order
+    low = torch.full((k,), math.inf, dtype=torch.float64)
+    high = torch.full((k,), -math.inf, dtype=torch.float64)
+    for s, Y in values():
+        bins_t[:, s:s + len(Y)] = range_bins(Y, tau, bound, stored).T
+        total += Y.sum(0)
+        torch.minimum(low, Y.amin(0), out=low)
+        torch.maximum(high, Y.amax(0), out=high)
+    mu = private_range(Binned(bins_t), tau, bound, eps / 2, rng=rng, chunk_elems=chunk_elems)
+    del bins_t
+    half = halfwidth_factor * tau
+    lo, hi = mu - half, mu + half
+    if bool(((low >= lo) & (high <= hi)).all()):
+        # nothing to clip (the usual case: τ' bounds the spread): the clipped sums are the
+        # sums of pass 1, the same values in the same order; no second rotation
+        stat, outside = total, 0
+    else:
+        stat = torch.zeros(k, dtype=torch.float64)
+        outside = 0
+        for _, Y in values():
+            stat += torch.minimum(torch.maximum(Y, lo), hi).sum(0)
+            outside += int(((Y < lo) | (Y > hi)).sum())
+    frac = outside / (n * k) if n * k else 0.0
+    scale = 4 * halfwidth_factor * tau / (n_pub * eps)            # (2hτ/n) / (eps/2)
+    out = stat / n_pub + laplace((k,), scale, rng=rng)
     return out, {"clipped_fraction": frac, "laplace_scale": scale, "center": mu}
 
 
@@ -114,6 +218,16 @@ def winsorized_sum(X: torch.Tensor, center: torch.Tensor, halfwidth: float
     clipped = torch.minimum(torch.maximum(X, lo), hi)
     frac = float(((X < lo) | (X > hi)).to(torch.float64).mean()) if X.numel() else 0.0
     return clipped.sum(0), frac
+
+
+def winsorized_bytes(rows: int, dim: int, tau_coord: float, bound: float,
+                     chunk_elems: int | None = None) -> int:
+    """Peak bytes of one WinsorizedMeanHighD release beyond the rows: the stored bins, the
+    float64 chunks being rotated and one PrivateRange block (a dozen [cols, 2n+1] arrays)."""
+    k = next_pow2(dim)
+    bins = rows * k * torch.empty((), dtype=bin_dtype(tau_coord, bound)).element_size()
+    block = 12 * 8 * range_block(rows, chunk_elems) * (2 * rows + 1)
+    return bins + chunks_bytes() + block + 8 * 8 * k
 
 
 def min_users(coords: int, eps_coord: float, bound: float, tau_coord: float, gamma: float) -> int:
@@ -184,12 +298,12 @@ class WinsorizedAggregator(RowsAggregator):
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        X = pad_to_population(G.to(torch.float64), n)
+        rows = CohortRows(G, n, self.chunk_rows)      # missing units: zero rows (never stored)
         rot = RandomRotation(self.dim, rng=rng)
-        Y = rot.rotate(X)
-        # per rotated coordinate |Y_j| <= ||X||_2 <= B (the l2 bound), docs/algorithms.md#winsorized-mean
-        est, diag = winsorized_mean_1d(Y, self.tau_coord, self.bound, self.eps_coord, rng=rng,
-                                       halfwidth_factor=self.h, n_public=n)
+        # per rotated coordinate |Y_j| <= ||X||_2 <= B (the l2 bound), docs/algorithms.md#winsorized-mean;
+        # the rotated rows exist one float64 chunk at a time (two passes: range, clipped sum)
+        est, diag = winsorized_mean_rows(rows, self.tau_coord, self.bound, self.eps_coord, rng=rng,
+                                         rotation=rot, halfwidth_factor=self.h, n_public=n)
         mean = rot.invert(est).to(G.dtype)
         info = {"clipped_fraction": diag["clipped_fraction"], "cohort": int(G.shape[0]),
                 "tau_coord": self.tau_coord, "eps_coord": self.eps_coord}
@@ -200,6 +314,9 @@ class WinsorizedAggregator(RowsAggregator):
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return winsorized_round_event(self.eps_coord, self.dp)
+
+    def working_bytes(self, rows: int, dim: int) -> int:
+        return winsorized_bytes(rows, dim, self.tau_coord, self.bound)
 
 
 def winsorized_round_event(eps_coord: float, coords: int) -> dp_accounting.DpEvent:
