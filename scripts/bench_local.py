@@ -6,8 +6,10 @@ of minibatch SGD at batch 32 and lr 0.05, the paper CNN (``model.name=cnn``), 10
 MNIST-shaped training records split over ``n`` owners (paper split, sizes floor/ceil(N/n)).
 
 * ``local``: fedudp's own round loop (``fedudp.core.rounds.run_rounds`` on the local engine,
-  owners batched with ``torch.func`` in chunks of ``engine_opts.chunk_records`` records); its
-  per-round seconds as the loop reports them (evaluation only after the last round, not used).
+  owners in chunks of ``engine_opts.chunk_records`` records, each owner's SGD run with ordinary
+  autograd one owner after another, or vmapped with ``torch.func`` where steps are small, see
+  ``--loop-min-records``); its per-round seconds as the loop reports them (evaluation only after
+  the last round, not used).
 * ``plain``: this script's own loop: owners one after another, each loads the global weights
   into a ``PaperCNN``, runs one epoch of ``torch.optim.SGD`` over its records in the same batch
   order (the per-owner public keys of ``Purpose.OWNER_ORDER``, as standard FedAvg, sorted), and the global model
@@ -19,6 +21,13 @@ loop runs its own round of the same number, so both sides see the same machine s
 rest (``--rounds 7``: five rounds per side). After the run the two final global models are
 compared (same arithmetic up to float32 summation order).
 
+Paths (``--loop-min-records``): ``fedudp.core.local_sgd`` trains a unit (here an owner) one after
+another with ordinary autograd when its steps hold ``LOOP_MIN_RECORDS`` records or more on
+average, vmapped otherwise; ``--loop-min-records 1000000`` times the all-vmapped path (the
+engine before issue 25) in the same checkout. Peak memory: the process's maximum resident set
+size (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) after each run, both sides together and
+cumulative over the runs of one invocation (run one ``--n`` per invocation to attribute it).
+
 Data: real MNIST from ``--data-root`` (required, or the environment variable ``FEDUDP_DATA``;
 ``<root>/mnist/*-idx?-ubyte[.gz]``) when present there, else synthetic MNIST-shaped data generated
 here (smooth per-class patterns + Gaussian noise, as in the reference workload), written as IDX
@@ -26,13 +35,16 @@ files to a temporary folder and read through the same ``dataset.name=mnist`` pat
 
     .venv/bin/python scripts/bench_local.py --data-root DATA            # n = 16 128 512
     .venv/bin/python scripts/bench_local.py --data-root DATA --n 512 --chunk-records 1024 2048 8192
+    .venv/bin/python scripts/bench_local.py --data-root DATA --n 128 --loop-min-records 8 1000000
 """
 from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import os
+import resource
 import statistics
 import struct
 import sys
@@ -189,6 +201,9 @@ def main() -> None:
                          "MNIST-shaped data); default: $FEDUDP_DATA")
     ap.add_argument("--chunk-records", type=int, nargs="+", default=[None],
                     help="engine_opts.chunk_records values to time (default: the config default)")
+    ap.add_argument("--loop-min-records", type=int, nargs="+", default=[None],
+                    help="fedudp.core.local_sgd.LOOP_MIN_RECORDS values to time (default: the "
+                         "module's; 1000000: every unit vmapped)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
@@ -198,7 +213,9 @@ def main() -> None:
     if a.rounds < 7:
         raise SystemExit("--rounds must be >= 7 (five counted rounds per side)")
     from fedudp.config import EngineConfig
+    from fedudp.core import local_sgd
     from fedudp.core.local_sgd import AUTO_CHUNK_CONV
+    default_loop_min = local_sgd.LOOP_MIN_RECORDS
 
     tmp = None
     root = Path(a.data_root)
@@ -215,34 +232,40 @@ def main() -> None:
           f"rounds 2..{a.rounds - 1} counted, local and plain interleaved", flush=True)
 
     results = []
-    for n in a.n:
-        for ck in a.chunk_records:
-            cfg = make_cfg(n, a.rounds, str(root), ck, a.threads)
-            t_local, t_plain, diff, scale = run_interleaved(cfg)
-            lo, pl = counted(t_local), counted(t_plain)
-            ratios = [x / y for x, y in zip(lo, pl)]
-            row = {"n": n, "chunk_records": cfg.engine_opts.chunk_records,
-                   "local_min": min(lo), "local_median": statistics.median(lo),
-                   "plain_min": min(pl), "plain_median": statistics.median(pl),
-                   "ratio_of_mins": min(lo) / min(pl),
-                   "ratio_of_medians": statistics.median(lo) / statistics.median(pl),
-                   "ratio_per_round_min": min(ratios), "ratio_per_round_median": statistics.median(ratios),
-                   "local_rounds": t_local, "plain_rounds": t_plain,
-                   "max_abs_param_diff": diff, "max_abs_param": scale}
-            results.append(row)
-            print(f"  n={n} chunk_records={row['chunk_records']}: local {[f'{s:.2f}' for s in t_local]} "
-                  f"plain {[f'{s:.2f}' for s in t_plain]}  |w_local - w_plain|max={diff:.2e}",
-                  flush=True)
+    for n, ck, lm in itertools.product(a.n, a.chunk_records, a.loop_min_records):
+        local_sgd.LOOP_MIN_RECORDS = default_loop_min if lm is None else lm
+        cfg = make_cfg(n, a.rounds, str(root), ck, a.threads)
+        t_local, t_plain, diff, scale = run_interleaved(cfg)
+        lo, pl = counted(t_local), counted(t_plain)
+        ratios = [x / y for x, y in zip(lo, pl)]
+        row = {"n": n, "chunk_records": cfg.engine_opts.chunk_records,
+               "loop_min_records": local_sgd.LOOP_MIN_RECORDS,
+               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "local_min": min(lo), "local_median": statistics.median(lo),
+               "plain_min": min(pl), "plain_median": statistics.median(pl),
+               "ratio_of_mins": min(lo) / min(pl),
+               "ratio_of_medians": statistics.median(lo) / statistics.median(pl),
+               "ratio_per_round_min": min(ratios), "ratio_per_round_median": statistics.median(ratios),
+               "local_rounds": t_local, "plain_rounds": t_plain,
+               "max_abs_param_diff": diff, "max_abs_param": scale}
+        results.append(row)
+        print(f"  n={n} chunk_records={row['chunk_records']} loop_min_records="
+              f"{row['loop_min_records']}: local {[f'{s:.2f}' for s in t_local]} "
+              f"plain {[f'{s:.2f}' for s in t_plain]}  |w_local - w_plain|max={diff:.2e}  "
+              f"peak RSS {row['peak_rss_mib']:.0f} MiB", flush=True)
+    local_sgd.LOOP_MIN_RECORDS = default_loop_min
 
     print()
-    print("| n | chunk_records | local s/round min / median | plain s/round min / median "
-          "| ratio of mins | ratio of medians | per-round ratio min / median |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| n | chunk_records | loop_min_records | local s/round min / median "
+          "| plain s/round min / median | ratio of mins | ratio of medians "
+          "| per-round ratio min / median | peak RSS MiB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['n']} | {r['chunk_records']} | {r['local_min']:.2f} / {r['local_median']:.2f} "
+        print(f"| {r['n']} | {r['chunk_records']} | {r['loop_min_records']} "
+              f"| {r['local_min']:.2f} / {r['local_median']:.2f} "
               f"| {r['plain_min']:.2f} / {r['plain_median']:.2f} | {r['ratio_of_mins']:.2f} "
               f"| {r['ratio_of_medians']:.2f} | {r['ratio_per_round_min']:.2f} / "
-              f"{r['ratio_per_round_median']:.2f} |")
+              f"{r['ratio_per_round_median']:.2f} | {r['peak_rss_mib']:.0f} |")
     print(f"\n(default engine_opts.chunk_records = {EngineConfig().chunk_records}: auto, "
           f"{AUTO_CHUNK_CONV} for models with convolutions)")
     if a.json:

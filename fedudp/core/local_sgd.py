@@ -109,15 +109,54 @@ def _loss(model: nn.Module, params: Mapping[str, torch.Tensor], xb: torch.Tensor
 
 
 def local_sgd(model: nn.Module, trainable: Params, frozen_per_unit: Params, frozen_common: Params,
-              x: torch.Tensor, y: torch.Tensor, orders: np.ndarray, spec: LocalSpec) -> Params:
+              x: torch.Tensor, y: torch.Tensor, orders: np.ndarray, spec: LocalSpec,
+              path: str = "auto") -> Params:
     """Run each unit's SGD (``spec.epochs`` passes, batches of ``spec.batch_size``) at once.
 
     ``trainable`` and ``frozen_per_unit`` have a leading unit dimension; ``frozen_common``
-    is shared by all units. Returns the trained ``trainable``.
+    is shared by all units. Returns the trained ``trainable`` (the inputs are not modified).
+
+    Two paths, the same steps on the same records (results equal up to float summation order):
+    ``vmap`` over the units, one batched step per step index, and units one after another with
+    ordinary autograd on each unit's real records. ``path="auto"``: each unit takes the path
+    ``loop_units`` gives it (the loop for convolution models whose unit steps are large enough,
+    vmap for the rest); ``"loop"`` or ``"vmap"`` force one for all units.
     """
     U, E, L = orders.shape
     if U == 0 or L == 0:
         return trainable
+    if path not in ("auto", "loop", "vmap"):
+        raise ValueError(f"local_sgd: path must be auto, loop or vmap, got {path!r}")
+    if path == "auto":
+        looped = loop_units(model, (orders[:, 0, :] >= 0).sum(1), spec.batch_size)
+        if looped.all():
+            path = "loop"
+        elif not looped.any():
+            path = "vmap"
+    if path == "loop":
+        return _local_sgd_loop(model, trainable, frozen_per_unit, frozen_common, x, y, orders, spec)
+    if path == "vmap":
+        return _local_sgd_vmap(model, trainable, frozen_per_unit, frozen_common, x, y, orders, spec)
+    # both: each unit's steps do not depend on the other units
+    out = {k: v.detach().clone() for k, v in trainable.items()}
+    for sel, run in ((np.flatnonzero(looped), _local_sgd_loop),
+                     (np.flatnonzero(~looped), _local_sgd_vmap)):
+        o = orders[sel]
+        width = int((o[:, 0, :] >= 0).sum(1).max())      # valid entries come first
+        got = run(model, select(trainable, sel), select(frozen_per_unit, sel), frozen_common, x, y,
+                  np.ascontiguousarray(o[:, :, :width]), spec)
+        t = torch.from_numpy(sel)
+        for k in out:
+            out[k][t] = got[k].detach()
+    return out
+
+
+def _local_sgd_vmap(model: nn.Module, trainable: Params, frozen_per_unit: Params,
+                    frozen_common: Params, x: torch.Tensor, y: torch.Tensor, orders: np.ndarray,
+                    spec: LocalSpec) -> Params:
+    """``local_sgd`` vmapped: step s of every unit at once, units padded with masked records
+    (a masked step has zero gradient)."""
+    U, E, L = orders.shape
 
     def unit_loss(tr: Params, fr: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor):
         return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
@@ -139,10 +178,103 @@ def local_sgd(model: nn.Module, trainable: Params, frozen_per_unit: Params, froz
     return trainable
 
 
+# a unit's local SGD runs in the per-unit loop (models with convolutions) when its steps hold
+# this many records or more on average (scripts/bench_local.py, docs/results/bench_local/floor)
+LOOP_MIN_RECORDS = 8
+
+
+def has_conv(model: nn.Module) -> bool:
+    """Whether ``model`` holds a convolution."""
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def loop_units(model: nn.Module, sizes: np.ndarray, batch: int | None) -> np.ndarray:
+    """[U] bool: which units of ``sizes`` records ``local_sgd`` (steps of ``batch`` records) or
+    ``mean_gradients`` (``batch=None``: one step of all its records) runs one after another with
+    ordinary autograd rather than vmapped. For a model with convolutions, the units whose steps
+    hold at least ``LOOP_MIN_RECORDS`` records on average (records / ceil(records / batch));
+    none otherwise.
+
+    Why: under ``vmap`` every unit's convolutions become one grouped convolution and its
+    max-pooling a batched one, which on the CPU cost more per record than the same work as
+    ordinary per-unit calls (1.3x at 32 records per step, one thread); the per-call overhead of a
+    step (about a millisecond for the paper CNN) is what ``vmap`` amortizes, and it only wins
+    where steps are small (break-even near 8 records per step, 2x at one record;
+    docs/results/bench_local/floor). Dense models stay vmapped: their batched matmuls are cheap
+    and the per-call overhead dominates."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if not has_conv(model):
+        return np.zeros(len(sizes), dtype=bool)
+    if batch is None:
+        return sizes >= LOOP_MIN_RECORDS
+    steps = np.maximum(-(-sizes // max(int(batch), 1)), 1)
+    return (sizes > 0) & (sizes >= LOOP_MIN_RECORDS * steps)
+
+
+def _local_sgd_loop(model: nn.Module, trainable: Params, frozen_per_unit: Params,
+                    frozen_common: Params, x: torch.Tensor, y: torch.Tensor, orders: np.ndarray,
+                    spec: LocalSpec) -> Params:
+    """``local_sgd`` unit by unit: plain minibatch SGD with ``torch.autograd`` on each unit's
+    real records (no padding), the update ``w - lr * g`` in place on a copy of ``trainable``."""
+    U, E, L = orders.shape
+    names = tuple(trainable)
+    out = {k: v.detach().clone() for k, v in trainable.items()}
+    b, lr = spec.batch_size, spec.lr
+    sizes = (orders[:, 0, :] >= 0).sum(1)
+    ords = torch.from_numpy(orders)
+    with torch.enable_grad():
+        for u in range(U):
+            m = int(sizes[u])
+            if m == 0:
+                continue
+            leaves = [out[k][u].detach().requires_grad_(True) for k in names]
+            params = {**frozen_common, **{k: v[u] for k, v in frozen_per_unit.items()},
+                      **dict(zip(names, leaves))}
+            for e in range(E):
+                order = ords[u, e, :m]
+                for s in range(0, m, b):
+                    idx = order[s:s + b]
+                    out_b = functional_call(model, params, (x[idx],))
+                    loss = F.cross_entropy(out_b, y[idx])
+                    grads = torch.autograd.grad(loss, leaves)
+                    with torch.no_grad():
+                        torch._foreach_sub_(leaves, torch._foreach_mul(grads, lr))
+    return out
+
+
 def mean_gradients(model: nn.Module, trainable: Params, frozen_per_unit: Params,
                    frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
-                   units: Units) -> Params:
-    """Each unit's average gradient over all its records, w.r.t. ``trainable`` ([U, ...])."""
+                   units: Units, path: str = "auto") -> Params:
+    """Each unit's average gradient over all its records, w.r.t. ``trainable`` ([U, ...]).
+
+    Paths as in ``local_sgd`` (a unit's records are one step): ``vmap`` over the units (padded
+    to the largest), or unit by unit with ordinary autograd (``"auto"``: ``loop_units`` per unit,
+    the loop for units of ``LOOP_MIN_RECORDS`` records or more of a convolution model)."""
+    if path not in ("auto", "loop", "vmap"):
+        raise ValueError(f"mean_gradients: path must be auto, loop or vmap, got {path!r}")
+    sizes = np.asarray(units.sizes)
+    if path == "auto":
+        looped = loop_units(model, sizes, None)
+        path = "loop" if len(sizes) and looped.all() else \
+            "vmap" if not looped.any() else "auto"
+    if path == "loop":
+        return _mean_gradients_loop(model, trainable, frozen_per_unit, frozen_common, x, y, units)
+    if path == "vmap":
+        return _mean_gradients_vmap(model, trainable, frozen_per_unit, frozen_common, x, y, units)
+    out = {k: torch.empty_like(v) for k, v in trainable.items()}
+    for sel, run in ((np.flatnonzero(looped), _mean_gradients_loop),
+                     (np.flatnonzero(~looped), _mean_gradients_vmap)):
+        got = run(model, select(trainable, sel), select(frozen_per_unit, sel), frozen_common, x, y,
+                  units.subset(sel))
+        t = torch.from_numpy(sel)
+        for k in out:
+            out[k][t] = got[k].detach()
+    return out
+
+
+def _mean_gradients_vmap(model: nn.Module, trainable: Params, frozen_per_unit: Params,
+                         frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
+                         units: Units) -> Params:
     L = int(units.sizes.max()) if len(units) else 0
     col = np.arange(L)[None, :]
     mask = torch.from_numpy(col < units.sizes[:, None])
@@ -156,6 +288,35 @@ def mean_gradients(model: nn.Module, trainable: Params, frozen_per_unit: Params,
         trainable, frozen_per_unit, x[idx], y[idx], mask.to(dtype))
 
 
+# the per-unit loop of ``mean_gradients`` takes a large unit's records in batches of at most
+# this many (memory); its gradient is the sum over the batches divided by the unit's size
+LOOP_MAX_BATCH = 1024
+
+
+def _mean_gradients_loop(model: nn.Module, trainable: Params, frozen_per_unit: Params,
+                         frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
+                         units: Units) -> Params:
+    names = tuple(trainable)
+    out = {k: torch.zeros_like(v) for k, v in trainable.items()}
+    with torch.enable_grad():
+        for u in range(len(units)):
+            a, m = int(units.starts[u]), int(units.sizes[u])
+            if m == 0:
+                continue
+            leaves = [trainable[k][u].detach().requires_grad_(True) for k in names]
+            params = {**frozen_common, **{k: v[u] for k, v in frozen_per_unit.items()},
+                      **dict(zip(names, leaves))}
+            for s in range(a, a + m, LOOP_MAX_BATCH):
+                e = min(s + LOOP_MAX_BATCH, a + m)
+                loss = F.cross_entropy(functional_call(model, params, (x[s:e],)), y[s:e],
+                                       reduction="sum") / m
+                grads = torch.autograd.grad(loss, leaves)
+                with torch.no_grad():
+                    for k, g in zip(names, grads):
+                        out[k][u] += g
+    return out
+
+
 def expand(params: Mapping[str, torch.Tensor], n: int) -> Params:
     """Broadcast unbatched params to a leading unit dimension of size ``n`` (a copy)."""
     return {k: v.unsqueeze(0).expand(n, *v.shape).clone() for k, v in params.items()}
@@ -164,6 +325,22 @@ def expand(params: Mapping[str, torch.Tensor], n: int) -> Params:
 def flatten(params: Mapping[str, torch.Tensor], names: tuple[str, ...]) -> torch.Tensor:
     """[U, d]: the named batched params of each unit, concatenated in ``names`` order."""
     return torch.cat([params[k].reshape(params[k].shape[0], -1) for k in names], dim=1)
+
+
+def flat_delta(end: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
+               names: tuple[str, ...], out: torch.Tensor | None = None) -> torch.Tensor:
+    """[U, d]: ``flatten(end) - start`` with ``start`` unbatched (every unit's common start),
+    written into ``out`` when given (no intermediate [U, d] copies)."""
+    U = next(iter(end.values())).shape[0] if names else 0
+    if out is None:
+        out = torch.empty(U, sum(int(start[k].numel()) for k in names),
+                          dtype=end[names[0]].dtype if names else torch.float32)
+    c = 0
+    for k in names:
+        n = int(start[k].numel())
+        torch.sub(end[k].reshape(U, n), start[k].reshape(1, n), out=out[:, c:c + n])
+        c += n
+    return out
 
 
 @torch.no_grad()

@@ -161,7 +161,7 @@ class Owners:
                 orders = local_sgd.batch_orders(sub, spec, round_, Purpose.USER_ORDER,
                                                 fed.user_ids[users[sel]])
                 end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec)
-                G = local_sgd.flatten(end, names) - local_sgd.flatten(start, names)
+                G = local_sgd.flat_delta(end, shared, names)
             else:
                 G = self.hooks.user_gradients(self, fed, shared, fr_unit, fr_common, sub,
                                               fed.user_ids[users[sel]], round_)
@@ -221,15 +221,15 @@ class Owners:
                                 first[owners], count[owners], capacity, ids, dp, round_,
                                 names, self.budget)
         units = owner_units(fed, owners)
-        out = []
+        G = torch.zeros(len(owners), self.shared_dim, dtype=self.dtype)
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):
             fr_unit, fr_common = self._frozen(fed, personal, owners[sel])
             start = local_sgd.expand(shared, len(sel))
             orders = local_sgd.batch_orders(units.subset(sel), spec, round_, Purpose.OWNER_ORDER)
             end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders,
                                       spec)
-            out.append(local_sgd.flatten(end, names) - local_sgd.flatten(start, names))
-        return torch.cat(out) if out else torch.zeros(0, self.shared_dim, dtype=self.dtype)
+            local_sgd.flat_delta(end, shared, names, out=G[int(sel[0]):int(sel[-1]) + 1])
+        return G
 
     def reply(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
               round_: int, constraint: Constraint) -> OwnerReply:
