@@ -9,7 +9,9 @@
 runs it on the configured engine and returns a ``SimulationResult``: the per-round history, the
 ledger, ε and what kind of number it is, the final shared parameters and each owner's personal
 parameters. With ``out=<folder>`` it also writes the run folder the command line writes
-(config.yaml, metrics.jsonl, ledger.jsonl, ledger.json, owners.csv, summary.json, checkpoints).
+(config.yaml, metrics.jsonl, ledger.jsonl, ledger.json, owners.csv, summary.json, checkpoints)
+and, with ``{"tracking": "mlflow"}`` or ``"tensorboard"``, logs the run there too
+(docs/tracking.md).
 """
 from __future__ import annotations
 
@@ -95,6 +97,12 @@ def simulate(config: RunConfig | Mapping[str, Any] | None = None, *,
                                     summary.get("delta"), None, None,
                                     np.array([]), summary, folder)
     else:
+        from fedudp.config import validate
+        validate(cfg)
+        kind = settings(cfg).tracking
+        if kind != "none":
+            raise ConfigError(f"tracking.kind={kind}: logs a run folder's run; give simulate "
+                              "an out=<folder> (or leave tracking.kind=none)")
         p = prepare(cfg, **given)
         res = execute(p)
         summary = summary_of(cfg, p, res)

@@ -30,9 +30,9 @@ from fedudp.aggregators import REGISTRY, Aggregator, LocalDpSgdMean, Sampling
 from fedudp.aggregators.base import ParameterError
 from fedudp.aggregators.memory import check_rows_fit
 from fedudp.config import (NATURAL_DATASETS, Accounting, AlgorithmName, Calibration, ConfigError,
-                           DatasetName, EngineName, Method, ModelName, OwnerRule, OwnerWeights,
-                           Placement, RunConfig, Scheme, SharedUpdate, Unit, UserRule, jsonable,
-                           resolved_aggregator, validate)
+                           DatasetName, EngineName, KeepAfterFinish, Method, ModelName, OwnerRule,
+                           OwnerWeights, Placement, RunConfig, Scheme, SharedUpdate, TrackingKind,
+                           Unit, UserRule, jsonable, resolved_aggregator, validate)
 from fedudp.core.billboard import Billboard, ServerStep
 from fedudp.core.methods import MethodSpec, make_method
 from fedudp.core.owner import OwnerHooks, Owners, OwnerTraining
@@ -80,6 +80,10 @@ class RunSettings:
     sampling_rate: float            # the billboard's Poisson rate q
     bound: float                    # the public a-priori bound on a unit's vector
     accounting: str                 # certified | paper
+    keep_after_finish: str = "none"  # checkpoints kept once the run has finished: none | last | all
+    tracking: str = "none"          # none | mlflow | tensorboard (fedudp.tracking)
+    tracking_uri: str | None = None  # MLflow tracking URI; None: the embedded store
+    tracking_experiment: str = "fedudp"
 
 
 def settings(cfg: RunConfig) -> RunSettings:
@@ -97,7 +101,11 @@ def settings(cfg: RunConfig) -> RunSettings:
         address=str(e.address) if e.address else None,
         noise_personal=bool(cfg.algorithm.noise_personal),
         sampling_rate=float(cfg.train.sampling_rate), bound=float(cfg.estimator.bound),
-        accounting=Accounting(p.accounting).value)
+        accounting=Accounting(p.accounting).value,
+        keep_after_finish=KeepAfterFinish(cfg.checkpoint.keep_after_finish).value,
+        tracking=TrackingKind(cfg.tracking.kind).value,
+        tracking_uri=str(cfg.tracking.uri) if cfg.tracking.uri else None,
+        tracking_experiment=str(cfg.tracking.experiment))
 
 
 def placement(cfg: RunConfig) -> Placement:

@@ -126,6 +126,23 @@ class EngineName(Choice):
     flower = "flower"
 
 
+class TrackingKind(Choice):
+    """Where a run's parameters, per-round metrics and files are also logged (fedudp.tracking)."""
+
+    none = "none"                # only the run folder's own files
+    mlflow = "mlflow"            # an MLflow run (pip install 'fedudp[tracking]')
+    tensorboard = "tensorboard"  # TensorBoard scalars in <run folder>/tb
+
+
+class KeepAfterFinish(Choice):
+    """Which checkpoints stay in a run folder once the run has finished (a finished run is
+    never resumed: re-running it is skipped)."""
+
+    none = "none"    # remove them all
+    last = "last"    # keep the newest (the final parameters, for inspection)
+    all = "all"      # keep the newest ``checkpoint.keep`` (as during the run)
+
+
 class ModelName(Choice):
     auto = "auto"
     linear = "linear"
@@ -324,12 +341,30 @@ class EngineConfig:
 @dataclass
 class CheckpointConfig:
     """Checkpoints of the round loop (``fedudp.core.checkpoint``): one after every
-    ``every``-th completed round (0: none), the newest ``keep`` kept in the run folder. They
-    change nothing a run computes, so a finished or resumed run compares its configuration
-    without them."""
+    ``every``-th completed round (0: none), the newest ``keep`` kept in the run folder while it
+    runs, and ``keep_after_finish`` of them once it has finished (a finished run is never
+    resumed: ``none`` by default, so a sweep of many runs keeps no file it cannot use; an
+    interrupted or failed run keeps its checkpoints). They change nothing a run computes, so a
+    finished or resumed run compares its configuration without them."""
 
     every: int = 1
     keep: int = 2
+    # once the run has finished (stop_reason other than interrupted / failed): none, last, all
+    keep_after_finish: KeepAfterFinish = KeepAfterFinish.none
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment tracking (``fedudp.tracking``, docs/tracking.md): ``tracking=mlflow`` (or
+    ``tracking.kind=mlflow``) logs the run to MLflow, ``tracking=tensorboard`` writes TensorBoard
+    scalars. It changes nothing a run computes. ``uri``: an MLflow tracking URI (a server,
+    ``http://host:5000``, or a database); null: an embedded SQLite store in the run folder
+    (a sweep's: in the sweep folder) that needs no server. ``experiment``: the MLflow
+    experiment's name."""
+
+    kind: TrackingKind = TrackingKind.none
+    uri: Optional[str] = None
+    experiment: str = "fedudp"
 
 
 @dataclass
@@ -348,6 +383,7 @@ class RunConfig:
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     public: PublicConfig = field(default_factory=PublicConfig)
     # a run folder: continue that run from its newest usable checkpoint (same configuration)
     resume: Optional[str] = None
@@ -496,6 +532,8 @@ def validate(cfg: RunConfig) -> None:
           f"must be an integer >= 0 (0: no checkpoints), got {cfg.checkpoint.every}")
     _need(isinstance(cfg.checkpoint.keep, int) and cfg.checkpoint.keep >= 1, "checkpoint.keep",
           f"must be an integer >= 1, got {cfg.checkpoint.keep}")
+    _need(isinstance(cfg.tracking.experiment, str) and cfg.tracking.experiment.strip() != "",
+          "tracking.experiment", "must be a non-empty experiment name")
     if cfg.engine_opts.chunk_records < 0:
         raise ConfigError("engine_opts.chunk_records: must be >= 1, or 0 for auto")
 
@@ -542,6 +580,8 @@ def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
     base = OmegaConf.structured(RunConfig)
     OmegaConf.set_struct(base, True)
     for k, v in overrides.items():
+        if k == "tracking" and not isinstance(v, dict):   # tracking=mlflow, as on the command line
+            k = "tracking.kind"
         try:
             if k == "model.kwargs" or k.startswith("model.kwargs."):   # a free-form dict
                 with open_dict(base.model.kwargs):

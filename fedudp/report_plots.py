@@ -115,8 +115,8 @@ def _run_curve(s: dict) -> RunCurve:
             acc[r] = a
         if (e := _finite(m.get("epsilon"))) is not None:
             eps[r] = e
-    cfg = s.get("_config")
-    return RunCurve(s["_dir"], cfg.get("seed") if isinstance(cfg, dict) else None, acc, eps)
+    saved = s.get("_config")          # the run's config.yaml as a dict
+    return RunCurve(s["_dir"], saved.get("seed") if isinstance(saved, dict) else None, acc, eps)
 
 
 def _mean_per_round(curves: list[dict[int, float]]) -> dict[int, float]:

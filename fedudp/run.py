@@ -4,7 +4,8 @@
 ``fedudp method=joint_dp privacy.epsilon=1 -m partition.num_owners=4,16,64``. One call is
 one run; each run writes to its Hydra output folder: ``config.yaml`` (resolved),
 ``metrics.jsonl`` (one line per round, appended as it happens), ``owners.csv``,
-``ledger.json`` and ``summary.json``.
+``ledger.json`` and ``summary.json``; with ``tracking=mlflow|tensorboard`` the run is also
+logged there (``fedudp.tracking``, docs/tracking.md).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fedudp import tracking
 from fedudp.build import Prepared, prepare, run_guarantee, settings, warn_min_users
 from fedudp.config import (ConfigError, RunConfig, config_dict, jsonable, validate,
                            with_schema_defaults)
@@ -74,12 +76,12 @@ def saved_config(path: Path) -> dict:
 
 
 def comparable(d: Any) -> Any:
-    """A config dict without what changes how a run is shown, scheduled, checkpointed or
-    resumed, not what it computes (``progress``, ``engine_opts.threads``, ``checkpoint``,
-    ``resume``)."""
+    """A config dict without what changes how a run is shown, scheduled, checkpointed, tracked
+    or resumed, not what it computes (``progress``, ``engine_opts.threads``, ``checkpoint``,
+    ``tracking``, ``resume``)."""
     if not isinstance(d, dict):
         return d
-    d = {k: v for k, v in d.items() if k not in ("progress", "checkpoint", "resume")}
+    d = {k: v for k, v in d.items() if k not in ("progress", "checkpoint", "tracking", "resume")}
     if isinstance(d.get("engine_opts"), dict):
         d["engine_opts"] = {k: v for k, v in d["engine_opts"].items() if k != "threads"}
     return d
@@ -128,6 +130,7 @@ def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
         (out / name).unlink(missing_ok=True)
     if same:
         checkpoints.remove_all(out)
+        tracking.clear(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".fedudp_write_test"
@@ -138,13 +141,15 @@ def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
     return out
 
 
-def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None) -> dict:
+def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
+        sweep: tracking.Sweep | None = None) -> dict:
     """One fedudp run in ``out_dir``; returns summary.json's content (``run_with_result``)."""
-    return run_with_result(cfg, out_dir, grid)[0]
+    return run_with_result(cfg, out_dir, grid, sweep=sweep)[0]
 
 
 def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
-                    model_object: Any = None, records: Any = None
+                    model_object: Any = None, records: Any = None,
+                    sweep: tracking.Sweep | None = None
                     ) -> tuple[dict, RoundsResult | None, Prepared | None]:
     """One fedudp run; returns summary.json's content, the round loop's result (final
     parameters, history) and the prepared run (its ledger). A run of the same config that already
@@ -152,10 +157,14 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
     metrics.jsonl and ledger.jsonl are appended and flushed every round; summary.json is
     written whatever the stop reason (also when the run fails, before the error propagates).
     With ``resume=<run folder>`` (``out_dir`` is then ignored) the run in that folder continues
-    from its newest usable checkpoint: same files, no round twice."""
+    from its newest usable checkpoint: same files, no round twice. ``sweep``: the Hydra sweep
+    this run is a job of (a tracked sweep's runs are children of one parent run). Once the run
+    has finished, ``checkpoint.keep_after_finish`` says which checkpoints stay."""
     t_start = time.perf_counter()
     validate(cfg)
-    resume = settings(cfg).resume
+    s = settings(cfg)
+    tracking.require(s.tracking)            # the extra's package, before any work
+    resume = s.resume
     if resume:
         out_dir = resume
         _check_resumable(Path(out_dir), cfg)
@@ -174,12 +183,15 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
         out = Path(out_dir)
         ckpt = _resume_from(out, cfg, head)
         written = len(ckpt.resumed["billboard"]["entries"]) if ckpt.resumed["billboard"] else 0
+        resumed_round: int | None = int(ckpt.resumed["round"])
     else:
         out = _output_folder(out_dir, cfg)
         (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
         metrics_path.write_text("")
         ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
         ckpt, written = _checkpointer(out, cfg), 0
+        resumed_round = None
+    tracker = _tracker(cfg, p, out, sweep, resumed_round)
     bar = _progress(p.settings)
     heuristic = p.spec.private and run_guarantee(p.spec, p.aggregator) == "heuristic"
 
@@ -191,6 +203,7 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
             for e in p.ledger.entries[written:]:
                 f.write(json.dumps(jsonable(e.__dict__)) + "\n")
         written = len(p.ledger.entries)
+        tracker.log_round(info)
         if bar is not None:
             bar.update(1)
             # a heuristic ε is never shown bare, the progress bar included
@@ -202,14 +215,41 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
     try:
         res = execute(p, on_round, grid, ckpt)
     except BaseException as e:
-        _write_outputs(cfg, p, out, None, t_start, error=f"{type(e).__name__}: {e}")
+        failed = _write_outputs(cfg, p, out, None, t_start, error=f"{type(e).__name__}: {e}")
+        tracker.finish(failed, out)
         if isinstance(e, checkpoints.CheckpointError):
             raise ConfigError(f"resume={out}: the checkpoint does not fit this run: {e}") from None
         raise
     finally:
         if bar is not None:
             bar.close()
-    return _write_outputs(cfg, p, out, res, t_start), res, p
+    summary = _write_outputs(cfg, p, out, res, t_start)
+    if summary["stop_reason"] not in ("interrupted", "failed"):
+        # finished: never resumed (a re-run is skipped), so only what the policy keeps stays
+        checkpoints.keep_after_finish(out, s.keep_after_finish)
+    tracker.finish(summary, out)
+    return summary, res, p
+
+
+def _tracker(cfg: RunConfig, p: Prepared, out: Path, sweep: tracking.Sweep | None,
+             resumed_round: int | None) -> tracking.Tracker:
+    """The run's tracker (``tracking.kind``; none: one that does nothing). A resumed run's
+    rounds so far (metrics.jsonl) go to the tracked run where it does not hold them yet."""
+    s = p.settings
+    if s.tracking == "none":
+        return tracking.Tracker()
+    guarantee = run_guarantee(p.spec, p.aggregator) if p.spec.private else "none"
+    tags = {"method": s.method, "aggregator": p.aggregator.name if p.aggregator else "none",
+            "placement": s.placement or "none", "accounting": s.accounting if s.private else "none",
+            "guarantee": guarantee, "engine": s.engine, "dataset": s.dataset,
+            "unit": p.ledger.unit, "seed": s.seed}
+    t = tracking.start(s.tracking, out, uri=s.tracking_uri, experiment=s.tracking_experiment,
+                       config=config_dict(cfg), tags=tags, sweep=sweep,
+                       resumed_round=resumed_round)
+    if resumed_round is not None:
+        t.backfill([json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()
+                    if x.strip()])
+    return t
 
 
 def _identity(cfg: RunConfig) -> str:
@@ -365,10 +405,16 @@ def _hydra_main() -> None:
     @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
     def _main(dcfg: DictConfig) -> float | None:
         cfg: RunConfig = OmegaConf.to_object(dcfg)
-        out_dir = HydraConfig.get().runtime.output_dir
+        hc = HydraConfig.get()
+        out_dir = hc.runtime.output_dir
+        sweep = None
+        if hc.mode == RunMode.MULTIRUN:
+            sweep = tracking.Sweep(folder=str(Path(hc.sweep.dir).absolute()),
+                                   job=Path(out_dir).name, overrides=tuple(hc.overrides.task),
+                                   command=" ".join(["fedudp", *sys.argv[1:]]))
         try:
             out_dir = settings(cfg).resume or out_dir
-            summary = run(cfg, out_dir)
+            summary = run(cfg, out_dir, sweep=None if settings(cfg).resume else sweep)
         except ConfigError as e:
             fail(str(e))
         acc = summary["accuracy_mean"]

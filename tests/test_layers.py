@@ -22,7 +22,8 @@ LAYERS = [
     ("fedudp.build",),              # the config builder: the one reader of a RunConfig
     ("fedudp.engines",),            # local and Flower engines (owners build their side)
 ]
-TOP = len(LAYERS)                   # run, report, paper_report, api, audit, leak, flwr_entry
+TOP = len(LAYERS)                   # run, tracking, report, report_plots, paper_report, api, audit, leak,
+                                    # flwr_entry
 
 
 def layer(module: str) -> int:

@@ -128,6 +128,24 @@ def remove_all(folder: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+KEEP_AFTER_FINISH = ("none", "last", "all")
+
+
+def keep_after_finish(folder: Path, policy: str) -> list[int]:
+    """Once a run has finished (it is never resumed: re-running it is skipped), keep ``policy``
+    of its checkpoints: ``none`` removes every checkpoint file and owners' folder, ``last``
+    keeps the newest checkpoint (and its owners' folder), ``all`` leaves what the run kept.
+    Returns the rounds whose checkpoints remain."""
+    if policy not in KEEP_AFTER_FINISH:
+        raise ValueError(f"keep_after_finish: one of {KEEP_AFTER_FINISH}, got {policy!r}")
+    folder = Path(folder)
+    if policy == "none":
+        remove_all(folder)
+    elif policy == "last":
+        Checkpointer(folder, keep=1).prune()
+    return rounds_on_disk(folder)
+
+
 def warn(message: str) -> None:
     print(f"fedudp: warning: {message}", file=sys.stderr, flush=True)
 

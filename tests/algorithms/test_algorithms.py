@@ -366,7 +366,8 @@ def _same(a, b) -> bool:
 def test_interrupted_algorithm_resumes_to_the_uninterrupted_run(name, rounds, stop, tmp_path, monkeypatch):
     from conftest import interrupt_after
     from fedudp.core import checkpoint as ck
-    extra = ("checkpoint.every=1", "checkpoint.keep=20", f"train.rounds={rounds}")
+    extra = ("checkpoint.every=1", "checkpoint.keep=20", "checkpoint.keep_after_finish=all",
+             f"train.rounds={rounds}")
     ref = run(preset(name, *extra), tmp_path / "ref")
     interrupt_after(monkeypatch, stop)
     out = tmp_path / "cut"
