@@ -194,6 +194,9 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
     tracker = _tracker(cfg, p, out, sweep, resumed_round)
     bar = _progress(p.settings)
     heuristic = p.spec.private and run_guarantee(p.spec, p.aggregator) == "heuristic"
+    shown: dict = {}           # the bar's postfix after the last round (accuracy, ε)
+    if bar is not None:
+        p.owners.on_progress = _in_round(bar, shown)
 
     def on_round(info: dict) -> None:
         nonlocal written
@@ -209,7 +212,9 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
             # a heuristic ε is never shown bare, the progress bar included
             eps_key = "eps (heuristic)" if heuristic else "eps"
             post = {"acc": info.get("accuracy_mean"), eps_key: info.get("epsilon")}
-            bar.set_postfix({k: f"{v:.3f}" for k, v in post.items() if v is not None})
+            shown.clear()
+            shown.update({k: f"{v:.3f}" for k, v in post.items() if v is not None})
+            bar.set_postfix(shown)
 
     res = None
     try:
@@ -221,6 +226,7 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
             raise ConfigError(f"resume={out}: the checkpoint does not fit this run: {e}") from None
         raise
     finally:
+        p.owners.on_progress = None
         if bar is not None:
             bar.close()
     summary = _write_outputs(cfg, p, out, res, t_start)
@@ -382,6 +388,21 @@ def _write_owners(path: Path, fed, res) -> None:
 def _to_yaml(d: dict) -> str:
     from omegaconf import OmegaConf
     return OmegaConf.to_yaml(OmegaConf.create(d))
+
+
+def _in_round(bar, shown: dict, every: float = 0.5) -> Callable[[str, int, int], None]:
+    """Progress inside a round on the round bar: the last round's postfix plus the current
+    stage, e.g. ``users=1200/5000`` (owners' chunks done, or on engine=flower owners replied),
+    redrawn at most every ``every`` seconds and when a stage completes."""
+    last = [0.0]
+
+    def tick(stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last[0] < every:
+            return
+        last[0] = now
+        bar.set_postfix({**shown, stage: f"{done}/{total}"})
+    return tick
 
 
 def _progress(s):

@@ -25,7 +25,7 @@ owner's shard (Flower) and all owners at once (local engine) give the same delta
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -81,7 +81,7 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                  x: torch.Tensor, y: torch.Tensor, user_starts: np.ndarray, user_sizes: np.ndarray,
                  first_user: np.ndarray, users: np.ndarray, capacity: np.ndarray,
                  owner_ids: np.ndarray, spec: DpSgdSpec, round_: int, names: tuple[str, ...],
-                 budget: int) -> torch.Tensor:
+                 budget: int, progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
     """[k, d] shared deltas of k owners after their DP-SGD epochs of this round.
 
     Owner i's users are ``first_user[i] .. first_user[i] + users[i]`` (indices into
@@ -89,6 +89,7 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
     capacity M_i, from which the sampling rate, the step count and the divisor are computed
     (``users[i]`` only says which users exist to be sampled); ``frozen_by_owner``: its
     personal parameters ([k, ...], paper mode) or {} with ``frozen_common`` the public copy.
+    ``progress(done, total)``: called after each step (over all epochs); it changes nothing.
     """
     k = len(users)
     capacity = np.asarray(capacity, dtype=np.int64)
@@ -101,6 +102,7 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
     flat = start.clone()                          # [k, d]: every owner's shared parameters
     params = _unflatten(flat, {n: shared[n].unsqueeze(0) for n in names}, names)   # views of flat
     batched = per_sample.supported(model, names)
+    total_steps = spec.epochs * int(steps.max(initial=0))
     for e in range(spec.epochs):
         for s in range(int(steps.max(initial=0))):
             active = np.flatnonzero(steps > s)
@@ -130,6 +132,8 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                                          torch.from_numpy(r), k, spec.clip)
                 for i in active:
                     _noisy_step(flat[i], sums[i], spec, expected[i], round_, e, s, owner_ids[i])
+            if progress is not None:
+                progress(e * int(steps.max(initial=0)) + s + 1, total_steps)
     return flat - start
 
 

@@ -22,7 +22,7 @@ so both engines compute the same vectors. A new owner-side training mode belongs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -109,6 +109,13 @@ class Owners:
         self.public_personal = {k: init[k].detach().clone() for k in spec.personal}
         self.shared_dim = sum(int(init[k].numel()) for k in spec.shared)
         self.dtype = next(iter(init.values())).dtype
+        # progress inside a round (the run's progress bar): called as (stage, done, total) after
+        # each chunk of units; None: silent. It changes nothing the owners compute.
+        self.on_progress: Callable[[str, int, int], None] | None = None
+
+    def report_progress(self, stage: str, done: int, total: int) -> None:
+        if self.on_progress is not None:
+            self.on_progress(stage, int(done), int(total))
 
     @property
     def trains_personal(self) -> bool:
@@ -137,6 +144,7 @@ class Owners:
                               orders, spec)
             for k in new:
                 new[k][torch.from_numpy(sel)] = out[k].detach()
+            self.report_progress("personal", int(sel[-1]) + 1, fed.num_owners)
         return new
 
     def user_vectors(self, fed: Federation, shared: Params, personal: Params, users: np.ndarray,
@@ -153,6 +161,7 @@ class Owners:
             users = users[np.argsort(np.diff(fed.user_offsets)[users], kind="stable")]
         units = user_units(fed, users)
         delta = self.training.mode == SharedUpdate.delta.value
+        done = 0
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size if delta else None):
             sub = units.subset(sel)
             fr_unit, fr_common = self._frozen(fed, personal, fed.user_owner[users[sel]])
@@ -168,6 +177,8 @@ class Owners:
                 if G is None:
                     G = local_sgd.flatten(local_sgd.mean_gradients(
                         self.model, start, fr_unit, fr_common, fed.x, fed.y, sub), names)
+            done += len(sel)
+            self.report_progress("users", done, len(users))
             yield users[sel], G.detach()
 
     def unit_vectors(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
@@ -219,7 +230,8 @@ class Owners:
             capacity = np.asarray(self.training.dpsgd_capacity, dtype=np.int64)[ids]
             return dpsgd_deltas(self.model, shared, fr_unit, fr_common, fed.x, fed.y, starts, sizes,
                                 first[owners], count[owners], capacity, ids, dp, round_,
-                                names, self.budget)
+                                names, self.budget,
+                                progress=lambda d, t: self.report_progress("DP-SGD steps", d, t))
         units = owner_units(fed, owners)
         G = torch.zeros(len(owners), self.shared_dim, dtype=self.dtype)
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):
@@ -229,6 +241,7 @@ class Owners:
             end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders,
                                       spec)
             local_sgd.flat_delta(end, shared, names, out=G[int(sel[0]):int(sel[-1]) + 1])
+            self.report_progress("owners", int(sel[-1]) + 1, len(owners))
         return G
 
     def reply(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
@@ -271,4 +284,5 @@ class Owners:
             offs = fed.test_offsets[sel[0]:sel[-1] + 2]
             acc[sel], loss[sel] = local_sgd.evaluate_owners(self.model, shared, local_sgd.select(personal, sel),
                                                     fed.x_test, fed.y_test, offs)
+            self.report_progress("evaluating", int(sel[-1]) + 1, fed.num_owners)
         return acc, loss

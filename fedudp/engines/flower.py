@@ -93,10 +93,11 @@ class FlowerTransport:
             raise RuntimeError(f"no Flower node for owners {missing[:10]}")
 
     def _exchange(self, msgs: dict[int, Message], round_: int,
-                  while_waiting: Callable[[], None] | None = None
+                  while_waiting: Callable[[], None] | None = None, stage: str = "owners"
                   ) -> tuple[dict[int, Message], dict[int, str]]:
         """Push, run ``while_waiting``, pull until every reply or the timeout (polling from 2 ms,
-        backing off to 50 ms). Returns (replies, failure reasons) by owner."""
+        backing off to 50 ms). Returns (replies, failure reasons) by owner. The replies so far
+        go to the owners' progress hook (``Owners.on_progress``) as (stage, replied, sent)."""
         pending = set(self.grid.push_messages(list(msgs.values()))) if msgs else set()
         if while_waiting is not None:
             while_waiting()
@@ -108,6 +109,8 @@ class FlowerTransport:
             new = list(self.grid.pull_messages(list(pending)))
             got.extend(new)
             pending.difference_update(m.metadata.reply_to_message_id for m in new)
+            if new:
+                self.owners.report_progress(stage, len(msgs) - len(pending), len(msgs))
             interval = 0.002 if new else min(interval * 1.5, 0.05)
             if pending:
                 time.sleep(interval)
@@ -153,7 +156,7 @@ class FlowerTransport:
                  while_waiting: Callable[[], None] | None = None) -> Evaluation:
         n = self.fed.num_owners
         msgs = {j: self._message(j, round_, "evaluate", shared) for j in range(n)}
-        got, failed = self._exchange(msgs, round_, while_waiting)
+        got, failed = self._exchange(msgs, round_, while_waiting, stage="evaluating")
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)
         for j, m in got.items():
             acc[j], loss[j] = float(m.content[flower_wire.K_EVAL]["accuracy"]), float(m.content[flower_wire.K_EVAL]["loss"])
