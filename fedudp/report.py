@@ -96,9 +96,15 @@ def epsilon_display(epsilon: float | None, kind: str | None, digits: int = 3) ->
 # -- reading runs ---------------------------------------------------------------------------
 def load_summaries(folder: str | Path) -> list[dict]:
     """Every run's summary below ``folder``, with its folder (``_dir``) and, where the run wrote
-    one, its resolved config (``_config``, a dict)."""
+    one, its resolved config (``_config``, a dict). Copies of run files that a tracker keeps
+    below the folder (the embedded MLflow store's artifacts, ``tracking.ARTIFACTS_DIR``) are not
+    runs and are skipped, so a tracked sweep's runs count once."""
+    from fedudp.tracking import ARTIFACTS_DIR
     out = []
-    for p in sorted(Path(folder).rglob("summary.json")):
+    root = Path(folder)
+    for p in sorted(root.rglob("summary.json")):
+        if ARTIFACTS_DIR in p.relative_to(root).parts[:-1]:
+            continue
         try:
             s = json.loads(p.read_text())
         except json.JSONDecodeError:

@@ -259,6 +259,12 @@ def test_a_2x2_sweep_is_one_parent_with_four_children(tmp_path):
         assert json.loads(Path(local).read_text()) == summary
         assert checkpoint.rounds_on_disk(folder) == []              # keep_after_finish=none
     assert seen == {("fedavg", 1.0), ("fedavg", 8.0), ("full_dp", 1.0), ("full_dp", 8.0)}
+    # the store's artifacts (copies of each run's summary.json) are not runs of the sweep
+    from fedudp.report import load_summaries
+    assert sorted(s["_dir"] for s in load_summaries(sweep)) == sorted(
+        str(Path(r.data.tags["run_dir"])) for r in children)
+    table = (sweep / "comparison.md").read_text()
+    assert "(seeds 0, 0)" not in table and table.count("| 1 |") == 4
 
 
 @pytest.mark.slow
