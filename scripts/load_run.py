@@ -129,16 +129,21 @@ def update_readme(path: Path, name: str, lines: list[str], before: str = "## Rea
     path.write_text(text)
 
 
+def machine_lines(args: argparse.Namespace) -> list[str]:
+    """The machine, the date and the user's note, as lines of a README section."""
+    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+             f"{platform.python_version()}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+             ""]
+    return lines + ([f"Note: {args.note}", ""] if args.note else [])
+
+
 def engines_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
     lines = ["# Load: all 60,000 MNIST training records, 1,024 owners (issue 11)", "",
              "Produced by `scripts/load_run.py`; one fedudp run per engine. Peak memory is the "
              "largest sum of VmRSS over the run's whole process tree (driver and every "
              f"descendant: Ray's raylet, GCS, agents and workers), sampled every {args.every} s "
              "(so a shorter peak can be missed; shared pages are counted once per process).", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-             f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]
-    if args.note:
-        lines += [f"Note: {args.note}", ""]
+             *machine_lines(args)]
     lines += ["| engine | rounds done | stop | accuracy (mean over owners) | epsilon | wall time (s) | "
               "seconds per round | peak RSS driver (GiB) | peak RSS tree (GiB) | exit |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -200,10 +205,7 @@ def rows_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
              "are `Billboard.release` (merging the rows, the estimator, the accounting): the "
              "script runs each command through a wrapper that prints both (`TIMED` in "
              "scripts/load_run.py), otherwise `python -m fedudp.run` as shown.", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-             f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", ""]
-    if args.note:
-        lines += [f"Note: {args.note}", ""]
+             *machine_lines(args)]
     lines += ["| aggregator | method | rounds done | stop | epsilon | wall time (s) | seconds per round | "
               "release (s) | peak RSS driver (GiB) | peak RSS tree (GiB) | pre-flight estimate (GiB) | "
               "estimator diagnostics (round 1) | exit |",
