@@ -17,9 +17,11 @@ from fedudp.aggregators.rows import DISTANCE_CHUNK, chunks_bytes  # noqa: F401
 from fedudp.config import ConfigError
 
 GIB = 1024 ** 3
-# The owners' side holds the rows twice for a moment: engine=local's ``Owners.reply``
-# (fedudp/core/owner.py) collects the cohort's row chunks in a list and concatenates them
-# (``Contribution.merge``), so the estimate counts the matrix twice.
+# The rows may be held twice for a moment: engine=local's ``Owners.reply`` writes a planned
+# cohort's row chunks into one matrix as they come (``fedudp.core.messages.rows_reply``), but a
+# natural federation's cohort (computed sorted by size) is put back in order by a gathered copy,
+# and on engine=flower the owners' replies are held while ``Contribution.merge`` writes them into
+# one matrix. The estimate counts the matrix twice (an upper bound for the planned case).
 OWNER_ROW_COPIES = 2
 
 

@@ -8,6 +8,7 @@ replies with ``make_reply`` and the billboard consumes nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -57,3 +58,24 @@ def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint,
     c = constraint.apply(G * torch.from_numpy(w).to(G.dtype).unsqueeze(1))
     c.weight = float(w.sum())
     return OwnerReply(names, c, failed)
+
+
+def rows_reply(chunks: Iterable[torch.Tensor], units: int, dim: int, dtype: torch.dtype,
+               names: tuple[str, ...]) -> OwnerReply:
+    """The reply of an aggregator that takes rows (``Constraint(rows=True)``), from the row
+    chunks of at most ``units`` units as the owners compute them: each chunk's finite rows are
+    written, in order, into one [units, dim] matrix allocated up front, so the rows are held
+    once (not a list of chunks and then their concatenation, ``Contribution.merge``). Non-finite
+    rows are dropped (they contribute zero, as in ``make_reply``) and counted in ``failed``."""
+    out = torch.empty(units, dim, dtype=dtype)
+    at = failed = 0
+    for G in chunks:
+        ok = finite_rows(G)
+        bad = int((~ok).sum())
+        if bad:
+            G, failed = G[ok], failed + bad
+        if at + len(G) > units:
+            raise ValueError(f"rows_reply: more than the {units} units' rows announced")
+        out[at:at + len(G)].copy_(G)
+        at += len(G)
+    return OwnerReply(names, Constraint(rows=True).apply(out[:at]), failed)

@@ -32,7 +32,7 @@ from fedudp.aggregators.base import Constraint, Contribution
 from fedudp.config import OwnerWeights, SharedUpdate, Unit
 from fedudp.core import local_sgd
 from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
-from fedudp.core.messages import OwnerReply, make_reply
+from fedudp.core.messages import OwnerReply, make_reply, rows_reply
 from fedudp.core.methods import MethodSpec
 from fedudp.data.federation import Federation
 from fedudp.randomness import Purpose
@@ -269,6 +269,9 @@ class Owners:
             where = {int(u): i for i, u in enumerate(done)}
             G = G[torch.from_numpy(np.array([where[int(u)] for u in units], dtype=np.int64))]
             return make_reply(G, self.spec.shared, constraint)
+        if constraint.rows:      # written into one matrix as the chunks come (held once)
+            return rows_reply(self.unit_vectors(fed, shared, personal, units, round_),
+                              len(units), self.shared_dim, self.dtype, self.spec.shared)
         parts = [make_reply(G, self.spec.shared, constraint)
                  for G in self.unit_vectors(fed, shared, personal, units, round_)]
         c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
