@@ -58,14 +58,17 @@ def _prepared(method, **kw):
 @pytest.mark.parametrize("accounting", ["certified", "paper"])
 def test_no_personal_parameter_leaves_an_owner(monkeypatch, method, aggregator, accounting):
     sent = []
-    orig = OW.make_reply
 
-    def spy(G, names, constraint, **kw):
-        rep = orig(G, names, constraint, **kw)
-        sent.append(rep)
-        return rep
+    def spying(orig):
+        def spy(*a, **kw):
+            rep = orig(*a, **kw)
+            sent.append(rep)
+            return rep
+        return spy
 
-    monkeypatch.setattr(OW, "make_reply", spy)
+    # every reply the owners build: sums (make_reply) and rows estimators' rows (rows_reply)
+    monkeypatch.setattr(OW, "make_reply", spying(OW.make_reply))
+    monkeypatch.setattr(OW, "rows_reply", spying(OW.rows_reply))
     kw = {"privacy.accounting": accounting}
     if aggregator == "winsorized":
         kw.update({"estimator.bound": 10.0})
