@@ -44,7 +44,8 @@ from fedudp.data.natural import owner_of_users
 from fedudp.data.records import Records, group_users, users_by_rule
 from fedudp.models import make_model
 from fedudp.models.split import SplitModel
-from fedudp.privacy.accountant import BudgetError, Ledger, accountant_for
+from fedudp.privacy.accountant import (MAX_PLD_POINTS, BudgetError, Ledger, accountant_for,
+                                       pld_too_large)
 
 __all__ = ["RunSettings", "Prepared", "prepare", "check", "settings", "placement",
            "estimator", "estimator_class", "model", "method", "owner_training", "owners",
@@ -615,11 +616,17 @@ def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> L
     if Unit(p.unit) == Unit.record:
         notes.append("records_per_user=1: each user is one record, so user level is record level")
     unit = Unit(p.unit).value if private else None
+    accountant = aggregator.accountant if private else None
+    if (private and accountant.startswith("dp_accounting.PLDAccountant")
+            and pld_too_large(aggregator.dp_event())):
+        # a noise so small that its PLD would not fit: RDP accounts for it (an upper bound too)
+        accountant = ("dp_accounting.RdpAccountant (the PLD of this noise multiplier would hold "
+                      f"more than {MAX_PLD_POINTS:.0e} values)")
     led = Ledger(unit=unit, adjacency=aggregator.adjacency if private else None,
                   accounting=Accounting(p.accounting).value if private else None,
                   guarantee=run_guarantee(spec, aggregator),
                   mechanism=aggregator.name if aggregator else "none",
-                  accountant=aggregator.accountant if private else None,
+                  accountant=accountant,
                   delta=p.delta if private else None,
                   target_epsilon=p.epsilon if private else None, notes=notes)
     led.extra["public"] = public_numbers(cfg)

@@ -795,14 +795,51 @@ class _MemoPLDAccountant(pld_privacy_accountant.PLDAccountant):
 
 
 _PLD_SUPPORTS: dict = {}
+# A Gaussian's PLD holds about (its privacy-loss range) / (grid interval) values: for noise
+# multiplier z the loss ranges over ±(1/(2 z²) + 9.75/z) (dp-accounting's tails), which at
+# the finest grid (1e-4) is 1e10 values for z = 0.001 (76 GiB: dp-accounting fails to allocate
+# it). Above this many values PLD accounting is not attempted and RDP (an upper bound on ε, as
+# PLD's is) is the accountant: such a mechanism is far from any useful target anyway.
+MAX_PLD_POINTS = 5 * 10 ** 7
+
+
+def _gaussian_pld_points(z: float, interval: float = 1e-4) -> float:
+    """Estimated size of a Gaussian mechanism's PLD (noise multiplier z, sensitivity 1): at
+    most 1.03x dp-accounting's, never below it (tests/privacy/test_accountant.py)."""
+    return 2.0 * (1.0 / (2.0 * z * z) + 10.0 / z) / interval
+
+
+def _pld_tractable(event) -> bool:
+    """Whether every Gaussian inside ``event`` has a PLD of at most ``MAX_PLD_POINTS`` values
+    at the finest grid (``_gaussian_pld_points``)."""
+    if isinstance(event, dp_accounting.GaussianDpEvent):
+        z = float(event.noise_multiplier)
+        return z == 0 or _gaussian_pld_points(z) <= MAX_PLD_POINTS     # 0: non-private, no PLD
+    if isinstance(event, (dp_accounting.PoissonSampledDpEvent,
+                          dp_accounting.SampledWithoutReplacementDpEvent,
+                          dp_accounting.SampledWithReplacementDpEvent,
+                          dp_accounting.SelfComposedDpEvent)):
+        return _pld_tractable(event.event)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return all(_pld_tractable(e) for e in event.events)
+    return True
+
+
+def pld_too_large(event) -> bool:
+    """Whether ``event`` is one dp-accounting's PLD accountant supports but whose PLD would not
+    fit (``_pld_tractable``), so that the accountant composes it with RDP instead."""
+    return (isinstance(event, dp_accounting.DpEvent) and _pld().supports(event)
+            and not _pld_tractable(event))
 
 
 def _pld_supports(event) -> bool:
+    """dp-accounting's PLD accountant supports ``event`` and its PLD fits (``_pld_tractable``);
+    otherwise the accountant is RDP."""
     key = _event_key(event)
     if key not in _PLD_SUPPORTS:
         if len(_PLD_SUPPORTS) > 4096:
             _PLD_SUPPORTS.clear()
-        _PLD_SUPPORTS[key] = _pld().supports(event)
+        _PLD_SUPPORTS[key] = _pld().supports(event) and _pld_tractable(event)
     return _PLD_SUPPORTS[key]
 
 

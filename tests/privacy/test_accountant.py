@@ -789,3 +789,43 @@ def test_without_dp_accountings_internals_the_public_path_gives_the_same_epsilon
     assert acc.epsilon(1e-5) == pytest.approx(want, rel=1e-9) and want > 0.5
     for cache in (A._CAPTURED, A._EPSILON, A._FAST, A._RAW):
         cache.clear()
+
+
+# -- noise too small for a PLD: RDP accounts for it (no 76 GiB allocation) ------------------------
+def test_a_gaussian_whose_pld_would_not_fit_is_accounted_with_rdp():
+    tiny = dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(0.001))
+    acc = Accountant(1e-4)
+    acc.compose(tiny, 2)
+    assert acc.primary == "rdp" and accountant_mod.pld_too_large(tiny)
+    rdp = rdp_privacy_accountant.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    rdp.compose(dp_accounting.SelfComposedDpEvent(tiny, 2))
+    assert acc.epsilon(1e-5) == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-9)
+    # a usable noise stays on PLD, with dp-accounting's PLD value
+    ok = dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(0.5))
+    acc = Accountant(1e-4)
+    acc.compose(ok, 2)
+    pld = pld_privacy_accountant.PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+    pld.compose(dp_accounting.SelfComposedDpEvent(ok, 2))
+    assert acc.primary == "pld" and not accountant_mod.pld_too_large(ok)
+    assert acc.epsilon(1e-5) == pytest.approx(pld.get_epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("z", [0.05, 0.2, 1.0])
+def test_the_pld_size_estimate_bounds_dp_accountings_pld(z):
+    """The estimate that routes tiny noise to RDP is an upper bound on the size of the PLD
+    dp-accounting builds (within a factor 2 of it: it does not route usable noise away)."""
+    pld = dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=z, value_discretization_interval=1e-4)
+    size = max(len(pld._pmf_remove._probs), len(pld._pmf_add._probs))   # noqa: SLF001
+    est = accountant_mod._gaussian_pld_points(z, 1e-4)                  # noqa: SLF001
+    assert size <= est <= 1.05 * size
+
+
+def test_a_run_with_too_little_noise_is_a_one_line_budget_error(tmp_path):
+    from conftest import tiny_cfg
+    from fedudp.run import run
+    cfg = tiny_cfg("full_dp", **{"privacy__noise_multiplier": 0.001, "train__rounds": 2})
+    with pytest.raises(ConfigError, match=r"privacy.epsilon=.*noise multiplier 0.001 exceeds it"):
+        run(cfg, tmp_path)
