@@ -48,6 +48,7 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import fedudp  # noqa: E402,F401  (before flwr/ray: turns their telemetry off)
+from proctree import session_tree  # noqa: E402  (scripts/proctree.py, this script's folder)
 
 
 def base_cfg(n: int, rounds: int, method: str, aggregator: str = "auto", data_root: str = "",
@@ -217,23 +218,6 @@ def run_fedudp(n: int, rounds: int, method: str, aggregator: str, data_root: str
 
 
 # ------------------------------------------------------------------------------------------
-def _session_rss(sid: int) -> int:
-    total = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[3]) != sid:
-                continue
-            for line in (d / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def measure(kind: str, n: int, rounds: int, method: str, aggregator: str, data_root: str) -> dict:
     """Run one configuration in a fresh process (its own session); sample its memory."""
     fd, path = tempfile.mkstemp(suffix=".json")
@@ -248,7 +232,7 @@ def measure(kind: str, n: int, rounds: int, method: str, aggregator: str, data_r
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _session_rss(proc.pid))
+            peak[0] = max(peak[0], session_tree(proc.pid)[0])
             time.sleep(0.2)
 
     th = threading.Thread(target=sample, daemon=True)

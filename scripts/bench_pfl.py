@@ -84,6 +84,8 @@ import threading
 import time
 from pathlib import Path
 
+from proctree import session_tree, status_kib   # scripts/proctree.py (this script's folder)
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_PFL = Path(__file__).resolve().parent / "bench_pfl_worker.py"
 PFL_VENV_HINT = ("python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 "
@@ -185,7 +187,7 @@ def fedudp_worker(a) -> None:
     fed = p.fed
     init_sha = _params_sha(p.billboard.shared_params())
     data_sha = _sha(fed.x.contiguous().numpy(), fed.y.contiguous().numpy())
-    rss_before, hwm_before = _status_kib("VmRSS"), _status_kib("VmHWM")
+    rss_before, hwm_before = status_kib("VmRSS"), status_kib("VmHWM")
     infos: list[dict] = []
     wall0 = time.time()
     res = execute(p, infos.append)            # rounds 1..R, the test evaluation after round R
@@ -216,31 +218,7 @@ def fedudp_worker(a) -> None:
     }, indent=1))
 
 
-def _status_kib(key: str, pid: str = "self") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
 # -- one measured subprocess ----------------------------------------------------------------
-def _session_tree(sid: int) -> tuple[int, int]:
-    """(summed VmRSS in bytes, number of processes) of the processes in session ``sid``."""
-    total = count = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[3]) != sid:
-                continue
-            total += _status_kib("VmRSS", d.name) * 1024
-            count += 1
-        except (OSError, ValueError, IndexError):
-            continue
-    return total, count
-
-
 def child_env() -> dict:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
@@ -263,7 +241,7 @@ def measure(cmd: list[str], log: Path) -> dict:
 
         def sample() -> None:
             while not done.is_set():
-                series.append((time.time(), *_session_tree(proc.pid)))
+                series.append((time.time(), *session_tree(proc.pid)))
                 done.wait(0.25)
 
         th = threading.Thread(target=sample, daemon=True)
