@@ -11,12 +11,12 @@ One sweep, three views of it:
 
 fedudp's tracking extra installs ``mlflow-skinny`` (the client, no UI server); the UI needs the
 full ``mlflow`` package and the screenshot Playwright, both taken from a side venv given as
-``--ui-venv`` (``python3 -m venv /tmp/mlflow-ui && /tmp/mlflow-ui/bin/pip install
+``--ui-venv`` (``python3 -m venv UIVENV && UIVENV/bin/pip install
 'mlflow>=3.17,<4' playwright``), and Chromium from ``--chromium`` (Debian's package
 ``chromium``; Playwright drives it, nothing is downloaded). The screenshot itself is
 ``scripts/mlflow_ui_screenshot.py``.
 
-    .venv/bin/python scripts/tracking_showcase.py --ui-venv /tmp/mlflow-ui --out docs/results/tracking
+    .venv/bin/python scripts/tracking_showcase.py --ui-venv UIVENV --out docs/results/tracking
 """
 from __future__ import annotations
 
