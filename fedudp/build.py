@@ -26,10 +26,12 @@ import numpy as np
 import torch
 
 from fedudp import algorithms
-from fedudp.aggregators import REGISTRY, Aggregator, LocalDpSgdMean, Sampling
+from fedudp.aggregators import (REGISTRY, AdaptiveClipGaussian, Aggregator, GaussianAggregator,
+                                LocalDpSgdMean, Sampling)
 from fedudp.aggregators.base import ParameterError
 from fedudp.aggregators.memory import check_rows_fit
-from fedudp.config import (NATURAL_DATASETS, Accounting, AlgorithmName, Calibration, ConfigError,
+from fedudp.config import (NATURAL_DATASETS, Accounting, AlgorithmName, Calibration, ClipPolicy,
+                           ConfigError,
                            DatasetName, EngineName, KeepAfterFinish, Method, ModelName, OwnerRule,
                            OwnerWeights, Placement, RunConfig, Scheme, SharedUpdate, TrackingKind,
                            Unit, UserRule, jsonable, resolved_aggregator, validate)
@@ -415,9 +417,20 @@ def estimator_class(cfg: RunConfig) -> type[Aggregator]:
     """The configured estimator's class: owner-side DP-SGD's billboard mean under
     ``placement=local_dpsgd``, else the registered ``aggregator`` (auto: gaussian for the
     private methods, the plain mean otherwise)."""
+    adaptive = ClipPolicy(cfg.privacy.clip_policy) == ClipPolicy.adaptive
     if placement(cfg) == Placement.local_dpsgd:
+        if adaptive:
+            raise ConfigError("privacy.clip_policy: adaptive clipping is available for "
+                              "placement=server with aggregator=gaussian; owner-side DP-SGD "
+                              "(placement=local_dpsgd) clips to the fixed privacy.clip")
         return LocalDpSgdMean
     name = resolved_aggregator(cfg)
+    if adaptive:
+        if name not in (GaussianAggregator.name, AdaptiveClipGaussian.name):
+            raise ConfigError(f"privacy.clip_policy: adaptive clipping adapts clip + Gaussian's "
+                              f"clip (aggregator=gaussian), not aggregator={name}; set "
+                              "privacy.clip_policy=fixed")
+        return AdaptiveClipGaussian
     if name not in REGISTRY:
         raise ConfigError(f"aggregator: {name} is not available in this build "
                           f"(available: {sorted(REGISTRY)})")
@@ -450,7 +463,8 @@ def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) 
     group = bool(p.group_privacy)
     return dict(
         dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
-        clip=p.clip, bound=e.bound, tau=e.tau, beta=e.beta, copies=e.copies, blocks=e.blocks,
+        clip=p.clip, clip_quantile=p.clip_quantile, clip_lr=p.clip_lr,
+        clip_count_noise=p.clip_count_noise, bound=e.bound, tau=e.tau, beta=e.beta, copies=e.copies, blocks=e.blocks,
         kappa=e.kappa, tries=e.tries, accounting=Accounting(p.accounting).value,
         calibration=Calibration(p.calibration).value,
         records_per_unit=records_per_unit(cfg) if e.tau is None else None,

@@ -69,6 +69,11 @@ class Placement(Choice):
     local_dpsgd = "local_dpsgd"
 
 
+class ClipPolicy(Choice):
+    fixed = "fixed"
+    adaptive = "adaptive"
+
+
 class OwnerWeights(Choice):
     uniform = "uniform"
     size = "size"
@@ -167,6 +172,14 @@ class PrivacyConfig:
     # records_per_user records (Huang et al. Table 4's reading, docs/algorithms.md#group-privacy): standard
     # form in certified mode, the paper's k·e^{kε}·δ form (heuristic) in paper mode
     group_privacy: bool = False
+    # fixed: clip every round to ``clip``; adaptive: ``clip`` is the initial clip norm, then it
+    # follows the ``clip_quantile`` of the units' norms at learning rate ``clip_lr`` through a
+    # noisy count (std ``clip_count_noise``; null: expected cohort / 20), Andrew et al. 2021
+    # (aggregator=gaussian under placement=server; docs/algorithms.md#adaptive-clipping)
+    clip_policy: ClipPolicy = ClipPolicy.fixed
+    clip_quantile: float = 0.5
+    clip_lr: float = 0.2
+    clip_count_noise: Optional[float] = None
 
 
 @dataclass
@@ -460,6 +473,12 @@ def validate(cfg: RunConfig) -> None:
     _need(isinstance(p.delta, (int, float)) and 0 < p.delta < 1, "privacy.delta",
           f"must be in (0, 1), got {p.delta}")
     _need(_finite_pos(p.clip), "privacy.clip", f"must be > 0, got {p.clip}")
+    _need(isinstance(p.clip_quantile, (int, float)) and 0 < p.clip_quantile < 1,
+          "privacy.clip_quantile", f"must be in (0, 1), got {p.clip_quantile}")
+    _need(_finite_pos(p.clip_lr), "privacy.clip_lr", f"must be > 0, got {p.clip_lr}")
+    _need(p.clip_count_noise is None or _finite_pos(p.clip_count_noise),
+          "privacy.clip_count_noise", f"must be null (expected cohort / 20) or > 0, got "
+          f"{p.clip_count_noise}")
     _need(p.noise_multiplier is None or (math.isfinite(p.noise_multiplier) and p.noise_multiplier > 0),
           "privacy.noise_multiplier", f"must be null (calibrate) or > 0, got {p.noise_multiplier}")
     _need(isinstance(cfg.seed, int) and 0 <= cfg.seed < 2 ** 32, "seed",

@@ -49,7 +49,8 @@ def execute(p: Prepared, on_round=None, grid: Any = None,
     def drive(transport) -> RoundsResult:
         return run_rounds(t.rounds, t.eval_every, p.billboard, transport,
                           np.diff(p.fed.test_offsets), on_round, checkpoint=checkpoint)
-    constraint = p.aggregator.constraint if p.aggregator is not None else None
+    agg = p.aggregator       # asked each round: an adaptive clip changes between rounds
+    constraint = (lambda: agg.constraint) if agg is not None else None
     return engine.execute(p.cfg, p.settings, p.owners, p.fed, constraint, drive, grid=grid)
 
 

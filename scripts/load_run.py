@@ -204,8 +204,10 @@ def rows_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
              "`fedudp.aggregators.memory.rows_bytes` for this run, and the release's seconds "
              "are `Billboard.release` (merging the rows, the estimator, the accounting): the "
              "script runs each command through a wrapper that prints both (`TIMED` in "
-             "scripts/load_run.py), otherwise `python -m fedudp.run` as shown.", "",
-             *machine_lines(args)]
+             "scripts/load_run.py), otherwise `python -m fedudp.run` as shown. Each row's "
+             "machine state, date and threads are in the notes under the table.", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+             f"{platform.python_version()}.", ""]
     lines += ["| aggregator | method | rounds done | stop | epsilon | wall time (s) | seconds per round | "
               "release (s) | peak RSS driver (GiB) | peak RSS tree (GiB) | pre-flight estimate (GiB) | "
               "estimator diagnostics (round 1) | exit |",
@@ -225,6 +227,8 @@ def rows_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
                      f"{r['peak_rss_driver'] / GIB:.2f} | {r['peak_rss_tree'] / GIB:.2f} | "
                      f"{'-' if est is None else f'{est / GIB:.2f}'} | {text or '-'} | "
                      f"{r['returncode']} |")
+    lines += [""] + [f"- `{r['aggregator']}` ({r.get('date', 'date not recorded')}): "
+                     f"{r.get('note') or 'no note'}" for r in rows]
     lines += ["", "Commands (as run, from the repository root, one at a time):", ""]
     lines += [f"    {shown(r['command'], args)}" for r in rows]
     calls = list(dict.fromkeys(shown(r.get("invocation", args.invocation), args) for r in rows))
@@ -333,6 +337,7 @@ def run_rows(args: argparse.Namespace, env: dict, out: Path) -> None:
         r = measure([sys.executable, "-c", TIMED, *o], args.every, env)
         summary = run_dir / "summary.json"
         r.update(aggregator=agg, method=args.method, command=text, invocation=args.invocation,
+                 note=args.note, date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
                  summary=json.loads(summary.read_text()) if summary.is_file() else None,
                  **metric_means(run_dir / "metrics.jsonl"))
         r["estimate_bytes"] = preflight_need("\n".join(r["marks"]))

@@ -130,7 +130,10 @@ def test_sigint_gives_interrupted_with_all_files_and_resumes_exactly(reference, 
     ("per_silo", {}), ("fedavg", {}),
     ("full_dp", {"privacy.unit": "owner", "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
     ("full_dp", {"privacy.placement": "local_dpsgd", "privacy.noise_multiplier": 2.0,
-                 "privacy.epsilon": 50.0})])
+                 "privacy.epsilon": 50.0}),
+    # adaptive clipping: the clip norm is state carried from one round to the next
+    ("full_dp", {"privacy.clip_policy": "adaptive", "privacy.clip": 0.05,
+                 "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0})])
 def test_every_method_resumes_exactly(tmp_path, monkeypatch, method, kw):
     """No billboard (per_silo), a non-private one (fedavg), owner-level units, and per-owner
     DP-SGD accounting (a Parallel event: one accountant per owner)."""

@@ -12,9 +12,11 @@ Adding an estimator: one new module with a ``@register``-ed ``Aggregator`` subcl
 """
 from __future__ import annotations
 
-from fedudp.aggregators import few_users, gaussian, outlier, winsorized  # noqa: F401  (register)
+from fedudp.aggregators import (adaptive_clip, few_users, gaussian, outlier,  # noqa: F401
+                                winsorized)  # (register)
 from fedudp.aggregators.base import (REGISTRY, Aggregate, Aggregator, Constraint, Contribution,
                                      ParameterError, Sampling, clip_rows, finite_rows, register)
+from fedudp.aggregators.adaptive_clip import AdaptiveClipGaussian
 from fedudp.aggregators.few_users import FewUsersAggregator
 from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean
@@ -24,4 +26,5 @@ from fedudp.aggregators.winsorized import WinsorizedAggregator
 __all__ = ["Aggregate", "Aggregator", "Constraint", "Contribution", "Sampling", "REGISTRY",
            "register", "clip_rows", "finite_rows", "GaussianAggregator", "MeanAggregator",
            "LocalDpSgdMean", "WinsorizedAggregator", "OutlierRemovalAggregator",
-           "FriendlyCoreAggregator", "FewUsersAggregator", "ParameterError"]
+           "FriendlyCoreAggregator", "FewUsersAggregator", "ParameterError",
+           "AdaptiveClipGaussian"]

@@ -153,6 +153,14 @@ class Constraint:
         return Contribution(None, clipped.sum(0), n, int(was.sum()))
 
 
+def current_constraint(source: "Constraint | Callable[[], Constraint | None] | None"
+                       ) -> "Constraint | None":
+    """The constraint for this round: ``source`` itself, or what a zero-argument callable
+    returns now (an estimator whose constraint changes between rounds, e.g. adaptive
+    clipping's clip norm: the engines ask for it each round)."""
+    return source() if callable(source) else source
+
+
 class Aggregator(ABC):
     """User-level mean estimator on the billboard (docs/architecture.md#aggregator).
 

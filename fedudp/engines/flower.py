@@ -31,7 +31,7 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from fedudp.aggregators.base import Constraint
+from fedudp.aggregators.base import Constraint, current_constraint
 from fedudp.build import RunSettings
 from fedudp.config import RunConfig, config_to_json
 from fedudp.core import checkpoint
@@ -62,7 +62,8 @@ class FlowerTransport:
 
     def _message(self, j: int, round_: int, kind: str, shared: Params | None,
                  units: np.ndarray | None = None) -> Message:
-        rec = flower_wire.run_record(self.cfg_json, round_, j, units, self.constraint)
+        rec = flower_wire.run_record(self.cfg_json, round_, j, units,
+                                     current_constraint(self.constraint))
         if kind == "train" and self._save is not None and self._save[0] == round_:
             rec[flower_client.K_PERSONAL_OUT] = str(self._save[1])
         if self._resume is not None:

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from fedudp.aggregators.base import Constraint
+from fedudp.aggregators.base import Constraint, current_constraint
 from fedudp.config import RunConfig
 from fedudp.core.owner import Owners, Params
 from fedudp.core.rounds import Collected, Evaluation
@@ -32,7 +32,7 @@ class LocalTransport:
         if cohort is None:
             return Collected([])
         return Collected([self.owners.reply(self.fed, shared, self.personal_params, cohort, round_,
-                                            self.constraint)])
+                                            current_constraint(self.constraint))])
 
     def evaluate(self, shared: Params, round_: int,
                  while_waiting: Callable[[], None] | None = None) -> Evaluation:

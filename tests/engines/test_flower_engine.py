@@ -136,6 +136,10 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
     # a given noise multiplier (no calibration: faster); the budget check still applies
     ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 3.0,
                   "privacy.epsilon": 5.0}),
+    # adaptive clipping: the clip the owners apply changes every round (sent with the round)
+    ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 3.0,
+                  "privacy.epsilon": 5.0, "privacy.clip_policy": "adaptive", "privacy.clip": 0.05,
+                  "privacy.clip_count_noise": 10.0, "privacy.clip_lr": 1.0}),
     # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
     ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
     # DP-SGD inside the owners, paper mode: at each owner's own personal layer, and
@@ -152,6 +156,10 @@ def test_flower_matches_local_engine(method, kw, tmp_path, monkeypatch):
         assert out["flower"][0]["guarantee"] == "certified"
         assert all(0 < m["cohort"] < 120 for m in out["flower"][1])
         assert cap.flower_transport.owners.spec.personal
+    if kw.get("privacy.clip_policy") == "adaptive":   # the clip moved, the same on both engines
+        clips = [m["agg_clip"] for m in out["flower"][1]]
+        assert len(set(clips)) == len(clips) == 3
+        assert clips == [m["agg_clip"] for m in out["local"][1]]
     if kw.get("aggregator") == "winsorized":     # owners sent rows, one per user
         rows = [m.content[flower_wire.K_VECTORS]["rows"].numpy() for m in cap.received
                 if flower_wire.K_VECTORS in m.content]
