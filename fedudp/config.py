@@ -41,6 +41,7 @@ class AggregatorName(Choice):
 
     auto = "auto"          # gaussian for full_dp / joint_dp, none for fedavg and per_silo
     gaussian = "gaussian"
+    gaussian_adaptive = "gaussian_adaptive"   # = gaussian with privacy.clip_policy=adaptive
     none = "none"
     winsorized = "winsorized"
     outlier_removal = "outlier_removal"

@@ -315,6 +315,16 @@ def main(argv: list[str] | None = None) -> int:
                          "against ε, one line per method) in --out")
     ap.add_argument("--out", help="folder for the --paper or --plots files (default: FOLDER); "
                                   "without --paper, --out implies --plots")
+    ap.add_argument("--select-best", metavar="METRIC",
+                    help="choose the configuration with the best mean METRIC (a summary key, e.g. "
+                         "accuracy_mean) and report the privacy cost of the choice beside the "
+                         "single-run ε (fedudp.tuning)")
+    ap.add_argument("--lower-is-better", action="store_true",
+                    help="with --select-best: the lowest METRIC wins (e.g. loss)")
+    ap.add_argument("--sweep-size", default="fixed",
+                    help="with --select-best: how the number of runs was chosen: fixed (default; "
+                         "composition of every run), or poisson / geometric / logarithmic when it "
+                         "was drawn from that distribution before the sweep (Papernot & Steinke)")
     a = ap.parse_args(argv)
     if a.paper and a.plots:
         ap.error("--plots draws the comparison table's figures; --paper draws its own layout")
@@ -327,6 +337,17 @@ def main(argv: list[str] | None = None) -> int:
         print(write_paper_report(a.paper, summaries, Path(a.out or a.folder)))
         return 0
     print(comparison_table(summaries))
+    if a.select_best:
+        from fedudp.tuning import SelectionError, select_best, selection_lines
+        with_cfg, without = groups_of(summaries)
+        groups = {**with_cfg, **without}
+        try:
+            sel = select_best(groups, a.select_best, lower=a.lower_is_better,
+                              sweep_size=a.sweep_size)
+        except SelectionError as err:
+            print(f"fedudp-report: error: {err}", file=sys.stderr)
+            return 2
+        print("\n" + "\n".join(selection_lines(sel, varying_keys(groups)[1])))
     if a.plots or a.out:
         from fedudp.report_plots import write_report
         folder = Path(a.folder).resolve()

@@ -329,6 +329,15 @@ def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | N
     return summary
 
 
+def run_event_json(p: Prepared) -> dict | None:
+    """The billboard accountant's composed event as JSON, where it is one ``DpEvent``."""
+    from fedudp.privacy.accountant import Accountant
+    from fedudp.privacy.events import event_to_json
+    acc = getattr(p.billboard, "accountant", None) if p.billboard is not None else None
+    ev = acc.composed_event() if isinstance(acc, Accountant) else None
+    return event_to_json(ev) if ev is not None else None
+
+
 def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: float | None = None,
                error: str | None = None) -> dict:
     """summary.json's content for a run that ended with ``res`` (None: failed with ``error``);
@@ -361,6 +370,10 @@ def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: f
         "num_owners": fed.num_owners, "num_users": fed.num_users, "num_records": fed.num_records,
         "shared_dim": p.billboard.dim if p.billboard is not None else 0,
         "seconds": time.perf_counter() - t_start if t_start is not None else None,
+        # the run's whole privacy spend as one dp-accounting event (fedudp.privacy.events), for
+        # the privacy cost of choosing among runs (fedudp-report --select-best); None where the
+        # ledger composes blocks without an event or per-owner / group-privacy accountants
+        "dp_event": run_event_json(p) if spec.private else None,
     }
     if p.algorithm is not None:
         summary["algorithm"] = p.algorithm.summary

@@ -549,6 +549,13 @@ class Accountant:
             return "pld"
         return "pld" if all(_pld_supports(e) for e, _ in self.runs) else "rdp"
 
+    def composed_event(self) -> dp_accounting.DpEvent | None:
+        """Everything composed so far as one ``DpEvent`` (runs of equal events self-composed);
+        None when nothing was, or when an ``ApproxDp`` block (no dp-accounting event) was."""
+        if self.blocks or not self.runs:
+            return None
+        return _composed_event(self.runs)
+
     def compose(self, event, count: int = 1) -> None:
         """Compose ``count`` releases of ``event`` (a ``DpEvent`` or an ``ApproxDp`` block)."""
         if isinstance(event, dp_accounting.NonPrivateDpEvent):

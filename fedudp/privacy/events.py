@@ -1,0 +1,114 @@
+"""dp-accounting events as plain JSON, and the privacy cost of choosing among runs.
+
+``event_to_json`` / ``event_from_json`` write a ``DpEvent`` as nested dicts (``{"dp_event":
+"GaussianDpEvent", "noise_multiplier": 1.0}``) and read it back, for the run summary and the
+sweep report. Reading accepts only the event classes of ``dp_accounting.dp_event`` by name (no
+module is imported from a file, nothing is evaluated).
+
+Selecting the best of several private runs costs privacy (Papernot & Steinke, "Hyperparameter
+Tuning with Renyi Differential Privacy", ICLR 2022, arXiv:2110.03620):
+
+* ``composed_selection``: a fixed set of K runs whose outputs are all looked at is the
+  composition of the K runs' events (any choice made from them is post-processing); valid for
+  every sweep that ran exactly these runs.
+* ``repeat_and_select``: when the *number* of runs K is itself random, drawn before the sweep
+  from a truncated negative binomial (Poisson: shape = inf, geometric: shape = 1, logarithmic:
+  shape = 0) of mean ``mean``, and every run is the same mechanism (one ``DpEvent``), the best
+  run costs ``RepeatAndSelectDpEvent(event, mean, shape)``, accounted with dp-accounting's RDP
+  accountant, far below K-fold composition.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attr
+import dp_accounting
+from dp_accounting import dp_event as _dp_event
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from fedudp.privacy.accountant import _quiet_absl
+
+TAG = "dp_event"          # the key naming the class (never a DpEvent field name)
+SHAPES = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
+
+
+def _classes() -> dict[str, type]:
+    return {name: obj for name, obj in vars(_dp_event).items()
+            if isinstance(obj, type) and issubclass(obj, _dp_event.DpEvent)}
+
+
+def event_to_json(event: dp_accounting.DpEvent) -> dict[str, Any]:
+    """``event`` as nested plain dicts and lists (``{"dp_event": class name, field: value}``)."""
+    if not isinstance(event, _dp_event.DpEvent):
+        raise TypeError(f"not a dp_accounting DpEvent: {event!r}")
+    out: dict[str, Any] = {TAG: type(event).__name__}
+    for f in attr.fields(type(event)):
+        out[f.name] = _value_to_json(getattr(event, f.name))
+    return out
+
+
+def _value_to_json(v: Any) -> Any:
+    if isinstance(v, _dp_event.DpEvent):
+        return event_to_json(v)
+    if isinstance(v, (list, tuple)):
+        return [_value_to_json(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return {"float": repr(v)}
+    return v
+
+
+def event_from_json(d: dict[str, Any]) -> dp_accounting.DpEvent:
+    """The ``DpEvent`` ``event_to_json`` wrote; a ``ValueError`` for anything else."""
+    classes = _classes()
+    if not isinstance(d, dict) or not isinstance(d.get(TAG), str) or d[TAG] not in classes:
+        raise ValueError(f"not a dp_accounting event: {str(d)[:80]}")
+    cls = classes[d[TAG]]
+    names = {f.name for f in attr.fields(cls)}
+    extra = set(d) - names - {TAG}
+    if extra:
+        raise ValueError(f"{d[TAG]}: unknown fields {sorted(extra)}")
+    return cls(**{k: _value_from_json(v) for k, v in d.items() if k != TAG})
+
+
+def _value_from_json(v: Any) -> Any:
+    if isinstance(v, dict) and TAG in v:
+        return event_from_json(v)
+    if isinstance(v, dict) and set(v) == {"float"}:
+        return float(v["float"])
+    if isinstance(v, list):
+        return [_value_from_json(x) for x in v]
+    return v
+
+
+def rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
+    """ε at ``delta`` of ``event`` under dp-accounting's RDP accountant."""
+    acc = rdp_privacy_accountant.RdpAccountant()
+    with _quiet_absl():
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+
+def pld_or_rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> tuple[float, str]:
+    """ε at ``delta`` of ``event``: dp-accounting's PLD accountant where it supports the event,
+    else its RDP accountant; and which one."""
+    pld = dp_accounting.pld.PLDAccountant()
+    if pld.supports(event):
+        pld.compose(event)
+        return float(pld.get_epsilon(delta)), "pld"
+    return rdp_epsilon(event, delta), "rdp"
+
+
+def composed_selection(events: list[dp_accounting.DpEvent], delta: float) -> tuple[float, str]:
+    """ε of choosing among a fixed set of runs with these events: their composition."""
+    return pld_or_rdp_epsilon(dp_accounting.ComposedDpEvent(list(events)), delta)
+
+
+def repeat_and_select(event: dp_accounting.DpEvent, mean: float, distribution: str,
+                      delta: float) -> float:
+    """ε of the best of a random number of runs of ``event`` (``distribution`` in ``SHAPES``,
+    of mean ``mean``), Papernot & Steinke 2022, via dp-accounting's RDP accountant."""
+    if distribution not in SHAPES:
+        raise ValueError(f"distribution must be one of {sorted(SHAPES)}, got {distribution!r}")
+    return rdp_epsilon(_dp_event.RepeatAndSelectDpEvent(event, float(mean),
+                                                            SHAPES[distribution]), delta)
