@@ -36,6 +36,7 @@ from fedudp.config import (NATURAL_DATASETS, Accounting, AlgorithmName, Calibrat
                            OwnerWeights, Placement, RunConfig, Scheme, SharedUpdate, TrackingKind,
                            Unit, UserRule, jsonable, resolved_aggregator, validate)
 from fedudp.core.billboard import Billboard, ServerStep
+from fedudp.core.canaries import Canaries
 from fedudp.core.methods import MethodSpec, make_method
 from fedudp.core.owner import OwnerHooks, Owners, OwnerTraining
 from fedudp.core import local_sgd
@@ -599,6 +600,8 @@ def federation(cfg: RunConfig, records: Any = None) -> Federation:
 def run_guarantee(spec: MethodSpec, aggregator: Aggregator | None) -> str:
     """The method's guarantee, downgraded to heuristic when the aggregator's own accounting
     follows a paper's unproven constant (``privacy.accounting=paper``)."""
+    if aggregator is not None and aggregator.noise_scale != 1.0:
+        return "weakened"             # audit.noise_scale: less noise than the ledger accounts
     if aggregator is not None and aggregator.guarantee == "heuristic":
         return "heuristic"
     return spec.guarantee
@@ -785,7 +788,9 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     personal_dim = sum(int(params[k].numel()) for k in spec.personal)
     n_owners, n_users = planned_units(cfg)
     aggregator = algo = None
-    sampling = Sampling(cfg.train.sampling_rate, n_owners if spec.cohort_is_owners else n_users)
+    canaries = int(cfg.audit.canaries)
+    sampling = Sampling(cfg.train.sampling_rate,
+                        (n_owners if spec.cohort_is_owners else n_users) + canaries)
     if spec.communicates:
         if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
             try:
@@ -796,8 +801,20 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
             sampling, aggregator = algo.sampling, algo.aggregator
         else:
             aggregator = estimator(cfg, sampling, cfg.train.rounds, dim)
+    check_audit(cfg, spec, aggregator)
+    if aggregator is not None:
+        aggregator.noise_scale = float(cfg.audit.noise_scale)
     own = owners(cfg, algo.owner_hooks if algo is not None else None, net, spec)
     led = ledger(cfg, spec, aggregator)
+    if canaries:
+        led.notes.append(f"audit.canaries={canaries}: {canaries} canary units (fixed random "
+                         "directions at the clip norm, sampled like users) are in the public "
+                         "population and join each release; the summary's canary_epsilon is an "
+                         "empirical estimate from them, not a bound")
+    if cfg.audit.noise_scale != 1.0:
+        led.notes.append(f"audit.noise_scale={cfg.audit.noise_scale:g}: the release noise is "
+                         f"{cfg.audit.noise_scale:g} x what this ledger accounts; its epsilon is "
+                         "NOT a guarantee (a deliberately weakened mechanism for checking an audit)")
     if algo is not None:
         led.notes += algo.notes
         led.extra["algorithm"] = algo.summary
@@ -805,6 +822,8 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     if aggregator is not None:
         check_rows_fit(aggregator, dim, torch.empty((), dtype=own.dtype).element_size())
         plan = algo.plan if algo is not None else None
+        if plan is None and hasattr(aggregator, "participation"):   # its own cohorts (a tree)
+            plan = aggregator.participation(cfg.seed)
         target = run.target_epsilon if spec.private else None
         accountant = None
         if aggregator.private:
@@ -814,7 +833,9 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
                 led.extra["group_conversion"] = str(aggregator.group)
         board = Billboard({k: params[k].detach() for k in spec.shared}, aggregator, sampling, led,
                           accountant, seed=cfg.seed, step=ServerStep(cfg.train.server_lr, own.training.mode),
-                          target_epsilon=target, delta=cfg.privacy.delta, plan=plan)
+                          target_epsilon=target, delta=cfg.privacy.delta, plan=plan,
+                          canaries=(Canaries(canaries, dim, sampling.rate, cfg.seed)
+                                    if canaries else None))
         if spec.private and not board.within_budget():
             raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
                               f"multiplier {aggregator.noise_multiplier} exceeds it")
@@ -823,6 +844,26 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
         raise RuntimeError(f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
                            f"planned {n_owners} / {n_users}")
     return Prepared(cfg, run, own, aggregator, led, board, fed, algo)
+
+
+AUDITABLE = ("gaussian", "gaussian_adaptive")
+
+
+def check_audit(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> None:
+    """``audit.canaries`` and ``audit.noise_scale`` need clip + Gaussian on the billboard."""
+    for key, on in (("audit.canaries", cfg.audit.canaries != 0),
+                    ("audit.noise_scale", cfg.audit.noise_scale != 1.0)):
+        if not on:
+            continue
+        name = aggregator.name if aggregator is not None else "none"
+        if not spec.private or name not in AUDITABLE or placement(cfg) != Placement.server:
+            raise ConfigError(f"{key}: works with clip + Gaussian on the billboard (method=full_dp "
+                              f"or joint_dp, aggregator=gaussian or privacy.clip_policy=adaptive, "
+                              f"privacy.placement=server), not method={cfg.method.value} "
+                              f"aggregator={name}")
+        if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
+            raise ConfigError(f"{key}: not with a seed's training algorithm "
+                              f"(algorithm.name={cfg.algorithm.name.value})")
 
 
 def warn_min_users(aggregator: Aggregator | None) -> dict:

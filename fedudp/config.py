@@ -42,6 +42,7 @@ class AggregatorName(Choice):
     auto = "auto"          # gaussian for full_dp / joint_dp, none for fedavg and per_silo
     gaussian = "gaussian"
     gaussian_adaptive = "gaussian_adaptive"   # = gaussian with privacy.clip_policy=adaptive
+    dp_ftrl_tree = "dp_ftrl_tree"             # DP-FTRL, tree-aggregated noise, cyclic cohorts
     none = "none"
     winsorized = "winsorized"
     outlier_removal = "outlier_removal"
@@ -382,6 +383,19 @@ class TrackingConfig:
 
 
 @dataclass
+class AuditConfig:
+    """Empirical privacy checks inside a training run (docs/algorithms.md#one-run-canary-estimate).
+    ``canaries``: K random canary users inserted into the run (0: none); the summary reports the
+    one-run ε estimate from them beside the ledger's ε. ``noise_scale``: multiplies the release
+    noise of clip + Gaussian *without telling the ledger* (1.0: off). Below 1 the run is a
+    deliberately broken mechanism for checking an audit: its ε is marked ``(weakened, not a
+    guarantee)`` everywhere."""
+
+    canaries: int = 0
+    noise_scale: float = 1.0
+
+
+@dataclass
 class RunConfig:
     method: Method = Method.joint_dp
     # a registered estimator's name (fedudp.aggregators.REGISTRY), or auto
@@ -399,6 +413,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     public: PublicConfig = field(default_factory=PublicConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     # a run folder: continue that run from its newest usable checkpoint (same configuration)
     resume: Optional[str] = None
     progress: bool = True
@@ -480,6 +495,10 @@ def validate(cfg: RunConfig) -> None:
     _need(p.clip_count_noise is None or _finite_pos(p.clip_count_noise),
           "privacy.clip_count_noise", f"must be null (expected cohort / 20) or > 0, got "
           f"{p.clip_count_noise}")
+    _need(isinstance(cfg.audit.canaries, int) and (cfg.audit.canaries == 0 or cfg.audit.canaries >= 2),
+          "audit.canaries", f"must be 0 (off) or an integer >= 2, got {cfg.audit.canaries}")
+    _need(isinstance(cfg.audit.noise_scale, (int, float)) and 0 < cfg.audit.noise_scale <= 1,
+          "audit.noise_scale", f"must be in (0, 1] (1: off), got {cfg.audit.noise_scale}")
     _need(p.noise_multiplier is None or (math.isfinite(p.noise_multiplier) and p.noise_multiplier > 0),
           "privacy.noise_multiplier", f"must be null (calibrate) or > 0, got {p.noise_multiplier}")
     _need(isinstance(cfg.seed, int) and 0 <= cfg.seed < 2 ** 32, "seed",

@@ -32,6 +32,8 @@ class Purpose(IntEnum):
     SMOOTHING = 13          # [ASI] Alg. 3 smoothing perturbations (per round, user)
     SCHEDULE = 14           # an algorithm's public cohort schedule (phases, owner/record per step)
     PERSONAL_NOISE = 15     # [HUANG] Alg. 1 full-DP baseline: an owner's personal-block noise
+    CANARY = 16             # a canary unit's fixed random direction (audit.canaries)
+    CANARY_SAMPLE = 17      # the billboard's Poisson sample of the canaries
     SYNTHETIC_TEACHER = 0x5EED   # the synthetic dataset's teacher
     PARTITION = 0xFA27      # owners' classes, record split, users
 
@@ -49,6 +51,8 @@ KEYS: dict[Purpose, tuple[str, ...]] = {
     Purpose.SMOOTHING: ("round", "user"),
     Purpose.SCHEDULE: ("round",),        # round 0 (never a training round): the run's public split
     Purpose.PERSONAL_NOISE: ("round", "owner"),
+    Purpose.CANARY: ("canary",),
+    Purpose.CANARY_SAMPLE: ("round",),
     Purpose.SYNTHETIC_TEACHER: (),
     Purpose.PARTITION: (),
 }

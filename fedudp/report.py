@@ -54,6 +54,7 @@ SUMMARY_KEY_FIELDS = ("method", "aggregator", "placement", "engine", "dataset", 
 HEADLINE_KEYS = ("method", "aggregator", "dataset.name", "partition.num_owners", "train.rounds")
 
 HEURISTIC_MARK = "(heuristic)"
+WEAKENED_MARK = "(weakened, not a guarantee)"
 METHOD_ORDER = {"per_silo": 0, "fedavg": 1, "full_dp": 2, "joint_dp": 3}
 
 
@@ -64,10 +65,10 @@ def epsilon_kind(s: dict) -> str | None:
     ``epsilon_kind`` existed are read from ``guarantee``; one with neither counts as heuristic
     when its accounting is ``paper`` (never read a bound where none was proven)."""
     kind = s.get("epsilon_kind")
-    if kind in ("certified", "heuristic"):
+    if kind in ("certified", "heuristic", "weakened"):
         return kind
     guarantee = s.get("guarantee")
-    if guarantee in ("certified", "heuristic"):
+    if guarantee in ("certified", "heuristic", "weakened"):
         return guarantee
     if guarantee is None and s.get("accounting") == "paper":
         return "heuristic"
@@ -90,6 +91,8 @@ def epsilon_display(epsilon: float | None, kind: str | None, digits: int = 3) ->
     ``epsilon_display``)."""
     if epsilon is None:
         return "n/a (no DP)"
+    if kind == "weakened":      # audit.noise_scale < 1: the ledger's ε is not what was released
+        return f"{epsilon:.{digits}f} {WEAKENED_MARK}"
     return mark_epsilon(f"{epsilon:.{digits}f}", kind == "heuristic")
 
 

@@ -375,6 +375,9 @@ def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: f
         # ledger composes blocks without an event or per-owner / group-privacy accountants
         "dp_event": run_event_json(p) if spec.private else None,
     }
+    est = p.billboard.canary_estimate() if p.billboard is not None else None
+    if est is not None:       # audit.canaries: an estimate beside the ledger's ε, not a bound
+        summary.update(est)
     if p.algorithm is not None:
         summary["algorithm"] = p.algorithm.summary
     if res is not None:

@@ -13,13 +13,14 @@ Adding an estimator: one new module with a ``@register``-ed ``Aggregator`` subcl
 from __future__ import annotations
 
 from fedudp.aggregators import (adaptive_clip, few_users, gaussian, outlier,  # noqa: F401
-                                winsorized)  # (register)
+                                tree, winsorized)  # (register)
 from fedudp.aggregators.base import (REGISTRY, Aggregate, Aggregator, Constraint, Contribution,
                                      ParameterError, Sampling, clip_rows, finite_rows, register)
 from fedudp.aggregators.adaptive_clip import AdaptiveClipGaussian
 from fedudp.aggregators.few_users import FewUsersAggregator
 from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean
+from fedudp.aggregators.tree import TreeAggregator
 from fedudp.aggregators.outlier import FriendlyCoreAggregator, OutlierRemovalAggregator
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 
@@ -27,4 +28,4 @@ __all__ = ["Aggregate", "Aggregator", "Constraint", "Contribution", "Sampling", 
            "register", "clip_rows", "finite_rows", "GaussianAggregator", "MeanAggregator",
            "LocalDpSgdMean", "WinsorizedAggregator", "OutlierRemovalAggregator",
            "FriendlyCoreAggregator", "FewUsersAggregator", "ParameterError",
-           "AdaptiveClipGaussian"]
+           "AdaptiveClipGaussian", "TreeAggregator"]

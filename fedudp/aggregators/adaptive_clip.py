@@ -145,6 +145,7 @@ class AdaptiveClipGaussian(Aggregator):
         used = self.clip
         total = c.total
         noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
+        noise *= self.noise_scale          # 1.0 unless audit.noise_scale weakens it on purpose
         mean = ((total.to(torch.float64) + self.update_multiplier * used * noise)
                 / self.sampling.expected_cohort).to(total.dtype)
         centred = (c.count - c.clipped) - 0.5 * c.count            # Σ (b_i - 1/2)

@@ -190,6 +190,9 @@ class Aggregator(ABC):
     noise_multiplier: float | None = None
     min_users_required: int | None = None
     group: GroupConversion | None = None
+    # the release noise's factor beyond what is accounted: 1.0 always, except a deliberately
+    # weakened mechanism for checking an audit (audit.noise_scale; clip + Gaussian only)
+    noise_scale: float = 1.0
 
     @property
     def noise_std(self) -> float | None:

@@ -80,6 +80,7 @@ class GaussianAggregator(Aggregator):
         # |z| ≈ 5.77 with a point mass there, which would underestimate δ
         # (docs/algorithms.md#laplace-and-gaussian-noise)
         noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
+        noise *= self.noise_scale          # 1.0 unless audit.noise_scale weakens it on purpose
         mean = ((total.to(torch.float64) + self.noise_std * noise)
                 / self.sampling.expected_cohort).to(total.dtype)
         diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count}

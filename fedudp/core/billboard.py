@@ -48,7 +48,8 @@ class Billboard:
     def __init__(self, shared: Mapping[str, torch.Tensor], aggregator: Aggregator,
                  sampling: Sampling, ledger: Ledger, accountant=None, *, seed: int,
                  step: ServerStep = ServerStep(1.0), target_epsilon: float | None = None,
-                 delta: float | None = None, plan: Plan | None = None) -> None:
+                 delta: float | None = None, plan: Plan | None = None,
+                 canaries=None) -> None:
         if aggregator.private and accountant is None:
             raise ValueError(f"aggregator={aggregator.name} is private: the billboard needs an "
                              "accountant (fedudp.privacy.accountant.accountant_for)")
@@ -58,6 +59,10 @@ class Billboard:
         self.shapes = {k: tuple(shared[k].shape) for k in self.names}
         self.u = (torch.cat([shared[k].reshape(-1) for k in self.names]) if self.names
                   else torch.zeros(0))
+        # audit.canaries (fedudp.core.canaries): K canary units whose updates join each release;
+        # the estimate reads the final u against the initial one
+        self.canaries = canaries
+        self.u0 = self.u.clone() if canaries is not None else None
         self.aggregator, self.sampling, self.ledger = aggregator, sampling, ledger
         self.seed, self.step = seed, step
         self.target_epsilon, self.delta = target_epsilon, delta
@@ -100,9 +105,11 @@ class Billboard:
         if mask is not None:
             return mask
         q = self.sampling.rate
+        # the population's real units (canaries, when there are any, are sampled by their own)
+        n = self.sampling.population - (self.canaries.count if self.canaries is not None else 0)
         if q >= 1.0:
-            return np.ones(self.sampling.population, dtype=bool)
-        return numpy_rng(self.seed, Purpose.SAMPLE, round_).random(self.sampling.population) < q
+            return np.ones(n, dtype=bool)
+        return numpy_rng(self.seed, Purpose.SAMPLE, round_).random(n) < q
 
     def noise_generator(self, round_: int) -> torch.Generator:
         return torch_generator(self.seed, Purpose.NOISE, round_)
@@ -132,7 +139,14 @@ class Billboard:
         event = self.round_event(round_)
         c = Contribution.merge([r.contribution for r in replies], self.dim, self.u.dtype,
                                aggregator.needs_per_user_vectors)
+        inserted = 0
+        if self.canaries is not None:
+            c, inserted = self.canaries.add(c, round_, aggregator.constraint.clip,
+                                            aggregator.needs_per_user_vectors)
         agg = aggregator.release(c, rng=self.noise_generator(round_))
+        if inserted:              # the run's counts are its real users'; canaries said apart
+            agg.users_used -= inserted
+            agg.diagnostics["canaries"] = inserted
         eps = eps_rdp = None
         if self.accountant is not None:
             self.accountant.compose(event)
@@ -153,6 +167,12 @@ class Billboard:
             if not self.diverged:          # keep the last finite state
                 self.u = u
         return agg
+
+    def canary_estimate(self) -> dict | None:
+        """The one-run ε estimate from the canaries (None without them)."""
+        if self.canaries is None or self.delta is None:
+            return None
+        return self.canaries.estimate(self.u - self.u0, self.delta)
 
     def state(self) -> dict:
         """What a checkpoint needs to continue this billboard exactly: the shared parameters,

@@ -140,6 +140,9 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
     ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 3.0,
                   "privacy.epsilon": 5.0, "privacy.clip_policy": "adaptive", "privacy.clip": 0.05,
                   "privacy.clip_count_noise": 10.0, "privacy.clip_lr": 1.0}),
+    # DP-FTRL tree aggregation: cyclic cohorts, one event per tree, correlated noise
+    ("full_dp", {"aggregator": "dp_ftrl_tree", "train.sampling_rate": 0.5,
+                 "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
     # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
     ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
     # DP-SGD inside the owners, paper mode: at each owner's own personal layer, and

@@ -1,0 +1,219 @@
+"""DP-FTRL with tree aggregation (``aggregator=dp_ftrl_tree``): noise correlated across rounds.
+
+Kairouz, McMahan, Song, Thakkar, Thakurta, Xu, "Practical and Private (Deep) Learning without
+Sampling or Shuffling", ICML 2021 (arXiv:2103.00039), DP-FTRL with the tree restarted every
+``k`` rounds (their Appendix D accounting). Not one of the seeds; docs/algorithms.md#dp-ftrl-tree.
+
+**Participation** (public, declared, never read from the data): each unit gets one of k groups
+from the run's seed (``numpy_rng(seed, SCHEDULE, 0).integers(k, size=N)``: unit i's group
+depends on i alone, so adding or removing a unit moves no other), and round r trains the group
+(r - 1) mod k. So every unit contributes to at most one round of each k-round tree: the
+assumption dp-accounting's ``SingleEpochTreeAggregationDpEvent`` rests on. k = 1 /
+``train.sampling_rate``, which must be an integer; a Poisson sample, which can take a unit twice
+in one tree, is never used with this mechanism.
+
+**Release.** Round t of a tree adds the cohort's clipped sum x_t (each unit's vector clipped to C)
+to the leaves of a binary tree; every completed dyadic interval of rounds is a node carrying
+its own noise N(0, (zC)² I), drawn once. The noisy prefix sum S̃_t = Σ_{s<=t} x_s + (the noise of
+the O(log t) nodes that tile [1, t]) is what DP-FTRL releases; the billboard steps with its
+increment (S̃_t - S̃_{t-1}) / (N / k), so that the shared parameters after round t are θ at the
+tree's start plus server_lr · S̃_t / (N/k) (FTRL from that point; post-processing of the prefix
+sums). The increment needs only the noise of the node completed at t minus that of the nodes it
+replaces in the tiling: at most ceil(log2(k + 1)) vectors are held.
+
+**Sensitivity and event.** A unit is in one leaf per tree, which lies in at most
+D = ceil(log2(k + 1)) completed nodes; adding or removing it moves each of them by the same
+vector of norm at most C. The nodes carry independent noise zC, so one tree is exactly a Gaussian
+mechanism of l2 sensitivity C·sqrt(D): ``GaussianDpEvent(z / sqrt(D))`` under add/remove-one,
+which the PLD accountant composes. dp-accounting's own event for it,
+``SingleEpochTreeAggregationDpEvent(z, k)``, is RDP-only and defined under its REPLACE_SPECIAL
+relation (a record replaced by the zero record, which is what removing a unit from its public
+leaf does); its RDP, α·D / (2z²), is that of ``GaussianDpEvent(z / sqrt(D))`` at every order, and
+the tests check the two agree. One event per tree, composed at the tree's first round (the whole
+tree's cost is checked against the budget before it starts; its other rounds are
+``NoOpDpEvent``). The last tree may be shorter (T mod k rounds).
+"""
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import numpy as np
+import torch
+
+from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution,
+                                     ParameterError, Sampling, calibrate, check_budget,
+                                     check_positive, check_sampling, register)
+from fedudp.randomness import Purpose, numpy_rng
+
+
+def tree_size(rate: float) -> int:
+    """k = 1 / rate, the rounds of one tree (a ``ParameterError`` naming sampling if not whole)."""
+    k = round(1.0 / float(rate))
+    if k < 1 or abs(k * float(rate) - 1.0) > 1e-9:
+        raise ParameterError("sampling", f"sampling rate {rate:g}: aggregator=dp_ftrl_tree trains "
+                             "each unit once every k rounds, k = 1 / train.sampling_rate, which "
+                             "must be a whole number (e.g. 0.25 for k = 4)")
+    return k
+
+
+def tree_depth(steps: int) -> int:
+    """The most completed nodes one leaf lies in, in a tree of ``steps`` leaves."""
+    return math.ceil(math.log2(steps + 1))
+
+
+def tree_events(noise_multiplier: float, rounds: int, k: int) -> list[int]:
+    """The lengths of the run's trees: k rounds each, the last one shorter."""
+    full, rest = divmod(int(rounds), int(k))
+    return [k] * full + ([rest] if rest else [])
+
+
+def tree_event(noise_multiplier: float, steps: int) -> dp_accounting.DpEvent:
+    """One tree of ``steps`` rounds: the Gaussian of multiplier z / sqrt(depth) (module doc)."""
+    return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(tree_depth(steps)))
+
+
+def run_event(noise_multiplier: float, rounds: int, k: int) -> dp_accounting.DpEvent:
+    """All of a run's trees (composed; each unit at most once per tree)."""
+    parts = [tree_event(noise_multiplier, s) for s in tree_events(noise_multiplier, rounds, k)]
+    return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
+
+
+class CyclicParticipation:
+    """The billboard's plan (the hooks of ``fedudp.core.plan.Plan``) for a tree: unit i trains in
+    the rounds r with (r - 1) mod k = group[i]; the tree's event at its first round, nothing at
+    the others; the aggregator's release and the plain server step."""
+
+    def __init__(self, agg: "TreeAggregator", seed: int) -> None:
+        self.agg = agg
+        self.group = numpy_rng(seed, Purpose.SCHEDULE, 0).integers(
+            0, agg.k, size=agg.sampling.population)
+
+    def sample(self, round_: int) -> np.ndarray:
+        return self.group == (round_ - 1) % self.agg.k
+
+    def event(self, round_: int):
+        return self.agg.round_event(round_)
+
+    def one_off(self):
+        return None
+
+    def aggregator(self, round_: int):
+        return None
+
+    def step(self, u, mean, round_: int):
+        return None
+
+    def checkpoint_state(self) -> dict:
+        return {}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"cyclic participation keeps no state, got {sorted(state)}")
+
+
+@register
+class TreeAggregator(Aggregator):
+    """DP-FTRL's tree-aggregated noise on the cohort's clipped sums (module doc)."""
+
+    name = "dp_ftrl_tree"
+    needs_per_user_vectors = False
+    private = True
+    fixed_noise = True
+    closed_form_note = "has no closed form for tree aggregation (the accountant calibrates it)"
+
+    def __init__(self, clip: float, noise_multiplier: float, sampling: Sampling, rounds: int
+                 ) -> None:
+        check_positive("clip", clip)
+        check_positive("noise_multiplier", noise_multiplier)
+        self.clip = float(clip)
+        self.noise_multiplier = float(noise_multiplier)
+        self.sampling = sampling
+        self.k = tree_size(sampling.rate)
+        self.rounds = int(rounds)
+        self._t = 0                                      # rounds done in the current tree
+        self._stack: list[tuple[int, torch.Tensor]] = []  # (node size, its noise), the tiling
+
+    @classmethod
+    def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
+                   sampling: Sampling) -> "TreeAggregator":
+        """The smallest per-node noise multiplier z whose trees over ``rounds`` meet (ε, δ)."""
+        check_sampling(sampling)
+        check_budget(epsilon, delta, rounds)
+        check_positive("clip", clip)
+        k = tree_size(sampling.rate)
+        z = calibrate(lambda s: run_event(s, rounds, k), epsilon, delta, 1)
+        return cls(clip, z, sampling, rounds)
+
+    @classmethod
+    def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, sampling: Sampling,
+                              rounds: int) -> "TreeAggregator":
+        check_sampling(sampling)
+        check_positive("clip", clip)
+        check_positive("noise_multiplier", noise_multiplier)
+        return cls(clip, noise_multiplier, sampling, rounds)
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of each tree node's noise (per coordinate)."""
+        return self.noise_multiplier * self.clip
+
+    @property
+    def constraint(self) -> Constraint:
+        return Constraint(rows=False, clip=self.clip)
+
+    def participation(self, seed: int) -> CyclicParticipation:
+        """The billboard's plan: cyclic cohorts and one event per tree."""
+        return CyclicParticipation(self, seed)
+
+    def round_event(self, round_: int) -> dp_accounting.DpEvent:
+        """The whole tree's event at its first round, ``NoOpDpEvent`` at its other rounds."""
+        if (round_ - 1) % self.k:
+            return dp_accounting.NoOpDpEvent()
+        steps = min(self.k, self.rounds - round_ + 1) if round_ <= self.rounds else self.k
+        return tree_event(self.noise_multiplier, steps)
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """Round 1's event (a full tree's); the billboard asks ``round_event`` per round."""
+        return self.round_event(1)
+
+    def noise_increment(self, dim: int, rng: torch.Generator) -> torch.Tensor:
+        """Advance the tree by one leaf: the noise of the prefix sum at t minus that at t - 1
+        (float64): the node completed at t, less the nodes it replaces in the tiling."""
+        if self._t == self.k:                            # restart: a new tree
+            self._t, self._stack = 0, []
+        self._t += 1
+        low = self._t & -self._t                         # the node completed at t: 'low' leaves
+        fresh = self.noise_std * torch.randn(dim, generator=rng, dtype=torch.float64)
+        out = fresh.clone()
+        while self._stack and self._stack[-1][0] < low:
+            out -= self._stack.pop()[1]
+        self._stack.append((low, fresh))
+        return out
+
+    def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
+        total = c.total
+        inc = self.noise_increment(int(total.numel()), rng).reshape(total.shape)
+        mean = ((total.to(torch.float64) + inc) / self.sampling.expected_cohort).to(total.dtype)
+        diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count,
+                "tree_round": self._t, "tree_nodes_held": len(self._stack)}
+        return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)
+
+    def ledger_notes(self) -> list[str]:
+        return [f"DP-FTRL tree aggregation (Kairouz et al. 2021): participation is cyclic, not "
+                f"Poisson: each unit is in one public group of k={self.k} (seeded), trained once "
+                f"every k rounds, so at most once per k-round tree; per-node noise multiplier "
+                f"{self.noise_multiplier:.6g} (std {self.noise_std:.6g}), depth "
+                f"{tree_depth(self.k)}; each tree is one Gaussian of multiplier z/sqrt(depth) (the "
+                "same RDP as dp-accounting's SingleEpochTreeAggregationDpEvent), composed at the "
+                "tree's first round; the denominator is the public N/k"]
+
+    def checkpoint_state(self) -> dict:
+        return {"t": self._t, "sizes": [s for s, _ in self._stack],
+                "noises": [v.clone() for _, v in self._stack]}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        if set(state) != {"t", "sizes", "noises"}:
+            raise ValueError(f"aggregator={self.name}: unexpected state {sorted(state)}")
+        self._t = int(state["t"])
+        self._stack = [(int(s), v.to(torch.float64)) for s, v in zip(state["sizes"], state["noises"])]
