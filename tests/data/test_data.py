@@ -146,3 +146,17 @@ def test_more_records_than_the_data_holds_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="dataset.num_records: 500 records asked for"):
         run(cfg, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_image_pool_standardizes_exactly_as_the_whole_array_formula(tmp_path):
+    """The pool is standardized through a 256-entry table (no float64 copies of the images):
+    bit for bit what ((x / 255 - mean) / std) in float32 on the whole array gives."""
+    from fedudp.data.federation import image_pool
+    from fedudp.data.idx import load_idx_dataset
+    root = tiny_mnist(tmp_path)
+    tx, _, vx, _ = load_idx_dataset("mnist", str(root), False)
+    mean, std = tx.mean() / 255.0, tx.std() / 255.0
+    pool = image_pool("mnist", str(root))
+    for raw, got in ((tx, pool.train_x), (vx, pool.test_x)):
+        want = ((raw.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)[:, None]
+        assert got.dtype == np.float32 and np.array_equal(got, want)
