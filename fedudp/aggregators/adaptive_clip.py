@@ -33,7 +33,7 @@ import math
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution,
+from fedudp.aggregators.base import (Aggregate, ClippedSumAggregator, Contribution,
                                      ParameterError, Sampling, calibrate, check_budget,
                                      check_fraction, check_positive, check_sampling, register)
 from fedudp.aggregators.gaussian import gaussian_round_event
@@ -70,11 +70,10 @@ def next_clip(clip: float, unclipped_fraction: float, quantile: float, clip_lr: 
 
 
 @register
-class AdaptiveClipGaussian(Aggregator):
+class AdaptiveClipGaussian(ClippedSumAggregator):
     """Clip + Gaussian whose clip follows a target quantile of the units' norms (module doc)."""
 
     name = "gaussian_adaptive"
-    needs_per_user_vectors = False
     private = True
     fixed_noise = True
     closed_form_note = ("has no closed form for adaptive clipping (its noise is calibrated with "
@@ -133,11 +132,6 @@ class AdaptiveClipGaussian(Aggregator):
     def noise_std(self) -> float:
         """Standard deviation of the noise on the update *sum* at the current clip (z_Δ C_t)."""
         return self.update_multiplier * self.clip
-
-    @property
-    def constraint(self) -> Constraint:
-        """The owners clip to the current C_t (read by the engines each round)."""
-        return Constraint(rows=False, clip=self.clip)
 
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         """The noisy mean at C_t, the noisy unclipped count, then C_t+1 (module doc). Both noises

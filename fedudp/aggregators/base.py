@@ -251,6 +251,25 @@ class Aggregator(ABC):
             raise ValueError(f"aggregator={self.name} keeps no state, got {sorted(state)}")
 
 
+class ClippedSumAggregator(Aggregator):
+    """An estimator on the cohort's clipped sum: the owners clip each unit's vector to
+    ``self.clip`` and send the sum and a count (clip + Gaussian, adaptive clipping, DP-FTRL's
+    tree). ``noise_std``: ``noise_multiplier · clip`` unless the estimator says otherwise."""
+
+    needs_per_user_vectors: ClassVar[bool] = False
+    clip: float
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise on the *sum* (per coordinate)."""
+        return self.noise_multiplier * self.clip
+
+    @property
+    def constraint(self) -> Constraint:
+        """Owners send the sum of their units' vectors clipped to the current ``clip``."""
+        return Constraint(rows=False, clip=self.clip)
+
+
 class RowsAggregator(Aggregator):
     """An estimator on the cohort matrix (winsorized, outlier removal, few users).
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution, Sampling,
+from fedudp.aggregators.base import (Aggregate, Aggregator, ClippedSumAggregator, Constraint,
+                                     Contribution, Sampling,
                                      calibrate, check_budget, check_positive, check_sampling,
                                      register)
 
 
 @register
-class GaussianAggregator(Aggregator):
+class GaussianAggregator(ClippedSumAggregator):
     """Clip each unit's vector to l2 norm ``clip``, sum, add N(0, (z*clip)^2 I), divide by q*N."""
 
     name = "gaussian"
-    needs_per_user_vectors = False
     private = True
 
     def __init__(self, clip: float, noise_multiplier: float, sampling: Sampling) -> None:
@@ -63,15 +63,6 @@ class GaussianAggregator(Aggregator):
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
         return cls(clip, noise_multiplier, sampling)
-
-    @property
-    def noise_std(self) -> float:
-        """Standard deviation of the noise added to the *sum* (per coordinate)."""
-        return self.noise_multiplier * self.clip
-
-    @property
-    def constraint(self) -> Constraint:
-        return Constraint(rows=False, clip=self.clip)
 
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         """Billboard side: add Gaussian noise to the sum and divide by q * N_units."""

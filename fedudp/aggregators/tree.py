@@ -41,7 +41,7 @@ import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution,
+from fedudp.aggregators.base import (Aggregate, ClippedSumAggregator, Contribution,
                                      ParameterError, Sampling, calibrate, check_budget,
                                      check_positive, check_sampling, register)
 from fedudp.randomness import Purpose, numpy_rng
@@ -113,11 +113,10 @@ class CyclicParticipation:
 
 
 @register
-class TreeAggregator(Aggregator):
+class TreeAggregator(ClippedSumAggregator):
     """DP-FTRL's tree-aggregated noise on the cohort's clipped sums (module doc)."""
 
     name = "dp_ftrl_tree"
-    needs_per_user_vectors = False
     private = True
     fixed_noise = True
     closed_form_note = "has no closed form for tree aggregation (the accountant calibrates it)"
@@ -152,15 +151,6 @@ class TreeAggregator(Aggregator):
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
         return cls(clip, noise_multiplier, sampling, rounds)
-
-    @property
-    def noise_std(self) -> float:
-        """Standard deviation of each tree node's noise (per coordinate)."""
-        return self.noise_multiplier * self.clip
-
-    @property
-    def constraint(self) -> Constraint:
-        return Constraint(rows=False, clip=self.clip)
 
     def participation(self, seed: int) -> CyclicParticipation:
         """The billboard's plan: cyclic cohorts and one event per tree."""
