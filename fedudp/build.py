@@ -381,7 +381,8 @@ CONFIG_KEYS = {
     "batch_size": "train.batch_size", "local_epochs": "train.local_epochs",
     "bound": "estimator.bound", "tau": "estimator.tau", "beta": "estimator.beta",
     "copies": "estimator.copies", "blocks": "estimator.blocks", "kappa": "estimator.kappa",
-    "tries": "estimator.tries", "records_per_unit": "partition.records_per_user",
+    "tries": "estimator.tries", "bands": "estimator.bands",
+    "records_per_unit": "partition.records_per_user",
     "records_per_user": "partition.records_per_user",
     "group_size": "partition.records_per_user", "owner_units": "partition", "dim": "model",
 }
@@ -466,7 +467,7 @@ def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) 
         dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
         clip=p.clip, clip_quantile=p.clip_quantile, clip_lr=p.clip_lr,
         clip_count_noise=p.clip_count_noise, bound=e.bound, tau=e.tau, beta=e.beta, copies=e.copies, blocks=e.blocks,
-        kappa=e.kappa, tries=e.tries, accounting=Accounting(p.accounting).value,
+        kappa=e.kappa, tries=e.tries, bands=e.bands, accounting=Accounting(p.accounting).value,
         calibration=Calibration(p.calibration).value,
         records_per_unit=records_per_unit(cfg) if e.tau is None else None,
         batch_size=t.batch_size, local_epochs=t.local_epochs,

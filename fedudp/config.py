@@ -43,6 +43,7 @@ class AggregatorName(Choice):
     gaussian = "gaussian"
     gaussian_adaptive = "gaussian_adaptive"   # = gaussian with privacy.clip_policy=adaptive
     dp_ftrl_tree = "dp_ftrl_tree"             # DP-FTRL, tree-aggregated noise, cyclic cohorts
+    dp_mf_banded = "dp_mf_banded"             # banded matrix factorization, cyclic Poisson cohorts
     none = "none"
     winsorized = "winsorized"
     outlier_removal = "outlier_removal"
@@ -298,6 +299,10 @@ class EstimatorConfig:
     blocks: int = 1
     kappa: float = 1.0
     tries: float = 1000.0
+    # dp_mf_banded (docs/algorithms.md#banded-matrix-factorization): the bands b of the noise's
+    # correlation; units fall in b public groups, each sampled at train.sampling_rate * b in its
+    # rounds (None: b = 1 / train.sampling_rate, each group whole)
+    bands: Optional[int] = None
 
 
 class AlgorithmName(Choice):

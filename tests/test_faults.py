@@ -136,6 +136,9 @@ def test_sigint_gives_interrupted_with_all_files_and_resumes_exactly(reference, 
                  "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
     # DP-FTRL: the tree's held node noises are state, interrupted in the middle of a tree
     ("full_dp", {"aggregator": "dp_ftrl_tree", "train.sampling_rate": 0.25,
+                 "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
+    # banded matrix factorization: the last b - 1 noise vectors are state, cut mid-cycle
+    ("full_dp", {"aggregator": "dp_mf_banded", "train.sampling_rate": 0.25,
                  "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0})])
 def test_every_method_resumes_exactly(tmp_path, monkeypatch, method, kw):
     """No billboard (per_silo), a non-private one (fedavg), owner-level units, and per-owner

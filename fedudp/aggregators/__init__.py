@@ -12,11 +12,12 @@ Adding an estimator: one new module with a ``@register``-ed ``Aggregator`` subcl
 """
 from __future__ import annotations
 
-from fedudp.aggregators import (adaptive_clip, few_users, gaussian, outlier,  # noqa: F401
+from fedudp.aggregators import (adaptive_clip, banded, few_users, gaussian, outlier,  # noqa: F401
                                 tree, winsorized)  # (register)
 from fedudp.aggregators.base import (REGISTRY, Aggregate, Aggregator, Constraint, Contribution,
                                      ParameterError, Sampling, clip_rows, finite_rows, register)
 from fedudp.aggregators.adaptive_clip import AdaptiveClipGaussian
+from fedudp.aggregators.banded import BandedMatrixAggregator
 from fedudp.aggregators.few_users import FewUsersAggregator
 from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean
@@ -28,4 +29,4 @@ __all__ = ["Aggregate", "Aggregator", "Constraint", "Contribution", "Sampling", 
            "register", "clip_rows", "finite_rows", "GaussianAggregator", "MeanAggregator",
            "LocalDpSgdMean", "WinsorizedAggregator", "OutlierRemovalAggregator",
            "FriendlyCoreAggregator", "FewUsersAggregator", "ParameterError",
-           "AdaptiveClipGaussian", "TreeAggregator"]
+           "AdaptiveClipGaussian", "TreeAggregator", "BandedMatrixAggregator"]

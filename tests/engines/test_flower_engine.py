@@ -143,6 +143,10 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
     # DP-FTRL tree aggregation: cyclic cohorts, one event per tree, correlated noise
     ("full_dp", {"aggregator": "dp_ftrl_tree", "train.sampling_rate": 0.5,
                  "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
+    # banded matrix factorization under joint DP: 2 groups sampled at 1/2 (cyclic Poisson)
+    ("joint_dp", {"aggregator": "dp_mf_banded", "train.sampling_rate": 0.25,
+                  "estimator.bands": 2, "privacy.noise_multiplier": 2.0,
+                  "privacy.epsilon": 50.0}),
     # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
     ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
     # DP-SGD inside the owners, paper mode: at each owner's own personal layer, and
