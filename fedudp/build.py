@@ -382,6 +382,8 @@ CONFIG_KEYS = {
     "bound": "estimator.bound", "tau": "estimator.tau", "beta": "estimator.beta",
     "copies": "estimator.copies", "blocks": "estimator.blocks", "kappa": "estimator.kappa",
     "tries": "estimator.tries", "bands": "estimator.bands",
+    "clip_count_noise": "privacy.clip_count_noise", "clip_quantile": "privacy.clip_quantile",
+    "clip_lr": "privacy.clip_lr", "clip_policy": "privacy.clip_policy",
     "records_per_unit": "partition.records_per_user",
     "records_per_user": "partition.records_per_user",
     "group_size": "partition.records_per_user", "owner_units": "partition", "dim": "model",
@@ -421,11 +423,7 @@ def estimator_class(cfg: RunConfig) -> type[Aggregator]:
     private methods, the plain mean otherwise)."""
     adaptive = ClipPolicy(cfg.privacy.clip_policy) == ClipPolicy.adaptive
     if placement(cfg) == Placement.local_dpsgd:
-        if adaptive:
-            raise ConfigError("privacy.clip_policy: adaptive clipping is available for "
-                              "placement=server with aggregator=gaussian; owner-side DP-SGD "
-                              "(placement=local_dpsgd) clips to the fixed privacy.clip")
-        return LocalDpSgdMean
+        return LocalDpSgdMean         # an adaptive clip is its own option (clip_policy)
     name = resolved_aggregator(cfg)
     if adaptive:
         if name not in (GaussianAggregator.name, AdaptiveClipGaussian.name):
@@ -465,7 +463,8 @@ def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) 
     group = bool(p.group_privacy)
     return dict(
         dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
-        clip=p.clip, clip_quantile=p.clip_quantile, clip_lr=p.clip_lr,
+        clip=p.clip, clip_policy=ClipPolicy(p.clip_policy).value,
+        clip_quantile=p.clip_quantile, clip_lr=p.clip_lr,
         clip_count_noise=p.clip_count_noise, bound=e.bound, tau=e.tau, beta=e.beta, copies=e.copies, blocks=e.blocks,
         kappa=e.kappa, tries=e.tries, bands=e.bands, accounting=Accounting(p.accounting).value,
         calibration=Calibration(p.calibration).value,

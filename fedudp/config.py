@@ -178,7 +178,8 @@ class PrivacyConfig:
     # fixed: clip every round to ``clip``; adaptive: ``clip`` is the initial clip norm, then it
     # follows the ``clip_quantile`` of the units' norms at learning rate ``clip_lr`` through a
     # noisy count (std ``clip_count_noise``; null: expected cohort / 20), Andrew et al. 2021
-    # (aggregator=gaussian under placement=server; docs/algorithms.md#adaptive-clipping)
+    # (aggregator=gaussian under placement=server; under placement=local_dpsgd every DP-SGD step
+    # releases its count, null: std z*sqrt(10)/2, a tenth of the step's budget; docs/algorithms.md#adaptive-clipping)
     clip_policy: ClipPolicy = ClipPolicy.fixed
     clip_quantile: float = 0.5
     clip_lr: float = 0.2

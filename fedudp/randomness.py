@@ -34,6 +34,7 @@ class Purpose(IntEnum):
     PERSONAL_NOISE = 15     # [HUANG] Alg. 1 full-DP baseline: an owner's personal-block noise
     CANARY = 16             # a canary unit's fixed random direction (audit.canaries)
     CANARY_SAMPLE = 17      # the billboard's Poisson sample of the canaries
+    DPSGD_COUNT_NOISE = 18  # an owner's noise on a DP-SGD step's unclipped count (adaptive clip)
     SYNTHETIC_TEACHER = 0x5EED   # the synthetic dataset's teacher
     PARTITION = 0xFA27      # owners' classes, record split, users
 
@@ -53,6 +54,7 @@ KEYS: dict[Purpose, tuple[str, ...]] = {
     Purpose.PERSONAL_NOISE: ("round", "owner"),
     Purpose.CANARY: ("canary",),
     Purpose.CANARY_SAMPLE: ("round",),
+    Purpose.DPSGD_COUNT_NOISE: ("round", "epoch", "step", "owner"),
     Purpose.SYNTHETIC_TEACHER: (),
     Purpose.PARTITION: (),
 }

@@ -10,10 +10,19 @@ E and T for n) with one mechanism:
 * ``adaptive``: ``privacy.clip_policy=adaptive`` from clip 1, target quantile 0.5;
 * ``tree``: ``aggregator=dp_ftrl_tree`` with k = 10 public groups (``train.sampling_rate=0.1``);
   over Table 3's T = 10 rounds (n = 64) that is one tree, each user trained in one round;
+* ``banded``: ``aggregator=dp_mf_banded`` (BSR banded matrix factorization) with b = 10 bands
+  at ``train.sampling_rate=0.1`` (each group whole, one cycle over T = 10); ``banded_amp``: b = 5
+  bands at the same rate, each group sampled at 0.5 (two cycles, amplified by sampling);
 * ``canary`` / ``canary_half``: clip 1 with ``audit.canaries`` (the one-run estimate), and the
   same with ``audit.noise_scale=0.5`` (a deliberately weakened twin); ``canary_sparse`` /
   ``canary_sparse_half``: the same pair with 100 users a round (``train.sampling_rate=0.01``)
   over 50 rounds, where the noise, not the data, dominates the final update.
+
+``--natural FED.npz`` runs the same mechanisms on the natural-user federation of
+docs/results/natural_mnist (``scripts/natural_mnist.py --data-root DATA --out FED.npz``: 2,000
+users of 1 to 107 records, 32 owners of 4 to 273 users) with that page's settings (20 rounds,
+``train.sampling_rate=0.2``, clip 0.5); its clips are 0.1, 0.5 (the page's) and 2, the tree and
+``banded`` use k = b = 5 groups at the same rate, ``banded_amp`` b = 2 groups sampled at 0.4.
 
 Runs are resumable: a run whose folder has a summary.json is not redone. Each run's wall time
 goes to ``runs/times.jsonl``; the table goes to README.md's marked section.
@@ -33,12 +42,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "beyond_seeds"
 CLIPS = (0.1, 1.0, 15.0)
+NATURAL_CLIPS = (0.1, 0.5, 2.0)
+# docs/results/natural_mnist's settings (its public numbers are declared, checked against the data)
+NATURAL = ["dataset.name=npz", "dataset.columns.owner=owner", "partition.owner_rule=given",
+           "partition.num_owners=32", "public.users=2000", "public.owner_capacity=273",
+           "public.records_per_user=107", "model.name=cnn", "model.personal=[fc1.*]",
+           "train.rounds=20", "train.lr=0.05", "train.batch_size=16", "privacy.delta=1e-5"]
+
+
+def natural_mechanisms() -> dict[str, list[str]]:
+    m = {f"clip{c:g}": [f"privacy.clip={c}", "train.sampling_rate=0.2"] for c in NATURAL_CLIPS}
+    m["adaptive"] = ["privacy.clip_policy=adaptive", "privacy.clip=0.5", "train.sampling_rate=0.2"]
+    m["tree"] = ["aggregator=dp_ftrl_tree", "privacy.clip=0.5", "train.sampling_rate=0.2"]
+    m["banded"] = ["aggregator=dp_mf_banded", "privacy.clip=0.5", "train.sampling_rate=0.2"]
+    m["banded_amp"] = ["aggregator=dp_mf_banded", "privacy.clip=0.5", "train.sampling_rate=0.2",
+                       "estimator.bands=2"]
+    return m
 
 
 def mechanisms(canaries: int) -> dict[str, list[str]]:
     m = {f"clip{c:g}": [f"privacy.clip={c}"] for c in CLIPS}
     m["adaptive"] = ["privacy.clip_policy=adaptive", "privacy.clip=1.0"]
     m["tree"] = ["aggregator=dp_ftrl_tree", "privacy.clip=1.0", "train.sampling_rate=0.1"]
+    m["banded"] = ["aggregator=dp_mf_banded", "privacy.clip=1.0", "train.sampling_rate=0.1"]
+    m["banded_amp"] = ["aggregator=dp_mf_banded", "privacy.clip=1.0", "train.sampling_rate=0.1",
+                       "estimator.bands=5"]
     m["canary"] = ["privacy.clip=1.0", f"audit.canaries={canaries}"]
     m["canary_half"] = ["privacy.clip=1.0", f"audit.canaries={canaries}", "audit.noise_scale=0.5"]
     sparse = ["privacy.clip=1.0", f"audit.canaries={canaries}", "train.sampling_rate=0.01",
@@ -50,6 +78,13 @@ def mechanisms(canaries: int) -> dict[str, list[str]]:
 
 def grid(a) -> list[tuple[str, list[str]]]:
     out = []
+    if a.natural:
+        for method in a.methods:
+            for eps in a.epsilon:
+                for name, over in natural_mechanisms().items():
+                    out.append((f"natural/{method}/eps{eps:g}/{name}",
+                                [f"method={method}", f"privacy.epsilon={eps}", *over]))
+        return out
     for n in a.n:
         for method in a.methods:
             for eps in a.epsilon:
@@ -68,16 +103,19 @@ def run(key: str, over: list[str], a) -> None:
         return
     folder.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).parent / "fedudp"
-    cmd = [str(exe), "+experiment=huang_table1", "privacy.placement=server",
-           f"dataset.root={a.data}", *over, "progress=false", f"engine_opts.threads={a.threads}",
+    if a.natural:
+        head, shown_head = [*NATURAL, f"dataset.path={a.natural}"], [*NATURAL, "dataset.path=FED.npz"]
+    else:
+        head = ["+experiment=huang_table1", "privacy.placement=server", f"dataset.root={a.data}"]
+        shown_head = ["+experiment=huang_table1", "privacy.placement=server", "dataset.root=DATA"]
+    cmd = [str(exe), *head, *over, "progress=false", f"engine_opts.threads={a.threads}",
            "checkpoint.every=0", f"hydra.run.dir={folder}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "FLWR_TELEMETRY_ENABLED": "0"}
     t = time.perf_counter()
     with open(folder / "run.out", "w") as f:
         rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t
-    shown = " ".join(["fedudp", *cmd[1:2], "privacy.placement=server", "dataset.root=DATA",
-                      *over])
+    shown = " ".join(["fedudp", *shown_head, *over])
     with open(OUT / "runs" / "times.jsonl", "a") as f:
         f.write(json.dumps({"run": key, "exit": rc, "wall_s": round(wall, 1),
                             "command": shown}) + "\n")
@@ -97,7 +135,7 @@ def table() -> list[str]:
     rows = ["| n | method | ε target | mechanism | accuracy (mean over owners) | ledger ε | "
             "ε incl. choosing the clip | canary estimate (95 % interval) | wall (s) |",
             "|---:|---|---:|---|---:|---:|---:|---|---:|"]
-    runs = sorted((OUT / "runs").glob("n*/*/*/*/summary.json"))
+    runs = sorted((OUT / "runs").glob("*/*/*/*/summary.json"))
     by_cell: dict = {}
     for p in runs:
         key = str(p.parent.relative_to(OUT / "runs"))
@@ -106,17 +144,20 @@ def table() -> list[str]:
         n, method, eps, mech = key.split("/")
         by_cell.setdefault((n, method, eps), {})[mech] = s
     for (n, method, eps), cell in sorted(by_cell.items(), key=lambda kv: (
-            int(kv[0][0][1:]), kv[0][1], float(kv[0][2][3:]))):
-        fixed = [cell[f"clip{c:g}"] for c in CLIPS if f"clip{c:g}" in cell]
+            int(kv[0][0][1:]) if kv[0][0][1:].isdigit() else 10**9, kv[0][1],
+            float(kv[0][2][3:]))):
+        clips = NATURAL_CLIPS if n == "natural" else CLIPS
+        order = list(natural_mechanisms() if n == "natural" else mechanisms(2))
+        fixed = [cell[f"clip{c:g}"] for c in clips if f"clip{c:g}" in cell]
         chosen = tuned = None
-        if len(fixed) == len(CLIPS):
+        if len(fixed) == len(clips):
             for s in fixed:
                 from omegaconf import OmegaConf
                 s["_config"] = OmegaConf.to_container(OmegaConf.load(Path(s["_dir"]) / "config.yaml"))
             a, b = report.groups_of(fixed)
             sel = select_best({**a, **b}, "accuracy_mean")
             chosen, tuned = sel["settings"].get("privacy.clip"), sel["fixed_epsilon"]
-        for mech, s in sorted(cell.items(), key=lambda kv: list(mechanisms(2)).index(kv[0])):
+        for mech, s in sorted(cell.items(), key=lambda kv: order.index(kv[0])):
             label = mech + (" (chosen)" if mech == f"clip{chosen:g}" else "") if chosen else mech
             inc = f"{tuned:.3f}" if (tuned is not None and mech == f"clip{chosen:g}") else "-"
             can = "-"
@@ -124,7 +165,7 @@ def table() -> list[str]:
                 lo, hi = s["canary_epsilon_interval"]
                 can = f"{s['canary_epsilon']:.3f} ({lo:.3f}-{hi:.3f})"
             wall = times.get(s["_key"], {}).get("wall_s", "-")
-            rows.append(f"| {n[1:]} | {method} | {eps[3:]} | {label} | {s['accuracy_mean']:.4f} | "
+            rows.append(f"| {n if n == 'natural' else n[1:]} | {method} | {eps[3:]} | {label} | {s['accuracy_mean']:.4f} | "
                         f"{s['epsilon_display']} | {inc} | {can} | {wall} |")
     return rows
 
@@ -151,10 +192,12 @@ def main() -> None:
     ap.add_argument("--canaries", type=int, default=500)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", nargs="*", help="run only these mechanisms")
+    ap.add_argument("--natural", metavar="FED.npz",
+                    help="the natural-user federation instead of Huang's protocol")
     ap.add_argument("--table-only", action="store_true")
     a = ap.parse_args()
     if not a.table_only:
-        if not a.data:
+        if not a.data and not a.natural:
             raise SystemExit("beyond_seeds.py: error: --data (or $FEDUDP_DATA): the folder with mnist/")
         for key, over in grid(a):
             if a.only and key.rsplit("/", 1)[1] not in a.only:

@@ -137,6 +137,9 @@ def test_sigint_gives_interrupted_with_all_files_and_resumes_exactly(reference, 
     # DP-FTRL: the tree's held node noises are state, interrupted in the middle of a tree
     ("full_dp", {"aggregator": "dp_ftrl_tree", "train.sampling_rate": 0.25,
                  "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
+    # owner-side DP-SGD's adaptive clip is the billboard's state
+    ("full_dp", {"privacy.placement": "local_dpsgd", "privacy.clip_policy": "adaptive",
+                 "privacy.clip": 0.05, "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
     # banded matrix factorization: the last b - 1 noise vectors are state, cut mid-cycle
     ("full_dp", {"aggregator": "dp_mf_banded", "train.sampling_rate": 0.25,
                  "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0})])

@@ -85,13 +85,17 @@ class Contribution:
     """What owners send for their sampled units: each unit's row (``rows``, [n, d]) or the sum
     of the constrained rows (``total``, [d]); ``count`` units, ``clipped`` of them clipped.
     ``weight``: the sum of the weights already applied to the rows of ``total`` (owner-level
-    updates averaged by owner size, ``train.owner_weights=size``); None means ``count``."""
+    updates averaged by owner size, ``train.owner_weights=size``); None means ``count``.
+    ``fraction_sum`` / ``fraction_reports``: owner-side DP-SGD with an adaptive clip, the sum of
+    the owners' released unclipped fractions and how many owners reported one."""
 
     rows: torch.Tensor | None
     total: torch.Tensor | None
     count: int
     clipped: int = 0
     weight: float | None = None
+    fraction_sum: float = 0.0
+    fraction_reports: int = 0
 
     @property
     def total_weight(self) -> float:
@@ -127,7 +131,9 @@ class Contribution:
                 total = total + p.total.to(dtype)
         weighted = any(p.weight is not None for p in parts)
         return Contribution(None, total, count, clipped,
-                            sum(p.total_weight for p in parts) if weighted else None)
+                            sum(p.total_weight for p in parts) if weighted else None,
+                            float(sum(p.fraction_sum for p in parts)),
+                            int(sum(p.fraction_reports for p in parts)))
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,7 @@ class Constraint:
     clip: float | None = None
     dpsgd_noise: float | None = None
     dpsgd_clip: float | None = None
+    dpsgd_count_noise: float | None = None    # an adaptive clip's noise on each step's count
 
     def apply(self, G: torch.Tensor) -> Contribution:
         n = int(G.shape[0])

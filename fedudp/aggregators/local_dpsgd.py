@@ -19,6 +19,17 @@ ceil(records_j/B) steps per
 epoch, records_j the owner's public planned record count; adjacency add/remove one record); events are record-level and the user-level ε is k
 times the record-level one at the ``GroupConversion``'s δ', k = records_per_user; z is
 calibrated to (ε/k, δ').
+
+With ``privacy.clip_policy=adaptive`` (Andrew et al. 2021, per DP-SGD step;
+docs/algorithms.md#adaptive-clipping) each step of owner j also releases its sampled units'
+noisy unclipped count Σ (b_i - 1/2) + N(0, σ_b²) (sensitivity 1/2), so the step is the pair
+(clipped sum with multiplier z_Δ, count with std σ_b): one Gaussian of effective multiplier
+z = (z_Δ⁻² + (2σ_b)⁻²)^(-1/2), the same event as a fixed-clip step at z. z is calibrated as for
+a fixed clip and split (σ_b = ``clip_count_noise``; default z·sqrt(10)/2, which gives the count a
+tenth of each step's budget: z_Δ = z / sqrt(0.9)). Each owner reports the mean of its steps' released fractions (post-processing of its own
+releases); the billboard averages them over the reporting owners and moves the clip that every
+owner uses next round, C ← C·exp(-η (f̄ - γ)) (post-processing: each user's data enters only
+its owner's releases, so parallel composition still holds under the adaptive composition).
 """
 from __future__ import annotations
 
@@ -26,9 +37,13 @@ import dp_accounting
 import numpy as np
 import torch
 
+from fedudp.aggregators.adaptive_clip import (DEFAULT_CLIP_LR,
+                                              DEFAULT_QUANTILE, next_clip,
+                                              update_noise_multiplier)
 from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution,
                                      ParameterError, Sampling, calibrate, check_budget,
-                                     check_count, check_positive, check_sampling, choice)
+                                     check_count, check_fraction, check_positive, check_sampling,
+                                     choice)
 from fedudp.privacy.accountant import GroupConversion, Parallel
 
 
@@ -47,6 +62,16 @@ def owner_round_event(z: float, q: float, steps: int) -> dp_accounting.DpEvent:
     return dp_accounting.SelfComposedDpEvent(step, int(steps))
 
 
+COUNT_SHARE = 0.1     # the default adaptive clip's count: a tenth of each step's budget
+
+
+def default_count_noise(noise_multiplier: float) -> float:
+    """σ_b with (2σ_b)⁻² = COUNT_SHARE · z⁻²: the count takes a tenth of each step's Gaussian
+    budget, so z_Δ = z / sqrt(0.9). (The server's default, expected cohort / 20, would leave
+    nothing for the update once z > B / 10 with DP-SGD's small batches.)"""
+    return float(noise_multiplier) / (2.0 * COUNT_SHARE ** 0.5)
+
+
 class LocalDpSgdMean(Aggregator):
     """The billboard's side of ``privacy.placement=local_dpsgd`` (see the module docstring)."""
 
@@ -60,10 +85,31 @@ class LocalDpSgdMean(Aggregator):
 
     def __init__(self, noise_multiplier: float, clip: float, batch: int, epochs: int,
                  owner_units: np.ndarray, sampling: Sampling,
-                 group: GroupConversion | None = None) -> None:
+                 group: GroupConversion | None = None, *, adaptive: bool = False,
+                 quantile: float = DEFAULT_QUANTILE, clip_lr: float = DEFAULT_CLIP_LR,
+                 count_noise: float | None = None) -> None:
         """``owner_units``: each owner's public DP-SGD capacity M_j (users; records with
-        ``group``), the same numbers the owners' schedule uses (``OwnerTraining.dpsgd_capacity``)."""
+        ``group``), the same numbers the owners' schedule uses (``OwnerTraining.dpsgd_capacity``).
+        ``adaptive``: the clip follows the ``quantile`` of the units' gradient norms (module doc);
+        ``noise_multiplier`` is then the effective z that is accounted."""
         self.noise_multiplier, self.clip = float(noise_multiplier), float(clip)
+        self.initial_clip = self.clip
+        self.adaptive = bool(adaptive)
+        if self.adaptive:
+            check_fraction("clip_quantile", quantile)
+            if not 0.0 < float(quantile) < 1.0:
+                raise ParameterError("clip_quantile", f"clip_quantile must be in (0, 1), got "
+                                     f"{quantile}")
+            check_positive("clip_lr", clip_lr)
+            self.quantile, self.clip_lr = float(quantile), float(clip_lr)
+            self.count_noise = (float(count_noise) if count_noise is not None
+                                else default_count_noise(self.noise_multiplier))
+            check_positive("clip_count_noise", self.count_noise)
+            self.update_multiplier = update_noise_multiplier(self.noise_multiplier,
+                                                             self.count_noise)
+        else:
+            self.count_noise = None
+            self.update_multiplier = self.noise_multiplier
         self.batch, self.epochs, self.sampling = int(batch), int(epochs), sampling
         self.group = group
         if group is not None:
@@ -77,7 +123,9 @@ class LocalDpSgdMean(Aggregator):
     @classmethod
     def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
                    batch_size: int, local_epochs: int, owner_units, sampling: Sampling,
-                   group_size: int | None = None, accounting: str = "certified"
+                   group_size: int | None = None, accounting: str = "certified",
+                   clip_policy: str = "fixed", clip_quantile: float = DEFAULT_QUANTILE,
+                   clip_lr: float = DEFAULT_CLIP_LR, clip_count_noise: float | None = None
                    ) -> "LocalDpSgdMean":
         """Owner-side DP-SGD whose worst owner meets (ε, δ) over ``rounds`` rounds of
         ``local_epochs`` epochs of Poisson-sampled batches of ``batch_size``, per-unit clip
@@ -104,19 +152,30 @@ class LocalDpSgdMean(Aggregator):
         # the worst part must meet (ε, δ): the largest per-part z
         z = max(calibrate(lambda z, q=q, s=s: owner_round_event(z, q, s), eps, dlt, rounds)
                 for _, _, q, s in probe.classes)
-        return cls(z, clip, batch_size, local_epochs, owner_units, sampling, group)
+        return cls(z, clip, batch_size, local_epochs, owner_units, sampling, group,
+                   **cls._adaptive(clip_policy, clip_quantile, clip_lr, clip_count_noise))
+
+    @staticmethod
+    def _adaptive(policy: str, quantile: float, clip_lr: float, count_noise: float | None
+                  ) -> dict:
+        return dict(adaptive=choice("clip_policy", policy, ("fixed", "adaptive")) == "adaptive",
+                    quantile=quantile, clip_lr=clip_lr, count_noise=count_noise)
 
     @classmethod
     def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, epsilon: float,
                               delta: float, batch_size: int, local_epochs: int, owner_units,
                               sampling: Sampling, group_size: int | None = None,
-                              accounting: str = "certified") -> "LocalDpSgdMean":
+                              accounting: str = "certified", clip_policy: str = "fixed",
+                              clip_quantile: float = DEFAULT_QUANTILE,
+                              clip_lr: float = DEFAULT_CLIP_LR,
+                              clip_count_noise: float | None = None) -> "LocalDpSgdMean":
         """Owner-side DP-SGD with the given noise multiplier (the accountant then tracks ε;
         ``epsilon`` and ``delta`` set the group-privacy conversion's grid where there is one)."""
         check_positive("noise_multiplier", noise_multiplier)
         form = choice("accounting", accounting, ("certified", "paper"))
         group = cls._group(group_size, epsilon, delta, form)[0]
-        return cls(noise_multiplier, clip, batch_size, local_epochs, owner_units, sampling, group)
+        return cls(noise_multiplier, clip, batch_size, local_epochs, owner_units, sampling, group,
+                   **cls._adaptive(clip_policy, clip_quantile, clip_lr, clip_count_noise))
 
     @staticmethod
     def _group(size: int | None, epsilon: float, delta: float, form: str
@@ -129,16 +188,36 @@ class LocalDpSgdMean(Aggregator):
 
     @property
     def noise_std(self) -> float:
-        """Noise std per coordinate on each owner's per-step sum of clipped user gradients."""
-        return self.noise_multiplier * self.clip
+        """Noise std per coordinate on each owner's per-step sum of clipped user gradients
+        (z_Δ C with an adaptive clip)."""
+        return self.update_multiplier * self.clip
 
     @property
     def constraint(self) -> Constraint:
-        return Constraint(rows=False, clip=None, dpsgd_noise=self.noise_multiplier,
-                          dpsgd_clip=self.clip)
+        return Constraint(rows=False, clip=None, dpsgd_noise=self.update_multiplier,
+                          dpsgd_clip=self.clip, dpsgd_count_noise=self.count_noise)
 
     def release(self, c: Contribution, *, rng: torch.Generator | None = None) -> Aggregate:
-        return Aggregate(mean=c.weighted_mean(), users_used=c.count, diagnostics={"cohort": c.count})
+        diag = {"cohort": c.count}
+        if self.adaptive:
+            used = self.clip
+            if c.fraction_reports:
+                fraction = c.fraction_sum / c.fraction_reports
+                self.clip = next_clip(used, fraction, self.quantile, self.clip_lr)
+                diag["unclipped_fraction_noisy"] = fraction
+            diag.update(clip=used, next_clip=self.clip)
+        return Aggregate(mean=c.weighted_mean(), users_used=c.count, diagnostics=diag)
+
+    def checkpoint_state(self) -> dict:
+        return {"clip": self.clip} if self.adaptive else {}
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        want = {"clip"} if self.adaptive else set()
+        if set(state) != want:
+            raise ValueError(f"placement=local_dpsgd: expected the state {sorted(want)}, got "
+                             f"{sorted(state)}")
+        if self.adaptive:
+            self.clip = float(state["clip"])
 
     def ledger_notes(self) -> list[str]:
         what = "records" if self.group else "users"
@@ -154,6 +233,15 @@ class LocalDpSgdMean(Aggregator):
                  f"(planned record counts) are computed from it, never from the {what} an "
                  f"owner holds, so adding or removing one {what[:-1]} changes only whether its "
                  f"clipped gradient enters a step's sum (add/remove-one-{what[:-1]} adjacency)"]
+        if self.adaptive:
+            notes.append(
+                f"adaptive clip (Andrew et al. 2021, per DP-SGD step): each step releases the "
+                f"clipped sum with noise multiplier z_update={self.update_multiplier:.6g} and "
+                f"the unclipped count with noise std {self.count_noise:.6g} (sensitivity 1/2); "
+                f"accounted as one Gaussian of effective multiplier z={self.noise_multiplier:.6g}"
+                f" per step; the billboard moves the clip from the owners' mean released "
+                f"fraction: target quantile {self.quantile:g}, clip learning rate "
+                f"{self.clip_lr:g}, initial clip {self.initial_clip:g}")
         if self.group is not None:
             g = self.group
             notes.append(

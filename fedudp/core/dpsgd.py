@@ -15,6 +15,14 @@ adjacency. (A schedule read from the actual count m_j would leak m_j: removing o
 change the divisor, or the number of noisy steps when m_j crosses a multiple of B. ``fedudp-audit
 --break schedule=data`` measures that leak.)
 
+With an adaptive clip (``privacy.clip_policy=adaptive``, Andrew et al. 2021 applied per step;
+docs/algorithms.md#adaptive-clipping), each step also releases the noisy unclipped count
+``Σ (b_i - 1/2) + N(0, σ_b²)`` of its sampled users (b_i = 1[||g_i|| <= C], sensitivity 1/2,
+noise keyed by (seed, round, epoch, step, owner) in its own stream); the owner reports the mean
+of ``count / B_j + 1/2`` over its steps, and the billboard moves the next round's clip. The sum's
+multiplier is then z_Δ, and the pair is one Gaussian of effective multiplier z (what is
+accounted).
+
 Per step, each owner's sampled users go through one batched forward/backward at that owner's
 parameters, with exact per-record gradients from the layers' inputs and output gradients
 (``fedudp.core.per_sample``: Linear and Conv2d models, the paper CNN); for other models the
@@ -49,6 +57,29 @@ class DpSgdSpec:
     epochs: int                 # E
     lr: float
     seed: int
+    count_noise: float | None = None   # σ_b: an adaptive clip's noise on each step's count
+
+
+def clipped_sums_and_counts(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor,
+                            owners: int, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``clipped_sums``, [owners] float64: how many of each owner's rows were *not* clipped)."""
+    blocks = [G] if isinstance(G, torch.Tensor) else list(G)
+    factor, was = clip_factors(blocks, clip)
+    n = blocks[0].shape[0]
+    W = torch.zeros(owners, n, dtype=blocks[0].dtype, device=blocks[0].device)
+    W[owner_row, torch.arange(n, device=W.device)] = factor
+    kept = torch.zeros(owners, dtype=torch.float64).index_add_(
+        0, owner_row.to(torch.int64), (~was).to(torch.float64))
+    return torch.cat([W @ B for B in blocks], dim=1), kept
+
+
+def noisy_unclipped_fraction(unclipped: float, sampled: int, expected_batch: float,
+                             count_noise: float, generator: torch.Generator) -> float:
+    """One step's released count, as a fraction: (Σ_S (b_i - 1/2) + N(0, σ_b²)) / B_j + 1/2,
+    the noise drawn in float64 (adding or removing a user moves the sum by 1/2)."""
+    noise = float(torch.randn((), generator=generator, dtype=torch.float64))
+    centred = float(unclipped) - 0.5 * int(sampled)
+    return (centred + float(count_noise) * noise) / float(expected_batch) + 0.5
 
 
 def clipped_sums(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor, owners: int,
@@ -59,12 +90,7 @@ def clipped_sums(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tens
     (``mechanisms.clip_factors``). Adding or removing one user moves its owner's sum by at most
     ``clip``. The sum is a matrix product with a [owners, rows] weight matrix holding each row's
     clip factor in its owner's line."""
-    blocks = [G] if isinstance(G, torch.Tensor) else list(G)
-    factor, _ = clip_factors(blocks, clip)
-    n = blocks[0].shape[0]
-    W = torch.zeros(owners, n, dtype=blocks[0].dtype, device=blocks[0].device)
-    W[owner_row, torch.arange(n, device=W.device)] = factor
-    return torch.cat([W @ B for B in blocks], dim=1)
+    return clipped_sums_and_counts(G, owner_row, owners, clip)[0]
 
 
 def _unflatten(flat: torch.Tensor, like: Params, names: tuple[str, ...]) -> Params:
@@ -81,7 +107,8 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                  x: torch.Tensor, y: torch.Tensor, user_starts: np.ndarray, user_sizes: np.ndarray,
                  first_user: np.ndarray, users: np.ndarray, capacity: np.ndarray,
                  owner_ids: np.ndarray, spec: DpSgdSpec, round_: int, names: tuple[str, ...],
-                 budget: int, progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+                 budget: int, progress: Callable[[int, int], None] | None = None,
+                 fractions: np.ndarray | None = None) -> torch.Tensor:
     """[k, d] shared deltas of k owners after their DP-SGD epochs of this round.
 
     Owner i's users are ``first_user[i] .. first_user[i] + users[i]`` (indices into
@@ -90,6 +117,8 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
     (``users[i]`` only says which users exist to be sampled); ``frozen_by_owner``: its
     personal parameters ([k, ...], paper mode) or {} with ``frozen_common`` the public copy.
     ``progress(done, total)``: called after each step (over all epochs); it changes nothing.
+    ``fractions`` ([k] float64, with ``spec.count_noise``): filled with each owner's mean released
+    unclipped fraction over its steps (``noisy_unclipped_fraction``).
     """
     k = len(users)
     capacity = np.asarray(capacity, dtype=np.int64)
@@ -103,6 +132,17 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
     params = _unflatten(flat, {n: shared[n].unsqueeze(0) for n in names}, names)   # views of flat
     batched = per_sample.supported(model, names)
     total_steps = spec.epochs * int(steps.max(initial=0))
+    adaptive = spec.count_noise is not None
+    if adaptive and (fractions is None or len(fractions) != k):
+        raise ValueError("dpsgd_deltas: an adaptive clip (spec.count_noise) needs fractions, "
+                         "one slot per owner")
+    frac_sum = np.zeros(k)
+
+    def count_step(i: int, kept: float, sampled: int, e: int, s: int) -> None:
+        if adaptive:
+            gen = torch_generator(spec.seed, Purpose.DPSGD_COUNT_NOISE, round_, e, s, owner_ids[i])
+            frac_sum[i] += noisy_unclipped_fraction(kept, sampled, expected[i], spec.count_noise,
+                                                    gen)
     for e in range(spec.epochs):
         for s in range(int(steps.max(initial=0))):
             active = np.flatnonzero(steps > s)
@@ -111,15 +151,18 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                           ).random(int(users[i])) < q[i]) for i in active]
             if batched:          # owner by owner, one batched forward/backward (per_sample)
                 for i, us in zip(active, picked):
-                    total = (_owner_clipped_sum(model, params, frozen_by_owner, frozen_common, x, y,
-                                                user_starts[us], user_sizes[us], i, names, spec.clip)
-                             if len(us) else torch.zeros(flat.shape[1], dtype=flat.dtype))
+                    total, kept = (_owner_clipped_sum(model, params, frozen_by_owner, frozen_common,
+                                                      x, y, user_starts[us], user_sizes[us], i,
+                                                      names, spec.clip)
+                                   if len(us) else (torch.zeros(flat.shape[1], dtype=flat.dtype), 0.0))
                     _noisy_step(flat[i], total, spec, expected[i], round_, e, s, owner_ids[i])
+                    count_step(i, kept, len(us), e, s)
             else:                # vmap over the step's users, each at its own owner's parameters
                 picked_users = np.concatenate(picked) if picked else np.zeros(0, np.int64)
                 owner_row = np.concatenate([np.full(len(us), i) for i, us in zip(active, picked)]
                                            ) if picked else np.zeros(0, np.int64)
                 sums = torch.zeros(k, flat.shape[1], dtype=flat.dtype)
+                kept = torch.zeros(k, dtype=torch.float64)
                 sizes = user_sizes[picked_users]
                 for sel in local_sgd.chunks(sizes, budget):
                     u, r = picked_users[sel], owner_row[sel]
@@ -128,12 +171,17 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
                     g = local_sgd.mean_gradients(model, local_sgd.select(params, r),
                                                  local_sgd.select(frozen_by_owner, r), frozen_common,
                                                  x, y, units)
-                    sums += clipped_sums([g[n].reshape(len(u), -1) for n in names],
-                                         torch.from_numpy(r), k, spec.clip)
-                for i in active:
+                    got, kk = clipped_sums_and_counts([g[n].reshape(len(u), -1) for n in names],
+                                                      torch.from_numpy(r), k, spec.clip)
+                    sums += got
+                    kept += kk
+                for i, us in zip(active, picked):
                     _noisy_step(flat[i], sums[i], spec, expected[i], round_, e, s, owner_ids[i])
+                    count_step(i, float(kept[i]), len(us), e, s)
             if progress is not None:
                 progress(e * int(steps.max(initial=0)) + s + 1, total_steps)
+    if adaptive:
+        fractions[:] = frac_sum / np.maximum(spec.epochs * steps, 1)
     return flat - start
 
 
@@ -152,10 +200,10 @@ def _noisy_step(row: torch.Tensor, total: torch.Tensor, spec: DpSgdSpec, expecte
 def _owner_clipped_sum(model: nn.Module, params: Params, frozen_by_owner: Params,
                        frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
                        starts: np.ndarray, sizes: np.ndarray, i: int, names: tuple[str, ...],
-                       clip: float) -> torch.Tensor:
-    """[d]: the sum of owner i's sampled users' clipped mean gradients, at owner i's parameters.
-    Each user's gradient is the mean of its records' (``per_sample``), then clipped to ``clip``
-    with float64 norms (``clipped_sums``)."""
+                       clip: float) -> tuple[torch.Tensor, float]:
+    """([d]: the sum of owner i's sampled users' clipped mean gradients, at owner i's parameters;
+    how many were not clipped). Each user's gradient is the mean of its records'
+    (``per_sample``), then clipped to ``clip`` with float64 norms (``clipped_sums``)."""
     rec = np.concatenate([np.arange(a, a + b) for a, b in zip(starts, sizes)])
     of = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes))
     at = {**frozen_common, **{k: v[i] for k, v in frozen_by_owner.items()},
@@ -168,4 +216,6 @@ def _owner_clipped_sum(model: nn.Module, params: Params, frozen_by_owner: Params
             tot = torch.zeros(len(starts), flat.shape[1], dtype=flat.dtype).index_add_(0, of, flat)
             flat = tot / torch.from_numpy(sizes).to(flat.dtype).unsqueeze(1)
         blocks.append(flat)
-    return clipped_sums(blocks, torch.zeros(len(starts), dtype=torch.int64), 1, clip)[0]
+    total, kept = clipped_sums_and_counts(blocks, torch.zeros(len(starts), dtype=torch.int64), 1,
+                                          clip)
+    return total[0], float(kept[0])

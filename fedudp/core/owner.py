@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fedudp.aggregators.base import Constraint, Contribution
+from fedudp.aggregators.base import Constraint, Contribution, finite_rows
 from fedudp.config import OwnerWeights, SharedUpdate, Unit
 from fedudp.core import local_sgd
 from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
@@ -208,14 +208,19 @@ class Owners:
         return {}, dict(self.public_personal)
 
     def owner_deltas(self, fed: Federation, shared: Params, personal: Params, owners: np.ndarray,
-                     round_: int, constraint: Constraint) -> torch.Tensor:
+                     round_: int, constraint: Constraint, fractions: np.ndarray | None = None
+                     ) -> torch.Tensor:
         """[len(owners), d_shared]: each owner's owner-level update (``owner_sgd`` or
-        ``owner_dpsgd``) from the broadcast ``shared``."""
+        ``owner_dpsgd``) from the broadcast ``shared``. ``fractions``: with an adaptive DP-SGD
+        clip (``constraint.dpsgd_count_noise``), filled with each owner's released unclipped
+        fraction (``fedudp.core.dpsgd``)."""
         spec, names = self.training.user, self.spec.shared
         if self.spec.update == "owner_dpsgd":
             fr_unit, fr_common = self._frozen(fed, personal, owners)
+            count_noise = constraint.dpsgd_count_noise
             dp = DpSgdSpec(float(constraint.dpsgd_noise), float(constraint.dpsgd_clip),
-                           spec.batch_size, spec.epochs, spec.lr, spec.seed)
+                           spec.batch_size, spec.epochs, spec.lr, spec.seed,
+                           None if count_noise is None else float(count_noise))
             if self.training.dpsgd_records:     # group privacy: every record is a DP-SGD unit
                 n, oo = len(fed.y), fed.owner_offsets
                 starts, sizes, first, count = np.arange(n), np.ones(n, np.int64), oo, np.diff(oo)
@@ -231,7 +236,8 @@ class Owners:
             return dpsgd_deltas(self.model, shared, fr_unit, fr_common, fed.x, fed.y, starts, sizes,
                                 first[owners], count[owners], capacity, ids, dp, round_,
                                 names, self.budget,
-                                progress=lambda d, t: self.report_progress("DP-SGD steps", d, t))
+                                progress=lambda d, t: self.report_progress("DP-SGD steps", d, t),
+                                fractions=fractions)
         units = owner_units(fed, owners)
         G = torch.zeros(len(owners), self.shared_dim, dtype=self.dtype)
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):
@@ -249,15 +255,17 @@ class Owners:
         """The owners' reply for their sampled ``units``: shared parts only, constrained chunk
         by chunk (the cohort matrix is never built when sums suffice)."""
         if self.spec.update != "user_vectors":
-            G = self.owner_deltas(fed, shared, personal, units, round_, constraint)
-            if self.training.owner_weights == OwnerWeights.uniform.value:
-                w = np.ones(len(units))
-            elif self.spec.update == "owner_dpsgd":     # public sizes: the actual ones are data
-                w = np.asarray(self.training.public_owner_records,
-                               dtype=np.float64)[fed.owner_ids[units]]
-            else:
-                w = np.diff(fed.owner_offsets)[units].astype(np.float64)
-            return make_reply(G, self.spec.shared, constraint, weights=w)
+            adaptive = (self.spec.update == "owner_dpsgd"
+                        and constraint.dpsgd_count_noise is not None)
+            fractions = np.zeros(len(units)) if adaptive else None
+            G = self.owner_deltas(fed, shared, personal, units, round_, constraint, fractions)
+            if adaptive:       # the released fractions of the owners whose delta is sent
+                rep = self._weighted_reply(G, fed, units, constraint)
+                ok = finite_rows(G).numpy()
+                rep.contribution.fraction_sum = float(fractions[ok].sum())
+                rep.contribution.fraction_reports = int(ok.sum())
+                return rep
+            return self._weighted_reply(G, fed, units, constraint)
         if constraint.rows and self.training.sort_users and self.spec.unit != Unit.owner:
             # sorted chunks: the rows go to the estimator in the cohort's own order
             got = list(self.user_vectors(fed, shared, personal, units, round_))
@@ -277,6 +285,18 @@ class Owners:
         c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
                                constraint.rows)
         return OwnerReply(self.spec.shared, c, sum(p.failed for p in parts))
+
+    def _weighted_reply(self, G: torch.Tensor, fed: Federation, units: np.ndarray,
+                        constraint: Constraint) -> OwnerReply:
+        """Owner-level updates averaged uniformly or by owner size."""
+        if self.training.owner_weights == OwnerWeights.uniform.value:
+            w = np.ones(len(units))
+        elif self.spec.update == "owner_dpsgd":     # public sizes: the actual ones are data
+            w = np.asarray(self.training.public_owner_records,
+                           dtype=np.float64)[fed.owner_ids[units]]
+        else:
+            w = np.diff(fed.owner_offsets)[units].astype(np.float64)
+        return make_reply(G, self.spec.shared, constraint, weights=w)
 
     def evaluate(self, fed: Federation, shared: Params, personal: Params
                  ) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,8 @@ provided a failure depends only on the failing owner's infrastructure, not its d
 """
 from __future__ import annotations
 
+import math
+
 import contextlib
 import os
 import sys
@@ -221,6 +223,8 @@ def _check_reply(rep: OwnerReply, owner: int, expected: int, units_sent: int, di
             raise ValueError("shared vector of the wrong length or not finite")
     if c.count and c.rows is None and c.total is None:
         raise ValueError("units counted but no vectors")
+    if c.fraction_reports not in (0, 1) or not math.isfinite(c.fraction_sum):
+        raise ValueError("an owner's adaptive-clip report is not one finite fraction")
 
 
 def execute(cfg: RunConfig, settings: RunSettings, owners: Owners, fed: Federation,

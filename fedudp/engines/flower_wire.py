@@ -60,7 +60,9 @@ def reply_to_records(rep: OwnerReply, owner: int, seconds: float) -> RecordDict:
     rd = RecordDict()
     rd[K_REPLY] = MetricRecord({"owner": int(owner), "count": int(c.count),
                                 "clipped": int(c.clipped), "failed": int(rep.failed),
-                                "seconds": float(seconds)})
+                                "seconds": float(seconds),
+                                "fraction_sum": float(c.fraction_sum),
+                                "fraction_reports": int(c.fraction_reports)})
     rd[K_NAMES] = ConfigRecord({"names": list(rep.param_names) or [""]})
     for key, t in (("rows", c.rows), ("total", c.total)):
         if t is not None:
@@ -73,7 +75,9 @@ def records_to_reply(rd: RecordDict) -> tuple[int, OwnerReply]:
     names = tuple(n for n in rd[K_NAMES]["names"] if n)
     arrays = rd[K_VECTORS] if K_VECTORS in rd else {}
     got = {k: torch.from_numpy(arrays[k].numpy().copy()) for k in ("rows", "total") if k in arrays}
-    c = Contribution(got.get("rows"), got.get("total"), int(meta["count"]), int(meta["clipped"]))
+    c = Contribution(got.get("rows"), got.get("total"), int(meta["count"]), int(meta["clipped"]),
+                     fraction_sum=float(meta.get("fraction_sum", 0.0)),
+                     fraction_reports=int(meta.get("fraction_reports", 0)))
     return int(meta["owner"]), OwnerReply(names, c, int(meta["failed"]))
 
 

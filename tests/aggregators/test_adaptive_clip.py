@@ -133,9 +133,10 @@ def test_state_survives_a_checkpoint():
 
 @pytest.mark.parametrize("kw,key", [
     ({"aggregator": "winsorized"}, "privacy.clip_policy"),
-    ({"privacy.placement": "local_dpsgd"}, "privacy.clip_policy"),
+    ({"privacy.placement": "local_dpsgd", "privacy.clip_count_noise": 0.01},
+     "privacy.clip_count_noise"),
     ({"privacy.clip_quantile": 1.0}, "privacy.clip_quantile"),
-    ({"privacy.clip_count_noise": 0.01}, "clip_count_noise"),
+    ({"privacy.clip_count_noise": 0.01}, "privacy.clip_count_noise"),
 ])
 def test_config_errors_name_the_key(kw, key):
     from fedudp import build

@@ -357,3 +357,106 @@ def test_group_privacy_refuses_what_it_cannot_convert():
     with pytest.raises(ConfigError, match=r"privacy\.group_privacy"):
         prepare(cfg_kw("full_dp", **{"privacy.group_privacy": True, "privacy.placement": "local_dpsgd",
                                      "privacy.noise_multiplier": 1.0}))
+
+
+# -- adaptive clipping inside the owners (privacy.clip_policy=adaptive) ----------------------------
+from fedudp.aggregators import Sampling  # noqa: E402
+from fedudp.aggregators.base import Contribution  # noqa: E402
+from fedudp.aggregators.local_dpsgd import LocalDpSgdMean, default_count_noise  # noqa: E402
+from fedudp.core.dpsgd import noisy_unclipped_fraction  # noqa: E402
+
+
+def _half_count_noise(unclipped, sampled, expected_batch, count_noise, generator):
+    """A twin that draws half the count noise the ledger is told."""
+    return noisy_unclipped_fraction(unclipped, sampled, expected_batch, 0.5 * count_noise, generator)
+
+
+@pytest.mark.parametrize("fn,ok", [(noisy_unclipped_fraction, True), (_half_count_noise, False)])
+def test_a_steps_released_count_carries_the_accounted_noise(fn, ok):
+    """7 of 12 sampled users unclipped, B_j = 10, σ_b = 2: the released fraction is
+    (7 - 6 + N(0, 4)) / 10 + 1/2, mean 0.6, std 0.2."""
+    g = torch.Generator().manual_seed(0)
+    got = np.array([fn(7, 12, 10.0, 2.0, g) for _ in range(20000)])
+    assert got.mean() == pytest.approx(0.6, abs=0.01)
+    assert bool(abs(got.std() / 0.2 - 1) < 0.03) is ok, got.std()
+
+
+def test_owner_adaptive_split_and_event():
+    """Effective z = 1 with the default count noise σ_b = sqrt(10)/2 = 1.5811388300841898: the
+    update's share is z_Δ = 1/sqrt(0.9) = 1.0540925533894598, and the ledger accounts z, not z_Δ
+    (a twin accounting z_Δ claims less)."""
+    assert default_count_noise(1.0) == pytest.approx(1.5811388300841898, rel=1e-15)
+    agg = LocalDpSgdMean(1.0, 0.5, 8, 1, np.array([40, 40]), Sampling(1.0, 2), adaptive=True)
+    assert agg.update_multiplier == pytest.approx(1.0540925533894598, rel=1e-12)
+    con = agg.constraint
+    assert (con.dpsgd_noise, con.dpsgd_clip, con.dpsgd_count_noise) == (
+        agg.update_multiplier, 0.5, agg.count_noise)
+    step = dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(1.0))
+    assert agg.dp_event().parts == (dp_accounting.SelfComposedDpEvent(step, 5),)
+    def eps(z):
+        acc = dp_accounting.pld.PLDAccountant()
+        acc.compose(dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(z)), 50)
+        return acc.get_epsilon(1e-5)
+    assert eps(agg.update_multiplier) < eps(1.0) - 0.05
+
+
+def test_owner_adaptive_deltas_and_reported_fraction():
+    """The update is fixed-clip DP-SGD at z_Δ (the count's noise is its own stream), and each
+    owner reports its steps' released fraction: with σ_b tiny, the share of its users whose
+    mean gradient is within the clip (one step: users <= batch)."""
+    model, shared, names, x, y, starts, sizes, first, users, ids = _linear_setup()
+    norms = []                              # each user's gradient norm, by plain autograd
+    for u in range(len(x)):
+        m = torch.nn.Linear(x.shape[1], 3).double()
+        m.weight.data, m.bias.data = shared["weight"].clone(), shared["bias"].clone()
+        F.cross_entropy(m(x[u:u + 1]), y[u:u + 1]).backward()
+        norms.append(math.sqrt(float(m.weight.grad.square().sum() + m.bias.grad.square().sum())))
+    norms = np.array(norms)
+    C = float(np.median(norms))
+    fixed = DpSgdSpec(1.2, C, 8, 1, 0.5, 0)
+    adaptive = DpSgdSpec(1.2, C, 8, 1, 0.5, 0, count_noise=1e-9)
+    args = (x, y, starts, sizes, first, users, users, ids)
+    frac = np.zeros(len(users))
+    d0 = dpsgd_deltas(model, shared, {}, {}, *args, fixed, 1, names, 512)
+    d1 = dpsgd_deltas(model, shared, {}, {}, *args, adaptive, 1, names, 512, fractions=frac)
+    assert torch.equal(d0, d1)
+    want = [np.mean(norms[first[j]:first[j] + users[j]] <= C) for j in range(len(users))]
+    np.testing.assert_allclose(frac, want, atol=1e-6)
+    assert len(set(want)) > 1            # some owners' users clipped, others' not
+    with pytest.raises(ValueError, match="fractions"):
+        dpsgd_deltas(model, shared, {}, {}, *args, adaptive, 1, names, 512)
+
+
+def test_owner_adaptive_clip_follows_the_quantile():
+    """Users' gradient norms uniform on [0, 10], 20 owners of 30 users, each owner reporting one
+    step's released fraction at the current clip: the clip settles at the 0.3-quantile, 3.0."""
+    rng = np.random.default_rng(0)
+    agg = LocalDpSgdMean(1.0, 0.5, 30, 1, np.full(20, 30), Sampling(1.0, 20), adaptive=True,
+                         quantile=0.3, clip_lr=0.2)
+    g = torch.Generator().manual_seed(1)
+    seen = []
+    for _ in range(400):
+        total = 0.0
+        for _ in range(20):
+            norms = rng.uniform(0, 10, 30)
+            total += noisy_unclipped_fraction(float((norms <= agg.clip).sum()), 30, 30.0,
+                                              agg.count_noise, g)
+        agg.release(Contribution(None, torch.zeros(2), 20, fraction_sum=total,
+                                 fraction_reports=20))
+        seen.append(agg.clip)
+    assert np.mean(seen[-100:]) == pytest.approx(3.0, rel=0.05)
+    b = LocalDpSgdMean(1.0, 0.5, 30, 1, np.full(20, 30), Sampling(1.0, 20), adaptive=True)
+    b.restore_checkpoint_state(agg.checkpoint_state())
+    assert b.clip == agg.clip
+
+
+def test_owner_adaptive_run_moves_the_clip_and_names_it_in_the_ledger(tmp_path):
+    s = run(cfg_kw("full_dp", **{"privacy.placement": "local_dpsgd",
+                                 "privacy.clip_policy": "adaptive", "privacy.clip": 0.01,
+                                 "privacy.clip_lr": 1.0}), tmp_path)
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    clips = [r["agg_clip"] for r in rows if "agg_clip" in r]
+    assert len(clips) == 3 and clips[0] == 0.01 and clips[-1] > clips[0]    # all clipped: grows
+    led = json.loads((tmp_path / "ledger.json").read_text())
+    assert any("adaptive clip" in n and "per DP-SGD step" in n for n in led["notes"])
+    assert s["epsilon"] <= 1.0 + 1e-6
