@@ -115,6 +115,9 @@ def run(key: str, over: list[str], a) -> None:
     with open(folder / "run.out", "w") as f:
         rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - t
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from scrub_paths import scrub
+    scrub(folder, {k: v for k, v in ((a.data, "DATA"), (a.natural, "FED.npz")) if k})
     shown = " ".join(["fedudp", *shown_head, *over])
     with open(OUT / "runs" / "times.jsonl", "a") as f:
         f.write(json.dumps({"run": key, "exit": rc, "wall_s": round(wall, 1),
