@@ -124,6 +124,11 @@ class UserLevelDP(Strategy):
                  seed: int = 0) -> None:
         if not aggregator.private:
             raise ValueError("UserLevelDP needs a private estimator (its noise is the guarantee)")
+        if hasattr(aggregator, "participation"):
+            raise ValueError(f"UserLevelDP samples users by Poisson at the estimator's rate; "
+                             f"aggregator={aggregator.name} is accounted for its own cyclic "
+                             "participation, which that sampling would break: use clip + "
+                             "Gaussian (GaussianAggregator) or adaptive clipping here")
         self.strategy, self.aggregator = strategy, aggregator
         self.delta, self.target_epsilon = float(delta), target_epsilon
         self.personal, self.seed = tuple(personal), int(seed)

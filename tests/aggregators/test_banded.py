@@ -170,3 +170,15 @@ def test_bad_bands_are_refused_naming_the_key():
         cfg = tiny_cfg("full_dp", aggregator="dp_mf_banded", **kw)
         with pytest.raises(ConfigError, match="estimator.bands"):
             build.prepare(cfg)
+
+
+def test_the_wrapper_refuses_an_estimator_with_its_own_participation():
+    """The tree's and the banded mechanism's accounting rests on cyclic groups; the wrapper's
+    Poisson user sampling would break it, so it refuses them with a one-line error."""
+    from flwr.serverapp.strategy import FedAvg
+    from fedudp.aggregators import BandedMatrixAggregator, Sampling, TreeAggregator
+    from fedudp.flower import UserLevelDP
+    for agg in (TreeAggregator(1.0, 2.0, Sampling(0.25, 100), rounds=8),
+                BandedMatrixAggregator(1.0, 2.0, Sampling(0.25, 100))):
+        with pytest.raises(ValueError, match="cyclic participation"):
+            UserLevelDP(FedAvg(), agg, delta=1e-5)
