@@ -31,7 +31,9 @@ import torch.nn as nn
 from fedudp.aggregators.base import Constraint, Contribution, finite_rows
 from fedudp.config import OwnerWeights, SharedUpdate, Unit
 from fedudp.core import local_sgd
+from fedudp.core import per_sample
 from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
+from fedudp.core.one_step import one_step_clipped_sum
 from fedudp.core.messages import OwnerReply, make_reply, rows_reply
 from fedudp.core.methods import MethodSpec
 from fedudp.data.federation import Federation
@@ -76,6 +78,11 @@ def owner_units(fed: Federation, owners: np.ndarray) -> local_sgd.Units:
     oo = fed.owner_offsets
     starts, sizes = oo[owners], np.diff(oo)[owners]
     return local_sgd.Units(starts, sizes, fed.owner_ids[owners], starts, sizes)
+
+
+# clipped sums of one-step users without their vectors (``fedudp.core.one_step``); False: the
+# per-user vectors, clipped and summed (the reference path the tests compare it with)
+ONE_STEP = True
 
 
 class OwnerHooks:
@@ -280,11 +287,68 @@ class Owners:
         if constraint.rows:      # written into one matrix as the chunks come (held once)
             return rows_reply(self.unit_vectors(fed, shared, personal, units, round_),
                               len(units), self.shared_dim, self.dtype, self.spec.shared)
-        parts = [make_reply(G, self.spec.shared, constraint)
-                 for G in self.unit_vectors(fed, shared, personal, units, round_)]
+        fast = self._one_step_units(fed, units, constraint) if ONE_STEP else None
+        parts = []
+        if fast is not None and fast.any():
+            parts.append(self._one_step_reply(fed, shared, units[fast], constraint))
+            units = units[~fast]
+        if len(units) or not parts:
+            parts += [make_reply(G, self.spec.shared, constraint)
+                      for G in self.unit_vectors(fed, shared, personal, units, round_)]
+        if len(parts) == 1:
+            return parts[0]
         c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
                                constraint.rows)
         return OwnerReply(self.spec.shared, c, sum(p.failed for p in parts))
+
+    def _one_step_units(self, fed: Federation, units: np.ndarray, constraint: Constraint
+                        ) -> np.ndarray | None:
+        """Which of the sampled users ``units`` take the one-step path
+        (``fedudp.core.one_step``: their clipped sum without their vectors), or None where it
+        does not apply. It applies to clipped sums of users (not owners) at parameters common
+        to all users (no owner's own personal layers in the forward), on Linear / Conv2d shared
+        layers, with the plain owner hooks; a user takes it when its vector is one SGD step (one
+        epoch, no more records than a batch) or its mean gradient, and when ``local_sgd`` would
+        vmap it (for a convolution model, users of fewer than ``LOOP_MIN_RECORDS`` records: the
+        one-step path costs about twice the per-user loop on those that loop, and saves the
+        vmapped path's [users, d] vectors on the rest)."""
+        if constraint.rows or constraint.clip is None or self.spec.unit == Unit.owner:
+            return None
+        if self.spec.feedback and self.spec.personal:
+            return None
+        if type(self.hooks).user_gradients is not OwnerHooks.user_gradients:
+            return None
+        if not len(units) or not per_sample.supported(self.model, self.spec.shared):
+            return None
+        spec = self.training.user
+        sizes = np.diff(fed.user_offsets)[units]
+        if self.training.mode == SharedUpdate.delta.value:
+            if spec.epochs != 1:
+                return None
+            return (sizes <= spec.batch_size) & ~local_sgd.loop_units(self.model, sizes,
+                                                                      spec.batch_size)
+        return ~local_sgd.loop_units(self.model, sizes, None)
+
+    def _one_step_reply(self, fed: Federation, shared: Params, units: np.ndarray,
+                        constraint: Constraint) -> OwnerReply:
+        """The clipped sum, count and clipped count of the users ``units`` in chunks of the
+        record budget (``one_step.one_step_clipped_sum``; equal to clipping and summing their
+        vectors up to float summation order)."""
+        names = self.spec.shared
+        scale = (-self.training.user.lr if self.training.mode == SharedUpdate.delta.value
+                 else 1.0)
+        params = {**dict(self.public_personal), **shared}
+        sub = user_units(fed, units)
+        total = torch.zeros(self.shared_dim, dtype=self.dtype)
+        count = clipped = failed = done = 0
+        for sel in local_sgd.chunks(sub.sizes, self.budget):
+            t, c, k, f = one_step_clipped_sum(self.model, params, fed.x, fed.y,
+                                              sub.starts[sel], sub.sizes[sel], names, scale,
+                                              float(constraint.clip))
+            total += t.to(self.dtype)
+            count, clipped, failed, done = count + c, clipped + k, failed + f, done + len(sel)
+            self.report_progress("users", done, len(units))
+        return OwnerReply(names, Contribution(None, total, count, clipped), failed)
 
     def _weighted_reply(self, G: torch.Tensor, fed: Federation, units: np.ndarray,
                         constraint: Constraint) -> OwnerReply:

@@ -1,0 +1,108 @@
+"""The one-step clipped sum (``fedudp.core.one_step``) against the per-user vectors it replaces:
+each user's delta after its one SGD step (``local_sgd``), clipped (``clip_factors``) and summed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedudp.core import local_sgd
+from fedudp.core.one_step import one_step_clipped_sum
+from fedudp.models.cnn import PaperCNN
+from fedudp.privacy.mechanisms import clip_factors
+
+
+def _setup(model, sizes, shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = int(sum(sizes))
+    x = torch.randn(n, *shape, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (n,), generator=g)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    return x, y, params, starts, np.asarray(sizes, dtype=np.int64)
+
+
+def _reference(model, params, x, y, starts, sizes, names, lr, clip):
+    """Each user's delta by local SGD (one epoch, batch >= its size: one step), clipped, summed."""
+    U = len(sizes)
+    units = local_sgd.Units(starts, sizes, np.zeros(U, np.int64), np.zeros(U, np.int64), sizes)
+    spec = local_sgd.LocalSpec(seed=0, lr=lr, batch_size=int(sizes.max()), epochs=1)
+    orders = local_sgd.batch_orders(units, spec, 1, local_sgd.Purpose.USER_ORDER, np.arange(U))
+    trainable = {k: params[k] for k in names}
+    common = {k: v for k, v in params.items() if k not in names}
+    end = local_sgd.local_sgd(model, local_sgd.expand(trainable, U), {}, common, x, y, orders, spec)
+    G = local_sgd.flat_delta(end, trainable, names)
+    factor, was = clip_factors(G, clip)
+    return (G * factor.unsqueeze(1)).sum(0), int(was.sum()), G
+
+
+@pytest.mark.parametrize("sizes", [[1] * 12, [1, 3, 10, 2, 7, 1, 5]])
+@pytest.mark.parametrize("personal", [False, True])
+def test_cnn_matches_the_clipped_per_user_deltas(sizes, personal):
+    torch.manual_seed(0)
+    model = PaperCNN().double()
+    names = tuple(n for n, _ in model.named_parameters() if not (personal and n.startswith("fc1")))
+    x, y, params, starts, sizes = _setup(model, sizes, (1, 28, 28))
+    ref, ref_clipped, G = _reference(model, params, x, y, starts, sizes, names, 0.05, 1.0)
+    clip = float(np.median(G.norm(dim=1).numpy()))           # about half the users clipped
+    ref, ref_clipped, _ = _reference(model, params, x, y, starts, sizes, names, 0.05, clip)
+    got, count, clipped, failed = one_step_clipped_sum(model, params, x, y, starts, sizes, names,
+                                                       -0.05, clip)
+    assert (count, clipped, failed) == (len(sizes), ref_clipped, 0)
+    assert 0 < clipped < len(sizes)
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_linear_model_and_gradient_scale():
+    model = torch.nn.Linear(6, 10).double()
+    x, y, params, starts, sizes = _setup(model, [4, 1, 2, 6], (6,), seed=3)
+    names = ("weight", "bias")
+    _, _, G = _reference(model, params, x, y, starts, sizes, names, 1.0, 1e9)   # -mean gradient
+    clip = float(G.norm(dim=1).min()) * 1.5
+    factor, was = clip_factors(G, clip)
+    got, count, clipped, _ = one_step_clipped_sum(model, params, x, y, starts, sizes, names,
+                                                  -1.0, clip)
+    torch.testing.assert_close(got, (G * factor.unsqueeze(1)).sum(0), rtol=1e-9, atol=1e-12)
+    assert clipped == int(was.sum()) and 0 < clipped < 4 and count == 4
+
+
+def test_a_user_with_a_non_finite_norm_is_left_out():
+    model = torch.nn.Linear(6, 10).double()
+    x, y, params, starts, sizes = _setup(model, [2, 1, 3], (6,))
+    x[2, 0] = float("inf")                         # the second user's only record
+    got, count, clipped, failed = one_step_clipped_sum(model, params, x, y, starts, sizes,
+                                                       ("weight", "bias"), -0.1, 0.5)
+    assert (count, failed) == (2, 1) and bool(torch.isfinite(got).all())
+    keep = np.array([0, 2])
+    want, c2, f2 = one_step_clipped_sum(model, params, x, y, starts[keep], sizes[keep],
+                                        ("weight", "bias"), -0.1, 0.5)[:3]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("rpu,method", [(1, "full_dp"), (3, "joint_dp"), (10, "full_dp")])
+def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(rpu, method, tmp_path,
+                                                                        monkeypatch):
+    """The paper CNN on MNIST-format data, users of 1 and 3 records (one SGD step each): the run
+    with the one-step clipped sums equals the run with per-user vectors up to float32 rounding,
+    and the one-step path is the one taken. With 10 records per user (75-record owners: users of
+    10 and one of 5) the users of 10 take the per-user loop and the others the one-step path,
+    merged into one reply."""
+    import fedudp.core.owner as ow
+    from conftest import tiny_cfg, tiny_mnist
+    from fedudp.run import run
+    root = tiny_mnist(tmp_path / "data")
+    calls = []
+    orig = ow.one_step_clipped_sum
+    monkeypatch.setattr(ow, "one_step_clipped_sum", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    out = {}
+    for flag in (True, False):
+        monkeypatch.setattr(ow, "ONE_STEP", flag)
+        cfg = tiny_cfg(method, dataset__name="mnist", dataset__root=str(root), model__name="cnn",
+                       dataset__num_records=300, partition__records_per_user=rpu,
+                       train__rounds=2)
+        out[flag] = run(cfg, tmp_path / str(flag))
+    assert len(calls) == 2                                  # one reply per round, fast path
+    assert out[True]["epsilon"] == out[False]["epsilon"]
+    assert out[True]["accuracy_mean"] == out[False]["accuracy_mean"]
+    assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5)
