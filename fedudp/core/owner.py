@@ -33,7 +33,7 @@ from fedudp.config import OwnerWeights, SharedUpdate, Unit
 from fedudp.core import local_sgd
 from fedudp.core import per_sample
 from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
-from fedudp.core.one_step import one_step_clipped_sum
+from fedudp.core.one_step import one_step_vectors
 from fedudp.core.messages import OwnerReply, make_reply, rows_reply
 from fedudp.core.methods import MethodSpec
 from fedudp.data.federation import Federation
@@ -80,9 +80,12 @@ def owner_units(fed: Federation, owners: np.ndarray) -> local_sgd.Units:
     return local_sgd.Units(starts, sizes, fed.owner_ids[owners], starts, sizes)
 
 
-# clipped sums of one-step users without their vectors (``fedudp.core.one_step``); False: the
-# per-user vectors, clipped and summed (the reference path the tests compare it with)
+# one-step users' vectors from one batched forward/backward (``fedudp.core.one_step``); False:
+# every user through ``local_sgd`` (the reference path the tests compare it with)
 ONE_STEP = True
+# records per one-step chunk: its vectors, per-record weight gradients and their clipped copy
+# are the chunk's memory (about 0.7 MiB a record for the paper CNN)
+ONE_STEP_RECORDS = 128
 
 
 class OwnerHooks:
@@ -304,14 +307,14 @@ class Owners:
     def _one_step_units(self, fed: Federation, units: np.ndarray, constraint: Constraint
                         ) -> np.ndarray | None:
         """Which of the sampled users ``units`` take the one-step path
-        (``fedudp.core.one_step``: their clipped sum without their vectors), or None where it
-        does not apply. It applies to clipped sums of users (not owners) at parameters common
+        (``fedudp.core.one_step``: their vectors from one batched forward/backward), or None
+        where it does not apply. It applies to clipped sums of users (not owners) at parameters common
         to all users (no owner's own personal layers in the forward), on Linear / Conv2d shared
         layers, with the plain owner hooks; a user takes it when its vector is one SGD step (one
         epoch, no more records than a batch) or its mean gradient, and when ``local_sgd`` would
         vmap it (for a convolution model, users of fewer than ``LOOP_MIN_RECORDS`` records: the
         one-step path costs about twice the per-user loop on those that loop, and saves the
-        vmapped path's [users, d] vectors on the rest)."""
+        vmapped path's time and memory on the rest)."""
         if constraint.rows or constraint.clip is None or self.spec.unit == Unit.owner:
             return None
         if self.spec.feedback and self.spec.personal:
@@ -331,24 +334,23 @@ class Owners:
 
     def _one_step_reply(self, fed: Federation, shared: Params, units: np.ndarray,
                         constraint: Constraint) -> OwnerReply:
-        """The clipped sum, count and clipped count of the users ``units`` in chunks of the
-        record budget (``one_step.one_step_clipped_sum``; equal to clipping and summing their
-        vectors up to float summation order)."""
+        """The users ``units``' vectors from one batched forward/backward per chunk of the
+        record budget (``one_step.one_step_vectors``), constrained as every other path's."""
         names = self.spec.shared
         scale = (-self.training.user.lr if self.training.mode == SharedUpdate.delta.value
                  else 1.0)
         params = {**dict(self.public_personal), **shared}
         sub = user_units(fed, units)
-        total = torch.zeros(self.shared_dim, dtype=self.dtype)
-        count = clipped = failed = done = 0
-        for sel in local_sgd.chunks(sub.sizes, self.budget):
-            t, c, k, f = one_step_clipped_sum(self.model, params, fed.x, fed.y,
-                                              sub.starts[sel], sub.sizes[sel], names, scale,
-                                              float(constraint.clip))
-            total += t.to(self.dtype)
-            count, clipped, failed, done = count + c, clipped + k, failed + f, done + len(sel)
+        parts, done = [], 0
+        for sel in local_sgd.chunks(sub.sizes, min(self.budget, ONE_STEP_RECORDS)):
+            G = one_step_vectors(self.model, params, fed.x, fed.y, sub.starts[sel],
+                                 sub.sizes[sel], names, scale)
+            parts.append(make_reply(G, names, constraint))
+            done += len(sel)
             self.report_progress("users", done, len(units))
-        return OwnerReply(names, Contribution(None, total, count, clipped), failed)
+        c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
+                               constraint.rows)
+        return OwnerReply(names, c, sum(p.failed for p in parts))
 
     def _weighted_reply(self, G: torch.Tensor, fed: Federation, units: np.ndarray,
                         constraint: Constraint) -> OwnerReply:
