@@ -126,6 +126,24 @@ def test_no_file_points_outside_the_repository():
                      + "\n".join(bad))
 
 
+def test_results_record_no_machine_path():
+    """Result folders record what a run was given (config.yaml, Hydra's files, logs, JSON): the
+    measuring machine's data and checkout paths are replaced by placeholders (``DATA``,
+    ``FED.npz``, ``.``; scripts/scrub_paths.py), so no result names a path of that machine."""
+    bad = []
+    for rel in repo_files():
+        if not rel.startswith(HISTORICAL):
+            continue
+        text = read_text(rel)
+        if text is None:
+            continue
+        for no, line in enumerate(text.splitlines(), 1):
+            if "/" + "work/" in line:
+                bad.append(f"{rel}:{no}: {line.strip()[:120]}")
+    assert not bad, ("machine paths in results (scrub them: scripts/scrub_paths.py):\n"
+                     + "\n".join(bad[:20]))
+
+
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
 
