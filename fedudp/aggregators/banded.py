@@ -45,6 +45,7 @@ import torch
 from fedudp.aggregators.base import (Aggregate, ClippedSumAggregator, Contribution,
                                      ParameterError, Sampling, calibrate, check_budget,
                                      check_positive, check_sampling, register)
+from fedudp.aggregators.tree import CyclicParticipation
 from fedudp.randomness import Purpose, numpy_rng
 
 
@@ -104,9 +105,10 @@ def cycles(rounds: int, bands: int) -> int:
     return -(-int(rounds) // int(bands))
 
 
-class CyclicPoissonParticipation:
-    """The billboard's plan (the hooks of ``fedudp.core.plan.Plan``): round r samples group
-    (r - 1) mod b at rate p; the cycle's event at its first round, nothing at the others."""
+class CyclicPoissonParticipation(CyclicParticipation):
+    """The billboard's plan (the hooks of ``fedudp.core.plan.Plan``, as the tree's): round r
+    samples group (r - 1) mod b at rate p; the cycle's event at its first round, nothing at the
+    others (``round_event``)."""
 
     def __init__(self, agg: "BandedMatrixAggregator", seed: int) -> None:
         self.agg = agg
@@ -119,25 +121,6 @@ class CyclicPoissonParticipation:
         if self.agg.group_rate < 1.0:
             mask &= numpy_rng(self.seed, Purpose.SAMPLE, round_).random(mask.size) < self.agg.group_rate
         return mask
-
-    def event(self, round_: int):
-        return self.agg.round_event(round_)
-
-    def one_off(self):
-        return None
-
-    def aggregator(self, round_: int):
-        return None
-
-    def step(self, u, mean, round_: int):
-        return None
-
-    def checkpoint_state(self) -> dict:
-        return {}
-
-    def restore_checkpoint_state(self, state: dict) -> None:
-        if state:
-            raise ValueError(f"cyclic participation keeps no state, got {sorted(state)}")
 
 
 @register
