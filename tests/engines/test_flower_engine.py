@@ -144,12 +144,14 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
     ("full_dp", {"aggregator": "dp_ftrl_tree", "train.sampling_rate": 0.5,
                  "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
     # owner-side DP-SGD with an adaptive clip: each owner's released fraction travels back
-    ("full_dp", {"privacy.placement": "local_dpsgd", "privacy.clip_policy": "adaptive",
-                 "privacy.clip": 0.05, "privacy.clip_lr": 1.0, "train.rounds": 2}),
+    # (slow: the default suite's time; the fraction's wire format is in test_reply_codec_roundtrip)
+    pytest.param("full_dp", {"privacy.placement": "local_dpsgd", "privacy.clip_policy": "adaptive",
+                             "privacy.clip": 0.05, "privacy.clip_lr": 1.0, "train.rounds": 2},
+                 marks=pytest.mark.slow),
     # banded matrix factorization under joint DP: 2 groups sampled at 1/2 (cyclic Poisson)
-    ("joint_dp", {"aggregator": "dp_mf_banded", "train.sampling_rate": 0.25,
-                  "estimator.bands": 2, "privacy.noise_multiplier": 2.0,
-                  "privacy.epsilon": 50.0}),
+    pytest.param("joint_dp", {"aggregator": "dp_mf_banded", "train.sampling_rate": 0.25,
+                              "estimator.bands": 2, "privacy.noise_multiplier": 2.0,
+                              "privacy.epsilon": 50.0}, marks=pytest.mark.slow),
     # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
     ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
     # DP-SGD inside the owners, paper mode: at each owner's own personal layer, and
@@ -236,6 +238,11 @@ def test_reply_codec_roundtrip():
     assert j == 7 and back.param_names == rep.param_names and back.failed == 1
     assert back.contribution.count == 3 and back.contribution.total is None
     assert torch.equal(back.contribution.rows, rep.contribution.rows)
+    # owner-side DP-SGD's adaptive clip: the owner's released fraction travels with its delta
+    rep = OwnerReply(("a.w",), Contribution(None, torch.randn(5, dtype=torch.float64), 1,
+                                            fraction_sum=0.625, fraction_reports=1))
+    back = flower_wire.records_to_reply(flower_wire.reply_to_records(rep, 2, 0.1))[1]
+    assert (back.contribution.fraction_sum, back.contribution.fraction_reports) == (0.625, 1)
     cfg = tiny("joint_dp", "flower", **{"privacy.noise_multiplier": 3.0})
     assert config_to_json(config_from_json(config_to_json(cfg))) == config_to_json(cfg)
     o = config_from_overrides({"method": "fedavg", "train.rounds": 2, "partition.num_owners": 3})
