@@ -73,19 +73,11 @@ def clip_factors(G: torch.Tensor | Sequence[torch.Tensor], clip: float
     computed in float64; clipped rows are shrunk by a further 4 ulps so that the cast and the
     multiplication cannot push them above ``clip``."""
     first = _blocks(G)[0]
-    factor, was = clip_factors_from_norms(row_norms64(G), clip)
-    return factor.to(first.dtype).to(first.device), was.to(first.device)
-
-
-def clip_factors_from_norms(norms: torch.Tensor, clip: float
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(factor, was_clipped) in float64 from rows' float64 l2 ``norms``: the rule of
-    ``clip_factors`` (rows above ``clip`` scaled to it and shrunk by 4 ulps, the rest kept)."""
-    norms = norms.to(torch.float64)
+    norms = row_norms64(G)
     was = norms > clip
     factor = torch.where(was, clip / norms.clamp(min=1e-300) * _CLIP_SHRINK,
                          torch.ones_like(norms))
-    return factor, was
+    return factor.to(first.dtype).to(first.device), was.to(first.device)
 
 
 def gumbel(shape: tuple[int, ...] | torch.Size, *, rng: torch.Generator,
