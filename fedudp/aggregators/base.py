@@ -150,13 +150,17 @@ class Constraint:
     dpsgd_clip: float | None = None
     dpsgd_count_noise: float | None = None    # an adaptive clip's noise on each step's count
 
-    def apply(self, G: torch.Tensor) -> Contribution:
+    def apply(self, G: torch.Tensor, norms: torch.Tensor | None = None,
+              inplace: bool = False) -> Contribution:
+        """``norms``: ``row_norms64(G)`` where the caller has them; ``inplace``: the rows may
+        be scaled in place (the caller's own buffer: no clipped copy of G is made)."""
         n = int(G.shape[0])
         if self.rows:
             return Contribution(G, None, n)
         if self.clip is None:
             return Contribution(None, G.sum(0), n)
-        clipped, was = clip_rows(G, self.clip)
+        factor, was = clip_factors(G, self.clip, norms)
+        clipped = G.mul_(factor.unsqueeze(1)) if inplace else G * factor.unsqueeze(1)
         return Contribution(None, clipped.sum(0), n, int(was.sum()))
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from fedudp.aggregators.base import Constraint, Contribution, finite_rows
+from fedudp.privacy.mechanisms import row_norms64
 
 
 class OwnerFailure(Exception):
@@ -44,16 +45,29 @@ class OwnerReply:
 
 
 def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint,
-               weights: np.ndarray | None = None) -> OwnerReply:
+               weights: np.ndarray | None = None, owned: bool = False) -> OwnerReply:
     """Drop non-finite rows (they contribute zero; docs/architecture.md#failures), then apply the
     aggregator's owner-side constraint (rows, or the sum of clipped rows and a count).
-    ``weights``: owner-level updates averaged by weight (the rows are scaled before summing)."""
-    ok = finite_rows(G)
+    ``weights``: owner-level updates averaged by weight (the rows are scaled before summing).
+    ``owned``: G is the caller's scratch buffer, which may be overwritten (clipped in place).
+
+    Float32 rows to be clipped are screened by their float64 norms, computed once for both: a
+    float32 row is finite exactly when the float64 sum of its squares is (no float32 square
+    overflows float64), so no element-wise mask of G is made."""
+    norms = None
+    if (weights is None and not constraint.rows and constraint.clip is not None
+            and G.dtype in (torch.float32, torch.float16, torch.bfloat16)):
+        norms = row_norms64(G)
+        ok = torch.isfinite(norms).to(G.device)
+    else:
+        ok = finite_rows(G)
     failed = int((~ok).sum())
     if failed:
         G = G[ok]
+        norms = None if norms is None else norms[ok.cpu()]
     if weights is None:
-        return OwnerReply(names, constraint.apply(G), failed)
+        return OwnerReply(names, constraint.apply(G, norms, inplace=owned and not failed),
+                          failed)
     w = np.asarray(weights, dtype=np.float64)[ok.numpy()]
     c = constraint.apply(G * torch.from_numpy(w).to(G.dtype).unsqueeze(1))
     c.weight = float(w.sum())

@@ -36,11 +36,14 @@ from fedudp.core import per_sample
 
 def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
                      y: torch.Tensor, starts: np.ndarray, sizes: np.ndarray,
-                     names: tuple[str, ...], scale: float) -> torch.Tensor:
+                     names: tuple[str, ...], scale: float,
+                     into: torch.Tensor | None = None) -> torch.Tensor:
     """[U, d] in the parameters' dtype: each user's vector, ``scale`` times its mean gradient at
     ``params`` w.r.t. ``names`` (flattened in ``names`` order), for the users whose records are
     ``starts[i] .. starts[i] + sizes[i]`` of ``x``/``y`` (module doc). Requires
-    ``per_sample.supported(model, names)``; every size >= 1."""
+    ``per_sample.supported(model, names)``; every size >= 1. ``into``: a buffer of at least U
+    rows of width d to write the vectors into (a chunked caller reuses one; returned is its
+    first U rows)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     U = len(sizes)
     dtype = params[names[0]].dtype
@@ -92,7 +95,10 @@ def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
             if bname in names:
                 gb = g.sum((2, 3))
                 parts[bname] = gb if single else _per_user(gb, of, U)
-    return torch.cat([parts[n].reshape(U, -1) for n in names], dim=1).to(dtype)
+    flat = [parts[n].reshape(U, -1).to(dtype) for n in names]
+    if into is None:
+        return torch.cat(flat, dim=1)
+    return torch.cat(flat, dim=1, out=into[:U])
 
 
 def _per_user(t: torch.Tensor, of: torch.Tensor, U: int) -> torch.Tensor:

@@ -341,11 +341,13 @@ class Owners:
                  else 1.0)
         params = {**dict(self.public_personal), **shared}
         sub = user_units(fed, units)
-        parts, done = [], 0
+        parts, done, buf = [], 0, None
         for sel in local_sgd.chunks(sub.sizes, min(self.budget, ONE_STEP_RECORDS)):
+            if buf is None or len(buf) < len(sel):     # one scratch matrix for every chunk
+                buf = torch.empty(len(sel), self.shared_dim, dtype=self.dtype)
             G = one_step_vectors(self.model, params, fed.x, fed.y, sub.starts[sel],
-                                 sub.sizes[sel], names, scale)
-            parts.append(make_reply(G, names, constraint))
+                                 sub.sizes[sel], names, scale, into=buf)
+            parts.append(make_reply(G, names, constraint, owned=True))
             done += len(sel)
             self.report_progress("users", done, len(units))
         c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,

@@ -65,15 +65,16 @@ def row_norms64(G: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.sqrt(sq)
 
 
-def clip_factors(G: torch.Tensor | Sequence[torch.Tensor], clip: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_factors(G: torch.Tensor | Sequence[torch.Tensor], clip: float,
+                 norms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(factor, was_clipped) per row of ``G`` (a tensor, or row-aligned blocks as in
     ``row_norms64``): scaling row i by ``factor[i]`` (in ``G``'s dtype) leaves its l2 norm at
     most ``clip``; rows within ``clip`` keep factor 1. The norms, which decide the branch, are
     computed in float64; clipped rows are shrunk by a further 4 ulps so that the cast and the
-    multiplication cannot push them above ``clip``."""
+    multiplication cannot push them above ``clip``. ``norms``: ``row_norms64(G)`` where the
+    caller has them already."""
     first = _blocks(G)[0]
-    norms = row_norms64(G)
+    norms = row_norms64(G) if norms is None else norms
     was = norms > clip
     factor = torch.where(was, clip / norms.clamp(min=1e-300) * _CLIP_SHRINK,
                          torch.ones_like(norms))

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fedudp.aggregators import GaussianAggregator, Sampling
+from fedudp.aggregators import Constraint, GaussianAggregator, Sampling
 from fedudp.aggregators.gaussian import gaussian_round_event
 
 
@@ -95,6 +95,39 @@ def test_nonfinite_rows_are_excluded_before_release():
     rep = make_reply(G, ("w",), agg.constraint)
     assert rep.failed == 2 and rep.contribution.count == 2
     assert torch.equal(rep.contribution.total, torch.tensor([0.5, 0.25]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nonfinite_screening_by_norms_is_exact(dtype):
+    """Clipped float32 rows are screened by their float64 norms (no element-wise mask): a row
+    whose squares overflow float32 but not float64 is finite and kept; one NaN or inf anywhere
+    drops its row. float64 rows (whose squares can overflow) keep the element-wise mask. With
+    ``owned`` the caller's buffer is clipped in place and the release is the same."""
+    from fedudp.core.messages import make_reply
+    big = 3.0e38 if dtype == torch.float32 else 1.0e200
+    G = torch.zeros(6, 5, dtype=dtype)
+    G[0, 0] = big                 # finite, squares above float32's range
+    G[1] = 0.1
+    G[2, 4] = float("nan")
+    G[3, 1] = float("inf")
+    G[4, 3] = float("-inf")
+    G[5, 2] = -2.0
+    constraint = Constraint(rows=False, clip=1.0)
+    rep = make_reply(G.clone(), ("w",), constraint)
+    assert rep.failed == 3 and rep.contribution.count == 3
+    assert rep.contribution.clipped == 2                       # rows 0 and 5
+    # row 0 clipped to norm 1; in float64 its norm overflows to inf and its factor is 0 (a
+    # release within the clip either way)
+    first = 1.1 if dtype == torch.float32 else 0.1
+    want = torch.tensor([first, 0.1, 0.1 - 1.0, 0.1, 0.1], dtype=torch.float64)
+    torch.testing.assert_close(rep.contribution.total.double(), want, rtol=1e-6, atol=1e-6)
+    finite = torch.zeros(3, 5, dtype=dtype)
+    finite[0, 0], finite[1], finite[2, 2] = big, 0.1, -2.0
+    buf = finite.clone()
+    owned = make_reply(buf, ("w",), constraint, owned=True)
+    kept = make_reply(finite.clone(), ("w",), constraint)
+    assert torch.equal(owned.contribution.total, kept.contribution.total)
+    assert not torch.equal(buf, finite)                      # clipped in place: no copy made
 
 
 def test_gaussian_noise_is_drawn_in_float64_then_cast():
