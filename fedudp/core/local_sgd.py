@@ -15,8 +15,9 @@ result does not depend on how units are chunked, on the engine, or on scheduling
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -211,6 +212,32 @@ def loop_units(model: nn.Module, sizes: np.ndarray, batch: int | None) -> np.nda
     return (sizes > 0) & (sizes >= LOOP_MIN_RECORDS * steps)
 
 
+@contextmanager
+def bound(model: nn.Module, names: tuple[str, ...]) -> Iterator:
+    """``bind(params)`` puts the tensors ``params[name]`` into ``model`` in place of its own
+    parameters (or buffers) ``names``, so that ``model(x)`` computes what
+    ``functional_call(model, params, (x,))`` does, without re-parametrizing at every call (about
+    0.1 ms a call for the paper CNN, a tenth of a one-record step); the module's own tensors are
+    back on exit. For loops that call one model many times with the same names."""
+    slots = []
+    for name in names:
+        path, _, attr = name.rpartition(".")
+        mod = model.get_submodule(path)
+        table = mod._parameters if attr in mod._parameters else mod._buffers
+        if attr not in table:
+            raise KeyError(f"bound: {name} is neither a parameter nor a buffer of the model")
+        slots.append((table, attr, table[attr]))
+
+    def bind(params: Mapping[str, torch.Tensor]) -> None:
+        for (table, attr, _), name in zip(slots, names):
+            table[attr] = params[name]
+    try:
+        yield bind
+    finally:
+        for table, attr, own in slots:
+            table[attr] = own
+
+
 def _local_sgd_loop(model: nn.Module, trainable: Params, frozen_per_unit: Params,
                     frozen_common: Params, x: torch.Tensor, y: torch.Tensor, orders: np.ndarray,
                     spec: LocalSpec) -> Params:
@@ -222,19 +249,20 @@ def _local_sgd_loop(model: nn.Module, trainable: Params, frozen_per_unit: Params
     b, lr = spec.batch_size, spec.lr
     sizes = (orders[:, 0, :] >= 0).sum(1)
     ords = torch.from_numpy(orders)
-    with torch.enable_grad():
+    every = (*frozen_common, *frozen_per_unit, *names)
+    with torch.enable_grad(), bound(model, every) as bind:
         for u in range(U):
             m = int(sizes[u])
             if m == 0:
                 continue
             leaves = [out[k][u].detach().requires_grad_(True) for k in names]
-            params = {**frozen_common, **{k: v[u] for k, v in frozen_per_unit.items()},
-                      **dict(zip(names, leaves))}
+            bind({**frozen_common, **{k: v[u] for k, v in frozen_per_unit.items()},
+                  **dict(zip(names, leaves))})
             for e in range(E):
                 order = ords[u, e, :m]
                 for s in range(0, m, b):
                     idx = order[s:s + b]
-                    out_b = functional_call(model, params, (x[idx],))
+                    out_b = model(x[idx])
                     loss = F.cross_entropy(out_b, y[idx])
                     grads = torch.autograd.grad(loss, leaves)
                     with torch.no_grad():
@@ -298,18 +326,18 @@ def _mean_gradients_loop(model: nn.Module, trainable: Params, frozen_per_unit: P
                          units: Units) -> Params:
     names = tuple(trainable)
     out = {k: torch.zeros_like(v) for k, v in trainable.items()}
-    with torch.enable_grad():
+    every = (*frozen_common, *frozen_per_unit, *names)
+    with torch.enable_grad(), bound(model, every) as bind:
         for u in range(len(units)):
             a, m = int(units.starts[u]), int(units.sizes[u])
             if m == 0:
                 continue
             leaves = [trainable[k][u].detach().requires_grad_(True) for k in names]
-            params = {**frozen_common, **{k: v[u] for k, v in frozen_per_unit.items()},
-                      **dict(zip(names, leaves))}
+            bind({**frozen_common, **{k: v[u] for k, v in frozen_per_unit.items()},
+                  **dict(zip(names, leaves))})
             for s in range(a, a + m, LOOP_MAX_BATCH):
                 e = min(s + LOOP_MAX_BATCH, a + m)
-                loss = F.cross_entropy(functional_call(model, params, (x[s:e],)), y[s:e],
-                                       reduction="sum") / m
+                loss = F.cross_entropy(model(x[s:e]), y[s:e], reduction="sum") / m
                 grads = torch.autograd.grad(loss, leaves)
                 with torch.no_grad():
                     for k, g in zip(names, grads):

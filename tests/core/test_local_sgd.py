@@ -125,3 +125,21 @@ def test_flat_delta_writes_the_flattened_change():
     out = torch.zeros(10, 17)
     local_sgd.flat_delta(end, start, names, out=out[2:9])
     assert torch.equal(out[2:9], want) and not out[:2].any() and not out[9:].any()
+
+
+def test_bound_model_computes_functional_call_and_gives_its_parameters_back():
+    from torch.func import functional_call
+    torch.manual_seed(0)
+    model = PaperCNN()
+    own = {k: v for k, v in model.named_parameters()}
+    other = {k: torch.randn_like(v) for k, v in own.items()}
+    x = torch.randn(3, 1, 28, 28)
+    with pytest.raises(RuntimeError, match="boom"):
+        with local_sgd.bound(model, tuple(other)) as bind:
+            bind(other)
+            assert torch.equal(model(x), functional_call(model, other, (x,)))
+            raise RuntimeError("boom")
+    assert all(p is own[k] for k, p in model.named_parameters())      # its own, even on error
+    with pytest.raises(KeyError, match="fc1.scale"):
+        with local_sgd.bound(model, ("fc1.scale",)):
+            pass
