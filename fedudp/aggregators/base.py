@@ -159,8 +159,7 @@ class Constraint:
             return Contribution(G, None, n)
         if self.clip is None:
             return Contribution(None, G.sum(0), n)
-        factor, was = clip_factors(G, self.clip, norms)
-        clipped = G.mul_(factor.unsqueeze(1)) if inplace else G * factor.unsqueeze(1)
+        clipped, was = clip_rows(G, self.clip, norms, inplace)
         return Contribution(None, clipped.sum(0), n, int(was.sum()))
 
 
@@ -358,11 +357,13 @@ def pad_to_population(G: torch.Tensor, n: int) -> torch.Tensor:
     return G
 
 
-def clip_rows(G: torch.Tensor, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_rows(G: torch.Tensor, clip: float, norms: torch.Tensor | None = None,
+              inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale each row of ``G`` to l2 norm at most ``clip`` (norms in float64,
-    ``mechanisms.clip_factors``); returns (clipped, was_clipped)."""
-    factor, was = clip_factors(G, clip)
-    return G * factor.unsqueeze(1), was
+    ``mechanisms.clip_factors``; ``norms``: ``row_norms64(G)`` where the caller has them);
+    returns (clipped, was_clipped). ``inplace``: G itself is scaled and returned."""
+    factor, was = clip_factors(G, clip, norms)
+    return (G.mul_(factor.unsqueeze(1)) if inplace else G * factor.unsqueeze(1)), was
 
 
 def finite_rows(G: torch.Tensor) -> torch.Tensor:
