@@ -1,6 +1,7 @@
 """The paper CNN inferred from Huang et al. Table 2 (docs/algorithms.md#paper-cnn).
 
 Conv1(1->16, 5x5, pad 2) -> ReLU -> MaxPool2 -> Conv2(16->32, 5x5, pad 2) -> ReLU -> MaxPool2
+(computed as MaxPool2 then ReLU: the same values and gradients)
 -> flatten (32*7*7 = 1568) -> two parallel heads FC1, FC2 (Linear 1568->10), logits averaged.
 Parameter counts: Conv1 416, Conv2 12,832, each head 15,690 (PyTorch, biased; the paper's
 Table 2 lists FC1 as 17,248 = 1568 x 11, see docs/algorithms.md#paper-cnn). joint_dp personalizes FC1 by default.
@@ -37,9 +38,13 @@ class PaperCNN(SplitModel):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # channels-last activations from conv1 on: the same values, and on the CPU max-pooling
-        # over NCHW is several times slower (and ReLU's backward slower over mixed layouts)
-        x = F.max_pool2d(F.relu(_channels_last(self.conv1(x))), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        # over NCHW is several times slower (and ReLU's backward slower over mixed layouts).
+        # Pool, then ReLU: max_pool(relu(a)) = relu(max_pool(a)) exactly (ReLU is monotone; the
+        # same window element is the argmax wherever the max is positive, and the gradient is
+        # zero in both orders where it is not), with ReLU and its backward on a quarter of the
+        # elements
+        x = F.relu(F.max_pool2d(_channels_last(self.conv1(x)), 2))
+        x = F.relu(F.max_pool2d(self.conv2(x), 2))
         h = x.flatten(-3)
         return 0.5 * (self.fc1(h) + self.fc2(h))
 

@@ -395,3 +395,40 @@ def test_fresh_copy_is_independent():
     assert m.default_personal == ("head.*",)
     with pytest.raises(ValueError, match="BatchNorm2d"):
         fresh_copy(batchnorm_net())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_paper_cnn_pool_then_relu_is_the_textbook_order_bit_for_bit(dtype):
+    """PaperCNN computes each ReLU -> MaxPool2 pair as MaxPool2 -> ReLU. The network as the paper
+    draws it (written out here with torch's ops, ReLU first) gives the same logits and the same
+    gradient bit for bit, on inputs with ties and with windows that are all negative or zero,
+    in both input layouts; a net with a different nonlinearity in one place is caught."""
+    torch.manual_seed(0)
+    model = PaperCNN().to(dtype)
+
+    def textbook(m, x, act=F.relu):
+        # the same memory layout as the model's (conv1's output channels-last), so that the
+        # convolutions' backward runs the same kernels: only the order of ReLU and pooling differs
+        h = F.max_pool2d(act(m.conv1(x).contiguous(memory_format=torch.channels_last)), 2)
+        h = F.max_pool2d(F.relu(m.conv2(h)), 2).flatten(1)
+        return 0.5 * (m.fc1(h) + m.fc2(h))
+
+    x = torch.randn(6, 1, 28, 28, dtype=dtype)
+    x[0] = 0.0                                   # every conv1 window is its bias: ties
+    x[1, :, :14] = -5.0                          # large negative blocks: all-negative windows
+    x[2] = torch.round(x[2])                     # integer images: many equal maxima
+    y = torch.tensor([0, 1, 2, 3, 4, 5])
+
+    def grads(f, xb):
+        model.zero_grad(set_to_none=True)
+        out = f(xb)
+        F.cross_entropy(out, y).backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    for xb in (x, x.contiguous(memory_format=torch.channels_last)):
+        out, g = grads(model, xb)
+        ref_out, ref_g = grads(lambda t: textbook(model, t), xb)
+        assert torch.equal(out, ref_out)
+        assert all(torch.equal(a, b) for a, b in zip(g, ref_g))
+    weak_out, _ = grads(lambda t: textbook(model, t, act=F.leaky_relu), x)
+    assert not torch.equal(weak_out, ref_out)
