@@ -31,7 +31,7 @@ after the last round. pfl: ``scripts/bench_pfl_worker.py`` run with ``--pfl-pyth
 ``SimulatedBackend``; see that file).
 
 Measurement: every repetition of every side is a fresh subprocess running ``--rounds`` R
-rounds; the sides alternate (fedudp, pfl, fedudp, pfl, ...), ``--reps`` repetitions each per
+rounds; the sides alternate (fedudp, pfl, plain, fedudp, pfl, plain, ...), ``--reps`` repetitions each per
 setting. Seconds per round are measured inside the worker around each round: fedudp's round
 loop's own per-round ``seconds`` (sampling, the budget check, every user's local training,
 clipping and summation, noise, the server update, the ledger), minus, for the last round, the
@@ -51,6 +51,14 @@ carries a child's RSS high-water mark across exec, so a child spawned from a lar
 would report the parent's RSS. One thread per side:
 ``OMP_NUM_THREADS=MKL_NUM_THREADS=1`` and ``torch.set_num_threads(1)`` in both workers
 (fedudp: ``engine_opts.threads=1``). No network: both sides run in one process each.
+
+The floor (``--sides``, on by default): a third side, ``plain``, runs the same rounds as a bare
+PyTorch loop (``scripts/bench_pfl_plain_worker.py``, in fedudp's venv: every user in turn, the
+global weights copied in, ``torch.optim.SGD`` over its minibatches, the difference clipped in
+float64 and summed, float64 noise, the mean added; no sampling, screening, accounting or
+bookkeeping). Its seconds per round are the obvious loop's compute: a framework gets below
+it only by running the same arithmetic in cheaper kernels. The table gives each side's time
+over the floor's (mins / medians).
 
 Same work: each worker prints the users trained per round (fedudp: the release's
 ``users_used``; pfl: its ``number of devices`` metric), the local steps per user (pfl: also
@@ -88,9 +96,10 @@ from proctree import session_tree, status_kib   # scripts/proctree.py (this scri
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_PFL = Path(__file__).resolve().parent / "bench_pfl_worker.py"
+WORKER_PLAIN = Path(__file__).resolve().parent / "bench_pfl_plain_worker.py"
 PFL_VENV_HINT = ("python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 "
                  "'pfl[pytorch]==0.6.0'")
-SIDES = ("fedudp", "pfl")
+SIDES = ("fedudp", "pfl", "plain")
 
 
 # -- fedudp: the config ---------------------------------------------------------------------
@@ -276,6 +285,8 @@ def worker_cmd(side: str, a, rpu: int, workload: Path, out: Path,
         common += ["--final-params", str(final_params)]
     if side == "pfl":
         return [a.pfl_python, str(WORKER_PFL), "--workload", str(workload), *common]
+    if side == "plain":
+        return [sys.executable, str(WORKER_PLAIN), "--workload", str(workload), *common]
     return [sys.executable, str(Path(__file__).resolve()), "--worker", side,
             "--records-per-user", str(rpu), "--data-root", a.data_root,
             "--num-records", str(a.num_records), "--owners", str(a.owners),
@@ -334,22 +345,24 @@ def _span(xs: list[float]) -> str:
 
 def _table(summary: list[dict], settings: list[dict]) -> str:
     lines = ["| setting | side | users/round | local steps/user | s/round min | s/round median "
-             "| pfl / fedudp, mins / medians | peak RSS MiB (whole run / rounds) "
-             "| final test accuracy |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| pfl / fedudp, mins / medians | side / plain, mins / medians "
+             "| peak RSS MiB (whole run / rounds) | final test accuracy |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in summary:
         info = next(s for s in settings if s["records_per_user"] == row["records_per_user"])
-        for side in SIDES:
+        for side in (sd for sd in SIDES if sd in row):
             s = row[side]
             st = s["local_steps_per_user"]
             steps = f"{st['min']}" if st["min"] == st["max"] else f"{st['min']}–{st['max']}"
             ratio = (f"**{row['ratio_of_mins']:.2f} / {row['ratio_of_medians']:.2f}**"
                      if side == "pfl" else "")
+            floor = (f"{s['vs_plain_mins']:.2f} / {s['vs_plain_medians']:.2f}"
+                     if "vs_plain_mins" in s else "")
             rpu = row["records_per_user"]
             lines.append(
                 f"| {rpu} record{'s' if rpu > 1 else ''}/user, {info['users']:,} users | {side} "
                 f"| {', '.join(str(u) for u in s['users_per_round'])} | {steps} "
-                f"| {s['min']:.3f} | {s['median']:.3f} | {ratio} "
+                f"| {s['min']:.3f} | {s['median']:.3f} | {ratio} | {floor} "
                 f"| {s['peak_rss_mib_max']:.0f} / {s['sampled_peak_rss_rounds_mib_max']:.0f} "
                 f"| {_span(s['final_accuracy'])} |")
     return "\n".join(lines)
@@ -374,6 +387,9 @@ def main() -> None:
     ap.add_argument("--noise-multiplier", type=float, default=1.0)
     ap.add_argument("--server-lr", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
+                    help="which sides run (fedudp and pfl always: the comparison; plain: the "
+                         "bare PyTorch loop of scripts/bench_pfl_plain_worker.py, the floor)")
     ap.add_argument("--check", action="store_true",
                     help="no timing: one run per side and setting, final weights compared "
                          "(use a tiny --noise-multiplier, e.g. 1e-9: both sides then compute "
@@ -396,6 +412,7 @@ def main() -> None:
     if not a.pfl_python:
         raise SystemExit("bench_pfl.py: error: --pfl-python PATH (or $PFL_PYTHON) is required: "
                          f"the Python of a venv with pfl-research, made by: {PFL_VENV_HINT}")
+    sides = tuple(sd for sd in SIDES if sd in set(a.sides) | {"fedudp", "pfl"})
     if a.rounds < 2 or a.reps < 1:
         raise SystemExit("bench_pfl.py: error: --rounds must be >= 2 and --reps >= 1")
     # this process imports neither torch nor fedudp: a child's ru_maxrss starts from the
@@ -427,7 +444,7 @@ def main() -> None:
                   f"{info['test_records']} test records, {info['parameters']} parameters",
                   flush=True)
             for rep in range(reps):
-                for side in SIDES:
+                for side in sides:
                     out = tmpd / f"{side}_{rpu}_{rep}.json"
                     fin = tmpd / f"{side}_{rpu}_final.npz" if a.check else None
                     res = measure(worker_cmd(side, a, rpu, workload, out, fin),
@@ -455,18 +472,25 @@ def main() -> None:
                 c = {"records_per_user": rpu, **compare_final(
                     tmpd / f"fedudp_{rpu}_final.npz", tmpd / f"pfl_{rpu}_final.npz", workload,
                     sigma)}
+                if "plain" in sides:
+                    cp = compare_final(tmpd / f"fedudp_{rpu}_final.npz",
+                                       tmpd / f"plain_{rpu}_final.npz", workload, sigma)
+                    c["plain"] = {"max_abs_diff_fedudp_plain": cp["max_abs_diff_fedudp_pfl"],
+                                  "max_abs_diff_in_noise_std": cp["max_abs_diff_in_noise_std"]}
                 checks.append(c)
                 print(f"  final weights: max |fedudp - pfl| = {c['max_abs_diff_fedudp_pfl']:.3g}"
                       f" = {c['max_abs_diff_in_noise_std']:.2f} sigma (sigma = z C / users = "
-                      f"{sigma:.3g}); max |fedudp - init| = {c['max_abs_move_from_init']:.3g}",
-                      flush=True)
+                      f"{sigma:.3g}); max |fedudp - init| = {c['max_abs_move_from_init']:.3g}"
+                      + (f"; max |fedudp - plain| = {c['plain']['max_abs_diff_fedudp_plain']:.3g}"
+                         f" = {c['plain']['max_abs_diff_in_noise_std']:.2f} sigma"
+                         if "plain" in c else ""), flush=True)
     wall = time.perf_counter() - t_all
     load_end = os.getloadavg()
 
     summary = []
     for rpu in a.records_per_user:
         row: dict = {"records_per_user": rpu}
-        for side in SIDES:
+        for side in sides:
             rs = [r for r in runs if r["records_per_user"] == rpu and r["side"] == side]
             per = [r["s_per_round"] for r in rs]
             row[side] = {
@@ -482,6 +506,10 @@ def main() -> None:
             }
         row["ratio_of_mins"] = row["pfl"]["min"] / row["fedudp"]["min"]
         row["ratio_of_medians"] = row["pfl"]["median"] / row["fedudp"]["median"]
+        if "plain" in row:                  # each side's seconds over the bare loop's
+            for side in sides:
+                row[side]["vs_plain_mins"] = row[side]["min"] / row["plain"]["min"]
+                row[side]["vs_plain_medians"] = row[side]["median"] / row["plain"]["median"]
         summary.append(row)
 
     table = _table(summary, settings)

@@ -12,14 +12,24 @@ Conv2d rule), and each user's gradient follows exactly:
 
     Linear:  W_u = Σ_{r∈u} g_r a_rᵀ (one batched matmul over the users' padded records),
              b_u = Σ_{r∈u} g_r
-    Conv2d:  W_u = Σ_{r∈u} (per-record weight gradient, ``per_sample.conv2d_weight_per_record``),
+    Conv2d:  W_u = one weight-only convolution backward over the user's records (a user of one
+             record: its per-record weight gradient, ``per_sample.conv2d_weight_per_record``,
+             one grouped convolution for the whole chunk),
              b_u = Σ_{r∈u} Σ_{h,w} g_r
 
 The vectors then go through the owners' ordinary constraint (``make_reply``: non-finite rows
 dropped, clipped with float64 norms, summed), so clipping and its sensitivity are exactly
-those of the other paths; the vectors equal the vmapped path's up to float rounding (tested on
-the paper CNN and the linear model) and do not depend on the number of threads (no reduction
-over records inside a matrix product), so a resumed run is the uninterrupted one bit for bit.
+those of the other paths; the vectors equal the vmapped path's and the per-user loop's up to
+float rounding (tested on the paper CNN and the linear model). One-record users' vectors do not
+depend on the number of threads (no reduction over records inside a kernel); a multi-record
+user's convolution weight gradient is one oneDNN weight-gradient kernel over its records, whose
+summation order follows the thread count, as the per-user loop's backward does (a resumed run
+with the same ``engine_opts.threads`` is the uninterrupted one bit for bit).
+
+Cost (one thread, the paper CNN): the chunk's batched forward/backward costs less per record
+than the per-user loop's small batches, and the per-user weight-gradient kernels little more
+than the batched one (about 50 against 40 µs a record for conv2 at 10 records per user), so
+users of up to a batch of records take this path (docs/results/bench_pfl).
 """
 from __future__ import annotations
 
@@ -90,8 +100,8 @@ def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
                 parts[bname] = g if single else _per_user(g, of, U)
         else:
             if wname in names:
-                per = per_sample.conv2d_weight_per_record(a, g, mod)
-                parts[wname] = per if single else _per_user(per, of, U)
+                parts[wname] = (per_sample.conv2d_weight_per_record(a, g, mod) if single
+                                else _conv_weight_per_user(a, g, mod, sizes))
             if bname in names:
                 gb = g.sum((2, 3))
                 parts[bname] = gb if single else _per_user(gb, of, U)
@@ -99,6 +109,21 @@ def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
     if into is None:
         return torch.cat(flat, dim=1)
     return torch.cat(flat, dim=1, out=into[:U])
+
+
+def _conv_weight_per_user(a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d, sizes: np.ndarray
+                          ) -> torch.Tensor:
+    """[U, *W.shape]: each user's weight gradient of ``mod`` (Σ over its records), one
+    weight-only convolution backward (aten's, the kernel autograd runs) over the user's
+    records, which are consecutive rows of ``a`` [R, C_in, H, W] and ``g`` [R, C_out, H_o, W_o]
+    (``sizes[u]`` rows each, in order). ``mod.weight`` gives only the shape and layout."""
+    out = torch.empty(len(sizes), *mod.weight.shape, dtype=g.dtype)
+    ends = np.cumsum(sizes)
+    for u, (s, e) in enumerate(zip(ends - sizes, ends)):
+        out[u] = torch.ops.aten.convolution_backward(
+            g[s:e], a[s:e], mod.weight, None, mod.stride, mod.padding, mod.dilation, False,
+            (0, 0), mod.groups, (False, True, False))[1]
+    return out
 
 
 def _per_user(t: torch.Tensor, of: torch.Tensor, U: int) -> torch.Tensor:

@@ -311,10 +311,11 @@ class Owners:
         where it does not apply. It applies to clipped sums of users (not owners) at parameters common
         to all users (no owner's own personal layers in the forward), on Linear / Conv2d shared
         layers, with the plain owner hooks; a user takes it when its vector is one SGD step (one
-        epoch, no more records than a batch) or its mean gradient, and when ``local_sgd`` would
-        vmap it (for a convolution model, users of fewer than ``LOOP_MIN_RECORDS`` records: the
-        one-step path costs about twice the per-user loop on those that loop, and saves the
-        vmapped path's time and memory on the rest)."""
+        epoch, no more records than a batch) or its mean gradient (for a convolution model, over
+        at most ``ONE_STEP_RECORDS`` records; larger users loop in ``local_sgd``). It is faster than
+        both of ``local_sgd``'s paths for such users on the CPU: the vmapped one's grouped
+        convolutions and the loop's small per-user batches (one thread, the paper CNN, users of
+        10 to 32 records: 7-20 % faster than the loop; docs/results/bench_pfl)."""
         if constraint.rows or constraint.clip is None or self.spec.unit == Unit.owner:
             return None
         if self.spec.feedback and self.spec.personal:
@@ -328,9 +329,8 @@ class Owners:
         if self.training.mode == SharedUpdate.delta.value:
             if spec.epochs != 1:
                 return None
-            return (sizes <= spec.batch_size) & ~local_sgd.loop_units(self.model, sizes,
-                                                                      spec.batch_size)
-        return ~local_sgd.loop_units(self.model, sizes, None)
+            return sizes <= spec.batch_size
+        return (sizes <= ONE_STEP_RECORDS) | ~local_sgd.loop_units(self.model, sizes, None)
 
     def _one_step_reply(self, fed: Federation, shared: Params, units: np.ndarray,
                         constraint: Constraint) -> OwnerReply:

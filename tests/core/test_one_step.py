@@ -58,32 +58,42 @@ def test_linear_model_mean_gradients():
                                -G, rtol=1e-9, atol=1e-13)
 
 
-def test_vectors_do_not_depend_on_the_thread_count():
-    """Bit for bit at 1 and 2 threads (a resumed run in another process is the same run)."""
+def test_vectors_and_the_thread_count():
+    """One-record users: bit for bit at 1 and 2 threads (no reduction over records inside a
+    kernel). Multi-record users: bit for bit at one thread count (a resumed run with the same
+    ``engine_opts.threads`` is the same run), and across thread counts equal up to float32
+    summation order in their convolutions' weight gradients, as the per-user loop's backward."""
     torch.manual_seed(1)
     model = PaperCNN()
-    x, y, params, starts, sizes = _setup(model, [1, 2, 1, 5, 3] * 20, (1, 28, 28))
-    x = x.float()
-    names = tuple(params)
     before = torch.get_num_threads()
-    try:
-        got = []
-        for t in (1, 2, 1):
-            torch.set_num_threads(t)
-            got.append(one_step_vectors(model, params, x, y, starts, sizes, names, -0.05))
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
+    for sizes in ([1] * 100, [1, 2, 1, 5, 3, 10, 32] * 14):
+        x, y, params, starts, sizes = _setup(model, sizes, (1, 28, 28))
+        x = x.float()
+        names = tuple(params)
+        try:
+            got = []
+            for t in (1, 2, 1):
+                torch.set_num_threads(t)
+                got.append(one_step_vectors(model, params, x, y, starts, sizes, names, -0.05))
+        finally:
+            torch.set_num_threads(before)
+        assert torch.equal(got[0], got[2])
+        if sizes.max() == 1:
+            assert torch.equal(got[0], got[1])
+        else:
+            torch.testing.assert_close(got[0], got[1], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("rpu,method", [(1, "full_dp"), (3, "joint_dp"), (10, "full_dp")])
-def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(rpu, method, tmp_path,
-                                                                        monkeypatch):
+@pytest.mark.parametrize("rpu,method,batch", [(1, "full_dp", 8), (3, "joint_dp", 8),
+                                              (10, "full_dp", 8), (10, "full_dp", 16)])
+def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(rpu, method, batch,
+                                                                        tmp_path, monkeypatch):
     """The paper CNN on MNIST-format data, users of 1 and 3 records (one SGD step each): the run
     with one-step vectors equals the run through ``local_sgd`` up to float32 rounding,
     and the one-step path is the one taken. With 10 records per user (75-record owners: users of
-    10 and one of 5) the users of 10 take the per-user loop and the others the one-step path,
-    merged into one reply."""
+    10 and one of 5) at batch 8, the users of 10 (two steps) train through ``local_sgd`` and the
+    others take the one-step path, merged into one reply; at batch 16 every user takes it (a
+    multi-record user's convolution weight gradient from one kernel over its records)."""
     import fedudp.core.owner as ow
     from conftest import tiny_cfg, tiny_mnist
     from fedudp.run import run
@@ -96,7 +106,7 @@ def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(rpu, meth
         monkeypatch.setattr(ow, "ONE_STEP", flag)
         cfg = tiny_cfg(method, dataset__name="mnist", dataset__root=str(root), model__name="cnn",
                        dataset__num_records=300, partition__records_per_user=rpu,
-                       train__rounds=2)
+                       train__rounds=2, train__batch_size=batch)
         out[flag] = run(cfg, tmp_path / str(flag))
     assert len(calls) >= 2                                  # the fast path, every round
     assert out[True]["epsilon"] == out[False]["epsilon"]
