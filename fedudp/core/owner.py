@@ -250,15 +250,53 @@ class Owners:
                                 fractions=fractions)
         units = owner_units(fed, owners)
         G = torch.zeros(len(owners), self.shared_dim, dtype=self.dtype)
-        for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):
-            fr_unit, fr_common = self._frozen(fed, personal, owners[sel])
-            start = local_sgd.expand(shared, len(sel))
-            orders = local_sgd.batch_orders(units.subset(sel), spec, round_, Purpose.OWNER_ORDER)
+        one = self._one_step_owners(units.sizes)
+        if one.any():
+            self._one_step_rows(G, np.flatnonzero(one), fed, shared, units.starts, units.sizes)
+        rest, done = np.flatnonzero(~one), int(one.sum())
+        for sel in local_sgd.chunks(units.sizes[rest], self.budget, spec.batch_size):
+            rows = rest[sel]
+            fr_unit, fr_common = self._frozen(fed, personal, owners[rows])
+            start = local_sgd.expand(shared, len(rows))
+            orders = local_sgd.batch_orders(units.subset(rows), spec, round_, Purpose.OWNER_ORDER)
             end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders,
                                       spec)
-            local_sgd.flat_delta(end, shared, names, out=G[int(sel[0]):int(sel[-1]) + 1])
-            self.report_progress("owners", int(sel[-1]) + 1, len(owners))
+            if int(rows[-1]) - int(rows[0]) + 1 == len(rows):     # consecutive: in place
+                local_sgd.flat_delta(end, shared, names, out=G[int(rows[0]):int(rows[-1]) + 1])
+            else:
+                G[torch.from_numpy(rows)] = local_sgd.flat_delta(end, shared, names)
+            done += len(rows)
+            self.report_progress("owners", done, len(owners))
         return G
+
+    def _one_step_owners(self, sizes: np.ndarray) -> np.ndarray:
+        """[O] bool: which owners' ``owner_sgd`` delta is one SGD step on all their records (one
+        epoch, at most a batch of records, no personal layers of their own in the forward) and
+        is computed by the one-step path (``fedudp.core.one_step``: -lr times the owner's mean
+        gradient at the broadcast parameters, one batched forward/backward per chunk of owners;
+        the same arithmetic as ``local_sgd``'s single step up to float summation order)."""
+        spec = self.training.user
+        no = np.zeros(len(sizes), dtype=bool)
+        if not ONE_STEP or spec.epochs != 1 or (self.spec.feedback and self.spec.personal):
+            return no
+        if not len(sizes) or not per_sample.supported(self.model, self.spec.shared):
+            return no
+        return (sizes >= 1) & (sizes <= spec.batch_size)
+
+    def _one_step_rows(self, G: torch.Tensor, rows: np.ndarray, fed: Federation, shared: Params,
+                       starts: np.ndarray, sizes: np.ndarray) -> None:
+        """Writes the one-step deltas of the units ``rows`` (records ``starts[r] ..
+        starts[r] + sizes[r]``) into those rows of ``G``."""
+        names, lr = self.spec.shared, self.training.user.lr
+        params = {**dict(self.public_personal), **shared}
+        buf = None
+        for sel in local_sgd.chunks(sizes[rows], min(self.budget, ONE_STEP_RECORDS)):
+            r = rows[sel]
+            if buf is None or len(buf) < len(r):
+                buf = torch.empty(len(r), self.shared_dim, dtype=self.dtype)
+            G[torch.from_numpy(r)] = one_step_vectors(self.model, params, fed.x, fed.y,
+                                                      starts[r], sizes[r], names, -lr, into=buf)
+            self.report_progress("owners", int(sel[-1]) + 1, len(G))
 
     def reply(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
               round_: int, constraint: Constraint) -> OwnerReply:

@@ -112,3 +112,31 @@ def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(rpu, meth
     assert out[True]["epsilon"] == out[False]["epsilon"]
     assert out[True]["accuracy_mean"] == out[False]["accuracy_mean"]
     assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("batch", [40, 37])
+def test_fedavg_owners_of_one_step_take_the_path_and_equal_local_sgd(batch, tmp_path,
+                                                                     monkeypatch):
+    """Standard FedAvg (``owner_sgd``) on the paper CNN, 300 records over 8 owners of 37 and 38
+    records: at batch 40 every owner's delta is one SGD step on all its records and comes from
+    the one-step path; at batch 37 the owners of 37 take it and those of 38 (two steps) train
+    through ``local_sgd``, their rows interleaved in one matrix. The run equals the run with
+    every owner through ``local_sgd`` up to float32 rounding."""
+    import fedudp.core.owner as ow
+    from conftest import tiny_cfg, tiny_mnist
+    from fedudp.run import run
+    root = tiny_mnist(tmp_path / "data")
+    calls = []
+    orig = ow.one_step_vectors
+    monkeypatch.setattr(ow, "one_step_vectors", lambda *a, **k: calls.append(len(a[5])) or orig(*a, **k))
+    out = {}
+    for flag in (True, False):
+        monkeypatch.setattr(ow, "ONE_STEP", flag)
+        cfg = tiny_cfg("fedavg", dataset__name="mnist", dataset__root=str(root),
+                       model__name="cnn", dataset__num_records=300, partition__num_owners=8,
+                       train__rounds=2, train__batch_size=batch)
+        out[flag] = run(cfg, tmp_path / str(flag))
+    owners_per_round = 8 if batch == 40 else 4
+    assert sum(calls) == 2 * owners_per_round               # both rounds, exactly those owners
+    assert out[True]["accuracy_mean"] == pytest.approx(out[False]["accuracy_mean"], abs=1e-9)
+    assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5)
