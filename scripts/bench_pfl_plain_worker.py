@@ -21,48 +21,22 @@ round are timed around exactly that; the test accuracy after the last round is n
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pfl_args import start_worker, status_kib  # noqa: E402  (this folder)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", required=True, help="the .npz bench_pfl.py prepared")
-    ap.add_argument("--rounds", type=int, required=True)
-    ap.add_argument("--lr", type=float, required=True)
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--epochs", type=int, required=True)
-    ap.add_argument("--clip", type=float, required=True)
-    ap.add_argument("--noise-multiplier", type=float, required=True)
-    ap.add_argument("--server-lr", type=float, required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--final-params", help="also write the final weights here (.npz)")
-    a = ap.parse_args()
+    a = start_worker(__doc__.splitlines()[0])     # one thread, the repository on sys.path
 
     import numpy as np
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(a.threads)
-    sys.path.insert(0, str(ROOT))
     from fedudp.models.cnn import PaperCNN
 
     w = np.load(a.workload)
@@ -84,7 +58,7 @@ def main() -> None:
 
     seconds: list[float] = []
     clipped: list[float] = []
-    rss_before, hwm_before = _status_kib("VmRSS"), _status_kib("VmHWM")
+    rss_before, hwm_before = status_kib("VmRSS"), status_kib("VmHWM")
     wall0 = time.time()
     for _ in range(a.rounds):
         t0 = time.perf_counter()

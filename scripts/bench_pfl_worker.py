@@ -30,52 +30,26 @@ test accuracy is computed after the last round (``PyTorchModel.evaluate``), not 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _status_kib(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pfl_args import start_worker, status_kib  # noqa: E402  (this folder)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", required=True, help="the .npz bench_pfl.py prepared")
-    ap.add_argument("--rounds", type=int, required=True)
-    ap.add_argument("--lr", type=float, required=True)
-    ap.add_argument("--batch", type=int, required=True)
-    ap.add_argument("--epochs", type=int, required=True)
-    ap.add_argument("--clip", type=float, required=True)
-    ap.add_argument("--noise-multiplier", type=float, required=True)
-    ap.add_argument("--server-lr", type=float, required=True)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--final-params", help="also write the final weights here (.npz)")
-    a = ap.parse_args()
+    a = start_worker(__doc__.splitlines()[0])     # one thread, the repository on sys.path
 
     import numpy as np
     import torch
     import torch.nn.functional as F
 
-    torch.set_num_threads(a.threads)
     logging.basicConfig(level=logging.WARNING)
 
     # the one thing taken from fedudp: the model class (fedudp/models/cnn.py needs only torch)
-    sys.path.insert(0, str(ROOT))
     from fedudp.models.cnn import PaperCNN
 
     import pfl
@@ -165,8 +139,8 @@ def main() -> None:
             return False, Metrics()
 
     timer = RoundTimer()
-    rss_before = _status_kib("VmRSS")
-    hwm_before = _status_kib("VmHWM")
+    rss_before = status_kib("VmRSS")
+    hwm_before = status_kib("VmHWM")
     wall0 = time.time()
     model = FederatedAveraging().run(algorithm_params=algorithm_params, backend=backend,
                                      model=model, model_train_params=train_params,
