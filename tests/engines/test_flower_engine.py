@@ -266,6 +266,7 @@ def test_owner_timeout_is_excluded(tmp_path, monkeypatch):
     assert m[2]["failures"][0]["reason"].startswith("timeout")
 
 
+@pytest.mark.slow        # 15 s each; the default suite keeps test_flower_matches_local_engine
 @pytest.mark.parametrize("method,kw", [
     ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 2.0,
                   "privacy.epsilon": 8.0}),
