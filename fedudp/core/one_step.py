@@ -101,7 +101,7 @@ def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
         else:
             if wname in names:
                 parts[wname] = (per_sample.conv2d_weight_per_record(a, g, mod) if single
-                                else _conv_weight_per_user(a, g, mod, sizes))
+                                else _conv_weight_per_user(a, g, at[wname].detach(), mod, sizes))
             if bname in names:
                 gb = g.sum((2, 3))
                 parts[bname] = gb if single else _per_user(gb, of, U)
@@ -111,17 +111,18 @@ def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
     return torch.cat(flat, dim=1, out=into[:U])
 
 
-def _conv_weight_per_user(a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d, sizes: np.ndarray
-                          ) -> torch.Tensor:
-    """[U, *W.shape]: each user's weight gradient of ``mod`` (Σ over its records), one
-    weight-only convolution backward (aten's, the kernel autograd runs) over the user's
-    records, which are consecutive rows of ``a`` [R, C_in, H, W] and ``g`` [R, C_out, H_o, W_o]
-    (``sizes[u]`` rows each, in order). ``mod.weight`` gives only the shape and layout."""
-    out = torch.empty(len(sizes), *mod.weight.shape, dtype=g.dtype)
+def _conv_weight_per_user(a: torch.Tensor, g: torch.Tensor, weight: torch.Tensor,
+                          mod: nn.Conv2d, sizes: np.ndarray) -> torch.Tensor:
+    """[U, *W.shape]: each user's gradient of the convolution ``mod`` w.r.t. its weight (Σ over
+    its records), one weight-only convolution backward (aten's, the kernel autograd runs) over
+    the user's records, which are consecutive rows of ``a`` [R, C_in, H, W] and ``g``
+    [R, C_out, H_o, W_o] (``sizes[u]`` rows each, in order). ``weight``: the weight the forward
+    used (its shape, dtype and layout; its values do not enter a weight gradient)."""
+    out = torch.empty(len(sizes), *weight.shape, dtype=g.dtype)
     ends = np.cumsum(sizes)
     for u, (s, e) in enumerate(zip(ends - sizes, ends)):
         out[u] = torch.ops.aten.convolution_backward(
-            g[s:e], a[s:e], mod.weight, None, mod.stride, mod.padding, mod.dilation, False,
+            g[s:e], a[s:e], weight, None, mod.stride, mod.padding, mod.dilation, False,
             (0, 0), mod.groups, (False, True, False))[1]
     return out
 

@@ -140,3 +140,16 @@ def test_fedavg_owners_of_one_step_take_the_path_and_equal_local_sgd(batch, tmp_
     assert sum(calls) == 2 * owners_per_round               # both rounds, exactly those owners
     assert out[True]["accuracy_mean"] == pytest.approx(out[False]["accuracy_mean"], abs=1e-9)
     assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5)
+
+
+def test_multi_record_users_in_float64_parameters_through_a_float32_module():
+    """Float64 parameters run through a float32 module (functional_call): the multi-record
+    users' vectors, per-user convolution weight gradients included, are the float64 deltas."""
+    torch.manual_seed(2)
+    model = PaperCNN()                                        # float32 module
+    x, y, params, starts, sizes = _setup(PaperCNN().double(), [3, 1, 4], (1, 28, 28))
+    names = tuple(params)
+    got = one_step_vectors(model, params, x, y, starts, sizes, names, -0.05)
+    assert got.dtype == torch.float64
+    _, _, ref = _reference(PaperCNN().double(), params, x, y, starts, sizes, names, 0.05, 1.0)
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-13)
