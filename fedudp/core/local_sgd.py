@@ -374,16 +374,31 @@ def flat_delta(end: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor
 @torch.no_grad()
 def evaluate_owners(model: nn.Module, shared: Params, personal: Params, x: torch.Tensor,
                     y: torch.Tensor, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(accuracy, mean loss) of each owner on its test shard with its own personal params.
+    """(accuracy, mean loss) of each owner on its test shard with its own personal params
+    (``evaluate_sums`` divided by the shard sizes; NaN for an empty shard)."""
+    sizes = np.diff(offsets)
+    correct, loss = evaluate_sums(model, shared, personal, x, y, offsets)
+    n = np.maximum(sizes, 1)
+    acc, los = correct / n, loss / n
+    acc[sizes == 0] = np.nan
+    los[sizes == 0] = np.nan
+    return acc, los
 
-    ``personal`` has a leading owner dimension (may be empty); ``offsets`` [O+1] delimit
-    the owners' test records in ``x``.
+
+def evaluate_sums(model: nn.Module, shared: Params, personal: Params, x: torch.Tensor,
+                  y: torch.Tensor, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(correct predictions, summed cross-entropy), float64 [U], of each unit on its records
+    ``x[offsets[u]:offsets[u + 1]]`` with its own personal params, in one forward.
+
+    ``personal`` has a leading unit dimension (may be empty); ``offsets`` [U+1] are consecutive.
+    The units are padded to the largest one (the padding is masked out); each record's loss is
+    summed in float64.
     """
     O = len(offsets) - 1
     sizes = np.diff(offsets)
     L = int(sizes.max()) if O else 0
     if L == 0:
-        return np.full(O, np.nan), np.full(O, np.nan)
+        return np.zeros(O), np.zeros(O)
     col = np.arange(L)[None, :]
     valid = col < sizes[:, None]
     idx = torch.from_numpy(offsets[:-1, None] + np.minimum(col, np.maximum(sizes[:, None] - 1, 0)))
@@ -397,13 +412,8 @@ def evaluate_owners(model: nn.Module, shared: Params, personal: Params, x: torch
     yy = y[idx]
     correct = ((logits.argmax(-1) == yy) & mask).sum(1).double()
     loss = (F.cross_entropy(logits.reshape(O * L, -1), yy.reshape(-1), reduction="none")
-            .reshape(O, L) * mask).sum(1).double()
-    n = torch.from_numpy(np.maximum(sizes, 1)).double()
-    acc = (correct / n).numpy()
-    los = (loss / n).numpy()
-    acc[sizes == 0] = np.nan
-    los[sizes == 0] = np.nan
-    return acc, los
+            .reshape(O, L).double() * mask).sum(1)
+    return correct.numpy(), loss.numpy()
 
 
 AUTO_CHUNK_CONV, AUTO_CHUNK_DENSE = 512, 8192

@@ -291,16 +291,26 @@ class Owners:
                        starts: np.ndarray, sizes: np.ndarray) -> None:
         """Writes the one-step deltas of the units ``rows`` (records ``starts[r] ..
         starts[r] + sizes[r]``) into those rows of ``G``."""
-        names, lr = self.spec.shared, self.training.user.lr
+        for sel, V in self._one_step_chunks(fed, shared, starts[rows], sizes[rows],
+                                            -self.training.user.lr):
+            G[torch.from_numpy(rows[sel])] = V
+            self.report_progress("owners", int(sel[-1]) + 1, len(G))
+
+    def _one_step_chunks(self, fed: Federation, shared: Params, starts: np.ndarray,
+                         sizes: np.ndarray, scale: float):
+        """Yields ``(sel, V)`` for consecutive chunks of the units (records ``starts[i] ..
+        starts[i] + sizes[i]``) of at most ``min(budget, ONE_STEP_RECORDS)`` records: ``sel``
+        indexes ``starts``; ``V`` [len(sel), d_shared] is ``scale`` times each unit's mean
+        gradient at the broadcast parameters (``one_step.one_step_vectors``, one batched
+        forward/backward). ``V`` lives in one scratch matrix that the next chunk overwrites:
+        use it before asking for the next."""
         params = {**dict(self.public_personal), **shared}
         buf = None
-        for sel in local_sgd.chunks(sizes[rows], min(self.budget, ONE_STEP_RECORDS)):
-            r = rows[sel]
-            if buf is None or len(buf) < len(r):
-                buf = torch.empty(len(r), self.shared_dim, dtype=self.dtype)
-            G[torch.from_numpy(r)] = one_step_vectors(self.model, params, fed.x, fed.y,
-                                                      starts[r], sizes[r], names, -lr, into=buf)
-            self.report_progress("owners", int(sel[-1]) + 1, len(G))
+        for sel in local_sgd.chunks(sizes, min(self.budget, ONE_STEP_RECORDS)):
+            if buf is None or len(buf) < len(sel):
+                buf = torch.empty(len(sel), self.shared_dim, dtype=self.dtype)
+            yield sel, one_step_vectors(self.model, params, fed.x, fed.y, starts[sel],
+                                        sizes[sel], self.spec.shared, scale, into=buf)
 
     def reply(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
               round_: int, constraint: Constraint) -> OwnerReply:
@@ -377,21 +387,16 @@ class Owners:
     def _one_step_reply(self, fed: Federation, shared: Params, units: np.ndarray,
                         constraint: Constraint) -> OwnerReply:
         """The users ``units``' vectors from one batched forward/backward per chunk of the
-        record budget (``one_step.one_step_vectors``), constrained as every other path's."""
+        record budget (``_one_step_chunks``), constrained as every other path's, chunk by
+        chunk (in place in the chunk's scratch matrix)."""
         names = self.spec.shared
         scale = (-self.training.user.lr if self.training.mode == SharedUpdate.delta.value
                  else 1.0)
-        params = {**dict(self.public_personal), **shared}
         sub = user_units(fed, units)
-        parts, done, buf = [], 0, None
-        for sel in local_sgd.chunks(sub.sizes, min(self.budget, ONE_STEP_RECORDS)):
-            if buf is None or len(buf) < len(sel):     # one scratch matrix for every chunk
-                buf = torch.empty(len(sel), self.shared_dim, dtype=self.dtype)
-            G = one_step_vectors(self.model, params, fed.x, fed.y, sub.starts[sel],
-                                 sub.sizes[sel], names, scale, into=buf)
+        parts = []
+        for sel, G in self._one_step_chunks(fed, shared, sub.starts, sub.sizes, scale):
             parts.append(make_reply(G, names, constraint, owned=True))
-            done += len(sel)
-            self.report_progress("users", done, len(units))
+            self.report_progress("users", int(sel[-1]) + 1, len(units))
         c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
                                constraint.rows)
         return OwnerReply(names, c, sum(p.failed for p in parts))
@@ -410,13 +415,29 @@ class Owners:
 
     def evaluate(self, fed: Federation, shared: Params, personal: Params
                  ) -> tuple[np.ndarray, np.ndarray]:
-        """(accuracy, loss) of each owner on its test shard with its own personal parameters."""
+        """(accuracy, loss) of each owner on its test shard with its own personal parameters
+        (NaN for an empty shard). A shard is evaluated in pieces of at most the evaluation
+        budget (a convolution model: ``EVAL_RECORDS_CONV`` records, whose forward on the CPU
+        is fastest in such chunks), several owners' pieces in one forward where they fit; each
+        owner's pieces' sums are added up in float64, in order. The pieces depend only on the
+        owner's own shard, so both engines compute the same numbers."""
         sizes = np.diff(fed.test_offsets)
-        acc, loss = np.zeros(fed.num_owners), np.zeros(fed.num_owners)
-        budget = min(self.budget, EVAL_RECORDS_CONV) if local_sgd.has_conv(self.model) else self.budget
-        for sel in local_sgd.chunks(np.maximum(sizes, 1), max(budget, int(sizes.max(initial=1)))):
-            offs = fed.test_offsets[sel[0]:sel[-1] + 2]
-            acc[sel], loss[sel] = local_sgd.evaluate_owners(self.model, shared, local_sgd.select(personal, sel),
-                                                    fed.x_test, fed.y_test, offs)
-            self.report_progress("evaluating", int(sel[-1]) + 1, fed.num_owners)
+        O = fed.num_owners
+        piece = min(self.budget, EVAL_RECORDS_CONV) if local_sgd.has_conv(self.model) else self.budget
+        counts = np.maximum(-(-sizes // piece), 1)               # an empty shard: one empty piece
+        owner = np.repeat(np.arange(O), counts)
+        k = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+        starts = fed.test_offsets[:-1][owner] + k * piece
+        offsets = np.append(starts, fed.test_offsets[-1])
+        correct, loss = np.zeros(O), np.zeros(O)
+        for sel in local_sgd.chunks(np.maximum(np.diff(offsets), 1), piece):
+            c, l = local_sgd.evaluate_sums(self.model, shared, local_sgd.select(personal, owner[sel]),
+                                           fed.x_test, fed.y_test, offsets[sel[0]:sel[-1] + 2])
+            np.add.at(correct, owner[sel], c)
+            np.add.at(loss, owner[sel], l)
+            self.report_progress("evaluating", int(owner[sel[-1]]) + 1, O)
+        n = np.maximum(sizes, 1)
+        acc, loss = correct / n, loss / n
+        acc[sizes == 0] = np.nan
+        loss[sizes == 0] = np.nan
         return acc, loss

@@ -345,3 +345,44 @@ def test_owner_sgd_updates_are_weighted_as_owner_weights_says(fed, weights):
     # the billboard's plain mean of the owners' updates
     torch.testing.assert_close(agg.release(c).mean, (wt * D).sum(0) / float(w.sum()),
                                atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("budget", [8192, 7, 1])
+def test_evaluation_is_each_owners_forward_on_its_own_test_shard(fed, budget, monkeypatch):
+    """``Owners.evaluate`` against a forward per owner written here (logits = x Wᵀ + b + p_o with
+    the owner's own personal offsets p_o): accuracy and mean loss per owner, NaN for an owner
+    with no test records. A dense model's evaluation budget is the chunk budget: at 7 or 1
+    record the shards are evaluated in pieces (no forward over more records than the budget)
+    whose sums are added up per owner; the numbers are the same."""
+    import dataclasses
+
+    from fedudp.core import local_sgd
+    t = fed.test_offsets
+    cases = [fed, dataclasses.replace(fed, test_offsets=np.array([t[0], t[2], t[2], t[3], t[4]]))]
+    owners = direct_owners(budget=budget)
+    shared, personal = broadcast(), owners_personal()
+    forwards = []
+    real = local_sgd.evaluate_sums
+
+    def spy(model, sh, pers, x, y, offsets):
+        forwards.append(len(offsets) - 1 and (len(offsets) - 1) * int(np.diff(offsets).max()))
+        return real(model, sh, pers, x, y, offsets)
+
+    monkeypatch.setattr(local_sgd, "evaluate_sums", spy)
+    for f in cases:
+        assert min(np.diff(f.test_offsets)[[0, 2, 3]]) > 7      # pieces at budget 7 and 1
+        acc, loss = owners.evaluate(f, shared, personal)
+        for o in range(f.num_owners):
+            a, b = int(f.test_offsets[o]), int(f.test_offsets[o + 1])
+            if a == b:
+                assert np.isnan(acc[o]) and np.isnan(loss[o])
+                continue
+            logits = (f.x_test[a:b] @ shared["shared.weight"].T + shared["shared.bias"]
+                      + personal["personal.bias"][o])
+            yy = f.y_test[a:b]
+            assert acc[o] == pytest.approx(float((logits.argmax(1) == yy).double().mean()),
+                                           abs=1e-12)
+            assert loss[o] == pytest.approx(float(F.cross_entropy(logits, yy)), rel=1e-5)
+    assert cases[1].test_offsets[1] == cases[1].test_offsets[2]        # owner 1 had no shard
+    assert max(forwards) <= budget
+    assert len(forwards) >= sum(-(-len(f.y_test) // budget) for f in cases)
