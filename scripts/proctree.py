@@ -1,8 +1,12 @@
-"""Memory of a benchmark's process tree, read from /proc (Linux): the benchmarks that start
-their measured side as a subprocess in its own session sample it every fraction of a second."""
+"""Memory and CPU time of a benchmark's process tree, read from /proc (Linux): the benchmarks
+that start their measured side as a subprocess in its own session sample it every fraction of
+a second."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def status_kib(key: str, pid: str | int = "self") -> int:
@@ -13,20 +17,29 @@ def status_kib(key: str, pid: str | int = "self") -> int:
     return 0
 
 
-def session_tree(sid: int) -> tuple[int, int]:
-    """(summed VmRSS in bytes, number of processes) of the processes in session ``sid`` (a
-    subprocess started with ``start_new_session=True`` and everything it starts). Shared pages
-    count once per process."""
+def session_sample(sid: int) -> tuple[int, int, dict[int, float]]:
+    """(summed VmRSS in bytes, number of processes, CPU seconds (user + system) by pid) of the
+    processes in session ``sid`` (a subprocess started with ``start_new_session=True`` and
+    everything it starts). Shared pages count once per process. A caller that keeps each
+    pid's largest CPU reading over its samples has the tree's CPU time, up to what a process
+    spent after its last sample."""
     total = count = 0
+    cpu: dict[int, float] = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[3]) != sid:
+            if int(stat[3]) != sid:         # field 6 (session); stat[k] is field k + 3
                 continue
             total += status_kib("VmRSS", d.name) * 1024
             count += 1
+            cpu[int(d.name)] = (int(stat[11]) + int(stat[12])) / _TICK   # utime, stime
         except (OSError, ValueError, IndexError):
             continue
-    return total, count
+    return total, count, cpu
+
+
+def session_tree(sid: int) -> tuple[int, int]:
+    """(summed VmRSS in bytes, number of processes) of session ``sid`` (``session_sample``)."""
+    return session_sample(sid)[:2]
