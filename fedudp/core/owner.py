@@ -429,13 +429,18 @@ class Owners:
         k = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
         starts = fed.test_offsets[:-1][owner] + k * piece
         offsets = np.append(starts, fed.test_offsets[-1])
+        last = np.append(owner[1:] != owner[:-1], True)       # an owner's last piece
         correct, loss = np.zeros(O), np.zeros(O)
+        reported = 0
         for sel in local_sgd.chunks(np.maximum(np.diff(offsets), 1), piece):
             c, l = local_sgd.evaluate_sums(self.model, shared, local_sgd.select(personal, owner[sel]),
                                            fed.x_test, fed.y_test, offsets[sel[0]:sel[-1] + 2])
             np.add.at(correct, owner[sel], c)
             np.add.at(loss, owner[sel], l)
-            self.report_progress("evaluating", int(owner[sel[-1]]) + 1, O)
+            done = int(owner[sel[-1]]) + int(last[sel[-1]])      # owners with every piece done
+            if done > reported:
+                reported = done
+                self.report_progress("evaluating", done, O)
         n = np.maximum(sizes, 1)
         acc, loss = correct / n, loss / n
         acc[sizes == 0] = np.nan
