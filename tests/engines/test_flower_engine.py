@@ -179,7 +179,9 @@ def test_flower_matches_local_engine(method, kw, tmp_path, monkeypatch):
     _assert_no_personal(cap, cap.flower_transport.owners.spec.personal, bb_dim)
 
 
-@pytest.mark.parametrize("aggregator", ["outlier_removal", "friendlycore", "few_users"])
+@pytest.mark.parametrize("aggregator", [  # 12-13 s each: two of the three in the slow suite
+    pytest.param("outlier_removal", marks=pytest.mark.slow), "friendlycore",
+    pytest.param("few_users", marks=pytest.mark.slow)])
 def test_every_row_estimator_runs_on_flower(aggregator, tmp_path, monkeypatch):
     # the seed estimators need many users for their privacy proofs: 3,000 users, 2 rounds
     kw = {"aggregator": aggregator, "dataset.num_records": 3000, "dataset.pool_train": 4000,
