@@ -372,19 +372,6 @@ def flat_delta(end: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor
 
 
 @torch.no_grad()
-def evaluate_owners(model: nn.Module, shared: Params, personal: Params, x: torch.Tensor,
-                    y: torch.Tensor, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(accuracy, mean loss) of each owner on its test shard with its own personal params
-    (``evaluate_sums`` divided by the shard sizes; NaN for an empty shard)."""
-    sizes = np.diff(offsets)
-    correct, loss = evaluate_sums(model, shared, personal, x, y, offsets)
-    n = np.maximum(sizes, 1)
-    acc, los = correct / n, loss / n
-    acc[sizes == 0] = np.nan
-    los[sizes == 0] = np.nan
-    return acc, los
-
-
 def evaluate_sums(model: nn.Module, shared: Params, personal: Params, x: torch.Tensor,
                   y: torch.Tensor, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(correct predictions, summed cross-entropy), float64 [U], of each unit on its records

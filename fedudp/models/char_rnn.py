@@ -9,7 +9,7 @@ that follows the window (classes = vocab by default):
 
 The GRU is written out from ``nn.Linear`` layers rather than ``nn.GRU`` because ``nn.GRU`` does
 not work under ``torch.func.vmap`` with per-unit parameters (torch 2.13): ``aten::gru.input``
-has no batching rule, so a vmapped forward without ``grad`` (``evaluate_owners``) fails
+has no batching rule, so a vmapped forward without ``grad`` (``evaluate_sums``) fails
 ("Batching rule not implemented for aten::gru.input"), and ``vmap(grad(...))`` over the head
 alone (joint_dp's personal update, the recurrent weights shared and unbatched) fails with a
 shape mismatch; only ``vmap(grad)`` over all the weights at once happened to work. The layers

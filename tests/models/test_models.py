@@ -113,8 +113,8 @@ def test_char_gru_in_the_engines_vmapped_paths():
     assert not torch.equal(trained["head.weight"][0], trained["head.weight"][1])
     g = local_sgd.mean_gradients(m, local_sgd.expand(p, 2), {}, {}, x, y, units)
     assert g["embed.weight"].shape == (2, 12, 4)
-    acc, loss = local_sgd.evaluate_owners(m, common, trained, x, y, np.array([0, 5, 12]))
-    assert acc.shape == loss.shape == (2,) and np.isfinite(loss).all()
+    correct, loss = local_sgd.evaluate_sums(m, common, trained, x, y, np.array([0, 5, 12]))
+    assert correct.shape == loss.shape == (2,) and np.isfinite(loss).all()
 
 
 def test_char_gru_owner_dpsgd_takes_the_vmap_path():
