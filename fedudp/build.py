@@ -33,7 +33,8 @@ from fedudp.aggregators.memory import check_rows_fit
 from fedudp.config import (NATURAL_DATASETS, Accounting, AlgorithmName, Calibration, ClipPolicy,
                            ConfigError,
                            DatasetName, EngineName, KeepAfterFinish, Method, ModelName, OwnerRule,
-                           OwnerWeights, Placement, RunConfig, Scheme, SharedUpdate, TrackingKind,
+                           OwnerWeights, Placement, RandomnessMode, RunConfig, Scheme,
+                           SharedUpdate, TrackingKind,
                            Unit, UserRule, jsonable, resolved_aggregator, validate)
 from fedudp.core.billboard import Billboard, ServerStep
 from fedudp.core.canaries import Canaries
@@ -47,6 +48,7 @@ from fedudp.data.natural import owner_of_users
 from fedudp.data.records import Records, group_users, users_by_rule
 from fedudp.models import make_model
 from fedudp.models.split import SplitModel
+from fedudp.randomness import Randomness
 from fedudp.privacy.accountant import (MAX_PLD_POINTS, BudgetError, Ledger, accountant_for,
                                        pld_too_large)
 
@@ -88,6 +90,9 @@ class RunSettings:
     tracking: str = "none"          # none | mlflow | tensorboard (fedudp.tracking)
     tracking_uri: str | None = None  # MLflow tracking URI; None: the embedded store
     tracking_experiment: str = "fedudp"
+    randomness: str = "seeded"      # privacy.randomness: seeded | secure (fedudp.randomness)
+    min_owners: int = 1             # train.min_owners / min_users: fail closed (Billboard)
+    min_users: int = 1
 
 
 def settings(cfg: RunConfig) -> RunSettings:
@@ -109,7 +114,9 @@ def settings(cfg: RunConfig) -> RunSettings:
         keep_after_finish=KeepAfterFinish(cfg.checkpoint.keep_after_finish).value,
         tracking=TrackingKind(cfg.tracking.kind).value,
         tracking_uri=str(cfg.tracking.uri) if cfg.tracking.uri else None,
-        tracking_experiment=str(cfg.tracking.experiment))
+        tracking_experiment=str(cfg.tracking.experiment),
+        randomness=RandomnessMode(p.randomness).value, min_owners=int(cfg.train.min_owners),
+        min_users=int(cfg.train.min_users))
 
 
 def placement(cfg: RunConfig) -> Placement:
@@ -553,7 +560,8 @@ def owner_training(cfg: RunConfig) -> OwnerTraining:
         dpsgd_records=bool(cfg.privacy.group_privacy),
         dpsgd_capacity=tuple(int(c) for c in capacity),
         public_owner_records=tuple(int(r) for r in records),
-        sort_users=natural(cfg))
+        sort_users=natural(cfg),
+        secure_randomness=RandomnessMode(cfg.privacy.randomness) == RandomnessMode.secure)
 
 
 def owners(cfg: RunConfig, hooks: OwnerHooks | None = None, net: SplitModel | None = None,
@@ -622,7 +630,11 @@ def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> L
                 if cfg.algorithm.noise_personal else "without noise"),
              "the number of units N (hence the Poisson denominator q*N) and each owner's user "
              "count are treated as public",
-             "epsilon certifies the idealized mechanism; seeded randomness is a simulation"]
+             "epsilon certifies the idealized mechanism; seeded randomness is a simulation"
+             if RandomnessMode(p.randomness) == RandomnessMode.seeded else
+             "epsilon certifies the idealized mechanism; release noise and privacy sampling "
+             "from OS entropy (privacy.randomness=secure; 64-bit seeds for torch's generators, "
+             "float64 noise; floating-point attacks on the Gaussian are not addressed)"]
     if spec.feedback and spec.unit == Unit.user:
         notes.append("paper mode: shared vectors are computed at each owner's own personal "
                      "parameters (trained without noise on all its users), which the per-user "
@@ -647,6 +659,7 @@ def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> L
                   delta=p.delta if private else None,
                   target_epsilon=p.epsilon if private else None, notes=notes)
     led.extra["public"] = public_numbers(cfg)
+    led.randomness = randomness(cfg).ledger_name
     return led
 
 
@@ -735,6 +748,7 @@ def check(cfg: RunConfig) -> None:
     check_planned_public(cfg)
     check_estimator(cfg)
     check_algorithm(cfg)
+    check_randomness(cfg)
     if natural(cfg):
         if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
             raise ConfigError(f"algorithm.name: the seeds' training algorithms run on planned "
@@ -748,6 +762,28 @@ def check(cfg: RunConfig) -> None:
     elif DatasetName(cfg.dataset.name) != DatasetName.synthetic:
         check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root,
                         cfg.dataset.download)
+
+
+def check_randomness(cfg: RunConfig) -> None:
+    """``privacy.randomness=secure`` covers the billboard's sample and noise and owner-side
+    DP-SGD's; the seeds' training algorithms and the banded mechanism draw their own privacy
+    sampling or noise from the seed (their plans), so they refuse it rather than run half
+    seeded."""
+    if RandomnessMode(cfg.privacy.randomness) != RandomnessMode.secure:
+        return
+    if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
+        raise ConfigError(f"privacy.randomness=secure: not with a seed's training algorithm "
+                          f"(algorithm.name={AlgorithmName(cfg.algorithm.name).value} draws its "
+                          "cohorts and noise from the seed); use privacy.randomness=seeded")
+    if resolved_aggregator(cfg) == "dp_mf_banded":
+        raise ConfigError("privacy.randomness=secure: not with aggregator=dp_mf_banded (its "
+                          "groups' Poisson sample is drawn from the seed); use "
+                          "privacy.randomness=seeded or another aggregator")
+
+
+def randomness(cfg: RunConfig) -> Randomness:
+    """The run's randomness (``privacy.randomness``): seeded by ``seed``, or secure."""
+    return Randomness(int(cfg.seed), RandomnessMode(cfg.privacy.randomness).value)
 
 
 @dataclass
@@ -835,7 +871,9 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
                           accountant, seed=cfg.seed, step=ServerStep(cfg.train.server_lr, own.training.mode),
                           target_epsilon=target, delta=cfg.privacy.delta, plan=plan,
                           canaries=(Canaries(canaries, dim, sampling.rate, cfg.seed)
-                                    if canaries else None))
+                                    if canaries else None),
+                          randomness=randomness(cfg), min_owners=int(cfg.train.min_owners),
+                          min_users=int(cfg.train.min_users))
         if spec.private and not board.within_budget():
             raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
                               f"multiplier {aggregator.noise_multiplier} exceeds it")

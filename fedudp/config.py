@@ -77,6 +77,15 @@ class ClipPolicy(Choice):
     adaptive = "adaptive"
 
 
+class RandomnessMode(Choice):
+    """privacy.randomness (fedudp.randomness.Randomness): every stream keyed by the run seed
+    (seeded, a reproducible simulation), or release noise and privacy sampling from OS entropy
+    (secure)."""
+
+    seeded = "seeded"
+    secure = "secure"
+
+
 class OwnerWeights(Choice):
     uniform = "uniform"
     size = "size"
@@ -184,6 +193,10 @@ class PrivacyConfig:
     clip_quantile: float = 0.5
     clip_lr: float = 0.2
     clip_count_noise: Optional[float] = None
+    # seeded: every stream from the run seed (reproducible; a simulation, as the ledger says);
+    # secure: release noise and privacy sampling from OS entropy, never from the seed
+    # (docs/architecture.md#randomness)
+    randomness: RandomnessMode = RandomnessMode.seeded
 
 
 @dataclass
@@ -199,6 +212,11 @@ class TrainConfig:
     eval_every: int = 1
     # owner-level updates (fedavg, placement=local_dpsgd): how the billboard averages owners
     owner_weights: OwnerWeights = OwnerWeights.uniform
+    # fail closed (docs/algorithms.md#fail-closed): a round in which owners failed releases
+    # nothing and spends no epsilon when fewer than min_owners owners answered or fewer than
+    # min_users sampled users were at the owners that answered
+    min_owners: int = 1
+    min_users: int = 1
 
     def resolved_personal_epochs(self) -> int:
         """``personal_epochs``, defaulting to ``local_epochs``."""
@@ -519,6 +537,10 @@ def validate(cfg: RunConfig) -> None:
     _need(_finite_pos(t.server_lr), "train.server_lr", f"must be > 0, got {t.server_lr}")
     _need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
     _need(t.eval_every >= 1, "train.eval_every", f"must be >= 1, got {t.eval_every}")
+    _need(isinstance(t.min_owners, int) and t.min_owners >= 1, "train.min_owners",
+          f"must be an integer >= 1, got {t.min_owners}")
+    _need(isinstance(t.min_users, int) and t.min_users >= 0, "train.min_users",
+          f"must be an integer >= 0, got {t.min_users}")
     # estimator.* values are checked by the chosen estimator itself (its ``calibrated``), and
     # algorithm.* by the chosen training algorithm, through the config builder (fedudp.build)
     _need(d.num_records >= 1, "dataset.num_records", f"must be >= 1, got {d.num_records}")

@@ -12,9 +12,20 @@ the same stream. With one key count per purpose and every value one 32-bit word 
 2**32; a larger int would become several words), two calls of one purpose with different keys
 always give different entropy lists of the same length, and two purposes differ in their second
 word.
+
+Seeded or secure (``Randomness``): a seeded stream is a function of the run seed, which is public
+wherever a message or a config carries it (a Flower run config, a client's ConfigRecord, a
+published ``config.yaml``), so whoever knows the seed can regenerate the noise and the sample and
+remove them from a release: right for a reproducible simulation, wrong for a deployment.
+``Randomness.secure(seed)`` draws every PROTECTING purpose (release noise and privacy sampling,
+``PROTECTING``) from fresh OS entropy instead (``secrets.randbits``: 128 bits per numpy stream,
+64 per torch generator, the most ``torch.Generator.manual_seed`` takes), never from the seed, keys
+or anything a message carries; the other purposes (record orders, partition, schedules, canary
+directions, ...) stay seeded and reproducible. The key counts are checked in both modes.
 """
 from __future__ import annotations
 
+import secrets
 from enum import IntEnum
 
 import numpy as np
@@ -62,6 +73,14 @@ if set(KEYS) != set(Purpose):       # a new purpose must declare its keys here
     raise RuntimeError("fedudp.randomness.KEYS misses "
                        f"{sorted(p.name for p in set(Purpose) - set(KEYS))}")
 
+# The purposes whose secrecy the DP guarantee rests on (noise and privacy sampling): drawn from OS
+# entropy under ``Randomness.secure``. CANARY / CANARY_SAMPLE are the auditor's own units, SCHEDULE
+# a public cohort schedule (cyclic groups; a paper mode's fixed owner), SMOOTHING a utility
+# perturbation: not protecting, so they stay seeded.
+PROTECTING: frozenset[Purpose] = frozenset({
+    Purpose.DPSGD_SAMPLE, Purpose.DPSGD_NOISE, Purpose.DPSGD_COUNT_NOISE, Purpose.SAMPLE,
+    Purpose.NOISE, Purpose.PERSONAL_NOISE})
+
 _WORD = 1 << 32
 
 
@@ -88,3 +107,68 @@ def numpy_rng(seed: int, purpose: Purpose, *keys: int) -> np.random.Generator:
 def torch_generator(seed: int, purpose: Purpose, *keys: int) -> torch.Generator:
     seq = np.random.SeedSequence(entropy(seed, purpose, *keys))
     return torch.Generator().manual_seed(int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1)))
+
+
+def secure_numpy_rng() -> np.random.Generator:
+    """A numpy generator from 128 bits of fresh OS entropy (nothing of the run in it)."""
+    return np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
+
+
+def secure_torch_generator() -> torch.Generator:
+    """A torch generator seeded from 64 bits of fresh OS entropy (``manual_seed`` takes 64)."""
+    return torch.Generator().manual_seed(secrets.randbits(64))
+
+
+class Randomness:
+    """Where a run's streams come from: ``Randomness.seeded(seed)`` (every stream keyed by the
+    seed: reproducible, a simulation) or ``Randomness.secure(seed)`` (the ``PROTECTING``
+    purposes from OS entropy, a fresh stream per call, the rest keyed by the seed)."""
+
+    SEEDED, SECURE = "seeded", "secure"
+
+    def __init__(self, seed: int, mode: str = SEEDED) -> None:
+        if mode not in (self.SEEDED, self.SECURE):
+            raise ValueError(f"randomness: mode must be 'seeded' or 'secure', got {mode!r}")
+        if not 0 <= int(seed) < _WORD:
+            raise ValueError(f"randomness: seed={seed} is outside [0, 2**32)")
+        self.seed, self.mode = int(seed), mode
+
+    @classmethod
+    def seeded(cls, seed: int) -> "Randomness":
+        return cls(seed, cls.SEEDED)
+
+    @classmethod
+    def secure(cls, seed: int = 0) -> "Randomness":
+        return cls(seed, cls.SECURE)
+
+    @property
+    def is_secure(self) -> bool:
+        return self.mode == self.SECURE
+
+    @property
+    def ledger_name(self) -> str:
+        """What the ledger says: ``seeded (simulation)`` or ``secure``."""
+        return "secure" if self.is_secure else "seeded (simulation)"
+
+    def protects(self, purpose: Purpose) -> bool:
+        """True where this purpose's stream comes from OS entropy."""
+        return self.is_secure and Purpose(purpose) in PROTECTING
+
+    def numpy_rng(self, purpose: Purpose, *keys: int) -> np.random.Generator:
+        words = entropy(self.seed, purpose, *keys)          # the key count checked either way
+        return secure_numpy_rng() if self.protects(purpose) else np.random.default_rng(words)
+
+    def torch_generator(self, purpose: Purpose, *keys: int) -> torch.Generator:
+        if self.protects(purpose):
+            entropy(self.seed, purpose, *keys)
+            return secure_torch_generator()
+        return torch_generator(self.seed, purpose, *keys)
+
+    def __repr__(self) -> str:
+        return f"Randomness({self.seed}, {self.mode!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Randomness) and (self.seed, self.mode) == (other.seed, other.mode))
+
+    def __hash__(self) -> int:
+        return hash((self.seed, self.mode))

@@ -459,7 +459,7 @@ def _hydra_main() -> None:
         if summary.get("skipped"):
             print(f"[{summary['method']}] finished before in {out_dir}: skipped")
         stop = summary["stop_reason"]
-        if stop in ("diverged", "interrupted"):
+        if stop in ("diverged", "interrupted", "failed"):
             print(f"fedudp: {stop}: {summary['stop_message']} "
                   f"(outputs in {out_dir})", file=sys.stderr)
             multirun = HydraConfig.get().mode == RunMode.MULTIRUN

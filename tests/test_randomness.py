@@ -102,7 +102,8 @@ def test_streams_are_the_ones_drawn_before_the_check():
 
 def _call_sites() -> list[tuple[str, int, str, Purpose, int]]:
     """(file, line, maker, purpose, keys passed) of every numpy_rng/torch_generator call with a
-    literal ``Purpose.X`` and no *args, in fedudp/, scripts/ and tests/."""
+    literal ``Purpose.X`` and no *args, in fedudp/, scripts/ and tests/ (module functions and
+    ``Randomness`` methods alike)."""
     out = []
     files = [f for d in ("fedudp", "scripts", "tests") for f in sorted((ROOT / d).rglob("*.py"))]
     for f in files:
@@ -112,11 +113,16 @@ def _call_sites() -> list[tuple[str, int, str, Purpose, int]]:
             if not isinstance(node, ast.Call):
                 continue
             fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-            if fn not in MAKERS or len(node.args) < 2 or any(isinstance(a, ast.Starred) for a in node.args):
+            if fn not in MAKERS or not node.args or any(isinstance(a, ast.Starred) for a in node.args):
                 continue
-            p = node.args[1]
-            if isinstance(p, ast.Attribute) and isinstance(p.value, ast.Name) and p.value.id == "Purpose":
-                out.append((str(f.relative_to(ROOT)), node.lineno, fn, Purpose[p.attr], len(node.args) - 2))
+            # a module function (seed, Purpose.X, *keys), or a Randomness method (Purpose.X, *keys)
+            for at in (1, 0) if isinstance(node.func, ast.Attribute) else (1,):
+                p = node.args[at] if len(node.args) > at else None
+                if (isinstance(p, ast.Attribute) and isinstance(p.value, ast.Name)
+                        and p.value.id == "Purpose"):
+                    out.append((str(f.relative_to(ROOT)), node.lineno, fn, Purpose[p.attr],
+                                len(node.args) - at - 1))
+                    break
     return out
 
 

@@ -21,7 +21,7 @@ from fedudp.core.checkpoint import CheckpointError, plain
 from fedudp.core.messages import OwnerReply
 from fedudp.core.plan import Plan
 from fedudp.privacy.accountant import Ledger, LedgerEntry
-from fedudp.randomness import Purpose, numpy_rng, torch_generator
+from fedudp.randomness import Purpose, Randomness
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,17 @@ class Billboard:
     events (None for a non-private aggregator; ``fedudp.privacy.accountant.accountant_for``),
     the seed of its keyed randomness, its ``step`` on the shared parameters, the target ε it
     stops before exceeding (None: no stop) at ``delta``, and a training algorithm's ``plan``
-    (``fedudp.core.plan``: the round's cohort, event, estimator and step)."""
+    (``fedudp.core.plan``: the round's cohort, event, estimator and step). ``randomness``: where
+    its sample and noise come from (default ``Randomness.seeded(seed)``; ``Randomness.secure``:
+    OS entropy). ``min_owners`` / ``min_users``: the fail-closed minimum of a round in which
+    owners failed (``withhold``)."""
 
     def __init__(self, shared: Mapping[str, torch.Tensor], aggregator: Aggregator,
                  sampling: Sampling, ledger: Ledger, accountant=None, *, seed: int,
                  step: ServerStep = ServerStep(1.0), target_epsilon: float | None = None,
                  delta: float | None = None, plan: Plan | None = None,
-                 canaries=None) -> None:
+                 canaries=None, randomness: Randomness | None = None, min_owners: int = 1,
+                 min_users: int = 1) -> None:
         if aggregator.private and accountant is None:
             raise ValueError(f"aggregator={aggregator.name} is private: the billboard needs an "
                              "accountant (fedudp.privacy.accountant.accountant_for)")
@@ -65,6 +69,10 @@ class Billboard:
         self.u0 = self.u.clone() if canaries is not None else None
         self.aggregator, self.sampling, self.ledger = aggregator, sampling, ledger
         self.seed, self.step = seed, step
+        self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
+        self.min_owners, self.min_users = int(min_owners), int(min_users)
+        self.withheld: list[int] = []      # the rounds that released nothing (fail closed)
+        ledger.randomness = self.randomness.ledger_name
         self.target_epsilon, self.delta = target_epsilon, delta
         self.diverged = False              # the last step would have made u non-finite
         self.event = self.first_event(aggregator, plan) if aggregator.private else None
@@ -109,10 +117,29 @@ class Billboard:
         n = self.sampling.population - (self.canaries.count if self.canaries is not None else 0)
         if q >= 1.0:
             return np.ones(n, dtype=bool)
-        return numpy_rng(self.seed, Purpose.SAMPLE, round_).random(n) < q
+        return self.randomness.numpy_rng(Purpose.SAMPLE, round_).random(n) < q
 
     def noise_generator(self, round_: int) -> torch.Generator:
-        return torch_generator(self.seed, Purpose.NOISE, round_)
+        return self.randomness.torch_generator(Purpose.NOISE, round_)
+
+    def withhold(self, round_: int, answered_owners: int, answered_units: int,
+                 failed_owners: int) -> str | None:
+        """Fail closed: why round ``round_`` must release nothing (None: release). Only a round
+        in which owners failed is withheld, when fewer than ``min_owners`` owners answered or
+        the owners that answered were sent fewer than ``min_users`` sampled units; a round
+        without failures always releases (an empty Poisson sample releases the noise alone, as
+        accounted). The decision reads which owners failed and the sample's public unit ids,
+        never the data (docs/algorithms.md#fail-closed). A withheld round composes nothing
+        and leaves the shared parameters as they are; the next round is ``round_ + 1``."""
+        if not failed_owners:
+            return None
+        if answered_owners >= self.min_owners and answered_units >= self.min_users:
+            return None
+        self.next_round = round_ + 1
+        self.withheld.append(int(round_))
+        return (f"{failed_owners} owner(s) failed; {answered_owners} answered with "
+                f"{answered_units} sampled unit(s) (train.min_owners={self.min_owners}, "
+                f"train.min_users={self.min_users}): nothing released, no epsilon spent")
 
     def epsilon_after_round(self) -> float | None:
         """Epsilon if this round's release were composed now (None for non-private runs)."""
@@ -183,6 +210,7 @@ class Billboard:
         if plan is not None and not hasattr(plan, "checkpoint_state"):
             raise CheckpointError(f"{type(plan).__name__} keeps no checkpointable state")
         return {"u": self.u.clone(), "diverged": bool(self.diverged),
+                "withheld": list(getattr(self, "withheld", [])),
                 "entries": [plain(asdict(e)) for e in self.ledger.entries],
                 "aggregator": self.aggregator.checkpoint_state(),
                 "plan": plan.checkpoint_state() if plan is not None else None}
@@ -204,8 +232,13 @@ class Billboard:
         if self.ledger.entries:
             raise RuntimeError("restore() needs a fresh billboard")
         entries = [LedgerEntry(**e) for e in state["entries"]]
-        if [e.round for e in entries] != list(range(1, len(entries) + 1)):
-            raise CheckpointError("its ledger entries are not rounds 1, 2, ... in order")
+        # every round up to the checkpoint either released (an entry) or was withheld
+        withheld = [int(r) for r in state.get("withheld", [])]
+        rounds = [e.round for e in entries]
+        if (rounds != sorted(rounds) or sorted(rounds + withheld)
+                != list(range(1, len(entries) + len(withheld) + 1))):
+            raise CheckpointError("its ledger entries and withheld rounds are not rounds 1, 2, "
+                                  "... in order")
         if self.accountant is not None:
             for e in entries:
                 event = self._event_of(e.round)
@@ -219,8 +252,9 @@ class Billboard:
         self.u = u.clone()
         self.diverged = bool(state["diverged"])
         self.ledger.entries[:] = entries
-        if hasattr(self, "next_round"):
-            self.next_round = len(entries) + 1
+        if hasattr(self, "next_round"):       # withheld rounds leave gaps between entries
+            self.next_round = len(entries) + len(withheld) + 1
+            self.withheld = withheld
         self.aggregator.restore_checkpoint_state(state["aggregator"])
         plan = getattr(self, "plan", None)
         if plan is not None:

@@ -42,7 +42,7 @@ import torch.nn as nn
 from fedudp.aggregators.local_dpsgd import owner_rates
 from fedudp.core import local_sgd, per_sample
 from fedudp.privacy.mechanisms import clip_factors
-from fedudp.randomness import Purpose, numpy_rng, torch_generator
+from fedudp.randomness import Purpose, Randomness
 
 Params = local_sgd.Params
 
@@ -58,6 +58,12 @@ class DpSgdSpec:
     lr: float
     seed: int
     count_noise: float | None = None   # σ_b: an adaptive clip's noise on each step's count
+    # privacy.randomness=secure: the steps' user samples and noises from OS entropy, not the seed
+    secure: bool = False
+
+    @property
+    def randomness(self) -> Randomness:
+        return Randomness(self.seed, Randomness.SECURE if self.secure else Randomness.SEEDED)
 
 
 def clipped_sums_and_counts(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor,
@@ -137,18 +143,19 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
         raise ValueError("dpsgd_deltas: an adaptive clip (spec.count_noise) needs fractions, "
                          "one slot per owner")
     frac_sum = np.zeros(k)
+    rand = spec.randomness
 
     def count_step(i: int, kept: float, sampled: int, e: int, s: int) -> None:
         if adaptive:
-            gen = torch_generator(spec.seed, Purpose.DPSGD_COUNT_NOISE, round_, e, s, owner_ids[i])
+            gen = rand.torch_generator(Purpose.DPSGD_COUNT_NOISE, round_, e, s, owner_ids[i])
             frac_sum[i] += noisy_unclipped_fraction(kept, sampled, expected[i], spec.count_noise,
                                                     gen)
     for e in range(spec.epochs):
         for s in range(int(steps.max(initial=0))):
             active = np.flatnonzero(steps > s)
             picked = [first_user[i] + np.flatnonzero(
-                numpy_rng(spec.seed, Purpose.DPSGD_SAMPLE, round_, e, s, owner_ids[i]
-                          ).random(int(users[i])) < q[i]) for i in active]
+                rand.numpy_rng(Purpose.DPSGD_SAMPLE, round_, e, s, owner_ids[i]
+                               ).random(int(users[i])) < q[i]) for i in active]
             if batched:          # owner by owner, one batched forward/backward (per_sample)
                 for i, us in zip(active, picked):
                     total, kept = (_owner_clipped_sum(model, params, frozen_by_owner, frozen_common,
@@ -191,8 +198,8 @@ def _noisy_step(row: torch.Tensor, total: torch.Tensor, spec: DpSgdSpec, expecte
     sum ``total`` plus N(0, (zC)^2 I) drawn in float64 (keyed by round, epoch, step and owner),
     divided by the public expected batch q_j*M_j = min(B, M_j), cast to the parameters' dtype, times -lr."""
     noise = torch.randn(row.shape[0], dtype=torch.float64,
-                        generator=torch_generator(spec.seed, Purpose.DPSGD_NOISE, round_, epoch, step,
-                                                  owner_id))
+                        generator=spec.randomness.torch_generator(Purpose.DPSGD_NOISE, round_, epoch,
+                                                                  step, owner_id))
     update = (total.to(torch.float64) + spec.noise_multiplier * spec.clip * noise) / float(expected_batch)
     row -= spec.lr * update.to(row.dtype)
 

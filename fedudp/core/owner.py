@@ -65,6 +65,8 @@ class OwnerTraining:
     # record count, so a chunk's steps follow its largest user with little padding
     # (docs/results/natural_speed); rows are handed on in the cohort's order
     sort_users: bool = False
+    # privacy.randomness=secure: owner-side DP-SGD's sampling and noise from OS entropy
+    secure_randomness: bool = False
 
 
 def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
@@ -234,7 +236,8 @@ class Owners:
             count_noise = constraint.dpsgd_count_noise
             dp = DpSgdSpec(float(constraint.dpsgd_noise), float(constraint.dpsgd_clip),
                            spec.batch_size, spec.epochs, spec.lr, spec.seed,
-                           None if count_noise is None else float(count_noise))
+                           None if count_noise is None else float(count_noise),
+                           secure=bool(self.training.secure_randomness))
             if self.training.dpsgd_records:     # group privacy: every record is a DP-SGD unit
                 n, oo = len(fed.y), fed.owner_offsets
                 starts, sizes, first, count = np.arange(n), np.ones(n, np.int64), oo, np.diff(oo)

@@ -13,7 +13,11 @@ kept at their last finite value, or every sampled unit of a round failed); ``int
 (SIGINT/SIGTERM: the round in progress is abandoned before its release, so the ledger holds
 exactly the releases that happened; a signal during the release is deferred to its end; where
 the loop runs outside the main thread, as in Flower's ServerApp, the main thread's ``StopFlag``
-is polled at the same points and in the transport's waits).
+is polled at the same points and in the transport's waits); ``failed`` (fail closed,
+``Billboard.withhold``: every round was withheld because owners failed, so nothing was released
+and no ε spent; or a training algorithm's schedule, which cannot skip a round, had one withheld).
+A withheld round releases nothing, composes nothing and leaves the shared parameters as they
+are; its metrics line says why (``withheld``) and lists the failed owners' reasons.
 
 Checkpoints (``fedudp.core.checkpoint``): after every ``checkpoint.every``-th completed round
 the billboard's and the transport's state and the metrics so far; a resumed run restores them
@@ -191,7 +195,7 @@ class RoundsResult:
     owner_accuracy: np.ndarray
     owner_loss: np.ndarray
     rounds_completed: int
-    stop_reason: str            # completed | budget | halted | diverged | interrupted
+    stop_reason: str            # completed | budget | halted | diverged | interrupted | failed
     history: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
     message: str = ""           # why a run diverged or was interrupted (one line)
@@ -263,6 +267,7 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
     run that starts from ``checkpoint.resumed`` (a resumed run) if it is set."""
     bb = billboard
     done, stop, message, signum, history = 0, "completed", "", None, []
+    withheld: list[str] = []            # this run's withheld rounds (fail closed), why
     if checkpoint is not None and checkpoint.resumed is not None:
         done, history = restore_loop(checkpoint.resumed, bb, transport, checkpoint)
     shared = bb.shared_params() if bb is not None else {}
@@ -298,7 +303,19 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
                 if got.failures:
                     info["failures"] = _failures("train", got.failures)["failed_train"]
                 with signals.critical():    # released, ledgered and recorded, or none of it
+                    why = None
                     if bb is not None:
+                        lost = sum(f.units for f in got.failures)
+                        why = bb.withhold(r, len(got.replies), int(len(cohort)) - lost,
+                                          len(got.failures))
+                    if why is not None:         # fail closed: nothing released this round
+                        withheld.append(f"round {r}: {why}")
+                        info.update(cohort=int(len(cohort)), failed_units=lost, withheld=why)
+                        if bb.plan is not None:
+                            stop, message = "failed", (
+                                f"round {r} withheld ({why}); a training algorithm's schedule "
+                                "cannot skip a round: stopped")
+                    elif bb is not None:
                         agg = bb.release(got.replies, r)
                         shared = bb.shared_params()
                         failed = sum(rep.failed for rep in got.replies) + sum(f.units for f in got.failures)
@@ -335,6 +352,9 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
                 break
             if stop != "completed":
                 break
+    if stop == "completed" and withheld and bb is not None and not bb.ledger.entries:
+        stop, message = "failed", (f"every round was withheld (owners failed), nothing released, "
+                                   f"no epsilon spent; {withheld[-1]}")
     if stop != "interrupted" and (ev is None or (history and "accuracy_mean" not in history[-1])):
         ev = transport.evaluate(shared, done)
     if ev is None:                       # interrupted before any evaluation

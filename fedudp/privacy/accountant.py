@@ -937,6 +937,9 @@ class Ledger:
     notes: list[str] = field(default_factory=list)
     entries: list[LedgerEntry] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # where the release noise and the privacy sampling came from (fedudp.randomness.Randomness):
+    # "seeded (simulation)" (keyed by the run seed) or "secure" (OS entropy)
+    randomness: str = "seeded (simulation)"
 
     @property
     def epsilon(self) -> float | None:

@@ -225,12 +225,83 @@ def test_diverged_when_every_sampled_unit_fails():
     assert lines[1]["failed_units"] == 6 and lines[1]["users_used"] == 0
     # nothing was contributed: the mean of no vectors is zero and u did not move
     torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), u_after(1))
-    # owners that fail as a whole count the same way
-    bb2 = mean_board()
-    tr2 = FakeTransport(bb2.aggregator.constraint, lost={1: (0, 1)})
-    res2, lines2 = run(bb2, tr2, rounds=3)
-    assert (res2.stop_reason, res2.rounds_completed) == ("diverged", 1)
-    assert lines2[0]["failed_owners"] == 2 and lines2[0]["failed_units"] == 6
+    # owners that fail as a whole are not released at all (fail closed, the tests below)
+
+
+# -- fail closed (Billboard.withhold) -------------------------------------------------------------
+def fresh_epsilon(z: float, releases: int, rate: float = 1.0) -> float:
+    """dp-accounting's PLD for ``releases`` Poisson(rate)-sampled Gaussian(z) releases."""
+    acc = dp_accounting.pld.PLDAccountant()
+    if releases:
+        acc.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(z)), releases))
+    return acc.get_epsilon(DELTA)
+
+
+def test_every_owner_failing_releases_nothing_spends_nothing_and_ends_failed():
+    bb = gaussian_board(z=2.0)
+    tr = FakeTransport(bb.aggregator.constraint, lost={r: (0, 1) for r in (1, 2, 3)})
+    res, lines = run(bb, tr, rounds=3)
+    assert res.stop_reason == "failed" and "every round was withheld" in res.message
+    assert bb.ledger.entries == [] and bb.ledger.epsilon == 0.0
+    assert bb.accountant.epsilon(DELTA) == 0.0                  # nothing composed
+    torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), torch.zeros(5))
+    assert bb.withheld == [1, 2, 3] and [x["round"] for x in lines] == [1, 2, 3]
+    for x in lines:                         # why, and each owner's reason, in the metrics line
+        assert "nothing released" in x["withheld"] and "epsilon" not in x
+        assert [f["reason"] for f in x["failures"]] == ["owner unreachable"] * 2
+    # the same run without failures releases every round (the test has teeth)
+    ok = gaussian_board(z=2.0)
+    res_ok, _ = run(ok, FakeTransport(ok.aggregator.constraint), rounds=3)
+    assert res_ok.stop_reason == "completed" and len(ok.ledger.entries) == 3
+
+
+def test_a_withheld_round_spends_nothing_and_the_next_rounds_release():
+    bb = gaussian_board(z=2.0)
+    tr = FakeTransport(bb.aggregator.constraint, lost={2: (0, 1)})
+    res, lines = run(bb, tr, rounds=4)
+    assert res.stop_reason == "completed" and res.rounds_completed == 4
+    assert [e.round for e in bb.ledger.entries] == [1, 3, 4] and bb.withheld == [2]
+    assert bb.ledger.epsilon == pytest.approx(fresh_epsilon(2.0, 3), rel=1e-3)
+    assert "withheld" in lines[1] and "epsilon" not in lines[1]
+    # round 3 trained at the parameters round 1 released: round 2 moved nothing
+    assert torch.equal(tr.trained[2][2], tr.trained[1][2])
+
+
+def test_min_owners_and_min_users_decide_only_when_owners_failed():
+    # one owner of two lost: released under the default minimum (1 owner, 1 user) ...
+    bb = gaussian_board(z=2.0)
+    run(bb, FakeTransport(bb.aggregator.constraint, lost={1: (1,)}), rounds=1)
+    assert [e.round for e in bb.ledger.entries] == [1]
+    # ... withheld when 2 owners must answer
+    bb2 = gaussian_board(z=2.0)
+    bb2.min_owners = 2
+    res2, _ = run(bb2, FakeTransport(bb2.aggregator.constraint, lost={1: (1,)}), rounds=1)
+    assert bb2.ledger.entries == [] and res2.stop_reason == "failed"
+    # ... or when the answering owner was sent fewer sampled units than min_users (3 < 4)
+    bb3 = gaussian_board(z=2.0)
+    bb3.min_users = 4
+    run(bb3, FakeTransport(bb3.aggregator.constraint, lost={1: (1,)}), rounds=1)
+    assert bb3.ledger.entries == []
+    # without failures the minimum is never read: an empty Poisson sample releases the noise
+    # alone, as accounted (withholding it would make the release depend on the sample)
+    bb4 = gaussian_board(z=2.0, rate=1e-9)
+    bb4.min_owners, bb4.min_users = 5, 5
+    res4, lines4 = run(bb4, FakeTransport(bb4.aggregator.constraint), rounds=2)
+    assert [x["cohort"] for x in lines4] == [0, 0] and len(bb4.ledger.entries) == 2
+    assert res4.stop_reason == "completed"
+
+
+def test_a_checkpoint_after_a_withheld_round_resumes(tmp_path):
+    bb = gaussian_board(z=2.0)
+    ck = Checkpointer(tmp_path, every=1, keep=5)
+    run(bb, FakeTransport(bb.aggregator.constraint, lost={2: (0, 1)}), rounds=3, checkpoint=ck)
+    state = bb.state()
+    assert state["withheld"] == [2] and [e["round"] for e in state["entries"]] == [1, 3]
+    fresh = gaussian_board(z=2.0)
+    fresh.restore(state)
+    assert fresh.next_round == 4 and fresh.withheld == [2]
+    assert fresh.accountant.epsilon(DELTA) == bb.accountant.epsilon(DELTA)
 
 
 def test_failures_reported_by_the_transport_appear_in_the_metrics():
