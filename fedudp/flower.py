@@ -32,6 +32,18 @@ silo) holds many users, and the privacy unit is the user:
 
 The user population N (the estimator's public denominator) is declared: ``num_users``; the
 sampling rate q is ``user_sampling_rate``. Both are public, as fedudp's own engine treats them.
+
+Randomness (docs/flower-apps.md#secure-randomness): by default the release noise is drawn on the
+server, and each client's Poisson sample of its users on that client, from OS entropy
+(``Randomness.secure``): nothing a client receives (the run config, the ``fedudp.dp`` record,
+round numbers) lets it regenerate either. ``randomness=Randomness.seeded(seed)`` (run config
+``fedudp.privacy.randomness = "seeded"``) keys both by the seed instead, which is then sent to
+the clients: reproducible, for simulations only.
+
+Fail closed (docs/flower-apps.md#fail-closed): a round whose successful replies come from fewer
+than ``min_owners`` clients, or whose successful clients hold fewer than ``min_users`` users,
+releases nothing and spends no ε; every failed client's reason is logged here; a run in which no
+round released raises ``RunFailed`` from ``start`` (the ServerApp's run then ends failed).
 """
 from __future__ import annotations
 
@@ -51,14 +63,14 @@ from flwr.serverapp.strategy import Strategy
 
 from fedudp.aggregators.base import Aggregator, Constraint, Contribution
 from fedudp.privacy.accountant import Ledger, LedgerEntry, accountant_for
-from fedudp.randomness import Purpose, numpy_rng, torch_generator
+from fedudp.randomness import Purpose, Randomness
 
-__all__ = ["UserLevelDP", "user_level_mod", "K_DP", "K_CONTRIB", "K_COUNTS"]
+__all__ = ["UserLevelDP", "user_level_mod", "K_DP", "K_CONTRIB", "K_COUNTS", "RunFailed"]
 
 # keys of the records the wrapper and the mod exchange (beside the app's own "arrays"/"config")
 K_DP = "fedudp.dp"                  # ConfigRecord in a training message
 K_CONTRIB = "fedudp.contribution"   # ArrayRecord in a reply: "sum" [d] or "rows" [n, d]
-K_COUNTS = "fedudp.counts"          # MetricRecord in a reply: "count", "clipped"
+K_COUNTS = "fedudp.counts"          # MetricRecord in a reply: "count", "clipped", "users"
 K_PERSONAL = "fedudp.personal"      # ArrayRecord in a client's context.state (never sent)
 
 
@@ -108,6 +120,17 @@ def _is_personal(name: str, patterns: Sequence[str]) -> bool:
 
 
 # -- server side --------------------------------------------------------------------------------
+class RunFailed(RuntimeError):
+    """No training round of a ``UserLevelDP`` run released (every one was withheld)."""
+
+
+def _reason(text: str, limit: int = 300) -> str:
+    """A client's error reason on one line (the last non-empty lines of a traceback)."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    one = " | ".join(lines[-2:]) if lines else "?"
+    return one if len(one) <= limit else one[:limit] + "..."
+
+
 class UserLevelDP(Strategy):
     """User-level DP around ``strategy`` (see the module doc).
 
@@ -116,12 +139,16 @@ class UserLevelDP(Strategy):
     sampling=Sampling(rate=0.2, population=num_users))``; its ``sampling`` states the public user
     sampling rate and population. ``delta``: the ledger's δ; ``target_epsilon``: stop before a
     release would exceed it (None: report only). ``personal``: the parameter-name patterns the
-    clients keep (never sent, never updated here). ``seed``: the keyed randomness of the user
-    sampling and the noise."""
+    clients keep (never sent, never updated here). ``randomness``: where the noise and the users'
+    sampling come from: ``"secure"`` (default: OS entropy, on the server and on each client) or
+    ``"seeded"`` (keyed by ``seed``, which the clients then receive: simulations only), or a
+    ``fedudp.randomness.Randomness``. ``min_owners`` / ``min_users``: the fail-closed minimum of
+    successful clients and of the users they hold, for a round to release."""
 
     def __init__(self, strategy: Strategy, aggregator: Aggregator, *, delta: float,
                  target_epsilon: float | None = None, personal: Sequence[str] = (),
-                 seed: int = 0) -> None:
+                 seed: int = 0, randomness: str | Randomness = "secure", min_owners: int = 1,
+                 min_users: int = 1) -> None:
         if not aggregator.private:
             raise ValueError("UserLevelDP needs a private estimator (its noise is the guarantee)")
         if hasattr(aggregator, "participation"):
@@ -132,6 +159,14 @@ class UserLevelDP(Strategy):
         self.strategy, self.aggregator = strategy, aggregator
         self.delta, self.target_epsilon = float(delta), target_epsilon
         self.personal, self.seed = tuple(personal), int(seed)
+        self.randomness = (randomness if isinstance(randomness, Randomness)
+                           else Randomness(self.seed, str(randomness)))
+        self.seed = self.randomness.seed
+        if int(min_owners) < 1 or int(min_users) < 0:
+            raise ValueError(f"UserLevelDP: min_owners must be >= 1 and min_users >= 0, got "
+                             f"{min_owners} / {min_users}")
+        self.min_owners, self.min_users = int(min_owners), int(min_users)
+        self.withheld: list[tuple[int, str]] = []     # (round, why): nothing released
         self.event = aggregator.dp_event()
         self.accountant = accountant_for(self.event, aggregator.group, target_epsilon)
         one_off = aggregator.one_off_event()
@@ -148,6 +183,9 @@ class UserLevelDP(Strategy):
                                     "evaluation metrics"])
         self.ledger.extra["public"] = {"users": aggregator.sampling.population,
                                        "user_sampling_rate": aggregator.sampling.rate}
+        self.ledger.randomness = self.randomness.ledger_name
+        self.ledger.extra["fail_closed"] = {"min_owners": self.min_owners,
+                                            "min_users": self.min_users}
         self.stopped: str | None = None
         self._sent: dict[int, ArrayRecord] = {}
 
@@ -159,14 +197,22 @@ class UserLevelDP(Strategy):
         config key (``fedudp.aggregator``, ``fedudp.privacy.epsilon``, ``fedudp.privacy.delta``,
         ``fedudp.privacy.clip``, ``fedudp.privacy.noise_multiplier``,
         ``fedudp.train.sampling_rate`` (the user rate q), ``fedudp.train.rounds``,
-        ``fedudp.public.users`` (N), ``fedudp.estimator.*``, ``fedudp.seed``); the estimator is
-        calibrated by fedudp's config builder over the shared parameters of ``initial_arrays``
-        (those not matching ``personal``)."""
+        ``fedudp.public.users`` (N), ``fedudp.estimator.*``, ``fedudp.seed``,
+        ``fedudp.privacy.randomness`` (``secure`` unless set: the wrapper's default, unlike
+        fedudp's own engines), ``fedudp.train.min_owners`` / ``fedudp.train.min_users`` (the
+        fail-closed minimum)); ``fedudp.privacy.epsilon`` and ``fedudp.privacy.delta`` are
+        required. The estimator is calibrated by fedudp's config builder over the shared
+        parameters of ``initial_arrays`` (those not matching ``personal``)."""
         from fedudp import build
         from fedudp.aggregators.base import Sampling
         from fedudp.config import config_from_overrides
         over = {k[len("fedudp."):]: v for k, v in dict(run_config).items()
                 if str(k).startswith("fedudp.") and k != "fedudp.users-per-client"}   # the mod's
+        for key, what in (("privacy.epsilon", "the target epsilon"), ("privacy.delta", "delta")):
+            if key not in over:
+                raise ValueError(f"fedudp.{key}: required in the run config ({what} of the "
+                                 "user-level guarantee; there is no default)")
+        secure = "privacy.randomness" not in over        # the wrapper's default: secure
         if "public.users" not in over:
             raise ValueError("fedudp.public.users: declare the number of users N in the run "
                              "config (the estimator's public population)")
@@ -181,8 +227,10 @@ class UserLevelDP(Strategy):
                   if not _is_personal(k, personal))
         agg = build.estimator(cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds,
                               dim)
+        mode = Randomness.SECURE if secure else s.randomness
         return cls(strategy, agg, delta=float(s.delta), target_epsilon=s.target_epsilon,
-                   personal=personal, seed=s.seed)
+                   personal=personal, seed=s.seed, randomness=Randomness(s.seed, mode),
+                   min_owners=s.min_owners, min_users=s.min_users)
 
     @property
     def epsilon(self) -> float:
@@ -205,12 +253,15 @@ class UserLevelDP(Strategy):
         c = self._constraint()
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         for m in messages:
-            m.content[K_DP] = ConfigRecord({
-                "round": int(server_round), "seed": self.seed,
+            rec = ConfigRecord({
+                "round": int(server_round), "randomness": self.randomness.mode,
                 "rate": float(self.aggregator.sampling.rate), "rows": bool(c.rows),
                 "clip": float(c.clip) if c.clip is not None else -1.0,
                 "population": int(self.aggregator.sampling.population),
                 "personal": list(self.personal) or [""]})
+            if not self.randomness.is_secure:      # a seeded simulation: the clients' sample
+                rec["seed"] = self.seed
+            m.content[K_DP] = rec
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
@@ -221,12 +272,23 @@ class UserLevelDP(Strategy):
             return None, None
         names = [k for k in sent.keys() if not _is_personal(k, self.personal)]
         dim = sum(int(np.prod(sent[k].shape)) for k in names)
-        parts, failed = [], 0
+        parts, failed, held = [], 0, 0
         for r in replies:
-            if r.has_error() or K_CONTRIB not in r.content or K_COUNTS not in r.content:
-                failed += 1          # contributes exactly zero against the public denominator
+            why = None
+            if r.has_error():
+                why = f"error {r.error.code}: {_reason(r.error.reason)}"
+            elif K_CONTRIB not in r.content or K_COUNTS not in r.content:
+                why = (f"no {K_CONTRIB} / {K_COUNTS} in the reply (is fedudp.flower."
+                       "user_level_mod in the ClientApp's mods?)")
+            elif "users" not in r.content[K_COUNTS]:
+                why = f"no users count in {K_COUNTS} (a user_level_mod older than this server)"
+            if why is not None:      # contributes exactly zero against the public denominator
+                failed += 1
+                log(WARNING, "UserLevelDP round %s: client node %s failed: %s", server_round,
+                    r.metadata.src_node_id, why)
                 continue
             rec, counts = r.content[K_CONTRIB], r.content[K_COUNTS]
+            held += int(counts["users"])
             n = int(counts["count"])
             if "rows" in rec:
                 G = torch.from_numpy(np.asarray(rec["rows"].numpy(), dtype=np.float64))
@@ -234,9 +296,19 @@ class UserLevelDP(Strategy):
             else:
                 t = torch.from_numpy(np.asarray(rec["sum"].numpy(), dtype=np.float64))
                 parts.append(Contribution(None, t.reshape(dim), n, int(counts["clipped"])))
+        if len(parts) < self.min_owners or held < self.min_users:
+            # fail closed: nothing released, nothing composed, the model unchanged
+            why = (f"{len(parts)} client(s) replied successfully holding {held} user(s), "
+                   f"{failed} failed; fedudp.train.min_owners={self.min_owners}, "
+                   f"fedudp.train.min_users={self.min_users}")
+            self.withheld.append((server_round, why))
+            log(WARNING, "UserLevelDP round %s: withheld, nothing released, no epsilon spent "
+                "(%s)", server_round, why)
+            return None, MetricRecord({"withheld": 1, "failed_clients": failed,
+                                       "epsilon": self.epsilon, "delta": self.delta})
         c = Contribution.merge(parts, dim, torch.float64, self._constraint().rows)
-        agg = self.aggregator.release(c, rng=torch_generator(self.seed, Purpose.NOISE,
-                                                             server_round))
+        agg = self.aggregator.release(c, rng=self.randomness.torch_generator(Purpose.NOISE,
+                                                                             server_round))
         self.accountant.compose(self.event)
         eps = self.epsilon
         self.ledger.entries.append(LedgerEntry(server_round, str(self.event),
@@ -261,6 +333,18 @@ class UserLevelDP(Strategy):
                     metrics[k] = v
         return (inner_arrays if inner_arrays is not None else arrays), metrics
 
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args,
+              **kwargs):
+        """Flower's ``Strategy.start``; then ``RunFailed`` if no round released because every
+        training round was withheld (fail closed): raised from the ServerApp's main, the run
+        ends failed rather than completed."""
+        result = super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
+        if self.withheld and not self.ledger.entries:
+            r, why = self.withheld[-1]
+            raise RunFailed(f"UserLevelDP: every training round was withheld, nothing released "
+                            f"(round {r}: {why}); see the clients' reasons above")
+        return result
+
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
@@ -270,9 +354,9 @@ class UserLevelDP(Strategy):
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     def summary(self) -> None:
-        log(INFO, "UserLevelDP: estimator %s, %d releases, epsilon %.4f at delta %g%s",
-            self.aggregator.name, len(self.ledger.entries), self.epsilon, self.delta,
-            f" ({self.stopped})" if self.stopped else "")
+        log(INFO, "UserLevelDP: estimator %s, %d releases, epsilon %.4f at delta %g, "
+            "randomness %s%s", self.aggregator.name, len(self.ledger.entries), self.epsilon,
+            self.delta, self.randomness.ledger_name, f" ({self.stopped})" if self.stopped else "")
         self.strategy.summary()
 
 
@@ -280,7 +364,7 @@ class UserLevelDP(Strategy):
 @dataclass(frozen=True)
 class _Round:
     round: int
-    seed: int
+    randomness: Randomness
     rate: float
     rows: bool
     clip: float | None
@@ -291,19 +375,25 @@ class _Round:
 def _round_of(msg: Message) -> _Round:
     r = msg.content[K_DP]
     clip = float(r["clip"])
-    return _Round(int(r["round"]), int(r["seed"]), float(r["rate"]), bool(r["rows"]),
+    # seeded only where the server says so and sends the seed; anything else: OS entropy here
+    seeded = "randomness" in r and str(r["randomness"]) == Randomness.SEEDED and "seed" in r
+    rand = Randomness.seeded(int(r["seed"])) if seeded else Randomness.secure()
+    return _Round(int(r["round"]), rand, float(r["rate"]), bool(r["rows"]),
                   None if clip < 0 else clip, tuple(p for p in r["personal"] if p),
                   int(r["population"]))
 
 
-def sampled_users(users: Sequence[int], seed: int, round_: int, rate: float,
+def sampled_users(users: Sequence[int], randomness: Randomness | int, round_: int, rate: float,
                   population: int) -> list[int]:
-    """The users taking part this round: each independently with probability ``rate`` (Poisson),
-    from the public randomness keyed by (seed, round): the billboard's own sample of fedudp's
-    engine (``Billboard.sample``) over the ``population`` users' global indices."""
+    """The users taking part this round: each independently with probability ``rate`` (Poisson)
+    over the ``population`` users' global indices. Seeded (``randomness`` a seed or
+    ``Randomness.seeded``): keyed by (seed, round), the billboard's own sample of fedudp's engine
+    (``Billboard.sample``); secure: from this process's OS entropy (each client draws its own
+    users' sample; independent draws per user, so still Poisson over all users)."""
     if rate >= 1.0:
         return list(users)
-    mask = numpy_rng(seed, Purpose.SAMPLE, round_).random(int(population)) < rate
+    rand = randomness if isinstance(randomness, Randomness) else Randomness.seeded(randomness)
+    mask = rand.numpy_rng(Purpose.SAMPLE, round_).random(int(population)) < rate
     return [u for u in users if mask[int(u)]]
 
 
@@ -363,6 +453,12 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
                 msg = _copy_with(msg, content)
             return call_next(msg, context)
         rnd = _round_of(msg)
+        try:
+            return train_round(msg, rnd, context, call_next)
+        except ValueError as e:      # a setup error: the reason goes back to the server's log
+            return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, str(e)), reply_to=msg)
+
+    def train_round(msg: Message, rnd: _Round, context: Context, call_next) -> Message:
         patterns = tuple(personal) or rnd.personal
         arrays_key = next(iter(msg.content.array_records.keys()))
         # every user's update at the broadcast: its personal layers are the server's initial,
@@ -385,7 +481,7 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
                 f"user_level_mod: users_of gave user indices {outside[:5]} outside 0..{total - 1}"
                 f" (the server's estimator is calibrated for {total} users)")), reply_to=msg)
         rows = []
-        for u in sampled_users(mine, rnd.seed, rnd.round, rnd.rate, total):
+        for u in sampled_users(mine, rnd.randomness, rnd.round, rnd.rate, total):
             reply = train_as(msg, arrays_key, base, context, u, total, call_next)
             if reply.has_error():
                 return reply
@@ -404,7 +500,8 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
                 own = _record({k2: got[k2] for k2 in got.keys() if _is_personal(k2, patterns)})
             if own is not None:
                 context.state[K_PERSONAL] = own
-        out = RecordDict({K_COUNTS: MetricRecord({"count": int(c.count), "clipped": int(c.clipped)})})
+        out = RecordDict({K_COUNTS: MetricRecord({"count": int(c.count), "clipped": int(c.clipped),
+                                                  "users": len(mine)})})
         if rnd.rows:
             rows_out = c.rows if c.rows is not None else torch.zeros(0, len(start))
             out[K_CONTRIB] = _record({"rows": rows_out.to(torch.float64).numpy()})

@@ -106,7 +106,8 @@ def main(aggregator: str) -> None:
     def server_main(grid: Grid, context: Context) -> None:
         s = UserLevelDP(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), agg,
                         delta=float(cfg["privacy.delta"]),
-                        target_epsilon=float(cfg["privacy.epsilon"]), seed=SEED)
+                        target_epsilon=float(cfg["privacy.epsilon"]), seed=SEED,
+                        randomness="seeded")       # reproducible: fedudp's engine's streams
         res = s.start(grid=grid, initial_arrays=ArrayRecord(make_model().state_dict()),
                       num_rounds=ROUNDS, train_config=ConfigRecord({"lr": LR}))
         out["arrays"], out["strategy"] = res.arrays, s

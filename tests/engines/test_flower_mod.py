@@ -45,8 +45,9 @@ def train_message(arrays: dict, round_: int, rate: float, population: int, clip:
     return server_message(RecordDict({
         "arrays": arrays_of(arrays),
         "config": ConfigRecord({"lr": 0.1}),
-        K_DP: ConfigRecord({"round": round_, "seed": 5, "rate": rate, "rows": False,
-                            "clip": clip, "population": population, "personal": [""]})}), "train")
+        K_DP: ConfigRecord({"round": round_, "seed": 5, "randomness": "seeded", "rate": rate,
+                            "rows": False, "clip": clip, "population": population,
+                            "personal": [""]})}), "train")
 
 
 class App:
