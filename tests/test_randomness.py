@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedudp.randomness import KEYS, Purpose, entropy, numpy_rng, torch_generator
+from fedudp.randomness import (KEYS, PROTECTING, Purpose, Randomness, entropy, numpy_rng,
+                               torch_generator)
 
 ROOT = Path(__file__).resolve().parent.parent
 MAKERS = {"numpy_rng": numpy_rng, "torch_generator": torch_generator}
@@ -134,3 +135,102 @@ def test_every_call_site_passes_its_purposes_keys():
     bad = [f"{f}:{line} {fn}(seed, Purpose.{p.name}, ...) passes {n} keys, KEYS says {KEYS[p]}"
            for f, line, fn, p, n in sites if n != len(KEYS[p])]
     assert not bad, "\n".join(bad)
+
+
+# -- seeded or secure (Randomness) ----------------------------------------------------------------
+def _draw_with(rand, maker: str, purpose: Purpose, *keys: int) -> tuple:
+    if maker == "numpy_rng":
+        return tuple(rand.numpy_rng(purpose, *keys).integers(0, 2 ** 62, 4).tolist())
+    return tuple(torch.randint(0, 2 ** 62, (4,), generator=rand.torch_generator(purpose, *keys)).tolist())
+
+
+@pytest.mark.parametrize("maker", sorted(MAKERS))
+def test_secure_protecting_streams_differ_between_constructions_and_the_rest_stay_seeded(maker):
+    """Two ``Randomness.secure(7)`` (and two calls of one): every PROTECTING purpose differs
+    (64 random bits drawn 4 times: equal by chance with probability ~2**-256); every other
+    purpose is exactly the seeded stream of seed 7, as ``Randomness.seeded(7)`` and the module
+    functions draw it."""
+    assert PROTECTING >= {Purpose.SAMPLE, Purpose.NOISE, Purpose.DPSGD_SAMPLE, Purpose.DPSGD_NOISE}
+    a, b, seeded = Randomness.secure(7), Randomness.secure(7), Randomness.seeded(7)
+    for p in Purpose:
+        keys = list(range(1, len(KEYS[p]) + 1))
+        want = draw(maker, 7, p, *keys)
+        assert _draw_with(seeded, maker, p, *keys) == want
+        if p in PROTECTING:
+            assert a.protects(p) and not seeded.protects(p)
+            got = {_draw_with(a, maker, p, *keys), _draw_with(a, maker, p, *keys),
+                   _draw_with(b, maker, p, *keys), want}
+            assert len(got) == 4, p
+        else:
+            assert _draw_with(a, maker, p, *keys) == _draw_with(b, maker, p, *keys) == want, p
+
+
+@pytest.mark.parametrize("maker", sorted(MAKERS))
+def test_secure_streams_still_check_their_keys(maker):
+    rand = Randomness.secure(3)
+    for p in (Purpose.NOISE, Purpose.DPSGD_NOISE, Purpose.USER_ORDER):
+        with pytest.raises(ValueError, match=rf"Purpose\.{p.name} takes"):
+            getattr(rand, maker)(p, *([1] * (len(KEYS[p]) + 1)))
+    with pytest.raises(ValueError, match="seeded' or 'secure"):
+        Randomness(1, "fast")
+
+
+def test_secure_noise_is_float64_standard_normal():
+    """A secure torch generator draws the same distribution (float64 noise, as the estimators
+    ask for): 20,000 draws have mean ~0 and std ~1."""
+    x = torch.randn(20_000, dtype=torch.float64,
+                    generator=Randomness.secure().torch_generator(Purpose.NOISE, 1))
+    assert x.dtype == torch.float64
+    assert abs(float(x.mean())) < 0.05 and abs(float(x.std()) - 1) < 0.05
+
+
+def test_billboard_secure_sample_and_noise_are_not_the_seeds():
+    """The billboard's Poisson sample and noise generator under ``Randomness.secure``: not the
+    seeded ones (which a holder of the seed regenerates), and different across two billboards
+    built alike; the ledger says which."""
+    from fedudp.aggregators import GaussianAggregator, Sampling
+    from fedudp.core.billboard import Billboard
+    from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
+
+    def board(rand):
+        s = Sampling(0.5, 64)
+        agg = GaussianAggregator(1.0, 1.0, s)
+        led = Ledger(unit="user", adjacency=ADJACENCY, accounting="certified",
+                     guarantee="certified", mechanism="gaussian", accountant="pld", delta=1e-5,
+                     target_epsilon=None)
+        return Billboard({"w": torch.zeros(8)}, agg, s, led, accountant_for(agg.dp_event()),
+                         seed=5, randomness=rand)
+    seeded, sec1, sec2 = board(None), board(Randomness.secure(5)), board(Randomness.secure(5))
+    assert seeded.ledger.to_dict()["randomness"] == "seeded (simulation)"
+    assert sec1.ledger.to_dict()["randomness"] == "secure"
+    want = np.random.default_rng([5, int(Purpose.SAMPLE), 1]).random(64) < 0.5
+    np.testing.assert_array_equal(seeded.sample(1), want)
+    assert not np.array_equal(sec1.sample(1), want) and not np.array_equal(sec1.sample(1), sec2.sample(1))
+    noise = lambda bb: torch.randn(8, dtype=torch.float64, generator=bb.noise_generator(1))  # noqa: E731
+    assert torch.equal(noise(seeded), torch.randn(8, dtype=torch.float64,
+                                                  generator=torch_generator(5, Purpose.NOISE, 1)))
+    assert not torch.equal(noise(sec1), noise(seeded)) and not torch.equal(noise(sec1), noise(sec2))
+
+
+def test_privacy_randomness_in_the_config_and_the_ledger():
+    """``privacy.randomness`` goes through the builder: the ledger line, the owners' DP-SGD flag,
+    and the one-line refusals where a plan draws privacy randomness from the seed."""
+    from conftest import tiny_cfg
+    from fedudp import build
+    from fedudp.aggregators import Sampling
+    from fedudp.config import ConfigError
+    cfg = tiny_cfg("full_dp")
+    assert build.settings(cfg).randomness == "seeded" and not build.randomness(cfg).is_secure
+    cfg = tiny_cfg("full_dp", **{"privacy.randomness": "secure"})
+    build.check(cfg)
+    assert build.randomness(cfg) == Randomness.secure(int(cfg.seed))
+    assert build.owner_training(cfg).secure_randomness
+    spec_led = build.ledger(cfg, build.method(cfg, build.model(cfg)),
+                            build.estimator(cfg, Sampling(1.0, 160), 3, 10))
+    assert spec_led.to_dict()["randomness"] == "secure"
+    assert any("OS entropy" in n for n in spec_led.notes)
+    for over, match in (({"aggregator": "dp_mf_banded"}, "aggregator=dp_mf_banded"),
+                        ({"algorithm.name": "huang_alg2"}, "algorithm.name=huang_alg2")):
+        with pytest.raises(ConfigError, match=rf"^privacy\.randomness=secure: not with .*{match}"):
+            build.check_randomness(tiny_cfg("full_dp", **{"privacy.randomness": "secure", **over}))
+    build.check_randomness(tiny_cfg("full_dp", aggregator="dp_mf_banded"))     # seeded: fine
