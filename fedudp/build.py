@@ -845,7 +845,8 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     if canaries:
         led.notes.append(f"audit.canaries={canaries}: {canaries} canary units (fixed random "
                          "directions at the clip norm, sampled like users) are in the public "
-                         "population and join each release; the summary's canary_epsilon is an "
+                         "population and join each release; the summary's "
+                         "canary_epsilon_estimate (Andrew et al. 2024, final model) is an "
                          "empirical estimate from them, not a bound")
     if cfg.audit.noise_scale != 1.0:
         led.notes.append(f"audit.noise_scale={cfg.audit.noise_scale:g}: the release noise is "

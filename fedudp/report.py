@@ -246,8 +246,10 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
         lines.append("Common settings: " + ", ".join(f"{k}={_value(first[k])}" for k in shown) + tail)
     runs_all = [s for _, ss in groups.values() for s in ss]
     stops = any(s.get("stop_reason") not in (None, "completed") for s in runs_all)
+    canary = any(s.get("canary_epsilon_estimate") for s in runs_all)   # audit.canaries
     head = varying + ["accuracy (mean over owners)", "weighted", "epsilon", "delta", "guarantee",
-                      "rounds"] + (["stopped"] if stops else []) + ["seconds", "runs"]
+                      "rounds"] + (["canary ε estimate (not a bound)"] if canary else []) \
+        + (["stopped"] if stops else []) + ["seconds", "runs"]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     for settings, ss in sorted(groups.values(), key=group_order(varying)):
@@ -265,6 +267,8 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
         row += [_fmt([s.get("accuracy_mean") for s in ss], n),
                 _fmt([s.get("accuracy_weighted") for s in ss], n), eps_s,
                 ", ".join(f"{d:g}" for d in deltas) or "—", str(ss[0].get("guarantee")), rounds_s]
+        if canary:
+            row.append(canary_cell(ss))
         if stops:
             c = Counter(str(s.get("stop_reason")) for s in ss)
             row.append(", ".join(k if v == n else f"{k} ×{v}" for k, v in sorted(c.items())))
@@ -274,6 +278,15 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
                 f"{n}" + (f" (seeds {', '.join(map(str, sorted(seeds, key=str)))})" if repeat else "")]
         lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+def canary_cell(ss: list[dict]) -> str:
+    """The canary ε estimate of a group's runs: one run's value and interval, or mean ± std."""
+    ests = [s.get("canary_epsilon_estimate") for s in ss]
+    if len(ss) == 1 and ests[0]:
+        lo, hi = ests[0]["ci"]
+        return f"{ests[0]['value']:.3f} [{lo:.3f}, {hi:.3f}]"
+    return _fmt([e["value"] if e else None for e in ests], len(ss), 3)
 
 
 def comparison_table(summaries: list[dict]) -> str:
@@ -288,6 +301,10 @@ def comparison_table(summaries: list[dict]) -> str:
         parts += ["Runs without config.yaml, grouped by their summary fields only "
                   f"({', '.join(SUMMARY_KEY_FIELDS)}, guarantee):", ""]
         parts += _table(without, None)
+    if any(s.get("canary_epsilon_estimate") for s in summaries):
+        parts += ["", "canary ε estimate: audit.canaries' one-run estimate (Andrew et al. 2024, "
+                  "final model, null N(0, 1/d)) with its 95 % interval (ε over a confidence "
+                  "region of the canaries' cosine mean and std); an estimate, not a bound."]
     if any(is_heuristic(s) for s in summaries):
         parts += ["", f"{HEURISTIC_MARK}: ε from privacy.accounting=paper (a paper's unproven "
                   "accounting or group-privacy form), not a proven (ε, δ) guarantee."]

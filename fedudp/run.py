@@ -470,10 +470,21 @@ def _hydra_main() -> None:
         acc_s = "n/a" if acc is None else f"{acc:.4f} ± {summary['accuracy_std']:.4f}"
         print(f"[{summary['method']}] accuracy {acc_s}"
               f"  epsilon {epsilon_display(summary['epsilon'], epsilon_kind(summary))}"
-              f"  rounds {summary['rounds_completed']}  ({summary['seconds']:.1f}s)")
+              f"  rounds {summary['rounds_completed']}  ({summary['seconds']:.1f}s)"
+              + canary_text(summary.get("canary_epsilon_estimate")))
         return acc
 
     _main()
+
+
+def canary_text(est: dict | None) -> str:
+    """The last line's canary part (``audit.canaries``): the one-run ε estimate, its interval
+    and that it is an estimate, not a bound ('' without canaries)."""
+    if not est:
+        return ""
+    lo, hi = est["ci"]
+    return (f"  canary epsilon {est['value']:.3f} [{lo:.3f}, {hi:.3f}] "
+            f"({est['kind']}; {est['canaries']} canaries)")
 
 
 def exit_now(code: int) -> None:

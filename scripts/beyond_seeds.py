@@ -164,9 +164,12 @@ def table() -> list[str]:
             label = mech + (" (chosen)" if mech == f"clip{chosen:g}" else "") if chosen else mech
             inc = f"{tuned:.3f}" if (tuned is not None and mech == f"clip{chosen:g}") else "-"
             can = "-"
-            if s.get("canary_epsilon") is not None:
+            if s.get("canary_epsilon_estimate"):      # Andrew et al.'s estimate, not a bound
+                est = s["canary_epsilon_estimate"]
+                can = f"{est['value']:.3f} ({est['ci'][0]:.3f}-{est['ci'][1]:.3f})"
+            elif s.get("canary_epsilon") is not None:  # runs before issue 37: the old form
                 lo, hi = s["canary_epsilon_interval"]
-                can = f"{s['canary_epsilon']:.3f} ({lo:.3f}-{hi:.3f})"
+                can = f"{s['canary_epsilon']:.3f} ({lo:.3f}-{hi:.3f}, old equal-variance form)"
             wall = times.get(s["_key"], {}).get("wall_s", "-")
             rows.append(f"| {n if n == 'natural' else n[1:]} | {method} | {eps[3:]} | {label} | {s['accuracy_mean']:.4f} | "
                         f"{s['epsilon_display']} | {inc} | {can} | {wall} |")

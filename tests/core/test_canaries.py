@@ -188,6 +188,21 @@ def test_canaries_are_not_users_of_the_run(audited):
     assert ok["canary_epsilon_estimate"]["dim"] == ok["shared_dim"]
 
 
+def test_summary_last_line_and_report_say_it_is_an_estimate_not_a_bound(audited):
+    from fedudp.report import comparison_table
+    from fedudp.run import canary_text
+    ok, weak, plain = audited[1.0], audited[0.5], audited["plain"]
+    est = ok["canary_epsilon_estimate"]
+    assert est["estimator"] == "Andrew et al. 2024 one-shot, final model (null N(0,1/d))"
+    line = canary_text(est)
+    assert "estimate, not a bound" in line and f"{est['value']:.3f}" in line
+    assert canary_text(plain.get("canary_epsilon_estimate")) == ""
+    table = comparison_table([ok, weak])
+    assert "canary ε estimate (not a bound)" in table and "estimate, not a bound" in table
+    assert f"{est['value']:.3f} [{est['ci'][0]:.3f}, {est['ci'][1]:.3f}]" in table
+    assert "canary" not in comparison_table([plain])
+
+
 @pytest.mark.parametrize("kw,key", [
     ({"audit__canaries": 1}, "audit.canaries"),
     ({"audit__noise_scale": 0.0}, "audit.noise_scale"),
