@@ -336,18 +336,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="folder for the --paper or --plots files (default: FOLDER); "
                                   "without --paper, --out implies --plots")
     ap.add_argument("--select-best", metavar="METRIC",
-                    help="choose the configuration with the best mean METRIC (a summary key, e.g. "
-                         "accuracy_mean) and report the privacy cost of the choice beside the "
-                         "single-run ε (fedudp.tuning)")
+                    help="choose the configuration (candidate) with the best mean METRIC over its "
+                         "seeds (a summary key, e.g. accuracy_mean) and report the tuning-inclusive "
+                         "ε, with the rule used, beside the single-run ε (fedudp.tuning). A "
+                         "candidate's k seeds are composed into one event. Grid (default): the "
+                         "plain composition of all runs of all configurations. Random count: "
+                         "dp-accounting's RepeatAndSelectDpEvent(candidate event, declared mean, "
+                         "shape) under RDP (Papernot & Steinke, ICLR 2022; Liu & Talwar, STOC 2019 "
+                         "for the geometric case); see docs/algorithms.md")
     ap.add_argument("--lower-is-better", action="store_true",
                     help="with --select-best: the lowest METRIC wins (e.g. loss)")
-    ap.add_argument("--sweep-size", default="fixed",
-                    help="with --select-best: how the number of runs was chosen: fixed (default; "
-                         "composition of every run), or poisson / geometric / logarithmic when it "
-                         "was drawn from that distribution before the sweep (Papernot & Steinke)")
+    ap.add_argument("--sweep-size", default="grid",
+                    help="with --select-best, as declared BEFORE the sweep: grid (default: the "
+                         "candidates are a fixed set), or poisson / geometric / logarithmic / "
+                         "negative_binomial when the number of candidates was drawn from that "
+                         "truncated negative binomial (needs --sweep-mean)")
+    ap.add_argument("--sweep-mean", type=float, metavar="M",
+                    help="with a random --sweep-size: the mean of the distribution the number of "
+                         "candidates was drawn from, fixed before the sweep (never the number of "
+                         "runs present)")
+    ap.add_argument("--sweep-shape", type=float, metavar="ETA",
+                    help="with --sweep-size negative_binomial: its declared shape η > 0 "
+                         "(geometric is η = 1, logarithmic η = 0, poisson η = inf)")
     a = ap.parse_args(argv)
     if a.paper and a.plots:
         ap.error("--plots draws the comparison table's figures; --paper draws its own layout")
+    if a.select_best:         # the declared rule is checked before any summary is read
+        from fedudp.tuning import SelectionError, declared_sweep
+        try:
+            declared_sweep(a.sweep_size, a.sweep_mean, a.sweep_shape)
+        except SelectionError as err:
+            print(f"fedudp-report: error: {err}", file=sys.stderr)
+            return 2
+    elif a.sweep_mean is not None or a.sweep_shape is not None or a.sweep_size != "grid":
+        print("fedudp-report: error: --sweep-size/--sweep-mean/--sweep-shape declare how the "
+              "candidates of --select-best were chosen; add --select-best METRIC", file=sys.stderr)
+        return 2
     summaries = load_summaries(a.folder)
     if not summaries:
         print(f"fedudp-report: no summary.json under {a.folder}", file=sys.stderr)
@@ -363,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         groups = {**with_cfg, **without}
         try:
             sel = select_best(groups, a.select_best, lower=a.lower_is_better,
-                              sweep_size=a.sweep_size)
+                              sweep_size=a.sweep_size, sweep_mean=a.sweep_mean,
+                              sweep_shape=a.sweep_shape)
         except SelectionError as err:
             print(f"fedudp-report: error: {err}", file=sys.stderr)
             return 2

@@ -1,35 +1,117 @@
 """The privacy cost of choosing the best configuration of a sweep (``fedudp-report --select-best``).
 
 Papernot & Steinke, "Hyperparameter Tuning with Renyi Differential Privacy", ICLR 2022
-(arXiv:2110.03620); docs/algorithms.md#the-privacy-cost-of-tuning. Each run's summary carries its
-whole privacy spend as one dp-accounting event (``dp_event``); this module picks the best
-configuration by a summary metric (the mean over its seeds) and reports, beside the chosen run's
-own ε:
+(arXiv:2110.03620); Liu & Talwar, "Private Selection from Private Candidates", STOC 2019
+(arXiv:1811.07971) for the geometric case; docs/algorithms.md#the-privacy-cost-of-tuning.
 
-* **fixed K**: the sweep ran exactly these K runs and the choice looked at all of them, so the
-  release is the composition of the K runs' events (``events.composed_selection``). Always valid.
-* **random K** (``sweep_size`` poisson / geometric / logarithmic): valid only when the number of
-  runs was drawn from that distribution (of mean K) *before* the sweep and every run is the same
-  mechanism: then the best run costs ``RepeatAndSelectDpEvent(event, K, shape)``
-  (``events.repeat_and_select``). Refused, with the reason, where the runs' events differ.
+A **candidate** is one configuration of the sweep; its k seeds are all run and its score is
+their mean, so the candidate's privacy event is the k-fold composition of the single-run event
+(``events.candidate_event``). Each run's summary carries its whole privacy spend as one
+dp-accounting event (``dp_event``). The rule, declared before the sweep (``declared_sweep``):
+
+* **grid** (default): the candidates are a fixed set and every run was looked at, so the choice
+  costs the plain composition of all runs of all configurations (``events.composed_selection``;
+  PLD where dp-accounting supports the events, else RDP). A random-count bound is refused here:
+  a grid's count is not random.
+* **random count** (``poisson`` / ``geometric`` / ``logarithmic`` / ``negative_binomial``): the
+  number of candidates was drawn, before the sweep, from a truncated negative binomial whose
+  mean (and, for ``negative_binomial``, shape η > 0) was *declared* then. The mean is that
+  declared one, never the number of candidates or runs that happen to be present. Every
+  candidate must be the same mechanism (same event, same number of seeds); then the best one
+  costs ``RepeatAndSelectDpEvent(candidate event, mean, shape)`` under dp-accounting's RDP
+  accountant (``events.repeat_and_select``). Refused, with the reason, where the candidates'
+  events differ. The bound covers releasing the chosen candidate (and its score) only, not the
+  other candidates or the drawn count.
 
 What the selection covers: the released models and a score computed from them. fedudp's accuracy
 is measured on the owners' test records with their personal parameters, outside the DP guarantee
 (docs/algorithms.md#what-is-released), so selecting by it leaks through the score itself; the
-report says so. A score on public data (or a DP score) is what the theorem assumes.
+report says so. A score on public data (or a DP score) is what the theorems assume.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from fedudp.privacy.events import SHAPES, composed_selection, event_from_json, repeat_and_select
+from fedudp.privacy.events import (SHAPES, candidate_event, composed_selection, event_from_json,
+                                   pld_or_rdp_epsilon, repeat_and_select)
 
-SWEEP_SIZES = ("fixed", *SHAPES)
+# the random-count distributions: name -> the truncated negative binomial's shape η (None: the
+# shape is declared with the mean, --sweep-shape)
+RANDOM_SIZES: dict[str, float | None] = {**SHAPES, "negative_binomial": None}
+SWEEP_SIZES = ("grid", *RANDOM_SIZES)
 
 
 class SelectionError(ValueError):
-    """The sweep cannot be selected from (a one-line reason naming the run or the metric)."""
+    """The sweep cannot be selected from (a one-line reason naming the run, flag or metric)."""
+
+
+@dataclass(frozen=True)
+class SweepRule:
+    """How the sweep's candidates were chosen, as declared before it ran: a ``grid`` (a fixed
+    set), or a random count of candidates drawn from ``size`` with mean ``mean`` and truncated
+    negative binomial shape ``shape`` (Poisson: ``math.inf``)."""
+    size: str = "grid"
+    mean: float | None = None
+    shape: float | None = None
+
+    @property
+    def random(self) -> bool:
+        return self.size != "grid"
+
+    def describe(self) -> str:
+        """``Poisson(mean 10, declared)``; ``grid`` for a grid."""
+        if not self.random:
+            return "grid"
+        m = f"mean {self.mean:g}, declared"
+        if self.size == "poisson":
+            return f"Poisson({m})"
+        if self.size == "negative_binomial":
+            return f"truncated negative binomial(η {self.shape:g}, {m})"
+        return f"{self.size} (truncated negative binomial η = {self.shape:g}; {m})"
+
+
+def declared_sweep(size: str = "grid", mean: float | None = None,
+                   shape: float | None = None) -> SweepRule:
+    """The rule a sweep declared (``--sweep-size``, ``--sweep-mean``, ``--sweep-shape``), checked
+    before any summary is read: a random count needs its declared mean (and
+    ``negative_binomial`` its shape); a grid takes neither."""
+    if size not in SWEEP_SIZES:
+        raise SelectionError(f"--sweep-size must be one of {', '.join(SWEEP_SIZES)}, got {size!r}")
+    if size == "grid":
+        for flag, v in (("--sweep-mean", mean), ("--sweep-shape", shape)):
+            if v is not None:
+                raise SelectionError(f"{flag}: a grid's candidates are a fixed set, not a random "
+                                     f"count; drop {flag}, or name the distribution the number of "
+                                     "candidates was drawn from before the sweep with --sweep-size "
+                                     f"{'|'.join(RANDOM_SIZES)}")
+        return SweepRule()
+    if mean is None:
+        raise SelectionError(f"--sweep-size {size}: declare the mean of the distribution the number "
+                             "of candidates was drawn from, fixed before the sweep, with "
+                             "--sweep-mean M (the count of runs present is not that mean)")
+    if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not math.isfinite(mean) \
+            or mean < 1:
+        raise SelectionError(f"--sweep-mean must be a finite number >= 1 (dp-accounting's "
+                             f"RepeatAndSelect), got {mean!r}")
+    fixed = RANDOM_SIZES[size]
+    if fixed is not None:
+        if shape is not None:
+            raise SelectionError(f"--sweep-shape: --sweep-size {size} fixes the shape "
+                                 f"(η = {fixed:g}); drop --sweep-shape, or use --sweep-size "
+                                 "negative_binomial with --sweep-shape ETA")
+        shape = fixed
+    else:
+        if shape is None:
+            raise SelectionError("--sweep-size negative_binomial: declare its shape η > 0 with "
+                                 "--sweep-shape ETA (geometric is η = 1, logarithmic η = 0, "
+                                 "poisson η = inf)")
+        if isinstance(shape, bool) or not isinstance(shape, (int, float)) \
+                or not math.isfinite(shape) or shape <= 0:
+            raise SelectionError(f"--sweep-shape must be a finite number > 0 for "
+                                 f"negative_binomial, got {shape!r}")
+    return SweepRule(size, float(mean), float(shape))
 
 
 def _metric(s: dict, metric: str) -> float:
@@ -41,13 +123,17 @@ def _metric(s: dict, metric: str) -> float:
     return float(v)
 
 
-def select_best(groups: dict, metric: str, *, lower: bool = False, sweep_size: str = "fixed"
+def _seeds(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
+def select_best(groups: dict, metric: str, *, lower: bool = False, sweep_size: str = "grid",
+                sweep_mean: float | None = None, sweep_shape: float | None = None
                 ) -> dict[str, Any]:
-    """The best group of ``groups`` (``report.groups_of``: ``{key: (settings, runs)}``) by the
-    mean of ``metric`` over its runs, and the ε of the choice (module doc)."""
-    if sweep_size not in SWEEP_SIZES:
-        raise SelectionError(f"--sweep-size must be one of {', '.join(SWEEP_SIZES)}, got "
-                             f"{sweep_size!r}")
+    """The best group of ``groups`` (``report.groups_of``: ``{key: (settings, runs)}``, one group
+    per candidate, its runs the seeds) by the mean of ``metric`` over its runs, and the ε of the
+    choice under the declared rule (``declared_sweep``; module doc)."""
+    rule = declared_sweep(sweep_size, sweep_mean, sweep_shape)
     items = [(settings, runs) for settings, runs in groups.values()]
     if not items:
         raise SelectionError("--select-best: the sweep has no runs")
@@ -68,27 +154,42 @@ def select_best(groups: dict, metric: str, *, lower: bool = False, sweep_size: s
     delta = deltas.pop()
     scored = [(sum(_metric(s, metric) for s in rs) / len(rs), settings, rs)
               for settings, rs in items]
-    best = (min if lower else max)(scored, key=lambda t: t[0])
-    score, settings, chosen = best
-    events = [event_from_json(s["dp_event"]) for s in runs]
-    fixed_eps, fixed_acc = composed_selection(events, delta)
+    score, settings, chosen = (min if lower else max)(scored, key=lambda t: t[0])
+    candidates = [candidate_event([event_from_json(s["dp_event"]) for s in rs]) for _, rs in items]
+    chosen_event = candidate_event([event_from_json(s["dp_event"]) for s in chosen])
+    cand_eps, cand_acc = pld_or_rdp_epsilon(chosen_event, delta)
+    seeds = sorted({len(rs) for _, rs in items})
     heuristic = any(s.get("guarantee") == "heuristic" for s in runs)
     out: dict[str, Any] = {
         "metric": metric, "lower_is_better": lower, "score": score, "settings": settings,
         "chosen_runs": [s.get("_dir") for s in chosen], "configurations": len(items),
-        "runs": len(runs), "delta": delta, "heuristic": heuristic,
+        "runs": len(runs), "seeds": seeds, "delta": delta, "heuristic": heuristic,
         "single_run_epsilon": max(float(s["epsilon"]) for s in chosen),
-        "fixed_epsilon": fixed_eps, "fixed_accountant": fixed_acc, "sweep_size": sweep_size,
-        "random_epsilon": None, "random_refused": None,
+        "candidate_epsilon": cand_eps, "candidate_accountant": cand_acc,
+        "sweep_size": rule.size, "sweep_mean": rule.mean, "sweep_shape": rule.shape,
+        "rule": None, "tuning_epsilon": None, "tuning_accountant": None, "refused": None,
     }
-    if sweep_size != "fixed":
-        keys = {repr(sorted(s["dp_event"].items())) for s in runs}
-        if len(keys) > 1:
-            out["random_refused"] = (f"the {len(runs)} runs are not one mechanism (their privacy "
-                                     f"events differ: {len(keys)} distinct); Papernot & Steinke's "
-                                     "bound needs every run to be the same DP algorithm")
-        else:
-            out["random_epsilon"] = repeat_and_select(events[0], len(runs), sweep_size, delta)
+    per = (f"{len(items)} configurations × {_seeds(seeds[0])}" if len(seeds) == 1 else
+           f"{len(items)} configurations of {seeds[0]}-{seeds[-1]} seeds")
+    if not rule.random:
+        eps, acc = composed_selection([event_from_json(s["dp_event"]) for s in runs], delta)
+        out.update(rule=f"grid: composition of {len(runs)} runs ({per})", tuning_epsilon=eps,
+                   tuning_accountant=acc)
+        return out
+    head = f"RepeatAndSelect, {rule.describe()}"
+    distinct = {repr(e) for e in candidates}
+    if len(distinct) > 1:
+        why = (f"the candidates have different seed counts ({', '.join(map(str, seeds))})"
+               if len(seeds) > 1 else "their privacy events differ")
+        out.update(rule=head, refused=(
+            f"the {len(items)} candidates are not one mechanism ({why}: {len(distinct)} distinct "
+            "events); Papernot & Steinke's bound needs every candidate to be the same DP "
+            "algorithm; if the candidates were a fixed set, use --sweep-size grid"))
+        return out
+    out.update(rule=f"{head}, per-candidate event = "
+                    + (f"{_seeds(seeds[0])} composed" if seeds[0] > 1 else "one run"),
+               tuning_epsilon=repeat_and_select(candidates[0], rule.mean, rule.shape, delta),
+               tuning_accountant="rdp")
     return out
 
 
@@ -97,25 +198,37 @@ def selection_lines(sel: dict[str, Any], varying: list[str]) -> list[str]:
     mark = " (heuristic)" if sel["heuristic"] else ""
     chosen = ", ".join(f"{k}={sel['settings'].get(k)}" for k in varying) or "the only configuration"
     way = "lowest" if sel["lower_is_better"] else "highest"
+    k = len(sel["chosen_runs"])
     lines = [f"## Best configuration by {sel['metric']} ({way} mean over its seeds)", "",
-             f"Chosen: {chosen}: {sel['metric']} {sel['score']:.4f} over {len(sel['chosen_runs'])} "
-             f"run(s); {sel['configurations']} configurations, K = {sel['runs']} runs in the sweep, "
-             f"δ = {sel['delta']:g}.", "",
-             "| ε of | ε | accountant | holds when |", "|---|---:|---|---|",
+             f"Chosen: {chosen}: {sel['metric']} {sel['score']:.4f} over {k} run(s); "
+             f"{sel['configurations']} configurations (candidates), {sel['runs']} runs in the "
+             f"sweep, δ = {sel['delta']:g}.", "",
+             "| ε of | ε | accountant | rule |", "|---|---:|---|---|",
              f"| one run (the chosen configuration's ledger) | {sel['single_run_epsilon']:.3f}{mark} "
-             f"| the run's ledger | the run alone, no choice made from the sweep |",
-             f"| the choice, fixed K = {sel['runs']} (composition of every run's events) | "
-             f"{sel['fixed_epsilon']:.3f}{mark} | dp-accounting {sel['fixed_accountant'].upper()} | "
-             "the sweep ran exactly these runs |"]
-    if sel["sweep_size"] != "fixed":
-        if sel["random_epsilon"] is not None:
-            lines.append(f"| the choice, K ~ {sel['sweep_size']} of mean {sel['runs']} "
-                         f"(RepeatAndSelectDpEvent, Papernot & Steinke 2022) | "
-                         f"{sel['random_epsilon']:.3f}{mark} | dp-accounting RDP | the number of "
-                         "runs was drawn from this distribution before the sweep |")
-        else:
-            lines.append(f"| the choice, K ~ {sel['sweep_size']} of mean {sel['runs']} | refused | "
-                         f"- | {sel['random_refused']} |")
+             f"| the run's ledger | the run alone, no choice made from the sweep |"]
+    if k > 1:
+        lines.append(f"| one candidate (the chosen configuration's {k} seeds composed) | "
+                     f"{sel['candidate_epsilon']:.3f}{mark} | dp-accounting "
+                     f"{sel['candidate_accountant'].upper()} | its {k} runs, no choice made |")
+    if sel["tuning_epsilon"] is not None:
+        lines.append(f"| the choice (tuning-inclusive) | {sel['tuning_epsilon']:.3f}{mark} | "
+                     f"dp-accounting {sel['tuning_accountant'].upper()} | {sel['rule']} |")
+    else:
+        lines.append(f"| the choice (tuning-inclusive) | refused | - | {sel['rule']}: "
+                     f"{sel['refused']} |")
+    if sel["sweep_size"] == "grid":
+        lines += ["", "Rule: the candidates were a fixed set (a grid) and every run was looked at, "
+                  "so the choice costs the composition of all runs of all configurations. A "
+                  "random-count bound (Papernot & Steinke 2022) applies only when the number of "
+                  "candidates was drawn before the sweep: --sweep-size poisson|geometric|"
+                  "logarithmic|negative_binomial with --sweep-mean (declared)."]
+    else:
+        lines += ["", "Rule: Papernot & Steinke 2022 (Liu & Talwar 2019 for the geometric case): "
+                  "valid only if the number of candidates was drawn from this distribution, with "
+                  "this mean, before the sweep, independently of the data; a candidate is one "
+                  "configuration, its seeds composed into one event. It covers releasing the "
+                  "chosen candidate (and its score) only: the other candidates' models and scores, "
+                  "the drawn count and this report's table of every run are outside it."]
     lines += ["", f"The choice reads {sel['metric']}, which fedudp computes on the owners' test "
               "records with their personal parameters, outside the DP guarantee: the ε above cover "
               "the released models, not what the score itself reveals (a score on public data, or a "

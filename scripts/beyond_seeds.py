@@ -159,7 +159,7 @@ def table() -> list[str]:
                 s["_config"] = OmegaConf.to_container(OmegaConf.load(Path(s["_dir"]) / "config.yaml"))
             a, b = report.groups_of(fixed)
             sel = select_best({**a, **b}, "accuracy_mean")
-            chosen, tuned = sel["settings"].get("privacy.clip"), sel["fixed_epsilon"]
+            chosen, tuned = sel["settings"].get("privacy.clip"), sel["tuning_epsilon"]
         for mech, s in sorted(cell.items(), key=lambda kv: order.index(kv[0])):
             label = mech + (" (chosen)" if mech == f"clip{chosen:g}" else "") if chosen else mech
             inc = f"{tuned:.3f}" if (tuned is not None and mech == f"clip{chosen:g}") else "-"

@@ -8,14 +8,15 @@ module is imported from a file, nothing is evaluated).
 Selecting the best of several private runs costs privacy (Papernot & Steinke, "Hyperparameter
 Tuning with Renyi Differential Privacy", ICLR 2022, arXiv:2110.03620):
 
-* ``composed_selection``: a fixed set of K runs whose outputs are all looked at is the
-  composition of the K runs' events (any choice made from them is post-processing); valid for
-  every sweep that ran exactly these runs.
-* ``repeat_and_select``: when the *number* of runs K is itself random, drawn before the sweep
-  from a truncated negative binomial (Poisson: shape = inf, geometric: shape = 1, logarithmic:
-  shape = 0) of mean ``mean``, and every run is the same mechanism (one ``DpEvent``), the best
-  run costs ``RepeatAndSelectDpEvent(event, mean, shape)``, accounted with dp-accounting's RDP
-  accountant, far below K-fold composition.
+* ``composed_selection``: a fixed set of runs (a grid) whose outputs are all looked at is the
+  composition of the runs' events (any choice made from them is post-processing).
+* ``candidate_event``: one candidate of a sweep is one configuration; its k seeds, all looked
+  at to score it, are the k-fold composition of the single-run event.
+* ``repeat_and_select``: when the *number* of candidates K is itself random, drawn before the
+  sweep from a truncated negative binomial of declared mean and shape (Poisson: shape = inf,
+  geometric: shape = 1, logarithmic: shape = 0), and every candidate is the same mechanism (one
+  ``DpEvent``), releasing the best candidate costs ``RepeatAndSelectDpEvent(event, mean,
+  shape)``, accounted with dp-accounting's RDP accountant (the only one that supports it).
 """
 from __future__ import annotations
 
@@ -100,15 +101,37 @@ def pld_or_rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> tuple[floa
 
 
 def composed_selection(events: list[dp_accounting.DpEvent], delta: float) -> tuple[float, str]:
-    """ε of choosing among a fixed set of runs with these events: their composition."""
-    return pld_or_rdp_epsilon(dp_accounting.ComposedDpEvent(list(events)), delta)
+    """ε of choosing among a fixed set of runs with these events: their composition. Equal
+    events are grouped into one ``SelfComposedDpEvent`` each (the same composition; dp-accounting
+    self-composes a PLD in one step instead of convolving k copies)."""
+    groups: list[list] = []
+    for e in events:
+        for g in groups:
+            if g[0] == e:
+                g[1] += 1
+                break
+        else:
+            groups.append([e, 1])
+    parts = [e if k == 1 else dp_accounting.SelfComposedDpEvent(e, k) for e, k in groups]
+    return pld_or_rdp_epsilon(parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts),
+                              delta)
 
 
-def repeat_and_select(event: dp_accounting.DpEvent, mean: float, distribution: str,
+def candidate_event(events: list[dp_accounting.DpEvent]) -> dp_accounting.DpEvent:
+    """One candidate's event: its runs (seeds) composed. k equal events are
+    ``SelfComposedDpEvent(event, k)``, different ones a ``ComposedDpEvent``; one run is itself."""
+    if not events:
+        raise ValueError("a candidate needs at least one run")
+    if len(events) == 1:
+        return events[0]
+    if all(e == events[0] for e in events):
+        return dp_accounting.SelfComposedDpEvent(events[0], len(events))
+    return dp_accounting.ComposedDpEvent(list(events))
+
+
+def repeat_and_select(event: dp_accounting.DpEvent, mean: float, shape: float,
                       delta: float) -> float:
-    """ε of the best of a random number of runs of ``event`` (``distribution`` in ``SHAPES``,
-    of mean ``mean``), Papernot & Steinke 2022, via dp-accounting's RDP accountant."""
-    if distribution not in SHAPES:
-        raise ValueError(f"distribution must be one of {sorted(SHAPES)}, got {distribution!r}")
-    return rdp_epsilon(_dp_event.RepeatAndSelectDpEvent(event, float(mean),
-                                                            SHAPES[distribution]), delta)
+    """ε at ``delta`` of releasing the best of a random number of runs of ``event``, the number
+    drawn from the truncated negative binomial of ``mean`` and ``shape`` (``SHAPES``; Poisson is
+    ``math.inf``), Papernot & Steinke 2022, via dp-accounting's RDP accountant."""
+    return rdp_epsilon(_dp_event.RepeatAndSelectDpEvent(event, float(mean), float(shape)), delta)
