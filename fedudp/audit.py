@@ -41,6 +41,7 @@ and says little (it is said).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import sys
 import time
@@ -99,6 +100,27 @@ def one_release_epsilon(agg: Aggregator, delta: float) -> float:
     return acc.epsilon(delta)
 
 
+def releases_epsilon(agg: Aggregator, delta: float, releases: int) -> float:
+    """The accountant's ε of the first ``releases`` releases of a fresh ``agg`` (its one-off
+    block once, then round r's event for r = 1..releases: a tree's or a banded mechanism's whole
+    event at the first round of each tree or cycle, as a run's ledger composes them)."""
+    if releases == 1 and not hasattr(agg, "round_event"):
+        return one_release_epsilon(agg, delta)
+    acc = Accountant(pld_interval(1.0))
+    once = agg.one_off_event()
+    if once is not None:
+        acc.compose(once)
+    for r in range(1, int(releases) + 1):
+        acc.compose(agg.round_event(r) if hasattr(agg, "round_event") else agg.dp_event())
+    return acc.epsilon(delta)
+
+
+def _stateful(agg: Aggregator) -> bool:
+    """The aggregator carries state from one release to the next (an adaptive clip, a tree's or
+    a banded mechanism's noise history): each audit trial must start from a fresh copy."""
+    return bool(agg.checkpoint_state()) or hasattr(agg, "round_event")
+
+
 def parse_break(broken: str) -> tuple[str, float | None]:
     """``""``, ``noise=FACTOR`` (FACTOR > 0), ``clip=off`` or ``schedule=data`` -> (kind, factor)."""
     if not broken:
@@ -117,7 +139,19 @@ def parse_break(broken: str) -> tuple[str, float | None]:
     raise ValueError(f"--break {broken}: use noise=FACTOR, clip=off or schedule=data")
 
 
-NOISE_BREAKABLE = ("gaussian", "outlier_removal", "friendlycore")   # noise = multiplier × sensitivity
+NOISE_BREAKABLE = ("gaussian", "outlier_removal", "friendlycore",   # noise = multiplier × sensitivity
+                   "gaussian_adaptive", "dp_ftrl_tree", "dp_mf_banded")
+
+
+def weaken(agg: Aggregator, factor: float) -> None:
+    """``--break noise=FACTOR``: every noise of ``agg`` times ``factor``, in place (an adaptive
+    clip's update and count noises both, so its effective multiplier is ``factor`` × z)."""
+    if agg.name not in NOISE_BREAKABLE:
+        raise ValueError(f"--break noise applies to {', '.join(NOISE_BREAKABLE)}")
+    agg.noise_multiplier = agg.noise_multiplier * factor
+    if agg.name == "gaussian_adaptive":
+        agg.update_multiplier *= factor
+        agg.count_noise *= factor
 
 
 def _power(samples: SampleAudit, claimed: float, delta: float, trials: int, factor: float,
@@ -140,6 +174,8 @@ def audit(agg: Aggregator, dim: int, trials: int, delta: float, seed: int = 0,
           broken: str = "", bound: float = 1.0, background: float = 0.1) -> AuditResult:
     """Audit ``agg`` (built for ``dim``-vectors) with ``trials`` releases on each of D and D'.
     ``bound``: the canary's norm where the aggregator does not clip (``estimator.bound``)."""
+    if _stateful(agg):       # an adaptive clip, a tree, a banded mechanism: fresh per release
+        return audit_sequence(agg, dim, trials, 1, delta, seed, broken, bound, background)
     t0 = time.perf_counter()
     claimed = one_release_epsilon(agg, delta)
     constraint: Constraint = agg.constraint
@@ -147,9 +183,7 @@ def audit(agg: Aggregator, dim: int, trials: int, delta: float, seed: int = 0,
     if kind == "schedule=data":
         raise ValueError("--break schedule=data applies to privacy.placement=local_dpsgd")
     if kind == "noise":
-        if agg.name not in NOISE_BREAKABLE:
-            raise ValueError(f"--break noise applies to {', '.join(NOISE_BREAKABLE)}")
-        agg.noise_multiplier = agg.noise_multiplier * factor
+        weaken(agg, factor)
     bound = constraint.clip if constraint.clip is not None else float(bound)
     canary_norm = bound
     if kind == "clip=off":
@@ -188,6 +222,160 @@ def audit(agg: Aggregator, dim: int, trials: int, delta: float, seed: int = 0,
     return AuditResult(agg.name, agg.adjacency, trials, delta, claimed, samples, canary_norm,
                        broken, time.perf_counter() - t0, power, gaussian,
                        claim_heuristic=getattr(agg, "guarantee", "certified") == "heuristic")
+
+
+def canary_rounds(agg: Aggregator, releases: int, rng: np.random.Generator) -> np.ndarray:
+    """[releases] bool: the rounds of one trial the canary unit takes part in, by the
+    mechanism's own participation rule, the canary in the worst-case public group: a tree's
+    unit in group 0 trains in the first round of every tree (its leaf lies in the most noisy
+    nodes); a banded mechanism's in the first round of every cycle of b rounds, sampled there at
+    the group rate; any other aggregator's Poisson-sampled at its rate in every round."""
+    r = np.arange(releases)
+    if agg.name == "dp_ftrl_tree":
+        return r % agg.k == 0
+    if agg.name == "dp_mf_banded":
+        return (r % agg.bands == 0) & (rng.random(releases) < agg.group_rate)
+    return rng.random(releases) < agg.sampling.rate
+
+
+# mechanisms whose release is (clipped sum + noise) / (public divisor), with noise independent
+# across coordinates and a state (the noise history) kept per coordinate
+LINEAR_NOISE = ("dp_ftrl_tree", "dp_mf_banded")
+
+
+def _linear_sequences(template: Aggregator, with_canary: bool, base: Contribution,
+                      canary_norm: float, unclipped: bool, dim: int, trials: int, releases: int,
+                      rng: np.random.Generator, chunk: int = 4096) -> np.ndarray:
+    """[trials, releases·dim]: ``trials`` independent runs of a tree or banded mechanism, run
+    side by side as the coordinate blocks of one fresh copy's release of a ``chunk·dim`` vector.
+    Their noise is drawn independently per coordinate and their state (the tree's nodes, the
+    banded history) is kept per coordinate, so block b of the vector is exactly one run of the
+    mechanism on ``dim``-vectors with a state of its own (the tests check it against separate
+    copies); the canary enters block b in the rounds ``canary_rounds`` draws for trial b."""
+    out = np.empty((trials, releases * dim))
+    for a0 in range(0, trials, chunk):
+        k = min(chunk, trials - a0)
+        a = copy.deepcopy(template)
+        present = np.stack([canary_rounds(a, releases, rng) for _ in range(k)])   # [k, T]
+        clip = a.clip
+        for r in range(releases):
+            total = base.total.to(torch.float64).repeat(k).reshape(k, dim).clone()
+            count = np.full(k, base.count)
+            if with_canary:
+                amount = canary_norm if unclipped else min(canary_norm, clip)
+                total[torch.from_numpy(present[:, r]), 0] += amount
+                count = count + present[:, r]
+            c = Contribution(None, total.reshape(-1), int(count.sum()), 0)
+            gen = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 62)))
+            out[a0:a0 + k, r * dim:(r + 1) * dim] = \
+                a.release(c, rng=gen).mean.to(torch.float64).reshape(k, dim).numpy()
+    return out
+
+
+def audit_sequence(agg: Aggregator, dim: int, trials: int, releases: int, delta: float,
+                   seed: int = 0, broken: str = "", bound: float = 1.0, background: float = 0.1
+                   ) -> AuditResult:
+    """Audit the whole sequence of ``releases`` releases of a stateful mechanism: one trial is a
+    fresh copy of ``agg`` (never used: ``copy.deepcopy`` of the template, so an adaptive clip, a
+    tree's nodes and a banded mechanism's noise history start as a run starts) releasing
+    ``releases`` times on D (a canary unit present in every round it takes part in,
+    ``canary_rounds``) or on D' (the canary absent); ``trials`` trials per side. The statistic
+    sees the whole released sequence, flattened (releases × dim, plus an adaptive clip's noisy
+    unclipped count per round): the linear discriminant (covariance-whitened mean shift) is the
+    likelihood-ratio direction of correlated Gaussian noise (the tree's prefix-sum noise, the
+    banded mechanism's C̃⁻¹ζ). The claim is the ledger's ε for the same ``releases`` releases
+    (``releases_epsilon``).
+
+    Adaptive clipping: the clip C_t is public (computed from earlier releases), so each round's
+    release is centred by the background's clipped sum and unclipped count at C_t and scaled by
+    its noise (z_Δ C_t for the sum, σ_b for the count): with every unit in every round
+    (sampling rate 1) the residuals are exactly Gaussian with a fixed shift whatever the clip
+    does, the canary being held at twice the current clip (always clipped to C_t, never counted
+    as unclipped)."""
+    t0 = time.perf_counter()
+    template = agg
+    releases = int(releases)
+    if releases < 1:
+        raise ValueError(f"--sequence {releases}: at least one release per trial")
+    claimed = releases_epsilon(template, delta, releases)
+    kind, factor = parse_break(broken)
+    if kind == "schedule=data":
+        raise ValueError("--break schedule=data applies to privacy.placement=local_dpsgd")
+    template = copy.deepcopy(template)
+    if kind == "noise":
+        weaken(template, factor)
+    constraint: Constraint = template.constraint
+    if constraint.clip is None:
+        raise ValueError(f"aggregator={template.name}: the sequence audit needs a clipping "
+                         "aggregator")
+    if kind == "clip=off":
+        if template.name == "gaussian_adaptive":
+            raise ValueError("--break clip=off: use noise=FACTOR for adaptive clipping")
+    adaptive = template.name == "gaussian_adaptive"
+    bound = constraint.clip
+    canary_norm = 10.0 * bound if kind == "clip=off" else bound
+    n, q = template.sampling.population, template.sampling.rate
+    qn = template.sampling.expected_cohort
+    g = torch.Generator().manual_seed(seed)
+    others = background * bound * (torch.rand(n - 1, dim, generator=g, dtype=torch.float64) - 0.5)
+    rng = np.random.default_rng([seed, 3])
+    width = dim + (1 if adaptive else 0)
+    fixed_base = constraint.apply(others)
+    # the background's clipped sum at a clip C_t: unchanged while every background vector fits
+    largest = float(torch.linalg.vector_norm(others, dim=1).max()) if len(others) else 0.0
+    unclipped_base = Constraint(rows=False, clip=None).apply(others)
+    outs = {}
+    if template.name in LINEAR_NOISE:
+        for side in ("D", "D'"):
+            outs[side] = _linear_sequences(template, side == "D", fixed_base, canary_norm,
+                                           kind == "clip=off", dim, trials, releases, rng)
+    for side in () if outs else ("D", "D'"):
+        vals = np.empty((trials, releases * width))
+        for t in range(trials):
+            a = copy.deepcopy(template)                  # a fresh mechanism state per trial
+            present = canary_rounds(a, releases, rng)
+            for r in range(releases):
+                clip_t = a.clip
+                if adaptive:                             # owners clip to the current C_t
+                    cons = Constraint(rows=False, clip=clip_t)
+                    base = unclipped_base if largest <= clip_t else cons.apply(others)
+                    canary = torch.zeros(1, dim, dtype=torch.float64)
+                    canary[0, 0] = 2.0 * clip_t
+                    with_canary = cons.apply(canary)
+                else:
+                    cons, base = constraint, fixed_base
+                    canary = torch.zeros(1, dim, dtype=torch.float64)
+                    canary[0, 0] = canary_norm
+                    with_canary = (Constraint(rows=False, clip=None) if kind == "clip=off"
+                                   else cons).apply(canary)
+                parts = [base] + ([with_canary] if side == "D" and present[r] else [])
+                c = Contribution.merge(parts, dim, torch.float64, False)
+                gen = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 62)))
+                out = a.release(c, rng=gen)
+                mean = out.mean.to(torch.float64).numpy()
+                row = vals[t, r * width:(r + 1) * width]
+                if adaptive:
+                    # centred by the background at C_t, scaled by the round's public noise
+                    row[:dim] = (mean * qn - base.total.numpy()) / (a.update_multiplier * clip_t)
+                    centred = (base.count - base.clipped) - 0.5 * base.count
+                    frac = out.diagnostics["unclipped_fraction_noisy"]
+                    row[dim] = ((frac - 0.5) * qn - centred) / a.count_noise
+                else:
+                    row[:] = mean
+        outs[side] = vals
+    # Gaussian by construction: no sampling anywhere in the sequence (a tree; a banded
+    # mechanism taking its whole group; Poisson at rate 1)
+    gaussian = (template.name == "dp_ftrl_tree"
+                or (template.name == "dp_mf_banded" and template.group_rate >= 1.0)
+                or (template.name in ("gaussian", "gaussian_adaptive") and q >= 1.0))
+    samples = audit_samples(outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian,
+                            discriminant=True)
+    power = (_power(samples, claimed, delta, trials, factor or 1.0, gaussian)
+             if kind != "clip=off" else None)
+    name = template.name if releases == 1 else f"{template.name}, {releases} releases"
+    return AuditResult(name, template.adjacency, trials, delta, claimed, samples, canary_norm,
+                       broken, time.perf_counter() - t0, power, gaussian,
+                       claim_heuristic=getattr(template, "guarantee", "certified") == "heuristic")
 
 
 def audit_pair(agg: Aggregator, on_d: Contribution, on_dprime: Contribution, trials: int,
@@ -270,10 +458,17 @@ def _make_canary(p, shard) -> float:
 
 
 def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, broken: str = "",
-                      chunk: int = 2000) -> AuditResult:
+                      chunk: int = 2000, capacity: int | None = None) -> AuditResult:
     """Owner-side DP-SGD's release (owner 0's noisy delta after one round) on D (``users``
-    users, the owner's public capacity) and D' (its first user removed), through the real owner
-    path; ``trials`` releases per side, each with its own DP-SGD randomness."""
+    users) and D' (its first user removed), through the real owner path; ``trials`` releases per
+    side, each with its own DP-SGD randomness. ``capacity``: the owner's public capacity M
+    (default ``users``); M > ``users`` audits an owner holding fewer users than it declared
+    (the schedule, q = min(B, M)/M and the divisor follow M on both sides).
+
+    With an adaptive clip (``privacy.clip_policy=adaptive``) the owner releases, beside its
+    delta, the mean of its steps' noisy unclipped fractions (``Owners.owner_deltas``'s
+    ``fractions``): the audited release is the pair, scored on the linear discriminant (the
+    two parts carry noise of different scales)."""
     from fedudp.config import ConfigError, config_from_overrides
     from fedudp.core.dpsgd import owner_rates
     from fedudp.build import prepare
@@ -284,9 +479,13 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
                          "or schedule=data for privacy.placement=local_dpsgd")
     if users < 2:
         raise ValueError(f"--owner-users {users}: the owner needs at least 2 users")
+    cap_m = users if capacity is None else int(capacity)
+    if cap_m < users:
+        raise ValueError(f"--owner-users {users}:{cap_m}: the capacity M must be at least the "
+                         "users the owner holds")
     over = {**AUDIT_DPSGD, **overrides, "seed": seed}
     rpu = int(over.get("partition.records_per_user", 1))
-    over["dataset.num_records"] = int(over["partition.num_owners"]) * users * rpu
+    over["dataset.num_records"] = int(over["partition.num_owners"]) * cap_m * rpu
     p = prepare(config_from_overrides(over))
     if p.owners.training.dpsgd_records:
         raise ConfigError("privacy.group_privacy: the owner-side audit removes one user; audit "
@@ -298,18 +497,24 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
     delta, batch = p.settings.delta, owners.training.user.batch_size
     claimed = one_release_epsilon(agg, delta)
     shard = p.fed.owner(0)
-    if shard.num_users != users:
+    if shard.num_users != cap_m:
         raise ConfigError(f"dataset.num_records: owner 0 holds {shard.num_users} users, the "
-                          f"audit asked for {users}")
+                          f"audit asked for {cap_m}")
+    for u in range(cap_m - 1, users - 1, -1):      # below capacity: the last users leave
+        shard = shard.without_user(u)
     ratio = _make_canary(p, shard)
     neighbour = shard.without_user(0)
     constraint = agg.constraint
+    adaptive = constraint.dpsgd_count_noise is not None
     if kind == "noise":
-        constraint = dataclasses.replace(constraint, dpsgd_noise=constraint.dpsgd_noise * factor)
+        constraint = dataclasses.replace(
+            constraint, dpsgd_noise=constraint.dpsgd_noise * factor,
+            dpsgd_count_noise=(None if not adaptive else constraint.dpsgd_count_noise * factor))
     # the public capacity of every simulated owner (ids: D even, D' odd); schedule=data gives
     # each neighbour the count it holds (a schedule read from the data)
-    cap = np.full(2 * trials, users, dtype=np.int64)
+    cap = np.full(2 * trials, cap_m, dtype=np.int64)
     if kind == "schedule=data":
+        cap[0::2] = users
         cap[1::2] = users - 1
     owners.training = dataclasses.replace(owners.training, dpsgd_capacity=tuple(cap.tolist()))
     shared = p.billboard.shared_params()
@@ -320,17 +525,23 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
             k = min(chunk, trials - a)
             rep = _replicate(f, k, 2 * a + parity)
             personal = owners.initial_personal(k)
-            parts.append(owners.owner_deltas(rep, shared, personal, np.arange(k), 1, constraint)
-                         .to(torch.float64).numpy())
+            fractions = np.zeros(k) if adaptive else None
+            delta_k = owners.owner_deltas(rep, shared, personal, np.arange(k), 1, constraint,
+                                          fractions).to(torch.float64).numpy()
+            if adaptive:          # the owner's release: its delta and its mean noisy fraction
+                delta_k = np.concatenate([delta_k, fractions[:, None]], axis=1)
+            parts.append(delta_k)
         outs[side] = np.concatenate(parts)
-    q, steps = owner_rates(np.array([users]), batch)
+    q, steps = owner_rates(np.array([cap_m]), batch)
     # one DP-SGD step with every user in it: the delta is Gaussian, same covariance on D and D'
     gaussian = (float(q[0]) >= 1.0 and int(steps[0]) * owners.training.user.epochs == 1
                 and kind != "schedule=data")
-    samples = audit_samples(outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian)
+    samples = audit_samples(outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian,
+                            discriminant=adaptive)
     power = _power(samples, claimed, delta, trials, factor or 1.0, gaussian) \
         if kind != "schedule=data" else None
-    name = f"local_dpsgd, owner of {users} -> {users - 1} users, B={batch}"
+    name = (f"local_dpsgd{' adaptive' if adaptive else ''}, owner of {users} -> {users - 1} "
+            f"users{'' if cap_m == users else f' (capacity {cap_m})'}, B={batch}")
     from fedudp.build import run_guarantee
     res = AuditResult(name, "add_or_remove_one", trials, delta, claimed, samples,
                       ratio, broken, time.perf_counter() - t0, power, gaussian,
@@ -416,8 +627,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="weaken the mechanism on purpose (the audit must catch it): noise=FACTOR "
                          "(any factor > 0), clip=off (server side), schedule=data (local_dpsgd)")
     ap.add_argument("--owner-users", default="",
-                    help="local_dpsgd: comma-separated owner sizes M to audit (D: M users, D': "
-                         "M-1); default B//3 and B+1")
+                    help="local_dpsgd: comma-separated owner sizes to audit, M (D: M users, D': "
+                         "M-1, public capacity M) or m:M (an owner below capacity: D holds m "
+                         "users, D' m-1, capacity M); default B//3 and B+1")
+    ap.add_argument("--sequence", type=int, default=None,
+                    help="releases per trial (server side): each trial is a fresh mechanism "
+                         "releasing this many times, audited as one sequence against the ε of as "
+                         "many releases; default: the run's rounds for dp_ftrl_tree and "
+                         "dp_mf_banded, 1 otherwise")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the audit with seeds seed..seed+K-1 and count violations (on the "
@@ -458,11 +675,22 @@ def main(argv: list[str] | None = None) -> int:
         population = n_owners if spec.cohort_is_owners else n_users
         make = lambda: build.estimator(cfg, Sampling(s.sampling_rate, population),  # noqa: E731
                                        a.rounds or s.rounds, a.dim)
-        make()
+        first = make()
+        releases = a.sequence or (a.rounds or s.rounds
+                                  if first.name in LINEAR_NOISE else 1)
+        if releases < 1:
+            raise ValueError(f"--sequence {releases}: at least one release per trial")
+        if releases > 64:
+            raise ValueError(f"--sequence {releases}: at most 64 releases per trial; set "
+                             "--sequence (or train.rounds) lower")
         print(TABLE_HEAD)
-        results = _repeat(lambda seed: audit(make(), a.dim, a.trials, s.delta, seed,
-                                             a.broken, s.bound),
-                          list(range(a.seed, a.seed + a.repeat)))
+        if releases > 1 or _stateful(first):
+            one = lambda seed: audit_sequence(make(), a.dim, a.trials, releases,  # noqa: E731
+                                              s.delta, seed, a.broken, s.bound)
+        else:
+            one = lambda seed: audit(make(), a.dim, a.trials, s.delta, seed,  # noqa: E731
+                                     a.broken, s.bound)
+        results = _repeat(one, list(range(a.seed, a.seed + a.repeat)))
     except (ConfigError, ValueError) as e:
         return err(str(e).splitlines()[0])
     return _finish(results, a)
@@ -472,16 +700,22 @@ def _main_local_dpsgd(a, over: dict) -> int:
     from fedudp.config import config_from_overrides
     batch = config_from_overrides({**AUDIT_DPSGD, **over}).train.batch_size
     try:
-        sizes = ([int(m) for m in a.owner_users.split(",")] if a.owner_users
-                 else [max(2, batch // 3), batch + 1])
+        sizes = ([tuple(int(v) for v in m.split(":")) for m in a.owner_users.split(",")]
+                 if a.owner_users else [(max(2, batch // 3),), (batch + 1,)])
+        if any(len(m) not in (1, 2) for m in sizes):
+            raise ValueError
     except ValueError:
-        raise ValueError(f"--owner-users {a.owner_users}: comma-separated integers") from None
+        raise ValueError(f"--owner-users {a.owner_users}: comma-separated integers M or "
+                         "pairs m:M") from None
+    if a.sequence not in (None, 1):
+        raise ValueError("--sequence: the owner-side audit releases one round per trial")
     if a.rounds:
         over = {**over, "train.rounds": a.rounds}
     print(TABLE_HEAD)
     results = []
     for m in sizes:
-        results += _repeat(lambda s, m=m: audit_local_dpsgd(over, m, a.trials, s, a.broken),
+        results += _repeat(lambda s, m=m: audit_local_dpsgd(over, m[0], a.trials, s, a.broken,
+                                                            capacity=m[-1]),
                            list(range(a.seed, a.seed + a.repeat)))
     return _finish(results, a)
 
