@@ -31,7 +31,7 @@ from fedudp.aggregators import (REGISTRY, AdaptiveClipGaussian, Aggregator, Gaus
 from fedudp.aggregators.base import ParameterError
 from fedudp.aggregators.memory import check_rows_fit
 from fedudp.config import (NATURAL_DATASETS, Accounting, AlgorithmName, Calibration, ClipPolicy,
-                           ConfigError,
+                           ConfigError, DataError,
                            DatasetName, EngineName, KeepAfterFinish, Method, ModelName, OwnerRule,
                            OwnerWeights, Placement, RandomnessMode, RunConfig, Scheme,
                            SharedUpdate, TrackingKind,
@@ -172,20 +172,48 @@ def planned_units(cfg: RunConfig) -> tuple[int, int]:
 
 
 def planned_shape(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], int]:
-    """(input shape, classes) of the configured dataset: known before loading it for the
-    planned data sets; a natural federation's from its records."""
+    """(input shape, classes) of the configured dataset: public, known before any data is read
+    (``input_spec``)."""
     return input_spec(cfg, records)[:2]
 
 
+SYNTHETIC_CLASSES = 10      # dataset.classes=null on the synthetic data set
+# (input shape, classes, token ids) the built-in data sets declare for themselves
+BUILTIN_INPUTS = {"mnist": (federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES, False),
+                  "fashion_mnist": (federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES,
+                                    False),
+                  "femnist": ((1, 28, 28), 62, False), "shakespeare": ((80,), 80, True),
+                  "cifar10": ((3, 32, 32), 10, False), "cifar100": ((3, 32, 32), 100, False)}
+DECLARED_INPUTS = ("npz", "parquet", "hf", "memory")    # dataset.classes / input_shape needed
+
+
 def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], int, bool]:
-    """(input shape, classes, whether the inputs are token ids)."""
+    """(input shape, classes, whether the inputs are token ids): public, never read from the
+    data. Built-in data sets declare their own (``BUILTIN_INPUTS``; synthetic: [features] and
+    ``dataset.classes``, 10 when null); npz / parquet / hf / memory take
+    ``dataset.input_shape``, ``dataset.classes`` and ``dataset.tokens`` (``ConfigError`` when
+    one is missing; ``prepare`` first reads the data so that the message gives its value).
+    ``records`` is accepted for callers that pass them and is not read."""
     d = cfg.dataset
-    if DatasetName(d.name) == DatasetName.synthetic:
-        return (int(d.features),), int(d.classes), False
-    if not natural(cfg):
-        return federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES, False
-    train = natural_records(cfg, records)[0]
-    return tuple(train.x.shape[1:]), int(train.classes), train.x.dtype == np.int64
+    name = DatasetName(d.name).value
+    if name == "synthetic":
+        return ((int(d.features),), SYNTHETIC_CLASSES if d.classes is None else int(d.classes),
+                False)
+    if name in BUILTIN_INPUTS:
+        shape, classes, tokens = BUILTIN_INPUTS[name]
+        if name == "cifar100" and d.coarse:
+            classes = 20
+        for key, mine, given in (("classes", classes, d.classes),
+                                 ("input_shape", list(shape), d.input_shape)):
+            if given is not None and (list(given) if key == "input_shape" else given) != mine:
+                raise ConfigError(f"dataset.{key}: dataset.name={name} declares {mine}, got "
+                                  f"{given} (leave it null)")
+        return tuple(shape), classes, tokens
+    for key in ("classes", "input_shape"):
+        if getattr(d, key) is None:
+            raise ConfigError(f"dataset.{key}: dataset.name={name} needs it declared (public: "
+                              "the model's shape, docs/your-data.md#public-numbers)")
+    return tuple(int(v) for v in d.input_shape), int(d.classes), bool(d.tokens)
 
 
 def records_per_unit(cfg: RunConfig) -> int:
@@ -221,14 +249,14 @@ def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records
             raise ConfigError("dataset.name: memory takes its records from the Python API: "
                               "fedudp.simulate(config, records=...)")
         train, test = given if isinstance(given, tuple) else (given, None)
-        return _group(cfg, train, test)
+        return _group(cfg, *declared_inputs(cfg, train, test))
     if given is not None:
         raise ConfigError(f"dataset.name: {name} reads its records from files; records given "
                           "through the Python API need dataset.name=memory")
     key = _natural_key(cfg)
     if key not in _NATURAL_CACHE:
         _NATURAL_CACHE.clear()
-        _NATURAL_CACHE[key] = _group(cfg, *_read_natural(cfg))
+        _NATURAL_CACHE[key] = _group(cfg, *declared_inputs(cfg, *_read_natural(cfg)))
     return _NATURAL_CACHE[key]
 
 
@@ -243,7 +271,8 @@ def _read_natural(cfg: RunConfig) -> tuple[Records, Records | None]:
             raise ConfigError("dataset.path: dataset.name=hf reads a Hugging Face data set saved "
                               "with save_to_disk; set dataset.path=<folder>")
         return hf.read_hf(d.path, split=d.split, test_split=d.test_split, features=features,
-                          label=cols.y, user=cols.user, owner=cols.owner, meta=tuple(cols.meta))
+                          label=cols.y, user=cols.user, owner=cols.owner, meta=tuple(cols.meta),
+                          classes=_UNDECLARED)
     if name in ("npz", "parquet"):
         if not d.path:
             raise ConfigError(f"dataset.path: dataset.name={name} reads the records of a file; "
@@ -253,7 +282,8 @@ def _read_natural(cfg: RunConfig) -> tuple[Records, Records | None]:
                               "name it (a list of columns is for parquet and hf)")
         read = columnar.read_npz if name == "npz" else columnar.read_parquet
         kw = dict(features=features, label=cols.y, user=cols.user, owner=cols.owner,
-                  meta=tuple(cols.meta))
+                  meta=tuple(cols.meta),
+                  classes=_UNDECLARED)
         return read(d.path, **kw), (read(d.test_path, **kw) if d.test_path else None)
     if name == "femnist":
         return leaf.read_femnist(d.root)
@@ -266,6 +296,49 @@ def _read_natural(cfg: RunConfig) -> tuple[Records, Records | None]:
     train = users_by_rule(train, rule, records_per_user=part.records_per_user, seed=cfg.seed,
                           alpha=part.dirichlet_alpha if rule == "dirichlet" else None)
     return train, test
+
+
+# npz / parquet / hf are read with this many classes; declared_inputs then checks the labels
+# against dataset.classes (or says what the data holds) before anything else uses the records
+_UNDECLARED = 2 ** 62
+
+
+def declared_inputs(cfg: RunConfig, train: Records, test: Records | None
+                    ) -> tuple[Records, Records | None]:
+    """The records checked against the declared inputs (``input_spec``) before any other use:
+    npz / parquet / hf / memory must declare ``dataset.classes`` and ``dataset.input_shape``
+    (a missing one is one line giving the data's values), every record must have the declared
+    shape, integer features need ``dataset.tokens=true`` (and float ones false), and every label
+    must lie in [0, classes) (a ``DataError`` naming the file). The records come back with the
+    declared class count (in-memory records' own ``classes`` is replaced)."""
+    from dataclasses import replace
+    name = DatasetName(cfg.dataset.name).value
+    d = cfg.dataset
+    splits = [r for r in (train, test) if r is not None]
+    if name in DECLARED_INPUTS and (d.classes is None or d.input_shape is None):
+        top = max((int(r.y.max()) + 1 for r in splits if len(r)), default=0)
+        key = "classes" if d.classes is None else "input_shape"
+        raise ConfigError(f"dataset.{key}: a federation read from {name} needs its model's shape "
+                          "declared (docs/your-data.md#public-numbers); this data has "
+                          f"dataset.input_shape={list(train.x.shape[1:])}, dataset.classes>={top} "
+                          f"(labels 0..{top - 1})")
+    shape, classes, tokens = input_spec(cfg)
+    out = []
+    for r in splits:
+        where = r.source or "records"
+        if tuple(r.x.shape[1:]) != shape:
+            raise ConfigError(f"dataset.input_shape: {list(shape)} declared, the records of "
+                              f"{where} have shape {list(r.x.shape[1:])}")
+        if (r.x.dtype == np.int64) != tokens:
+            raise ConfigError(
+                f"dataset.tokens: {str(tokens).lower()} declared, the features of {where} are "
+                + ("integers: set dataset.tokens=true for token ids, or store float features"
+                   if not tokens else "floats: token ids are integers (or set dataset.tokens=false)"))
+        try:
+            out.append(r if r.classes == classes else replace(r, classes=classes))
+        except DataError as e:             # a label outside [0, classes)
+            raise DataError(f"dataset.classes: {classes} declared; {e}") from None
+    return out[0], (out[1] if test is not None else None)
 
 
 def _group(cfg: RunConfig, train: Records, test: Records | None
@@ -322,13 +395,16 @@ def natural_numbers(train: Records) -> dict:
     first = np.unique(train.user, return_index=True)[1]
     _, owner_users = np.unique(train.owner[first], return_counts=True)
     return {"users": int(len(users)), "owners": int(len(owner_users)),
-            "owner_capacity": int(owner_users.max()), "records_per_user": int(per_user.max())}
+            "owner_capacity": int(owner_users.max(initial=0)),
+            "records_per_user": int(per_user.max(initial=0))}
 
 
 def check_public(cfg: RunConfig, train: Records) -> None:
-    """The declared public numbers against the data: the user and owner counts equal, every
-    owner within the capacity, every user within the records bound. A missing declaration is
-    one line that gives the data's value."""
+    """The declared public numbers against the data, as upper bounds: at most ``public.users``
+    users in at most ``partition.num_owners`` owners, every owner within the capacity, every
+    user within the records bound (fewer users, or empty owners, run under the same declaration
+    with the same schedule, divisor and noise). A missing declaration is one line that gives the
+    data's value; data exceeding one is one line naming the key."""
     have = natural_numbers(train)
     missing = [k for k in ("users", "owner_capacity", "records_per_user")
                if getattr(cfg.public, k) is None]
@@ -337,12 +413,14 @@ def check_public(cfg: RunConfig, train: Records) -> None:
                           "numbers declared (docs/your-data.md#public-numbers); this data has "
                           + ", ".join(f"public.{k}={have[k]}" for k in
                                       ("users", "owner_capacity", "records_per_user")))
-    if have["owners"] != cfg.partition.num_owners:
+    if have["owners"] > cfg.partition.num_owners:
         raise ConfigError(f"partition.num_owners: {cfg.partition.num_owners} declared, the data "
-                          f"is grouped into {have['owners']} owners")
+                          f"is grouped into {have['owners']} owners (an upper bound: declare at "
+                          "least that many)")
     pub = cfg.public
-    if have["users"] != pub.users:
-        raise ConfigError(f"public.users: {pub.users} declared, the data has {have['users']} users")
+    if have["users"] > pub.users:
+        raise ConfigError(f"public.users: {pub.users} declared, the data has {have['users']} users "
+                          "(an upper bound: declare at least that many)")
     if have["owner_capacity"] > pub.owner_capacity:
         raise ConfigError(f"public.owner_capacity: {pub.owner_capacity} declared, an owner of the "
                           f"data holds {have['owner_capacity']} users")
@@ -352,17 +430,26 @@ def check_public(cfg: RunConfig, train: Records) -> None:
 
 
 def public_numbers(cfg: RunConfig) -> dict:
-    """The numbers the accountant treats as public, and where they come from (the ledger)."""
+    """The numbers the accountant treats as public, and where they come from (the ledger):
+    the populations (upper bounds for a natural federation) and the model's input shape and
+    classes (``input_spec``)."""
+    shape, classes, tokens = input_spec(cfg)
+    inputs = {"classes": int(classes), "input_shape": [int(v) for v in shape],
+              "tokens": bool(tokens)}
     if natural(cfg):
+        name = DatasetName(cfg.dataset.name).value
         return {"users": declared(cfg, "users"), "owners": int(cfg.partition.num_owners),
                 "owner_capacity": declared(cfg, "owner_capacity"),
-                "records_per_user": declared(cfg, "records_per_user"),
-                "source": "declared (public.*), checked against the data before the first round"}
+                "records_per_user": declared(cfg, "records_per_user"), **inputs,
+                "source": "declared (public.*, partition.num_owners as upper bounds; "
+                          + ("dataset.classes, dataset.input_shape, dataset.tokens"
+                             if name in DECLARED_INPUTS else f"the inputs {name} declares")
+                          + "), checked against the data before the first round"}
     users = planned_owner_users(cfg)
     return {"users": int(users.sum()), "owners": len(users),
             "owner_capacity": int(users.max()),
-            "records_per_user": int(cfg.partition.records_per_user),
-            "source": "planned from the config (dataset.num_records, partition.*)"}
+            "records_per_user": int(cfg.partition.records_per_user), **inputs,
+            "source": "planned from the config (dataset.num_records, partition.*, dataset.*)"}
 
 
 def check_planned_public(cfg: RunConfig) -> None:
@@ -584,9 +671,12 @@ def federation(cfg: RunConfig, records: Any = None) -> Federation:
         from fedudp.data import natural as nat
         train, test = natural_records(cfg, records)
         check_public(cfg, train)
-        return nat.layout(train, test)
+        n = int(part.num_owners)       # the declared owner count; owners without users kept
+        if OwnerRule(part.owner_rule).value in ("random", "dirichlet"):
+            return nat.layout(train, test, n, owner_ids=np.arange(n, dtype=np.int64))
+        return nat.layout(train, test, n)
     if DatasetName(d.name) == DatasetName.synthetic:
-        pool = federation_mod.synthetic(d.features, d.classes, d.pool_train, d.pool_test,
+        pool = federation_mod.synthetic(d.features, input_spec(cfg)[1], d.pool_train, d.pool_test,
                                         d.signal, cfg.seed)
     else:
         pool = federation_mod.image_pool(DatasetName(d.name).value, d.root, d.download)
@@ -879,7 +969,10 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
             raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
                               f"multiplier {aggregator.noise_multiplier} exceeds it")
     fed = federation(cfg, records).to(own.dtype)
-    if (fed.num_owners, fed.num_users) != (n_owners, n_users):   # the plan's public n
+    # the plan's public n: a planned federation has exactly it; a natural one the declared
+    # owner count, and at most the declared users (the others are absent: zero contributions)
+    if fed.num_owners != n_owners or (fed.num_users > n_users if natural(cfg)
+                                      else fed.num_users != n_users):
         raise RuntimeError(f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
                            f"planned {n_owners} / {n_users}")
     return Prepared(cfg, run, own, aggregator, led, board, fed, algo)

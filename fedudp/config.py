@@ -242,9 +242,18 @@ class DatasetConfig:
     root: str = "data"
     download: bool = False
     num_records: int = 10_000   # the paper's N: size of the training subset split over owners
-    # synthetic only: feature dimension, number of classes, pool sizes, teacher strength
+    # synthetic only: feature dimension, pool sizes, teacher strength
     features: int = 60
-    classes: int = 10
+    # the number of classes (the model's output width; public, never read from the data):
+    # synthetic: null means 10; npz / parquet / hf / memory: required, labels outside
+    # [0, classes) are refused; the built-in data sets declare their own (docs/your-data.md)
+    classes: Optional[int] = None
+    # npz / parquet / hf / memory: each record's feature shape, e.g. [8] or [1, 28, 28]
+    # (public, required; the data must have exactly this shape); the others declare their own
+    input_shape: Optional[list[int]] = None
+    # npz / parquet / hf / memory: the features are integer token ids (model.name=auto then
+    # builds the char GRU); false: float features (integer features are refused)
+    tokens: bool = False
     pool_train: int = 60_000
     pool_test: int = 10_000
     signal: float = 6.0
@@ -464,6 +473,38 @@ def register() -> None:
     OmegaConf.register_new_resolver("huang_table3", huang_table3, replace=True)
 
 
+def unknown_key_message(key: str) -> str:
+    """The one line for a key the schema does not have (given with or without ``+``)."""
+    if key.startswith("model.kwargs."):     # a free-form dict: a new key needs Hydra's '+'
+        return (f"{key}: a model argument is a new key of the free-form dict model.kwargs: "
+                f"add it with '+' ({'+' + key}=...)")
+    return (f"{key}: unknown key (the config schema has no such setting, with or without '+'); "
+            "your own model is model.target=package.module.Class and its own arguments go "
+            "under model.kwargs, e.g. +model.kwargs.hidden=64")
+
+
+def check_known_keys(node: Any, prefix: str = "") -> None:
+    """A composed config (an OmegaConf node) holds only the schema's keys: Hydra's ``+key=value``
+    adds a key that ``RunConfig`` does not declare, and ``OmegaConf.to_object`` would then drop
+    it silently (``+train.roundz=3`` ran with the default rounds). The free-form dict
+    ``model.kwargs`` takes any key. Raises a one-line ``ConfigError`` naming the first unknown
+    key."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+    schema = OmegaConf.get_type(node)
+    if not (isinstance(node, DictConfig) and dataclasses.is_dataclass(schema)):
+        return                                          # a free-form dict (model.kwargs)
+    names = {f.name for f in dataclasses.fields(schema)}
+    for key in node.keys():
+        full = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(unknown_key_message(full))
+        child = node._get_node(key)                     # noqa: SLF001 -- no interpolation resolved
+        if isinstance(child, DictConfig):
+            check_known_keys(child, f"{full}.")
+
+
 def resolved_aggregator(cfg: RunConfig) -> str:
     """The estimator's registry name; ``aggregator=auto``: gaussian for the private methods,
     none otherwise."""
@@ -556,6 +597,11 @@ def validate(cfg: RunConfig) -> None:
           f"must be > 0, got {part.dirichlet_alpha}")
     _need(isinstance(d.test_fraction, (int, float)) and 0 <= d.test_fraction < 1,
           "dataset.test_fraction", f"must be in [0, 1), got {d.test_fraction}")
+    _need(d.classes is None or (isinstance(d.classes, int) and d.classes >= 2),
+          "dataset.classes", f"must be null or an integer >= 2, got {d.classes}")
+    _need(d.input_shape is None or (len(d.input_shape) >= 1 and all(
+        isinstance(v, int) and v >= 1 for v in d.input_shape)), "dataset.input_shape",
+        f"must be null or a list of integers >= 1 (e.g. [8] or [1, 28, 28]), got {d.input_shape}")
     pub = cfg.public
     for key in ("users", "owner_capacity", "records_per_user"):
         v = getattr(pub, key)
@@ -563,7 +609,9 @@ def validate(cfg: RunConfig) -> None:
               f"must be null or an integer >= 1, got {v}")
     if d.name == DatasetName.synthetic:
         _need(d.features >= 1, "dataset.features", f"must be >= 1, got {d.features}")
-        _need(d.classes >= 2, "dataset.classes", f"must be >= 2, got {d.classes}")
+        _need(d.input_shape is None or list(d.input_shape) == [d.features],
+              "dataset.input_shape", f"synthetic records have shape [dataset.features] = "
+              f"[{d.features}], got {d.input_shape} (leave it null)")
         _need(d.pool_train >= d.num_records, "dataset.pool_train",
               f"must be >= dataset.num_records={d.num_records}, got {d.pool_train}")
     if cfg.method in (Method.fedavg, Method.per_silo):
@@ -643,7 +691,7 @@ def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
     """``{"train.rounds": 3, "method": "fedavg"}`` -> a ``RunConfig``; an unknown key or a bad
     value is a ``ConfigError`` naming the key."""
     from omegaconf import OmegaConf, open_dict
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
     base = OmegaConf.structured(RunConfig)
     OmegaConf.set_struct(base, True)
     for k, v in overrides.items():
@@ -655,6 +703,8 @@ def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
                     OmegaConf.update(base, k, v, merge=True)
                 continue
             OmegaConf.update(base, k, v, merge=True)
+        except ConfigAttributeError:
+            raise ConfigError(unknown_key_message(k)) from None
         except OmegaConfBaseException as e:
             raise ConfigError(f"{k}: {str(e).splitlines()[0]}") from None
     return OmegaConf.to_object(base)

@@ -468,11 +468,12 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
         start = _flat(base, names)
         if users_of is None:
             total = int(context.node_config.get("num-partitions", 1)) * per_client(context)
-            if total != rnd.population:
+            if total > rnd.population:     # N is an upper bound: fewer users run unchanged
                 return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, (
                     f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
-                    f"{per_client(context)} users per client = {total} users, but the server's "
-                    f"estimator is calibrated for {rnd.population}")), reply_to=msg)
+                    f"{per_client(context)} users per client = {total} users, more than the "
+                    f"server's estimator is calibrated for ({rnd.population}, "
+                    "fedudp.public.users)")), reply_to=msg)
         total = rnd.population
         mine = users(context)
         outside = [u for u in mine if not 0 <= u < total]

@@ -388,7 +388,9 @@ def evaluate_sums(model: nn.Module, shared: Params, personal: Params, x: torch.T
         return np.zeros(O), np.zeros(O)
     col = np.arange(L)[None, :]
     valid = col < sizes[:, None]
-    idx = torch.from_numpy(offsets[:-1, None] + np.minimum(col, np.maximum(sizes[:, None] - 1, 0)))
+    # an empty unit reads a valid record (masked out), also where it sits after the last one
+    idx = torch.from_numpy(np.minimum(offsets[:-1, None] + np.minimum(col, np.maximum(
+        sizes[:, None] - 1, 0)), len(x) - 1))
     mask = torch.from_numpy(valid)
 
     def one(pers, xb):

@@ -6,7 +6,9 @@ Each file holds one split (train or test), one row per record, with named column
   array; nested lists give more dimensions, e.g. ``list<list<float>>`` for ``[N, 28, 28]``;
   every cell must have the same shape) or several numeric scalar columns, given as a list of
   names and stacked in that order into ``[N, F]``;
-* the label: integers in ``[0, classes)``;
+* the label: integers in ``[0, classes)``, ``classes`` passed by the caller (public: it fixes
+  the model's output width, so it is declared, never read from the labels; a label outside is a
+  ``DataError`` naming the file);
 * the user id of each record: integers or strings (the privacy unit; never split);
 * optionally the owner id of each record (a user must have one owner), and extra metadata
   columns (``meta``) kept in ``Records.meta`` (e.g. to group users with
@@ -41,6 +43,14 @@ def _existing(path: str | Path, how: str) -> Path:
     if not p.is_file():
         raise DataError(f"{p}: no such file; {how}")
     return p
+
+
+def _declared(classes: int | None, path: Path | str) -> int:
+    """The caller's declared number of classes (never inferred from the labels)."""
+    if classes is None:
+        raise DataError(f"{path}: pass classes=<the number of classes> (public, declared: "
+                        "fedudp does not infer it from the labels)")
+    return classes
 
 
 def _missing_column(path: Path, column: str, present: Sequence[str], key: str) -> DataError:
@@ -81,7 +91,7 @@ def read_npz(path: str | Path, *, features: str = "x", label: str = "y", user: s
     """``Records`` from a ``.npz`` archive written by ``np.savez``/``np.savez_compressed``.
 
     ``features``, ``label``, ``user``, ``owner`` and ``meta`` name the archive's arrays;
-    ``classes`` defaults to ``max(label) + 1``.
+    ``classes`` is the declared number of classes (required: a ``DataError`` without it).
     """
     p = _existing(path, "write it with np.savez(path, x=..., y=..., user=...)")
     with _load_npz(p) as npz:
@@ -92,7 +102,7 @@ def read_npz(path: str | Path, *, features: str = "x", label: str = "y", user: s
         cols = {name: _npz_column(npz, p, name) for name, _ in
                 _wanted(features, label, user, owner, meta)}
     return from_arrays(cols[features], cols[label], cols[user],
-                       None if owner is None else cols[owner], classes,
+                       None if owner is None else cols[owner], _declared(classes, p),
                        meta={m: cols[m] for m in meta}, source=str(p))
 
 
@@ -176,7 +186,7 @@ def read_parquet(path: str | Path, *, features: str | Sequence[str] = "x", label
 
     ``features`` is one list column (each cell an array, nested lists allowed) or a list of
     scalar column names stacked into ``[N, F]``. ``label``, ``user``, ``owner`` and ``meta`` name
-    scalar columns; ``classes`` defaults to ``max(label) + 1``. Needs pyarrow
+    scalar columns; ``classes`` is the declared number of classes (required). Needs pyarrow
     (``pip install 'fedudp[parquet]'``); without it a ``MissingDependency`` (a ``DataError`` and an
     ``ImportError``) says so.
     """
@@ -191,5 +201,6 @@ def read_parquet(path: str | Path, *, features: str | Sequence[str] = "x", label
     x = _parquet_features(pa, pc, table, p, features)
     ids = {name: _parquet_ids(table, p, name) for name in
            [label, user, *([] if owner is None else [owner]), *meta]}
-    return from_arrays(x, ids[label], ids[user], None if owner is None else ids[owner], classes,
+    return from_arrays(x, ids[label], ids[user], None if owner is None else ids[owner],
+                       _declared(classes, p),
                        meta={m: ids[m] for m in meta}, source=str(p))

@@ -66,6 +66,14 @@ class Federation:
     def owner_sizes(self) -> np.ndarray:
         return np.diff(self.owner_offsets)
 
+    def present(self, cohort: np.ndarray, owners: bool = False) -> np.ndarray:
+        """The sampled units of ``cohort`` (indices into the public population, which may
+        declare more users than the data holds) that exist here: users below ``num_users``
+        (``owners``: below ``num_owners``). An absent unit contributes nothing, as a removed
+        user does."""
+        cohort = np.asarray(cohort)
+        return cohort[cohort < (self.num_owners if owners else self.num_users)]
+
     def owner(self, j: int) -> "Federation":
         """Owner ``j``'s shard as a one-owner federation (what a Flower ClientApp holds)."""
         u0, u1 = self.owner_user_offsets[j], self.owner_user_offsets[j + 1]

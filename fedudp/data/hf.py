@@ -28,7 +28,9 @@ downloaded). To get one, on a machine with network run
 
   Float and bool features become float32, integer features int64 (token ids).
 * Labels (``label``): a ``ClassLabel`` or an integer column. ``classes``: the argument if given,
-  else the ``ClassLabel``'s number of names, else the largest label of both splits plus one.
+  else the ``ClassLabel``'s number of names (the schema's declaration); an integer column needs
+  the argument (never inferred from the labels); a label outside ``[0, classes)`` is a
+  ``DataError``.
 * ``owner`` (optional) and ``meta`` name scalar columns kept as ``Records.owner`` / ``.meta``.
 
 Errors are ``DataError`` with a one-line message naming the folder (and split and column).
@@ -298,8 +300,8 @@ def read_hf(path: str | Path, *, split: str = "train", test_split: str | None = 
     split). ``features``: an image column, a list/array column, or a list of numeric scalar
     columns; ``label``: a ``ClassLabel`` or int column; ``user``: the natural-id column (users
     found with flwr-datasets' ``NaturalIdPartitioner``); ``owner``/``meta``: scalar columns.
-    ``classes``: the argument, else the ``ClassLabel``'s, else ``max(label) + 1`` over both
-    splits. Records are laid out partition by partition (see the module doc).
+    ``classes``: the argument, else the ``ClassLabel``'s (an integer label column needs the
+    argument). Records are laid out partition by partition (see the module doc).
     """
     libs = _libs()
     if not isinstance(features, str) and not (
@@ -316,7 +318,9 @@ def read_hf(path: str | Path, *, split: str = "train", test_split: str | None = 
     if classes is None:
         classes = read[0][0][1]
     if classes is None:
-        classes = max(int(cols["y"].max()) for (cols, _), _ in read) + 1
+        raise DataError(f"{splits[0][1]}: label column {label!r} is not a ClassLabel; pass "
+                        "classes=<the number of classes> (public, declared: fedudp does not "
+                        "infer it from the labels)")
     out = [from_arrays(c["x"], c["y"], c["user"], c["owner"], classes, meta=c["meta"],
                        source=where) for (c, _), where in read]
     return out[0], (out[1] if len(out) > 1 else None)

@@ -87,12 +87,30 @@ def owner_of_users(records: Records) -> dict:
     return dict(zip(users.tolist(), records.owner[first].tolist()))
 
 
-def layout(train: Records, test: Records | None) -> Federation:
+def layout(train: Records, test: Records | None, num_owners: int | None = None,
+           owner_ids: np.ndarray | None = None) -> Federation:
     """The federation of grouped ``train`` records (every record has an owner) and their
-    ``test`` records (see the module doc), in the rounds' layout."""
+    ``test`` records (see the module doc), in the rounds' layout.
+
+    ``owner_ids``: every owner's id in order (sorted; the data's owners must be among them), an
+    id the data lacks an owner without users; default the data's own. ``num_owners``: the
+    declared owner count (an upper bound): owners without users are appended after the data's
+    until there are that many. Both keep the federation's owner count public when an owner's
+    last user leaves."""
     if train.owner is None:
         raise ValueError("layout needs grouped records (an owner per record): use group_users")
-    owner_ids = np.unique(train.owner)
+    data_owners = np.unique(train.owner)
+    if owner_ids is None:
+        owner_ids = data_owners
+    else:
+        owner_ids = np.asarray(owner_ids)
+        pos = np.searchsorted(owner_ids, data_owners)
+        if len(data_owners) and ((pos >= len(owner_ids)) | (owner_ids[np.minimum(
+                pos, len(owner_ids) - 1)] != data_owners)).any():
+            raise ValueError("layout: the data has owners outside owner_ids")
+    total = len(owner_ids) if num_owners is None else int(num_owners)
+    if total < len(owner_ids):
+        raise ValueError(f"layout: {len(owner_ids)} owners, more than num_owners={total}")
     oidx = np.searchsorted(owner_ids, train.owner)
     users, uinv = np.unique(train.user, return_inverse=True)
     keys = user_keys(users, train.source or "records")
@@ -102,10 +120,10 @@ def layout(train: Records, test: Records | None) -> Federation:
     user_of_slot = uo[starts]
     user_offsets = np.r_[starts, len(order)].astype(np.int64)
     user_owner = oidx[order][starts].astype(np.int64)
-    owner_user_offsets = np.searchsorted(user_owner, np.arange(len(owner_ids) + 1)).astype(np.int64)
+    owner_user_offsets = np.searchsorted(user_owner, np.arange(total + 1)).astype(np.int64)
     tx, ty, toff = _test_layout(test, owner_ids, dict(zip(users.tolist(),
                                                           user_owner[np.argsort(user_of_slot)]
-                                                          .tolist())), train)
+                                                          .tolist())), train, total)
     return Federation(
         x=torch.from_numpy(np.ascontiguousarray(train.x[order])),
         y=torch.from_numpy(train.y[order].astype(np.int64)),
@@ -116,11 +134,11 @@ def layout(train: Records, test: Records | None) -> Federation:
 
 
 def _test_layout(test: Records | None, owner_ids: np.ndarray, owner_index_of_user: dict,
-                 train: Records) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                 train: Records, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(owner_ids)
     if test is None or len(test) == 0:
         return (np.zeros((0, *train.x.shape[1:]), dtype=train.x.dtype), np.zeros(0, np.int64),
-                np.zeros(n + 1, np.int64))
+                np.zeros(total + 1, np.int64))
     idx = np.full(len(test), -1, dtype=np.int64)
     known = np.array([u in owner_index_of_user for u in test.user.tolist()], dtype=bool)
     if known.any():
@@ -138,6 +156,6 @@ def _test_layout(test: Records | None, owner_ids: np.ndarray, owner_index_of_use
                             "record has no training users")
         idx[~known] = pos
     order = np.argsort(idx, kind="stable")
-    counts = np.bincount(idx, minlength=n)
+    counts = np.bincount(idx, minlength=total)
     return (test.x[order], test.y[order].astype(np.int64),
             np.r_[0, np.cumsum(counts)].astype(np.int64))

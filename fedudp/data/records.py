@@ -230,10 +230,7 @@ def _check_owners(num_owners: int | None, num_users: int, records: Records) -> i
     if isinstance(num_owners, bool) or not isinstance(num_owners, (int, np.integer)) \
             or num_owners < 1:
         raise ValueError(f"num_owners must be a positive int, got {num_owners!r}")
-    if num_owners > num_users:
-        raise DataError(f"{_where(records.source)}: {num_owners} owners but only {num_users} "
-                        f"users; every owner needs at least one user")
-    return int(num_owners)
+    return int(num_owners)       # more owners than users: some hold none (an upper bound)
 
 
 def _random_owners(num_users: int, num_owners: int, rng: np.random.Generator) -> np.ndarray:
@@ -273,7 +270,7 @@ def _dirichlet_owners(major: np.ndarray, num_owners: int, classes: int, alpha: f
     Small ``alpha`` makes each mixture nearly one class, so owners end up dominated by one
     majority label; large ``alpha`` approaches an even spread. Owners have equal sizes, so a class
     can fill an owner only when it has enough users: the skew shows most clearly with at least as
-    many owners as classes. Every owner gets at least one user.
+    many owners as classes. With more owners than users some owners get none.
     """
     mix = rng.dirichlet(np.full(classes, float(alpha)), size=num_owners)
     cap = _capacities(len(major), num_owners)

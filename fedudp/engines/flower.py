@@ -137,6 +137,7 @@ class FlowerTransport:
         if cohort is not None and self.owners.spec.cohort_is_owners:
             units = {int(j): np.zeros(1, dtype=np.int64) for j in cohort}
         elif cohort is not None:
+            cohort = self.fed.present(cohort, False)
             owner = self.fed.user_owner[cohort]
             units = {int(j): cohort[owner == j] - self.fed.owner_user_offsets[j]
                      for j in np.unique(owner)}

@@ -31,6 +31,7 @@ class LocalTransport:
                                                           round_)
         if cohort is None:
             return Collected([])
+        cohort = self.fed.present(cohort, self.owners.spec.cohort_is_owners)
         return Collected([self.owners.reply(self.fed, shared, self.personal_params, cohort, round_,
                                             current_constraint(self.constraint))])
 

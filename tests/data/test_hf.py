@@ -118,7 +118,7 @@ def test_rgb_and_palette_images_channels_first(tmp_path):
     ds = datasets.Dataset.from_dict(
         {"img": [Image.fromarray(rgb), pal], "y": [0, 1], "user": [1, 0]},
         features=F({"img": datasets.Image(), "y": V("int64"), "user": V("int64")}))
-    train, test = read_hf(_save(ds, tmp_path / "rgb"), features="img")
+    train, test = read_hf(_save(ds, tmp_path / "rgb"), features="img", classes=2)
     assert test is None
     assert train.x.shape == (2, 3, 2, 3) and train.x.dtype == np.float32
     assert train.user.dtype == np.int64 and train.user.tolist() == [0, 1]
@@ -155,24 +155,32 @@ def vec_dict(tmp_path_factory) -> Path:
     return _save(dd, tmp_path_factory.mktemp("hf") / "vec")
 
 
-def test_list_column_int_labels_classes_over_both_splits(vec_dict):
-    train, test = read_hf(vec_dict, split="fit", test_split="eval", features="vec")
+def test_list_column_int_labels_classes_declared(vec_dict):
+    # an integer label column has no declared class count: the caller passes it (never
+    # max(label) + 1), and a label outside it is refused naming the split
+    with pytest.raises(DataError) as e:
+        read_hf(vec_dict, split="fit", test_split="eval", features="vec")
+    assert "is not a ClassLabel; pass classes=" in _one_line(e)
+    with pytest.raises(DataError) as e:
+        read_hf(vec_dict, split="fit", test_split="eval", features="vec", classes=4)
+    assert "(split 'eval'): label 4 of record 0 is outside [0, 4)" in _one_line(e)
+    train, test = read_hf(vec_dict, split="fit", test_split="eval", features="vec", classes=5)
     order = [1, 3, 0, 2]            # user 3's rows, then user 5's
     assert train.x.dtype == np.float32 and train.x.shape == (4, 3)
     want = np.array([[3 * i + k + 0.5 for k in range(3)] for i in order], np.float32)
     np.testing.assert_array_equal(train.x, want)
     assert train.user.dtype == np.int64 and train.user.tolist() == [3, 3, 5, 5]
     assert train.y.tolist() == [1, 1, 0, 2]
-    assert train.classes == 5 and test.classes == 5          # max label 4 is in the test split
+    assert train.classes == 5 and test.classes == 5
     assert test.user.tolist() == [3, 8] and test.y.tolist() == [4, 0]
     np.testing.assert_array_equal(test.x[0], np.float32([100.5, 101.5, 102.5]))
 
 
 def test_array2d_and_nested_lists(vec_dict):
-    train, _ = read_hf(vec_dict, split="fit", test_split="eval", features="grid")
+    train, _ = read_hf(vec_dict, split="fit", test_split="eval", features="grid", classes=5)
     assert train.x.shape == (4, 2, 2) and train.x.dtype == np.float32
     np.testing.assert_array_equal(train.x[0], np.arange(4, dtype=np.float32).reshape(2, 2) + 1)
-    train, _ = read_hf(vec_dict, split="fit", test_split="eval", features="nest")
+    train, _ = read_hf(vec_dict, split="fit", test_split="eval", features="nest", classes=5)
     assert train.x.shape == (4, 2, 3) and train.x.dtype == np.int64     # integers: token ids
     assert train.x[0].tolist() == [[1, 2, 3], [0, 0, 1]]
 
@@ -187,20 +195,20 @@ def test_scalar_columns_owner_and_meta(vec_dict):
     assert train.meta["note"].tolist() == [f"r{i}" for i in order]
     assert train.meta["b"].tolist() == [10 * i for i in order]
     assert train.classes == 7
-    one, _ = read_hf(vec_dict, split="fit", features="a")          # one scalar: [N, 1]
+    one, _ = read_hf(vec_dict, split="fit", features="a", classes=3)          # one scalar: [N, 1]
     assert one.x.shape == (4, 1)
-    ints, _ = read_hf(vec_dict, split="fit", features=["b"])
+    ints, _ = read_hf(vec_dict, split="fit", features=["b"], classes=3)
     assert ints.x.dtype == np.int64 and ints.x[:, 0].tolist() == [10, 30, 0, 20]
 
 
 def test_single_dataset_and_missing_test_split(vec_dict, tmp_path):
     ds = datasets.Dataset.from_dict(_vectors([1, 0], [1, 0]), features=VEC_F)
-    train, test = read_hf(_save(ds, tmp_path / "one"), features="vec")
+    train, test = read_hf(_save(ds, tmp_path / "one"), features="vec", classes=2)
     assert test is None and train.user.tolist() == [0, 1] and train.classes == 2
     assert train.source == str(tmp_path / "one")
-    _, test = read_hf(vec_dict, split="fit", features="vec")       # no 'test' split
+    _, test = read_hf(vec_dict, split="fit", features="vec", classes=3)       # no 'test' split
     assert test is None
-    _, test = read_hf(vec_dict, split="fit", test_split=None, features="vec")
+    _, test = read_hf(vec_dict, split="fit", test_split=None, features="vec", classes=3)
     assert test is None
 
 
@@ -295,7 +303,7 @@ def test_bad_values_name_the_column(tmp_path):
           "column 'x' must hold numeric features (an image, a list/array of numbers or a "
           "number), got string")
     fails({"x": [[1.0], [2.0]], "y": [0, -1], "user": [0, 1]},
-          "label -1 of record")
+          "label -1 of record", classes=2)
     imgs = [Image.fromarray(np.zeros((2, 2), np.uint8)), Image.fromarray(np.zeros((3, 2),
                                                                                   np.uint8))]
     p = _save(datasets.Dataset.from_dict(
@@ -357,6 +365,10 @@ def test_a_saved_data_set_runs_through_the_builder(tmp_path):
     over = {"dataset.name": "hf", "dataset.path": str(tmp_path / "d"), "progress": False,
             "dataset.columns.user": "writer", "partition.num_owners": 3, "train.rounds": 2,
             "method": "joint_dp"}
+    with pytest.raises(ConfigError, match=r"^dataset\.classes: .*dataset\.input_shape=\[5\], "
+                                          r"dataset\.classes>=3 \(labels 0\.\.2\)$"):
+        fedudp.simulate(over)
+    over.update({"dataset.classes": 3, "dataset.input_shape": [5]})
     with pytest.raises(ConfigError, match=r"public\.users=12, public\.owner_capacity=4, "
                                           r"public\.records_per_user=10$"):
         fedudp.simulate(over)

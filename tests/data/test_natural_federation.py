@@ -29,7 +29,8 @@ def npz_cfg(path, **over):
     return cfg_for(**{"dataset.name": "npz", "dataset.path": str(path),
                       "dataset.columns.owner": "owner", "partition.owner_rule": "given",
                       "partition.num_owners": 4, "public.users": 16, "public.owner_capacity": 6,
-                      "public.records_per_user": 40, "dataset.test_fraction": 0.0, **over})
+                      "public.records_per_user": 40, "dataset.test_fraction": 0.0,
+                      "dataset.classes": 4, "dataset.input_shape": [6], **over})
 
 
 @pytest.fixture
@@ -56,10 +57,16 @@ def test_public_numbers_are_declared_checked_and_in_the_ledger(npz, tmp_path):
     with pytest.raises(ConfigError, match=r"^public\.users: .*public\.users=16, "
                                           r"public\.owner_capacity=6, public\.records_per_user=40$"):
         build.prepare(npz_cfg(npz, **{"public.users": None}))
-    for key, value, pattern in [("public.users", 17, "17 declared, the data has 16 users"),
+    # declared populations are upper bounds: only data exceeding one is refused
+    for key, value, pattern in [("public.users", 15, "15 declared, the data has 16 users"),
                                 ("public.owner_capacity", 5, "an owner of the data holds 6"),
                                 ("public.records_per_user", 39, "a user of the data holds 40"),
-                                ("partition.num_owners", 3, "grouped into 4 owners")]:
+                                ("partition.num_owners", 3, "grouped into 4 owners"),
+                                ("dataset.classes", 3, "dataset.classes: 3 declared; .*fed.npz: "
+                                                       "label 3 of record .* outside \\[0, 3\\)"),
+                                ("dataset.input_shape", [5], "dataset.input_shape: \\[5\\] "
+                                                             "declared, .* have shape \\[6\\]"),
+                                ("dataset.tokens", True, "dataset.tokens: true declared")]:
         with pytest.raises(ConfigError, match=pattern):
             build.prepare(npz_cfg(npz, **{key: value}))
     s = fedudp.simulate(npz_cfg(npz, method="full_dp", **{"public.owner_capacity": 8}),
@@ -111,7 +118,8 @@ def test_owner_rules_random_column_dirichlet(tmp_path):
     arrays["site"] = np.array(["s%d" % (o % 2) for o in arrays["owner"]])
     np.savez(tmp_path / "f.npz", **arrays)
     base = {"dataset.name": "npz", "dataset.path": str(tmp_path / "f.npz"),
-            "public.users": 16, "public.records_per_user": 40, "dataset.test_fraction": 0.0}
+            "public.users": 16, "public.records_per_user": 40, "dataset.test_fraction": 0.0,
+            "dataset.classes": 4, "dataset.input_shape": [6]}
     for rule, extra in [("random", {"partition.num_owners": 4}),
                         ("dirichlet", {"partition.num_owners": 4, "partition.dirichlet_alpha": 0.3}),
                         ("column", {"partition.num_owners": 2, "partition.owner_column": "site",
@@ -140,7 +148,8 @@ def test_in_memory_records_run(tmp_path):
     records = fedudp.from_arrays(a["x"], a["y"], a["user"])
     res = fedudp.simulate({"method": "joint_dp", "partition.num_owners": 3, "train.rounds": 2,
                            "train.batch_size": 4, "public.users": 16, "public.owner_capacity": 6,
-                           "public.records_per_user": 32}, records=records)
+                           "public.records_per_user": 32, "dataset.classes": 4,
+                           "dataset.input_shape": [6]}, records=records)
     assert res.summary["num_users"] == 16 and res.rounds_completed == 2
     assert res.ledger.extra["public"]["users"] == 16 and 0 < res.epsilon <= 1.0 + 1e-9
     with pytest.raises(ConfigError, match="^dataset.name: memory"):

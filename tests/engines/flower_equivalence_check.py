@@ -53,7 +53,8 @@ def config(aggregator: str) -> dict:
            "train.batch_size": 64, "train.lr": LR, "train.server_lr": 1.0,
            "train.shared_update": "delta", "partition.owner_rule": "given",
            "partition.num_owners": OWNERS, "public.users": users,
-           "public.owner_capacity": USERS_PER_OWNER, "public.records_per_user": 6}
+           "public.owner_capacity": USERS_PER_OWNER, "public.records_per_user": 6,
+           "dataset.classes": 2, "dataset.input_shape": [FEATURES]}
     return cfg
 
 

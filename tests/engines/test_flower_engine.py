@@ -288,7 +288,8 @@ def test_flower_matches_local_on_a_natural_federation(method, kw, tmp_path, monk
             "train.batch_size": 4, "dataset.name": "npz", "dataset.path": str(path),
             "dataset.columns.owner": "owner", "partition.owner_rule": "given",
             "partition.num_owners": 4, "public.users": 16, "public.owner_capacity": 6,
-            "public.records_per_user": 32, "engine_opts.chunk_records": 1,
+            "public.records_per_user": 32, "dataset.classes": 4, "dataset.input_shape": [6],
+            "engine_opts.chunk_records": 1,
             "engine_opts.threads": 1, "engine_opts.float64": True, **kw})
         out[eng] = (run(cfg, tmp_path / eng), _metrics(tmp_path / eng))
     _assert_equivalent(cap, out)

@@ -144,10 +144,15 @@ def test_users_of_is_checked_against_the_servers_population():
     assert not ok.has_error() and int(ok.content[K_COUNTS]["count"]) == 2
 
 
-def test_a_population_that_does_not_match_the_servers_is_refused():
+def test_a_population_above_the_servers_is_refused():
+    # N (fedudp.public.users) is an upper bound: 2 clients x 4 users = 8 <= 10 run unchanged
     reply = user_level_mod(users_per_client=4)(train_message(broadcast(1), 1, 1.0, 10, 1.0),
                                                context(0, 2), App())
-    assert reply.has_error() and "calibrated for 10" in reply.error.reason
+    assert not reply.has_error()
+    reply = user_level_mod(users_per_client=4)(train_message(broadcast(1), 1, 1.0, 10, 1.0),
+                                               context(0, 3), App())
+    assert reply.has_error() and "12 users, more than" in reply.error.reason
+    assert "calibrated for (10, fedudp.public.users)" in reply.error.reason
     with pytest.raises(ValueError, match="users_per_client"):
         user_level_mod(users_per_client=0)
 
