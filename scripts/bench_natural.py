@@ -107,6 +107,7 @@ def cfg_b(mode: str, chunk: int, public: dict | None):
     cfg = base_cfg(mode, chunk)
     cfg.dataset.name = "memory"
     cfg.dataset.test_fraction = 0.0
+    cfg.dataset.classes, cfg.dataset.input_shape = 10, [1, 28, 28]     # MNIST's, declared
     cfg.partition.owner_rule = "random"
     if public is not None:
         cfg.public.users = public["users"]

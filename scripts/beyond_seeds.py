@@ -46,7 +46,8 @@ NATURAL_CLIPS = (0.1, 0.5, 2.0)
 # docs/results/natural_mnist's settings (its public numbers are declared, checked against the data)
 NATURAL = ["dataset.name=npz", "dataset.columns.owner=owner", "partition.owner_rule=given",
            "partition.num_owners=32", "public.users=2000", "public.owner_capacity=273",
-           "public.records_per_user=107", "model.name=cnn", "model.personal=[fc1.*]",
+           "public.records_per_user=107", "dataset.classes=10", "dataset.input_shape=[1,28,28]",
+           "model.name=cnn", "model.personal=[fc1.*]",
            "train.rounds=20", "train.lr=0.05", "train.batch_size=16", "privacy.delta=1e-5"]
 
 

@@ -113,7 +113,8 @@ def main() -> None:
                             "max": int(per_owner.max())},
         "records_per_owner": {"min": int(records_owner.min()), "max": int(records_owner.max())},
         "declare": {"public.users": int(len(per_user)), "public.owner_capacity": int(per_owner.max()),
-                    "public.records_per_user": int(per_user.max())}}, indent=1))
+                    "public.records_per_user": int(per_user.max()), "dataset.classes": 10,
+                    "dataset.input_shape": list(arrays["x"].shape[1:])}}, indent=1))
 
 
 if __name__ == "__main__":
