@@ -379,3 +379,29 @@ def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(tmp_path, monk
     strip = lambda xs: [{k: v for k, v in x.items() if k != "seconds"} for x in xs]  # noqa: E731
     assert strip(res.history) == strip(ref_lines)
     assert [x["round"] for x in lines] == [3, 4]
+
+
+def test_a_secure_run_resumes_with_fresh_entropy(tmp_path):
+    """``Randomness.secure``: a run checkpointed after round 2 resumes (nothing to restore for
+    the generators: the resumed rounds draw fresh OS entropy), its ledger continues 3, 4 with
+    the accounted ε of 4 releases; the resumed rounds' cohorts are not the seeded ones."""
+    from fedudp.randomness import Randomness
+
+    def secure_board():
+        bb = gaussian_board(z=2.0, rate=0.5, seed=5)
+        bb.randomness = Randomness.secure(5)
+        return bb
+    first = secure_board()
+    run(first, FakeTransport(first.aggregator.constraint), rounds=2,
+        checkpoint=Checkpointer(tmp_path, every=1))
+    ck = Checkpointer(tmp_path, every=1)
+    ck.resumed = ck.load_latest()
+    assert ck.resumed["round"] == 2
+    second = secure_board()
+    tr = FakeTransport(second.aggregator.constraint)
+    res, lines = run(second, tr, rounds=4, checkpoint=ck)
+    assert (res.stop_reason, res.rounds_completed) == ("completed", 4)
+    assert [e.round for e in second.ledger.entries] == [1, 2, 3, 4]
+    assert second.ledger.epsilon == pytest.approx(fresh_epsilon(2.0, 4, 0.5), rel=1e-3)
+    seeded = gaussian_board(z=2.0, rate=0.5, seed=5)
+    assert any(not np.array_equal(c, np.flatnonzero(seeded.sample(r))) for r, c, _ in tr.trained)
