@@ -11,6 +11,7 @@ each interval (``ci``, ``ci_bootstrap``) holds the true ε.
 
     .venv/bin/python scripts/canary_validation.py --dim 20000 --canaries 500 --seeds 10 \
         --noise 0.5 1 2 4 --rounds 1 --delta 1e-5
+    .venv/bin/python scripts/canary_validation.py --runs docs/results/privacy_audit/canary_runs
 """
 from __future__ import annotations
 
@@ -27,8 +28,41 @@ def true_epsilon(z: float, rounds: int, delta: float) -> float:
     return float(acc.get_epsilon(delta))
 
 
+def runs_table(folder: str) -> list[str]:
+    """The Markdown table of the canary runs under ``folder`` (each ``<name>/summary.json``,
+    wall times from ``times.jsonl``): the ledger's ε beside the one-run estimate."""
+    import json
+    from pathlib import Path
+    times = {}
+    tj = Path(folder) / "times.jsonl"
+    if tj.exists():
+        for line in tj.read_text().splitlines():
+            r = json.loads(line)
+            times[r["run"]] = r["wall_s"]
+    rows = ["| run | noise × | ledger ε (δ) | guarantee | accuracy | canaries, d | cosine mean·√d, "
+            "std·√d | canary ε estimate | 95 % interval | bootstrap interval | wall (s) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for f in sorted(Path(folder).glob("*/summary.json")):
+        s = json.loads(f.read_text())
+        e = s.get("canary_epsilon_estimate")
+        if not e:
+            continue
+        cfg = (f.parent / "config.yaml").read_text()
+        scale = "0.5" if "noise_scale: 0.5" in cfg else "1"
+        r = e["dim"] ** 0.5
+        rows.append(f"| {f.parent.name} | {scale} | {s['epsilon']:.3f} ({s['delta']:g}) | "
+                    f"{s['guarantee']} | {s['accuracy_mean']:.4f} | {e['canaries']}, {e['dim']} | "
+                    f"{e['cosine_mean'] * r:.3f}, {e['cosine_std'] * r:.3f} | {e['value']:.3f} | "
+                    f"{e['ci'][0]:.3f}-{e['ci'][1]:.3f} | "
+                    f"{e['ci_bootstrap'][0]:.3f}-{e['ci_bootstrap'][1]:.3f} | "
+                    f"{times.get(f.parent.name, '-')} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", metavar="FOLDER",
+                    help="print the table of the canary runs under FOLDER and stop")
     ap.add_argument("--dim", type=int, default=20000)
     ap.add_argument("--canaries", type=int, default=500)
     ap.add_argument("--others", type=int, default=0, help="random unit vectors per round")
@@ -37,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, nargs="+", default=[1])
     ap.add_argument("--delta", type=float, nargs="+", default=[1e-5])
     a = ap.parse_args(argv)
+    if a.runs:
+        print("\n".join(runs_table(a.runs)))
+        return 0
     from fedudp.core.canaries import Canaries, andrew_estimate, simulated_release
     t0 = time.perf_counter()
     rows = []

@@ -12,15 +12,16 @@ norm C. Canaries hold no records and have no owner, so the accuracy the run repo
 owners' alone.
 
 At the end, with Δ = (final shared vector) − (initial shared vector), each canary's cosine
-cos(c_k, Δ) is a sample from the "observed" distribution. A random direction that was never
-inserted has cosine about N(0, 1/d) with Δ in d dimensions: the null distribution, which the
-paper uses analytically. The observed cosines are fitted with N(μ̂, σ̂²), and the estimate is the
-ε at δ of telling N(0, σ̂²) from N(μ̂, σ̂²): a μ-GDP pair with μ = μ̂/σ̂, whose ε comes from
-dp-accounting's Gaussian privacy loss distribution (``fedudp.privacy.audit_stats
-.gaussian_epsilon``). The equal-variance form is used; the paper also allows unequal variances.
-A 95 % interval comes from a bootstrap over the canaries. The estimate is for an adversary who
-sees only the final model, so it is expected below the ledger's ε for a correct mechanism. It is
-an estimate, not a bound, and is reported as such.
+cos(c_k, Δ) is a sample from the "observed" distribution, fitted with N(μ̂, σ̂²). A random
+direction that was never inserted has cosine about N(0, 1/d) with Δ in d dimensions: the "null"
+distribution, used analytically as the paper does. The estimate is the ε at δ of the pair
+N(0, 1/d) against N(μ̂, σ̂²), two Gaussians with different variances, computed exactly
+(:func:`two_gaussian_epsilon`). This is the paper's final-model variant; its all-iterates variant
+(max over rounds against unseen canaries) is not built. The 95 % interval is ε over a
+normal-theory confidence region of (μ, σ), with a bootstrap over the canaries beside it. The
+estimate is for an adversary who sees only the final model. For a correct mechanism it is
+expected at or below the ledger's ε, which bounds every iterate. It is an estimate, not a bound,
+and is reported as such (``canary_epsilon_estimate``).
 """
 from __future__ import annotations
 

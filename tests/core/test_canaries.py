@@ -126,17 +126,16 @@ def _true_epsilon(z, rounds, delta):
 @pytest.mark.parametrize("z,rounds", [(1.0, 1), (2.0, 1), (4.0, 4)])
 def test_the_estimate_tracks_a_gaussian_release_of_known_epsilon(z, rounds):
     # every canary in every round (rate 1): for one canary the final Δ is a Gaussian mechanism
-    # whose ε dp-accounting gives exactly. The spread over seeds at this size (K = 400,
-    # d = 10,000) is in docs/results/privacy_audit/canaries.md: the interval holds the truth,
-    # the point estimate at δ = 1e-5 runs high by up to about half
-    d, k = 10_000, 400
+    # whose ε dp-accounting gives exactly. Over 20 seeds at K = 500, d = 20,000
+    # (docs/results/privacy_audit/canaries.md) the interval held the truth every time and the
+    # point estimate at δ = 1e-5 lay between 0.95 and 1.9 × the truth (10th-90th percentile)
+    d, k = 20_000, 500
     c = Canaries(k, d, 1.0, seed=7)
     cos = c.cosines(simulated_release(c, z, rounds, np.random.default_rng(11), others=20))
     truth = _true_epsilon(z, rounds, 1e-5)
     e = andrew_estimate(cos, d, 1e-5, np.random.default_rng(0))
-    print(z, rounds, truth, e["value"], e["ci"], e["ci_bootstrap"])
     assert e["ci"][0] <= truth <= e["ci"][1]
-    assert 0.75 * truth <= e["value"] <= 1.6 * truth
+    assert 0.8 * truth <= e["value"] <= 2.0 * truth
 
 
 def test_the_estimate_rises_as_the_noise_falls():
