@@ -436,12 +436,16 @@ def _hydra_main() -> None:
     from hydra.types import RunMode
     from omegaconf import DictConfig, OmegaConf
 
-    from fedudp.config import register
+    from fedudp.config import check_known_keys, register
 
     register()
 
     @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
     def _main(dcfg: DictConfig) -> float | None:
+        try:
+            check_known_keys(dcfg)              # to_object would drop a '+key' silently
+        except ConfigError as e:
+            fail(str(e))
         cfg: RunConfig = OmegaConf.to_object(dcfg)
         hc = HydraConfig.get()
         out_dir = hc.runtime.output_dir
@@ -516,9 +520,9 @@ def preflight(argv: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
-    from fedudp.config import register
+    from fedudp.config import check_known_keys, register, unknown_key_message
 
     args = [a for a in argv if not a.startswith("-") and "=" in a]
     try:
@@ -538,13 +542,19 @@ def preflight(argv: list[str]) -> None:
     register()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            OmegaConf.to_object(compose(config_name="config", overrides=first))
+            composed = compose(config_name="config", overrides=first)
+            check_known_keys(composed)          # a '+key' the schema lacks: not dropped silently
+            OmegaConf.to_object(composed)
+    except ConfigError as e:
+        fail(str(e))
     except (HydraException, OmegaConfBaseException) as e:
         marker = "ConfigError raised while resolving interpolation: "
         if marker in str(e):                            # raised by a resolver (huang_table3)
             fail(str(e).split(marker, 1)[1])
         cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
         key = getattr(cause, "full_key", None)
+        if key and isinstance(cause, ConfigAttributeError):     # a key the schema lacks
+            fail(unknown_key_message(key))
         text = str(cause).strip().splitlines()[0]
         if "MissingConfigException" in type(e).__name__:
             options = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines()[3:]]
