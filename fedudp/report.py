@@ -283,10 +283,10 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
 def canary_cell(ss: list[dict]) -> str:
     """The canary ε estimate of a group's runs: one run's value and interval, or mean ± std."""
     ests = [s.get("canary_epsilon_estimate") for s in ss]
-    if len(ss) == 1 and ests[0]:
+    if len(ss) == 1 and ests[0] and ests[0].get("value") is not None:
         lo, hi = ests[0]["ci"]
         return f"{ests[0]['value']:.3f} [{lo:.3f}, {hi:.3f}]"
-    return _fmt([e["value"] if e else None for e in ests], len(ss), 3)
+    return _fmt([e.get("value") if e else None for e in ests], len(ss), 3)
 
 
 def comparison_table(summaries: list[dict]) -> str:

@@ -486,6 +486,8 @@ def canary_text(est: dict | None) -> str:
     and that it is an estimate, not a bound ('' without canaries)."""
     if not est:
         return ""
+    if est.get("value") is None:
+        return f"  canary epsilon n/a ({est.get('note', 'no estimate')})"
     lo, hi = est["ci"]
     return (f"  canary epsilon {est['value']:.3f} [{lo:.3f}, {hi:.3f}] "
             f"({est['kind']}; {est['canaries']} canaries)")

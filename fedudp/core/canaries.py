@@ -112,17 +112,24 @@ def andrew_estimate(cos: np.ndarray, dim: int, delta: float,
         raise ValueError(f"need the cosines of at least 2 canaries, got shape {cos.shape}")
     null_std = 1.0 / math.sqrt(dim)
     mu, sd = float(cos.mean()), float(cos.std(ddof=1))
-    value = float(two_gaussian_epsilon(0.0, null_std, mu, sd, delta))
+    out = {"value": None, "ci": None, "ci_method": "normal-theory region for (mu, sigma), "
+           "Bonferroni", "level": level, "ci_bootstrap": None, "bootstrap": int(bootstrap),
+           "estimator": ESTIMATOR, "kind": KIND, "threat_model": "final model only",
+           "canaries": int(len(cos)), "dim": int(dim), "delta": float(delta),
+           "cosine_mean": mu, "cosine_std": sd, "null_std": null_std}
+    if not (sd > 0 and np.all(np.isfinite(cos))):   # e.g. Δ = 0: every cosine 0, nothing to fit
+        out["note"] = "no estimate: the canaries' cosines have no spread (or are not finite)"
+        return out
+    out["value"] = float(two_gaussian_epsilon(0.0, null_std, mu, sd, delta))
+    out["ci"] = region_interval(mu, sd, len(cos), dim, delta, level)
     rng = np.random.default_rng(0) if rng is None else rng
     idx = rng.integers(0, len(cos), (bootstrap, len(cos)))
-    boot = two_gaussian_epsilon(0.0, null_std, cos[idx].mean(1), cos[idx].std(1, ddof=1), delta)
-    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
-    return {"value": value, "ci": region_interval(mu, sd, len(cos), dim, delta, level),
-            "ci_method": "normal-theory region for (mu, sigma), Bonferroni", "level": level,
-            "ci_bootstrap": [float(lo), float(hi)], "bootstrap": int(bootstrap),
-            "estimator": ESTIMATOR, "kind": KIND, "threat_model": "final model only",
-            "canaries": int(len(cos)), "dim": int(dim), "delta": float(delta),
-            "cosine_mean": mu, "cosine_std": sd, "null_std": null_std}
+    m, v = cos[idx].mean(1), cos[idx].std(1, ddof=1)
+    keep = v > 0                                    # a resample of one repeated canary has none
+    boot = two_gaussian_epsilon(0.0, null_std, m[keep], v[keep], delta)
+    out["ci_bootstrap"] = [float(x) for x in np.quantile(boot, [(1 - level) / 2,
+                                                                (1 + level) / 2])]
+    return out
 
 
 def region_interval(mu: float, sd: float, n: int, dim: int, delta: float,
@@ -190,7 +197,8 @@ def hockey_stick(m1, s1, m2, s2, eps):
                  np.where(a > 0, p_out, p_in))
     q = np.where(equal, np.where(b == 0, (c > eps).astype(float), _mass(lin_lo, lin_hi, m2, s2)),
                  np.where(a > 0, q_out, q_in))
-    return np.maximum(p - np.exp(eps) * q, 0.0)
+    with np.errstate(divide="ignore", over="ignore"):     # q = 0: e^ε q = 0; overflow: δ < 0
+        return np.maximum(p - np.exp(eps + np.log(q)), 0.0)
 
 
 def two_gaussian_epsilon(m1, s1, m2, s2, delta: float, tol: float = 1e-10):

@@ -117,6 +117,16 @@ def test_the_interval_is_a_bootstrap_over_the_canaries():
     assert hi4 - lo4 < 0.75 * (hi - lo)
 
 
+def test_no_spread_no_estimate_and_tiny_samples_do_not_break_the_bootstrap():
+    from fedudp.run import canary_text
+    c = Canaries(5, 40, 1.0, seed=0)
+    e = c.estimate(torch.zeros(40, dtype=torch.float64), 1e-5)["canary_epsilon_estimate"]
+    assert e["value"] is None and e["ci"] is None and "no spread" in e["note"]
+    assert "n/a" in canary_text(e) and "no spread" in canary_text(e)
+    two = andrew_estimate(np.array([0.1, 0.3]), 40, 1e-5)     # half the resamples repeat one
+    assert two["value"] > 0 and two["ci_bootstrap"][0] <= two["ci_bootstrap"][1]
+
+
 def _true_epsilon(z, rounds, delta):
     acc = dp_accounting.pld.PLDAccountant()
     acc.compose(dp_accounting.GaussianDpEvent(z), rounds)
