@@ -670,9 +670,20 @@ def jsonable(x: Any) -> Any:
     return x
 
 
+def _effective_classes(d: Any) -> Any:
+    """A config dict with ``dataset.classes`` null on a planned data set (synthetic, mnist,
+    fashion_mnist) written as the 10 it means: runs saved before the key became optional
+    (``classes: 10``) and runs saved after compare equal."""
+    ds = d.get("dataset") if isinstance(d, dict) else None
+    if isinstance(ds, dict) and ds.get("classes") is None and \
+            str(ds.get("name", "synthetic")) in ("synthetic", "mnist", "fashion_mnist"):
+        d = {**d, "dataset": {**ds, "classes": 10}}
+    return d
+
+
 def config_dict(cfg: RunConfig) -> dict:
     import dataclasses
-    return jsonable(dataclasses.asdict(cfg))
+    return _effective_classes(jsonable(dataclasses.asdict(cfg)))
 
 
 def config_to_json(cfg: RunConfig) -> str:
@@ -719,6 +730,6 @@ def with_schema_defaults(config: Any) -> dict:
     node = config if OmegaConf.is_config(config) else OmegaConf.create(config)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), node)
-        return jsonable(OmegaConf.to_container(merged, enum_to_str=True))
+        return _effective_classes(jsonable(OmegaConf.to_container(merged, enum_to_str=True)))
     except Exception:   # noqa: BLE001
         return OmegaConf.to_container(node)
