@@ -18,9 +18,26 @@ What is audited:
   (``Owners.owner_deltas``) on owner 0 of a configured federation whose owners hold ``M`` users
   each (their public capacity), D with all ``M``, D' without its first user (the canary: features
   scaled up and the label that maximizes its gradient, so its gradient is clipped); one round.
-  ``--owner-users`` picks the M's; the default pairs are one owner below the batch B and one
+  ``--owner-users`` picks the M's (``m:M``: an owner holding m users below its public capacity
+  M, D' m - 1, the schedule following M on both sides); the default pairs are one owner below the batch B and one
   crossing a multiple of B (``B//3`` and ``B+1``: 10 → 9 and 33 → 32 at B = 32);
 * ``--pair paper_leak``: the joint-DP paper-mode leak pair (``fedudp.leak``).
+
+Stateful and sequential mechanisms (``audit_sequence``): every trial starts from a fresh copy of
+the configured aggregator (never one reused across trials: an adaptive clip carried from trial
+to trial drifts, 1.0 to 4e-261 over 50,000 releases, and the audit then measured that drift,
+not the mechanism). ``--sequence T`` makes one trial T releases of that fresh copy, on D (the
+canary present in every round it takes part in: a tree's unit in the first round of every tree,
+the leaf in the most nodes; a banded mechanism's in the first round of every cycle, sampled at
+the group rate; Poisson at the rate otherwise) or D' (absent); the statistic sees the whole
+released sequence (T × dim numbers, plus an adaptive clip's noisy unclipped count per round),
+scored on the linear discriminant, the likelihood-ratio direction of correlated Gaussian noise
+(the tree's prefix-sum noise, the banded C̃⁻¹ζ). The claim is the ledger's ε for the same T
+releases. ``dp_ftrl_tree`` and ``dp_mf_banded`` default to T = the run's rounds (at most 64);
+``gaussian_adaptive`` to T = 1, each release centred by the background's clipped sum and
+count at the public current clip and scaled by its noise (exactly Gaussian residuals at
+sampling rate 1). Owner-side DP-SGD with ``privacy.clip_policy=adaptive`` audits the owner's
+release as it is sent: its noisy delta and its mean noisy unclipped fraction.
 
 Tests: the distribution-free threshold test with its region chosen on a held-out half, on the
 projection along the mean shift and on the squared distance from D''s mean; and, where the release
@@ -29,7 +46,8 @@ in it), a Gaussian-DP fit of the projection, near-optimal there. The audit print
 noise cut it would detect at the given number of releases.
 
 ``--break`` weakens the mechanism on purpose, to show that the audit catches it:
-``noise=FACTOR`` (any factor; the noise is multiplied by it), ``clip=off`` (server-side release:
+``noise=FACTOR`` (any factor; the noise is multiplied by it; an adaptive clip's update and count
+noises both), ``clip=off`` (server-side release:
 the owners send unclipped vectors and the canary is 10 times the clip norm) and
 ``schedule=data`` (owner-side DP-SGD: the sampling rate, step count and divisor taken from the
 users each neighbour actually holds: a schedule read from the data).
@@ -174,8 +192,9 @@ def audit(agg: Aggregator, dim: int, trials: int, delta: float, seed: int = 0,
           broken: str = "", bound: float = 1.0, background: float = 0.1) -> AuditResult:
     """Audit ``agg`` (built for ``dim``-vectors) with ``trials`` releases on each of D and D'.
     ``bound``: the canary's norm where the aggregator does not clip (``estimator.bound``)."""
-    if _stateful(agg):       # an adaptive clip, a tree, a banded mechanism: fresh per release
+    if agg.name in SEQUENCE_AUDITED:    # an adaptive clip, a tree, a banded mechanism
         return audit_sequence(agg, dim, trials, 1, delta, seed, broken, bound, background)
+    fresh = _stateful(agg)   # e.g. outlier removal's AboveThreshold: a fresh copy per release
     t0 = time.perf_counter()
     claimed = one_release_epsilon(agg, delta)
     constraint: Constraint = agg.constraint
@@ -213,7 +232,8 @@ def audit(agg: Aggregator, dim: int, trials: int, delta: float, seed: int = 0,
                     parts.append(opposite)
             c = Contribution.merge(parts, dim, torch.float64, constraint.rows)
             gen = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 62)))
-            vals[t] = agg.release(c, rng=gen).mean.to(torch.float64).numpy()
+            one = copy.deepcopy(agg) if fresh else agg
+            vals[t] = one.release(c, rng=gen).mean.to(torch.float64).numpy()
         outs[side] = vals
     # an unsampled clip + Gaussian release is Gaussian with the same covariance on both sides
     gaussian = agg.name == "gaussian" and q >= 1.0
@@ -241,6 +261,8 @@ def canary_rounds(agg: Aggregator, releases: int, rng: np.random.Generator) -> n
 # mechanisms whose release is (clipped sum + noise) / (public divisor), with noise independent
 # across coordinates and a state (the noise history) kept per coordinate
 LINEAR_NOISE = ("dp_ftrl_tree", "dp_mf_banded")
+# audited by ``audit_sequence`` (one release or several per trial)
+SEQUENCE_AUDITED = LINEAR_NOISE + ("gaussian_adaptive",)
 
 
 def _linear_sequences(template: Aggregator, with_canary: bool, base: Contribution,
@@ -684,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--sequence {releases}: at most 64 releases per trial; set "
                              "--sequence (or train.rounds) lower")
         print(TABLE_HEAD)
-        if releases > 1 or _stateful(first):
+        if releases > 1 or first.name in SEQUENCE_AUDITED:
             one = lambda seed: audit_sequence(make(), a.dim, a.trials, releases,  # noqa: E731
                                               s.delta, seed, a.broken, s.bound)
         else:
