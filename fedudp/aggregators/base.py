@@ -188,7 +188,8 @@ class Aggregator(ABC):
     private: ClassVar[bool] = True
     needs_per_user_vectors: ClassVar[bool] = True
     adjacency: ClassVar[str] = ADJACENCY
-    accountant: ClassVar[str] = "dp_accounting.PLDAccountant (RDP cross-check)"
+    accountant: ClassVar[str] = ("dp_accounting.PLDAccountant (RDP cross-check; epsilon is RDP's "
+                                 "where smaller, e.g. very long schedules)")
     # declared for the config builder (checked before any work):
     calibrations: ClassVar[tuple[str, ...]] = ("accountant",)   # privacy.calibration values
     closed_form_note: ClassVar[str] = "has no closed form for this estimator"   # why not
@@ -466,6 +467,9 @@ def calibrate(make_event: Callable[[float], Any], epsilon: float, delta: float, 
     try:
         return calibrate_noise_multiplier(make_event, epsilon, delta, rounds)
     except BudgetError as err:
+        if "unreachable" not in str(err):    # another refusal (delta too large): its own words
+            param = "delta" if str(err).startswith("privacy.delta") else "epsilon"
+            raise ParameterError(param, f"{param}: {err}", config=err) from None
         raise ParameterError(
             "epsilon", f"epsilon is unreachable: the noise calibration's target (epsilon="
             f"{epsilon:g}, delta={delta:g}) is not met in {rounds} rounds even with noise "

@@ -62,20 +62,20 @@ def tree_depth(steps: int) -> int:
     return math.ceil(math.log2(steps + 1))
 
 
-def tree_events(noise_multiplier: float, rounds: int, k: int) -> list[int]:
-    """The lengths of the run's trees: k rounds each, the last one shorter."""
-    full, rest = divmod(int(rounds), int(k))
-    return [k] * full + ([rest] if rest else [])
-
-
 def tree_event(noise_multiplier: float, steps: int) -> dp_accounting.DpEvent:
     """One tree of ``steps`` rounds: the Gaussian of multiplier z / sqrt(depth) (module doc)."""
     return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(tree_depth(steps)))
 
 
 def run_event(noise_multiplier: float, rounds: int, k: int) -> dp_accounting.DpEvent:
-    """All of a run's trees (composed; each unit at most once per tree)."""
-    parts = [tree_event(noise_multiplier, s) for s in tree_events(noise_multiplier, rounds, k)]
+    """All of a run's trees (composed; each unit at most once per tree): the full trees as one
+    ``SelfComposedDpEvent`` (as the ledger composes them: one event, not one per tree, so 1e6
+    trees cost what one does), then the shorter last one."""
+    full, rest = divmod(int(rounds), int(k))
+    parts = ([dp_accounting.SelfComposedDpEvent(tree_event(noise_multiplier, k), full)]
+             if full else [])
+    if rest:
+        parts.append(tree_event(noise_multiplier, rest))
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
 

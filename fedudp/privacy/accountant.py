@@ -8,6 +8,11 @@
   with ``dp_accounting.calibrate_dp_mechanism`` over a PLD accountant.
 * ``Ledger`` records, per round, what was released: unit, adjacency, sigma, epsilon so far.
 
+Bounded work (``_bounded_epsilon``): epsilon of a composition is the smaller of PLD's and RDP's
+(both upper bounds); PLD is left out where its PMF would exceed ``MAX_PLD_WINDOW`` values or a
+sampled Gaussian's PLD ``MAX_PLD_BUILD`` (very long schedules, tiny noise), so any (epsilon,
+delta, rounds, q) answers in seconds (docs/algorithms.md#events-and-accountants).
+
 Cost per round (docs/results/ledger/README.md): the PLD of an event is built once (the
 expensive part of dp-accounting's Poisson-sampled Gaussian), a state's epsilon is computed
 once (the budget check before a round and the ledger after it ask the same question), and a
@@ -364,11 +369,29 @@ class _FastPLD:
         sides = [_SelfCompositions(p) for p in pmfs] if self.dense else [None, None]
         self.remove, self.add = sides[0], (sides[1] if len(sides) > 1 else None)
         self._add_at: dict = {}
+        self._pmfs = pmfs
+        # each pair as the dense PMF dp-accounting self-composes it as (a sparse one turns dense
+        # once its k-fold sum could hold more than _MAX_PMF_SPARSE_SIZE values): for the size of
+        # a k-fold composition (``window``) and for long runs of a sparse PMF
+        self._dense_sides = (sides if self.dense else
+                             [_SelfCompositions(p.to_dense_pmf()) for p in pmfs])
+
+    def window(self, k: int) -> int:
+        """Values of the k-fold composition's largest PMF (dp-accounting's own bounds; 0 when
+        its PMF layout is unknown here)."""
+        sides = getattr(self, "_dense_sides", ())
+        return max((b[1] - b[0] + 1 for b in (s.bounds(k) for s in sides)), default=0)
 
     def self_composed(self, k: int):
         """The PLD dp-accounting's PLDAccountant composes for k releases (bit for bit)."""
         if not self.dense:
-            return self.raw.self_compose(k)
+            if not getattr(self, "_pmfs", ()):
+                return self.raw.self_compose(k)
+            # SparsePLDPmf.self_compose(k), without its test size**k (a number of k digits:
+            # 9 s at k = 1e7) nor, for one loss, its k - 1 compositions one by one
+            return _PLD.PrivacyLossDistribution(*(
+                s.exact(k) if _sparse_goes_dense(p, k) else p.self_compose(k)
+                for p, s in zip(self._pmfs, self._dense_sides)))
         if self.add is None:
             return _PLD.PrivacyLossDistribution(self.remove.exact(k))
         return _PLD.PrivacyLossDistribution(self.remove.exact(k), self.add.exact(k))
@@ -386,6 +409,18 @@ class _FastPLD:
         if self._add_epsilon(1 << (k - 1).bit_length(), delta) <= eps:
             return eps
         return max(eps, _trimmed_epsilon(self.add.compose(k), delta))
+
+
+def _sparse_goes_dense(pmf, k: int) -> bool:
+    """Whether ``SparsePLDPmf.self_compose(k)`` converts to dense (its test
+    ``size ** k > _MAX_PMF_SPARSE_SIZE``, decided without computing the power); a one-value PMF
+    is also composed densely beyond a thousand rounds (the same point mass)."""
+    if not isinstance(pmf, pld_pmf.SparsePLDPmf) or k <= 1:
+        return False
+    size, cap = pmf.size, pld_pmf._MAX_PMF_SPARSE_SIZE                 # noqa: SLF001
+    if size <= 1:
+        return k > 1000
+    return k > cap.bit_length() or size ** k > cap
 
 
 def _fast_atom(event) -> tuple[float, float, int] | None:
@@ -438,6 +473,41 @@ def _rdp_runs_epsilon(runs, delta: float) -> float | None:
         total += c * r
     with _quiet_absl():
         return float(rdp_privacy_accountant.compute_epsilon(_RDP_ORDERS, total, delta)[0])
+
+
+def _rdp_total(event, count: int = 1) -> np.ndarray | None:
+    """RDP of ``count`` x ``event`` at the default orders: the cached vector of each leaf event
+    times its count (RDP adds over composition; None: unsupported)."""
+    if isinstance(event, dp_accounting.NoOpDpEvent):
+        return 0.0 * _rdp_orders()
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return _rdp_total(event.event, count * event.count)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        total = 0.0 * _rdp_orders()
+        for e in event.events:
+            r = _rdp_total(e, count)
+            if r is None:
+                return None
+            total = total + r
+        return total
+    r = _rdp_vector(event)
+    return None if r is None else count * r
+
+
+def _rdp_orders() -> np.ndarray:
+    global _RDP_ORDERS
+    if _RDP_ORDERS is None:
+        _RDP_ORDERS = _rdp().orders
+    return _RDP_ORDERS
+
+
+def _rdp_event_epsilon(event, delta: float) -> float | None:
+    """RDP epsilon of ``event`` at ``delta`` (``_rdp_total``; None: unsupported)."""
+    total = _rdp_total(event)
+    if total is None:
+        return None
+    with _quiet_absl():
+        return float(rdp_privacy_accountant.compute_epsilon(_rdp_orders(), total, delta)[0])
 
 
 def _composed_event(runs) -> dp_accounting.DpEvent:
@@ -590,7 +660,7 @@ class Accountant:
             blocks.append((extra, count))
         b = basic_composition(blocks)
         left = delta - b.delta
-        if left < 0 and b.delta <= delta * (1 + 1e-9):     # the blocks spend exactly δ (rounding)
+        if abs(left) <= delta * 1e-9:     # the blocks spend exactly δ (rounding either way)
             left = 0.0
         return left, b.epsilon
 
@@ -603,13 +673,15 @@ class Accountant:
         prefix = [tuple(r) for r in prefix]
 
         def exact(c: int) -> float:
-            return _direct_pld_epsilon(_composed_event(prefix + [(event, c)]), delta, interval)
+            return _bounded_epsilon(_composed_event(prefix + [(event, c)]), delta, interval)
         atom = None if prefix else _fast_atom(event)
 
         def grid(c: int) -> float:
-            v = (None if atom is None
-                 else _fast_epsilon(atom[0], atom[1], atom[2] * c, delta, interval))
-            return exact(c) if v is None else v
+            ev = _composed_event([(event, c)])
+            if atom is None or _pld_size(ev, interval) > MAX_PLD_WINDOW:
+                return exact(c)
+            v = _fast_epsilon(atom[0], atom[1], atom[2] * c, delta, interval)
+            return exact(c) if v is None else _with_rdp(v, ev, delta)
         s = self._series[key] = _Series(exact, grid)
         while len(self._series) > 8:
             self._series.popitem(last=False)
@@ -768,7 +840,7 @@ def event_epsilon(event: dp_accounting.DpEvent | None, delta: float, interval: f
     if delta <= 0:          # events need some δ: none is left
         return math.inf
     if not rdp_only and _pld_supports(event):
-        return _direct_pld_epsilon(event, delta, interval)
+        return _bounded_epsilon(event, delta, interval)
     acc = _rdp()
     if not acc.supports(event):
         return None
@@ -798,7 +870,7 @@ class _MemoPLDAccountant(pld_privacy_accountant.PLDAccountant):
             return 0.0
         ev = (self._events[0] if len(self._events) == 1
               else dp_accounting.ComposedDpEvent(self._events))
-        return _direct_pld_epsilon(ev, target_delta, self._value_discretization_interval)
+        return _bounded_epsilon(ev, target_delta, self._value_discretization_interval)
 
 
 _PLD_SUPPORTS: dict = {}
@@ -830,6 +902,51 @@ def _pld_tractable(event) -> bool:
     if isinstance(event, dp_accounting.ComposedDpEvent):
         return all(_pld_tractable(e) for e in event.events)
     return True
+
+
+# A composition of many releases holds more values than one release: dp-accounting's k-fold
+# self-composition keeps a window that grows with k (its Chernoff bounds), and its grid's
+# pessimism adds up over the k releases (at 1e8 rounds of q = 0.01 its epsilon is 1.7 where RDP
+# certifies 1.0). Beyond this many values PLD is not computed: RDP alone bounds epsilon. This
+# bounds every epsilon's work (about a second) whatever the number of rounds.
+MAX_PLD_WINDOW = 2 ** 21
+# dp-accounting builds a Poisson-sampled Gaussian's PLD one value at a time in Python (about
+# 1 s per 2e5 values here): beyond this estimate (``_gaussian_pld_points``; noise below about
+# 0.45 at the finest grid) RDP alone bounds epsilon, so no calibration step takes minutes.
+MAX_PLD_BUILD = 5 * 10 ** 5
+
+
+def _pld_size(event, interval: float, count: int = 1) -> float:
+    """About how many values the PLD of ``count`` x ``event`` holds (its largest PMF; the sum
+    over a composition's parts); inf where a Gaussian would not fit (``_pld_tractable``)."""
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return _pld_size(event.event, interval, count * event.count)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return sum(_pld_size(e, interval, count) for e in event.events)
+    if isinstance(event, dp_accounting.GaussianDpEvent):   # k Gaussians: one of z / sqrt(k)
+        z = float(event.noise_multiplier)
+        return 0.0 if z == 0 else _gaussian_pld_points(z / math.sqrt(count), interval)
+    qz = _sampled_gaussian(event)
+    if qz is not None:
+        if _gaussian_pld_points(qz[1], interval) > MAX_PLD_BUILD:
+            return math.inf
+        return float(_fast_pld(*qz, interval).window(count))
+    return 0.0
+
+
+def _with_rdp(pld_epsilon: float, event, delta: float) -> float:
+    rdp = _rdp_event_epsilon(event, delta)
+    return pld_epsilon if rdp is None else min(pld_epsilon, rdp)
+
+
+def _bounded_epsilon(event, delta: float, interval: float) -> float:
+    """Epsilon of ``event`` (PLD-supported) at ``delta``: the smaller of two upper bounds, PLD
+    (``_direct_pld_epsilon``; left out where it would hold more than ``MAX_PLD_WINDOW`` values)
+    and RDP. PLD is the smaller one for all but very long schedules; the calibration, the ledger
+    and ``event_epsilon`` all read this one function."""
+    pld = (_direct_pld_epsilon(event, delta, interval)
+           if _pld_size(event, interval) <= MAX_PLD_WINDOW else math.inf)
+    return _with_rdp(pld, event, delta)
 
 
 def pld_too_large(event) -> bool:
@@ -889,18 +1006,41 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
         z_hi = float(dp_accounting.calibrate_dp_mechanism(
             _rdp, event, target_epsilon, delta,
             bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-4, 1.0), tol=tol / 10))
+    # what is calibrated is the accountant's epsilon (``_bounded_epsilon``: the smaller of PLD
+    # and RDP), which at RDP's z is at most RDP's up to the last digit of its composition
+    for _ in range(64):
+        if (eps_hi := schedule_epsilon(make_event, z_hi, rounds, delta, interval)) <= target_epsilon:
+            break
+        z_hi *= 1 + tol / 10
+    else:
+        raise BudgetError(f"privacy.epsilon={target_epsilon}: the noise calibration did not "
+                          f"converge in {rounds} rounds at privacy.delta={delta}")
+
+    def delta_too_large() -> BudgetError:
+        return BudgetError(
+            f"privacy.delta={delta} is too large for this schedule: (epsilon={target_epsilon}, "
+            f"delta={delta}) holds for any noise multiplier (e.g. delta >= the sampling "
+            "rate); choose delta well below the chance that a user is sampled")
+    if eps_hi == 0.0:         # ε = 0 at a finite noise: δ covers the release whatever the noise
+        raise delta_too_large()
+    if _pld_size(event(z_hi), interval) > MAX_PLD_WINDOW or (
+            _direct_pld_epsilon(event(z_hi), delta, interval) > target_epsilon):
+        # PLD is not below the target at RDP's z (too long a schedule for its grid, or too
+        # large a PLD): below that z RDP exceeds the target and PLD only grows (or stays out),
+        # so RDP's z is the smallest that meets it
+        return z_hi
     z_lo = z_hi / 2
     while (eps_lo := schedule_epsilon(make_event, z_lo, rounds, delta, interval)) <= target_epsilon:
         # ε = 0 at a finite noise, or no floor in sight: δ covers the release whatever the noise
         if eps_lo == 0.0 or z_lo < MIN_NOISE_MULTIPLIER:
-            raise BudgetError(
-                f"privacy.delta={delta} is too large for this schedule: (epsilon={target_epsilon}, "
-                f"delta={delta}) holds for any noise multiplier (e.g. delta >= the sampling "
-                "rate); choose delta well below the chance that a user is sampled")
+            raise delta_too_large()
         z_hi, z_lo = z_lo, z_lo / 2
-    z = dp_accounting.calibrate_dp_mechanism(
-        lambda: _MemoPLDAccountant(interval), event, target_epsilon, delta,
-        bracket_interval=dp_accounting.ExplicitBracketInterval(z_lo, z_hi), tol=tol)
+    try:
+        z = dp_accounting.calibrate_dp_mechanism(
+            lambda: _MemoPLDAccountant(interval), event, target_epsilon, delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(z_lo, z_hi), tol=tol)
+    except ValueError:      # no sign change seen by Brent's method (rounding at the ends)
+        return z_hi         # meets the target (checked above): the safe end of the bracket
     return float(z)
 
 
