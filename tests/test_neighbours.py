@@ -216,6 +216,23 @@ def test_a_planned_federation_and_its_neighbour_without_one_user(family):
                                                                            else 24)
 
 
+@pytest.mark.parametrize("method,over", [
+    ("joint_dp", {}), ("joint_dp", {"privacy.placement": "local_dpsgd"}), ("fedavg", {}),
+    ("per_silo", {}), ("full_dp", {"privacy.unit": "owner", "train.sampling_rate": 1.0})])
+def test_an_owner_without_users_takes_part_in_every_method(method, over, tmp_path):
+    """The declared owner count is kept when an owner's only user leaves: the empty owner trains
+    its personal layers on nothing, sends nothing (or a zero delta) and evaluates to NaN."""
+    cfg, records = memory_run(NEIGHBOURS["removed"], tmp_path,
+                              {"method": method, "train.rounds": 2,
+                               "dataset.test_fraction": 0.3, **over})
+    p = build.prepare(cfg, records=records)
+    assert p.fed.num_owners == 4 and np.diff(p.fed.owner_user_offsets).tolist()[3] == 0
+    res = execute(p)
+    assert res.stop_reason == "completed" and res.rounds_completed == 2
+    acc = np.asarray(res.owner_accuracy)
+    assert np.isnan(acc[3]) and np.isfinite(acc[:3]).all()
+
+
 def test_data_beyond_a_declaration_is_refused_naming_the_key(tmp_path):
     """Upper bounds: only data exceeding a declaration is refused, with one line naming it."""
     for over, key in [({"public.users": 9}, "public.users: 9 declared, the data has 10 users"),

@@ -95,6 +95,8 @@ def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: Purpose,
             keys[units.sizes == 1, 0] = 0.0
         for o in owners if unit_keys is None else ():
             rows = np.flatnonzero(units.owners == o)
+            if not valid[rows].any():               # an owner without records: nothing to order
+                continue
             k = epoch_keys(spec.seed, round_, e, purpose, int(o), int(units.owner_sizes[rows[0]]))
             keys[rows] = np.where(valid[rows], k[rel[rows]], np.inf)
         order = np.argsort(keys, axis=1, kind="stable")
