@@ -78,11 +78,11 @@ def _wait_port(port: int, timeout: float = 60.0) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_the_example_runs_on_the_deployment_engine(tmp_path):
-    """A SuperLink and two SuperNodes on loopback (insecure), started here; ``flwr run`` against
-    that SuperLink; the ledger's ε equals dp-accounting directly."""
+def deploy(tmp_path: Path, run_config: str) -> dict:
+    """The example on a SuperLink and two SuperNodes on loopback (insecure), started here;
+    ``flwr run . deploy --stream --run-config <run_config>`` against it. Returns the command's
+    return code and output, the servers' log tails, the run's status (``flwr ls``) and the
+    output folder."""
     app = tmp_path / "app"
     shutil.copytree(ROOT / "examples" / "flower_user_dp", app)
     # flwr 1.42's SuperLink serves its Runtime, Control and Fleet APIs on one HTTP port
@@ -108,16 +108,20 @@ def test_the_example_runs_on_the_deployment_engine(tmp_path):
                  "--node-config", f"partition-id={p} num-partitions=2"],
                 env=env, cwd=tmp_path, stdout=open(tmp_path / f"supernode{p}.log", "w"),
                 stderr=subprocess.STDOUT))
-        run = subprocess.run([shutil.which("flwr", path=bindir), "run", ".", "deploy", "--stream",
-                              "--run-config", f"fedudp.train.rounds=2 fedudp.public.users=20 output-dir='{out}'"],
+        flwr = shutil.which("flwr", path=bindir)
+        run = subprocess.run([flwr, "run", ".", "deploy", "--stream", "--run-config",
+                              f"{run_config} output-dir='{out}'"],
                              cwd=app, env=env, capture_output=True, text=True, timeout=420)
-        log = run.stdout + run.stderr
+        ls = subprocess.run([flwr, "ls", "deploy", "--format", "json"], cwd=app, env=env,
+                            capture_output=True, text=True, timeout=60)
         logs = "".join((tmp_path / f).read_text()[-1500:] for f in
                        ("superlink.log", "supernode0.log", "supernode1.log"))
-        assert run.returncode == 0 and (out / "ledger.json").is_file(), log[-3000:] + logs
-        ledger = json.loads((out / "ledger.json").read_text())
-        assert len(ledger["entries"]) == 2 and ledger["extra"]["public"]["users"] == 20
-        assert_direct_epsilon(ledger)
+        try:
+            status = [r["status"] for r in json.loads(ls.stdout)["runs"]]
+        except (ValueError, KeyError):
+            status = [ls.stdout[-500:] + ls.stderr[-500:]]
+        return {"rc": run.returncode, "log": run.stdout + run.stderr, "logs": logs,
+                "status": status, "out": out}
     finally:
         for p in procs:
             p.terminate()
@@ -127,3 +131,40 @@ def test_the_example_runs_on_the_deployment_engine(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
         assert _stop(str(home)) == [], "processes left behind"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_example_runs_on_the_deployment_engine(tmp_path):
+    """``flwr run`` against a SuperLink with two SuperNodes, in the wrapper's default secure
+    mode: the ledger says so and its ε equals dp-accounting directly."""
+    got = deploy(tmp_path, "fedudp.train.rounds=2 fedudp.public.users=20")
+    ledger_file = got["out"] / "ledger.json"
+    assert got["rc"] == 0 and ledger_file.is_file(), got["log"][-3000:] + got["logs"]
+    assert got["status"] == ["finished:completed"], (got["status"], got["log"][-3000:])
+    ledger = json.loads(ledger_file.read_text())
+    assert len(ledger["entries"]) == 2 and ledger["extra"]["public"]["users"] == 20
+    assert ledger["randomness"] == "secure"
+    assert_direct_epsilon(ledger)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_every_client_failing_on_the_deployment_engine_fails_the_run(tmp_path):
+    """``fedudp.users-per-client=15`` (2 clients x 15 = 30 users > N = 20): every client's mod
+    refuses every round. Nothing is released, no ε is spent (an empty ledger), each client's
+    reason is in the ServerApp's log, and the run ends failed, not completed."""
+    got = deploy(tmp_path, "fedudp.train.rounds=2 fedudp.public.users=20 "
+                           "fedudp.users-per-client=15")
+    log = got["log"]
+    assert got["status"] == ["finished:failed"], (got["status"], log[-3000:] + got["logs"])
+    ledger = json.loads((got["out"] / "ledger.json").read_text())
+    assert ledger["entries"] == [] and ledger["epsilon"] == 0.0
+    # (Flower's stream may print a log line twice: with and without its colour prefix)
+    for r in (1, 2):
+        assert f"UserLevelDP round {r}: withheld, nothing released, no epsilon spent" in log
+    reasons = {ln[ln.index("UserLevelDP round"):] for ln in log.splitlines()
+               if "UserLevelDP round" in ln and "failed:" in ln}
+    assert len(reasons) == 4, log[-3000:]           # 2 clients x 2 rounds, each with its reason
+    assert all("15 users per client" in ln for ln in reasons)
+    assert "every training round was withheld" in log

@@ -32,10 +32,13 @@ def main(grid: Grid, context: Context) -> None:
     strategy = UserLevelDP.from_run_config(                                 # fedudp
         FedAvg(fraction_train=1.0, fraction_evaluate=1.0), rc, arrays)      # fedudp
     RESULT["strategy"] = strategy
-    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=int(rc["fedudp.train.rounds"]),
-                   train_config=ConfigRecord({"lr": float(rc["lr"])}))
-    if rc.get("output-dir"):          # the ledger, for whoever ran it (flwr run --run-config)
-        out = Path(str(rc["output-dir"]))
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "ledger.json").write_text(json.dumps(strategy.ledger.to_dict(), indent=1,
-                                                    default=str))
+    try:          # raises fedudp.flower.RunFailed if every round was withheld: the run fails
+        strategy.start(grid=grid, initial_arrays=arrays,
+                       num_rounds=int(rc["fedudp.train.rounds"]),
+                       train_config=ConfigRecord({"lr": float(rc["lr"])}))
+    finally:
+        if rc.get("output-dir"):      # the ledger, for whoever ran it (flwr run --run-config)
+            out = Path(str(rc["output-dir"]))
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "ledger.json").write_text(json.dumps(strategy.ledger.to_dict(), indent=1,
+                                                        default=str))
