@@ -13,7 +13,10 @@ Order of ``prepare``, everything that needs only the config first (no data is re
 config, the estimator's calibration and the budget have been checked):
 validate -> estimator/algorithm checks -> data files present -> model, method, training ->
 calibrated estimator (or a training algorithm's estimators and plan) -> ledger -> billboard ->
-the federation (its owner and user counts must equal the planned, public ones).
+the federation (a planned one's owner and user counts equal the plan's; a natural one has the
+declared owner count and at most the declared users: declarations are upper bounds). A natural
+federation's records are read and checked against every declaration (``declared_inputs``,
+``check_public``) right after the config's own checks, before any of the rest.
 """
 from __future__ import annotations
 
