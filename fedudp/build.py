@@ -597,12 +597,15 @@ def estimator(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int, *,
 
 
 # -- models, method, owners -----------------------------------------------------------------------
-def model(cfg: RunConfig, records: Any = None, given: Any = None) -> SplitModel:
+def model(cfg: RunConfig, records: Any = None, given: Any = None, probe: bool = False
+          ) -> SplitModel:
     """The configured model at the run seed's initialisation (float64 in equivalence mode),
     parameters frozen (the owner side trains functional copies): ``model.target`` (your own
     module), else ``model.name`` (``auto``: linear for flat features, cnn for images,
     char_gru for token sequences); ``given``: a module object from the Python API (copied).
-    Layers that break per-user privacy (BatchNorm, ...) are refused, naming the layer."""
+    Layers that break per-user privacy (BatchNorm, ...) are refused, naming the layer.
+    ``probe``: also run ``probe_model`` (``prepare`` does, once per run: a Flower owner
+    rebuilding the model from the same config skips it)."""
     from fedudp.models import custom, validate as model_check
     shape, classes, tokens = input_spec(cfg, records)
     name = ModelName(cfg.model.name).value
@@ -617,6 +620,8 @@ def model(cfg: RunConfig, records: Any = None, given: Any = None) -> SplitModel:
                 name = "char_gru"
             m = make_model(name, shape, classes, seed=cfg.seed)
         model_check.check_model(m)
+        if probe:
+            probe_model(m, shape, classes, tokens)    # output [batch, classes], per-record path
     except ValueError as e:
         key = "model.target" if cfg.model.target and given is None else "model.name"
         raise ConfigError(f"{key}: {e}" if given is None else f"model: {e}") from None
@@ -625,6 +630,25 @@ def model(cfg: RunConfig, records: Any = None, given: Any = None) -> SplitModel:
     for prm in m.parameters():
         prm.requires_grad_(False)
     return m
+
+
+def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> None:
+    """``fedudp.models.validate.probe`` on an example batch of the declared shape, and, where
+    every parameter qualifies for it, DP-SGD's one-pass per-record kernel on the same batch
+    (an exact nn.Linear applied twice per forward fails there). One-line ``ValueError``."""
+    from fedudp.core import per_sample
+    from fedudp.models import validate as model_check
+    model_check.probe(m, shape, classes, tokens)
+    names = tuple(n for n, _ in m.named_parameters())
+    if per_sample.supported(m, names):
+        x, y = model_check.example_batch(shape, classes, tokens, next(m.parameters()).dtype)
+        try:
+            per_sample.per_record_gradients(m, dict(m.named_parameters()), x, y, names)
+        except (NotImplementedError, RuntimeError) as e:
+            raise ValueError(f"model fails in DP-SGD's one-pass per-record gradients "
+                             f"(fedudp.core.per_sample): {' '.join(str(e).split())}; give a "
+                             "layer applied more than once per forward its own nn.Linear "
+                             "subclass (as char_rnn.RecurrentLinear does)") from None
 
 
 def method(cfg: RunConfig, net: SplitModel) -> MethodSpec:
@@ -910,7 +934,7 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     if natural(cfg):
         check_public(cfg, natural_records(cfg, records)[0])
     run = settings(cfg)
-    net = model(cfg, records, model_object)
+    net = model(cfg, records, model_object, probe=True)
     spec = method(cfg, net)
     params = dict(net.named_parameters())
     dim = sum(int(params[k].numel()) for k in spec.shared)

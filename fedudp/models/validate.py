@@ -12,9 +12,11 @@ qualified name and type (``body.1 (BatchNorm2d)``) and the usual replacement. Re
 * ``InstanceNorm1d/2d/3d`` with ``track_running_stats=True``: per-record normalisation is fine,
   the running statistics are not (same reason). Replacement: ``track_running_stats=False`` (the
   default) or ``nn.GroupNorm``;
-* ``nn.RNN`` / ``nn.LSTM`` / ``nn.GRU``: ``aten::rnn_tanh / lstm / gru`` have no ``vmap``
-  batching rule (torch 2.13), so per-unit training and evaluation fail. Replacement: a cell
-  written from ``nn.Linear`` layers (``fedudp.models.char_rnn.GRULayer``);
+* ``nn.RNN`` / ``nn.LSTM`` / ``nn.GRU`` and the cells ``nn.RNNCell`` / ``nn.LSTMCell`` /
+  ``nn.GRUCell``: ``aten::rnn_tanh / lstm / gru`` and ``aten::*_cell`` have no ``vmap``
+  batching rule (torch 2.13: the LSTM cell's forward fails, the GRU and RNN cells' per-record
+  gradients do), so per-unit training and evaluation fail. Replacement: a recurrence written
+  from ``nn.Linear`` layers (``fedudp.models.char_rnn.GRULayer``);
 * ``nn.Embedding`` / ``nn.EmbeddingBag`` with ``max_norm``: renormalises its weight in place
   during forward (a parameter changed outside the gradient step). Replacement: ``max_norm=None``;
 * spectral normalisation (``torch.nn.utils.spectral_norm`` or
@@ -33,6 +35,15 @@ qualified name and type (``body.1 (BatchNorm2d)``) and the usual replacement. Re
 ``torch.func.vmap`` with every random stream keyed by the run's public randomness
 (``fedudp.randomness``), and a dropout mask drawn from torch's global generator inside a
 vmapped forward would be neither keyed nor reproducible; remove it (or set p=0).
+
+``probe(model, input_shape, classes, tokens)``: before any data is read, one forward on an
+example batch made from the declared input shape (random features, or token id 0) checks that the
+output is ``[batch, classes]`` (one logit per declared class: 7 outputs for 4 classes ran
+silently, 3 ended in cross-entropy's IndexError), then each record's gradient through
+``torch.func.vmap(grad(...))`` on that batch (the path every owner computation takes), naming
+the layer that fails there (an ``autograd.Function`` without a vmap rule, an operation without a
+batching rule) and what to use instead. ``fedudp.build.prepare`` runs it once per run, with
+the one-pass kernel of ``fedudp.core.per_sample`` on it where the model qualifies for it.
 
 Per-record gradients (DP-SGD): ``fast_per_record(model, names)`` says whether every parameter in
 ``names`` sits in a layer the one-pass batched path (``fedudp.core.per_sample``) handles;
@@ -106,9 +117,10 @@ def _layer_problem(mod: nn.Module) -> str | None:
         return ("draws random masks from torch's global generator inside the vmapped owner "
                 "computation, outside fedudp's keyed randomness (neither reproducible nor the "
                 "same on both engines); remove it or set p=0")
-    if isinstance(mod, nn.RNNBase):
-        return ("has no torch.func.vmap batching rule, so per-user training and evaluation fail; "
-                "write the cell from nn.Linear layers (fedudp.models.char_rnn.GRULayer is a GRU)")
+    if isinstance(mod, (nn.RNNBase, nn.RNNCellBase)):
+        return ("has no torch.func.vmap batching rule (aten::lstm / gru / rnn_tanh and their "
+                "*_cell forms), so per-user training and per-record gradients fail; write the "
+                "recurrence from nn.Linear layers (fedudp.models.char_rnn.GRULayer is a GRU)")
     if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.max_norm is not None:
         return ("renormalises its weight in place during forward (max_norm), changing a parameter "
                 "outside the gradient step; use max_norm=None")
@@ -189,3 +201,106 @@ def fast_per_record(model: nn.Module, names: Iterable[str] | None = None) -> boo
                                            or isinstance(mod.padding, str)):
             return False
     return True
+
+
+PROBE_BATCH = 2
+
+
+def example_batch(input_shape, classes: int, tokens: bool = False,
+                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """A public example batch of ``PROBE_BATCH`` records of the declared ``input_shape`` (fixed
+    random features, or token id 0) and labels in ``[0, classes)``: nothing read from the data."""
+    shape = (PROBE_BATCH, *(int(s) for s in input_shape))
+    if tokens:
+        x = torch.zeros(shape, dtype=torch.long)
+    else:
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    return x, torch.arange(PROBE_BATCH) % max(1, int(classes))
+
+
+class _Innermost:
+    """Which module's forward is running (forward pre-hooks push, forward hooks pop): after an
+    exception raised inside a forward, ``where()`` names the innermost layer it came from."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.stack: list[tuple[str, nn.Module]] = []
+        self.hooks = []
+        for name, mod in model.named_modules():
+            self.hooks.append(mod.register_forward_pre_hook(self._enter(name)))
+            self.hooks.append(mod.register_forward_hook(self._leave))
+
+    def _enter(self, name: str):
+        def hook(mod: nn.Module, args) -> None:       # returns None: the input is unchanged
+            self.stack.append((name, mod))
+        return hook
+
+    def _leave(self, mod: nn.Module, args, out) -> None:    # None: the output is unchanged
+        if self.stack:
+            self.stack.pop()
+
+    def where(self) -> str | None:
+        return _where(*self.stack[-1]) if self.stack else None
+
+    def __enter__(self) -> "_Innermost":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.hooks:
+            h.remove()
+
+
+def _advice(err: BaseException) -> str:
+    text = str(err)
+    if "autograd.Function" in text:
+        return ("its torch.autograd.Function has no vmap rule: give it a setup_context "
+                "staticmethod and generate_vmap_rule = True (or a vmap staticmethod), or write it "
+                "from differentiable torch operations")
+    if "Batching rule not implemented" in text or "batching rule" in text:
+        return ("an operation in it has no torch.func.vmap batching rule; write the layer from "
+                "operations that have one (nn.Linear, nn.Conv2d, torch functions)")
+    return "every owner computation runs it under torch.func.vmap(grad(...)), one record at a time"
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def probe(model: nn.Module, input_shape, classes: int, tokens: bool = False) -> None:
+    """Refuse (one-line ``ValueError``) a model that does not fit the declared data or the
+    per-record path, before any data is read (the module docstring): one forward on
+    ``example_batch`` must give ``[batch, classes]``; each record's gradient through
+    ``torch.func.vmap(grad(...))`` must run. The model's parameters are not changed."""
+    import torch.nn.functional as F
+    from torch.func import functional_call, grad, vmap
+
+    dtype = next(model.parameters()).dtype
+    x, y = example_batch(input_shape, classes, tokens, dtype)
+    shape = list(x.shape)
+    with _Innermost(model) as inner:
+        try:
+            with torch.no_grad():
+                out = model(x)
+        except Exception as e:                    # noqa: BLE001 -- any failure is the user's model
+            at = inner.where()
+            at = f"model layer {at}" if at else f"model {type(model).__name__}"
+            raise ValueError(f"{at} fails on an example batch of shape {shape} (the declared "
+                             f"input shape {list(input_shape)}): {_first_line(e)}") from None
+    want = [PROBE_BATCH, int(classes)]
+    if not isinstance(out, torch.Tensor) or list(out.shape) != want:
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"model output is {got} for a batch of {PROBE_BATCH} records; it must be "
+                         f"{want}: one logit per declared class (dataset.classes={int(classes)})")
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        return F.cross_entropy(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+    with _Innermost(model) as inner:
+        try:
+            vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+        except Exception as e:                    # noqa: BLE001
+            at = inner.where()
+            at = f"model layer {at}" if at else f"model {type(model).__name__}"
+            raise ValueError(f"{at} fails in the per-record gradient path "
+                             f"(torch.func.vmap(grad(...))): {_first_line(e)}; "
+                             f"{_advice(e)}") from None
