@@ -8,7 +8,8 @@ the ledger's head and whether the run starts at all) must then be the same on bo
 public numbers alone tell whether a user took part.
 
 For each data kind (a planned synthetic federation, natural users in memory through
-``fedudp.from_arrays``, an NPZ file, LEAF FEMNIST JSON), each noise placement (the billboard,
+``fedudp.from_arrays``, an NPZ file, a Parquet file where pyarrow is installed, LEAF FEMNIST
+JSON), each noise placement (the billboard,
 owner-side DP-SGD) and each estimator family (a clipped sum, rows, the tree / banded
 factorizations, adaptive clipping), a base federation and its neighbours (one user removed,
 leaving its owner empty; one user added within the declared bounds; a user holding the only
@@ -105,6 +106,18 @@ def npz_run(users, tmp_path, over):
     return config_from_overrides(cfg), None
 
 
+def parquet_run(users, tmp_path, over):
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    a = arrays(users)
+    path = tmp_path / f"fed{len(list(tmp_path.iterdir()))}.parquet"
+    pq.write_table(pa.table({"x": pa.array(a["x"].tolist(), pa.list_(pa.float32())),
+                             "y": a["y"], "user": a["user"], "owner": a["owner"]}), path)
+    cfg = {**COMMON, **DECLARED, "dataset.name": "parquet", "dataset.path": str(path),
+           "dataset.columns.owner": "owner", "partition.owner_rule": "given",
+           "dataset.classes": CLASSES, "dataset.input_shape": [FEATURES], **over}
+    return config_from_overrides(cfg), None
+
+
 def leaf_run(users, tmp_path, over):
     """LEAF FEMNIST JSON (784 pixels, 62 classes declared by the data set itself); the owners
     are dealt at random (LEAF has no owner column), so only the counts are declared."""
@@ -121,7 +134,7 @@ def leaf_run(users, tmp_path, over):
     return config_from_overrides(cfg), None
 
 
-KINDS = {"memory": memory_run, "npz": npz_run, "leaf": leaf_run}
+KINDS = {"memory": memory_run, "npz": npz_run, "parquet": parquet_run, "leaf": leaf_run}
 
 
 # -- what an observer sees besides the noisy values ----------------------------------------------
@@ -187,7 +200,7 @@ def neighbour_views(kind, family, tmp_path, which=tuple(NEIGHBOURS)):
 # the default suite: every family on in-memory users, the two placements' plain forms on the
 # files; the full matrix in the slow suite
 FAST = [("memory", f) for f in FAMILIES if not f.endswith("calibrated")] + [
-    (k, f) for k in ("npz", "leaf") for f in ("sum", "dpsgd")]
+    (k, f) for k in ("npz", "leaf") for f in ("sum", "dpsgd")] + [("parquet", "sum")]
 SLOW = [(k, f) for k in KINDS for f in FAMILIES if (k, f) not in FAST]
 
 
