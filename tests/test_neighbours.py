@@ -227,6 +227,8 @@ def test_a_planned_federation_and_its_neighbour_without_one_user(family):
     assert "refused" not in base and differences(base, less) == []
     assert base["rounds"] == ("completed", 1) and base["estimator"][2] == (4 if family == "dpsgd"
                                                                            else 24)
+    pub = build.public_numbers(cfg)           # the ledger's extra.public: the model's shape too
+    assert (pub["classes"], pub["input_shape"], pub["users"]) == (10, [FEATURES], 24)
 
 
 @pytest.mark.parametrize("method,over", [

@@ -75,6 +75,7 @@ def test_public_numbers_are_declared_checked_and_in_the_ledger(npz, tmp_path):
     pub = ledger["extra"]["public"]
     assert (pub["users"], pub["owners"], pub["owner_capacity"], pub["records_per_user"]) == \
         (16, 4, 8, 40) and pub["source"].startswith("declared")
+    assert (pub["classes"], pub["input_shape"], pub["tokens"]) == (4, [6], False)
     assert s.summary["num_users"] == 16 and s.rounds_completed == 2
 
 
