@@ -908,12 +908,15 @@ def _pld_tractable(event) -> bool:
 # self-composition keeps a window that grows with k (its Chernoff bounds), and its grid's
 # pessimism adds up over the k releases (at 1e8 rounds of q = 0.01 its epsilon is 1.7 where RDP
 # certifies 1.0). Beyond this many values PLD is not computed: RDP alone bounds epsilon. This
-# bounds every epsilon's work (about a second) whatever the number of rounds.
-MAX_PLD_WINDOW = 2 ** 21
+# bounds every epsilon's work (a few seconds) whatever the number of rounds; ordinary
+# schedules at their own grid hold 1e5-3e5 values.
+MAX_PLD_WINDOW = 2 ** 20
 # dp-accounting builds a Poisson-sampled Gaussian's PLD one value at a time in Python (about
-# 1 s per 2e5 values here): beyond this estimate (``_gaussian_pld_points``; noise below about
-# 0.45 at the finest grid) RDP alone bounds epsilon, so no calibration step takes minutes.
-MAX_PLD_BUILD = 5 * 10 ** 5
+# 1-2 s per 2e5 values on a busy 2-core machine): beyond this estimate (``_gaussian_pld_points``;
+# noise below about 0.22 at the finest grid) RDP alone bounds epsilon, so no step takes minutes.
+# Ordinary calibrations (noise above about 0.45, so that their bracket's lower end z/2 stays
+# above 0.22) compute exactly what they did before.
+MAX_PLD_BUILD = 10 ** 6
 
 
 def _pld_size(event, interval: float, count: int = 1) -> float:
