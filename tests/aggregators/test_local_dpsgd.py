@@ -134,6 +134,34 @@ def test_one_owner_alone_gets_the_same_delta_as_in_the_batch():
         torch.testing.assert_close(one[0], allo[j], rtol=0, atol=1e-12)
 
 
+def test_secure_dpsgd_draws_its_noise_and_sample_from_os_entropy():
+    """``privacy.randomness=secure`` (``DpSgdSpec.secure``): the noise keeps its calibrated std
+    but is neither the seeded stream nor the same twice; the users' Poisson sample (9 users,
+    batch 4: q = 4/9) is not the seeded one either. Seeded twice: bit for bit the same."""
+    import dataclasses
+    model, shared, names, x, y, starts, sizes, first, users, ids = _linear_setup()
+    z, C, lr = 1.7, 0.3, 0.5
+    args = (x, y, starts, sizes, first, users, users, ids)
+    base = DpSgdSpec(0.0, C, 8, 1, lr, 0)
+    seeded, secure = DpSgdSpec(z, C, 8, 1, lr, 0), DpSgdSpec(z, C, 8, 1, lr, 0, secure=True)
+    d0 = dpsgd_deltas(model, shared, {}, {}, *args, base, 1, names, 512)
+    d_seed = dpsgd_deltas(model, shared, {}, {}, *args, seeded, 1, names, 512)
+    d_a = dpsgd_deltas(model, shared, {}, {}, *args, secure, 1, names, 512)
+    d_b = dpsgd_deltas(model, shared, {}, {}, *args, secure, 1, names, 512)
+    noise = ((d0 - d_a) * 4 / lr).flatten()
+    assert float(noise.std()) == pytest.approx(z * C, rel=0.06)
+    assert not torch.equal(d_a, d_seed) and not torch.equal(d_a, d_b)
+    assert torch.equal(d_seed, dpsgd_deltas(model, shared, {}, {}, *args, seeded, 1, names, 512))
+    # sampling alone (no noise): 5 owners x 9 users at q = 4/9, two epochs
+    model, shared, names, x, y, starts, sizes, first, users, ids = _linear_setup(owners=5, users=9)
+    args = (x, y, starts, sizes, first, users, users, ids)
+    plain = DpSgdSpec(0.0, 0.5, 4, 2, 0.3, 7)
+    s0 = dpsgd_deltas(model, shared, {}, {}, *args, plain, 3, names, 6)
+    s1 = dpsgd_deltas(model, shared, {}, {}, *args, dataclasses.replace(plain, secure=True), 3,
+                      names, 6)
+    assert not torch.equal(s0, s1)
+
+
 # -- the schedule comes from public capacities ------------------------------------------------
 def _one_owner(users, features=6, classes=3, seed=0):
     """One owner of ``users`` one-record users; user 0 is a canary whose gradient is clipped."""
