@@ -632,6 +632,15 @@ def model(cfg: RunConfig, records: Any = None, given: Any = None, probe: bool = 
     return m
 
 
+def _inputs_declared(cfg: RunConfig) -> bool:
+    """Whether ``input_spec`` answers from the config alone (no missing declaration)."""
+    try:
+        input_spec(cfg)
+    except ConfigError:
+        return False
+    return True
+
+
 def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> None:
     """``fedudp.models.validate.probe`` on an example batch of the declared shape, and, where
     every parameter qualifies for it, DP-SGD's one-pass per-record kernel on the same batch
@@ -931,10 +940,14 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     if model_object is not None and EngineName(cfg.engine) == EngineName.flower:
         raise ConfigError("engine: a model object from the Python API lives in this process; "
                           "engine=flower owners build theirs from the config (model.target=...)")
+    # the model and its probe need only the declared input shape and classes: checked before a
+    # natural federation's files are read (a missing declaration: after, to quote the data)
+    net = model(cfg, records, model_object, probe=True) if _inputs_declared(cfg) else None
     if natural(cfg):
         check_public(cfg, natural_records(cfg, records)[0])
     run = settings(cfg)
-    net = model(cfg, records, model_object, probe=True)
+    if net is None:
+        net = model(cfg, records, model_object, probe=True)
     spec = method(cfg, net)
     params = dict(net.named_parameters())
     dim = sum(int(params[k].numel()) for k in spec.shared)

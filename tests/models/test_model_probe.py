@@ -215,3 +215,14 @@ def test_prepare_probes_before_the_federation_is_built(monkeypatch):
     with pytest.raises(ConfigError, match=r"^model\.target: model output is \[2, 7\]"):
         build.prepare(cfg_for(me("Head"), outputs=7))
     assert not built
+
+
+def test_a_natural_federations_model_is_probed_before_its_files_are_read(tmp_path, monkeypatch):
+    read = []
+    monkeypatch.setattr(build, "natural_records", lambda *a, **k: read.append(1))
+    cfg = config_from_overrides({"dataset.name": "npz", "dataset.path": str(tmp_path / "f.npz"),
+                                 "dataset.classes": CLASSES, "dataset.input_shape": [FEATURES],
+                                 "model.target": me("Head"), "model.kwargs.outputs": 7})
+    with pytest.raises(ConfigError, match=r"^model\.target: model output is \[2, 7\]"):
+        build.prepare(cfg)
+    assert not read
