@@ -642,14 +642,15 @@ def _inputs_declared(cfg: RunConfig) -> bool:
 
 
 def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> None:
-    """``fedudp.models.validate.probe`` on an example batch of the declared shape, and, where
-    every parameter qualifies for it, DP-SGD's one-pass per-record kernel on the same batch
-    (an exact nn.Linear applied twice per forward fails there). One-line ``ValueError``."""
+    """``fedudp.models.validate.probe`` on an example batch of the declared shape, and DP-SGD's
+    one-pass per-record kernel on the same batch for every parameter whose layer qualifies for
+    it (whichever of them a method shares, the kernel then runs on a subset of these layers; an
+    exact nn.Linear applied twice per forward fails there). One-line ``ValueError``."""
     from fedudp.core import per_sample
     from fedudp.models import validate as model_check
     model_check.probe(m, shape, classes, tokens)
-    names = tuple(n for n, _ in m.named_parameters())
-    if per_sample.supported(m, names):
+    names = tuple(n for n, _ in m.named_parameters() if per_sample.supported(m, (n,)))
+    if names:
         x, y = model_check.example_batch(shape, classes, tokens, next(m.parameters()).dtype)
         try:
             per_sample.per_record_gradients(m, dict(m.named_parameters()), x, y, names)

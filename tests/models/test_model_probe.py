@@ -226,3 +226,22 @@ def test_a_natural_federations_model_is_probed_before_its_files_are_read(tmp_pat
     with pytest.raises(ConfigError, match=r"^model\.target: model output is \[2, 7\]"):
         build.prepare(cfg)
     assert not read
+
+
+class TwiceWithNorm(TwiceNet):
+    """TwiceNet plus a LayerNorm (vmap path for the whole model): the kernel still runs for the
+    shared Linear layers of a method that keeps the norm personal, so it is probed too."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(FEATURES)
+
+    def forward(self, x):
+        return super().forward(self.norm(x))
+
+
+def test_the_kernel_is_probed_on_the_layers_it_covers_when_others_do_not_qualify():
+    m = TwiceWithNorm()
+    assert not fast_per_record(m) and fast_per_record(m, ("fc.weight", "out.weight"))
+    with pytest.raises(ConfigError, match=r"called twice"):
+        build_model(cfg_for(me("TwiceWithNorm")))
