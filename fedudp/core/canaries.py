@@ -245,8 +245,11 @@ def simulated_release(canaries: Canaries, noise_multiplier: float, rounds: int,
     of ``rounds`` Gaussian releases at noise multiplier z (dp-accounting composes them)."""
     d = canaries.dim
     total = torch.zeros(d, dtype=torch.float64)
-    for r in range(1, rounds + 1):
-        c, _ = canaries.add(Contribution(None, total.new_zeros(d), 0, 0), r, clip, rows=False)
+    # a sequence of simulated releases of one mechanism (no training: the run's round loop is
+    # core/rounds.py's); release i is keyed like round i + 1 for the canaries' sample
+    for release in range(rounds):
+        c, _ = canaries.add(Contribution(None, total.new_zeros(d), 0, 0), release + 1, clip,
+                            rows=False)
         step = c.total.numpy().copy()
         if others:
             g = rng.standard_normal((others, d))
