@@ -19,7 +19,9 @@ What is audited:
   each (their public capacity), D with all ``M``, D' without its first user (the canary: features
   scaled up and the label that maximizes its gradient, so its gradient is clipped); one round.
   ``--owner-users`` picks the M's (``m:M``: an owner holding m users below its public capacity
-  M, D' m - 1, the schedule following M on both sides); the default pairs are one owner below the batch B and one
+  M, D' m - 1, the schedule following M on both sides); ``--natural K``: natural users of
+  1..K records each instead, built in memory from plain arrays with every public number declared
+  (``natural_records``), the owner's capacity, q and steps the prepared run's own; the default pairs are one owner below the batch B and one
   crossing a multiple of B (``B//3`` and ``B+1``: 10 → 9 and 33 → 32 at B = 32);
 * ``--pair paper_leak``: the joint-DP paper-mode leak pair (``fedudp.leak``).
 
@@ -479,8 +481,40 @@ def _make_canary(p, shard) -> float:
     return norm / clip
 
 
+def natural_records(owners: int, users: int, capacity: int, max_records: int, features: int,
+                    classes: int, seed: int):
+    """A natural-user federation as plain arrays, through ``fedudp.from_arrays``: owner 0 holds
+    ``users`` users, every other owner ``capacity``; user i of an owner holds
+    ``max_records - i % max_records`` records (unequal counts 1..max_records; owner 0's first
+    user, the canary, the most). Features uniform in [0, 1), labels uniform over ``classes``;
+    the owner column is given. Returns the ``Records`` and the public declarations (the run's
+    own ``public.*``, ``dataset.classes``, ``dataset.input_shape`` and owner count: upper bounds
+    that owner 0, below its capacity, does not reach)."""
+    import fedudp
+    rng = np.random.default_rng(seed)
+    counts, user, owner = [], [], []
+    for o in range(owners):
+        for i in range(users if o == 0 else capacity):
+            n = max_records - i % max_records
+            counts.append(n)
+            user += [f"o{o:03d}u{i:05d}"] * n
+            owner += [o] * n
+    total = int(sum(counts))
+    x = rng.random((total, features)).astype(np.float32)
+    y = rng.integers(0, classes, total).astype(np.int64)
+    records = fedudp.from_arrays(x, y, np.array(user), np.array(owner, dtype=np.int64),
+                                 classes=classes)
+    declared = {"dataset.name": "memory", "partition.owner_rule": "given",
+                "partition.num_owners": owners, "public.users": owners * capacity,
+                "public.owner_capacity": capacity, "public.records_per_user": max_records,
+                "dataset.classes": classes, "dataset.input_shape": [features],
+                "dataset.test_fraction": 0.0}
+    return records, declared
+
+
 def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, broken: str = "",
-                      chunk: int = 2000, capacity: int | None = None) -> AuditResult:
+                      chunk: int = 2000, capacity: int | None = None,
+                      natural: int | None = None) -> AuditResult:
     """Owner-side DP-SGD's release (owner 0's noisy delta after one round) on D (``users``
     users) and D' (its first user removed), through the real owner path; ``trials`` releases per
     side, each with its own DP-SGD randomness. ``capacity``: the owner's public capacity M
@@ -490,7 +524,15 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
     With an adaptive clip (``privacy.clip_policy=adaptive``) the owner releases, beside its
     delta, the mean of its steps' noisy unclipped fractions (``Owners.owner_deltas``'s
     ``fractions``): the audited release is the pair, scored on the linear discriminant (the
-    two parts carry noise of different scales)."""
+    two parts carry noise of different scales).
+
+    ``natural=K``: a natural-user federation instead of the planned synthetic one
+    (``natural_records``: users of 1..K records, built in memory from plain arrays, every
+    public number declared; owner 0 holds ``users`` users below its declared capacity M).
+    The owner's capacity, q and step count are then the prepared run's own (from
+    ``public.owner_capacity``, checked to be M), D' is ``Federation.without_user`` of the canary,
+    and the claim is re-checked on D' prepared from the arrays without the canary: the same
+    capacity, noise multiplier and ε (nothing public read from the data)."""
     from fedudp.config import ConfigError, config_from_overrides
     from fedudp.core.dpsgd import owner_rates
     from fedudp.build import prepare
@@ -506,9 +548,27 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
         raise ValueError(f"--owner-users {users}:{cap_m}: the capacity M must be at least the "
                          "users the owner holds")
     over = {**AUDIT_DPSGD, **overrides, "seed": seed}
-    rpu = int(over.get("partition.records_per_user", 1))
-    over["dataset.num_records"] = int(over["partition.num_owners"]) * cap_m * rpu
-    p = prepare(config_from_overrides(over))
+    records = records_without = None
+    if natural is not None:
+        if natural < 1:
+            raise ValueError(f"--natural {natural}: users hold at least 1 record")
+        records, declared = natural_records(
+            int(over["partition.num_owners"]), users, cap_m, natural,
+            int(over.get("dataset.features", 6)), int(over.get("dataset.classes", 3)), seed)
+        for k in ("dataset.features", "partition.scheme", "partition.records_per_user",
+                  "dataset.num_records"):
+            over.pop(k, None)
+        over = {**over, **declared}
+        # D' through the public API: the same arrays without the canary's records
+        keep = records.user != records.user[0]
+        import fedudp
+        records_without = fedudp.from_arrays(records.x[keep], records.y[keep],
+                                             records.user[keep], records.owner[keep],
+                                             classes=records.classes)
+    else:
+        rpu = int(over.get("partition.records_per_user", 1))
+        over["dataset.num_records"] = int(over["partition.num_owners"]) * cap_m * rpu
+    p = prepare(config_from_overrides(over), records=records)
     if p.owners.training.dpsgd_records:
         raise ConfigError("privacy.group_privacy: the owner-side audit removes one user; audit "
                           "without group privacy")
@@ -519,10 +579,23 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
     delta, batch = p.settings.delta, owners.training.user.batch_size
     claimed = one_release_epsilon(agg, delta)
     shard = p.fed.owner(0)
-    if shard.num_users != cap_m:
+    if natural is not None:
+        # the run's own public capacity of owner 0 (declared, not counted) and its claim on D'
+        have = int(p.owners.training.dpsgd_capacity[int(shard.owner_ids[0])])
+        if shard.num_users != users or have != cap_m:
+            raise ConfigError(f"public.owner_capacity: owner 0 holds {shard.num_users} users "
+                              f"at capacity {have}; the audit asked for {users} at {cap_m}")
+        q_ = prepare(config_from_overrides(over), records=records_without)
+        if (q_.owners.training.dpsgd_capacity != p.owners.training.dpsgd_capacity
+                or q_.aggregator.noise_multiplier != agg.noise_multiplier
+                or one_release_epsilon(q_.aggregator, delta) != claimed
+                or q_.fed.owner(0).num_users != users - 1):
+            raise ConfigError("public.owner_capacity: the run without the canary user has "
+                              "another public schedule or claim (a number read from the data)")
+    elif shard.num_users != cap_m:
         raise ConfigError(f"dataset.num_records: owner 0 holds {shard.num_users} users, the "
                           f"audit asked for {cap_m}")
-    for u in range(cap_m - 1, users - 1, -1):      # below capacity: the last users leave
+    for u in range(shard.num_users - 1, users - 1, -1):   # below capacity: the last users leave
         shard = shard.without_user(u)
     ratio = _make_canary(p, shard)
     neighbour = shard.without_user(0)
@@ -562,7 +635,9 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
                             discriminant=adaptive)
     power = _power(samples, claimed, delta, trials, factor or 1.0, gaussian) \
         if kind != "schedule=data" else None
-    name = (f"local_dpsgd{' adaptive' if adaptive else ''}, owner of {users} -> {users - 1} "
+    name = (f"local_dpsgd{' adaptive' if adaptive else ''}"
+            f"{f', natural users (1..{natural} records)' if natural is not None else ''}, "
+            f"owner of {users} -> {users - 1} "
             f"users{'' if cap_m == users else f' (capacity {cap_m})'}, B={batch}")
     from fedudp.build import run_guarantee
     res = AuditResult(name, "add_or_remove_one", trials, delta, claimed, samples,
@@ -652,6 +727,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="local_dpsgd: comma-separated owner sizes to audit, M (D: M users, D': "
                          "M-1, public capacity M) or m:M (an owner below capacity: D holds m "
                          "users, D' m-1, capacity M); default B//3 and B+1")
+    ap.add_argument("--natural", type=int, default=None, metavar="K",
+                    help="local_dpsgd: natural users instead of the planned federation: users "
+                         "holding 1..K records each, built in memory from plain arrays "
+                         "(fedudp.from_arrays) with every public number declared (public.users, "
+                         "public.owner_capacity = M, public.records_per_user = K, "
+                         "dataset.classes, dataset.input_shape); with --owner-users m:M owner 0 "
+                         "holds m users below its capacity M, D' the same without one user")
     ap.add_argument("--sequence", type=int, default=None,
                     help="releases per trial (server side): each trial is a fresh mechanism "
                          "releasing this many times, audited as one sequence against the ε of as "
@@ -688,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
         placement = over.get("privacy.placement", "server")
         if placement == "local_dpsgd":
             return _main_local_dpsgd(a, over)
+        if a.natural is not None:
+            raise ValueError("--natural: the natural-user audit is owner-side DP-SGD's "
+                             "(privacy.placement=local_dpsgd)")
         cfg = config_from_overrides({"method": "full_dp", **over})
         build.check(cfg)
         spec, s = build.method(cfg, build.model(cfg)), build.settings(cfg)
@@ -737,7 +822,7 @@ def _main_local_dpsgd(a, over: dict) -> int:
     results = []
     for m in sizes:
         results += _repeat(lambda s, m=m: audit_local_dpsgd(over, m[0], a.trials, s, a.broken,
-                                                            capacity=m[-1]),
+                                                            capacity=m[-1], natural=a.natural),
                            list(range(a.seed, a.seed + a.repeat)))
     return _finish(results, a)
 

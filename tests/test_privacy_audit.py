@@ -228,6 +228,32 @@ def test_local_dpsgd_below_capacity_follows_the_capacity():
     assert not r.violation, r.samples.bounds
 
 
+def test_local_dpsgd_on_natural_users_below_capacity():
+    """Natural users (1..4 records each, from plain arrays, every public number declared): owner
+    0 holds 7 users below its declared capacity 10, D' without one of them; the schedule and the
+    claim are the declaration's on both sides (the audit re-prepares D' from the arrays)."""
+    r = audit_local_dpsgd({}, 7, 2_000, seed=0, capacity=10, natural=4)
+    assert "natural users (1..4 records), owner of 7 -> 6 users (capacity 10), B=32" in r.mechanism
+    assert r.claimed_epsilon == pytest.approx(1.0, abs=2e-3)
+    assert r.canary_norm >= 2.0
+    assert not r.violation and r.samples.gaussian_used, r.samples.bounds   # M <= B: one step
+
+
+@pytest.mark.parametrize("broken", ["noise=0.5", "schedule=data"])
+def test_local_dpsgd_on_natural_users_catches_its_twins(broken):
+    r = audit_local_dpsgd({}, 7, 2_000, seed=0, capacity=10, natural=4, broken=broken)
+    assert r.violation and r.lower_bound > 1.3, r.samples.bounds
+
+
+def test_cli_audits_natural_users(capsys):
+    assert main(["privacy.placement=local_dpsgd", "--natural", "3", "--owner-users", "5:8",
+                 "--trials", "1000"]) == 0
+    assert ("| local_dpsgd, natural users (1..3 records), owner of 5 -> 4 users (capacity 8), "
+            "B=32 (seed 0) | add_or_remove_one | 1000 |") in capsys.readouterr().out
+    assert main(["--natural", "3", "--trials", "1000"]) == 2
+    assert "--natural" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_local_dpsgd_adaptive_clip_catches_a_noise_cut():
     r = audit_local_dpsgd({"privacy.clip_policy": "adaptive"}, 10, 10_000, seed=0,
