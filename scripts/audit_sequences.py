@@ -12,7 +12,9 @@ Cases (ε = 1, δ = 1e-5 for the audited releases unless said): adaptive clippin
 (one release per trial, and 4 releases per trial), adaptive owner-side DP-SGD, the DP-FTRL tree
 (k = 4, 8 releases: two trees) and the banded mechanism (b = 4, 8 releases: two cycles; whole
 groups, and sampled at p = 0.5 within the group), owner-side DP-SGD on an owner holding fewer
-users than its public capacity (below and above the batch B = 32); each correct at seed 0, its
+users than its public capacity (below and above the batch B = 32), on the planned federation
+and on natural users (``--natural 4``: 1..4 records each, from plain arrays, every public
+number declared); each correct at seed 0, its
 noise × 0.5 twin at seed 0, and the correct mechanism over 20 seeds (the false-alarm rate). The
 issue's own command (``fedudp-audit --trials 50000 aggregator=gaussian_adaptive``, the default
 config, claim 0.195) is the first case.
@@ -76,6 +78,30 @@ CASES = {
     "local_dpsgd 7->6, capacity 10, schedule=data": (
         "dpsgd", DPSGD, (7, 10), 0, "schedule=data", 10_000, [0],
         "owner-side DP-SGD below capacity (M = 10 < B = 32)"),
+    # owner-side DP-SGD on natural users (users of 1..4 records, built in memory from plain
+    # arrays, every public number declared; owner 0 below its declared capacity)
+    "natural 7->6, capacity 10": ("natural", DPSGD, (7, 10, 4), 0, "", 50_000, [0],
+                                  "owner-side DP-SGD, natural users (1..4 records) below "
+                                  "capacity (M = 10 < B = 32)"),
+    "natural 7->6, capacity 10, noise x0.5": (
+        "natural", DPSGD, (7, 10, 4), 0, "noise=0.5", 10_000, [0],
+        "owner-side DP-SGD, natural users (1..4 records) below capacity (M = 10 < B = 32)"),
+    "natural 7->6, capacity 10, schedule=data": (
+        "natural", DPSGD, (7, 10, 4), 0, "schedule=data", 10_000, [0],
+        "owner-side DP-SGD, natural users (1..4 records) below capacity (M = 10 < B = 32)"),
+    "natural 30->29, capacity 40": ("natural", DPSGD, (30, 40, 4), 0, "", 20_000, [0],
+                                    "owner-side DP-SGD, natural users (1..4 records) below "
+                                    "capacity (M = 40 > B = 32)"),
+    "natural 30->29, capacity 40, noise x0.3": (
+        "natural", DPSGD, (30, 40, 4), 0, "noise=0.3", 20_000, [0],
+        "owner-side DP-SGD, natural users (1..4 records) below capacity (M = 40 > B = 32)"),
+    "natural 30->29, capacity 40, schedule=data": (
+        "natural", DPSGD, (30, 40, 4), 0, "schedule=data", 10_000, [0],
+        "owner-side DP-SGD, natural users (1..4 records) below capacity (M = 40 > B = 32)"),
+    "false alarms: natural 7->6, capacity 10": ("natural", DPSGD, (7, 10, 4), 0, "", 5_000,
+                                                SEEDS, ""),
+    "false alarms: natural 30->29, capacity 40": ("natural", DPSGD, (30, 40, 4), 0, "", 5_000,
+                                                  SEEDS, ""),
     # false alarms: the correct mechanisms over 20 seeds
     "false alarms: adaptive, 1 release": ("server", {**ADAPTIVE, "train.rounds": 1}, 1, 2, "",
                                           50_000, SEEDS, ""),
@@ -102,7 +128,8 @@ def command(name: str) -> str:
         args += [f"--dim {dim}"] + ([f"--sequence {rel}"] if rel > 1 else [])
     else:
         args += [f"--owner-users {rel[0]}:{rel[1]}" if rel[0] != rel[1] else
-                 f"--owner-users {rel[0]}"]
+                 f"--owner-users {rel[0]}"] + ([f"--natural {rel[2]}"] if kind == "natural"
+                                               else [])
     args += [f"--trials {trials}"] + ([f"--break {broken}"] if broken else [])
     if len(seeds) > 1:
         args += [f"--seed {seeds[0]} --repeat {len(seeds)}"]
@@ -125,7 +152,8 @@ def run_one(name: str, seed: int) -> dict:
                                             else n_users), s.rounds, dim)
         r = audit_sequence(agg, dim, trials, rel, s.delta, seed, broken, s.bound)
     else:
-        r = audit_local_dpsgd(over, rel[0], trials, seed, broken, capacity=rel[1])
+        r = audit_local_dpsgd(over, rel[0], trials, seed, broken, capacity=rel[1],
+                              natural=rel[2] if kind == "natural" else None)
     return {"case": name, "seed": seed, "mechanism": r.mechanism, "trials": trials,
             "claimed": r.claimed_epsilon, "lower": r.lower_bound, "violation": r.violation,
             "by": f"{r.samples.best.method}, {r.samples.best.statistic}",
