@@ -4,7 +4,7 @@
     result = fedudp.simulate({"method": "joint_dp", "train.rounds": 3})
 
 ``simulate``, ``SimulationResult``, ``RunConfig``, ``ConfigError``, ``config_from_overrides``,
-``Records`` and ``from_arrays`` (your own federation, docs/your-data.md) are imported on first use (``import fedudp`` alone stays light: every fedudp process, Ray workers
+``Records`` and ``from_arrays`` (your own federation, docs/your-data.md) and ``__version__`` are imported on first use (``import fedudp`` alone stays light: every fedudp process, Ray workers
 included, imports the package first).
 
 Flower and Ray read the two variables below at import time; with no network, telemetry and usage
@@ -24,6 +24,9 @@ __all__ = sorted(_API)
 
 
 def __getattr__(name: str):
+    if name == "__version__":          # the installed package's metadata (fedudp/provenance.py)
+        from fedudp.provenance import version
+        return version()
     if name in _API:
         import importlib
         return getattr(importlib.import_module(_API[name]), name)

@@ -25,6 +25,7 @@ from fedudp.config import (ConfigError, RunConfig, config_dict, jsonable, valida
                            with_schema_defaults)
 from fedudp.core import checkpoint as checkpoints
 from fedudp.core.rounds import RoundsResult, run_rounds, summarize
+from fedudp.provenance import provenance
 from fedudp.report import epsilon_display, epsilon_kind
 
 __all__ = ["run", "run_with_result", "execute", "prepare", "Prepared", "summary_of", "main",
@@ -374,6 +375,8 @@ def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: f
         # the privacy cost of choosing among runs (fedudp-report --select-best); None where the
         # ledger composes blocks without an event or per-owner / group-privacy accountants
         "dp_event": run_event_json(p) if spec.private else None,
+        # what produced this folder: fedudp's version, the source commit, a modified checkout
+        **provenance(),
     }
     est = p.billboard.canary_estimate() if p.billboard is not None else None
     if est is not None:       # audit.canaries: an estimate beside the ledger's ε, not a bound
@@ -594,6 +597,10 @@ def resume_in_place(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--version"]:
+        from fedudp.provenance import version
+        print(f"fedudp {version()}")
+        return
     sys.argv[1:] = resume_in_place(multirun_flag_first(sys.argv[1:]))
     preflight(sys.argv[1:])
     _hydra_main()

@@ -131,6 +131,35 @@ def test_paper_mode_feeds_personal_state_back_and_says_heuristic(tmp_path):
     assert led["guarantee"] == "heuristic" and any("heuristic" in n for n in led["notes"])
 
 
+def test_a_run_records_the_version_and_source_commit_that_produced_it(tmp_path):
+    """summary.json names fedudp's version (the installed metadata, as ``fedudp.__version__`` and
+    ``fedudp --version``) and, from a git checkout, the commit and whether it was modified."""
+    from importlib.metadata import version
+
+    import fedudp
+    s = run(tiny_cfg("fedavg", **{"train.rounds": 1}), tmp_path)
+    assert s["fedudp_version"] == version("fedudp") == fedudp.__version__
+    root = Path(fedudp.__file__).resolve().parents[1]
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,  # noqa: E731
+                                    text=True)
+    head = git("rev-parse", "HEAD")
+    if head.returncode != 0:
+        assert s["source"] == {"commit": None, "modified": None}
+    else:
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip())
+        assert s["source"] == {"commit": head.stdout.strip(), "modified": dirty}
+    assert json.loads((tmp_path / "summary.json").read_text())["source"] == s["source"]
+
+
+def test_fedudp_version_prints_the_package_version(monkeypatch, capsys):
+    from importlib.metadata import version
+
+    from fedudp.run import main
+    monkeypatch.setattr(sys, "argv", ["fedudp", "--version"])
+    main()
+    assert capsys.readouterr().out.strip() == f"fedudp {version('fedudp')}"
+
+
 # -- the four methods end to end ---------------------------------------------------------------
 @pytest.mark.parametrize("method", ["per_silo", "fedavg", "full_dp", "joint_dp"])
 def test_method_end_to_end(method, tmp_path):
