@@ -13,6 +13,7 @@ parameters. With ``out=<folder>`` it also writes the run folder the command line
 and, with ``{"tracking": "mlflow"}`` or ``"tensorboard"``, logs the run there too
 (docs/tracking.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,19 +31,19 @@ class SimulationResult:
     """What one simulated run produced (``simulate``)."""
 
     config: RunConfig
-    stop_reason: str                      # completed | budget | halted | diverged | interrupted
+    stop_reason: str  # completed | budget | halted | diverged | interrupted
     rounds_completed: int
-    history: list[dict]                   # one dict per round (metrics.jsonl's lines)
-    ledger: Any                           # the Ledger (every release); ledger.json read back
-                                          # (a dict) for a run finished before
-    epsilon: float | None                 # ε spent at the ledger's δ; None without DP
-    epsilon_kind: str | None              # certified | heuristic | None (no DP)
+    history: list[dict]  # one dict per round (metrics.jsonl's lines)
+    ledger: Any  # the Ledger (every release); ledger.json read back
+    # (a dict) for a run finished before
+    epsilon: float | None  # ε spent at the ledger's δ; None without DP
+    epsilon_kind: str | None  # certified | heuristic | None (no DP)
     delta: float | None
-    shared: dict[str, torch.Tensor]       # the final shared parameters
-    personal: dict[str, torch.Tensor]     # each owner's personal parameters, [owners, ...]
-    owner_accuracy: np.ndarray            # final test accuracy of each owner
-    summary: dict = field(default_factory=dict)   # summary.json's content
-    out: Path | None = None               # the run folder, when one was written
+    shared: dict[str, torch.Tensor]  # the final shared parameters
+    personal: dict[str, torch.Tensor]  # each owner's personal parameters, [owners, ...]
+    owner_accuracy: np.ndarray  # final test accuracy of each owner
+    summary: dict = field(default_factory=dict)  # summary.json's content
+    out: Path | None = None  # the run folder, when one was written
 
     @property
     def accuracy(self) -> float | None:
@@ -57,13 +58,19 @@ def _config(config: RunConfig | Mapping[str, Any] | None) -> RunConfig:
         return config
     if isinstance(config, Mapping):
         return config_from_overrides({"progress": False, **dict(config)})
-    raise TypeError(f"simulate: config must be a RunConfig or a mapping of dotted keys "
-                    f"(e.g. {{'train.rounds': 3}}), got {type(config).__name__}")
+    raise TypeError(
+        f"simulate: config must be a RunConfig or a mapping of dotted keys "
+        f"(e.g. {{'train.rounds': 3}}), got {type(config).__name__}"
+    )
 
 
-def simulate(config: RunConfig | Mapping[str, Any] | None = None, *,
-             out: str | Path | None = None, model: Any = None, records: Any = None
-             ) -> SimulationResult:
+def simulate(
+    config: RunConfig | Mapping[str, Any] | None = None,
+    *,
+    out: str | Path | None = None,
+    model: Any = None,
+    records: Any = None,
+) -> SimulationResult:
     """Run one simulation (see the module doc). ``config``: a ``RunConfig``, or a mapping of
     dotted keys over the defaults (``{"method": "fedavg", "train.lr": 0.1}``); ``out``: a
     folder to write the run's files into (None: nothing is written). A folder that already
@@ -80,6 +87,7 @@ def simulate(config: RunConfig | Mapping[str, Any] | None = None, *,
     from fedudp.report import epsilon_kind
     from fedudp.build import settings
     from fedudp.run import execute, prepare, run_with_result, summary_of
+
     if records is not None and not isinstance(config, RunConfig):
         # records given: the in-memory data set, unless the mapping names another (refused)
         config = {"dataset.name": "memory", **dict(config or {})}
@@ -88,29 +96,57 @@ def simulate(config: RunConfig | Mapping[str, Any] | None = None, *,
     if out is not None:
         summary, res, p = run_with_result(cfg, out, **given)
         folder = Path(settings(cfg).resume or out)
-        if res is None:          # finished before: read back what the folder holds
-            history = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()
-                       if x.strip()]
+        if res is None:  # finished before: read back what the folder holds
+            history = [
+                json.loads(x)
+                for x in (folder / "metrics.jsonl").read_text().splitlines()
+                if x.strip()
+            ]
             ledger = json.loads((folder / "ledger.json").read_text())
-            return SimulationResult(cfg, summary["stop_reason"], summary["rounds_completed"],
-                                    history, ledger, summary["epsilon"], epsilon_kind(summary),
-                                    summary.get("delta"), None, None,
-                                    np.array([]), summary, folder)
+            return SimulationResult(
+                cfg,
+                summary["stop_reason"],
+                summary["rounds_completed"],
+                history,
+                ledger,
+                summary["epsilon"],
+                epsilon_kind(summary),
+                summary.get("delta"),
+                None,
+                None,
+                np.array([]),
+                summary,
+                folder,
+            )
     else:
         from fedudp.config import validate
+
         validate(cfg)
         kind = settings(cfg).tracking
         if kind != "none":
-            raise ConfigError(f"tracking.kind={kind}: logs a run folder's run; give simulate "
-                              "an out=<folder> (or leave tracking.kind=none)")
+            raise ConfigError(
+                f"tracking.kind={kind}: logs a run folder's run; give simulate "
+                "an out=<folder> (or leave tracking.kind=none)"
+            )
         p = prepare(cfg, **given)
         res = execute(p)
         summary = summary_of(cfg, p, res)
         folder = None
-    return SimulationResult(cfg, res.stop_reason, res.rounds_completed, list(res.history),
-                            p.ledger, summary["epsilon"], epsilon_kind(summary),
-                            summary.get("delta"), dict(res.shared), dict(res.personal),
-                            np.asarray(res.owner_accuracy), summary, folder)
+    return SimulationResult(
+        cfg,
+        res.stop_reason,
+        res.rounds_completed,
+        list(res.history),
+        p.ledger,
+        summary["epsilon"],
+        epsilon_kind(summary),
+        summary.get("delta"),
+        dict(res.shared),
+        dict(res.personal),
+        np.asarray(res.owner_accuracy),
+        summary,
+        folder,
+    )
 
 
 __all__ = ["simulate", "SimulationResult", "RunConfig", "ConfigError", "config_from_overrides"]

@@ -58,6 +58,7 @@ Power: for the robust estimators the certified sensitivity (a worst case over al
 exceeds one unit's influence on a typical cohort, so their audit bound stays well below the claim
 and says little (it is said).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,7 @@ import torch
 
 from fedudp.aggregators.base import Aggregator, Constraint, Contribution
 from fedudp.privacy.accountant import Accountant, ParallelAccountant, Parallel, pld_interval
-from fedudp.privacy.audit_stats import (SampleAudit, audit_samples, power_gaussian,
-                                        power_threshold)
+from fedudp.privacy.audit_stats import SampleAudit, audit_samples, power_gaussian, power_threshold
 
 # the audit's level: every lower bound it prints holds with probability >= 99%, jointly over the
 # bounds tried, so a correct mechanism is flagged in at most 1% of audits (a false alarm)
@@ -93,7 +93,7 @@ class AuditResult:
     seconds: float
     power: dict[str, float] | None = None
     gaussian_by_construction: bool = False
-    claim_heuristic: bool = False     # the claimed ε is the paper's heuristic accounting's
+    claim_heuristic: bool = False  # the claimed ε is the paper's heuristic accounting's
 
     @property
     def lower_bound(self) -> float:
@@ -111,8 +111,11 @@ class AuditResult:
 def one_release_epsilon(agg: Aggregator, delta: float) -> float:
     """The accountant's ε of one release of ``agg`` (its one-off block included)."""
     event = agg.dp_event()
-    acc = (ParallelAccountant(len(event.parts), pld_interval(1.0)) if isinstance(event, Parallel)
-           else Accountant(pld_interval(1.0)))
+    acc = (
+        ParallelAccountant(len(event.parts), pld_interval(1.0))
+        if isinstance(event, Parallel)
+        else Accountant(pld_interval(1.0))
+    )
     once = agg.one_off_event()
     if once is not None:
         acc.compose(once)
@@ -151,16 +154,23 @@ def parse_break(broken: str) -> tuple[str, float | None]:
         except ValueError:
             f = -1.0
         if not f > 0:
-            raise ValueError(f"--break {broken}: the noise factor must be a number > 0, "
-                             f"e.g. noise=0.7")
+            raise ValueError(
+                f"--break {broken}: the noise factor must be a number > 0, e.g. noise=0.7"
+            )
         return "noise", f
     if broken in ("clip=off", "schedule=data"):
         return broken, None
     raise ValueError(f"--break {broken}: use noise=FACTOR, clip=off or schedule=data")
 
 
-NOISE_BREAKABLE = ("gaussian", "outlier_removal", "friendlycore",   # noise = multiplier × sensitivity
-                   "gaussian_adaptive", "dp_ftrl_tree", "dp_mf_banded")
+NOISE_BREAKABLE = (
+    "gaussian",
+    "outlier_removal",
+    "friendlycore",  # noise = multiplier × sensitivity
+    "gaussian_adaptive",
+    "dp_ftrl_tree",
+    "dp_mf_banded",
+)
 
 
 def weaken(agg: Aggregator, factor: float) -> None:
@@ -174,15 +184,20 @@ def weaken(agg: Aggregator, factor: float) -> None:
         agg.count_noise *= factor
 
 
-def _power(samples: SampleAudit, claimed: float, delta: float, trials: int, factor: float,
-           gaussian: bool) -> dict[str, float]:
+def _power(
+    samples: SampleAudit, claimed: float, delta: float, trials: int, factor: float, gaussian: bool
+) -> dict[str, float]:
     """Noise factors f detected with probability about 1/2 (the noise cut to f× the configured
     noise). A Gaussian release's separation is the one its claim implies (μ of μ-GDP at the
     claimed (ε, δ)); otherwise the projection's measured separation, rescaled to the configured
     noise, stands in for it (a planning number)."""
     from fedudp.privacy.audit_stats import gaussian_mu_for_epsilon
-    mu = (gaussian_mu_for_epsilon(claimed, delta) if gaussian
-          else samples.separation.mu_hat * (factor if factor else 1.0))
+
+    mu = (
+        gaussian_mu_for_epsilon(claimed, delta)
+        if gaussian
+        else samples.separation.mu_hat * (factor if factor else 1.0)
+    )
     tests = samples.tests
     out = {"threshold": power_threshold(claimed, delta, mu, trials, ALPHA, tests)}
     if gaussian:
@@ -190,13 +205,21 @@ def _power(samples: SampleAudit, claimed: float, delta: float, trials: int, fact
     return out
 
 
-def audit(agg: Aggregator, dim: int, trials: int, delta: float, seed: int = 0,
-          broken: str = "", bound: float = 1.0, background: float = 0.1) -> AuditResult:
+def audit(
+    agg: Aggregator,
+    dim: int,
+    trials: int,
+    delta: float,
+    seed: int = 0,
+    broken: str = "",
+    bound: float = 1.0,
+    background: float = 0.1,
+) -> AuditResult:
     """Audit ``agg`` (built for ``dim``-vectors) with ``trials`` releases on each of D and D'.
     ``bound``: the canary's norm where the aggregator does not clip (``estimator.bound``)."""
-    if agg.name in SEQUENCE_AUDITED:    # an adaptive clip, a tree, a banded mechanism
+    if agg.name in SEQUENCE_AUDITED:  # an adaptive clip, a tree, a banded mechanism
         return audit_sequence(agg, dim, trials, 1, delta, seed, broken, bound, background)
-    fresh = _stateful(agg)   # e.g. outlier removal's AboveThreshold: a fresh copy per release
+    fresh = _stateful(agg)  # e.g. outlier removal's AboveThreshold: a fresh copy per release
     t0 = time.perf_counter()
     claimed = one_release_epsilon(agg, delta)
     constraint: Constraint = agg.constraint
@@ -233,17 +256,32 @@ def audit(agg: Aggregator, dim: int, trials: int, delta: float, seed: int = 0,
                 elif replace_one:
                     parts.append(opposite)
             c = Contribution.merge(parts, dim, torch.float64, constraint.rows)
-            gen = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 62)))
+            gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
             one = copy.deepcopy(agg) if fresh else agg
             vals[t] = one.release(c, rng=gen).mean.to(torch.float64).numpy()
         outs[side] = vals
     # an unsampled clip + Gaussian release is Gaussian with the same covariance on both sides
     gaussian = agg.name == "gaussian" and q >= 1.0
     samples = audit_samples(outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian)
-    power = _power(samples, claimed, delta, trials, factor or 1.0, gaussian) if kind != "clip=off" else None
-    return AuditResult(agg.name, agg.adjacency, trials, delta, claimed, samples, canary_norm,
-                       broken, time.perf_counter() - t0, power, gaussian,
-                       claim_heuristic=getattr(agg, "guarantee", "certified") == "heuristic")
+    power = (
+        _power(samples, claimed, delta, trials, factor or 1.0, gaussian)
+        if kind != "clip=off"
+        else None
+    )
+    return AuditResult(
+        agg.name,
+        agg.adjacency,
+        trials,
+        delta,
+        claimed,
+        samples,
+        canary_norm,
+        broken,
+        time.perf_counter() - t0,
+        power,
+        gaussian,
+        claim_heuristic=getattr(agg, "guarantee", "certified") == "heuristic",
+    )
 
 
 def canary_rounds(agg: Aggregator, releases: int, rng: np.random.Generator) -> np.ndarray:
@@ -267,9 +305,18 @@ LINEAR_NOISE = ("dp_ftrl_tree", "dp_mf_banded")
 SEQUENCE_AUDITED = LINEAR_NOISE + ("gaussian_adaptive",)
 
 
-def _linear_sequences(template: Aggregator, with_canary: bool, base: Contribution,
-                      canary_norm: float, unclipped: bool, dim: int, trials: int, releases: int,
-                      rng: np.random.Generator, chunk: int = 4096) -> np.ndarray:
+def _linear_sequences(
+    template: Aggregator,
+    with_canary: bool,
+    base: Contribution,
+    canary_norm: float,
+    unclipped: bool,
+    dim: int,
+    trials: int,
+    releases: int,
+    rng: np.random.Generator,
+    chunk: int = 4096,
+) -> np.ndarray:
     """[trials, releases·dim]: ``trials`` independent runs of a tree or banded mechanism, run
     side by side as the coordinate blocks of one fresh copy's release of a ``chunk·dim`` vector.
     Their noise is drawn independently per coordinate and their state (the tree's nodes, the
@@ -280,7 +327,7 @@ def _linear_sequences(template: Aggregator, with_canary: bool, base: Contributio
     for a0 in range(0, trials, chunk):
         k = min(chunk, trials - a0)
         a = copy.deepcopy(template)
-        present = np.stack([canary_rounds(a, releases, rng) for _ in range(k)])   # [k, T]
+        present = np.stack([canary_rounds(a, releases, rng) for _ in range(k)])  # [k, T]
         clip = a.clip
         for r in range(releases):
             total = base.total.to(torch.float64).repeat(k).reshape(k, dim).clone()
@@ -290,15 +337,24 @@ def _linear_sequences(template: Aggregator, with_canary: bool, base: Contributio
                 total[torch.from_numpy(present[:, r]), 0] += amount
                 count = count + present[:, r]
             c = Contribution(None, total.reshape(-1), int(count.sum()), 0)
-            gen = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 62)))
-            out[a0:a0 + k, r * dim:(r + 1) * dim] = \
+            gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+            out[a0 : a0 + k, r * dim : (r + 1) * dim] = (
                 a.release(c, rng=gen).mean.to(torch.float64).reshape(k, dim).numpy()
+            )
     return out
 
 
-def audit_sequence(agg: Aggregator, dim: int, trials: int, releases: int, delta: float,
-                   seed: int = 0, broken: str = "", bound: float = 1.0, background: float = 0.1
-                   ) -> AuditResult:
+def audit_sequence(
+    agg: Aggregator,
+    dim: int,
+    trials: int,
+    releases: int,
+    delta: float,
+    seed: int = 0,
+    broken: str = "",
+    bound: float = 1.0,
+    background: float = 0.1,
+) -> AuditResult:
     """Audit the whole sequence of ``releases`` releases of a stateful mechanism: one trial is a
     fresh copy of ``agg`` (never used: ``copy.deepcopy`` of the template, so an adaptive clip, a
     tree's nodes and a banded mechanism's noise history start as a run starts) releasing
@@ -330,8 +386,9 @@ def audit_sequence(agg: Aggregator, dim: int, trials: int, releases: int, delta:
         weaken(template, factor)
     constraint: Constraint = template.constraint
     if constraint.clip is None:
-        raise ValueError(f"aggregator={template.name}: the sequence audit needs a clipping "
-                         "aggregator")
+        raise ValueError(
+            f"aggregator={template.name}: the sequence audit needs a clipping aggregator"
+        )
     if kind == "clip=off":
         if template.name == "gaussian_adaptive":
             raise ValueError("--break clip=off: use noise=FACTOR for adaptive clipping")
@@ -351,16 +408,25 @@ def audit_sequence(agg: Aggregator, dim: int, trials: int, releases: int, delta:
     outs = {}
     if template.name in LINEAR_NOISE:
         for side in ("D", "D'"):
-            outs[side] = _linear_sequences(template, side == "D", fixed_base, canary_norm,
-                                           kind == "clip=off", dim, trials, releases, rng)
+            outs[side] = _linear_sequences(
+                template,
+                side == "D",
+                fixed_base,
+                canary_norm,
+                kind == "clip=off",
+                dim,
+                trials,
+                releases,
+                rng,
+            )
     for side in () if outs else ("D", "D'"):
         vals = np.empty((trials, releases * width))
         for t in range(trials):
-            a = copy.deepcopy(template)                  # a fresh mechanism state per trial
+            a = copy.deepcopy(template)  # a fresh mechanism state per trial
             present = canary_rounds(a, releases, rng)
             for r in range(releases):
                 clip_t = a.clip
-                if adaptive:                             # owners clip to the current C_t
+                if adaptive:  # owners clip to the current C_t
                     cons = Constraint(rows=False, clip=clip_t)
                     base = unclipped_base if largest <= clip_t else cons.apply(others)
                     canary = torch.zeros(1, dim, dtype=torch.float64)
@@ -370,14 +436,15 @@ def audit_sequence(agg: Aggregator, dim: int, trials: int, releases: int, delta:
                     cons, base = constraint, fixed_base
                     canary = torch.zeros(1, dim, dtype=torch.float64)
                     canary[0, 0] = canary_norm
-                    with_canary = (Constraint(rows=False, clip=None) if kind == "clip=off"
-                                   else cons).apply(canary)
+                    with_canary = (
+                        Constraint(rows=False, clip=None) if kind == "clip=off" else cons
+                    ).apply(canary)
                 parts = [base] + ([with_canary] if side == "D" and present[r] else [])
                 c = Contribution.merge(parts, dim, torch.float64, False)
-                gen = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 62)))
+                gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
                 out = a.release(c, rng=gen)
                 mean = out.mean.to(torch.float64).numpy()
-                row = vals[t, r * width:(r + 1) * width]
+                row = vals[t, r * width : (r + 1) * width]
                 if adaptive:
                     # centred by the background at C_t, scaled by the round's public noise
                     row[:dim] = (mean * qn - base.total.numpy()) / (a.update_multiplier * clip_t)
@@ -389,21 +456,44 @@ def audit_sequence(agg: Aggregator, dim: int, trials: int, releases: int, delta:
         outs[side] = vals
     # Gaussian by construction: no sampling anywhere in the sequence (a tree; a banded
     # mechanism taking its whole group; Poisson at rate 1)
-    gaussian = (template.name == "dp_ftrl_tree"
-                or (template.name == "dp_mf_banded" and template.group_rate >= 1.0)
-                or (template.name in ("gaussian", "gaussian_adaptive") and q >= 1.0))
-    samples = audit_samples(outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian,
-                            discriminant=True)
-    power = (_power(samples, claimed, delta, trials, factor or 1.0, gaussian)
-             if kind != "clip=off" else None)
+    gaussian = (
+        template.name == "dp_ftrl_tree"
+        or (template.name == "dp_mf_banded" and template.group_rate >= 1.0)
+        or (template.name in ("gaussian", "gaussian_adaptive") and q >= 1.0)
+    )
+    samples = audit_samples(
+        outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian, discriminant=True
+    )
+    power = (
+        _power(samples, claimed, delta, trials, factor or 1.0, gaussian)
+        if kind != "clip=off"
+        else None
+    )
     name = template.name if releases == 1 else f"{template.name}, {releases} releases"
-    return AuditResult(name, template.adjacency, trials, delta, claimed, samples, canary_norm,
-                       broken, time.perf_counter() - t0, power, gaussian,
-                       claim_heuristic=getattr(template, "guarantee", "certified") == "heuristic")
+    return AuditResult(
+        name,
+        template.adjacency,
+        trials,
+        delta,
+        claimed,
+        samples,
+        canary_norm,
+        broken,
+        time.perf_counter() - t0,
+        power,
+        gaussian,
+        claim_heuristic=getattr(template, "guarantee", "certified") == "heuristic",
+    )
 
 
-def audit_pair(agg: Aggregator, on_d: Contribution, on_dprime: Contribution, trials: int,
-               delta: float, seed: int = 0) -> AuditResult:
+def audit_pair(
+    agg: Aggregator,
+    on_d: Contribution,
+    on_dprime: Contribution,
+    trials: int,
+    delta: float,
+    seed: int = 0,
+) -> AuditResult:
     """Audit the billboard's release on a given neighbouring pair of owner-side contributions
     (e.g. ``fedudp.leak``): ``trials`` seeded releases of each."""
     t0 = time.perf_counter()
@@ -414,38 +504,64 @@ def audit_pair(agg: Aggregator, on_d: Contribution, on_dprime: Contribution, tri
     for side, c in (("D", on_d), ("D'", on_dprime)):
         vals = np.empty((trials, int(diff.numel())))
         for t in range(trials):
-            gen = torch.Generator().manual_seed(int(rng.integers(0, 2 ** 62)))
+            gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
             vals[t] = agg.release(c, rng=gen).mean.to(torch.float64).numpy()
         outs[side] = vals
     gaussian = agg.name == "gaussian" and agg.sampling.rate >= 1.0
     samples = audit_samples(outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian)
     norm = float(torch.linalg.vector_norm(diff))
-    return AuditResult(agg.name, agg.adjacency, trials, delta, claimed, samples, norm, "",
-                       time.perf_counter() - t0, None, gaussian)
+    return AuditResult(
+        agg.name,
+        agg.adjacency,
+        trials,
+        delta,
+        claimed,
+        samples,
+        norm,
+        "",
+        time.perf_counter() - t0,
+        None,
+        gaussian,
+    )
 
 
 # -- owner-side DP-SGD --------------------------------------------------------------------------
-AUDIT_DPSGD = {"method": "full_dp", "privacy.placement": "local_dpsgd", "train.rounds": 1,
-               "progress": False, "dataset.name": "synthetic", "dataset.features": 6,
-               "dataset.classes": 3, "partition.scheme": "iid", "partition.num_owners": 4, "partition.records_per_user": 1,
-               "engine_opts.float64": True}
+AUDIT_DPSGD = {
+    "method": "full_dp",
+    "privacy.placement": "local_dpsgd",
+    "train.rounds": 1,
+    "progress": False,
+    "dataset.name": "synthetic",
+    "dataset.features": 6,
+    "dataset.classes": 3,
+    "partition.scheme": "iid",
+    "partition.num_owners": 4,
+    "partition.records_per_user": 1,
+    "engine_opts.float64": True,
+}
 
 
 def _replicate(f, k: int, first_id: int):
     """``k`` copies of the one-owner federation ``f`` as one federation, owner ids
     ``first_id, first_id + 2, ...`` (every copy draws its own DP-SGD randomness)."""
     from fedudp.data.federation import Federation
+
     users, recs = f.num_users, f.num_records
     offs = (f.user_offsets[:-1][None, :] + recs * np.arange(k)[:, None]).ravel()
     return Federation(
-        x=f.x.repeat(k, *[1] * (f.x.dim() - 1)), y=f.y.repeat(k),
+        x=f.x.repeat(k, *[1] * (f.x.dim() - 1)),
+        y=f.y.repeat(k),
         user_offsets=np.append(offs, k * recs).astype(np.int64),
         user_owner=np.repeat(np.arange(k), users).astype(np.int64),
         owner_user_offsets=(users * np.arange(k + 1)).astype(np.int64),
-        x_test=f.x_test[:0], y_test=f.y_test[:0], test_offsets=np.zeros(k + 1, np.int64),
-        num_classes=f.num_classes, owner_classes=None,
+        x_test=f.x_test[:0],
+        y_test=f.y_test[:0],
+        test_offsets=np.zeros(k + 1, np.int64),
+        num_classes=f.num_classes,
+        owner_classes=None,
         owner_ids=(first_id + 2 * np.arange(k)).astype(np.int64),
-        user_ids=np.tile(f.user_ids, k))
+        user_ids=np.tile(f.user_ids, k),
+    )
 
 
 def _make_canary(p, shard) -> float:
@@ -456,19 +572,25 @@ def _make_canary(p, shard) -> float:
     anywhere). Returns the norm over the clip."""
     import torch.nn.functional as F
     from torch.func import functional_call, grad
+
     owners = p.owners
     names = owners.spec.shared
-    at = {**dict(owners.model.named_parameters()), **owners.public_personal,
-          **p.billboard.shared_params()}
+    at = {
+        **dict(owners.model.named_parameters()),
+        **owners.public_personal,
+        **p.billboard.shared_params(),
+    }
     at = {k: v.detach() for k, v in at.items()}
     r0, r1 = int(shard.user_offsets[0]), int(shard.user_offsets[1])
 
     def norm_of(x: torch.Tensor, c: int) -> float:
         y = torch.full((r1 - r0,), c, dtype=shard.y.dtype)
         g = grad(lambda sh: F.cross_entropy(functional_call(owners.model, {**at, **sh}, (x,)), y))(
-            {n: at[n] for n in names})
-        return float(torch.linalg.vector_norm(
-            torch.cat([g[n].reshape(-1) for n in names]).to(torch.float64)))
+            {n: at[n] for n in names}
+        )
+        return float(
+            torch.linalg.vector_norm(torch.cat([g[n].reshape(-1) for n in names]).to(torch.float64))
+        )
 
     clip = float(p.aggregator.clip)
     label = max(range(shard.num_classes), key=lambda c: norm_of(shard.x[r0:r1], c))
@@ -481,8 +603,9 @@ def _make_canary(p, shard) -> float:
     return norm / clip
 
 
-def natural_records(owners: int, users: int, capacity: int, max_records: int, features: int,
-                    classes: int, seed: int):
+def natural_records(
+    owners: int, users: int, capacity: int, max_records: int, features: int, classes: int, seed: int
+):
     """A natural-user federation as plain arrays, through ``fedudp.from_arrays``: owner 0 holds
     ``users`` users, every other owner ``capacity``; user i of an owner holds
     ``max_records - i % max_records`` records (unequal counts 1..max_records; owner 0's first
@@ -491,6 +614,7 @@ def natural_records(owners: int, users: int, capacity: int, max_records: int, fe
     own ``public.*``, ``dataset.classes``, ``dataset.input_shape`` and owner count: upper bounds
     that owner 0, below its capacity, does not reach)."""
     import fedudp
+
     rng = np.random.default_rng(seed)
     counts, user, owner = [], [], []
     for o in range(owners):
@@ -502,19 +626,33 @@ def natural_records(owners: int, users: int, capacity: int, max_records: int, fe
     total = int(sum(counts))
     x = rng.random((total, features)).astype(np.float32)
     y = rng.integers(0, classes, total).astype(np.int64)
-    records = fedudp.from_arrays(x, y, np.array(user), np.array(owner, dtype=np.int64),
-                                 classes=classes)
-    declared = {"dataset.name": "memory", "partition.owner_rule": "given",
-                "partition.num_owners": owners, "public.users": owners * capacity,
-                "public.owner_capacity": capacity, "public.records_per_user": max_records,
-                "dataset.classes": classes, "dataset.input_shape": [features],
-                "dataset.test_fraction": 0.0}
+    records = fedudp.from_arrays(
+        x, y, np.array(user), np.array(owner, dtype=np.int64), classes=classes
+    )
+    declared = {
+        "dataset.name": "memory",
+        "partition.owner_rule": "given",
+        "partition.num_owners": owners,
+        "public.users": owners * capacity,
+        "public.owner_capacity": capacity,
+        "public.records_per_user": max_records,
+        "dataset.classes": classes,
+        "dataset.input_shape": [features],
+        "dataset.test_fraction": 0.0,
+    }
     return records, declared
 
 
-def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, broken: str = "",
-                      chunk: int = 2000, capacity: int | None = None,
-                      natural: int | None = None) -> AuditResult:
+def audit_local_dpsgd(
+    overrides: dict,
+    users: int,
+    trials: int,
+    seed: int = 0,
+    broken: str = "",
+    chunk: int = 2000,
+    capacity: int | None = None,
+    natural: int | None = None,
+) -> AuditResult:
     """Owner-side DP-SGD's release (owner 0's noisy delta after one round) on D (``users``
     users) and D' (its first user removed), through the real owner path; ``trials`` releases per
     side, each with its own DP-SGD randomness. ``capacity``: the owner's public capacity M
@@ -536,45 +674,69 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
     from fedudp.config import ConfigError, config_from_overrides
     from fedudp.core.dpsgd import owner_rates
     from fedudp.build import prepare
+
     t0 = time.perf_counter()
     kind, factor = parse_break(broken)
     if kind == "clip=off":
-        raise ValueError("--break clip=off applies to the server-side release; use noise=FACTOR "
-                         "or schedule=data for privacy.placement=local_dpsgd")
+        raise ValueError(
+            "--break clip=off applies to the server-side release; use noise=FACTOR "
+            "or schedule=data for privacy.placement=local_dpsgd"
+        )
     if users < 2:
         raise ValueError(f"--owner-users {users}: the owner needs at least 2 users")
     cap_m = users if capacity is None else int(capacity)
     if cap_m < users:
-        raise ValueError(f"--owner-users {users}:{cap_m}: the capacity M must be at least the "
-                         "users the owner holds")
+        raise ValueError(
+            f"--owner-users {users}:{cap_m}: the capacity M must be at least the "
+            "users the owner holds"
+        )
     over = {**AUDIT_DPSGD, **overrides, "seed": seed}
     records = records_without = None
     if natural is not None:
         if natural < 1:
             raise ValueError(f"--natural {natural}: users hold at least 1 record")
         records, declared = natural_records(
-            int(over["partition.num_owners"]), users, cap_m, natural,
-            int(over.get("dataset.features", 6)), int(over.get("dataset.classes", 3)), seed)
-        for k in ("dataset.features", "partition.scheme", "partition.records_per_user",
-                  "dataset.num_records"):
+            int(over["partition.num_owners"]),
+            users,
+            cap_m,
+            natural,
+            int(over.get("dataset.features", 6)),
+            int(over.get("dataset.classes", 3)),
+            seed,
+        )
+        for k in (
+            "dataset.features",
+            "partition.scheme",
+            "partition.records_per_user",
+            "dataset.num_records",
+        ):
             over.pop(k, None)
         over = {**over, **declared}
         # D' through the public API: the same arrays without the canary's records
         keep = records.user != records.user[0]
         import fedudp
-        records_without = fedudp.from_arrays(records.x[keep], records.y[keep],
-                                             records.user[keep], records.owner[keep],
-                                             classes=records.classes)
+
+        records_without = fedudp.from_arrays(
+            records.x[keep],
+            records.y[keep],
+            records.user[keep],
+            records.owner[keep],
+            classes=records.classes,
+        )
     else:
         rpu = int(over.get("partition.records_per_user", 1))
         over["dataset.num_records"] = int(over["partition.num_owners"]) * cap_m * rpu
     p = prepare(config_from_overrides(over), records=records)
     if p.owners.training.dpsgd_records:
-        raise ConfigError("privacy.group_privacy: the owner-side audit removes one user; audit "
-                          "without group privacy")
+        raise ConfigError(
+            "privacy.group_privacy: the owner-side audit removes one user; audit "
+            "without group privacy"
+        )
     if p.aggregator is None or p.aggregator.name != "local_dpsgd":
-        raise ConfigError("privacy.placement: the owner-side audit needs privacy.placement="
-                          "local_dpsgd and a private method")
+        raise ConfigError(
+            "privacy.placement: the owner-side audit needs privacy.placement="
+            "local_dpsgd and a private method"
+        )
     agg, owners = p.aggregator, p.owners
     delta, batch = p.settings.delta, owners.training.user.batch_size
     claimed = one_release_epsilon(agg, delta)
@@ -583,19 +745,27 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
         # the run's own public capacity of owner 0 (declared, not counted) and its claim on D'
         have = int(p.owners.training.dpsgd_capacity[int(shard.owner_ids[0])])
         if shard.num_users != users or have != cap_m:
-            raise ConfigError(f"public.owner_capacity: owner 0 holds {shard.num_users} users "
-                              f"at capacity {have}; the audit asked for {users} at {cap_m}")
+            raise ConfigError(
+                f"public.owner_capacity: owner 0 holds {shard.num_users} users "
+                f"at capacity {have}; the audit asked for {users} at {cap_m}"
+            )
         q_ = prepare(config_from_overrides(over), records=records_without)
-        if (q_.owners.training.dpsgd_capacity != p.owners.training.dpsgd_capacity
-                or q_.aggregator.noise_multiplier != agg.noise_multiplier
-                or one_release_epsilon(q_.aggregator, delta) != claimed
-                or q_.fed.owner(0).num_users != users - 1):
-            raise ConfigError("public.owner_capacity: the run without the canary user has "
-                              "another public schedule or claim (a number read from the data)")
+        if (
+            q_.owners.training.dpsgd_capacity != p.owners.training.dpsgd_capacity
+            or q_.aggregator.noise_multiplier != agg.noise_multiplier
+            or one_release_epsilon(q_.aggregator, delta) != claimed
+            or q_.fed.owner(0).num_users != users - 1
+        ):
+            raise ConfigError(
+                "public.owner_capacity: the run without the canary user has "
+                "another public schedule or claim (a number read from the data)"
+            )
     elif shard.num_users != cap_m:
-        raise ConfigError(f"dataset.num_records: owner 0 holds {shard.num_users} users, the "
-                          f"audit asked for {cap_m}")
-    for u in range(shard.num_users - 1, users - 1, -1):   # below capacity: the last users leave
+        raise ConfigError(
+            f"dataset.num_records: owner 0 holds {shard.num_users} users, the "
+            f"audit asked for {cap_m}"
+        )
+    for u in range(shard.num_users - 1, users - 1, -1):  # below capacity: the last users leave
         shard = shard.without_user(u)
     ratio = _make_canary(p, shard)
     neighbour = shard.without_user(0)
@@ -603,8 +773,10 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
     adaptive = constraint.dpsgd_count_noise is not None
     if kind == "noise":
         constraint = dataclasses.replace(
-            constraint, dpsgd_noise=constraint.dpsgd_noise * factor,
-            dpsgd_count_noise=(None if not adaptive else constraint.dpsgd_count_noise * factor))
+            constraint,
+            dpsgd_noise=constraint.dpsgd_noise * factor,
+            dpsgd_count_noise=(None if not adaptive else constraint.dpsgd_count_noise * factor),
+        )
     # the public capacity of every simulated owner (ids: D even, D' odd); schedule=data gives
     # each neighbour the count it holds (a schedule read from the data)
     cap = np.full(2 * trials, cap_m, dtype=np.int64)
@@ -621,28 +793,52 @@ def audit_local_dpsgd(overrides: dict, users: int, trials: int, seed: int = 0, b
             rep = _replicate(f, k, 2 * a + parity)
             personal = owners.initial_personal(k)
             fractions = np.zeros(k) if adaptive else None
-            delta_k = owners.owner_deltas(rep, shared, personal, np.arange(k), 1, constraint,
-                                          fractions).to(torch.float64).numpy()
-            if adaptive:          # the owner's release: its delta and its mean noisy fraction
+            delta_k = (
+                owners.owner_deltas(rep, shared, personal, np.arange(k), 1, constraint, fractions)
+                .to(torch.float64)
+                .numpy()
+            )
+            if adaptive:  # the owner's release: its delta and its mean noisy fraction
                 delta_k = np.concatenate([delta_k, fractions[:, None]], axis=1)
             parts.append(delta_k)
         outs[side] = np.concatenate(parts)
     q, steps = owner_rates(np.array([cap_m]), batch)
     # one DP-SGD step with every user in it: the delta is Gaussian, same covariance on D and D'
-    gaussian = (float(q[0]) >= 1.0 and int(steps[0]) * owners.training.user.epochs == 1
-                and kind != "schedule=data")
-    samples = audit_samples(outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian,
-                            discriminant=adaptive)
-    power = _power(samples, claimed, delta, trials, factor or 1.0, gaussian) \
-        if kind != "schedule=data" else None
-    name = (f"local_dpsgd{' adaptive' if adaptive else ''}"
-            f"{f', natural users (1..{natural} records)' if natural is not None else ''}, "
-            f"owner of {users} -> {users - 1} "
-            f"users{'' if cap_m == users else f' (capacity {cap_m})'}, B={batch}")
+    gaussian = (
+        float(q[0]) >= 1.0
+        and int(steps[0]) * owners.training.user.epochs == 1
+        and kind != "schedule=data"
+    )
+    samples = audit_samples(
+        outs["D"], outs["D'"], delta, ALPHA, gaussian=gaussian, discriminant=adaptive
+    )
+    power = (
+        _power(samples, claimed, delta, trials, factor or 1.0, gaussian)
+        if kind != "schedule=data"
+        else None
+    )
+    name = (
+        f"local_dpsgd{' adaptive' if adaptive else ''}"
+        f"{f', natural users (1..{natural} records)' if natural is not None else ''}, "
+        f"owner of {users} -> {users - 1} "
+        f"users{'' if cap_m == users else f' (capacity {cap_m})'}, B={batch}"
+    )
     from fedudp.build import run_guarantee
-    res = AuditResult(name, "add_or_remove_one", trials, delta, claimed, samples,
-                      ratio, broken, time.perf_counter() - t0, power, gaussian,
-                      claim_heuristic=run_guarantee(p.spec, agg) == "heuristic")
+
+    res = AuditResult(
+        name,
+        "add_or_remove_one",
+        trials,
+        delta,
+        claimed,
+        samples,
+        ratio,
+        broken,
+        time.perf_counter() - t0,
+        power,
+        gaussian,
+        claim_heuristic=run_guarantee(p.spec, agg) == "heuristic",
+    )
     return res
 
 
@@ -653,30 +849,38 @@ def _verdict(r: AuditResult) -> str:
     return "consistent with the ledger" + (", low power" if r.low_power else "")
 
 
-TABLE_HEAD = ("| mechanism | adjacency | releases per side | δ | ε claimed (one release) "
-              "| ε lower bound (99%) | by | broken | verdict | seconds |\n"
-              "|---|---|---:|---:|---:|---:|---|---|---|---:|")
+TABLE_HEAD = (
+    "| mechanism | adjacency | releases per side | δ | ε claimed (one release) "
+    "| ε lower bound (99%) | by | broken | verdict | seconds |\n"
+    "|---|---|---:|---:|---:|---:|---|---|---|---:|"
+)
 
 
 def _row(r: AuditResult, what: str = "") -> str:
     b = r.samples.best
-    return (f"| {what or r.mechanism} | {r.adjacency} | {r.trials} | {r.delta:g} "
-            f"| {r.claimed_epsilon:.3f}{' (heuristic)' if r.claim_heuristic else ''} "
-            f"| {r.lower_bound:.3f} | {b.method}, {b.statistic} "
-            f"| {r.broken or '-'} | {_verdict(r)} | {r.seconds:.1f} |")
+    return (
+        f"| {what or r.mechanism} | {r.adjacency} | {r.trials} | {r.delta:g} "
+        f"| {r.claimed_epsilon:.3f}{' (heuristic)' if r.claim_heuristic else ''} "
+        f"| {r.lower_bound:.3f} | {b.method}, {b.statistic} "
+        f"| {r.broken or '-'} | {_verdict(r)} | {r.seconds:.1f} |"
+    )
 
 
 def _details(r: AuditResult) -> list[str]:
-    lines = [f"  {b.method} on the {b.statistic}: ε >= {b.epsilon:.3f} ({b.detail})"
-             for b in r.samples.bounds]
+    lines = [
+        f"  {b.method} on the {b.statistic}: ε >= {b.epsilon:.3f} ({b.detail})"
+        for b in r.samples.bounds
+    ]
     lines += [f"  note: {n}" for n in r.samples.notes]
     if r.power:
         parts = []
         if "gaussian" in r.power:
             parts.append(f"Gaussian-DP fit: a noise cut to {r.power['gaussian']:.3f}x")
         parts.append(f"threshold test alone: to {r.power['threshold']:.3f}x")
-        lines.append(f"  power at {r.trials} releases per side (detected with probability about "
-                     f"1/2): " + "; ".join(parts) + " of the configured noise")
+        lines.append(
+            f"  power at {r.trials} releases per side (detected with probability about "
+            f"1/2): " + "; ".join(parts) + " of the configured noise"
+        )
     return lines
 
 
@@ -684,17 +888,22 @@ def _main_pair(a, over: dict) -> int:
     """``--pair paper_leak``: the paper-mode leak pair (``fedudp.leak``)."""
     from fedudp.config import ConfigError
     from fedudp.leak import clipped_sums, leak_config
+
     try:
         pair = clipped_sums(leak_config(**over))
     except (ConfigError, ValueError) as e:
         print(f"fedudp-audit: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     s = pair.prepared.settings
-    print(f"pair: {a.pair} (privacy.accounting={s.accounting}): adding the canary user "
-          f"moves the clipped sum by {pair.moved:.2f} C (the accountant assumes at most 1 C)")
-    r = audit_pair(pair.prepared.aggregator, pair.with_user, pair.without_user, a.trials,
-                   s.delta, a.seed)
+    print(
+        f"pair: {a.pair} (privacy.accounting={s.accounting}): adding the canary user "
+        f"moves the clipped sum by {pair.moved:.2f} C (the accountant assumes at most 1 C)"
+    )
+    r = audit_pair(
+        pair.prepared.aggregator, pair.with_user, pair.without_user, a.trials, s.delta, a.seed
+    )
     from fedudp.build import run_guarantee
+
     r.claim_heuristic = run_guarantee(pair.prepared.spec, pair.prepared.aggregator) == "heuristic"
     print(TABLE_HEAD)
     print(_row(r, f"{r.mechanism} ({a.pair}, {s.accounting})"))
@@ -713,40 +922,72 @@ def _repeat(run_one, seeds: list[int]) -> list[AuditResult]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fedudp-audit", description=__doc__.split("\n")[0])
-    ap.add_argument("overrides", nargs="*", help="fedudp config overrides (key=value, as for fedudp)")
+    ap.add_argument(
+        "overrides", nargs="*", help="fedudp config overrides (key=value, as for fedudp)"
+    )
     ap.add_argument("--trials", type=int, default=100_000, help="releases on each neighbour")
-    ap.add_argument("--dim", type=int, default=8, help="length of the audited vectors (server side)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="releases the noise is calibrated for (default: train.rounds; the "
-                         "owner-side audit runs one round calibrated for train.rounds=1 unless "
-                         "overridden)")
-    ap.add_argument("--break", dest="broken", default="",
-                    help="weaken the mechanism on purpose (the audit must catch it): noise=FACTOR "
-                         "(any factor > 0), clip=off (server side), schedule=data (local_dpsgd)")
-    ap.add_argument("--owner-users", default="",
-                    help="local_dpsgd: comma-separated owner sizes to audit, M (D: M users, D': "
-                         "M-1, public capacity M) or m:M (an owner below capacity: D holds m "
-                         "users, D' m-1, capacity M); default B//3 and B+1")
-    ap.add_argument("--natural", type=int, default=None, metavar="K",
-                    help="local_dpsgd: natural users instead of the planned federation: users "
-                         "holding 1..K records each, built in memory from plain arrays "
-                         "(fedudp.from_arrays) with every public number declared (public.users, "
-                         "public.owner_capacity = M, public.records_per_user = K, "
-                         "dataset.classes, dataset.input_shape); with --owner-users m:M owner 0 "
-                         "holds m users below its capacity M, D' the same without one user")
-    ap.add_argument("--sequence", type=int, default=None,
-                    help="releases per trial (server side): each trial is a fresh mechanism "
-                         "releasing this many times, audited as one sequence against the ε of as "
-                         "many releases; default: the run's rounds for dp_ftrl_tree and "
-                         "dp_mf_banded, 1 otherwise")
+    ap.add_argument(
+        "--dim", type=int, default=8, help="length of the audited vectors (server side)"
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="releases the noise is calibrated for (default: train.rounds; the "
+        "owner-side audit runs one round calibrated for train.rounds=1 unless "
+        "overridden)",
+    )
+    ap.add_argument(
+        "--break",
+        dest="broken",
+        default="",
+        help="weaken the mechanism on purpose (the audit must catch it): noise=FACTOR "
+        "(any factor > 0), clip=off (server side), schedule=data (local_dpsgd)",
+    )
+    ap.add_argument(
+        "--owner-users",
+        default="",
+        help="local_dpsgd: comma-separated owner sizes to audit, M (D: M users, D': "
+        "M-1, public capacity M) or m:M (an owner below capacity: D holds m "
+        "users, D' m-1, capacity M); default B//3 and B+1",
+    )
+    ap.add_argument(
+        "--natural",
+        type=int,
+        default=None,
+        metavar="K",
+        help="local_dpsgd: natural users instead of the planned federation: users "
+        "holding 1..K records each, built in memory from plain arrays "
+        "(fedudp.from_arrays) with every public number declared (public.users, "
+        "public.owner_capacity = M, public.records_per_user = K, "
+        "dataset.classes, dataset.input_shape); with --owner-users m:M owner 0 "
+        "holds m users below its capacity M, D' the same without one user",
+    )
+    ap.add_argument(
+        "--sequence",
+        type=int,
+        default=None,
+        help="releases per trial (server side): each trial is a fresh mechanism "
+        "releasing this many times, audited as one sequence against the ε of as "
+        "many releases; default: the run's rounds for dp_ftrl_tree and "
+        "dp_mf_banded, 1 otherwise",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run the audit with seeds seed..seed+K-1 and count violations (on the "
-                         "unbroken mechanism: the false-alarm rate)")
-    ap.add_argument("--pair", default="", choices=["", "paper_leak"],
-                    help="audit a built-in neighbouring pair through the configured release "
-                         "instead of a canary: paper_leak = the joint-DP paper-mode pair "
-                         "(overrides such as privacy.accounting=certified|paper apply to it)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the audit with seeds seed..seed+K-1 and count violations (on the "
+        "unbroken mechanism: the false-alarm rate)",
+    )
+    ap.add_argument(
+        "--pair",
+        default="",
+        choices=["", "paper_leak"],
+        help="audit a built-in neighbouring pair through the configured release "
+        "instead of a canary: paper_leak = the joint-DP paper-mode pair "
+        "(overrides such as privacy.accounting=certified|paper apply to it)",
+    )
     a = ap.parse_args(argv)
     err = lambda m: (print(f"fedudp-audit: error: {m}", file=sys.stderr), 2)[1]  # noqa: E731
     try:
@@ -766,13 +1007,16 @@ def main(argv: list[str] | None = None) -> int:
     from fedudp import build
     from fedudp.aggregators import Sampling
     from fedudp.config import ConfigError, config_from_overrides
+
     try:
         placement = over.get("privacy.placement", "server")
         if placement == "local_dpsgd":
             return _main_local_dpsgd(a, over)
         if a.natural is not None:
-            raise ValueError("--natural: the natural-user audit is owner-side DP-SGD's "
-                             "(privacy.placement=local_dpsgd)")
+            raise ValueError(
+                "--natural: the natural-user audit is owner-side DP-SGD's "
+                "(privacy.placement=local_dpsgd)"
+            )
         cfg = config_from_overrides({"method": "full_dp", **over})
         build.check(cfg)
         spec, s = build.method(cfg, build.model(cfg)), build.settings(cfg)
@@ -780,23 +1024,43 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("method: the audit needs a private method (full_dp or joint_dp)")
         n_owners, n_users = build.planned_units(cfg)
         population = n_owners if spec.cohort_is_owners else n_users
-        make = lambda: build.estimator(cfg, Sampling(s.sampling_rate, population),  # noqa: E731
-                                       a.rounds or s.rounds, a.dim)
+        make = lambda: build.estimator(
+            cfg,
+            Sampling(s.sampling_rate, population),  # noqa: E731
+            a.rounds or s.rounds,
+            a.dim,
+        )
         first = make()
-        releases = a.sequence or (a.rounds or s.rounds
-                                  if first.name in LINEAR_NOISE else 1)
+        releases = a.sequence or (a.rounds or s.rounds if first.name in LINEAR_NOISE else 1)
         if releases < 1:
             raise ValueError(f"--sequence {releases}: at least one release per trial")
         if releases > 64:
-            raise ValueError(f"--sequence {releases}: at most 64 releases per trial; set "
-                             "--sequence (or train.rounds) lower")
+            raise ValueError(
+                f"--sequence {releases}: at most 64 releases per trial; set "
+                "--sequence (or train.rounds) lower"
+            )
         print(TABLE_HEAD)
         if releases > 1 or first.name in SEQUENCE_AUDITED:
-            one = lambda seed: audit_sequence(make(), a.dim, a.trials, releases,  # noqa: E731
-                                              s.delta, seed, a.broken, s.bound)
+            one = lambda seed: audit_sequence(
+                make(),
+                a.dim,
+                a.trials,
+                releases,  # noqa: E731
+                s.delta,
+                seed,
+                a.broken,
+                s.bound,
+            )
         else:
-            one = lambda seed: audit(make(), a.dim, a.trials, s.delta, seed,  # noqa: E731
-                                     a.broken, s.bound)
+            one = lambda seed: audit(
+                make(),
+                a.dim,
+                a.trials,
+                s.delta,
+                seed,  # noqa: E731
+                a.broken,
+                s.bound,
+            )
         results = _repeat(one, list(range(a.seed, a.seed + a.repeat)))
     except (ConfigError, ValueError) as e:
         return err(str(e).splitlines()[0])
@@ -805,15 +1069,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main_local_dpsgd(a, over: dict) -> int:
     from fedudp.config import config_from_overrides
+
     batch = config_from_overrides({**AUDIT_DPSGD, **over}).train.batch_size
     try:
-        sizes = ([tuple(int(v) for v in m.split(":")) for m in a.owner_users.split(",")]
-                 if a.owner_users else [(max(2, batch // 3),), (batch + 1,)])
+        sizes = (
+            [tuple(int(v) for v in m.split(":")) for m in a.owner_users.split(",")]
+            if a.owner_users
+            else [(max(2, batch // 3),), (batch + 1,)]
+        )
         if any(len(m) not in (1, 2) for m in sizes):
             raise ValueError
     except ValueError:
-        raise ValueError(f"--owner-users {a.owner_users}: comma-separated integers M or "
-                         "pairs m:M") from None
+        raise ValueError(
+            f"--owner-users {a.owner_users}: comma-separated integers M or pairs m:M"
+        ) from None
     if a.sequence not in (None, 1):
         raise ValueError("--sequence: the owner-side audit releases one round per trial")
     if a.rounds:
@@ -821,9 +1090,12 @@ def _main_local_dpsgd(a, over: dict) -> int:
     print(TABLE_HEAD)
     results = []
     for m in sizes:
-        results += _repeat(lambda s, m=m: audit_local_dpsgd(over, m[0], a.trials, s, a.broken,
-                                                            capacity=m[-1], natural=a.natural),
-                           list(range(a.seed, a.seed + a.repeat)))
+        results += _repeat(
+            lambda s, m=m: audit_local_dpsgd(
+                over, m[0], a.trials, s, a.broken, capacity=m[-1], natural=a.natural
+            ),
+            list(range(a.seed, a.seed + a.repeat)),
+        )
     return _finish(results, a)
 
 
@@ -833,13 +1105,18 @@ def _finish(results: list[AuditResult], a) -> int:
     if a.repeat > 1:
         bad = sum(r.violation for r in results)
         what = "false alarms" if not a.broken else "detections"
-        print(f"{what}: {bad} of {len(results)} audits flagged a violation "
-              f"(seeds {a.seed}..{a.seed + a.repeat - 1})")
+        print(
+            f"{what}: {bad} of {len(results)} audits flagged a violation "
+            f"(seeds {a.seed}..{a.seed + a.repeat - 1})"
+        )
     if any(r.low_power for r in results):
-        print("note: the lower bound is far below the claim: this audit has little power here "
-              "(one unit's real influence on this cohort is much smaller than the certified "
-              "sensitivity, or too few releases); it cannot confirm the constant, only catch a "
-              "gross violation", file=sys.stderr)
+        print(
+            "note: the lower bound is far below the claim: this audit has little power here "
+            "(one unit's real influence on this cohort is much smaller than the certified "
+            "sensitivity, or too few releases); it cannot confirm the constant, only catch a "
+            "gross violation",
+            file=sys.stderr,
+        )
     return 1 if any(r.violation for r in results) else 0
 
 

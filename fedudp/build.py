@@ -18,6 +18,7 @@ declared owner count and at most the declared users: declarations are upper boun
 federation's records are read and checked against every declaration (``declared_inputs``,
 ``check_public``) right after the config's own checks, before any of the rest.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -29,16 +30,43 @@ import numpy as np
 import torch
 
 from fedudp import algorithms
-from fedudp.aggregators import (REGISTRY, AdaptiveClipGaussian, Aggregator, GaussianAggregator,
-                                LocalDpSgdMean, Sampling)
+from fedudp.aggregators import (
+    REGISTRY,
+    AdaptiveClipGaussian,
+    Aggregator,
+    GaussianAggregator,
+    LocalDpSgdMean,
+    Sampling,
+)
 from fedudp.aggregators.base import ParameterError
 from fedudp.aggregators.memory import check_rows_fit
-from fedudp.config import (NATURAL_DATASETS, Accounting, AlgorithmName, Calibration, ClipPolicy,
-                           ConfigError, DataError,
-                           DatasetName, EngineName, KeepAfterFinish, Method, ModelName, OwnerRule,
-                           OwnerWeights, Placement, RandomnessMode, RunConfig, Scheme,
-                           SharedUpdate, TrackingKind,
-                           Unit, UserRule, jsonable, resolved_aggregator, validate)
+from fedudp.config import (
+    NATURAL_DATASETS,
+    Accounting,
+    AlgorithmName,
+    Calibration,
+    ClipPolicy,
+    ConfigError,
+    DataError,
+    DatasetName,
+    EngineName,
+    KeepAfterFinish,
+    Method,
+    ModelName,
+    OwnerRule,
+    OwnerWeights,
+    Placement,
+    RandomnessMode,
+    RunConfig,
+    Scheme,
+    SharedUpdate,
+    TrackingKind,
+    Unit,
+    UserRule,
+    jsonable,
+    resolved_aggregator,
+    validate,
+)
 from fedudp.core.billboard import Billboard, ServerStep
 from fedudp.core.canaries import Canaries
 from fedudp.core.methods import MethodSpec, make_method
@@ -52,13 +80,36 @@ from fedudp.data.records import Records, group_users, users_by_rule
 from fedudp.models import make_model
 from fedudp.models.split import SplitModel
 from fedudp.randomness import Randomness
-from fedudp.privacy.accountant import (MAX_PLD_POINTS, BudgetError, Ledger, accountant_for,
-                                       pld_too_large)
+from fedudp.privacy.accountant import (
+    MAX_PLD_POINTS,
+    BudgetError,
+    Ledger,
+    accountant_for,
+    pld_too_large,
+)
 
-__all__ = ["RunSettings", "Prepared", "prepare", "check", "settings", "placement",
-           "estimator", "estimator_class", "model", "method", "owner_training", "owners",
-           "federation", "ledger", "planned_owner_records", "planned_owner_users",
-           "planned_units", "planned_shape", "records_per_unit", "CONFIG_KEYS"]
+__all__ = [
+    "RunSettings",
+    "Prepared",
+    "prepare",
+    "check",
+    "settings",
+    "placement",
+    "estimator",
+    "estimator_class",
+    "model",
+    "method",
+    "owner_training",
+    "owners",
+    "federation",
+    "ledger",
+    "planned_owner_records",
+    "planned_owner_users",
+    "planned_units",
+    "planned_shape",
+    "records_per_unit",
+    "CONFIG_KEYS",
+]
 
 
 # -- the run's plain settings (what the runner, the engines and the tools read) -----------------
@@ -68,33 +119,33 @@ class RunSettings:
 
     method: str
     private: bool
-    placement: str | None           # server | local_dpsgd (private methods only)
+    placement: str | None  # server | local_dpsgd (private methods only)
     engine: str
     dataset: str
     seed: int
     rounds: int
     eval_every: int
-    target_epsilon: float | None    # private methods only
+    target_epsilon: float | None  # private methods only
     delta: float | None
     checkpoint_every: int
     checkpoint_keep: int
     resume: str | None
     progress: bool
     threads: int
-    timeout_s: float | None         # engine=flower
+    timeout_s: float | None  # engine=flower
     num_cpus: float
     num_gpus: float
     address: str | None
-    noise_personal: bool            # Huang Alg. 1's full-DP baseline (the ledger says so)
-    sampling_rate: float            # the billboard's Poisson rate q
-    bound: float                    # the public a-priori bound on a unit's vector
-    accounting: str                 # certified | paper
+    noise_personal: bool  # Huang Alg. 1's full-DP baseline (the ledger says so)
+    sampling_rate: float  # the billboard's Poisson rate q
+    bound: float  # the public a-priori bound on a unit's vector
+    accounting: str  # certified | paper
     keep_after_finish: str = "none"  # checkpoints kept once the run has finished: none | last | all
-    tracking: str = "none"          # none | mlflow | tensorboard (fedudp.tracking)
+    tracking: str = "none"  # none | mlflow | tensorboard (fedudp.tracking)
     tracking_uri: str | None = None  # MLflow tracking URI; None: the embedded store
     tracking_experiment: str = "fedudp"
-    randomness: str = "seeded"      # privacy.randomness: seeded | secure (fedudp.randomness)
-    min_owners: int = 1             # train.min_owners / min_users: fail closed (Billboard)
+    randomness: str = "seeded"  # privacy.randomness: seeded | secure (fedudp.randomness)
+    min_owners: int = 1  # train.min_owners / min_users: fail closed (Billboard)
     min_users: int = 1
 
 
@@ -102,24 +153,37 @@ def settings(cfg: RunConfig) -> RunSettings:
     private = Method(cfg.method) in (Method.full_dp, Method.joint_dp)
     p, e = cfg.privacy, cfg.engine_opts
     return RunSettings(
-        method=Method(cfg.method).value, private=private,
+        method=Method(cfg.method).value,
+        private=private,
         placement=placement(cfg).value if private else None,
-        engine=EngineName(cfg.engine).value, dataset=DatasetName(cfg.dataset.name).value,
-        seed=int(cfg.seed), rounds=int(cfg.train.rounds), eval_every=int(cfg.train.eval_every),
-        target_epsilon=p.epsilon if private else None, delta=p.delta if private else None,
-        checkpoint_every=int(cfg.checkpoint.every), checkpoint_keep=int(cfg.checkpoint.keep),
-        resume=cfg.resume or None, progress=bool(cfg.progress), threads=int(e.threads),
-        timeout_s=e.timeout_s, num_cpus=float(e.num_cpus), num_gpus=float(e.num_gpus),
+        engine=EngineName(cfg.engine).value,
+        dataset=DatasetName(cfg.dataset.name).value,
+        seed=int(cfg.seed),
+        rounds=int(cfg.train.rounds),
+        eval_every=int(cfg.train.eval_every),
+        target_epsilon=p.epsilon if private else None,
+        delta=p.delta if private else None,
+        checkpoint_every=int(cfg.checkpoint.every),
+        checkpoint_keep=int(cfg.checkpoint.keep),
+        resume=cfg.resume or None,
+        progress=bool(cfg.progress),
+        threads=int(e.threads),
+        timeout_s=e.timeout_s,
+        num_cpus=float(e.num_cpus),
+        num_gpus=float(e.num_gpus),
         address=str(e.address) if e.address else None,
         noise_personal=bool(cfg.algorithm.noise_personal),
-        sampling_rate=float(cfg.train.sampling_rate), bound=float(cfg.estimator.bound),
+        sampling_rate=float(cfg.train.sampling_rate),
+        bound=float(cfg.estimator.bound),
         accounting=Accounting(p.accounting).value,
         keep_after_finish=KeepAfterFinish(cfg.checkpoint.keep_after_finish).value,
         tracking=TrackingKind(cfg.tracking.kind).value,
         tracking_uri=str(cfg.tracking.uri) if cfg.tracking.uri else None,
         tracking_experiment=str(cfg.tracking.experiment),
-        randomness=RandomnessMode(p.randomness).value, min_owners=int(cfg.train.min_owners),
-        min_users=int(cfg.train.min_users))
+        randomness=RandomnessMode(p.randomness).value,
+        min_owners=int(cfg.train.min_owners),
+        min_users=int(cfg.train.min_users),
+    )
 
 
 def placement(cfg: RunConfig) -> Placement:
@@ -142,8 +206,10 @@ def declared(cfg: RunConfig, key: str) -> int:
     declared; ``prepare`` first reads the data so that its message gives the data's value)."""
     v = getattr(cfg.public, key)
     if v is None:
-        raise ConfigError(f"public.{key}: a federation read from data needs it declared "
-                          "(docs/your-data.md#public-numbers)")
+        raise ConfigError(
+            f"public.{key}: a federation read from data needs it declared "
+            "(docs/your-data.md#public-numbers)"
+        )
     return int(v)
 
 
@@ -151,9 +217,11 @@ def planned_owner_records(cfg: RunConfig) -> np.ndarray:
     """Each owner's public record count: floor/ceil(N/n) planned; for a natural federation
     the declared capacity times the declared records per user (an upper bound)."""
     if natural(cfg):
-        return np.full(cfg.partition.num_owners,
-                       declared(cfg, "owner_capacity") * declared(cfg, "records_per_user"),
-                       dtype=np.int64)
+        return np.full(
+            cfg.partition.num_owners,
+            declared(cfg, "owner_capacity") * declared(cfg, "records_per_user"),
+            dtype=np.int64,
+        )
     return federation_mod.planned_owner_records(cfg.dataset.num_records, cfg.partition.num_owners)
 
 
@@ -162,8 +230,9 @@ def planned_owner_users(cfg: RunConfig) -> np.ndarray:
     for a natural federation the declared capacity ``public.owner_capacity``."""
     if natural(cfg):
         return np.full(cfg.partition.num_owners, declared(cfg, "owner_capacity"), dtype=np.int64)
-    return federation_mod.planned_owner_users(cfg.dataset.num_records, cfg.partition.num_owners,
-                                              cfg.partition.records_per_user)
+    return federation_mod.planned_owner_users(
+        cfg.dataset.num_records, cfg.partition.num_owners, cfg.partition.records_per_user
+    )
 
 
 def planned_units(cfg: RunConfig) -> tuple[int, int]:
@@ -180,14 +249,17 @@ def planned_shape(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...],
     return input_spec(cfg, records)[:2]
 
 
-SYNTHETIC_CLASSES = 10      # dataset.classes=null on the synthetic data set
+SYNTHETIC_CLASSES = 10  # dataset.classes=null on the synthetic data set
 # (input shape, classes, token ids) the built-in data sets declare for themselves
-BUILTIN_INPUTS = {"mnist": (federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES, False),
-                  "fashion_mnist": (federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES,
-                                    False),
-                  "femnist": ((1, 28, 28), 62, False), "shakespeare": ((80,), 80, True),
-                  "cifar10": ((3, 32, 32), 10, False), "cifar100": ((3, 32, 32), 100, False)}
-DECLARED_INPUTS = ("npz", "parquet", "hf", "memory")    # dataset.classes / input_shape needed
+BUILTIN_INPUTS = {
+    "mnist": (federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES, False),
+    "fashion_mnist": (federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES, False),
+    "femnist": ((1, 28, 28), 62, False),
+    "shakespeare": ((80,), 80, True),
+    "cifar10": ((3, 32, 32), 10, False),
+    "cifar100": ((3, 32, 32), 100, False),
+}
+DECLARED_INPUTS = ("npz", "parquet", "hf", "memory")  # dataset.classes / input_shape needed
 
 
 def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], int, bool]:
@@ -200,22 +272,31 @@ def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], in
     d = cfg.dataset
     name = DatasetName(d.name).value
     if name == "synthetic":
-        return ((int(d.features),), SYNTHETIC_CLASSES if d.classes is None else int(d.classes),
-                False)
+        return (
+            (int(d.features),),
+            SYNTHETIC_CLASSES if d.classes is None else int(d.classes),
+            False,
+        )
     if name in BUILTIN_INPUTS:
         shape, classes, tokens = BUILTIN_INPUTS[name]
         if name == "cifar100" and d.coarse:
             classes = 20
-        for key, mine, given in (("classes", classes, d.classes),
-                                 ("input_shape", list(shape), d.input_shape)):
+        for key, mine, given in (
+            ("classes", classes, d.classes),
+            ("input_shape", list(shape), d.input_shape),
+        ):
             if given is not None and (list(given) if key == "input_shape" else given) != mine:
-                raise ConfigError(f"dataset.{key}: dataset.name={name} declares {mine}, got "
-                                  f"{given} (leave it null)")
+                raise ConfigError(
+                    f"dataset.{key}: dataset.name={name} declares {mine}, got "
+                    f"{given} (leave it null)"
+                )
         return tuple(shape), classes, tokens
     for key in ("classes", "input_shape"):
         if getattr(d, key) is None:
-            raise ConfigError(f"dataset.{key}: dataset.name={name} needs it declared (public: "
-                              "the model's shape, docs/your-data.md#public-numbers)")
+            raise ConfigError(
+                f"dataset.{key}: dataset.name={name} needs it declared (public: "
+                "the model's shape, docs/your-data.md#public-numbers)"
+            )
     return tuple(int(v) for v in d.input_shape), int(d.classes), bool(d.tokens)
 
 
@@ -238,8 +319,13 @@ _NATURAL_CACHE: dict[str, tuple] = {}
 def _natural_key(cfg: RunConfig) -> str:
     import json
     from dataclasses import asdict
-    return json.dumps(jsonable({"dataset": asdict(cfg.dataset), "partition": asdict(cfg.partition),
-                                "seed": cfg.seed}), sort_keys=True)
+
+    return json.dumps(
+        jsonable(
+            {"dataset": asdict(cfg.dataset), "partition": asdict(cfg.partition), "seed": cfg.seed}
+        ),
+        sort_keys=True,
+    )
 
 
 def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records | None]:
@@ -249,13 +335,17 @@ def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records
     name = DatasetName(cfg.dataset.name).value
     if name == "memory":
         if given is None:
-            raise ConfigError("dataset.name: memory takes its records from the Python API: "
-                              "fedudp.simulate(config, records=...)")
+            raise ConfigError(
+                "dataset.name: memory takes its records from the Python API: "
+                "fedudp.simulate(config, records=...)"
+            )
         train, test = given if isinstance(given, tuple) else (given, None)
         return _group(cfg, *declared_inputs(cfg, train, test))
     if given is not None:
-        raise ConfigError(f"dataset.name: {name} reads its records from files; records given "
-                          "through the Python API need dataset.name=memory")
+        raise ConfigError(
+            f"dataset.name: {name} reads its records from files; records given "
+            "through the Python API need dataset.name=memory"
+        )
     key = _natural_key(cfg)
     if key not in _NATURAL_CACHE:
         _NATURAL_CACHE.clear()
@@ -265,49 +355,78 @@ def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records
 
 def _read_natural(cfg: RunConfig) -> tuple[Records, Records | None]:
     from fedudp.data import cifar, columnar, hf, leaf
+
     d, part = cfg.dataset, cfg.partition
     name = DatasetName(d.name).value
     cols = d.columns
     features = cols.x if isinstance(cols.x, str) else [str(c) for c in cols.x]
     if name == "hf":
         if not d.path:
-            raise ConfigError("dataset.path: dataset.name=hf reads a Hugging Face data set saved "
-                              "with save_to_disk; set dataset.path=<folder>")
-        return hf.read_hf(d.path, split=d.split, test_split=d.test_split, features=features,
-                          label=cols.y, user=cols.user, owner=cols.owner, meta=tuple(cols.meta),
-                          classes=_UNDECLARED)
+            raise ConfigError(
+                "dataset.path: dataset.name=hf reads a Hugging Face data set saved "
+                "with save_to_disk; set dataset.path=<folder>"
+            )
+        return hf.read_hf(
+            d.path,
+            split=d.split,
+            test_split=d.test_split,
+            features=features,
+            label=cols.y,
+            user=cols.user,
+            owner=cols.owner,
+            meta=tuple(cols.meta),
+            classes=_UNDECLARED,
+        )
     if name in ("npz", "parquet"):
         if not d.path:
-            raise ConfigError(f"dataset.path: dataset.name={name} reads the records of a file; "
-                              "set dataset.path=<file>")
+            raise ConfigError(
+                f"dataset.path: dataset.name={name} reads the records of a file; "
+                "set dataset.path=<file>"
+            )
         if name == "npz" and not isinstance(features, str):
-            raise ConfigError("dataset.columns.x: an NPZ file holds the features as one array; "
-                              "name it (a list of columns is for parquet and hf)")
+            raise ConfigError(
+                "dataset.columns.x: an NPZ file holds the features as one array; "
+                "name it (a list of columns is for parquet and hf)"
+            )
         read = columnar.read_npz if name == "npz" else columnar.read_parquet
-        kw = dict(features=features, label=cols.y, user=cols.user, owner=cols.owner,
-                  meta=tuple(cols.meta),
-                  classes=_UNDECLARED)
+        kw = dict(
+            features=features,
+            label=cols.y,
+            user=cols.user,
+            owner=cols.owner,
+            meta=tuple(cols.meta),
+            classes=_UNDECLARED,
+        )
         return read(d.path, **kw), (read(d.test_path, **kw) if d.test_path else None)
     if name == "femnist":
         return leaf.read_femnist(d.root)
     if name == "shakespeare":
         return leaf.read_shakespeare(d.root, unknown=d.unknown_char or "error")
-    read_c = cifar.read_cifar10 if name == "cifar10" else (
-        lambda root: cifar.read_cifar100(root, labels="coarse" if d.coarse else "fine"))
+    read_c = (
+        cifar.read_cifar10
+        if name == "cifar10"
+        else (lambda root: cifar.read_cifar100(root, labels="coarse" if d.coarse else "fine"))
+    )
     train, test = read_c(d.root)
     rule = UserRule(part.user_rule).value
-    train = users_by_rule(train, rule, records_per_user=part.records_per_user, seed=cfg.seed,
-                          alpha=part.dirichlet_alpha if rule == "dirichlet" else None)
+    train = users_by_rule(
+        train,
+        rule,
+        records_per_user=part.records_per_user,
+        seed=cfg.seed,
+        alpha=part.dirichlet_alpha if rule == "dirichlet" else None,
+    )
     return train, test
 
 
 # npz / parquet / hf are read with this many classes; declared_inputs then checks the labels
 # against dataset.classes (or says what the data holds) before anything else uses the records
-_UNDECLARED = 2 ** 62
+_UNDECLARED = 2**62
 
 
-def declared_inputs(cfg: RunConfig, train: Records, test: Records | None
-                    ) -> tuple[Records, Records | None]:
+def declared_inputs(
+    cfg: RunConfig, train: Records, test: Records | None
+) -> tuple[Records, Records | None]:
     """The records checked against the declared inputs (``input_spec``) before any other use:
     npz / parquet / hf / memory must declare ``dataset.classes`` and ``dataset.input_shape``
     (a missing one is one line giving the data's values), every record must have the declared
@@ -315,56 +434,74 @@ def declared_inputs(cfg: RunConfig, train: Records, test: Records | None
     must lie in [0, classes) (a ``DataError`` naming the file). The records come back with the
     declared class count (in-memory records' own ``classes`` is replaced)."""
     from dataclasses import replace
+
     name = DatasetName(cfg.dataset.name).value
     d = cfg.dataset
     splits = [r for r in (train, test) if r is not None]
     if name in DECLARED_INPUTS and (d.classes is None or d.input_shape is None):
         top = max((int(r.y.max()) + 1 for r in splits if len(r)), default=0)
         key = "classes" if d.classes is None else "input_shape"
-        raise ConfigError(f"dataset.{key}: a federation read from {name} needs its model's shape "
-                          "declared (docs/your-data.md#public-numbers); this data has "
-                          f"dataset.input_shape={list(train.x.shape[1:])}, dataset.classes>={top} "
-                          f"(labels 0..{top - 1})")
+        raise ConfigError(
+            f"dataset.{key}: a federation read from {name} needs its model's shape "
+            "declared (docs/your-data.md#public-numbers); this data has "
+            f"dataset.input_shape={list(train.x.shape[1:])}, dataset.classes>={top} "
+            f"(labels 0..{top - 1})"
+        )
     shape, classes, tokens = input_spec(cfg)
     out = []
     for r in splits:
         where = r.source or "records"
         if tuple(r.x.shape[1:]) != shape:
-            raise ConfigError(f"dataset.input_shape: {list(shape)} declared, the records of "
-                              f"{where} have shape {list(r.x.shape[1:])}")
+            raise ConfigError(
+                f"dataset.input_shape: {list(shape)} declared, the records of "
+                f"{where} have shape {list(r.x.shape[1:])}"
+            )
         if (r.x.dtype == np.int64) != tokens:
             raise ConfigError(
                 f"dataset.tokens: {str(tokens).lower()} declared, the features of {where} are "
-                + ("integers: set dataset.tokens=true for token ids, or store float features"
-                   if not tokens else "floats: token ids are integers (or set dataset.tokens=false)"))
+                + (
+                    "integers: set dataset.tokens=true for token ids, or store float features"
+                    if not tokens
+                    else "floats: token ids are integers (or set dataset.tokens=false)"
+                )
+            )
         try:
             out.append(r if r.classes == classes else replace(r, classes=classes))
-        except DataError as e:             # a label outside [0, classes)
+        except DataError as e:  # a label outside [0, classes)
             raise DataError(f"dataset.classes: {classes} declared; {e}") from None
     return out[0], (out[1] if test is not None else None)
 
 
-def _group(cfg: RunConfig, train: Records, test: Records | None
-           ) -> tuple[Records, Records | None]:
+def _group(cfg: RunConfig, train: Records, test: Records | None) -> tuple[Records, Records | None]:
     """Users into owners by ``partition.owner_rule``; test records without training users to
     owners (CIFAR's test batch dealt evenly; a user seen only in the test split dealt at
     random); without a test set, ``dataset.test_fraction`` of each user's records held out."""
     from fedudp.data import natural as nat
+
     part, d = cfg.partition, cfg.dataset
     rule = OwnerRule(part.owner_rule).value
     try:
         if rule == "given":
             if train.owner is None:
-                raise ConfigError("partition.owner_rule: given needs an owner column "
-                                  "(dataset.columns.owner=<column>)")
+                raise ConfigError(
+                    "partition.owner_rule: given needs an owner column "
+                    "(dataset.columns.owner=<column>)"
+                )
         elif rule == "column":
             if not part.owner_column:
-                raise ConfigError("partition.owner_column: owner_rule=column groups users by a "
-                                  "metadata column; name it (and list it in dataset.columns.meta)")
+                raise ConfigError(
+                    "partition.owner_column: owner_rule=column groups users by a "
+                    "metadata column; name it (and list it in dataset.columns.meta)"
+                )
             train = group_users(train, "column", column=part.owner_column)
         else:
-            train = group_users(train, rule, num_owners=part.num_owners, seed=cfg.seed,
-                                alpha=part.dirichlet_alpha if rule == "dirichlet" else None)
+            train = group_users(
+                train,
+                rule,
+                num_owners=part.num_owners,
+                seed=cfg.seed,
+                alpha=part.dirichlet_alpha if rule == "dirichlet" else None,
+            )
     except ValueError as e:
         if isinstance(e, ConfigError):
             raise
@@ -375,8 +512,9 @@ def _group(cfg: RunConfig, train: Records, test: Records | None
             train, test = nat.holdout(train, d.test_fraction, cfg.seed)
     elif DatasetName(d.name).value in ("cifar10", "cifar100"):
         # no users in the test batch: each record its own (never one of the training users)
-        test = nat.deal(test.with_user(np.array([f"test{i}" for i in range(len(test))])),
-                        owners, cfg.seed)
+        test = nat.deal(
+            test.with_user(np.array([f"test{i}" for i in range(len(test))])), owners, cfg.seed
+        )
     elif test.owner is None:
         seen = set(np.unique(train.user).tolist())
         unseen = np.array([u not in seen for u in test.user.tolist()], dtype=bool)
@@ -397,9 +535,12 @@ def natural_numbers(train: Records) -> dict:
     per_user = np.bincount(uinv)
     first = np.unique(train.user, return_index=True)[1]
     _, owner_users = np.unique(train.owner[first], return_counts=True)
-    return {"users": int(len(users)), "owners": int(len(owner_users)),
-            "owner_capacity": int(owner_users.max(initial=0)),
-            "records_per_user": int(per_user.max(initial=0))}
+    return {
+        "users": int(len(users)),
+        "owners": int(len(owner_users)),
+        "owner_capacity": int(owner_users.max(initial=0)),
+        "records_per_user": int(per_user.max(initial=0)),
+    }
 
 
 def check_public(cfg: RunConfig, train: Records) -> None:
@@ -409,27 +550,39 @@ def check_public(cfg: RunConfig, train: Records) -> None:
     with the same schedule, divisor and noise). A missing declaration is one line that gives the
     data's value; data exceeding one is one line naming the key."""
     have = natural_numbers(train)
-    missing = [k for k in ("users", "owner_capacity", "records_per_user")
-               if getattr(cfg.public, k) is None]
+    missing = [
+        k for k in ("users", "owner_capacity", "records_per_user") if getattr(cfg.public, k) is None
+    ]
     if missing:
-        raise ConfigError(f"public.{missing[0]}: a federation read from data needs its public "
-                          "numbers declared (docs/your-data.md#public-numbers); this data has "
-                          + ", ".join(f"public.{k}={have[k]}" for k in
-                                      ("users", "owner_capacity", "records_per_user")))
+        raise ConfigError(
+            f"public.{missing[0]}: a federation read from data needs its public "
+            "numbers declared (docs/your-data.md#public-numbers); this data has "
+            + ", ".join(
+                f"public.{k}={have[k]}" for k in ("users", "owner_capacity", "records_per_user")
+            )
+        )
     if have["owners"] > cfg.partition.num_owners:
-        raise ConfigError(f"partition.num_owners: {cfg.partition.num_owners} declared, the data "
-                          f"is grouped into {have['owners']} owners (an upper bound: declare at "
-                          "least that many)")
+        raise ConfigError(
+            f"partition.num_owners: {cfg.partition.num_owners} declared, the data "
+            f"is grouped into {have['owners']} owners (an upper bound: declare at "
+            "least that many)"
+        )
     pub = cfg.public
     if have["users"] > pub.users:
-        raise ConfigError(f"public.users: {pub.users} declared, the data has {have['users']} users "
-                          "(an upper bound: declare at least that many)")
+        raise ConfigError(
+            f"public.users: {pub.users} declared, the data has {have['users']} users "
+            "(an upper bound: declare at least that many)"
+        )
     if have["owner_capacity"] > pub.owner_capacity:
-        raise ConfigError(f"public.owner_capacity: {pub.owner_capacity} declared, an owner of the "
-                          f"data holds {have['owner_capacity']} users")
+        raise ConfigError(
+            f"public.owner_capacity: {pub.owner_capacity} declared, an owner of the "
+            f"data holds {have['owner_capacity']} users"
+        )
     if have["records_per_user"] > pub.records_per_user:
-        raise ConfigError(f"public.records_per_user: {pub.records_per_user} declared, a user of "
-                          f"the data holds {have['records_per_user']} records")
+        raise ConfigError(
+            f"public.records_per_user: {pub.records_per_user} declared, a user of "
+            f"the data holds {have['records_per_user']} records"
+        )
 
 
 def public_numbers(cfg: RunConfig) -> dict:
@@ -437,22 +590,36 @@ def public_numbers(cfg: RunConfig) -> dict:
     the populations (upper bounds for a natural federation) and the model's input shape and
     classes (``input_spec``)."""
     shape, classes, tokens = input_spec(cfg)
-    inputs = {"classes": int(classes), "input_shape": [int(v) for v in shape],
-              "tokens": bool(tokens)}
+    inputs = {
+        "classes": int(classes),
+        "input_shape": [int(v) for v in shape],
+        "tokens": bool(tokens),
+    }
     if natural(cfg):
         name = DatasetName(cfg.dataset.name).value
-        return {"users": declared(cfg, "users"), "owners": int(cfg.partition.num_owners),
-                "owner_capacity": declared(cfg, "owner_capacity"),
-                "records_per_user": declared(cfg, "records_per_user"), **inputs,
-                "source": "declared (public.*, partition.num_owners as upper bounds; "
-                          + ("dataset.classes, dataset.input_shape, dataset.tokens"
-                             if name in DECLARED_INPUTS else f"the inputs {name} declares")
-                          + "), checked against the data before the first round"}
+        return {
+            "users": declared(cfg, "users"),
+            "owners": int(cfg.partition.num_owners),
+            "owner_capacity": declared(cfg, "owner_capacity"),
+            "records_per_user": declared(cfg, "records_per_user"),
+            **inputs,
+            "source": "declared (public.*, partition.num_owners as upper bounds; "
+            + (
+                "dataset.classes, dataset.input_shape, dataset.tokens"
+                if name in DECLARED_INPUTS
+                else f"the inputs {name} declares"
+            )
+            + "), checked against the data before the first round",
+        }
     users = planned_owner_users(cfg)
-    return {"users": int(users.sum()), "owners": len(users),
-            "owner_capacity": int(users.max()),
-            "records_per_user": int(cfg.partition.records_per_user), **inputs,
-            "source": "planned from the config (dataset.num_records, partition.*, dataset.*)"}
+    return {
+        "users": int(users.sum()),
+        "owners": len(users),
+        "owner_capacity": int(users.max()),
+        "records_per_user": int(cfg.partition.records_per_user),
+        **inputs,
+        "source": "planned from the config (dataset.num_records, partition.*, dataset.*)",
+    }
 
 
 def check_planned_public(cfg: RunConfig) -> None:
@@ -463,27 +630,44 @@ def check_planned_public(cfg: RunConfig) -> None:
     for k in ("users", "owner_capacity", "records_per_user"):
         v = getattr(cfg.public, k)
         if v is not None and v != plan[k]:
-            raise ConfigError(f"public.{k}: {v} declared, the planned federation has {plan[k]} "
-                              "(leave it null for a planned data set)")
+            raise ConfigError(
+                f"public.{k}: {v} declared, the planned federation has {plan[k]} "
+                "(leave it null for a planned data set)"
+            )
 
 
 # -- estimators -----------------------------------------------------------------------------------
 # the config key each plain estimator parameter comes from (errors name the key)
 CONFIG_KEYS = {
-    "epsilon": "privacy.epsilon", "delta": "privacy.delta", "clip": "privacy.clip",
+    "epsilon": "privacy.epsilon",
+    "delta": "privacy.delta",
+    "clip": "privacy.clip",
     "noise_multiplier": "privacy.noise_multiplier",
-    "accounting": "privacy.accounting", "calibration": "privacy.calibration",
-    "rounds": "train.rounds", "sampling": "train.sampling_rate",
-    "sampling.rate": "train.sampling_rate", "sampling.population": "partition",
-    "batch_size": "train.batch_size", "local_epochs": "train.local_epochs",
-    "bound": "estimator.bound", "tau": "estimator.tau", "beta": "estimator.beta",
-    "copies": "estimator.copies", "blocks": "estimator.blocks", "kappa": "estimator.kappa",
-    "tries": "estimator.tries", "bands": "estimator.bands",
-    "clip_count_noise": "privacy.clip_count_noise", "clip_quantile": "privacy.clip_quantile",
-    "clip_lr": "privacy.clip_lr", "clip_policy": "privacy.clip_policy",
+    "accounting": "privacy.accounting",
+    "calibration": "privacy.calibration",
+    "rounds": "train.rounds",
+    "sampling": "train.sampling_rate",
+    "sampling.rate": "train.sampling_rate",
+    "sampling.population": "partition",
+    "batch_size": "train.batch_size",
+    "local_epochs": "train.local_epochs",
+    "bound": "estimator.bound",
+    "tau": "estimator.tau",
+    "beta": "estimator.beta",
+    "copies": "estimator.copies",
+    "blocks": "estimator.blocks",
+    "kappa": "estimator.kappa",
+    "tries": "estimator.tries",
+    "bands": "estimator.bands",
+    "clip_count_noise": "privacy.clip_count_noise",
+    "clip_quantile": "privacy.clip_quantile",
+    "clip_lr": "privacy.clip_lr",
+    "clip_policy": "privacy.clip_policy",
     "records_per_unit": "partition.records_per_user",
     "records_per_user": "partition.records_per_user",
-    "group_size": "partition.records_per_user", "owner_units": "partition", "dim": "model",
+    "group_size": "partition.records_per_user",
+    "owner_units": "partition",
+    "dim": "model",
 }
 _BUDGET = ("epsilon", "delta", "rounds")
 
@@ -493,12 +677,13 @@ def config_message(err: ParameterError) -> str:
     (``"clip must be > 0, got 0"`` -> ``"privacy.clip must be > 0, got 0"``)."""
     key, text = CONFIG_KEYS.get(err.param, err.param), str(err)
     if text.startswith(err.param + " "):
-        return key + text[len(err.param):]
+        return key + text[len(err.param) :]
     return f"{key}: {text}"
 
 
-def config_error(err: ParameterError, name: str = "", sampling: Sampling | None = None
-                 ) -> ConfigError:
+def config_error(
+    err: ParameterError, name: str = "", sampling: Sampling | None = None
+) -> ConfigError:
     """The ``ConfigError`` for a refused plain value: the key named, a budget that cannot be met
     a ``BudgetError``, a population too small for an estimator's proof a ``partition`` error."""
     given = err.facts.get("config")
@@ -507,10 +692,15 @@ def config_error(err: ParameterError, name: str = "", sampling: Sampling | None 
     if err.param == "sampling.population" and name:
         n = sampling.population if sampling is not None else "?"
         need = err.facts.get("need")
-        head = (f"partition: aggregator={name} needs n >= {need} units, got n={n}"
-                if need is not None else f"partition: aggregator={name} with n={n} units")
-        return ConfigError(f"{head}: {err.facts.get('detail') or str(err)}. Raise users or "
-                           "privacy.epsilon, or use aggregator=gaussian")
+        head = (
+            f"partition: aggregator={name} needs n >= {need} units, got n={n}"
+            if need is not None
+            else f"partition: aggregator={name} with n={n} units"
+        )
+        return ConfigError(
+            f"{head}: {err.facts.get('detail') or str(err)}. Raise users or "
+            "privacy.epsilon, or use aggregator=gaussian"
+        )
     return (BudgetError if err.param in _BUDGET else ConfigError)(config_message(err))
 
 
@@ -520,17 +710,20 @@ def estimator_class(cfg: RunConfig) -> type[Aggregator]:
     private methods, the plain mean otherwise)."""
     adaptive = ClipPolicy(cfg.privacy.clip_policy) == ClipPolicy.adaptive
     if placement(cfg) == Placement.local_dpsgd:
-        return LocalDpSgdMean         # an adaptive clip is its own option (clip_policy)
+        return LocalDpSgdMean  # an adaptive clip is its own option (clip_policy)
     name = resolved_aggregator(cfg)
     if adaptive:
         if name not in (GaussianAggregator.name, AdaptiveClipGaussian.name):
-            raise ConfigError(f"privacy.clip_policy: adaptive clipping adapts clip + Gaussian's "
-                              f"clip (aggregator=gaussian), not aggregator={name}; set "
-                              "privacy.clip_policy=fixed")
+            raise ConfigError(
+                f"privacy.clip_policy: adaptive clipping adapts clip + Gaussian's "
+                f"clip (aggregator=gaussian), not aggregator={name}; set "
+                "privacy.clip_policy=fixed"
+            )
         return AdaptiveClipGaussian
     if name not in REGISTRY:
-        raise ConfigError(f"aggregator: {name} is not available in this build "
-                          f"(available: {sorted(REGISTRY)})")
+        raise ConfigError(
+            f"aggregator: {name} is not available in this build (available: {sorted(REGISTRY)})"
+        )
     return REGISTRY[name]
 
 
@@ -543,15 +736,20 @@ def check_estimator(cfg: RunConfig) -> None:
         return
     cal = Calibration(cfg.privacy.calibration).value
     if cal not in cls.calibrations:
-        raise ConfigError(f"privacy.calibration: closed_form {cls.closed_form_note}; use "
-                          "accountant")
+        raise ConfigError(
+            f"privacy.calibration: closed_form {cls.closed_form_note}; use accountant"
+        )
     if cfg.privacy.noise_multiplier is not None and not cls.fixed_noise:
-        raise ConfigError(f"privacy.noise_multiplier: only aggregator=gaussian (and "
-                          f"placement=local_dpsgd) take a fixed noise multiplier; "
-                          f"aggregator={cls.name} calibrates its own noise, leave it null")
+        raise ConfigError(
+            f"privacy.noise_multiplier: only aggregator=gaussian (and "
+            f"placement=local_dpsgd) take a fixed noise multiplier; "
+            f"aggregator={cls.name} calibrates its own noise, leave it null"
+        )
     if cls.replace_one and cfg.train.sampling_rate < 1.0:
-        raise ConfigError(f"train.sampling_rate: aggregator={cls.name} is analysed replace-one "
-                          "with a public n (every unit, every round); set train.sampling_rate=1")
+        raise ConfigError(
+            f"train.sampling_rate: aggregator={cls.name} is analysed replace-one "
+            "with a public n (every unit, every round); set train.sampling_rate=1"
+        )
 
 
 def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) -> dict:
@@ -559,20 +757,43 @@ def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) 
     p, t, e = cfg.privacy, cfg.train, cfg.estimator
     group = bool(p.group_privacy)
     return dict(
-        dim=dim, epsilon=p.epsilon, delta=p.delta, rounds=rounds, sampling=sampling,
-        clip=p.clip, clip_policy=ClipPolicy(p.clip_policy).value,
-        clip_quantile=p.clip_quantile, clip_lr=p.clip_lr,
-        clip_count_noise=p.clip_count_noise, bound=e.bound, tau=e.tau, beta=e.beta, copies=e.copies, blocks=e.blocks,
-        kappa=e.kappa, tries=e.tries, bands=e.bands, accounting=Accounting(p.accounting).value,
+        dim=dim,
+        epsilon=p.epsilon,
+        delta=p.delta,
+        rounds=rounds,
+        sampling=sampling,
+        clip=p.clip,
+        clip_policy=ClipPolicy(p.clip_policy).value,
+        clip_quantile=p.clip_quantile,
+        clip_lr=p.clip_lr,
+        clip_count_noise=p.clip_count_noise,
+        bound=e.bound,
+        tau=e.tau,
+        beta=e.beta,
+        copies=e.copies,
+        blocks=e.blocks,
+        kappa=e.kappa,
+        tries=e.tries,
+        bands=e.bands,
+        accounting=Accounting(p.accounting).value,
         calibration=Calibration(p.calibration).value,
         records_per_unit=records_per_unit(cfg) if e.tau is None else None,
-        batch_size=t.batch_size, local_epochs=t.local_epochs,
+        batch_size=t.batch_size,
+        local_epochs=t.local_epochs,
         owner_units=planned_owner_records(cfg) if group else planned_owner_users(cfg),
-        group_size=int(cfg.partition.records_per_user) if group else None)
+        group_size=int(cfg.partition.records_per_user) if group else None,
+    )
 
 
-def estimator(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int, *,
-              name: str | None = None, **overrides: Any) -> Aggregator:
+def estimator(
+    cfg: RunConfig,
+    sampling: Sampling,
+    rounds: int,
+    dim: int,
+    *,
+    name: str | None = None,
+    **overrides: Any,
+) -> Aggregator:
     """The configured estimator (or the registered ``name``), calibrated over ``rounds``
     releases of ``dim``-vectors: the config's values passed by name to the class's
     ``calibrated`` (the parameters its signature declares), ``overrides`` replacing some (a
@@ -597,8 +818,9 @@ def estimator(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int, *,
 
 
 # -- models, method, owners -----------------------------------------------------------------------
-def model(cfg: RunConfig, records: Any = None, given: Any = None, probe: bool = False
-          ) -> SplitModel:
+def model(
+    cfg: RunConfig, records: Any = None, given: Any = None, probe: bool = False
+) -> SplitModel:
     """The configured model at the run seed's initialisation (float64 in equivalence mode),
     parameters frozen (the owner side trains functional copies): ``model.target`` (your own
     module), else ``model.name`` (``auto``: linear for flat features, cnn for images,
@@ -607,21 +829,27 @@ def model(cfg: RunConfig, records: Any = None, given: Any = None, probe: bool = 
     ``probe``: also run ``probe_model`` (``prepare`` does, once per run: a Flower owner
     rebuilding the model from the same config skips it)."""
     from fedudp.models import custom, validate as model_check
+
     shape, classes, tokens = input_spec(cfg, records)
     name = ModelName(cfg.model.name).value
     try:
         if given is not None:
             m = custom.fresh_copy(given)
         elif cfg.model.target:
-            m = custom.from_target(cfg.model.target, dict(cfg.model.kwargs), input_shape=shape,
-                                   classes=classes, seed=cfg.seed)
+            m = custom.from_target(
+                cfg.model.target,
+                dict(cfg.model.kwargs),
+                input_shape=shape,
+                classes=classes,
+                seed=cfg.seed,
+            )
         else:
             if name == "auto" and tokens:
                 name = "char_gru"
             m = make_model(name, shape, classes, seed=cfg.seed)
         model_check.check_model(m)
         if probe:
-            probe_model(m, shape, classes, tokens)    # output [batch, classes], per-record path
+            probe_model(m, shape, classes, tokens)  # output [batch, classes], per-record path
     except ValueError as e:
         key = "model.target" if cfg.model.target and given is None else "model.name"
         raise ConfigError(f"{key}: {e}" if given is None else f"model: {e}") from None
@@ -648,6 +876,7 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
     exact nn.Linear applied twice per forward fails there). One-line ``ValueError``."""
     from fedudp.core import per_sample
     from fedudp.models import validate as model_check
+
     model_check.probe(m, shape, classes, tokens)
     names = tuple(n for n, _ in m.named_parameters() if per_sample.supported(m, (n,)))
     if names:
@@ -655,18 +884,25 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
         try:
             per_sample.per_record_gradients(m, dict(m.named_parameters()), x, y, names)
         except (NotImplementedError, RuntimeError) as e:
-            raise ValueError(f"model fails in DP-SGD's one-pass per-record gradients "
-                             f"(fedudp.core.per_sample): {' '.join(str(e).split())}; give a "
-                             "layer applied more than once per forward its own nn.Linear "
-                             "subclass (as char_rnn.RecurrentLinear does)") from None
+            raise ValueError(
+                f"model fails in DP-SGD's one-pass per-record gradients "
+                f"(fedudp.core.per_sample): {' '.join(str(e).split())}; give a "
+                "layer applied more than once per forward its own nn.Linear "
+                "subclass (as char_rnn.RecurrentLinear does)"
+            ) from None
 
 
 def method(cfg: RunConfig, net: SplitModel) -> MethodSpec:
     """The method's split, privacy and update (decided here, once)."""
     try:
-        return make_method(Method(cfg.method).value, net, personal=tuple(cfg.model.personal),
-                           unit=Unit(cfg.privacy.unit).value, placement=placement(cfg).value,
-                           paper=Accounting(cfg.privacy.accounting) == Accounting.paper)
+        return make_method(
+            Method(cfg.method).value,
+            net,
+            personal=tuple(cfg.model.personal),
+            unit=Unit(cfg.privacy.unit).value,
+            placement=placement(cfg).value,
+            paper=Accounting(cfg.privacy.accounting) == Accounting.paper,
+        )
     except ValueError as e:
         raise ConfigError(f"model.personal: {e}") from None
 
@@ -680,24 +916,36 @@ def owner_training(cfg: RunConfig) -> OwnerTraining:
     return OwnerTraining(
         local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.local_epochs),
         local_sgd.LocalSpec(cfg.seed, t.lr, t.batch_size, t.resolved_personal_epochs()),
-        SharedUpdate(t.shared_update).value, OwnerWeights(t.owner_weights).value,
+        SharedUpdate(t.shared_update).value,
+        OwnerWeights(t.owner_weights).value,
         dpsgd_records=bool(cfg.privacy.group_privacy),
         dpsgd_capacity=tuple(int(c) for c in capacity),
         public_owner_records=tuple(int(r) for r in records),
         sort_users=natural(cfg),
-        secure_randomness=RandomnessMode(cfg.privacy.randomness) == RandomnessMode.secure)
+        secure_randomness=RandomnessMode(cfg.privacy.randomness) == RandomnessMode.secure,
+    )
 
 
-def owners(cfg: RunConfig, hooks: OwnerHooks | None = None, net: SplitModel | None = None,
-           spec: MethodSpec | None = None, records: Any = None) -> Owners:
+def owners(
+    cfg: RunConfig,
+    hooks: OwnerHooks | None = None,
+    net: SplitModel | None = None,
+    spec: MethodSpec | None = None,
+    records: Any = None,
+) -> Owners:
     """The owner component from the config alone: the billboard process and every Flower
     owner build the same. ``hooks``: a training algorithm's (``prepare`` passes them)."""
     if cfg.engine_opts.threads:
         torch.set_num_threads(cfg.engine_opts.threads)
     net = net if net is not None else model(cfg, records)
     spec = spec if spec is not None else method(cfg, net)
-    return Owners(net, spec, owner_training(cfg),
-                  local_sgd.chunk_budget(cfg.engine_opts.chunk_records, net), hooks=hooks)
+    return Owners(
+        net,
+        spec,
+        owner_training(cfg),
+        local_sgd.chunk_budget(cfg.engine_opts.chunk_records, net),
+        hooks=hooks,
+    )
 
 
 def federation(cfg: RunConfig, records: Any = None) -> Federation:
@@ -706,28 +954,38 @@ def federation(cfg: RunConfig, records: Any = None) -> Federation:
     d, part = cfg.dataset, cfg.partition
     if natural(cfg):
         from fedudp.data import natural as nat
+
         train, test = natural_records(cfg, records)
         check_public(cfg, train)
-        n = int(part.num_owners)       # the declared owner count; owners without users kept
+        n = int(part.num_owners)  # the declared owner count; owners without users kept
         if OwnerRule(part.owner_rule).value in ("random", "dirichlet"):
             return nat.layout(train, test, n, owner_ids=np.arange(n, dtype=np.int64))
         return nat.layout(train, test, n)
     if DatasetName(d.name) == DatasetName.synthetic:
-        pool = federation_mod.synthetic(d.features, input_spec(cfg)[1], d.pool_train, d.pool_test,
-                                        d.signal, cfg.seed)
+        pool = federation_mod.synthetic(
+            d.features, input_spec(cfg)[1], d.pool_train, d.pool_test, d.signal, cfg.seed
+        )
     else:
         pool = federation_mod.image_pool(DatasetName(d.name).value, d.root, d.download)
         if d.num_records > len(pool.train_y):
-            raise ConfigError(f"dataset.num_records: {d.num_records} records asked for, but "
-                              f"{d.root} holds {len(pool.train_y)} {DatasetName(d.name).value} "
-                              "training records")
+            raise ConfigError(
+                f"dataset.num_records: {d.num_records} records asked for, but "
+                f"{d.root} holds {len(pool.train_y)} {DatasetName(d.name).value} "
+                "training records"
+            )
     try:
         return federation_mod.partition_pool(
-            pool, num_owners=part.num_owners, num_records=d.num_records,
-            records_per_user=part.records_per_user, scheme=Scheme(part.scheme).value,
-            classes_per_owner=part.classes_per_owner, dirichlet_alpha=part.dirichlet_alpha,
-            test_per_owner=part.test_per_owner, seed=cfg.seed)
-    except ValueError as e:          # the data cannot be split as configured
+            pool,
+            num_owners=part.num_owners,
+            num_records=d.num_records,
+            records_per_user=part.records_per_user,
+            scheme=Scheme(part.scheme).value,
+            classes_per_owner=part.classes_per_owner,
+            dirichlet_alpha=part.dirichlet_alpha,
+            test_per_owner=part.test_per_owner,
+            seed=cfg.seed,
+        )
+    except ValueError as e:  # the data cannot be split as configured
         raise ConfigError(f"partition.scheme={Scheme(part.scheme).value}: {e}") from None
 
 
@@ -736,7 +994,7 @@ def run_guarantee(spec: MethodSpec, aggregator: Aggregator | None) -> str:
     """The method's guarantee, downgraded to heuristic when the aggregator's own accounting
     follows a paper's unproven constant (``privacy.accounting=paper``)."""
     if aggregator is not None and aggregator.noise_scale != 1.0:
-        return "weakened"             # audit.noise_scale: less noise than the ledger accounts
+        return "weakened"  # audit.noise_scale: less noise than the ledger accounts
     if aggregator is not None and aggregator.guarantee == "heuristic":
         return "heuristic"
     return spec.guarantee
@@ -747,44 +1005,60 @@ def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> L
     released outside the guarantee."""
     p = cfg.privacy
     private = spec.private
-    notes = ["released outside the DP guarantee (simulator observations, not covered by epsilon): "
-             "the per-round diagnostics in metrics.jsonl (clipped/kept fractions, cohort sizes, "
-             "failures, the estimators' scores and checks), the counts of owners, users and "
-             "records in summary.json, and the evaluation accuracy and loss of every owner "
-             "(metrics.jsonl, owners.csv; on engine=flower sent by the owners in evaluate "
-             "replies), computed with personal parameters trained "
-             + ("with the full-DP baseline's noise (algorithm.noise_personal)"
-                if cfg.algorithm.noise_personal else "without noise"),
-             "the number of units N (hence the Poisson denominator q*N) and each owner's user "
-             "count are treated as public",
-             "epsilon certifies the idealized mechanism; seeded randomness is a simulation"
-             if RandomnessMode(p.randomness) == RandomnessMode.seeded else
-             "epsilon certifies the idealized mechanism; release noise and privacy sampling "
-             "from OS entropy (privacy.randomness=secure; 64-bit seeds for torch's generators, "
-             "float64 noise; floating-point attacks on the Gaussian are not addressed)"]
+    notes = [
+        "released outside the DP guarantee (simulator observations, not covered by epsilon): "
+        "the per-round diagnostics in metrics.jsonl (clipped/kept fractions, cohort sizes, "
+        "failures, the estimators' scores and checks), the counts of owners, users and "
+        "records in summary.json, and the evaluation accuracy and loss of every owner "
+        "(metrics.jsonl, owners.csv; on engine=flower sent by the owners in evaluate "
+        "replies), computed with personal parameters trained "
+        + (
+            "with the full-DP baseline's noise (algorithm.noise_personal)"
+            if cfg.algorithm.noise_personal
+            else "without noise"
+        ),
+        "the number of units N (hence the Poisson denominator q*N) and each owner's user "
+        "count are treated as public",
+        "epsilon certifies the idealized mechanism; seeded randomness is a simulation"
+        if RandomnessMode(p.randomness) == RandomnessMode.seeded
+        else "epsilon certifies the idealized mechanism; release noise and privacy sampling "
+        "from OS entropy (privacy.randomness=secure; 64-bit seeds for torch's generators, "
+        "float64 noise; floating-point attacks on the Gaussian are not addressed)",
+    ]
     if spec.feedback and spec.unit == Unit.user:
-        notes.append("paper mode: shared vectors are computed at each owner's own personal "
-                     "parameters (trained without noise on all its users), which the per-user "
-                     "accounting ignores (docs/algorithms.md#certified-vs-paper-accounting): "
-                     "guarantee is heuristic")
+        notes.append(
+            "paper mode: shared vectors are computed at each owner's own personal "
+            "parameters (trained without noise on all its users), which the per-user "
+            "accounting ignores (docs/algorithms.md#certified-vs-paper-accounting): "
+            "guarantee is heuristic"
+        )
     if aggregator is not None and private:
         notes += aggregator.ledger_notes()
     if Unit(p.unit) == Unit.record:
         notes.append("records_per_user=1: each user is one record, so user level is record level")
     unit = Unit(p.unit).value if private else None
     accountant = aggregator.accountant if private else None
-    if (private and accountant.startswith("dp_accounting.PLDAccountant")
-            and pld_too_large(aggregator.dp_event())):
+    if (
+        private
+        and accountant.startswith("dp_accounting.PLDAccountant")
+        and pld_too_large(aggregator.dp_event())
+    ):
         # a noise so small that its PLD would not fit: RDP accounts for it (an upper bound too)
-        accountant = ("dp_accounting.RdpAccountant (the PLD of this noise multiplier would hold "
-                      f"more than {MAX_PLD_POINTS:.0e} values)")
-    led = Ledger(unit=unit, adjacency=aggregator.adjacency if private else None,
-                  accounting=Accounting(p.accounting).value if private else None,
-                  guarantee=run_guarantee(spec, aggregator),
-                  mechanism=aggregator.name if aggregator else "none",
-                  accountant=accountant,
-                  delta=p.delta if private else None,
-                  target_epsilon=p.epsilon if private else None, notes=notes)
+        accountant = (
+            "dp_accounting.RdpAccountant (the PLD of this noise multiplier would hold "
+            f"more than {MAX_PLD_POINTS:.0e} values)"
+        )
+    led = Ledger(
+        unit=unit,
+        adjacency=aggregator.adjacency if private else None,
+        accounting=Accounting(p.accounting).value if private else None,
+        guarantee=run_guarantee(spec, aggregator),
+        mechanism=aggregator.name if aggregator else "none",
+        accountant=accountant,
+        delta=p.delta if private else None,
+        target_epsilon=p.epsilon if private else None,
+        notes=notes,
+    )
     led.extra["public"] = public_numbers(cfg)
     led.randomness = randomness(cfg).ledger_name
     return led
@@ -801,45 +1075,73 @@ def algorithm_context(cfg: RunConfig, dim: int, personal_dim: int = 0) -> algori
 
     return algorithms.Context(
         params=algorithms.AlgorithmParams(
-            step_size=a.step_size, radius=a.radius, lipschitz=a.lipschitz, sigma=a.sigma,
-            smoothing_radius=a.smoothing_radius, phases=a.phases, lam=a.lam,
-            strong_convexity=a.strong_convexity, smoothness=a.smoothness, averaged=a.averaged,
-            noise_personal=bool(a.noise_personal)),
-        epsilon=float(cfg.privacy.epsilon), delta=float(cfg.privacy.delta),
+            step_size=a.step_size,
+            radius=a.radius,
+            lipschitz=a.lipschitz,
+            sigma=a.sigma,
+            smoothing_radius=a.smoothing_radius,
+            phases=a.phases,
+            lam=a.lam,
+            strong_convexity=a.strong_convexity,
+            smoothness=a.smoothness,
+            averaged=a.averaged,
+            noise_personal=bool(a.noise_personal),
+        ),
+        epsilon=float(cfg.privacy.epsilon),
+        delta=float(cfg.privacy.delta),
         paper=Accounting(cfg.privacy.accounting) == Accounting.paper,
-        rounds=int(cfg.train.rounds), seed=int(cfg.seed),
-        owner_users=planned_owner_users(cfg), records_per_user=int(cfg.partition.records_per_user),
-        dim=int(dim), clip=float(cfg.privacy.clip), bound=float(e.bound), tau=e.tau,
-        beta=float(e.beta), estimator=make_estimator, method=Method(cfg.method).value,
-        personal_dim=int(personal_dim))
+        rounds=int(cfg.train.rounds),
+        seed=int(cfg.seed),
+        owner_users=planned_owner_users(cfg),
+        records_per_user=int(cfg.partition.records_per_user),
+        dim=int(dim),
+        clip=float(cfg.privacy.clip),
+        bound=float(e.bound),
+        tau=e.tau,
+        beta=float(e.beta),
+        estimator=make_estimator,
+        method=Method(cfg.method).value,
+        personal_dim=int(personal_dim),
+    )
 
 
 def check_algorithm(cfg: RunConfig) -> None:
     """The chosen training algorithm's declared requirements and its parameters' ranges."""
     name = AlgorithmName(cfg.algorithm.name)
     if cfg.algorithm.noise_personal and name != AlgorithmName.huang_alg1:
-        raise ConfigError("algorithm.noise_personal: is Huang Alg. 1's full-DP baseline: it needs "
-                          f"algorithm.name=huang_alg1, got {name.value}")
+        raise ConfigError(
+            "algorithm.noise_personal: is Huang Alg. 1's full-DP baseline: it needs "
+            f"algorithm.name=huang_alg1, got {name.value}"
+        )
     if name == AlgorithmName.none:
         return
     req = algorithms.requirements(name.value)
     if EngineName(cfg.engine).value not in req.engines:
-        raise ConfigError(f"engine: algorithm.name={name.value} runs on engine="
-                          f"{'|'.join(req.engines)} only")
+        raise ConfigError(
+            f"engine: algorithm.name={name.value} runs on engine={'|'.join(req.engines)} only"
+        )
     if Method(cfg.method).value not in req.methods:
-        raise ConfigError(f"method: algorithm.name={name.value} needs method in "
-                          f"{list(req.methods)}, got {Method(cfg.method).value}")
+        raise ConfigError(
+            f"method: algorithm.name={name.value} needs method in "
+            f"{list(req.methods)}, got {Method(cfg.method).value}"
+        )
     agg = resolved_aggregator(cfg)
     if agg != req.aggregator:
-        raise ConfigError(f"aggregator: algorithm.name={name.value} runs its steps with "
-                          f"aggregator={req.aggregator}, got {agg}")
+        raise ConfigError(
+            f"aggregator: algorithm.name={name.value} runs its steps with "
+            f"aggregator={req.aggregator}, got {agg}"
+        )
     if SharedUpdate(cfg.train.shared_update).value != req.shared_update:
-        raise ConfigError(f"train.shared_update: algorithm.name={name.value} is a "
-                          f"{req.shared_update} method: set train.shared_update="
-                          f"{req.shared_update}")
+        raise ConfigError(
+            f"train.shared_update: algorithm.name={name.value} is a "
+            f"{req.shared_update} method: set train.shared_update="
+            f"{req.shared_update}"
+        )
     if Unit(cfg.privacy.unit).value not in req.units:
-        raise ConfigError(f"privacy.unit: algorithm.name={name.value} is analysed at "
-                          f"{' or '.join(req.units)} level, not {Unit(cfg.privacy.unit).value}")
+        raise ConfigError(
+            f"privacy.unit: algorithm.name={name.value} is analysed at "
+            f"{' or '.join(req.units)} level, not {Unit(cfg.privacy.unit).value}"
+        )
     if req.equal_owners:
         N, n, k = cfg.dataset.num_records, cfg.partition.num_owners, cfg.partition.records_per_user
         if not (N % n == 0 and (N // n) % k == 0):
@@ -847,7 +1149,8 @@ def check_algorithm(cfg: RunConfig) -> None:
                 f"partition.records_per_user: algorithm.name={name.value} needs every owner to "
                 f"hold the same number of users: dataset.num_records={N} / "
                 f"partition.num_owners={n} records per owner must be a multiple of "
-                f"partition.records_per_user={k}")
+                f"partition.records_per_user={k}"
+            )
     try:
         algorithms.check(name.value, algorithm_context(cfg, 1))
     except ParameterError as err:
@@ -858,12 +1161,15 @@ def algorithm_error(err: ParameterError) -> ConfigError:
     """A training algorithm's refused value as a ``ConfigError`` naming its config key
     (``algorithm.<option>``, ``train.rounds``, ``partition.records_per_user``, ...)."""
     import dataclasses
+
     options = {f.name for f in dataclasses.fields(algorithms.AlgorithmParams)}
-    key = f"algorithm.{err.param}" if err.param in options else CONFIG_KEYS.get(err.param, err.param)
+    key = (
+        f"algorithm.{err.param}" if err.param in options else CONFIG_KEYS.get(err.param, err.param)
+    )
     text = str(err)
     for lead in (err.param + ": ", err.param + " "):
         if text.startswith(lead):
-            return ConfigError(f"{key}: {text[len(lead):]}")
+            return ConfigError(f"{key}: {text[len(lead) :]}")
     return ConfigError(f"{key}: {text}")
 
 
@@ -878,17 +1184,22 @@ def check(cfg: RunConfig) -> None:
     check_randomness(cfg)
     if natural(cfg):
         if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
-            raise ConfigError(f"algorithm.name: the seeds' training algorithms run on planned "
-                              f"federations (synthetic, mnist, fashion_mnist), not on "
-                              f"dataset.name={DatasetName(cfg.dataset.name).value}")
-        if DatasetName(cfg.dataset.name) == DatasetName.memory and \
-                EngineName(cfg.engine) == EngineName.flower:
-            raise ConfigError("engine: records given through the Python API live in this "
-                              "process; engine=flower owners read their data from files "
-                              "(dataset.name=npz|parquet|...)")
+            raise ConfigError(
+                f"algorithm.name: the seeds' training algorithms run on planned "
+                f"federations (synthetic, mnist, fashion_mnist), not on "
+                f"dataset.name={DatasetName(cfg.dataset.name).value}"
+            )
+        if (
+            DatasetName(cfg.dataset.name) == DatasetName.memory
+            and EngineName(cfg.engine) == EngineName.flower
+        ):
+            raise ConfigError(
+                "engine: records given through the Python API live in this "
+                "process; engine=flower owners read their data from files "
+                "(dataset.name=npz|parquet|...)"
+            )
     elif DatasetName(cfg.dataset.name) != DatasetName.synthetic:
-        check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root,
-                        cfg.dataset.download)
+        check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root, cfg.dataset.download)
 
 
 def check_randomness(cfg: RunConfig) -> None:
@@ -899,13 +1210,17 @@ def check_randomness(cfg: RunConfig) -> None:
     if RandomnessMode(cfg.privacy.randomness) != RandomnessMode.secure:
         return
     if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
-        raise ConfigError(f"privacy.randomness=secure: not with a seed's training algorithm "
-                          f"(algorithm.name={AlgorithmName(cfg.algorithm.name).value} draws its "
-                          "cohorts and noise from the seed); use privacy.randomness=seeded")
+        raise ConfigError(
+            f"privacy.randomness=secure: not with a seed's training algorithm "
+            f"(algorithm.name={AlgorithmName(cfg.algorithm.name).value} draws its "
+            "cohorts and noise from the seed); use privacy.randomness=seeded"
+        )
     if resolved_aggregator(cfg) == "dp_mf_banded":
-        raise ConfigError("privacy.randomness=secure: not with aggregator=dp_mf_banded (its "
-                          "groups' Poisson sample is drawn from the seed); use "
-                          "privacy.randomness=seeded or another aggregator")
+        raise ConfigError(
+            "privacy.randomness=secure: not with aggregator=dp_mf_banded (its "
+            "groups' Poisson sample is drawn from the seed); use "
+            "privacy.randomness=seeded or another aggregator"
+        )
 
 
 def randomness(cfg: RunConfig) -> Randomness:
@@ -924,7 +1239,7 @@ class Prepared:
     ledger: Ledger
     billboard: Billboard | None
     fed: Federation
-    algorithm: Any = None       # fedudp.algorithms.Setup (algorithm.name != none)
+    algorithm: Any = None  # fedudp.algorithms.Setup (algorithm.name != none)
 
     @property
     def spec(self) -> MethodSpec:
@@ -939,8 +1254,10 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     API, engine=local); ``records``: in-memory records (``dataset.name=memory``)."""
     check(cfg)
     if model_object is not None and EngineName(cfg.engine) == EngineName.flower:
-        raise ConfigError("engine: a model object from the Python API lives in this process; "
-                          "engine=flower owners build theirs from the config (model.target=...)")
+        raise ConfigError(
+            "engine: a model object from the Python API lives in this process; "
+            "engine=flower owners build theirs from the config (model.target=...)"
+        )
     # the model and its probe need only the declared input shape and classes: checked before a
     # natural federation's files are read (a missing declaration: after, to quote the data)
     net = model(cfg, records, model_object, probe=True) if _inputs_declared(cfg) else None
@@ -956,13 +1273,16 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     n_owners, n_users = planned_units(cfg)
     aggregator = algo = None
     canaries = int(cfg.audit.canaries)
-    sampling = Sampling(cfg.train.sampling_rate,
-                        (n_owners if spec.cohort_is_owners else n_users) + canaries)
+    sampling = Sampling(
+        cfg.train.sampling_rate, (n_owners if spec.cohort_is_owners else n_users) + canaries
+    )
     if spec.communicates:
         if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
             try:
-                algo = algorithms.setup(AlgorithmName(cfg.algorithm.name).value,
-                                        algorithm_context(cfg, dim, personal_dim))
+                algo = algorithms.setup(
+                    AlgorithmName(cfg.algorithm.name).value,
+                    algorithm_context(cfg, dim, personal_dim),
+                )
             except ParameterError as err:
                 raise algorithm_error(err) from None
             sampling, aggregator = algo.sampling, algo.aggregator
@@ -974,15 +1294,19 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     own = owners(cfg, algo.owner_hooks if algo is not None else None, net, spec)
     led = ledger(cfg, spec, aggregator)
     if canaries:
-        led.notes.append(f"audit.canaries={canaries}: {canaries} canary units (fixed random "
-                         "directions at the clip norm, sampled like users) are in the public "
-                         "population and join each release; the summary's "
-                         "canary_epsilon_estimate (Andrew et al. 2024, final model) is an "
-                         "empirical estimate from them, not a bound")
+        led.notes.append(
+            f"audit.canaries={canaries}: {canaries} canary units (fixed random "
+            "directions at the clip norm, sampled like users) are in the public "
+            "population and join each release; the summary's "
+            "canary_epsilon_estimate (Andrew et al. 2024, final model) is an "
+            "empirical estimate from them, not a bound"
+        )
     if cfg.audit.noise_scale != 1.0:
-        led.notes.append(f"audit.noise_scale={cfg.audit.noise_scale:g}: the release noise is "
-                         f"{cfg.audit.noise_scale:g} x what this ledger accounts; its epsilon is "
-                         "NOT a guarantee (a deliberately weakened mechanism for checking an audit)")
+        led.notes.append(
+            f"audit.noise_scale={cfg.audit.noise_scale:g}: the release noise is "
+            f"{cfg.audit.noise_scale:g} x what this ledger accounts; its epsilon is "
+            "NOT a guarantee (a deliberately weakened mechanism for checking an audit)"
+        )
     if algo is not None:
         led.notes += algo.notes
         led.extra["algorithm"] = algo.summary
@@ -990,32 +1314,47 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     if aggregator is not None:
         check_rows_fit(aggregator, dim, torch.empty((), dtype=own.dtype).element_size())
         plan = algo.plan if algo is not None else None
-        if plan is None and hasattr(aggregator, "participation"):   # its own cohorts (a tree)
+        if plan is None and hasattr(aggregator, "participation"):  # its own cohorts (a tree)
             plan = aggregator.participation(cfg.seed)
         target = run.target_epsilon if spec.private else None
         accountant = None
         if aggregator.private:
-            accountant = accountant_for(Billboard.first_event(aggregator, plan),
-                                        aggregator.group, target)
-            if aggregator.group is not None:     # record-level events, user level by group privacy
+            accountant = accountant_for(
+                Billboard.first_event(aggregator, plan), aggregator.group, target
+            )
+            if aggregator.group is not None:  # record-level events, user level by group privacy
                 led.extra["group_conversion"] = str(aggregator.group)
-        board = Billboard({k: params[k].detach() for k in spec.shared}, aggregator, sampling, led,
-                          accountant, seed=cfg.seed, step=ServerStep(cfg.train.server_lr, own.training.mode),
-                          target_epsilon=target, delta=cfg.privacy.delta, plan=plan,
-                          canaries=(Canaries(canaries, dim, sampling.rate, cfg.seed)
-                                    if canaries else None),
-                          randomness=randomness(cfg), min_owners=int(cfg.train.min_owners),
-                          min_users=int(cfg.train.min_users))
+        board = Billboard(
+            {k: params[k].detach() for k in spec.shared},
+            aggregator,
+            sampling,
+            led,
+            accountant,
+            seed=cfg.seed,
+            step=ServerStep(cfg.train.server_lr, own.training.mode),
+            target_epsilon=target,
+            delta=cfg.privacy.delta,
+            plan=plan,
+            canaries=(Canaries(canaries, dim, sampling.rate, cfg.seed) if canaries else None),
+            randomness=randomness(cfg),
+            min_owners=int(cfg.train.min_owners),
+            min_users=int(cfg.train.min_users),
+        )
         if spec.private and not board.within_budget():
-            raise ConfigError(f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
-                              f"multiplier {aggregator.noise_multiplier} exceeds it")
+            raise ConfigError(
+                f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
+                f"multiplier {aggregator.noise_multiplier} exceeds it"
+            )
     fed = federation(cfg, records).to(own.dtype)
     # the plan's public n: a planned federation has exactly it; a natural one the declared
     # owner count, and at most the declared users (the others are absent: zero contributions)
-    if fed.num_owners != n_owners or (fed.num_users > n_users if natural(cfg)
-                                      else fed.num_users != n_users):
-        raise RuntimeError(f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
-                           f"planned {n_owners} / {n_users}")
+    if fed.num_owners != n_owners or (
+        fed.num_users > n_users if natural(cfg) else fed.num_users != n_users
+    ):
+        raise RuntimeError(
+            f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
+            f"planned {n_owners} / {n_users}"
+        )
     return Prepared(cfg, run, own, aggregator, led, board, fed, algo)
 
 
@@ -1024,19 +1363,25 @@ AUDITABLE = ("gaussian", "gaussian_adaptive")
 
 def check_audit(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> None:
     """``audit.canaries`` and ``audit.noise_scale`` need clip + Gaussian on the billboard."""
-    for key, on in (("audit.canaries", cfg.audit.canaries != 0),
-                    ("audit.noise_scale", cfg.audit.noise_scale != 1.0)):
+    for key, on in (
+        ("audit.canaries", cfg.audit.canaries != 0),
+        ("audit.noise_scale", cfg.audit.noise_scale != 1.0),
+    ):
         if not on:
             continue
         name = aggregator.name if aggregator is not None else "none"
         if not spec.private or name not in AUDITABLE or placement(cfg) != Placement.server:
-            raise ConfigError(f"{key}: works with clip + Gaussian on the billboard (method=full_dp "
-                              f"or joint_dp, aggregator=gaussian or privacy.clip_policy=adaptive, "
-                              f"privacy.placement=server), not method={cfg.method.value} "
-                              f"aggregator={name}")
+            raise ConfigError(
+                f"{key}: works with clip + Gaussian on the billboard (method=full_dp "
+                f"or joint_dp, aggregator=gaussian or privacy.clip_policy=adaptive, "
+                f"privacy.placement=server), not method={cfg.method.value} "
+                f"aggregator={name}"
+            )
         if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
-            raise ConfigError(f"{key}: not with a seed's training algorithm "
-                              f"(algorithm.name={cfg.algorithm.name.value})")
+            raise ConfigError(
+                f"{key}: not with a seed's training algorithm "
+                f"(algorithm.name={cfg.algorithm.name.value})"
+            )
 
 
 def warn_min_users(aggregator: Aggregator | None) -> dict:
@@ -1047,6 +1392,8 @@ def warn_min_users(aggregator: Aggregator | None) -> dict:
         return {}
     n = aggregator.sampling.population
     if n < need:
-        warnings.warn(f"aggregator={aggregator.name}: n={n} units is below the theoretical "
-                      f"minimum {need} for its utility guarantee (privacy still holds)")
+        warnings.warn(
+            f"aggregator={aggregator.name}: n={n} units is below the theoretical "
+            f"minimum {need} for its utility guarantee (privacy still holds)"
+        )
     return {"min_users_met": bool(n >= need), "min_users_required": int(need), "units": int(n)}

@@ -6,6 +6,7 @@ time; ``validate`` checks the value ranges (epsilon > 0, delta in (0, 1), ...) a
 cross-key constraints, raising ``ConfigError`` naming the offending key *before* any
 data is loaded or any round runs.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,11 +40,11 @@ class AggregatorName(Choice):
     against the estimator registry by the config builder, so a newly registered estimator needs
     no change here."""
 
-    auto = "auto"          # gaussian for full_dp / joint_dp, none for fedavg and per_silo
+    auto = "auto"  # gaussian for full_dp / joint_dp, none for fedavg and per_silo
     gaussian = "gaussian"
-    gaussian_adaptive = "gaussian_adaptive"   # = gaussian with privacy.clip_policy=adaptive
-    dp_ftrl_tree = "dp_ftrl_tree"             # DP-FTRL, tree-aggregated noise, cyclic cohorts
-    dp_mf_banded = "dp_mf_banded"             # banded matrix factorization, cyclic Poisson cohorts
+    gaussian_adaptive = "gaussian_adaptive"  # = gaussian with privacy.clip_policy=adaptive
+    dp_ftrl_tree = "dp_ftrl_tree"  # DP-FTRL, tree-aggregated noise, cyclic cohorts
+    dp_mf_banded = "dp_mf_banded"  # banded matrix factorization, cyclic Poisson cohorts
     none = "none"
     winsorized = "winsorized"
     outlier_removal = "outlier_removal"
@@ -103,33 +104,41 @@ class DatasetName(Choice):
     # natural users (docs/your-data.md): read from dataset.path / dataset.root
     npz = "npz"
     parquet = "parquet"
-    hf = "hf"                    # a Hugging Face data set saved with save_to_disk (a folder)
+    hf = "hf"  # a Hugging Face data set saved with save_to_disk (a folder)
     femnist = "femnist"
     shakespeare = "shakespeare"
     cifar10 = "cifar10"
     cifar100 = "cifar100"
-    memory = "memory"            # records handed to fedudp.simulate(records=...)
+    memory = "memory"  # records handed to fedudp.simulate(records=...)
 
 
 # the data sets whose users (and owner sizes) come from the data, not from the plan
-NATURAL_DATASETS = ("npz", "parquet", "hf", "femnist", "shakespeare", "cifar10", "cifar100",
-                    "memory")
+NATURAL_DATASETS = (
+    "npz",
+    "parquet",
+    "hf",
+    "femnist",
+    "shakespeare",
+    "cifar10",
+    "cifar100",
+    "memory",
+)
 
 
 class OwnerRule(Choice):
     """How a natural federation's users are grouped into owners (``fedudp.data.records``)."""
 
-    given = "given"              # the data's owner column (dataset.columns.owner)
-    random = "random"            # users dealt at random into partition.num_owners owners
-    column = "column"            # by a metadata column (partition.owner_column)
-    dirichlet = "dirichlet"      # label-skewed (partition.dirichlet_alpha)
+    given = "given"  # the data's owner column (dataset.columns.owner)
+    random = "random"  # users dealt at random into partition.num_owners owners
+    column = "column"  # by a metadata column (partition.owner_column)
+    dirichlet = "dirichlet"  # label-skewed (partition.dirichlet_alpha)
 
 
 class UserRule(Choice):
     """How users are formed where the data has none (CIFAR)."""
 
-    shuffle = "shuffle"          # records shuffled, cut into users of records_per_user
-    dirichlet = "dirichlet"      # each user's records drawn with a Dirichlet(alpha) class mix
+    shuffle = "shuffle"  # records shuffled, cut into users of records_per_user
+    dirichlet = "dirichlet"  # each user's records drawn with a Dirichlet(alpha) class mix
 
 
 class Scheme(Choice):
@@ -146,8 +155,8 @@ class EngineName(Choice):
 class TrackingKind(Choice):
     """Where a run's parameters, per-round metrics and files are also logged (fedudp.tracking)."""
 
-    none = "none"                # only the run folder's own files
-    mlflow = "mlflow"            # an MLflow run (pip install 'fedudp[tracking]')
+    none = "none"  # only the run folder's own files
+    mlflow = "mlflow"  # an MLflow run (pip install 'fedudp[tracking]')
     tensorboard = "tensorboard"  # TensorBoard scalars in <run folder>/tb
 
 
@@ -155,9 +164,9 @@ class KeepAfterFinish(Choice):
     """Which checkpoints stay in a run folder once the run has finished (a finished run is
     never resumed: re-running it is skipped)."""
 
-    none = "none"    # remove them all
-    last = "last"    # keep the newest (the final parameters, for inspection)
-    all = "all"      # keep the newest ``checkpoint.keep`` (as during the run)
+    none = "none"  # remove them all
+    last = "last"  # keep the newest (the final parameters, for inspection)
+    all = "all"  # keep the newest ``checkpoint.keep`` (as during the run)
 
 
 class ModelName(Choice):
@@ -205,10 +214,12 @@ class TrainConfig:
     local_epochs: int = 1
     sampling_rate: float = 1.0
     shared_update: SharedUpdate = SharedUpdate.delta
-    lr: float = 0.5            # owners' local SGD step (shared deltas and personal updates)
-    batch_size: int = 32       # records per local SGD step
-    server_lr: float = 1.0     # billboard step: u += server_lr * mean (delta) / u -= ... (gradient)
-    personal_epochs: Optional[int] = None  # personal-parameter epochs per round (None: local_epochs)
+    lr: float = 0.5  # owners' local SGD step (shared deltas and personal updates)
+    batch_size: int = 32  # records per local SGD step
+    server_lr: float = 1.0  # billboard step: u += server_lr * mean (delta) / u -= ... (gradient)
+    personal_epochs: Optional[int] = (
+        None  # personal-parameter epochs per round (None: local_epochs)
+    )
     eval_every: int = 1
     # owner-level updates (fedavg, placement=local_dpsgd): how the billboard averages owners
     owner_weights: OwnerWeights = OwnerWeights.uniform
@@ -241,7 +252,7 @@ class DatasetConfig:
     name: DatasetName = DatasetName.synthetic
     root: str = "data"
     download: bool = False
-    num_records: int = 10_000   # the paper's N: size of the training subset split over owners
+    num_records: int = 10_000  # the paper's N: size of the training subset split over owners
     # synthetic only: feature dimension, pool sizes, teacher strength
     features: int = 60
     # the number of classes (the model's output width; public, never read from the data):
@@ -258,13 +269,13 @@ class DatasetConfig:
     pool_test: int = 10_000
     signal: float = 6.0
     # natural users (npz, parquet: a file; femnist, shakespeare, cifar10/100: a folder, root)
-    path: Optional[str] = None         # npz / parquet: the training records' file
-    test_path: Optional[str] = None    # their test file (same columns); None: hold out below
-    split: str = "train"               # hf: the split read for training
+    path: Optional[str] = None  # npz / parquet: the training records' file
+    test_path: Optional[str] = None  # their test file (same columns); None: hold out below
+    split: str = "train"  # hf: the split read for training
     test_split: Optional[str] = "test"  # hf: its test split (absent or null: hold out below)
-    test_fraction: float = 0.2         # held out of each user's records when there is no test set
+    test_fraction: float = 0.2  # held out of each user's records when there is no test set
     columns: ColumnsConfig = field(default_factory=lambda: ColumnsConfig())
-    coarse: bool = False               # cifar100: the 20 coarse labels instead of the 100 fine
+    coarse: bool = False  # cifar100: the 20 coarse labels instead of the 100 fine
     unknown_char: Optional[str] = None  # shakespeare: map characters outside LEAF's 80 to this one
 
 
@@ -334,7 +345,7 @@ class EstimatorConfig:
 
 
 class AlgorithmName(Choice):
-    none = "none"              # the plain round (every method, every aggregator)
+    none = "none"  # the plain round (every method, every aggregator)
     levy_alg4 = "levy_alg4"
     asi_alg3 = "asi_alg3"
     asi_alg4 = "asi_alg4"
@@ -376,14 +387,14 @@ class AlgorithmConfig:
 
 @dataclass
 class EngineConfig:
-    chunk_records: int = 0      # local engine: records per vmapped chunk (0: auto, see chunk_budget)
-    threads: int = 0            # torch threads (0: torch default)
-    float64: bool = False       # equivalence mode
+    chunk_records: int = 0  # local engine: records per vmapped chunk (0: auto, see chunk_budget)
+    threads: int = 0  # torch threads (0: torch default)
+    float64: bool = False  # equivalence mode
     # flower engine only (Ray resources per owner, an existing cluster, reply timeout)
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     address: Optional[str] = None
-    timeout_s: Optional[float] = None   # flower engine: wait for owners' replies (None: no limit)
+    timeout_s: Optional[float] = None  # flower engine: wait for owners' replies (None: no limit)
 
 
 @dataclass
@@ -460,8 +471,10 @@ def huang_table3(owners: Any, which: str) -> int:
     """``${huang_table3:${partition.num_owners},E}`` (or ``T``) in the Huang presets."""
     n = int(owners)
     if n not in HUANG_TABLE3 or which not in ("E", "T"):
-        raise ConfigError(f"partition.num_owners: Huang et al. Table 3 gives E and T for n in "
-                          f"{sorted(HUANG_TABLE3)}, not {n}; set train.local_epochs and train.rounds")
+        raise ConfigError(
+            f"partition.num_owners: Huang et al. Table 3 gives E and T for n in "
+            f"{sorted(HUANG_TABLE3)}, not {n}; set train.local_epochs and train.rounds"
+        )
     return HUANG_TABLE3[n][0 if which == "E" else 1]
 
 
@@ -475,12 +488,16 @@ def register() -> None:
 
 def unknown_key_message(key: str) -> str:
     """The one line for a key the schema does not have (given with or without ``+``)."""
-    if key.startswith("model.kwargs."):     # a free-form dict: a new key needs Hydra's '+'
-        return (f"{key}: a model argument is a new key of the free-form dict model.kwargs: "
-                f"add it with '+' ({'+' + key}=...)")
-    return (f"{key}: unknown key (the config schema has no such setting, with or without '+'); "
-            "your own model is model.target=package.module.Class and its own arguments go "
-            "under model.kwargs, e.g. +model.kwargs.hidden=64")
+    if key.startswith("model.kwargs."):  # a free-form dict: a new key needs Hydra's '+'
+        return (
+            f"{key}: a model argument is a new key of the free-form dict model.kwargs: "
+            f"add it with '+' ({'+' + key}=...)"
+        )
+    return (
+        f"{key}: unknown key (the config schema has no such setting, with or without '+'); "
+        "your own model is model.target=package.module.Class and its own arguments go "
+        "under model.kwargs, e.g. +model.kwargs.hidden=64"
+    )
 
 
 def check_known_keys(node: Any, prefix: str = "") -> None:
@@ -492,15 +509,16 @@ def check_known_keys(node: Any, prefix: str = "") -> None:
     import dataclasses
 
     from omegaconf import DictConfig, OmegaConf
+
     schema = OmegaConf.get_type(node)
     if not (isinstance(node, DictConfig) and dataclasses.is_dataclass(schema)):
-        return                                          # a free-form dict (model.kwargs)
+        return  # a free-form dict (model.kwargs)
     names = {f.name for f in dataclasses.fields(schema)}
     for key in node.keys():
         full = f"{prefix}{key}"
         if key not in names:
             raise ConfigError(unknown_key_message(full))
-        child = node._get_node(key)                     # noqa: SLF001 -- no interpolation resolved
+        child = node._get_node(key)  # noqa: SLF001 -- no interpolation resolved
         if isinstance(child, DictConfig):
             check_known_keys(child, f"{full}.")
 
@@ -540,8 +558,9 @@ def coerce(obj: Any, prefix: str = "") -> None:
             try:
                 setattr(obj, f.name, t(v))
             except ValueError:
-                raise ConfigError(f"{key}: invalid value {v!r}, expected one of "
-                                  f"{[e.value for e in t]}") from None
+                raise ConfigError(
+                    f"{key}: invalid value {v!r}, expected one of {[e.value for e in t]}"
+                ) from None
 
 
 def validate(cfg: RunConfig) -> None:
@@ -550,105 +569,204 @@ def validate(cfg: RunConfig) -> None:
     Raises ``ConfigError`` naming the key."""
     coerce(cfg)
     p, t, d, part = cfg.privacy, cfg.train, cfg.dataset, cfg.partition
-    _need(_finite_pos(p.epsilon), "privacy.epsilon", f"must be a finite number > 0, got {p.epsilon}")
-    _need(isinstance(p.delta, (int, float)) and 0 < p.delta < 1, "privacy.delta",
-          f"must be in (0, 1), got {p.delta}")
+    _need(
+        _finite_pos(p.epsilon), "privacy.epsilon", f"must be a finite number > 0, got {p.epsilon}"
+    )
+    _need(
+        isinstance(p.delta, (int, float)) and 0 < p.delta < 1,
+        "privacy.delta",
+        f"must be in (0, 1), got {p.delta}",
+    )
     _need(_finite_pos(p.clip), "privacy.clip", f"must be > 0, got {p.clip}")
-    _need(isinstance(p.clip_quantile, (int, float)) and 0 < p.clip_quantile < 1,
-          "privacy.clip_quantile", f"must be in (0, 1), got {p.clip_quantile}")
+    _need(
+        isinstance(p.clip_quantile, (int, float)) and 0 < p.clip_quantile < 1,
+        "privacy.clip_quantile",
+        f"must be in (0, 1), got {p.clip_quantile}",
+    )
     _need(_finite_pos(p.clip_lr), "privacy.clip_lr", f"must be > 0, got {p.clip_lr}")
-    _need(p.clip_count_noise is None or _finite_pos(p.clip_count_noise),
-          "privacy.clip_count_noise", f"must be null (expected cohort / 20) or > 0, got "
-          f"{p.clip_count_noise}")
-    _need(isinstance(cfg.audit.canaries, int) and (cfg.audit.canaries == 0 or cfg.audit.canaries >= 2),
-          "audit.canaries", f"must be 0 (off) or an integer >= 2, got {cfg.audit.canaries}")
-    _need(isinstance(cfg.audit.noise_scale, (int, float)) and 0 < cfg.audit.noise_scale <= 1,
-          "audit.noise_scale", f"must be in (0, 1] (1: off), got {cfg.audit.noise_scale}")
-    _need(p.noise_multiplier is None or (math.isfinite(p.noise_multiplier) and p.noise_multiplier > 0),
-          "privacy.noise_multiplier", f"must be null (calibrate) or > 0, got {p.noise_multiplier}")
-    _need(isinstance(cfg.seed, int) and 0 <= cfg.seed < 2 ** 32, "seed",
-          f"must be an integer in [0, 2**32), got {cfg.seed}")
+    _need(
+        p.clip_count_noise is None or _finite_pos(p.clip_count_noise),
+        "privacy.clip_count_noise",
+        f"must be null (expected cohort / 20) or > 0, got {p.clip_count_noise}",
+    )
+    _need(
+        isinstance(cfg.audit.canaries, int)
+        and (cfg.audit.canaries == 0 or cfg.audit.canaries >= 2),
+        "audit.canaries",
+        f"must be 0 (off) or an integer >= 2, got {cfg.audit.canaries}",
+    )
+    _need(
+        isinstance(cfg.audit.noise_scale, (int, float)) and 0 < cfg.audit.noise_scale <= 1,
+        "audit.noise_scale",
+        f"must be in (0, 1] (1: off), got {cfg.audit.noise_scale}",
+    )
+    _need(
+        p.noise_multiplier is None
+        or (math.isfinite(p.noise_multiplier) and p.noise_multiplier > 0),
+        "privacy.noise_multiplier",
+        f"must be null (calibrate) or > 0, got {p.noise_multiplier}",
+    )
+    _need(
+        isinstance(cfg.seed, int) and 0 <= cfg.seed < 2**32,
+        "seed",
+        f"must be an integer in [0, 2**32), got {cfg.seed}",
+    )
     _need(t.rounds >= 1, "train.rounds", f"must be >= 1, got {t.rounds}")
     _need(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {t.local_epochs}")
-    _need(t.personal_epochs is None or t.personal_epochs >= 0, "train.personal_epochs",
-          f"must be null or >= 0, got {t.personal_epochs}")
-    _need(isinstance(t.sampling_rate, (int, float)) and 0 < t.sampling_rate <= 1,
-          "train.sampling_rate", f"must be in (0, 1], got {t.sampling_rate}")
+    _need(
+        t.personal_epochs is None or t.personal_epochs >= 0,
+        "train.personal_epochs",
+        f"must be null or >= 0, got {t.personal_epochs}",
+    )
+    _need(
+        isinstance(t.sampling_rate, (int, float)) and 0 < t.sampling_rate <= 1,
+        "train.sampling_rate",
+        f"must be in (0, 1], got {t.sampling_rate}",
+    )
     _need(_finite_pos(t.lr), "train.lr", f"must be > 0, got {t.lr}")
     _need(_finite_pos(t.server_lr), "train.server_lr", f"must be > 0, got {t.server_lr}")
     _need(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
     _need(t.eval_every >= 1, "train.eval_every", f"must be >= 1, got {t.eval_every}")
-    _need(isinstance(t.min_owners, int) and t.min_owners >= 1, "train.min_owners",
-          f"must be an integer >= 1, got {t.min_owners}")
-    _need(isinstance(t.min_users, int) and t.min_users >= 0, "train.min_users",
-          f"must be an integer >= 0, got {t.min_users}")
+    _need(
+        isinstance(t.min_owners, int) and t.min_owners >= 1,
+        "train.min_owners",
+        f"must be an integer >= 1, got {t.min_owners}",
+    )
+    _need(
+        isinstance(t.min_users, int) and t.min_users >= 0,
+        "train.min_users",
+        f"must be an integer >= 0, got {t.min_users}",
+    )
     # estimator.* values are checked by the chosen estimator itself (its ``calibrated``), and
     # algorithm.* by the chosen training algorithm, through the config builder (fedudp.build)
     _need(d.num_records >= 1, "dataset.num_records", f"must be >= 1, got {d.num_records}")
     _need(part.num_owners >= 1, "partition.num_owners", f"must be >= 1, got {part.num_owners}")
-    _need(part.num_owners <= d.num_records, "partition.num_owners",
-          f"{part.num_owners} owners but only dataset.num_records={d.num_records} records: "
-          "every owner needs at least one record")
-    _need(part.records_per_user >= 1, "partition.records_per_user",
-          f"must be >= 1, got {part.records_per_user}")
-    _need(1 <= part.classes_per_owner, "partition.classes_per_owner",
-          f"must be >= 1, got {part.classes_per_owner}")
-    _need(_finite_pos(part.dirichlet_alpha), "partition.dirichlet_alpha",
-          f"must be > 0, got {part.dirichlet_alpha}")
-    _need(isinstance(d.test_fraction, (int, float)) and 0 <= d.test_fraction < 1,
-          "dataset.test_fraction", f"must be in [0, 1), got {d.test_fraction}")
-    _need(d.classes is None or (isinstance(d.classes, int) and d.classes >= 2),
-          "dataset.classes", f"must be null or an integer >= 2, got {d.classes}")
-    _need(d.input_shape is None or (len(d.input_shape) >= 1 and all(
-        isinstance(v, int) and v >= 1 for v in d.input_shape)), "dataset.input_shape",
-        f"must be null or a list of integers >= 1 (e.g. [8] or [1, 28, 28]), got {d.input_shape}")
+    _need(
+        part.num_owners <= d.num_records,
+        "partition.num_owners",
+        f"{part.num_owners} owners but only dataset.num_records={d.num_records} records: "
+        "every owner needs at least one record",
+    )
+    _need(
+        part.records_per_user >= 1,
+        "partition.records_per_user",
+        f"must be >= 1, got {part.records_per_user}",
+    )
+    _need(
+        1 <= part.classes_per_owner,
+        "partition.classes_per_owner",
+        f"must be >= 1, got {part.classes_per_owner}",
+    )
+    _need(
+        _finite_pos(part.dirichlet_alpha),
+        "partition.dirichlet_alpha",
+        f"must be > 0, got {part.dirichlet_alpha}",
+    )
+    _need(
+        isinstance(d.test_fraction, (int, float)) and 0 <= d.test_fraction < 1,
+        "dataset.test_fraction",
+        f"must be in [0, 1), got {d.test_fraction}",
+    )
+    _need(
+        d.classes is None or (isinstance(d.classes, int) and d.classes >= 2),
+        "dataset.classes",
+        f"must be null or an integer >= 2, got {d.classes}",
+    )
+    _need(
+        d.input_shape is None
+        or (len(d.input_shape) >= 1 and all(isinstance(v, int) and v >= 1 for v in d.input_shape)),
+        "dataset.input_shape",
+        f"must be null or a list of integers >= 1 (e.g. [8] or [1, 28, 28]), got {d.input_shape}",
+    )
     pub = cfg.public
     for key in ("users", "owner_capacity", "records_per_user"):
         v = getattr(pub, key)
-        _need(v is None or (isinstance(v, int) and v >= 1), f"public.{key}",
-              f"must be null or an integer >= 1, got {v}")
+        _need(
+            v is None or (isinstance(v, int) and v >= 1),
+            f"public.{key}",
+            f"must be null or an integer >= 1, got {v}",
+        )
     if d.name == DatasetName.synthetic:
         _need(d.features >= 1, "dataset.features", f"must be >= 1, got {d.features}")
-        _need(d.input_shape is None or list(d.input_shape) == [d.features],
-              "dataset.input_shape", f"synthetic records have shape [dataset.features] = "
-              f"[{d.features}], got {d.input_shape} (leave it null)")
-        _need(d.pool_train >= d.num_records, "dataset.pool_train",
-              f"must be >= dataset.num_records={d.num_records}, got {d.pool_train}")
+        _need(
+            d.input_shape is None or list(d.input_shape) == [d.features],
+            "dataset.input_shape",
+            f"synthetic records have shape [dataset.features] = "
+            f"[{d.features}], got {d.input_shape} (leave it null)",
+        )
+        _need(
+            d.pool_train >= d.num_records,
+            "dataset.pool_train",
+            f"must be >= dataset.num_records={d.num_records}, got {d.pool_train}",
+        )
     if cfg.method in (Method.fedavg, Method.per_silo):
-        _need(cfg.aggregator in (AggregatorName.auto, AggregatorName.none), "aggregator",
-              f"method={cfg.method.value} is non-private and needs aggregator=none (or auto), "
-              f"got {cfg.aggregator}")
+        _need(
+            cfg.aggregator in (AggregatorName.auto, AggregatorName.none),
+            "aggregator",
+            f"method={cfg.method.value} is non-private and needs aggregator=none (or auto), "
+            f"got {cfg.aggregator}",
+        )
     if cfg.method in (Method.full_dp, Method.joint_dp):
-        _need(cfg.aggregator != AggregatorName.none, "aggregator",
-              f"method={cfg.method.value} is private; aggregator=none releases without noise")
+        _need(
+            cfg.aggregator != AggregatorName.none,
+            "aggregator",
+            f"method={cfg.method.value} is private; aggregator=none releases without noise",
+        )
     if p.placement == Placement.local_dpsgd and cfg.method in (Method.full_dp, Method.joint_dp):
-        _need(cfg.aggregator == AggregatorName.auto, "aggregator",
-              "privacy.placement=local_dpsgd adds the noise inside the owners (DP-SGD) and the "
-              f"billboard averages their deltas; leave aggregator=auto, got {cfg.aggregator}")
-        _need(p.unit != Unit.owner, "privacy.unit",
-              "privacy.placement=local_dpsgd clips each user's gradient (user level); owner level "
-              "needs privacy.placement=server")
+        _need(
+            cfg.aggregator == AggregatorName.auto,
+            "aggregator",
+            "privacy.placement=local_dpsgd adds the noise inside the owners (DP-SGD) and the "
+            f"billboard averages their deltas; leave aggregator=auto, got {cfg.aggregator}",
+        )
+        _need(
+            p.unit != Unit.owner,
+            "privacy.unit",
+            "privacy.placement=local_dpsgd clips each user's gradient (user level); owner level "
+            "needs privacy.placement=server",
+        )
     if p.group_privacy:
-        _need(p.placement == Placement.local_dpsgd and cfg.method in (Method.full_dp, Method.joint_dp),
-              "privacy.group_privacy",
-              "converts record-level DP-SGD inside the owners to user level; it needs "
-              "privacy.placement=local_dpsgd and method=full_dp or joint_dp")
-        _need(p.unit == Unit.user, "privacy.group_privacy",
-              f"gives a user-level guarantee (privacy.unit=user), got privacy.unit={Unit(p.unit).value}")
-        _need(p.noise_multiplier is None, "privacy.group_privacy",
-              "calibrates the record-level noise to the converted budget; leave "
-              "privacy.noise_multiplier=null")
+        _need(
+            p.placement == Placement.local_dpsgd
+            and cfg.method in (Method.full_dp, Method.joint_dp),
+            "privacy.group_privacy",
+            "converts record-level DP-SGD inside the owners to user level; it needs "
+            "privacy.placement=local_dpsgd and method=full_dp or joint_dp",
+        )
+        _need(
+            p.unit == Unit.user,
+            "privacy.group_privacy",
+            f"gives a user-level guarantee (privacy.unit=user), got privacy.unit={Unit(p.unit).value}",
+        )
+        _need(
+            p.noise_multiplier is None,
+            "privacy.group_privacy",
+            "calibrates the record-level noise to the converted budget; leave "
+            "privacy.noise_multiplier=null",
+        )
     if p.unit == Unit.record and cfg.method in (Method.full_dp, Method.joint_dp):
-        _need(part.records_per_user == 1, "privacy.unit",
-              "record with placement=server clips per user, so it needs "
-              "partition.records_per_user=1 (a user-level guarantee, privacy.unit=user, already "
-              "implies record level)")
-    _need(isinstance(cfg.checkpoint.every, int) and cfg.checkpoint.every >= 0, "checkpoint.every",
-          f"must be an integer >= 0 (0: no checkpoints), got {cfg.checkpoint.every}")
-    _need(isinstance(cfg.checkpoint.keep, int) and cfg.checkpoint.keep >= 1, "checkpoint.keep",
-          f"must be an integer >= 1, got {cfg.checkpoint.keep}")
-    _need(isinstance(cfg.tracking.experiment, str) and cfg.tracking.experiment.strip() != "",
-          "tracking.experiment", "must be a non-empty experiment name")
+        _need(
+            part.records_per_user == 1,
+            "privacy.unit",
+            "record with placement=server clips per user, so it needs "
+            "partition.records_per_user=1 (a user-level guarantee, privacy.unit=user, already "
+            "implies record level)",
+        )
+    _need(
+        isinstance(cfg.checkpoint.every, int) and cfg.checkpoint.every >= 0,
+        "checkpoint.every",
+        f"must be an integer >= 0 (0: no checkpoints), got {cfg.checkpoint.every}",
+    )
+    _need(
+        isinstance(cfg.checkpoint.keep, int) and cfg.checkpoint.keep >= 1,
+        "checkpoint.keep",
+        f"must be an integer >= 1, got {cfg.checkpoint.keep}",
+    )
+    _need(
+        isinstance(cfg.tracking.experiment, str) and cfg.tracking.experiment.strip() != "",
+        "tracking.experiment",
+        "must be a non-empty experiment name",
+    )
     if cfg.engine_opts.chunk_records < 0:
         raise ConfigError("engine_opts.chunk_records: must be >= 1, or 0 for auto")
 
@@ -657,6 +775,7 @@ def validate(cfg: RunConfig) -> None:
 def jsonable(x: Any) -> Any:
     """Plain JSON types: enums as their values, numpy scalars as Python, non-finite as None."""
     import numpy as np
+
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -675,19 +794,24 @@ def _effective_classes(d: Any) -> Any:
     fashion_mnist) written as the 10 it means: runs saved before the key became optional
     (``classes: 10``) and runs saved after compare equal."""
     ds = d.get("dataset") if isinstance(d, dict) else None
-    if isinstance(ds, dict) and ds.get("classes") is None and \
-            str(ds.get("name", "synthetic")) in ("synthetic", "mnist", "fashion_mnist"):
+    if (
+        isinstance(ds, dict)
+        and ds.get("classes") is None
+        and str(ds.get("name", "synthetic")) in ("synthetic", "mnist", "fashion_mnist")
+    ):
         d = {**d, "dataset": {**ds, "classes": 10}}
     return d
 
 
 def config_dict(cfg: RunConfig) -> dict:
     import dataclasses
+
     return _effective_classes(jsonable(dataclasses.asdict(cfg)))
 
 
 def config_to_json(cfg: RunConfig) -> str:
     import json
+
     return json.dumps(config_dict(cfg), sort_keys=True)
 
 
@@ -695,6 +819,7 @@ def config_from_json(text: str) -> RunConfig:
     """Inverse of ``config_to_json`` (the schema turns strings back into enums)."""
     import json
     from omegaconf import OmegaConf
+
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), json.loads(text)))
 
 
@@ -703,13 +828,14 @@ def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
     value is a ``ConfigError`` naming the key."""
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
+
     base = OmegaConf.structured(RunConfig)
     OmegaConf.set_struct(base, True)
     for k, v in overrides.items():
-        if k == "tracking" and not isinstance(v, dict):   # tracking=mlflow, as on the command line
+        if k == "tracking" and not isinstance(v, dict):  # tracking=mlflow, as on the command line
             k = "tracking.kind"
         try:
-            if k == "model.kwargs" or k.startswith("model.kwargs."):   # a free-form dict
+            if k == "model.kwargs" or k.startswith("model.kwargs."):  # a free-form dict
                 with open_dict(base.model.kwargs):
                     OmegaConf.update(base, k, v, merge=True)
                 continue
@@ -727,9 +853,10 @@ def with_schema_defaults(config: Any) -> dict:
     ``1`` and ``1.0`` compare equal. A config the schema cannot read (a key it no longer has)
     comes back as saved."""
     from omegaconf import OmegaConf
+
     node = config if OmegaConf.is_config(config) else OmegaConf.create(config)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), node)
         return _effective_classes(jsonable(OmegaConf.to_container(merged, enum_to_str=True)))
-    except Exception:   # noqa: BLE001
+    except Exception:  # noqa: BLE001
         return OmegaConf.to_container(node)

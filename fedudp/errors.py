@@ -4,6 +4,7 @@ A ``ConfigError`` says that a configuration value, the privacy budget, a data fi
 folder is wrong. Its message starts with the key or file it names; the command line prints it as
 one line ``fedudp: error: <message>`` and exits with status 2. ``fedudp.config`` re-exports it.
 """
+
 from __future__ import annotations
 
 

@@ -45,6 +45,7 @@ than ``min_owners`` clients, or whose successful clients hold fewer than ``min_u
 releases nothing and spends no ε; every failed client's reason is logged here; a run in which no
 round released raises ``RunFailed`` from ``start`` (the ServerApp's run then ends failed).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -54,8 +55,16 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord,
-                      RecordDict)
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
@@ -68,10 +77,10 @@ from fedudp.randomness import Purpose, Randomness
 __all__ = ["UserLevelDP", "user_level_mod", "K_DP", "K_CONTRIB", "K_COUNTS", "RunFailed"]
 
 # keys of the records the wrapper and the mod exchange (beside the app's own "arrays"/"config")
-K_DP = "fedudp.dp"                  # ConfigRecord in a training message
-K_CONTRIB = "fedudp.contribution"   # ArrayRecord in a reply: "sum" [d] or "rows" [n, d]
-K_COUNTS = "fedudp.counts"          # MetricRecord in a reply: "count", "clipped", "users"
-K_PERSONAL = "fedudp.personal"      # ArrayRecord in a client's context.state (never sent)
+K_DP = "fedudp.dp"  # ConfigRecord in a training message
+K_CONTRIB = "fedudp.contribution"  # ArrayRecord in a reply: "sum" [d] or "rows" [n, d]
+K_COUNTS = "fedudp.counts"  # MetricRecord in a reply: "count", "clipped", "users"
+K_PERSONAL = "fedudp.personal"  # ArrayRecord in a client's context.state (never sent)
 
 
 def _numpy(arr: Array) -> np.ndarray:
@@ -83,19 +92,33 @@ def _numpy(arr: Array) -> np.ndarray:
         shape = tuple(int(n) for n in arr.shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         data = arr.data
-        head = bytes(data[:len(data) - nbytes][:256])
-        if (arr.stype == "numpy.ndarray" and len(data) >= nbytes and head.startswith(b"\x93NUMPY")
-                and b"'fortran_order': False" in head and repr(dt.str).encode() in head):
-            return np.frombuffer(data, dtype=dt, count=nbytes // max(dt.itemsize, 1),
-                                 offset=len(data) - nbytes).reshape(shape)
+        head = bytes(data[: len(data) - nbytes][:256])
+        if (
+            arr.stype == "numpy.ndarray"
+            and len(data) >= nbytes
+            and head.startswith(b"\x93NUMPY")
+            and b"'fortran_order': False" in head
+            and repr(dt.str).encode() in head
+        ):
+            return np.frombuffer(
+                data, dtype=dt, count=nbytes // max(dt.itemsize, 1), offset=len(data) - nbytes
+            ).reshape(shape)
     except (TypeError, ValueError):
         pass
     return arr.numpy()
 
 
 def _flat(arrays: ArrayRecord, names: Sequence[str]) -> torch.Tensor:
-    return torch.cat([torch.from_numpy(np.array(_numpy(arrays[k]), dtype=np.float64)).reshape(-1)
-                      for k in names]) if names else torch.zeros(0, dtype=torch.float64)
+    return (
+        torch.cat(
+            [
+                torch.from_numpy(np.array(_numpy(arrays[k]), dtype=np.float64)).reshape(-1)
+                for k in names
+            ]
+        )
+        if names
+        else torch.zeros(0, dtype=torch.float64)
+    )
 
 
 def _unflat(vec: torch.Tensor, like: ArrayRecord, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -103,20 +126,25 @@ def _unflat(vec: torch.Tensor, like: ArrayRecord, names: Sequence[str]) -> dict[
     for k in names:
         ref = _numpy(like[k])
         n = ref.size
-        out[k] = vec[i:i + n].numpy().reshape(ref.shape).astype(ref.dtype)
+        out[k] = vec[i : i + n].numpy().reshape(ref.shape).astype(ref.dtype)
         i += n
     return out
 
 
 def _record(arrays: dict) -> ArrayRecord:
     """An ArrayRecord of numpy arrays (or Flower ``Array``s), in the given key order."""
-    return ArrayRecord({k: v if isinstance(v, Array) else Array(np.ascontiguousarray(v))
-                        for k, v in arrays.items()})
+    return ArrayRecord(
+        {
+            k: v if isinstance(v, Array) else Array(np.ascontiguousarray(v))
+            for k, v in arrays.items()
+        }
+    )
 
 
 def _is_personal(name: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*")
-               for p in patterns)
+    return any(
+        fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(name, p + ".*") for p in patterns
+    )
 
 
 # -- server side --------------------------------------------------------------------------------
@@ -145,53 +173,85 @@ class UserLevelDP(Strategy):
     ``fedudp.randomness.Randomness``. ``min_owners`` / ``min_users``: the fail-closed minimum of
     successful clients and of the users they hold, for a round to release."""
 
-    def __init__(self, strategy: Strategy, aggregator: Aggregator, *, delta: float,
-                 target_epsilon: float | None = None, personal: Sequence[str] = (),
-                 seed: int = 0, randomness: str | Randomness = "secure", min_owners: int = 1,
-                 min_users: int = 1) -> None:
+    def __init__(
+        self,
+        strategy: Strategy,
+        aggregator: Aggregator,
+        *,
+        delta: float,
+        target_epsilon: float | None = None,
+        personal: Sequence[str] = (),
+        seed: int = 0,
+        randomness: str | Randomness = "secure",
+        min_owners: int = 1,
+        min_users: int = 1,
+    ) -> None:
         if not aggregator.private:
             raise ValueError("UserLevelDP needs a private estimator (its noise is the guarantee)")
         if hasattr(aggregator, "participation"):
-            raise ValueError(f"UserLevelDP samples users by Poisson at the estimator's rate; "
-                             f"aggregator={aggregator.name} is accounted for its own cyclic "
-                             "participation, which that sampling would break: use clip + "
-                             "Gaussian (GaussianAggregator) or adaptive clipping here")
+            raise ValueError(
+                f"UserLevelDP samples users by Poisson at the estimator's rate; "
+                f"aggregator={aggregator.name} is accounted for its own cyclic "
+                "participation, which that sampling would break: use clip + "
+                "Gaussian (GaussianAggregator) or adaptive clipping here"
+            )
         self.strategy, self.aggregator = strategy, aggregator
         self.delta, self.target_epsilon = float(delta), target_epsilon
         self.personal, self.seed = tuple(personal), int(seed)
-        self.randomness = (randomness if isinstance(randomness, Randomness)
-                           else Randomness(self.seed, str(randomness)))
+        self.randomness = (
+            randomness
+            if isinstance(randomness, Randomness)
+            else Randomness(self.seed, str(randomness))
+        )
         self.seed = self.randomness.seed
         if int(min_owners) < 1 or int(min_users) < 0:
-            raise ValueError(f"UserLevelDP: min_owners must be >= 1 and min_users >= 0, got "
-                             f"{min_owners} / {min_users}")
+            raise ValueError(
+                f"UserLevelDP: min_owners must be >= 1 and min_users >= 0, got "
+                f"{min_owners} / {min_users}"
+            )
         self.min_owners, self.min_users = int(min_owners), int(min_users)
-        self.withheld: list[tuple[int, str]] = []     # (round, why): nothing released
+        self.withheld: list[tuple[int, str]] = []  # (round, why): nothing released
         self.event = aggregator.dp_event()
         self.accountant = accountant_for(self.event, aggregator.group, target_epsilon)
         one_off = aggregator.one_off_event()
         if one_off is not None:
             self.accountant.compose(one_off)
-        self.ledger = Ledger(unit="user", adjacency=aggregator.adjacency, accounting="certified",
-                             guarantee=aggregator.guarantee, mechanism=aggregator.name,
-                             accountant=aggregator.accountant, delta=self.delta,
-                             target_epsilon=target_epsilon,
-                             notes=["fedudp.flower.UserLevelDP: user-level DP of the released "
-                                    "shared update; the number of users and the sampling rate "
-                                    "are public (declared)",
-                                    "released outside the guarantee: the clients' training and "
-                                    "evaluation metrics"])
-        self.ledger.extra["public"] = {"users": aggregator.sampling.population,
-                                       "user_sampling_rate": aggregator.sampling.rate}
+        self.ledger = Ledger(
+            unit="user",
+            adjacency=aggregator.adjacency,
+            accounting="certified",
+            guarantee=aggregator.guarantee,
+            mechanism=aggregator.name,
+            accountant=aggregator.accountant,
+            delta=self.delta,
+            target_epsilon=target_epsilon,
+            notes=[
+                "fedudp.flower.UserLevelDP: user-level DP of the released "
+                "shared update; the number of users and the sampling rate "
+                "are public (declared)",
+                "released outside the guarantee: the clients' training and evaluation metrics",
+            ],
+        )
+        self.ledger.extra["public"] = {
+            "users": aggregator.sampling.population,
+            "user_sampling_rate": aggregator.sampling.rate,
+        }
         self.ledger.randomness = self.randomness.ledger_name
-        self.ledger.extra["fail_closed"] = {"min_owners": self.min_owners,
-                                            "min_users": self.min_users}
+        self.ledger.extra["fail_closed"] = {
+            "min_owners": self.min_owners,
+            "min_users": self.min_users,
+        }
         self.stopped: str | None = None
         self._sent: dict[int, ArrayRecord] = {}
 
     @classmethod
-    def from_run_config(cls, strategy: Strategy, run_config, initial_arrays: ArrayRecord,
-                        personal: Sequence[str] = ()) -> "UserLevelDP":
+    def from_run_config(
+        cls,
+        strategy: Strategy,
+        run_config,
+        initial_arrays: ArrayRecord,
+        personal: Sequence[str] = (),
+    ) -> "UserLevelDP":
         """The wrapper configured through Flower's run config alone
         (``[tool.flwr.app.config]`` / ``--run-config``): every key ``fedudp.<key>`` is a fedudp
         config key (``fedudp.aggregator``, ``fedudp.privacy.epsilon``, ``fedudp.privacy.delta``,
@@ -206,31 +266,55 @@ class UserLevelDP(Strategy):
         from fedudp import build
         from fedudp.aggregators.base import Sampling
         from fedudp.config import config_from_overrides
-        over = {k[len("fedudp."):]: v for k, v in dict(run_config).items()
-                if str(k).startswith("fedudp.") and k != "fedudp.users-per-client"}   # the mod's
+
+        over = {
+            k[len("fedudp.") :]: v
+            for k, v in dict(run_config).items()
+            if str(k).startswith("fedudp.") and k != "fedudp.users-per-client"
+        }  # the mod's
         for key, what in (("privacy.epsilon", "the target epsilon"), ("privacy.delta", "delta")):
             if key not in over:
-                raise ValueError(f"fedudp.{key}: required in the run config ({what} of the "
-                                 "user-level guarantee; there is no default)")
-        secure = "privacy.randomness" not in over        # the wrapper's default: secure
+                raise ValueError(
+                    f"fedudp.{key}: required in the run config ({what} of the "
+                    "user-level guarantee; there is no default)"
+                )
+        secure = "privacy.randomness" not in over  # the wrapper's default: secure
         if "public.users" not in over:
-            raise ValueError("fedudp.public.users: declare the number of users N in the run "
-                             "config (the estimator's public population)")
+            raise ValueError(
+                "fedudp.public.users: declare the number of users N in the run "
+                "config (the estimator's public population)"
+            )
         # the app's own data: its public numbers are the declared ones (records per user: 1
         # unless declared, for the estimators that derive a radius from it)
-        over = {"dataset.name": "memory", "public.records_per_user": 1,
-                "public.owner_capacity": over["public.users"], **over}
+        over = {
+            "dataset.name": "memory",
+            "public.records_per_user": 1,
+            "public.owner_capacity": over["public.users"],
+            **over,
+        }
         cfg = config_from_overrides({"method": "full_dp", **over})
         build.check(cfg)
         s = build.settings(cfg)
-        dim = sum(int(np.prod(initial_arrays[k].shape)) for k in initial_arrays.keys()
-                  if not _is_personal(k, personal))
-        agg = build.estimator(cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds,
-                              dim)
+        dim = sum(
+            int(np.prod(initial_arrays[k].shape))
+            for k in initial_arrays.keys()
+            if not _is_personal(k, personal)
+        )
+        agg = build.estimator(
+            cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds, dim
+        )
         mode = Randomness.SECURE if secure else s.randomness
-        return cls(strategy, agg, delta=float(s.delta), target_epsilon=s.target_epsilon,
-                   personal=personal, seed=s.seed, randomness=Randomness(s.seed, mode),
-                   min_owners=s.min_owners, min_users=s.min_users)
+        return cls(
+            strategy,
+            agg,
+            delta=float(s.delta),
+            target_epsilon=s.target_epsilon,
+            personal=personal,
+            seed=s.seed,
+            randomness=Randomness(s.seed, mode),
+            min_owners=s.min_owners,
+            min_users=s.min_users,
+        )
 
     @property
     def epsilon(self) -> float:
@@ -239,13 +323,16 @@ class UserLevelDP(Strategy):
     def _constraint(self) -> Constraint:
         return self.aggregator.constraint
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         if self.stopped is None and self.target_epsilon is not None:
             nxt = self.accountant.epsilon_if(self.event, self.delta)
             if nxt > self.target_epsilon * (1 + 1e-9):
-                self.stopped = (f"budget: round {server_round}'s release would reach epsilon "
-                                f"{nxt:.4g} > target {self.target_epsilon:g}")
+                self.stopped = (
+                    f"budget: round {server_round}'s release would reach epsilon "
+                    f"{nxt:.4g} > target {self.target_epsilon:g}"
+                )
         if self.stopped is not None:
             log(WARNING, "UserLevelDP: no more training (%s)", self.stopped)
             return []
@@ -253,19 +340,25 @@ class UserLevelDP(Strategy):
         c = self._constraint()
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         for m in messages:
-            rec = ConfigRecord({
-                "round": int(server_round), "randomness": self.randomness.mode,
-                "rate": float(self.aggregator.sampling.rate), "rows": bool(c.rows),
-                "clip": float(c.clip) if c.clip is not None else -1.0,
-                "population": int(self.aggregator.sampling.population),
-                "personal": list(self.personal) or [""]})
-            if not self.randomness.is_secure:      # a seeded simulation: the clients' sample
+            rec = ConfigRecord(
+                {
+                    "round": int(server_round),
+                    "randomness": self.randomness.mode,
+                    "rate": float(self.aggregator.sampling.rate),
+                    "rows": bool(c.rows),
+                    "clip": float(c.clip) if c.clip is not None else -1.0,
+                    "population": int(self.aggregator.sampling.population),
+                    "personal": list(self.personal) or [""],
+                }
+            )
+            if not self.randomness.is_secure:  # a seeded simulation: the clients' sample
                 rec["seed"] = self.seed
             m.content[K_DP] = rec
         return messages
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         sent = self._sent.pop(server_round, None)
         if sent is None:
@@ -278,14 +371,21 @@ class UserLevelDP(Strategy):
             if r.has_error():
                 why = f"error {r.error.code}: {_reason(r.error.reason)}"
             elif K_CONTRIB not in r.content or K_COUNTS not in r.content:
-                why = (f"no {K_CONTRIB} / {K_COUNTS} in the reply (is fedudp.flower."
-                       "user_level_mod in the ClientApp's mods?)")
+                why = (
+                    f"no {K_CONTRIB} / {K_COUNTS} in the reply (is fedudp.flower."
+                    "user_level_mod in the ClientApp's mods?)"
+                )
             elif "users" not in r.content[K_COUNTS]:
                 why = f"no users count in {K_COUNTS} (a user_level_mod older than this server)"
-            if why is not None:      # contributes exactly zero against the public denominator
+            if why is not None:  # contributes exactly zero against the public denominator
                 failed += 1
-                log(WARNING, "UserLevelDP round %s: client node %s failed: %s", server_round,
-                    r.metadata.src_node_id, why)
+                log(
+                    WARNING,
+                    "UserLevelDP round %s: client node %s failed: %s",
+                    server_round,
+                    r.metadata.src_node_id,
+                    why,
+                )
                 continue
             rec, counts = r.content[K_CONTRIB], r.content[K_COUNTS]
             held += int(counts["users"])
@@ -298,65 +398,109 @@ class UserLevelDP(Strategy):
                 parts.append(Contribution(None, t.reshape(dim), n, int(counts["clipped"])))
         if len(parts) < self.min_owners or held < self.min_users:
             # fail closed: nothing released, nothing composed, the model unchanged
-            why = (f"{len(parts)} client(s) replied successfully holding {held} user(s), "
-                   f"{failed} failed; fedudp.train.min_owners={self.min_owners}, "
-                   f"fedudp.train.min_users={self.min_users}")
+            why = (
+                f"{len(parts)} client(s) replied successfully holding {held} user(s), "
+                f"{failed} failed; fedudp.train.min_owners={self.min_owners}, "
+                f"fedudp.train.min_users={self.min_users}"
+            )
             self.withheld.append((server_round, why))
-            log(WARNING, "UserLevelDP round %s: withheld, nothing released, no epsilon spent "
-                "(%s)", server_round, why)
-            return None, MetricRecord({"withheld": 1, "failed_clients": failed,
-                                       "epsilon": self.epsilon, "delta": self.delta})
+            log(
+                WARNING,
+                "UserLevelDP round %s: withheld, nothing released, no epsilon spent (%s)",
+                server_round,
+                why,
+            )
+            return None, MetricRecord(
+                {
+                    "withheld": 1,
+                    "failed_clients": failed,
+                    "epsilon": self.epsilon,
+                    "delta": self.delta,
+                }
+            )
         c = Contribution.merge(parts, dim, torch.float64, self._constraint().rows)
-        agg = self.aggregator.release(c, rng=self.randomness.torch_generator(Purpose.NOISE,
-                                                                             server_round))
+        agg = self.aggregator.release(
+            c, rng=self.randomness.torch_generator(Purpose.NOISE, server_round)
+        )
         self.accountant.compose(self.event)
         eps = self.epsilon
-        self.ledger.entries.append(LedgerEntry(server_round, str(self.event),
-                                               self.aggregator.noise_multiplier,
-                                               self.aggregator.noise_std,
-                                               self.aggregator.sampling.rate, eps,
-                                               self.accountant.epsilon_rdp(self.delta)))
+        self.ledger.entries.append(
+            LedgerEntry(
+                server_round,
+                str(self.event),
+                self.aggregator.noise_multiplier,
+                self.aggregator.noise_std,
+                self.aggregator.sampling.rate,
+                eps,
+                self.accountant.epsilon_rdp(self.delta),
+            )
+        )
         new = _flat(sent, names) + agg.mean.to(torch.float64)
         updated = _unflat(new, sent, names)
         arrays = _record({k: updated.get(k, sent[k]) for k in sent.keys()})
         # the wrapped strategy applies the one private update as it would a client's model
-        inner_arrays, inner_metrics = self.strategy.aggregate_train(server_round, [Message(
-            RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})}),
-            reply_to=replies[0] if replies else None)] if replies else [])
-        metrics = MetricRecord({"epsilon": eps, "users": int(c.count), "failed_clients": failed,
-                                "delta": self.delta})
-        log(INFO, "UserLevelDP round %s: %s users, epsilon %.4f (delta %g)", server_round,
-            c.count, eps, self.delta)
+        inner_arrays, inner_metrics = self.strategy.aggregate_train(
+            server_round,
+            [
+                Message(
+                    RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})}),
+                    reply_to=replies[0] if replies else None,
+                )
+            ]
+            if replies
+            else [],
+        )
+        metrics = MetricRecord(
+            {"epsilon": eps, "users": int(c.count), "failed_clients": failed, "delta": self.delta}
+        )
+        log(
+            INFO,
+            "UserLevelDP round %s: %s users, epsilon %.4f (delta %g)",
+            server_round,
+            c.count,
+            eps,
+            self.delta,
+        )
         if inner_metrics is not None:
             for k, v in inner_metrics.items():
                 if k not in metrics:
                     metrics[k] = v
         return (inner_arrays if inner_arrays is not None else arrays), metrics
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args,
-              **kwargs):
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs):
         """Flower's ``Strategy.start``; then ``RunFailed`` if no round released because every
         training round was withheld (fail closed): raised from the ServerApp's main, the run
         ends failed rather than completed."""
         result = super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
         if self.withheld and not self.ledger.entries:
             r, why = self.withheld[-1]
-            raise RunFailed(f"UserLevelDP: every training round was withheld, nothing released "
-                            f"(round {r}: {why}); see the clients' reasons above")
+            raise RunFailed(
+                f"UserLevelDP: every training round was withheld, nothing released "
+                f"(round {r}: {why}); see the clients' reasons above"
+            )
         return result
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
-                           ) -> MetricRecord | None:
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     def summary(self) -> None:
-        log(INFO, "UserLevelDP: estimator %s, %d releases, epsilon %.4f at delta %g, "
-            "randomness %s%s", self.aggregator.name, len(self.ledger.entries), self.epsilon,
-            self.delta, self.randomness.ledger_name, f" ({self.stopped})" if self.stopped else "")
+        log(
+            INFO,
+            "UserLevelDP: estimator %s, %d releases, epsilon %.4f at delta %g, randomness %s%s",
+            self.aggregator.name,
+            len(self.ledger.entries),
+            self.epsilon,
+            self.delta,
+            self.randomness.ledger_name,
+            f" ({self.stopped})" if self.stopped else "",
+        )
         self.strategy.summary()
 
 
@@ -378,13 +522,20 @@ def _round_of(msg: Message) -> _Round:
     # seeded only where the server says so and sends the seed; anything else: OS entropy here
     seeded = "randomness" in r and str(r["randomness"]) == Randomness.SEEDED and "seed" in r
     rand = Randomness.seeded(int(r["seed"])) if seeded else Randomness.secure()
-    return _Round(int(r["round"]), rand, float(r["rate"]), bool(r["rows"]),
-                  None if clip < 0 else clip, tuple(p for p in r["personal"] if p),
-                  int(r["population"]))
+    return _Round(
+        int(r["round"]),
+        rand,
+        float(r["rate"]),
+        bool(r["rows"]),
+        None if clip < 0 else clip,
+        tuple(p for p in r["personal"] if p),
+        int(r["population"]),
+    )
 
 
-def sampled_users(users: Sequence[int], randomness: Randomness | int, round_: int, rate: float,
-                  population: int) -> list[int]:
+def sampled_users(
+    users: Sequence[int], randomness: Randomness | int, round_: int, rate: float, population: int
+) -> list[int]:
     """The users taking part this round: each independently with probability ``rate`` (Poisson)
     over the ``population`` users' global indices. Seeded (``randomness`` a seed or
     ``Randomness.seeded``): keyed by (seed, round), the billboard's own sample of fedudp's engine
@@ -397,8 +548,12 @@ def sampled_users(users: Sequence[int], randomness: Randomness | int, round_: in
     return [u for u in users if mask[int(u)]]
 
 
-def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[str] = (),
-                   users_of: Callable[[Context], Sequence[int]] | None = None):
+def user_level_mod(
+    users_per_client: int | None = None,
+    *,
+    personal: Sequence[str] = (),
+    users_of: Callable[[Context], Sequence[int]] | None = None,
+):
     """A Flower client mod (see the module doc). ``users_per_client``: the users each client
     holds (client with partition-id p holds users p·k .. p·k + k − 1 of
     num-partitions · k), unless the run config sets ``fedudp.users-per-client``.
@@ -408,11 +563,12 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
         raise ValueError(f"users_per_client must be >= 1, got {users_per_client}")
 
     def per_client(context: Context) -> int:
-        if "fedudp.users-per-client" in context.run_config:     # the run config decides
+        if "fedudp.users-per-client" in context.run_config:  # the run config decides
             return int(context.run_config["fedudp.users-per-client"])
         if users_per_client is None:
-            raise ValueError("user_level_mod: set fedudp.users-per-client in the run config "
-                             "or users_per_client=")
+            raise ValueError(
+                "user_level_mod: set fedudp.users-per-client in the run config or users_per_client="
+            )
         return int(users_per_client)
 
     def users(context: Context) -> list[int]:
@@ -430,32 +586,55 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
         return _record({k2: keep[k2] if k2 in keep.keys() else arrays[k2] for k2 in arrays.keys()})
 
     def user_context(context: Context, u: int, total: int) -> Context:
-        return Context(run_id=context.run_id, node_id=context.node_id,
-                       node_config={**context.node_config, "partition-id": int(u),
-                                    "num-partitions": int(total)},
-                       state=context.state, run_config=context.run_config)
+        return Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config={
+                **context.node_config,
+                "partition-id": int(u),
+                "num-partitions": int(total),
+            },
+            state=context.state,
+            run_config=context.run_config,
+        )
 
-    def train_as(msg: Message, arrays_key: str, arrays: ArrayRecord, context: Context, u: int,
-                 total: int, call_next) -> Message:
+    def train_as(
+        msg: Message,
+        arrays_key: str,
+        arrays: ArrayRecord,
+        context: Context,
+        u: int,
+        total: int,
+        call_next,
+    ) -> Message:
         """The app's own training step on user ``u``'s data only (partition u of ``total``),
         from ``arrays``."""
-        content = RecordDict({key: (arrays if key == arrays_key else rec)
-                              for key, rec in msg.content.items() if key != K_DP})
+        content = RecordDict(
+            {
+                key: (arrays if key == arrays_key else rec)
+                for key, rec in msg.content.items()
+                if key != K_DP
+            }
+        )
         return call_next(_copy_with(msg, content), user_context(context, u, total))
 
     def mod(msg: Message, context: Context, call_next) -> Message:
         if msg.metadata.message_type != "train" or K_DP not in msg.content:
             keep = kept(context)
-            if keep is not None and msg.content.array_records:     # evaluation: own personal
+            if keep is not None and msg.content.array_records:  # evaluation: own personal
                 key = next(iter(msg.content.array_records.keys()))
-                content = RecordDict({k2: (with_personal(rec, keep) if k2 == key else rec)
-                                      for k2, rec in msg.content.items()})
+                content = RecordDict(
+                    {
+                        k2: (with_personal(rec, keep) if k2 == key else rec)
+                        for k2, rec in msg.content.items()
+                    }
+                )
                 msg = _copy_with(msg, content)
             return call_next(msg, context)
         rnd = _round_of(msg)
         try:
             return train_round(msg, rnd, context, call_next)
-        except ValueError as e:      # a setup error: the reason goes back to the server's log
+        except ValueError as e:  # a setup error: the reason goes back to the server's log
             return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, str(e)), reply_to=msg)
 
     def train_round(msg: Message, rnd: _Round, context: Context, call_next) -> Message:
@@ -468,19 +647,33 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
         start = _flat(base, names)
         if users_of is None:
             total = int(context.node_config.get("num-partitions", 1)) * per_client(context)
-            if total > rnd.population:     # N is an upper bound: fewer users run unchanged
-                return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, (
-                    f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
-                    f"{per_client(context)} users per client = {total} users, more than the "
-                    f"server's estimator is calibrated for ({rnd.population}, "
-                    "fedudp.public.users)")), reply_to=msg)
+            if total > rnd.population:  # N is an upper bound: fewer users run unchanged
+                return Message(
+                    error=Error(
+                        ErrorCode.MOD_FAILED_PRECONDITION,
+                        (
+                            f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
+                            f"{per_client(context)} users per client = {total} users, more than the "
+                            f"server's estimator is calibrated for ({rnd.population}, "
+                            "fedudp.public.users)"
+                        ),
+                    ),
+                    reply_to=msg,
+                )
         total = rnd.population
         mine = users(context)
         outside = [u for u in mine if not 0 <= u < total]
         if outside:
-            return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, (
-                f"user_level_mod: users_of gave user indices {outside[:5]} outside 0..{total - 1}"
-                f" (the server's estimator is calibrated for {total} users)")), reply_to=msg)
+            return Message(
+                error=Error(
+                    ErrorCode.MOD_FAILED_PRECONDITION,
+                    (
+                        f"user_level_mod: users_of gave user indices {outside[:5]} outside 0..{total - 1}"
+                        f" (the server's estimator is calibrated for {total} users)"
+                    ),
+                ),
+                reply_to=msg,
+            )
         rows = []
         for u in sampled_users(mine, rnd.randomness, rnd.round, rnd.rate, total):
             reply = train_as(msg, arrays_key, base, context, u, total, call_next)
@@ -490,19 +683,25 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
             rows.append(_flat(got, names) - start)
         G = torch.stack(rows) if rows else torch.zeros(0, len(start), dtype=torch.float64)
         c = Constraint(rows=rnd.rows, clip=rnd.clip).apply(G)
-        if patterns:          # the client's own personal layers: on all its users, never sent
+        if patterns:  # the client's own personal layers: on all its users, never sent
             own = kept(context)
             for u in mine:
-                reply = train_as(msg, arrays_key, with_personal(base, own), context, u, total,
-                                 call_next)
+                reply = train_as(
+                    msg, arrays_key, with_personal(base, own), context, u, total, call_next
+                )
                 if reply.has_error():
                     return reply
                 got = reply.content[next(iter(reply.content.array_records.keys()))]
                 own = _record({k2: got[k2] for k2 in got.keys() if _is_personal(k2, patterns)})
             if own is not None:
                 context.state[K_PERSONAL] = own
-        out = RecordDict({K_COUNTS: MetricRecord({"count": int(c.count), "clipped": int(c.clipped),
-                                                  "users": len(mine)})})
+        out = RecordDict(
+            {
+                K_COUNTS: MetricRecord(
+                    {"count": int(c.count), "clipped": int(c.clipped), "users": len(mine)}
+                )
+            }
+        )
         if rnd.rows:
             rows_out = c.rows if c.rows is not None else torch.zeros(0, len(start))
             out[K_CONTRIB] = _record({"rows": rows_out.to(torch.float64).numpy()})
@@ -516,6 +715,7 @@ def user_level_mod(users_per_client: int | None = None, *, personal: Sequence[st
 def _copy_with(msg: Message, content: RecordDict) -> Message:
     """``msg`` with another content (same metadata), for the app's own training step."""
     import copy
+
     m = copy.copy(msg)
     m.content = content
     return m

@@ -5,6 +5,7 @@ dotted fedudp key such as ``train.rounds=3``; ``partition.num_owners=0`` means o
 connected SuperNode) and runs ``fedudp.run.run`` with ``engine=flower`` on the grid Flower hands
 it; the owners are ``fedudp.engines.flower_client.client_app``.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,15 @@ def main(grid: Grid, context: Context) -> None:
         rc["partition.num_owners"] = count_nodes(grid)
     cfg = config_from_overrides({**rc, "engine": "flower", "progress": False})
     s = run(cfg, out_dir, grid=grid)
-    log(INFO, "fedudp: %s accuracy %.4f epsilon %s rounds %s -> %s", s["method"],
-        s["accuracy_mean"], s["epsilon_display"], s["rounds_completed"], out_dir)
+    log(
+        INFO,
+        "fedudp: %s accuracy %.4f epsilon %s rounds %s -> %s",
+        s["method"],
+        s["accuracy_mean"],
+        s["epsilon_display"],
+        s["rounds_completed"],
+        out_dir,
+    )
 
 
 def count_nodes(grid: Grid, settle_s: float = 2.0, timeout_s: float = 300.0) -> int:

@@ -14,6 +14,7 @@ C = 0.05, near the vectors' size; one round, every user. D holds that user, D' d
 (the billboard adds the noise). In ``certified`` mode the vectors are computed at the public
 personal value, so the sums differ by at most C; in ``paper`` mode by ≈ 15 C.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,12 +25,25 @@ import torch
 
 from fedudp.config import RunConfig, config_from_overrides
 
-PAIR = {"method": "joint_dp", "progress": False, "dataset.name": "synthetic",
-        "dataset.features": 12, "dataset.num_records": 800, "dataset.pool_train": 20000,
-        "dataset.pool_test": 200, "partition.num_owners": 4, "partition.records_per_user": 10,
-        "partition.classes_per_owner": 1, "train.personal_epochs": 20, "train.batch_size": 10,
-        "train.rounds": 1, "privacy.clip": 0.05, "privacy.epsilon": 1.0, "privacy.delta": 1e-5,
-        "engine_opts.float64": True}
+PAIR = {
+    "method": "joint_dp",
+    "progress": False,
+    "dataset.name": "synthetic",
+    "dataset.features": 12,
+    "dataset.num_records": 800,
+    "dataset.pool_train": 20000,
+    "dataset.pool_test": 200,
+    "partition.num_owners": 4,
+    "partition.records_per_user": 10,
+    "partition.classes_per_owner": 1,
+    "train.personal_epochs": 20,
+    "train.batch_size": 10,
+    "train.rounds": 1,
+    "privacy.clip": 0.05,
+    "privacy.epsilon": 1.0,
+    "privacy.delta": 1e-5,
+    "engine_opts.float64": True,
+}
 
 
 def leak_config(**overrides: Any) -> RunConfig:
@@ -41,10 +55,10 @@ def leak_config(**overrides: Any) -> RunConfig:
 class LeakPair:
     """The owner side's output on D (with the canary user) and D' (without)."""
 
-    with_user: "Contribution"        # noqa: F821  (fedudp.aggregators.base.Contribution)
-    without_user: "Contribution"     # noqa: F821
+    with_user: "Contribution"  # noqa: F821  (fedudp.aggregators.base.Contribution)
+    without_user: "Contribution"  # noqa: F821
     clip: float
-    prepared: Any                    # fedudp.run.Prepared (its aggregator, ledger, config)
+    prepared: Any  # fedudp.run.Prepared (its aggregator, ledger, config)
 
     @property
     def moved(self) -> float:
@@ -58,17 +72,19 @@ def clipped_sums(cfg: RunConfig) -> LeakPair:
     side's contributions (every user's shared vector, clipped by the aggregator's constraint,
     summed) on both neighbours."""
     from fedudp.build import prepare
+
     p = prepare(cfg)
     fed, owners, shared = p.fed, p.owners, p.billboard.shared_params()
-    u = int(fed.owner_user_offsets[0])                       # owner 0's first user: the canary
+    u = int(fed.owner_user_offsets[0])  # owner 0's first user: the canary
     r0, r1 = fed.user_offsets[u], fed.user_offsets[u + 1]
-    fed.y[r0:r1] = (fed.y[r0] + 1) % fed.num_classes         # relabelled to another class
+    fed.y[r0:r1] = (fed.y[r0] + 1) % fed.num_classes  # relabelled to another class
     constraint = p.aggregator.constraint
 
     def contribution(f):
         personal = owners.personal_round(f, shared, owners.initial_personal(f.num_owners), 1)
-        G = torch.cat([g for _, g in owners.user_vectors(f, shared, personal,
-                                                         np.arange(f.num_users), 1)])
+        G = torch.cat(
+            [g for _, g in owners.user_vectors(f, shared, personal, np.arange(f.num_users), 1)]
+        )
         return constraint.apply(G)
 
     return LeakPair(contribution(fed), contribution(fed.without_user(u)), float(constraint.clip), p)

@@ -1,13 +1,14 @@
 """What produced a run: the fedudp version (from the installed package's metadata) and, where
 the package is imported from a git checkout, the source commit and whether the checkout was
 modified. Standard library only (``fedudp --version`` and every run folder read it)."""
+
 from __future__ import annotations
 
 import subprocess
 from functools import lru_cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]        # the checkout (or site-packages) above fedudp/
+ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) above fedudp/
 
 
 @lru_cache(maxsize=1)
@@ -16,6 +17,7 @@ def version() -> str:
     when fedudp is imported without being installed."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
+
     try:
         return dist_version("fedudp")
     except PackageNotFoundError:
@@ -24,8 +26,9 @@ def version() -> str:
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                             timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -39,8 +42,10 @@ def source() -> dict:
         return {"commit": None, "modified": None}
     head = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": head.strip() if head else None,
-            "modified": None if status is None else bool(status.strip())}
+    return {
+        "commit": head.strip() if head else None,
+        "modified": None if status is None else bool(status.strip()),
+    }
 
 
 def provenance() -> dict:

@@ -23,6 +23,7 @@ remove them from a release: right for a reproducible simulation, wrong for a dep
 or anything a message carries; the other purposes (record orders, partition, schedules, canary
 directions, ...) stay seeded and reproducible. The key counts are checked in both modes.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -33,21 +34,21 @@ import torch
 
 
 class Purpose(IntEnum):
-    USER_ORDER = 1          # a user's record order in local SGD (shared vectors)
-    PERSONAL_ORDER = 2      # an owner's record order in its personal update
-    OWNER_ORDER = 3         # an owner's record order in standard FedAvg (all its records)
-    DPSGD_SAMPLE = 4        # an owner's Poisson sample of its users at one DP-SGD step
-    DPSGD_NOISE = 5         # an owner's Gaussian noise at one DP-SGD step
-    SAMPLE = 11             # the billboard's Poisson sample of units
-    NOISE = 12              # the billboard's release noise
-    SMOOTHING = 13          # [ASI] Alg. 3 smoothing perturbations (per round, user)
-    SCHEDULE = 14           # an algorithm's public cohort schedule (phases, owner/record per step)
-    PERSONAL_NOISE = 15     # [HUANG] Alg. 1 full-DP baseline: an owner's personal-block noise
-    CANARY = 16             # a canary unit's fixed random direction (audit.canaries)
-    CANARY_SAMPLE = 17      # the billboard's Poisson sample of the canaries
+    USER_ORDER = 1  # a user's record order in local SGD (shared vectors)
+    PERSONAL_ORDER = 2  # an owner's record order in its personal update
+    OWNER_ORDER = 3  # an owner's record order in standard FedAvg (all its records)
+    DPSGD_SAMPLE = 4  # an owner's Poisson sample of its users at one DP-SGD step
+    DPSGD_NOISE = 5  # an owner's Gaussian noise at one DP-SGD step
+    SAMPLE = 11  # the billboard's Poisson sample of units
+    NOISE = 12  # the billboard's release noise
+    SMOOTHING = 13  # [ASI] Alg. 3 smoothing perturbations (per round, user)
+    SCHEDULE = 14  # an algorithm's public cohort schedule (phases, owner/record per step)
+    PERSONAL_NOISE = 15  # [HUANG] Alg. 1 full-DP baseline: an owner's personal-block noise
+    CANARY = 16  # a canary unit's fixed random direction (audit.canaries)
+    CANARY_SAMPLE = 17  # the billboard's Poisson sample of the canaries
     DPSGD_COUNT_NOISE = 18  # an owner's noise on a DP-SGD step's unclipped count (adaptive clip)
-    SYNTHETIC_TEACHER = 0x5EED   # the synthetic dataset's teacher
-    PARTITION = 0xFA27      # owners' classes, record split, users
+    SYNTHETIC_TEACHER = 0x5EED  # the synthetic dataset's teacher
+    PARTITION = 0xFA27  # owners' classes, record split, users
 
 
 # The public keys of each purpose, in order (names for messages; the count is what is checked).
@@ -61,7 +62,7 @@ KEYS: dict[Purpose, tuple[str, ...]] = {
     Purpose.SAMPLE: ("round",),
     Purpose.NOISE: ("round",),
     Purpose.SMOOTHING: ("round", "user"),
-    Purpose.SCHEDULE: ("round",),        # round 0 (never a training round): the run's public split
+    Purpose.SCHEDULE: ("round",),  # round 0 (never a training round): the run's public split
     Purpose.PERSONAL_NOISE: ("round", "owner"),
     Purpose.CANARY: ("canary",),
     Purpose.CANARY_SAMPLE: ("round",),
@@ -69,17 +70,25 @@ KEYS: dict[Purpose, tuple[str, ...]] = {
     Purpose.SYNTHETIC_TEACHER: (),
     Purpose.PARTITION: (),
 }
-if set(KEYS) != set(Purpose):       # a new purpose must declare its keys here
-    raise RuntimeError("fedudp.randomness.KEYS misses "
-                       f"{sorted(p.name for p in set(Purpose) - set(KEYS))}")
+if set(KEYS) != set(Purpose):  # a new purpose must declare its keys here
+    raise RuntimeError(
+        f"fedudp.randomness.KEYS misses {sorted(p.name for p in set(Purpose) - set(KEYS))}"
+    )
 
 # The purposes whose secrecy the DP guarantee rests on (noise and privacy sampling): drawn from OS
 # entropy under ``Randomness.secure``. CANARY / CANARY_SAMPLE are the auditor's own units, SCHEDULE
 # a public cohort schedule (cyclic groups; a paper mode's fixed owner), SMOOTHING a utility
 # perturbation: not protecting, so they stay seeded.
-PROTECTING: frozenset[Purpose] = frozenset({
-    Purpose.DPSGD_SAMPLE, Purpose.DPSGD_NOISE, Purpose.DPSGD_COUNT_NOISE, Purpose.SAMPLE,
-    Purpose.NOISE, Purpose.PERSONAL_NOISE})
+PROTECTING: frozenset[Purpose] = frozenset(
+    {
+        Purpose.DPSGD_SAMPLE,
+        Purpose.DPSGD_NOISE,
+        Purpose.DPSGD_COUNT_NOISE,
+        Purpose.SAMPLE,
+        Purpose.NOISE,
+        Purpose.PERSONAL_NOISE,
+    }
+)
 
 _WORD = 1 << 32
 
@@ -90,13 +99,17 @@ def entropy(seed: int, purpose: Purpose, *keys: int) -> list[int]:
     purpose = Purpose(purpose)
     names = KEYS[purpose]
     if len(keys) != len(names):
-        raise ValueError(f"randomness: Purpose.{purpose.name} takes {len(names)} key(s) "
-                         f"({', '.join(names) or 'none'}), got {len(keys)}: {tuple(map(int, keys))}")
+        raise ValueError(
+            f"randomness: Purpose.{purpose.name} takes {len(names)} key(s) "
+            f"({', '.join(names) or 'none'}), got {len(keys)}: {tuple(map(int, keys))}"
+        )
     words = [int(seed), int(purpose), *map(int, keys)]
     for name, w in zip(("seed", "purpose", *names), words):
         if not 0 <= w < _WORD:
-            raise ValueError(f"randomness: Purpose.{purpose.name} {name}={w} is outside "
-                             "[0, 2**32) (each key must be one 32-bit word)")
+            raise ValueError(
+                f"randomness: Purpose.{purpose.name} {name}={w} is outside "
+                "[0, 2**32) (each key must be one 32-bit word)"
+            )
     return words
 
 
@@ -155,7 +168,7 @@ class Randomness:
         return self.is_secure and Purpose(purpose) in PROTECTING
 
     def numpy_rng(self, purpose: Purpose, *keys: int) -> np.random.Generator:
-        words = entropy(self.seed, purpose, *keys)          # the key count checked either way
+        words = entropy(self.seed, purpose, *keys)  # the key count checked either way
         return secure_numpy_rng() if self.protects(purpose) else np.random.default_rng(words)
 
     def torch_generator(self, purpose: Purpose, *keys: int) -> torch.Generator:
@@ -168,7 +181,7 @@ class Randomness:
         return f"Randomness({self.seed}, {self.mode!r})"
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, Randomness) and (self.seed, self.mode) == (other.seed, other.mode))
+        return isinstance(other, Randomness) and (self.seed, self.mode) == (other.seed, other.mode)
 
     def __hash__(self) -> int:
         return hash((self.seed, self.mode))

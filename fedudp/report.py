@@ -12,6 +12,7 @@ prints the same table at the end of a multirun, so the quickstart ends with the 
 ``--plots`` (or ``--out DIR``) also writes the table as ``report.md`` with two figures beside it,
 accuracy and ε per round and the privacy–utility frontier (``fedudp.report_plots``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,24 +32,37 @@ except Exception:  # pragma: no cover - hydra is a hard dependency; keep report 
 # Config keys (dotted; a key names its whole subtree) that do not change what a run computes,
 # so runs differing only there share a row. Everything else in config.yaml separates rows.
 NOT_SETTINGS = (
-    "seed",                       # the replicate: a row averages over it
-    "progress",                   # a progress bar on stderr
-    "resume",                     # the run folder a run continued in (resumes are bit-identical)
-    "checkpoint",                 # checkpoint cadence and how many are kept (CheckpointConfig)
-    "engine_opts.threads",        # torch threads: scheduling (fedudp.run.comparable drops it too)
+    "seed",  # the replicate: a row averages over it
+    "progress",  # a progress bar on stderr
+    "resume",  # the run folder a run continued in (resumes are bit-identical)
+    "checkpoint",  # checkpoint cadence and how many are kept (CheckpointConfig)
+    "engine_opts.threads",  # torch threads: scheduling (fedudp.run.comparable drops it too)
     "engine_opts.chunk_records",  # records per vmapped chunk: memory and speed; batch order is
-                                  # keyed by (seed, round, epoch, owner), not by chunk (local_sgd)
-    "engine_opts.num_cpus",       # Ray resources per Flower client: scheduling
-    "engine_opts.num_gpus",       # likewise (no fedudp code places tensors on a GPU)
-    "engine_opts.address",        # which Ray cluster runs the simulation
-    "dataset.download",           # whether missing files are fetched; the files are the same
-    "hydra",                      # Hydra's own settings, should a config carry them
+    # keyed by (seed, round, epoch, owner), not by chunk (local_sgd)
+    "engine_opts.num_cpus",  # Ray resources per Flower client: scheduling
+    "engine_opts.num_gpus",  # likewise (no fedudp code places tensors on a GPU)
+    "engine_opts.address",  # which Ray cluster runs the simulation
+    "dataset.download",  # whether missing files are fetched; the files are the same
+    "hydra",  # Hydra's own settings, should a config carry them
 )
 
 # Runs without config.yaml: the summary fields that name their setting (a row per combination)
-SUMMARY_KEY_FIELDS = ("method", "aggregator", "placement", "engine", "dataset", "accounting",
-                      "unit", "adjacency", "target_epsilon", "delta", "num_owners", "num_users",
-                      "num_records", "rounds_planned")
+SUMMARY_KEY_FIELDS = (
+    "method",
+    "aggregator",
+    "placement",
+    "engine",
+    "dataset",
+    "accounting",
+    "unit",
+    "adjacency",
+    "target_epsilon",
+    "delta",
+    "num_owners",
+    "num_users",
+    "num_records",
+    "rounds_planned",
+)
 
 # Always named above a config table (with every other key whose value is not the default)
 HEADLINE_KEYS = ("method", "aggregator", "dataset.name", "partition.num_owners", "train.rounds")
@@ -91,7 +105,7 @@ def epsilon_display(epsilon: float | None, kind: str | None, digits: int = 3) ->
     ``epsilon_display``)."""
     if epsilon is None:
         return "n/a (no DP)"
-    if kind == "weakened":      # audit.noise_scale < 1: the ledger's ε is not what was released
+    if kind == "weakened":  # audit.noise_scale < 1: the ledger's ε is not what was released
         return f"{epsilon:.{digits}f} {WEAKENED_MARK}"
     return mark_epsilon(f"{epsilon:.{digits}f}", kind == "heuristic")
 
@@ -103,6 +117,7 @@ def load_summaries(folder: str | Path) -> list[dict]:
     below the folder (the embedded MLflow store's artifacts, ``tracking.ARTIFACTS_DIR``) are not
     runs and are skipped, so a tracked sweep's runs count once."""
     from fedudp.tracking import ARTIFACTS_DIR
+
     out = []
     root = Path(folder)
     for p in sorted(root.rglob("summary.json")):
@@ -116,6 +131,7 @@ def load_summaries(folder: str | Path) -> list[dict]:
         saved = p.parent / "config.yaml"
         if saved.is_file():
             from omegaconf import OmegaConf
+
             s["_config"] = OmegaConf.to_container(OmegaConf.load(saved))
         out.append(s)
     return out
@@ -137,6 +153,7 @@ def flat_settings(config: dict, defaults: bool = True) -> dict[str, Any]:
     """A resolved config as ``{dotted key: value}``, less ``NOT_SETTINGS`` (``defaults``: first
     filled in from the schema's defaults)."""
     from fedudp.config import with_schema_defaults
+
     out: dict[str, Any] = {}
 
     def walk(d: dict, prefix: str) -> None:
@@ -145,12 +162,14 @@ def flat_settings(config: dict, defaults: bool = True) -> dict[str, Any]:
                 walk(v, f"{prefix}{k}.")
             else:
                 out[f"{prefix}{k}"] = _hashable(v)
+
     walk(with_schema_defaults(config) if defaults else config, "")
     return {k: v for k, v in out.items() if not _not_setting(k)}
 
 
 def _schema_defaults() -> dict[str, Any]:
     from fedudp.config import RunConfig, config_dict
+
     return flat_settings(config_dict(RunConfig()), defaults=False)
 
 
@@ -184,7 +203,11 @@ def _fmt(vals: list[float | None], runs: int, digits: int = 4) -> str:
     xs = [v for v in vals if v is not None]
     if not xs:
         return "n/a"
-    text = f"{xs[0]:.{digits}f}" if len(xs) == 1 else f"{np.mean(xs):.{digits}f} ± {np.std(xs):.{digits}f}"
+    text = (
+        f"{xs[0]:.{digits}f}"
+        if len(xs) == 1
+        else f"{np.mean(xs):.{digits}f} ± {np.std(xs):.{digits}f}"
+    )
     return text + (f" (n={len(xs)})" if len(xs) < runs else "")
 
 
@@ -198,8 +221,11 @@ def _group(summaries: list[dict]) -> tuple[dict, dict]:
             settings, into = flat_settings(s["_config"]), with_cfg
         else:
             settings, into = {k: _hashable(s.get(k)) for k in SUMMARY_KEY_FIELDS}, without
-        key = (tuple(sorted(settings.items(), key=lambda kv: kv[0])), s.get("guarantee"),
-               epsilon_kind(s))
+        key = (
+            tuple(sorted(settings.items(), key=lambda kv: kv[0])),
+            s.get("guarantee"),
+            epsilon_kind(s),
+        )
         into.setdefault(key, (settings, []))[1].append(s)
     return with_cfg, without
 
@@ -223,12 +249,16 @@ def varying_keys(groups: dict) -> tuple[list[str], list[str]]:
 def group_order(varying: list[str]):
     """The table's row order: by method (per_silo, fedavg, full_dp, joint_dp), then the
     varying keys' values, then the guarantee; a key for ``sorted`` over ``(settings, runs)``."""
+
     def order(item):
         settings, ss = item
         method = settings.get("method", ss[0].get("method"))
-        return (METHOD_ORDER.get(str(method), 9),
-                tuple(_sortable(settings.get(k, _MISSING)) for k in varying),
-                str(ss[0].get("guarantee")))
+        return (
+            METHOD_ORDER.get(str(method), 9),
+            tuple(_sortable(settings.get(k, _MISSING)) for k in varying),
+            str(ss[0].get("guarantee")),
+        )
+
     return order
 
 
@@ -236,20 +266,26 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
     keys, varying = varying_keys(groups)
     first = next(iter(groups.values()))[0]
     common = [k for k in keys if k not in varying and k in first]
-    if defaults is not None:          # a config table: the headline keys and what is not default
+    if defaults is not None:  # a config table: the headline keys and what is not default
         shown = [k for k in common if k in HEADLINE_KEYS or defaults.get(k, _MISSING) != first[k]]
         tail = "; every other key at its default (seed and NOT_SETTINGS not compared)"
     else:
         shown, tail = common, ""
     lines = []
     if shown:
-        lines.append("Common settings: " + ", ".join(f"{k}={_value(first[k])}" for k in shown) + tail)
+        lines.append(
+            "Common settings: " + ", ".join(f"{k}={_value(first[k])}" for k in shown) + tail
+        )
     runs_all = [s for _, ss in groups.values() for s in ss]
     stops = any(s.get("stop_reason") not in (None, "completed") for s in runs_all)
-    canary = any(s.get("canary_epsilon_estimate") for s in runs_all)   # audit.canaries
-    head = varying + ["accuracy (mean over owners)", "weighted", "epsilon", "delta", "guarantee",
-                      "rounds"] + (["canary ε estimate (not a bound)"] if canary else []) \
-        + (["stopped"] if stops else []) + ["seconds", "runs"]
+    canary = any(s.get("canary_epsilon_estimate") for s in runs_all)  # audit.canaries
+    head = (
+        varying
+        + ["accuracy (mean over owners)", "weighted", "epsilon", "delta", "guarantee", "rounds"]
+        + (["canary ε estimate (not a bound)"] if canary else [])
+        + (["stopped"] if stops else [])
+        + ["seconds", "runs"]
+    )
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     for settings, ss in sorted(groups.values(), key=group_order(varying)):
@@ -261,12 +297,18 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
             eps_s = mark_epsilon(_fmt(eps, n, 3), any(is_heuristic(s) for s in ss))
         deltas = sorted({s.get("delta") for s in ss if s.get("delta") is not None})
         rounds = sorted({s.get("rounds_completed") for s in ss}, key=_sortable)
-        rounds_s = (_value(rounds[0]) if len(rounds) == 1
-                    else f"{_value(rounds[0])}–{_value(rounds[-1])}")
+        rounds_s = (
+            _value(rounds[0]) if len(rounds) == 1 else f"{_value(rounds[0])}–{_value(rounds[-1])}"
+        )
         row = [_value(settings.get(k, _MISSING)) for k in varying]
-        row += [_fmt([s.get("accuracy_mean") for s in ss], n),
-                _fmt([s.get("accuracy_weighted") for s in ss], n), eps_s,
-                ", ".join(f"{d:g}" for d in deltas) or "—", str(ss[0].get("guarantee")), rounds_s]
+        row += [
+            _fmt([s.get("accuracy_mean") for s in ss], n),
+            _fmt([s.get("accuracy_weighted") for s in ss], n),
+            eps_s,
+            ", ".join(f"{d:g}" for d in deltas) or "—",
+            str(ss[0].get("guarantee")),
+            rounds_s,
+        ]
         if canary:
             row.append(canary_cell(ss))
         if stops:
@@ -274,8 +316,10 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
             row.append(", ".join(k if v == n else f"{k} ×{v}" for k, v in sorted(c.items())))
         seeds = [s["_config"].get("seed") for s in ss if isinstance(s.get("_config"), dict)]
         repeat = len(seeds) > len(set(map(str, seeds)))
-        row += [_fmt([s.get("seconds") for s in ss], n, 1),
-                f"{n}" + (f" (seeds {', '.join(map(str, sorted(seeds, key=str)))})" if repeat else "")]
+        row += [
+            _fmt([s.get("seconds") for s in ss], n, 1),
+            f"{n}" + (f" (seeds {', '.join(map(str, sorted(seeds, key=str)))})" if repeat else ""),
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -298,16 +342,25 @@ def comparison_table(summaries: list[dict]) -> str:
     if without:
         if parts:
             parts += [""]
-        parts += ["Runs without config.yaml, grouped by their summary fields only "
-                  f"({', '.join(SUMMARY_KEY_FIELDS)}, guarantee):", ""]
+        parts += [
+            "Runs without config.yaml, grouped by their summary fields only "
+            f"({', '.join(SUMMARY_KEY_FIELDS)}, guarantee):",
+            "",
+        ]
         parts += _table(without, None)
     if any(s.get("canary_epsilon_estimate") for s in summaries):
-        parts += ["", "canary ε estimate: audit.canaries' one-run estimate (Andrew et al. 2024, "
-                  "final model, null N(0, 1/d)) with its 95 % interval (ε over a confidence "
-                  "region of the canaries' cosine mean and std); an estimate, not a bound."]
+        parts += [
+            "",
+            "canary ε estimate: audit.canaries' one-run estimate (Andrew et al. 2024, "
+            "final model, null N(0, 1/d)) with its 95 % interval (ε over a confidence "
+            "region of the canaries' cosine mean and std); an estimate, not a bound.",
+        ]
     if any(is_heuristic(s) for s in summaries):
-        parts += ["", f"{HEURISTIC_MARK}: ε from privacy.accounting=paper (a paper's unproven "
-                  "accounting or group-privacy form), not a proven (ε, δ) guarantee."]
+        parts += [
+            "",
+            f"{HEURISTIC_MARK}: ε from privacy.accounting=paper (a paper's unproven "
+            "accounting or group-privacy form), not a proven (ε, δ) guarantee.",
+        ]
     return "\n".join(parts).lstrip("\n")
 
 
@@ -324,53 +377,86 @@ class ComparisonCallback(Callback):  # type: ignore[misc]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fedudp-report", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="fedudp-report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("folder", help="a run or sweep folder (searched recursively for summary.json)")
-    ap.add_argument("--paper", choices=sorted(PAPER_LAYOUTS),
-                    help="the paper's layout beside its numbers (Markdown, CSV and PNG in --out)")
-    ap.add_argument("--plots", action="store_true",
-                    help="also write report.md (the table and the figures), curves.png (accuracy "
-                         "and ε per round, one line per row) and frontier.png (final accuracy "
-                         "against ε, one line per method) in --out")
-    ap.add_argument("--out", help="folder for the --paper or --plots files (default: FOLDER); "
-                                  "without --paper, --out implies --plots")
-    ap.add_argument("--select-best", metavar="METRIC",
-                    help="choose the configuration (candidate) with the best mean METRIC over its "
-                         "seeds (a summary key, e.g. accuracy_mean) and report the tuning-inclusive "
-                         "ε, with the rule used, beside the single-run ε (fedudp.tuning). A "
-                         "candidate's k seeds are composed into one event. Grid (default): the "
-                         "plain composition of all runs of all configurations. Random count: "
-                         "dp-accounting's RepeatAndSelectDpEvent(candidate event, declared mean, "
-                         "shape) under RDP (Papernot & Steinke, ICLR 2022; Liu & Talwar, STOC 2019 "
-                         "for the geometric case); see docs/algorithms.md")
-    ap.add_argument("--lower-is-better", action="store_true",
-                    help="with --select-best: the lowest METRIC wins (e.g. loss)")
-    ap.add_argument("--sweep-size", default="grid",
-                    help="with --select-best, as declared BEFORE the sweep: grid (default: the "
-                         "candidates are a fixed set), or poisson / geometric / logarithmic / "
-                         "negative_binomial when the number of candidates was drawn from that "
-                         "truncated negative binomial (needs --sweep-mean)")
-    ap.add_argument("--sweep-mean", type=float, metavar="M",
-                    help="with a random --sweep-size: the mean of the distribution the number of "
-                         "candidates was drawn from, fixed before the sweep (never the number of "
-                         "runs present)")
-    ap.add_argument("--sweep-shape", type=float, metavar="ETA",
-                    help="with --sweep-size negative_binomial: its declared shape η > 0 "
-                         "(geometric is η = 1, logarithmic η = 0, poisson η = inf)")
+    ap.add_argument(
+        "--paper",
+        choices=sorted(PAPER_LAYOUTS),
+        help="the paper's layout beside its numbers (Markdown, CSV and PNG in --out)",
+    )
+    ap.add_argument(
+        "--plots",
+        action="store_true",
+        help="also write report.md (the table and the figures), curves.png (accuracy "
+        "and ε per round, one line per row) and frontier.png (final accuracy "
+        "against ε, one line per method) in --out",
+    )
+    ap.add_argument(
+        "--out",
+        help="folder for the --paper or --plots files (default: FOLDER); "
+        "without --paper, --out implies --plots",
+    )
+    ap.add_argument(
+        "--select-best",
+        metavar="METRIC",
+        help="choose the configuration (candidate) with the best mean METRIC over its "
+        "seeds (a summary key, e.g. accuracy_mean) and report the tuning-inclusive "
+        "ε, with the rule used, beside the single-run ε (fedudp.tuning). A "
+        "candidate's k seeds are composed into one event. Grid (default): the "
+        "plain composition of all runs of all configurations. Random count: "
+        "dp-accounting's RepeatAndSelectDpEvent(candidate event, declared mean, "
+        "shape) under RDP (Papernot & Steinke, ICLR 2022; Liu & Talwar, STOC 2019 "
+        "for the geometric case); see docs/algorithms.md",
+    )
+    ap.add_argument(
+        "--lower-is-better",
+        action="store_true",
+        help="with --select-best: the lowest METRIC wins (e.g. loss)",
+    )
+    ap.add_argument(
+        "--sweep-size",
+        default="grid",
+        help="with --select-best, as declared BEFORE the sweep: grid (default: the "
+        "candidates are a fixed set), or poisson / geometric / logarithmic / "
+        "negative_binomial when the number of candidates was drawn from that "
+        "truncated negative binomial (needs --sweep-mean)",
+    )
+    ap.add_argument(
+        "--sweep-mean",
+        type=float,
+        metavar="M",
+        help="with a random --sweep-size: the mean of the distribution the number of "
+        "candidates was drawn from, fixed before the sweep (never the number of "
+        "runs present)",
+    )
+    ap.add_argument(
+        "--sweep-shape",
+        type=float,
+        metavar="ETA",
+        help="with --sweep-size negative_binomial: its declared shape η > 0 "
+        "(geometric is η = 1, logarithmic η = 0, poisson η = inf)",
+    )
     a = ap.parse_args(argv)
     if a.paper and a.plots:
         ap.error("--plots draws the comparison table's figures; --paper draws its own layout")
-    if a.select_best:         # the declared rule is checked before any summary is read
+    if a.select_best:  # the declared rule is checked before any summary is read
         from fedudp.tuning import SelectionError, declared_sweep
+
         try:
             declared_sweep(a.sweep_size, a.sweep_mean, a.sweep_shape)
         except SelectionError as err:
             print(f"fedudp-report: error: {err}", file=sys.stderr)
             return 2
     elif a.sweep_mean is not None or a.sweep_shape is not None or a.sweep_size != "grid":
-        print("fedudp-report: error: --sweep-size/--sweep-mean/--sweep-shape declare how the "
-              "candidates of --select-best were chosen; add --select-best METRIC", file=sys.stderr)
+        print(
+            "fedudp-report: error: --sweep-size/--sweep-mean/--sweep-shape declare how the "
+            "candidates of --select-best were chosen; add --select-best METRIC",
+            file=sys.stderr,
+        )
         return 2
     summaries = load_summaries(a.folder)
     if not summaries:
@@ -378,23 +464,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.paper:
         from fedudp.paper_report import write_paper_report
+
         print(write_paper_report(a.paper, summaries, Path(a.out or a.folder)))
         return 0
     print(comparison_table(summaries))
     if a.select_best:
         from fedudp.tuning import SelectionError, select_best, selection_lines
+
         with_cfg, without = groups_of(summaries)
         groups = {**with_cfg, **without}
         try:
-            sel = select_best(groups, a.select_best, lower=a.lower_is_better,
-                              sweep_size=a.sweep_size, sweep_mean=a.sweep_mean,
-                              sweep_shape=a.sweep_shape)
+            sel = select_best(
+                groups,
+                a.select_best,
+                lower=a.lower_is_better,
+                sweep_size=a.sweep_size,
+                sweep_mean=a.sweep_mean,
+                sweep_shape=a.sweep_shape,
+            )
         except SelectionError as err:
             print(f"fedudp-report: error: {err}", file=sys.stderr)
             return 2
         print("\n" + "\n".join(selection_lines(sel, varying_keys(groups)[1])))
     if a.plots or a.out:
         from fedudp.report_plots import write_report
+
         folder = Path(a.folder).resolve()
         paths = write_report(summaries, Path(a.out or a.folder), name=folder.name)
         print(f"\n(wrote {', '.join(p.name for p in paths.values())} in {paths['report'].parent})")

@@ -18,6 +18,7 @@ hollow markers and its legend entry ends ``(heuristic)``, in both figures. Legen
 the keys that differ between groups (``method=joint_dp, privacy.epsilon=1.0``), as the table's
 first columns do. ``group_series`` returns the numbers the figures draw.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from fedudp.report import (HEURISTIC_MARK, _value, comparison_table, epsilon_kind,
-                           group_order, groups_of, varying_keys)
+from fedudp.report import (
+    HEURISTIC_MARK,
+    _value,
+    comparison_table,
+    epsilon_kind,
+    group_order,
+    groups_of,
+    varying_keys,
+)
 
 # Keys that set the privacy level: a frontier line runs along them (every other differing key
 # separates lines). target_epsilon: the key of runs without config.yaml.
@@ -53,19 +61,19 @@ class RunCurve:
 class GroupSeries:
     """One group of the table (one row): what the figures draw for it."""
 
-    label: str                         # the differing keys, e.g. "method=joint_dp, privacy.epsilon=1.0"
-    settings: dict[str, Any]           # those keys' values
+    label: str  # the differing keys, e.g. "method=joint_dp, privacy.epsilon=1.0"
+    settings: dict[str, Any]  # those keys' values
     method: str | None
-    epsilon_kind: str | None           # certified | heuristic | None (no DP)
+    epsilon_kind: str | None  # certified | heuristic | None (no DP)
     deltas: tuple[float, ...]
     runs: list[RunCurve]
-    accuracy: dict[int, float]         # round -> mean over the runs that have that round
+    accuracy: dict[int, float]  # round -> mean over the runs that have that round
     epsilon: dict[int, float]
-    final_accuracy: float | None       # summary.json accuracy_mean, mean over runs
-    final_accuracy_std: float | None   # std (population) over runs
-    final_epsilon: float | None        # summary.json epsilon, mean over runs; None: no ε
+    final_accuracy: float | None  # summary.json accuracy_mean, mean over runs
+    final_accuracy_std: float | None  # std (population) over runs
+    final_epsilon: float | None  # summary.json epsilon, mean over runs; None: no ε
     with_config: bool = True
-    frontier_key: tuple = field(default=())   # the settings one frontier line shares
+    frontier_key: tuple = field(default=())  # the settings one frontier line shares
 
     @property
     def heuristic(self) -> bool:
@@ -115,7 +123,7 @@ def _run_curve(s: dict) -> RunCurve:
             acc[r] = a
         if (e := _finite(m.get("epsilon"))) is not None:
             eps[r] = e
-    saved = s.get("_config")          # the run's config.yaml as a dict
+    saved = s.get("_config")  # the run's config.yaml as a dict
     return RunCurve(s["_dir"], saved.get("seed") if isinstance(saved, dict) else None, acc, eps)
 
 
@@ -148,27 +156,42 @@ def group_series(summaries: list[dict]) -> list[GroupSeries]:
             accs = [a for s in ss if (a := _finite(s.get("accuracy_mean"))) is not None]
             epss = [e for s in ss if (e := _finite(s.get("epsilon"))) is not None]
             kinds = {epsilon_kind(s) for s in ss}
-            kind = "heuristic" if "heuristic" in kinds else ("certified" if "certified" in kinds else None)
+            kind = (
+                "heuristic"
+                if "heuristic" in kinds
+                else ("certified" if "certified" in kinds else None)
+            )
             label = _label(settings, varying, method)
             if not with_config:
                 label = f"{NO_CONFIG} {label}"
             line = tuple((k, settings.get(k)) for k in varying if k not in EPSILON_KEYS)
-            out.append(GroupSeries(
-                label=label, settings={k: settings.get(k) for k in varying if k in settings},
-                method=None if method is None else str(method), epsilon_kind=kind,
-                deltas=tuple(sorted({float(s["delta"]) for s in ss if _finite(s.get("delta")) is not None})),
-                runs=runs, accuracy=_mean_per_round([r.accuracy for r in runs]),
-                epsilon=_mean_per_round([r.epsilon for r in runs]),
-                final_accuracy=float(np.mean(accs)) if accs else None,
-                final_accuracy_std=float(np.std(accs)) if accs else None,
-                final_epsilon=float(np.mean(epss)) if epss else None,
-                with_config=with_config,
-                frontier_key=(with_config, str(method), kind) + line))
+            out.append(
+                GroupSeries(
+                    label=label,
+                    settings={k: settings.get(k) for k in varying if k in settings},
+                    method=None if method is None else str(method),
+                    epsilon_kind=kind,
+                    deltas=tuple(
+                        sorted(
+                            {float(s["delta"]) for s in ss if _finite(s.get("delta")) is not None}
+                        )
+                    ),
+                    runs=runs,
+                    accuracy=_mean_per_round([r.accuracy for r in runs]),
+                    epsilon=_mean_per_round([r.epsilon for r in runs]),
+                    final_accuracy=float(np.mean(accs)) if accs else None,
+                    final_accuracy_std=float(np.std(accs)) if accs else None,
+                    final_epsilon=float(np.mean(epss)) if epss else None,
+                    with_config=with_config,
+                    frontier_key=(with_config, str(method), kind) + line,
+                )
+            )
     return out
 
 
-def frontier_lines(series: list[GroupSeries]) -> tuple[list[tuple[str, list[GroupSeries]]],
-                                                        list[GroupSeries]]:
+def frontier_lines(
+    series: list[GroupSeries],
+) -> tuple[list[tuple[str, list[GroupSeries]]], list[GroupSeries]]:
     """(the frontier's lines: (label, groups sorted by ε), the reference groups without ε).
     A line holds the groups that share every differing key but the ε target, and the kind of
     ε; its label names those keys."""
@@ -182,7 +205,9 @@ def frontier_lines(series: list[GroupSeries]) -> tuple[list[tuple[str, list[Grou
     out = []
     for key, gs in lines.items():
         with_config, method, kind = key[:3]
-        label = ", ".join([f"method={method}"] + [f"{k}={_value(v)}" for k, v in key[3:] if k != "method"])
+        label = ", ".join(
+            [f"method={method}"] + [f"{k}={_value(v)}" for k, v in key[3:] if k != "method"]
+        )
         if not with_config:
             label = f"{NO_CONFIG} {label}"
         if kind == "heuristic":
@@ -194,8 +219,10 @@ def frontier_lines(series: list[GroupSeries]) -> tuple[list[tuple[str, list[Grou
 # -- drawing --------------------------------------------------------------------------------
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -241,6 +268,7 @@ def plot_curves(series: list[GroupSeries], path: Path, title: str, subtitle: str
     """Two panels, accuracy and ε per round; a shared legend below them."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
+
     delta, delta_in_label = _delta_text(series)
     fig, (ax_a, ax_e) = plt.subplots(1, 2, figsize=(12, 4.6))
     for i, g in enumerate(series):
@@ -249,40 +277,71 @@ def plot_curves(series: list[GroupSeries], path: Path, title: str, subtitle: str
         label = _with_delta(g.display_label, g, delta_in_label)
         if not g.private:
             label += " (no DP: no ε)"
-        for ax, mean, per_run in ((ax_a, g.accuracy, [r.accuracy for r in g.runs]),
-                                  (ax_e, g.epsilon, [r.epsilon for r in g.runs])):
+        for ax, mean, per_run in (
+            (ax_a, g.accuracy, [r.accuracy for r in g.runs]),
+            (ax_e, g.epsilon, [r.epsilon for r in g.runs]),
+        ):
             if len(g.runs) > 1:
                 for cur in per_run:
                     if cur:
                         ax.plot(list(cur), list(cur.values()), color=c, lw=0.7, alpha=0.45, **st)
             if mean:
-                ax.plot(list(mean), list(mean.values()), color=c, lw=2, marker=mk, ms=5,
-                        mfc=face, label=label if ax is ax_a else None, **st)
-        if not g.accuracy:                      # no per-round accuracy: still in the legend
+                ax.plot(
+                    list(mean),
+                    list(mean.values()),
+                    color=c,
+                    lw=2,
+                    marker=mk,
+                    ms=5,
+                    mfc=face,
+                    label=label if ax is ax_a else None,
+                    **st,
+                )
+        if not g.accuracy:  # no per-round accuracy: still in the legend
             ax_a.plot([], [], color=c, lw=2, marker=mk, mfc=face, label=label, **st)
     ax_a.set_ylabel("test accuracy (mean over owners)")
     ax_a.set_title("Test accuracy per round")
     ax_e.set_ylabel(f"ε spent at {delta} (cumulative)" if delta else "ε spent (no DP here)")
     curves = [tuple(g.epsilon.items()) for g in series if g.epsilon]
-    ax_e.set_title("Privacy spent per round (no line: no DP)" + (
-        "\nequal ε every round: those lines coincide" if len(set(curves)) < len(curves) else ""))
+    ax_e.set_title(
+        "Privacy spent per round (no line: no DP)"
+        + ("\nequal ε every round: those lines coincide" if len(set(curves)) < len(curves) else "")
+    )
     for ax in (ax_a, ax_e):
         ax.set_xlabel("round")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     if not any(g.epsilon for g in series):
         ax_e.set_xlim(ax_a.get_xlim())
-        ax_e.text(0.5, 0.5, "no group has an ε (no DP)", ha="center", va="center",
-                  transform=ax_e.transAxes, color="gray")
+        ax_e.text(
+            0.5,
+            0.5,
+            "no group has an ε (no DP)",
+            ha="center",
+            va="center",
+            transform=ax_e.transAxes,
+            color="gray",
+        )
     heading = title + ("\n" + _wrap(subtitle, 150) if subtitle else "")
     fig.suptitle(heading, fontsize=10)
     handles, labels = ax_a.get_legend_handles_labels()
-    note = ("thick line: mean over the group's seeds; thin lines: each seed; "
-            f"dashed line, hollow markers, \"{HEURISTIC_MARK}\": heuristic ε")
+    note = (
+        "thick line: mean over the group's seeds; thin lines: each seed; "
+        f'dashed line, hollow markers, "{HEURISTIC_MARK}": heuristic ε'
+    )
     fig.tight_layout()
     ncol = 1 if max((len(lb) for lb in labels), default=0) > 60 else 2
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=ncol,
-               fontsize=8, title=note, title_fontsize=8, frameon=False)
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=ncol,
+        fontsize=8,
+        title=note,
+        title_fontsize=8,
+        frameon=False,
+    )
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
@@ -301,15 +360,31 @@ def plot_frontier(series: list[GroupSeries], path: Path, title: str, subtitle: s
         x = [g.final_epsilon for g in gs]
         y = [g.final_accuracy for g in gs]
         err = [g.final_accuracy_std if len(g.runs) > 1 else 0.0 for g in gs]
-        ax.errorbar(x, y, yerr=err if any(err) else None, color=c, marker=mk, ms=7, lw=2,
-                    mfc="none" if heur else c, mew=1.5, capsize=3,
-                    label=_with_delta(label, gs[0], delta_in_label), **_style(heur))
+        ax.errorbar(
+            x,
+            y,
+            yerr=err if any(err) else None,
+            color=c,
+            marker=mk,
+            ms=7,
+            lw=2,
+            mfc="none" if heur else c,
+            mew=1.5,
+            capsize=3,
+            label=_with_delta(label, gs[0], delta_in_label),
+            **_style(heur),
+        )
     for j, g in enumerate(refs):
         c = _color(len(lines) + j)
         what = "no DP, ε = ∞" if g.epsilon_kind is None else "no ε released"
-        ax.axhline(g.final_accuracy, color=c, ls=":", lw=1.8,
-                   label=f"{g.label} ({what}): {g.final_accuracy:.3f} [{len(g.runs)} seed"
-                         f"{'s' if len(g.runs) != 1 else ''}]")
+        ax.axhline(
+            g.final_accuracy,
+            color=c,
+            ls=":",
+            lw=1.8,
+            label=f"{g.label} ({what}): {g.final_accuracy:.3f} [{len(g.runs)} seed"
+            f"{'s' if len(g.runs) != 1 else ''}]",
+        )
     if eps and min(eps) > 0 and max(eps) / min(eps) >= 10:
         ax.set_xscale("log")
     if eps:
@@ -318,20 +393,37 @@ def plot_frontier(series: list[GroupSeries], path: Path, title: str, subtitle: s
         if ax.get_xscale() == "linear":
             ax.set_xlim(max(0.0, lo - pad), hi + pad)
     else:
-        ax.text(0.5, 0.5, "no group has an ε: reference lines only", ha="center", va="center",
-                transform=ax.transAxes, color="gray")
+        ax.text(
+            0.5,
+            0.5,
+            "no group has an ε: reference lines only",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="gray",
+        )
         ax.set_xticks([])
-    ax.set_xlabel(f"ε spent at {delta} (summary.json, mean over seeds)" if delta
-                  else "ε spent (no DP here)")
+    ax.set_xlabel(
+        f"ε spent at {delta} (summary.json, mean over seeds)" if delta else "ε spent (no DP here)"
+    )
     ax.set_ylabel("final test accuracy (mean over owners)\nmean ± std over seeds")
     heading = title + ("\n" + _wrap(subtitle, 100) if subtitle else "")
     ax.set_title(heading, fontsize=9)
     ax.grid(alpha=0.3)
-    note = ("one line per method/setting, its points sorted by ε; error bars: std over seeds;\n"
-            f"dotted: no-DP reference line; dashed, hollow markers, \"{HEURISTIC_MARK}\": heuristic ε")
-    fig.tight_layout()                  # the axes first; the legend then goes right of them
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, title=note,
-              title_fontsize=7, frameon=False, alignment="left")
+    note = (
+        "one line per method/setting, its points sorted by ε; error bars: std over seeds;\n"
+        f'dotted: no-DP reference line; dashed, hollow markers, "{HEURISTIC_MARK}": heuristic ε'
+    )
+    fig.tight_layout()  # the axes first; the legend then goes right of them
+    ax.legend(
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        fontsize=8,
+        title=note,
+        title_fontsize=7,
+        frameon=False,
+        alignment="left",
+    )
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
@@ -346,23 +438,36 @@ def write_report(summaries: list[dict], out: Path, name: str = "") -> dict[str, 
     table = comparison_table(summaries)
     subtitle = _common_line(summaries)
     tag = f" — {name}" if name else ""
-    paths = {"report": out / "report.md", "curves": out / "curves.png",
-             "frontier": out / "frontier.png"}
+    paths = {
+        "report": out / "report.md",
+        "curves": out / "curves.png",
+        "frontier": out / "frontier.png",
+    }
     plot_curves(series, paths["curves"], f"Accuracy and ε per round{tag}", subtitle)
     plot_frontier(series, paths["frontier"], f"Privacy–utility frontier{tag}", subtitle)
-    md = [f"# fedudp-report{tag}", "", table, "",
-          "## Accuracy and ε per round", "",
-          "One colour per row of the table. Thick line: the mean over the row's seeds at each "
-          "round (over the seeds that reached it); thin lines: each seed (drawn when a row has "
-          "more than one). ε: cumulative, as the ledger accounts it after each round; rows "
-          "without DP have no ε line. Dashed lines with hollow markers and `(heuristic)`: a "
-          "heuristic ε (privacy.accounting=paper).", "",
-          "![accuracy and ε per round](curves.png)", "",
-          "## Privacy–utility frontier", "",
-          "Final test accuracy (mean over owners; mean ± std over seeds) against the ε spent "
-          "(summary.json; mean over seeds). One line per setting other than the ε target "
-          "(usually one per method), its points the rows sorted by ε. Dotted horizontal lines: "
-          "rows without DP (ε = ∞). Dashed, hollow, `(heuristic)`: a heuristic ε.", "",
-          "![privacy–utility frontier](frontier.png)"]
+    md = [
+        f"# fedudp-report{tag}",
+        "",
+        table,
+        "",
+        "## Accuracy and ε per round",
+        "",
+        "One colour per row of the table. Thick line: the mean over the row's seeds at each "
+        "round (over the seeds that reached it); thin lines: each seed (drawn when a row has "
+        "more than one). ε: cumulative, as the ledger accounts it after each round; rows "
+        "without DP have no ε line. Dashed lines with hollow markers and `(heuristic)`: a "
+        "heuristic ε (privacy.accounting=paper).",
+        "",
+        "![accuracy and ε per round](curves.png)",
+        "",
+        "## Privacy–utility frontier",
+        "",
+        "Final test accuracy (mean over owners; mean ± std over seeds) against the ε spent "
+        "(summary.json; mean over seeds). One line per setting other than the ε target "
+        "(usually one per method), its points the rows sorted by ε. Dotted horizontal lines: "
+        "rows without DP (ε = ∞). Dashed, hollow, `(heuristic)`: a heuristic ε.",
+        "",
+        "![privacy–utility frontier](frontier.png)",
+    ]
     paths["report"].write_text("\n".join(md) + "\n")
     return paths

@@ -7,6 +7,7 @@ one run; each run writes to its Hydra output folder: ``config.yaml`` (resolved),
 ``ledger.json`` and ``summary.json``; with ``tracking=mlflow|tensorboard`` the run is also
 logged there (``fedudp.tracking``, docs/tracking.md).
 """
+
 from __future__ import annotations
 
 import csv
@@ -21,23 +22,38 @@ import numpy as np
 
 from fedudp import tracking
 from fedudp.build import Prepared, prepare, run_guarantee, settings, warn_min_users
-from fedudp.config import (ConfigError, RunConfig, config_dict, jsonable, validate,
-                           with_schema_defaults)
+from fedudp.config import (
+    ConfigError,
+    RunConfig,
+    config_dict,
+    jsonable,
+    validate,
+    with_schema_defaults,
+)
 from fedudp.core import checkpoint as checkpoints
 from fedudp.core.rounds import RoundsResult, run_rounds, summarize
 from fedudp.provenance import provenance
 from fedudp.report import epsilon_display, epsilon_kind
 
-__all__ = ["run", "run_with_result", "execute", "prepare", "Prepared", "summary_of", "main",
-           "CONF_DIR"]
+__all__ = [
+    "run",
+    "run_with_result",
+    "execute",
+    "prepare",
+    "Prepared",
+    "summary_of",
+    "main",
+    "CONF_DIR",
+]
 
 # The config tree ships inside the package (package data, pyproject.toml): the same path in an
 # editable install, a wheel, a Flower FAB and a Ray/joblib launcher worker.
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
 
-def execute(p: Prepared, on_round=None, grid: Any = None,
-            checkpoint: checkpoints.Checkpointer | None = None) -> RoundsResult:
+def execute(
+    p: Prepared, on_round=None, grid: Any = None, checkpoint: checkpoints.Checkpointer | None = None
+) -> RoundsResult:
     """The round loop on the configured engine (``grid``: ``flwr run``'s, for engine=flower;
     ``checkpoint``: where and how often it checkpoints, and the state a resumed run starts
     from)."""
@@ -48,9 +64,17 @@ def execute(p: Prepared, on_round=None, grid: Any = None,
     t = p.settings
 
     def drive(transport) -> RoundsResult:
-        return run_rounds(t.rounds, t.eval_every, p.billboard, transport,
-                          np.diff(p.fed.test_offsets), on_round, checkpoint=checkpoint)
-    agg = p.aggregator       # asked each round: an adaptive clip changes between rounds
+        return run_rounds(
+            t.rounds,
+            t.eval_every,
+            p.billboard,
+            transport,
+            np.diff(p.fed.test_offsets),
+            on_round,
+            checkpoint=checkpoint,
+        )
+
+    agg = p.aggregator  # asked each round: an adaptive clip changes between rounds
     constraint = (lambda: agg.constraint) if agg is not None else None
     return engine.execute(p.cfg, p.settings, p.owners, p.fed, constraint, drive, grid=grid)
 
@@ -65,7 +89,7 @@ def _same_config(out: Path, cfg: RunConfig) -> bool | None:
         return None
     try:
         theirs = saved_config(path)
-    except Exception:   # noqa: BLE001
+    except Exception:  # noqa: BLE001
         return False
     return comparable(theirs) == comparable(config_dict(cfg))
 
@@ -74,6 +98,7 @@ def saved_config(path: Path) -> dict:
     """A run's saved config.yaml with the current schema's defaults for keys it predates
     (``config.with_schema_defaults``)."""
     from omegaconf import OmegaConf
+
     return with_schema_defaults(OmegaConf.load(path))
 
 
@@ -96,9 +121,13 @@ def config_differences(out: Path, cfg: RunConfig) -> list[str]:
 
     def diff(a: Any, b: Any, prefix: str) -> list[str]:
         if isinstance(a, dict) and isinstance(b, dict):
-            return [k for key in sorted(set(a) | set(b))
-                    for k in diff(a.get(key), b.get(key), f"{prefix}{key}.")]
+            return [
+                k
+                for key in sorted(set(a) | set(b))
+                for k in diff(a.get(key), b.get(key), f"{prefix}{key}.")
+            ]
         return [] if a == b else [prefix.rstrip(".")]
+
     return diff(theirs, mine, "")
 
 
@@ -116,8 +145,14 @@ def finished_summary(cfg: RunConfig, out_dir: str | Path) -> dict | None:
     return None if summary.get("stop_reason") in ("interrupted", "failed") else summary
 
 
-OUTPUT_FILES = ("config.yaml", "metrics.jsonl", "ledger.jsonl", "ledger.json", "owners.csv",
-                "summary.json")
+OUTPUT_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "ledger.jsonl",
+    "ledger.json",
+    "owners.csv",
+    "summary.json",
+)
 
 
 def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
@@ -126,8 +161,10 @@ def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
     out = Path(out_dir)
     same = _same_config(out, cfg)
     if same is False:
-        raise ConfigError(f"{out}: holds the outputs of another run (its config.yaml differs); "
-                          "choose another output folder (hydra.run.dir=...)")
+        raise ConfigError(
+            f"{out}: holds the outputs of another run (its config.yaml differs); "
+            "choose another output folder (hydra.run.dir=...)"
+        )
     for name in OUTPUT_FILES if same else ():
         (out / name).unlink(missing_ok=True)
     if same:
@@ -139,20 +176,28 @@ def _output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"{out}: cannot write the run's outputs there ({e.strerror or e})") from None
+        raise ConfigError(
+            f"{out}: cannot write the run's outputs there ({e.strerror or e})"
+        ) from None
     return out
 
 
-def run(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
-        sweep: tracking.Sweep | None = None) -> dict:
+def run(
+    cfg: RunConfig, out_dir: str | Path, grid: Any = None, *, sweep: tracking.Sweep | None = None
+) -> dict:
     """One fedudp run in ``out_dir``; returns summary.json's content (``run_with_result``)."""
     return run_with_result(cfg, out_dir, grid, sweep=sweep)[0]
 
 
-def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
-                    model_object: Any = None, records: Any = None,
-                    sweep: tracking.Sweep | None = None
-                    ) -> tuple[dict, RoundsResult | None, Prepared | None]:
+def run_with_result(
+    cfg: RunConfig,
+    out_dir: str | Path,
+    grid: Any = None,
+    *,
+    model_object: Any = None,
+    records: Any = None,
+    sweep: tracking.Sweep | None = None,
+) -> tuple[dict, RoundsResult | None, Prepared | None]:
     """One fedudp run; returns summary.json's content, the round loop's result (final
     parameters, history) and the prepared run (its ledger). A run of the same config that already
     finished in ``out_dir`` is not run again (its summary is returned, ``skipped: true``).
@@ -165,7 +210,7 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
     t_start = time.perf_counter()
     validate(cfg)
     s = settings(cfg)
-    tracking.require(s.tracking)            # the extra's package, before any work
+    tracking.require(s.tracking)  # the extra's package, before any work
     resume = s.resume
     if resume:
         out_dir = resume
@@ -173,14 +218,20 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
     objects = model_object is not None or records is not None
     if objects and (resume or (Path(out_dir) / "config.yaml").exists()):
         # the config does not identify a Python object: such a run is never skipped or resumed
-        raise ConfigError(f"{out_dir}: a run with a model object or in-memory records needs a "
-                          "new output folder (its config does not identify them)")
+        raise ConfigError(
+            f"{out_dir}: a run with a model object or in-memory records needs a "
+            "new output folder (its config does not identify them)"
+        )
     done = finished_summary(cfg, out_dir)
     if done is not None:
         return {**done, "skipped": True}, None, None
     p = prepare(cfg, model_object=model_object, records=records)
     metrics_path, ledger_path = Path(out_dir) / "metrics.jsonl", Path(out_dir) / "ledger.jsonl"
-    head = {k: v for k, v in p.ledger.to_dict().items() if k not in ("entries", "epsilon", "rounds_released")}
+    head = {
+        k: v
+        for k, v in p.ledger.to_dict().items()
+        if k not in ("entries", "epsilon", "rounds_released")
+    }
     if resume:
         out = Path(out_dir)
         ckpt = _resume_from(out, cfg, head)
@@ -196,7 +247,7 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
     tracker = _tracker(cfg, p, out, sweep, resumed_round)
     bar = _progress(p.settings)
     heuristic = p.spec.private and run_guarantee(p.spec, p.aggregator) == "heuristic"
-    shown: dict = {}           # the bar's postfix after the last round (accuracy, ε)
+    shown: dict = {}  # the bar's postfix after the last round (accuracy, ε)
     if bar is not None:
         p.owners.on_progress = _in_round(bar, shown)
 
@@ -239,24 +290,40 @@ def run_with_result(cfg: RunConfig, out_dir: str | Path, grid: Any = None, *,
     return summary, res, p
 
 
-def _tracker(cfg: RunConfig, p: Prepared, out: Path, sweep: tracking.Sweep | None,
-             resumed_round: int | None) -> tracking.Tracker:
+def _tracker(
+    cfg: RunConfig, p: Prepared, out: Path, sweep: tracking.Sweep | None, resumed_round: int | None
+) -> tracking.Tracker:
     """The run's tracker (``tracking.kind``; none: one that does nothing). A resumed run's
     rounds so far (metrics.jsonl) go to the tracked run where it does not hold them yet."""
     s = p.settings
     if s.tracking == "none":
         return tracking.Tracker()
     guarantee = run_guarantee(p.spec, p.aggregator) if p.spec.private else "none"
-    tags = {"method": s.method, "aggregator": p.aggregator.name if p.aggregator else "none",
-            "placement": s.placement or "none", "accounting": s.accounting if s.private else "none",
-            "guarantee": guarantee, "engine": s.engine, "dataset": s.dataset,
-            "unit": p.ledger.unit, "seed": s.seed}
-    t = tracking.start(s.tracking, out, uri=s.tracking_uri, experiment=s.tracking_experiment,
-                       config=config_dict(cfg), tags=tags, sweep=sweep,
-                       resumed_round=resumed_round)
+    tags = {
+        "method": s.method,
+        "aggregator": p.aggregator.name if p.aggregator else "none",
+        "placement": s.placement or "none",
+        "accounting": s.accounting if s.private else "none",
+        "guarantee": guarantee,
+        "engine": s.engine,
+        "dataset": s.dataset,
+        "unit": p.ledger.unit,
+        "seed": s.seed,
+    }
+    t = tracking.start(
+        s.tracking,
+        out,
+        uri=s.tracking_uri,
+        experiment=s.tracking_experiment,
+        config=config_dict(cfg),
+        tags=tags,
+        sweep=sweep,
+        resumed_round=resumed_round,
+    )
     if resumed_round is not None:
-        t.backfill([json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()
-                    if x.strip()])
+        t.backfill(
+            [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        )
     return t
 
 
@@ -272,20 +339,28 @@ def _same_identity(cfg: RunConfig) -> Callable[[str], bool]:
 
     def same(identity: str) -> bool:
         from omegaconf import OmegaConf
+
         try:
-            merged = OmegaConf.merge(OmegaConf.structured(RunConfig),
-                                     OmegaConf.create(json.loads(identity)))
+            merged = OmegaConf.merge(
+                OmegaConf.structured(RunConfig), OmegaConf.create(json.loads(identity))
+            )
             theirs = jsonable(OmegaConf.to_container(merged, enum_to_str=True))
-        except Exception:   # noqa: BLE001  (a key the schema no longer has: not this run)
+        except Exception:  # noqa: BLE001  (a key the schema no longer has: not this run)
             return False
         return comparable(theirs) == mine
+
     return same
 
 
 def _checkpointer(out: Path, cfg: RunConfig) -> checkpoints.Checkpointer:
     s = settings(cfg)
-    return checkpoints.Checkpointer(out, s.checkpoint_every, s.checkpoint_keep, _identity(cfg),
-                                    same_identity=_same_identity(cfg))
+    return checkpoints.Checkpointer(
+        out,
+        s.checkpoint_every,
+        s.checkpoint_keep,
+        _identity(cfg),
+        same_identity=_same_identity(cfg),
+    )
 
 
 def _check_resumable(out: Path, cfg: RunConfig) -> None:
@@ -294,9 +369,11 @@ def _check_resumable(out: Path, cfg: RunConfig) -> None:
         raise ConfigError(f"resume={out}: not a fedudp run folder (no config.yaml there)")
     if not _same_config(out, cfg):
         keys = config_differences(out, cfg) if (out / "config.yaml").is_file() else []
-        raise ConfigError(f"resume={out}: that run's configuration differs from this one"
-                          + (f" in {', '.join(keys[:5])}" if keys else "")
-                          + f"; resume with the same overrides (see {out / 'config.yaml'})")
+        raise ConfigError(
+            f"resume={out}: that run's configuration differs from this one"
+            + (f" in {', '.join(keys[:5])}" if keys else "")
+            + f"; resume with the same overrides (see {out / 'config.yaml'})"
+        )
 
 
 def _resume_from(out: Path, cfg: RunConfig, head: dict) -> checkpoints.Checkpointer:
@@ -306,21 +383,29 @@ def _resume_from(out: Path, cfg: RunConfig, head: dict) -> checkpoints.Checkpoin
     ckpt = _checkpointer(out, cfg)
     state = ckpt.load_latest()
     if state is None:
-        raise ConfigError(f"resume={out}: no usable checkpoint (ckpt-*.pt) in that folder; "
-                          "run again without resume= to start it afresh")
+        raise ConfigError(
+            f"resume={out}: no usable checkpoint (ckpt-*.pt) in that folder; "
+            "run again without resume= to start it afresh"
+        )
     history = json.loads(state["history"])
     entries = state["billboard"]["entries"] if state["billboard"] is not None else []
     lines = [json.dumps(jsonable(h)) for h in history]
     checkpoints.atomic_write(out / "metrics.jsonl", "".join(x + "\n" for x in lines).encode())
     ledger = [json.dumps(jsonable(head))] + [json.dumps(jsonable(e)) for e in entries]
     checkpoints.atomic_write(out / "ledger.jsonl", "".join(x + "\n" for x in ledger).encode())
-    for name in ("ledger.json", "owners.csv", "summary.json"):    # rewritten at the end
+    for name in ("ledger.json", "owners.csv", "summary.json"):  # rewritten at the end
         (out / name).unlink(missing_ok=True)
     return ckpt
 
 
-def _write_outputs(cfg: RunConfig, p: Prepared, out: Path, res: RoundsResult | None, t_start: float,
-                   error: str | None = None) -> dict:
+def _write_outputs(
+    cfg: RunConfig,
+    p: Prepared,
+    out: Path,
+    res: RoundsResult | None,
+    t_start: float,
+    error: str | None = None,
+) -> dict:
     """owners.csv, ledger.json and summary.json for whatever happened (``res`` None: failed)."""
     if res is not None:
         _write_owners(out / "owners.csv", p.fed, res)
@@ -334,41 +419,63 @@ def run_event_json(p: Prepared) -> dict | None:
     """The billboard accountant's composed event as JSON, where it is one ``DpEvent``."""
     from fedudp.privacy.accountant import Accountant
     from fedudp.privacy.events import event_to_json
+
     acc = getattr(p.billboard, "accountant", None) if p.billboard is not None else None
     ev = acc.composed_event() if isinstance(acc, Accountant) else None
     return event_to_json(ev) if ev is not None else None
 
 
-def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: float | None = None,
-               error: str | None = None) -> dict:
+def summary_of(
+    cfg: RunConfig,
+    p: Prepared,
+    res: RoundsResult | None,
+    t_start: float | None = None,
+    error: str | None = None,
+) -> dict:
     """summary.json's content for a run that ended with ``res`` (None: failed with ``error``);
     ``seconds`` counts from ``t_start`` (None: not timed)."""
     fed, spec, ledger, aggregator, s = p.fed, p.spec, p.ledger, p.aggregator, p.settings
     n = fed.num_owners
-    summ = summarize(res.owner_accuracy if res is not None else np.full(n, np.nan),
-                     res.owner_loss if res is not None else np.full(n, np.nan),
-                     np.diff(fed.test_offsets))
+    summ = summarize(
+        res.owner_accuracy if res is not None else np.full(n, np.nan),
+        res.owner_loss if res is not None else np.full(n, np.nan),
+        np.diff(fed.test_offsets),
+    )
     guarantee = run_guarantee(spec, aggregator) if spec.private else "none"
     epsilon = ledger.epsilon if spec.private else None
     # epsilon stays a number for programs; epsilon_kind (beside it) says whether it is a proven
     # bound, epsilon_display is the text every fedudp output prints for it ("1.000 (heuristic)")
     kind = guarantee if spec.private else None
     summary = {
-        "method": s.method, "aggregator": aggregator.name if aggregator else "none",
-        "placement": s.placement, "engine": s.engine, "dataset": s.dataset,
-        "accuracy_mean": summ["accuracy_mean"], "accuracy_std": summ["accuracy_std"],
-        "accuracy_weighted": summ["accuracy_weighted"], "loss": summ["loss"],
-        "epsilon": epsilon, "epsilon_kind": kind, "epsilon_display": epsilon_display(epsilon, kind),
-        "epsilon_rdp": ledger.entries[-1].epsilon_rdp if (spec.private and ledger.entries) else None,
-        "target_epsilon": s.target_epsilon, "delta": s.delta,
-        "unit": ledger.unit, "adjacency": ledger.adjacency, "accounting": ledger.accounting,
+        "method": s.method,
+        "aggregator": aggregator.name if aggregator else "none",
+        "placement": s.placement,
+        "engine": s.engine,
+        "dataset": s.dataset,
+        "accuracy_mean": summ["accuracy_mean"],
+        "accuracy_std": summ["accuracy_std"],
+        "accuracy_weighted": summ["accuracy_weighted"],
+        "loss": summ["loss"],
+        "epsilon": epsilon,
+        "epsilon_kind": kind,
+        "epsilon_display": epsilon_display(epsilon, kind),
+        "epsilon_rdp": ledger.entries[-1].epsilon_rdp
+        if (spec.private and ledger.entries)
+        else None,
+        "target_epsilon": s.target_epsilon,
+        "delta": s.delta,
+        "unit": ledger.unit,
+        "adjacency": ledger.adjacency,
+        "accounting": ledger.accounting,
         "guarantee": guarantee,
         "noise_multiplier": aggregator.noise_multiplier if spec.private else None,
         "rounds_completed": res.rounds_completed if res is not None else len(ledger.entries),
         "rounds_planned": s.rounds,
         "stop_reason": res.stop_reason if res is not None else "failed",
         "stop_message": res.message if res is not None else error,
-        "num_owners": fed.num_owners, "num_users": fed.num_users, "num_records": fed.num_records,
+        "num_owners": fed.num_owners,
+        "num_users": fed.num_users,
+        "num_records": fed.num_records,
         "shared_dim": p.billboard.dim if p.billboard is not None else 0,
         "seconds": time.perf_counter() - t_start if t_start is not None else None,
         # the run's whole privacy spend as one dp-accounting event (fedudp.privacy.events), for
@@ -379,7 +486,7 @@ def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: f
         **provenance(),
     }
     est = p.billboard.canary_estimate() if p.billboard is not None else None
-    if est is not None:       # audit.canaries: an estimate beside the ledger's ε, not a bound
+    if est is not None:  # audit.canaries: an estimate beside the ledger's ε, not a bound
         summary.update(est)
     if p.algorithm is not None:
         summary["algorithm"] = p.algorithm.summary
@@ -396,17 +503,27 @@ def summary_of(cfg: RunConfig, p: Prepared, res: RoundsResult | None, t_start: f
 def _write_owners(path: Path, fed, res) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["owner", "train_records", "users", "test_records", "accuracy", "loss", "classes"])
+        w.writerow(
+            ["owner", "train_records", "users", "test_records", "accuracy", "loss", "classes"]
+        )
         for j in range(fed.num_owners):
             cls = " ".join(map(str, fed.owner_classes[j])) if fed.owner_classes is not None else ""
-            w.writerow([j, int(fed.owner_sizes()[j]),
-                        int(fed.owner_user_offsets[j + 1] - fed.owner_user_offsets[j]),
-                        int(fed.test_offsets[j + 1] - fed.test_offsets[j]),
-                        f"{res.owner_accuracy[j]:.6f}", f"{res.owner_loss[j]:.6f}", cls])
+            w.writerow(
+                [
+                    j,
+                    int(fed.owner_sizes()[j]),
+                    int(fed.owner_user_offsets[j + 1] - fed.owner_user_offsets[j]),
+                    int(fed.test_offsets[j + 1] - fed.test_offsets[j]),
+                    f"{res.owner_accuracy[j]:.6f}",
+                    f"{res.owner_loss[j]:.6f}",
+                    cls,
+                ]
+            )
 
 
 def _to_yaml(d: dict) -> str:
     from omegaconf import OmegaConf
+
     return OmegaConf.to_yaml(OmegaConf.create(d))
 
 
@@ -422,6 +539,7 @@ def _in_round(bar, shown: dict, every: float = 0.5) -> Callable[[str, int, int],
             return
         last[0] = now
         bar.set_postfix({**shown, stage: f"{done}/{total}"})
+
     return tick
 
 
@@ -430,6 +548,7 @@ def _progress(s):
     if not s.progress:
         return None
     from tqdm import tqdm
+
     return tqdm(total=s.rounds, desc=s.method, file=sys.stderr, leave=False)
 
 
@@ -446,7 +565,7 @@ def _hydra_main() -> None:
     @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
     def _main(dcfg: DictConfig) -> float | None:
         try:
-            check_known_keys(dcfg)              # to_object would drop a '+key' silently
+            check_known_keys(dcfg)  # to_object would drop a '+key' silently
         except ConfigError as e:
             fail(str(e))
         cfg: RunConfig = OmegaConf.to_object(dcfg)
@@ -454,9 +573,12 @@ def _hydra_main() -> None:
         out_dir = hc.runtime.output_dir
         sweep = None
         if hc.mode == RunMode.MULTIRUN:
-            sweep = tracking.Sweep(folder=str(Path(hc.sweep.dir).absolute()),
-                                   job=Path(out_dir).name, overrides=tuple(hc.overrides.task),
-                                   command=" ".join(["fedudp", *sys.argv[1:]]))
+            sweep = tracking.Sweep(
+                folder=str(Path(hc.sweep.dir).absolute()),
+                job=Path(out_dir).name,
+                overrides=tuple(hc.overrides.task),
+                command=" ".join(["fedudp", *sys.argv[1:]]),
+            )
         try:
             out_dir = settings(cfg).resume or out_dir
             summary = run(cfg, out_dir, sweep=None if settings(cfg).resume else sweep)
@@ -467,18 +589,21 @@ def _hydra_main() -> None:
             print(f"[{summary['method']}] finished before in {out_dir}: skipped")
         stop = summary["stop_reason"]
         if stop in ("diverged", "interrupted", "failed"):
-            print(f"fedudp: {stop}: {summary['stop_message']} "
-                  f"(outputs in {out_dir})", file=sys.stderr)
+            print(
+                f"fedudp: {stop}: {summary['stop_message']} (outputs in {out_dir})", file=sys.stderr
+            )
             multirun = HydraConfig.get().mode == RunMode.MULTIRUN
             if stop == "interrupted":
                 exit_now(128 + int(summary.get("signal", 2)))
             if not multirun:
                 raise SystemExit(3)
         acc_s = "n/a" if acc is None else f"{acc:.4f} ± {summary['accuracy_std']:.4f}"
-        print(f"[{summary['method']}] accuracy {acc_s}"
-              f"  epsilon {epsilon_display(summary['epsilon'], epsilon_kind(summary))}"
-              f"  rounds {summary['rounds_completed']}  ({summary['seconds']:.1f}s)"
-              + canary_text(summary.get("canary_epsilon_estimate")))
+        print(
+            f"[{summary['method']}] accuracy {acc_s}"
+            f"  epsilon {epsilon_display(summary['epsilon'], epsilon_kind(summary))}"
+            f"  rounds {summary['rounds_completed']}  ({summary['seconds']:.1f}s)"
+            + canary_text(summary.get("canary_epsilon_estimate"))
+        )
         return acc
 
     _main()
@@ -492,8 +617,10 @@ def canary_text(est: dict | None) -> str:
     if est.get("value") is None:
         return f"  canary epsilon n/a ({est.get('note', 'no estimate')})"
     lo, hi = est["ci"]
-    return (f"  canary epsilon {est['value']:.3f} [{lo:.3f}, {hi:.3f}] "
-            f"({est['kind']}; {est['canaries']} canaries)")
+    return (
+        f"  canary epsilon {est['value']:.3f} [{lo:.3f}, {hi:.3f}] "
+        f"({est['kind']}; {est['canaries']} canaries)"
+    )
 
 
 def exit_now(code: int) -> None:
@@ -541,24 +668,27 @@ def preflight(argv: list[str]) -> None:
             check_output_path(key, o.get_value_element_as_str())
         if key.startswith("hydra"):
             continue
-        value = next(iter(o.sweep_string_iterator()), None) if o.is_sweep_override() \
+        value = (
+            next(iter(o.sweep_string_iterator()), None)
+            if o.is_sweep_override()
             else o.get_value_element_as_str()
+        )
         first.append(f"{o.get_key_element()}={value}")
     register()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             composed = compose(config_name="config", overrides=first)
-            check_known_keys(composed)          # a '+key' the schema lacks: not dropped silently
+            check_known_keys(composed)  # a '+key' the schema lacks: not dropped silently
             OmegaConf.to_object(composed)
     except ConfigError as e:
         fail(str(e))
     except (HydraException, OmegaConfBaseException) as e:
         marker = "ConfigError raised while resolving interpolation: "
-        if marker in str(e):                            # raised by a resolver (huang_table3)
+        if marker in str(e):  # raised by a resolver (huang_table3)
             fail(str(e).split(marker, 1)[1])
         cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
         key = getattr(cause, "full_key", None)
-        if key and isinstance(cause, ConfigAttributeError):     # a key the schema lacks
+        if key and isinstance(cause, ConfigAttributeError):  # a key the schema lacks
             fail(unknown_key_message(key))
         text = str(cause).strip().splitlines()[0]
         if "MissingConfigException" in type(e).__name__:
@@ -580,7 +710,7 @@ def check_output_path(key: str, value: str) -> None:
         fail(f"{key}={value}: {probe} is a file, not a folder; choose another output folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         fail(f"{key}={value}: {probe} is not writable; choose another output folder")
-    if literal == value:           # no interpolation: create it now, as Hydra would next
+    if literal == value:  # no interpolation: create it now, as Hydra would next
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -591,7 +721,11 @@ def resume_in_place(argv: list[str]) -> list[str]:
     """``resume=<folder>`` continues the run in that folder: Hydra's own run folder is the same
     (no new dated folder), unless ``hydra.run.dir`` is given."""
     folder = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
-    if not folder or folder in ("null", "None") or any(a.startswith("hydra.run.dir=") for a in argv):
+    if (
+        not folder
+        or folder in ("null", "None")
+        or any(a.startswith("hydra.run.dir=") for a in argv)
+    ):
         return argv
     return argv + [f"hydra.run.dir={folder}"]
 
@@ -599,6 +733,7 @@ def resume_in_place(argv: list[str]) -> list[str]:
 def main() -> None:
     if sys.argv[1:] == ["--version"]:
         from fedudp.provenance import version
+
         print(f"fedudp {version()}")
         return
     sys.argv[1:] = resume_in_place(multirun_flag_first(sys.argv[1:]))

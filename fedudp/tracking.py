@@ -20,6 +20,7 @@ on logging into the same run, without logging a round twice.
 
 Only plain values come in (``fedudp.build.settings`` reads the config keys).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,17 +37,36 @@ from typing import Any, Iterator
 
 from fedudp.errors import ConfigError
 
-__all__ = ["EXTRA", "STATE_FILE", "TB_DIR", "STORE_FILE", "ARTIFACTS_DIR", "Sweep", "Tracker",
-           "require", "start", "clear", "flatten", "numeric", "SweepCallback"]
+__all__ = [
+    "EXTRA",
+    "STATE_FILE",
+    "TB_DIR",
+    "STORE_FILE",
+    "ARTIFACTS_DIR",
+    "Sweep",
+    "Tracker",
+    "require",
+    "start",
+    "clear",
+    "flatten",
+    "numeric",
+    "SweepCallback",
+]
 
 EXTRA = "pip install 'fedudp[tracking]'"
-STATE_FILE = "tracking.json"        # in a run folder: the MLflow run (or TensorBoard folder) of it
-TB_DIR = "tb"                       # TensorBoard event files of a run
-STORE_FILE = "mlflow.db"            # the embedded MLflow store (SQLite)
-ARTIFACTS_DIR = "mlartifacts"       # the embedded store's artifacts, beside it
+STATE_FILE = "tracking.json"  # in a run folder: the MLflow run (or TensorBoard folder) of it
+TB_DIR = "tb"  # TensorBoard event files of a run
+STORE_FILE = "mlflow.db"  # the embedded MLflow store (SQLite)
+ARTIFACTS_DIR = "mlartifacts"  # the embedded store's artifacts, beside it
 # the run folder's files logged as artifacts at the end (plus every *.png / *.md there)
-ARTIFACT_FILES = ("config.yaml", "metrics.jsonl", "ledger.json", "ledger.jsonl", "summary.json",
-                  "owners.csv")
+ARTIFACT_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "ledger.json",
+    "ledger.jsonl",
+    "summary.json",
+    "owners.csv",
+)
 # MLflow's HTTP client retries with backoff for minutes by default: a run must not wait on an
 # unreachable server (setdefault: a value the user exported wins)
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
@@ -56,8 +76,17 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TI
 # ending a run that used it waits ~1 s for MLflow's queue thread.)
 FLUSH_S = 5.0
 # summary.json's numbers also logged at the end, as final/<key> (the rest are parameters or tags)
-FINAL = ("accuracy_mean", "accuracy_std", "accuracy_weighted", "loss", "epsilon", "epsilon_rdp",
-         "noise_multiplier", "rounds_completed", "seconds")
+FINAL = (
+    "accuracy_mean",
+    "accuracy_std",
+    "accuracy_weighted",
+    "loss",
+    "epsilon",
+    "epsilon_rdp",
+    "noise_multiplier",
+    "rounds_completed",
+    "seconds",
+)
 # MLflow run status for each stop_reason (the rest: FINISHED)
 STATUS = {"interrupted": "KILLED", "failed": "FAILED"}
 PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
@@ -78,13 +107,16 @@ def require(kind: str) -> None:
     """``ConfigError`` naming the extra when ``kind``'s package is not installed (no import)."""
     package = PACKAGES.get(kind)
     if package is not None and importlib.util.find_spec(package) is None:
-        raise ConfigError(f"tracking.kind={kind}: the '{package}' package is not installed; "
-                          f"install fedudp's tracking extra: {EXTRA}")
+        raise ConfigError(
+            f"tracking.kind={kind}: the '{package}' package is not installed; "
+            f"install fedudp's tracking extra: {EXTRA}"
+        )
 
 
 def clear(folder: Path) -> None:
     """Forget a run folder's tracking state (a run started afresh gets a new tracked run)."""
     import shutil
+
     folder = Path(folder)
     (folder / STATE_FILE).unlink(missing_ok=True)
     shutil.rmtree(folder / TB_DIR, ignore_errors=True)
@@ -118,7 +150,7 @@ def numeric(d: dict) -> dict[str, float]:
 
 def _param_value(v: Any) -> str:
     text = v if isinstance(v, str) else json.dumps(v)
-    return text[:6000]                      # MLflow's limit on a parameter value
+    return text[:6000]  # MLflow's limit on a parameter value
 
 
 @dataclass
@@ -155,16 +187,18 @@ class Tracker:
     def _guard(self, doing: str) -> Iterator[None]:
         try:
             yield
-        except Exception as e:   # noqa: BLE001  (tracking never stops a run)
+        except Exception as e:  # noqa: BLE001  (tracking never stops a run)
             self.fail(doing, e)
 
     def fail(self, doing: str, e: BaseException) -> None:
         if not self.failed:
             self.failed = True
             text = " ".join(str(e).split())[:300] or type(e).__name__
-            warn(f"tracking ({self.kind} at {self.where}) failed while {doing}: "
-                 f"{type(e).__name__}: {text}; the run goes on without it (its own files are "
-                 "written as usual)")
+            warn(
+                f"tracking ({self.kind} at {self.where}) failed while {doing}: "
+                f"{type(e).__name__}: {text}; the run goes on without it (its own files are "
+                "written as usual)"
+            )
         self._close()
 
     def _log_round(self, info: dict) -> None:
@@ -177,9 +211,17 @@ class Tracker:
         pass
 
 
-def start(kind: str, out: Path, *, uri: str | None = None, experiment: str = "fedudp",
-          config: dict | None = None, tags: dict[str, Any] | None = None,
-          sweep: Sweep | None = None, resumed_round: int | None = None) -> Tracker:
+def start(
+    kind: str,
+    out: Path,
+    *,
+    uri: str | None = None,
+    experiment: str = "fedudp",
+    config: dict | None = None,
+    tags: dict[str, Any] | None = None,
+    sweep: Sweep | None = None,
+    resumed_round: int | None = None,
+) -> Tracker:
     """The tracker of the run in ``out`` (``resumed_round``: the round of the checkpoint a
     resumed run starts from; the tracked run recorded in ``out`` is continued). Never raises:
     a tracker that cannot start reports it once and tracks nothing."""
@@ -193,8 +235,15 @@ def start(kind: str, out: Path, *, uri: str | None = None, experiment: str = "fe
     else:
         return Tracker()
     with t._guard("starting"):
-        starter(out, uri=uri, experiment=experiment, config=config or {}, tags=tags or {},
-                sweep=sweep, resumed_round=resumed_round)
+        starter(
+            out,
+            uri=uri,
+            experiment=experiment,
+            config=config or {},
+            tags=tags or {},
+            sweep=sweep,
+            resumed_round=resumed_round,
+        )
     return t
 
 
@@ -217,7 +266,7 @@ def _locked(folder: Path) -> Iterator[None]:
     """An exclusive lock on ``folder`` (a sweep's jobs may run in parallel processes)."""
     try:
         import fcntl
-    except ImportError:          # no fcntl (Windows): jobs of one sweep run one at a time there
+    except ImportError:  # no fcntl (Windows): jobs of one sweep run one at a time there
         yield
         return
     with open(folder / ".tracking.lock", "a") as f:
@@ -239,14 +288,15 @@ def _probe_sqlite(uri: str) -> None:
     opening a database with backoff for about 100 s before it gives up)."""
     if not uri.startswith("sqlite:///"):
         return
-    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
     if path in ("", ":memory:"):
         return
     import sqlite3
+
     try:
         con = sqlite3.connect(path, timeout=10)
         try:
-            con.execute("BEGIN IMMEDIATE")       # takes the write lock: a read-only store fails
+            con.execute("BEGIN IMMEDIATE")  # takes the write lock: a read-only store fails
             con.execute("ROLLBACK")
         finally:
             con.close()
@@ -265,14 +315,23 @@ class MlflowTracker(Tracker):
     client: Any = field(default=None, repr=False)
     run_id: str | None = None
     parent_run_id: str | None = None
-    logged_through: int = 0              # rounds already in the run (a resumed run skips them)
+    logged_through: int = 0  # rounds already in the run (a resumed run skips them)
     buffer: list = field(default_factory=list, repr=False)
-    flushed: float = field(default_factory=time.monotonic)   # the last batch handed over
-    writer: Any = field(default=None, repr=False)            # the writer thread (an executor)
-    writes: list = field(default_factory=list, repr=False)   # its pending batches (futures)
+    flushed: float = field(default_factory=time.monotonic)  # the last batch handed over
+    writer: Any = field(default=None, repr=False)  # the writer thread (an executor)
+    writes: list = field(default_factory=list, repr=False)  # its pending batches (futures)
 
-    def start(self, out: Path, *, uri: str | None, experiment: str, config: dict, tags: dict,
-              sweep: Sweep | None, resumed_round: int | None) -> None:
+    def start(
+        self,
+        out: Path,
+        *,
+        uri: str | None,
+        experiment: str,
+        config: dict,
+        tags: dict,
+        sweep: Sweep | None,
+        resumed_round: int | None,
+    ) -> None:
         for k, v in HTTP_DEFAULTS.items():
             os.environ.setdefault(k, v)
         _quiet_store_logs()
@@ -288,15 +347,22 @@ class MlflowTracker(Tracker):
             self.run_id, self.parent_run_id = state["run_id"], state.get("parent_run_id")
             run = self.client.get_run(self.run_id)
             self.logged_through = max(
-                (m.step for key in run.data.metrics
-                 for m in self.client.get_metric_history(self.run_id, key)), default=0)
+                (
+                    m.step
+                    for key in run.data.metrics
+                    for m in self.client.get_metric_history(self.run_id, key)
+                ),
+                default=0,
+            )
             self.client.update_run(self.run_id, status="RUNNING")
             self.client.set_tag(self.run_id, "resumed_from_round", str(resumed_round))
             return
         home = Path(sweep.folder) if sweep is not None else out
         uri = uri or _embedded_uri(home)
         self.where = uri
-        artifacts = None if uri != _embedded_uri(home) else (home / ARTIFACTS_DIR).absolute().as_uri()
+        artifacts = (
+            None if uri != _embedded_uri(home) else (home / ARTIFACTS_DIR).absolute().as_uri()
+        )
         home.mkdir(parents=True, exist_ok=True)
         with _locked(home):
             # one process at a time creates the embedded store, the experiment and the parent
@@ -308,17 +374,32 @@ class MlflowTracker(Tracker):
         run_tags = {k: str(v) for k, v in tags.items() if v is not None}
         run_tags["run_dir"] = str(out.absolute())
         if sweep is not None:
-            run_tags.update({"mlflow.parentRunId": self.parent_run_id,
-                             "sweep_dir": str(Path(sweep.folder).absolute()),
-                             "overrides": " ".join(sweep.overrides)})
+            run_tags.update(
+                {
+                    "mlflow.parentRunId": self.parent_run_id,
+                    "sweep_dir": str(Path(sweep.folder).absolute()),
+                    "overrides": " ".join(sweep.overrides),
+                }
+            )
         name = sweep.job if sweep is not None else out.name
-        self.run_id = self.client.create_run(experiment_id, tags=run_tags, run_name=name).info.run_id
-        _write_state(state_path, {"kind": "mlflow", "uri": uri, "experiment_id": experiment_id,
-                                  "run_id": self.run_id, "parent_run_id": self.parent_run_id})
+        self.run_id = self.client.create_run(
+            experiment_id, tags=run_tags, run_name=name
+        ).info.run_id
+        _write_state(
+            state_path,
+            {
+                "kind": "mlflow",
+                "uri": uri,
+                "experiment_id": experiment_id,
+                "run_id": self.run_id,
+                "parent_run_id": self.parent_run_id,
+            },
+        )
         from mlflow.entities import Param
+
         params = [Param(k[:250], _param_value(v)) for k, v in sorted(flatten(config).items())]
-        for i in range(0, len(params), 100):             # MLflow: 100 parameters a batch
-            self.client.log_batch(self.run_id, params=params[i:i + 100], synchronous=True)
+        for i in range(0, len(params), 100):  # MLflow: 100 parameters a batch
+            self.client.log_batch(self.run_id, params=params[i : i + 100], synchronous=True)
 
     def _experiment(self, name: str, artifacts: str | None) -> str:
         exp = self.client.get_experiment_by_name(name)
@@ -326,7 +407,7 @@ class MlflowTracker(Tracker):
             return exp.experiment_id
         try:
             return self.client.create_experiment(name, artifact_location=artifacts)
-        except Exception:   # noqa: BLE001  (created meanwhile by another process of the sweep)
+        except Exception:  # noqa: BLE001  (created meanwhile by another process of the sweep)
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
@@ -341,25 +422,35 @@ class MlflowTracker(Tracker):
         parent = state.get("parent_run_id") if state.get("uri") == uri else None
         if parent is None:
             found = self.client.search_runs(
-                [experiment_id], filter_string=f"tags.sweep_dir = '{folder}' and tags.role = 'sweep'",
-                max_results=1)
+                [experiment_id],
+                filter_string=f"tags.sweep_dir = '{folder}' and tags.role = 'sweep'",
+                max_results=1,
+            )
             parent = found[0].info.run_id if found else None
         if parent is None:
-            tags = {"role": "sweep", "sweep_dir": folder, "mlflow.note.content":
-                    f"fedudp sweep: {sweep.command}" if sweep.command else "fedudp sweep"}
+            tags = {
+                "role": "sweep",
+                "sweep_dir": folder,
+                "mlflow.note.content": f"fedudp sweep: {sweep.command}"
+                if sweep.command
+                else "fedudp sweep",
+            }
             name = "/".join(home.absolute().parts[-2:])
             parent = self.client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
         else:
             self.client.update_run(parent, status="RUNNING")
-        _write_state(path, {"kind": "mlflow", "uri": uri, "experiment_id": experiment_id,
-                            "parent_run_id": parent})
+        _write_state(
+            path,
+            {"kind": "mlflow", "uri": uri, "experiment_id": experiment_id, "parent_run_id": parent},
+        )
         return parent
 
     def _log_round(self, info: dict) -> None:
         step = int(info.get("round", 0))
-        if step <= self.logged_through:           # logged before the run was resumed
+        if step <= self.logged_through:  # logged before the run was resumed
             return
         from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         self.buffer += [Metric(k, v, now, step) for k, v in numeric(info).items() if k != "round"]
         if time.monotonic() - self.flushed >= FLUSH_S:
@@ -375,13 +466,14 @@ class MlflowTracker(Tracker):
         if batch:
             if self.writer is None:
                 from concurrent.futures import ThreadPoolExecutor
+
                 self.writer = ThreadPoolExecutor(1, thread_name_prefix="fedudp-tracking")
             self.writes.append(self.writer.submit(self._write, batch))
         self.flushed = time.monotonic()
 
     def _write(self, batch: list) -> None:
-        for i in range(0, len(batch), 1000):              # MLflow: 1000 metrics a batch
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000], synchronous=True)
+        for i in range(0, len(batch), 1000):  # MLflow: 1000 metrics a batch
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000], synchronous=True)
 
     def _drain(self) -> None:
         """Wait for every batch handed to the writer thread (raising the first error)."""
@@ -393,12 +485,22 @@ class MlflowTracker(Tracker):
     def _finish(self, summary: dict, out: Path) -> None:
         self._drain()
         from mlflow.entities import Metric, RunTag
+
         now = int(time.time() * 1000)
         step = int(summary.get("rounds_completed") or 0)
         metrics = [Metric(f"final/{k}", v, now, step) for k, v in _final(summary).items()]
-        tags = [RunTag(k, str(summary[k])) for k in
-                ("stop_reason", "epsilon_kind", "guarantee", "epsilon_display", "unit",
-                 "adjacency") if summary.get(k) is not None]
+        tags = [
+            RunTag(k, str(summary[k]))
+            for k in (
+                "stop_reason",
+                "epsilon_kind",
+                "guarantee",
+                "epsilon_display",
+                "unit",
+                "adjacency",
+            )
+            if summary.get(k) is not None
+        ]
         self.client.log_batch(self.run_id, metrics=metrics, tags=tags, synchronous=True)
         for path in _artifacts(out):
             self.client.log_artifact(self.run_id, str(path))
@@ -428,25 +530,41 @@ class TensorBoardTracker(Tracker):
 
     writer: Any = field(default=None, repr=False)
 
-    def start(self, out: Path, *, uri: str | None, experiment: str, config: dict, tags: dict,
-              sweep: Sweep | None, resumed_round: int | None) -> None:
+    def start(
+        self,
+        out: Path,
+        *,
+        uri: str | None,
+        experiment: str,
+        config: dict,
+        tags: dict,
+        sweep: Sweep | None,
+        resumed_round: int | None,
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         logdir = out / TB_DIR
-        continued = (resumed_round is not None and logdir.is_dir()
-                     and _read_state(out / STATE_FILE).get("kind") == "tensorboard")
+        continued = (
+            resumed_round is not None
+            and logdir.is_dir()
+            and _read_state(out / STATE_FILE).get("kind") == "tensorboard"
+        )
         # a resumed run writes every round again (``backfill``, then the rounds it makes):
         # purge_step=1 tells TensorBoard's reader to drop the earlier files' rounds, some of
         # which a killed run may never have flushed
         purge = 1 if resumed_round is not None else None
         self.writer = SummaryWriter(log_dir=str(logdir), purge_step=purge, flush_secs=int(FLUSH_S))
         _write_state(out / STATE_FILE, {"kind": "tensorboard", "logdir": TB_DIR})
-        if continued:                  # the config and HParams (step 0) are there already
+        if continued:  # the config and HParams (step 0) are there already
             return
         from torch.utils.tensorboard.summary import hparams
+
         flat = flatten(config)
-        hp = {k: (v if isinstance(v, (int, float, str, bool)) else json.dumps(v))
-              for k, v in flat.items() if v is not None}
+        hp = {
+            k: (v if isinstance(v, (int, float, str, bool)) else json.dumps(v))
+            for k, v in flat.items()
+            if v is not None
+        }
         exp, ssi, sei = hparams(hp, {"accuracy_mean": 0.0, "epsilon": 0.0, "loss": 0.0})
         for s in (exp, ssi, sei):
             self.writer.file_writer.add_summary(s)
@@ -458,12 +576,15 @@ class TensorBoardTracker(Tracker):
     def _scalars(self, values: dict[str, float], step: int) -> None:
         """One event holding every value (``add_scalar`` per value costs ~20x more)."""
         from tensorboard.compat.proto.summary_pb2 import Summary
+
         self.writer.file_writer.add_summary(
-            Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()]), step)
+            Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()]), step
+        )
 
     def _log_round(self, info: dict) -> None:
-        self._scalars({k: v for k, v in numeric(info).items() if k != "round"},
-                      int(info.get("round", 0)))
+        self._scalars(
+            {k: v for k, v in numeric(info).items() if k != "round"}, int(info.get("round", 0))
+        )
 
     def _finish(self, summary: dict, out: Path) -> None:
         step = int(summary.get("rounds_completed") or 0)
@@ -479,9 +600,9 @@ class TensorBoardTracker(Tracker):
             self.writer = None
 
 
-try:   # the Hydra callback (a plain object where Hydra's callback API is absent)
+try:  # the Hydra callback (a plain object where Hydra's callback API is absent)
     from hydra.experimental.callback import Callback
-except ImportError:   # pragma: no cover
+except ImportError:  # pragma: no cover
     Callback = object  # type: ignore[misc,assignment]
 
 
@@ -501,8 +622,9 @@ class SweepCallback(Callback):  # type: ignore[misc]
             for k, v in HTTP_DEFAULTS.items():
                 os.environ.setdefault(k, v)
             from mlflow.tracking import MlflowClient
+
             client = MlflowClient(tracking_uri=state["uri"])
-            for path in sorted(folder.iterdir()):          # comparison.md, fedudp-report's plots
+            for path in sorted(folder.iterdir()):  # comparison.md, fedudp-report's plots
                 if path.is_file() and path.suffix in (".md", ".png"):
                     client.log_artifact(state["parent_run_id"], str(path))
             client.set_terminated(state["parent_run_id"], status="FINISHED")

@@ -28,14 +28,21 @@ is measured on the owners' test records with their personal parameters, outside 
 (docs/algorithms.md#what-is-released), so selecting by it leaks through the score itself; the
 report says so. A score on public data (or a DP score) is what the theorems assume.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from fedudp.privacy.events import (SHAPES, candidate_event, composed_selection, event_from_json,
-                                   pld_or_rdp_epsilon, repeat_and_select)
+from fedudp.privacy.events import (
+    SHAPES,
+    candidate_event,
+    composed_selection,
+    event_from_json,
+    pld_or_rdp_epsilon,
+    repeat_and_select,
+)
 
 # the random-count distributions: name -> the truncated negative binomial's shape η (None: the
 # shape is declared with the mean, --sweep-shape)
@@ -52,6 +59,7 @@ class SweepRule:
     """How the sweep's candidates were chosen, as declared before it ran: a ``grid`` (a fixed
     set), or a random count of candidates drawn from ``size`` with mean ``mean`` and truncated
     negative binomial shape ``shape`` (Poisson: ``math.inf``)."""
+
     size: str = "grid"
     mean: float | None = None
     shape: float | None = None
@@ -72,8 +80,9 @@ class SweepRule:
         return f"{self.size} (truncated negative binomial η = {self.shape:g}; {m})"
 
 
-def declared_sweep(size: str = "grid", mean: float | None = None,
-                   shape: float | None = None) -> SweepRule:
+def declared_sweep(
+    size: str = "grid", mean: float | None = None, shape: float | None = None
+) -> SweepRule:
     """The rule a sweep declared (``--sweep-size``, ``--sweep-mean``, ``--sweep-shape``), checked
     before any summary is read: a random count needs its declared mean (and
     ``negative_binomial`` its shape); a grid takes neither."""
@@ -82,44 +91,65 @@ def declared_sweep(size: str = "grid", mean: float | None = None,
     if size == "grid":
         for flag, v in (("--sweep-mean", mean), ("--sweep-shape", shape)):
             if v is not None:
-                raise SelectionError(f"{flag}: a grid's candidates are a fixed set, not a random "
-                                     f"count; drop {flag}, or name the distribution the number of "
-                                     "candidates was drawn from before the sweep with --sweep-size "
-                                     f"{'|'.join(RANDOM_SIZES)}")
+                raise SelectionError(
+                    f"{flag}: a grid's candidates are a fixed set, not a random "
+                    f"count; drop {flag}, or name the distribution the number of "
+                    "candidates was drawn from before the sweep with --sweep-size "
+                    f"{'|'.join(RANDOM_SIZES)}"
+                )
         return SweepRule()
     if mean is None:
-        raise SelectionError(f"--sweep-size {size}: declare the mean of the distribution the number "
-                             "of candidates was drawn from, fixed before the sweep, with "
-                             "--sweep-mean M (the count of runs present is not that mean)")
-    if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not math.isfinite(mean) \
-            or mean < 1:
-        raise SelectionError(f"--sweep-mean must be a finite number >= 1 (dp-accounting's "
-                             f"RepeatAndSelect), got {mean!r}")
+        raise SelectionError(
+            f"--sweep-size {size}: declare the mean of the distribution the number "
+            "of candidates was drawn from, fixed before the sweep, with "
+            "--sweep-mean M (the count of runs present is not that mean)"
+        )
+    if (
+        isinstance(mean, bool)
+        or not isinstance(mean, (int, float))
+        or not math.isfinite(mean)
+        or mean < 1
+    ):
+        raise SelectionError(
+            f"--sweep-mean must be a finite number >= 1 (dp-accounting's "
+            f"RepeatAndSelect), got {mean!r}"
+        )
     fixed = RANDOM_SIZES[size]
     if fixed is not None:
         if shape is not None:
-            raise SelectionError(f"--sweep-shape: --sweep-size {size} fixes the shape "
-                                 f"(η = {fixed:g}); drop --sweep-shape, or use --sweep-size "
-                                 "negative_binomial with --sweep-shape ETA")
+            raise SelectionError(
+                f"--sweep-shape: --sweep-size {size} fixes the shape "
+                f"(η = {fixed:g}); drop --sweep-shape, or use --sweep-size "
+                "negative_binomial with --sweep-shape ETA"
+            )
         shape = fixed
     else:
         if shape is None:
-            raise SelectionError("--sweep-size negative_binomial: declare its shape η > 0 with "
-                                 "--sweep-shape ETA (geometric is η = 1, logarithmic η = 0, "
-                                 "poisson η = inf)")
-        if isinstance(shape, bool) or not isinstance(shape, (int, float)) \
-                or not math.isfinite(shape) or shape <= 0:
-            raise SelectionError(f"--sweep-shape must be a finite number > 0 for "
-                                 f"negative_binomial, got {shape!r}")
+            raise SelectionError(
+                "--sweep-size negative_binomial: declare its shape η > 0 with "
+                "--sweep-shape ETA (geometric is η = 1, logarithmic η = 0, "
+                "poisson η = inf)"
+            )
+        if (
+            isinstance(shape, bool)
+            or not isinstance(shape, (int, float))
+            or not math.isfinite(shape)
+            or shape <= 0
+        ):
+            raise SelectionError(
+                f"--sweep-shape must be a finite number > 0 for negative_binomial, got {shape!r}"
+            )
     return SweepRule(size, float(mean), float(shape))
 
 
 def _metric(s: dict, metric: str) -> float:
     v = s.get(metric)
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        raise SelectionError(f"--select-best {metric}: run {s.get('_dir', '?')} has no finite "
-                             f"{metric} (got {v!r}); choose a numeric summary key such as "
-                             "accuracy_mean or loss")
+        raise SelectionError(
+            f"--select-best {metric}: run {s.get('_dir', '?')} has no finite "
+            f"{metric} (got {v!r}); choose a numeric summary key such as "
+            "accuracy_mean or loss"
+        )
     return float(v)
 
 
@@ -127,9 +157,15 @@ def _seeds(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
 
 
-def select_best(groups: dict, metric: str, *, lower: bool = False, sweep_size: str = "grid",
-                sweep_mean: float | None = None, sweep_shape: float | None = None
-                ) -> dict[str, Any]:
+def select_best(
+    groups: dict,
+    metric: str,
+    *,
+    lower: bool = False,
+    sweep_size: str = "grid",
+    sweep_mean: float | None = None,
+    sweep_shape: float | None = None,
+) -> dict[str, Any]:
     """The best group of ``groups`` (``report.groups_of``: ``{key: (settings, runs)}``, one group
     per candidate, its runs the seeds) by the mean of ``metric`` over its runs, and the ε of the
     choice under the declared rule (``declared_sweep``; module doc)."""
@@ -140,20 +176,27 @@ def select_best(groups: dict, metric: str, *, lower: bool = False, sweep_size: s
     runs = [s for _, rs in items for s in rs]
     for s in runs:
         if s.get("epsilon") is None:
-            raise SelectionError(f"--select-best: run {s.get('_dir', '?')} is not private "
-                                 f"(method={s.get('method')}); its data are not protected, so no "
-                                 "selection ε exists; select among private runs only")
+            raise SelectionError(
+                f"--select-best: run {s.get('_dir', '?')} is not private "
+                f"(method={s.get('method')}); its data are not protected, so no "
+                "selection ε exists; select among private runs only"
+            )
         if not isinstance(s.get("dp_event"), dict):
-            raise SelectionError(f"--select-best: run {s.get('_dir', '?')} has no dp_event in its "
-                                 "summary.json (its ledger composes blocks without a dp-accounting "
-                                 "event, or it was written by an older fedudp); rerun it")
+            raise SelectionError(
+                f"--select-best: run {s.get('_dir', '?')} has no dp_event in its "
+                "summary.json (its ledger composes blocks without a dp-accounting "
+                "event, or it was written by an older fedudp); rerun it"
+            )
     deltas = {float(s["delta"]) for s in runs}
     if len(deltas) != 1:
-        raise SelectionError(f"--select-best: the runs use different privacy.delta {sorted(deltas)};"
-                             " a selection ε needs one δ")
+        raise SelectionError(
+            f"--select-best: the runs use different privacy.delta {sorted(deltas)};"
+            " a selection ε needs one δ"
+        )
     delta = deltas.pop()
-    scored = [(sum(_metric(s, metric) for s in rs) / len(rs), settings, rs)
-              for settings, rs in items]
+    scored = [
+        (sum(_metric(s, metric) for s in rs) / len(rs), settings, rs) for settings, rs in items
+    ]
     score, settings, chosen = (min if lower else max)(scored, key=lambda t: t[0])
     candidates = [candidate_event([event_from_json(s["dp_event"]) for s in rs]) for _, rs in items]
     chosen_event = candidate_event([event_from_json(s["dp_event"]) for s in chosen])
@@ -161,35 +204,63 @@ def select_best(groups: dict, metric: str, *, lower: bool = False, sweep_size: s
     seeds = sorted({len(rs) for _, rs in items})
     heuristic = any(s.get("guarantee") == "heuristic" for s in runs)
     out: dict[str, Any] = {
-        "metric": metric, "lower_is_better": lower, "score": score, "settings": settings,
-        "chosen_runs": [s.get("_dir") for s in chosen], "configurations": len(items),
-        "runs": len(runs), "seeds": seeds, "delta": delta, "heuristic": heuristic,
+        "metric": metric,
+        "lower_is_better": lower,
+        "score": score,
+        "settings": settings,
+        "chosen_runs": [s.get("_dir") for s in chosen],
+        "configurations": len(items),
+        "runs": len(runs),
+        "seeds": seeds,
+        "delta": delta,
+        "heuristic": heuristic,
         "single_run_epsilon": max(float(s["epsilon"]) for s in chosen),
-        "candidate_epsilon": cand_eps, "candidate_accountant": cand_acc,
-        "sweep_size": rule.size, "sweep_mean": rule.mean, "sweep_shape": rule.shape,
-        "rule": None, "tuning_epsilon": None, "tuning_accountant": None, "refused": None,
+        "candidate_epsilon": cand_eps,
+        "candidate_accountant": cand_acc,
+        "sweep_size": rule.size,
+        "sweep_mean": rule.mean,
+        "sweep_shape": rule.shape,
+        "rule": None,
+        "tuning_epsilon": None,
+        "tuning_accountant": None,
+        "refused": None,
     }
-    per = (f"{len(items)} configurations × {_seeds(seeds[0])}" if len(seeds) == 1 else
-           f"{len(items)} configurations of {seeds[0]}-{seeds[-1]} seeds")
+    per = (
+        f"{len(items)} configurations × {_seeds(seeds[0])}"
+        if len(seeds) == 1
+        else f"{len(items)} configurations of {seeds[0]}-{seeds[-1]} seeds"
+    )
     if not rule.random:
         eps, acc = composed_selection([event_from_json(s["dp_event"]) for s in runs], delta)
-        out.update(rule=f"grid: composition of {len(runs)} runs ({per})", tuning_epsilon=eps,
-                   tuning_accountant=acc)
+        out.update(
+            rule=f"grid: composition of {len(runs)} runs ({per})",
+            tuning_epsilon=eps,
+            tuning_accountant=acc,
+        )
         return out
     head = f"RepeatAndSelect, {rule.describe()}"
     distinct = {repr(e) for e in candidates}
     if len(distinct) > 1:
-        why = (f"the candidates have different seed counts ({', '.join(map(str, seeds))})"
-               if len(seeds) > 1 else "their privacy events differ")
-        out.update(rule=head, refused=(
-            f"the {len(items)} candidates are not one mechanism ({why}: {len(distinct)} distinct "
-            "events); Papernot & Steinke's bound needs every candidate to be the same DP "
-            "algorithm; if the candidates were a fixed set, use --sweep-size grid"))
+        why = (
+            f"the candidates have different seed counts ({', '.join(map(str, seeds))})"
+            if len(seeds) > 1
+            else "their privacy events differ"
+        )
+        out.update(
+            rule=head,
+            refused=(
+                f"the {len(items)} candidates are not one mechanism ({why}: {len(distinct)} distinct "
+                "events); Papernot & Steinke's bound needs every candidate to be the same DP "
+                "algorithm; if the candidates were a fixed set, use --sweep-size grid"
+            ),
+        )
         return out
-    out.update(rule=f"{head}, per-candidate event = "
-                    + (f"{_seeds(seeds[0])} composed" if seeds[0] > 1 else "one run"),
-               tuning_epsilon=repeat_and_select(candidates[0], rule.mean, rule.shape, delta),
-               tuning_accountant="rdp")
+    out.update(
+        rule=f"{head}, per-candidate event = "
+        + (f"{_seeds(seeds[0])} composed" if seeds[0] > 1 else "one run"),
+        tuning_epsilon=repeat_and_select(candidates[0], rule.mean, rule.shape, delta),
+        tuning_accountant="rdp",
+    )
     return out
 
 
@@ -199,38 +270,57 @@ def selection_lines(sel: dict[str, Any], varying: list[str]) -> list[str]:
     chosen = ", ".join(f"{k}={sel['settings'].get(k)}" for k in varying) or "the only configuration"
     way = "lowest" if sel["lower_is_better"] else "highest"
     k = len(sel["chosen_runs"])
-    lines = [f"## Best configuration by {sel['metric']} ({way} mean over its seeds)", "",
-             f"Chosen: {chosen}: {sel['metric']} {sel['score']:.4f} over {k} run(s); "
-             f"{sel['configurations']} configurations (candidates), {sel['runs']} runs in the "
-             f"sweep, δ = {sel['delta']:g}.", "",
-             "| ε of | ε | accountant | rule |", "|---|---:|---|---|",
-             f"| one run (the chosen configuration's ledger) | {sel['single_run_epsilon']:.3f}{mark} "
-             f"| the run's ledger | the run alone, no choice made from the sweep |"]
+    lines = [
+        f"## Best configuration by {sel['metric']} ({way} mean over its seeds)",
+        "",
+        f"Chosen: {chosen}: {sel['metric']} {sel['score']:.4f} over {k} run(s); "
+        f"{sel['configurations']} configurations (candidates), {sel['runs']} runs in the "
+        f"sweep, δ = {sel['delta']:g}.",
+        "",
+        "| ε of | ε | accountant | rule |",
+        "|---|---:|---|---|",
+        f"| one run (the chosen configuration's ledger) | {sel['single_run_epsilon']:.3f}{mark} "
+        f"| the run's ledger | the run alone, no choice made from the sweep |",
+    ]
     if k > 1:
-        lines.append(f"| one candidate (the chosen configuration's {k} seeds composed) | "
-                     f"{sel['candidate_epsilon']:.3f}{mark} | dp-accounting "
-                     f"{sel['candidate_accountant'].upper()} | its {k} runs, no choice made |")
+        lines.append(
+            f"| one candidate (the chosen configuration's {k} seeds composed) | "
+            f"{sel['candidate_epsilon']:.3f}{mark} | dp-accounting "
+            f"{sel['candidate_accountant'].upper()} | its {k} runs, no choice made |"
+        )
     if sel["tuning_epsilon"] is not None:
-        lines.append(f"| the choice (tuning-inclusive) | {sel['tuning_epsilon']:.3f}{mark} | "
-                     f"dp-accounting {sel['tuning_accountant'].upper()} | {sel['rule']} |")
+        lines.append(
+            f"| the choice (tuning-inclusive) | {sel['tuning_epsilon']:.3f}{mark} | "
+            f"dp-accounting {sel['tuning_accountant'].upper()} | {sel['rule']} |"
+        )
     else:
-        lines.append(f"| the choice (tuning-inclusive) | refused | - | {sel['rule']}: "
-                     f"{sel['refused']} |")
+        lines.append(
+            f"| the choice (tuning-inclusive) | refused | - | {sel['rule']}: {sel['refused']} |"
+        )
     if sel["sweep_size"] == "grid":
-        lines += ["", "Rule: the candidates were a fixed set (a grid) and every run was looked at, "
-                  "so the choice costs the composition of all runs of all configurations. A "
-                  "random-count bound (Papernot & Steinke 2022) applies only when the number of "
-                  "candidates was drawn before the sweep: --sweep-size poisson|geometric|"
-                  "logarithmic|negative_binomial with --sweep-mean (declared)."]
+        lines += [
+            "",
+            "Rule: the candidates were a fixed set (a grid) and every run was looked at, "
+            "so the choice costs the composition of all runs of all configurations. A "
+            "random-count bound (Papernot & Steinke 2022) applies only when the number of "
+            "candidates was drawn before the sweep: --sweep-size poisson|geometric|"
+            "logarithmic|negative_binomial with --sweep-mean (declared).",
+        ]
     else:
-        lines += ["", "Rule: Papernot & Steinke 2022 (Liu & Talwar 2019 for the geometric case): "
-                  "valid only if the number of candidates was drawn from this distribution, with "
-                  "this mean, before the sweep, independently of the data; a candidate is one "
-                  "configuration, its seeds composed into one event. It covers releasing the "
-                  "chosen candidate (and its score) only: the other candidates' models and scores, "
-                  "the drawn count and this report's table of every run are outside it."]
-    lines += ["", f"The choice reads {sel['metric']}, which fedudp computes on the owners' test "
-              "records with their personal parameters, outside the DP guarantee: the ε above cover "
-              "the released models, not what the score itself reveals (a score on public data, or a "
-              "DP score, is what the bound assumes)."]
+        lines += [
+            "",
+            "Rule: Papernot & Steinke 2022 (Liu & Talwar 2019 for the geometric case): "
+            "valid only if the number of candidates was drawn from this distribution, with "
+            "this mean, before the sweep, independently of the data; a candidate is one "
+            "configuration, its seeds composed into one event. It covers releasing the "
+            "chosen candidate (and its score) only: the other candidates' models and scores, "
+            "the drawn count and this report's table of every run are outside it.",
+        ]
+    lines += [
+        "",
+        f"The choice reads {sel['metric']}, which fedudp computes on the owners' test "
+        "records with their personal parameters, outside the DP guarantee: the ε above cover "
+        "the released models, not what the score itself reveals (a score on public data, or a "
+        "DP score, is what the bound assumes).",
+    ]
     return lines

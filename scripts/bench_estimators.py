@@ -21,6 +21,7 @@ All at one query (T = 1), δ = 1e-5. Writes a markdown table, a JSON file and an
 
     python scripts/bench_estimators.py --out /tmp/bench/estimators
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,17 +64,18 @@ def tau_pair(m: int) -> float:
 def make(name: str, mode: str, n: int, d: int, m: int, eps: float):
     """The estimator ``name`` with ``mode`` constants, or a string saying why it cannot run."""
     s = Sampling(1.0, n)
-    gev = lambda z: dp_accounting.GaussianDpEvent(z)   # noqa: E731
+    gev = lambda z: dp_accounting.GaussianDpEvent(z)  # noqa: E731
     if name == "gaussian":
         z = calibrate_noise_multiplier(gev, eps, DELTA, 1)
-        return GaussianAggregator(B, 2 * z, s)           # replace-one: sensitivity 2B
+        return GaussianAggregator(B, 2 * z, s)  # replace-one: sensitivity 2B
     if name == "winsorized":
         coords = next_pow2(d)
         if mode == "paper":
             e1 = winsorized.closed_form_eps_coord(eps, DELTA, 1, coords)
         else:
-            e1 = 1.0 / calibrate_noise_multiplier(lambda z: winsorized.winsorized_round_event(1.0 / z, coords),
-                                                  eps, DELTA, 1)
+            e1 = 1.0 / calibrate_noise_multiplier(
+                lambda z: winsorized.winsorized_round_event(1.0 / z, coords), eps, DELTA, 1
+            )
         return winsorized.WinsorizedAggregator(d, tau_center(n, d, m), B, e1, s, gamma=GAMMA)
     if name == "outlier_removal":
         need = outlier.min_users_at(eps / 2, 1, DELTA / 4)
@@ -90,7 +92,9 @@ def make(name: str, mode: str, n: int, d: int, m: int, eps: float):
         return outlier.OutlierRemovalAggregator(tau, z, sens, s, eps / 2, 1, DELTA / 2, need)
     if name == "friendlycore":
         tau = tau_pair(m)
-        z = calibrate_noise_multiplier(lambda z: outlier.friendlycore_round_event(z, z), eps, DELTA / 2, 1)
+        z = calibrate_noise_multiplier(
+            lambda z: outlier.friendlycore_round_event(z, z), eps, DELTA / 2, 1
+        )
         if outlier.friendlycore_failure(n, z) > DELTA / 4:
             return "needs more n"
         if mode == "paper":
@@ -101,23 +105,36 @@ def make(name: str, mode: str, n: int, d: int, m: int, eps: float):
         return outlier.FriendlyCoreAggregator(tau, z, sens, s, z, DELTA / 2, 0)
     if name == "few_users":
         try:
-            return few_users.FewUsersAggregator(d, (B / 2) / math.sqrt(m) * (1 + math.sqrt(2 * math.log(2 * n / GAMMA) / d)),
-                                        eps, DELTA, 1, s)
+            return few_users.FewUsersAggregator(
+                d,
+                (B / 2) / math.sqrt(m) * (1 + math.sqrt(2 * math.log(2 * n / GAMMA) / d)),
+                eps,
+                DELTA,
+                1,
+                s,
+            )
         except ValueError as err:
             return str(err).split(":")[0]
     raise ValueError(name)
 
 
-ESTIMATORS = [("gaussian", "certified"), ("winsorized", "certified"), ("winsorized", "paper"),
-              ("outlier_removal", "certified"), ("outlier_removal", "paper"),
-              ("friendlycore", "certified"), ("friendlycore", "paper"), ("few_users", "certified")]
+ESTIMATORS = [
+    ("gaussian", "certified"),
+    ("winsorized", "certified"),
+    ("winsorized", "paper"),
+    ("outlier_removal", "certified"),
+    ("outlier_removal", "paper"),
+    ("friendlycore", "certified"),
+    ("friendlycore", "paper"),
+    ("few_users", "certified"),
+]
 
 
 def mse(agg, X, mu, reps: int) -> tuple[float, int]:
     errs, halted = [], 0
     for r in range(reps):
         if isinstance(agg, outlier.OutlierRemovalAggregator):
-            agg.at = None                                # a fresh AboveThreshold per query
+            agg.at = None  # a fresh AboveThreshold per query
         out = agg(X, rng=torch.Generator().manual_seed(1000 + r))
         if out.halted:
             halted += 1
@@ -138,27 +155,31 @@ def svg_plot(series: dict[str, list[tuple[float, float]]], title: str, path: Pat
     sx = lambda v: M + (math.log10(v) - x0) / max(x1 - x0, 1e-9) * (W_ - 2 * M - 160)  # noqa: E731
     sy = lambda v: H_ - M - (math.log10(v) - y0) / max(y1 - y0, 1e-9) * (H_ - 2 * M)  # noqa: E731
     colors = ["#000", "#1f77b4", "#aec7e8", "#d62728", "#ff9896", "#2ca02c", "#98df8a", "#9467bd"]
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W_}" height="{H_}" font-size="11">',
-           f'<text x="{M}" y="20">{title}</text>',
-           f'<line x1="{M}" y1="{H_-M}" x2="{W_-M-160}" y2="{H_-M}" stroke="#000"/>',
-           f'<line x1="{M}" y1="{M}" x2="{M}" y2="{H_-M}" stroke="#000"/>',
-           f'<text x="{(W_-160)//2}" y="{H_-20}">samples per user m (log)</text>',
-           f'<text x="5" y="{M-10}">MSE (log)</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W_}" height="{H_}" font-size="11">',
+        f'<text x="{M}" y="20">{title}</text>',
+        f'<line x1="{M}" y1="{H_ - M}" x2="{W_ - M - 160}" y2="{H_ - M}" stroke="#000"/>',
+        f'<line x1="{M}" y1="{M}" x2="{M}" y2="{H_ - M}" stroke="#000"/>',
+        f'<text x="{(W_ - 160) // 2}" y="{H_ - 20}">samples per user m (log)</text>',
+        f'<text x="5" y="{M - 10}">MSE (log)</text>',
+    ]
     for e in range(math.floor(x0), math.ceil(x1) + 1):
         if x0 - 1e-9 <= e <= x1 + 1e-9:
-            out.append(f'<text x="{sx(10**e)-10:.0f}" y="{H_-M+15}">1e{e}</text>')
+            out.append(f'<text x="{sx(10**e) - 10:.0f}" y="{H_ - M + 15}">1e{e}</text>')
     for e in range(math.floor(y0), math.ceil(y1) + 1):
         if y0 - 1e-9 <= e <= y1 + 1e-9:
-            out.append(f'<text x="{M-40}" y="{sy(10**e)+4:.0f}">1e{e}</text>')
+            out.append(f'<text x="{M - 40}" y="{sy(10**e) + 4:.0f}">1e{e}</text>')
     for i, (name, v) in enumerate(series.items()):
         v = [(x, y) for x, y in v if y > 0 and math.isfinite(y)]
         c = colors[i % len(colors)]
         if len(v) > 1:
-            d = " ".join(f"{'M' if j == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for j, (x, y) in enumerate(v))
+            d = " ".join(
+                f"{'M' if j == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for j, (x, y) in enumerate(v)
+            )
             out.append(f'<path d="{d}" fill="none" stroke="{c}" stroke-width="1.5"/>')
         for x, y in v:
             out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{c}"/>')
-        out.append(f'<text x="{W_-M-150}" y="{M+15*i}" fill="{c}">{name}</text>')
+        out.append(f'<text x="{W_ - M - 150}" y="{M + 15 * i}" fill="{c}">{name}</text>')
     out.append("</svg>")
     path.write_text("\n".join(out))
 
@@ -174,8 +195,15 @@ def cost_per_call(n: int, d: int, eps: float) -> dict[str, float | str]:
         if isinstance(agg, str) and name == "friendlycore":
             # below its privacy minimum at this n: time the same computation anyway
             tau = tau_pair(100)
-            agg = outlier.FriendlyCoreAggregator(tau, 1.0, outlier.friendlycore_sensitivity(tau, n, DELTA / 4),
-                                           Sampling(1.0, n), 1.0, DELTA / 2, 0)
+            agg = outlier.FriendlyCoreAggregator(
+                tau,
+                1.0,
+                outlier.friendlycore_sensitivity(tau, n, DELTA / 4),
+                Sampling(1.0, n),
+                1.0,
+                DELTA / 2,
+                0,
+            )
             note = " (timing only: n is below its privacy minimum)"
         if isinstance(agg, str):
             res[name] = agg
@@ -188,11 +216,19 @@ def cost_per_call(n: int, d: int, eps: float) -> dict[str, float | str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--grid", nargs="*", default=["4000,16,1", "4000,16,10", "1000,256,10"],
-                    help="n,d,eps triples")
-    ap.add_argument("--m", nargs="+", type=int, default=[1, 10, 100, 1000, 10_000, 100_000, 1_000_000])
+    ap.add_argument(
+        "--grid",
+        nargs="*",
+        default=["4000,16,1", "4000,16,10", "1000,256,10"],
+        help="n,d,eps triples",
+    )
+    ap.add_argument(
+        "--m", nargs="+", type=int, default=[1, 10, 100, 1000, 10_000, 100_000, 1_000_000]
+    )
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--cost", default="1000,100000,10", help="n,d,eps for the cost per call ('' to skip)")
+    ap.add_argument(
+        "--cost", default="1000,100000,10", help="n,d,eps for the cost per call ('' to skip)"
+    )
     ap.add_argument("--out", default="bench_estimators")
     a = ap.parse_args()
     out = Path(a.out)
@@ -214,8 +250,11 @@ def main() -> None:
                     continue
                 v, h = mse(agg, X, mu, a.reps)
                 rows[key].append({"m": m, "mse": v, "halted": h})
-            print(f"n={n} d={d} eps={eps:g} {key}: " + " ".join(
-                f"{r['mse']:.2e}" if r["mse"] is not None else "n/a" for r in rows[key]), flush=True)
+            print(
+                f"n={n} d={d} eps={eps:g} {key}: "
+                + " ".join(f"{r['mse']:.2e}" if r["mse"] is not None else "n/a" for r in rows[key]),
+                flush=True,
+            )
         gauss = {r["m"]: r["mse"] for r in rows["gaussian/certified"]}
         cross = {}
         for key, rs in rows.items():
@@ -224,8 +263,12 @@ def main() -> None:
             wins = [r["m"] for r in rs if r["mse"] is not None and r["mse"] < gauss[r["m"]]]
             cross[key] = min(wins) if wins else None
         report["grid"].append({"n": n, "d": d, "eps": eps, "rows": rows, "crossover_m": cross})
-        lines.append(f"\n### n = {n}, d = {d}, ε = {eps:g}, δ = {DELTA:g} (MSE against the true mean)\n")
-        lines.append("| estimator | " + " | ".join(f"m={m:g}" for m in a.m) + " | beats gaussian from m = |")
+        lines.append(
+            f"\n### n = {n}, d = {d}, ε = {eps:g}, δ = {DELTA:g} (MSE against the true mean)\n"
+        )
+        lines.append(
+            "| estimator | " + " | ".join(f"m={m:g}" for m in a.m) + " | beats gaussian from m = |"
+        )
         lines.append("|---|" + "---:|" * (len(a.m) + 1))
         for key, rs in rows.items():
             cells = []
@@ -235,17 +278,32 @@ def main() -> None:
                 elif not math.isfinite(r["mse"]):
                     cells.append("halted")
                 else:
-                    cells.append(f"{r['mse']:.2e}" + (f" (h{r['halted']})" if r.get("halted") else ""))
-            c = "—" if key.startswith("gaussian") else (f"{cross[key]:g}" if cross[key] else f"> {a.m[-1]:g}")
+                    cells.append(
+                        f"{r['mse']:.2e}" + (f" (h{r['halted']})" if r.get("halted") else "")
+                    )
+            c = (
+                "—"
+                if key.startswith("gaussian")
+                else (f"{cross[key]:g}" if cross[key] else f"> {a.m[-1]:g}")
+            )
             lines.append(f"| {key} | " + " | ".join(cells) + f" | {c} |")
-        svg_plot({k: [(r["m"], r["mse"]) for r in rs if r["mse"] is not None] for k, rs in rows.items()},
-                 f"MSE vs m: n={n} d={d} eps={eps:g}", out / f"mse_n{n}_d{d}_eps{eps:g}.svg")
+        svg_plot(
+            {k: [(r["m"], r["mse"]) for r in rs if r["mse"] is not None] for k, rs in rows.items()},
+            f"MSE vs m: n={n} d={d} eps={eps:g}",
+            out / f"mse_n{n}_d{d}_eps{eps:g}.svg",
+        )
     if a.cost:
-        n, d, eps = int(a.cost.split(",")[0]), int(a.cost.split(",")[1]), float(a.cost.split(",")[2])
+        n, d, eps = (
+            int(a.cost.split(",")[0]),
+            int(a.cost.split(",")[1]),
+            float(a.cost.split(",")[2]),
+        )
         c = cost_per_call(n, d, eps)
         report["cost"] = {"n": n, "d": d, "eps": eps, "seconds": c}
-        lines.append(f"\n### Cost per call, n = {n}, d = {d:,}, ε = {eps:g} (certified constants; "
-                     f"{torch.get_num_threads()} threads)\n")
+        lines.append(
+            f"\n### Cost per call, n = {n}, d = {d:,}, ε = {eps:g} (certified constants; "
+            f"{torch.get_num_threads()} threads)\n"
+        )
         lines.append("| estimator | seconds |\n|---|---:|")
         for k, v in c.items():
             lines.append(f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |")

@@ -39,6 +39,7 @@ Measured in each repetition:
     .venv/bin/python scripts/bench_flower_user_dp.py --n 16 128 --reps 5 --rounds 6 \
         --json docs/results/flower_user_dp/bench.json --markdown docs/results/flower_user_dp/table.md
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,7 +61,7 @@ for _p in (str(ROOT), str(EXAMPLE), str(SCRIPTS)):
         sys.path.insert(0, _p)
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # Ray on 127.0.0.1 only
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 USERS_PER_CLIENT = 10
@@ -88,10 +89,15 @@ def _client_apps():
         model = make_model()
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         loss = train(model, x, y, lr=float(msg.content["config"]["lr"]))
-        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                                   "metrics": MetricRecord({"train_loss": loss,
-                                                            "num-examples": len(y)})}),
-                       reply_to=msg)
+        return Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord(model.state_dict()),
+                    "metrics": MetricRecord({"train_loss": loss, "num-examples": len(y)}),
+                }
+            ),
+            reply_to=msg,
+        )
 
     def timed(data_of):
         def train_fn(msg: Message, context: Context) -> Message:
@@ -101,6 +107,7 @@ def _client_apps():
             acc["train_s"] += time.perf_counter() - t0
             acc["calls"] += 1
             return out
+
         return train_fn
 
     def timing_mod(msg: Message, context: Context, call_next) -> Message:
@@ -113,8 +120,9 @@ def _client_apps():
         reply = call_next(msg, context)
         total = time.perf_counter() - t0
         if not reply.has_error():
-            reply.content["bench"] = MetricRecord({"client_s": total, "train_s": acc["train_s"],
-                                                   "train_calls": acc["calls"]})
+            reply.content["bench"] = MetricRecord(
+                {"client_s": total, "train_s": acc["train_s"], "train_calls": acc["calls"]}
+            )
         return reply
 
     def union(context: Context):
@@ -126,8 +134,9 @@ def _client_apps():
 
     def one_user(context: Context):
         """User ``partition-id`` of ``num-partitions`` (what user_level_mod hands the app)."""
-        return load_data(int(context.node_config["partition-id"]),
-                         int(context.node_config["num-partitions"]))
+        return load_data(
+            int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+        )
 
     plain = ClientApp(mods=[timing_mod])
     plain.train()(timed(union))
@@ -136,7 +145,7 @@ def _client_apps():
     return plain, wrapped, timed(one_user)
 
 
-if __name__ != "__main__":        # imported (the child, its Ray workers): the apps
+if __name__ != "__main__":  # imported (the child, its Ray workers): the apps
     plain_client_app, wrapped_client_app, one_user_step = _client_apps()
 
 
@@ -152,6 +161,7 @@ def _timed_method(obj, name: str, bucket: dict, key: str) -> None:
             return fn(*a, **kw)
         finally:
             bucket[key] = bucket.get(key, 0.0) + time.perf_counter() - t0
+
     setattr(obj, name, wrapper)
 
 
@@ -166,11 +176,11 @@ def run_one(side: str, n: int, rounds: int) -> dict:
     from fedudp.flower import UserLevelDP
     from user_dp_app.task import make_model
 
-    import bench_flower_user_dp as mod   # by reference in the Ray workers (see above)
+    import bench_flower_user_dp as mod  # by reference in the Ray workers (see above)
 
-    stamps: list[tuple[float, float, float]] = []   # (before, after) the CPU read, tree CPU s
-    server: list[dict] = []        # per round: server-side seconds by part
-    clients: list[dict] = []       # per round: client-side seconds summed over the clients
+    stamps: list[tuple[float, float, float]] = []  # (before, after) the CPU read, tree CPU s
+    server: list[dict] = []  # per round: server-side seconds by part
+    clients: list[dict] = []  # per round: client-side seconds summed over the clients
     out: dict = {"side": side, "n": n, "rounds": rounds}
 
     me = os.getpid()
@@ -212,55 +222,69 @@ def run_one(side: str, n: int, rounds: int) -> dict:
                 res = super().aggregate_train(server_round, replies)
                 server[-1]["aggregate_train"] = time.perf_counter() - t0
                 return res
+
         return Timed
 
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        inner = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n,
-                     min_available_nodes=n)
+        inner = dict(
+            fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n
+        )
         init = ArrayRecord(make_model().state_dict())
         if side == "plain":
             strategy = timing(FedAvg)(**inner)
         else:
             agg = GaussianAggregator.calibrated(
-                clip=CLIP, epsilon=EPSILON, delta=DELTA, rounds=rounds,
-                sampling=Sampling(rate=1.0, population=n * USERS_PER_CLIENT))
-            strategy = timing(UserLevelDP)(FedAvg(**inner), agg, delta=DELTA,
-                                           target_epsilon=EPSILON, seed=0)
+                clip=CLIP,
+                epsilon=EPSILON,
+                delta=DELTA,
+                rounds=rounds,
+                sampling=Sampling(rate=1.0, population=n * USERS_PER_CLIENT),
+            )
+            strategy = timing(UserLevelDP)(
+                FedAvg(**inner), agg, delta=DELTA, target_epsilon=EPSILON, seed=0
+            )
 
-            class Parts(dict):   # the wrapper's own parts, into the current round's entry
-                def __setitem__(self, k, v):      # (outside the rounds: not counted)
+            class Parts(dict):  # the wrapper's own parts, into the current round's entry
+                def __setitem__(self, k, v):  # (outside the rounds: not counted)
                     if server:
                         server[-1][k] = v
 
                 def get(self, k, default=None):
                     return server[-1].get(k, default) if server else default
+
             parts = Parts()
             _timed_method(strategy.aggregator, "release", parts, "release")
             for name in ("compose", "epsilon", "epsilon_rdp", "epsilon_if"):
                 _timed_method(strategy.accountant, name, parts, f"accountant.{name}")
             out["noise_multiplier"] = float(agg.noise_multiplier)
-        res = strategy.start(grid=grid, initial_arrays=init, num_rounds=rounds,
-                             train_config=ConfigRecord({"lr": LR}))
+        res = strategy.start(
+            grid=grid, initial_arrays=init, num_rounds=rounds, train_config=ConfigRecord({"lr": LR})
+        )
         stamp()
         out["trained_rounds"] = len(res.train_metrics_clientapp)
         if side == "wrapped":
             out["epsilon"] = strategy.ledger.entries[-1].epsilon if strategy.ledger.entries else 0.0
             out["ledger_rounds"] = len(strategy.ledger.entries)
-            out["users_per_round"] = [int(m["users"]) for m in
-                                      res.train_metrics_clientapp.values()]
+            out["users_per_round"] = [int(m["users"]) for m in res.train_metrics_clientapp.values()]
 
-    ray_watchdog.start()           # the Ray this run starts ends with it, even after SIGKILL
+    ray_watchdog.start()  # the Ray this run starts ends with it, even after SIGKILL
     t0 = time.perf_counter()
-    run_simulation(server_app=app,
-                   client_app=mod.plain_client_app if side == "plain" else mod.wrapped_client_app,
-                   num_supernodes=n, backend_name="ray",
-                   backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
-                                   "init_args": {"address": "local"}})
+    run_simulation(
+        server_app=app,
+        client_app=mod.plain_client_app if side == "plain" else mod.wrapped_client_app,
+        num_supernodes=n,
+        backend_name="ray",
+        backend_config={
+            "client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
+            "init_args": {"address": "local"},
+        },
+    )
     out["simulation_s"] = time.perf_counter() - t0
     import resource
+
     out["driver_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # a round: from after one CPU read to before the next (the reads themselves not counted)
     out["round_seconds"] = [b[0] - a[1] for a, b in zip(stamps, stamps[1:])]
@@ -268,8 +292,10 @@ def run_one(side: str, n: int, rounds: int) -> dict:
     out["server_seconds"] = server
     out["client_seconds"] = clients
     if len(out["round_seconds"]) != rounds or out.get("trained_rounds") != rounds:
-        raise SystemExit(f"{side} n={n}: {len(out['round_seconds'])} timed rounds, "
-                         f"{out.get('trained_rounds')} trained, expected {rounds}")
+        raise SystemExit(
+            f"{side} n={n}: {len(out['round_seconds'])} timed rounds, "
+            f"{out.get('trained_rounds')} trained, expected {rounds}"
+        )
     expect = n * USERS_PER_CLIENT if side == "wrapped" else n
     bad = [c for c in clients if c["replies"] != n or c["train_calls"] != expect]
     if bad:
@@ -291,22 +317,36 @@ def profile_mod(n: int, reps: int = 200) -> None:
     from fedudp.flower import K_DP, user_level_mod
     from user_dp_app.task import make_model
 
-    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1   # a Message needs them
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1  # a Message needs them
     import bench_flower_user_dp as mod_
+
     arrays = ArrayRecord(make_model().state_dict())
     k = USERS_PER_CLIENT
 
     def message(dp: bool) -> Message:
         c = RecordDict({"arrays": arrays, "config": ConfigRecord({"lr": LR})})
         if dp:
-            c[K_DP] = ConfigRecord({"round": 1, "seed": 0, "rate": 1.0, "rows": False,
-                                    "clip": CLIP, "population": n * k, "personal": [""]})
+            c[K_DP] = ConfigRecord(
+                {
+                    "round": 1,
+                    "seed": 0,
+                    "rate": 1.0,
+                    "rows": False,
+                    "clip": CLIP,
+                    "population": n * k,
+                    "personal": [""],
+                }
+            )
         return Message(c, dst_node_id=1, message_type="train")
 
     def ctx(p: int, parts: int) -> Context:
-        return Context(run_id=1, node_id=1,
-                       node_config={"partition-id": p, "num-partitions": parts},
-                       state=RecordDict(), run_config={})
+        return Context(
+            run_id=1,
+            node_id=1,
+            node_config={"partition-id": p, "num-partitions": parts},
+            state=RecordDict(),
+            run_config={},
+        )
 
     step = mod_.one_user_step
     user_mod = user_level_mod(users_per_client=k)
@@ -322,9 +362,11 @@ def profile_mod(n: int, reps: int = 200) -> None:
         for u in range(3 * k, 4 * k):
             step(message(False), ctx(u, n * k))
     t_steps = (time.perf_counter() - t0) / reps
-    print(f"one client, {k} users: user_level_mod {t_mod * 1e3:.2f} ms; the {k} bare training "
-          f"steps {t_steps * 1e3:.2f} ms; the mod's own work {(t_mod - t_steps) * 1e3:.2f} ms "
-          f"({(t_mod - t_steps) / k * 1e3:.3f} ms per user)")
+    print(
+        f"one client, {k} users: user_level_mod {t_mod * 1e3:.2f} ms; the {k} bare training "
+        f"steps {t_steps * 1e3:.2f} ms; the mod's own work {(t_mod - t_steps) * 1e3:.2f} ms "
+        f"({(t_mod - t_steps) / k * 1e3:.3f} ms per user)"
+    )
     pr = cProfile.Profile()
     pr.enable()
     for _ in range(reps):
@@ -339,7 +381,7 @@ def _proc_stat(pid: str) -> tuple[int, int] | None:
     """(parent pid, session id) of ``pid``."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
-        f = raw[raw.rindex(")") + 2:].split()
+        f = raw[raw.rindex(")") + 2 :].split()
         return int(f[1]), int(f[3])
     except (OSError, ValueError, IndexError):
         return None
@@ -369,7 +411,7 @@ def _tree_cpu(root: int) -> float:
     for pid in _tree(root):
         try:
             raw = Path(f"/proc/{pid}/stat").read_text()
-            f = raw[raw.rindex(")") + 2:].split()
+            f = raw[raw.rindex(")") + 2 :].split()
             total += int(f[11]) + int(f[12])
         except (OSError, ValueError, IndexError):
             continue
@@ -402,18 +444,38 @@ def _sources_sha1() -> str:
 
 def measure(side: str, n: int, rounds: int) -> dict:
     """One repetition in a fresh subprocess (its own session); its tree's memory sampled."""
-    env = {**os.environ, "BENCH_FLOWER_USER_DP_CHILD": "1", "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(EXAMPLE), str(SCRIPTS)]
-                                         + ([os.environ["PYTHONPATH"]]
-                                            if os.environ.get("PYTHONPATH") else []))}
+    env = {
+        **os.environ,
+        "BENCH_FLOWER_USER_DP_CHILD": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), str(EXAMPLE), str(SCRIPTS)]
+            + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+    }
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--one", side, "--n", str(n),
-           "--rounds", str(rounds)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--one",
+        side,
+        "--n",
+        str(n),
+        "--rounds",
+        str(rounds),
+    ]
     load_before, sources = os.getloadavg()[0], _sources_sha1()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     peak = {"rss": 0, "pss": 0, "procs": 0}
     done = threading.Event()
 
@@ -434,23 +496,31 @@ def measure(side: str, n: int, rounds: int) -> dict:
     th.join()
     lines = [line for line in stdout.splitlines() if line.startswith(MARK)]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{side} n={n} failed (rc {proc.returncode}):\n"
-                           f"{stdout[-2000:]}\n{stderr[-4000:]}")
-    res = json.loads(lines[-1][len(MARK):])
+        raise RuntimeError(
+            f"{side} n={n} failed (rc {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-4000:]}"
+        )
+    res = json.loads(lines[-1][len(MARK) :])
     steady = res["round_seconds"][1:] or res["round_seconds"]
     cpu = res["round_cpu_seconds"][1:] or res["round_cpu_seconds"]
-    res.update(wall_s=wall, s_per_round=statistics.fmean(steady),
-               cpu_s_per_round=statistics.fmean(cpu),
-               load1_before=load_before, load1_after=os.getloadavg()[0],
-               fedudp_sources_sha1=sources,
-               peak_rss_mb=peak["rss"] / 2**20, peak_pss_mb=peak["pss"] / 2**20,
-               peak_procs=peak["procs"])
+    res.update(
+        wall_s=wall,
+        s_per_round=statistics.fmean(steady),
+        cpu_s_per_round=statistics.fmean(cpu),
+        load1_before=load_before,
+        load1_after=os.getloadavg()[0],
+        fedudp_sources_sha1=sources,
+        peak_rss_mb=peak["rss"] / 2**20,
+        peak_pss_mb=peak["pss"] / 2**20,
+        peak_procs=peak["procs"],
+    )
     srv = res["server_seconds"][1:] or res["server_seconds"]
     cli = res["client_seconds"][1:] or res["client_seconds"]
-    res["server_s_per_round"] = {k: statistics.fmean(r.get(k, 0.0) for r in srv)
-                                 for k in sorted({k for r in srv for k in r})}
-    res["client_s_per_round"] = {k: statistics.fmean(r[k] for r in cli)
-                                 for k in ("client_s", "train_s", "train_calls")}
+    res["server_s_per_round"] = {
+        k: statistics.fmean(r.get(k, 0.0) for r in srv) for k in sorted({k for r in srv for k in r})
+    }
+    res["client_s_per_round"] = {
+        k: statistics.fmean(r[k] for r in cli) for k in ("client_s", "train_s", "train_calls")
+    }
     return res
 
 
@@ -465,16 +535,26 @@ def summarize(results: list[dict]) -> dict:
             sp = [r["s_per_round"] for r in rs]
             cp = [r["cpu_s_per_round"] for r in rs]
             row[side] = {
-                "reps": len(rs), "min": min(sp), "median": statistics.median(sp),
-                "s_per_round": sp, "cpu_min": min(cp), "cpu_median": statistics.median(cp),
-                "cpu_s_per_round": cp, "wall_s": [r["wall_s"] for r in rs],
+                "reps": len(rs),
+                "min": min(sp),
+                "median": statistics.median(sp),
+                "s_per_round": sp,
+                "cpu_min": min(cp),
+                "cpu_median": statistics.median(cp),
+                "cpu_s_per_round": cp,
+                "wall_s": [r["wall_s"] for r in rs],
                 "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
                 "peak_pss_mb": max(r["peak_pss_mb"] for r in rs),
                 "driver_peak_rss_mb": max(r["driver_peak_rss_mb"] for r in rs),
-                "server": {k: statistics.median(r["server_s_per_round"].get(k, 0.0) for r in rs)
-                           for k in sorted({k for r in rs for k in r["server_s_per_round"]})},
-                "client": {k: statistics.median(r["client_s_per_round"][k] for r in rs)
-                           for k in ("client_s", "train_s", "train_calls")}}
+                "server": {
+                    k: statistics.median(r["server_s_per_round"].get(k, 0.0) for r in rs)
+                    for k in sorted({k for r in rs for k in r["server_s_per_round"]})
+                },
+                "client": {
+                    k: statistics.median(r["client_s_per_round"][k] for r in rs)
+                    for k in ("client_s", "train_s", "train_calls")
+                },
+            }
         if "plain" in row and "wrapped" in row:
             row["ratio_min"] = row["wrapped"]["min"] / row["plain"]["min"]
             row["ratio_median"] = row["wrapped"]["median"] / row["plain"]["median"]
@@ -485,34 +565,48 @@ def summarize(results: list[dict]) -> dict:
 
 
 def markdown(summary: dict) -> str:
-    f = lambda xs: ", ".join(f"{x:.0f}" for x in xs)   # noqa: E731
-    lines = ["| n clients (users) | side | s/round min | s/round median "
-             "| wrapped/plain (min / median) "
-             "| CPU s/round min / median | CPU wrapped/plain (min / median) "
-             "| wall s per repetition | peak RSS MB of the tree (PSS MB; driver RSS MB) |",
-             "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    f = lambda xs: ", ".join(f"{x:.0f}" for x in xs)  # noqa: E731
+    lines = [
+        "| n clients (users) | side | s/round min | s/round median "
+        "| wrapped/plain (min / median) "
+        "| CPU s/round min / median | CPU wrapped/plain (min / median) "
+        "| wall s per repetition | peak RSS MB of the tree (PSS MB; driver RSS MB) |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for n, row in summary.items():
         for side in ("plain", "wrapped"):
             if side not in row:
                 continue
             s = row[side]
-            ratio = (f"{row['ratio_min']:.2f} / {row['ratio_median']:.2f}"
-                     if side == "wrapped" and "ratio_min" in row else "")
-            cratio = (f"{row['cpu_ratio_min']:.2f} / {row['cpu_ratio_median']:.2f}"
-                      if side == "wrapped" and "cpu_ratio_min" in row else "")
-            lines.append(f"| {n} ({n * USERS_PER_CLIENT}) | {side} | {s['min']:.3f} | "
-                         f"{s['median']:.3f} | {ratio} | {s['cpu_min']:.3f} / "
-                         f"{s['cpu_median']:.3f} | {cratio} | {f(s['wall_s'])} | "
-                         f"{s['peak_rss_mb']:.0f} ({s['peak_pss_mb']:.0f}; "
-                         f"{s['driver_peak_rss_mb']:.0f}) |")
-    lines += ["", "Per round (medians over the repetitions of each repetition's mean over rounds "
-              "2..R), seconds:", "",
-              "| n | side | server configure_train | server aggregate_train "
-              "| release (in aggregate) "
-              "| accountant, both (epsilon_if in configure; compose, epsilon, epsilon_rdp in "
-              "aggregate) | clients: whole train handling (sum) "
-              "| clients: app train step (sum) | train-step calls |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+            ratio = (
+                f"{row['ratio_min']:.2f} / {row['ratio_median']:.2f}"
+                if side == "wrapped" and "ratio_min" in row
+                else ""
+            )
+            cratio = (
+                f"{row['cpu_ratio_min']:.2f} / {row['cpu_ratio_median']:.2f}"
+                if side == "wrapped" and "cpu_ratio_min" in row
+                else ""
+            )
+            lines.append(
+                f"| {n} ({n * USERS_PER_CLIENT}) | {side} | {s['min']:.3f} | "
+                f"{s['median']:.3f} | {ratio} | {s['cpu_min']:.3f} / "
+                f"{s['cpu_median']:.3f} | {cratio} | {f(s['wall_s'])} | "
+                f"{s['peak_rss_mb']:.0f} ({s['peak_pss_mb']:.0f}; "
+                f"{s['driver_peak_rss_mb']:.0f}) |"
+            )
+    lines += [
+        "",
+        "Per round (medians over the repetitions of each repetition's mean over rounds "
+        "2..R), seconds:",
+        "",
+        "| n | side | server configure_train | server aggregate_train "
+        "| release (in aggregate) "
+        "| accountant, both (epsilon_if in configure; compose, epsilon, epsilon_rdp in "
+        "aggregate) | clients: whole train handling (sum) "
+        "| clients: app train step (sum) | train-step calls |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for n, row in summary.items():
         for side in ("plain", "wrapped"):
             if side not in row:
@@ -521,9 +615,11 @@ def markdown(summary: dict) -> str:
             accnt = sum(v for k, v in sv.items() if k.startswith("accountant."))
             rel = f"{sv['release']:.4f}" if "release" in sv else ""
             acs = f"{accnt:.4f}" if "release" in sv else ""
-            lines.append(f"| {n} | {side} | {sv.get('configure_train', 0):.4f} | "
-                         f"{sv.get('aggregate_train', 0):.4f} | {rel} | {acs} | "
-                         f"{cl['client_s']:.3f} | {cl['train_s']:.3f} | {cl['train_calls']:.0f} |")
+            lines.append(
+                f"| {n} | {side} | {sv.get('configure_train', 0):.4f} | "
+                f"{sv.get('aggregate_train', 0):.4f} | {rel} | {acs} | "
+                f"{cl['client_s']:.3f} | {cl['train_s']:.3f} | {cl['train_calls']:.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -534,13 +630,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="rounds per repetition (1: warm-up)")
     ap.add_argument("--json", type=str, default=None, help="write every repetition and the summary")
     ap.add_argument("--markdown", type=str, default=None, help="write the Markdown tables")
-    ap.add_argument("--one", choices=["plain", "wrapped"], default=None,
-                    help="run one repetition in this process and print its JSON")
-    ap.add_argument("--profile-mod", action="store_true",
-                    help="no Ray: time and profile user_level_mod on one client in-process")
+    ap.add_argument(
+        "--one",
+        choices=["plain", "wrapped"],
+        default=None,
+        help="run one repetition in this process and print its JSON",
+    )
+    ap.add_argument(
+        "--profile-mod",
+        action="store_true",
+        help="no Ray: time and profile user_level_mod on one client in-process",
+    )
     a = ap.parse_args()
     if a.profile_mod:
         import torch
+
         torch.set_num_threads(1)
         profile_mod(a.n[0])
         return
@@ -560,30 +664,42 @@ def main() -> None:
                 r = measure(side, n, a.rounds)
                 r["rep"] = rep
                 results.append(r)
-                print(f"n={n:<4} rep={rep} {side:<8} s/round {r['s_per_round']:.3f} "
-                      f"CPU s/round {r['cpu_s_per_round']:.3f} "
-                      f"(rounds {', '.join(f'{x:.2f}' for x in r['round_seconds'])}) "
-                      f"wall {r['wall_s']:.1f} s load {r['load1_before']:.1f} "
-                      f"peak RSS {r['peak_rss_mb']:.0f} MB "
-                      f"PSS {r['peak_pss_mb']:.0f} MB ({r['peak_procs']} procs)", flush=True)
+                print(
+                    f"n={n:<4} rep={rep} {side:<8} s/round {r['s_per_round']:.3f} "
+                    f"CPU s/round {r['cpu_s_per_round']:.3f} "
+                    f"(rounds {', '.join(f'{x:.2f}' for x in r['round_seconds'])}) "
+                    f"wall {r['wall_s']:.1f} s load {r['load1_before']:.1f} "
+                    f"peak RSS {r['peak_rss_mb']:.0f} MB "
+                    f"PSS {r['peak_pss_mb']:.0f} MB ({r['peak_procs']} procs)",
+                    flush=True,
+                )
     summary = summarize(results)
     table = markdown(summary)
     total = time.perf_counter() - t0
     versions = sorted({r["fedudp_sources_sha1"] for r in results})
     if len(versions) > 1:
-        print(f"\nWARNING: fedudp's sources changed during the run: {versions} (per repetition "
-              "in the JSON)")
+        print(
+            f"\nWARNING: fedudp's sources changed during the run: {versions} (per repetition "
+            "in the JSON)"
+        )
     print()
     print(table)
     print(f"\ntotal wall time {total:.0f} s")
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({
-            "command": " ".join([Path(sys.executable).name] + sys.argv),
-            "cpus": os.cpu_count(), "total_wall_s": total,
-            "fedudp_sources_sha1": sorted({r["fedudp_sources_sha1"] for r in results}),
-            "summary": {str(k): v for k, v in summary.items()}, "repetitions": results},
-            indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "command": " ".join([Path(sys.executable).name] + sys.argv),
+                    "cpus": os.cpu_count(),
+                    "total_wall_s": total,
+                    "fedudp_sources_sha1": sorted({r["fedudp_sources_sha1"] for r in results}),
+                    "summary": {str(k): v for k, v in summary.items()},
+                    "repetitions": results,
+                },
+                indent=1,
+            )
+        )
     if a.markdown:
         Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(a.markdown).write_text(table + "\n")

@@ -21,6 +21,7 @@ and on older code, so this script measures every run's cost directly and project
     OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_huang_grid.py --data-root DATA \
         --json docs/results/bench_dpsgd/grid.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,32 +43,52 @@ def table1_runs() -> list[tuple[str, dict]]:
     """The 24 one-seed MNIST Table 1 runs, in the grid script's order: its runs with the preset's
     defaults only (seed 0, DP-SGD in the owners, certified; no ε, layer, m/r or clip override)."""
     import reproduce_huang as rh
-    base = {"dataset.name", "partition.num_owners", "method", "seed", "privacy.placement",
-            "privacy.accounting"}
-    return [(name, over) for name, over in rh.grid(["mnist"])
-            if set(over) == base and over["seed"] == 0 and over["privacy.placement"] == "local_dpsgd"
-            and over["privacy.accounting"] == "certified"]
+
+    base = {
+        "dataset.name",
+        "partition.num_owners",
+        "method",
+        "seed",
+        "privacy.placement",
+        "privacy.accounting",
+    }
+    return [
+        (name, over)
+        for name, over in rh.grid(["mnist"])
+        if set(over) == base
+        and over["seed"] == 0
+        and over["privacy.placement"] == "local_dpsgd"
+        and over["privacy.accounting"] == "certified"
+    ]
 
 
 def measure(job: tuple[str, dict, str, int]) -> dict:
     """Prepare one run and time its first ``rounds`` rounds (one torch thread)."""
     name, over, data_root, rounds = job
     import torch
+
     torch.set_num_threads(1)
     import reproduce_huang as rh
     from fedudp.run import _checkpointer, execute, prepare
+
     cfg = rh.compose(over, data_root, 1)
     T = int(cfg.train.rounds)
     t0 = time.perf_counter()
     p = prepare(cfg)
     prep = time.perf_counter() - t0
-    p.cfg.train.rounds = min(rounds, T)        # z stays calibrated for the run's T rounds
+    p.cfg.train.rounds = min(rounds, T)  # z stays calibrated for the run's T rounds
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
         execute(p, None, None, _checkpointer(Path(out), cfg))
         per_round = (time.perf_counter() - t0) / p.cfg.train.rounds
-    return {"run": name, "prepare_s": round(prep, 2), "round_s": round(per_round, 2), "T": T,
-            "E": int(cfg.train.local_epochs), "projected_s": round(prep + T * per_round, 1)}
+    return {
+        "run": name,
+        "prepare_s": round(prep, 2),
+        "round_s": round(per_round, 2),
+        "T": T,
+        "E": int(cfg.train.local_epochs),
+        "projected_s": round(prep + T * per_round, 1),
+    }
 
 
 def makespan(times: list[float], workers: int) -> float:
@@ -80,21 +101,29 @@ def makespan(times: list[float], workers: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
-                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
+    ap.add_argument(
+        "--data-root",
+        default=os.environ.get("FEDUDP_DATA"),
+        help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="rounds timed per run")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--only", default="", help="substring of the run names to keep")
     ap.add_argument("--json", help="also write the per-run numbers here")
     a = ap.parse_args()
     if not a.data_root:
-        raise SystemExit("bench_huang_grid.py: error: --data-root <folder with the MNIST IDX files> is "
-                         "required (or set FEDUDP_DATA)")
+        raise SystemExit(
+            "bench_huang_grid.py: error: --data-root <folder with the MNIST IDX files> is "
+            "required (or set FEDUDP_DATA)"
+        )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     runs = [r for r in table1_runs() if a.only in r[0]]
     t0 = time.time()
     with mp.get_context("spawn").Pool(a.workers, maxtasksperchild=1) as pool:
-        got = {r["run"]: r for r in pool.imap_unordered(measure, [(n, o, a.data_root, a.rounds) for n, o in runs])}
+        got = {
+            r["run"]: r
+            for r in pool.imap_unordered(measure, [(n, o, a.data_root, a.rounds) for n, o in runs])
+        }
     rows = [got[n] for n, _ in runs]
     proj = [r["projected_s"] for r in rows]
     grid_order = makespan(proj, a.workers)
@@ -102,15 +131,30 @@ def main() -> int:
     print("| run | E | T | prepare s | s per round | projected run s |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['run']} | {r['E']} | {r['T']} | {r['prepare_s']:.1f} | {r['round_s']:.1f} | {r['projected_s']:,.0f} |")
+        print(
+            f"| {r['run']} | {r['E']} | {r['T']} | {r['prepare_s']:.1f} | {r['round_s']:.1f} | {r['projected_s']:,.0f} |"
+        )
     print(f"\nsum of projected runs: {sum(proj):,.0f} s ({sum(proj) / 3600:.2f} worker-hours)")
-    print(f"grid on {a.workers} workers, grid order: {grid_order:,.0f} s ({grid_order / 3600:.2f} h); "
-          f"longest first: {lpt:,.0f} s ({lpt / 3600:.2f} h)")
+    print(
+        f"grid on {a.workers} workers, grid order: {grid_order:,.0f} s ({grid_order / 3600:.2f} h); "
+        f"longest first: {lpt:,.0f} s ({lpt / 3600:.2f} h)"
+    )
     print(f"(this measurement: {time.time() - t0:,.0f} s wall)")
     if a.json:
-        Path(a.json).write_text(json.dumps({"runs": rows, "sum_s": sum(proj), "grid_order_s": grid_order,
-                                            "longest_first_s": lpt, "workers": a.workers,
-                                            "rounds_timed": a.rounds, "wall_s": time.time() - t0}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "runs": rows,
+                    "sum_s": sum(proj),
+                    "grid_order_s": grid_order,
+                    "longest_first_s": lpt,
+                    "workers": a.workers,
+                    "rounds_timed": a.rounds,
+                    "wall_s": time.time() - t0,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -22,6 +22,7 @@ with the noise multiplier calibrated for (1.0, 1e-5) over 4,000 rounds, on the P
 Times are wall clock (``time.perf_counter``) and CPU time of the process
 (``time.process_time``): the machine may be shared, CPU time is the steadier of the two.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,9 @@ import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-Q = 1 / 2000                      # huang_alg1: one record of m n = 2,000, Poisson-sampled
+Q = 1 / 2000  # huang_alg1: one record of m n = 2,000, Poisson-sampled
 TARGET, DELTA, ROUNDS = 1.0, 1e-5, 4000
-INTERVAL = 1e-4                   # fedudp.privacy.accountant.pld_interval(1.0)
+INTERVAL = 1e-4  # fedudp.privacy.accountant.pld_interval(1.0)
 # calibrate_noise_multiplier(PoissonSampled(1/2000, Gaussian(z)), 1.0, 1e-5, 4000); --calibrate
 # recomputes it
 Z = 0.6129660146601268
@@ -135,12 +136,14 @@ def bench_before(rounds: list[int], reps: int) -> dict:
 def _cold() -> None:
     """Forget every cache the accountant module keeps (a fresh process's state)."""
     from fedudp.privacy import accountant as mod
+
     for name in ("_RAW", "_CAPTURED", "_EPSILON", "_FAST", "_RDP_VECTORS", "_PLD_SUPPORTS"):
         getattr(mod, name).clear()
 
 
 def bench_after(rounds: list[int], reps: int) -> dict:
     from fedudp.privacy.accountant import accountant_for
+
     ev, out = event(), {}
     top = max(rounds)
     per = {k: {"wall": [], "cpu": [], "max_wall": []} for k in rounds}
@@ -175,8 +178,16 @@ def _child(side: str, rounds: list[int], reps: int) -> None:
 
 
 def _run_child(side: str, rounds: list[int], reps: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", side, "--reps", str(reps), "--rounds",
-           *map(str, rounds)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        side,
+        "--reps",
+        str(reps),
+        "--rounds",
+        *map(str, rounds),
+    ]
     done = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -189,8 +200,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, nargs="+", default=[10, 100, 1000, 4000])
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--calibrate", action="store_true",
-                   help="recompute the noise multiplier (and time the calibration)")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="recompute the noise multiplier (and time the calibration)",
+    )
     p.add_argument("--child", choices=["before", "after"], help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -198,27 +212,38 @@ def main() -> None:
         return
     if a.calibrate:
         from fedudp.privacy.accountant import calibrate_noise_multiplier
+
         w = time.perf_counter()
         z = calibrate_noise_multiplier(event, TARGET, DELTA, ROUNDS)
-        print(f"calibrated z = {z!r} in {time.perf_counter() - w:.1f} s wall "
-              f"(the constant here: {Z!r})\n")
+        print(
+            f"calibrated z = {z!r} in {time.perf_counter() - w:.1f} s wall "
+            f"(the constant here: {Z!r})\n"
+        )
     start = time.perf_counter()
     before = _run_child("before", a.rounds, a.reps)
     after = _run_child("after", a.rounds, a.reps)
-    print(f"event: PoissonSampledDpEvent({Q:g}, GaussianDpEvent({Z!r})), delta {DELTA:g}, "
-          f"PLD grid {INTERVAL:g}, target epsilon {TARGET:g}; {a.reps} repetitions\n")
-    print("| rounds K | before: round K, ms (min / median), wall | before: CPU ms (min) "
-          "| after: per round over 1..K, ms (min / median), wall | after: CPU ms (min) "
-          "| after: slowest round, ms (median) | epsilon after K (after) | after - direct |")
+    print(
+        f"event: PoissonSampledDpEvent({Q:g}, GaussianDpEvent({Z!r})), delta {DELTA:g}, "
+        f"PLD grid {INTERVAL:g}, target epsilon {TARGET:g}; {a.reps} repetitions\n"
+    )
+    print(
+        "| rounds K | before: round K, ms (min / median), wall | before: CPU ms (min) "
+        "| after: per round over 1..K, ms (min / median), wall | after: CPU ms (min) "
+        "| after: slowest round, ms (median) | epsilon after K (after) | after - direct |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for k in a.rounds:
         b, f = before[str(k)], after[str(k)]
         direct = direct_epsilon(k)
-        print(f"| {k} | {_ms(b['wall'])} | {1e3 * min(b['cpu']):.1f} | {_ms(f['wall'])} | "
-              f"{1e3 * min(f['cpu']):.2f} | {1e3 * statistics.median(f['max_wall']):.0f} | "
-              f"{f['epsilon']:.6f} | {f['epsilon'] - direct:+.2e} |")
-    print(f"\npeak memory (ru_maxrss): before {before['maxrss_mb']:.0f} MB, "
-          f"after {after['maxrss_mb']:.0f} MB")
+        print(
+            f"| {k} | {_ms(b['wall'])} | {1e3 * min(b['cpu']):.1f} | {_ms(f['wall'])} | "
+            f"{1e3 * min(f['cpu']):.2f} | {1e3 * statistics.median(f['max_wall']):.0f} | "
+            f"{f['epsilon']:.6f} | {f['epsilon'] - direct:+.2e} |"
+        )
+    print(
+        f"\npeak memory (ru_maxrss): before {before['maxrss_mb']:.0f} MB, "
+        f"after {after['maxrss_mb']:.0f} MB"
+    )
     eps_before = ", ".join(f"{before[str(k)]['epsilon']:.6f}" for k in a.rounds)
     print(f"before: epsilon at K = {eps_before} (the direct computation)")
     print(f"benchmark wall time: {time.perf_counter() - start:.0f} s")

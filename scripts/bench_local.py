@@ -37,6 +37,7 @@ files to a temporary folder and read through the same ``dataset.name=mnist`` pat
     .venv/bin/python scripts/bench_local.py --data-root DATA --n 512 --chunk-records 1024 2048 8192
     .venv/bin/python scripts/bench_local.py --data-root DATA --n 128 --loop-min-records 8 1000000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,27 +66,37 @@ LR, BATCH, EPOCHS = 0.05, 32, 1
 
 # -- data --------------------------------------------------------------------------------------
 def _has_mnist(root: Path) -> bool:
-    stems = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
-    return all(any((d / (s + ext)).exists() for d in (root / "mnist", root) for ext in (".gz", ""))
-               for s in stems)
+    stems = [
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ]
+    return all(
+        any((d / (s + ext)).exists() for d in (root / "mnist", root) for ext in (".gz", ""))
+        for s in stems
+    )
 
 
 def _write_idx(path: Path, arr: np.ndarray) -> None:
-    head = struct.pack(">II", 2051, arr.shape[0]) + struct.pack(">II", *arr.shape[1:]) \
-        if arr.ndim == 3 else struct.pack(">II", 2049, arr.shape[0])
+    head = (
+        struct.pack(">II", 2051, arr.shape[0]) + struct.pack(">II", *arr.shape[1:])
+        if arr.ndim == 3
+        else struct.pack(">II", 2049, arr.shape[0])
+    )
     with gzip.open(path, "wb", compresslevel=1) as f:
         f.write(head + arr.astype(np.uint8).tobytes())
 
 
-def synthetic_mnist(root: Path, n_train: int = 20_000, n_test: int = 10_000, seed: int = 1234,
-                    amp: float = 0.4) -> Path:
+def synthetic_mnist(
+    root: Path, n_train: int = 20_000, n_test: int = 10_000, seed: int = 1234, amp: float = 0.4
+) -> Path:
     """MNIST-shaped IDX files: per-class smooth patterns (5x5 box blur of noise, unit std)
     times ``amp`` plus N(0,1) noise, mapped to uint8 -- learnable, not trivially separable."""
     rng = np.random.default_rng(seed)
     raw = rng.standard_normal((10, 28, 28)).astype(np.float32)
     pad = np.pad(raw, ((0, 0), (2, 2), (2, 2)), mode="wrap")
-    mu = sum(pad[:, dy:dy + 28, dx:dx + 28] for dy in range(5) for dx in range(5))
+    mu = sum(pad[:, dy : dy + 28, dx : dx + 28] for dy in range(5) for dx in range(5))
     mu /= mu.std(axis=(1, 2), keepdims=True)
 
     def make(m: int, r: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -107,6 +118,7 @@ def synthetic_mnist(root: Path, n_train: int = 20_000, n_test: int = 10_000, see
 # -- config ------------------------------------------------------------------------------------
 def make_cfg(n: int, rounds: int, data_root: str, chunk_records: int | None, threads: int):
     from fedudp.config import RunConfig
+
     cfg = RunConfig()
     cfg.progress = False
     cfg.method = "fedavg"
@@ -116,13 +128,13 @@ def make_cfg(n: int, rounds: int, data_root: str, chunk_records: int | None, thr
     cfg.dataset.num_records = N_RECORDS
     cfg.model.name = "cnn"
     cfg.partition.num_owners = n
-    cfg.partition.records_per_user = N_RECORDS        # >= any owner's size: one user per owner
+    cfg.partition.records_per_user = N_RECORDS  # >= any owner's size: one user per owner
     cfg.train.rounds = rounds
     cfg.train.lr = LR
     cfg.train.batch_size = BATCH
     cfg.train.local_epochs = EPOCHS
     cfg.train.sampling_rate = 1.0
-    cfg.train.eval_every = 10 ** 6                     # evaluate after the last round only
+    cfg.train.eval_every = 10**6  # evaluate after the last round only
     cfg.engine_opts.threads = threads
     if chunk_records is not None:
         cfg.engine_opts.chunk_records = chunk_records
@@ -135,15 +147,17 @@ class PlainLoop:
 
     def __init__(self, cfg) -> None:
         from fedudp import build
+
         fed = build.federation(cfg)
         assert fed.num_users == fed.num_owners, "expected one user per owner"
         self.cfg = cfg
-        self.net = build.model(cfg).requires_grad_(True)    # same seeded init
+        self.net = build.model(cfg).requires_grad_(True)  # same seeded init
         self.glob = {k: v.detach().clone() for k, v in self.net.state_dict().items()}
         self.owners = [fed.owner(j) for j in range(fed.num_owners)]
 
     def round(self, r: int) -> float:
         from fedudp.randomness import Purpose, numpy_rng
+
         cfg, net, glob = self.cfg, self.net, self.glob
         t0 = time.perf_counter()
         delta_sum = {k: torch.zeros_like(v) for k, v in glob.items()}
@@ -153,10 +167,12 @@ class PlainLoop:
             opt = torch.optim.SGD(net.parameters(), lr=cfg.train.lr)
             m = int(od.x.shape[0])
             for e in range(cfg.train.local_epochs):
-                keys = numpy_rng(cfg.seed, Purpose.OWNER_ORDER, r, e, int(od.owner_ids[0])).random(m)
+                keys = numpy_rng(cfg.seed, Purpose.OWNER_ORDER, r, e, int(od.owner_ids[0])).random(
+                    m
+                )
                 perm = torch.from_numpy(np.argsort(keys, kind="stable"))
                 for s in range(0, m, cfg.train.batch_size):
-                    idx = perm[s:s + cfg.train.batch_size]
+                    idx = perm[s : s + cfg.train.batch_size]
                     opt.zero_grad(set_to_none=True)
                     F.cross_entropy(net(od.x[idx]), od.y[idx]).backward()
                     opt.step()
@@ -171,6 +187,7 @@ class PlainLoop:
 def run_interleaved(cfg) -> tuple[list[float], list[float], float, float]:
     """(local seconds per round, plain seconds per round, max |w_local - w_plain|, max |w|)."""
     from fedudp.run import execute, prepare
+
     plain = PlainLoop(cfg)
     p = prepare(cfg)
     t_plain: list[float] = []
@@ -194,27 +211,47 @@ def counted(sec: list[float]) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, nargs="+", default=[16, 128, 512])
-    ap.add_argument("--rounds", type=int, default=7,
-                    help="rounds per run (>= 7: rounds 2..R-1 counted, at least five per side)")
-    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
-                    help="folder holding <root>/mnist/ IDX files (one without them: synthetic "
-                         "MNIST-shaped data); default: $FEDUDP_DATA")
-    ap.add_argument("--chunk-records", type=int, nargs="+", default=[None],
-                    help="engine_opts.chunk_records values to time (default: the config default)")
-    ap.add_argument("--loop-min-records", type=int, nargs="+", default=[None],
-                    help="fedudp.core.local_sgd.LOOP_MIN_RECORDS values to time (default: the "
-                         "module's; 1000000: every unit vmapped)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=7,
+        help="rounds per run (>= 7: rounds 2..R-1 counted, at least five per side)",
+    )
+    ap.add_argument(
+        "--data-root",
+        default=os.environ.get("FEDUDP_DATA"),
+        help="folder holding <root>/mnist/ IDX files (one without them: synthetic "
+        "MNIST-shaped data); default: $FEDUDP_DATA",
+    )
+    ap.add_argument(
+        "--chunk-records",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="engine_opts.chunk_records values to time (default: the config default)",
+    )
+    ap.add_argument(
+        "--loop-min-records",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="fedudp.core.local_sgd.LOOP_MIN_RECORDS values to time (default: the "
+        "module's; 1000000: every unit vmapped)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
     if not a.data_root:
-        raise SystemExit("bench_local.py: error: --data-root <folder with the MNIST IDX files> is "
-                         "required (or set FEDUDP_DATA)")
+        raise SystemExit(
+            "bench_local.py: error: --data-root <folder with the MNIST IDX files> is "
+            "required (or set FEDUDP_DATA)"
+        )
     if a.rounds < 7:
         raise SystemExit("--rounds must be >= 7 (five counted rounds per side)")
     from fedudp.config import EngineConfig
     from fedudp.core import local_sgd
     from fedudp.core.local_sgd import AUTO_CHUNK_CONV
+
     default_loop_min = local_sgd.LOOP_MIN_RECORDS
 
     tmp = None
@@ -227,9 +264,12 @@ def main() -> None:
         data = f"synthetic MNIST-shaped data (no MNIST under {a.data_root})"
     if a.threads:
         torch.set_num_threads(a.threads)
-    print(f"data: {data}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"model cnn, fedavg, 1 user/owner, E={EPOCHS}, batch {BATCH}, lr {LR}; "
-          f"rounds 2..{a.rounds - 1} counted, local and plain interleaved", flush=True)
+    print(
+        f"data: {data}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"model cnn, fedavg, 1 user/owner, E={EPOCHS}, batch {BATCH}, lr {LR}; "
+        f"rounds 2..{a.rounds - 1} counted, local and plain interleaved",
+        flush=True,
+    )
 
     results = []
     for n, ck, lm in itertools.product(a.n, a.chunk_records, a.loop_min_records):
@@ -238,36 +278,53 @@ def main() -> None:
         t_local, t_plain, diff, scale = run_interleaved(cfg)
         lo, pl = counted(t_local), counted(t_plain)
         ratios = [x / y for x, y in zip(lo, pl)]
-        row = {"n": n, "chunk_records": cfg.engine_opts.chunk_records,
-               "loop_min_records": local_sgd.LOOP_MIN_RECORDS,
-               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-               "local_min": min(lo), "local_median": statistics.median(lo),
-               "plain_min": min(pl), "plain_median": statistics.median(pl),
-               "ratio_of_mins": min(lo) / min(pl),
-               "ratio_of_medians": statistics.median(lo) / statistics.median(pl),
-               "ratio_per_round_min": min(ratios), "ratio_per_round_median": statistics.median(ratios),
-               "local_rounds": t_local, "plain_rounds": t_plain,
-               "max_abs_param_diff": diff, "max_abs_param": scale}
+        row = {
+            "n": n,
+            "chunk_records": cfg.engine_opts.chunk_records,
+            "loop_min_records": local_sgd.LOOP_MIN_RECORDS,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "local_min": min(lo),
+            "local_median": statistics.median(lo),
+            "plain_min": min(pl),
+            "plain_median": statistics.median(pl),
+            "ratio_of_mins": min(lo) / min(pl),
+            "ratio_of_medians": statistics.median(lo) / statistics.median(pl),
+            "ratio_per_round_min": min(ratios),
+            "ratio_per_round_median": statistics.median(ratios),
+            "local_rounds": t_local,
+            "plain_rounds": t_plain,
+            "max_abs_param_diff": diff,
+            "max_abs_param": scale,
+        }
         results.append(row)
-        print(f"  n={n} chunk_records={row['chunk_records']} loop_min_records="
-              f"{row['loop_min_records']}: local {[f'{s:.2f}' for s in t_local]} "
-              f"plain {[f'{s:.2f}' for s in t_plain]}  |w_local - w_plain|max={diff:.2e}  "
-              f"peak RSS {row['peak_rss_mib']:.0f} MiB", flush=True)
+        print(
+            f"  n={n} chunk_records={row['chunk_records']} loop_min_records="
+            f"{row['loop_min_records']}: local {[f'{s:.2f}' for s in t_local]} "
+            f"plain {[f'{s:.2f}' for s in t_plain]}  |w_local - w_plain|max={diff:.2e}  "
+            f"peak RSS {row['peak_rss_mib']:.0f} MiB",
+            flush=True,
+        )
     local_sgd.LOOP_MIN_RECORDS = default_loop_min
 
     print()
-    print("| n | chunk_records | loop_min_records | local s/round min / median "
-          "| plain s/round min / median | ratio of mins | ratio of medians "
-          "| per-round ratio min / median | peak RSS MiB |")
+    print(
+        "| n | chunk_records | loop_min_records | local s/round min / median "
+        "| plain s/round min / median | ratio of mins | ratio of medians "
+        "| per-round ratio min / median | peak RSS MiB |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['n']} | {r['chunk_records']} | {r['loop_min_records']} "
-              f"| {r['local_min']:.2f} / {r['local_median']:.2f} "
-              f"| {r['plain_min']:.2f} / {r['plain_median']:.2f} | {r['ratio_of_mins']:.2f} "
-              f"| {r['ratio_of_medians']:.2f} | {r['ratio_per_round_min']:.2f} / "
-              f"{r['ratio_per_round_median']:.2f} | {r['peak_rss_mib']:.0f} |")
-    print(f"\n(default engine_opts.chunk_records = {EngineConfig().chunk_records}: auto, "
-          f"{AUTO_CHUNK_CONV} for models with convolutions)")
+        print(
+            f"| {r['n']} | {r['chunk_records']} | {r['loop_min_records']} "
+            f"| {r['local_min']:.2f} / {r['local_median']:.2f} "
+            f"| {r['plain_min']:.2f} / {r['plain_median']:.2f} | {r['ratio_of_mins']:.2f} "
+            f"| {r['ratio_of_medians']:.2f} | {r['ratio_per_round_min']:.2f} / "
+            f"{r['ratio_per_round_median']:.2f} | {r['peak_rss_mib']:.0f} |"
+        )
+    print(
+        f"\n(default engine_opts.chunk_records = {EngineConfig().chunk_records}: auto, "
+        f"{AUTO_CHUNK_CONV} for models with convolutions)"
+    )
     if a.json:
         Path(a.json).write_text(json.dumps({"data": data, "results": results}, indent=2))
     if tmp is not None:

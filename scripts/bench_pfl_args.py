@@ -1,5 +1,6 @@
 """What ``scripts/bench_pfl.py``'s two side workers share (standard library only: the pfl worker
 runs with pfl's Python): their command line and a reading of the process's own memory."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ def start_worker(description: str) -> argparse.Namespace:
     ap.add_argument("--final-params", help="also write the final weights here (.npz)")
     a = ap.parse_args()
     import torch
+
     torch.set_num_threads(a.threads)
     sys.path.insert(0, str(ROOT))
     return a

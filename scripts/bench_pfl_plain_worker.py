@@ -19,6 +19,7 @@ round are timed around exactly that; the test accuracy after the last round is n
 
     .venv/bin/python scripts/bench_pfl_plain_worker.py --workload W.npz --rounds 4 ... --out r.json
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ from bench_pfl_args import start_worker, status_kib  # noqa: E402  (this folder)
 
 
 def main() -> None:
-    a = start_worker(__doc__.splitlines()[0])     # one thread, the repository on sys.path
+    a = start_worker(__doc__.splitlines()[0])  # one thread, the repository on sys.path
 
     import numpy as np
     import torch
@@ -45,7 +46,7 @@ def main() -> None:
     offs = w["user_offsets"].astype(np.int64)
     num_users = len(offs) - 1
     net = PaperCNN(x.shape[1], int(w["classes"]), x.shape[2])
-    init = {k[len("init/"):]: torch.from_numpy(w[k]) for k in w.files if k.startswith("init/")}
+    init = {k[len("init/") :]: torch.from_numpy(w[k]) for k in w.files if k.startswith("init/")}
     net.load_state_dict(init, strict=True)
     params = [p for p in net.parameters()]
     glob = [p.detach().clone() for p in params]
@@ -72,7 +73,7 @@ def main() -> None:
             for _ in range(a.epochs):
                 perm = torch.randperm(a1 - a0, generator=gen) + a0
                 for s in range(0, a1 - a0, a.batch):
-                    idx = perm[s:s + a.batch]
+                    idx = perm[s : s + a.batch]
                     opt.zero_grad(set_to_none=True)
                     F.cross_entropy(net(x[idx]), y[idx]).backward()
                     opt.step()
@@ -83,13 +84,16 @@ def main() -> None:
                 factor = min(1.0, a.clip / norm) if norm > 0 else 1.0
                 n_clipped += factor < 1.0
                 total.add_(delta, alpha=factor)
-        total.add_(torch.normal(0.0, a.noise_multiplier * a.clip, (d,), generator=noise_gen,
-                                dtype=torch.float64))
+        total.add_(
+            torch.normal(
+                0.0, a.noise_multiplier * a.clip, (d,), generator=noise_gen, dtype=torch.float64
+            )
+        )
         mean = total / num_users
         with torch.no_grad():
             at = 0
             for p, g in zip(params, glob):
-                g.add_((a.server_lr * mean[at:at + g.numel()]).view_as(g).to(g.dtype))
+                g.add_((a.server_lr * mean[at : at + g.numel()]).view_as(g).to(g.dtype))
                 p.copy_(g)
                 at += g.numel()
         seconds.append(time.perf_counter() - t0)
@@ -98,26 +102,42 @@ def main() -> None:
     with torch.no_grad():
         xt = torch.from_numpy(np.ascontiguousarray(w["x_test"]))
         yt = torch.from_numpy(w["y_test"].astype(np.int64))
-        correct = sum(int((net(xt[i:i + 1000]).argmax(1) == yt[i:i + 1000]).sum())
-                      for i in range(0, len(yt), 1000))
+        correct = sum(
+            int((net(xt[i : i + 1000]).argmax(1) == yt[i : i + 1000]).sum())
+            for i in range(0, len(yt), 1000)
+        )
     wall1 = time.time()
     if a.final_params:
         np.savez(a.final_params, **{k: v.detach().numpy() for k, v in net.state_dict().items()})
     sizes = np.diff(offs)
     nsteps = a.epochs * (-(-sizes // a.batch))
-    Path(a.out).write_text(json.dumps({
-        "side": "plain", "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "round_seconds": seconds, "rounds_wall": [wall0, wall1], "users": num_users,
-        "records": int(offs[-1]), "users_per_round": [num_users] * a.rounds,
-        "clipped_fraction": clipped,
-        "local_steps_per_user": {"min": int(nsteps.min()), "max": int(nsteps.max()),
-                                 "mean": float(nsteps.mean()),
-                                 "counted": steps / (num_users * a.rounds),
-                                 "source": "ceil(records / batch) x epochs; counted: SGD steps "
-                                           "per trained user"},
-        "final_accuracy": correct / len(yt), "test_records": int(len(yt)),
-        "rss_before_rounds_mib": rss_before / 1024, "hwm_before_rounds_mib": hwm_before / 1024,
-    }, indent=1))
+    Path(a.out).write_text(
+        json.dumps(
+            {
+                "side": "plain",
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "round_seconds": seconds,
+                "rounds_wall": [wall0, wall1],
+                "users": num_users,
+                "records": int(offs[-1]),
+                "users_per_round": [num_users] * a.rounds,
+                "clipped_fraction": clipped,
+                "local_steps_per_user": {
+                    "min": int(nsteps.min()),
+                    "max": int(nsteps.max()),
+                    "mean": float(nsteps.mean()),
+                    "counted": steps / (num_users * a.rounds),
+                    "source": "ceil(records / batch) x epochs; counted: SGD steps per trained user",
+                },
+                "final_accuracy": correct / len(yt),
+                "test_records": int(len(yt)),
+                "rss_before_rounds_mib": rss_before / 1024,
+                "hwm_before_rounds_mib": hwm_before / 1024,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

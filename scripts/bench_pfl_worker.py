@@ -28,6 +28,7 @@ test accuracy is computed after the last round (``PyTorchModel.evaluate``), not 
 
     PFL_PYTHON scripts/bench_pfl_worker.py --workload W.npz --rounds 4 --out result.json
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,7 @@ from bench_pfl_args import start_worker, status_kib  # noqa: E402  (this folder)
 
 
 def main() -> None:
-    a = start_worker(__doc__.splitlines()[0])     # one thread, the repository on sys.path
+    a = start_worker(__doc__.splitlines()[0])  # one thread, the repository on sys.path
 
     import numpy as np
     import torch
@@ -72,7 +73,7 @@ def main() -> None:
         ``PyTorchModel`` calls: ``loss`` (the batch-mean cross entropy SGD minimises, as in
         fedudp) and ``metrics`` (summed loss and correct predictions, weighted by records)."""
 
-        steps = 0     # local SGD steps taken (pfl calls ``loss`` once per step)
+        steps = 0  # local SGD steps taken (pfl calls ``loss`` once per step)
 
         def loss(self, x, y, eval=False):  # noqa: A002 (pfl's keyword)
             PflPaperCNN.steps += 1
@@ -84,8 +85,10 @@ def main() -> None:
             self.eval() if eval else self.train()
             logits = self(x)
             n = len(y)
-            return {"loss": Weighted(float(F.cross_entropy(logits, y, reduction="sum")), n),
-                    "accuracy": Weighted(float((logits.argmax(1) == y).sum()), n)}
+            return {
+                "loss": Weighted(float(F.cross_entropy(logits, y, reduction="sum")), n),
+                "accuracy": Weighted(float((logits.argmax(1) == y).sum()), n),
+            }
 
     # -- the workload: the same users, records and initial weights as fedudp's run ------------
     w = np.load(a.workload)
@@ -100,26 +103,37 @@ def main() -> None:
         return Dataset(raw_data=(x[a0:a1], y[a0:a1]), user_id=uid)
 
     train_data = FederatedDataset(make_user, get_user_sampler("minimize_reuse", user_ids))
-    test_set = Dataset(raw_data=(torch.from_numpy(np.ascontiguousarray(w["x_test"])),
-                                 torch.from_numpy(w["y_test"].astype(np.int64))))
+    test_set = Dataset(
+        raw_data=(
+            torch.from_numpy(np.ascontiguousarray(w["x_test"])),
+            torch.from_numpy(w["y_test"].astype(np.int64)),
+        )
+    )
 
     net = PflPaperCNN(x.shape[1], int(w["classes"]), x.shape[2])
-    init = {k[len("init/"):]: torch.from_numpy(w[k]) for k in w.files if k.startswith("init/")}
+    init = {k[len("init/") :]: torch.from_numpy(w[k]) for k in w.files if k.startswith("init/")}
     net.load_state_dict(init, strict=True)
-    model = PyTorchModel(model=net, local_optimizer_create=torch.optim.SGD,
-                         central_optimizer=torch.optim.SGD(net.parameters(), lr=a.server_lr))
+    model = PyTorchModel(
+        model=net,
+        local_optimizer_create=torch.optim.SGD,
+        central_optimizer=torch.optim.SGD(net.parameters(), lr=a.server_lr),
+    )
 
     mechanism = CentrallyAppliedPrivacyMechanism(
-        GaussianMechanism(clipping_bound=a.clip, relative_noise_stddev=a.noise_multiplier))
-    backend = SimulatedBackend(training_data=train_data, val_data=train_data,
-                               postprocessors=[mechanism])
+        GaussianMechanism(clipping_bound=a.clip, relative_noise_stddev=a.noise_multiplier)
+    )
+    backend = SimulatedBackend(
+        training_data=train_data, val_data=train_data, postprocessors=[mechanism]
+    )
     algorithm_params = NNAlgorithmParams(
         central_num_iterations=a.rounds,
-        evaluation_frequency=a.rounds + 1,   # pfl evaluates iteration 0's users (round 1 only)
-        train_cohort_size=num_users,         # every user, every round
-        val_cohort_size=None)
-    train_params = NNTrainHyperParams(local_learning_rate=a.lr, local_num_epochs=a.epochs,
-                                      local_batch_size=a.batch)
+        evaluation_frequency=a.rounds + 1,  # pfl evaluates iteration 0's users (round 1 only)
+        train_cohort_size=num_users,  # every user, every round
+        val_cohort_size=None,
+    )
+    train_params = NNTrainHyperParams(
+        local_learning_rate=a.lr, local_num_epochs=a.epochs, local_batch_size=a.batch
+    )
 
     class RoundTimer(TrainingProcessCallback):
         def __init__(self) -> None:
@@ -134,17 +148,27 @@ def main() -> None:
             t = time.perf_counter()
             self.seconds.append(t - self.t)
             self.t = t
-            self.metrics.append({str(k): float(v) for k, v in aggregate_metrics.to_simple_dict(
-                force_serialize_all_metrics=True).items()})
+            self.metrics.append(
+                {
+                    str(k): float(v)
+                    for k, v in aggregate_metrics.to_simple_dict(
+                        force_serialize_all_metrics=True
+                    ).items()
+                }
+            )
             return False, Metrics()
 
     timer = RoundTimer()
     rss_before = status_kib("VmRSS")
     hwm_before = status_kib("VmHWM")
     wall0 = time.time()
-    model = FederatedAveraging().run(algorithm_params=algorithm_params, backend=backend,
-                                     model=model, model_train_params=train_params,
-                                     callbacks=[timer])
+    model = FederatedAveraging().run(
+        algorithm_params=algorithm_params,
+        backend=backend,
+        model=model,
+        model_train_params=train_params,
+        callbacks=[timer],
+    )
     ev = model.evaluate(test_set, eval_params=NNEvalHyperParams(local_batch_size=1000))
     wall1 = time.time()
     ev = {str(k): float(v) for k, v in ev.to_simple_dict().items()}
@@ -160,19 +184,28 @@ def main() -> None:
     steps = a.epochs * (-(-sizes // a.batch))
     users_per_round = [pick(m, "number of devices") for m in timer.metrics]
     out = {
-        "side": "pfl", "pfl_version": pfl.__version__, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "round_seconds": timer.seconds,
-        "rounds_wall": [wall0, wall1], "users": num_users, "records": int(offs[-1]),
+        "side": "pfl",
+        "pfl_version": pfl.__version__,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "round_seconds": timer.seconds,
+        "rounds_wall": [wall0, wall1],
+        "users": num_users,
+        "records": int(offs[-1]),
         "users_per_round": users_per_round,
         "records_per_round": [pick(m, "number of data points") for m in timer.metrics],
         "clipped_fraction": [pick(m, "fraction of clipped norms") for m in timer.metrics],
-        "local_steps_per_user": {"min": int(steps.min()), "max": int(steps.max()),
-                                 "mean": float(steps.mean()),
-                                 "counted": PflPaperCNN.steps / sum(users_per_round),
-                                 "source": "ceil(records / batch) x epochs; counted: calls of "
-                                           "loss() per trained user"},
-        "final_accuracy": acc, "test_records": int(len(w["y_test"])),
-        "rss_before_rounds_mib": rss_before / 1024, "hwm_before_rounds_mib": hwm_before / 1024,
+        "local_steps_per_user": {
+            "min": int(steps.min()),
+            "max": int(steps.max()),
+            "mean": float(steps.mean()),
+            "counted": PflPaperCNN.steps / sum(users_per_round),
+            "source": "ceil(records / batch) x epochs; counted: calls of loss() per trained user",
+        },
+        "final_accuracy": acc,
+        "test_records": int(len(w["y_test"])),
+        "rss_before_rounds_mib": rss_before / 1024,
+        "hwm_before_rounds_mib": hwm_before / 1024,
         "round_metrics": timer.metrics,
     }
     Path(a.out).write_text(json.dumps(out, indent=1))

@@ -15,6 +15,7 @@ own time per round, its fixed cost per run (start: MLflow's import, the embedded
 finish: the summary and the artifacts) and the process's wall time. The table, the exact command
 and the wall time go to ``--out``/README.md, the raw numbers to ``--out``/results.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,14 +52,17 @@ def child(kind: str, sweep_dir: str, report: str, extra: list[str]) -> None:
         def on_round(info):
             hook(info)
             now = time.perf_counter()
-            periods.append({"round": info["round"], "period": now - last[0],
-                            "compute": info.get("seconds")})
+            periods.append(
+                {"round": info["round"], "period": now - last[0], "compute": info.get("seconds")}
+            )
             last[0] = now
+
         if len(args) > 5:
             args = args[:5] + (on_round,) + args[6:]
         else:
             kwargs["on_round"] = on_round
         return real_rounds(*args, **kwargs)
+
     run_mod.run_rounds = timed_rounds
 
     def timing(name, fn):
@@ -68,21 +72,33 @@ def child(kind: str, sweep_dir: str, report: str, extra: list[str]) -> None:
                 return fn(*a, **k)
             finally:
                 calls[name].append(time.perf_counter() - t)
+
         return wrapped
+
     tracking.Tracker.log_round = timing("log_round", tracking.Tracker.log_round)
     tracking.Tracker.finish = timing("finish", tracking.Tracker.finish)
     run_mod.tracking.start = timing("start", tracking.start)
 
     t0 = time.perf_counter()
-    sys.argv = ["fedudp", "-m", f"method={METHODS}", f"tracking={kind}", "progress=false",
-                f"hydra.sweep.dir={sweep_dir}", *extra]
+    sys.argv = [
+        "fedudp",
+        "-m",
+        f"method={METHODS}",
+        f"tracking={kind}",
+        "progress=false",
+        f"hydra.sweep.dir={sweep_dir}",
+        *extra,
+    ]
     try:
         run_mod.main()
     except SystemExit as e:
         if e.code not in (0, None):
             raise
-    Path(report).write_text(json.dumps({"kind": kind, "periods": periods, "calls": calls,
-                                        "wall": time.perf_counter() - t0}))
+    Path(report).write_text(
+        json.dumps(
+            {"kind": kind, "periods": periods, "calls": calls, "wall": time.perf_counter() - t0}
+        )
+    )
 
 
 def summarize(rep: dict) -> dict:
@@ -90,23 +106,35 @@ def summarize(rep: dict) -> dict:
     fixed per-run cost (start + finish), wall."""
     later = [p for p in rep["periods"] if p["round"] >= 2]
     runs = max(1, len(rep["calls"]["finish"]))
-    return {"s_per_round": statistics.fmean(p["period"] for p in later),
-            "compute_per_round": statistics.fmean(p["compute"] for p in later),
-            "hook_ms": 1e3 * (statistics.fmean(rep["calls"]["log_round"])
-                              if rep["calls"]["log_round"] else 0.0),
-            "fixed_per_run": (sum(rep["calls"]["start"]) + sum(rep["calls"]["finish"])) / runs,
-            "wall": rep["wall"], "rounds": len(rep["periods"])}
+    return {
+        "s_per_round": statistics.fmean(p["period"] for p in later),
+        "compute_per_round": statistics.fmean(p["compute"] for p in later),
+        "hook_ms": 1e3
+        * (statistics.fmean(rep["calls"]["log_round"]) if rep["calls"]["log_round"] else 0.0),
+        "fixed_per_run": (sum(rep["calls"]["start"]) + sum(rep["calls"]["finish"])) / runs,
+        "wall": rep["wall"],
+        "rounds": len(rep["periods"]),
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "tracking"))
     ap.add_argument("--runs", default=None, help="folder for the sweeps (default: a temporary one)")
-    ap.add_argument("--note", default="", help="a paragraph added to the README (the machine's load, ...)")
-    ap.add_argument("--render", metavar="RESULTS_JSON",
-                    help="only write the README again from a results.json of an earlier run")
-    ap.add_argument("--child", nargs=3, metavar=("KIND", "SWEEP_DIR", "REPORT"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--note", default="", help="a paragraph added to the README (the machine's load, ...)"
+    )
+    ap.add_argument(
+        "--render",
+        metavar="RESULTS_JSON",
+        help="only write the README again from a results.json of an earlier run",
+    )
+    ap.add_argument(
+        "--child", nargs=3, metavar=("KIND", "SWEEP_DIR", "REPORT"), help=argparse.SUPPRESS
+    )
     ap.add_argument("overrides", nargs="*", help="extra fedudp overrides for every run")
     a = ap.parse_args()
     if a.child:
@@ -123,7 +151,7 @@ def main() -> int:
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
     results: dict[str, list[dict]] = {k: [] for k in KINDS}
     for rep in range(a.reps):
-        order = KINDS[rep % len(KINDS):] + KINDS[:rep % len(KINDS)]
+        order = KINDS[rep % len(KINDS) :] + KINDS[: rep % len(KINDS)]
         for kind in order:
             sweep = runs / f"rep{rep}_{kind}"
             report = runs / f"rep{rep}_{kind}.json"
@@ -138,8 +166,11 @@ def main() -> int:
                 return 1
             s = summarize(json.loads(report.read_text()))
             results[kind].append(s)
-            print(f"rep {rep} {kind:12s} {s['s_per_round']:.4f} s/round  hook {s['hook_ms']:.2f} ms"
-                  f"  fixed {s['fixed_per_run']:.2f} s/run  wall {s['wall']:.1f} s", flush=True)
+            print(
+                f"rep {rep} {kind:12s} {s['s_per_round']:.4f} s/round  hook {s['hook_ms']:.2f} ms"
+                f"  fixed {s['fixed_per_run']:.2f} s/run  wall {s['wall']:.1f} s",
+                flush=True,
+            )
     wall = time.perf_counter() - t_all
     write(Path(a.out), results, a, wall)
     return 0
@@ -156,16 +187,21 @@ def write(out: Path, results: dict, a: argparse.Namespace, wall: float) -> None:
     rows = []
     for kind in KINDS:
         smin, smed = mm(kind, "s_per_round")
-        paired = [r["s_per_round"] / b["s_per_round"] for r, b in zip(results[kind], results["none"])]
+        paired = [
+            r["s_per_round"] / b["s_per_round"] for r, b in zip(results[kind], results["none"])
+        ]
         hmin, hmed = mm(kind, "hook_ms")
         fmin, fmed = mm(kind, "fixed_per_run")
         wmin, wmed = mm(kind, "wall")
-        rows.append(f"| {kind} | {smin:.4f} | {smed:.4f} | {100 * (smin / base_min - 1):+.1f} % | "
-                    f"{100 * (smed / base_med - 1):+.1f} % | {100 * (min(paired) - 1):+.1f} % | "
-                    f"{100 * (statistics.median(paired) - 1):+.1f} % | {hmin:.3f} | {hmed:.3f} | "
-                    f"{100 * hmed / 1e3 / base_med:.2f} % | {fmed:.2f} | {wmin:.1f} | {wmed:.1f} |")
+        rows.append(
+            f"| {kind} | {smin:.4f} | {smed:.4f} | {100 * (smin / base_min - 1):+.1f} % | "
+            f"{100 * (smed / base_med - 1):+.1f} % | {100 * (min(paired) - 1):+.1f} % | "
+            f"{100 * (statistics.median(paired) - 1):+.1f} % | {hmin:.3f} | {hmed:.3f} | "
+            f"{100 * hmed / 1e3 / base_med:.2f} % | {fmed:.2f} | {wmin:.1f} | {wmed:.1f} |"
+        )
     command = "python scripts/bench_tracking.py " + " ".join(
-        shlex.quote(x) for x in [f"--reps={a.reps}", *a.overrides])
+        shlex.quote(x) for x in [f"--reps={a.reps}", *a.overrides]
+    )
     text = f"""# Tracking overhead per round
 
 Produced by `scripts/bench_tracking.py` (its docstring says what is measured). Workload: `make
@@ -198,9 +234,12 @@ Machine: {platform.platform()}, {os.cpu_count()} cores, Python {platform.python_
 Raw numbers: [results.json](results.json).
 """
     (out / "README.md").write_text(text + (f"\n{a.note}\n" if getattr(a, "note", None) else ""))
-    (out / "results.json").write_text(json.dumps({"command": command, "wall": wall,
-                                                  "overrides": a.overrides, "results": results},
-                                                 indent=1))
+    (out / "results.json").write_text(
+        json.dumps(
+            {"command": command, "wall": wall, "overrides": a.overrides, "results": results},
+            indent=1,
+        )
+    )
     print(text)
 
 

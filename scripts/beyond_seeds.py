@@ -29,6 +29,7 @@ goes to ``runs/times.jsonl``; the table goes to README.md's marked section.
 
     .venv/bin/python scripts/beyond_seeds.py --data DATA --n 64 --epsilon 1 8
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,11 +45,23 @@ OUT = ROOT / "docs" / "results" / "beyond_seeds"
 CLIPS = (0.1, 1.0, 15.0)
 NATURAL_CLIPS = (0.1, 0.5, 2.0)
 # docs/results/natural_mnist's settings (its public numbers are declared, checked against the data)
-NATURAL = ["dataset.name=npz", "dataset.columns.owner=owner", "partition.owner_rule=given",
-           "partition.num_owners=32", "public.users=2000", "public.owner_capacity=273",
-           "public.records_per_user=107", "dataset.classes=10", "dataset.input_shape=[1,28,28]",
-           "model.name=cnn", "model.personal=[fc1.*]",
-           "train.rounds=20", "train.lr=0.05", "train.batch_size=16", "privacy.delta=1e-5"]
+NATURAL = [
+    "dataset.name=npz",
+    "dataset.columns.owner=owner",
+    "partition.owner_rule=given",
+    "partition.num_owners=32",
+    "public.users=2000",
+    "public.owner_capacity=273",
+    "public.records_per_user=107",
+    "dataset.classes=10",
+    "dataset.input_shape=[1,28,28]",
+    "model.name=cnn",
+    "model.personal=[fc1.*]",
+    "train.rounds=20",
+    "train.lr=0.05",
+    "train.batch_size=16",
+    "privacy.delta=1e-5",
+]
 
 
 def natural_mechanisms() -> dict[str, list[str]]:
@@ -56,8 +69,12 @@ def natural_mechanisms() -> dict[str, list[str]]:
     m["adaptive"] = ["privacy.clip_policy=adaptive", "privacy.clip=0.5", "train.sampling_rate=0.2"]
     m["tree"] = ["aggregator=dp_ftrl_tree", "privacy.clip=0.5", "train.sampling_rate=0.2"]
     m["banded"] = ["aggregator=dp_mf_banded", "privacy.clip=0.5", "train.sampling_rate=0.2"]
-    m["banded_amp"] = ["aggregator=dp_mf_banded", "privacy.clip=0.5", "train.sampling_rate=0.2",
-                       "estimator.bands=2"]
+    m["banded_amp"] = [
+        "aggregator=dp_mf_banded",
+        "privacy.clip=0.5",
+        "train.sampling_rate=0.2",
+        "estimator.bands=2",
+    ]
     return m
 
 
@@ -66,12 +83,20 @@ def mechanisms(canaries: int) -> dict[str, list[str]]:
     m["adaptive"] = ["privacy.clip_policy=adaptive", "privacy.clip=1.0"]
     m["tree"] = ["aggregator=dp_ftrl_tree", "privacy.clip=1.0", "train.sampling_rate=0.1"]
     m["banded"] = ["aggregator=dp_mf_banded", "privacy.clip=1.0", "train.sampling_rate=0.1"]
-    m["banded_amp"] = ["aggregator=dp_mf_banded", "privacy.clip=1.0", "train.sampling_rate=0.1",
-                       "estimator.bands=5"]
+    m["banded_amp"] = [
+        "aggregator=dp_mf_banded",
+        "privacy.clip=1.0",
+        "train.sampling_rate=0.1",
+        "estimator.bands=5",
+    ]
     m["canary"] = ["privacy.clip=1.0", f"audit.canaries={canaries}"]
     m["canary_half"] = ["privacy.clip=1.0", f"audit.canaries={canaries}", "audit.noise_scale=0.5"]
-    sparse = ["privacy.clip=1.0", f"audit.canaries={canaries}", "train.sampling_rate=0.01",
-              "train.rounds=50"]
+    sparse = [
+        "privacy.clip=1.0",
+        f"audit.canaries={canaries}",
+        "train.sampling_rate=0.01",
+        "train.rounds=50",
+    ]
     m["canary_sparse"] = sparse
     m["canary_sparse_half"] = [*sparse, "audit.noise_scale=0.5"]
     return m
@@ -83,8 +108,12 @@ def grid(a) -> list[tuple[str, list[str]]]:
         for method in a.methods:
             for eps in a.epsilon:
                 for name, over in natural_mechanisms().items():
-                    out.append((f"natural/{method}/eps{eps:g}/{name}",
-                                [f"method={method}", f"privacy.epsilon={eps}", *over]))
+                    out.append(
+                        (
+                            f"natural/{method}/eps{eps:g}/{name}",
+                            [f"method={method}", f"privacy.epsilon={eps}", *over],
+                        )
+                    )
         return out
     for n in a.n:
         for method in a.methods:
@@ -93,8 +122,17 @@ def grid(a) -> list[tuple[str, list[str]]]:
                     if name.startswith("canary") and (method != "full_dp" or eps != a.epsilon[-1]):
                         continue
                     key = f"n{n}/{method}/eps{eps:g}/{name}"
-                    out.append((key, [f"partition.num_owners={n}", f"method={method}",
-                                      f"privacy.epsilon={eps}", *over]))
+                    out.append(
+                        (
+                            key,
+                            [
+                                f"partition.num_owners={n}",
+                                f"method={method}",
+                                f"privacy.epsilon={eps}",
+                                *over,
+                            ],
+                        )
+                    )
     return out
 
 
@@ -105,12 +143,22 @@ def run(key: str, over: list[str], a) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).parent / "fedudp"
     if a.natural:
-        head, shown_head = [*NATURAL, f"dataset.path={a.natural}"], [*NATURAL, "dataset.path=FED.npz"]
+        head, shown_head = (
+            [*NATURAL, f"dataset.path={a.natural}"],
+            [*NATURAL, "dataset.path=FED.npz"],
+        )
     else:
         head = ["+experiment=huang_table1", "privacy.placement=server", f"dataset.root={a.data}"]
         shown_head = ["+experiment=huang_table1", "privacy.placement=server", "dataset.root=DATA"]
-    cmd = [str(exe), *head, *over, "progress=false", f"engine_opts.threads={a.threads}",
-           "checkpoint.every=0", f"hydra.run.dir={folder}"]
+    cmd = [
+        str(exe),
+        *head,
+        *over,
+        "progress=false",
+        f"engine_opts.threads={a.threads}",
+        "checkpoint.every=0",
+        f"hydra.run.dir={folder}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "FLWR_TELEMETRY_ENABLED": "0"}
     t = time.perf_counter()
     with open(folder / "run.out", "w") as f:
@@ -118,11 +166,13 @@ def run(key: str, over: list[str], a) -> None:
     wall = time.perf_counter() - t
     sys.path.insert(0, str(ROOT / "scripts"))
     from scrub_paths import scrub
+
     scrub(folder, {k: v for k, v in ((a.data, "DATA"), (a.natural, "FED.npz")) if k})
     shown = " ".join(["fedudp", *shown_head, *over])
     with open(OUT / "runs" / "times.jsonl", "a") as f:
-        f.write(json.dumps({"run": key, "exit": rc, "wall_s": round(wall, 1),
-                            "command": shown}) + "\n")
+        f.write(
+            json.dumps({"run": key, "exit": rc, "wall_s": round(wall, 1), "command": shown}) + "\n"
+        )
     print(f"{key}: exit {rc} in {wall:.0f} s", flush=True)
 
 
@@ -130,15 +180,18 @@ def table() -> list[str]:
     sys.path.insert(0, str(ROOT))
     from fedudp import report
     from fedudp.tuning import select_best
+
     times = {}
     tf = OUT / "runs" / "times.jsonl"
     if tf.is_file():
         for line in tf.read_text().splitlines():
             r = json.loads(line)
             times[r["run"]] = r
-    rows = ["| n | method | ε target | mechanism | accuracy (mean over owners) | ledger ε | "
-            "ε incl. choosing the clip | canary estimate (95 % interval) | wall (s) |",
-            "|---:|---|---:|---|---:|---:|---:|---|---:|"]
+    rows = [
+        "| n | method | ε target | mechanism | accuracy (mean over owners) | ledger ε | "
+        "ε incl. choosing the clip | canary estimate (95 % interval) | wall (s) |",
+        "|---:|---|---:|---|---:|---:|---:|---|---:|",
+    ]
     runs = sorted((OUT / "runs").glob("*/*/*/*/summary.json"))
     by_cell: dict = {}
     for p in runs:
@@ -147,9 +200,14 @@ def table() -> list[str]:
         s["_dir"], s["_key"] = str(p.parent), key
         n, method, eps, mech = key.split("/")
         by_cell.setdefault((n, method, eps), {})[mech] = s
-    for (n, method, eps), cell in sorted(by_cell.items(), key=lambda kv: (
-            int(kv[0][0][1:]) if kv[0][0][1:].isdigit() else 10**9, kv[0][1],
-            float(kv[0][2][3:]))):
+    for (n, method, eps), cell in sorted(
+        by_cell.items(),
+        key=lambda kv: (
+            int(kv[0][0][1:]) if kv[0][0][1:].isdigit() else 10**9,
+            kv[0][1],
+            float(kv[0][2][3:]),
+        ),
+    ):
         clips = NATURAL_CLIPS if n == "natural" else CLIPS
         order = list(natural_mechanisms() if n == "natural" else mechanisms(2))
         fixed = [cell[f"clip{c:g}"] for c in clips if f"clip{c:g}" in cell]
@@ -157,7 +215,10 @@ def table() -> list[str]:
         if len(fixed) == len(clips):
             for s in fixed:
                 from omegaconf import OmegaConf
-                s["_config"] = OmegaConf.to_container(OmegaConf.load(Path(s["_dir"]) / "config.yaml"))
+
+                s["_config"] = OmegaConf.to_container(
+                    OmegaConf.load(Path(s["_dir"]) / "config.yaml")
+                )
             a, b = report.groups_of(fixed)
             sel = select_best({**a, **b}, "accuracy_mean")
             chosen, tuned = sel["settings"].get("privacy.clip"), sel["tuning_epsilon"]
@@ -165,15 +226,17 @@ def table() -> list[str]:
             label = mech + (" (chosen)" if mech == f"clip{chosen:g}" else "") if chosen else mech
             inc = f"{tuned:.3f}" if (tuned is not None and mech == f"clip{chosen:g}") else "-"
             can = "-"
-            if s.get("canary_epsilon_estimate"):      # Andrew et al.'s estimate, not a bound
+            if s.get("canary_epsilon_estimate"):  # Andrew et al.'s estimate, not a bound
                 est = s["canary_epsilon_estimate"]
                 can = f"{est['value']:.3f} ({est['ci'][0]:.3f}-{est['ci'][1]:.3f})"
             elif s.get("canary_epsilon") is not None:  # runs before issue 37: the old form
                 lo, hi = s["canary_epsilon_interval"]
                 can = f"{s['canary_epsilon']:.3f} ({lo:.3f}-{hi:.3f}, old equal-variance form)"
             wall = times.get(s["_key"], {}).get("wall_s", "-")
-            rows.append(f"| {n if n == 'natural' else n[1:]} | {method} | {eps[3:]} | {label} | {s['accuracy_mean']:.4f} | "
-                        f"{s['epsilon_display']} | {inc} | {can} | {wall} |")
+            rows.append(
+                f"| {n if n == 'natural' else n[1:]} | {method} | {eps[3:]} | {label} | {s['accuracy_mean']:.4f} | "
+                f"{s['epsilon_display']} | {inc} | {can} | {wall} |"
+            )
     return rows
 
 
@@ -191,21 +254,27 @@ def write_readme() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=os.environ.get("FEDUDP_DATA"),
-                    help="folder holding mnist/ IDX files")
+    ap.add_argument(
+        "--data", default=os.environ.get("FEDUDP_DATA"), help="folder holding mnist/ IDX files"
+    )
     ap.add_argument("--n", type=int, nargs="+", default=[64])
     ap.add_argument("--methods", nargs="+", default=["full_dp", "joint_dp"])
     ap.add_argument("--epsilon", type=float, nargs="+", default=[1.0, 8.0])
     ap.add_argument("--canaries", type=int, default=500)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", nargs="*", help="run only these mechanisms")
-    ap.add_argument("--natural", metavar="FED.npz",
-                    help="the natural-user federation instead of Huang's protocol")
+    ap.add_argument(
+        "--natural",
+        metavar="FED.npz",
+        help="the natural-user federation instead of Huang's protocol",
+    )
     ap.add_argument("--table-only", action="store_true")
     a = ap.parse_args()
     if not a.table_only:
         if not a.data and not a.natural:
-            raise SystemExit("beyond_seeds.py: error: --data (or $FEDUDP_DATA): the folder with mnist/")
+            raise SystemExit(
+                "beyond_seeds.py: error: --data (or $FEDUDP_DATA): the folder with mnist/"
+            )
         for key, over in grid(a):
             if a.only and key.rsplit("/", 1)[1] not in a.only:
                 continue

@@ -18,6 +18,7 @@ DP-SGD noise alone predicts:
     OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_dp_collapse.py --data-root DATA \\
         mnist/n4/joint_dp_local_dpsgd_certified_s0 mnist/n4/full_dp_local_dpsgd_certified_s0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,12 +36,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def predicted_noise_std(users: np.ndarray, batch: int, lr: float, z: float, clip: float,
-                        epochs: int, rounds: int) -> float:
+def predicted_noise_std(
+    users: np.ndarray, batch: int, lr: float, z: float, clip: float, epochs: int, rounds: int
+) -> float:
     """Per-coordinate std of the DP-SGD noise accumulated in the billboard's u after ``rounds``."""
     steps = -(-users // batch)
-    per_step = lr * z * clip / np.minimum(batch, users)          # q_j m_j = min(B, m_j)
-    return float(np.sqrt(rounds * epochs * np.sum(steps * per_step ** 2)) / len(users))
+    per_step = lr * z * clip / np.minimum(batch, users)  # q_j m_j = min(B, m_j)
+    return float(np.sqrt(rounds * epochs * np.sum(steps * per_step**2)) / len(users))
 
 
 def relu_activity(model, x: torch.Tensor) -> tuple[float, float, float]:
@@ -49,35 +51,49 @@ def relu_activity(model, x: torch.Tensor) -> tuple[float, float, float]:
         a1 = F.relu(model.conv1(x))
         a2 = F.relu(model.conv2(F.max_pool2d(a1, 2)))
         h = F.max_pool2d(a2, 2).flatten(1)
-    return (float((a1 > 0).float().mean()), float((a2 > 0).float().mean()),
-            float((h.abs().sum(0) == 0).float().mean()))
+    return (
+        float((a1 > 0).float().mean()),
+        float((a2 > 0).float().mean()),
+        float((h.abs().sum(0) == 0).float().mean()),
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="run names of scripts/reproduce_huang.py")
     ap.add_argument("--dir", default=str(ROOT / "docs" / "results" / "huang_table1" / "runs"))
-    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
-                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
+    ap.add_argument(
+        "--data-root",
+        default=os.environ.get("FEDUDP_DATA"),
+        help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA",
+    )
     a = ap.parse_args()
     if not a.data_root:
-        raise SystemExit("diagnose_dp_collapse.py: error: --data-root <folder with the MNIST IDX files> is "
-                         "required (or set FEDUDP_DATA)")
+        raise SystemExit(
+            "diagnose_dp_collapse.py: error: --data-root <folder with the MNIST IDX files> is "
+            "required (or set FEDUDP_DATA)"
+        )
     torch.set_num_threads(1)
     from reproduce_huang import compose, grid
     from fedudp.core.checkpoint import load_file
     from fedudp.run import prepare
+
     overrides = dict(grid(["mnist", "fashion_mnist"]))
-    print("| run | round | accuracy | noise std predicted | std of u − u0 | conv1 ReLU firing | "
-          "conv2 ReLU firing | flat features never firing |")
+    print(
+        "| run | round | accuracy | noise std predicted | std of u − u0 | conv1 ReLU firing | "
+        "conv2 ReLU firing | flat features never firing |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in a.runs:
         folder = Path(a.dir) / name
         summary = json.loads((folder / "summary.json").read_text())
         if summary.get("placement") != "local_dpsgd":
             raise SystemExit(f"{name}: not a privacy.placement=local_dpsgd run")
-        acc = {json.loads(l)["round"]: json.loads(l)["accuracy_mean"]
-               for l in (folder / "metrics.jsonl").read_text().splitlines() if l.strip()}
+        acc = {
+            json.loads(l)["round"]: json.loads(l)["accuracy_mean"]
+            for l in (folder / "metrics.jsonl").read_text().splitlines()
+            if l.strip()
+        }
         p = prepare(compose(overrides[name], a.data_root, 1))
         cfg, bb, model = p.cfg, p.billboard, p.owners.model
         u0 = bb.u.detach().clone().to(torch.float64)
@@ -89,13 +105,22 @@ def main() -> None:
             u = torch.as_tensor(state["billboard"]["u"])
             bb.u.copy_(u.to(bb.u.dtype))
             model.load_state_dict({**model.state_dict(), **bb.shared_params()})
-            pred = predicted_noise_std(users, cfg.train.batch_size, cfg.train.lr,
-                                       float(summary["noise_multiplier"]), cfg.privacy.clip,
-                                       cfg.train.local_epochs, r)
+            pred = predicted_noise_std(
+                users,
+                cfg.train.batch_size,
+                cfg.train.lr,
+                float(summary["noise_multiplier"]),
+                cfg.privacy.clip,
+                cfg.train.local_epochs,
+                r,
+            )
             obs = float((u.to(torch.float64) - u0).std())
             f1, f2, dead = relu_activity(model, x)
-            print(f"| {name} | {r} | {acc.get(r, float('nan')):.3f} | {pred:.2f} | {obs:.2f} | "
-                  f"{f1:.3f} | {f2:.3f} | {dead:.3f} |", flush=True)
+            print(
+                f"| {name} | {r} | {acc.get(r, float('nan')):.3f} | {pred:.2f} | {obs:.2f} | "
+                f"{f1:.3f} | {f2:.3f} | {dead:.3f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

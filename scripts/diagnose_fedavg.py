@@ -11,6 +11,7 @@ grid's run (its metrics.jsonl is read and printed for comparison when present).
     OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_fedavg.py --data-root DATA --dataset fashion_mnist --n 512 \
         --settings train.lr=0.05 train.lr=0.2 train.batch_size=8 train.rounds=80
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def curve(metrics: Path, at: list[int]) -> list[str]:
-    acc = {r["round"]: r["accuracy_mean"] for r in map(json.loads, metrics.read_text().splitlines())}
+    acc = {
+        r["round"]: r["accuracy_mean"] for r in map(json.loads, metrics.read_text().splitlines())
+    }
     return [f"{acc[t]:.3f}" if t in acc else "" for t in at]
 
 
@@ -34,25 +37,44 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dataset", default="fashion_mnist", choices=["mnist", "fashion_mnist"])
     ap.add_argument("--n", type=int, default=512)
-    ap.add_argument("--settings", nargs="+", default=["train.lr=0.05"],
-                    help="comma-separated overrides per setting")
+    ap.add_argument(
+        "--settings",
+        nargs="+",
+        default=["train.lr=0.05"],
+        help="comma-separated overrides per setting",
+    )
     ap.add_argument("--at", type=int, nargs="+", default=[5, 10, 15, 20, 40, 80])
     ap.add_argument("--out", default="/tmp/diagnose_fedavg")
-    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
-                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
+    ap.add_argument(
+        "--data-root",
+        default=os.environ.get("FEDUDP_DATA"),
+        help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA",
+    )
     a = ap.parse_args()
     if not a.data_root:
-        raise SystemExit("diagnose_fedavg.py: error: --data-root <folder with the MNIST IDX files> is "
-                         "required (or set FEDUDP_DATA)")
+        raise SystemExit(
+            "diagnose_fedavg.py: error: --data-root <folder with the MNIST IDX files> is "
+            "required (or set FEDUDP_DATA)"
+        )
     from reproduce_huang import compose
     from fedudp.run import run
+
     head = " | ".join(f"round {t}" for t in a.at)
     print(f"| setting | {head} | final | seconds |")
     print("|---|" + "---:|" * (len(a.at) + 2))
-    grid_run = ROOT / "docs/results/huang_table1/runs" / a.dataset / f"n{a.n}" / "fedavg_s0" / "metrics.jsonl"
+    grid_run = (
+        ROOT
+        / "docs/results/huang_table1/runs"
+        / a.dataset
+        / f"n{a.n}"
+        / "fedavg_s0"
+        / "metrics.jsonl"
+    )
     if grid_run.is_file():
-        print(f"| the grid's run (lr 0.05, batch 32, Table 3's T) | {' | '.join(curve(grid_run, a.at))} | | |",
-              flush=True)
+        print(
+            f"| the grid's run (lr 0.05, batch 32, Table 3's T) | {' | '.join(curve(grid_run, a.at))} | | |",
+            flush=True,
+        )
     for setting in a.settings:
         over = {"dataset.name": a.dataset, "partition.num_owners": a.n, "method": "fedavg"}
         over.update(kv.split("=", 1) for kv in setting.split(",") if kv)
@@ -60,8 +82,11 @@ def main() -> int:
         t0 = time.time()
         s = run(compose(over, a.data_root, 1), folder)
         secs = s.get("seconds", time.time() - t0)
-        print(f"| {setting} | {' | '.join(curve(folder / 'metrics.jsonl', a.at))} | "
-              f"{s['accuracy_mean']:.3f} | {secs:.0f} |", flush=True)
+        print(
+            f"| {setting} | {' | '.join(curve(folder / 'metrics.jsonl', a.at))} | "
+            f"{s['accuracy_mean']:.3f} | {secs:.0f} |",
+            flush=True,
+        )
     return 0
 
 

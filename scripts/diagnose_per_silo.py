@@ -10,6 +10,7 @@ initial CNN, for each (epochs, lr) asked, and evaluated on its own test shard. T
     OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_per_silo.py --data-root DATA --n 512 --owners 64
     OMP_NUM_THREADS=1 .venv/bin/python scripts/diagnose_per_silo.py --data-root DATA --dataset fashion_mnist --n 64 --owners 16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,26 +34,51 @@ def main() -> None:
     ap.add_argument("--dataset", default="mnist", choices=["mnist", "fashion_mnist"])
     ap.add_argument("--n", type=int, default=512)
     ap.add_argument("--owners", type=int, default=64)
-    ap.add_argument("--settings", nargs="+", default=["100:0.05", "400:0.05", "100:0.2", "1000:0.05"],
-                    help="epochs:lr pairs")
-    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
-                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
+    ap.add_argument(
+        "--settings",
+        nargs="+",
+        default=["100:0.05", "400:0.05", "100:0.2", "1000:0.05"],
+        help="epochs:lr pairs",
+    )
+    ap.add_argument(
+        "--data-root",
+        default=os.environ.get("FEDUDP_DATA"),
+        help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA",
+    )
     a = ap.parse_args()
     if not a.data_root:
-        raise SystemExit("diagnose_per_silo.py: error: --data-root <folder with the MNIST IDX files> is "
-                         "required (or set FEDUDP_DATA)")
+        raise SystemExit(
+            "diagnose_per_silo.py: error: --data-root <folder with the MNIST IDX files> is "
+            "required (or set FEDUDP_DATA)"
+        )
     torch.set_num_threads(1)
     from reproduce_huang import compose
     from fedudp.run import prepare
-    p = prepare(compose({"dataset.name": a.dataset, "partition.num_owners": a.n, "method": "per_silo"}, a.data_root, 1))
+
+    p = prepare(
+        compose(
+            {"dataset.name": a.dataset, "partition.num_owners": a.n, "method": "per_silo"},
+            a.data_root,
+            1,
+        )
+    )
     fed, model = p.fed, p.owners.model
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
-    run_csv = ROOT / "docs/results/huang_table1/runs" / a.dataset / f"n{a.n}" / "per_silo_s0" / "owners.csv"
+    run_csv = (
+        ROOT
+        / "docs/results/huang_table1/runs"
+        / a.dataset
+        / f"n{a.n}"
+        / "per_silo_s0"
+        / "owners.csv"
+    )
     if run_csv.is_file():
         rows = list(csv.DictReader(open(run_csv)))
         key = next(k for k in rows[0] if "acc" in k)
-        ran = np.mean([float(r[key]) for r in rows[:a.owners]])
-        print(f"the grid run's per-silo accuracy on these {a.owners} owners (owners.csv): {ran:.3f}")
+        ran = np.mean([float(r[key]) for r in rows[: a.owners]])
+        print(
+            f"the grid run's per-silo accuracy on these {a.owners} owners (owners.csv): {ran:.3f}"
+        )
     print("| epochs | lr | mean test accuracy over owners | train accuracy | seconds |")
     print("|---:|---:|---:|---:|---:|")
     for s in a.settings:
@@ -68,15 +94,17 @@ def main() -> None:
             for _ in range(epochs):
                 perm = rng.permutation(m)
                 for b in range(0, m, 32):
-                    idx = torch.from_numpy(perm[b:b + 32])
+                    idx = torch.from_numpy(perm[b : b + 32])
                     opt.zero_grad()
                     F.cross_entropy(net(sh.x[idx]), sh.y[idx]).backward()
                     opt.step()
             with torch.no_grad():
                 acc.append(float((net(sh.x_test).argmax(1) == sh.y_test).float().mean()))
                 tr.append(float((net(sh.x).argmax(1) == sh.y).float().mean()))
-        print(f"| {epochs} | {lr:g} | {np.mean(acc):.3f} | {np.mean(tr):.3f} | {time.time() - t0:.0f} |",
-              flush=True)
+        print(
+            f"| {epochs} | {lr:g} | {np.mean(acc):.3f} | {np.mean(tr):.3f} | {time.time() - t0:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ number of u2 grid points whose cos (or sin) exceeds threshold / radius.
     # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
     .venv/bin/python scripts/float_noise_delta.py --data-root DATA --out docs/results/privacy_audit
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,12 +45,12 @@ def coordinate_tail(bits: int, shift: float) -> float:
     m, thr, p = max_radius(bits), max_radius(bits) - shift, 0.0
     k = 1
     while True:
-        r = math.sqrt(-2 * math.log(k * 2.0 ** -bits))         # u1 = k 2^-b
+        r = math.sqrt(-2 * math.log(k * 2.0**-bits))  # u1 = k 2^-b
         if r <= thr:
             return p
         # u2 on the grid with cos(2π u2) > thr / r: |angle| < a, i.e. 2 floor(a/(2π) 2^b) + 1 points
         a = math.acos(thr / r)
-        p += 2.0 ** -bits * (2 * math.floor(a / (2 * math.pi) * 2.0 ** bits) + 1) * 2.0 ** -bits
+        p += 2.0**-bits * (2 * math.floor(a / (2 * math.pi) * 2.0**bits) + 1) * 2.0**-bits
         k += 1
 
 
@@ -68,14 +69,28 @@ def settings(data_root: str):
     from fedudp.models.cnn import PaperCNN
     from fedudp.privacy.accountant import calibrate_noise_multiplier
     from reproduce_huang import compose
+
     d_cnn = sum(p.numel() for p in PaperCNN(1, 10, 28).parameters())
     out = []
-    cfg = compose({"partition.num_owners": 16, "method": "full_dp", "privacy.placement": "server"},
-                  data_root, 1)
+    cfg = compose(
+        {"partition.num_owners": 16, "method": "full_dp", "privacy.placement": "server"},
+        data_root,
+        1,
+    )
     from fedudp.run import prepare
+
     agg = prepare(cfg).aggregator
-    out.append(("huang_table1, full_dp, privacy.placement=server, n=16", agg.noise_multiplier, d_cnn,
-                agg.sampling.rate, cfg.train.rounds, cfg.privacy.epsilon, cfg.privacy.delta))
+    out.append(
+        (
+            "huang_table1, full_dp, privacy.placement=server, n=16",
+            agg.noise_multiplier,
+            d_cnn,
+            agg.sampling.rate,
+            cfg.train.rounds,
+            cfg.privacy.epsilon,
+            cfg.privacy.delta,
+        )
+    )
     for q, T in ((0.01, 1000), (0.05, 400)):
         eps, delta = 1.0, 1e-5
         z = calibrate_noise_multiplier(lambda s: gaussian_round_event(s, q), eps, delta, T)
@@ -96,26 +111,35 @@ def sampler_check(n: int = 50_000_000) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
-    ap.add_argument("--data-root", default=os.environ.get("FEDUDP_DATA"),
-                    help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA")
+    ap.add_argument(
+        "--data-root",
+        default=os.environ.get("FEDUDP_DATA"),
+        help="folder holding the IDX files (<root>/mnist/, <root>/fashion_mnist/); default: $FEDUDP_DATA",
+    )
     a = ap.parse_args()
     if not a.data_root:
-        raise SystemExit("float_noise_delta.py: error: --data-root <folder with the MNIST IDX files> is "
-                         "required (or set FEDUDP_DATA)")
+        raise SystemExit(
+            "float_noise_delta.py: error: --data-root <folder with the MNIST IDX files> is "
+            "required (or set FEDUDP_DATA)"
+        )
     sys.path.insert(0, str(ROOT / "scripts"))
     t0 = time.time()
     top, m24 = sampler_check()
     rows = []
     for name, z, d, q, T, eps, delta in settings(a.data_root):
         d32, d64 = run_delta(24, z, d, q, T), run_delta(53, z, d, q, T)
-        rows.append(f"| {name} | {z:.3f} | {d:,} | {q:g} | {T} | {eps:g} | {delta:g} | "
-                    f"{d32:.3g} | {d32 / delta:.2f}× | {(delta + d32) / delta:.2f}× | {d64:.3g} |")
-    text = ("| setting | z | d | q | releases | ε | δ (accountant) | float32: δ from the tail alone "
-            "| tail / δ | ≈ total / δ | float64 (now): δ from the tail |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
-            f"torch float32 sampler check: largest |z| in 50,000,000 draws = {top:.4f} "
-            f"<= M_24 = {m24:.4f}; float64: M_53 = {max_radius(53):.4f}.\n"
-            f"Wall time {time.time() - t0:.0f} s.\n")
+        rows.append(
+            f"| {name} | {z:.3f} | {d:,} | {q:g} | {T} | {eps:g} | {delta:g} | "
+            f"{d32:.3g} | {d32 / delta:.2f}× | {(delta + d32) / delta:.2f}× | {d64:.3g} |"
+        )
+    text = (
+        "| setting | z | d | q | releases | ε | δ (accountant) | float32: δ from the tail alone "
+        "| tail / δ | ≈ total / δ | float64 (now): δ from the tail |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
+        f"torch float32 sampler check: largest |z| in 50,000,000 draws = {top:.4f} "
+        f"<= M_24 = {m24:.4f}; float64: M_53 = {max_radius(53):.4f}.\n"
+        f"Wall time {time.time() - t0:.0f} s.\n"
+    )
     print(text)
     if a.out:
         Path(a.out, "float32_noise_delta.md").write_text(text)

@@ -20,6 +20,7 @@ README.md is updated section by section (between ``<!-- load_run:NAME -->`` mark
 rewrites only its own section, text outside the markers (the reading) is kept. The data folder
 is written as ``<folder with the MNIST IDX files>`` in the recorded commands.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,7 @@ def tree_rss(root: int) -> tuple[int, int]:
                 raw = f.read().decode(errors="replace")
         except OSError:
             continue
-        ppid = int(raw[raw.rindex(")") + 2:].split()[1])
+        ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(name))
     own = total = 0
     todo = [root]
@@ -73,11 +74,20 @@ def _rss(pid: int) -> int:
 
 def overrides(engine: str, args: argparse.Namespace, out: Path) -> list[str]:
     """The fedudp overrides of one engine's load run."""
-    o = [f"engine={engine}", f"method={args.method}", "dataset.name=mnist", f"dataset.root={args.data}",
-         "dataset.num_records=60000", "partition.num_owners=1024", f"partition.scheme={args.scheme}",
-         f"train.rounds={args.rounds}",
-         f"engine_opts.threads={args.threads}", f"hydra.run.dir={out}", "progress=false"]
-    if engine == "flower":     # one ClientApp at a time on this machine's cores: one thread busy
+    o = [
+        f"engine={engine}",
+        f"method={args.method}",
+        "dataset.name=mnist",
+        f"dataset.root={args.data}",
+        "dataset.num_records=60000",
+        "partition.num_owners=1024",
+        f"partition.scheme={args.scheme}",
+        f"train.rounds={args.rounds}",
+        f"engine_opts.threads={args.threads}",
+        f"hydra.run.dir={out}",
+        "progress=false",
+    ]
+    if engine == "flower":  # one ClientApp at a time on this machine's cores: one thread busy
         o.append(f"engine_opts.num_cpus={args.flower_cpus}")
     return o + list(args.extra)
 
@@ -85,22 +95,28 @@ def overrides(engine: str, args: argparse.Namespace, out: Path) -> list[str]:
 def measure(cmd: list[str], every: float, env: dict) -> dict:
     """Run ``cmd``; wall time, peak RSS of the driver and of its process tree, exit status."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     peak_own = peak_tree = 0
     while proc.poll() is None:
         own, tree = tree_rss(proc.pid)
         peak_own, peak_tree = max(peak_own, own), max(peak_tree, tree)
         time.sleep(every)
     out, err = proc.communicate()
-    return {"seconds": time.perf_counter() - t0, "peak_rss_driver": peak_own,
-            "peak_rss_tree": peak_tree, "returncode": proc.returncode,
-            "stdout_tail": out[-2000:], "stderr_tail": err[-4000:],
-            "marks": [ln for ln in err.splitlines() if ln.startswith("load_run: ")]}
+    return {
+        "seconds": time.perf_counter() - t0,
+        "peak_rss_driver": peak_own,
+        "peak_rss_tree": peak_tree,
+        "returncode": proc.returncode,
+        "stdout_tail": out[-2000:],
+        "stderr_tail": err[-4000:],
+        "marks": [ln for ln in err.splitlines() if ln.startswith("load_run: ")],
+    }
 
 
 DATA_PLACEHOLDER = "<folder with the MNIST IDX files>"
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def shown(text: str, args: argparse.Namespace) -> str:
@@ -131,53 +147,80 @@ def update_readme(path: Path, name: str, lines: list[str], before: str = "## Rea
 
 def machine_lines(args: argparse.Namespace) -> list[str]:
     """The machine, the date and the user's note, as lines of a README section."""
-    lines = [f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-             f"{platform.python_version()}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-             ""]
+    lines = [
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+    ]
     return lines + ([f"Note: {args.note}", ""] if args.note else [])
 
 
 def engines_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
-    lines = ["# Load: all 60,000 MNIST training records, 1,024 owners (issue 11)", "",
-             "Produced by `scripts/load_run.py`; one fedudp run per engine. Peak memory is the "
-             "largest sum of VmRSS over the run's whole process tree (driver and every "
-             f"descendant: Ray's raylet, GCS, agents and workers), sampled every {args.every} s "
-             "(so a shorter peak can be missed; shared pages are counted once per process).", "",
-             *machine_lines(args)]
-    lines += ["| engine | rounds done | stop | accuracy (mean over owners) | epsilon | wall time (s) | "
-              "seconds per round | peak RSS driver (GiB) | peak RSS tree (GiB) | exit |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Load: all 60,000 MNIST training records, 1,024 owners (issue 11)",
+        "",
+        "Produced by `scripts/load_run.py`; one fedudp run per engine. Peak memory is the "
+        "largest sum of VmRSS over the run's whole process tree (driver and every "
+        f"descendant: Ray's raylet, GCS, agents and workers), sampled every {args.every} s "
+        "(so a shorter peak can be missed; shared pages are counted once per process).",
+        "",
+        *machine_lines(args),
+    ]
+    lines += [
+        "| engine | rounds done | stop | accuracy (mean over owners) | epsilon | wall time (s) | "
+        "seconds per round | peak RSS driver (GiB) | peak RSS tree (GiB) | exit |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         s = r.get("summary") or {}
         acc = s.get("accuracy_mean")
         eps = s.get("epsilon")
-        lines.append(f"| {r['engine']} | {s.get('rounds_completed', '-')} | {s.get('stop_reason', '-')} | "
-                     f"{'-' if acc is None else f'{acc:.4f}'} | {'-' if eps is None else f'{eps:.3f}'} | "
-                     f"{r['seconds']:.0f} | {', '.join(map(str, r.get('round_seconds', [])))} | "
-                     f"{r['peak_rss_driver'] / GIB:.2f} | {r['peak_rss_tree'] / GIB:.2f} | "
-                     f"{r['returncode']} |")
-    lines += ["", f"Commands (as run, from the repository root; `{DATA_PLACEHOLDER}` is the folder "
-              "given\nto `scripts/load_run.py --data`, holding `mnist/`):", ""]
+        lines.append(
+            f"| {r['engine']} | {s.get('rounds_completed', '-')} | {s.get('stop_reason', '-')} | "
+            f"{'-' if acc is None else f'{acc:.4f}'} | {'-' if eps is None else f'{eps:.3f}'} | "
+            f"{r['seconds']:.0f} | {', '.join(map(str, r.get('round_seconds', [])))} | "
+            f"{r['peak_rss_driver'] / GIB:.2f} | {r['peak_rss_tree'] / GIB:.2f} | "
+            f"{r['returncode']} |"
+        )
+    lines += [
+        "",
+        f"Commands (as run, from the repository root; `{DATA_PLACEHOLDER}` is the folder "
+        "given\nto `scripts/load_run.py --data`, holding `mnist/`):",
+        "",
+    ]
     lines += [f"    {shown(r['command'], args)}" for r in rows]
     calls = list(dict.fromkeys(shown(r.get("invocation", args.invocation), args) for r in rows))
     lines += ["", "The script, as called:", ""] + [f"    {c}" for c in calls] + [""]
     for r in rows:
         if r["returncode"] != 0:
-            lines += [f"`{r['engine']}` exited {r['returncode']}; end of its stderr:", "", "```",
-                      shown(r["stderr_tail"].strip()[-1500:], args), "```", ""]
+            lines += [
+                f"`{r['engine']}` exited {r['returncode']}; end of its stderr:",
+                "",
+                "```",
+                shown(r["stderr_tail"].strip()[-1500:], args),
+                "```",
+                "",
+            ]
     return lines
 
 
 def preflight_lines(pre: list[dict], args: argparse.Namespace) -> list[str]:
-    lines = ["Estimators that need the cohort's per-unit rows, at this size (`--preflight`: "
-             "`method=joint_dp|full_dp aggregator=<name>`, one round, the pre-flight memory "
-             "check only, no training): each is refused before any work (exit 2) with the memory "
-             "it would need, or it fits (exit 0, with the estimate).", "",
-             f"    {shown(args.invocation, args)}", "",
-             "| aggregator | method | exit | seconds | message |", "|---|---|---|---|---|"]
+    lines = [
+        "Estimators that need the cohort's per-unit rows, at this size (`--preflight`: "
+        "`method=joint_dp|full_dp aggregator=<name>`, one round, the pre-flight memory "
+        "check only, no training): each is refused before any work (exit 2) with the memory "
+        "it would need, or it fits (exit 0, with the estimate).",
+        "",
+        f"    {shown(args.invocation, args)}",
+        "",
+        "| aggregator | method | exit | seconds | message |",
+        "|---|---|---|---|---|",
+    ]
     for q in pre:
-        lines.append(f"| {q['aggregator']} | {q['method']} | {q['returncode']} | {q['seconds']} | "
-                     f"{shown(q['message'], args).replace('|', '/') or '(ran)'} |")
+        lines.append(
+            f"| {q['aggregator']} | {q['method']} | {q['returncode']} | {q['seconds']} | "
+            f"{shown(q['message'], args).replace('|', '/') or '(ran)'} |"
+        )
     return lines + [""]
 
 
@@ -186,57 +229,85 @@ def metric_means(metrics: Path) -> dict:
     if not metrics.is_file():
         return {}
     rounds = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    keep = ("agg_clipped_fraction", "agg_kept_fraction", "agg_score_fraction",
-            "agg_kept_mass_fraction", "agg_concentration_check_failed", "agg_halted",
-            "agg_garbage_blocks", "agg_cohort")
-    return {"round_seconds": [round(m["seconds"], 1) for m in rounds],
-            "diagnostics": [{k: m[k] for k in keep if k in m} for m in rounds]}
+    keep = (
+        "agg_clipped_fraction",
+        "agg_kept_fraction",
+        "agg_score_fraction",
+        "agg_kept_mass_fraction",
+        "agg_concentration_check_failed",
+        "agg_halted",
+        "agg_garbage_blocks",
+        "agg_cohort",
+    )
+    return {
+        "round_seconds": [round(m["seconds"], 1) for m in rounds],
+        "diagnostics": [{k: m[k] for k in keep if k in m} for m in rounds],
+    }
 
 
 def rows_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
-    lines = ["## Row estimators at 60,000 users, 1,024 owners (issue 25)", "",
-             "`--aggregators`: each estimator that needs the cohort's per-unit rows, one "
-             "`engine=local` run after the other (nothing else of this script running), on the "
-             "rows held once as the owners sent them (float32) and read in float64 chunks "
-             "(`fedudp/aggregators/rows.py`). Wall time of the whole run (data, training of the "
-             "60,000 users' vectors, the release, evaluation); peak RSS of the process tree "
-             f"sampled every {args.every} s; the pre-flight estimate is "
-             "`fedudp.aggregators.memory.rows_bytes` for this run, and the release's seconds "
-             "are `Billboard.release` (merging the rows, the estimator, the accounting): the "
-             "script runs each command through a wrapper that prints both (`TIMED` in "
-             "scripts/load_run.py), otherwise `python -m fedudp.run` as shown. Each row's "
-             "machine state, date and threads are in the notes under the table.", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-             f"{platform.python_version()}.", ""]
-    lines += ["| aggregator | method | rounds done | stop | epsilon | wall time (s) | seconds per round | "
-              "release (s) | peak RSS driver (GiB) | peak RSS tree (GiB) | pre-flight estimate (GiB) | "
-              "estimator diagnostics (round 1) | exit |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Row estimators at 60,000 users, 1,024 owners (issue 25)",
+        "",
+        "`--aggregators`: each estimator that needs the cohort's per-unit rows, one "
+        "`engine=local` run after the other (nothing else of this script running), on the "
+        "rows held once as the owners sent them (float32) and read in float64 chunks "
+        "(`fedudp/aggregators/rows.py`). Wall time of the whole run (data, training of the "
+        "60,000 users' vectors, the release, evaluation); peak RSS of the process tree "
+        f"sampled every {args.every} s; the pre-flight estimate is "
+        "`fedudp.aggregators.memory.rows_bytes` for this run, and the release's seconds "
+        "are `Billboard.release` (merging the rows, the estimator, the accounting): the "
+        "script runs each command through a wrapper that prints both (`TIMED` in "
+        "scripts/load_run.py), otherwise `python -m fedudp.run` as shown. Each row's "
+        "machine state, date and threads are in the notes under the table.",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}.",
+        "",
+    ]
+    lines += [
+        "| aggregator | method | rounds done | stop | epsilon | wall time (s) | seconds per round | "
+        "release (s) | peak RSS driver (GiB) | peak RSS tree (GiB) | pre-flight estimate (GiB) | "
+        "estimator diagnostics (round 1) | exit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         s = r.get("summary") or {}
         eps = s.get("epsilon")
         diag = (r.get("diagnostics") or [{}])[0]
-        text = ", ".join(f"{k[4:]}={v:.4g}" if isinstance(v, float) else f"{k[4:]}={v}"
-                         for k, v in diag.items())
+        text = ", ".join(
+            f"{k[4:]}={v:.4g}" if isinstance(v, float) else f"{k[4:]}={v}" for k, v in diag.items()
+        )
         est = r.get("estimate_bytes")
         rel = r.get("release_seconds")
-        lines.append(f"| {r['aggregator']} | {r['method']} | {s.get('rounds_completed', '-')} | "
-                     f"{s.get('stop_reason', '-')} | {'-' if eps is None else f'{eps:.3f}'} | "
-                     f"{r['seconds']:.0f} | {', '.join(map(str, r.get('round_seconds', [])))} | "
-                     f"{'-' if rel is None else f'{rel:.0f}'} | "
-                     f"{r['peak_rss_driver'] / GIB:.2f} | {r['peak_rss_tree'] / GIB:.2f} | "
-                     f"{'-' if est is None else f'{est / GIB:.2f}'} | {text or '-'} | "
-                     f"{r['returncode']} |")
-    lines += [""] + [f"- `{r['aggregator']}` ({r.get('date', 'date not recorded')}): "
-                     f"{r.get('note') or 'no note'}" for r in rows]
+        lines.append(
+            f"| {r['aggregator']} | {r['method']} | {s.get('rounds_completed', '-')} | "
+            f"{s.get('stop_reason', '-')} | {'-' if eps is None else f'{eps:.3f}'} | "
+            f"{r['seconds']:.0f} | {', '.join(map(str, r.get('round_seconds', [])))} | "
+            f"{'-' if rel is None else f'{rel:.0f}'} | "
+            f"{r['peak_rss_driver'] / GIB:.2f} | {r['peak_rss_tree'] / GIB:.2f} | "
+            f"{'-' if est is None else f'{est / GIB:.2f}'} | {text or '-'} | "
+            f"{r['returncode']} |"
+        )
+    lines += [""] + [
+        f"- `{r['aggregator']}` ({r.get('date', 'date not recorded')}): "
+        f"{r.get('note') or 'no note'}"
+        for r in rows
+    ]
     lines += ["", "Commands (as run, from the repository root, one at a time):", ""]
     lines += [f"    {shown(r['command'], args)}" for r in rows]
     calls = list(dict.fromkeys(shown(r.get("invocation", args.invocation), args) for r in rows))
     lines += ["", "The script, as called:", ""] + [f"    {c}" for c in calls] + [""]
     for r in rows:
         if r["returncode"] != 0:
-            lines += [f"`{r['aggregator']}` exited {r['returncode']}; end of its stderr:", "",
-                      "```", shown(r["stderr_tail"].strip()[-1500:], args), "```", ""]
+            lines += [
+                f"`{r['aggregator']}` exited {r['returncode']}; end of its stderr:",
+                "",
+                "```",
+                shown(r["stderr_tail"].strip()[-1500:], args),
+                "```",
+                "",
+            ]
     return lines
 
 
@@ -269,17 +340,44 @@ def preflight(args: argparse.Namespace, env: dict) -> list[dict]:
     out = []
     for agg in ROW_ESTIMATORS:
         for method in ("joint_dp", "full_dp"):
-            o = [f"method={method}", f"aggregator={agg}", "dataset.name=mnist", f"dataset.root={args.data}",
-                 "dataset.num_records=60000", "partition.num_owners=1024",
-                 f"partition.scheme={args.scheme}", "train.rounds=1",
-                 f"hydra.run.dir={Path(args.runs) / 'preflight' / (agg + '_' + method)}", "progress=false"]
+            o = [
+                f"method={method}",
+                f"aggregator={agg}",
+                "dataset.name=mnist",
+                f"dataset.root={args.data}",
+                "dataset.num_records=60000",
+                "partition.num_owners=1024",
+                f"partition.scheme={args.scheme}",
+                "train.rounds=1",
+                f"hydra.run.dir={Path(args.runs) / 'preflight' / (agg + '_' + method)}",
+                "progress=false",
+            ]
             t0 = time.perf_counter()
-            p = subprocess.run([sys.executable, "-c", CHECK_ONLY, *o], cwd=ROOT, env=env,
-                               capture_output=True, text=True, timeout=args.preflight_timeout)
-            line = next((ln for ln in p.stderr.splitlines()
-                         if ln.startswith(("fedudp: error", "fedudp: fits"))), "")
-            out.append({"aggregator": agg, "method": method, "returncode": p.returncode,
-                        "seconds": round(time.perf_counter() - t0, 1), "message": line})
+            p = subprocess.run(
+                [sys.executable, "-c", CHECK_ONLY, *o],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=args.preflight_timeout,
+            )
+            line = next(
+                (
+                    ln
+                    for ln in p.stderr.splitlines()
+                    if ln.startswith(("fedudp: error", "fedudp: fits"))
+                ),
+                "",
+            )
+            out.append(
+                {
+                    "aggregator": agg,
+                    "method": method,
+                    "returncode": p.returncode,
+                    "seconds": round(time.perf_counter() - t0, 1),
+                    "message": line,
+                }
+            )
             print(f"[preflight] {agg} {method}: exit {p.returncode} {line[:160]}", flush=True)
     return out
 
@@ -317,7 +415,9 @@ def preflight_need(stderr: str) -> int | None:
 
 
 def release_seconds(stderr: str) -> float | None:
-    got = [float(ln.split()[3]) for ln in stderr.splitlines() if ln.startswith("load_run: release ")]
+    got = [
+        float(ln.split()[3]) for ln in stderr.splitlines() if ln.startswith("load_run: release ")
+    ]
     return sum(got) if got else None
 
 
@@ -325,66 +425,116 @@ def run_rows(args: argparse.Namespace, env: dict, out: Path) -> None:
     """``--aggregators``: one engine=local run per row estimator, measured like the engines."""
     old = out / "rows_results.json"
     names = args.aggregators.split(",")
-    keep = [r for r in (json.loads(old.read_text()) if old.is_file() else [])
-            if (r["aggregator"], r["method"]) not in {(a, args.method) for a in names}]
+    keep = [
+        r
+        for r in (json.loads(old.read_text()) if old.is_file() else [])
+        if (r["aggregator"], r["method"]) not in {(a, args.method) for a in names}
+    ]
     rows = list(keep)
     for agg in names:
         run_dir = Path(args.runs) / f"{agg}_{args.method}"
         o = [*overrides("local", args, run_dir), f"aggregator={agg}"]
-        text = " ".join(shlex.quote(c) for c in ["OMP_NUM_THREADS=" + str(args.threads),
-                                                  "python", "-m", "fedudp.run", *o])
+        text = " ".join(
+            shlex.quote(c)
+            for c in ["OMP_NUM_THREADS=" + str(args.threads), "python", "-m", "fedudp.run", *o]
+        )
         print(f"[{agg}] {text}", flush=True)
         r = measure([sys.executable, "-c", TIMED, *o], args.every, env)
         summary = run_dir / "summary.json"
-        r.update(aggregator=agg, method=args.method, command=text, invocation=args.invocation,
-                 note=args.note, date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
-                 summary=json.loads(summary.read_text()) if summary.is_file() else None,
-                 **metric_means(run_dir / "metrics.jsonl"))
+        r.update(
+            aggregator=agg,
+            method=args.method,
+            command=text,
+            invocation=args.invocation,
+            note=args.note,
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            summary=json.loads(summary.read_text()) if summary.is_file() else None,
+            **metric_means(run_dir / "metrics.jsonl"),
+        )
         r["estimate_bytes"] = preflight_need("\n".join(r["marks"]))
         r["release_seconds"] = release_seconds("\n".join(r["marks"]))
-        print(f"[{agg}] exit {r['returncode']} in {r['seconds']:.0f} s, peak tree RSS "
-              f"{r['peak_rss_tree'] / GIB:.2f} GiB", flush=True)
+        print(
+            f"[{agg}] exit {r['returncode']} in {r['seconds']:.0f} s, peak tree RSS "
+            f"{r['peak_rss_tree'] / GIB:.2f} GiB",
+            flush=True,
+        )
         rows.append(r)
-        (out / "rows_results.json").write_text(json.dumps(
-            [{k: v for k, v in x.items() if k not in ("stdout_tail",)} for x in rows], indent=2))
+        (out / "rows_results.json").write_text(
+            json.dumps(
+                [{k: v for k, v in x.items() if k not in ("stdout_tail",)} for x in rows], indent=2
+            )
+        )
         update_readme(out / "README.md", "rows", rows_lines(rows, args))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engines", default="local,flower", help="engines to run (none: no engine run)")
-    ap.add_argument("--data", default=os.environ.get("FEDUDP_DATA"),
-                    help="folder holding mnist/ IDX files; default: $FEDUDP_DATA")
+    ap.add_argument(
+        "--engines", default="local,flower", help="engines to run (none: no engine run)"
+    )
+    ap.add_argument(
+        "--data",
+        default=os.environ.get("FEDUDP_DATA"),
+        help="folder holding mnist/ IDX files; default: $FEDUDP_DATA",
+    )
     ap.add_argument("--method", default="joint_dp")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--scheme", default="iid", help="partition.scheme (paper_classes cannot place "
-                    "all 60,000 MNIST records on 1,024 owners of 8 classes each: classes run out)")
+    ap.add_argument(
+        "--scheme",
+        default="iid",
+        help="partition.scheme (paper_classes cannot place "
+        "all 60,000 MNIST records on 1,024 owners of 8 classes each: classes run out)",
+    )
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--flower-cpus", type=float, default=float(os.cpu_count() or 1),
-                    help="engine_opts.num_cpus per ClientApp (default: all cores, one at a time)")
+    ap.add_argument(
+        "--flower-cpus",
+        type=float,
+        default=float(os.cpu_count() or 1),
+        help="engine_opts.num_cpus per ClientApp (default: all cores, one at a time)",
+    )
     ap.add_argument("--every", type=float, default=0.5, help="memory sampling interval (s)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "load"))
-    ap.add_argument("--runs", default="/tmp/fedudp_load_runs",
-                    help="where the runs' own folders go (checkpoints are large)")
+    ap.add_argument(
+        "--runs",
+        default="/tmp/fedudp_load_runs",
+        help="where the runs' own folders go (checkpoints are large)",
+    )
     ap.add_argument("--note", default="")
     ap.add_argument("extra", nargs="*", help="more fedudp overrides (KEY=VALUE)")
-    ap.add_argument("--aggregators", default="",
-                    help="row estimators to run one after the other on engine=local "
-                    "(e.g. winsorized,outlier_removal,friendlycore)")
-    ap.add_argument("--preflight", action="store_true",
-                    help="also run the pre-flight memory check of each row estimator at this size")
+    ap.add_argument(
+        "--aggregators",
+        default="",
+        help="row estimators to run one after the other on engine=local "
+        "(e.g. winsorized,outlier_removal,friendlycore)",
+    )
+    ap.add_argument(
+        "--preflight",
+        action="store_true",
+        help="also run the pre-flight memory check of each row estimator at this size",
+    )
     ap.add_argument("--preflight-timeout", type=float, default=600)
-    ap.add_argument("--readme-only", action="store_true",
-                    help="rewrite README.md's sections from the JSON files (no runs)")
+    ap.add_argument(
+        "--readme-only",
+        action="store_true",
+        help="rewrite README.md's sections from the JSON files (no runs)",
+    )
     args = ap.parse_args()
     if not args.data and not args.readme_only:
-        raise SystemExit("load_run.py: error: --data <folder with the MNIST IDX files> is "
-                         "required (or set FEDUDP_DATA)")
+        raise SystemExit(
+            "load_run.py: error: --data <folder with the MNIST IDX files> is "
+            "required (or set FEDUDP_DATA)"
+        )
     args.invocation = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
-               FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(args.threads),
+        MKL_NUM_THREADS=str(args.threads),
+        FLWR_TELEMETRY_ENABLED="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        PYTHONUNBUFFERED="1",
+    )
     if args.readme_only:
         readme_only(args, out)
         return
@@ -396,28 +546,45 @@ def main() -> None:
         run_rows(args, env, out)
     if args.engines in ("", "none"):
         return
-    old = out / "results.json"       # rows of engines not run now are kept
-    keep = [r for r in (json.loads(old.read_text()) if old.is_file() else [])
-            if r["engine"] not in args.engines.split(",")]
+    old = out / "results.json"  # rows of engines not run now are kept
+    keep = [
+        r
+        for r in (json.loads(old.read_text()) if old.is_file() else [])
+        if r["engine"] not in args.engines.split(",")
+    ]
     rows = list(keep)
     for engine in args.engines.split(","):
         run_dir = Path(args.runs) / engine
         cmd = [sys.executable, "-m", "fedudp.run", *overrides(engine, args, run_dir)]
-        text = " ".join(shlex.quote(c) for c in ["OMP_NUM_THREADS=" + str(args.threads),
-                                                  "python", *cmd[1:]])
+        text = " ".join(
+            shlex.quote(c) for c in ["OMP_NUM_THREADS=" + str(args.threads), "python", *cmd[1:]]
+        )
         print(f"[{engine}] {text}", flush=True)
         r = measure(cmd, args.every, env)
         summary = run_dir / "summary.json"
         metrics = run_dir / "metrics.jsonl"
-        r.update(engine=engine, command=text, invocation=args.invocation,
-                 summary=json.loads(summary.read_text()) if summary.is_file() else None,
-                 round_seconds=[round(json.loads(x)["seconds"], 1) for x in
-                                metrics.read_text().splitlines()] if metrics.is_file() else [])
-        print(f"[{engine}] exit {r['returncode']} in {r['seconds']:.0f} s, peak tree RSS "
-              f"{r['peak_rss_tree'] / GIB:.2f} GiB", flush=True)
+        r.update(
+            engine=engine,
+            command=text,
+            invocation=args.invocation,
+            summary=json.loads(summary.read_text()) if summary.is_file() else None,
+            round_seconds=[
+                round(json.loads(x)["seconds"], 1) for x in metrics.read_text().splitlines()
+            ]
+            if metrics.is_file()
+            else [],
+        )
+        print(
+            f"[{engine}] exit {r['returncode']} in {r['seconds']:.0f} s, peak tree RSS "
+            f"{r['peak_rss_tree'] / GIB:.2f} GiB",
+            flush=True,
+        )
         rows.append(r)
-        (out / "results.json").write_text(json.dumps(
-            [{k: v for k, v in x.items() if k not in ("stdout_tail",)} for x in rows], indent=2))
+        (out / "results.json").write_text(
+            json.dumps(
+                [{k: v for k, v in x.items() if k not in ("stdout_tail",)} for x in rows], indent=2
+            )
+        )
         update_readme(out / "README.md", "engines", engines_lines(rows, args))
 
 
@@ -430,13 +597,16 @@ def readme_only(args: argparse.Namespace, out: Path) -> None:
         for r in rows:
             metrics = Path(args.runs) / r["engine"] / "metrics.jsonl"
             if metrics.is_file() and not r.get("round_seconds"):
-                r["round_seconds"] = [round(json.loads(x)["seconds"], 1)
-                                      for x in metrics.read_text().splitlines()]
+                r["round_seconds"] = [
+                    round(json.loads(x)["seconds"], 1) for x in metrics.read_text().splitlines()
+                ]
         res.write_text(json.dumps(rows, indent=2))
         update_readme(out / "README.md", "engines", engines_lines(rows, args))
     pre = out / "preflight.json"
     if pre.is_file():
-        update_readme(out / "README.md", "preflight", preflight_lines(json.loads(pre.read_text()), args))
+        update_readme(
+            out / "README.md", "preflight", preflight_lines(json.loads(pre.read_text()), args)
+        )
     rr = out / "rows_results.json"
     if rr.is_file():
         update_readme(out / "README.md", "rows", rows_lines(json.loads(rr.read_text()), args))

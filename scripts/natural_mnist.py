@@ -16,6 +16,7 @@ Construction (all from ``--seed``):
     .venv/bin/python scripts/natural_mnist.py --report RUNS --plot OUT.png
     # accuracy per round of every run below RUNS (one line per method and epsilon)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def build(data_root: str, dataset: str, users: int, median: float, max_records: int,
-          label_alpha: float, owners: int, seed: int) -> dict[str, np.ndarray]:
+def build(
+    data_root: str,
+    dataset: str,
+    users: int,
+    median: float,
+    max_records: int,
+    label_alpha: float,
+    owners: int,
+    seed: int,
+) -> dict[str, np.ndarray]:
     from fedudp.data.idx import load_idx_dataset
+
     tx, ty, _, _ = load_idx_dataset(dataset, data_root)
     rng = np.random.default_rng(seed)
     sizes = np.clip(np.rint(rng.lognormal(np.log(median), 1.0, users)), 1, max_records).astype(int)
@@ -40,7 +50,7 @@ def build(data_root: str, dataset: str, users: int, median: float, max_records: 
     for u, n in enumerate(sizes):
         mix = rng.dirichlet(np.full(10, label_alpha))
         for c in rng.choice(10, size=n, p=mix):
-            while not pools[c]:                       # a class ran out: take the next one
+            while not pools[c]:  # a class ran out: take the next one
                 c = (c + 1) % 10
             idx.append(pools[c].pop())
             user.append(u)
@@ -52,23 +62,30 @@ def build(data_root: str, dataset: str, users: int, median: float, max_records: 
     while counts.sum() < users:
         counts[rng.integers(owners)] += 1
     owner_of_user = rng.permutation(np.repeat(np.arange(owners), counts))
-    x = (tx[idx].astype(np.float32) / 255.0 - 0.1307) / 0.3081     # MNIST's usual scaling
-    return {"x": x[:, None].astype(np.float32), "y": ty[idx].astype(np.int64), "user": user,
-            "owner": owner_of_user[user]}
+    x = (tx[idx].astype(np.float32) / 255.0 - 0.1307) / 0.3081  # MNIST's usual scaling
+    return {
+        "x": x[:, None].astype(np.float32),
+        "y": ty[idx].astype(np.int64),
+        "user": user,
+        "owner": owner_of_user[user],
+    }
 
 
 def plot(runs: str, out: str) -> None:
     """Mean test accuracy over owners per round, one line per run (method, epsilon)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for summary in sorted(Path(runs).rglob("summary.json")):
         s = json.loads(summary.read_text())
         rows = [json.loads(x) for x in (summary.parent / "metrics.jsonl").read_text().splitlines()]
         label = s["method"] + (f", eps = {s['target_epsilon']:g}" if s["target_epsilon"] else "")
-        ax.plot([r["round"] for r in rows], [r["accuracy_mean"] for r in rows], marker=".",
-                label=label)
+        ax.plot(
+            [r["round"] for r in rows], [r["accuracy_mean"] for r in rows], marker=".", label=label
+        )
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy, mean over owners")
     ax.set_title("natural users from MNIST: 2,000 users of 1-107 records, 32 unequal owners")
@@ -97,24 +114,46 @@ def main() -> None:
         return
     if not a.data_root or not a.out:
         ap.error("--data-root and --out are required to build the federation")
-    arrays = build(a.data_root, a.dataset, a.users, a.median, a.max_records, a.label_alpha,
-                   a.owners, a.seed)
+    arrays = build(
+        a.data_root, a.dataset, a.users, a.median, a.max_records, a.label_alpha, a.owners, a.seed
+    )
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     np.savez(a.out, **arrays)
     per_user = np.bincount(arrays["user"])
     first = np.unique(arrays["user"], return_index=True)[1]
     per_owner = np.bincount(arrays["owner"][first])
     records_owner = np.bincount(arrays["owner"], minlength=a.owners)
-    print(json.dumps({
-        "records": int(len(arrays["y"])), "users": int(len(per_user)), "owners": int(a.owners),
-        "records_per_user": {"min": int(per_user.min()), "median": float(np.median(per_user)),
-                             "max": int(per_user.max())},
-        "users_per_owner": {"min": int(per_owner.min()), "median": float(np.median(per_owner)),
-                            "max": int(per_owner.max())},
-        "records_per_owner": {"min": int(records_owner.min()), "max": int(records_owner.max())},
-        "declare": {"public.users": int(len(per_user)), "public.owner_capacity": int(per_owner.max()),
-                    "public.records_per_user": int(per_user.max()), "dataset.classes": 10,
-                    "dataset.input_shape": list(arrays["x"].shape[1:])}}, indent=1))
+    print(
+        json.dumps(
+            {
+                "records": int(len(arrays["y"])),
+                "users": int(len(per_user)),
+                "owners": int(a.owners),
+                "records_per_user": {
+                    "min": int(per_user.min()),
+                    "median": float(np.median(per_user)),
+                    "max": int(per_user.max()),
+                },
+                "users_per_owner": {
+                    "min": int(per_owner.min()),
+                    "median": float(np.median(per_owner)),
+                    "max": int(per_owner.max()),
+                },
+                "records_per_owner": {
+                    "min": int(records_owner.min()),
+                    "max": int(records_owner.max()),
+                },
+                "declare": {
+                    "public.users": int(len(per_user)),
+                    "public.owner_capacity": int(per_owner.max()),
+                    "public.records_per_user": int(per_user.max()),
+                    "dataset.classes": 10,
+                    "dataset.input_shape": list(arrays["x"].shape[1:]),
+                },
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

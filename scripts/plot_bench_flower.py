@@ -9,6 +9,7 @@ over their wall time, median over the repetitions) and its ratio of mins to Flow
     .venv/bin/python scripts/plot_bench_flower.py docs/results/bench_flower/bench_n512_cores.json \\
         docs/results/bench_flower/bench_n512_cpu0.json --out docs/results/bench_flower/cores.png
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,11 +28,14 @@ def main() -> None:
             rows = json.loads(Path(f).read_text())
             assert isinstance(rows, list) and all("min" in r and "config" in r for r in rows)
         except (OSError, ValueError, AssertionError):
-            raise SystemExit(f"plot_bench_flower.py: error: {f} is not a bench_flower.py --json "
-                             "file; run scripts/bench_flower.py with --json first")
+            raise SystemExit(
+                f"plot_bench_flower.py: error: {f} is not a bench_flower.py --json "
+                "file; run scripts/bench_flower.py with --json first"
+            )
         panels.append((f, rows))
 
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -41,17 +45,28 @@ def main() -> None:
         labels, mins, meds = [], [], []
         for r in rows:
             kind = r["config"].split(":")[0]
-            name = ("plain Flower" + kind[5:] if kind.startswith("plain") else
-                    "engine=flower" if kind == "fedudp" else "engine=" + kind)
+            name = (
+                "plain Flower" + kind[5:]
+                if kind.startswith("plain")
+                else "engine=flower"
+                if kind == "fedudp"
+                else "engine=" + kind
+            )
             busy = r.get("busy_cores")
-            ratio = f"\n{base[r['n']] / r['min']:.1f}x faster" if r["n"] in base and \
-                r["config"] != "plain" and r["min"] < base[r["n"]] else ""
+            ratio = (
+                f"\n{base[r['n']] / r['min']:.1f}x faster"
+                if r["n"] in base and r["config"] != "plain" and r["min"] < base[r["n"]]
+                else ""
+            )
             labels.append(f"{name}\n{busy:.2f} cores{ratio}" if busy is not None else name)
             mins.append(r["min"])
             meds.append(r["median"])
         x = range(len(rows))
-        ax.bar(x, mins, color=["#999999" if r["config"].startswith("plain") else "#3b75af"
-                               for r in rows])
+        ax.bar(
+            x,
+            mins,
+            color=["#999999" if r["config"].startswith("plain") else "#3b75af" for r in rows],
+        )
         ax.scatter(x, meds, marker="_", s=400, color="black", zorder=3, label="median")
         top = max(meds)
         for i, v, m in zip(x, mins, meds):
@@ -59,13 +74,15 @@ def main() -> None:
         ax.set_xticks(list(x), labels, fontsize=7.5)
         cpus = rows[0].get("pinned_cpus")
         ns = sorted({r["n"] for r in rows})
-        where = ("all CPUs" if not cpus else
-                 f"every run pinned to CPU {', '.join(map(str, cpus))}")
+        where = "all CPUs" if not cpus else f"every run pinned to CPU {', '.join(map(str, cpus))}"
         ax.set_title(f"n = {', '.join(map(str, ns))}: {where}", fontsize=10)
         ax.set_ylabel("seconds per round (bar: min, tick: median)")
         ax.legend(fontsize=8)
-    fig.suptitle("Paper CNN FedAvg on MNIST: plain Flower vs fedudp\n(one torch thread per "
-                 "process; local@T: T threads)", fontsize=10)
+    fig.suptitle(
+        "Paper CNN FedAvg on MNIST: plain Flower vs fedudp\n(one torch thread per "
+        "process; local@T: T threads)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(a.out, dpi=110)
     print(f"wrote {a.out}")

@@ -14,6 +14,7 @@ control); the false-alarm rate of the correct Gaussian release (20 seeds) and of
 DP-SGD (20 seeds per pair), and the detection rate of the 0.7 noise cut (20 seeds); 80 more
 seeds of the correct Gaussian release.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,12 @@ import time
 from pathlib import Path
 
 GAUSSIAN = {"privacy.epsilon": 1.0, "privacy.delta": 1e-5, "train.rounds": 1}
-DPSGD = {"privacy.placement": "local_dpsgd", "privacy.epsilon": 1.0, "privacy.delta": 1e-5,
-         "train.batch_size": 32}
+DPSGD = {
+    "privacy.placement": "local_dpsgd",
+    "privacy.epsilon": 1.0,
+    "privacy.delta": 1e-5,
+    "train.batch_size": 32,
+}
 
 # name -> (kind, broken, users (local_dpsgd), releases per side, seeds)
 CASES = {
@@ -49,64 +54,100 @@ def run_case(name: str) -> dict:
     from fedudp.config import config_from_overrides
     from fedudp.build import planned_units
     from fedudp.audit import audit, audit_local_dpsgd
+
     kind, broken, users, trials, seeds = CASES[name]
     t0 = time.perf_counter()
     rows = []
     for s in seeds:
         if kind == "gaussian":
             cfg = config_from_overrides({"method": "full_dp", **GAUSSIAN})
-            agg = build_aggregator(cfg, Sampling(cfg.train.sampling_rate, planned_units(cfg)[1]),
-                                   1, 8)
+            agg = build_aggregator(
+                cfg, Sampling(cfg.train.sampling_rate, planned_units(cfg)[1]), 1, 8
+            )
             r = audit(agg, 8, trials, cfg.privacy.delta, s, broken, cfg.estimator.bound)
         else:
             r = audit_local_dpsgd(DPSGD, users, trials, s, broken)
-        rows.append({"seed": s, "claimed": r.claimed_epsilon, "lower_bound": r.lower_bound,
-                     "by": f"{r.samples.best.method}, {r.samples.best.statistic}",
-                     "violation": r.violation, "seconds": r.seconds, "power": r.power,
-                     "notes": r.samples.notes,
-                     "bounds": {f"{b.method} / {b.statistic}": b.epsilon for b in r.samples.bounds}})
+        rows.append(
+            {
+                "seed": s,
+                "claimed": r.claimed_epsilon,
+                "lower_bound": r.lower_bound,
+                "by": f"{r.samples.best.method}, {r.samples.best.statistic}",
+                "violation": r.violation,
+                "seconds": r.seconds,
+                "power": r.power,
+                "notes": r.samples.notes,
+                "bounds": {f"{b.method} / {b.statistic}": b.epsilon for b in r.samples.bounds},
+            }
+        )
         print(name, rows[-1], flush=True)
-    return {"name": name, "kind": kind, "broken": broken, "users": users, "trials": trials,
-            "rows": rows, "wall_s": time.perf_counter() - t0}
+    return {
+        "name": name,
+        "kind": kind,
+        "broken": broken,
+        "users": users,
+        "trials": trials,
+        "rows": rows,
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def render(done: list[dict]) -> str:
     by = {d["name"]: d for d in done}
-    out = ["# Privacy audit table", "",
-           "Written by `.venv/bin/python scripts/privacy_audit_table.py` (functions of "
-           "`fedudp-audit`). ε claimed: the ledger's ε for the one audited release; lower bound: "
-           "99% jointly over the bounds tried (Bonferroni). 2 cores, shared with other work.", "",
-           "| case | mechanism | adjacency pair | releases per side | broken | ε claimed "
-           "| ε lower bound (99%) | by | verdict | power (noise cut detected, prob. ≈ 1/2) "
-           "| wall time |",
-           "|---|---|---|---:|---|---:|---:|---|---|---|---:|"]
+    out = [
+        "# Privacy audit table",
+        "",
+        "Written by `.venv/bin/python scripts/privacy_audit_table.py` (functions of "
+        "`fedudp-audit`). ε claimed: the ledger's ε for the one audited release; lower bound: "
+        "99% jointly over the bounds tried (Bonferroni). 2 cores, shared with other work.",
+        "",
+        "| case | mechanism | adjacency pair | releases per side | broken | ε claimed "
+        "| ε lower bound (99%) | by | verdict | power (noise cut detected, prob. ≈ 1/2) "
+        "| wall time |",
+        "|---|---|---|---:|---|---:|---:|---|---|---|---:|",
+    ]
     for name, (kind, broken, users, trials, seeds) in CASES.items():
         if name not in by or len(seeds) > 1:
             continue
         d, r = by[name], by[name]["rows"][0]
-        mech = ("clip + Gaussian (server), ε = 1, δ = 1e-5" if kind == "gaussian"
-                else "owner-side DP-SGD, B = 32, ε = 1, δ = 1e-5")
-        pair = "canary user at the clip norm, in D only" if kind == "gaussian" else \
-            f"owner of {users} users → {users - 1} (capacity {users})"
+        mech = (
+            "clip + Gaussian (server), ε = 1, δ = 1e-5"
+            if kind == "gaussian"
+            else "owner-side DP-SGD, B = 32, ε = 1, δ = 1e-5"
+        )
+        pair = (
+            "canary user at the clip norm, in D only"
+            if kind == "gaussian"
+            else f"owner of {users} users → {users - 1} (capacity {users})"
+        )
         p = r["power"] or {}
         power = "; ".join(f"{k}: {v:.3f}×" for k, v in p.items()) or "-"
         verdict = "**violation**" if r["violation"] else "consistent"
-        out.append(f"| {name} | {mech} | {pair} | {trials:,} | {broken or '-'} "
-                   f"| {r['claimed']:.3f} | {r['lower_bound']:.3f} | {r['by']} | {verdict} "
-                   f"| {power} | {d['wall_s']:.0f} s |")
-    out += ["", "## Over seeds", "",
-            "| case | releases per side | seeds | violations flagged | rate | lower bound: min / median / max | wall time |",
-            "|---|---:|---:|---:|---:|---|---:|"]
+        out.append(
+            f"| {name} | {mech} | {pair} | {trials:,} | {broken or '-'} "
+            f"| {r['claimed']:.3f} | {r['lower_bound']:.3f} | {r['by']} | {verdict} "
+            f"| {power} | {d['wall_s']:.0f} s |"
+        )
+    out += [
+        "",
+        "## Over seeds",
+        "",
+        "| case | releases per side | seeds | violations flagged | rate | lower bound: min / median / max | wall time |",
+        "|---|---:|---:|---:|---:|---|---:|",
+    ]
     import statistics
+
     for name, (kind, broken, users, trials, seeds) in CASES.items():
         if name not in by or len(seeds) == 1:
             continue
         d = by[name]
         lbs = [r["lower_bound"] for r in d["rows"]]
         bad = sum(r["violation"] for r in d["rows"])
-        out.append(f"| {name} | {trials:,} | {len(lbs)} | {bad} | {bad / len(lbs):.2f} "
-                   f"| {min(lbs):.3f} / {statistics.median(lbs):.3f} / {max(lbs):.3f} "
-                   f"| {d['wall_s']:.0f} s |")
+        out.append(
+            f"| {name} | {trials:,} | {len(lbs)} | {bad} | {bad / len(lbs):.2f} "
+            f"| {min(lbs):.3f} / {statistics.median(lbs):.3f} / {max(lbs):.3f} "
+            f"| {d['wall_s']:.0f} s |"
+        )
     return "\n".join(out) + "\n"
 
 

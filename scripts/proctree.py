@@ -1,6 +1,7 @@
 """Memory and CPU time of a benchmark's process tree, read from /proc (Linux): the benchmarks
 that start their measured side as a subprocess in its own session sample it every fraction of
 a second."""
+
 from __future__ import annotations
 
 import os
@@ -30,11 +31,11 @@ def session_sample(sid: int) -> tuple[int, int, dict[int, float]]:
             continue
         try:
             stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(stat[3]) != sid:         # field 6 (session); stat[k] is field k + 3
+            if int(stat[3]) != sid:  # field 6 (session); stat[k] is field k + 3
                 continue
             total += status_kib("VmRSS", d.name) * 1024
             count += 1
-            cpu[int(d.name)] = (int(stat[11]) + int(stat[12])) / _TICK   # utime, stime
+            cpu[int(d.name)] = (int(stat[11]) + int(stat[12])) / _TICK  # utime, stime
         except (OSError, ValueError, IndexError):
             continue
     return total, count, cpu

@@ -19,6 +19,7 @@ winsorized τ = G sqrt(log(2n/γ)/(2m)) ([LEVY] Cor. 1), outlier removal
 
     python scripts/rate_check.py --out /tmp/bench/rate
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,26 +65,27 @@ def loss(theta, X, y) -> float:
 
 def user_gradients(theta, X, y) -> torch.Tensor:
     """[n, d]: each user's average logistic-loss gradient at θ (norm <= 1)."""
-    r = torch.sigmoid(X @ theta) - y                  # [n, m]
+    r = torch.sigmoid(X @ theta) - y  # [n, m]
     return torch.einsum("nm,nmd->nd", r, X) / X.shape[1]
 
 
 def make(name: str, mode: str, n: int, d: int, m: int, eps: float, T: int):
     s = Sampling(1.0, n)
-    gev = lambda z: dp_accounting.GaussianDpEvent(z)   # noqa: E731
+    gev = lambda z: dp_accounting.GaussianDpEvent(z)  # noqa: E731
     if name == "none":
         return MeanAggregator()
     if name == "gaussian":
         z = calibrate_noise_multiplier(gev, eps, DELTA, T)
-        return GaussianAggregator(G_BOUND, 2 * z, s)      # replace-one: sensitivity 2G
+        return GaussianAggregator(G_BOUND, 2 * z, s)  # replace-one: sensitivity 2G
     if name == "winsorized":
         coords = next_pow2(d)
         tau = winsorized.default_tau(G_BOUND, n, m, GAMMA)
         if mode == "paper":
             e1 = winsorized.closed_form_eps_coord(eps, DELTA, T, coords)
         else:
-            e1 = 1.0 / calibrate_noise_multiplier(lambda z: winsorized.winsorized_round_event(1.0 / z, coords),
-                                                  eps, DELTA, T)
+            e1 = 1.0 / calibrate_noise_multiplier(
+                lambda z: winsorized.winsorized_round_event(1.0 / z, coords), eps, DELTA, T
+            )
         agg = winsorized.WinsorizedAggregator(d, tau, G_BOUND, e1, s, gamma=GAMMA)
         # below PrivateRange's minimum n only the utility guarantee is void (privacy holds): run it
         agg.min_users_required = winsorized.min_users(coords, e1, G_BOUND, agg.tau_coord, GAMMA)
@@ -113,7 +115,7 @@ def train(agg, X, y, T: int, lr: float, seed: int) -> tuple[torch.Tensor, dict]:
         out = agg(Gm.to(torch.float64), rng=torch.Generator().manual_seed(seed * 1000 + t))
         if out.halted:
             info["halted_at"] = t + 1
-            return torch.zeros(d), info                # [ASI] Alg. 3: halted -> return θ_0
+            return torch.zeros(d), info  # [ASI] Alg. 3: halted -> return θ_0
         theta = theta - lr * out.mean.to(F32)
         nrm = float(theta.norm())
         if nrm > RADIUS:
@@ -130,13 +132,21 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=20)
     ap.add_argument("--lr", type=float, default=10.0)
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--only", nargs="*", default=None, help="estimator/mode keys to run (default all)")
+    ap.add_argument(
+        "--only", nargs="*", default=None, help="estimator/mode keys to run (default all)"
+    )
     ap.add_argument("--out", default="rate_check")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    combos = [("none", "non-private"), ("gaussian", "certified"), ("winsorized", "certified"), ("winsorized", "paper"),
-              ("outlier_removal", "certified"), ("outlier_removal", "paper")]
+    combos = [
+        ("none", "non-private"),
+        ("gaussian", "certified"),
+        ("winsorized", "certified"),
+        ("winsorized", "paper"),
+        ("outlier_removal", "certified"),
+        ("outlier_removal", "paper"),
+    ]
     if a.only:
         combos = [c for c in combos if f"{c[0]}/{c[1]}" in a.only]
     results = []
@@ -147,41 +157,65 @@ def main() -> None:
                 t0 = time.perf_counter()
                 agg = make(name, mode, a.n, a.d, m, eps, a.T)
                 if isinstance(agg, str):
-                    results.append({"m": m, "eps": eps, "estimator": f"{name}/{mode}", "excess": None, "note": agg})
+                    results.append(
+                        {
+                            "m": m,
+                            "eps": eps,
+                            "estimator": f"{name}/{mode}",
+                            "excess": None,
+                            "note": agg,
+                        }
+                    )
                     print(f"m={m} eps={eps:g} {name}/{mode}: {agg}", flush=True)
                     continue
                 ex, halts = [], 0
                 for s, (X, y, Xt, yt, theta) in enumerate(data):
                     if isinstance(agg, outlier.OutlierRemovalAggregator):
-                        agg.at = None                  # one AboveThreshold per training run
+                        agg.at = None  # one AboveThreshold per training run
                     th, info = train(agg, X, y, a.T, a.lr, s)
                     halts += info["halted_at"] is not None
                     ex.append(loss(th, Xt, yt) - loss(theta, Xt, yt))
-                row = {"m": m, "eps": eps, "estimator": f"{name}/{mode}", "excess": sum(ex) / len(ex),
-                       "halted_runs": halts, "seconds": time.perf_counter() - t0}
+                row = {
+                    "m": m,
+                    "eps": eps,
+                    "estimator": f"{name}/{mode}",
+                    "excess": sum(ex) / len(ex),
+                    "halted_runs": halts,
+                    "seconds": time.perf_counter() - t0,
+                }
                 need = getattr(agg, "min_users_required", None)
                 if need is not None and a.n < need:
                     row["below_min_users"] = need
                 results.append(row)
-                print(f"m={m} eps={eps:g} {name}/{mode}: excess {row['excess']:.4f} "
-                      f"(halted {halts}/{a.seeds}) {row['seconds']:.1f}s", flush=True)
+                print(
+                    f"m={m} eps={eps:g} {name}/{mode}: excess {row['excess']:.4f} "
+                    f"(halted {halts}/{a.seeds}) {row['seconds']:.1f}s",
+                    flush=True,
+                )
         del data
     # non-private reference: the statistical term alone
-    lines = [f"n = {a.n} users, d = {a.d}, T = {a.T} steps, lr {a.lr}, δ = {DELTA:g}; "
-             f"excess population loss (mean of {a.seeds} seeds)\n",
-             "| estimator | ε | " + " | ".join(f"m={m}" for m in a.m) + " |",
-             "|---|---:|" + "---:|" * len(a.m)]
+    lines = [
+        f"n = {a.n} users, d = {a.d}, T = {a.T} steps, lr {a.lr}, δ = {DELTA:g}; "
+        f"excess population loss (mean of {a.seeds} seeds)\n",
+        "| estimator | ε | " + " | ".join(f"m={m}" for m in a.m) + " |",
+        "|---|---:|" + "---:|" * len(a.m),
+    ]
     for eps in a.eps:
         for name, mode in combos:
             key = f"{name}/{mode}"
             cells = []
             for m in a.m:
-                r = next(r for r in results if r["m"] == m and r["eps"] == eps and r["estimator"] == key)
+                r = next(
+                    r for r in results if r["m"] == m and r["eps"] == eps and r["estimator"] == key
+                )
                 if r["excess"] is None:
                     cells.append(r["note"])
                 else:
-                    cells.append(f"{r['excess']:.4f}" + (f" (halted {r['halted_runs']})" if r["halted_runs"] else "")
-                                 + (f" (n < min {r['below_min_users']})" if r.get("below_min_users") else ""))
+                    cells.append(
+                        f"{r['excess']:.4f}"
+                        + (f" (halted {r['halted_runs']})" if r["halted_runs"] else "")
+                        + (f" (n < min {r['below_min_users']})" if r.get("below_min_users") else "")
+                    )
             lines.append(f"| {key} | {eps:g} | " + " | ".join(cells) + " |")
     text = "\n".join(lines)
     print(text)

@@ -10,6 +10,7 @@ result scripts scrub each finished run, and this script scrubs folders already w
 The checkout's own root becomes ``.`` (repository-relative). Only text files are touched, and
 only the exact strings given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,9 @@ TEXT = {".yaml", ".yml", ".json", ".jsonl", ".log", ".out", ".csv", ".md", ".txt
 def scrub(folder: Path, replace: dict[str, str]) -> int:
     """Rewrite every text file under ``folder``: each key of ``replace`` becomes its value, the
     checkout's root becomes ``.``; the number of files changed."""
-    pairs = sorted({**replace, str(ROOT) + "/": "", str(ROOT): "."}.items(),
-                   key=lambda kv: -len(kv[0]))
+    pairs = sorted(
+        {**replace, str(ROOT) + "/": "", str(ROOT): "."}.items(), key=lambda kv: -len(kv[0])
+    )
     changed = 0
     for p in sorted(Path(folder).rglob("*")):
         if not p.is_file() or p.suffix not in TEXT:
@@ -41,8 +43,9 @@ def scrub(folder: Path, replace: dict[str, str]) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--replace", action="append", default=[], metavar="PATH=NAME",
-                    help="repeat for each path")
+    ap.add_argument(
+        "--replace", action="append", default=[], metavar="PATH=NAME", help="repeat for each path"
+    )
     ap.add_argument("folders", nargs="+", type=Path)
     a = ap.parse_args()
     pairs = {}

@@ -9,6 +9,7 @@ resident memory (``ru_maxrss`` of that process) and what the run reported (round
     .venv/bin/python scripts/time_presets.py --out docs/results/presets/README.md
     .venv/bin/python scripts/time_presets.py levy_alg3 huang_alg1          # some of them
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,33 +37,52 @@ def run_one(name: str, folder: Path, threads: int | None) -> dict:
     t = time.perf_counter()
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-        _, status, ru = os.wait4(p.pid, 0)       # this child's own resource usage
+        _, status, ru = os.wait4(p.pid, 0)  # this child's own resource usage
     wall = time.perf_counter() - t
     p.returncode = os.waitstatus_to_exitcode(status)
-    row = {"preset": name, "exit": p.returncode, "wall_s": wall,
-           "cpu_s": ru.ru_utime + ru.ru_stime,
-           "peak_rss_mib": ru.ru_maxrss / 1024,     # the largest process of the run (KiB)
-           "command": " ".join(["fedudp", *cmd[1:3]])}
+    row = {
+        "preset": name,
+        "exit": p.returncode,
+        "wall_s": wall,
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "peak_rss_mib": ru.ru_maxrss / 1024,  # the largest process of the run (KiB)
+        "command": " ".join(["fedudp", *cmd[1:3]]),
+    }
     summary = folder / "summary.json"
     if summary.is_file():
         s = json.loads(summary.read_text())
-        row.update({k: s.get(k) for k in ("rounds_completed", "stop_reason", "epsilon",
-                                            "epsilon_display", "accuracy_mean", "guarantee")})
+        row.update(
+            {
+                k: s.get(k)
+                for k in (
+                    "rounds_completed",
+                    "stop_reason",
+                    "epsilon",
+                    "epsilon_display",
+                    "accuracy_mean",
+                    "guarantee",
+                )
+            }
+        )
     else:
         row["error"] = log.read_text().strip().splitlines()[-1:]
     return row
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| preset | wall s | CPU s | peak RSS MiB | rounds | stop | ε | "
-           "guarantee | accuracy |", "|---|---:|---:|---:|---:|---|---|---|---:|"]
+    out = [
+        "| preset | wall s | CPU s | peak RSS MiB | rounds | stop | ε | guarantee | accuracy |",
+        "|---|---:|---:|---:|---:|---|---|---|---:|",
+    ]
     for r in rows:
         acc = r.get("accuracy_mean")
-        out.append(f"| `{r['preset']}` | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
-                   f"{r['peak_rss_mib']:.0f} | {r.get('rounds_completed', '-')} | "
-                   f"{r.get('stop_reason', 'exit ' + str(r['exit']))} | "
-                   f"{r.get('epsilon_display') or '-'} | {r.get('guarantee', '-')} | "
-                   f"{'-' if acc is None else f'{acc:.4f}'} |")
+        out.append(
+            f"| `{r['preset']}` | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"{r['peak_rss_mib']:.0f} | {r.get('rounds_completed', '-')} | "
+            f"{r.get('stop_reason', 'exit ' + str(r['exit']))} | "
+            f"{r.get('epsilon_display') or '-'} | {r.get('guarantee', '-')} | "
+            f"{'-' if acc is None else f'{acc:.4f}'} |"
+        )
     return "\n".join(out)
 
 
@@ -82,8 +102,11 @@ def main() -> None:
         for name in a.presets:
             r = run_one(name, Path(tmp) / name, a.threads or None)
             rows.append(r)
-            print(f"{name}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, exit {r['exit']}, "
-                  f"{r.get('stop_reason')}, eps {r.get('epsilon_display')}", flush=True)
+            print(
+                f"{name}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, exit {r['exit']}, "
+                f"{r.get('stop_reason')}, eps {r.get('epsilon_display')}",
+                flush=True,
+            )
     total = time.perf_counter() - t0
     text = table(rows)
     print(text)
@@ -95,10 +118,14 @@ def main() -> None:
             f"Command (total wall time {total:.0f} s):\n\n    {cmd}\n\n"
             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
             f"{platform.python_version()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
-            + (f"\n\nNote: {a.note}" if a.note else "") + "\n\n" + text + "\n\n"
+            + (f"\n\nNote: {a.note}" if a.note else "")
+            + "\n\n"
+            + text
+            + "\n\n"
             "Each preset is `fedudp +experiment=<preset> progress=false` in a fresh process "
             "(`scripts/time_presets.py`); ε as the run prints it (`(heuristic)` where the "
-            "preset's accounting is the paper's).\n")
+            "preset's accounting is the paper's).\n"
+        )
         (Path(a.out).parent / "presets.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 

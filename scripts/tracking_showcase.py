@@ -18,6 +18,7 @@ full ``mlflow`` package and the screenshot Playwright, both taken from a side ve
 
     .venv/bin/python scripts/tracking_showcase.py --ui-venv UIVENV --out docs/results/tracking
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SWEEP = ["-m", "method=fedavg,full_dp", "privacy.epsilon=1,8", "tracking=mlflow",
-         "progress=false"]
+SWEEP = ["-m", "method=fedavg,full_dp", "privacy.epsilon=1,8", "tracking=mlflow", "progress=false"]
 
 
 def free_port() -> int:
@@ -58,6 +58,7 @@ def wait_http(url: str, seconds: float = 120) -> None:
 def experiment_and_parent(store: str) -> tuple[str, str]:
     """The experiment's id and the sweep's parent run's name."""
     from mlflow.tracking import MlflowClient
+
     c = MlflowClient(store)
     exp = c.get_experiment_by_name("fedudp")
     if exp is None:
@@ -71,8 +72,11 @@ def experiment_and_parent(store: str) -> tuple[str, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "docs/results/tracking"))
-    ap.add_argument("--ui-venv", required=True,
-                    help="a venv with the full mlflow package (the UI) and playwright")
+    ap.add_argument(
+        "--ui-venv",
+        required=True,
+        help="a venv with the full mlflow package (the UI) and playwright",
+    )
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     ap.add_argument("--sweep-dir", help="where the sweep goes (default: a temporary folder)")
     a = ap.parse_args()
@@ -83,28 +87,57 @@ def main() -> None:
     timings = {}
 
     t = time.perf_counter()
-    subprocess.run([str(BIN / "fedudp"), *SWEEP, f"hydra.sweep.dir={sweep}"], check=True, env=env,
-                   cwd=ROOT)
+    subprocess.run(
+        [str(BIN / "fedudp"), *SWEEP, f"hydra.sweep.dir={sweep}"], check=True, env=env, cwd=ROOT
+    )
     timings["sweep"] = time.perf_counter() - t
     t = time.perf_counter()
-    subprocess.run([str(BIN / "fedudp-report"), str(sweep), "--plots", "--out",
-                    str(out / "report")], check=True, env=env, cwd=ROOT)
+    subprocess.run(
+        [str(BIN / "fedudp-report"), str(sweep), "--plots", "--out", str(out / "report")],
+        check=True,
+        env=env,
+        cwd=ROOT,
+    )
     timings["report"] = time.perf_counter() - t
 
     store = f"sqlite:///{sweep / 'mlflow.db'}"
     exp, parent = experiment_and_parent(store)
     ui_bin = Path(a.ui_venv) / "bin"
     port = free_port()
-    ui = subprocess.Popen([str(ui_bin / "mlflow"), "ui", "--host", "127.0.0.1", "--port", str(port),
-                           "--backend-store-uri", store], env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, start_new_session=True)
+    ui = subprocess.Popen(
+        [
+            str(ui_bin / "mlflow"),
+            "ui",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            store,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         wait_http(base + "/health")
         t = time.perf_counter()
-        subprocess.run([str(ui_bin / "python"), str(ROOT / "scripts/mlflow_ui_screenshot.py"),
-                        base, exp, str(out / "mlflow_sweep.png"), parent, a.chromium],
-                       check=True, env=env, timeout=300)
+        subprocess.run(
+            [
+                str(ui_bin / "python"),
+                str(ROOT / "scripts/mlflow_ui_screenshot.py"),
+                base,
+                exp,
+                str(out / "mlflow_sweep.png"),
+                parent,
+                a.chromium,
+            ],
+            check=True,
+            env=env,
+            timeout=300,
+        )
         timings["screenshot"] = time.perf_counter() - t
     finally:
         os.killpg(ui.pid, 15)

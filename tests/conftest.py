@@ -1,4 +1,5 @@
 """Shared test helpers: tiny configs that run in about a second on the local engine."""
+
 from __future__ import annotations
 
 import gzip
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedudp.config import RunConfig   # importing fedudp turns Flower/Ray telemetry off
+from fedudp.config import RunConfig  # importing fedudp turns Flower/Ray telemetry off
 
 
 def set_key(cfg: RunConfig, key: str, value) -> None:
@@ -59,7 +60,7 @@ def tiny_mnist(root: Path, n_train: int = 600, n_test: int = 200, seed: int = 0)
         x = rng.integers(0, 60, (n, 28, 28))
         for i, c in enumerate(y):
             r, q = divmod(int(c), 4)
-            x[i, 7 * r:7 * r + 7, 7 * q:7 * q + 7] += 180
+            x[i, 7 * r : 7 * r + 7, 7 * q : 7 * q + 7] += 180
         return x.clip(0, 255).astype(np.uint8), y.astype(np.uint8)
 
     tx, ty = make(n_train)
@@ -78,6 +79,7 @@ def interrupt_after(monkeypatch, round_: int) -> None:
     import signal
 
     from fedudp.core import checkpoint
+
     save = checkpoint.Checkpointer.save
 
     def patched(self, r, state):
@@ -85,4 +87,5 @@ def interrupt_after(monkeypatch, round_: int) -> None:
         if r == round_:
             os.kill(os.getpid(), signal.SIGINT)
         return path
+
     monkeypatch.setattr(checkpoint.Checkpointer, "save", patched)

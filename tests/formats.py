@@ -1,6 +1,7 @@
 """Small data sets written in the benchmarks' published formats, for tests (nothing is
 downloaded): LEAF's JSON (FEMNIST, Shakespeare), CIFAR-10/100's Python pickles, and an NPZ
 federation with natural users of unequal sizes."""
+
 from __future__ import annotations
 
 import json
@@ -9,13 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-LEAF_VOCAB = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}")
+LEAF_VOCAB = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 
 
 def leaf_file(path: Path, users: dict[str, tuple[list, list]]) -> None:
     """One LEAF JSON file: {"users", "num_samples", "user_data": {user: {"x", "y"}}}."""
-    obj = {"users": list(users), "num_samples": [len(y) for _, y in users.values()],
-           "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()}}
+    obj = {
+        "users": list(users),
+        "num_samples": [len(y) for _, y in users.values()],
+        "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj))
 
@@ -43,11 +47,11 @@ def write_shakespeare(root: Path, sizes: list[int], seed: int = 0) -> Path:
     """Speaking roles with ``sizes[i]`` (80-character context, next character) pairs cut from a
     role's own generated text; test pairs from the same roles."""
     rng = np.random.default_rng(seed)
-    letters = np.array(list(LEAF_VOCAB[13:70]))     # digits, punctuation, capitals, lowercase
+    letters = np.array(list(LEAF_VOCAB[13:70]))  # digits, punctuation, capitals, lowercase
     split = {"train": {}, "test": {}}
     for i, n in enumerate(sizes):
         text = "".join(rng.choice(letters, 81 + n + n // 2 + 1))
-        pairs = [(text[j:j + 80], text[j + 80]) for j in range(n + max(1, n // 2))]
+        pairs = [(text[j : j + 80], text[j + 80]) for j in range(n + max(1, n // 2))]
         role = f"THE_PLAY_ROLE{i}"
         split["train"][role] = ([p[0] for p in pairs[:n]], [p[1] for p in pairs[:n]])
         split["test"][role] = ([p[0] for p in pairs[n:]], [p[1] for p in pairs[n:]])
@@ -70,8 +74,12 @@ def write_cifar10(root: Path, per_batch: int = 40, test: int = 50, seed: int = 0
     folder.mkdir(parents=True, exist_ok=True)
     for name, n in [(f"data_batch_{k}", per_batch) for k in range(1, 6)] + [("test_batch", test)]:
         y = rng.integers(0, 10, n)
-        d = {b"batch_label": name.encode(), b"labels": y.tolist(),
-             b"data": _cifar_images(n, y, rng), b"filenames": [b"x.png"] * n}
+        d = {
+            b"batch_label": name.encode(),
+            b"labels": y.tolist(),
+            b"data": _cifar_images(n, y, rng),
+            b"filenames": [b"x.png"] * n,
+        }
         (folder / name).write_bytes(pickle.dumps(d, protocol=2))
     return root
 
@@ -84,14 +92,23 @@ def write_cifar100(root: Path, train: int = 200, test: int = 50, seed: int = 0) 
     folder.mkdir(parents=True, exist_ok=True)
     for name, n in (("train", train), ("test", test)):
         fine = rng.integers(0, 100, n)
-        d = {b"data": _cifar_images(n, fine, rng), b"fine_labels": fine.tolist(),
-             b"coarse_labels": (fine // 5).tolist(), b"filenames": [b"f"] * n}
+        d = {
+            b"data": _cifar_images(n, fine, rng),
+            b"fine_labels": fine.tolist(),
+            b"coarse_labels": (fine // 5).tolist(),
+            b"filenames": [b"f"] * n,
+        }
         (folder / name).write_bytes(pickle.dumps(d, protocol=2))
     return root
 
 
-def natural_arrays(sizes: list[int], owners: list[int] | None = None, features: int = 6,
-                   classes: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
+def natural_arrays(
+    sizes: list[int],
+    owners: list[int] | None = None,
+    features: int = 6,
+    classes: int = 4,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
     """Users ``u0..`` holding ``sizes[i]`` records each (labels skewed per user: a user's own
     class two times in three), features a class signal plus noise; ``owners[i]``: user i's
     owner (an ``owner`` column), or none."""

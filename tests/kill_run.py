@@ -10,6 +10,7 @@ own process with SIGKILL (no handler, no cleanup) at:
 
 Without ROUND (``0``) the run is not killed. ``resume`` is a key like any other.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,7 @@ def arm(kill_round: int, phase: str) -> None:
         if phase == "mid_checkpoint" and Path(path).name == f"ckpt-{kill_round:06d}.pt":
             tmp = Path(path).with_name(f".{Path(path).name}.tmp{os.getpid()}")
             with open(tmp, "wb") as f:
-                f.write(data[:len(data) // 2])
+                f.write(data[: len(data) // 2])
                 f.flush()
                 os.fsync(f.fileno())
             die()

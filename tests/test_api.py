@@ -1,4 +1,5 @@
 """The Python API (``fedudp.simulate``) and the README's "Use from Python" example, run as written."""
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,12 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
 
 
 def test_simulate_in_memory_equals_the_run_folder(tmp_path):
-    over = {"method": "full_dp", "train.rounds": 2, "partition.num_owners": 4,
-            "dataset.num_records": 200}
+    over = {
+        "method": "full_dp",
+        "train.rounds": 2,
+        "partition.num_owners": 4,
+        "dataset.num_records": 200,
+    }
     mem = fedudp.simulate(over)
     disk = fedudp.simulate(over, out=tmp_path / "run")
     assert mem.out is None and disk.out == tmp_path / "run"
@@ -46,7 +51,7 @@ def test_simulate_in_memory_equals_the_run_folder(tmp_path):
     for k in mem.shared:
         assert (mem.shared[k] == disk.shared[k]).all()
     assert [h["accuracy_mean"] for h in mem.history] == [h["accuracy_mean"] for h in disk.history]
-    again = fedudp.simulate(over, out=tmp_path / "run")      # finished before: read back
+    again = fedudp.simulate(over, out=tmp_path / "run")  # finished before: read back
     assert again.summary.get("skipped") and again.shared is None
     assert [h["round"] for h in again.history] == [h["round"] for h in disk.history]
 
@@ -59,7 +64,14 @@ def test_simulate_refuses_what_is_not_a_config():
 
 
 def test_package_exports_only_what_it_documents():
-    assert set(fedudp.__all__) == {"simulate", "SimulationResult", "RunConfig", "ConfigError",
-                                   "config_from_overrides", "Records", "from_arrays"}
+    assert set(fedudp.__all__) == {
+        "simulate",
+        "SimulationResult",
+        "RunConfig",
+        "ConfigError",
+        "config_from_overrides",
+        "Records",
+        "from_arrays",
+    }
     with pytest.raises(AttributeError):
         fedudp.nothing_here

@@ -1,6 +1,7 @@
 """The benchmarks' measuring tools: ``scripts/proctree.py`` (memory and CPU time of a process
 tree) and ``scripts/plot_bench_flower.py`` (the figure of ``bench_flower.py --json``), and
 ``bench_flower.py``'s refusal of a side it does not know, before any run starts."""
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-BUSY = ("import subprocess, sys, time\n"
-        "def spin(s):\n"
-        "    t = time.process_time()\n"
-        "    while time.process_time() - t < s:\n"
-        "        pass\n"
-        "spin(0.6)\n"
-        "subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
-        "while time.process_time() - t < 0.6: pass\\ntime.sleep(0.5)'])\n")
+BUSY = (
+    "import subprocess, sys, time\n"
+    "def spin(s):\n"
+    "    t = time.process_time()\n"
+    "    while time.process_time() - t < s:\n"
+    "        pass\n"
+    "spin(0.6)\n"
+    "subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+    "while time.process_time() - t < 0.6: pass\\ntime.sleep(0.5)'])\n"
+)
 
 
 def test_session_sample_reads_the_cpu_seconds_of_every_process_of_the_tree():
@@ -29,6 +32,7 @@ def test_session_sample_reads_the_cpu_seconds_of_every_process_of_the_tree():
     samples (largest reading per pid) hold both processes and about 1.2 CPU seconds, and a
     process outside the session is not read."""
     from proctree import session_sample
+
     proc = subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
     cpu: dict[int, float] = {}
     most = 0
@@ -41,34 +45,58 @@ def test_session_sample_reads_the_cpu_seconds_of_every_process_of_the_tree():
         time.sleep(0.05)
     assert most == 2 and len(cpu) == 2 and proc.pid in cpu
     assert 1.0 <= sum(cpu.values()) <= 2.5
-    assert session_sample(proc.pid) == (0, 0, {})          # gone: nothing left to read
+    assert session_sample(proc.pid) == (0, 0, {})  # gone: nothing left to read
 
 
 def test_plot_of_bench_flower_results(tmp_path):
-    rows = [{"n": 512, "config": c, "min": m, "median": m * 1.05, "busy_cores": b,
-             "pinned_cpus": None} for c, m, b in [("plain", 16.0, 1.5),
-                                                  ("local@2:fedavg:none", 1.8, 2.0)]]
+    rows = [
+        {"n": 512, "config": c, "min": m, "median": m * 1.05, "busy_cores": b, "pinned_cpus": None}
+        for c, m, b in [("plain", 16.0, 1.5), ("local@2:fedavg:none", 1.8, 2.0)]
+    ]
     res = tmp_path / "r.json"
     res.write_text(json.dumps(rows))
     out = tmp_path / "f.png"
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_bench_flower.py"), str(res),
-                        "--out", str(out)], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "plot_bench_flower.py"),
+            str(res),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_bench_flower.py"), str(bad),
-                        "--out", str(out)], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "plot_bench_flower.py"),
+            str(bad),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode != 0
     assert p.stderr.strip().splitlines()[-1] == (
         f"plot_bench_flower.py: error: {bad} is not a bench_flower.py --json file; run "
-        "scripts/bench_flower.py with --json first")
+        "scripts/bench_flower.py with --json first"
+    )
 
 
 @pytest.mark.parametrize("config", ["local@0:fedavg:none", "fedudp@2:fedavg:none"])
 def test_bench_flower_refuses_an_unknown_side_before_running(config):
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_flower.py"), "--configs",
-                        config], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_flower.py"), "--configs", config],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith(f"bench_flower.py: error: --configs {config}: expected plain[@C]")

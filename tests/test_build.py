@@ -4,6 +4,7 @@ What it builds equals what the plain constructors build from the same numbers; i
 method and the noise placement once; every refusal is a ``ConfigError`` naming the key, raised
 before any data is read; a newly registered estimator runs with no change outside its module.
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,9 +18,18 @@ import torch
 import fedudp
 from conftest import tiny_cfg
 from fedudp import build
-from fedudp.aggregators import (REGISTRY, Aggregate, Aggregator, Constraint, Contribution,
-                                GaussianAggregator, LocalDpSgdMean, MeanAggregator, Sampling,
-                                register)
+from fedudp.aggregators import (
+    REGISTRY,
+    Aggregate,
+    Aggregator,
+    Constraint,
+    Contribution,
+    GaussianAggregator,
+    LocalDpSgdMean,
+    MeanAggregator,
+    Sampling,
+    register,
+)
 from fedudp.aggregators.base import calibrate, check_budget, check_positive, check_sampling
 from fedudp.config import ConfigError, config_from_overrides
 
@@ -34,25 +44,30 @@ def kw(**over):
 def _reads_config_fields(path: Path) -> bool:
     """Whether a module reads a field of a ``RunConfig`` (``cfg.<field>`` on a name ``cfg``)."""
     tree = ast.parse(path.read_text())
-    return any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "cfg"
-               for n in ast.walk(tree))
+    return any(
+        isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "cfg"
+        for n in ast.walk(tree)
+    )
 
 
 def test_only_the_builder_and_the_schema_read_config_fields():
-    readers = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")
-                     if _reads_config_fields(p))
+    readers = sorted(
+        p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py") if _reads_config_fields(p)
+    )
     # config.py: the schema validating its own keys; build.py: everything else
     assert readers == ["build.py", "config.py"]
 
 
 # -- the same objects as the plain constructors ---------------------------------------------------
 def test_estimator_equals_its_plain_calibration():
-    cfg = tiny_cfg("full_dp", **kw(**{"privacy.epsilon": 2.0, "privacy.clip": 0.7,
-                                      "train.sampling_rate": 0.5}))
+    cfg = tiny_cfg(
+        "full_dp", **kw(**{"privacy.epsilon": 2.0, "privacy.clip": 0.7, "train.sampling_rate": 0.5})
+    )
     sampling = Sampling(0.5, 300)
     got = build.estimator(cfg, sampling, 5, 10)
-    want = GaussianAggregator.calibrated(clip=0.7, epsilon=2.0, delta=cfg.privacy.delta, rounds=5,
-                                         sampling=sampling)
+    want = GaussianAggregator.calibrated(
+        clip=0.7, epsilon=2.0, delta=cfg.privacy.delta, rounds=5, sampling=sampling
+    )
     assert type(got) is GaussianAggregator
     assert (got.clip, got.noise_multiplier) == (want.clip, want.noise_multiplier)
     assert got.dp_event() == want.dp_event()
@@ -84,11 +99,20 @@ def test_placement_is_decided_once_and_only_for_private_methods():
 
 
 def test_owner_training_and_capacity_from_the_plan():
-    cfg = tiny_cfg("joint_dp", **kw(**{"dataset.num_records": 150, "partition.num_owners": 4,
-                                       "partition.records_per_user": 4, "train.lr": 0.3}))
+    cfg = tiny_cfg(
+        "joint_dp",
+        **kw(
+            **{
+                "dataset.num_records": 150,
+                "partition.num_owners": 4,
+                "partition.records_per_user": 4,
+                "train.lr": 0.3,
+            }
+        ),
+    )
     t = build.owner_training(cfg)
     assert build.planned_owner_records(cfg).tolist() == [38, 38, 37, 37]
-    assert build.planned_owner_users(cfg).tolist() == [10, 10, 10, 10]     # ceil(38/4), ceil(37/4)
+    assert build.planned_owner_users(cfg).tolist() == [10, 10, 10, 10]  # ceil(38/4), ceil(37/4)
     assert t.dpsgd_capacity == (10, 10, 10, 10) and t.public_owner_records == (38, 38, 37, 37)
     assert (t.user.lr, t.user.batch_size) == (0.3, cfg.train.batch_size)
 
@@ -116,24 +140,48 @@ def test_the_ledger_states_what_the_config_says():
 
 
 # -- refusals name the key, before the data -------------------------------------------------------
-@pytest.mark.parametrize("over,key", [
-    ({"aggregator": "nonesuch"}, "aggregator"),
-    ({"privacy.calibration": "closed_form"}, "privacy.calibration"),
-    ({"aggregator": "winsorized", "privacy.noise_multiplier": 1.0}, "privacy.noise_multiplier"),
-    ({"aggregator": "winsorized", "train.sampling_rate": 0.5}, "train.sampling_rate"),
-    ({"aggregator": "few_users", "estimator.kappa": -1.0}, "estimator.kappa"),
-    ({"privacy.clip": 0.0}, "privacy.clip"),
-    ({"algorithm.name": "levy_alg4", "algorithm.radius": -1.0, "aggregator": "winsorized",
-      "train.shared_update": "gradient"}, "algorithm.radius"),
-    ({"algorithm.name": "levy_alg4", "aggregator": "gaussian",
-      "train.shared_update": "gradient"}, "aggregator"),
-    ({"algorithm.name": "huang_alg2", "aggregator": "winsorized", "train.shared_update": "gradient",
-      "dataset.num_records": 401}, "partition.records_per_user"),
-    ({"algorithm.noise_personal": True}, "algorithm.noise_personal"),
-])
+@pytest.mark.parametrize(
+    "over,key",
+    [
+        ({"aggregator": "nonesuch"}, "aggregator"),
+        ({"privacy.calibration": "closed_form"}, "privacy.calibration"),
+        ({"aggregator": "winsorized", "privacy.noise_multiplier": 1.0}, "privacy.noise_multiplier"),
+        ({"aggregator": "winsorized", "train.sampling_rate": 0.5}, "train.sampling_rate"),
+        ({"aggregator": "few_users", "estimator.kappa": -1.0}, "estimator.kappa"),
+        ({"privacy.clip": 0.0}, "privacy.clip"),
+        (
+            {
+                "algorithm.name": "levy_alg4",
+                "algorithm.radius": -1.0,
+                "aggregator": "winsorized",
+                "train.shared_update": "gradient",
+            },
+            "algorithm.radius",
+        ),
+        (
+            {
+                "algorithm.name": "levy_alg4",
+                "aggregator": "gaussian",
+                "train.shared_update": "gradient",
+            },
+            "aggregator",
+        ),
+        (
+            {
+                "algorithm.name": "huang_alg2",
+                "aggregator": "winsorized",
+                "train.shared_update": "gradient",
+                "dataset.num_records": 401,
+            },
+            "partition.records_per_user",
+        ),
+        ({"algorithm.noise_personal": True}, "algorithm.noise_personal"),
+    ],
+)
 def test_refusals_name_the_key_before_any_data(over, key, monkeypatch):
     def no_data(cfg):
         raise AssertionError("data was loaded before the config's checks")
+
     monkeypatch.setattr(build, "federation", no_data)
     with pytest.raises(ConfigError, match="^" + key.replace(".", r"\.")):
         build.prepare(tiny_cfg("full_dp", **kw(**over)))
@@ -155,8 +203,14 @@ class _TrimmedGaussian(Aggregator):
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
-        z = calibrate(lambda z: dp_accounting.PoissonSampledDpEvent(
-            sampling.rate, dp_accounting.GaussianDpEvent(z)), epsilon, delta, rounds)
+        z = calibrate(
+            lambda z: dp_accounting.PoissonSampledDpEvent(
+                sampling.rate, dp_accounting.GaussianDpEvent(z)
+            ),
+            epsilon,
+            delta,
+            rounds,
+        )
         return cls(clip, z, sampling)
 
     @property
@@ -165,31 +219,49 @@ class _TrimmedGaussian(Aggregator):
 
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         noise = torch.randn(c.total.shape, generator=rng, dtype=torch.float64)
-        mean = (c.total.to(torch.float64) + self.noise_multiplier * self.clip * noise) \
-            / self.sampling.expected_cohort
-        return Aggregate(mean=mean.to(c.total.dtype), users_used=c.count,
-                         diagnostics={"cohort": c.count})
+        mean = (
+            c.total.to(torch.float64) + self.noise_multiplier * self.clip * noise
+        ) / self.sampling.expected_cohort
+        return Aggregate(
+            mean=mean.to(c.total.dtype), users_used=c.count, diagnostics={"cohort": c.count}
+        )
 
     def dp_event(self):
-        return dp_accounting.PoissonSampledDpEvent(self.sampling.rate,
-                                                   dp_accounting.GaussianDpEvent(self.noise_multiplier))
+        return dp_accounting.PoissonSampledDpEvent(
+            self.sampling.rate, dp_accounting.GaussianDpEvent(self.noise_multiplier)
+        )
 
 
 def test_a_newly_registered_estimator_runs_through_the_builder():
     register(_TrimmedGaussian)
     try:
-        cfg = tiny_cfg("full_dp", **kw(aggregator="test_trimmed_gaussian",
-                                       **{"privacy.epsilon": 3.0, "train.rounds": 2}))
+        cfg = tiny_cfg(
+            "full_dp",
+            **kw(aggregator="test_trimmed_gaussian", **{"privacy.epsilon": 3.0, "train.rounds": 2}),
+        )
         p = build.prepare(cfg)
         assert type(p.aggregator) is _TrimmedGaussian
-        want = GaussianAggregator.calibrated(clip=cfg.privacy.clip, epsilon=3.0,
-                                             delta=cfg.privacy.delta, rounds=2,
-                                             sampling=p.aggregator.sampling)
+        want = GaussianAggregator.calibrated(
+            clip=cfg.privacy.clip,
+            epsilon=3.0,
+            delta=cfg.privacy.delta,
+            rounds=2,
+            sampling=p.aggregator.sampling,
+        )
         # the same calibration (gaussian writes rate 1 as a plain Gaussian event: PLD rounding)
         assert p.aggregator.noise_multiplier == pytest.approx(want.noise_multiplier, rel=1e-6)
-        res = fedudp.simulate(config_from_overrides({
-            "method": "full_dp", "aggregator": "test_trimmed_gaussian", "train.rounds": 2,
-            "partition.num_owners": 4, "privacy.epsilon": 3.0, "progress": False}))
+        res = fedudp.simulate(
+            config_from_overrides(
+                {
+                    "method": "full_dp",
+                    "aggregator": "test_trimmed_gaussian",
+                    "train.rounds": 2,
+                    "partition.num_owners": 4,
+                    "privacy.epsilon": 3.0,
+                    "progress": False,
+                }
+            )
+        )
         assert res.rounds_completed == 2 and 0 < res.epsilon <= 3.0 * (1 + 1e-9)
         assert res.ledger.mechanism == "test_trimmed_gaussian"
     finally:

@@ -2,6 +2,7 @@
 drops a key the schema lacks, so ``+train.roundz=3`` ran with the default rounds and
 ``+model._target_=mynets.GNNet`` trained the built-in model. A model's own arguments stay a
 free-form dict: ``+model.kwargs.hidden=64``."""
+
 from __future__ import annotations
 
 import os
@@ -26,12 +27,15 @@ def composed(*overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
-@pytest.mark.parametrize("override,key", [
-    ("+train.roundz=3", "train.roundz"),
-    ("+model._target_=mynets.GNNet", "model._target_"),
-    ("+roundz=3", "roundz"),
-    ("+privacy.extra.depth=2", "privacy.extra"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("+train.roundz=3", "train.roundz"),
+        ("+model._target_=mynets.GNNet", "model._target_"),
+        ("+roundz=3", "roundz"),
+        ("+privacy.extra.depth=2", "privacy.extra"),
+    ],
+)
 def test_a_plus_key_the_schema_lacks_is_refused_naming_it(override, key):
     cfg = composed(override)
     # premise: Hydra accepted the key, and to_object would drop it without a word
@@ -44,9 +48,10 @@ def test_a_plus_key_the_schema_lacks_is_refused_naming_it(override, key):
 
 
 def test_model_kwargs_is_a_free_dict_and_the_documented_plus_form_works():
-    cfg = composed("model.target=torch.nn.Identity", "+model.kwargs.hidden=64",
-                   "+model.kwargs.act=relu")
-    check_known_keys(cfg)                                  # no refusal
+    cfg = composed(
+        "model.target=torch.nn.Identity", "+model.kwargs.hidden=64", "+model.kwargs.act=relu"
+    )
+    check_known_keys(cfg)  # no refusal
     run = OmegaConf.to_object(cfg)
     assert run.model.kwargs == {"hidden": 64, "act": "relu"}
     assert run.model.target == "torch.nn.Identity"
@@ -60,12 +65,15 @@ def test_a_known_config_passes_and_the_library_path_names_unknown_keys():
         config_from_overrides({"train.roundz": 3})
 
 
-@pytest.mark.parametrize("args,key,hint", [
-    (["+train.roundz=3"], "train.roundz", "+model.kwargs.hidden=64"),     # with '+'
-    (["train.roundz=3"], "train.roundz", "+model.kwargs.hidden=64"),      # without
-    (["+model._target_=mynets.GNNet"], "model._target_", "model.target="),
-    (["model.kwargs.hidden=64"], "model.kwargs.hidden", "+model.kwargs.hidden="),
-])
+@pytest.mark.parametrize(
+    "args,key,hint",
+    [
+        (["+train.roundz=3"], "train.roundz", "+model.kwargs.hidden=64"),  # with '+'
+        (["train.roundz=3"], "train.roundz", "+model.kwargs.hidden=64"),  # without
+        (["+model._target_=mynets.GNNet"], "model._target_", "model.target="),
+        (["model.kwargs.hidden=64"], "model.kwargs.hidden", "+model.kwargs.hidden="),
+    ],
+)
 def test_the_cli_preflight_refuses_unknown_keys_in_one_line(capsys, args, key, hint):
     with pytest.raises(SystemExit) as info:
         preflight(args)
@@ -76,12 +84,17 @@ def test_the_cli_preflight_refuses_unknown_keys_in_one_line(capsys, args, key, h
     assert hint in lines[0]
 
 
-@pytest.mark.slow          # a fresh interpreter: about 20 s on a loaded machine
+@pytest.mark.slow  # a fresh interpreter: about 20 s on a loaded machine
 def test_cli_plus_key_ends_before_any_work(tmp_path):
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
-    p = subprocess.run([sys.executable, "-m", "fedudp.run", "+train.roundz=3",
-                        f"hydra.run.dir={tmp_path}"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "fedudp.run", "+train.roundz=3", f"hydra.run.dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
     assert len(lines) == 1 and lines[0].startswith("fedudp: error: train.roundz: unknown key")

@@ -1,4 +1,5 @@
 """scripts/reproduce_huang.py: the grid's order and the claims that let workers share it."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("reproduce_huang", ROOT / "scripts" / "reproduce_huang.py")
+    spec = importlib.util.spec_from_file_location(
+        "reproduce_huang", ROOT / "scripts" / "reproduce_huang.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -21,10 +24,11 @@ def test_a_claimed_run_is_skipped_by_other_workers_and_a_dead_claim_is_taken_ove
     rh = _script()
     held = rh.claim(tmp_path, "mnist/n4/per_silo_s0")
     assert held is not None and held.read_text() == str(os.getpid())
-    assert rh.claim(tmp_path, "mnist/n4/per_silo_s0") is None          # a live worker holds it
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True).stdout.strip()
-    held.write_text(dead)                                                 # its worker is gone
+    assert rh.claim(tmp_path, "mnist/n4/per_silo_s0") is None  # a live worker holds it
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
+    held.write_text(dead)  # its worker is gone
     again = rh.claim(tmp_path, "mnist/n4/per_silo_s0")
     assert again is not None and again.read_text() == str(os.getpid())
 
@@ -34,16 +38,27 @@ def test_grid_names_and_overrides_are_unique_and_cover_the_tables():
     names = [n for n, _ in g]
     assert len(names) == len(set(names))
     over = dict(g)
-    assert {f"mnist/n{n}/{m}_s0" for n in (4, 16, 64, 128, 256, 512) for m in ("per_silo", "fedavg")} <= set(names)
-    assert over["mnist/n256/joint_dp_personal-conv1+conv2_local_dpsgd_certified_s0"]["model.personal"] == "[conv1.*,conv2.*]"
+    assert {
+        f"mnist/n{n}/{m}_s0" for n in (4, 16, 64, 128, 256, 512) for m in ("per_silo", "fedavg")
+    } <= set(names)
+    assert (
+        over["mnist/n256/joint_dp_personal-conv1+conv2_local_dpsgd_certified_s0"]["model.personal"]
+        == "[conv1.*,conv2.*]"
+    )
     t4 = over["mnist/n256/joint_dp_rpu5_group_local_dpsgd_paper_s0"]
     assert t4["partition.records_per_user"] == 5 and t4["privacy.group_privacy"] == "true"
     assert t4["privacy.accounting"] == "paper"
     assert over["mnist/n64/full_dp_eps100_local_dpsgd_certified_s0"]["privacy.epsilon"] == 100.0
-    t4e = over["mnist/n256/joint_dp_eps8_rpu5_group_local_dpsgd_paper_s0"]      # Table 4's ε = 8 column
-    assert (t4e["privacy.epsilon"], t4e["partition.records_per_user"], t4e["privacy.group_privacy"]) == (8.0, 5, "true")
-    assert "privacy.epsilon" not in over["mnist/n256/full_dp_rpu10_group_local_dpsgd_paper_s0"]   # ε = 1 preset
-    assert not any("full_dp_eps3_rpu" in n for n in names)     # the paper has full-DP at ε = 1 only
+    t4e = over["mnist/n256/joint_dp_eps8_rpu5_group_local_dpsgd_paper_s0"]  # Table 4's ε = 8 column
+    assert (
+        t4e["privacy.epsilon"],
+        t4e["partition.records_per_user"],
+        t4e["privacy.group_privacy"],
+    ) == (8.0, 5, "true")
+    assert (
+        "privacy.epsilon" not in over["mnist/n256/full_dp_rpu10_group_local_dpsgd_paper_s0"]
+    )  # ε = 1 preset
+    assert not any("full_dp_eps3_rpu" in n for n in names)  # the paper has full-DP at ε = 1 only
 
 
 def test_run_state_tells_finished_from_interrupted_runs(tmp_path):
@@ -61,11 +76,13 @@ def test_run_state_tells_finished_from_interrupted_runs(tmp_path):
 
 
 def test_dp_collapse_noise_prediction_is_the_random_walk_of_the_owner_steps():
-    spec = importlib.util.spec_from_file_location("diagnose_dp_collapse",
-                                                  ROOT / "scripts" / "diagnose_dp_collapse.py")
+    spec = importlib.util.spec_from_file_location(
+        "diagnose_dp_collapse", ROOT / "scripts" / "diagnose_dp_collapse.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     import numpy as np
+
     # 4 owners of 2500 users, B = 32: 79 steps/epoch of lr*z*C/32 each, averaged over 4 walks
     got = mod.predicted_noise_std(np.full(4, 2500), 32, 0.05, 5.0, 15.0, epochs=20, rounds=3)
     assert abs(got - 0.05 * 5.0 * 15.0 / 32 * (3 * 20 * 79 / 4) ** 0.5) < 1e-12

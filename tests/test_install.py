@@ -9,6 +9,7 @@ that folder on ``PYTHONPATH``. ``PYTHONPATH`` comes before the editable install'
 to ``sys.meta_path``) and its ``.pth`` entries, so the installed copy is the one imported; the test
 checks that it is.
 """
+
 from __future__ import annotations
 
 import glob
@@ -33,15 +34,21 @@ BUILD_FILES = ("pyproject.toml", "README.md", "MANIFEST.in", "LICENSE", "setup.c
 
 def conf_files() -> set[str]:
     """Every file of the config tree, relative to the package (``conf/experiment/x.yaml``)."""
-    return {p.relative_to(CONF.parent).as_posix() for p in CONF.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        p.relative_to(CONF.parent).as_posix()
+        for p in CONF.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def test_package_data_declares_every_config_file():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = data["tool"]["setuptools"]["package-data"]["fedudp"]
-    declared = {Path(m).as_posix() for pat in patterns
-                for m in glob.glob(pat, root_dir=CONF.parent, recursive=True)}
+    declared = {
+        Path(m).as_posix()
+        for pat in patterns
+        for m in glob.glob(pat, root_dir=CONF.parent, recursive=True)
+    }
     files = conf_files()
     assert "conf/config.yaml" in files and any(f.startswith("conf/experiment/") for f in files)
     assert files - declared == set(), "files under fedudp/conf not shipped as package data"
@@ -49,14 +56,24 @@ def test_package_data_declares_every_config_file():
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    env.update(FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
-               PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    env.update(
+        FLWR_TELEMETRY_ENABLED="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        **extra,
+    )
     return env
 
 
 def _pip(*args: str, cwd: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "pip", *args], cwd=cwd, env=_env(),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -67,8 +84,11 @@ def build_wheel(base: Path) -> Path:
     for name in BUILD_FILES:
         if (ROOT / name).is_file():
             shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "fedudp", src / "fedudp",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    shutil.copytree(
+        ROOT / "fedudp",
+        src / "fedudp",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+    )
     # the venv's setuptools builds offline and in about a second; without one, pip's isolated
     # build fetches the build-system requirements from the index
     local = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
@@ -87,14 +107,16 @@ def test_non_editable_install_runs_outside_the_repository(tmp_path):
     assert "fedudp/conf/config.yaml" in shipped and shipped <= names, shipped - names
 
     site, work = tmp_path / "site", tmp_path / "work"
-    _pip("install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel),
-         cwd=tmp_path)
+    _pip(
+        "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel), cwd=tmp_path
+    )
     work.mkdir()
     env = _env(PYTHONPATH=str(site))
 
     def py(*args: str) -> subprocess.CompletedProcess:
-        r = subprocess.run([sys.executable, *args], cwd=work, env=env, capture_output=True,
-                           text=True, timeout=240)
+        r = subprocess.run(
+            [sys.executable, *args], cwd=work, env=env, capture_output=True, text=True, timeout=240
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         return r
 
@@ -103,26 +125,37 @@ def test_non_editable_install_runs_outside_the_repository(tmp_path):
 
     # the CLI, with the config tree of the installed copy
     out = tmp_path / "out"
-    py("-m", "fedudp.run", "train.rounds=1", "partition.num_owners=4", "dataset.num_records=200",
-       f"hydra.run.dir={out}")
+    py(
+        "-m",
+        "fedudp.run",
+        "train.rounds=1",
+        "partition.num_owners=4",
+        "dataset.num_records=200",
+        f"hydra.run.dir={out}",
+    )
     s = json.loads((out / "summary.json").read_text())
     assert s["rounds_completed"] == 1
     sources = yaml.safe_load((out / ".hydra" / "hydra.yaml").read_text())
-    main = [c["path"] for c in sources["hydra"]["runtime"]["config_sources"]
-            if c["provider"] == "main"]
+    main = [
+        c["path"] for c in sources["hydra"]["runtime"]["config_sources"] if c["provider"] == "main"
+    ]
     assert len(main) == 1 and installed(main[0]), main
 
     # a preset, composed from the installed package data
     job = yaml.safe_load(py("-m", "fedudp.run", "+experiment=huang_table1", "--cfg", "job").stdout)
-    preset = yaml.safe_load((site / "fedudp" / "conf" / "experiment" / "huang_table1.yaml")
-                            .read_text())
+    preset = yaml.safe_load(
+        (site / "fedudp" / "conf" / "experiment" / "huang_table1.yaml").read_text()
+    )
     assert job["privacy"]["clip"] == preset["privacy"]["clip"]
     assert job["dataset"]["name"] == preset["dataset"]["name"]
 
     # the Python API
-    r = py("-c", "import fedudp, fedudp.run; print(fedudp.__file__); print(fedudp.run.CONF_DIR); "
-           "r = fedudp.simulate({'train.rounds': 1, 'partition.num_owners': 4, "
-           "'dataset.num_records': 200}); print(r.stop_reason)")
+    r = py(
+        "-c",
+        "import fedudp, fedudp.run; print(fedudp.__file__); print(fedudp.run.CONF_DIR); "
+        "r = fedudp.simulate({'train.rounds': 1, 'partition.num_owners': 4, "
+        "'dataset.num_records': 200}); print(r.stop_reason)",
+    )
     file, conf_dir, stop = r.stdout.strip().splitlines()[-3:]
     assert installed(file) and installed(conf_dir), (file, conf_dir)
     assert stop == "completed"

@@ -3,6 +3,7 @@
 Read from the import graph (every ``import`` / ``from ... import`` statement of every module,
 those inside functions included, parsed with ``ast``), not from text patterns. The layers, bottom
 first: what may import what is the whole rule."""
+
 from __future__ import annotations
 
 import ast
@@ -14,17 +15,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fedudp"
 LAYERS = [
     # the package's __init__, errors, streams, the version and source commit (standard library)
     ("fedudp", "fedudp.errors", "fedudp.randomness", "fedudp.provenance"),
-    ("fedudp.privacy",),            # privacy math: accountant, mechanisms, audit statistics
-    ("fedudp.config",),             # the configuration schema and its validation
+    ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
+    ("fedudp.config",),  # the configuration schema and its validation
     ("fedudp.data", "fedudp.models"),
-    ("fedudp.aggregators",),        # the user-level mean estimators
-    ("fedudp.core",),               # owner, billboard, round loop, checkpoints
-    ("fedudp.algorithms",),         # the seeds' training algorithms
-    ("fedudp.build",),              # the config builder: the one reader of a RunConfig
-    ("fedudp.engines",),            # local and Flower engines (owners build their side)
+    ("fedudp.aggregators",),  # the user-level mean estimators
+    ("fedudp.core",),  # owner, billboard, round loop, checkpoints
+    ("fedudp.algorithms",),  # the seeds' training algorithms
+    ("fedudp.build",),  # the config builder: the one reader of a RunConfig
+    ("fedudp.engines",),  # local and Flower engines (owners build their side)
 ]
-TOP = len(LAYERS)                   # run, tracking, report, report_plots, paper_report, api, audit, leak,
-                                    # flwr_entry
+TOP = len(LAYERS)  # run, tracking, report, report_plots, paper_report, api, audit, leak,
+# flwr_entry
 
 
 def layer(module: str) -> int:
@@ -68,9 +69,12 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 def test_every_import_runs_downward():
     known = modules()
     assert len(known) > 40 and "fedudp.privacy.accountant" in known
-    upward = [f"{name} (layer {layer(name)}) imports {m} (layer {layer(m)})"
-              for name, path in sorted(known.items()) for m in sorted(imported(name, path, known))
-              if layer(m) > layer(name)]
+    upward = [
+        f"{name} (layer {layer(name)}) imports {m} (layer {layer(m)})"
+        for name, path in sorted(known.items())
+        for m in sorted(imported(name, path, known))
+        if layer(m) > layer(name)
+    ]
     assert not upward, "\n".join(upward)
 
 
@@ -78,9 +82,19 @@ def test_privacy_math_knows_no_estimator_round_runner_or_config():
     known = modules()
     for name, path in known.items():
         if layer(name) == 1:
-            assert not {m for m in imported(name, path, known)
-                        if m.startswith(("fedudp.config", "fedudp.aggregators", "fedudp.core",
-                                         "fedudp.run", "fedudp.engines"))}, name
+            assert not {
+                m
+                for m in imported(name, path, known)
+                if m.startswith(
+                    (
+                        "fedudp.config",
+                        "fedudp.aggregators",
+                        "fedudp.core",
+                        "fedudp.run",
+                        "fedudp.engines",
+                    )
+                )
+            }, name
 
 
 def test_the_check_sees_imports_inside_functions(tmp_path):

@@ -17,6 +17,7 @@ records of a label) are run for one round through ``build.prepare`` and ``run.ex
 their public views are compared. The weakened twins read a number from the data (the class
 count, N) and the same comparison catches them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,18 +30,31 @@ from fedudp.config import config_from_overrides
 from fedudp.run import execute
 from formats import leaf_file
 
-FEATURES, CLASSES = 6, 5           # the data's labels are 0..3; label 4 only in one neighbour
+FEATURES, CLASSES = 6, 5  # the data's labels are 0..3; label 4 only in one neighbour
 # (name, records, owner, label or None: a mix of 0..3); owner 2 has one user (u5)
-BASE = [("u0", 3, 0, None), ("u1", 7, 0, None), ("u2", 1, 1, None), ("u3", 12, 1, None),
-        ("u4", 5, 1, None), ("u5", 4, 2, None), ("u6", 9, 3, None), ("u7", 4, 3, None),
-        ("u8", 6, 3, None), ("u9", 8, 3, None)]
+BASE = [
+    ("u0", 3, 0, None),
+    ("u1", 7, 0, None),
+    ("u2", 1, 1, None),
+    ("u3", 12, 1, None),
+    ("u4", 5, 1, None),
+    ("u5", 4, 2, None),
+    ("u6", 9, 3, None),
+    ("u7", 4, 3, None),
+    ("u8", 6, 3, None),
+    ("u9", 8, 3, None),
+]
 NEIGHBOURS = {
-    "removed": [u for u in BASE if u[0] != "u5"],                 # owner 2 left without users
+    "removed": [u for u in BASE if u[0] != "u5"],  # owner 2 left without users
     "added": BASE + [("u10", 5, 2, None)],
-    "unique_label": BASE + [("u11", 4, 0, 4)],                    # the only records of label 4
+    "unique_label": BASE + [("u11", 4, 0, 4)],  # the only records of label 4
 }
-DECLARED = {"public.users": 12, "public.owner_capacity": 4, "public.records_per_user": 12,
-            "partition.num_owners": 4}
+DECLARED = {
+    "public.users": 12,
+    "public.owner_capacity": 4,
+    "public.records_per_user": 12,
+    "partition.num_owners": 4,
+}
 # each estimator family under each placement (owner-side DP-SGD takes only its own mean); sum
 # and dpsgd with a given noise multiplier (calibrating a subsampled Gaussian takes seconds), their
 # calibrated forms in the slow suite
@@ -55,8 +69,15 @@ FAMILIES = {
     "sum_calibrated": {"aggregator": "gaussian", "train.sampling_rate": 0.5},
     "dpsgd_calibrated": {"privacy.placement": "local_dpsgd"},
 }
-COMMON = {"progress": False, "method": "full_dp", "train.rounds": 1, "train.batch_size": 4,
-          "privacy.epsilon": 4.0, "seed": 1, "dataset.test_fraction": 0.0}
+COMMON = {
+    "progress": False,
+    "method": "full_dp",
+    "train.rounds": 1,
+    "train.batch_size": 4,
+    "privacy.epsilon": 4.0,
+    "seed": 1,
+    "dataset.test_fraction": 0.0,
+}
 
 
 class Tiny(torch.nn.Module):
@@ -86,23 +107,42 @@ def arrays(users, dim=FEATURES) -> dict:
         ys.append(y)
         us += [name] * n
         os_ += [owner] * n
-    return {"x": np.concatenate(xs), "y": np.concatenate(ys), "user": np.array(us),
-            "owner": np.array(os_, dtype=np.int64)}
+    return {
+        "x": np.concatenate(xs),
+        "y": np.concatenate(ys),
+        "user": np.array(us),
+        "owner": np.array(os_, dtype=np.int64),
+    }
 
 
 def memory_run(users, tmp_path, over):
     a = arrays(users)
-    cfg = {**COMMON, **DECLARED, "dataset.name": "memory", "partition.owner_rule": "given",
-           "dataset.classes": CLASSES, "dataset.input_shape": [FEATURES], **over}
+    cfg = {
+        **COMMON,
+        **DECLARED,
+        "dataset.name": "memory",
+        "partition.owner_rule": "given",
+        "dataset.classes": CLASSES,
+        "dataset.input_shape": [FEATURES],
+        **over,
+    }
     return config_from_overrides(cfg), fedudp.from_arrays(a["x"], a["y"], a["user"], a["owner"])
 
 
 def npz_run(users, tmp_path, over):
     path = tmp_path / f"fed{len(list(tmp_path.iterdir()))}.npz"
     np.savez(path, **arrays(users))
-    cfg = {**COMMON, **DECLARED, "dataset.name": "npz", "dataset.path": str(path),
-           "dataset.columns.owner": "owner", "partition.owner_rule": "given",
-           "dataset.classes": CLASSES, "dataset.input_shape": [FEATURES], **over}
+    cfg = {
+        **COMMON,
+        **DECLARED,
+        "dataset.name": "npz",
+        "dataset.path": str(path),
+        "dataset.columns.owner": "owner",
+        "partition.owner_rule": "given",
+        "dataset.classes": CLASSES,
+        "dataset.input_shape": [FEATURES],
+        **over,
+    }
     return config_from_overrides(cfg), None
 
 
@@ -110,11 +150,28 @@ def parquet_run(users, tmp_path, over):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     a = arrays(users)
     path = tmp_path / f"fed{len(list(tmp_path.iterdir()))}.parquet"
-    pq.write_table(pa.table({"x": pa.array(a["x"].tolist(), pa.list_(pa.float32())),
-                             "y": a["y"], "user": a["user"], "owner": a["owner"]}), path)
-    cfg = {**COMMON, **DECLARED, "dataset.name": "parquet", "dataset.path": str(path),
-           "dataset.columns.owner": "owner", "partition.owner_rule": "given",
-           "dataset.classes": CLASSES, "dataset.input_shape": [FEATURES], **over}
+    pq.write_table(
+        pa.table(
+            {
+                "x": pa.array(a["x"].tolist(), pa.list_(pa.float32())),
+                "y": a["y"],
+                "user": a["user"],
+                "owner": a["owner"],
+            }
+        ),
+        path,
+    )
+    cfg = {
+        **COMMON,
+        **DECLARED,
+        "dataset.name": "parquet",
+        "dataset.path": str(path),
+        "dataset.columns.owner": "owner",
+        "partition.owner_rule": "given",
+        "dataset.classes": CLASSES,
+        "dataset.input_shape": [FEATURES],
+        **over,
+    }
     return config_from_overrides(cfg), None
 
 
@@ -127,10 +184,19 @@ def leaf_run(users, tmp_path, over):
         x, y = user_records(name, n, 60 if label is not None else None, 784)
         data[f"f{name}"] = (np.clip(x, 0, 1).round(3).tolist(), y.tolist())
     leaf_file(root / "train" / "all_data_0_niid_train.json", data)
-    leaf_file(root / "test" / "all_data_0_niid_test.json",
-              {u: (x[:1], y[:1]) for u, (x, y) in data.items()})
-    cfg = {**COMMON, **DECLARED, "dataset.name": "femnist", "dataset.root": str(root),
-           "partition.owner_rule": "random", "model.target": "test_neighbours.Tiny", **over}
+    leaf_file(
+        root / "test" / "all_data_0_niid_test.json",
+        {u: (x[:1], y[:1]) for u, (x, y) in data.items()},
+    )
+    cfg = {
+        **COMMON,
+        **DECLARED,
+        "dataset.name": "femnist",
+        "dataset.root": str(root),
+        "partition.owner_rule": "random",
+        "model.target": "test_neighbours.Tiny",
+        **over,
+    }
     return config_from_overrides(cfg), None
 
 
@@ -152,11 +218,21 @@ def plan_view(p) -> dict:
         "z": agg.noise_multiplier,
         "noise_std": agg.noise_std,
         "constraint": (agg.constraint.rows, agg.constraint.clip),
-        "dpsgd_steps": getattr(agg, "classes", None),      # owner-side DP-SGD: (M, count, q, steps)
+        "dpsgd_steps": getattr(agg, "classes", None),  # owner-side DP-SGD: (M, count, q, steps)
         "schedule": [str(bb.round_event(r)) for r in range(1, p.settings.rounds + 1)],
-        "ledger_head": (led.unit, led.adjacency, led.accounting, led.guarantee, led.mechanism,
-                        led.accountant, led.delta, led.target_epsilon, tuple(led.notes),
-                        repr(sorted(led.extra.items())), led.randomness),
+        "ledger_head": (
+            led.unit,
+            led.adjacency,
+            led.accounting,
+            led.guarantee,
+            led.mechanism,
+            led.accountant,
+            led.delta,
+            led.target_epsilon,
+            tuple(led.notes),
+            repr(sorted(led.extra.items())),
+            led.randomness,
+        ),
     }
 
 
@@ -166,9 +242,17 @@ def release_view(p, res) -> dict:
     left out of the comparison there; every other field of the event is public."""
     adaptive = p.cfg.privacy.clip_policy.value == "adaptive"
     return {
-        "ledger_events": [(e.round, e.event, e.noise_multiplier,
-                           None if adaptive else e.noise_std, e.sampling_rate, e.epsilon)
-                          for e in p.ledger.entries],
+        "ledger_events": [
+            (
+                e.round,
+                e.event,
+                e.noise_multiplier,
+                None if adaptive else e.noise_std,
+                e.sampling_rate,
+                e.epsilon,
+            )
+            for e in p.ledger.entries
+        ],
         "released": {k: tuple(v.shape) for k, v in res.shared.items()},
         "rounds": (res.stop_reason, res.rounds_completed),
     }
@@ -178,7 +262,7 @@ def run_view(cfg, records, replace_fed=None) -> dict:
     """The public view of one run, or how it was refused (whether it starts is public too)."""
     try:
         p = build.prepare(cfg, records=records)
-    except Exception as e:                         # noqa: BLE001  (compared, not hidden)
+    except Exception as e:  # noqa: BLE001  (compared, not hidden)
         return {"refused": f"{type(e).__name__}: {e}"}
     if replace_fed is not None:
         p.fed = replace_fed(p.fed)
@@ -199,13 +283,17 @@ def neighbour_views(kind, family, tmp_path, which=tuple(NEIGHBOURS)):
 
 # the default suite: every family on in-memory users, the two placements' plain forms on the
 # files; the full matrix in the slow suite
-FAST = [("memory", f) for f in FAMILIES if not f.endswith("calibrated")] + [
-    (k, f) for k in ("npz", "leaf") for f in ("sum", "dpsgd")] + [("parquet", "sum")]
+FAST = (
+    [("memory", f) for f in FAMILIES if not f.endswith("calibrated")]
+    + [(k, f) for k in ("npz", "leaf") for f in ("sum", "dpsgd")]
+    + [("parquet", "sum")]
+)
 SLOW = [(k, f) for k in KINDS for f in FAMILIES if (k, f) not in FAST]
 
 
-@pytest.mark.parametrize("kind,family", FAST + [pytest.param(*c, marks=pytest.mark.slow)
-                                                for c in SLOW])
+@pytest.mark.parametrize(
+    "kind,family", FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW]
+)
 def test_neighbours_share_every_public_quantity(kind, family, tmp_path):
     base, views = neighbour_views(kind, family, tmp_path)
     for name, view in views.items():
@@ -218,28 +306,45 @@ def test_neighbours_share_every_public_quantity(kind, family, tmp_path):
 def test_a_planned_federation_and_its_neighbour_without_one_user(family):
     """Planned data (synthetic): every number comes from the config; the neighbour without one
     user (``Federation.without_user``) runs with the same public view."""
-    over = {**COMMON, "dataset.num_records": 48, "dataset.pool_train": 200,
-            "dataset.pool_test": 40, "dataset.features": FEATURES,
-            "partition.num_owners": 4, "partition.records_per_user": 2, **FAMILIES[family]}
+    over = {
+        **COMMON,
+        "dataset.num_records": 48,
+        "dataset.pool_train": 200,
+        "dataset.pool_test": 40,
+        "dataset.features": FEATURES,
+        "partition.num_owners": 4,
+        "partition.records_per_user": 2,
+        **FAMILIES[family],
+    }
     cfg = config_from_overrides(over)
     base = run_view(cfg, None)
     less = run_view(cfg, None, replace_fed=lambda f: f.without_user(3))
     assert "refused" not in base and differences(base, less) == []
-    assert base["rounds"] == ("completed", 1) and base["estimator"][2] == (4 if family == "dpsgd"
-                                                                           else 24)
-    pub = build.public_numbers(cfg)           # the ledger's extra.public: the model's shape too
+    assert base["rounds"] == ("completed", 1) and base["estimator"][2] == (
+        4 if family == "dpsgd" else 24
+    )
+    pub = build.public_numbers(cfg)  # the ledger's extra.public: the model's shape too
     assert (pub["classes"], pub["input_shape"], pub["users"]) == (10, [FEATURES], 24)
 
 
-@pytest.mark.parametrize("method,over", [
-    ("joint_dp", {}), ("joint_dp", {"privacy.placement": "local_dpsgd"}), ("fedavg", {}),
-    ("per_silo", {}), ("full_dp", {"privacy.unit": "owner", "train.sampling_rate": 1.0})])
+@pytest.mark.parametrize(
+    "method,over",
+    [
+        ("joint_dp", {}),
+        ("joint_dp", {"privacy.placement": "local_dpsgd"}),
+        ("fedavg", {}),
+        ("per_silo", {}),
+        ("full_dp", {"privacy.unit": "owner", "train.sampling_rate": 1.0}),
+    ],
+)
 def test_an_owner_without_users_takes_part_in_every_method(method, over, tmp_path):
     """The declared owner count is kept when an owner's only user leaves: the empty owner trains
     its personal layers on nothing, sends nothing (or a zero delta) and evaluates to NaN."""
-    cfg, records = memory_run(NEIGHBOURS["removed"], tmp_path,
-                              {"method": method, "train.rounds": 2,
-                               "dataset.test_fraction": 0.3, **over})
+    cfg, records = memory_run(
+        NEIGHBOURS["removed"],
+        tmp_path,
+        {"method": method, "train.rounds": 2, "dataset.test_fraction": 0.3, **over},
+    )
     p = build.prepare(cfg, records=records)
     assert p.fed.num_owners == 4 and np.diff(p.fed.owner_user_offsets).tolist()[3] == 0
     res = execute(p)
@@ -250,10 +355,12 @@ def test_an_owner_without_users_takes_part_in_every_method(method, over, tmp_pat
 
 def test_data_beyond_a_declaration_is_refused_naming_the_key(tmp_path):
     """Upper bounds: only data exceeding a declaration is refused, with one line naming it."""
-    for over, key in [({"public.users": 9}, "public.users: 9 declared, the data has 10 users"),
-                      ({"partition.num_owners": 3}, "partition.num_owners: 3 declared"),
-                      ({"dataset.classes": 3}, "dataset.classes: 3 declared; records: label 3"),
-                      ({"public.owner_capacity": 3}, "public.owner_capacity: 3 declared")]:
+    for over, key in [
+        ({"public.users": 9}, "public.users: 9 declared, the data has 10 users"),
+        ({"partition.num_owners": 3}, "partition.num_owners: 3 declared"),
+        ({"dataset.classes": 3}, "dataset.classes: 3 declared; records: label 3"),
+        ({"public.owner_capacity": 3}, "public.owner_capacity: 3 declared"),
+    ]:
         view = run_view(*memory_run(BASE, tmp_path, {**FAMILIES["sum"], **over}))
         assert key in view.get("refused", ""), view
         assert "\n" not in view["refused"]
@@ -265,7 +372,8 @@ def test_a_missing_declaration_gives_the_datas_values(tmp_path):
     assert view["refused"] == (
         "ConfigError: dataset.classes: a federation read from memory needs its model's shape "
         "declared (docs/your-data.md#public-numbers); this data has dataset.input_shape=[6], "
-        "dataset.classes>=4 (labels 0..3)")
+        "dataset.classes>=4 (labels 0..3)"
+    )
 
 
 # -- the weakened twins: a number read from the data is caught ----------------------------------
@@ -273,8 +381,9 @@ def twin_views(tmp_path, monkeypatch, name, patch, neighbour):
     """Base and ``neighbour`` (in memory) with ``build.<name>`` replaced by ``patch(honest,
     records)``, a version that reads a number from the records the run is given."""
     honest, given = getattr(build, name), {}
-    monkeypatch.setattr(build, name, lambda cfg, *a, **k: patch(honest, given["records"], cfg,
-                                                                 *a, **k))
+    monkeypatch.setattr(
+        build, name, lambda cfg, *a, **k: patch(honest, given["records"], cfg, *a, **k)
+    )
     views = {}
     for side, users in (("base", BASE), (neighbour, NEIGHBOURS[neighbour])):
         cfg, given["records"] = memory_run(users, tmp_path, FAMILIES["sum"])
@@ -285,15 +394,17 @@ def twin_views(tmp_path, monkeypatch, name, patch, neighbour):
 def test_twin_reading_the_class_count_from_the_labels_is_caught(tmp_path, monkeypatch):
     """max(label) + 1, as the readers did before: the head's shape differs with the user who
     holds the only records of label 4."""
+
     def from_labels(honest, records, cfg, *a, **k):
         shape, _, tokens = honest(cfg)
         return shape, int(records.y.max()) + 1, tokens
+
     base, other = twin_views(tmp_path, monkeypatch, "input_spec", from_labels, "unique_label")
     diff = differences(base, other)
     assert "model" in diff and "released" in diff, diff
     assert 4 in {s[0] for s in base["model"].values()}
     assert 5 in {s[0] for s in other["model"].values()}
-    monkeypatch.undo()                                    # the honest build: no difference
+    monkeypatch.undo()  # the honest build: no difference
     honest = neighbour_views("memory", "sum", tmp_path, which=("unique_label",))
     assert differences(honest[0], honest[1]["unique_label"]) == []
 
@@ -301,8 +412,10 @@ def test_twin_reading_the_class_count_from_the_labels_is_caught(tmp_path, monkey
 def test_twin_reading_n_from_the_data_is_caught(tmp_path, monkeypatch):
     """N = the data's user count: the divisor q·N and the estimator's population differ with
     one user removed."""
+
     def counted(honest, records, cfg):
         return honest(cfg)[0], int(len(np.unique(records.user)))
+
     base, other = twin_views(tmp_path, monkeypatch, "planned_units", counted, "removed")
     diff = differences(base, other)
     assert {"divisor", "estimator"} <= set(diff), diff

@@ -19,6 +19,7 @@ never overridden. Starting an IDX preset with more than ``SLOW_OWNERS`` owners (
 per owner per round: huang_table2's 256 owners, ~35 s) is marked slow; its shipped config is
 still validated in the default run.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,10 +40,10 @@ from fedudp.core.rounds import RunInterrupted
 from fedudp.run import CONF_DIR, prepare, run
 
 PRESETS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
-ROUNDS = 2                   # rounds each preset is started for
-IDX_TRAIN, IDX_TEST = 20_000, 2_000   # the generated IDX dataset (the presets take 10,000 records)
-IDX_RECORDS = 128            # records an IDX preset is started with (at least one per owner)
-SLOW_OWNERS = 64             # IDX presets with more owners are started under -m slow only
+ROUNDS = 2  # rounds each preset is started for
+IDX_TRAIN, IDX_TEST = 20_000, 2_000  # the generated IDX dataset (the presets take 10,000 records)
+IDX_RECORDS = 128  # records an IDX preset is started with (at least one per owner)
+SLOW_OWNERS = 64  # IDX presets with more owners are started under -m slow only
 
 
 def compose_preset(name: str, *overrides: str) -> RunConfig:
@@ -50,8 +51,9 @@ def compose_preset(name: str, *overrides: str) -> RunConfig:
     Hydra's composition)."""
     register()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="config",
-                                           overrides=[f"+experiment={name}", *overrides]))
+        return OmegaConf.to_object(
+            compose(config_name="config", overrides=[f"+experiment={name}", *overrides])
+        )
 
 
 def reads_idx(cfg: RunConfig) -> bool:
@@ -64,8 +66,9 @@ def reads_natural(cfg: RunConfig) -> bool:
 
 # the natural-user presets read small files written in their published formats (tests/formats.py)
 NATURAL_WRITERS = {
-    "femnist": lambda root: write_femnist(root, [5, 12, 3, 30, 8, 2, 17, 9, 4, 21, 6, 11, 7, 3,
-                                                 14, 10, 5, 8, 25, 6]),
+    "femnist": lambda root: write_femnist(
+        root, [5, 12, 3, 30, 8, 2, 17, 9, 4, 21, 6, 11, 7, 3, 14, 10, 5, 8, 25, 6]
+    ),
     "shakespeare": lambda root: write_shakespeare(root, [6, 2, 14, 9, 3, 20, 5, 11, 7, 4]),
     "cifar10": lambda root: write_cifar10(root, per_batch=200, test=100),
     "cifar100": lambda root: write_cifar100(root, train=1000, test=100),
@@ -92,7 +95,9 @@ def stop_after(monkeypatch, rounds: int) -> None:
                 on_round(info)
             if info["round"] >= rounds:
                 raise RunInterrupted(signal.SIGINT)
+
         return execute(p, hook, *args, **kwargs)
+
     monkeypatch.setattr(run_module, "execute", limited)
 
 
@@ -126,7 +131,7 @@ def _slow(name: str) -> bool:
     per round (~20 s a round at 256 owners on two cores)."""
     try:
         cfg = compose_preset(name)
-    except Exception:   # noqa: BLE001  (the test reports it)
+    except Exception:  # noqa: BLE001  (the test reports it)
         return False
     return reads_idx(cfg) and cfg.partition.num_owners > SLOW_OWNERS
 
@@ -148,8 +153,9 @@ def test_preset_is_valid_as_shipped(name, request):
     assert p.fed.num_owners == cfg.partition.num_owners and p.fed.num_users > 0
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if _slow(n) else n
-                                  for n in PRESETS])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if _slow(n) else n for n in PRESETS]
+)
 def test_preset_starts(name, tmp_path, monkeypatch, request):
     """Started the CLI's way (``run.run``) and stopped after ROUNDS rounds: synthetic presets as
     shipped, IDX presets with fewer records and one local epoch."""
@@ -157,7 +163,7 @@ def test_preset_starts(name, tmp_path, monkeypatch, request):
     shrink = start_overrides(shipped)
     cfg = compose_preset(name, *data, *shrink) if shrink else shipped
     for key in ("method", "aggregator", "algorithm", "estimator", "privacy", "partition", "model"):
-        assert getattr(cfg, key) == getattr(shipped, key), key     # only data volume and E shrunk
+        assert getattr(cfg, key) == getattr(shipped, key), key  # only data volume and E shrunk
     assert cfg.train.rounds == shipped.train.rounds > ROUNDS
     stop_after(monkeypatch, ROUNDS)
     s = run(cfg, tmp_path)
@@ -165,7 +171,7 @@ def test_preset_starts(name, tmp_path, monkeypatch, request):
     assert s["method"] == cfg.method.value and s["num_owners"] == cfg.partition.num_owners
     metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in metrics] == list(range(1, ROUNDS + 1))
-    if s["target_epsilon"] is not None:              # a private method
+    if s["target_epsilon"] is not None:  # a private method
         assert 0 < s["epsilon"] <= s["target_epsilon"] * (1 + 1e-6)
         ledger = json.loads((tmp_path / "ledger.json").read_text())
         assert len(ledger["entries"]) == ROUNDS
@@ -180,12 +186,13 @@ def test_levy_alg4_preset_takes_the_papers_phases_capped_at_one_user():
     12 at the preset's n = 4000 (n/2^12 < 1 user), so P = floor(log2 n) = 11; where the paper's
     P fits (or is explicit), it is unchanged."""
     from fedudp.algorithms.levy_alg4 import default_phases
+
     cfg = compose_preset("levy_alg4", "progress=false")
     assert cfg.algorithm.phases is None
     p = prepare(cfg)
     algo = p.algorithm.summary
     assert (algo["phases_paper"], algo["phases"]) == (12, 11)
-    assert [ph.units.size for ph in p.algorithm.plan.phases] == [4000 // 2 ** t for t in range(1, 12)]
+    assert [ph.units.size for ph in p.algorithm.plan.phases] == [4000 // 2**t for t in range(1, 12)]
     assert any("capped at P = 11" in n for n in p.ledger.notes)
     assert default_phases(5, 4000, 30) == 5 and default_phases(12, 4096, 30) == 12
     assert default_phases(12, 4000, 8) == 8 and default_phases(3, 1, 30) == 1

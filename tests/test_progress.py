@@ -1,5 +1,6 @@
 """Progress inside a round: the owners report each chunk of units done (``Owners.on_progress``)
 and the run's bar shows it beside the last round's accuracy and ε; silent with progress=false."""
+
 from __future__ import annotations
 
 from conftest import tiny_cfg
@@ -17,8 +18,9 @@ def _stages(cfg):
 
 def test_owners_report_each_chunk_of_the_cohort_up_to_its_size():
     # 160 users of one record in chunks of 16 records: many chunks per stage
-    seen = _stages(tiny_cfg("joint_dp", **{"engine_opts__chunk_records": 16,
-                                           "train__sampling_rate": 0.5}))
+    seen = _stages(
+        tiny_cfg("joint_dp", **{"engine_opts__chunk_records": 16, "train__sampling_rate": 0.5})
+    )
     stages = {s for s, _, _ in seen}
     assert {"users", "personal", "evaluating"} <= stages
     for stage in stages:
@@ -26,7 +28,7 @@ def test_owners_report_each_chunk_of_the_cohort_up_to_its_size():
         for s, d, t in seen:
             if s != stage:
                 continue
-            if cur and d <= cur[-1][0]:        # a new round (or a new pass) starts
+            if cur and d <= cur[-1][0]:  # a new round (or a new pass) starts
                 runs.append(cur)
                 cur = []
             cur.append((d, t))
@@ -34,18 +36,25 @@ def test_owners_report_each_chunk_of_the_cohort_up_to_its_size():
         for r in runs:
             done = [d for d, _ in r]
             assert done == sorted(done) and len(set(t for _, t in r)) == 1
-            assert done[-1] == r[0][1]           # every pass ends at its total
+            assert done[-1] == r[0][1]  # every pass ends at its total
     users = [(d, t) for s, d, t in seen if s == "users"]
-    assert len(users) > 3 * 3                    # several chunks in each of the 3 rounds
-    assert all(0 < t < 160 for _, t in users)    # the sampled cohort, not the population
+    assert len(users) > 3 * 3  # several chunks in each of the 3 rounds
+    assert all(0 < t < 160 for _, t in users)  # the sampled cohort, not the population
 
 
 def test_owner_updates_and_dpsgd_steps_are_reported():
     seen = _stages(tiny_cfg("fedavg", **{"engine_opts__chunk_records": 16}))
     assert [d for s, d, t in seen if s == "owners"][-1] == 4
-    seen = _stages(tiny_cfg("full_dp", **{"privacy__placement": "local_dpsgd",
-                                          "privacy__noise_multiplier": 2.0,
-                                          "privacy__epsilon": 50.0}))
+    seen = _stages(
+        tiny_cfg(
+            "full_dp",
+            **{
+                "privacy__placement": "local_dpsgd",
+                "privacy__noise_multiplier": 2.0,
+                "privacy__epsilon": 50.0,
+            },
+        )
+    )
     steps = [(d, t) for s, d, t in seen if s == "DP-SGD steps"]
     assert steps and steps[-1][0] == steps[-1][1] and steps[0][0] == 1
 

@@ -16,6 +16,7 @@ walk where git is missing. Heading anchors follow GitHub's rule: the heading's t
 Markdown markup, lowercased, every character that is not a letter, digit, space, '-' or '_'
 dropped, spaces turned into '-', and '-1', '-2', ... appended to repeated anchors.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,18 @@ THIS = Path(__file__).resolve().relative_to(ROOT).as_posix()
 # the two strings are split so that this file does not match its own check
 FORBIDDEN = ("../" + "shared", "/" + "work/", "ARCHITECTURE" + ".md", "ALGORITHMS" + ".md")
 HISTORICAL = "docs/results/"
-SKIP_DIRS = {".git", ".venv", "__pycache__", ".pytest_cache", ".hypothesis", "outputs",
-             "multirun", "build", "bench_out", ".claims"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    "outputs",
+    "multirun",
+    "build",
+    "bench_out",
+    ".claims",
+}
 DOCS = ("docs/architecture.md", "docs/algorithms.md")
 
 
@@ -40,14 +51,24 @@ DOCS = ("docs/architecture.md", "docs/algorithms.md")
 def repo_files() -> tuple[str, ...]:
     """Repository-relative paths (posix) of the files git knows, or of a directory walk."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, capture_output=True, check=True, timeout=60).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        ).stdout
         names = [n for n in out.decode("utf-8", "surrogateescape").split("\0") if n]
     except (OSError, subprocess.SubprocessError):
         names = []
         for top, dirs, files in os.walk(ROOT):
-            dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")
-                       and not (Path(top) == ROOT and d == "data")]
+            dirs[:] = [
+                d
+                for d in dirs
+                if d not in SKIP_DIRS
+                and not d.endswith(".egg-info")
+                and not (Path(top) == ROOT and d == "data")
+            ]
             names += [(Path(top) / f).relative_to(ROOT).as_posix() for f in files]
     return tuple(sorted(n for n in set(names) if (ROOT / n).is_file()))
 
@@ -64,9 +85,11 @@ def read_text(rel: str) -> str | None:
 
 
 def markdown_files() -> list[str]:
-    return sorted(f for f in repo_files()
-                  if f == "README.md" or (f.startswith("docs/") and f.count("/") == 1
-                                          and f.endswith(".md")))
+    return sorted(
+        f
+        for f in repo_files()
+        if f == "README.md" or (f.startswith("docs/") and f.count("/") == 1 and f.endswith(".md"))
+    )
 
 
 _FENCE = re.compile(r"^(\s*)(```|~~~)")
@@ -87,7 +110,7 @@ def without_code(text: str) -> list[tuple[int, str]]:
 
 def slug(heading: str) -> str:
     """GitHub's anchor for a heading's text."""
-    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)     # links: their text
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links: their text
     text = re.sub(r"[`*]", "", text).strip().lower()
     text = re.sub(r"[^\w\- ]", "", text)
     return text.replace(" ", "-")
@@ -121,9 +144,11 @@ def test_no_file_points_outside_the_repository():
             hits = [s for s in FORBIDDEN if s in line]
             if hits:
                 bad.append(f"{rel}:{no}: {', '.join(hits)}: {line.strip()[:120]}")
-    assert not bad, ("references outside the repository (use docs/architecture.md#... or "
-                     "docs/algorithms.md#..., or an argument / environment variable for data):\n"
-                     + "\n".join(bad))
+    assert not bad, (
+        "references outside the repository (use docs/architecture.md#... or "
+        "docs/algorithms.md#..., or an argument / environment variable for data):\n"
+        + "\n".join(bad)
+    )
 
 
 def test_results_record_no_machine_path():
@@ -140,8 +165,9 @@ def test_results_record_no_machine_path():
         for no, line in enumerate(text.splitlines(), 1):
             if "/" + "work/" in line:
                 bad.append(f"{rel}:{no}: {line.strip()[:120]}")
-    assert not bad, ("machine paths in results (scrub them: scripts/scrub_paths.py):\n"
-                     + "\n".join(bad[:20]))
+    assert not bad, "machine paths in results (scrub them: scripts/scrub_paths.py):\n" + "\n".join(
+        bad[:20]
+    )
 
 
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -157,7 +183,7 @@ def test_markdown_links_resolve(md):
     for no, line in without_code((ROOT / md).read_text(encoding="utf-8")):
         targets = _LINK.findall(line) + ([m.group(1)] if (m := _REF.match(line)) else [])
         for target in targets:
-            if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):      # http:, https:, mailto:
+            if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):  # http:, https:, mailto:
                 continue
             path, _, anchor = target.partition("#")
             if path:
@@ -194,6 +220,9 @@ def test_doc_anchors_cited_anywhere_exist():
                 if anchor not in anchors(doc):
                     bad.append(f"{rel}:{no}: {doc}#{anchor}: no such heading")
     assert cited, "no code cites docs/architecture.md or docs/algorithms.md"
-    assert not bad, ("anchors cited but missing (headings of the docs: "
-                     + "; ".join(f"{d}: {sorted(anchors(d))}" for d in DOCS) + "):\n"
-                     + "\n".join(bad))
+    assert not bad, (
+        "anchors cited but missing (headings of the docs: "
+        + "; ".join(f"{d}: {sorted(anchors(d))}" for d in DOCS)
+        + "):\n"
+        + "\n".join(bad)
+    )

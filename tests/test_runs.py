@@ -1,6 +1,7 @@
 """End to end on the local engine: models, the owner boundary, the four methods, budget stop,
 config errors (docs/architecture.md#configuration-and-outputs;
 docs/algorithms.md#certified-vs-paper-accounting, docs/algorithms.md#paper-cnn)."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,19 @@ from fedudp.models.cnn import PAPER_TABLE2_COUNTS, PaperCNN, layer_counts
 from fedudp.run import CONF_DIR, execute, prepare, run
 
 ROOT = Path(__file__).resolve().parent.parent
-SUMMARY_KEYS = {"accuracy_mean", "accuracy_std", "accuracy_weighted", "epsilon", "delta", "unit",
-                "adjacency", "accounting", "guarantee", "rounds_completed", "seconds"}
+SUMMARY_KEYS = {
+    "accuracy_mean",
+    "accuracy_std",
+    "accuracy_weighted",
+    "epsilon",
+    "delta",
+    "unit",
+    "adjacency",
+    "accounting",
+    "guarantee",
+    "rounds_completed",
+    "seconds",
+}
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -53,8 +65,10 @@ def _prepared(method, **kw):
     return cfg, prepare(cfg)
 
 
-@pytest.mark.parametrize("method,aggregator", [("joint_dp", "auto"), ("full_dp", "auto"),
-                                               ("fedavg", "auto"), ("joint_dp", "winsorized")])
+@pytest.mark.parametrize(
+    "method,aggregator",
+    [("joint_dp", "auto"), ("full_dp", "auto"), ("fedavg", "auto"), ("joint_dp", "winsorized")],
+)
 @pytest.mark.parametrize("accounting", ["certified", "paper"])
 def test_no_personal_parameter_leaves_an_owner(monkeypatch, method, aggregator, accounting):
     sent = []
@@ -64,6 +78,7 @@ def test_no_personal_parameter_leaves_an_owner(monkeypatch, method, aggregator, 
             rep = orig(*a, **kw)
             sent.append(rep)
             return rep
+
         return spy
 
     # every reply the owners build: sums (make_reply) and rows estimators' rows (rows_reply)
@@ -112,10 +127,10 @@ def test_certified_vectors_do_not_depend_on_personal_state(mode):
     cfg, p = _prepared("joint_dp", **{"train.shared_update": mode})
     personal = p.owners.initial_personal(p.fed.num_owners)
     personal = p.owners.personal_round(p.fed, p.billboard.shared_params(), personal, 1)
-    before = _vectors(p, personal)           # owners fine-tuned their personal layer
+    before = _vectors(p, personal)  # owners fine-tuned their personal layer
     g = torch.Generator().manual_seed(5)
     personal = {k: v + torch.randn(v.shape, generator=g) for k, v in personal.items()}
-    assert torch.equal(before, _vectors(p, personal))        # bit-identical: no feedback
+    assert torch.equal(before, _vectors(p, personal))  # bit-identical: no feedback
 
 
 def test_paper_mode_feeds_personal_state_back_and_says_heuristic(tmp_path):
@@ -137,11 +152,15 @@ def test_a_run_records_the_version_and_source_commit_that_produced_it(tmp_path):
     from importlib.metadata import version
 
     import fedudp
+
     s = run(tiny_cfg("fedavg", **{"train.rounds": 1}), tmp_path)
     assert s["fedudp_version"] == version("fedudp") == fedudp.__version__
     root = Path(fedudp.__file__).resolve().parents[1]
-    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True,  # noqa: E731
-                                    text=True)
+    git = lambda *a: subprocess.run(
+        ["git", "-C", str(root), *a],
+        capture_output=True,  # noqa: E731
+        text=True,
+    )
     head = git("rev-parse", "HEAD")
     if head.returncode != 0:
         assert s["source"] == {"commit": None, "modified": None}
@@ -155,6 +174,7 @@ def test_fedudp_version_prints_the_package_version(monkeypatch, capsys):
     from importlib.metadata import version
 
     from fedudp.run import main
+
     monkeypatch.setattr(sys, "argv", ["fedudp", "--version"])
     main()
     assert capsys.readouterr().out.strip() == f"fedudp {version('fedudp')}"
@@ -177,7 +197,7 @@ def test_method_end_to_end(method, tmp_path):
     if method in ("full_dp", "joint_dp"):
         assert s["guarantee"] == "certified" and s["unit"] == "user"
         assert s["adjacency"] == "add_or_remove_one" and s["delta"] == 1e-5
-        assert 0.9 < s["epsilon"] <= 1.0 + 1e-6            # the whole budget, not more
+        assert 0.9 < s["epsilon"] <= 1.0 + 1e-6  # the whole budget, not more
         assert all("epsilon" in r for r in rows)
         eps = [r["epsilon"] for r in rows]
         assert eps == sorted(eps)
@@ -189,7 +209,7 @@ def test_training_beats_chance_and_is_seeded(tmp_path):
     kw = {"train.rounds": 8, "dataset.num_records": 400}
     a = run(tiny_cfg("fedavg", **kw), tmp_path / "a")
     b = run(tiny_cfg("fedavg", **kw), tmp_path / "b")
-    assert a["accuracy_mean"] > 0.3                   # 10 classes: chance is 0.1
+    assert a["accuracy_mean"] > 0.3  # 10 classes: chance is 0.1
     assert a["accuracy_mean"] == b["accuracy_mean"]
 
 
@@ -218,12 +238,19 @@ def test_refuses_to_start_when_one_round_exceeds(tmp_path):
 
 def test_cnn_on_idx_images(tmp_path):
     root = tiny_mnist(tmp_path / "data")
-    cfg = tiny_cfg("joint_dp", **{"dataset.name": "mnist", "dataset.root": str(root),
-                                  "dataset.num_records": 200, "train.rounds": 2,
-                                  "train.lr": 0.05})
+    cfg = tiny_cfg(
+        "joint_dp",
+        **{
+            "dataset.name": "mnist",
+            "dataset.root": str(root),
+            "dataset.num_records": 200,
+            "train.rounds": 2,
+            "train.lr": 0.05,
+        },
+    )
     s = run(cfg, tmp_path / "out")
     assert s["num_records"] == 200 and s["rounds_completed"] == 2
-    assert s["shared_dim"] == 416 + 12_832 + 15_690      # fc1 personal
+    assert s["shared_dim"] == 416 + 12_832 + 15_690  # fc1 personal
 
 
 # -- config errors -----------------------------------------------------------------------------
@@ -240,18 +267,23 @@ def test_typo_key_is_rejected_naming_it():
         _compose(["method=joint-dp"])
 
 
-@pytest.mark.parametrize("override,key", [
-    ("privacy.epsilon=0", "privacy.epsilon"), ("privacy.epsilon=-1", "privacy.epsilon"),
-    ("privacy.delta=1", "privacy.delta"), ("privacy.delta=0", "privacy.delta"),
-    ("partition.num_owners=20000", "partition.num_owners"),
-    ("train.sampling_rate=1.5", "train.sampling_rate"),
-    ("privacy.clip=0", "privacy.clip"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("privacy.epsilon=0", "privacy.epsilon"),
+        ("privacy.epsilon=-1", "privacy.epsilon"),
+        ("privacy.delta=1", "privacy.delta"),
+        ("privacy.delta=0", "privacy.delta"),
+        ("partition.num_owners=20000", "partition.num_owners"),
+        ("train.sampling_rate=1.5", "train.sampling_rate"),
+        ("privacy.clip=0", "privacy.clip"),
+    ],
+)
 def test_bad_values_are_rejected_naming_the_key(override, key, tmp_path):
     cfg: RunConfig = OmegaConf.to_object(_compose([override]))
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         run(cfg, tmp_path)
-    assert list(tmp_path.iterdir()) == []                 # nothing started
+    assert list(tmp_path.iterdir()) == []  # nothing started
 
 
 def test_missing_data_folder_fails_before_work(tmp_path):
@@ -261,20 +293,35 @@ def test_missing_data_folder_fails_before_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("args,key", [
-    (["privacy.epsilon=0"], "privacy.epsilon"),                       # a bad value
-    (["privacy.epsilonn=1"], "privacy.epsilonn"),                     # a typo in a key
-    (["method=joint-dp"], "method"),                                  # an unknown choice
-    (["-m", "method=full_dp,joint_dp", "privacy.epsilonn=1"], "privacy.epsilonn"),   # sweeps too
-    (["method=full_dp", "privacy.noise_multiplier=0.1"], "privacy.epsilon"),   # the budget
-    (["dataset.name=mnist", "dataset.root=/nonexistent"], "dataset.root"),   # data files
-    (["aggregator=winsorized", "train.sampling_rate=0.5"], "train.sampling_rate"),
-])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["privacy.epsilon=0"], "privacy.epsilon"),  # a bad value
+        (["privacy.epsilonn=1"], "privacy.epsilonn"),  # a typo in a key
+        (["method=joint-dp"], "method"),  # an unknown choice
+        (["-m", "method=full_dp,joint_dp", "privacy.epsilonn=1"], "privacy.epsilonn"),  # sweeps too
+        (["method=full_dp", "privacy.noise_multiplier=0.1"], "privacy.epsilon"),  # the budget
+        (["dataset.name=mnist", "dataset.root=/nonexistent"], "dataset.root"),  # data files
+        (["aggregator=winsorized", "train.sampling_rate=0.5"], "train.sampling_rate"),
+    ],
+)
 def test_cli_user_errors_are_one_line_and_exit_2(tmp_path, args, key):
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
-    p = subprocess.run([sys.executable, "-m", "fedudp.run", *args, f"hydra.run.dir={tmp_path}",
-                        f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, env=env,
-                       cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedudp.run",
+            *args,
+            f"hydra.run.dir={tmp_path}",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
     assert len(lines) == 1 and lines[0].startswith(f"fedudp: error: {key}"), p.stderr
@@ -287,13 +334,21 @@ def test_cli_output_folder_it_cannot_create_is_one_line(tmp_path, key):
     blocker.write_text("")
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
     args = ["-m", "method=fedavg"] if key == "hydra.sweep.dir" else []
-    p = subprocess.run([sys.executable, "-m", "fedudp.run", *args, "train.rounds=1",
-                        f"{key}={blocker}/x"], capture_output=True, text=True, env=env, cwd=ROOT,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "fedudp.run", *args, "train.rounds=1", f"{key}={blocker}/x"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
-    assert len(lines) == 1 and lines[0].startswith(f"fedudp: error: {key}=") \
-        and "is a file, not a folder" in lines[0], p.stderr
+    assert (
+        len(lines) == 1
+        and lines[0].startswith(f"fedudp: error: {key}=")
+        and "is a file, not a folder" in lines[0]
+    ), p.stderr
 
 
 def test_progress_bar_marks_a_heuristic_epsilon(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """One round, one owner, one aggregator contract: the structure the engines rely on
 (docs/architecture.md#one-round-as-data)."""
+
 from __future__ import annotations
 
 import ast
@@ -35,23 +36,39 @@ def _imports(path: Path) -> set[str]:
 
 def test_engines_never_import_the_entry_points():
     for path in (PKG / "engines").glob("*.py"):
-        bad = {m for m in _imports(path) if m in ("fedudp.run", "fedudp.flwr_entry")
-               or m.startswith(("fedudp.run.", "fedudp.flwr_entry."))}
+        bad = {
+            m
+            for m in _imports(path)
+            if m in ("fedudp.run", "fedudp.flwr_entry")
+            or m.startswith(("fedudp.run.", "fedudp.flwr_entry."))
+        }
         assert not bad, (path.name, bad)
 
 
 def _loops_over_rounds(path: Path) -> int:
     """``range(<start>, <...rounds> + 1)`` calls in ``path``, read from its syntax tree."""
+
     def is_rounds(node: ast.AST) -> bool:
-        return (isinstance(node, ast.Name) and node.id.endswith("rounds")) or \
-            (isinstance(node, ast.Attribute) and node.attr.endswith("rounds"))
+        return (isinstance(node, ast.Name) and node.id.endswith("rounds")) or (
+            isinstance(node, ast.Attribute) and node.attr.endswith("rounds")
+        )
+
     hits = 0
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id == "range" and len(node.args) == 2:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "range"
+            and len(node.args) == 2
+        ):
             stop = node.args[1]
-            hits += isinstance(stop, ast.BinOp) and isinstance(stop.op, ast.Add) and \
-                is_rounds(stop.left) and isinstance(stop.right, ast.Constant) and stop.right.value == 1
+            hits += (
+                isinstance(stop, ast.BinOp)
+                and isinstance(stop.op, ast.Add)
+                and is_rounds(stop.left)
+                and isinstance(stop.right, ast.Constant)
+                and stop.right.value == 1
+            )
     return hits
 
 
@@ -63,7 +80,9 @@ def test_round_loop_is_written_once(monkeypatch):
     # ... and the engine drives the run through it
     calls = []
     real = fedudp.run.run_rounds
-    monkeypatch.setattr(fedudp.run, "run_rounds", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1])
+    monkeypatch.setattr(
+        fedudp.run, "run_rounds", lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1]
+    )
     res = fedudp.run.execute(prepare(tiny_cfg("fedavg", **{"train.rounds": 2})))
     assert calls == [2] and res.rounds_completed == 2
 
@@ -71,8 +90,17 @@ def test_round_loop_is_written_once(monkeypatch):
 def test_registry_covers_every_shipped_choice_and_declares_the_contract():
     names = {a.value for a in AggregatorName if a != AggregatorName.auto}
     assert set(REGISTRY) == names
-    declared = {"name", "private", "needs_per_user_vectors", "adjacency", "accountant",
-                "guarantee", "noise_multiplier", "noise_std", "min_users_required"}
+    declared = {
+        "name",
+        "private",
+        "needs_per_user_vectors",
+        "adjacency",
+        "accountant",
+        "guarantee",
+        "noise_multiplier",
+        "noise_std",
+        "min_users_required",
+    }
     for name, cls in REGISTRY.items():
         assert issubclass(cls, Aggregator) and cls.name == name
         assert not inspect.isabstract(cls), name
@@ -83,9 +111,16 @@ def test_registry_covers_every_shipped_choice_and_declares_the_contract():
 
 @pytest.mark.parametrize("name", ["none", "gaussian", "winsorized", "friendlycore"])
 def test_constraint_is_what_owners_send(name):
-    cfg = tiny_cfg("fedavg" if name == "none" else "full_dp", aggregator=name,
-                   **{"dataset.num_records": 3000, "dataset.pool_train": 4000,
-                      "privacy.epsilon": 8.0, "train.rounds": 1})
+    cfg = tiny_cfg(
+        "fedavg" if name == "none" else "full_dp",
+        aggregator=name,
+        **{
+            "dataset.num_records": 3000,
+            "dataset.pool_train": 4000,
+            "privacy.epsilon": 8.0,
+            "train.rounds": 1,
+        },
+    )
     agg = build_aggregator(cfg, Sampling(1.0, 3000), 1, 5)
     G = torch.randn(7, 5, dtype=torch.float64) * 3
     c = agg.constraint.apply(G)
@@ -119,18 +154,24 @@ def test_config_only_checks_run_before_any_data_is_loaded(monkeypatch):
     monkeypatch.setattr(fedudp.build, "federation", no_data)
     # an estimator's constraint, a closed form that does not exist, an unreachable budget,
     # an estimator's minimum n for its privacy proof: all before the data
-    for kw, key in [({"aggregator": "winsorized", "train.sampling_rate": 0.5}, "train.sampling_rate"),
-                    ({"privacy.calibration": "closed_form"}, "privacy.calibration"),
-                    ({"aggregator": "few_users", "privacy.calibration": "closed_form"}, "privacy.calibration"),
-                    ({"privacy.noise_multiplier": 0.1}, "privacy.epsilon"),
-                    ({"aggregator": "outlier_removal"}, "partition")]:
+    for kw, key in [
+        ({"aggregator": "winsorized", "train.sampling_rate": 0.5}, "train.sampling_rate"),
+        ({"privacy.calibration": "closed_form"}, "privacy.calibration"),
+        ({"aggregator": "few_users", "privacy.calibration": "closed_form"}, "privacy.calibration"),
+        ({"privacy.noise_multiplier": 0.1}, "privacy.epsilon"),
+        ({"aggregator": "outlier_removal"}, "partition"),
+    ]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             prepare(tiny_cfg("full_dp", **{k.replace(".", "__"): v for k, v in kw.items()}))
 
 
 def test_planned_population_matches_the_partition():
-    for kw in ({}, {"partition.records_per_user": 3}, {"partition.scheme": "dirichlet"},
-               {"partition.scheme": "iid", "partition.records_per_user": 7}):
+    for kw in (
+        {},
+        {"partition.records_per_user": 3},
+        {"partition.scheme": "dirichlet"},
+        {"partition.scheme": "iid", "partition.records_per_user": 7},
+    ):
         p = prepare(tiny_cfg("full_dp", **{k.replace(".", "__"): v for k, v in kw.items()}))
         assert p.billboard.sampling.population == p.fed.num_users
 
@@ -150,16 +191,18 @@ def test_owner_component_serves_one_owner_and_all_owners_alike():
     p = prepare(tiny_cfg("joint_dp", **{"privacy.accounting": "paper"}))
     fed, owners, shared = p.fed, p.owners, p.billboard.shared_params()
     personal = owners.personal_round(fed, shared, owners.initial_personal(fed.num_owners), 1)
-    whole = torch.cat([G for _, G in owners.user_vectors(fed, shared, personal,
-                                                         np.arange(fed.num_users), 2)])
+    whole = torch.cat(
+        [G for _, G in owners.user_vectors(fed, shared, personal, np.arange(fed.num_users), 2)]
+    )
     parts = []
     for j in range(fed.num_owners):
         shard = fed.owner(j)
         mine = owners.personal_round(shard, shared, owners.initial_personal(1), 1)
         for k in mine:
             torch.testing.assert_close(mine[k][0], personal[k][j], rtol=0, atol=1e-6)
-        parts += [G for _, G in owners.user_vectors(shard, shared, mine,
-                                                    np.arange(shard.num_users), 2)]
+        parts += [
+            G for _, G in owners.user_vectors(shard, shared, mine, np.arange(shard.num_users), 2)
+        ]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=1e-6)
 
 
@@ -169,8 +212,12 @@ def test_removing_a_user_leaves_every_other_users_vector_bit_identical(view):
     # broadcast, public randomness and its own records
     # (docs/algorithms.md#certified-vs-paper-accounting), so removing the
     # first user of owner 0 (which shifts every later user's position) changes nothing else
-    p = prepare(tiny_cfg("joint_dp", **{"partition.records_per_user": 10, "train.batch_size": 4,
-                                        "train.local_epochs": 2}))
+    p = prepare(
+        tiny_cfg(
+            "joint_dp",
+            **{"partition.records_per_user": 10, "train.batch_size": 4, "train.local_epochs": 2},
+        )
+    )
     fed, owners, shared = p.fed, p.owners, p.billboard.shared_params()
     gone = int(fed.owner_user_offsets[0])
     small = fed.without_user(gone)
@@ -178,8 +225,11 @@ def test_removing_a_user_leaves_every_other_users_vector_bit_identical(view):
 
     def vectors(f: "object") -> dict[int, torch.Tensor]:
         out = {}
-        views = [(f, np.arange(f.num_owners))] if view == "all_owners" else \
-            [(f.owner(j), [j]) for j in range(f.num_owners)]
+        views = (
+            [(f, np.arange(f.num_owners))]
+            if view == "all_owners"
+            else [(f.owner(j), [j]) for j in range(f.num_owners)]
+        )
         for v, _ in views:
             personal = owners.initial_personal(v.num_owners)
             for us, G in owners.user_vectors(v, shared, personal, np.arange(v.num_users), 3):
@@ -200,6 +250,7 @@ def test_paper_mode_leaks_through_the_personal_layer_and_certified_does_not(acco
     # vectors' size. Adding the user moves the clipped sum by at most C in certified mode; in
     # paper mode the other users' vectors move too (through the personal layer), by more than C.
     from fedudp.leak import clipped_sums, leak_config
+
     pair = clipped_sums(leak_config(**{"privacy.accounting": accounting}))
     assert pair.clip == 0.05
     if accounting == "certified":

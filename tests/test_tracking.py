@@ -6,6 +6,7 @@ events with TensorBoard's own ``EventAccumulator``. The MLflow tests are marked 
 embedded store runs MLflow's database migrations (5-10 s on two cores) and importing MLflow takes
 a few seconds more; the rest of the file runs in a few seconds.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,11 +25,24 @@ from fedudp.core import checkpoint
 from fedudp.run import run
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_FILES = ("config.yaml", "metrics.jsonl", "ledger.jsonl", "ledger.json", "owners.csv",
-             "summary.json")
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "ledger.jsonl",
+    "ledger.json",
+    "owners.csv",
+    "summary.json",
+)
 # the 2x2 sweep's small federation (each run about a second)
-SMALL = ["dataset.num_records=160", "dataset.pool_train=1000", "dataset.pool_test=200",
-         "dataset.features=12", "partition.num_owners=4", "train.batch_size=8", "progress=false"]
+SMALL = [
+    "dataset.num_records=160",
+    "dataset.pool_train=1000",
+    "dataset.pool_test=200",
+    "dataset.features=12",
+    "partition.num_owners=4",
+    "train.batch_size=8",
+    "progress=false",
+]
 
 
 def cfg(method: str = "full_dp", **kw) -> RunConfig:
@@ -40,13 +54,20 @@ def lines(path: Path) -> list[dict]:
 
 
 def env() -> dict[str, str]:
-    return dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
-                PYTHONUNBUFFERED="1")
+    return dict(
+        os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0", PYTHONUNBUFFERED="1"
+    )
 
 
 def fedudp(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedudp.run", *args], cwd=cwd, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "fedudp.run", *args],
+        cwd=cwd,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def warnings_of(text: str) -> list[str]:
@@ -65,19 +86,26 @@ def test_tracking_is_off_by_default_and_the_module_imports_no_tracking_library()
 
 def test_tracking_none_writes_nothing_of_its_own(tmp_path):
     run(cfg(**{"train.rounds": 2}), tmp_path)
-    assert not {tracking.STATE_FILE, tracking.TB_DIR, tracking.STORE_FILE,
-                tracking.ARTIFACTS_DIR} & {p.name for p in tmp_path.iterdir()}
+    assert not {
+        tracking.STATE_FILE,
+        tracking.TB_DIR,
+        tracking.STORE_FILE,
+        tracking.ARTIFACTS_DIR,
+    } & {p.name for p in tmp_path.iterdir()}
 
 
 def test_the_command_line_shorthand_and_the_dotted_key_agree():
     assert config_from_overrides({"tracking": "mlflow"}).tracking.kind.value == "mlflow"
-    assert config_from_overrides({"tracking.kind": "tensorboard"}).tracking.kind.value == "tensorboard"
+    assert (
+        config_from_overrides({"tracking.kind": "tensorboard"}).tracking.kind.value == "tensorboard"
+    )
     with pytest.raises(ConfigError, match="tracking"):
         config_from_overrides({"tracking": "wandb"})
     from hydra import compose, initialize_config_dir
 
     from fedudp.config import register
     from fedudp.run import CONF_DIR
+
     register()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         for over in (["tracking=mlflow"], ["tracking.kind=mlflow"]):
@@ -87,13 +115,19 @@ def test_the_command_line_shorthand_and_the_dotted_key_agree():
 
 
 @pytest.mark.parametrize("kind,package", [("mlflow", "mlflow"), ("tensorboard", "tensorboard")])
-def test_a_missing_extra_is_one_line_naming_it_before_any_work(tmp_path, monkeypatch, kind, package):
+def test_a_missing_extra_is_one_line_naming_it_before_any_work(
+    tmp_path, monkeypatch, kind, package
+):
     import importlib.util
 
     import fedudp.run as run_mod
+
     real = importlib.util.find_spec
-    monkeypatch.setattr(tracking.importlib.util, "find_spec",
-                        lambda name, *a: None if name == package else real(name, *a))
+    monkeypatch.setattr(
+        tracking.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == package else real(name, *a),
+    )
     monkeypatch.setattr(run_mod, "prepare", lambda *a, **k: pytest.fail("work started"))
     out = tmp_path / "run"
     with pytest.raises(ConfigError) as e:
@@ -105,20 +139,23 @@ def test_a_missing_extra_is_one_line_naming_it_before_any_work(tmp_path, monkeyp
 
 def test_simulate_without_a_folder_refuses_tracking():
     import fedudp
+
     with pytest.raises(ConfigError, match="out=<folder>"):
         fedudp.simulate({"tracking": "tensorboard", "train.rounds": 1})
 
 
 def test_helpers_flatten_and_keep_the_finite_numbers():
     assert tracking.flatten({"a": {"b": 1, "c": {}}, "d": [1]}) == {"a.b": 1, "a.c": {}, "d": [1]}
-    got = tracking.numeric({"round": 2, "x": None, "y": float("nan"), "ok": True, "s": "t",
-                            "n": {"z": 0.5}})
+    got = tracking.numeric(
+        {"round": 2, "x": None, "y": float("nan"), "ok": True, "s": "t", "n": {"z": 0.5}}
+    )
     assert got == {"round": 2.0, "ok": 1.0, "n.z": 0.5}
 
 
 # -- TensorBoard ----------------------------------------------------------------------------------
 def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     ea = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
     ea.Reload()
     return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
@@ -134,6 +171,7 @@ def test_tensorboard_scalars_read_back_with_tensorboards_reader(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert got["final/accuracy_mean"][0][1] == pytest.approx(summary["accuracy_mean"], rel=1e-6)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     ea = EventAccumulator(str(tmp_path / tracking.TB_DIR))
     ea.Reload()
     assert "config/text_summary" in ea.Tags()["tensors"]
@@ -155,7 +193,8 @@ def test_tensorboard_on_resume_has_each_round_once(tmp_path, monkeypatch, before
     got = scalars(tmp_path / tracking.TB_DIR)
     assert [st for st, _ in got["accuracy_mean"]] == [1, 2, 3, 4]
     assert [v for _, v in got["accuracy_mean"]] == pytest.approx(
-        [m["accuracy_mean"] for m in lines(tmp_path / "metrics.jsonl")], rel=1e-6)
+        [m["accuracy_mean"] for m in lines(tmp_path / "metrics.jsonl")], rel=1e-6
+    )
 
 
 # -- checkpoint.keep_after_finish -----------------------------------------------------------------
@@ -170,8 +209,12 @@ def test_keep_after_finish(tmp_path, policy, kept):
 
 
 def test_an_interrupted_run_keeps_its_checkpoints_whatever_the_policy(tmp_path, monkeypatch):
-    over = {"train.rounds": 4, "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0,
-            "checkpoint.keep_after_finish": "none"}
+    over = {
+        "train.rounds": 4,
+        "privacy.noise_multiplier": 2.0,
+        "privacy.epsilon": 50.0,
+        "checkpoint.keep_after_finish": "none",
+    }
     interrupt_after(monkeypatch, 2)
     assert run(cfg(**over), tmp_path)["stop_reason"] == "interrupted"
     monkeypatch.undo()
@@ -194,6 +237,7 @@ def test_keep_after_finish_removes_owner_folders_too(tmp_path):
 # -- MLflow ---------------------------------------------------------------------------------------
 def client(folder: Path):
     from mlflow.tracking import MlflowClient
+
     return MlflowClient(tracking_uri=f"sqlite:///{(folder / tracking.STORE_FILE).absolute()}")
 
 
@@ -205,8 +249,17 @@ def runs_of(c) -> list:
 @pytest.mark.slow
 def test_a_2x2_sweep_is_one_parent_with_four_children(tmp_path):
     sweep = tmp_path / "sweep"
-    p = fedudp("-m", "method=fedavg,full_dp", "privacy.epsilon=1,8", "train.rounds=2",
-               "tracking=mlflow", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path, timeout=600)
+    p = fedudp(
+        "-m",
+        "method=fedavg,full_dp",
+        "privacy.epsilon=1,8",
+        "train.rounds=2",
+        "tracking=mlflow",
+        *SMALL,
+        f"hydra.sweep.dir={sweep}",
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert not warnings_of(p.stderr), p.stderr[-3000:]
     c = client(sweep)
@@ -234,17 +287,24 @@ def test_a_2x2_sweep_is_one_parent_with_four_children(tmp_path):
         # tags: the run's setting
         tags = r.data.tags
         assert (tags["method"], tags["aggregator"], tags["guarantee"]) == (
-            summary["method"], summary["aggregator"], summary["guarantee"])
+            summary["method"],
+            summary["aggregator"],
+            summary["guarantee"],
+        )
         assert tags["stop_reason"] == "completed"
         if summary["method"] == "full_dp":
             assert (tags["placement"], tags["accounting"], tags["epsilon_kind"]) == (
-                "server", "certified", "certified")
+                "server",
+                "certified",
+                "certified",
+            )
         # metrics: one value per round, as metrics.jsonl has them
         for key in ("accuracy_mean", "loss", "cohort", "users_used", "failed_units"):
             hist = c.get_metric_history(r.info.run_id, key)
             assert sorted(m.step for m in hist) == [1, 2], key
             assert [m.value for m in sorted(hist, key=lambda m: m.step)] == pytest.approx(
-                [m[key] for m in config]), key
+                [m[key] for m in config]
+            ), key
         if summary["method"] == "full_dp":
             eps = c.get_metric_history(r.info.run_id, "epsilon")
             assert max(m.value for m in eps) == pytest.approx(summary["epsilon"])
@@ -253,16 +313,22 @@ def test_a_2x2_sweep_is_one_parent_with_four_children(tmp_path):
         names = {a.path for a in c.list_artifacts(r.info.run_id)}
         assert {"ledger.json", "summary.json", "config.yaml", "metrics.jsonl"} <= names
         import mlflow.artifacts
-        local = mlflow.artifacts.download_artifacts(run_id=r.info.run_id, artifact_path="summary.json",
-                                                    tracking_uri=c.tracking_uri,
-                                                    dst_path=str(tmp_path / "dl" / r.info.run_id))
+
+        local = mlflow.artifacts.download_artifacts(
+            run_id=r.info.run_id,
+            artifact_path="summary.json",
+            tracking_uri=c.tracking_uri,
+            dst_path=str(tmp_path / "dl" / r.info.run_id),
+        )
         assert json.loads(Path(local).read_text()) == summary
-        assert checkpoint.rounds_on_disk(folder) == []              # keep_after_finish=none
+        assert checkpoint.rounds_on_disk(folder) == []  # keep_after_finish=none
     assert seen == {("fedavg", 1.0), ("fedavg", 8.0), ("full_dp", 1.0), ("full_dp", 8.0)}
     # the store's artifacts (copies of each run's summary.json) are not runs of the sweep
     from fedudp.report import load_summaries
+
     assert sorted(s["_dir"] for s in load_summaries(sweep)) == sorted(
-        str(Path(r.data.tags["run_dir"])) for r in children)
+        str(Path(r.data.tags["run_dir"])) for r in children
+    )
     table = (sweep / "comparison.md").read_text()
     assert "(seeds 0, 0)" not in table and table.count("| 1 |") == 4
 
@@ -272,8 +338,15 @@ def test_an_unreachable_server_is_one_warning_and_the_run_completes(tmp_path):
     """A closed loopback port: MLflow's retries are off (tracking.HTTP_DEFAULTS), so the run
     does not wait for minutes; every file is written."""
     out = tmp_path / "run"
-    p = fedudp("tracking=mlflow", "tracking.uri=http://127.0.0.1:9", "train.rounds=2", *SMALL,
-               f"hydra.run.dir={out}", cwd=tmp_path, timeout=300)
+    p = fedudp(
+        "tracking=mlflow",
+        "tracking.uri=http://127.0.0.1:9",
+        "train.rounds=2",
+        *SMALL,
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = warnings_of(p.stderr)
     assert len(got) == 1 and "127.0.0.1:9" in got[0] and "the run goes on" in got[0], p.stderr
@@ -289,11 +362,19 @@ def test_an_unwritable_store_is_one_warning_and_the_run_completes(tmp_path, caps
     store = tmp_path / "ro"
     store.mkdir()
     store.chmod(0o500)
-    if os.access(store, os.W_OK):            # root ignores the mode bits
-        (store / "mlflow.db").mkdir()        # a folder where the database file should be
+    if os.access(store, os.W_OK):  # root ignores the mode bits
+        (store / "mlflow.db").mkdir()  # a folder where the database file should be
     out = tmp_path / "run"
-    s = run(cfg(**{"train.rounds": 2, "tracking.kind": "mlflow",
-                   "tracking.uri": f"sqlite:///{store / 'mlflow.db'}"}), out)
+    s = run(
+        cfg(
+            **{
+                "train.rounds": 2,
+                "tracking.kind": "mlflow",
+                "tracking.uri": f"sqlite:///{store / 'mlflow.db'}",
+            }
+        ),
+        out,
+    )
     assert s["stop_reason"] == "completed"
     assert len(warnings_of(capsys.readouterr().err)) == 1
     for name in RUN_FILES:
@@ -305,8 +386,13 @@ def test_resume_continues_the_same_mlflow_run(tmp_path, monkeypatch):
     """Interrupted after round 3; the newest checkpoint is then lost, so the resumed run goes
     back to round 2 and recomputes round 3, which its MLflow run already holds: still one value
     per round, one run, the same run id."""
-    over = {"train.rounds": 5, "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0,
-            "tracking.kind": "mlflow", "checkpoint.keep_after_finish": "last"}
+    over = {
+        "train.rounds": 5,
+        "privacy.noise_multiplier": 2.0,
+        "privacy.epsilon": 50.0,
+        "tracking.kind": "mlflow",
+        "checkpoint.keep_after_finish": "last",
+    }
     interrupt_after(monkeypatch, 3)
     assert run(cfg(**over), tmp_path)["stop_reason"] == "interrupted"
     monkeypatch.undo()
@@ -326,17 +412,21 @@ def test_resume_continues_the_same_mlflow_run(tmp_path, monkeypatch):
     hist = sorted(c.get_metric_history(r.info.run_id, "accuracy_mean"), key=lambda m: m.step)
     assert [m.step for m in hist] == [1, 2, 3, 4, 5]
     assert [m.value for m in hist] == pytest.approx([m["accuracy_mean"] for m in metrics])
-    assert checkpoint.rounds_on_disk(tmp_path) == [5]               # keep_after_finish=last
+    assert checkpoint.rounds_on_disk(tmp_path) == [5]  # keep_after_finish=last
 
 
 @pytest.mark.slow
 def test_rounds_a_killed_run_never_wrote_to_mlflow_come_from_metrics_jsonl(tmp_path, monkeypatch):
     """A process killed with rounds still in the tracker's buffer (written every FLUSH_S s):
     the MLflow run holds none of them; the resumed run logs them from metrics.jsonl, once."""
-    over = {"train.rounds": 4, "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0,
-            "tracking.kind": "mlflow"}
+    over = {
+        "train.rounds": 4,
+        "privacy.noise_multiplier": 2.0,
+        "privacy.epsilon": 50.0,
+        "tracking.kind": "mlflow",
+    }
     monkeypatch.setattr(tracking, "FLUSH_S", 1e9)
-    monkeypatch.setattr(tracking.Tracker, "finish", lambda self, summary, out: None)   # "killed"
+    monkeypatch.setattr(tracking.Tracker, "finish", lambda self, summary, out: None)  # "killed"
     interrupt_after(monkeypatch, 2)
     assert run(cfg(**over), tmp_path)["stop_reason"] == "interrupted"
     monkeypatch.undo()
@@ -347,5 +437,6 @@ def test_rounds_a_killed_run_never_wrote_to_mlflow_come_from_metrics_jsonl(tmp_p
     hist = sorted(c.get_metric_history(run_id, "accuracy_mean"), key=lambda m: m.step)
     assert [m.step for m in hist] == [1, 2, 3, 4]
     assert [m.value for m in hist] == pytest.approx(
-        [m["accuracy_mean"] for m in lines(tmp_path / "metrics.jsonl")])
+        [m["accuracy_mean"] for m in lines(tmp_path / "metrics.jsonl")]
+    )
     assert [r.info.run_id for r in runs_of(c)] == [run_id]

@@ -10,12 +10,30 @@ the run's values by name; ``privacy.placement=local_dpsgd`` (private methods) us
 Adding an estimator: one new module with a ``@register``-ed ``Aggregator`` subclass (its
 ``calibrated`` classmethod and declared attributes), imported below.
 """
+
 from __future__ import annotations
 
-from fedudp.aggregators import (adaptive_clip, banded, few_users, gaussian, outlier,  # noqa: F401
-                                tree, winsorized)  # (register)
-from fedudp.aggregators.base import (REGISTRY, Aggregate, Aggregator, Constraint, Contribution,
-                                     ParameterError, Sampling, clip_rows, finite_rows, register)
+from fedudp.aggregators import (
+    adaptive_clip,
+    banded,
+    few_users,
+    gaussian,
+    outlier,  # noqa: F401
+    tree,
+    winsorized,
+)  # (register)
+from fedudp.aggregators.base import (
+    REGISTRY,
+    Aggregate,
+    Aggregator,
+    Constraint,
+    Contribution,
+    ParameterError,
+    Sampling,
+    clip_rows,
+    finite_rows,
+    register,
+)
 from fedudp.aggregators.adaptive_clip import AdaptiveClipGaussian
 from fedudp.aggregators.banded import BandedMatrixAggregator
 from fedudp.aggregators.few_users import FewUsersAggregator
@@ -25,8 +43,25 @@ from fedudp.aggregators.tree import TreeAggregator
 from fedudp.aggregators.outlier import FriendlyCoreAggregator, OutlierRemovalAggregator
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 
-__all__ = ["Aggregate", "Aggregator", "Constraint", "Contribution", "Sampling", "REGISTRY",
-           "register", "clip_rows", "finite_rows", "GaussianAggregator", "MeanAggregator",
-           "LocalDpSgdMean", "WinsorizedAggregator", "OutlierRemovalAggregator",
-           "FriendlyCoreAggregator", "FewUsersAggregator", "ParameterError",
-           "AdaptiveClipGaussian", "TreeAggregator", "BandedMatrixAggregator"]
+__all__ = [
+    "Aggregate",
+    "Aggregator",
+    "Constraint",
+    "Contribution",
+    "Sampling",
+    "REGISTRY",
+    "register",
+    "clip_rows",
+    "finite_rows",
+    "GaussianAggregator",
+    "MeanAggregator",
+    "LocalDpSgdMean",
+    "WinsorizedAggregator",
+    "OutlierRemovalAggregator",
+    "FriendlyCoreAggregator",
+    "FewUsersAggregator",
+    "ParameterError",
+    "AdaptiveClipGaussian",
+    "TreeAggregator",
+    "BandedMatrixAggregator",
+]

@@ -26,6 +26,7 @@ fixed clipping and splits it: σ_b is given (default: the expected cohort / 20, 
 choice), and the update's share is z_Δ = (z⁻² - (2 σ_b)⁻²)^(-1/2), which needs 2 σ_b > z.
 The denominators are the public q N, never the realized cohort.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,12 +34,22 @@ import math
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import (Aggregate, ClippedSumAggregator, Contribution,
-                                     ParameterError, Sampling, calibrate, check_budget,
-                                     check_fraction, check_positive, check_sampling, register)
+from fedudp.aggregators.base import (
+    Aggregate,
+    ClippedSumAggregator,
+    Contribution,
+    ParameterError,
+    Sampling,
+    calibrate,
+    check_budget,
+    check_fraction,
+    check_positive,
+    check_sampling,
+    register,
+)
 from fedudp.aggregators.gaussian import gaussian_round_event
 
-COUNT_NOISE_DIVISOR = 20.0     # σ_b = expected cohort / 20 (the paper's Section 3 default)
+COUNT_NOISE_DIVISOR = 20.0  # σ_b = expected cohort / 20 (the paper's Section 3 default)
 DEFAULT_QUANTILE = 0.5
 DEFAULT_CLIP_LR = 0.2
 
@@ -49,13 +60,16 @@ def update_noise_multiplier(noise_multiplier: float, count_noise: float) -> floa
     z, sb = float(noise_multiplier), float(count_noise)
     if z == 0.0:
         return 0.0
-    rest = z ** -2 - (2.0 * sb) ** -2
+    rest = z**-2 - (2.0 * sb) ** -2
     if not rest > 0:
-        raise ParameterError("clip_count_noise", f"clip_count_noise={sb:g} leaves no privacy "
-                             f"budget for the update: adaptive clipping needs 2*clip_count_noise "
-                             f"> the effective noise multiplier {z:.4g}; raise clip_count_noise "
-                             "(default: expected cohort / 20) or the noise")
-    return rest ** -0.5
+        raise ParameterError(
+            "clip_count_noise",
+            f"clip_count_noise={sb:g} leaves no privacy "
+            f"budget for the update: adaptive clipping needs 2*clip_count_noise "
+            f"> the effective noise multiplier {z:.4g}; raise clip_count_noise "
+            "(default: expected cohort / 20) or the noise",
+        )
+    return rest**-0.5
 
 
 def effective_noise_multiplier(update_multiplier: float, count_noise: float) -> float:
@@ -76,36 +90,59 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
     name = "gaussian_adaptive"
     private = True
     fixed_noise = True
-    closed_form_note = ("has no closed form for adaptive clipping (its noise is calibrated with "
-                        "the accountant)")
+    closed_form_note = (
+        "has no closed form for adaptive clipping (its noise is calibrated with the accountant)"
+    )
 
-    def __init__(self, clip: float, noise_multiplier: float, sampling: Sampling, *,
-                 quantile: float = DEFAULT_QUANTILE, clip_lr: float = DEFAULT_CLIP_LR,
-                 count_noise: float | None = None) -> None:
+    def __init__(
+        self,
+        clip: float,
+        noise_multiplier: float,
+        sampling: Sampling,
+        *,
+        quantile: float = DEFAULT_QUANTILE,
+        clip_lr: float = DEFAULT_CLIP_LR,
+        count_noise: float | None = None,
+    ) -> None:
         check_positive("clip", clip)
         if not noise_multiplier > 0:
-            raise ParameterError("noise_multiplier", f"noise_multiplier must be > 0 for adaptive "
-                                 f"clipping, got {noise_multiplier}")
+            raise ParameterError(
+                "noise_multiplier",
+                f"noise_multiplier must be > 0 for adaptive clipping, got {noise_multiplier}",
+            )
         check_fraction("clip_quantile", quantile)
         if not 0.0 < float(quantile) < 1.0:
-            raise ParameterError("clip_quantile", f"clip_quantile must be in (0, 1), got {quantile}")
+            raise ParameterError(
+                "clip_quantile", f"clip_quantile must be in (0, 1), got {quantile}"
+            )
         check_positive("clip_lr", clip_lr)
         self.sampling = sampling
         self.initial_clip = float(clip)
         self.clip = float(clip)
-        self.noise_multiplier = float(noise_multiplier)      # the effective z: what is accounted
+        self.noise_multiplier = float(noise_multiplier)  # the effective z: what is accounted
         self.quantile = float(quantile)
         self.clip_lr = float(clip_lr)
-        self.count_noise = (float(count_noise) if count_noise is not None
-                            else sampling.expected_cohort / COUNT_NOISE_DIVISOR)
+        self.count_noise = (
+            float(count_noise)
+            if count_noise is not None
+            else sampling.expected_cohort / COUNT_NOISE_DIVISOR
+        )
         check_positive("clip_count_noise", self.count_noise)
         self.update_multiplier = update_noise_multiplier(self.noise_multiplier, self.count_noise)
 
     @classmethod
-    def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
-                   sampling: Sampling, clip_quantile: float = DEFAULT_QUANTILE,
-                   clip_lr: float = DEFAULT_CLIP_LR, clip_count_noise: float | None = None
-                   ) -> "AdaptiveClipGaussian":
+    def calibrated(
+        cls,
+        *,
+        clip: float,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        sampling: Sampling,
+        clip_quantile: float = DEFAULT_QUANTILE,
+        clip_lr: float = DEFAULT_CLIP_LR,
+        clip_count_noise: float | None = None,
+    ) -> "AdaptiveClipGaussian":
         """The smallest effective multiplier z meeting (ε, δ) over ``rounds`` Poisson-sampled
         releases (as for fixed clipping), split between the count (σ_b = ``clip_count_noise``,
         default expected cohort / 20) and the update."""
@@ -113,20 +150,33 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
         z = calibrate(lambda s: gaussian_round_event(s, sampling.rate), epsilon, delta, rounds)
-        return cls(clip, z, sampling, quantile=clip_quantile, clip_lr=clip_lr,
-                   count_noise=clip_count_noise)
+        return cls(
+            clip, z, sampling, quantile=clip_quantile, clip_lr=clip_lr, count_noise=clip_count_noise
+        )
 
     @classmethod
-    def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, sampling: Sampling,
-                              clip_quantile: float = DEFAULT_QUANTILE,
-                              clip_lr: float = DEFAULT_CLIP_LR,
-                              clip_count_noise: float | None = None) -> "AdaptiveClipGaussian":
+    def with_noise_multiplier(
+        cls,
+        noise_multiplier: float,
+        *,
+        clip: float,
+        sampling: Sampling,
+        clip_quantile: float = DEFAULT_QUANTILE,
+        clip_lr: float = DEFAULT_CLIP_LR,
+        clip_count_noise: float | None = None,
+    ) -> "AdaptiveClipGaussian":
         """A given *effective* noise multiplier z (what the ledger accounts), split as above."""
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
-        return cls(clip, noise_multiplier, sampling, quantile=clip_quantile, clip_lr=clip_lr,
-                   count_noise=clip_count_noise)
+        return cls(
+            clip,
+            noise_multiplier,
+            sampling,
+            quantile=clip_quantile,
+            clip_lr=clip_lr,
+            count_noise=clip_count_noise,
+        )
 
     @property
     def noise_std(self) -> float:
@@ -139,15 +189,22 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         used = self.clip
         total = c.total
         noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
-        noise *= self.noise_scale          # 1.0 unless audit.noise_scale weakens it on purpose
-        mean = ((total.to(torch.float64) + self.update_multiplier * used * noise)
-                / self.sampling.expected_cohort).to(total.dtype)
-        centred = (c.count - c.clipped) - 0.5 * c.count            # Σ (b_i - 1/2)
+        noise *= self.noise_scale  # 1.0 unless audit.noise_scale weakens it on purpose
+        mean = (
+            (total.to(torch.float64) + self.update_multiplier * used * noise)
+            / self.sampling.expected_cohort
+        ).to(total.dtype)
+        centred = (c.count - c.clipped) - 0.5 * c.count  # Σ (b_i - 1/2)
         count_noise = float(torch.randn((), generator=rng, dtype=torch.float64))
         fraction = (centred + self.count_noise * count_noise) / self.sampling.expected_cohort + 0.5
         self.clip = next_clip(used, fraction, self.quantile, self.clip_lr)
-        diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count,
-                "clip": used, "next_clip": self.clip, "unclipped_fraction_noisy": fraction}
+        diag = {
+            "clipped_fraction": (c.clipped / c.count) if c.count else 0.0,
+            "cohort": c.count,
+            "clip": used,
+            "next_clip": self.clip,
+            "unclipped_fraction_noisy": fraction,
+        }
         return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)
 
     def dp_event(self) -> dp_accounting.DpEvent:
@@ -155,18 +212,21 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         return gaussian_round_event(self.noise_multiplier, self.sampling.rate)
 
     def ledger_notes(self) -> list[str]:
-        return [f"adaptive clipping (Andrew et al. 2021): each round releases the clipped sum "
-                f"with noise multiplier z_update={self.update_multiplier:.6g} and the unclipped "
-                f"count with noise std {self.count_noise:.6g} (sensitivity 1/2); accounted as one "
-                f"Gaussian of effective multiplier z={self.noise_multiplier:.6g}; target quantile "
-                f"{self.quantile:g}, clip learning rate {self.clip_lr:g}, initial clip "
-                f"{self.initial_clip:g}"]
+        return [
+            f"adaptive clipping (Andrew et al. 2021): each round releases the clipped sum "
+            f"with noise multiplier z_update={self.update_multiplier:.6g} and the unclipped "
+            f"count with noise std {self.count_noise:.6g} (sensitivity 1/2); accounted as one "
+            f"Gaussian of effective multiplier z={self.noise_multiplier:.6g}; target quantile "
+            f"{self.quantile:g}, clip learning rate {self.clip_lr:g}, initial clip "
+            f"{self.initial_clip:g}"
+        ]
 
     def checkpoint_state(self) -> dict:
         return {"clip": self.clip}
 
     def restore_checkpoint_state(self, state: dict) -> None:
         if set(state) != {"clip"}:
-            raise ValueError(f"aggregator={self.name}: expected the state {{'clip'}}, got "
-                             f"{sorted(state)}")
+            raise ValueError(
+                f"aggregator={self.name}: expected the state {{'clip'}}, got {sorted(state)}"
+            )
         self.clip = float(state["clip"])

@@ -34,6 +34,7 @@ cycle of b rounds, under add/remove-one unit, composed by the PLD accountant at 
 first round (its other rounds are ``NoOpDpEvent``). The denominator is the public expected
 cohort N·q.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,9 +43,18 @@ import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.aggregators.base import (Aggregate, ClippedSumAggregator, Contribution,
-                                     ParameterError, Sampling, calibrate, check_budget,
-                                     check_positive, check_sampling, register)
+from fedudp.aggregators.base import (
+    Aggregate,
+    ClippedSumAggregator,
+    Contribution,
+    ParameterError,
+    Sampling,
+    calibrate,
+    check_budget,
+    check_positive,
+    check_sampling,
+    register,
+)
 from fedudp.aggregators.tree import CyclicParticipation
 from fedudp.randomness import Purpose, numpy_rng
 
@@ -79,18 +89,24 @@ def resolve_bands(bands: int | None, rate: float) -> tuple[int, float]:
     if bands is None:
         b = round(1.0 / q)
         if b < 1 or abs(b * q - 1.0) > 1e-9:
-            raise ParameterError("bands", f"bands: aggregator=dp_mf_banded defaults to "
-                                 f"b = 1 / train.sampling_rate, which is not whole at rate {q:g}; "
-                                 "set estimator.bands to b with b * train.sampling_rate <= 1")
+            raise ParameterError(
+                "bands",
+                f"bands: aggregator=dp_mf_banded defaults to "
+                f"b = 1 / train.sampling_rate, which is not whole at rate {q:g}; "
+                "set estimator.bands to b with b * train.sampling_rate <= 1",
+            )
         return b, 1.0
     b = int(bands)
     if b < 1 or b != bands:
         raise ParameterError("bands", f"bands must be a whole number >= 1, got {bands}")
     p = q * b
     if p > 1.0 + 1e-9:
-        raise ParameterError("bands", f"bands: b = {b} groups at train.sampling_rate {q:g} "
-                             f"would sample each group at rate {p:g} > 1; use "
-                             f"estimator.bands <= {math.floor(1 / q + 1e-9)}")
+        raise ParameterError(
+            "bands",
+            f"bands: b = {b} groups at train.sampling_rate {q:g} "
+            f"would sample each group at rate {p:g} > 1; use "
+            f"estimator.bands <= {math.floor(1 / q + 1e-9)}",
+        )
     return b, min(p, 1.0)
 
 
@@ -114,12 +130,15 @@ class CyclicPoissonParticipation(CyclicParticipation):
         self.agg = agg
         self.seed = int(seed)
         self.group = numpy_rng(seed, Purpose.SCHEDULE, 0).integers(
-            0, agg.bands, size=agg.sampling.population)
+            0, agg.bands, size=agg.sampling.population
+        )
 
     def sample(self, round_: int) -> np.ndarray:
         mask = self.group == (round_ - 1) % self.agg.bands
         if self.agg.group_rate < 1.0:
-            mask &= numpy_rng(self.seed, Purpose.SAMPLE, round_).random(mask.size) < self.agg.group_rate
+            mask &= (
+                numpy_rng(self.seed, Purpose.SAMPLE, round_).random(mask.size) < self.agg.group_rate
+            )
         return mask
 
 
@@ -130,11 +149,13 @@ class BandedMatrixAggregator(ClippedSumAggregator):
     name = "dp_mf_banded"
     private = True
     fixed_noise = True
-    closed_form_note = ("has no closed form for the banded matrix mechanism (the accountant "
-                        "calibrates it)")
+    closed_form_note = (
+        "has no closed form for the banded matrix mechanism (the accountant calibrates it)"
+    )
 
-    def __init__(self, clip: float, noise_multiplier: float, sampling: Sampling,
-                 bands: int | None = None) -> None:
+    def __init__(
+        self, clip: float, noise_multiplier: float, sampling: Sampling, bands: int | None = None
+    ) -> None:
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
         self.clip = float(clip)
@@ -142,13 +163,21 @@ class BandedMatrixAggregator(ClippedSumAggregator):
         self.sampling = sampling
         self.bands, self.group_rate = resolve_bands(bands, sampling.rate)
         self.coefficients = bsr_coefficients(self.bands)
-        self.scale = float(np.linalg.norm(self.coefficients))   # ||c||: C̃⁻¹ = ||c|| C⁻¹
-        self._history: list[torch.Tensor] = []     # u_{t-1}, u_{t-2}, ... (at most b - 1)
+        self.scale = float(np.linalg.norm(self.coefficients))  # ||c||: C̃⁻¹ = ||c|| C⁻¹
+        self._history: list[torch.Tensor] = []  # u_{t-1}, u_{t-2}, ... (at most b - 1)
         self._t = 0
 
     @classmethod
-    def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
-                   sampling: Sampling, bands: int | None = None) -> "BandedMatrixAggregator":
+    def calibrated(
+        cls,
+        *,
+        clip: float,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        sampling: Sampling,
+        bands: int | None = None,
+    ) -> "BandedMatrixAggregator":
         """The smallest z whose ceil(T / b) cycles meet (ε, δ) under the PLD accountant."""
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
@@ -158,8 +187,9 @@ class BandedMatrixAggregator(ClippedSumAggregator):
         return cls(clip, z, sampling, bands)
 
     @classmethod
-    def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, sampling: Sampling,
-                              bands: int | None = None) -> "BandedMatrixAggregator":
+    def with_noise_multiplier(
+        cls, noise_multiplier: float, *, clip: float, sampling: Sampling, bands: int | None = None
+    ) -> "BandedMatrixAggregator":
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
@@ -193,19 +223,24 @@ class BandedMatrixAggregator(ClippedSumAggregator):
         total = c.total
         w = self.noise_increment(int(total.numel()), rng).reshape(total.shape)
         mean = ((total.to(torch.float64) + w) / self.sampling.expected_cohort).to(total.dtype)
-        diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count,
-                "band_round": (self._t - 1) % self.bands + 1}
+        diag = {
+            "clipped_fraction": (c.clipped / c.count) if c.count else 0.0,
+            "cohort": c.count,
+            "band_round": (self._t - 1) % self.bands + 1,
+        }
         return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)
 
     def ledger_notes(self) -> list[str]:
-        return [f"banded matrix factorization (BSR, Kalinin & Lampert 2024) with {self.bands} "
-                f"bands, column norms <= 1 (||c|| = {self.scale:.6g}); participation is cyclic "
-                f"Poisson, not plain Poisson: each unit is in one public group of {self.bands} "
-                f"(seeded), sampled at rate {self.group_rate:.6g} only in its group's rounds, so "
-                f"its rounds are at least {self.bands} apart; each cycle of {self.bands} rounds "
-                f"is one Poisson-sampled Gaussian of multiplier {self.noise_multiplier:.6g} "
-                "(Choquette-Choo et al. 2023), composed at the cycle's first round; the "
-                "denominator is the public N*q"]
+        return [
+            f"banded matrix factorization (BSR, Kalinin & Lampert 2024) with {self.bands} "
+            f"bands, column norms <= 1 (||c|| = {self.scale:.6g}); participation is cyclic "
+            f"Poisson, not plain Poisson: each unit is in one public group of {self.bands} "
+            f"(seeded), sampled at rate {self.group_rate:.6g} only in its group's rounds, so "
+            f"its rounds are at least {self.bands} apart; each cycle of {self.bands} rounds "
+            f"is one Poisson-sampled Gaussian of multiplier {self.noise_multiplier:.6g} "
+            "(Choquette-Choo et al. 2023), composed at the cycle's first round; the "
+            "denominator is the public N*q"
+        ]
 
     def checkpoint_state(self) -> dict:
         return {"t": self._t, "history": [v.clone() for v in self._history]}

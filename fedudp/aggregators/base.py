@@ -20,6 +20,7 @@ The config builder (``fedudp.build.estimator``) passes the run's values to ``cal
 the names its signature declares, and reads the class attributes an estimator declares about
 itself (``calibrations``, ``fixed_noise``, ``replace_one``); estimators never see the config.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,15 @@ import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.privacy.accountant import (ADJACENCY, MAX_NOISE_MULTIPLIER, ApproxDp, BudgetError,
-                                       GroupConversion, calibrate_noise_multiplier)
+from fedudp.privacy.accountant import (
+    ADJACENCY,
+    MAX_NOISE_MULTIPLIER,
+    ApproxDp,
+    BudgetError,
+    GroupConversion,
+    calibrate_noise_multiplier,
+)
 from fedudp.privacy.mechanisms import clip_factors
-
 
 
 @dataclass(frozen=True)
@@ -106,8 +112,9 @@ class Contribution:
         return self.total / max(self.total_weight, 1e-12) if self.count else self.total
 
     @staticmethod
-    def merge(parts: Sequence["Contribution"], dim: int, dtype: torch.dtype, rows: bool
-              ) -> "Contribution":
+    def merge(
+        parts: Sequence["Contribution"], dim: int, dtype: torch.dtype, rows: bool
+    ) -> "Contribution":
         """The cohort's contribution: rows stacked, or totals summed (in ``dtype``).
 
         Rows are held once: a single part's rows are returned as they are (no copy where the
@@ -122,7 +129,7 @@ class Contribution:
             G = torch.empty(sum(len(g) for g in got), dim, dtype=dtype)
             at = 0
             for g in got:
-                G[at:at + len(g)].copy_(g)
+                G[at : at + len(g)].copy_(g)
                 at += len(g)
             return Contribution(G, None, count, clipped)
         total = torch.zeros(dim, dtype=dtype)
@@ -130,10 +137,15 @@ class Contribution:
             if p.total is not None and p.count:
                 total = total + p.total.to(dtype)
         weighted = any(p.weight is not None for p in parts)
-        return Contribution(None, total, count, clipped,
-                            sum(p.total_weight for p in parts) if weighted else None,
-                            float(sum(p.fraction_sum for p in parts)),
-                            int(sum(p.fraction_reports for p in parts)))
+        return Contribution(
+            None,
+            total,
+            count,
+            clipped,
+            sum(p.total_weight for p in parts) if weighted else None,
+            float(sum(p.fraction_sum for p in parts)),
+            int(sum(p.fraction_reports for p in parts)),
+        )
 
 
 @dataclass(frozen=True)
@@ -148,10 +160,11 @@ class Constraint:
     clip: float | None = None
     dpsgd_noise: float | None = None
     dpsgd_clip: float | None = None
-    dpsgd_count_noise: float | None = None    # an adaptive clip's noise on each step's count
+    dpsgd_count_noise: float | None = None  # an adaptive clip's noise on each step's count
 
-    def apply(self, G: torch.Tensor, norms: torch.Tensor | None = None,
-              inplace: bool = False) -> Contribution:
+    def apply(
+        self, G: torch.Tensor, norms: torch.Tensor | None = None, inplace: bool = False
+    ) -> Contribution:
         """``norms``: ``row_norms64(G)`` where the caller has them; ``inplace``: the rows may
         be scaled in place (the caller's own buffer: no clipped copy of G is made)."""
         n = int(G.shape[0])
@@ -163,8 +176,9 @@ class Constraint:
         return Contribution(None, clipped.sum(0), n, int(was.sum()))
 
 
-def current_constraint(source: "Constraint | Callable[[], Constraint | None] | None"
-                       ) -> "Constraint | None":
+def current_constraint(
+    source: "Constraint | Callable[[], Constraint | None] | None",
+) -> "Constraint | None":
     """The constraint for this round: ``source`` itself, or what a zero-argument callable
     returns now (an estimator whose constraint changes between rounds, e.g. adaptive
     clipping's clip norm: the engines ask for it each round)."""
@@ -188,13 +202,15 @@ class Aggregator(ABC):
     private: ClassVar[bool] = True
     needs_per_user_vectors: ClassVar[bool] = True
     adjacency: ClassVar[str] = ADJACENCY
-    accountant: ClassVar[str] = ("dp_accounting.PLDAccountant (RDP cross-check; epsilon is RDP's "
-                                 "where smaller, e.g. very long schedules)")
+    accountant: ClassVar[str] = (
+        "dp_accounting.PLDAccountant (RDP cross-check; epsilon is RDP's "
+        "where smaller, e.g. very long schedules)"
+    )
     # declared for the config builder (checked before any work):
-    calibrations: ClassVar[tuple[str, ...]] = ("accountant",)   # privacy.calibration values
-    closed_form_note: ClassVar[str] = "has no closed form for this estimator"   # why not
-    fixed_noise: ClassVar[bool] = False      # takes a given noise multiplier (with_noise_multiplier)
-    replace_one: ClassVar[bool] = False      # analysed replace-one with a public n: rate 1 only
+    calibrations: ClassVar[tuple[str, ...]] = ("accountant",)  # privacy.calibration values
+    closed_form_note: ClassVar[str] = "has no closed form for this estimator"  # why not
+    fixed_noise: ClassVar[bool] = False  # takes a given noise multiplier (with_noise_multiplier)
+    replace_one: ClassVar[bool] = False  # analysed replace-one with a public n: rate 1 only
 
     sampling: Sampling
     guarantee: str = "certified"
@@ -219,8 +235,9 @@ class Aggregator(ABC):
     @classmethod
     def with_noise_multiplier(cls, noise_multiplier: float, **values: Any) -> "Aggregator":
         """Construct with a given noise multiplier (``fixed_noise`` estimators only)."""
-        raise ParameterError("noise_multiplier", f"noise_multiplier: {cls.__name__} calibrates "
-                             "its own noise")
+        raise ParameterError(
+            "noise_multiplier", f"noise_multiplier: {cls.__name__} calibrates its own noise"
+        )
 
     @property
     def constraint(self) -> Constraint:
@@ -231,8 +248,9 @@ class Aggregator(ABC):
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         """Release an estimate of the cohort's mean from the merged contribution."""
 
-    def __call__(self, G: "torch.Tensor | np.ndarray", *,
-                 rng: "torch.Generator | int | None" = None) -> Aggregate:
+    def __call__(
+        self, G: "torch.Tensor | np.ndarray", *, rng: "torch.Generator | int | None" = None
+    ) -> Aggregate:
         """Owner side and release in one call, on the cohort matrix ``G`` (n_units x d): a torch
         tensor or a numpy array of real numbers (integers are read as float64). ``rng``: the
         release's generator, or an int seed; None draws a fresh seed from the OS (the noise of a
@@ -304,6 +322,7 @@ class RowsAggregator(Aggregator):
     def working_bytes(self, rows: int, dim: int) -> int:
         """Peak bytes of one release beyond the [rows, dim] rows (float64 chunks)."""
         from fedudp.aggregators.rows import chunks_bytes
+
         return chunks_bytes() + 8 * rows
 
 
@@ -312,13 +331,20 @@ def as_rows(G: Any) -> torch.Tensor:
     else is a ``TypeError`` saying what an estimator takes."""
     if isinstance(G, np.ndarray):
         if not (np.issubdtype(G.dtype, np.floating) or np.issubdtype(G.dtype, np.integer)):
-            raise TypeError(f"an estimator takes a real matrix (n_units x d), got a numpy array of "
-                            f"dtype {G.dtype}")
-        G = torch.from_numpy(np.ascontiguousarray(G, dtype=np.float64 if not np.issubdtype(
-            G.dtype, np.floating) else G.dtype))
+            raise TypeError(
+                f"an estimator takes a real matrix (n_units x d), got a numpy array of "
+                f"dtype {G.dtype}"
+            )
+        G = torch.from_numpy(
+            np.ascontiguousarray(
+                G, dtype=np.float64 if not np.issubdtype(G.dtype, np.floating) else G.dtype
+            )
+        )
     if not isinstance(G, torch.Tensor):
-        raise TypeError(f"an estimator takes a torch tensor or a numpy array (n_units x d), got "
-                        f"{type(G).__name__}")
+        raise TypeError(
+            f"an estimator takes a torch tensor or a numpy array (n_units x d), got "
+            f"{type(G).__name__}"
+        )
     if G.is_complex() or G.dtype == torch.bool:
         raise TypeError(f"an estimator takes a real matrix (n_units x d), got dtype {G.dtype}")
     if not G.is_floating_point():
@@ -334,6 +360,7 @@ def as_generator(rng: Any) -> torch.Generator:
         return rng
     if rng is None:
         import secrets
+
         return torch.Generator().manual_seed(secrets.randbits(63))
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
         return torch.Generator().manual_seed(int(rng))
@@ -358,8 +385,9 @@ def pad_to_population(G: torch.Tensor, n: int) -> torch.Tensor:
     return G
 
 
-def clip_rows(G: torch.Tensor, clip: float, norms: torch.Tensor | None = None,
-              inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_rows(
+    G: torch.Tensor, clip: float, norms: torch.Tensor | None = None, inplace: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale each row of ``G`` to l2 norm at most ``clip`` (norms in float64,
     ``mechanisms.clip_factors``; ``norms``: ``row_norms64(G)`` where the caller has them);
     returns (clipped, was_clipped). ``inplace``: G itself is scaled and returned."""
@@ -396,8 +424,12 @@ def _integer(x: Any) -> bool:
 def need(ok: bool, param: str, rule: str, value: Any) -> None:
     """``ParameterError("<param> <rule>, got <value>")`` unless ``ok``."""
     if not ok:
-        raise ParameterError(param, f"{param} {rule}, got {value!r}" if isinstance(value, str)
-                             else f"{param} {rule}, got {value}")
+        raise ParameterError(
+            param,
+            f"{param} {rule}, got {value!r}"
+            if isinstance(value, str)
+            else f"{param} {rule}, got {value}",
+        )
 
 
 def check_positive(param: str, value: Any) -> None:
@@ -431,46 +463,63 @@ def check_sampling(sampling: Any, replace_one: str | None = None) -> None:
     """``sampling`` is a ``Sampling``; a replace-one estimator (``replace_one``: its name) needs
     rate 1 (every unit, every round, a public n: no amplification claimed)."""
     if not isinstance(sampling, Sampling):
-        raise ParameterError("sampling", f"sampling must be a Sampling(rate, population), got "
-                             f"{type(sampling).__name__}")
+        raise ParameterError(
+            "sampling",
+            f"sampling must be a Sampling(rate, population), got {type(sampling).__name__}",
+        )
     if replace_one is not None:
-        need(sampling.rate == 1.0, "sampling.rate", f"must be 1 for {replace_one} (replace-one "
-             "with a public n: every unit, every round; no amplification claimed)", sampling.rate)
+        need(
+            sampling.rate == 1.0,
+            "sampling.rate",
+            f"must be 1 for {replace_one} (replace-one "
+            "with a public n: every unit, every round; no amplification claimed)",
+            sampling.rate,
+        )
 
 
 def choice(param: str, value: Any, options: tuple[str, ...]) -> str:
     """``value`` (a string or a config enum) as one of ``options``."""
     plain = value.value if isinstance(value, Enum) else value
-    need(isinstance(plain, str) and plain in options, param,
-         "must be one of " + ", ".join(repr(o) for o in options), value)
+    need(
+        isinstance(plain, str) and plain in options,
+        param,
+        "must be one of " + ", ".join(repr(o) for o in options),
+        value,
+    )
     return plain
 
 
-def concentration_radius(tau: Any, default: Callable[[int], float] | None,
-                         records_per_unit: Any) -> float:
+def concentration_radius(
+    tau: Any, default: Callable[[int], float] | None, records_per_unit: Any
+) -> float:
     """``tau`` when given (> 0); else ``default(records_per_unit)`` (the estimator's derivation
     from the bound and the records per unit m, which must then be given)."""
     if tau is not None:
         check_positive("tau", tau)
         return tau
     if records_per_unit is None:
-        raise ParameterError("tau", "tau is None: give tau, or records_per_unit (and the bound) "
-                             "to derive it")
+        raise ParameterError(
+            "tau", "tau is None: give tau, or records_per_unit (and the bound) to derive it"
+        )
     check_count("records_per_unit", records_per_unit)
     return default(records_per_unit)
 
 
-def calibrate(make_event: Callable[[float], Any], epsilon: float, delta: float, rounds: int
-              ) -> float:
+def calibrate(
+    make_event: Callable[[float], Any], epsilon: float, delta: float, rounds: int
+) -> float:
     """``calibrate_noise_multiplier`` for ``calibrated``: an unreachable target is a
     ``ParameterError`` naming epsilon (the config builder re-raises the accountant's ``BudgetError``)."""
     try:
         return calibrate_noise_multiplier(make_event, epsilon, delta, rounds)
     except BudgetError as err:
-        if "unreachable" not in str(err):    # another refusal (delta too large): its own words
+        if "unreachable" not in str(err):  # another refusal (delta too large): its own words
             param = "delta" if str(err).startswith("privacy.delta") else "epsilon"
             raise ParameterError(param, f"{param}: {err}", config=err) from None
         raise ParameterError(
-            "epsilon", f"epsilon is unreachable: the noise calibration's target (epsilon="
+            "epsilon",
+            f"epsilon is unreachable: the noise calibration's target (epsilon="
             f"{epsilon:g}, delta={delta:g}) is not met in {rounds} rounds even with noise "
-            f"multiplier {MAX_NOISE_MULTIPLIER:g}", config=err) from None
+            f"multiplier {MAX_NOISE_MULTIPLIER:g}",
+            config=err,
+        ) from None

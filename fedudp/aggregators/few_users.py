@@ -23,6 +23,7 @@ configuration that breaks them is refused). k copies x b blocks x T rounds compo
 composition (``ApproxDp``): ε1 = ε/(4kbT), δ1 = δ/(4kbT). The paper's Θ(·) splits have no
 constants, so there is no separate closed form; both accounting modes use these.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,10 +31,22 @@ import numbers
 
 import torch
 
-from fedudp.aggregators.base import (Aggregate, ParameterError, RowsAggregator, Sampling,
-                                     check_at_least, check_budget, check_count, check_dim,
-                                     check_fraction, check_positive, check_sampling,
-                                     concentration_radius, need, register)
+from fedudp.aggregators.base import (
+    Aggregate,
+    ParameterError,
+    RowsAggregator,
+    Sampling,
+    check_at_least,
+    check_budget,
+    check_count,
+    check_dim,
+    check_fraction,
+    check_positive,
+    check_sampling,
+    concentration_radius,
+    need,
+    register,
+)
 from fedudp.aggregators.rows import CohortRows, as_cohort, chunks_bytes
 from fedudp.privacy.accountant import ApproxDp
 from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordinate_radius
@@ -51,8 +64,11 @@ def uniform_in_balls(centers: torch.Tensor, radius: float, *, rng: torch.Generat
 def log_accept(f: torch.Tensor, n: int, eps: float) -> torch.Tensor:
     """log of (1/3)(n/f) exp(ε (min(f, 2n/3) - 2n/3))."""
     f = f.to(torch.float64)
-    return (math.log(n / 3) - torch.log(f) + eps * (torch.minimum(f, torch.tensor(2 * n / 3,
-            dtype=torch.float64)) - 2 * n / 3))
+    return (
+        math.log(n / 3)
+        - torch.log(f)
+        + eps * (torch.minimum(f, torch.tensor(2 * n / 3, dtype=torch.float64)) - 2 * n / 3)
+    )
 
 
 def check_privacy_conditions(n: int, eps: float, delta: float, tries: float) -> None:
@@ -61,21 +77,27 @@ def check_privacy_conditions(n: int, eps: float, delta: float, tries: float) -> 
     f = torch.arange(1, n + 1)
     worst = float(log_accept(f, n, eps).max())
     if worst > 0:
-        raise ValueError(f"acceptance probability exp({worst:.3g}) > 1 at n={n}, ε={eps:.3g}: "
-                         "too few users for DP-Estimate-1")
+        raise ValueError(
+            f"acceptance probability exp({worst:.3g}) > 1 at n={n}, ε={eps:.3g}: "
+            "too few users for DP-Estimate-1"
+        )
     if eps * (1 - 2 * n / 3) + math.log(tries) > math.log(delta):
-        raise ValueError(f"e^(ε(1-2n/3))·N > δ at n={n}, ε={eps:.3g}, N={tries:g}, δ={delta:.3g} "
-                         "(Lemma 18): too few users for the geometric stop")
+        raise ValueError(
+            f"e^(ε(1-2n/3))·N > δ at n={n}, ε={eps:.3g}, N={tries:g}, δ={delta:.3g} "
+            "(Lemma 18): too few users for the geometric stop"
+        )
 
 
 def min_users(eps: float, delta: float, tries: float) -> int:
     """Smallest n for which ``check_privacy_conditions`` passes (doubling then bisection)."""
+
     def ok(n):
         try:
             check_privacy_conditions(n, eps, delta, tries)
             return True
         except ValueError:
             return False
+
     hi = 2
     while not ok(hi):
         hi *= 2
@@ -88,9 +110,16 @@ def min_users(eps: float, delta: float, tries: float) -> int:
     return hi
 
 
-def dp_estimate_1(X: "torch.Tensor | CohortRows", radius: float, eps: float, delta: float,
-                  tries: float, *, rng: torch.Generator, batch: int = 64
-                  ) -> tuple[torch.Tensor | None, dict]:
+def dp_estimate_1(
+    X: "torch.Tensor | CohortRows",
+    radius: float,
+    eps: float,
+    delta: float,
+    tries: float,
+    *,
+    rng: torch.Generator,
+    batch: int = 64,
+) -> tuple[torch.Tensor | None, dict]:
     """DP-Estimate-1 on the rows of ``X`` [n, d] with ball radius ``radius`` (= κ r sqrt(d)).
 
     Returns (estimate, info) with estimate None for garbage (G1: the garbage bucket was
@@ -104,11 +133,12 @@ def dp_estimate_1(X: "torch.Tensor | CohortRows", radius: float, eps: float, del
     u = float(torch.rand((), generator=rng, dtype=torch.float64))
     budget = 1 if tries <= 1 else max(1, math.ceil(math.log1p(-u) / math.log1p(-1.0 / tries)))
     # P(garbage index) = 1 / (1 + (δ/4) e^{2εn/3}) = sigmoid(log(4/δ) - 2εn/3)
-    p_garbage = float(torch.sigmoid(torch.tensor(math.log(4 / delta) - 2 * eps * n / 3,
-                                                 dtype=torch.float64)))
+    p_garbage = float(
+        torch.sigmoid(torch.tensor(math.log(4 / delta) - 2 * eps * n / 3, dtype=torch.float64))
+    )
     sq = torch.empty(n, dtype=torch.float64, device=rows.device)
     for s, B in rows.chunks():
-        sq[s:s + len(B)] = (B * B).sum(1)
+        sq[s : s + len(B)] = (B * B).sum(1)
     done = 0
     while done < budget:
         b = min(batch, budget - done)
@@ -116,7 +146,7 @@ def dp_estimate_1(X: "torch.Tensor | CohortRows", radius: float, eps: float, del
         keep_garbage = torch.rand(b, generator=rng, dtype=torch.float64) < 1 / 3
         idx = torch.randint(0, n, (b,), generator=rng)
         P = uniform_in_balls(rows.take(idx), radius, rng=rng)
-        f = ball_counts(P, rows, sq, radius).clamp(min=1)      # p lies in its own ball
+        f = ball_counts(P, rows, sq, radius).clamp(min=1)  # p lies in its own ball
         acc = torch.log(torch.rand(b, generator=rng, dtype=torch.float64)) < log_accept(f, n, eps)
         stop = torch.where(garbage, keep_garbage, acc)
         if bool(stop.any()):
@@ -129,14 +159,13 @@ def dp_estimate_1(X: "torch.Tensor | CohortRows", radius: float, eps: float, del
     return None, {"tries": budget, "budget": budget, "garbage": "G2"}
 
 
-def ball_counts(P: torch.Tensor, rows: CohortRows, sq: torch.Tensor, radius: float
-                ) -> torch.Tensor:
+def ball_counts(P: torch.Tensor, rows: CohortRows, sq: torch.Tensor, radius: float) -> torch.Tensor:
     """For each point of ``P`` [b, d] (float64), the rows within ``radius``: float64
     ||p||² + ||x||² - 2<p,x> against one chunk of rows at a time (``sq``: the rows' ||x||²)."""
     pp = (P * P).sum(1, keepdim=True)
     f = torch.zeros(P.shape[0], dtype=torch.int64, device=P.device)
     for s, B in rows.chunks():
-        d2 = pp + sq[None, s:s + len(B)] - 2 * P @ B.T
+        d2 = pp + sq[None, s : s + len(B)] - 2 * P @ B.T
         f += (d2 <= radius * radius).sum(1)
     return f
 
@@ -146,12 +175,20 @@ def rotated_block(rows: CohortRows, rot: RandomRotation, c0: int, c1: int) -> to
     rows at a time (the whole rotated matrix is never held)."""
     out = torch.empty(rows.n, c1 - c0, dtype=torch.float64, device=rows.device)
     for s, B in rows.chunks(rows.rows_per_chunk(rot.dp)):
-        out[s:s + len(B)] = rot.rotate(B)[:, c0:c1]
+        out[s : s + len(B)] = rot.rotate(B)[:, c0:c1]
     return out
 
 
-def dp_estimate_2(X: torch.Tensor, radius: float, eps: float, delta: float, tries: float,
-                  copies: int, *, rng: torch.Generator) -> tuple[torch.Tensor | None, dict]:
+def dp_estimate_2(
+    X: torch.Tensor,
+    radius: float,
+    eps: float,
+    delta: float,
+    tries: float,
+    copies: int,
+    *,
+    rng: torch.Generator,
+) -> tuple[torch.Tensor | None, dict]:
     """DP-Estimate-2: coordinate-wise median of the non-garbage outputs of ``copies`` runs of
     DP-Estimate-1 (each called with (eps, delta); the caller composes the copies)."""
     outs, garbage = [], 0
@@ -172,19 +209,41 @@ class FewUsersAggregator(RowsAggregator):
 
     name = "few_users"
     replace_one = True
-    closed_form_note = ("is not available: [ESF]'s splits are Θ(·) without constants; "
-                        "aggregator=few_users uses the proof's (ε/4, δ/4) per copy and basic "
-                        "composition")
-    accountant = "basic composition of ESF's (4ε1, 4δ1) blocks (ApproxDp; no dp-accounting event exists)"
+    closed_form_note = (
+        "is not available: [ESF]'s splits are Θ(·) without constants; "
+        "aggregator=few_users uses the proof's (ε/4, δ/4) per copy and basic "
+        "composition"
+    )
+    accountant = (
+        "basic composition of ESF's (4ε1, 4δ1) blocks (ApproxDp; no dp-accounting event exists)"
+    )
 
-    def __init__(self, dim: int, tau: float, eps: float, delta: float, rounds: int, sampling: Sampling,
-                 copies: int = 1, blocks: int = 1, kappa: float = 1.0, tries: float = 1000.0,
-                 beta: float = 0.1) -> None:
+    def __init__(
+        self,
+        dim: int,
+        tau: float,
+        eps: float,
+        delta: float,
+        rounds: int,
+        sampling: Sampling,
+        copies: int = 1,
+        blocks: int = 1,
+        kappa: float = 1.0,
+        tries: float = 1000.0,
+        beta: float = 0.1,
+    ) -> None:
         if sampling.rate < 1.0:
-            raise ValueError("aggregator=few_users is replace-one with a public n: it needs "
-                             "train.sampling_rate=1")
+            raise ValueError(
+                "aggregator=few_users is replace-one with a public n: it needs "
+                "train.sampling_rate=1"
+            )
         self.dim, self.tau, self.sampling = int(dim), float(tau), sampling
-        self.copies, self.blocks, self.kappa, self.tries = int(copies), int(blocks), float(kappa), float(tries)
+        self.copies, self.blocks, self.kappa, self.tries = (
+            int(copies),
+            int(blocks),
+            float(kappa),
+            float(tries),
+        )
         self.rotate = self.blocks > 1
         self.dp = next_pow2(self.dim) if self.rotate else self.dim
         if self.rotate and (self.blocks & (self.blocks - 1) or self.blocks > self.dp):
@@ -195,18 +254,30 @@ class FewUsersAggregator(RowsAggregator):
         self.min_users_required = min_users(self.eps1, self.delta1, self.tries)
         check_privacy_conditions(n, self.eps1, self.delta1, self.tries)
         db = self.dp // self.blocks
-        if self.rotate:   # per-block l2 radius after rotation (Lemma 2 per coordinate x sqrt(d_b))
+        if self.rotate:  # per-block l2 radius after rotation (Lemma 2 per coordinate x sqrt(d_b))
             r_b = rotated_coordinate_radius(self.tau, self.dp, n, beta) * math.sqrt(db)
         else:
             r_b = self.tau
         self.radius = self.kappa * r_b * math.sqrt(db)
 
     @classmethod
-    def calibrated(cls, *, dim: int, epsilon: float, delta: float, rounds: int,
-                   sampling: Sampling, bound: float | None = None, tau: float | None = None,
-                   records_per_unit: int | None = None, copies: int = 1, blocks: int = 1,
-                   kappa: float = 1.0, tries: float = 1000.0, beta: float = 0.1
-                   ) -> "FewUsersAggregator":
+    def calibrated(
+        cls,
+        *,
+        dim: int,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        sampling: Sampling,
+        bound: float | None = None,
+        tau: float | None = None,
+        records_per_unit: int | None = None,
+        copies: int = 1,
+        blocks: int = 1,
+        kappa: float = 1.0,
+        tries: float = 1000.0,
+        beta: float = 0.1,
+    ) -> "FewUsersAggregator":
         """[ESF] DP-Estimate-2 for ``rounds`` releases over all ``sampling.population`` units
         (rate 1) meeting (ε, δ) by basic composition: ε1 = ε/(4·copies·blocks·rounds), likewise δ1.
 
@@ -221,8 +292,12 @@ class FewUsersAggregator(RowsAggregator):
         check_sampling(sampling, cls.name)
         check_count("copies", copies)
         dp = next_pow2(int(dim))
-        need(_integer_power_of_two(blocks) and (blocks == 1 or blocks <= dp), "blocks",
-             f"must be a power of two <= {dp}", blocks)
+        need(
+            _integer_power_of_two(blocks) and (blocks == 1 or blocks <= dp),
+            "blocks",
+            f"must be a power of two <= {dp}",
+            blocks,
+        )
         check_positive("kappa", kappa)
         check_at_least("tries", tries, 1)
         check_fraction("beta", beta)
@@ -231,26 +306,44 @@ class FewUsersAggregator(RowsAggregator):
         tau = concentration_radius(tau, lambda m: 10 * bound / math.sqrt(m), records_per_unit)
         n = sampling.population
         try:
-            return cls(dim, tau, epsilon, delta, rounds, sampling, copies=copies, blocks=blocks,
-                       kappa=kappa, tries=tries, beta=beta)
-        except ValueError as err:     # DP-Estimate-1's privacy conditions (too few units)
+            return cls(
+                dim,
+                tau,
+                epsilon,
+                delta,
+                rounds,
+                sampling,
+                copies=copies,
+                blocks=blocks,
+                kappa=kappa,
+                tries=tries,
+                beta=beta,
+            )
+        except ValueError as err:  # DP-Estimate-1's privacy conditions (too few units)
             raise ParameterError(
-                "sampling.population", f"sampling.population={n} is too small for few_users at "
+                "sampling.population",
+                f"sampling.population={n} is too small for few_users at "
                 f"epsilon={epsilon:g} over rounds={rounds} x copies={copies} x blocks={blocks}: "
-                f"{err}", detail=str(err)) from None
+                f"{err}",
+                detail=str(err),
+            ) from None
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        rows = CohortRows(G, n, self.chunk_rows)      # missing units: zero rows (never stored)
+        rows = CohortRows(G, n, self.chunk_rows)  # missing units: zero rows (never stored)
         rot = RandomRotation(self.dim, rng=rng) if self.rotate else None
         db = (rot.dp if rot is not None else self.dim) // self.blocks
         est, garbage = [], 0
         for b in range(self.blocks):
             # one block of the rotated rows at a time (float64, n x d'/blocks)
-            Y = (rows if rot is None else
-                 CohortRows(rotated_block(rows, rot, b * db, (b + 1) * db), n, self.chunk_rows))
-            p, info = dp_estimate_2(Y, self.radius, self.eps1, self.delta1,
-                                    self.tries, self.copies, rng=rng)
+            Y = (
+                rows
+                if rot is None
+                else CohortRows(rotated_block(rows, rot, b * db, (b + 1) * db), n, self.chunk_rows)
+            )
+            p, info = dp_estimate_2(
+                Y, self.radius, self.eps1, self.delta1, self.tries, self.copies, rng=rng
+            )
             del Y
             if p is None:
                 garbage += 1
@@ -258,9 +351,14 @@ class FewUsersAggregator(RowsAggregator):
             est.append(p)
         y = torch.cat(est)
         mean = rot.invert(y) if rot is not None else y
-        diag = {"garbage_blocks": garbage, "blocks": self.blocks, "radius": self.radius,
-                "cohort": int(G.shape[0]), "min_users_met": n >= self.min_users_required,
-                "min_users_required": self.min_users_required}
+        diag = {
+            "garbage_blocks": garbage,
+            "blocks": self.blocks,
+            "radius": self.radius,
+            "cohort": int(G.shape[0]),
+            "min_users_met": n >= self.min_users_required,
+            "min_users_required": self.min_users_required,
+        }
         # garbage in every block: no update this round (post-processing of the release)
         return Aggregate(mean=mean.to(G.dtype), users_used=n, diagnostics=diag)
 
@@ -276,4 +374,6 @@ class FewUsersAggregator(RowsAggregator):
 
 
 def _integer_power_of_two(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)
+    return (
+        isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)
+    )

@@ -12,15 +12,25 @@ adding or removing one unit moves the pre-noise sum by at most C (replacing one,
 most 2C). The event is ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` under
 ``ADD_OR_REMOVE_ONE`` (plain ``GaussianDpEvent(z)`` when q = 1).
 """
+
 from __future__ import annotations
 
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import (Aggregate, Aggregator, ClippedSumAggregator, Constraint,
-                                     Contribution, Sampling,
-                                     calibrate, check_budget, check_positive, check_sampling,
-                                     register)
+from fedudp.aggregators.base import (
+    Aggregate,
+    Aggregator,
+    ClippedSumAggregator,
+    Constraint,
+    Contribution,
+    Sampling,
+    calibrate,
+    check_budget,
+    check_positive,
+    check_sampling,
+    register,
+)
 
 
 @register
@@ -39,13 +49,15 @@ class GaussianAggregator(ClippedSumAggregator):
         self.noise_multiplier = float(noise_multiplier)
         self.sampling = sampling
 
-    closed_form_note = ("has no closed form for clip+Gaussian (the paper's Alg. 1 constant c2 "
-                        "is unknown)")
+    closed_form_note = (
+        "has no closed form for clip+Gaussian (the paper's Alg. 1 constant c2 is unknown)"
+    )
     fixed_noise = True
 
     @classmethod
-    def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
-                   sampling: Sampling) -> "GaussianAggregator":
+    def calibrated(
+        cls, *, clip: float, epsilon: float, delta: float, rounds: int, sampling: Sampling
+    ) -> "GaussianAggregator":
         """Clip to ``clip``, with the smallest noise multiplier z whose ``rounds`` releases,
         Poisson-sampled at ``sampling.rate`` (plain Gaussian at rate 1), meet (ε, δ) under the
         PLD accountant. (A fixed z: ``GaussianAggregator(clip, z, sampling)``.)"""
@@ -56,8 +68,9 @@ class GaussianAggregator(ClippedSumAggregator):
         return cls(clip, z, sampling)
 
     @classmethod
-    def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, sampling: Sampling
-                              ) -> "GaussianAggregator":
+    def with_noise_multiplier(
+        cls, noise_multiplier: float, *, clip: float, sampling: Sampling
+    ) -> "GaussianAggregator":
         """Clip to ``clip`` with the given noise multiplier (the accountant then tracks ε)."""
         check_sampling(sampling)
         check_positive("clip", clip)
@@ -71,9 +84,10 @@ class GaussianAggregator(ClippedSumAggregator):
         # |z| ≈ 5.77 with a point mass there, which would underestimate δ
         # (docs/algorithms.md#laplace-and-gaussian-noise)
         noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
-        noise *= self.noise_scale          # 1.0 unless audit.noise_scale weakens it on purpose
-        mean = ((total.to(torch.float64) + self.noise_std * noise)
-                / self.sampling.expected_cohort).to(total.dtype)
+        noise *= self.noise_scale  # 1.0 unless audit.noise_scale weakens it on purpose
+        mean = (
+            (total.to(torch.float64) + self.noise_std * noise) / self.sampling.expected_cohort
+        ).to(total.dtype)
         diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count}
         return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)
 
@@ -110,7 +124,9 @@ class MeanAggregator(Aggregator):
         return Constraint(rows=False, clip=None)
 
     def release(self, c: Contribution, *, rng: torch.Generator | None = None) -> Aggregate:
-        return Aggregate(mean=c.weighted_mean(), users_used=c.count, diagnostics={"cohort": c.count})
+        return Aggregate(
+            mean=c.weighted_mean(), users_used=c.count, diagnostics={"cohort": c.count}
+        )
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.NonPrivateDpEvent()

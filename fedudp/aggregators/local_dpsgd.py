@@ -31,19 +31,34 @@ releases); the billboard averages them over the reporting owners and moves the c
 owner uses next round, C ← C·exp(-η (f̄ - γ)) (post-processing: each user's data enters only
 its owner's releases, so parallel composition still holds under the adaptive composition).
 """
+
 from __future__ import annotations
 
 import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.aggregators.adaptive_clip import (DEFAULT_CLIP_LR,
-                                              DEFAULT_QUANTILE, next_clip,
-                                              update_noise_multiplier)
-from fedudp.aggregators.base import (Aggregate, Aggregator, Constraint, Contribution,
-                                     ParameterError, Sampling, calibrate, check_budget,
-                                     check_count, check_fraction, check_positive, check_sampling,
-                                     choice)
+from fedudp.aggregators.adaptive_clip import (
+    DEFAULT_CLIP_LR,
+    DEFAULT_QUANTILE,
+    next_clip,
+    update_noise_multiplier,
+)
+from fedudp.aggregators.base import (
+    Aggregate,
+    Aggregator,
+    Constraint,
+    Contribution,
+    ParameterError,
+    Sampling,
+    calibrate,
+    check_budget,
+    check_count,
+    check_fraction,
+    check_positive,
+    check_sampling,
+    choice,
+)
 from fedudp.privacy.accountant import GroupConversion, Parallel
 
 
@@ -62,14 +77,14 @@ def owner_round_event(z: float, q: float, steps: int) -> dp_accounting.DpEvent:
     return dp_accounting.SelfComposedDpEvent(step, int(steps))
 
 
-COUNT_SHARE = 0.1     # the default adaptive clip's count: a tenth of each step's budget
+COUNT_SHARE = 0.1  # the default adaptive clip's count: a tenth of each step's budget
 
 
 def default_count_noise(noise_multiplier: float) -> float:
     """σ_b with (2σ_b)⁻² = COUNT_SHARE · z⁻²: the count takes a tenth of each step's Gaussian
     budget, so z_Δ = z / sqrt(0.9). (The server's default, expected cohort / 20, would leave
     nothing for the update once z > B / 10 with DP-SGD's small batches.)"""
-    return float(noise_multiplier) / (2.0 * COUNT_SHARE ** 0.5)
+    return float(noise_multiplier) / (2.0 * COUNT_SHARE**0.5)
 
 
 class LocalDpSgdMean(Aggregator):
@@ -80,14 +95,26 @@ class LocalDpSgdMean(Aggregator):
     closed_form_note = "has no closed form for owner-side DP-SGD"
     private = True
     needs_per_user_vectors = False
-    accountant = ("dp_accounting.PLDAccountant per owner class (RDP cross-check); the worst "
-                  "owner's ε by parallel composition")
+    accountant = (
+        "dp_accounting.PLDAccountant per owner class (RDP cross-check); the worst "
+        "owner's ε by parallel composition"
+    )
 
-    def __init__(self, noise_multiplier: float, clip: float, batch: int, epochs: int,
-                 owner_units: np.ndarray, sampling: Sampling,
-                 group: GroupConversion | None = None, *, adaptive: bool = False,
-                 quantile: float = DEFAULT_QUANTILE, clip_lr: float = DEFAULT_CLIP_LR,
-                 count_noise: float | None = None) -> None:
+    def __init__(
+        self,
+        noise_multiplier: float,
+        clip: float,
+        batch: int,
+        epochs: int,
+        owner_units: np.ndarray,
+        sampling: Sampling,
+        group: GroupConversion | None = None,
+        *,
+        adaptive: bool = False,
+        quantile: float = DEFAULT_QUANTILE,
+        clip_lr: float = DEFAULT_CLIP_LR,
+        count_noise: float | None = None,
+    ) -> None:
         """``owner_units``: each owner's public DP-SGD capacity M_j (users; records with
         ``group``), the same numbers the owners' schedule uses (``OwnerTraining.dpsgd_capacity``).
         ``adaptive``: the clip follows the ``quantile`` of the units' gradient norms (module doc);
@@ -98,15 +125,20 @@ class LocalDpSgdMean(Aggregator):
         if self.adaptive:
             check_fraction("clip_quantile", quantile)
             if not 0.0 < float(quantile) < 1.0:
-                raise ParameterError("clip_quantile", f"clip_quantile must be in (0, 1), got "
-                                     f"{quantile}")
+                raise ParameterError(
+                    "clip_quantile", f"clip_quantile must be in (0, 1), got {quantile}"
+                )
             check_positive("clip_lr", clip_lr)
             self.quantile, self.clip_lr = float(quantile), float(clip_lr)
-            self.count_noise = (float(count_noise) if count_noise is not None
-                                else default_count_noise(self.noise_multiplier))
+            self.count_noise = (
+                float(count_noise)
+                if count_noise is not None
+                else default_count_noise(self.noise_multiplier)
+            )
             check_positive("clip_count_noise", self.count_noise)
-            self.update_multiplier = update_noise_multiplier(self.noise_multiplier,
-                                                             self.count_noise)
+            self.update_multiplier = update_noise_multiplier(
+                self.noise_multiplier, self.count_noise
+            )
         else:
             self.count_noise = None
             self.update_multiplier = self.noise_multiplier
@@ -117,16 +149,30 @@ class LocalDpSgdMean(Aggregator):
         users, counts = np.unique(np.asarray(owner_units, dtype=np.int64), return_counts=True)
         q, steps = owner_rates(users, self.batch)
         # one part per distinct capacity: (M_j, owners with it, q_j, steps per round)
-        self.classes = [(int(m), int(c), float(qq), int(s) * self.epochs)
-                        for m, c, qq, s in zip(users, counts, q, steps)]
+        self.classes = [
+            (int(m), int(c), float(qq), int(s) * self.epochs)
+            for m, c, qq, s in zip(users, counts, q, steps)
+        ]
 
     @classmethod
-    def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
-                   batch_size: int, local_epochs: int, owner_units, sampling: Sampling,
-                   group_size: int | None = None, accounting: str = "certified",
-                   clip_policy: str = "fixed", clip_quantile: float = DEFAULT_QUANTILE,
-                   clip_lr: float = DEFAULT_CLIP_LR, clip_count_noise: float | None = None
-                   ) -> "LocalDpSgdMean":
+    def calibrated(
+        cls,
+        *,
+        clip: float,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        batch_size: int,
+        local_epochs: int,
+        owner_units,
+        sampling: Sampling,
+        group_size: int | None = None,
+        accounting: str = "certified",
+        clip_policy: str = "fixed",
+        clip_quantile: float = DEFAULT_QUANTILE,
+        clip_lr: float = DEFAULT_CLIP_LR,
+        clip_count_noise: float | None = None,
+    ) -> "LocalDpSgdMean":
         """Owner-side DP-SGD whose worst owner meets (ε, δ) over ``rounds`` rounds of
         ``local_epochs`` epochs of Poisson-sampled batches of ``batch_size``, per-unit clip
         ``clip``; ``owner_units``: each owner's public capacity M_j (users; records with
@@ -140,46 +186,86 @@ class LocalDpSgdMean(Aggregator):
         check_count("local_epochs", local_epochs)
         check_sampling(sampling)
         units = np.asarray(owner_units)
-        if not (units.ndim == 1 and units.size and np.issubdtype(units.dtype, np.integer)
-                and (units >= 0).all()):
-            raise ParameterError("owner_units", "owner_units must be a non-empty sequence of "
-                                 f"integers >= 0 (each owner's public capacity), got {owner_units!r}")
+        if not (
+            units.ndim == 1
+            and units.size
+            and np.issubdtype(units.dtype, np.integer)
+            and (units >= 0).all()
+        ):
+            raise ParameterError(
+                "owner_units",
+                "owner_units must be a non-empty sequence of "
+                f"integers >= 0 (each owner's public capacity), got {owner_units!r}",
+            )
         form = choice("accounting", accounting, ("certified", "paper"))
         if group_size is not None:
             check_count("group_size", group_size)
         group, eps, dlt = cls._group(group_size, epsilon, delta, form)
         probe = cls(1.0, clip, batch_size, local_epochs, owner_units, sampling, group)
         # the worst part must meet (ε, δ): the largest per-part z
-        z = max(calibrate(lambda z, q=q, s=s: owner_round_event(z, q, s), eps, dlt, rounds)
-                for _, _, q, s in probe.classes)
-        return cls(z, clip, batch_size, local_epochs, owner_units, sampling, group,
-                   **cls._adaptive(clip_policy, clip_quantile, clip_lr, clip_count_noise))
+        z = max(
+            calibrate(lambda z, q=q, s=s: owner_round_event(z, q, s), eps, dlt, rounds)
+            for _, _, q, s in probe.classes
+        )
+        return cls(
+            z,
+            clip,
+            batch_size,
+            local_epochs,
+            owner_units,
+            sampling,
+            group,
+            **cls._adaptive(clip_policy, clip_quantile, clip_lr, clip_count_noise),
+        )
 
     @staticmethod
-    def _adaptive(policy: str, quantile: float, clip_lr: float, count_noise: float | None
-                  ) -> dict:
-        return dict(adaptive=choice("clip_policy", policy, ("fixed", "adaptive")) == "adaptive",
-                    quantile=quantile, clip_lr=clip_lr, count_noise=count_noise)
+    def _adaptive(policy: str, quantile: float, clip_lr: float, count_noise: float | None) -> dict:
+        return dict(
+            adaptive=choice("clip_policy", policy, ("fixed", "adaptive")) == "adaptive",
+            quantile=quantile,
+            clip_lr=clip_lr,
+            count_noise=count_noise,
+        )
 
     @classmethod
-    def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, epsilon: float,
-                              delta: float, batch_size: int, local_epochs: int, owner_units,
-                              sampling: Sampling, group_size: int | None = None,
-                              accounting: str = "certified", clip_policy: str = "fixed",
-                              clip_quantile: float = DEFAULT_QUANTILE,
-                              clip_lr: float = DEFAULT_CLIP_LR,
-                              clip_count_noise: float | None = None) -> "LocalDpSgdMean":
+    def with_noise_multiplier(
+        cls,
+        noise_multiplier: float,
+        *,
+        clip: float,
+        epsilon: float,
+        delta: float,
+        batch_size: int,
+        local_epochs: int,
+        owner_units,
+        sampling: Sampling,
+        group_size: int | None = None,
+        accounting: str = "certified",
+        clip_policy: str = "fixed",
+        clip_quantile: float = DEFAULT_QUANTILE,
+        clip_lr: float = DEFAULT_CLIP_LR,
+        clip_count_noise: float | None = None,
+    ) -> "LocalDpSgdMean":
         """Owner-side DP-SGD with the given noise multiplier (the accountant then tracks ε;
         ``epsilon`` and ``delta`` set the group-privacy conversion's grid where there is one)."""
         check_positive("noise_multiplier", noise_multiplier)
         form = choice("accounting", accounting, ("certified", "paper"))
         group = cls._group(group_size, epsilon, delta, form)[0]
-        return cls(noise_multiplier, clip, batch_size, local_epochs, owner_units, sampling, group,
-                   **cls._adaptive(clip_policy, clip_quantile, clip_lr, clip_count_noise))
+        return cls(
+            noise_multiplier,
+            clip,
+            batch_size,
+            local_epochs,
+            owner_units,
+            sampling,
+            group,
+            **cls._adaptive(clip_policy, clip_quantile, clip_lr, clip_count_noise),
+        )
 
     @staticmethod
-    def _group(size: int | None, epsilon: float, delta: float, form: str
-               ) -> tuple[GroupConversion | None, float, float]:
+    def _group(
+        size: int | None, epsilon: float, delta: float, form: str
+    ) -> tuple[GroupConversion | None, float, float]:
         """(the group conversion, the record-level (ε, δ) to calibrate to); None: user level."""
         if size is None:
             return None, epsilon, delta
@@ -194,8 +280,13 @@ class LocalDpSgdMean(Aggregator):
 
     @property
     def constraint(self) -> Constraint:
-        return Constraint(rows=False, clip=None, dpsgd_noise=self.update_multiplier,
-                          dpsgd_clip=self.clip, dpsgd_count_noise=self.count_noise)
+        return Constraint(
+            rows=False,
+            clip=None,
+            dpsgd_noise=self.update_multiplier,
+            dpsgd_clip=self.clip,
+            dpsgd_count_noise=self.count_noise,
+        )
 
     def release(self, c: Contribution, *, rng: torch.Generator | None = None) -> Aggregate:
         diag = {"cohort": c.count}
@@ -214,25 +305,30 @@ class LocalDpSgdMean(Aggregator):
     def restore_checkpoint_state(self, state: dict) -> None:
         want = {"clip"} if self.adaptive else set()
         if set(state) != want:
-            raise ValueError(f"placement=local_dpsgd: expected the state {sorted(want)}, got "
-                             f"{sorted(state)}")
+            raise ValueError(
+                f"placement=local_dpsgd: expected the state {sorted(want)}, got {sorted(state)}"
+            )
         if self.adaptive:
             self.clip = float(state["clip"])
 
     def ledger_notes(self) -> list[str]:
         what = "records" if self.group else "users"
-        parts = "; ".join(f"{c} owners with capacity M_j={m} {what}: q_j={q:.6g}, {s} steps "
-                          "per round" for m, c, q, s in self.classes)
-        notes = [f"privacy.placement=local_dpsgd: DP-SGD inside each owner (noise multiplier "
-                 f"{self.noise_multiplier:.6g}, per-{what[:-1]} clip {self.clip:g}, batch "
-                 f"{self.batch}); the billboard averages without noise. Parts (parallel "
-                 f"composition, epsilon is the worst part's): {parts}. PUBLIC (fixed from the "
-                 f"config before any data is read): each owner's capacity M_j, its planned "
-                 f"{what[:-1]} count; the sampling rate q_j = min(B, M_j)/M_j, the "
-                 f"ceil(M_j/B) steps per epoch, the divisor min(B, M_j) and the size weights "
-                 f"(planned record counts) are computed from it, never from the {what} an "
-                 f"owner holds, so adding or removing one {what[:-1]} changes only whether its "
-                 f"clipped gradient enters a step's sum (add/remove-one-{what[:-1]} adjacency)"]
+        parts = "; ".join(
+            f"{c} owners with capacity M_j={m} {what}: q_j={q:.6g}, {s} steps per round"
+            for m, c, q, s in self.classes
+        )
+        notes = [
+            f"privacy.placement=local_dpsgd: DP-SGD inside each owner (noise multiplier "
+            f"{self.noise_multiplier:.6g}, per-{what[:-1]} clip {self.clip:g}, batch "
+            f"{self.batch}); the billboard averages without noise. Parts (parallel "
+            f"composition, epsilon is the worst part's): {parts}. PUBLIC (fixed from the "
+            f"config before any data is read): each owner's capacity M_j, its planned "
+            f"{what[:-1]} count; the sampling rate q_j = min(B, M_j)/M_j, the "
+            f"ceil(M_j/B) steps per epoch, the divisor min(B, M_j) and the size weights "
+            f"(planned record counts) are computed from it, never from the {what} an "
+            f"owner holds, so adding or removing one {what[:-1]} changes only whether its "
+            f"clipped gradient enters a step's sum (add/remove-one-{what[:-1]} adjacency)"
+        ]
         if self.adaptive:
             notes.append(
                 f"adaptive clip (Andrew et al. 2021, per DP-SGD step): each step releases the "
@@ -241,18 +337,24 @@ class LocalDpSgdMean(Aggregator):
                 f"accounted as one Gaussian of effective multiplier z={self.noise_multiplier:.6g}"
                 f" per step; the billboard moves the clip from the owners' mean released "
                 f"fraction: target quantile {self.quantile:g}, clip learning rate "
-                f"{self.clip_lr:g}, initial clip {self.initial_clip:g}")
+                f"{self.clip_lr:g}, initial clip {self.initial_clip:g}"
+            )
         if self.group is not None:
             g = self.group
             notes.append(
                 f"privacy.group_privacy: the events are record-level (add/remove one record); "
                 f"the ledger's epsilon is user-level, {g.size} x the record-level epsilon at "
                 f"delta'={g.record_delta:.6g}, by group privacy over a user's {g.size} records "
-                + ("(k e^{(k-1)eps'} delta' <= delta: certified)" if g.form == "certified" else
-                   "in the paper's form k e^{k eps'} delta', which gives user-level delta "
-                   "e^eps times the stated one: heuristic"))
+                + (
+                    "(k e^{(k-1)eps'} delta' <= delta: certified)"
+                    if g.form == "certified"
+                    else "in the paper's form k e^{k eps'} delta', which gives user-level delta "
+                    "e^eps times the stated one: heuristic"
+                )
+            )
         return notes
 
     def dp_event(self) -> Parallel:
-        return Parallel(tuple(owner_round_event(self.noise_multiplier, q, s)
-                              for _, _, q, s in self.classes))
+        return Parallel(
+            tuple(owner_round_event(self.noise_multiplier, q, s) for _, _, q, s in self.classes)
+        )

@@ -9,6 +9,7 @@ block). With 60,000 users and the paper CNN the rows alone are GiBs, so a run wh
 exceeds the memory available is refused *before any work*, with the estimate in the message;
 sum aggregators (``gaussian``, ``none``) need O(dim).
 """
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,7 @@ import math
 from fedudp.aggregators.rows import DISTANCE_CHUNK, chunks_bytes  # noqa: F401
 from fedudp.config import ConfigError
 
-GIB = 1024 ** 3
+GIB = 1024**3
 # The rows may be held twice for a moment: engine=local's ``Owners.reply`` writes a planned
 # cohort's row chunks into one matrix as they come (``fedudp.core.messages.rows_reply``), but a
 # natural federation's cohort (computed sorted by size) is put back in order by a gathered copy,
@@ -39,9 +40,11 @@ def rows_bytes(rows: int, dim: int, itemsize: int, aggregator=None) -> int:
     the owners assemble it (``OWNER_ROW_COPIES``), or the estimator's working set
     (``aggregator.working_bytes``; without an aggregator, a few float64 chunks)."""
     matrix = int(rows) * int(dim) * int(itemsize)
-    work = (aggregator.working_bytes(int(rows), int(dim))
-            if aggregator is not None and hasattr(aggregator, "working_bytes")
-            else chunks_bytes())
+    work = (
+        aggregator.working_bytes(int(rows), int(dim))
+        if aggregator is not None and hasattr(aggregator, "working_bytes")
+        else chunks_bytes()
+    )
     return int(matrix + max((OWNER_ROW_COPIES - 1) * matrix, work))
 
 
@@ -72,5 +75,6 @@ def check_rows_fit(aggregator, dim: int, itemsize: int, available: int | None = 
             f"(up to {rows} units x {dim} shared coordinates, held once in the owners' dtype, "
             f"copied once while the owners assemble them, plus the estimator's float64 working "
             f"chunks), {have / GIB:.1f} GiB is available; lower train.sampling_rate or the "
-            "number of users, use privacy.unit=owner, or an aggregator that takes sums (gaussian)")
+            "number of users, use privacy.unit=owner, or an aggregator that takes sums (gaussian)"
+        )
     return need

@@ -44,6 +44,7 @@ Calibration (docs/algorithms.md#outlier-removal):
 Privacy requires n >= 7.5 α_AT (so that a ⊤ implies true score >= 2n/3); below it the
 configuration is refused (it would break privacy), not warned about.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,25 +52,39 @@ import math
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import (Aggregate, ParameterError, RowsAggregator, Sampling,
-                                     calibrate, check_budget, check_fraction, check_positive,
-                                     check_sampling, choice, concentration_radius,
-                                     register)
-from fedudp.aggregators.rows import (DISTANCE_CHUNK, CohortRows, as_cohort, chunks_bytes,
-                                     outer_rows)
+from fedudp.aggregators.base import (
+    Aggregate,
+    ParameterError,
+    RowsAggregator,
+    Sampling,
+    calibrate,
+    check_budget,
+    check_fraction,
+    check_positive,
+    check_sampling,
+    choice,
+    concentration_radius,
+    register,
+)
+from fedudp.aggregators.rows import DISTANCE_CHUNK, CohortRows, as_cohort, chunks_bytes, outer_rows
 from fedudp.privacy.accountant import ApproxDp, schedule_epsilon
 from fedudp.privacy.mechanisms import AboveThreshold, laplace
 
 SCORE_SENSITIVITY = 2.0
-DIAMETER_FACTOR = 30.0        # Δ = 30 τ K / n (docs/algorithms.md#outlier-removal)
-COUPLING_MEAN = 6.0           # Σ_j |p_j - p'_j| <= 6 (n-1)/n under replace-one
+DIAMETER_FACTOR = 30.0  # Δ = 30 τ K / n (docs/algorithms.md#outlier-removal)
+COUPLING_MEAN = 6.0  # Σ_j |p_j - p'_j| <= 6 (n-1)/n under replace-one
 
 
-PRUNE_MARGIN = 1e-6     # relative: a pair decided by its norms alone is this far from a radius
+PRUNE_MARGIN = 1e-6  # relative: a pair decided by its norms alone is this far from a radius
 
 
-def friend_counts(V: "torch.Tensor | CohortRows", radii: tuple[float, ...], chunk: int | None = None,
-                  outer: int | None = None, prune: bool = True) -> torch.Tensor:
+def friend_counts(
+    V: "torch.Tensor | CohortRows",
+    radii: tuple[float, ...],
+    chunk: int | None = None,
+    outer: int | None = None,
+    prune: bool = True,
+) -> torch.Tensor:
     """counts[k, j] = #{j' : ||V_j - V_j'|| <= radii[k]} (j' = j included), via the Gram matrix.
 
     The distances decide who is a friend (a privacy-relevant branch): computed in float64 on
@@ -100,15 +115,15 @@ def friend_counts(V: "torch.Tensor | CohortRows", radii: tuple[float, ...], chun
     centre = rows.column_sum() / n if n else torch.zeros(d, dtype=torch.float64, device=dev)
     sq = torch.empty(n, dtype=torch.float64, device=dev)
     for s, B in rows.chunks(centre=centre):
-        sq[s:s + len(B)] = (B * B).sum(1)
+        sq[s : s + len(B)] = (B * B).sum(1)
     r2 = [r * r for r in radii]
-    if prune:                                      # positions in the order of the norms
+    if prune:  # positions in the order of the norms
         order = torch.argsort(sq, stable=True)
         sq = sq[order]
     else:
         order = None
     norm = torch.sqrt(sq).tolist()
-    sure = [r * (1 - PRUNE_MARGIN) for r in radii]   # norms' sum below: friends
+    sure = [r * (1 - PRUNE_MARGIN) for r in radii]  # norms' sum below: friends
     apart = [r * (1 + PRUNE_MARGIN) for r in radii]  # norms' difference above: not friends
     out = torch.zeros(len(radii), n, dtype=torch.int64, device=dev)
 
@@ -124,61 +139,81 @@ def friend_counts(V: "torch.Tensor | CohortRows", radii: tuple[float, ...], chun
             return ["gram"] * len(radii)
         most = norm[i1 - 1] + norm[j1 - 1]
         least = norm[j0] - norm[i1 - 1] if j0 >= i1 else 0.0
-        return ["all" if most <= sure[k] else "none" if least >= apart[k] else "gram"
-                for k in range(len(radii))]
+        return [
+            "all" if most <= sure[k] else "none" if least >= apart[k] else "gram"
+            for k in range(len(radii))
+        ]
 
     def count(i0: int, A, j0: int, B, both: bool, how: list[str], na: int, nb: int) -> None:
         d2 = None
         for k, rr in enumerate(r2):
             if how[k] == "all":
-                out[k, i0:i0 + na] += nb
+                out[k, i0 : i0 + na] += nb
                 if both:
-                    out[k, j0:j0 + nb] += na
+                    out[k, j0 : j0 + nb] += na
                 continue
             if how[k] == "none":
                 continue
             if d2 is None:
                 a, b = A(), B()
                 # ||a||² + ||b||² - 2<a,b> in two passes (negative rounding is harmless: r² >= 0)
-                d2 = torch.addmm(sq[None, j0:j0 + nb], a, b.T, alpha=-2.0)
-                d2 += sq[i0:i0 + na, None]
-                if not both:                           # a diagonal block: its own rows
+                d2 = torch.addmm(sq[None, j0 : j0 + nb], a, b.T, alpha=-2.0)
+                d2 += sq[i0 : i0 + na, None]
+                if not both:  # a diagonal block: its own rows
                     idx = torch.arange(na, device=dev)
-                    d2[idx, idx + (i0 - j0)] = 0.0    # a point is its own friend, exactly
+                    d2[idx, idx + (i0 - j0)] = 0.0  # a point is its own friend, exactly
             near = d2 <= rr
-            out[k, i0:i0 + na] += near.sum(1)
+            out[k, i0 : i0 + na] += near.sum(1)
             if both:
-                out[k, j0:j0 + nb] += near.sum(0)
+                out[k, j0 : j0 + nb] += near.sum(0)
 
     outer_buf = torch.empty(min(outer, n), d, dtype=torch.float64, device=dev) if n else None
-    inner_buf = torch.empty(min(chunk, n), d, dtype=torch.float64, device=dev) if outer < n else None
+    inner_buf = (
+        torch.empty(min(chunk, n), d, dtype=torch.float64, device=dev) if outer < n else None
+    )
     far = max(apart) if apart else 0.0
     for o0 in range(0, n, outer):
         o1 = min(n, o0 + outer)
         held: list[torch.Tensor] = []
 
-        def outer_rows_() -> torch.Tensor:             # converted once, when first needed
+        def outer_rows_() -> torch.Tensor:  # converted once, when first needed
             if not held:
                 held.append(load(o0, o1, outer_buf))
             return held[0]
 
-        for i0 in range(o0, o1, chunk):                # pairs inside the outer block
+        for i0 in range(o0, o1, chunk):  # pairs inside the outer block
             i1 = min(o1, i0 + chunk)
-            sub = (lambda i0=i0, i1=i1: outer_rows_()[i0 - o0:i1 - o0])
+            sub = lambda i0=i0, i1=i1: outer_rows_()[i0 - o0 : i1 - o0]
             count(i0, sub, i0, sub, False, plan(i0, i1, i0, i1), i1 - i0, i1 - i0)
             for j0 in range(i1, o1, chunk):
                 j1 = min(o1, j0 + chunk)
                 how = plan(i0, i1, j0, j1)
-                count(i0, sub, j0, lambda j0=j0, j1=j1: outer_rows_()[j0 - o0:j1 - o0], True,
-                      how, i1 - i0, j1 - j0)
-        for j0 in range(o1, n, chunk):                 # against every later row, once
+                count(
+                    i0,
+                    sub,
+                    j0,
+                    lambda j0=j0, j1=j1: outer_rows_()[j0 - o0 : j1 - o0],
+                    True,
+                    how,
+                    i1 - i0,
+                    j1 - j0,
+                )
+        for j0 in range(o1, n, chunk):  # against every later row, once
             j1 = min(n, j0 + chunk)
             if order is not None and norm[j0] - norm[o1 - 1] >= far:
-                break                                  # sorted: every later block is farther
+                break  # sorted: every later block is farther
             how = plan(o0, o1, j0, j1)
-            count(o0, outer_rows_, j0, lambda j0=j0, j1=j1: load(j0, j1, inner_buf), True,
-                  how, o1 - o0, j1 - j0)
-    if order is not None:                              # back to the rows' own order
+            count(
+                o0,
+                outer_rows_,
+                j0,
+                lambda j0=j0, j1=j1: load(j0, j1, inner_buf),
+                True,
+                how,
+                o1 - o0,
+                j1 - j0,
+            )
+    if order is not None:  # back to the rows' own order
         out[:, order] = out.clone()
     return out
 
@@ -188,8 +223,11 @@ def friend_counts_bytes(rows: int, dim: int, radii: int = 2) -> int:
     inner blocks, one distance block and its masks, the norms and counts, two working chunks."""
     outer = min(rows, outer_rows(dim))
     inner = min(outer, DISTANCE_CHUNK)
-    return (8 * ((outer + inner) * dim + 2 * outer * inner + (2 + radii) * rows + 2 * dim)
-            + outer * inner + chunks_bytes())
+    return (
+        8 * ((outer + inner) * dim + 2 * outer * inner + (2 + radii) * rows + 2 * dim)
+        + outer * inner
+        + chunks_bytes()
+    )
 
 
 def concentration_score(counts_tau: torch.Tensor) -> float:
@@ -203,8 +241,9 @@ def keep_probabilities(counts_2tau: torch.Tensor, n: int) -> torch.Tensor:
     return ((counts_2tau.to(torch.float64) - n / 2) / (n / 6)).clamp(0.0, 1.0)
 
 
-def filtered_mean(V: "torch.Tensor | CohortRows", p: torch.Tensor, *, rng: torch.Generator
-                  ) -> tuple[torch.Tensor, int]:
+def filtered_mean(
+    V: "torch.Tensor | CohortRows", p: torch.Tensor, *, rng: torch.Generator
+) -> tuple[torch.Tensor, int]:
     """Keep row j with probability p_j (independently); mean of the kept rows (0 if none), in
     the rows' dtype: summed in float64 from the kept rows, a chunk of them at a time."""
     rows = as_cohort(V)
@@ -246,8 +285,14 @@ def min_users_at(eps_at: float, queries: int, gamma: float) -> int:
 
 def paper_sigma(tau: float, n: int, eps: float, delta: float, rounds: int) -> float:
     """[ASI] Alg. 2 per-coordinate noise std, as written (paper mode)."""
-    var = (8 * tau ** 2 * rounds * math.log(math.exp(eps) * rounds / delta)
-           * math.log(math.exp(eps / 2) / delta) / (n ** 2 * eps ** 2))
+    var = (
+        8
+        * tau**2
+        * rounds
+        * math.log(math.exp(eps) * rounds / delta)
+        * math.log(math.exp(eps / 2) / delta)
+        / (n**2 * eps**2)
+    )
     return math.sqrt(var)
 
 
@@ -264,8 +309,10 @@ def _filter_options(bound, tau, records_per_unit, beta, accounting, sampling, ro
         check_positive("bound", bound)
     paper = choice("accounting", accounting, ("certified", "paper")) == "paper"
     tau = concentration_radius(
-        tau, lambda m: default_filter_tau(bound, sampling.population, rounds, beta, m),
-        records_per_unit)
+        tau,
+        lambda m: default_filter_tau(bound, sampling.population, rounds, beta, m),
+        records_per_unit,
+    )
     return tau, paper
 
 
@@ -278,11 +325,19 @@ def paper_sensitivity(tau: float, n: int, eps: float, delta: float, rounds: int)
 class _FilterGaussian(RowsAggregator):
     """Shared body: friend counts, filter, Gaussian noise of std ``noise_std`` per coordinate."""
 
-    def __init__(self, tau: float, noise_multiplier: float, delta_sens: float,
-                 sampling: Sampling, min_users_required: int) -> None:
+    def __init__(
+        self,
+        tau: float,
+        noise_multiplier: float,
+        delta_sens: float,
+        sampling: Sampling,
+        min_users_required: int,
+    ) -> None:
         if sampling.rate < 1.0:
-            raise ValueError(f"aggregator={self.name} is replace-one with a public n: it needs "
-                             "train.sampling_rate=1 (no amplification claimed)")
+            raise ValueError(
+                f"aggregator={self.name} is replace-one with a public n: it needs "
+                "train.sampling_rate=1 (no amplification claimed)"
+            )
         self.tau, self.sampling = float(tau), sampling
         self.noise_multiplier, self.sensitivity = float(noise_multiplier), float(delta_sens)
         self.min_users_required = int(min_users_required)
@@ -293,7 +348,7 @@ class _FilterGaussian(RowsAggregator):
 
     def _filtered(self, G: torch.Tensor, rng: torch.Generator):
         n = self.sampling.population
-        V = CohortRows(G, n, self.chunk_rows)         # missing units: zero rows (never stored)
+        V = CohortRows(G, n, self.chunk_rows)  # missing units: zero rows (never stored)
         counts = friend_counts(V, (self.tau, 2 * self.tau))
         score = concentration_score(counts[0])
         p = keep_probabilities(counts[1], n)
@@ -308,10 +363,16 @@ class _FilterGaussian(RowsAggregator):
 
     def _diag(self, G, score, kept, passed) -> dict:
         n = self.sampling.population
-        return {"score": score, "score_fraction": score / n, "kept_fraction": kept / n,
-                "concentration_check_failed": not passed, "cohort": int(G.shape[0]),
-                "min_users_met": n >= self.min_users_required,
-                "min_users_required": self.min_users_required}
+        return {
+            "score": score,
+            "score_fraction": score / n,
+            "kept_fraction": kept / n,
+            "concentration_check_failed": not passed,
+            "cohort": int(G.shape[0]),
+            "min_users_met": n >= self.min_users_required,
+            "min_users_required": self.min_users_required,
+        }
+
 
 @register
 class OutlierRemovalAggregator(_FilterGaussian):
@@ -320,22 +381,46 @@ class OutlierRemovalAggregator(_FilterGaussian):
     name = "outlier_removal"
     replace_one = True
     calibrations = ("accountant", "closed_form")
-    accountant = ("dp_accounting PLD/RDP for the Gaussian releases; AboveThreshold ε/2 and the "
-                  "failure probabilities by basic composition (ApproxDp)")
+    accountant = (
+        "dp_accounting PLD/RDP for the Gaussian releases; AboveThreshold ε/2 and the "
+        "failure probabilities by basic composition (ApproxDp)"
+    )
 
-    def __init__(self, tau: float, noise_multiplier: float, delta_sens: float, sampling: Sampling,
-                 eps_at: float, rounds: int, delta_reserved: float, min_users_required: int) -> None:
+    def __init__(
+        self,
+        tau: float,
+        noise_multiplier: float,
+        delta_sens: float,
+        sampling: Sampling,
+        eps_at: float,
+        rounds: int,
+        delta_reserved: float,
+        min_users_required: int,
+    ) -> None:
         super().__init__(tau, noise_multiplier, delta_sens, sampling, min_users_required)
-        self.eps_at, self.rounds, self.delta_reserved = float(eps_at), int(rounds), float(delta_reserved)
+        self.eps_at, self.rounds, self.delta_reserved = (
+            float(eps_at),
+            int(rounds),
+            float(delta_reserved),
+        )
         self.at: AboveThreshold | None = None
         self.halted_at: int | None = None
 
     @classmethod
-    def calibrated(cls, *, epsilon: float, delta: float, rounds: int, sampling: Sampling,
-                   bound: float | None = None, tau: float | None = None,
-                   records_per_unit: int | None = None, beta: float = 0.1,
-                   accounting: str = "certified", calibration: str = "accountant"
-                   ) -> "OutlierRemovalAggregator":
+    def calibrated(
+        cls,
+        *,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        sampling: Sampling,
+        bound: float | None = None,
+        tau: float | None = None,
+        records_per_unit: int | None = None,
+        beta: float = 0.1,
+        accounting: str = "certified",
+        calibration: str = "accountant",
+    ) -> "OutlierRemovalAggregator":
         """[ASI] Alg. 2 for ``rounds`` releases over all ``sampling.population`` units (rate 1)
         meeting (ε, δ): ε/2 for the one AboveThreshold, ε/2 (at δ/2) for the T Gaussian releases,
         δ/4 for AT passing a non-concentrated query, δ/4 for the coupling's ζ over T rounds.
@@ -346,27 +431,37 @@ class OutlierRemovalAggregator(_FilterGaussian):
         ``"accountant"`` (z from dp-accounting) or ``"closed_form"`` (the seed's σ, refused
         where the accountant does not certify it within ε)."""
         check_budget(epsilon, delta, rounds)
-        tau, paper = _filter_options(bound, tau, records_per_unit, beta, accounting, sampling,
-                                     rounds, cls.name)
+        tau, paper = _filter_options(
+            bound, tau, records_per_unit, beta, accounting, sampling, rounds, cls.name
+        )
         calibration = choice("calibration", calibration, ("accountant", "closed_form"))
         n = sampling.population
         eps_at = epsilon / 2
         need = min_users_at(eps_at, rounds, delta / 4)
         if n < need:
             raise ParameterError(
-                "sampling.population", f"sampling.population must be >= {need} units for "
+                "sampling.population",
+                f"sampling.population must be >= {need} units for "
                 f"outlier_removal's privacy proof (7.5 α_AT for AboveThreshold at "
-                f"epsilon/2={eps_at:g}, rounds={rounds}, failure delta/4), got {n}", need=need)
-        sens = (paper_sensitivity(tau, n, epsilon, delta, rounds) if paper
-                else sensitivity(tau, n, delta / (4 * rounds)))
+                f"epsilon/2={eps_at:g}, rounds={rounds}, failure delta/4), got {n}",
+                need=need,
+            )
+        sens = (
+            paper_sensitivity(tau, n, epsilon, delta, rounds)
+            if paper
+            else sensitivity(tau, n, delta / (4 * rounds))
+        )
         if calibration == "closed_form":
             z = paper_sigma(tau, n, epsilon, delta, rounds) / sens
             got = eps_at + schedule_epsilon(dp_accounting.GaussianDpEvent, z, rounds, delta / 2)
             if got > epsilon * (1 + 1e-6):
                 raise ParameterError(
-                    "calibration", f"calibration='closed_form': the paper's σ certifies "
+                    "calibration",
+                    f"calibration='closed_form': the paper's σ certifies "
                     f"ε={got:.3g} > epsilon={epsilon:g} with the explicit sensitivity 30τK/n; use "
-                    "accounting='paper' (heuristic) or calibration='accountant'", got=got)
+                    "accounting='paper' (heuristic) or calibration='accountant'",
+                    got=got,
+                )
         else:
             z = calibrate(dp_accounting.GaussianDpEvent, epsilon - eps_at, delta / 2, rounds)
         agg = cls(tau, z, sens, sampling, eps_at, rounds, delta / 2, need)
@@ -374,21 +469,31 @@ class OutlierRemovalAggregator(_FilterGaussian):
         return agg
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
-        if self.at is None:                       # one instance: the threshold drawn once
-            seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng))
-            self.at = AboveThreshold(4 * self.sampling.population / 5, self.eps_at,
-                                     rng=torch.Generator().manual_seed(seed),
-                                     sensitivity=SCORE_SENSITIVITY)
+        if self.at is None:  # one instance: the threshold drawn once
+            seed = int(torch.randint(0, 2**62, (1,), generator=rng))
+            self.at = AboveThreshold(
+                4 * self.sampling.population / 5,
+                self.eps_at,
+                rng=torch.Generator().manual_seed(seed),
+                sensitivity=SCORE_SENSITIVITY,
+            )
         if self.at.halted:
             raise RuntimeError("outlier_removal: AboveThreshold already halted; no more answers")
         V, score, p = self._filtered(G, rng)
         if not self.at.test(score):
             self.halted_at = self.at.queries
-            return Aggregate(mean=G.new_zeros(G.shape[1]), users_used=0, halted=True,
-                             diagnostics=self._diag(G, score, 0, False) | {"halted": True})
+            return Aggregate(
+                mean=G.new_zeros(G.shape[1]),
+                users_used=0,
+                halted=True,
+                diagnostics=self._diag(G, score, 0, False) | {"halted": True},
+            )
         mean, kept = filtered_mean(V, p, rng=rng)
-        return Aggregate(mean=self._noisy(mean, rng), users_used=kept,
-                         diagnostics=self._diag(G, score, kept, True))
+        return Aggregate(
+            mean=self._noisy(mean, rng),
+            users_used=kept,
+            diagnostics=self._diag(G, score, kept, True),
+        )
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return dp_accounting.GaussianDpEvent(self.noise_multiplier)
@@ -400,9 +505,17 @@ class OutlierRemovalAggregator(_FilterGaussian):
     def checkpoint_state(self) -> dict:
         """The one AboveThreshold across rounds: its noisy threshold, queries, halt and RNG."""
         at = self.at
-        return {"halted_at": self.halted_at, "at": None if at is None else {
-            "noisy_threshold": float(at.noisy_threshold), "halted": bool(at.halted),
-            "queries": int(at.queries), "rng": at.rng.get_state()}}
+        return {
+            "halted_at": self.halted_at,
+            "at": None
+            if at is None
+            else {
+                "noisy_threshold": float(at.noisy_threshold),
+                "halted": bool(at.halted),
+                "queries": int(at.queries),
+                "rng": at.rng.get_state(),
+            },
+        }
 
     def restore_checkpoint_state(self, state: dict) -> None:
         self.halted_at = state["halted_at"]
@@ -410,8 +523,12 @@ class OutlierRemovalAggregator(_FilterGaussian):
         if saved is None:
             self.at = None
             return
-        self.at = AboveThreshold(4 * self.sampling.population / 5, self.eps_at,
-                                 rng=torch.Generator(), sensitivity=SCORE_SENSITIVITY)
+        self.at = AboveThreshold(
+            4 * self.sampling.population / 5,
+            self.eps_at,
+            rng=torch.Generator(),
+            sensitivity=SCORE_SENSITIVITY,
+        )
         self.at.rng.set_state(saved["rng"])
         self.at.noisy_threshold = saved["noisy_threshold"]
         self.at.halted, self.at.queries = saved["halted"], saved["queries"]
@@ -436,13 +553,24 @@ class FriendlyCoreAggregator(_FilterGaussian):
 
     name = "friendlycore"
     replace_one = True
-    closed_form_note = ("has no seed closed form for aggregator=friendlycore (FriendlyCore is "
-                        "not one of the seeds)")
-    accountant = ("dp_accounting PLD/RDP (Laplace mass check + Gaussian per round); failure "
-                  "probabilities in δ by basic composition")
+    closed_form_note = (
+        "has no seed closed form for aggregator=friendlycore (FriendlyCore is not one of the seeds)"
+    )
+    accountant = (
+        "dp_accounting PLD/RDP (Laplace mass check + Gaussian per round); failure "
+        "probabilities in δ by basic composition"
+    )
 
-    def __init__(self, tau: float, noise_multiplier: float, delta_sens: float, sampling: Sampling,
-                 check_multiplier: float, delta_reserved: float, min_users_required: int) -> None:
+    def __init__(
+        self,
+        tau: float,
+        noise_multiplier: float,
+        delta_sens: float,
+        sampling: Sampling,
+        check_multiplier: float,
+        delta_reserved: float,
+        min_users_required: int,
+    ) -> None:
         super().__init__(tau, noise_multiplier, delta_sens, sampling, min_users_required)
         self.check_multiplier, self.delta_reserved = float(check_multiplier), float(delta_reserved)
 
@@ -451,10 +579,19 @@ class FriendlyCoreAggregator(_FilterGaussian):
         return self.check_multiplier * MASS_SENSITIVITY
 
     @classmethod
-    def calibrated(cls, *, epsilon: float, delta: float, rounds: int, sampling: Sampling,
-                   bound: float | None = None, tau: float | None = None,
-                   records_per_unit: int | None = None, beta: float = 0.1,
-                   accounting: str = "certified") -> "FriendlyCoreAggregator":
+    def calibrated(
+        cls,
+        *,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        sampling: Sampling,
+        bound: float | None = None,
+        tau: float | None = None,
+        records_per_unit: int | None = None,
+        beta: float = 0.1,
+        accounting: str = "certified",
+    ) -> "FriendlyCoreAggregator":
         """FriendlyCore for ``rounds`` releases over all ``sampling.population`` units (rate 1)
         meeting (ε, δ): per round a Laplace mass check (noise multiplier b = z) and a Gaussian
         (z), composed with dp-accounting at δ/2; the rest of δ covers the failure terms.
@@ -463,11 +600,15 @@ class FriendlyCoreAggregator(_FilterGaussian):
         ``records_per_unit`` m. ``accounting``: ``"certified"`` (sensitivity 2DK/s) or
         ``"paper"`` (the seed's Δ, heuristic). No closed form (always the accountant)."""
         check_budget(epsilon, delta, rounds)
-        tau, paper = _filter_options(bound, tau, records_per_unit, beta, accounting, sampling,
-                                     rounds, cls.name)
+        tau, paper = _filter_options(
+            bound, tau, records_per_unit, beta, accounting, sampling, rounds, cls.name
+        )
         n = sampling.population
-        sens = (paper_sensitivity(tau, n, epsilon, delta, rounds) if paper
-                else friendlycore_sensitivity(tau, n, delta / (4 * rounds)))
+        sens = (
+            paper_sensitivity(tau, n, epsilon, delta, rounds)
+            if paper
+            else friendlycore_sensitivity(tau, n, delta / (4 * rounds))
+        )
         z = calibrate(lambda z: friendlycore_round_event(z, z), epsilon, delta / 2, rounds)
         need = n
         while rounds * friendlycore_failure(need, z) <= delta / 4 and need > 1:
@@ -476,29 +617,42 @@ class FriendlyCoreAggregator(_FilterGaussian):
             need += max(1, need // 64)
         if n < need:
             raise ParameterError(
-                "sampling.population", f"sampling.population must be >= {need} units for "
+                "sampling.population",
+                f"sampling.population must be >= {need} units for "
                 f"friendlycore, so that a release with a small kept set has probability <= "
-                f"delta/(4 rounds) (mass check multiplier {z:.3g}), got {n}", need=need, z=z)
+                f"delta/(4 rounds) (mass check multiplier {z:.3g}), got {n}",
+                need=need,
+                z=z,
+            )
         agg = cls(tau, z, sens, sampling, z, delta / 2, need)
         agg.guarantee = "heuristic" if paper else "certified"
         return agg
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        V = CohortRows(G, n, self.chunk_rows)         # missing units: zero rows (never stored)
+        V = CohortRows(G, n, self.chunk_rows)  # missing units: zero rows (never stored)
         counts = friend_counts(V, (2 * self.tau,))
         p = friendly_keep_probabilities(counts[0], n)
         mass = float(p.sum())
         noisy = mass + float(laplace((1,), self.check_scale, rng=rng)[0])
-        diag = {"kept_mass_fraction": mass / n, "cohort": int(G.shape[0]),
-                "min_users_met": n >= self.min_users_required,
-                "min_users_required": self.min_users_required}
-        if noisy < MASS_RELEASE * n:              # check failed: release 0 this round
-            return Aggregate(mean=G.new_zeros(G.shape[1]), users_used=0,
-                             diagnostics=diag | {"kept_fraction": 0.0, "concentration_check_failed": True})
+        diag = {
+            "kept_mass_fraction": mass / n,
+            "cohort": int(G.shape[0]),
+            "min_users_met": n >= self.min_users_required,
+            "min_users_required": self.min_users_required,
+        }
+        if noisy < MASS_RELEASE * n:  # check failed: release 0 this round
+            return Aggregate(
+                mean=G.new_zeros(G.shape[1]),
+                users_used=0,
+                diagnostics=diag | {"kept_fraction": 0.0, "concentration_check_failed": True},
+            )
         mean, kept = filtered_mean(V, p, rng=rng)
-        return Aggregate(mean=self._noisy(mean, rng), users_used=kept,
-                         diagnostics=diag | {"kept_fraction": kept / n, "concentration_check_failed": False})
+        return Aggregate(
+            mean=self._noisy(mean, rng),
+            users_used=kept,
+            diagnostics=diag | {"kept_fraction": kept / n, "concentration_check_failed": False},
+        )
 
     def dp_event(self) -> dp_accounting.DpEvent:
         return friendlycore_round_event(self.noise_multiplier, self.check_multiplier)
@@ -521,17 +675,25 @@ def friendlycore_sensitivity(tau: float, n: int, zeta: float) -> float:
     return 2 * 4 * tau * (2 + chernoff_count(COUPLING_MEAN, zeta)) / (MASS_MIN * n)
 
 
-def friendlycore_round_event(noise_multiplier: float, check_multiplier: float) -> dp_accounting.DpEvent:
+def friendlycore_round_event(
+    noise_multiplier: float, check_multiplier: float
+) -> dp_accounting.DpEvent:
     """One FriendlyCore round: the Laplace mass check (noise multiplier b = scale / 7) and the
     Gaussian release of the kept mean (z = σ/Δ)."""
-    return dp_accounting.ComposedDpEvent([dp_accounting.LaplaceDpEvent(check_multiplier),
-                                          dp_accounting.GaussianDpEvent(noise_multiplier)])
+    return dp_accounting.ComposedDpEvent(
+        [
+            dp_accounting.LaplaceDpEvent(check_multiplier),
+            dp_accounting.GaussianDpEvent(noise_multiplier),
+        ]
+    )
 
 
 def friendlycore_failure(n: int, check_multiplier: float) -> float:
     """Per-round probability (either dataset) that a release happens with a kept set smaller than
     MASS_MIN n: check passing with P < MASS_FLOOR n, or |S| < MASS_MIN n given P >= MASS_FLOOR n."""
-    false_pass = 0.5 * math.exp(-(MASS_RELEASE - MASS_FLOOR) * n / (MASS_SENSITIVITY * check_multiplier))
+    false_pass = 0.5 * math.exp(
+        -(MASS_RELEASE - MASS_FLOOR) * n / (MASS_SENSITIVITY * check_multiplier)
+    )
     eta = 1 - MASS_MIN / MASS_FLOOR
-    small = math.exp(-eta ** 2 * MASS_FLOOR * n / 2)
+    small = math.exp(-(eta**2) * MASS_FLOOR * n / 2)
     return 2 * (false_pass + small)

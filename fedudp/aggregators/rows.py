@@ -18,6 +18,7 @@ checks that a tiny chunk and one chunk covering everything release the same valu
 
 The sizes here are the ones ``fedudp.aggregators.memory`` counts before a run starts.
 """
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -25,10 +26,10 @@ from typing import Iterator
 import torch
 
 F64 = torch.float64
-WORK_BYTES = 1 << 27          # one float64 working chunk: 128 MiB (rotation, sums, norms)
-OUTER_BYTES = 1 << 30         # the friend counts' outer block of float64 rows: 1 GiB
-DISTANCE_CHUNK = 1024         # rows of the friend counts' inner blocks (and of a distance block)
-ROTATE_COPIES = 4             # float64 arrays of a chunk's size alive while it is rotated
+WORK_BYTES = 1 << 27  # one float64 working chunk: 128 MiB (rotation, sums, norms)
+OUTER_BYTES = 1 << 30  # the friend counts' outer block of float64 rows: 1 GiB
+DISTANCE_CHUNK = 1024  # rows of the friend counts' inner blocks (and of a distance block)
+ROTATE_COPIES = 4  # float64 arrays of a chunk's size alive while it is rotated
 
 
 def chunk_rows(width: int, budget: int | None = None) -> int:
@@ -69,7 +70,7 @@ class CohortRows:
         self._full: torch.Tensor | None = None
         if G.dtype == F64 and self.received == self.n:
             self._full = G
-        elif self.chunk is None and self.n * self.d * 8 <= WORK_BYTES:   # small: once
+        elif self.chunk is None and self.n * self.d * 8 <= WORK_BYTES:  # small: once
             self._full = self._convert(0, self.n)
 
     @property
@@ -91,21 +92,30 @@ class CohortRows:
         B = torch.empty(r, self.d, dtype=F64, device=self.device) if out is None else out[:r]
         k = min(max(self.received - start, 0), r)
         if k:
-            B[:k].copy_(self.G[start:start + k])
+            B[:k].copy_(self.G[start : start + k])
         if k < r:
             B[k:].zero_()
         return B
 
-    def block(self, start: int, stop: int, *, centre: torch.Tensor | None = None,
-              out: torch.Tensor | None = None) -> torch.Tensor:
+    def block(
+        self,
+        start: int,
+        stop: int,
+        *,
+        centre: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Rows ``start..stop-1`` in float64 [stop-start, d] (zero rows past the received ones),
         minus ``centre`` if given. Without ``centre`` it may be a view of the stored rows: read
         it, never write it. ``out``: a float64 buffer of at least that many rows to fill."""
         if self._full is not None and centre is None and out is None:
             return self._full[start:stop]
         if self._full is not None:
-            B = torch.empty(stop - start, self.d, dtype=F64, device=self.device) if out is None \
-                else out[:stop - start]
+            B = (
+                torch.empty(stop - start, self.d, dtype=F64, device=self.device)
+                if out is None
+                else out[: stop - start]
+            )
             B.copy_(self._full[start:stop])
         else:
             B = self._convert(start, stop, out)
@@ -113,15 +123,21 @@ class CohortRows:
             B.sub_(centre)
         return B
 
-    def chunks(self, rows: int | None = None, *, centre: torch.Tensor | None = None
-               ) -> Iterator[tuple[int, torch.Tensor]]:
+    def chunks(
+        self, rows: int | None = None, *, centre: torch.Tensor | None = None
+    ) -> Iterator[tuple[int, torch.Tensor]]:
         """(start, float64 chunk) over all n rows, ``rows`` at a time (``rows_per_chunk()``)."""
         step = rows or self.rows_per_chunk()
         for s in range(0, self.n, step):
             yield s, self.block(s, min(self.n, s + step), centre=centre)
 
-    def take(self, idx: torch.Tensor, *, centre: torch.Tensor | None = None,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+    def take(
+        self,
+        idx: torch.Tensor,
+        *,
+        centre: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The float64 rows at ``idx`` (zero rows for padding), minus ``centre`` if given;
         gathered ``rows_per_chunk()`` at a time (a temporary of that many rows in the rows'
         dtype). ``out``: a float64 buffer of at least ``len(idx)`` rows to fill."""
@@ -132,7 +148,7 @@ class CohortRows:
         have = src.shape[0]
         step = self.rows_per_chunk()
         for s in range(0, m, step):
-            piece, part = idx[s:s + step], B[s:s + step]
+            piece, part = idx[s : s + step], B[s : s + step]
             real = piece < have
             if bool(real.all()):
                 part.copy_(src.index_select(0, piece))
@@ -157,7 +173,7 @@ class CohortRows:
         total = torch.zeros(self.d, dtype=F64, device=self.device)
         step = self.rows_per_chunk()
         for s in range(0, len(idx), step):
-            total += self.take(idx[s:s + step]).sum(0)
+            total += self.take(idx[s : s + step]).sum(0)
         return total
 
     def working_bytes(self, width: int | None = None) -> int:
@@ -165,7 +181,8 @@ class CohortRows:
         return self.rows_per_chunk(width) * (self.d if width is None else width) * 8
 
 
-def as_cohort(G: "torch.Tensor | CohortRows", n: int | None = None, chunk: int | None = None
-              ) -> CohortRows:
+def as_cohort(
+    G: "torch.Tensor | CohortRows", n: int | None = None, chunk: int | None = None
+) -> CohortRows:
     """``G`` as ``CohortRows`` (itself if it already is one)."""
     return G if isinstance(G, CohortRows) else CohortRows(G, n, chunk)

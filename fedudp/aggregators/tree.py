@@ -33,6 +33,7 @@ the tests check the two agree. One event per tree, composed at the tree's first 
 tree's cost is checked against the budget before it starts; its other rounds are
 ``NoOpDpEvent``). The last tree may be shorter (T mod k rounds).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,9 +42,18 @@ import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.aggregators.base import (Aggregate, ClippedSumAggregator, Contribution,
-                                     ParameterError, Sampling, calibrate, check_budget,
-                                     check_positive, check_sampling, register)
+from fedudp.aggregators.base import (
+    Aggregate,
+    ClippedSumAggregator,
+    Contribution,
+    ParameterError,
+    Sampling,
+    calibrate,
+    check_budget,
+    check_positive,
+    check_sampling,
+    register,
+)
 from fedudp.randomness import Purpose, numpy_rng
 
 
@@ -51,9 +61,12 @@ def tree_size(rate: float) -> int:
     """k = 1 / rate, the rounds of one tree (a ``ParameterError`` naming sampling if not whole)."""
     k = round(1.0 / float(rate))
     if k < 1 or abs(k * float(rate) - 1.0) > 1e-9:
-        raise ParameterError("sampling", f"sampling rate {rate:g}: aggregator=dp_ftrl_tree trains "
-                             "each unit once every k rounds, k = 1 / train.sampling_rate, which "
-                             "must be a whole number (e.g. 0.25 for k = 4)")
+        raise ParameterError(
+            "sampling",
+            f"sampling rate {rate:g}: aggregator=dp_ftrl_tree trains "
+            "each unit once every k rounds, k = 1 / train.sampling_rate, which "
+            "must be a whole number (e.g. 0.25 for k = 4)",
+        )
     return k
 
 
@@ -72,8 +85,9 @@ def run_event(noise_multiplier: float, rounds: int, k: int) -> dp_accounting.DpE
     ``SelfComposedDpEvent`` (as the ledger composes them: one event, not one per tree, so 1e6
     trees cost what one does), then the shorter last one."""
     full, rest = divmod(int(rounds), int(k))
-    parts = ([dp_accounting.SelfComposedDpEvent(tree_event(noise_multiplier, k), full)]
-             if full else [])
+    parts = (
+        [dp_accounting.SelfComposedDpEvent(tree_event(noise_multiplier, k), full)] if full else []
+    )
     if rest:
         parts.append(tree_event(noise_multiplier, rest))
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
@@ -87,7 +101,8 @@ class CyclicParticipation:
     def __init__(self, agg: "TreeAggregator", seed: int) -> None:
         self.agg = agg
         self.group = numpy_rng(seed, Purpose.SCHEDULE, 0).integers(
-            0, agg.k, size=agg.sampling.population)
+            0, agg.k, size=agg.sampling.population
+        )
 
     def sample(self, round_: int) -> np.ndarray:
         return self.group == (round_ - 1) % self.agg.k
@@ -121,8 +136,9 @@ class TreeAggregator(ClippedSumAggregator):
     fixed_noise = True
     closed_form_note = "has no closed form for tree aggregation (the accountant calibrates it)"
 
-    def __init__(self, clip: float, noise_multiplier: float, sampling: Sampling, rounds: int
-                 ) -> None:
+    def __init__(
+        self, clip: float, noise_multiplier: float, sampling: Sampling, rounds: int
+    ) -> None:
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
         self.clip = float(clip)
@@ -130,12 +146,13 @@ class TreeAggregator(ClippedSumAggregator):
         self.sampling = sampling
         self.k = tree_size(sampling.rate)
         self.rounds = int(rounds)
-        self._t = 0                                      # rounds done in the current tree
+        self._t = 0  # rounds done in the current tree
         self._stack: list[tuple[int, torch.Tensor]] = []  # (node size, its noise), the tiling
 
     @classmethod
-    def calibrated(cls, *, clip: float, epsilon: float, delta: float, rounds: int,
-                   sampling: Sampling) -> "TreeAggregator":
+    def calibrated(
+        cls, *, clip: float, epsilon: float, delta: float, rounds: int, sampling: Sampling
+    ) -> "TreeAggregator":
         """The smallest per-node noise multiplier z whose trees over ``rounds`` meet (ε, δ)."""
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
@@ -145,8 +162,9 @@ class TreeAggregator(ClippedSumAggregator):
         return cls(clip, z, sampling, rounds)
 
     @classmethod
-    def with_noise_multiplier(cls, noise_multiplier: float, *, clip: float, sampling: Sampling,
-                              rounds: int) -> "TreeAggregator":
+    def with_noise_multiplier(
+        cls, noise_multiplier: float, *, clip: float, sampling: Sampling, rounds: int
+    ) -> "TreeAggregator":
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
@@ -170,10 +188,10 @@ class TreeAggregator(ClippedSumAggregator):
     def noise_increment(self, dim: int, rng: torch.Generator) -> torch.Tensor:
         """Advance the tree by one leaf: the noise of the prefix sum at t minus that at t - 1
         (float64): the node completed at t, less the nodes it replaces in the tiling."""
-        if self._t == self.k:                            # restart: a new tree
+        if self._t == self.k:  # restart: a new tree
             self._t, self._stack = 0, []
         self._t += 1
-        low = self._t & -self._t                         # the node completed at t: 'low' leaves
+        low = self._t & -self._t  # the node completed at t: 'low' leaves
         fresh = self.noise_std * torch.randn(dim, generator=rng, dtype=torch.float64)
         out = fresh.clone()
         while self._stack and self._stack[-1][0] < low:
@@ -185,25 +203,36 @@ class TreeAggregator(ClippedSumAggregator):
         total = c.total
         inc = self.noise_increment(int(total.numel()), rng).reshape(total.shape)
         mean = ((total.to(torch.float64) + inc) / self.sampling.expected_cohort).to(total.dtype)
-        diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count,
-                "tree_round": self._t, "tree_nodes_held": len(self._stack)}
+        diag = {
+            "clipped_fraction": (c.clipped / c.count) if c.count else 0.0,
+            "cohort": c.count,
+            "tree_round": self._t,
+            "tree_nodes_held": len(self._stack),
+        }
         return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)
 
     def ledger_notes(self) -> list[str]:
-        return [f"DP-FTRL tree aggregation (Kairouz et al. 2021): participation is cyclic, not "
-                f"Poisson: each unit is in one public group of k={self.k} (seeded), trained once "
-                f"every k rounds, so at most once per k-round tree; per-node noise multiplier "
-                f"{self.noise_multiplier:.6g} (std {self.noise_std:.6g}), depth "
-                f"{tree_depth(self.k)}; each tree is one Gaussian of multiplier z/sqrt(depth) (the "
-                "same RDP as dp-accounting's SingleEpochTreeAggregationDpEvent), composed at the "
-                "tree's first round; the denominator is the public N/k"]
+        return [
+            f"DP-FTRL tree aggregation (Kairouz et al. 2021): participation is cyclic, not "
+            f"Poisson: each unit is in one public group of k={self.k} (seeded), trained once "
+            f"every k rounds, so at most once per k-round tree; per-node noise multiplier "
+            f"{self.noise_multiplier:.6g} (std {self.noise_std:.6g}), depth "
+            f"{tree_depth(self.k)}; each tree is one Gaussian of multiplier z/sqrt(depth) (the "
+            "same RDP as dp-accounting's SingleEpochTreeAggregationDpEvent), composed at the "
+            "tree's first round; the denominator is the public N/k"
+        ]
 
     def checkpoint_state(self) -> dict:
-        return {"t": self._t, "sizes": [s for s, _ in self._stack],
-                "noises": [v.clone() for _, v in self._stack]}
+        return {
+            "t": self._t,
+            "sizes": [s for s, _ in self._stack],
+            "noises": [v.clone() for _, v in self._stack],
+        }
 
     def restore_checkpoint_state(self, state: dict) -> None:
         if set(state) != {"t", "sizes", "noises"}:
             raise ValueError(f"aggregator={self.name}: unexpected state {sorted(state)}")
         self._t = int(state["t"])
-        self._stack = [(int(s), v.to(torch.float64)) for s, v in zip(state["sizes"], state["noises"])]
+        self._stack = [
+            (int(s), v.to(torch.float64)) for s, v in zip(state["sizes"], state["noises"])
+        ]

@@ -29,6 +29,7 @@ paper's ε' = ε_step / sqrt(8 d log(1/δ_step)) with ε_step = ε / (2 sqrt(2T 
 δ_step = δ/(2T) (advanced composition, [LEVY] Thm 10); the ledger then reports what the accountant
 certifies for those constants.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,19 +38,37 @@ from dataclasses import dataclass
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import (Aggregate, RowsAggregator, Sampling, calibrate, check_budget,
-                                     check_dim, check_fraction, check_positive, check_sampling,
-                                     choice, concentration_radius, register)
+from fedudp.aggregators.base import (
+    Aggregate,
+    RowsAggregator,
+    Sampling,
+    calibrate,
+    check_budget,
+    check_dim,
+    check_fraction,
+    check_positive,
+    check_sampling,
+    choice,
+    concentration_radius,
+    register,
+)
 from fedudp.aggregators.rows import CohortRows, chunks_bytes
-from fedudp.privacy.mechanisms import (RandomRotation, exponential_mechanism, laplace, next_pow2,
-                                      pure_dp_event, rotated_coordinate_radius)
+from fedudp.privacy.mechanisms import (
+    RandomRotation,
+    exponential_mechanism,
+    laplace,
+    next_pow2,
+    pure_dp_event,
+    rotated_coordinate_radius,
+)
 
 
-RANGE_ELEMS = 1 << 22      # segment weights per PrivateRange block (its columns: range_block)
+RANGE_ELEMS = 1 << 22  # segment weights per PrivateRange block (its columns: range_block)
 
 
-def range_bins(X: torch.Tensor, tau: float, bound: float, dtype: torch.dtype = torch.int64
-               ) -> torch.Tensor:
+def range_bins(
+    X: torch.Tensor, tau: float, bound: float, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
     """PrivateRange's bin of each entry of ``X`` (as ``dtype``): l = max(1, ceil(B/τ)) bins of
     width 2τ from -B, values outside [-B, B] in the end bins; computed in float64."""
     nbins = max(1, math.ceil(bound / tau))
@@ -78,8 +97,15 @@ class Binned:
         return (n, k)
 
 
-def private_range(X: "torch.Tensor | Binned", tau: float, bound: float, eps: float, *,
-                  rng: torch.Generator, chunk_elems: int | None = None) -> torch.Tensor:
+def private_range(
+    X: "torch.Tensor | Binned",
+    tau: float,
+    bound: float,
+    eps: float,
+    *,
+    rng: torch.Generator,
+    chunk_elems: int | None = None,
+) -> torch.Tensor:
     """PrivateRange per column of ``X`` [n, k]: the sampled bin centers μ̂ [k] (eps-DP each).
 
     Bins: l = ceil(B/τ) consecutive bins of width 2τ over [-B, B]; X_i is mapped to its bin
@@ -93,10 +119,10 @@ def private_range(X: "torch.Tensor | Binned", tau: float, bound: float, eps: flo
     cols = range_block(n, chunk_elems)
     for c0 in range(0, k, cols):
         if isinstance(X, Binned):
-            b = X.bins_t[c0:c0 + cols].to(torch.int64)
+            b = X.bins_t[c0 : c0 + cols].to(torch.int64)
         else:
-            b = range_bins(X[:, c0:c0 + cols].T.contiguous(), tau, bound)
-        out[c0:c0 + cols] = _range_from_bins(b, tau, bound, eps, rng)
+            b = range_bins(X[:, c0 : c0 + cols].T.contiguous(), tau, bound)
+        out[c0 : c0 + cols] = _range_from_bins(b, tau, bound, eps, rng)
     return out
 
 
@@ -105,19 +131,21 @@ def range_block(n: int, chunk_elems: int | None = None) -> int:
     return max(1, (RANGE_ELEMS if chunk_elems is None else chunk_elems) // (2 * n + 1))
 
 
-def _private_range_rows(Xr: torch.Tensor, tau: float, bound: float, eps: float,
-                        rng: torch.Generator) -> torch.Tensor:
+def _private_range_rows(
+    Xr: torch.Tensor, tau: float, bound: float, eps: float, rng: torch.Generator
+) -> torch.Tensor:
     """PrivateRange for each row of ``Xr`` [k, n] (one independent instance per row)."""
     return _range_from_bins(range_bins(Xr, tau, bound), tau, bound, eps, rng)
 
 
-def _range_from_bins(b: torch.Tensor, tau: float, bound: float, eps: float,
-                     rng: torch.Generator) -> torch.Tensor:
+def _range_from_bins(
+    b: torch.Tensor, tau: float, bound: float, eps: float, rng: torch.Generator
+) -> torch.Tensor:
     """PrivateRange for each row of the bins ``b`` [k, n] (int64; one instance per row)."""
     k, n = b.shape
     dt = torch.float64
     nbins = max(1, math.ceil(bound / tau))
-    s, _ = torch.sort(b, dim=1)                                    # [k, n]
+    s, _ = torch.sort(b, dim=1)  # [k, n]
     # segments per row: n occupied bins (first occurrence only), n-1 gaps, before, after
     left = torch.searchsorted(s, s, right=False)
     right = torch.searchsorted(s, s, right=True)
@@ -125,16 +153,18 @@ def _range_from_bins(b: torch.Tensor, tau: float, bound: float, eps: float,
     first[:, 1:] = s[:, 1:] != s[:, :-1]
     occ_len = first.to(dt)
     occ_cost = torch.maximum(left, n - right).to(dt)
-    gap_len = (s[:, 1:] - s[:, :-1] - 1).clamp(min=0).to(dt)       # [k, n-1]
+    gap_len = (s[:, 1:] - s[:, :-1] - 1).clamp(min=0).to(dt)  # [k, n-1]
     idx = torch.arange(1, n, dtype=dt).unsqueeze(0)
     gap_cost = torch.maximum(idx, n - idx).expand_as(gap_len)
     pre_len, post_len = s[:, :1].to(dt), (nbins - 1 - s[:, -1:]).to(dt)
     lens = torch.cat([occ_len, gap_len, pre_len, post_len], dim=1)  # [k, 2n+1]
-    costs = torch.cat([occ_cost, gap_cost, torch.full_like(pre_len, n),
-                       torch.full_like(post_len, n)], dim=1)
-    logw = torch.where(lens > 0, torch.log(lens.clamp(min=1)) - eps * costs / 2,
-                       torch.full_like(lens, -math.inf))
-    seg = exponential_mechanism(logw, rng=rng).unsqueeze(1)        # [k, 1]
+    costs = torch.cat(
+        [occ_cost, gap_cost, torch.full_like(pre_len, n), torch.full_like(post_len, n)], dim=1
+    )
+    logw = torch.where(
+        lens > 0, torch.log(lens.clamp(min=1)) - eps * costs / 2, torch.full_like(lens, -math.inf)
+    )
+    seg = exponential_mechanism(logw, rng=rng).unsqueeze(1)  # [k, 1]
     starts = torch.cat([s, s[:, :-1] + 1, torch.zeros_like(s[:, :1]), s[:, -1:] + 1], dim=1)
     start = starts.gather(1, seg).squeeze(1)
     length = lens.gather(1, seg).squeeze(1)
@@ -143,21 +173,43 @@ def _range_from_bins(b: torch.Tensor, tau: float, bound: float, eps: float,
     return -bound + (pick.to(dt) + 0.5) * 2 * tau
 
 
-def winsorized_mean_1d(X: torch.Tensor, tau: float, bound: float, eps: float, *,
-                       rng: torch.Generator, halfwidth_factor: float = 2.0,
-                       n_public: int | None = None) -> tuple[torch.Tensor, dict]:
+def winsorized_mean_1d(
+    X: torch.Tensor,
+    tau: float,
+    bound: float,
+    eps: float,
+    *,
+    rng: torch.Generator,
+    halfwidth_factor: float = 2.0,
+    n_public: int | None = None,
+) -> tuple[torch.Tensor, dict]:
     """WinsorizedMean1D per column of ``X`` [n, k] (eps-DP per column, replace-one).
 
     ``n_public`` (default: the rows) is the public n the clipped sum is divided by.
     """
-    return winsorized_mean_rows(CohortRows(X), tau, bound, eps, rng=rng,
-                                halfwidth_factor=halfwidth_factor, n_public=n_public)
+    return winsorized_mean_rows(
+        CohortRows(X),
+        tau,
+        bound,
+        eps,
+        rng=rng,
+        halfwidth_factor=halfwidth_factor,
+        n_public=n_public,
+    )
 
 
-def winsorized_mean_rows(rows: CohortRows, tau: float, bound: float, eps: float, *,
-                         rng: torch.Generator, rotation: RandomRotation | None = None,
-                         halfwidth_factor: float = 2.0, n_public: int | None = None,
-                         chunk_elems: int | None = None) -> tuple[torch.Tensor, dict]:
+def winsorized_mean_rows(
+    rows: CohortRows,
+    tau: float,
+    bound: float,
+    eps: float,
+    *,
+    rng: torch.Generator,
+    rotation: RandomRotation | None = None,
+    halfwidth_factor: float = 2.0,
+    n_public: int | None = None,
+    chunk_elems: int | None = None,
+) -> tuple[torch.Tensor, dict]:
     """WinsorizedMean1D per column of the cohort's rows, rotated by ``rotation`` if given
     (WinsorizedMeanHighD's inner step), in two passes over float64 chunks of rows:
 
@@ -182,11 +234,11 @@ def winsorized_mean_rows(rows: CohortRows, tau: float, bound: float, eps: float,
 
     stored = bin_dtype(tau, bound)
     bins_t = torch.empty(k, n, dtype=stored)
-    total = torch.zeros(k, dtype=torch.float64)          # Σ_i Y_ij, in pass 2's chunk order
+    total = torch.zeros(k, dtype=torch.float64)  # Σ_i Y_ij, in pass 2's chunk order
     low = torch.full((k,), math.inf, dtype=torch.float64)
     high = torch.full((k,), -math.inf, dtype=torch.float64)
     for s, Y in values():
-        bins_t[:, s:s + len(Y)] = range_bins(Y, tau, bound, stored).T
+        bins_t[:, s : s + len(Y)] = range_bins(Y, tau, bound, stored).T
         total += Y.sum(0)
         torch.minimum(low, Y.amin(0), out=low)
         torch.maximum(high, Y.amax(0), out=high)
@@ -205,13 +257,14 @@ def winsorized_mean_rows(rows: CohortRows, tau: float, bound: float, eps: float,
             stat += torch.minimum(torch.maximum(Y, lo), hi).sum(0)
             outside += int(((Y < lo) | (Y > hi)).sum())
     frac = outside / (n * k) if n * k else 0.0
-    scale = 4 * halfwidth_factor * tau / (n_pub * eps)            # (2hτ/n) / (eps/2)
+    scale = 4 * halfwidth_factor * tau / (n_pub * eps)  # (2hτ/n) / (eps/2)
     out = stat / n_pub + laplace((k,), scale, rng=rng)
     return out, {"clipped_fraction": frac, "laplace_scale": scale, "center": mu}
 
 
-def winsorized_sum(X: torch.Tensor, center: torch.Tensor, halfwidth: float
-                   ) -> tuple[torch.Tensor, float]:
+def winsorized_sum(
+    X: torch.Tensor, center: torch.Tensor, halfwidth: float
+) -> tuple[torch.Tensor, float]:
     """The pre-noise statistic: column sums of X clipped to [center ± halfwidth]. Replacing
     one row moves each column by at most 2·halfwidth (the sensitivity the Laplace noise uses)."""
     lo, hi = center - halfwidth, center + halfwidth
@@ -220,8 +273,9 @@ def winsorized_sum(X: torch.Tensor, center: torch.Tensor, halfwidth: float
     return clipped.sum(0), frac
 
 
-def winsorized_bytes(rows: int, dim: int, tau_coord: float, bound: float,
-                     chunk_elems: int | None = None) -> int:
+def winsorized_bytes(
+    rows: int, dim: int, tau_coord: float, bound: float, chunk_elems: int | None = None
+) -> int:
     """Peak bytes of one WinsorizedMeanHighD release beyond the rows: the stored bins, the
     float64 chunks being rotated and one PrivateRange block (a dozen [cols, 2n+1] arrays)."""
     k = next_pow2(dim)
@@ -252,25 +306,45 @@ class WinsorizedAggregator(RowsAggregator):
     calibrations = ("accountant", "closed_form")
     accountant = "dp_accounting.RdpAccountant (ZCDpEvent for the exponential mechanism)"
 
-    def __init__(self, dim: int, tau: float, bound: float, eps_coord: float, sampling: Sampling,
-                 gamma: float = 0.1, halfwidth_factor: float = 2.0,
-                 min_users_required: int | None = None) -> None:
+    def __init__(
+        self,
+        dim: int,
+        tau: float,
+        bound: float,
+        eps_coord: float,
+        sampling: Sampling,
+        gamma: float = 0.1,
+        halfwidth_factor: float = 2.0,
+        min_users_required: int | None = None,
+    ) -> None:
         if sampling.rate < 1.0:
-            raise ValueError("aggregator=winsorized is replace-one with a public n: it needs "
-                             "train.sampling_rate=1 (no amplification claimed)")
+            raise ValueError(
+                "aggregator=winsorized is replace-one with a public n: it needs "
+                "train.sampling_rate=1 (no amplification claimed)"
+            )
         self.dim, self.dp = int(dim), next_pow2(int(dim))
         self.tau, self.bound, self.eps_coord = float(tau), float(bound), float(eps_coord)
         self.sampling, self.gamma, self.h = sampling, float(gamma), float(halfwidth_factor)
         n = sampling.population
         self.tau_coord = rotated_coordinate_radius(self.tau, self.dp, n, gamma)
         self.min_users_required = min_users_required
-        self.noise_multiplier = 2.0 / self.eps_coord      # Laplace scale / sensitivity
+        self.noise_multiplier = 2.0 / self.eps_coord  # Laplace scale / sensitivity
 
     @classmethod
-    def calibrated(cls, *, dim: int, epsilon: float, delta: float, rounds: int,
-                   sampling: Sampling, bound: float, tau: float | None = None,
-                   records_per_unit: int | None = None, beta: float = 0.1,
-                   calibration: str = "accountant") -> "WinsorizedAggregator":
+    def calibrated(
+        cls,
+        *,
+        dim: int,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        sampling: Sampling,
+        bound: float,
+        tau: float | None = None,
+        records_per_unit: int | None = None,
+        beta: float = 0.1,
+        calibration: str = "accountant",
+    ) -> "WinsorizedAggregator":
         """WinsorizedMeanHighD on ``dim``-vectors of l2 norm <= ``bound`` for ``rounds`` releases
         over all ``sampling.population`` units (rate 1) meeting (ε, δ).
 
@@ -298,18 +372,32 @@ class WinsorizedAggregator(RowsAggregator):
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        rows = CohortRows(G, n, self.chunk_rows)      # missing units: zero rows (never stored)
+        rows = CohortRows(G, n, self.chunk_rows)  # missing units: zero rows (never stored)
         rot = RandomRotation(self.dim, rng=rng)
         # per rotated coordinate |Y_j| <= ||X||_2 <= B (the l2 bound), docs/algorithms.md#winsorized-mean;
         # the rotated rows exist one float64 chunk at a time (two passes: range, clipped sum)
-        est, diag = winsorized_mean_rows(rows, self.tau_coord, self.bound, self.eps_coord, rng=rng,
-                                         rotation=rot, halfwidth_factor=self.h, n_public=n)
+        est, diag = winsorized_mean_rows(
+            rows,
+            self.tau_coord,
+            self.bound,
+            self.eps_coord,
+            rng=rng,
+            rotation=rot,
+            halfwidth_factor=self.h,
+            n_public=n,
+        )
         mean = rot.invert(est).to(G.dtype)
-        info = {"clipped_fraction": diag["clipped_fraction"], "cohort": int(G.shape[0]),
-                "tau_coord": self.tau_coord, "eps_coord": self.eps_coord}
+        info = {
+            "clipped_fraction": diag["clipped_fraction"],
+            "cohort": int(G.shape[0]),
+            "tau_coord": self.tau_coord,
+            "eps_coord": self.eps_coord,
+        }
         if self.min_users_required is not None:
-            info.update(min_users_met=n >= self.min_users_required,
-                        min_users_required=self.min_users_required)
+            info.update(
+                min_users_met=n >= self.min_users_required,
+                min_users_required=self.min_users_required,
+            )
         return Aggregate(mean=mean, users_used=int(G.shape[0]), diagnostics=info)
 
     def dp_event(self) -> dp_accounting.DpEvent:
@@ -322,9 +410,14 @@ class WinsorizedAggregator(RowsAggregator):
 def winsorized_round_event(eps_coord: float, coords: int) -> dp_accounting.DpEvent:
     """One WinsorizedMeanHighD call: per coordinate an ε'/2 exponential mechanism and an
     ε'/2 Laplace mechanism (noise multiplier 2/ε'), over ``coords`` coordinates."""
-    return dp_accounting.ComposedDpEvent([
-        dp_accounting.SelfComposedDpEvent(pure_dp_event(eps_coord / 2), coords),
-        dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(2.0 / eps_coord), coords)])
+    return dp_accounting.ComposedDpEvent(
+        [
+            dp_accounting.SelfComposedDpEvent(pure_dp_event(eps_coord / 2), coords),
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.LaplaceDpEvent(2.0 / eps_coord), coords
+            ),
+        ]
+    )
 
 
 def closed_form_eps_coord(eps: float, delta: float, rounds: int, dim: int) -> float:

@@ -27,8 +27,16 @@ import numpy as np
 
 from fedudp.aggregators.base import Aggregator, ParameterError, Sampling
 
-__all__ = ["AlgorithmParams", "Context", "Requirements", "Setup", "NAMES", "requirements",
-           "check", "setup"]
+__all__ = [
+    "AlgorithmParams",
+    "Context",
+    "Requirements",
+    "Setup",
+    "NAMES",
+    "requirements",
+    "check",
+    "setup",
+]
 
 NAMES = ("levy_alg4", "asi_alg3", "asi_alg4", "huang_alg1", "huang_alg2")
 
@@ -38,11 +46,11 @@ class Requirements:
     """What an algorithm needs from the rest of the run (checked by the config builder)."""
 
     methods: tuple[str, ...]
-    aggregator: str                      # the registered estimator its steps release with
+    aggregator: str  # the registered estimator its steps release with
     engines: tuple[str, ...] = ("local",)
     shared_update: str = "gradient"
     units: tuple[str, ...] = ("user", "record")
-    equal_owners: bool = False           # every owner holds the same number of users
+    equal_owners: bool = False  # every owner holds the same number of users
 
 
 @dataclass(frozen=True)
@@ -64,15 +72,20 @@ class AlgorithmParams:
 
     def check(self) -> None:
         """Ranges of every option (``ParameterError`` naming it)."""
+
         def need(ok: bool, name: str, rule: str) -> None:
             if not ok:
                 raise ParameterError(name, f"{name} must be {rule}, got {getattr(self, name)}")
+
         need(self.step_size is None or self.step_size > 0, "step_size", "null or > 0")
         need(self.radius > 0, "radius", "> 0")
         need(self.lipschitz is None or self.lipschitz > 0, "lipschitz", "null or > 0")
         need(self.sigma is None or self.sigma > 0, "sigma", "null or > 0")
-        need(self.smoothing_radius is None or self.smoothing_radius >= 0, "smoothing_radius",
-             "null or >= 0")
+        need(
+            self.smoothing_radius is None or self.smoothing_radius >= 0,
+            "smoothing_radius",
+            "null or >= 0",
+        )
         need(self.phases is None or self.phases >= 1, "phases", "null or >= 1")
         need(self.lam is None or self.lam >= 0, "lam", "null or >= 0")
         need(self.strong_convexity > 0, "strong_convexity", "> 0")
@@ -91,19 +104,19 @@ class Context:
     params: AlgorithmParams
     epsilon: float
     delta: float
-    paper: bool                          # privacy.accounting=paper
+    paper: bool  # privacy.accounting=paper
     rounds: int
     seed: int
-    owner_users: np.ndarray              # users of each owner (public)
+    owner_users: np.ndarray  # users of each owner (public)
     records_per_user: int
-    dim: int                             # shared dimension
+    dim: int  # shared dimension
     clip: float
     bound: float
     tau: float | None
     beta: float
     estimator: Callable[..., Aggregator]
     method: str = "joint_dp"
-    personal_dim: int = 0                # personal parameters of one owner
+    personal_dim: int = 0  # personal parameters of one owner
 
     @property
     def n_users(self) -> int:
@@ -121,18 +134,24 @@ class Context:
 
 @dataclass
 class Setup:
-    aggregator: Aggregator             # the billboard's (the first phase's where there are several)
-    plan: object                       # fedudp.algorithms.schedule.AlgorithmPlan
-    sampling: Sampling                 # the billboard's units and rate
+    aggregator: Aggregator  # the billboard's (the first phase's where there are several)
+    plan: object  # fedudp.algorithms.schedule.AlgorithmPlan
+    sampling: Sampling  # the billboard's units and rate
     summary: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    owner_hooks: object = None         # fedudp.core.owner.OwnerHooks, or None
+    owner_hooks: object = None  # fedudp.core.owner.OwnerHooks, or None
 
 
 def _module(name: str):
     from fedudp.algorithms import asi_alg3, asi_alg4, huang_alg1, huang_alg2, levy_alg4
-    mods = {"levy_alg4": levy_alg4, "asi_alg3": asi_alg3, "asi_alg4": asi_alg4,
-            "huang_alg1": huang_alg1, "huang_alg2": huang_alg2}
+
+    mods = {
+        "levy_alg4": levy_alg4,
+        "asi_alg3": asi_alg3,
+        "asi_alg4": asi_alg4,
+        "huang_alg1": huang_alg1,
+        "huang_alg2": huang_alg2,
+    }
     if name not in mods:
         raise ValueError(f"no training algorithm {name!r} (available: {sorted(mods)})")
     return mods[name]
@@ -172,4 +191,5 @@ def split_rounds(total: int, parts: int, key: str = "rounds") -> list[int]:
 
 def public_permutation(seed: int, n: int) -> np.ndarray:
     from fedudp.randomness import Purpose, numpy_rng
+
     return numpy_rng(seed, Purpose.SCHEDULE, 0).permutation(n)

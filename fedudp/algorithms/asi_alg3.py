@@ -18,6 +18,7 @@ The paper runs Algorithm 2 at δ/(2Tmnd) (for its utility proof); here Algorithm
 at the run's (ε, δ) by the accountant (``privacy.accounting=certified``) or with its σ² read as
 written (``paper``), the same estimator every other run uses.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,19 +34,25 @@ SEED = "003_60e5b11bfa501c93.txt (Asi & Liu), Algorithm 3, Theorem 4.1"
 REQUIRES = Requirements(methods=("full_dp", "joint_dp"), aggregator="outlier_removal")
 
 
-def paper_parameters(n: int, m: int, d: int, eps: float, delta: float, G: float, R: float,
-                     T: int) -> dict:
+def paper_parameters(
+    n: int, m: int, d: int, eps: float, delta: float, G: float, R: float, T: int
+) -> dict:
     """Theorem 4.1's r, η, τ for T steps, and the paper's T."""
     logs = math.log(m * n * d / delta) ** 2
-    eta = (R / G) * min(math.sqrt(m) * n * eps / (T * math.sqrt(d * logs)), T ** -0.75,
-                        math.sqrt(n * m) / T)
-    return {"smoothing_radius": d ** 0.25 * R / math.sqrt(T), "step_size": eta,
-            "tau": G * (math.log(n * d * m * T / delta) + eps) / math.sqrt(m),
-            "paper_T": m ** 2 * n ** 2 + m * n * math.sqrt(d)}
+    eta = (R / G) * min(
+        math.sqrt(m) * n * eps / (T * math.sqrt(d * logs)), T**-0.75, math.sqrt(n * m) / T
+    )
+    return {
+        "smoothing_radius": d**0.25 * R / math.sqrt(T),
+        "step_size": eta,
+        "tau": G * (math.log(n * d * m * T / delta) + eps) / math.sqrt(m),
+        "paper_T": m**2 * n**2 + m * n * math.sqrt(d),
+    }
 
 
-def phase(ctx: Context, n: int, R: float, T: int, units=None, centre: str = "zero",
-          reg: float = 0.0) -> tuple[Phase, dict]:
+def phase(
+    ctx: Context, n: int, R: float, T: int, units=None, centre: str = "zero", reg: float = 0.0
+) -> tuple[Phase, dict]:
     """One run of Algorithm 3 on ``n`` users (``units``) for ``T`` steps from the phase's start,
     inside the ball of radius R around ``centre``."""
     a = ctx.params
@@ -54,16 +61,27 @@ def phase(ctx: Context, n: int, R: float, T: int, units=None, centre: str = "zer
     tau = ctx.tau if ctx.tau is not None else p["tau"]
     agg = ctx.estimator("outlier_removal", Sampling(1.0, n), T, tau=tau)
     eta = a.step_size or p["step_size"]
-    info = {"users": n, "rounds": T, "tau": tau, "tau_paper": p["tau"], "step_size": eta,
-            "step_size_paper": p["step_size"], "paper_T": p["paper_T"], "R": R,
-            "noise_multiplier": agg.noise_multiplier, "sensitivity": agg.sensitivity,
-            "min_users_required": agg.min_users_required}
+    info = {
+        "users": n,
+        "rounds": T,
+        "tau": tau,
+        "tau_paper": p["tau"],
+        "step_size": eta,
+        "step_size_paper": p["step_size"],
+        "paper_T": p["paper_T"],
+        "R": R,
+        "noise_multiplier": agg.noise_multiplier,
+        "sensitivity": agg.sensitivity,
+        "min_users_required": agg.min_users_required,
+    }
     return Phase(T, agg, eta, units=units, reg=reg, radius=R, ball_centre=centre), info
 
 
 def smoothing(ctx: Context, R: float, T: int) -> float:
     a = ctx.params
-    return a.smoothing_radius if a.smoothing_radius is not None else ctx.dim ** 0.25 * R / math.sqrt(T)
+    return (
+        a.smoothing_radius if a.smoothing_radius is not None else ctx.dim**0.25 * R / math.sqrt(T)
+    )
 
 
 def setup(ctx: Context) -> Setup:
@@ -73,11 +91,19 @@ def setup(ctx: Context) -> Setup:
     averaged = True if a.averaged is None else a.averaged
     plan = AlgorithmPlan([ph], n, averaged)
     r = smoothing(ctx, R, T)
-    summary = {"seed": SEED, "configured_T": T, "smoothing_radius": r,
-               "smoothing_radius_paper": ctx.dim ** 0.25 * R / math.sqrt(T), **info,
-               "theorem_conditions": {"0<eps<10": 0 < ctx.epsilon < 10}}
-    notes = ["asi_alg3: ONE AboveThreshold instance (budget ε/2, the one-off block) across all "
-             "T queries; an AboveThreshold halt ends the run and returns θ_0",
-             "randomized-smoothing perturbations are public randomness (seeded per round and user)"]
-    return Setup(ph.aggregator, plan, Sampling(1.0, n), summary, notes,
-                 owner_hooks=Smoothing(r, ctx.seed))
+    summary = {
+        "seed": SEED,
+        "configured_T": T,
+        "smoothing_radius": r,
+        "smoothing_radius_paper": ctx.dim**0.25 * R / math.sqrt(T),
+        **info,
+        "theorem_conditions": {"0<eps<10": 0 < ctx.epsilon < 10},
+    }
+    notes = [
+        "asi_alg3: ONE AboveThreshold instance (budget ε/2, the one-off block) across all "
+        "T queries; an AboveThreshold halt ends the run and returns θ_0",
+        "randomized-smoothing perturbations are public randomness (seeded per round and user)",
+    ]
+    return Setup(
+        ph.aggregator, plan, Sampling(1.0, n), summary, notes, owner_hooks=Smoothing(r, ctx.seed)
+    )

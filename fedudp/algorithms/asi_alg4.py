@@ -18,6 +18,7 @@ disjoint users, so they compose in PARALLEL (a ``Parallel`` event, one part per 
 ``train.rounds`` is split evenly over the phases (the paper's T_i = m²n_i² + m n_i sqrt(d) is
 recorded per phase).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,15 +40,21 @@ def phase_sizes(n: int, m: int, phases: int | None = None) -> list[int]:
     return [n // 2 ** (k + 1 - i) for i in range(1, k + 1)]
 
 
-def radii(sizes: list[int], n: int, m: int, d: int, eps: float, delta: float, G: float,
-          mu: float) -> list[float]:
+def radii(
+    sizes: list[int], n: int, m: int, d: int, eps: float, delta: float, G: float, mu: float
+) -> list[float]:
     """R̂_1 = 2G/μ, R̂_i = sqrt(2 D_{i-1}/μ) (App. B.4 with C = 1)."""
+
     def E(ni: float) -> float:
-        return (4 * G ** 2 / mu) * (1 / (ni * m) + d * math.log(ni * d * m / delta) ** 2
-                                    / (ni ** 2 * eps ** 2 * m))
+        return (4 * G**2 / mu) * (
+            1 / (ni * m) + d * math.log(ni * d * m / delta) ** 2 / (ni**2 * eps**2 * m)
+        )
+
     k = len(sizes)
     e0 = E(max(n / 2 ** (k + 1), 1.0))
-    D = [16 * E(ni) * (2 * G ** 2 / (mu * 16 * e0)) ** (1 / 2 ** (i + 1)) for i, ni in enumerate(sizes)]
+    D = [
+        16 * E(ni) * (2 * G**2 / (mu * 16 * e0)) ** (1 / 2 ** (i + 1)) for i, ni in enumerate(sizes)
+    ]
     return [2 * G / mu] + [math.sqrt(2 * D[i - 1] / mu) for i in range(1, k)]
 
 
@@ -62,8 +69,15 @@ def setup(ctx: Context) -> Setup:
     perm = public_permutation(ctx.seed, n)
     phases, info, start = [], [], 0
     for i, (ni, Ti, Ri) in enumerate(zip(sizes, rounds, Rs)):
-        ph, inf = phase(ctx, ni, Ri, Ti, units=perm[start:start + ni],
-                        centre="zero" if i == 0 else "start", reg=mu)
+        ph, inf = phase(
+            ctx,
+            ni,
+            Ri,
+            Ti,
+            units=perm[start : start + ni],
+            centre="zero" if i == 0 else "start",
+            reg=mu,
+        )
         start += ni
         phases.append(ph)
         info.append({"phase": i + 1, **inf})
@@ -71,16 +85,33 @@ def setup(ctx: Context) -> Setup:
     plan = AlgorithmPlan(phases, n, averaged)
     # one smoothing radius for the run (the owners' hook); Thm 4.1's r for the first phase
     r = smoothing(ctx, Rs[0], rounds[0])
-    summary = {"seed": SEED, "phases": len(sizes), "phase_users": sizes, "mu": mu, "G": G,
-               "smoothing_radius": r, "configured_T": ctx.rounds,
-               "paper_T": sum(p["paper_T"] for p in info), "phase_detail": info,
-               "theorem_conditions": {"n>log(mdn)log(mdn/delta)/eps":
-                                      n > math.log(m * d * n) * math.log(m * d * n / ctx.delta)
-                                      / ctx.epsilon},
-               "users_unused": n - start}
-    notes = [f"asi_alg4: {len(sizes)} phases on disjoint users ({sizes} of n={n}), each a run of "
-             "Alg. 3 with its own AboveThreshold: composed in PARALLEL (one Parallel part per "
-             "phase; the run's epsilon is the worst phase's)",
-             "the regulariser gradient μθ is public: added by the billboard, post-processing"]
-    return Setup(phases[0].aggregator, plan, Sampling(1.0, n), summary, notes,
-                 owner_hooks=Smoothing(r, ctx.seed))
+    summary = {
+        "seed": SEED,
+        "phases": len(sizes),
+        "phase_users": sizes,
+        "mu": mu,
+        "G": G,
+        "smoothing_radius": r,
+        "configured_T": ctx.rounds,
+        "paper_T": sum(p["paper_T"] for p in info),
+        "phase_detail": info,
+        "theorem_conditions": {
+            "n>log(mdn)log(mdn/delta)/eps": n
+            > math.log(m * d * n) * math.log(m * d * n / ctx.delta) / ctx.epsilon
+        },
+        "users_unused": n - start,
+    }
+    notes = [
+        f"asi_alg4: {len(sizes)} phases on disjoint users ({sizes} of n={n}), each a run of "
+        "Alg. 3 with its own AboveThreshold: composed in PARALLEL (one Parallel part per "
+        "phase; the run's epsilon is the worst phase's)",
+        "the regulariser gradient μθ is public: added by the billboard, post-processing",
+    ]
+    return Setup(
+        phases[0].aggregator,
+        plan,
+        Sampling(1.0, n),
+        summary,
+        notes,
+        owner_hooks=Smoothing(r, ctx.seed),
+    )

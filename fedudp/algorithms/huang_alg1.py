@@ -37,6 +37,7 @@ the public personal copy (docs/algorithms.md#certified-vs-paper-accounting); pap
 Personal update order: x_j moves before u's gradient is taken in the same round (the round
 loop's order), a one-step lag against the paper's simultaneous update, only in paper mode.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,17 +57,25 @@ REQUIRES = Requirements(methods=("joint_dp", "full_dp"), aggregator="gaussian")
 
 
 def check(ctx: Context) -> None:
-    need(ctx.records_per_user == 1, "records_per_user",
-         "algorithm.name=huang_alg1 samples one record per step: it needs one record per user "
-         "(user level via group privacy: privacy.epsilon = ε r/m)")
-    need(not ctx.params.noise_personal or ctx.method == "joint_dp", "noise_personal",
-         "the full-DP baseline noises the personal blocks of method=joint_dp (method=full_dp "
-         f"has none), got method={ctx.method}")
+    need(
+        ctx.records_per_user == 1,
+        "records_per_user",
+        "algorithm.name=huang_alg1 samples one record per step: it needs one record per user "
+        "(user level via group privacy: privacy.epsilon = ε r/m)",
+    )
+    need(
+        not ctx.params.noise_personal or ctx.method == "joint_dp",
+        "noise_personal",
+        "the full-DP baseline noises the personal blocks of method=joint_dp (method=full_dp "
+        f"has none), got method={ctx.method}",
+    )
 
 
-def paper_step_size(R: float, L: float, T: int, N: int, ell: int, eps: float, delta: float) -> float:
+def paper_step_size(
+    R: float, L: float, T: int, N: int, ell: int, eps: float, delta: float
+) -> float:
     """η = R / (L T sqrt(1/N + ℓ log(1/δ)/(ε² N²))), N = mn records."""
-    return R / (L * T * math.sqrt(1 / N + ell * math.log(1 / delta) / (eps ** 2 * N ** 2)))
+    return R / (L * T * math.sqrt(1 / N + ell * math.log(1 / delta) / (eps**2 * N**2)))
 
 
 def paper_sigma(L: float, T: int, N: int, eps: float, delta: float) -> float:
@@ -76,7 +85,7 @@ def paper_sigma(L: float, T: int, N: int, eps: float, delta: float) -> float:
 
 def setup(ctx: Context) -> Setup:
     a = ctx.params
-    N, T, ell = ctx.n_users, ctx.rounds, ctx.dim     # one record per user: N = mn
+    N, T, ell = ctx.n_users, ctx.rounds, ctx.dim  # one record per user: N = mn
     L = a.lipschitz or ctx.clip
     eps, delta = ctx.epsilon, ctx.delta
     q = 1.0 / N
@@ -92,11 +101,11 @@ def setup(ctx: Context) -> Setup:
     seed = ctx.seed
 
     def sampler(round_: int) -> np.ndarray:
-        if paper:                              # one record, uniformly, with replacement
+        if paper:  # one record, uniformly, with replacement
             mask = np.zeros(N, dtype=bool)
             mask[numpy_rng(seed, Purpose.SCHEDULE, round_).integers(N)] = True
             return mask
-        return numpy_rng(seed, Purpose.SAMPLE, round_).random(N) < q     # Poisson at 1/(mn)
+        return numpy_rng(seed, Purpose.SAMPLE, round_).random(N) < q  # Poisson at 1/(mn)
 
     averaged = True if a.averaged is None else a.averaged
     plan = AlgorithmPlan([Phase(T, agg, eta, radius=a.radius)], N, averaged, sampler=sampler)
@@ -104,28 +113,50 @@ def setup(ctx: Context) -> Setup:
     sigma_mean = agg.noise_std / sampling.expected_cohort
     hooks = PersonalStep(eta, plan.cohort, seed, sigma_mean if a.noise_personal else None)
     sigma = agg.noise_std
-    summary = {"seed": SEED, "configured_T": T, "paper_T": N ** 2, "records": N, "rate": q,
-               "step_size": eta, "step_size_paper": paper_step_size(a.radius, L, T, N, noised, eps, delta),
-               "L": L, "R": a.radius, "sigma": sigma, "sigma_paper_formula": paper_sigma(L, T, N, eps, delta),
-               "noise_multiplier": agg.noise_multiplier, "shared_dim": ell,
-               "personal_dim_total": nk, "noise_personal": bool(a.noise_personal),
-               "personal_noise_std": sigma_mean if a.noise_personal else None,
-               "noised_dim": noised,
-               "sampling": "with replacement (one record per step)" if paper else "Poisson at 1/(mn)",
-               "theorem_conditions": {"mn>=10": N >= 10, "0<eps<=10": 0 < eps <= 10}}
-    notes = [(f"huang_alg1 full-DP baseline (algorithm.noise_personal=true): noise N(0, σ²), "
-              f"σ = {sigma_mean:.6g} (the shared step's per-coordinate std), on the shared "
-              f"coordinates AND on every owner's personal block every step ({nk} personal "
-              "coordinates, noised inside the owner component; they never leave their owner); "
-              "the privacy accounting is unchanged: epsilon/delta are those of the shared "
-              "release (the joint-DP guarantee), the personal noise is extra and not accounted"
-              + (f"; step size {eta:.6g} (algorithm.step_size)" if a.step_size else
-                 f"; step size from the paper's formula at the noised dimension nk + ℓ = {noised}"))
-             if a.noise_personal else
-             "huang_alg1: one record per step; noise N(0, σ²) on the SHARED coordinates only, the "
-             "personal blocks move without noise and never leave their owner",
-             ("paper mode: one record sampled with replacement per step, accounted as Poisson "
-              "sampling at 1/(mn) (an approximation; dp-accounting has no with-replacement event): "
-              "guarantee heuristic") if paper else
-             "certified: records Poisson-sampled at q = 1/(mn) exactly as accounted"]
+    summary = {
+        "seed": SEED,
+        "configured_T": T,
+        "paper_T": N**2,
+        "records": N,
+        "rate": q,
+        "step_size": eta,
+        "step_size_paper": paper_step_size(a.radius, L, T, N, noised, eps, delta),
+        "L": L,
+        "R": a.radius,
+        "sigma": sigma,
+        "sigma_paper_formula": paper_sigma(L, T, N, eps, delta),
+        "noise_multiplier": agg.noise_multiplier,
+        "shared_dim": ell,
+        "personal_dim_total": nk,
+        "noise_personal": bool(a.noise_personal),
+        "personal_noise_std": sigma_mean if a.noise_personal else None,
+        "noised_dim": noised,
+        "sampling": "with replacement (one record per step)" if paper else "Poisson at 1/(mn)",
+        "theorem_conditions": {"mn>=10": N >= 10, "0<eps<=10": 0 < eps <= 10},
+    }
+    notes = [
+        (
+            f"huang_alg1 full-DP baseline (algorithm.noise_personal=true): noise N(0, σ²), "
+            f"σ = {sigma_mean:.6g} (the shared step's per-coordinate std), on the shared "
+            f"coordinates AND on every owner's personal block every step ({nk} personal "
+            "coordinates, noised inside the owner component; they never leave their owner); "
+            "the privacy accounting is unchanged: epsilon/delta are those of the shared "
+            "release (the joint-DP guarantee), the personal noise is extra and not accounted"
+            + (
+                f"; step size {eta:.6g} (algorithm.step_size)"
+                if a.step_size
+                else f"; step size from the paper's formula at the noised dimension nk + ℓ = {noised}"
+            )
+        )
+        if a.noise_personal
+        else "huang_alg1: one record per step; noise N(0, σ²) on the SHARED coordinates only, the "
+        "personal blocks move without noise and never leave their owner",
+        (
+            "paper mode: one record sampled with replacement per step, accounted as Poisson "
+            "sampling at 1/(mn) (an approximation; dp-accounting has no with-replacement event): "
+            "guarantee heuristic"
+        )
+        if paper
+        else "certified: records Poisson-sampled at q = 1/(mn) exactly as accounted",
+    ]
     return Setup(agg, plan, sampling, summary, notes, owner_hooks=hooks)

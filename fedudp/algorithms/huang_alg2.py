@@ -26,6 +26,7 @@ Owner sampling (``privacy.accounting``):
 T = n²/log(1/δ) is recorded beside ``train.rounds``. Every owner must hold the same number r of
 users (public n of the estimator).
 """
+
 from __future__ import annotations
 
 import math
@@ -45,13 +46,18 @@ from fedudp.randomness import Purpose, numpy_rng
 SEED = "001_40594ba3d5609f29.txt (Huang et al.), Algorithm 2, Theorem B.1, Lemma B.4"
 
 
-REQUIRES = Requirements(methods=("joint_dp", "full_dp"), aggregator="winsorized",
-                        equal_owners=True)
+REQUIRES = Requirements(methods=("joint_dp", "full_dp"), aggregator="winsorized", equal_owners=True)
 
 
 def lemma_b4_tau(L: float, r: int, m: int, ell: int, R: float, H: float, gamma: float) -> float:
-    return L * math.sqrt(r / m) * (math.sqrt(math.log(1 / gamma))
-                                   + math.sqrt(ell * math.log(max(R * H * m / (ell * L), math.e))))
+    return (
+        L
+        * math.sqrt(r / m)
+        * (
+            math.sqrt(math.log(1 / gamma))
+            + math.sqrt(ell * math.log(max(R * H * m / (ell * L), math.e)))
+        )
+    )
 
 
 def setup(ctx: Context) -> Setup:
@@ -61,33 +67,36 @@ def setup(ctx: Context) -> Setup:
     L = a.lipschitz or ctx.bound
     eps, delta = ctx.epsilon, ctx.delta
     paper = ctx.paper
-    tau = ctx.tau if ctx.tau is not None else \
-        lemma_b4_tau(L, r, m_owner, ell, a.radius, a.smoothness, ctx.beta)
+    tau = (
+        ctx.tau
+        if ctx.tau is not None
+        else lemma_b4_tau(L, r, m_owner, ell, a.radius, a.smoothness, ctx.beta)
+    )
     offs = np.concatenate([[0], np.cumsum(ctx.owner_users)])
     seed, U = ctx.seed, ctx.n_users
 
     def owners_of(round_: int) -> np.ndarray:
-        if paper:                      # Poisson at 1/n
+        if paper:  # Poisson at 1/n
             return np.flatnonzero(numpy_rng(seed, Purpose.SAMPLE, round_).random(n) < 1.0 / n)
         return np.array([numpy_rng(seed, Purpose.SCHEDULE, round_).integers(n)])
 
     def sampler(round_: int) -> np.ndarray:
         mask = np.zeros(U, dtype=bool)
         for j in owners_of(round_):
-            mask[offs[j]:offs[j + 1]] = True
+            mask[offs[j] : offs[j + 1]] = True
         return mask
 
     if paper:
         eps_call = math.log1p(n * math.expm1(eps / T))
         delta_call = min(n * delta / (2 * T), 0.5)
         coords = next_pow2(ell)
-        z = calibrate_noise_multiplier(lambda z: winsorized_round_event(1.0 / z, coords),
-                                       eps_call, delta_call, 1)
-        agg = WinsorizedAggregator(ell, tau, ctx.bound, 1.0 / z, Sampling(1.0, r),
-                                   gamma=ctx.beta)
+        z = calibrate_noise_multiplier(
+            lambda z: winsorized_round_event(1.0 / z, coords), eps_call, delta_call, 1
+        )
+        agg = WinsorizedAggregator(ell, tau, ctx.bound, 1.0 / z, Sampling(1.0, r), gamma=ctx.beta)
         agg.guarantee = "heuristic"
         block = ApproxDp(math.log1p(math.expm1(eps_call) / n), delta_call / n)
-        event_fn = (lambda round_: block)
+        event_fn = lambda round_: block
         K = None
     else:
         counts = np.bincount([int(owners_of(t)[0]) for t in range(1, T + 1)], minlength=n)
@@ -101,22 +110,44 @@ def setup(ctx: Context) -> Setup:
 
     eta = a.step_size or a.radius / (L * math.sqrt(T))
     averaged = True if a.averaged is None else a.averaged
-    plan = AlgorithmPlan([Phase(T, agg, eta, radius=a.radius)], U, averaged, sampler=sampler,
-                         event_fn=event_fn)
-    summary = {"seed": SEED, "configured_T": T, "paper_T": n ** 2 / math.log(1 / delta),
-               "owners": n, "users_per_owner": r, "tau": tau, "step_size": eta,
-               "eps_coord": agg.eps_coord, "max_steps_per_owner": K,
-               "owner_sampling": "Poisson at 1/n (amplified, heuristic)" if paper
-               else "one owner per step, uniform; parallel composition over owners",
-               "min_users_required": agg.min_users_required,
-               "theorem_conditions": {"r>=min_users": r >= (agg.min_users_required or 0)}}
-    notes = ["huang_alg2: WinsorizedMeanHighD over the sampled owner's r users, on the SHARED "
-             "coordinates only; personal blocks move without noise",
-             ("paper mode: owners Poisson-sampled at 1/n, each step's release amplified by the "
-              "paper's owner-subsampling claim and composed by basic composition: heuristic")
-             if paper else
-             ("certified: one owner per step; each round's release composed in the sampled "
-              "owner's part of a Parallel event (parallel composition over owners, no "
-              "amplification claimed)")]
-    return Setup(agg, plan, Sampling(1.0, U), summary, notes,
-                 owner_hooks=PersonalStep(eta, plan.cohort, seed))
+    plan = AlgorithmPlan(
+        [Phase(T, agg, eta, radius=a.radius)], U, averaged, sampler=sampler, event_fn=event_fn
+    )
+    summary = {
+        "seed": SEED,
+        "configured_T": T,
+        "paper_T": n**2 / math.log(1 / delta),
+        "owners": n,
+        "users_per_owner": r,
+        "tau": tau,
+        "step_size": eta,
+        "eps_coord": agg.eps_coord,
+        "max_steps_per_owner": K,
+        "owner_sampling": "Poisson at 1/n (amplified, heuristic)"
+        if paper
+        else "one owner per step, uniform; parallel composition over owners",
+        "min_users_required": agg.min_users_required,
+        "theorem_conditions": {"r>=min_users": r >= (agg.min_users_required or 0)},
+    }
+    notes = [
+        "huang_alg2: WinsorizedMeanHighD over the sampled owner's r users, on the SHARED "
+        "coordinates only; personal blocks move without noise",
+        (
+            "paper mode: owners Poisson-sampled at 1/n, each step's release amplified by the "
+            "paper's owner-subsampling claim and composed by basic composition: heuristic"
+        )
+        if paper
+        else (
+            "certified: one owner per step; each round's release composed in the sampled "
+            "owner's part of a Parallel event (parallel composition over owners, no "
+            "amplification claimed)"
+        ),
+    ]
+    return Setup(
+        agg,
+        plan,
+        Sampling(1.0, U),
+        summary,
+        notes,
+        owner_hooks=PersonalStep(eta, plan.cohort, seed),
+    )

@@ -17,6 +17,7 @@ parallel (a ``Parallel`` event, one part per phase). Theorem 4 needs ε <= 1, δ
 Corollary 2's T_t = (H/λ_t) log(n_t² m (G/G̃²) λ_t R ε² / d) steps per phase; ``train.rounds``
 (split evenly over the phases) replaces it, both recorded in summary.json.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,12 +32,11 @@ SEED = "004_07414daf854bd785.txt (Levy et al.), Algorithm 4, Theorem 4"
 REQUIRES = Requirements(methods=("full_dp", "joint_dp"), aggregator="winsorized")
 
 
-def paper_parameters(n: int, m: int, d: int, eps: float, G: float, sigma: float, R: float
-                     ) -> dict:
+def paper_parameters(n: int, m: int, d: int, eps: float, G: float, sigma: float, R: float) -> dict:
     """P and λ of Algorithm 4 (at least one phase)."""
     g_low = min(G, sigma * math.sqrt(d))
     P = max(1, math.ceil(math.log2(G * n * math.sqrt(m) * eps / (sigma * d))))
-    lam = math.sqrt(G * g_low / (n * m) + sigma ** 2 * d ** 2 / (n ** 2 * m * eps ** 2)) / R
+    lam = math.sqrt(G * g_low / (n * m) + sigma**2 * d**2 / (n**2 * m * eps**2)) / R
     return {"phases": P, "lam": lam, "g_low": g_low}
 
 
@@ -53,11 +53,12 @@ def default_phases(paper_phases: int, n: int, rounds: int) -> int:
     return max(1, min(paper_phases, n.bit_length() - 1, rounds))
 
 
-def corollary2_rounds(n_t: int, m: int, d: int, eps: float, G: float, sigma: float, R: float,
-                      H: float, mu: float) -> int:
+def corollary2_rounds(
+    n_t: int, m: int, d: int, eps: float, G: float, sigma: float, R: float, H: float, mu: float
+) -> int:
     """Corollary 2's T = (H/μ) log(n² m (G/G̃²) μ R ε² / d), G̃ = σ sqrt(d) (at least 1)."""
     g_tilde = sigma * math.sqrt(d)
-    arg = n_t ** 2 * m * (G / g_tilde ** 2) * mu * R * eps ** 2 / d
+    arg = n_t**2 * m * (G / g_tilde**2) * mu * R * eps**2 / d
     return max(1, math.ceil(H / mu * math.log(max(arg, math.e))))
 
 
@@ -70,42 +71,66 @@ def setup(ctx: Context) -> Setup:
     paper = paper_parameters(n, m, d, eps, G, sigma, R)
     P = a.phases or default_phases(paper["phases"], n, ctx.rounds)
     lam = a.lam if a.lam is not None else paper["lam"]
-    need(n // 2 ** P >= 1, "phases", f"{P} phases halve n={n} users below one user")
+    need(n // 2**P >= 1, "phases", f"{P} phases halve n={n} users below one user")
     rounds = split_rounds(ctx.rounds, P)
     perm = public_permutation(ctx.seed, n)
     phases, info, start = [], [], 0
     for t in range(1, P + 1):
-        n_t = n // 2 ** t
-        lam_t = 4 ** t * lam
-        users = perm[start:start + n_t]
+        n_t = n // 2**t
+        lam_t = 4**t * lam
+        users = perm[start : start + n_t]
         start += n_t
         agg = ctx.estimator("winsorized", Sampling(1.0, n_t), rounds[t - 1])
         eta = a.step_size or 1.0 / (a.smoothness + lam_t)
-        phases.append(Phase(rounds[t - 1], agg, eta, units=users, reg=lam_t, reg_centre="start",
-                            radius=R))
-        info.append({"phase": t, "users": n_t, "lambda": lam_t, "step_size": eta,
-                     "rounds": rounds[t - 1], "eps_coord": agg.eps_coord, "tau": agg.tau,
-                     "paper_rounds": corollary2_rounds(n_t, m, d, eps, G, sigma, R, a.smoothness, lam_t),
-                     "min_users_required": agg.min_users_required})
+        phases.append(
+            Phase(rounds[t - 1], agg, eta, units=users, reg=lam_t, reg_centre="start", radius=R)
+        )
+        info.append(
+            {
+                "phase": t,
+                "users": n_t,
+                "lambda": lam_t,
+                "step_size": eta,
+                "rounds": rounds[t - 1],
+                "eps_coord": agg.eps_coord,
+                "tau": agg.tau,
+                "paper_rounds": corollary2_rounds(n_t, m, d, eps, G, sigma, R, a.smoothness, lam_t),
+                "min_users_required": agg.min_users_required,
+            }
+        )
     averaged = True if a.averaged is None else a.averaged
     plan = AlgorithmPlan(phases, n, averaged)
-    conditions = {"eps<=1": eps <= 1, "delta<=1/n^2": delta <= 1 / n ** 2}
-    summary = {"seed": SEED, "phases": P, "phases_paper": paper["phases"], "lambda": lam,
-               "lambda_paper": paper["lam"], "G": G, "sigma": sigma, "R": R,
-               "configured_T": ctx.rounds,
-               "paper_T": sum(p["paper_rounds"] for p in info), "phase_detail": info,
-               "theorem_conditions": conditions, "users_unused": n - start}
-    notes = [f"levy_alg4: {P} phases on disjoint users ({[p['users'] for p in info]} of n={n}), "
-             "each (ε, δ) on its own users: composed in PARALLEL (one Parallel part per phase; "
-             "the run's epsilon is the worst phase's)",
-             "the regulariser λ_t (θ - θ̂_{t-1}) is public (θ̂_{t-1} is the previous phase's DP "
-             "output): added by the billboard, post-processing"]
+    conditions = {"eps<=1": eps <= 1, "delta<=1/n^2": delta <= 1 / n**2}
+    summary = {
+        "seed": SEED,
+        "phases": P,
+        "phases_paper": paper["phases"],
+        "lambda": lam,
+        "lambda_paper": paper["lam"],
+        "G": G,
+        "sigma": sigma,
+        "R": R,
+        "configured_T": ctx.rounds,
+        "paper_T": sum(p["paper_rounds"] for p in info),
+        "phase_detail": info,
+        "theorem_conditions": conditions,
+        "users_unused": n - start,
+    }
+    notes = [
+        f"levy_alg4: {P} phases on disjoint users ({[p['users'] for p in info]} of n={n}), "
+        "each (ε, δ) on its own users: composed in PARALLEL (one Parallel part per phase; "
+        "the run's epsilon is the worst phase's)",
+        "the regulariser λ_t (θ - θ̂_{t-1}) is public (θ̂_{t-1} is the previous phase's DP "
+        "output): added by the billboard, post-processing",
+    ]
     if not a.phases and P < paper["phases"]:
         Pp = paper["phases"]
-        why = [f"leave phase {Pp} with n/2^P = {n / 2 ** Pp:.3g} users"] if n // 2 ** Pp < 1 else []
+        why = [f"leave phase {Pp} with n/2^P = {n / 2**Pp:.3g} users"] if n // 2**Pp < 1 else []
         if Pp > ctx.rounds:
             why.append(f"need {Pp} rounds, more than train.rounds={ctx.rounds}")
-        notes.append(f"levy_alg4: the paper's P = {Pp} phases would {' and '.join(why)}: capped at "
-                     f"P = {P}, the largest with at least one user and one round per phase "
-                     "(algorithm.phases sets P)")
+        notes.append(
+            f"levy_alg4: the paper's P = {Pp} phases would {' and '.join(why)}: capped at "
+            f"P = {P}, the largest with at least one user and one round per phase "
+            "(algorithm.phases sets P)"
+        )
     return Setup(phases[0].aggregator, plan, Sampling(1.0, n), summary, notes)

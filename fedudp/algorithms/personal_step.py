@@ -12,6 +12,7 @@ randomness at (seed, PERSONAL_NOISE, round, global owner id), for every owner, s
 the std is the per-coordinate std of the shared step's released mean ("same σ"). The accounting
 is the shared release's: this noise is extra.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -27,8 +28,13 @@ from fedudp.randomness import Purpose, numpy_rng
 class PersonalStep(OwnerHooks):
     """``cohort(round_)``: the round's sampled unit ids (the plan's public sample)."""
 
-    def __init__(self, step: float, cohort: Callable[[int], np.ndarray], seed: int,
-                 noise_std: float | None = None) -> None:
+    def __init__(
+        self,
+        step: float,
+        cohort: Callable[[int], np.ndarray],
+        seed: int,
+        noise_std: float | None = None,
+    ) -> None:
         self.step, self.cohort, self.seed = float(step), cohort, int(seed)
         self.noise_std = noise_std
 
@@ -52,25 +58,40 @@ class PersonalStep(OwnerHooks):
         std, names = float(self.noise_std), owners.spec.personal
         shapes = [tuple(owners.public_personal[k].shape) for k in names]
         sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
-        draws = np.stack([numpy_rng(self.seed, Purpose.PERSONAL_NOISE, round_, int(j))
-                          .standard_normal(sum(sizes)) for j in fed.owner_ids])
+        draws = np.stack(
+            [
+                numpy_rng(self.seed, Purpose.PERSONAL_NOISE, round_, int(j)).standard_normal(
+                    sum(sizes)
+                )
+                for j in fed.owner_ids
+            ]
+        )
         out, i = {}, 0
         for k, s, n in zip(names, shapes, sizes):
-            out[k] = std * torch.from_numpy(draws[:, i:i + n]).reshape(len(fed.owner_ids), *s)
+            out[k] = std * torch.from_numpy(draws[:, i : i + n]).reshape(len(fed.owner_ids), *s)
             i += n
         return out
 
     def _gradient_step(self, owners, fed, shared, personal, units: np.ndarray, new) -> None:
         """x_j -= η (owner j's sampled records' mean personal gradient), in ``new``."""
         who = fed.user_owner[units]
-        grads = local_sgd.mean_gradients(owners.model, local_sgd.select(personal, who), {},
-                                         dict(shared), fed.x, fed.y, user_units(fed, units))
+        grads = local_sgd.mean_gradients(
+            owners.model,
+            local_sgd.select(personal, who),
+            {},
+            dict(shared),
+            fed.x,
+            fed.y,
+            user_units(fed, units),
+        )
         sizes = torch.from_numpy(np.diff(fed.user_offsets)[units].astype(np.float64))
         uniq, row = np.unique(who, return_inverse=True)
         idx = torch.from_numpy(row)
         weight = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, idx, sizes)
         for k, g in grads.items():
             flat = g.to(torch.float64).reshape(len(units), -1) * sizes.unsqueeze(1)
-            tot = torch.zeros(len(uniq), flat.shape[1], dtype=torch.float64).index_add_(0, idx, flat)
+            tot = torch.zeros(len(uniq), flat.shape[1], dtype=torch.float64).index_add_(
+                0, idx, flat
+            )
             step = (tot / weight.unsqueeze(1)).reshape(len(uniq), *g.shape[1:]).to(new[k].dtype)
             new[k][torch.from_numpy(uniq)] -= self.step * step

@@ -17,6 +17,7 @@ ball. The plan
 
 Everything here is post-processing of the DP releases and public randomness.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,17 +37,22 @@ class Phase:
     rounds: int
     aggregator: Aggregator
     step_size: float
-    units: np.ndarray | None = None          # fixed cohort (billboard unit ids); None: ``sampler``
-    reg: float = 0.0                          # λ of the public regulariser (λ/2)||u - centre||²
-    reg_centre: str = "zero"                  # "zero" or "start" (this phase's starting point)
-    radius: float | None = None               # projection ball radius (None: no projection)
-    ball_centre: str = "zero"                 # "zero" or "start"
+    units: np.ndarray | None = None  # fixed cohort (billboard unit ids); None: ``sampler``
+    reg: float = 0.0  # λ of the public regulariser (λ/2)||u - centre||²
+    reg_centre: str = "zero"  # "zero" or "start" (this phase's starting point)
+    radius: float | None = None  # projection ball radius (None: no projection)
+    ball_centre: str = "zero"  # "zero" or "start"
 
 
 class AlgorithmPlan(Plan):
-    def __init__(self, phases: list[Phase], population: int, averaged: bool,
-                 sampler: Callable[[int], np.ndarray] | None = None,
-                 event_fn: Callable[[int], object] | None = None) -> None:
+    def __init__(
+        self,
+        phases: list[Phase],
+        population: int,
+        averaged: bool,
+        sampler: Callable[[int], np.ndarray] | None = None,
+        event_fn: Callable[[int], object] | None = None,
+    ) -> None:
         if not phases:
             raise ValueError("an algorithm needs at least one phase")
         self.phases, self.population, self.averaged = phases, int(population), bool(averaged)
@@ -66,16 +72,20 @@ class AlgorithmPlan(Plan):
         """What continuing exactly needs: the phase's start and the running sum of its iterates
         (the averaged iterate), the halt flag, and each phase estimator's own state (an
         AboveThreshold's noisy threshold, queries and RNG). Cohorts and noise are keyed by round."""
-        return {"start_u": None if self.start_u is None else self.start_u.clone(),
-                "sum_u": None if self.sum_u is None else self.sum_u.clone(),
-                "halted": bool(self.halted),
-                "phases": [ph.aggregator.checkpoint_state() for ph in self.phases]}
+        return {
+            "start_u": None if self.start_u is None else self.start_u.clone(),
+            "sum_u": None if self.sum_u is None else self.sum_u.clone(),
+            "halted": bool(self.halted),
+            "phases": [ph.aggregator.checkpoint_state() for ph in self.phases],
+        }
 
     def restore_checkpoint_state(self, state: dict) -> None:
         if len(state["phases"]) != len(self.phases):
             from fedudp.core.checkpoint import CheckpointError
-            raise CheckpointError(f"the plan has {len(self.phases)} phases, the checkpoint "
-                                  f"{len(state['phases'])}")
+
+            raise CheckpointError(
+                f"the plan has {len(self.phases)} phases, the checkpoint {len(state['phases'])}"
+            )
         self.start_u = None if state["start_u"] is None else state["start_u"].clone()
         self.sum_u = None if state["sum_u"] is None else state["sum_u"].clone()
         self.halted = bool(state["halted"])
@@ -111,8 +121,12 @@ class AlgorithmPlan(Plan):
         if len(self.phases) == 1:
             return None
         p = self.phase_of(round_)
-        return Parallel(tuple(ph.aggregator.dp_event() if i == p else dp_accounting.NoOpDpEvent()
-                              for i, ph in enumerate(self.phases)))
+        return Parallel(
+            tuple(
+                ph.aggregator.dp_event() if i == p else dp_accounting.NoOpDpEvent()
+                for i, ph in enumerate(self.phases)
+            )
+        )
 
     def one_off(self):
         if len(self.phases) == 1 and self.event_fn is None:
@@ -120,7 +134,7 @@ class AlgorithmPlan(Plan):
         offs = [ph.aggregator.one_off_event() for ph in self.phases]
         if all(o is None for o in offs):
             return None
-        if self.event_fn is not None:        # one estimator, one block (parts compose it each)
+        if self.event_fn is not None:  # one estimator, one block (parts compose it each)
             return offs[0]
         return Parallel(tuple(o if o is not None else ApproxDp(0.0, 0.0) for o in offs))
 
@@ -134,22 +148,26 @@ class AlgorithmPlan(Plan):
         if first or self.start_u is None:
             self.start_u = u.clone()
             self.sum_u = torch.zeros_like(u, dtype=torch.float64)
-        if mean is None:                       # AboveThreshold halted: the phase's start (θ_0)
+        if mean is None:  # AboveThreshold halted: the phase's start (θ_0)
             self.halted = True
             return self.start_u.clone()
         u64 = u.to(torch.float64)
-        self.sum_u += u64                      # the iterate this round's gradients were taken at
+        self.sum_u += u64  # the iterate this round's gradients were taken at
         g = mean.to(torch.float64)
         if ph.reg:
             centre = self.start_u.to(torch.float64) if ph.reg_centre == "start" else 0.0
             g = g + ph.reg * (u64 - centre)
         new = u64 - ph.step_size * g
         if ph.radius is not None:
-            c = self.start_u.to(torch.float64) if ph.ball_centre == "start" else torch.zeros_like(new)
+            c = (
+                self.start_u.to(torch.float64)
+                if ph.ball_centre == "start"
+                else torch.zeros_like(new)
+            )
             dist = float(torch.linalg.vector_norm(new - c))
             if dist > ph.radius:
                 new = c + (new - c) * (ph.radius / dist)
-        if round_ == int(self.ends[p]):        # the phase's output starts the next phase
+        if round_ == int(self.ends[p]):  # the phase's output starts the next phase
             if self.averaged:
                 new = self.sum_u / ph.rounds
         return new.to(u.dtype)

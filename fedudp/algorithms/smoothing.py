@@ -7,6 +7,7 @@ each user's shared vector is its smoothed mean gradient instead of the plain one
 perturbations are public randomness keyed by (seed, round, the user's stable id), so they are
 the same on every engine and do not depend on any other user's data.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +23,9 @@ def uniform_ball(rng: np.random.Generator, k: int, d: int, radius: float) -> np.
     (docs/algorithms.md#uniform-point-in-a-ball), float64."""
     g = rng.standard_normal((k, d))
     u = rng.random((k, 1))
-    return radius * u ** (1.0 / d) * g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
+    return (
+        radius * u ** (1.0 / d) * g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
+    )
 
 
 class Smoothing(OwnerHooks):
@@ -31,8 +34,17 @@ class Smoothing(OwnerHooks):
     def __init__(self, radius: float, seed: int) -> None:
         self.radius, self.seed = float(radius), int(seed)
 
-    def user_gradients(self, owners, fed, shared, fr_unit, fr_common, sub: local_sgd.Units,
-                       user_ids: np.ndarray, round_: int) -> torch.Tensor | None:
+    def user_gradients(
+        self,
+        owners,
+        fed,
+        shared,
+        fr_unit,
+        fr_common,
+        sub: local_sgd.Units,
+        user_ids: np.ndarray,
+        round_: int,
+    ) -> torch.Tensor | None:
         """[len(sub), d_shared]: each user's mean over its records z_j of grad l(u + y_j; z_j),
         y_j ~ Unif(B(0, r)) per record (float64)."""
         if self.radius <= 0:
@@ -41,20 +53,29 @@ class Smoothing(OwnerHooks):
         sizes = sub.sizes.astype(np.int64)
         rec = np.concatenate([np.arange(s, s + k) for s, k in zip(sub.starts, sizes)])
         of = np.repeat(np.arange(len(sub)), sizes)
-        Y = torch.cat([torch.from_numpy(uniform_ball(numpy_rng(self.seed, Purpose.SMOOTHING,
-                                                               round_, int(uid)), int(k), d, r))
-                       for uid, k in zip(user_ids, sizes)])
+        Y = torch.cat(
+            [
+                torch.from_numpy(
+                    uniform_ball(
+                        numpy_rng(self.seed, Purpose.SMOOTHING, round_, int(uid)), int(k), d, r
+                    )
+                )
+                for uid, k in zip(user_ids, sizes)
+            ]
+        )
         base = local_sgd.flatten(local_sgd.expand(shared, len(rec)), names)
         flat = (base.to(torch.float64) + Y).to(base.dtype)
         trainable, i = {}, 0
         for k in names:
             n = shared[k].numel()
-            trainable[k] = flat[:, i:i + n].reshape(len(rec), *shared[k].shape)
+            trainable[k] = flat[:, i : i + n].reshape(len(rec), *shared[k].shape)
             i += n
         ones = np.ones(len(rec), dtype=np.int64)
         units = local_sgd.Units(rec, ones, np.zeros_like(ones), rec, ones)
         fr = local_sgd.select(fr_unit, of) if fr_unit else {}
-        G = local_sgd.flatten(local_sgd.mean_gradients(owners.model, trainable, fr, fr_common,
-                                                       fed.x, fed.y, units), names)
+        G = local_sgd.flatten(
+            local_sgd.mean_gradients(owners.model, trainable, fr, fr_common, fed.x, fed.y, units),
+            names,
+        )
         out = torch.zeros(len(sub), d, dtype=G.dtype).index_add_(0, torch.from_numpy(of), G)
         return out / torch.from_numpy(np.maximum(sizes, 1)).to(G.dtype).unsqueeze(1)

@@ -7,6 +7,7 @@ runs the aggregator on the cohort, composes the event into the ledger, takes a s
 shared parameters and broadcasts them. Only this broadcast leaves the server, so every
 owner's personal parameters are joint-DP with respect to the other owners' data.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,21 +49,36 @@ class Billboard:
     OS entropy). ``min_owners`` / ``min_users``: the fail-closed minimum of a round in which
     owners failed (``withhold``)."""
 
-    def __init__(self, shared: Mapping[str, torch.Tensor], aggregator: Aggregator,
-                 sampling: Sampling, ledger: Ledger, accountant=None, *, seed: int,
-                 step: ServerStep = ServerStep(1.0), target_epsilon: float | None = None,
-                 delta: float | None = None, plan: Plan | None = None,
-                 canaries=None, randomness: Randomness | None = None, min_owners: int = 1,
-                 min_users: int = 1) -> None:
+    def __init__(
+        self,
+        shared: Mapping[str, torch.Tensor],
+        aggregator: Aggregator,
+        sampling: Sampling,
+        ledger: Ledger,
+        accountant=None,
+        *,
+        seed: int,
+        step: ServerStep = ServerStep(1.0),
+        target_epsilon: float | None = None,
+        delta: float | None = None,
+        plan: Plan | None = None,
+        canaries=None,
+        randomness: Randomness | None = None,
+        min_owners: int = 1,
+        min_users: int = 1,
+    ) -> None:
         if aggregator.private and accountant is None:
-            raise ValueError(f"aggregator={aggregator.name} is private: the billboard needs an "
-                             "accountant (fedudp.privacy.accountant.accountant_for)")
+            raise ValueError(
+                f"aggregator={aggregator.name} is private: the billboard needs an "
+                "accountant (fedudp.privacy.accountant.accountant_for)"
+            )
         self.names = tuple(shared)
-        self.plan = plan                   # a training algorithm's hooks (fedudp.core.plan)
+        self.plan = plan  # a training algorithm's hooks (fedudp.core.plan)
         self.next_round = 1
         self.shapes = {k: tuple(shared[k].shape) for k in self.names}
-        self.u = (torch.cat([shared[k].reshape(-1) for k in self.names]) if self.names
-                  else torch.zeros(0))
+        self.u = (
+            torch.cat([shared[k].reshape(-1) for k in self.names]) if self.names else torch.zeros(0)
+        )
         # audit.canaries (fedudp.core.canaries): K canary units whose updates join each release;
         # the estimate reads the final u against the initial one
         self.canaries = canaries
@@ -71,10 +87,10 @@ class Billboard:
         self.seed, self.step = seed, step
         self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
         self.min_owners, self.min_users = int(min_owners), int(min_users)
-        self.withheld: list[int] = []      # the rounds that released nothing (fail closed)
+        self.withheld: list[int] = []  # the rounds that released nothing (fail closed)
         ledger.randomness = self.randomness.ledger_name
         self.target_epsilon, self.delta = target_epsilon, delta
-        self.diverged = False              # the last step would have made u non-finite
+        self.diverged = False  # the last step would have made u non-finite
         self.event = self.first_event(aggregator, plan) if aggregator.private else None
         self.accountant = accountant if aggregator.private else None
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
@@ -102,7 +118,7 @@ class Billboard:
         out, i = {}, 0
         for k in self.names:
             n = math.prod(self.shapes[k])
-            out[k] = self.u[i:i + n].reshape(self.shapes[k]).clone()
+            out[k] = self.u[i : i + n].reshape(self.shapes[k]).clone()
             i += n
         return out
 
@@ -122,8 +138,9 @@ class Billboard:
     def noise_generator(self, round_: int) -> torch.Generator:
         return self.randomness.torch_generator(Purpose.NOISE, round_)
 
-    def withhold(self, round_: int, answered_owners: int, answered_units: int,
-                 failed_owners: int) -> str | None:
+    def withhold(
+        self, round_: int, answered_owners: int, answered_units: int, failed_owners: int
+    ) -> str | None:
         """Fail closed: why round ``round_`` must release nothing (None: release). Only a round
         in which owners failed is withheld, when fewer than ``min_owners`` owners answered or
         the owners that answered were sent fewer than ``min_users`` sampled units; a round
@@ -137,9 +154,11 @@ class Billboard:
             return None
         self.next_round = round_ + 1
         self.withheld.append(int(round_))
-        return (f"{failed_owners} owner(s) failed; {answered_owners} answered with "
-                f"{answered_units} sampled unit(s) (train.min_owners={self.min_owners}, "
-                f"train.min_users={self.min_users}): nothing released, no epsilon spent")
+        return (
+            f"{failed_owners} owner(s) failed; {answered_owners} answered with "
+            f"{answered_units} sampled unit(s) (train.min_owners={self.min_owners}, "
+            f"train.min_users={self.min_users}): nothing released, no epsilon spent"
+        )
 
     def epsilon_after_round(self) -> float | None:
         """Epsilon if this round's release were composed now (None for non-private runs)."""
@@ -162,16 +181,23 @@ class Billboard:
         asked), release, compose the event into the ledger and step the shared parameters.
         A halted estimator (AboveThreshold said stop) still released its answer: composed,
         but the shared parameters do not move."""
-        aggregator = (self.plan.aggregator(round_) if self.plan is not None else None) or self.aggregator
+        aggregator = (
+            self.plan.aggregator(round_) if self.plan is not None else None
+        ) or self.aggregator
         event = self.round_event(round_)
-        c = Contribution.merge([r.contribution for r in replies], self.dim, self.u.dtype,
-                               aggregator.needs_per_user_vectors)
+        c = Contribution.merge(
+            [r.contribution for r in replies],
+            self.dim,
+            self.u.dtype,
+            aggregator.needs_per_user_vectors,
+        )
         inserted = 0
         if self.canaries is not None:
-            c, inserted = self.canaries.add(c, round_, aggregator.constraint.clip,
-                                            aggregator.needs_per_user_vectors)
+            c, inserted = self.canaries.add(
+                c, round_, aggregator.constraint.clip, aggregator.needs_per_user_vectors
+            )
         agg = aggregator.release(c, rng=self.noise_generator(round_))
-        if inserted:              # the run's counts are its real users'; canaries said apart
+        if inserted:  # the run's counts are its real users'; canaries said apart
             agg.users_used -= inserted
             agg.diagnostics["canaries"] = inserted
         eps = eps_rdp = None
@@ -179,19 +205,31 @@ class Billboard:
             self.accountant.compose(event)
             eps = self.accountant.epsilon(self.delta)
             eps_rdp = self.accountant.epsilon_rdp(self.delta)
-        self.ledger.entries.append(LedgerEntry(round_, str(event), aggregator.noise_multiplier,
-                                               aggregator.noise_std, self.sampling.rate, eps, eps_rdp))
+        self.ledger.entries.append(
+            LedgerEntry(
+                round_,
+                str(event),
+                aggregator.noise_multiplier,
+                aggregator.noise_std,
+                self.sampling.rate,
+                eps,
+                eps_rdp,
+            )
+        )
         self.next_round = round_ + 1
-        stepped = (self.plan.step(self.u, None if agg.halted else agg.mean.to(self.u.dtype), round_)
-                   if self.plan is not None else None)
-        if stepped is not None:            # the plan's step (it also handles a halt)
+        stepped = (
+            self.plan.step(self.u, None if agg.halted else agg.mean.to(self.u.dtype), round_)
+            if self.plan is not None
+            else None
+        )
+        if stepped is not None:  # the plan's step (it also handles a halt)
             self.diverged = not bool(torch.isfinite(stepped).all())
             if not self.diverged:
                 self.u = stepped
         elif not agg.halted:
             u = self.step(self.u, agg.mean.to(self.u.dtype))
             self.diverged = not bool(torch.isfinite(u).all())
-            if not self.diverged:          # keep the last finite state
+            if not self.diverged:  # keep the last finite state
                 self.u = u
         return agg
 
@@ -209,11 +247,14 @@ class Billboard:
         plan = getattr(self, "plan", None)
         if plan is not None and not hasattr(plan, "checkpoint_state"):
             raise CheckpointError(f"{type(plan).__name__} keeps no checkpointable state")
-        return {"u": self.u.clone(), "diverged": bool(self.diverged),
-                "withheld": list(getattr(self, "withheld", [])),
-                "entries": [plain(asdict(e)) for e in self.ledger.entries],
-                "aggregator": self.aggregator.checkpoint_state(),
-                "plan": plan.checkpoint_state() if plan is not None else None}
+        return {
+            "u": self.u.clone(),
+            "diverged": bool(self.diverged),
+            "withheld": list(getattr(self, "withheld", [])),
+            "entries": [plain(asdict(e)) for e in self.ledger.entries],
+            "aggregator": self.aggregator.checkpoint_state(),
+            "plan": plan.checkpoint_state() if plan is not None else None,
+        }
 
     def _event_of(self, round_: int):
         """The event round ``round_`` released (a plan's, where an algorithm has one)."""
@@ -227,32 +268,39 @@ class Billboard:
         equal the last entry's bit for bit, or the checkpoint is refused."""
         u = state["u"]
         if tuple(u.shape) != tuple(self.u.shape) or u.dtype != self.u.dtype:
-            raise CheckpointError(f"shared parameters of shape {tuple(u.shape)} {u.dtype}, "
-                                  f"this run has {tuple(self.u.shape)} {self.u.dtype}")
+            raise CheckpointError(
+                f"shared parameters of shape {tuple(u.shape)} {u.dtype}, "
+                f"this run has {tuple(self.u.shape)} {self.u.dtype}"
+            )
         if self.ledger.entries:
             raise RuntimeError("restore() needs a fresh billboard")
         entries = [LedgerEntry(**e) for e in state["entries"]]
         # every round up to the checkpoint either released (an entry) or was withheld
         withheld = [int(r) for r in state.get("withheld", [])]
         rounds = [e.round for e in entries]
-        if (rounds != sorted(rounds) or sorted(rounds + withheld)
-                != list(range(1, len(entries) + len(withheld) + 1))):
-            raise CheckpointError("its ledger entries and withheld rounds are not rounds 1, 2, "
-                                  "... in order")
+        if rounds != sorted(rounds) or sorted(rounds + withheld) != list(
+            range(1, len(entries) + len(withheld) + 1)
+        ):
+            raise CheckpointError(
+                "its ledger entries and withheld rounds are not rounds 1, 2, ... in order"
+            )
         if self.accountant is not None:
             for e in entries:
                 event = self._event_of(e.round)
                 if e.event != str(event):
-                    raise CheckpointError(f"round {e.round} released {e.event}, this "
-                                          f"configuration releases {event}")
+                    raise CheckpointError(
+                        f"round {e.round} released {e.event}, this configuration releases {event}"
+                    )
                 self.accountant.compose(event)
             if entries and self.accountant.epsilon(self.delta) != entries[-1].epsilon:
-                raise CheckpointError(f"recomposed epsilon {self.accountant.epsilon(self.delta)!r} "
-                                      f"differs from the ledger's {entries[-1].epsilon!r}")
+                raise CheckpointError(
+                    f"recomposed epsilon {self.accountant.epsilon(self.delta)!r} "
+                    f"differs from the ledger's {entries[-1].epsilon!r}"
+                )
         self.u = u.clone()
         self.diverged = bool(state["diverged"])
         self.ledger.entries[:] = entries
-        if hasattr(self, "next_round"):       # withheld rounds leave gaps between entries
+        if hasattr(self, "next_round"):  # withheld rounds leave gaps between entries
             self.next_round = len(entries) + len(withheld) + 1
             self.withheld = withheld
         self.aggregator.restore_checkpoint_state(state["aggregator"])

@@ -23,6 +23,7 @@ estimate is for an adversary who sees only the final model. For a correct mechan
 expected at or below the ledger's ε, which bounds every iterate. It is an estimate, not a bound,
 and is reported as such (``canary_epsilon_estimate``).
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,9 @@ class Canaries:
         draw = numpy_rng(self.seed, Purpose.CANARY_SAMPLE, round_).random(self.count)
         return np.flatnonzero(draw < self.rate)
 
-    def add(self, c: Contribution, round_: int, clip: float, rows: bool
-            ) -> tuple[Contribution, int]:
+    def add(
+        self, c: Contribution, round_: int, clip: float, rows: bool
+    ) -> tuple[Contribution, int]:
         """``c`` with this round's sampled canaries' updates ``clip · c_k`` added, and how many."""
         ks = self.sampled(round_)
         if not len(ks):
@@ -67,8 +69,9 @@ class Canaries:
         V = torch.from_numpy(np.stack([clip * self.direction(int(k)) for k in ks]))
         if rows:
             base = c.rows if c.rows is not None else torch.zeros(0, self.dim)
-            return Contribution(torch.cat([base, V.to(base.dtype)]), None, c.count + len(ks),
-                                c.clipped), len(ks)
+            return Contribution(
+                torch.cat([base, V.to(base.dtype)]), None, c.count + len(ks), c.clipped
+            ), len(ks)
         total = c.total + V.sum(0).to(c.total.dtype)
         weight = None if c.weight is None else c.weight + len(ks)
         return Contribution(None, total, c.count + len(ks), c.clipped, weight), len(ks)
@@ -85,18 +88,24 @@ class Canaries:
         """The one-run estimate at ``delta`` from the final update Δ (module doc): the summary's
         ``canary_epsilon_estimate``, with ``canaries`` (K) beside it."""
         rng = np.random.default_rng(self.seed if seed is None else seed)
-        return {"canaries": self.count,
-                "canary_epsilon_estimate": andrew_estimate(self.cosines(delta_u), self.dim,
-                                                           delta, rng)}
+        return {
+            "canaries": self.count,
+            "canary_epsilon_estimate": andrew_estimate(self.cosines(delta_u), self.dim, delta, rng),
+        }
 
 
 ESTIMATOR = "Andrew et al. 2024 one-shot, final model (null N(0,1/d))"
 KIND = "estimate, not a bound"
 
 
-def andrew_estimate(cos: np.ndarray, dim: int, delta: float,
-                    rng: np.random.Generator | None = None, bootstrap: int = BOOTSTRAP,
-                    level: float = LEVEL) -> dict:
+def andrew_estimate(
+    cos: np.ndarray,
+    dim: int,
+    delta: float,
+    rng: np.random.Generator | None = None,
+    bootstrap: int = BOOTSTRAP,
+    level: float = LEVEL,
+) -> dict:
     """Andrew et al.'s one-shot estimate from the inserted canaries' cosines with the final
     model delta: μ̂, σ̂ of the cosines (σ̂ with ddof=1), the null N(0, 1/d) of a never-inserted
     direction, ε̂ = :func:`two_gaussian_epsilon` of the null against N(μ̂, σ̂²) at ``delta``.
@@ -112,12 +121,24 @@ def andrew_estimate(cos: np.ndarray, dim: int, delta: float,
         raise ValueError(f"need the cosines of at least 2 canaries, got shape {cos.shape}")
     null_std = 1.0 / math.sqrt(dim)
     mu, sd = float(cos.mean()), float(cos.std(ddof=1))
-    out = {"value": None, "ci": None, "ci_method": "normal-theory region for (mu, sigma), "
-           "Bonferroni", "level": level, "ci_bootstrap": None, "bootstrap": int(bootstrap),
-           "estimator": ESTIMATOR, "kind": KIND, "threat_model": "final model only",
-           "canaries": int(len(cos)), "dim": int(dim), "delta": float(delta),
-           "cosine_mean": mu, "cosine_std": sd, "null_std": null_std}
-    if not (sd > 0 and np.all(np.isfinite(cos))):   # e.g. Δ = 0: every cosine 0, nothing to fit
+    out = {
+        "value": None,
+        "ci": None,
+        "ci_method": "normal-theory region for (mu, sigma), Bonferroni",
+        "level": level,
+        "ci_bootstrap": None,
+        "bootstrap": int(bootstrap),
+        "estimator": ESTIMATOR,
+        "kind": KIND,
+        "threat_model": "final model only",
+        "canaries": int(len(cos)),
+        "dim": int(dim),
+        "delta": float(delta),
+        "cosine_mean": mu,
+        "cosine_std": sd,
+        "null_std": null_std,
+    }
+    if not (sd > 0 and np.all(np.isfinite(cos))):  # e.g. Δ = 0: every cosine 0, nothing to fit
         out["note"] = "no estimate: the canaries' cosines have no spread (or are not finite)"
         return out
     out["value"] = float(two_gaussian_epsilon(0.0, null_std, mu, sd, delta))
@@ -125,22 +146,23 @@ def andrew_estimate(cos: np.ndarray, dim: int, delta: float,
     rng = np.random.default_rng(0) if rng is None else rng
     idx = rng.integers(0, len(cos), (bootstrap, len(cos)))
     m, v = cos[idx].mean(1), cos[idx].std(1, ddof=1)
-    keep = v > 0                                    # a resample of one repeated canary has none
+    keep = v > 0  # a resample of one repeated canary has none
     boot = two_gaussian_epsilon(0.0, null_std, m[keep], v[keep], delta)
-    out["ci_bootstrap"] = [float(x) for x in np.quantile(boot, [(1 - level) / 2,
-                                                                (1 + level) / 2])]
+    out["ci_bootstrap"] = [float(x) for x in np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])]
     return out
 
 
-def region_interval(mu: float, sd: float, n: int, dim: int, delta: float,
-                    level: float = LEVEL, grid: int = 41) -> list[float]:
+def region_interval(
+    mu: float, sd: float, n: int, dim: int, delta: float, level: float = LEVEL, grid: int = 41
+) -> list[float]:
     """ε's [min, max] over a ``level`` confidence region of the observed cosines' (μ, σ) from
     ``n`` canaries, assuming they are Gaussian (the paper's model): a Bonferroni rectangle of
     Student's t interval for μ and the χ² interval for σ, each at 1 − (1 − level)/2, on a
     ``grid`` × ``grid`` lattice (its corners, edges and, where the rectangle holds them, μ = 0
     and σ = 1/√d, where ε is smallest)."""
     from scipy.stats import chi2, t as student_t
-    a = (1 - level) / 2                                  # each of the two intervals
+
+    a = (1 - level) / 2  # each of the two intervals
     half = student_t.ppf(1 - a / 2, n - 1) * sd / math.sqrt(n)
     s_lo = sd * math.sqrt((n - 1) / chi2.ppf(1 - a / 2, n - 1))
     s_hi = sd * math.sqrt((n - 1) / chi2.ppf(a / 2, n - 1))
@@ -160,8 +182,8 @@ def _mass(lo, hi, m, s):
     """N(m, s²)'s mass on [lo, hi] (lo may be -inf, hi +inf), elementwise, in float64; the
     tail that keeps precision (upper tail from sf, lower from cdf)."""
     a, b = (lo - m) / s, (hi - m) / s
-    upper = norm.sf(a) - norm.sf(b)            # precise when both are above the mean
-    lower = norm.cdf(b) - norm.cdf(a)          # precise when both are below it
+    upper = norm.sf(a) - norm.sf(b)  # precise when both are above the mean
+    lower = norm.cdf(b) - norm.cdf(a)  # precise when both are below it
     return np.clip(np.where(a > 0, upper, lower), 0.0, 1.0)
 
 
@@ -170,11 +192,12 @@ def hockey_stick(m1, s1, m2, s2, eps):
     loss L(x) = log p(x)/q(x) = a x² + b x + c (exact, float64, elementwise over arrays).
     {L > ε} is a half-line (equal variances), the outside of two roots (a > 0) or the inside
     (a < 0)."""
-    m1, s1, m2, s2, eps = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64)
-                                                for v in (m1, s1, m2, s2, eps)))
+    m1, s1, m2, s2, eps = np.broadcast_arrays(
+        *(np.asarray(v, dtype=np.float64) for v in (m1, s1, m2, s2, eps))
+    )
     a = 0.5 / s2**2 - 0.5 / s1**2
     b = m1 / s1**2 - m2 / s2**2
-    c = np.log(s2 / s1) - 0.5 * (m1 / s1)**2 + 0.5 * (m2 / s2)**2
+    c = np.log(s2 / s1) - 0.5 * (m1 / s1) ** 2 + 0.5 * (m2 / s2) ** 2
     inf = np.full(a.shape, np.inf)
     with np.errstate(divide="ignore", invalid="ignore"):
         # equal variances: b x + c > ε
@@ -193,11 +216,17 @@ def hockey_stick(m1, s1, m2, s2, eps):
     # a > 0: outside the roots (everything when disc <= 0)
     p_out = np.where(disc > 0, _mass(-inf, left, m1, s1) + _mass(right, inf, m1, s1), 1.0)
     q_out = np.where(disc > 0, _mass(-inf, left, m2, s2) + _mass(right, inf, m2, s2), 1.0)
-    p = np.where(equal, np.where(b == 0, (c > eps).astype(float), _mass(lin_lo, lin_hi, m1, s1)),
-                 np.where(a > 0, p_out, p_in))
-    q = np.where(equal, np.where(b == 0, (c > eps).astype(float), _mass(lin_lo, lin_hi, m2, s2)),
-                 np.where(a > 0, q_out, q_in))
-    with np.errstate(divide="ignore", over="ignore"):     # q = 0: e^ε q = 0; overflow: δ < 0
+    p = np.where(
+        equal,
+        np.where(b == 0, (c > eps).astype(float), _mass(lin_lo, lin_hi, m1, s1)),
+        np.where(a > 0, p_out, p_in),
+    )
+    q = np.where(
+        equal,
+        np.where(b == 0, (c > eps).astype(float), _mass(lin_lo, lin_hi, m2, s2)),
+        np.where(a > 0, q_out, q_in),
+    )
+    with np.errstate(divide="ignore", over="ignore"):  # q = 0: e^ε q = 0; overflow: δ < 0
         return np.maximum(p - np.exp(eps + np.log(q)), 0.0)
 
 
@@ -211,15 +240,22 @@ def two_gaussian_epsilon(m1, s1, m2, s2, delta: float, tol: float = 1e-10):
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if np.any(args[1] <= 0) or np.any(args[3] <= 0) or not np.all(np.isfinite(args)):
-        raise ValueError("two_gaussian_epsilon: the standard deviations must be positive and "
-                         "every parameter finite")
+        raise ValueError(
+            "two_gaussian_epsilon: the standard deviations must be positive and "
+            "every parameter finite"
+        )
 
-    def over(eps):          # the pair is not (ε, δ)-DP
-        return np.maximum(hockey_stick(*args, eps), hockey_stick(args[2], args[3], args[0],
-                                                                 args[1], eps)) > delta
+    def over(eps):  # the pair is not (ε, δ)-DP
+        return (
+            np.maximum(
+                hockey_stick(*args, eps), hockey_stick(args[2], args[3], args[0], args[1], eps)
+            )
+            > delta
+        )
+
     lo = np.zeros(args[0].shape)
     hi = np.ones(args[0].shape)
-    for _ in range(200):                        # an upper end: δ(ε) → 0 as ε → ∞
+    for _ in range(200):  # an upper end: δ(ε) → 0 as ε → ∞
         up = over(hi)
         if not up.any():
             break
@@ -234,9 +270,14 @@ def two_gaussian_epsilon(m1, s1, m2, s2, delta: float, tol: float = 1e-10):
     return out if out.ndim else float(out)
 
 
-def simulated_release(canaries: Canaries, noise_multiplier: float, rounds: int,
-                      rng: np.random.Generator, clip: float = 1.0,
-                      others: int = 0) -> torch.Tensor:
+def simulated_release(
+    canaries: Canaries,
+    noise_multiplier: float,
+    rounds: int,
+    rng: np.random.Generator,
+    clip: float = 1.0,
+    others: int = 0,
+) -> torch.Tensor:
     """Δ of a d-dimensional Gaussian mechanism with the canaries inserted, where the truth is
     known (the estimate's validation): each round releases the sum of ``others`` random
     vectors of norm ``clip`` (stand-ins for real users), the round's sampled canaries'
@@ -248,8 +289,9 @@ def simulated_release(canaries: Canaries, noise_multiplier: float, rounds: int,
     # a sequence of simulated releases of one mechanism (no training: the run's round loop is
     # core/rounds.py's); release i is keyed like round i + 1 for the canaries' sample
     for release in range(rounds):
-        c, _ = canaries.add(Contribution(None, total.new_zeros(d), 0, 0), release + 1, clip,
-                            rows=False)
+        c, _ = canaries.add(
+            Contribution(None, total.new_zeros(d), 0, 0), release + 1, clip, rows=False
+        )
         step = c.total.numpy().copy()
         if others:
             g = rng.standard_normal((others, d))

@@ -14,6 +14,7 @@ and tensors, loaded with ``weights_only=True``). Written to a temporary file, fs
 over ``ckpt-<round:06d>.pt`` and the folder fsynced: a crash leaves the previous checkpoint or
 the new one, never half of one; a damaged file fails its checksum and the previous one is used.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,12 +64,12 @@ def load_bytes(data: bytes) -> dict:
     if not data.startswith(MAGIC):
         raise CheckpointError("not a fedudp checkpoint (bad magic)" if data else "empty file")
     head = len(MAGIC)
-    digest, payload = data[head:head + 32], data[head + 32:]
+    digest, payload = data[head : head + 32], data[head + 32 :]
     if len(digest) < 32 or hashlib.sha256(payload).digest() != digest:
         raise CheckpointError("checksum mismatch (truncated or damaged)")
     try:
         state = torch.load(io.BytesIO(payload), weights_only=True)
-    except Exception as e:   # noqa: BLE001  (any unpickling error: unusable)
+    except Exception as e:  # noqa: BLE001  (any unpickling error: unusable)
         raise CheckpointError(f"unreadable payload ({type(e).__name__})") from None
     if not isinstance(state, dict):
         raise CheckpointError("payload is not a checkpoint dict")
@@ -188,7 +189,7 @@ class Checkpointer:
     def prune(self) -> None:
         """Keep the newest ``keep`` checkpoints; drop older ones and every owners' folder that
         belongs to no kept checkpoint (also one written for a round that was abandoned)."""
-        kept = set(rounds_on_disk(self.folder)[:max(self.keep, 1)])
+        kept = set(rounds_on_disk(self.folder)[: max(self.keep, 1)])
         for p in Path(self.folder).iterdir():
             m = _NAME.match(p.name) or _OWNERS.match(p.name)
             if m and int(m.group(1)) not in kept:
@@ -217,9 +218,11 @@ class Checkpointer:
                 if state.get("round") != r:
                     raise CheckpointError(f"holds round {state.get('round')}, named {r}")
                 theirs = state.get("identity")
-                same = (theirs == self.identity or (self.same_identity is not None
-                                                    and isinstance(theirs, str)
-                                                    and self.same_identity(theirs)))
+                same = theirs == self.identity or (
+                    self.same_identity is not None
+                    and isinstance(theirs, str)
+                    and self.same_identity(theirs)
+                )
                 if not same:
                     raise CheckpointError("written by a run of another configuration")
                 self._verify_owner_files(r, state)

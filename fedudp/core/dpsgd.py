@@ -30,6 +30,7 @@ sampled users of all owners are one vmapped batch (in chunks of ``budget`` recor
 own owner's current parameters, with per-owner segment sums. Sampling and noise are keyed by (seed, round, epoch, step, owner id), so one
 owner's shard (Flower) and all owners at once (local engine) give the same deltas.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,13 +52,13 @@ Params = local_sgd.Params
 class DpSgdSpec:
     """Public DP-SGD hyperparameters of the owners (one per run)."""
 
-    noise_multiplier: float     # z: noise std on a step's sum is z * clip
-    clip: float                 # C: l2 bound of each sampled user's gradient
-    batch: int                  # B: expected users per step
-    epochs: int                 # E
+    noise_multiplier: float  # z: noise std on a step's sum is z * clip
+    clip: float  # C: l2 bound of each sampled user's gradient
+    batch: int  # B: expected users per step
+    epochs: int  # E
     lr: float
     seed: int
-    count_noise: float | None = None   # σ_b: an adaptive clip's noise on each step's count
+    count_noise: float | None = None  # σ_b: an adaptive clip's noise on each step's count
     # privacy.randomness=secure: the steps' user samples and noises from OS entropy, not the seed
     secure: bool = False
 
@@ -66,8 +67,9 @@ class DpSgdSpec:
         return Randomness(self.seed, Randomness.SECURE if self.secure else Randomness.SEEDED)
 
 
-def clipped_sums_and_counts(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor,
-                            owners: int, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_sums_and_counts(
+    G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor, owners: int, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(``clipped_sums``, [owners] float64: how many of each owner's rows were *not* clipped)."""
     blocks = [G] if isinstance(G, torch.Tensor) else list(G)
     factor, was = clip_factors(blocks, clip)
@@ -75,12 +77,18 @@ def clipped_sums_and_counts(G: torch.Tensor | Sequence[torch.Tensor], owner_row:
     W = torch.zeros(owners, n, dtype=blocks[0].dtype, device=blocks[0].device)
     W[owner_row, torch.arange(n, device=W.device)] = factor
     kept = torch.zeros(owners, dtype=torch.float64).index_add_(
-        0, owner_row.to(torch.int64), (~was).to(torch.float64))
+        0, owner_row.to(torch.int64), (~was).to(torch.float64)
+    )
     return torch.cat([W @ B for B in blocks], dim=1), kept
 
 
-def noisy_unclipped_fraction(unclipped: float, sampled: int, expected_batch: float,
-                             count_noise: float, generator: torch.Generator) -> float:
+def noisy_unclipped_fraction(
+    unclipped: float,
+    sampled: int,
+    expected_batch: float,
+    count_noise: float,
+    generator: torch.Generator,
+) -> float:
     """One step's released count, as a fraction: (Σ_S (b_i - 1/2) + N(0, σ_b²)) / B_j + 1/2,
     the noise drawn in float64 (adding or removing a user moves the sum by 1/2)."""
     noise = float(torch.randn((), generator=generator, dtype=torch.float64))
@@ -88,8 +96,9 @@ def noisy_unclipped_fraction(unclipped: float, sampled: int, expected_batch: flo
     return (centred + float(count_noise) * noise) / float(expected_batch) + 0.5
 
 
-def clipped_sums(G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor, owners: int,
-                 clip: float) -> torch.Tensor:
+def clipped_sums(
+    G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor, owners: int, clip: float
+) -> torch.Tensor:
     """[owners, d] in ``G``'s dtype: per owner, the sum of its sampled users' gradients (rows of
     ``G``, or of row-aligned blocks [n, d_1], [n, d_2], ... read as one concatenated row) each
     clipped to l2 norm ``clip``. The norms, which decide the clip, are computed in float64
@@ -104,17 +113,31 @@ def _unflatten(flat: torch.Tensor, like: Params, names: tuple[str, ...]) -> Para
     for k in names:
         shape = like[k].shape[1:]
         n = int(np.prod(shape)) if len(shape) else 1
-        out[k] = flat[:, i:i + n].reshape(flat.shape[0], *shape)
+        out[k] = flat[:, i : i + n].reshape(flat.shape[0], *shape)
         i += n
     return out
 
 
-def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, frozen_common: Params,
-                 x: torch.Tensor, y: torch.Tensor, user_starts: np.ndarray, user_sizes: np.ndarray,
-                 first_user: np.ndarray, users: np.ndarray, capacity: np.ndarray,
-                 owner_ids: np.ndarray, spec: DpSgdSpec, round_: int, names: tuple[str, ...],
-                 budget: int, progress: Callable[[int, int], None] | None = None,
-                 fractions: np.ndarray | None = None) -> torch.Tensor:
+def dpsgd_deltas(
+    model: nn.Module,
+    shared: Params,
+    frozen_by_owner: Params,
+    frozen_common: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    user_starts: np.ndarray,
+    user_sizes: np.ndarray,
+    first_user: np.ndarray,
+    users: np.ndarray,
+    capacity: np.ndarray,
+    owner_ids: np.ndarray,
+    spec: DpSgdSpec,
+    round_: int,
+    names: tuple[str, ...],
+    budget: int,
+    progress: Callable[[int, int], None] | None = None,
+    fractions: np.ndarray | None = None,
+) -> torch.Tensor:
     """[k, d] shared deltas of k owners after their DP-SGD epochs of this round.
 
     Owner i's users are ``first_user[i] .. first_user[i] + users[i]`` (indices into
@@ -129,57 +152,93 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
     k = len(users)
     capacity = np.asarray(capacity, dtype=np.int64)
     if len(capacity) != k or (capacity < 1).any():
-        raise ValueError(f"dpsgd_deltas: capacity needs one public capacity >= 1 per owner, "
-                         f"got {capacity!r} for {k} owners")
+        raise ValueError(
+            f"dpsgd_deltas: capacity needs one public capacity >= 1 per owner, "
+            f"got {capacity!r} for {k} owners"
+        )
     q, steps = owner_rates(capacity, spec.batch)
-    expected = np.minimum(spec.batch, capacity)          # B_j = q_j M_j, public
+    expected = np.minimum(spec.batch, capacity)  # B_j = q_j M_j, public
     start = local_sgd.flatten(local_sgd.expand(shared, k), names)
-    flat = start.clone()                          # [k, d]: every owner's shared parameters
-    params = _unflatten(flat, {n: shared[n].unsqueeze(0) for n in names}, names)   # views of flat
+    flat = start.clone()  # [k, d]: every owner's shared parameters
+    params = _unflatten(flat, {n: shared[n].unsqueeze(0) for n in names}, names)  # views of flat
     batched = per_sample.supported(model, names)
     total_steps = spec.epochs * int(steps.max(initial=0))
     adaptive = spec.count_noise is not None
     if adaptive and (fractions is None or len(fractions) != k):
-        raise ValueError("dpsgd_deltas: an adaptive clip (spec.count_noise) needs fractions, "
-                         "one slot per owner")
+        raise ValueError(
+            "dpsgd_deltas: an adaptive clip (spec.count_noise) needs fractions, one slot per owner"
+        )
     frac_sum = np.zeros(k)
     rand = spec.randomness
 
     def count_step(i: int, kept: float, sampled: int, e: int, s: int) -> None:
         if adaptive:
             gen = rand.torch_generator(Purpose.DPSGD_COUNT_NOISE, round_, e, s, owner_ids[i])
-            frac_sum[i] += noisy_unclipped_fraction(kept, sampled, expected[i], spec.count_noise,
-                                                    gen)
+            frac_sum[i] += noisy_unclipped_fraction(
+                kept, sampled, expected[i], spec.count_noise, gen
+            )
+
     for e in range(spec.epochs):
         for s in range(int(steps.max(initial=0))):
             active = np.flatnonzero(steps > s)
-            picked = [first_user[i] + np.flatnonzero(
-                rand.numpy_rng(Purpose.DPSGD_SAMPLE, round_, e, s, owner_ids[i]
-                               ).random(int(users[i])) < q[i]) for i in active]
-            if batched:          # owner by owner, one batched forward/backward (per_sample)
+            picked = [
+                first_user[i]
+                + np.flatnonzero(
+                    rand.numpy_rng(Purpose.DPSGD_SAMPLE, round_, e, s, owner_ids[i]).random(
+                        int(users[i])
+                    )
+                    < q[i]
+                )
+                for i in active
+            ]
+            if batched:  # owner by owner, one batched forward/backward (per_sample)
                 for i, us in zip(active, picked):
-                    total, kept = (_owner_clipped_sum(model, params, frozen_by_owner, frozen_common,
-                                                      x, y, user_starts[us], user_sizes[us], i,
-                                                      names, spec.clip)
-                                   if len(us) else (torch.zeros(flat.shape[1], dtype=flat.dtype), 0.0))
+                    total, kept = (
+                        _owner_clipped_sum(
+                            model,
+                            params,
+                            frozen_by_owner,
+                            frozen_common,
+                            x,
+                            y,
+                            user_starts[us],
+                            user_sizes[us],
+                            i,
+                            names,
+                            spec.clip,
+                        )
+                        if len(us)
+                        else (torch.zeros(flat.shape[1], dtype=flat.dtype), 0.0)
+                    )
                     _noisy_step(flat[i], total, spec, expected[i], round_, e, s, owner_ids[i])
                     count_step(i, kept, len(us), e, s)
-            else:                # vmap over the step's users, each at its own owner's parameters
+            else:  # vmap over the step's users, each at its own owner's parameters
                 picked_users = np.concatenate(picked) if picked else np.zeros(0, np.int64)
-                owner_row = np.concatenate([np.full(len(us), i) for i, us in zip(active, picked)]
-                                           ) if picked else np.zeros(0, np.int64)
+                owner_row = (
+                    np.concatenate([np.full(len(us), i) for i, us in zip(active, picked)])
+                    if picked
+                    else np.zeros(0, np.int64)
+                )
                 sums = torch.zeros(k, flat.shape[1], dtype=flat.dtype)
                 kept = torch.zeros(k, dtype=torch.float64)
                 sizes = user_sizes[picked_users]
                 for sel in local_sgd.chunks(sizes, budget):
                     u, r = picked_users[sel], owner_row[sel]
-                    units = local_sgd.Units(user_starts[u], sizes[sel], owner_ids[r], user_starts[u],
-                                            sizes[sel])
-                    g = local_sgd.mean_gradients(model, local_sgd.select(params, r),
-                                                 local_sgd.select(frozen_by_owner, r), frozen_common,
-                                                 x, y, units)
-                    got, kk = clipped_sums_and_counts([g[n].reshape(len(u), -1) for n in names],
-                                                      torch.from_numpy(r), k, spec.clip)
+                    units = local_sgd.Units(
+                        user_starts[u], sizes[sel], owner_ids[r], user_starts[u], sizes[sel]
+                    )
+                    g = local_sgd.mean_gradients(
+                        model,
+                        local_sgd.select(params, r),
+                        local_sgd.select(frozen_by_owner, r),
+                        frozen_common,
+                        x,
+                        y,
+                        units,
+                    )
+                    got, kk = clipped_sums_and_counts(
+                        [g[n].reshape(len(u), -1) for n in names], torch.from_numpy(r), k, spec.clip
+                    )
                     sums += got
                     kept += kk
                 for i, us in zip(active, picked):
@@ -192,37 +251,64 @@ def dpsgd_deltas(model: nn.Module, shared: Params, frozen_by_owner: Params, froz
     return flat - start
 
 
-def _noisy_step(row: torch.Tensor, total: torch.Tensor, spec: DpSgdSpec, expected_batch: float,
-                round_: int, epoch: int, step: int, owner_id: int) -> None:
+def _noisy_step(
+    row: torch.Tensor,
+    total: torch.Tensor,
+    spec: DpSgdSpec,
+    expected_batch: float,
+    round_: int,
+    epoch: int,
+    step: int,
+    owner_id: int,
+) -> None:
     """One owner's DP-SGD update, in place on its flat shared parameters ``row``: the clipped
     sum ``total`` plus N(0, (zC)^2 I) drawn in float64 (keyed by round, epoch, step and owner),
     divided by the public expected batch q_j*M_j = min(B, M_j), cast to the parameters' dtype, times -lr."""
-    noise = torch.randn(row.shape[0], dtype=torch.float64,
-                        generator=spec.randomness.torch_generator(Purpose.DPSGD_NOISE, round_, epoch,
-                                                                  step, owner_id))
-    update = (total.to(torch.float64) + spec.noise_multiplier * spec.clip * noise) / float(expected_batch)
+    noise = torch.randn(
+        row.shape[0],
+        dtype=torch.float64,
+        generator=spec.randomness.torch_generator(
+            Purpose.DPSGD_NOISE, round_, epoch, step, owner_id
+        ),
+    )
+    update = (total.to(torch.float64) + spec.noise_multiplier * spec.clip * noise) / float(
+        expected_batch
+    )
     row -= spec.lr * update.to(row.dtype)
 
 
-def _owner_clipped_sum(model: nn.Module, params: Params, frozen_by_owner: Params,
-                       frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
-                       starts: np.ndarray, sizes: np.ndarray, i: int, names: tuple[str, ...],
-                       clip: float) -> tuple[torch.Tensor, float]:
+def _owner_clipped_sum(
+    model: nn.Module,
+    params: Params,
+    frozen_by_owner: Params,
+    frozen_common: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    i: int,
+    names: tuple[str, ...],
+    clip: float,
+) -> tuple[torch.Tensor, float]:
     """([d]: the sum of owner i's sampled users' clipped mean gradients, at owner i's parameters;
     how many were not clipped). Each user's gradient is the mean of its records'
     (``per_sample``), then clipped to ``clip`` with float64 norms (``clipped_sums``)."""
     rec = np.concatenate([np.arange(a, a + b) for a, b in zip(starts, sizes)])
     of = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes))
-    at = {**frozen_common, **{k: v[i] for k, v in frozen_by_owner.items()},
-          **{k: v[i] for k, v in params.items()}}
+    at = {
+        **frozen_common,
+        **{k: v[i] for k, v in frozen_by_owner.items()},
+        **{k: v[i] for k, v in params.items()},
+    }
     g = per_sample.per_record_gradients(model, at, x[rec], y[rec], names)
     blocks = []
     for n in names:
         flat = g[n].reshape(len(rec), -1)
-        if len(rec) != len(starts):                    # users of several records: their mean
+        if len(rec) != len(starts):  # users of several records: their mean
             tot = torch.zeros(len(starts), flat.shape[1], dtype=flat.dtype).index_add_(0, of, flat)
             flat = tot / torch.from_numpy(sizes).to(flat.dtype).unsqueeze(1)
         blocks.append(flat)
-    total, kept = clipped_sums_and_counts(blocks, torch.zeros(len(starts), dtype=torch.int64), 1,
-                                          clip)
+    total, kept = clipped_sums_and_counts(
+        blocks, torch.zeros(len(starts), dtype=torch.int64), 1, clip
+    )
     return total[0], float(kept[0])

@@ -13,6 +13,7 @@ epoch, the same steps a per-unit Python loop takes: the engine-equivalence test 
 Randomness (batch order) is a pure function of (seed, round, epoch, purpose, owner), so the
 result does not depend on how units are chunked, on the engine, or on scheduling order.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -59,17 +60,29 @@ class Units:
         return len(self.starts)
 
     def subset(self, sel: np.ndarray) -> "Units":
-        return Units(self.starts[sel], self.sizes[sel], self.owners[sel],
-                     self.owner_starts[sel], self.owner_sizes[sel])
+        return Units(
+            self.starts[sel],
+            self.sizes[sel],
+            self.owners[sel],
+            self.owner_starts[sel],
+            self.owner_sizes[sel],
+        )
 
 
-def epoch_keys(seed: int, round_: int, epoch: int, purpose: Purpose, owner: int, n: int) -> np.ndarray:
+def epoch_keys(
+    seed: int, round_: int, epoch: int, purpose: Purpose, owner: int, n: int
+) -> np.ndarray:
     """Sort keys for one owner's ``n`` records in one epoch (public randomness)."""
     return numpy_rng(seed, purpose, round_, epoch, owner).random(n)
 
 
-def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: Purpose,
-                 unit_keys: np.ndarray | None = None) -> np.ndarray:
+def batch_orders(
+    units: Units,
+    spec: LocalSpec,
+    round_: int,
+    purpose: Purpose,
+    unit_keys: np.ndarray | None = None,
+) -> np.ndarray:
     """Per unit and epoch, its records in visiting order, padded with -1: [U, E, L].
 
     Keys are drawn per owner (an owner's records, by position in the owner: owner-level
@@ -84,36 +97,53 @@ def batch_orders(units: Units, spec: LocalSpec, round_: int, purpose: Purpose,
     col = np.arange(L)[None, :]
     valid = col < units.sizes[:, None]
     idx = units.starts[:, None] + np.minimum(col, units.sizes[:, None] - 1)  # absolute
-    rel = idx - units.owner_starts[:, None]                                   # within owner
+    rel = idx - units.owner_starts[:, None]  # within owner
     owners = np.unique(units.owners)
     for e in range(spec.epochs):
         keys = np.full((U, L), np.inf)
         if unit_keys is not None:
-            for i in np.flatnonzero(units.sizes > 1):      # one record: nothing to order
+            for i in np.flatnonzero(units.sizes > 1):  # one record: nothing to order
                 size = int(units.sizes[i])
-                keys[i, :size] = numpy_rng(spec.seed, purpose, round_, e, int(unit_keys[i])).random(size)
+                keys[i, :size] = numpy_rng(spec.seed, purpose, round_, e, int(unit_keys[i])).random(
+                    size
+                )
             keys[units.sizes == 1, 0] = 0.0
         for o in owners if unit_keys is None else ():
             rows = np.flatnonzero(units.owners == o)
-            if not valid[rows].any():               # an owner without records: nothing to order
+            if not valid[rows].any():  # an owner without records: nothing to order
                 continue
             k = epoch_keys(spec.seed, round_, e, purpose, int(o), int(units.owner_sizes[rows[0]]))
             keys[rows] = np.where(valid[rows], k[rel[rows]], np.inf)
         order = np.argsort(keys, axis=1, kind="stable")
-        out[:, e] = np.where(np.take_along_axis(valid, order, 1), np.take_along_axis(idx, order, 1), -1)
+        out[:, e] = np.where(
+            np.take_along_axis(valid, order, 1), np.take_along_axis(idx, order, 1), -1
+        )
     return out
 
 
-def _loss(model: nn.Module, params: Mapping[str, torch.Tensor], xb: torch.Tensor,
-          yb: torch.Tensor, mb: torch.Tensor) -> torch.Tensor:
+def _loss(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    mb: torch.Tensor,
+) -> torch.Tensor:
     out = functional_call(model, dict(params), (xb,))
     per = F.cross_entropy(out, yb, reduction="none")
     return (per * mb).sum() / mb.sum().clamp(min=1.0)
 
 
-def local_sgd(model: nn.Module, trainable: Params, frozen_per_unit: Params, frozen_common: Params,
-              x: torch.Tensor, y: torch.Tensor, orders: np.ndarray, spec: LocalSpec,
-              path: str = "auto") -> Params:
+def local_sgd(
+    model: nn.Module,
+    trainable: Params,
+    frozen_per_unit: Params,
+    frozen_common: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    orders: np.ndarray,
+    spec: LocalSpec,
+    path: str = "auto",
+) -> Params:
     """Run each unit's SGD (``spec.epochs`` passes, batches of ``spec.batch_size``) at once.
 
     ``trainable`` and ``frozen_per_unit`` have a leading unit dimension; ``frozen_common``
@@ -142,21 +172,38 @@ def local_sgd(model: nn.Module, trainable: Params, frozen_per_unit: Params, froz
         return _local_sgd_vmap(model, trainable, frozen_per_unit, frozen_common, x, y, orders, spec)
     # both: each unit's steps do not depend on the other units
     out = {k: v.detach().clone() for k, v in trainable.items()}
-    for sel, run in ((np.flatnonzero(looped), _local_sgd_loop),
-                     (np.flatnonzero(~looped), _local_sgd_vmap)):
+    for sel, run in (
+        (np.flatnonzero(looped), _local_sgd_loop),
+        (np.flatnonzero(~looped), _local_sgd_vmap),
+    ):
         o = orders[sel]
-        width = int((o[:, 0, :] >= 0).sum(1).max())      # valid entries come first
-        got = run(model, select(trainable, sel), select(frozen_per_unit, sel), frozen_common, x, y,
-                  np.ascontiguousarray(o[:, :, :width]), spec)
+        width = int((o[:, 0, :] >= 0).sum(1).max())  # valid entries come first
+        got = run(
+            model,
+            select(trainable, sel),
+            select(frozen_per_unit, sel),
+            frozen_common,
+            x,
+            y,
+            np.ascontiguousarray(o[:, :, :width]),
+            spec,
+        )
         t = torch.from_numpy(sel)
         for k in out:
             out[k][t] = got[k].detach()
     return out
 
 
-def _local_sgd_vmap(model: nn.Module, trainable: Params, frozen_per_unit: Params,
-                    frozen_common: Params, x: torch.Tensor, y: torch.Tensor, orders: np.ndarray,
-                    spec: LocalSpec) -> Params:
+def _local_sgd_vmap(
+    model: nn.Module,
+    trainable: Params,
+    frozen_per_unit: Params,
+    frozen_common: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    orders: np.ndarray,
+    spec: LocalSpec,
+) -> Params:
     """``local_sgd`` vmapped: step s of every unit at once, units padded with masked records
     (a masked step has zero gradient)."""
     U, E, L = orders.shape
@@ -171,7 +218,7 @@ def _local_sgd_vmap(model: nn.Module, trainable: Params, frozen_per_unit: Params
     for e in range(E):
         ord_e = torch.from_numpy(orders[:, e])
         for s in range(steps):
-            idx = ord_e[:, s * b:(s + 1) * b]
+            idx = ord_e[:, s * b : (s + 1) * b]
             mask = idx >= 0
             if not bool(mask.any()):
                 continue
@@ -233,6 +280,7 @@ def bound(model: nn.Module, names: tuple[str, ...]) -> Iterator:
     def bind(params: Mapping[str, torch.Tensor]) -> None:
         for (table, attr, _), name in zip(slots, names):
             table[attr] = params[name]
+
     try:
         yield bind
     finally:
@@ -240,9 +288,16 @@ def bound(model: nn.Module, names: tuple[str, ...]) -> Iterator:
             table[attr] = own
 
 
-def _local_sgd_loop(model: nn.Module, trainable: Params, frozen_per_unit: Params,
-                    frozen_common: Params, x: torch.Tensor, y: torch.Tensor, orders: np.ndarray,
-                    spec: LocalSpec) -> Params:
+def _local_sgd_loop(
+    model: nn.Module,
+    trainable: Params,
+    frozen_per_unit: Params,
+    frozen_common: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    orders: np.ndarray,
+    spec: LocalSpec,
+) -> Params:
     """``local_sgd`` unit by unit: plain minibatch SGD with ``torch.autograd`` on each unit's
     real records (no padding), the update ``w - lr * g`` in place on a copy of ``trainable``."""
     U, E, L = orders.shape
@@ -258,12 +313,17 @@ def _local_sgd_loop(model: nn.Module, trainable: Params, frozen_per_unit: Params
             if m == 0:
                 continue
             leaves = [out[k][u].detach().requires_grad_(True) for k in names]
-            bind({**frozen_common, **{k: v[u] for k, v in frozen_per_unit.items()},
-                  **dict(zip(names, leaves))})
+            bind(
+                {
+                    **frozen_common,
+                    **{k: v[u] for k, v in frozen_per_unit.items()},
+                    **dict(zip(names, leaves)),
+                }
+            )
             for e in range(E):
                 order = ords[u, e, :m]
                 for s in range(0, m, b):
-                    idx = order[s:s + b]
+                    idx = order[s : s + b]
                     out_b = model(x[idx])
                     loss = F.cross_entropy(out_b, y[idx])
                     grads = torch.autograd.grad(loss, leaves)
@@ -272,9 +332,16 @@ def _local_sgd_loop(model: nn.Module, trainable: Params, frozen_per_unit: Params
     return out
 
 
-def mean_gradients(model: nn.Module, trainable: Params, frozen_per_unit: Params,
-                   frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
-                   units: Units, path: str = "auto") -> Params:
+def mean_gradients(
+    model: nn.Module,
+    trainable: Params,
+    frozen_per_unit: Params,
+    frozen_common: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    units: Units,
+    path: str = "auto",
+) -> Params:
     """Each unit's average gradient over all its records, w.r.t. ``trainable`` ([U, ...]).
 
     Paths as in ``local_sgd`` (a unit's records are one step): ``vmap`` over the units (padded
@@ -285,26 +352,40 @@ def mean_gradients(model: nn.Module, trainable: Params, frozen_per_unit: Params,
     sizes = np.asarray(units.sizes)
     if path == "auto":
         looped = loop_units(model, sizes, None)
-        path = "loop" if len(sizes) and looped.all() else \
-            "vmap" if not looped.any() else "auto"
+        path = "loop" if len(sizes) and looped.all() else "vmap" if not looped.any() else "auto"
     if path == "loop":
         return _mean_gradients_loop(model, trainable, frozen_per_unit, frozen_common, x, y, units)
     if path == "vmap":
         return _mean_gradients_vmap(model, trainable, frozen_per_unit, frozen_common, x, y, units)
     out = {k: torch.empty_like(v) for k, v in trainable.items()}
-    for sel, run in ((np.flatnonzero(looped), _mean_gradients_loop),
-                     (np.flatnonzero(~looped), _mean_gradients_vmap)):
-        got = run(model, select(trainable, sel), select(frozen_per_unit, sel), frozen_common, x, y,
-                  units.subset(sel))
+    for sel, run in (
+        (np.flatnonzero(looped), _mean_gradients_loop),
+        (np.flatnonzero(~looped), _mean_gradients_vmap),
+    ):
+        got = run(
+            model,
+            select(trainable, sel),
+            select(frozen_per_unit, sel),
+            frozen_common,
+            x,
+            y,
+            units.subset(sel),
+        )
         t = torch.from_numpy(sel)
         for k in out:
             out[k][t] = got[k].detach()
     return out
 
 
-def _mean_gradients_vmap(model: nn.Module, trainable: Params, frozen_per_unit: Params,
-                         frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
-                         units: Units) -> Params:
+def _mean_gradients_vmap(
+    model: nn.Module,
+    trainable: Params,
+    frozen_per_unit: Params,
+    frozen_common: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    units: Units,
+) -> Params:
     L = int(units.sizes.max()) if len(units) else 0
     col = np.arange(L)[None, :]
     mask = torch.from_numpy(col < units.sizes[:, None])
@@ -315,7 +396,8 @@ def _mean_gradients_vmap(model: nn.Module, trainable: Params, frozen_per_unit: P
 
     dtype = next(iter(trainable.values())).dtype
     return vmap(grad(unit_loss), in_dims=(0, 0, 0, 0, 0))(
-        trainable, frozen_per_unit, x[idx], y[idx], mask.to(dtype))
+        trainable, frozen_per_unit, x[idx], y[idx], mask.to(dtype)
+    )
 
 
 # the per-unit loop of ``mean_gradients`` takes a large unit's records in batches of at most
@@ -323,9 +405,15 @@ def _mean_gradients_vmap(model: nn.Module, trainable: Params, frozen_per_unit: P
 LOOP_MAX_BATCH = 1024
 
 
-def _mean_gradients_loop(model: nn.Module, trainable: Params, frozen_per_unit: Params,
-                         frozen_common: Params, x: torch.Tensor, y: torch.Tensor,
-                         units: Units) -> Params:
+def _mean_gradients_loop(
+    model: nn.Module,
+    trainable: Params,
+    frozen_per_unit: Params,
+    frozen_common: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    units: Units,
+) -> Params:
     names = tuple(trainable)
     out = {k: torch.zeros_like(v) for k, v in trainable.items()}
     every = (*frozen_common, *frozen_per_unit, *names)
@@ -335,8 +423,13 @@ def _mean_gradients_loop(model: nn.Module, trainable: Params, frozen_per_unit: P
             if m == 0:
                 continue
             leaves = [trainable[k][u].detach().requires_grad_(True) for k in names]
-            bind({**frozen_common, **{k: v[u] for k, v in frozen_per_unit.items()},
-                  **dict(zip(names, leaves))})
+            bind(
+                {
+                    **frozen_common,
+                    **{k: v[u] for k, v in frozen_per_unit.items()},
+                    **dict(zip(names, leaves)),
+                }
+            )
             for s in range(a, a + m, LOOP_MAX_BATCH):
                 e = min(s + LOOP_MAX_BATCH, a + m)
                 loss = F.cross_entropy(model(x[s:e]), y[s:e], reduction="sum") / m
@@ -357,25 +450,38 @@ def flatten(params: Mapping[str, torch.Tensor], names: tuple[str, ...]) -> torch
     return torch.cat([params[k].reshape(params[k].shape[0], -1) for k in names], dim=1)
 
 
-def flat_delta(end: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
-               names: tuple[str, ...], out: torch.Tensor | None = None) -> torch.Tensor:
+def flat_delta(
+    end: Mapping[str, torch.Tensor],
+    start: Mapping[str, torch.Tensor],
+    names: tuple[str, ...],
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[U, d]: ``flatten(end) - start`` with ``start`` unbatched (every unit's common start),
     written into ``out`` when given (no intermediate [U, d] copies)."""
     U = next(iter(end.values())).shape[0] if names else 0
     if out is None:
-        out = torch.empty(U, sum(int(start[k].numel()) for k in names),
-                          dtype=end[names[0]].dtype if names else torch.float32)
+        out = torch.empty(
+            U,
+            sum(int(start[k].numel()) for k in names),
+            dtype=end[names[0]].dtype if names else torch.float32,
+        )
     c = 0
     for k in names:
         n = int(start[k].numel())
-        torch.sub(end[k].reshape(U, n), start[k].reshape(1, n), out=out[:, c:c + n])
+        torch.sub(end[k].reshape(U, n), start[k].reshape(1, n), out=out[:, c : c + n])
         c += n
     return out
 
 
 @torch.no_grad()
-def evaluate_sums(model: nn.Module, shared: Params, personal: Params, x: torch.Tensor,
-                  y: torch.Tensor, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def evaluate_sums(
+    model: nn.Module,
+    shared: Params,
+    personal: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    offsets: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """(correct predictions, summed cross-entropy), float64 [U], of each unit on its records
     ``x[offsets[u]:offsets[u + 1]]`` with its own personal params, in one forward.
 
@@ -391,19 +497,31 @@ def evaluate_sums(model: nn.Module, shared: Params, personal: Params, x: torch.T
     col = np.arange(L)[None, :]
     valid = col < sizes[:, None]
     # an empty unit reads a valid record (masked out), also where it sits after the last one
-    idx = torch.from_numpy(np.minimum(offsets[:-1, None] + np.minimum(col, np.maximum(
-        sizes[:, None] - 1, 0)), len(x) - 1))
+    idx = torch.from_numpy(
+        np.minimum(
+            offsets[:-1, None] + np.minimum(col, np.maximum(sizes[:, None] - 1, 0)), len(x) - 1
+        )
+    )
     mask = torch.from_numpy(valid)
 
     def one(pers, xb):
         return functional_call(model, {**shared, **pers}, (xb,))
 
-    logits = vmap(one, in_dims=(0, 0))(personal, x[idx]) if personal else \
-        functional_call(model, dict(shared), (x[idx].reshape(O * L, *x.shape[1:]),)).reshape(O, L, -1)
+    logits = (
+        vmap(one, in_dims=(0, 0))(personal, x[idx])
+        if personal
+        else functional_call(model, dict(shared), (x[idx].reshape(O * L, *x.shape[1:]),)).reshape(
+            O, L, -1
+        )
+    )
     yy = y[idx]
     correct = ((logits.argmax(-1) == yy) & mask).sum(1).double()
-    loss = (F.cross_entropy(logits.reshape(O * L, -1), yy.reshape(-1), reduction="none")
-            .reshape(O, L).double() * mask).sum(1)
+    loss = (
+        F.cross_entropy(logits.reshape(O * L, -1), yy.reshape(-1), reduction="none")
+        .reshape(O, L)
+        .double()
+        * mask
+    ).sum(1)
     return correct.numpy(), loss.numpy()
 
 
@@ -417,7 +535,7 @@ def chunk_budget(requested: int, model: nn.Module) -> int:
     vs 2.2-3x at 8192), 8192 for dense models (fewer, larger matmuls win)."""
     if requested:
         return int(requested)
-    hint = getattr(model, "auto_chunk_records", None)      # a model's own bound (memory)
+    hint = getattr(model, "auto_chunk_records", None)  # a model's own bound (memory)
     if hint:
         return int(hint)
     conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())

@@ -5,6 +5,7 @@ parameters the vectors concatenate (in order), ``contribution`` the rows or the 
 aggregator's ``Constraint`` asked for; personal parameters have no field here. Owners build
 replies with ``make_reply`` and the billboard consumes nothing else.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,11 +42,16 @@ class Failure:
 class OwnerReply:
     param_names: tuple[str, ...]
     contribution: Contribution
-    failed: int = 0        # units excluded on the owner for a NaN/inf vector (diagnostic)
+    failed: int = 0  # units excluded on the owner for a NaN/inf vector (diagnostic)
 
 
-def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint,
-               weights: np.ndarray | None = None, owned: bool = False) -> OwnerReply:
+def make_reply(
+    G: torch.Tensor,
+    names: tuple[str, ...],
+    constraint: Constraint,
+    weights: np.ndarray | None = None,
+    owned: bool = False,
+) -> OwnerReply:
     """Drop non-finite rows (they contribute zero; docs/architecture.md#failures), then apply the
     aggregator's owner-side constraint (rows, or the sum of clipped rows and a count).
     ``weights``: owner-level updates averaged by weight (the rows are scaled before summing).
@@ -55,8 +61,12 @@ def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint,
     float32 row is finite exactly when the float64 sum of its squares is (no float32 square
     overflows float64), so no element-wise mask of G is made."""
     norms = None
-    if (weights is None and not constraint.rows and constraint.clip is not None
-            and G.dtype in (torch.float32, torch.float16, torch.bfloat16)):
+    if (
+        weights is None
+        and not constraint.rows
+        and constraint.clip is not None
+        and G.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    ):
         norms = row_norms64(G)
         ok = torch.isfinite(norms).to(G.device)
     else:
@@ -66,16 +76,16 @@ def make_reply(G: torch.Tensor, names: tuple[str, ...], constraint: Constraint,
         G = G[ok]
         norms = None if norms is None else norms[ok.cpu()]
     if weights is None:
-        return OwnerReply(names, constraint.apply(G, norms, inplace=owned and not failed),
-                          failed)
+        return OwnerReply(names, constraint.apply(G, norms, inplace=owned and not failed), failed)
     w = np.asarray(weights, dtype=np.float64)[ok.numpy()]
     c = constraint.apply(G * torch.from_numpy(w).to(G.dtype).unsqueeze(1))
     c.weight = float(w.sum())
     return OwnerReply(names, c, failed)
 
 
-def rows_reply(chunks: Iterable[torch.Tensor], units: int, dim: int, dtype: torch.dtype,
-               names: tuple[str, ...]) -> OwnerReply:
+def rows_reply(
+    chunks: Iterable[torch.Tensor], units: int, dim: int, dtype: torch.dtype, names: tuple[str, ...]
+) -> OwnerReply:
     """The reply of an aggregator that takes rows (``Constraint(rows=True)``), from the row
     chunks of at most ``units`` units as the owners compute them: each chunk's finite rows are
     written, in order, into one [units, dim] matrix allocated up front, so the rows are held
@@ -90,6 +100,6 @@ def rows_reply(chunks: Iterable[torch.Tensor], units: int, dim: int, dtype: torc
             G, failed = G[ok], failed + bad
         if at + len(G) > units:
             raise ValueError(f"rows_reply: more than the {units} units' rows announced")
-        out[at:at + len(G)].copy_(G)
+        out[at : at + len(G)].copy_(G)
         at += len(G)
     return OwnerReply(names, Constraint(rows=True).apply(out[:at]), failed)

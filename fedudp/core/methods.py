@@ -19,6 +19,7 @@ delta or gradient; the billboard's aggregator adds the noise: ``privacy.placemen
 at a public copy (certified); owner-level accounting allows the feedback (it stays inside the
 unit).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,10 +34,10 @@ class MethodSpec:
     split: ParamSplit
     private: bool
     communicates: bool
-    feedback: bool          # shared vectors computed at the owner's own personal params
-    unit: Unit              # privacy unit of the release (user or owner)
-    guarantee: str          # "certified" | "heuristic" | "none"
-    update: str = "user_vectors"   # user_vectors | owner_sgd | owner_dpsgd (see the module doc)
+    feedback: bool  # shared vectors computed at the owner's own personal params
+    unit: Unit  # privacy unit of the release (user or owner)
+    guarantee: str  # "certified" | "heuristic" | "none"
+    update: str = "user_vectors"  # user_vectors | owner_sgd | owner_dpsgd (see the module doc)
 
     @property
     def cohort_is_owners(self) -> bool:
@@ -52,8 +53,15 @@ class MethodSpec:
         return self.split.personal
 
 
-def make_method(method: str, model: SplitModel, *, personal: tuple[str, ...] = (),
-                unit: str = "user", placement: str = "server", paper: bool = False) -> MethodSpec:
+def make_method(
+    method: str,
+    model: SplitModel,
+    *,
+    personal: tuple[str, ...] = (),
+    unit: str = "user",
+    placement: str = "server",
+    paper: bool = False,
+) -> MethodSpec:
     """The method's split, privacy and update from plain values: ``method`` (per_silo, fedavg,
     full_dp, joint_dp), the model, joint-DP's personal parameter patterns (empty: the model's
     default), the privacy ``unit`` (user, record, owner), where the noise is added
@@ -67,18 +75,22 @@ def make_method(method: str, model: SplitModel, *, personal: tuple[str, ...] = (
         return MethodSpec(m, ParamSplit((), names), False, False, False, release_unit, "none")
     update = "owner_dpsgd" if Placement(placement) == Placement.local_dpsgd else "user_vectors"
     if m == Method.fedavg:
-        return MethodSpec(m, ParamSplit(names, ()), False, True, False, release_unit, "none",
-                          "owner_sgd")
+        return MethodSpec(
+            m, ParamSplit(names, ()), False, True, False, release_unit, "none", "owner_sgd"
+        )
     if m == Method.full_dp:
-        return MethodSpec(m, ParamSplit(names, ()), True, True, False, release_unit, "certified",
-                          update)
+        return MethodSpec(
+            m, ParamSplit(names, ()), True, True, False, release_unit, "certified", update
+        )
     patterns = list(personal) or list(model.default_personal)
     if not patterns:
         raise ValueError("joint_dp needs at least one personal parameter pattern")
     split = split_by_patterns(model, patterns)
     if not split.shared:
-        raise ValueError(f"{patterns} makes every parameter personal; joint_dp needs shared "
-                         "parameters (use method=per_silo for none)")
+        raise ValueError(
+            f"{patterns} makes every parameter personal; joint_dp needs shared "
+            "parameters (use method=per_silo for none)"
+        )
     feedback = paper or release_unit == Unit.owner
     guarantee = "heuristic" if (paper and release_unit != Unit.owner) else "certified"
     return MethodSpec(m, split, True, True, feedback, release_unit, guarantee, update)

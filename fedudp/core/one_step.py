@@ -31,6 +31,7 @@ than the per-user loop's small batches, and the per-user weight-gradient kernels
 than the batched one (about 50 against 40 µs a record for conv2 at 10 records per user), so
 users of up to a batch of records take this path (docs/results/bench_pfl).
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -44,10 +45,17 @@ from torch.func import functional_call
 from fedudp.core import per_sample
 
 
-def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor,
-                     y: torch.Tensor, starts: np.ndarray, sizes: np.ndarray,
-                     names: tuple[str, ...], scale: float,
-                     into: torch.Tensor | None = None) -> torch.Tensor:
+def one_step_vectors(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    names: tuple[str, ...],
+    scale: float,
+    into: torch.Tensor | None = None,
+) -> torch.Tensor:
     """[U, d] in the parameters' dtype: each user's vector, ``scale`` times its mean gradient at
     ``params`` w.r.t. ``names`` (flattened in ``names`` order), for the users whose records are
     ``starts[i] .. starts[i] + sizes[i]`` of ``x``/``y`` (module doc). Requires
@@ -63,20 +71,26 @@ def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
     rec = torch.from_numpy(np.concatenate([np.arange(a, a + k) for a, k in zip(starts, sizes)]))
     of = torch.from_numpy(np.repeat(np.arange(U), sizes))
     w = (float(scale) / torch.from_numpy(sizes).to(torch.float64)).to(dtype)[of]
-    mods = {n: m for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+    mods = {
+        n: m for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))
+    }
     layers = sorted({n.rpartition(".")[0] for n in names})
     saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     hooks = []
     for path in layers:
+
         def hook(mod, inp, out, path=path):
             if path in saved:
                 raise NotImplementedError(f"one_step_vectors: {path} is called twice")
             saved[path] = (inp[0].detach(), out)
+
         hooks.append(mods[path].register_forward_hook(hook))
     try:
         with torch.enable_grad():
-            at = {k: v.detach().requires_grad_(True) if k in names else v.detach()
-                  for k, v in params.items()}
+            at = {
+                k: v.detach().requires_grad_(True) if k in names else v.detach()
+                for k, v in params.items()
+            }
             out = functional_call(model, at, (x[rec],))
             # each record's loss times s / k_u: its output gradients are its share of its
             # user's vector
@@ -94,14 +108,20 @@ def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
             if a.dim() != 2:
                 raise NotImplementedError("one_step_vectors: Linear inputs with middle dims")
             if wname in names:
-                parts[wname] = (g.unsqueeze(2) * a.unsqueeze(1) if single
-                                else torch.bmm(*_padded(g, a, of, U, sizes)))
+                parts[wname] = (
+                    g.unsqueeze(2) * a.unsqueeze(1)
+                    if single
+                    else torch.bmm(*_padded(g, a, of, U, sizes))
+                )
             if bname in names:
                 parts[bname] = g if single else _per_user(g, of, U)
         else:
             if wname in names:
-                parts[wname] = (per_sample.conv2d_weight_per_record(a, g, mod) if single
-                                else _conv_weight_per_user(a, g, at[wname].detach(), mod, sizes))
+                parts[wname] = (
+                    per_sample.conv2d_weight_per_record(a, g, mod)
+                    if single
+                    else _conv_weight_per_user(a, g, at[wname].detach(), mod, sizes)
+                )
             if bname in names:
                 gb = g.sum((2, 3))
                 parts[bname] = gb if single else _per_user(gb, of, U)
@@ -111,8 +131,9 @@ def one_step_vectors(model: nn.Module, params: Mapping[str, torch.Tensor], x: to
     return torch.cat(flat, dim=1, out=into[:U])
 
 
-def _conv_weight_per_user(a: torch.Tensor, g: torch.Tensor, weight: torch.Tensor,
-                          mod: nn.Conv2d, sizes: np.ndarray) -> torch.Tensor:
+def _conv_weight_per_user(
+    a: torch.Tensor, g: torch.Tensor, weight: torch.Tensor, mod: nn.Conv2d, sizes: np.ndarray
+) -> torch.Tensor:
     """[U, *W.shape]: each user's gradient of the convolution ``mod`` w.r.t. its weight (Σ over
     its records), one weight-only convolution backward (aten's, the kernel autograd runs) over
     the user's records, which are consecutive rows of ``a`` [R, C_in, H, W] and ``g``
@@ -122,8 +143,18 @@ def _conv_weight_per_user(a: torch.Tensor, g: torch.Tensor, weight: torch.Tensor
     ends = np.cumsum(sizes)
     for u, (s, e) in enumerate(zip(ends - sizes, ends)):
         out[u] = torch.ops.aten.convolution_backward(
-            g[s:e], a[s:e], weight, None, mod.stride, mod.padding, mod.dilation, False,
-            (0, 0), mod.groups, (False, True, False))[1]
+            g[s:e],
+            a[s:e],
+            weight,
+            None,
+            mod.stride,
+            mod.padding,
+            mod.dilation,
+            False,
+            (0, 0),
+            mod.groups,
+            (False, True, False),
+        )[1]
     return out
 
 
@@ -132,8 +163,9 @@ def _per_user(t: torch.Tensor, of: torch.Tensor, U: int) -> torch.Tensor:
     return torch.zeros(U, *t.shape[1:], dtype=t.dtype).index_add_(0, of, t)
 
 
-def _padded(g: torch.Tensor, a: torch.Tensor, of: torch.Tensor, U: int, sizes: np.ndarray
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _padded(
+    g: torch.Tensor, a: torch.Tensor, of: torch.Tensor, U: int, sizes: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([U, out, k], [U, k, in]): each user's records' output gradients and inputs, users padded
     to the largest size with zero records, for Σ_{r∈u} g_r a_rᵀ as one batched matmul."""
     k = int(sizes.max())

@@ -19,6 +19,7 @@ records), a Flower ``ClientApp`` its own one-owner shard (``Federation.owner(j)`
 parameters are stacked ``[owners here, ...]``. Batch orders are keyed by the global owner id,
 so both engines compute the same vectors. A new owner-side training mode belongs here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,8 +73,13 @@ class OwnerTraining:
 def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
     lo = fed.user_owner[users]
     oo = fed.owner_offsets
-    return local_sgd.Units(fed.user_offsets[users], np.diff(fed.user_offsets)[users], fed.owner_ids[lo],
-                   oo[lo], np.diff(oo)[lo])
+    return local_sgd.Units(
+        fed.user_offsets[users],
+        np.diff(fed.user_offsets)[users],
+        fed.owner_ids[lo],
+        oo[lo],
+        np.diff(oo)[lo],
+    )
 
 
 def owner_units(fed: Federation, owners: np.ndarray) -> local_sgd.Units:
@@ -98,15 +104,24 @@ class OwnerHooks:
     """The owner computation's declared extension points (a training algorithm's,
     ``fedudp.algorithms``). Each returns None for the plain behaviour."""
 
-    def personal_round(self, owners: "Owners", fed: Federation, shared: Params,
-                       personal: Params, round_: int) -> Params | None:
+    def personal_round(
+        self, owners: "Owners", fed: Federation, shared: Params, personal: Params, round_: int
+    ) -> Params | None:
         """Every owner's personal parameters after this round (instead of epochs of SGD on all
         its records)."""
         return None
 
-    def user_gradients(self, owners: "Owners", fed: Federation, shared: Params, fr_unit: Params,
-                       fr_common: Params, sub: local_sgd.Units, user_ids: np.ndarray,
-                       round_: int) -> torch.Tensor | None:
+    def user_gradients(
+        self,
+        owners: "Owners",
+        fed: Federation,
+        shared: Params,
+        fr_unit: Params,
+        fr_common: Params,
+        sub: local_sgd.Units,
+        user_ids: np.ndarray,
+        round_: int,
+    ) -> torch.Tensor | None:
         """[len(sub), d_shared]: the users' shared vectors in ``gradient`` mode (instead of
         their mean gradients at the broadcast)."""
         return None
@@ -116,8 +131,14 @@ class Owners:
     """The owner side of a run: model, shared/personal split, local training (see module doc).
     ``hooks``: a training algorithm's ``OwnerHooks`` (None: the plain owner)."""
 
-    def __init__(self, model: nn.Module, spec: MethodSpec, training: OwnerTraining, budget: int,
-                 hooks: OwnerHooks | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: MethodSpec,
+        training: OwnerTraining,
+        budget: int,
+        hooks: OwnerHooks | None = None,
+    ) -> None:
         self.model, self.spec, self.training, self.budget = model, spec, training, int(budget)
         self.hooks = hooks if hooks is not None else OwnerHooks()
         init = dict(model.named_parameters())
@@ -138,11 +159,14 @@ class Owners:
         return bool(self.spec.personal) and self.training.personal.epochs > 0
 
     def initial_personal(self, owners: int) -> Params:
-        return {k: v.unsqueeze(0).expand(owners, *v.shape).clone()
-                for k, v in self.public_personal.items()}
+        return {
+            k: v.unsqueeze(0).expand(owners, *v.shape).clone()
+            for k, v in self.public_personal.items()
+        }
 
-    def personal_round(self, fed: Federation, shared: Params, personal: Params, round_: int
-                       ) -> Params:
+    def personal_round(
+        self, fed: Federation, shared: Params, personal: Params, round_: int
+    ) -> Params:
         """Every owner's personal parameters after its epochs of SGD on all its records, the
         shared parameters fixed at the broadcast. No noise: they never leave the owner.
         A training algorithm's ``hooks.personal_round`` replaces this update."""
@@ -156,15 +180,24 @@ class Owners:
         new = {k: v.clone() for k, v in personal.items()}
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):
             orders = local_sgd.batch_orders(units.subset(sel), spec, round_, Purpose.PERSONAL_ORDER)
-            out = local_sgd.local_sgd(self.model, local_sgd.select(personal, sel), {}, dict(shared), fed.x, fed.y,
-                              orders, spec)
+            out = local_sgd.local_sgd(
+                self.model,
+                local_sgd.select(personal, sel),
+                {},
+                dict(shared),
+                fed.x,
+                fed.y,
+                orders,
+                spec,
+            )
             for k in new:
                 new[k][torch.from_numpy(sel)] = out[k].detach()
             self.report_progress("personal", int(sel[-1]) + 1, fed.num_owners)
         return new
 
-    def user_vectors(self, fed: Federation, shared: Params, personal: Params, users: np.ndarray,
-                     round_: int) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+    def user_vectors(
+        self, fed: Federation, shared: Params, personal: Params, users: np.ndarray, round_: int
+    ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         """(users, [len, d_shared]) chunks of the users' shared vectors at the broadcast.
 
         ``delta``: the change of the shared parameters after the user's epochs of SGD on its own
@@ -183,22 +216,31 @@ class Owners:
             fr_unit, fr_common = self._frozen(fed, personal, fed.user_owner[users[sel]])
             start = local_sgd.expand(shared, len(sub))
             if delta:
-                orders = local_sgd.batch_orders(sub, spec, round_, Purpose.USER_ORDER,
-                                                fed.user_ids[users[sel]])
-                end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec)
+                orders = local_sgd.batch_orders(
+                    sub, spec, round_, Purpose.USER_ORDER, fed.user_ids[users[sel]]
+                )
+                end = local_sgd.local_sgd(
+                    self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec
+                )
                 G = local_sgd.flat_delta(end, shared, names)
             else:
-                G = self.hooks.user_gradients(self, fed, shared, fr_unit, fr_common, sub,
-                                              fed.user_ids[users[sel]], round_)
+                G = self.hooks.user_gradients(
+                    self, fed, shared, fr_unit, fr_common, sub, fed.user_ids[users[sel]], round_
+                )
                 if G is None:
-                    G = local_sgd.flatten(local_sgd.mean_gradients(
-                        self.model, start, fr_unit, fr_common, fed.x, fed.y, sub), names)
+                    G = local_sgd.flatten(
+                        local_sgd.mean_gradients(
+                            self.model, start, fr_unit, fr_common, fed.x, fed.y, sub
+                        ),
+                        names,
+                    )
             done += len(sel)
             self.report_progress("users", done, len(users))
             yield users[sel], G.detach()
 
-    def unit_vectors(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
-                     round_: int) -> Iterator[torch.Tensor]:
+    def unit_vectors(
+        self, fed: Federation, shared: Params, personal: Params, units: np.ndarray, round_: int
+    ) -> Iterator[torch.Tensor]:
         """Row chunks for the billboard's sampled ``units`` of this federation: users, or with
         ``privacy.unit=owner`` owners (each the mean of all its users' vectors)."""
         if self.spec.unit != Unit.owner:
@@ -217,15 +259,24 @@ class Owners:
         counts = torch.from_numpy(np.diff(ou)[units]).to(sums.dtype)
         yield sums / counts.clamp(min=1).unsqueeze(1)
 
-    def _frozen(self, fed: Federation, personal: Params, owners: np.ndarray) -> tuple[Params, Params]:
+    def _frozen(
+        self, fed: Federation, personal: Params, owners: np.ndarray
+    ) -> tuple[Params, Params]:
         """(per-unit personal params, common ones) at which shared updates are computed."""
         if self.spec.feedback and self.spec.personal:
             return local_sgd.select(personal, owners), {}
         return {}, dict(self.public_personal)
 
-    def owner_deltas(self, fed: Federation, shared: Params, personal: Params, owners: np.ndarray,
-                     round_: int, constraint: Constraint, fractions: np.ndarray | None = None
-                     ) -> torch.Tensor:
+    def owner_deltas(
+        self,
+        fed: Federation,
+        shared: Params,
+        personal: Params,
+        owners: np.ndarray,
+        round_: int,
+        constraint: Constraint,
+        fractions: np.ndarray | None = None,
+    ) -> torch.Tensor:
         """[len(owners), d_shared]: each owner's owner-level update (``owner_sgd`` or
         ``owner_dpsgd``) from the broadcast ``shared``. ``fractions``: with an adaptive DP-SGD
         clip (``constraint.dpsgd_count_noise``), filled with each owner's released unclipped
@@ -234,27 +285,54 @@ class Owners:
         if self.spec.update == "owner_dpsgd":
             fr_unit, fr_common = self._frozen(fed, personal, owners)
             count_noise = constraint.dpsgd_count_noise
-            dp = DpSgdSpec(float(constraint.dpsgd_noise), float(constraint.dpsgd_clip),
-                           spec.batch_size, spec.epochs, spec.lr, spec.seed,
-                           None if count_noise is None else float(count_noise),
-                           secure=bool(self.training.secure_randomness))
-            if self.training.dpsgd_records:     # group privacy: every record is a DP-SGD unit
+            dp = DpSgdSpec(
+                float(constraint.dpsgd_noise),
+                float(constraint.dpsgd_clip),
+                spec.batch_size,
+                spec.epochs,
+                spec.lr,
+                spec.seed,
+                None if count_noise is None else float(count_noise),
+                secure=bool(self.training.secure_randomness),
+            )
+            if self.training.dpsgd_records:  # group privacy: every record is a DP-SGD unit
                 n, oo = len(fed.y), fed.owner_offsets
                 starts, sizes, first, count = np.arange(n), np.ones(n, np.int64), oo, np.diff(oo)
             else:
                 ou = fed.owner_user_offsets
-                starts, sizes, first, count = (fed.user_offsets[:-1], np.diff(fed.user_offsets),
-                                               ou, np.diff(ou))
+                starts, sizes, first, count = (
+                    fed.user_offsets[:-1],
+                    np.diff(fed.user_offsets),
+                    ou,
+                    np.diff(ou),
+                )
             if self.training.dpsgd_capacity is None:
-                raise ValueError("owner-side DP-SGD needs each owner's public capacity "
-                                 "(OwnerTraining.dpsgd_capacity)")
+                raise ValueError(
+                    "owner-side DP-SGD needs each owner's public capacity "
+                    "(OwnerTraining.dpsgd_capacity)"
+                )
             ids = fed.owner_ids[owners]
             capacity = np.asarray(self.training.dpsgd_capacity, dtype=np.int64)[ids]
-            return dpsgd_deltas(self.model, shared, fr_unit, fr_common, fed.x, fed.y, starts, sizes,
-                                first[owners], count[owners], capacity, ids, dp, round_,
-                                names, self.budget,
-                                progress=lambda d, t: self.report_progress("DP-SGD steps", d, t),
-                                fractions=fractions)
+            return dpsgd_deltas(
+                self.model,
+                shared,
+                fr_unit,
+                fr_common,
+                fed.x,
+                fed.y,
+                starts,
+                sizes,
+                first[owners],
+                count[owners],
+                capacity,
+                ids,
+                dp,
+                round_,
+                names,
+                self.budget,
+                progress=lambda d, t: self.report_progress("DP-SGD steps", d, t),
+                fractions=fractions,
+            )
         units = owner_units(fed, owners)
         G = torch.zeros(len(owners), self.shared_dim, dtype=self.dtype)
         one = self._one_step_owners(units.sizes)
@@ -266,10 +344,11 @@ class Owners:
             fr_unit, fr_common = self._frozen(fed, personal, owners[rows])
             start = local_sgd.expand(shared, len(rows))
             orders = local_sgd.batch_orders(units.subset(rows), spec, round_, Purpose.OWNER_ORDER)
-            end = local_sgd.local_sgd(self.model, start, fr_unit, fr_common, fed.x, fed.y, orders,
-                                      spec)
-            if int(rows[-1]) - int(rows[0]) + 1 == len(rows):     # consecutive: in place
-                local_sgd.flat_delta(end, shared, names, out=G[int(rows[0]):int(rows[-1]) + 1])
+            end = local_sgd.local_sgd(
+                self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec
+            )
+            if int(rows[-1]) - int(rows[0]) + 1 == len(rows):  # consecutive: in place
+                local_sgd.flat_delta(end, shared, names, out=G[int(rows[0]) : int(rows[-1]) + 1])
             else:
                 G[torch.from_numpy(rows)] = local_sgd.flat_delta(end, shared, names)
             done += len(rows)
@@ -290,17 +369,26 @@ class Owners:
             return no
         return (sizes >= 1) & (sizes <= spec.batch_size)
 
-    def _one_step_rows(self, G: torch.Tensor, rows: np.ndarray, fed: Federation, shared: Params,
-                       starts: np.ndarray, sizes: np.ndarray) -> None:
+    def _one_step_rows(
+        self,
+        G: torch.Tensor,
+        rows: np.ndarray,
+        fed: Federation,
+        shared: Params,
+        starts: np.ndarray,
+        sizes: np.ndarray,
+    ) -> None:
         """Writes the one-step deltas of the units ``rows`` (records ``starts[r] ..
         starts[r] + sizes[r]``) into those rows of ``G``."""
-        for sel, V in self._one_step_chunks(fed, shared, starts[rows], sizes[rows],
-                                            -self.training.user.lr):
+        for sel, V in self._one_step_chunks(
+            fed, shared, starts[rows], sizes[rows], -self.training.user.lr
+        ):
             G[torch.from_numpy(rows[sel])] = V
             self.report_progress("owners", int(sel[-1]) + 1, len(G))
 
-    def _one_step_chunks(self, fed: Federation, shared: Params, starts: np.ndarray,
-                         sizes: np.ndarray, scale: float):
+    def _one_step_chunks(
+        self, fed: Federation, shared: Params, starts: np.ndarray, sizes: np.ndarray, scale: float
+    ):
         """Yields ``(sel, V)`` for consecutive chunks of the units (records ``starts[i] ..
         starts[i] + sizes[i]``) of at most ``min(budget, ONE_STEP_RECORDS)`` records: ``sel``
         indexes ``starts``; ``V`` [len(sel), d_shared] is ``scale`` times each unit's mean
@@ -312,19 +400,39 @@ class Owners:
         for sel in local_sgd.chunks(sizes, min(self.budget, ONE_STEP_RECORDS)):
             if buf is None or len(buf) < len(sel):
                 buf = torch.empty(len(sel), self.shared_dim, dtype=self.dtype)
-            yield sel, one_step_vectors(self.model, params, fed.x, fed.y, starts[sel],
-                                        sizes[sel], self.spec.shared, scale, into=buf)
+            yield (
+                sel,
+                one_step_vectors(
+                    self.model,
+                    params,
+                    fed.x,
+                    fed.y,
+                    starts[sel],
+                    sizes[sel],
+                    self.spec.shared,
+                    scale,
+                    into=buf,
+                ),
+            )
 
-    def reply(self, fed: Federation, shared: Params, personal: Params, units: np.ndarray,
-              round_: int, constraint: Constraint) -> OwnerReply:
+    def reply(
+        self,
+        fed: Federation,
+        shared: Params,
+        personal: Params,
+        units: np.ndarray,
+        round_: int,
+        constraint: Constraint,
+    ) -> OwnerReply:
         """The owners' reply for their sampled ``units``: shared parts only, constrained chunk
         by chunk (the cohort matrix is never built when sums suffice)."""
         if self.spec.update != "user_vectors":
-            adaptive = (self.spec.update == "owner_dpsgd"
-                        and constraint.dpsgd_count_noise is not None)
+            adaptive = (
+                self.spec.update == "owner_dpsgd" and constraint.dpsgd_count_noise is not None
+            )
             fractions = np.zeros(len(units)) if adaptive else None
             G = self.owner_deltas(fed, shared, personal, units, round_, constraint, fractions)
-            if adaptive:       # the released fractions of the owners whose delta is sent
+            if adaptive:  # the released fractions of the owners whose delta is sent
                 rep = self._weighted_reply(G, fed, units, constraint)
                 ok = finite_rows(G).numpy()
                 rep.contribution.fraction_sum = float(fractions[ok].sum())
@@ -335,32 +443,42 @@ class Owners:
             # sorted chunks: the rows go to the estimator in the cohort's own order
             got = list(self.user_vectors(fed, shared, personal, units, round_))
             if not got:
-                return make_reply(torch.zeros(0, self.shared_dim, dtype=self.dtype),
-                                  self.spec.shared, constraint)
+                return make_reply(
+                    torch.zeros(0, self.shared_dim, dtype=self.dtype), self.spec.shared, constraint
+                )
             done = np.concatenate([u for u, _ in got])
             G = torch.cat([g for _, g in got])
             where = {int(u): i for i, u in enumerate(done)}
             G = G[torch.from_numpy(np.array([where[int(u)] for u in units], dtype=np.int64))]
             return make_reply(G, self.spec.shared, constraint)
-        if constraint.rows:      # written into one matrix as the chunks come (held once)
-            return rows_reply(self.unit_vectors(fed, shared, personal, units, round_),
-                              len(units), self.shared_dim, self.dtype, self.spec.shared)
+        if constraint.rows:  # written into one matrix as the chunks come (held once)
+            return rows_reply(
+                self.unit_vectors(fed, shared, personal, units, round_),
+                len(units),
+                self.shared_dim,
+                self.dtype,
+                self.spec.shared,
+            )
         fast = self._one_step_units(fed, units, constraint) if ONE_STEP else None
         parts = []
         if fast is not None and fast.any():
             parts.append(self._one_step_reply(fed, shared, units[fast], constraint))
             units = units[~fast]
         if len(units) or not parts:
-            parts += [make_reply(G, self.spec.shared, constraint)
-                      for G in self.unit_vectors(fed, shared, personal, units, round_)]
+            parts += [
+                make_reply(G, self.spec.shared, constraint)
+                for G in self.unit_vectors(fed, shared, personal, units, round_)
+            ]
         if len(parts) == 1:
             return parts[0]
-        c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
-                               constraint.rows)
+        c = Contribution.merge(
+            [p.contribution for p in parts], self.shared_dim, self.dtype, constraint.rows
+        )
         return OwnerReply(self.spec.shared, c, sum(p.failed for p in parts))
 
-    def _one_step_units(self, fed: Federation, units: np.ndarray, constraint: Constraint
-                        ) -> np.ndarray | None:
+    def _one_step_units(
+        self, fed: Federation, units: np.ndarray, constraint: Constraint
+    ) -> np.ndarray | None:
         """Which of the sampled users ``units`` take the one-step path
         (``fedudp.core.one_step``: their vectors from one batched forward/backward), or None
         where it does not apply. It applies to clipped sums of users (not owners) at parameters common
@@ -387,37 +505,41 @@ class Owners:
             return sizes <= spec.batch_size
         return (sizes <= ONE_STEP_RECORDS) | ~local_sgd.loop_units(self.model, sizes, None)
 
-    def _one_step_reply(self, fed: Federation, shared: Params, units: np.ndarray,
-                        constraint: Constraint) -> OwnerReply:
+    def _one_step_reply(
+        self, fed: Federation, shared: Params, units: np.ndarray, constraint: Constraint
+    ) -> OwnerReply:
         """The users ``units``' vectors from one batched forward/backward per chunk of the
         record budget (``_one_step_chunks``), constrained as every other path's, chunk by
         chunk (in place in the chunk's scratch matrix)."""
         names = self.spec.shared
-        scale = (-self.training.user.lr if self.training.mode == SharedUpdate.delta.value
-                 else 1.0)
+        scale = -self.training.user.lr if self.training.mode == SharedUpdate.delta.value else 1.0
         sub = user_units(fed, units)
         parts = []
         for sel, G in self._one_step_chunks(fed, shared, sub.starts, sub.sizes, scale):
             parts.append(make_reply(G, names, constraint, owned=True))
             self.report_progress("users", int(sel[-1]) + 1, len(units))
-        c = Contribution.merge([p.contribution for p in parts], self.shared_dim, self.dtype,
-                               constraint.rows)
+        c = Contribution.merge(
+            [p.contribution for p in parts], self.shared_dim, self.dtype, constraint.rows
+        )
         return OwnerReply(names, c, sum(p.failed for p in parts))
 
-    def _weighted_reply(self, G: torch.Tensor, fed: Federation, units: np.ndarray,
-                        constraint: Constraint) -> OwnerReply:
+    def _weighted_reply(
+        self, G: torch.Tensor, fed: Federation, units: np.ndarray, constraint: Constraint
+    ) -> OwnerReply:
         """Owner-level updates averaged uniformly or by owner size."""
         if self.training.owner_weights == OwnerWeights.uniform.value:
             w = np.ones(len(units))
-        elif self.spec.update == "owner_dpsgd":     # public sizes: the actual ones are data
-            w = np.asarray(self.training.public_owner_records,
-                           dtype=np.float64)[fed.owner_ids[units]]
+        elif self.spec.update == "owner_dpsgd":  # public sizes: the actual ones are data
+            w = np.asarray(self.training.public_owner_records, dtype=np.float64)[
+                fed.owner_ids[units]
+            ]
         else:
             w = np.diff(fed.owner_offsets)[units].astype(np.float64)
         return make_reply(G, self.spec.shared, constraint, weights=w)
 
-    def evaluate(self, fed: Federation, shared: Params, personal: Params
-                 ) -> tuple[np.ndarray, np.ndarray]:
+    def evaluate(
+        self, fed: Federation, shared: Params, personal: Params
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(accuracy, loss) of each owner on its test shard with its own personal parameters
         (NaN for an empty shard). A shard is evaluated in pieces of at most the evaluation
         budget (a convolution model: ``EVAL_RECORDS_CONV`` records, whose forward on the CPU
@@ -426,21 +548,29 @@ class Owners:
         owner's own shard, so both engines compute the same numbers."""
         sizes = np.diff(fed.test_offsets)
         O = fed.num_owners
-        piece = min(self.budget, EVAL_RECORDS_CONV) if local_sgd.has_conv(self.model) else self.budget
-        counts = np.maximum(-(-sizes // piece), 1)               # an empty shard: one empty piece
+        piece = (
+            min(self.budget, EVAL_RECORDS_CONV) if local_sgd.has_conv(self.model) else self.budget
+        )
+        counts = np.maximum(-(-sizes // piece), 1)  # an empty shard: one empty piece
         owner = np.repeat(np.arange(O), counts)
         k = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
         starts = fed.test_offsets[:-1][owner] + k * piece
         offsets = np.append(starts, fed.test_offsets[-1])
-        last = np.append(owner[1:] != owner[:-1], True)       # an owner's last piece
+        last = np.append(owner[1:] != owner[:-1], True)  # an owner's last piece
         correct, loss = np.zeros(O), np.zeros(O)
         reported = 0
         for sel in local_sgd.chunks(np.maximum(np.diff(offsets), 1), piece):
-            c, l = local_sgd.evaluate_sums(self.model, shared, local_sgd.select(personal, owner[sel]),
-                                           fed.x_test, fed.y_test, offsets[sel[0]:sel[-1] + 2])
+            c, l = local_sgd.evaluate_sums(
+                self.model,
+                shared,
+                local_sgd.select(personal, owner[sel]),
+                fed.x_test,
+                fed.y_test,
+                offsets[sel[0] : sel[-1] + 2],
+            )
             np.add.at(correct, owner[sel], c)
             np.add.at(loss, owner[sel], l)
-            done = int(owner[sel[-1]]) + int(last[sel[-1]])      # owners with every piece done
+            done = int(owner[sel[-1]]) + int(last[sel[-1]])  # owners with every piece done
             if done > reported:
                 reported = done
                 self.report_progress("evaluating", done, O)

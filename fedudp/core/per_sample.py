@@ -22,6 +22,7 @@ The loss of a record is its own cross-entropy, so the summed loss's per-layer ou
 are the records' own. ``supported(model, names)`` says whether a model qualifies; callers fall
 back to ``vmap`` otherwise. Tests compare both on the CNN and the linear model in float64.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -36,8 +37,11 @@ from fedudp.models.validate import fast_per_record
 
 def _owner_modules(model: nn.Module) -> dict[str, nn.Module]:
     """Module path -> module, for the modules that own parameters directly."""
-    return {name: mod for name, mod in model.named_modules()
-            if any(True for _ in mod.parameters(recurse=False))}
+    return {
+        name: mod
+        for name, mod in model.named_modules()
+        if any(True for _ in mod.parameters(recurse=False))
+    }
 
 
 def _join(path: str, leaf: str) -> str:
@@ -50,9 +54,13 @@ def supported(model: nn.Module, names: tuple[str, ...]) -> bool:
     return fast_per_record(model, names)
 
 
-def per_record_gradients(model: nn.Module, params: Mapping[str, torch.Tensor],
-                         x: torch.Tensor, y: torch.Tensor, names: tuple[str, ...]
-                         ) -> dict[str, torch.Tensor]:
+def per_record_gradients(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    names: tuple[str, ...],
+) -> dict[str, torch.Tensor]:
     """{name: [R, *shape]}: each record's gradient of its cross-entropy w.r.t. ``names``, at
     ``params`` (all the model's parameters, unbatched). Requires ``supported(model, names)``."""
     mods = _owner_modules(model)
@@ -60,17 +68,20 @@ def per_record_gradients(model: nn.Module, params: Mapping[str, torch.Tensor],
     saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     hooks = []
     for path in wanted:
+
         def hook(mod, inp, out, path=path):
-            if path in saved:      # a layer applied twice: its output gradient is not one record's
+            if path in saved:  # a layer applied twice: its output gradient is not one record's
                 raise NotImplementedError(f"per_record_gradients: {path} is called twice")
             saved[path] = (inp[0].detach(), out)
+
         hooks.append(mods[path].register_forward_hook(hook))
     try:
         with torch.enable_grad():
             # the differentiated parameters make every wanted layer's output part of the graph
             # (token-id inputs cannot require gradients themselves)
-            at = {k: v.detach().requires_grad_(True) if k in names else v
-                  for k, v in params.items()}
+            at = {
+                k: v.detach().requires_grad_(True) if k in names else v for k, v in params.items()
+            }
             out = functional_call(model, at, (x,))
             loss = F.cross_entropy(out, y, reduction="sum")
             order = sorted(saved)
@@ -99,8 +110,8 @@ def conv2d_weight_per_record(a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d) -
     R, c_in = a.shape[0], a.shape[1]
     c_out, kh, kw = mod.weight.shape[0], mod.weight.shape[2], mod.weight.shape[3]
     ph, pw = mod.padding
-    inp = F.pad(a, (pw, pw, ph, ph)).transpose(0, 1)                 # [C_in, R, H_p, W_p]
+    inp = F.pad(a, (pw, pw, ph, ph)).transpose(0, 1)  # [C_in, R, H_p, W_p]
     ker = g.reshape(R * c_out, 1, g.shape[2], g.shape[3])
     out = F.conv2d(inp, ker, stride=mod.dilation, dilation=mod.stride, groups=R)
-    out = out[:, :, :kh, :kw]                     # a stride that does not divide: extra taps
+    out = out[:, :, :kh, :kw]  # a stride that does not divide: extra taps
     return out.reshape(c_in, R, c_out, kh, kw).permute(1, 2, 0, 3, 4)

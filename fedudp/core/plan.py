@@ -14,6 +14,7 @@ a billboard without a plan (every existing method) is unchanged.
   AboveThreshold halted): projection, a public regulariser's gradient, step sizes per phase,
   phase restarts and the averaged iterate. Post-processing of DP releases only.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -23,6 +23,7 @@ Checkpoints (``fedudp.core.checkpoint``): after every ``checkpoint.every``-th co
 the billboard's and the transport's state and the metrics so far; a resumed run restores them
 and continues with the next round.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,8 +70,9 @@ class Transport(Protocol):
         billboard's unit ids, None without a billboard) reply with their shared parts."""
         ...
 
-    def evaluate(self, shared: Params, round_: int,
-                 while_waiting: Callable[[], None] | None = None) -> Evaluation:
+    def evaluate(
+        self, shared: Params, round_: int, while_waiting: Callable[[], None] | None = None
+    ) -> Evaluation:
         """Every owner scores ``shared`` with its own personal parameters; ``while_waiting``
         runs on the server meanwhile (or before, for an engine that cannot overlap)."""
         ...
@@ -116,8 +118,8 @@ class StopFlag:
         self.signum: int | None = None
         self._old: dict[int, object] = {}
 
-    def _handler(self, signum, frame) -> None:   # noqa: ANN001
-        if self.signum is not None:                # the second signal: no more waiting
+    def _handler(self, signum, frame) -> None:  # noqa: ANN001
+        if self.signum is not None:  # the second signal: no more waiting
             signal.signal(signum, signal.SIG_DFL)
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
@@ -159,7 +161,7 @@ class StopSignals:
         if not self._depth and self.flag is not None:
             self.flag.check()
 
-    def _handler(self, signum, frame) -> None:   # noqa: ANN001
+    def _handler(self, signum, frame) -> None:  # noqa: ANN001
         if self._depth:
             self.pending = signum
             return
@@ -195,43 +197,60 @@ class RoundsResult:
     owner_accuracy: np.ndarray
     owner_loss: np.ndarray
     rounds_completed: int
-    stop_reason: str            # completed | budget | halted | diverged | interrupted | failed
+    stop_reason: str  # completed | budget | halted | diverged | interrupted | failed
     history: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
-    message: str = ""           # why a run diverged or was interrupted (one line)
-    signum: int | None = None   # the signal that interrupted it
+    message: str = ""  # why a run diverged or was interrupted (one line)
+    signum: int | None = None  # the signal that interrupted it
 
 
 def summarize(acc: np.ndarray, loss: np.ndarray, sizes: np.ndarray) -> dict:
     """Mean / std / test-size-weighted accuracy and mean loss over owners with test records."""
     ok = (sizes > 0) & np.isfinite(acc)
     if not ok.any():
-        return {"loss": None, "accuracy_mean": None, "accuracy_std": None, "accuracy_weighted": None}
+        return {
+            "loss": None,
+            "accuracy_mean": None,
+            "accuracy_std": None,
+            "accuracy_weighted": None,
+        }
     w = sizes[ok] / sizes[ok].sum()
-    return {"loss": float(np.mean(loss[ok])), "accuracy_mean": float(np.mean(acc[ok])),
-            "accuracy_std": float(np.std(acc[ok])), "accuracy_weighted": float(np.sum(w * acc[ok]))}
+    return {
+        "loss": float(np.mean(loss[ok])),
+        "accuracy_mean": float(np.mean(acc[ok])),
+        "accuracy_std": float(np.std(acc[ok])),
+        "accuracy_weighted": float(np.sum(w * acc[ok])),
+    }
 
 
 def _failures(kind: str, failures: list[Failure]) -> dict:
     if not failures:
         return {f"failed_{kind}_owners": 0}
-    return {f"failed_{kind}_owners": len(failures),
-            f"failed_{kind}": [{"owner": f.owner, "units": f.units, "reason": f.reason}
-                               for f in failures]}
+    return {
+        f"failed_{kind}_owners": len(failures),
+        f"failed_{kind}": [
+            {"owner": f.owner, "units": f.units, "reason": f.reason} for f in failures
+        ],
+    }
 
 
-def loop_state(billboard: Billboard | None, transport: Transport, round_: int,
-               history: list[dict]) -> dict:
+def loop_state(
+    billboard: Billboard | None, transport: Transport, round_: int, history: list[dict]
+) -> dict:
     """A checkpoint after ``round_`` (``fedudp.core.checkpoint``): billboard, transport, the
     metrics so far. Everything else a round draws is keyed by (seed, purpose, round)."""
     from fedudp.config import jsonable
-    return {"billboard": billboard.state() if billboard is not None else None,
-            "transport": transport.checkpoint_state(round_),
-            "history": json.dumps(jsonable(history))}
+
+    return {
+        "billboard": billboard.state() if billboard is not None else None,
+        "transport": transport.checkpoint_state(round_),
+        "history": json.dumps(jsonable(history)),
+    }
 
 
-def restore_loop(state: dict, billboard: Billboard | None, transport: Transport,
-                 checkpoint: Checkpointer) -> tuple[int, list[dict]]:
+def restore_loop(
+    state: dict, billboard: Billboard | None, transport: Transport, checkpoint: Checkpointer
+) -> tuple[int, list[dict]]:
     """(round, metrics so far) of a checkpoint, billboard and transport restored from it."""
     if (billboard is None) != (state["billboard"] is None):
         raise CheckpointError("written by a run with another billboard")
@@ -242,8 +261,13 @@ def restore_loop(state: dict, billboard: Billboard | None, transport: Transport,
     return r, json.loads(state["history"])
 
 
-def save_checkpoint(checkpoint: Checkpointer, billboard: Billboard | None, transport: Transport,
-                    round_: int, history: list[dict]) -> None:
+def save_checkpoint(
+    checkpoint: Checkpointer,
+    billboard: Billboard | None,
+    transport: Transport,
+    round_: int,
+    history: list[dict],
+) -> None:
     """Round ``round_``'s checkpoint, unless the billboard or the transport cannot give its
     state this round (a Flower owner did not save its own; a training algorithm's plan that
     keeps no checkpointable state): then the previous checkpoint stays the newest."""
@@ -252,27 +276,33 @@ def save_checkpoint(checkpoint: Checkpointer, billboard: Billboard | None, trans
         if state["transport"] is None:
             raise CheckpointError("an owner did not save its state")
     except CheckpointError as e:
-        if str(e) not in checkpoint.warned:          # once per reason, not every round
+        if str(e) not in checkpoint.warned:  # once per reason, not every round
             checkpoint.warned.add(str(e))
             warn(f"round {round_}: no checkpoint ({e}); the previous one stays the newest")
         return
     checkpoint.save(round_, state)
 
 
-def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transport: Transport,
-               test_sizes: np.ndarray, on_round: Callable[[dict], None] | None = None,
-               checkpoint: Checkpointer | None = None) -> RoundsResult:
+def run_rounds(
+    rounds: int,
+    eval_every: int,
+    billboard: Billboard | None,
+    transport: Transport,
+    test_sizes: np.ndarray,
+    on_round: Callable[[dict], None] | None = None,
+    checkpoint: Checkpointer | None = None,
+) -> RoundsResult:
     """Run up to ``rounds`` rounds; ``test_sizes`` weight the accuracy summary. With
     ``checkpoint``, a checkpoint after every ``checkpoint.every``-th completed round, and a
     run that starts from ``checkpoint.resumed`` (a resumed run) if it is set."""
     bb = billboard
     done, stop, message, signum, history = 0, "completed", "", None, []
-    withheld: list[str] = []            # this run's withheld rounds (fail closed), why
+    withheld: list[str] = []  # this run's withheld rounds (fail closed), why
     if checkpoint is not None and checkpoint.resumed is not None:
         done, history = restore_loop(checkpoint.resumed, bb, transport, checkpoint)
     shared = bb.shared_params() if bb is not None else {}
     ev: Evaluation | None = None
-    budget_ok: bool | None = None       # next round's check, computed while owners evaluate
+    budget_ok: bool | None = None  # next round's check, computed while owners evaluate
 
     def check_budget() -> None:
         nonlocal budget_ok
@@ -302,38 +332,56 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
                 info: dict = {"round": r, "failed_owners": len(got.failures)}
                 if got.failures:
                     info["failures"] = _failures("train", got.failures)["failed_train"]
-                with signals.critical():    # released, ledgered and recorded, or none of it
+                with signals.critical():  # released, ledgered and recorded, or none of it
                     why = None
                     if bb is not None:
                         lost = sum(f.units for f in got.failures)
-                        why = bb.withhold(r, len(got.replies), int(len(cohort)) - lost,
-                                          len(got.failures))
-                    if why is not None:         # fail closed: nothing released this round
+                        why = bb.withhold(
+                            r, len(got.replies), int(len(cohort)) - lost, len(got.failures)
+                        )
+                    if why is not None:  # fail closed: nothing released this round
                         withheld.append(f"round {r}: {why}")
                         info.update(cohort=int(len(cohort)), failed_units=lost, withheld=why)
                         if bb.plan is not None:
-                            stop, message = "failed", (
-                                f"round {r} withheld ({why}); a training algorithm's schedule "
-                                "cannot skip a round: stopped")
+                            stop, message = (
+                                "failed",
+                                (
+                                    f"round {r} withheld ({why}); a training algorithm's schedule "
+                                    "cannot skip a round: stopped"
+                                ),
+                            )
                     elif bb is not None:
                         agg = bb.release(got.replies, r)
                         shared = bb.shared_params()
-                        failed = sum(rep.failed for rep in got.replies) + sum(f.units for f in got.failures)
-                        info.update(cohort=int(len(cohort)), failed_units=failed,
-                                    users_used=agg.users_used,
-                                    **{f"agg_{k}": v for k, v in agg.diagnostics.items()})
+                        failed = sum(rep.failed for rep in got.replies) + sum(
+                            f.units for f in got.failures
+                        )
+                        info.update(
+                            cohort=int(len(cohort)),
+                            failed_units=failed,
+                            users_used=agg.users_used,
+                            **{f"agg_{k}": v for k, v in agg.diagnostics.items()},
+                        )
                         if bb.ledger.entries:
                             info["epsilon"] = bb.ledger.entries[-1].epsilon
                         if agg.halted:
                             stop = "halted"
                         elif bb.diverged:
-                            stop, message = "diverged", (
-                                f"round {r}: the shared parameters became non-finite (kept at their "
-                                "last finite value); likely cause: train.lr or train.server_lr too large")
+                            stop, message = (
+                                "diverged",
+                                (
+                                    f"round {r}: the shared parameters became non-finite (kept at their "
+                                    "last finite value); likely cause: train.lr or train.server_lr too large"
+                                ),
+                            )
                         elif len(cohort) and failed >= len(cohort):
-                            stop, message = "diverged", (
-                                f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
-                                "non-finite vectors or failed owners); likely cause: train.lr too large")
+                            stop, message = (
+                                "diverged",
+                                (
+                                    f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
+                                    "non-finite vectors or failed owners); likely cause: train.lr too large"
+                                ),
+                            )
                     done = r
                 if stop == "completed" and (r % eval_every == 0 or r == rounds):
                     ev = transport.evaluate(shared, r, check_budget if r < rounds else None)
@@ -346,19 +394,35 @@ def run_rounds(rounds: int, eval_every: int, billboard: Billboard | None, transp
             except RunInterrupted as e:
                 stop, signum = "interrupted", e.signum
                 if done == r and (not history or history[-1] is not info):
-                    record(info, t0)       # released before the signal: recorded, unevaluated
-                message = (f"{e} in round {r}: stopped after round {done}"
-                           + ("" if done == r else f", nothing of round {r} released"))
+                    record(info, t0)  # released before the signal: recorded, unevaluated
+                message = f"{e} in round {r}: stopped after round {done}" + (
+                    "" if done == r else f", nothing of round {r} released"
+                )
                 break
             if stop != "completed":
                 break
     if stop == "completed" and withheld and bb is not None and not bb.ledger.entries:
-        stop, message = "failed", (f"every round was withheld (owners failed), nothing released, "
-                                   f"no epsilon spent; {withheld[-1]}")
+        stop, message = (
+            "failed",
+            (
+                f"every round was withheld (owners failed), nothing released, "
+                f"no epsilon spent; {withheld[-1]}"
+            ),
+        )
     if stop != "interrupted" and (ev is None or (history and "accuracy_mean" not in history[-1])):
         ev = transport.evaluate(shared, done)
-    if ev is None:                       # interrupted before any evaluation
+    if ev is None:  # interrupted before any evaluation
         n = len(test_sizes)
         ev = Evaluation(np.full(n, np.nan), np.full(n, np.nan))
-    return RoundsResult(shared, transport.personal(), ev.accuracy, ev.loss, done, stop, history,
-                        transport.info(), message, signum)
+    return RoundsResult(
+        shared,
+        transport.personal(),
+        ev.accuracy,
+        ev.loss,
+        done,
+        stop,
+        history,
+        transport.info(),
+        message,
+        signum,
+    )

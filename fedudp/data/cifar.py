@@ -20,6 +20,7 @@ The pickles are read by an unpickler that only builds plain containers and numpy
 other global is allowed), so a tampered file cannot run code. Errors are ``DataError`` with a
 one-line message naming the file or folder.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -41,10 +42,15 @@ PIXELS = 3 * 32 * 32
 # (module, name) pairs a CIFAR pickle may name: numpy's array reconstruction and, in the
 # Python 2 protocol, bytes decoding. "numpy.core" is numpy 1's name for numpy 2's "numpy._core".
 _ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("_codecs", "encode"),
 }
 
 
@@ -57,7 +63,7 @@ class _SafeUnpickler(pickle.Unpickler):
         if module.startswith("numpy.core."):
             try:
                 return getattr(importlib.import_module("numpy._core" + module[10:]), name)
-            except ImportError:    # numpy 1: numpy.core is the real module
+            except ImportError:  # numpy 1: numpy.core is the real module
                 pass
         return getattr(importlib.import_module(module), name)
 
@@ -69,20 +75,31 @@ def _folder(root: str | Path, name: str, files: list[str]) -> Path:
         if all((folder / f).is_file() for f in files):
             return folder
     tarball = "CIFAR-10" if name == CIFAR10_DIR else "CIFAR-100"
-    raise DataError(f"{root / name}: no {tarball} python-version files ({', '.join(files)}); "
-                    f"download the {tarball} python version tarball from "
-                    f"https://www.cs.toronto.edu/~kriz/cifar.html and unpack it in {root} "
-                    f"(tar xzf ... -C {root} makes {root / name}/)")
+    raise DataError(
+        f"{root / name}: no {tarball} python-version files ({', '.join(files)}); "
+        f"download the {tarball} python version tarball from "
+        f"https://www.cs.toronto.edu/~kriz/cifar.html and unpack it in {root} "
+        f"(tar xzf ... -C {root} makes {root / name}/)"
+    )
 
 
 def _unpickle(path: Path) -> dict:
     try:
         with open(path, "rb") as f:
             obj = _SafeUnpickler(f, encoding="bytes").load()
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError, AttributeError,
-            IndexError, KeyError) as e:
-        raise DataError(f"{path}: not a readable CIFAR python pickle ({e})".replace("\n", " ")) \
-            from e
+    except (
+        OSError,
+        EOFError,
+        pickle.UnpicklingError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+    ) as e:
+        raise DataError(
+            f"{path}: not a readable CIFAR python pickle ({e})".replace("\n", " ")
+        ) from e
     if not isinstance(obj, dict):
         raise DataError(f"{path}: not a CIFAR batch (expected a pickled dict)")
     return obj
@@ -97,11 +114,14 @@ def _batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
             raise DataError(f"{path}: no key {key!r} (keys present: {keys})")
     data, labels = np.asarray(obj[b"data"]), np.asarray(obj[label_key])
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != PIXELS:
-        raise DataError(f"{path}: b'data' must be uint8 [n, {PIXELS}], got {data.dtype} "
-                        f"{list(data.shape)}")
+        raise DataError(
+            f"{path}: b'data' must be uint8 [n, {PIXELS}], got {data.dtype} {list(data.shape)}"
+        )
     if labels.ndim != 1 or len(labels) != len(data) or labels.dtype.kind not in "iu":
-        raise DataError(f"{path}: {label_key!r} must be {len(data)} integer labels, got "
-                        f"{labels.dtype} {list(labels.shape)}")
+        raise DataError(
+            f"{path}: {label_key!r} must be {len(data)} integer labels, got "
+            f"{labels.dtype} {list(labels.shape)}"
+        )
     return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
 
@@ -121,12 +141,12 @@ def read_cifar10(root: str | Path) -> tuple[Records, Records]:
     """
     train = [f"data_batch_{i}" for i in range(1, 6)]
     folder = _folder(root, CIFAR10_DIR, train + ["test_batch"])
-    return (_records(folder, train, b"labels", 10),
-            _records(folder, ["test_batch"], b"labels", 10))
+    return (_records(folder, train, b"labels", 10), _records(folder, ["test_batch"], b"labels", 10))
 
 
-def read_cifar100(root: str | Path,
-                  labels: Literal["fine", "coarse"] = "fine") -> tuple[Records, Records]:
+def read_cifar100(
+    root: str | Path, labels: Literal["fine", "coarse"] = "fine"
+) -> tuple[Records, Records]:
     """(train, test) CIFAR-100 ``Records`` from ``<root>/cifar-100-python/`` (or ``root``).
 
     ``labels="fine"``: the 100 classes (``b"fine_labels"``); ``"coarse"``: the 20 superclasses

@@ -20,6 +20,7 @@ object array. Parquet needs pyarrow (``pip install 'fedudp[parquet]'``).
 
 Errors are ``DataError`` with a one-line message naming the file (and the column).
 """
+
 from __future__ import annotations
 
 import zipfile
@@ -48,19 +49,23 @@ def _existing(path: str | Path, how: str) -> Path:
 def _declared(classes: int | None, path: Path | str) -> int:
     """The caller's declared number of classes (never inferred from the labels)."""
     if classes is None:
-        raise DataError(f"{path}: pass classes=<the number of classes> (public, declared: "
-                        "fedudp does not infer it from the labels)")
+        raise DataError(
+            f"{path}: pass classes=<the number of classes> (public, declared: "
+            "fedudp does not infer it from the labels)"
+        )
     return classes
 
 
 def _missing_column(path: Path, column: str, present: Sequence[str], key: str) -> DataError:
     listed = ", ".join(present) or "none"
-    return DataError(f"{path}: no column {column!r} (columns present: {listed}); "
-                     f"pass {key}='<column>'")
+    return DataError(
+        f"{path}: no column {column!r} (columns present: {listed}); pass {key}='<column>'"
+    )
 
 
-def _wanted(features: str | Sequence[str], label: str, user: str, owner: str | None,
-            meta: Sequence[str]) -> list[tuple[str, str]]:
+def _wanted(
+    features: str | Sequence[str], label: str, user: str, owner: str | None, meta: Sequence[str]
+) -> list[tuple[str, str]]:
     """(column, argument name) pairs to read, features first."""
     feats = [features] if isinstance(features, str) else list(features)
     pairs = [(f, "features") for f in feats] + [(label, "label"), (user, "user")]
@@ -69,6 +74,7 @@ def _wanted(features: str | Sequence[str], label: str, user: str, owner: str | N
 
 
 # ------------------------------------------------------------------------------------- npz
+
 
 def _load_npz(path: Path) -> Any:
     try:
@@ -80,14 +86,23 @@ def _load_npz(path: Path) -> Any:
 def _npz_column(npz: Any, path: Path, name: str) -> np.ndarray:
     try:
         return npz[name]
-    except ValueError as e:   # an object array needs pickle, which stays off
-        raise DataError(f"{path}: column {name!r} is an object array; save it as a numeric or "
-                        f"str array (np.asarray(values, dtype=str))") from e
+    except ValueError as e:  # an object array needs pickle, which stays off
+        raise DataError(
+            f"{path}: column {name!r} is an object array; save it as a numeric or "
+            f"str array (np.asarray(values, dtype=str))"
+        ) from e
 
 
-def read_npz(path: str | Path, *, features: str = "x", label: str = "y", user: str = "user",
-             owner: str | None = None, meta: Sequence[str] = (),
-             classes: int | None = None) -> Records:
+def read_npz(
+    path: str | Path,
+    *,
+    features: str = "x",
+    label: str = "y",
+    user: str = "user",
+    owner: str | None = None,
+    meta: Sequence[str] = (),
+    classes: int | None = None,
+) -> Records:
     """``Records`` from a ``.npz`` archive written by ``np.savez``/``np.savez_compressed``.
 
     ``features``, ``label``, ``user``, ``owner`` and ``meta`` name the archive's arrays;
@@ -99,14 +114,23 @@ def read_npz(path: str | Path, *, features: str = "x", label: str = "y", user: s
         for column, key in _wanted(features, label, user, owner, meta):
             if column not in present:
                 raise _missing_column(p, column, present, key)
-        cols = {name: _npz_column(npz, p, name) for name, _ in
-                _wanted(features, label, user, owner, meta)}
-    return from_arrays(cols[features], cols[label], cols[user],
-                       None if owner is None else cols[owner], _declared(classes, p),
-                       meta={m: cols[m] for m in meta}, source=str(p))
+        cols = {
+            name: _npz_column(npz, p, name)
+            for name, _ in _wanted(features, label, user, owner, meta)
+        }
+    return from_arrays(
+        cols[features],
+        cols[label],
+        cols[user],
+        None if owner is None else cols[owner],
+        _declared(classes, p),
+        meta={m: cols[m] for m in meta},
+        source=str(p),
+    )
 
 
 # ---------------------------------------------------------------------------------- parquet
+
 
 def _pyarrow() -> tuple[Any, Any, Any]:
     try:
@@ -114,15 +138,16 @@ def _pyarrow() -> tuple[Any, Any, Any]:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
     except ImportError as e:
-        raise MissingDependency("read_parquet needs pyarrow, which is not installed: "
-                                "pip install 'fedudp[parquet]'") from e
+        raise MissingDependency(
+            "read_parquet needs pyarrow, which is not installed: pip install 'fedudp[parquet]'"
+        ) from e
     return pa, pc, pq
 
 
 def _schema_names(pq: Any, path: Path) -> list[str]:
     try:
         return list(pq.read_schema(path).names)
-    except Exception as e:     # pyarrow raises ArrowInvalid / OSError for a non-Parquet file
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for a non-Parquet file
         raise DataError(f"{path}: not a readable Parquet file ({type(e).__name__})") from e
 
 
@@ -130,15 +155,20 @@ def _list_cells(pa: Any, pc: Any, arr: Any, path: Path, name: str) -> tuple[Any,
     """Peel list levels off ``arr``: (the flat values, the per-cell shape)."""
     shape: list[int] = []
     n = len(arr)
-    while pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) \
-            or pa.types.is_fixed_size_list(arr.type):
+    while (
+        pa.types.is_list(arr.type)
+        or pa.types.is_large_list(arr.type)
+        or pa.types.is_fixed_size_list(arr.type)
+    ):
         if arr.null_count:
             raise DataError(f"{path}: column {name!r} has empty (null) cells")
         lengths = np.unique(pc.list_value_length(arr).to_numpy(zero_copy_only=False))
         if len(lengths) > 1:
-            raise DataError(f"{path}: column {name!r} has cells of different lengths "
-                            f"({int(lengths[0])} and {int(lengths[1])}); every record's "
-                            f"features must have one shape")
+            raise DataError(
+                f"{path}: column {name!r} has cells of different lengths "
+                f"({int(lengths[0])} and {int(lengths[1])}); every record's "
+                f"features must have one shape"
+            )
         shape.append(int(lengths[0]) if len(lengths) else 0)
         arr = arr.flatten()
     if n and len(arr) != n * int(np.prod(shape)):
@@ -147,16 +177,20 @@ def _list_cells(pa: Any, pc: Any, arr: Any, path: Path, name: str) -> tuple[Any,
 
 
 def _numeric(pa: Any, arr: Any, path: Path, name: str) -> np.ndarray:
-    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
-            or pa.types.is_boolean(arr.type)):
+    if not (
+        pa.types.is_integer(arr.type)
+        or pa.types.is_floating(arr.type)
+        or pa.types.is_boolean(arr.type)
+    ):
         raise DataError(f"{path}: column {name!r} must be numeric, got {arr.type}")
     if arr.null_count:
         raise DataError(f"{path}: column {name!r} has missing (null) values")
     return arr.to_numpy(zero_copy_only=False)
 
 
-def _parquet_features(pa: Any, pc: Any, table: Any, path: Path,
-                      features: str | Sequence[str]) -> np.ndarray:
+def _parquet_features(
+    pa: Any, pc: Any, table: Any, path: Path, features: str | Sequence[str]
+) -> np.ndarray:
     if isinstance(features, str):
         arr = table.column(features).combine_chunks()
         values, shape = _list_cells(pa, pc, arr, path, features)
@@ -164,10 +198,14 @@ def _parquet_features(pa: Any, pc: Any, table: Any, path: Path,
     cols = []
     for name in features:
         arr = table.column(name).combine_chunks()
-        if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
-                or pa.types.is_boolean(arr.type)):
-            raise DataError(f"{path}: feature column {name!r} must be a numeric scalar column, "
-                            f"got {arr.type}")
+        if not (
+            pa.types.is_integer(arr.type)
+            or pa.types.is_floating(arr.type)
+            or pa.types.is_boolean(arr.type)
+        ):
+            raise DataError(
+                f"{path}: feature column {name!r} must be a numeric scalar column, got {arr.type}"
+            )
         cols.append(_numeric(pa, arr, path, name))
     return np.stack(cols, axis=1) if cols else np.zeros((table.num_rows, 0), np.float32)
 
@@ -179,9 +217,16 @@ def _parquet_ids(table: Any, path: Path, name: str) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)
 
 
-def read_parquet(path: str | Path, *, features: str | Sequence[str] = "x", label: str = "y",
-                 user: str = "user", owner: str | None = None, meta: Sequence[str] = (),
-                 classes: int | None = None) -> Records:
+def read_parquet(
+    path: str | Path,
+    *,
+    features: str | Sequence[str] = "x",
+    label: str = "y",
+    user: str = "user",
+    owner: str | None = None,
+    meta: Sequence[str] = (),
+    classes: int | None = None,
+) -> Records:
     """``Records`` from a Parquet file (one row per record).
 
     ``features`` is one list column (each cell an array, nested lists allowed) or a list of
@@ -199,8 +244,16 @@ def read_parquet(path: str | Path, *, features: str | Sequence[str] = "x", label
             raise _missing_column(p, column, present, key)
     table = pq.read_table(p, columns=list(dict.fromkeys(c for c, _ in wanted)))
     x = _parquet_features(pa, pc, table, p, features)
-    ids = {name: _parquet_ids(table, p, name) for name in
-           [label, user, *([] if owner is None else [owner]), *meta]}
-    return from_arrays(x, ids[label], ids[user], None if owner is None else ids[owner],
-                       _declared(classes, p),
-                       meta={m: ids[m] for m in meta}, source=str(p))
+    ids = {
+        name: _parquet_ids(table, p, name)
+        for name in [label, user, *([] if owner is None else [owner]), *meta]
+    }
+    return from_arrays(
+        x,
+        ids[label],
+        ids[user],
+        None if owner is None else ids[owner],
+        _declared(classes, p),
+        meta={m: ids[m] for m in meta},
+        source=str(p),
+    )

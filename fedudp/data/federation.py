@@ -4,6 +4,7 @@ Records are stored owner by owner and, within an owner, user by user, so every u
 records are one contiguous slice ``x[user_offsets[u]:user_offsets[u+1]]`` and every owner's
 users are ``owner_user_offsets[j]..owner_user_offsets[j+1]``. Users are data, not objects.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ class Federation:
     test_offsets: np.ndarray
     num_classes: int
     owner_classes: list[np.ndarray] | None
-    owner_ids: np.ndarray | None = None   # global id of each owner here (None: 0..n-1)
+    owner_ids: np.ndarray | None = None  # global id of each owner here (None: 0..n-1)
     # a stable identity per user (the pool index of its first record): it keys the user's own
     # randomness, and does not move when another user is added or removed (None: 0..U-1)
     user_ids: np.ndarray | None = None
@@ -80,27 +81,44 @@ class Federation:
         r0, r1 = self.user_offsets[u0], self.user_offsets[u1]
         t0, t1 = self.test_offsets[j], self.test_offsets[j + 1]
         return Federation(
-            x=self.x[r0:r1], y=self.y[r0:r1], user_offsets=self.user_offsets[u0:u1 + 1] - r0,
+            x=self.x[r0:r1],
+            y=self.y[r0:r1],
+            user_offsets=self.user_offsets[u0 : u1 + 1] - r0,
             user_owner=np.zeros(u1 - u0, dtype=np.int64),
             owner_user_offsets=np.array([0, u1 - u0], dtype=np.int64),
-            x_test=self.x_test[t0:t1], y_test=self.y_test[t0:t1],
-            test_offsets=np.array([0, t1 - t0], dtype=np.int64), num_classes=self.num_classes,
+            x_test=self.x_test[t0:t1],
+            y_test=self.y_test[t0:t1],
+            test_offsets=np.array([0, t1 - t0], dtype=np.int64),
+            num_classes=self.num_classes,
             owner_classes=None if self.owner_classes is None else [self.owner_classes[j]],
-            owner_ids=self.owner_ids[j:j + 1].copy(), user_ids=self.user_ids[u0:u1].copy())
+            owner_ids=self.owner_ids[j : j + 1].copy(),
+            user_ids=self.user_ids[u0:u1].copy(),
+        )
 
     def without_user(self, u: int) -> "Federation":
         """The neighbouring federation without user ``u`` (its records removed; every other user
         keeps its records, owner and identity): add/remove-one-user adjacency."""
         r0, r1 = int(self.user_offsets[u]), int(self.user_offsets[u + 1])
-        keep = np.r_[0:r0, r1:self.num_records]
+        keep = np.r_[0:r0, r1 : self.num_records]
         offs = np.delete(self.user_offsets, u + 1)
-        offs[u + 1:] -= r1 - r0
+        offs[u + 1 :] -= r1 - r0
         owner = int(self.user_owner[u])
         ou = self.owner_user_offsets.copy()
-        ou[owner + 1:] -= 1
-        return Federation(self.x[keep], self.y[keep], offs, np.delete(self.user_owner, u), ou,
-                          self.x_test, self.y_test, self.test_offsets, self.num_classes,
-                          self.owner_classes, self.owner_ids.copy(), np.delete(self.user_ids, u))
+        ou[owner + 1 :] -= 1
+        return Federation(
+            self.x[keep],
+            self.y[keep],
+            offs,
+            np.delete(self.user_owner, u),
+            ou,
+            self.x_test,
+            self.y_test,
+            self.test_offsets,
+            self.num_classes,
+            self.owner_classes,
+            self.owner_ids.copy(),
+            np.delete(self.user_ids, u),
+        )
 
     def to(self, dtype: torch.dtype) -> "Federation":
         """Floating features in ``dtype`` (the model's), in place; integer features (token ids)
@@ -136,8 +154,9 @@ def planned_owner_users(num_records: int, num_owners: int, records_per_user: int
     return -(-partition.owner_sizes(num_records, num_owners) // records_per_user)
 
 
-def synthetic(features: int, classes: int, pool_train: int, pool_test: int, signal: float,
-              seed: int) -> Pool:
+def synthetic(
+    features: int, classes: int, pool_train: int, pool_test: int, signal: float, seed: int
+) -> Pool:
     """The seeded synthetic pool (``fedudp.data.synthetic``)."""
     tx, ty, vx, vy = synthetic_pool(features, classes, pool_train, pool_test, signal, seed)
     return Pool(tx, ty, vx, vy, int(classes))
@@ -157,10 +176,18 @@ def image_pool(name: str, root: str, download: bool = False) -> Pool:
     return Pool(norm(tx), ty.astype(np.int64), norm(vx), vy.astype(np.int64), IMAGE_CLASSES)
 
 
-def partition_pool(pool: Pool, *, num_owners: int, num_records: int, records_per_user: int,
-                   scheme: str = "paper_classes", classes_per_owner: int = 8,
-                   dirichlet_alpha: float = 0.5, test_per_owner: int | None = None,
-                   seed: int = 0) -> Federation:
+def partition_pool(
+    pool: Pool,
+    *,
+    num_owners: int,
+    num_records: int,
+    records_per_user: int,
+    scheme: str = "paper_classes",
+    classes_per_owner: int = 8,
+    dirichlet_alpha: float = 0.5,
+    test_per_owner: int | None = None,
+    seed: int = 0,
+) -> Federation:
     """Partition ``num_records`` of the pool over ``num_owners`` owners by ``scheme``
     (``paper_classes``, ``iid``, ``dirichlet``; docs/algorithms.md#data-partition), cut each
     owner into users of ``records_per_user`` (all seeded). A split the data cannot give is a
@@ -172,7 +199,8 @@ def partition_pool(pool: Pool, *, num_owners: int, num_records: int, records_per
     owner_classes = None
     if scheme == "paper_classes":
         train, test, owner_classes = partition.paper_classes(
-            ty, vy, N, n, classes_per_owner, classes, test_per, rng)
+            ty, vy, N, n, classes_per_owner, classes, test_per, rng
+        )
     elif scheme == "iid":
         train, test = partition.iid(len(ty), len(vy), N, n, min(test_per, len(vy) // n), rng)
     elif scheme == "dirichlet":
@@ -193,11 +221,15 @@ def partition_pool(pool: Pool, *, num_owners: int, num_records: int, records_per
     rec = np.concatenate(rec_idx)
     tst = np.concatenate(test)
     return Federation(
-        x=torch.from_numpy(np.ascontiguousarray(tx[rec])), y=torch.from_numpy(ty[rec]),
+        x=torch.from_numpy(np.ascontiguousarray(tx[rec])),
+        y=torch.from_numpy(ty[rec]),
         user_offsets=np.array(user_offsets, dtype=np.int64),
         user_owner=np.array(user_owner, dtype=np.int64),
         owner_user_offsets=np.array(owner_user_offsets, dtype=np.int64),
-        x_test=torch.from_numpy(np.ascontiguousarray(vx[tst])), y_test=torch.from_numpy(vy[tst]),
+        x_test=torch.from_numpy(np.ascontiguousarray(vx[tst])),
+        y_test=torch.from_numpy(vy[tst]),
         test_offsets=np.concatenate([[0], np.cumsum([len(t) for t in test])]).astype(np.int64),
-        num_classes=classes, owner_classes=owner_classes,
-        user_ids=rec[np.array(user_offsets[:-1], dtype=np.int64)].astype(np.int64))
+        num_classes=classes,
+        owner_classes=owner_classes,
+        user_ids=rec[np.array(user_offsets[:-1], dtype=np.int64)].astype(np.int64),
+    )

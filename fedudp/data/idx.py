@@ -4,6 +4,7 @@ Files are looked up as ``<root>/<name>/<file>``, ``<root>/<file>`` (gzip or not)
 ``download=True`` missing files are fetched from the public mirrors; without it a missing
 folder or file is a ``FileNotFoundError`` naming the path and the key to set.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -17,7 +18,7 @@ import numpy as np
 
 from fedudp.config import DataError
 
-CLASSES = 10          # MNIST and Fashion-MNIST
+CLASSES = 10  # MNIST and Fashion-MNIST
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -53,7 +54,9 @@ def parse_idx(raw: bytes) -> np.ndarray:
         rows, cols = struct.unpack(">II", raw[8:16])
         data = np.frombuffer(raw, dtype=np.uint8, offset=16)
         if data.size != n * rows * cols:
-            raise ValueError(f"IDX image payload has {data.size} bytes, header says {n}x{rows}x{cols}")
+            raise ValueError(
+                f"IDX image payload has {data.size} bytes, header says {n}x{rows}x{cols}"
+            )
         return data.reshape(n, rows, cols)
     if magic == 2049:
         data = np.frombuffer(raw, dtype=np.uint8, offset=8)
@@ -97,8 +100,9 @@ def _download(name: str, stem: str, dest: Path) -> Path:
     raise DataError(f"dataset.download: could not download {stem}.gz for {name}: {last}")
 
 
-def load_idx_dataset(name: str, root: str | os.PathLike, download: bool = False
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def load_idx_dataset(
+    name: str, root: str | os.PathLike, download: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train_x uint8 [N,28,28], train_y, test_x, test_y) of ``name`` from ``root``."""
     if name not in MIRRORS:
         raise ValueError(f"dataset.name: unknown IDX dataset {name!r}")
@@ -111,7 +115,8 @@ def load_idx_dataset(name: str, root: str | os.PathLike, download: bool = False
                 raise DataError(
                     f"dataset.root: {stem}(.gz) for {name} not found under {root} (looked in "
                     f"{root / name} and {root}); point dataset.root at the folder holding the IDX "
-                    f"files or set dataset.download=true")
+                    f"files or set dataset.download=true"
+                )
             path = _download(name, stem, root / name)
         try:
             arrays[key] = parse_idx(_read(path))
@@ -120,17 +125,28 @@ def load_idx_dataset(name: str, root: str | os.PathLike, download: bool = False
         paths[key] = path
     for split in ("train", "test"):
         if len(arrays[f"{split}_images"]) != len(arrays[f"{split}_labels"]):
-            raise DataError(f"{paths[f'{split}_labels']}: {len(arrays[f'{split}_labels'])} labels "
-                            f"for {len(arrays[f'{split}_images'])} images in {paths[f'{split}_images']}")
+            raise DataError(
+                f"{paths[f'{split}_labels']}: {len(arrays[f'{split}_labels'])} labels "
+                f"for {len(arrays[f'{split}_images'])} images in {paths[f'{split}_images']}"
+            )
         labels = arrays[f"{split}_labels"]
         if labels.ndim != 1 or arrays[f"{split}_images"].ndim != 3:
-            raise DataError(f"{paths[f'{split}_labels']}: expected 1-d labels and 3-d images, got "
-                            f"{labels.ndim}-d labels and {arrays[f'{split}_images'].ndim}-d images")
+            raise DataError(
+                f"{paths[f'{split}_labels']}: expected 1-d labels and 3-d images, got "
+                f"{labels.ndim}-d labels and {arrays[f'{split}_images'].ndim}-d images"
+            )
         bad = np.flatnonzero(labels >= CLASSES)
         if len(bad):
-            raise DataError(f"{paths[f'{split}_labels']}: label {int(labels[bad[0]])} at index "
-                            f"{int(bad[0])} is outside [0, {CLASSES}) ({len(bad)} such labels)")
-    return arrays["train_images"], arrays["train_labels"], arrays["test_images"], arrays["test_labels"]
+            raise DataError(
+                f"{paths[f'{split}_labels']}: label {int(labels[bad[0]])} at index "
+                f"{int(bad[0])} is outside [0, {CLASSES}) ({len(bad)} such labels)"
+            )
+    return (
+        arrays["train_images"],
+        arrays["train_labels"],
+        arrays["test_images"],
+        arrays["test_labels"],
+    )
 
 
 def check_available(name: str, root: str | os.PathLike, download: bool) -> None:
@@ -140,4 +156,5 @@ def check_available(name: str, root: str | os.PathLike, download: bool) -> None:
         if not any(p.is_file() for p in _candidates(root, name, stem)) and not download:
             raise DataError(
                 f"dataset.root: {stem}(.gz) for {name} not found under {root}; point "
-                f"dataset.root at the folder holding the IDX files or set dataset.download=true")
+                f"dataset.root at the folder holding the IDX files or set dataset.download=true"
+            )

@@ -22,6 +22,7 @@ and test (the same user ids in both); with ``-t user`` whole users go to train o
 User ids are LEAF's strings, records are kept in file order (files sorted by name, users in each
 file's "users" order). Errors are ``DataError`` with a one-line message naming the file.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ __all__ = ["VOCAB", "FEMNIST_CLASSES", "read_femnist", "read_shakespeare"]
 VOCAB = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 assert len(VOCAB) == 80 and len(set(VOCAB)) == 80
 CHAR_ID = {c: i for i, c in enumerate(VOCAB)}
-_CODE_ORDER = np.argsort([ord(c) for c in VOCAB]).astype(np.int64)   # ids by code point
+_CODE_ORDER = np.argsort([ord(c) for c in VOCAB]).astype(np.int64)  # ids by code point
 _SORTED_CODES = np.array([ord(VOCAB[i]) for i in _CODE_ORDER], dtype=np.uint32)
 SEQ_LEN = 80
 FEMNIST_CLASSES = 62
@@ -57,7 +58,8 @@ def _split_dir(root: Path, split: str, name: str, flags: str) -> list[Path]:
             f"{folder}: no LEAF {name} *.json files; get LEAF from github.com/TalwalkarLab/leaf, "
             f"run data/{name.lower()}/preprocess.sh ({flags} -t user for a user-level split, or "
             f"-t sample to split each user's records) and copy data/{name.lower()}/data/train "
-            f"and .../test to {root}/train/*.json and {root}/test/*.json")
+            f"and .../test to {root}/train/*.json and {root}/test/*.json"
+        )
     return files
 
 
@@ -74,35 +76,47 @@ def _load(path: Path) -> dict:
 
 def _user_lists(path: Path, obj: dict, user: str, i: int) -> tuple[list, list]:
     data = obj["user_data"].get(user)
-    if not isinstance(data, dict) or not isinstance(data.get("x"), list) \
-            or not isinstance(data.get("y"), list):
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("x"), list)
+        or not isinstance(data.get("y"), list)
+    ):
         raise DataError(f"{path}: user {user!r} has no 'x' and 'y' lists in 'user_data'")
     if len(data["x"]) != len(data["y"]):
         raise DataError(f"{path}: user {user!r} has {len(data['x'])} x and {len(data['y'])} y")
     counts = obj.get("num_samples")
     if isinstance(counts, list) and i < len(counts) and counts[i] != len(data["y"]):
-        raise DataError(f"{path}: user {user!r} has {len(data['y'])} records but num_samples "
-                        f"says {counts[i]}")
+        raise DataError(
+            f"{path}: user {user!r} has {len(data['y'])} records but num_samples says {counts[i]}"
+        )
     return data["x"], data["y"]
 
 
-def _read_split(root: Path, split: str, name: str, flags: str, convert: Convert,
-                classes: int) -> Records:
+def _read_split(
+    root: Path, split: str, name: str, flags: str, convert: Convert, classes: int
+) -> Records:
     xs, ys, users, seen = [], [], [], {}
     for path in _split_dir(root, split, name, flags):
         obj = _load(path)
         for i, user in enumerate(obj["users"]):
             user = str(user)
             if user in seen:
-                raise DataError(f"{path}: user {user!r} is also in {seen[user]}; a user must be "
-                                f"in one file of a split (two copies of the data in one folder?)")
+                raise DataError(
+                    f"{path}: user {user!r} is also in {seen[user]}; a user must be "
+                    f"in one file of a split (two copies of the data in one folder?)"
+                )
             seen[user] = path.name
             x, y = convert(path, user, *_user_lists(path, obj, user, i))
             xs.append(x), ys.append(y), users.append(np.full(len(y), user))
     if not ys:
         raise DataError(f"{root / split}: the LEAF files there list no users")
-    return from_arrays(np.concatenate(xs), np.concatenate(ys), np.concatenate(users),
-                       classes=classes, source=str(root / split))
+    return from_arrays(
+        np.concatenate(xs),
+        np.concatenate(ys),
+        np.concatenate(users),
+        classes=classes,
+        source=str(root / split),
+    )
 
 
 def _labels(path: Path, user: str, y: list, classes: int) -> np.ndarray:
@@ -117,19 +131,27 @@ def _labels(path: Path, user: str, y: list, classes: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------- FEMNIST
 
+
 def _femnist_user(path: Path, user: str, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
     try:
-        img = np.asarray(x, dtype=np.float32).reshape(len(x), -1) if x else \
-            np.zeros((0, FEMNIST_PIXELS), np.float32)
+        img = (
+            np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+            if x
+            else np.zeros((0, FEMNIST_PIXELS), np.float32)
+        )
     except (TypeError, ValueError) as e:
-        raise DataError(f"{path}: user {user!r} has images that are not lists of "
-                        f"{FEMNIST_PIXELS} numbers") from e
+        raise DataError(
+            f"{path}: user {user!r} has images that are not lists of {FEMNIST_PIXELS} numbers"
+        ) from e
     if img.shape[1] != FEMNIST_PIXELS:
-        raise DataError(f"{path}: user {user!r} has images of {img.shape[1]} values, expected "
-                        f"{FEMNIST_PIXELS} (28x28)")
+        raise DataError(
+            f"{path}: user {user!r} has images of {img.shape[1]} values, expected "
+            f"{FEMNIST_PIXELS} (28x28)"
+        )
     if not ((img >= 0) & (img <= 1)).all():
-        raise DataError(f"{path}: user {user!r} has pixel values outside [0, 1] (LEAF writes "
-                        f"pixel / 255)")
+        raise DataError(
+            f"{path}: user {user!r} has pixel values outside [0, 1] (LEAF writes pixel / 255)"
+        )
     return img.reshape(-1, 1, 28, 28), _labels(path, user, y, FEMNIST_CLASSES)
 
 
@@ -141,11 +163,14 @@ def read_femnist(root: str | Path) -> tuple[Records, Records]:
     """
     root = Path(root)
     flags = "e.g. ./preprocess.sh -s niid --sf 1.0 -k 0"
-    return tuple(_read_split(root, s, "FEMNIST", flags, _femnist_user, FEMNIST_CLASSES)
-                 for s in ("train", "test"))   # type: ignore[return-value]
+    return tuple(
+        _read_split(root, s, "FEMNIST", flags, _femnist_user, FEMNIST_CLASSES)
+        for s in ("train", "test")
+    )  # type: ignore[return-value]
 
 
 # ------------------------------------------------------------------------------ Shakespeare
+
 
 def _unknown_id(unknown: str) -> int | None:
     if unknown == "error":
@@ -158,8 +183,10 @@ def _unknown_id(unknown: str) -> int | None:
 def _texts(path: Path, user: str, texts: list, length: int, what: str) -> str:
     """The user's strings joined, after checking each is a str of ``length`` characters."""
     if not all(isinstance(t, str) and len(t) == length for t in texts):
-        raise DataError(f"{path}: user {user!r} has {what} that is not a string of {length} "
-                        f"character{'s' * (length > 1)}")
+        raise DataError(
+            f"{path}: user {user!r} has {what} that is not a string of {length} "
+            f"character{'s' * (length > 1)}"
+        )
     return "".join(texts)
 
 
@@ -171,9 +198,11 @@ def _encode(path: Path, user: str, text: str, fallback: int | None) -> np.ndarra
     if not known.all():
         bad = chr(int(codes[np.argmin(known)]))
         if fallback is None:
-            raise DataError(f"{path}: user {user!r} has the character {bad!r} "
-                            f"(U+{ord(bad):04X}) outside LEAF's 80-character vocabulary; pass "
-                            f"unknown=' ' to map such characters to a space")
+            raise DataError(
+                f"{path}: user {user!r} has the character {bad!r} "
+                f"(U+{ord(bad):04X}) outside LEAF's 80-character vocabulary; pass "
+                f"unknown=' ' to map such characters to a space"
+            )
     return np.where(known, _CODE_ORDER[pos], -1 if fallback is None else fallback)
 
 
@@ -181,8 +210,11 @@ def _shakespeare_converter(fallback: int | None) -> Convert:
     def convert(path: Path, user: str, x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
         inputs = _texts(path, user, x, SEQ_LEN, "an input")
         targets = _texts(path, user, y, 1, "a target")
-        return (_encode(path, user, inputs, fallback).reshape(len(x), SEQ_LEN),
-                _encode(path, user, targets, fallback))
+        return (
+            _encode(path, user, inputs, fallback).reshape(len(x), SEQ_LEN),
+            _encode(path, user, targets, fallback),
+        )
+
     return convert
 
 
@@ -197,5 +229,6 @@ def read_shakespeare(root: str | Path, *, unknown: str = "error") -> tuple[Recor
     root, fallback = Path(root), _unknown_id(unknown)
     flags = "e.g. ./preprocess.sh -s niid --sf 1.0 -k 0"
     convert = _shakespeare_converter(fallback)
-    return tuple(_read_split(root, s, "Shakespeare", flags, convert, len(VOCAB))
-                 for s in ("train", "test"))   # type: ignore[return-value]
+    return tuple(
+        _read_split(root, s, "Shakespeare", flags, convert, len(VOCAB)) for s in ("train", "test")
+    )  # type: ignore[return-value]

@@ -13,6 +13,7 @@ records; otherwise to the owner its own ``owner`` column gives (``deal`` fills t
 test sets without natural users, such as CIFAR's test batch). Without a test split,
 ``holdout`` keeps a fraction of every user's records for evaluation.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,16 +31,23 @@ __all__ = ["user_keys", "holdout", "deal", "layout", "owner_of_users"]
 def user_keys(ids: np.ndarray, source: str = "records") -> np.ndarray:
     """A stable int64 key in [0, 2³²) per (distinct) user id; a collision is a ``DataError``."""
     ids = np.asarray(ids)
-    if ids.dtype.kind in "iu" and (len(ids) == 0 or (ids.min() >= 0 and ids.max() < 2 ** 32)):
+    if ids.dtype.kind in "iu" and (len(ids) == 0 or (ids.min() >= 0 and ids.max() < 2**32)):
         keys = ids.astype(np.int64)
     else:
-        keys = np.array([int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=4).digest(),
-                                        "little") for v in ids.tolist()], dtype=np.int64)
+        keys = np.array(
+            [
+                int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=4).digest(), "little")
+                for v in ids.tolist()
+            ],
+            dtype=np.int64,
+        )
     uniq, counts = np.unique(keys, return_counts=True)
     if len(uniq) != len(np.unique(ids)):
         clash = uniq[counts > 1][0]
-        raise DataError(f"{source}: two user ids hash to the same key {int(clash)}; rename one "
-                        "of them (integer ids in [0, 2**32) are used as they are)")
+        raise DataError(
+            f"{source}: two user ids hash to the same key {int(clash)}; rename one "
+            "of them (integer ids in [0, 2**32) are used as they are)"
+        )
     return keys
 
 
@@ -65,9 +73,15 @@ def holdout(records: Records, fraction: float, seed: int) -> tuple[Records, Reco
 
 def _subset(r: Records, keep: np.ndarray) -> Records:
     from dataclasses import replace
-    return replace(r, x=r.x[keep], y=r.y[keep], user=r.user[keep],
-                   owner=None if r.owner is None else r.owner[keep],
-                   meta={k: v[keep] for k, v in r.meta.items()})
+
+    return replace(
+        r,
+        x=r.x[keep],
+        y=r.y[keep],
+        user=r.user[keep],
+        owner=None if r.owner is None else r.owner[keep],
+        meta={k: v[keep] for k, v in r.meta.items()},
+    )
 
 
 def deal(records: Records, owners: np.ndarray, seed: int) -> Records:
@@ -87,8 +101,12 @@ def owner_of_users(records: Records) -> dict:
     return dict(zip(users.tolist(), records.owner[first].tolist()))
 
 
-def layout(train: Records, test: Records | None, num_owners: int | None = None,
-           owner_ids: np.ndarray | None = None) -> Federation:
+def layout(
+    train: Records,
+    test: Records | None,
+    num_owners: int | None = None,
+    owner_ids: np.ndarray | None = None,
+) -> Federation:
     """The federation of grouped ``train`` records (every record has an owner) and their
     ``test`` records (see the module doc), in the rounds' layout.
 
@@ -105,8 +123,13 @@ def layout(train: Records, test: Records | None, num_owners: int | None = None,
     else:
         owner_ids = np.asarray(owner_ids)
         pos = np.searchsorted(owner_ids, data_owners)
-        if len(data_owners) and ((pos >= len(owner_ids)) | (owner_ids[np.minimum(
-                pos, len(owner_ids) - 1)] != data_owners)).any():
+        if (
+            len(data_owners)
+            and (
+                (pos >= len(owner_ids))
+                | (owner_ids[np.minimum(pos, len(owner_ids) - 1)] != data_owners)
+            ).any()
+        ):
             raise ValueError("layout: the data has owners outside owner_ids")
     total = len(owner_ids) if num_owners is None else int(num_owners)
     if total < len(owner_ids):
@@ -121,24 +144,42 @@ def layout(train: Records, test: Records | None, num_owners: int | None = None,
     user_offsets = np.r_[starts, len(order)].astype(np.int64)
     user_owner = oidx[order][starts].astype(np.int64)
     owner_user_offsets = np.searchsorted(user_owner, np.arange(total + 1)).astype(np.int64)
-    tx, ty, toff = _test_layout(test, owner_ids, dict(zip(users.tolist(),
-                                                          user_owner[np.argsort(user_of_slot)]
-                                                          .tolist())), train, total)
+    tx, ty, toff = _test_layout(
+        test,
+        owner_ids,
+        dict(zip(users.tolist(), user_owner[np.argsort(user_of_slot)].tolist())),
+        train,
+        total,
+    )
     return Federation(
         x=torch.from_numpy(np.ascontiguousarray(train.x[order])),
         y=torch.from_numpy(train.y[order].astype(np.int64)),
-        user_offsets=user_offsets, user_owner=user_owner, owner_user_offsets=owner_user_offsets,
-        x_test=torch.from_numpy(np.ascontiguousarray(tx)), y_test=torch.from_numpy(ty),
-        test_offsets=toff, num_classes=int(train.classes), owner_classes=None,
-        user_ids=keys[user_of_slot])
+        user_offsets=user_offsets,
+        user_owner=user_owner,
+        owner_user_offsets=owner_user_offsets,
+        x_test=torch.from_numpy(np.ascontiguousarray(tx)),
+        y_test=torch.from_numpy(ty),
+        test_offsets=toff,
+        num_classes=int(train.classes),
+        owner_classes=None,
+        user_ids=keys[user_of_slot],
+    )
 
 
-def _test_layout(test: Records | None, owner_ids: np.ndarray, owner_index_of_user: dict,
-                 train: Records, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _test_layout(
+    test: Records | None,
+    owner_ids: np.ndarray,
+    owner_index_of_user: dict,
+    train: Records,
+    total: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n = len(owner_ids)
     if test is None or len(test) == 0:
-        return (np.zeros((0, *train.x.shape[1:]), dtype=train.x.dtype), np.zeros(0, np.int64),
-                np.zeros(total + 1, np.int64))
+        return (
+            np.zeros((0, *train.x.shape[1:]), dtype=train.x.dtype),
+            np.zeros(0, np.int64),
+            np.zeros(total + 1, np.int64),
+        )
     idx = np.full(len(test), -1, dtype=np.int64)
     known = np.array([u in owner_index_of_user for u in test.user.tolist()], dtype=bool)
     if known.any():
@@ -146,16 +187,23 @@ def _test_layout(test: Records | None, owner_ids: np.ndarray, owner_index_of_use
     if (~known).any():
         if test.owner is None:
             u = test.user[~known][0]
-            raise DataError(f"{test.source or 'test records'}: user {u!r} has test records but "
-                            "no training records and no owner; give the test set an owner column")
+            raise DataError(
+                f"{test.source or 'test records'}: user {u!r} has test records but "
+                "no training records and no owner; give the test set an owner column"
+            )
         own = test.owner[~known]
         pos = np.searchsorted(owner_ids, own)
         bad = (pos >= n) | (owner_ids[np.minimum(pos, n - 1)] != own)
         if bad.any():
-            raise DataError(f"{test.source or 'test records'}: owner {own[bad][0]!r} of a test "
-                            "record has no training users")
+            raise DataError(
+                f"{test.source or 'test records'}: owner {own[bad][0]!r} of a test "
+                "record has no training users"
+            )
         idx[~known] = pos
     order = np.argsort(idx, kind="stable")
     counts = np.bincount(idx, minlength=total)
-    return (test.x[order], test.y[order].astype(np.int64),
-            np.r_[0, np.cumsum(counts)].astype(np.int64))
+    return (
+        test.x[order],
+        test.y[order].astype(np.int64),
+        np.r_[0, np.cumsum(counts)].astype(np.int64),
+    )

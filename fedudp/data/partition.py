@@ -10,6 +10,7 @@
 * ``assign_users``: an owner's records, shuffled, cut into users of ``records_per_user``.
 All functions are pure given a ``numpy.random.Generator``.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -28,8 +29,9 @@ def _class_pools(labels: np.ndarray, classes: int, rng: np.random.Generator) -> 
     return [deque(rng.permutation(np.flatnonzero(labels == c)).tolist()) for c in range(classes)]
 
 
-def round_robin_fill(pools: list[deque], owner_classes: list[np.ndarray], quotas: np.ndarray,
-                     strict: bool) -> list[np.ndarray]:
+def round_robin_fill(
+    pools: list[deque], owner_classes: list[np.ndarray], quotas: np.ndarray, strict: bool
+) -> list[np.ndarray]:
     """Owners take one record per turn, cycling over their own classes, until quotas are met.
 
     Interleaving owners keeps the split fair when a class runs short. With ``strict`` an
@@ -50,8 +52,10 @@ def round_robin_fill(pools: list[deque], owner_classes: list[np.ndarray], quotas
                     break
             else:
                 if strict:
-                    raise ValueError(f"owner {j}: its classes {list(cls)} ran out of records "
-                                     f"({len(taken[j])} of {quotas[j]} filled)")
+                    raise ValueError(
+                        f"owner {j}: its classes {list(cls)} ran out of records "
+                        f"({len(taken[j])} of {quotas[j]} filled)"
+                    )
                 continue
             if len(taken[j]) < quotas[j]:
                 still.append(j)
@@ -59,21 +63,44 @@ def round_robin_fill(pools: list[deque], owner_classes: list[np.ndarray], quotas
     return [np.array(t, dtype=np.int64) for t in taken]
 
 
-def paper_classes(train_labels: np.ndarray, test_labels: np.ndarray, total: int, owners: int,
-                  classes_per_owner: int, classes: int, test_per_owner: int,
-                  rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+def paper_classes(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    total: int,
+    owners: int,
+    classes_per_owner: int,
+    classes: int,
+    test_per_owner: int,
+    rng: np.random.Generator,
+) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     if classes_per_owner > classes:
         raise ValueError(f"partition.classes_per_owner={classes_per_owner} > {classes} classes")
-    owner_classes = [np.sort(rng.choice(classes, classes_per_owner, replace=False)) for _ in range(owners)]
-    train = round_robin_fill(_class_pools(train_labels, classes, rng), owner_classes,
-                             owner_sizes(total, owners), strict=True)
-    test = round_robin_fill(_class_pools(test_labels, classes, rng), owner_classes,
-                            np.full(owners, test_per_owner), strict=False)
+    owner_classes = [
+        np.sort(rng.choice(classes, classes_per_owner, replace=False)) for _ in range(owners)
+    ]
+    train = round_robin_fill(
+        _class_pools(train_labels, classes, rng),
+        owner_classes,
+        owner_sizes(total, owners),
+        strict=True,
+    )
+    test = round_robin_fill(
+        _class_pools(test_labels, classes, rng),
+        owner_classes,
+        np.full(owners, test_per_owner),
+        strict=False,
+    )
     return train, test, owner_classes
 
 
-def iid(n_train: int, n_test: int, total: int, owners: int, test_per_owner: int,
-        rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def iid(
+    n_train: int,
+    n_test: int,
+    total: int,
+    owners: int,
+    test_per_owner: int,
+    rng: np.random.Generator,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     sizes = owner_sizes(total, owners)
     sub = rng.permutation(n_train)[:total]
     train = np.split(sub, np.cumsum(sizes)[:-1])
@@ -82,9 +109,16 @@ def iid(n_train: int, n_test: int, total: int, owners: int, test_per_owner: int,
     return train, test
 
 
-def dirichlet(train_labels: np.ndarray, test_labels: np.ndarray, total: int, owners: int,
-              alpha: float, classes: int, test_per_owner: int, rng: np.random.Generator
-              ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+def dirichlet(
+    train_labels: np.ndarray,
+    test_labels: np.ndarray,
+    total: int,
+    owners: int,
+    alpha: float,
+    classes: int,
+    test_per_owner: int,
+    rng: np.random.Generator,
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
     props = rng.dirichlet(np.full(classes, alpha), size=owners)
 
     def fill(labels: np.ndarray, quotas: np.ndarray) -> list[np.ndarray]:

@@ -22,6 +22,7 @@ give the same result):
 * ``users_by_rule(records, "shuffle" | "dirichlet", records_per_user=r, ...)``: forms users for
   data without natural users (CIFAR); see its docstring.
 """
+
 from __future__ import annotations
 
 import sys
@@ -97,20 +98,29 @@ class Records:
             if not isinstance(getattr(self, name), np.ndarray):
                 raise self._fail(f"{name} must be a numpy array (use from_arrays to convert)")
         if self.x.ndim < 1 or self.x.dtype not in (np.float32, np.int64):
-            raise self._fail(f"x must be [N, ...] float32 or int64, got {self.x.dtype} with "
-                             f"shape {self.x.shape} (from_arrays converts)")
+            raise self._fail(
+                f"x must be [N, ...] float32 or int64, got {self.x.dtype} with "
+                f"shape {self.x.shape} (from_arrays converts)"
+            )
         if self.y.ndim != 1 or self.y.dtype != np.int64:
-            raise self._fail(f"labels must be 1-D int64, got {self.y.dtype} with shape "
-                             f"{self.y.shape}")
+            raise self._fail(
+                f"labels must be 1-D int64, got {self.y.dtype} with shape {self.y.shape}"
+            )
         if not _ids_ok(self.user):
-            raise self._fail(f"user ids must be 1-D int64 or str, got {self.user.dtype} with "
-                             f"shape {self.user.shape}")
-        if self.owner is not None and not (isinstance(self.owner, np.ndarray)
-                                           and _ids_ok(self.owner)):
+            raise self._fail(
+                f"user ids must be 1-D int64 or str, got {self.user.dtype} with "
+                f"shape {self.user.shape}"
+            )
+        if self.owner is not None and not (
+            isinstance(self.owner, np.ndarray) and _ids_ok(self.owner)
+        ):
             raise self._fail("owner ids must be None or a 1-D int64 or str numpy array")
         n = len(self.x)
-        columns = {"y": self.y, "user": self.user, **({} if self.owner is None else
-                                                      {"owner": self.owner})}
+        columns = {
+            "y": self.y,
+            "user": self.user,
+            **({} if self.owner is None else {"owner": self.owner}),
+        }
         columns.update({f"meta[{k!r}]": v for k, v in self.meta.items()})
         for name, col in columns.items():
             if not isinstance(col, np.ndarray) or col.ndim != 1 or len(col) != n:
@@ -118,13 +128,18 @@ class Records:
                 raise self._fail(f"{name} must be 1-D with one entry per record ({n}), got {shape}")
 
     def _check_values(self) -> None:
-        if isinstance(self.classes, bool) or not isinstance(self.classes, (int, np.integer)) \
-                or self.classes < 1:
+        if (
+            isinstance(self.classes, bool)
+            or not isinstance(self.classes, (int, np.integer))
+            or self.classes < 1
+        ):
             raise self._fail(f"classes must be a positive int, got {self.classes!r}")
         bad = np.flatnonzero((self.y < 0) | (self.y >= self.classes))
         if len(bad):
-            raise self._fail(f"label {int(self.y[bad[0]])} of record {int(bad[0])} is outside "
-                             f"[0, {int(self.classes)})")
+            raise self._fail(
+                f"label {int(self.y[bad[0]])} of record {int(bad[0])} is outside "
+                f"[0, {int(self.classes)})"
+            )
         if self.x.dtype.kind == "f" and not np.isfinite(self.x).all():
             row = int(np.flatnonzero(~np.isfinite(self.x.reshape(len(self.x), -1)).all(1))[0])
             raise self._fail(f"features of record {row} are NaN or infinite")
@@ -132,8 +147,10 @@ class Records:
             clash = _first_conflict(self.user, self.owner)
             if clash is not None:
                 u, a, b = clash
-                raise self._fail(f"user {_show(u)} has records under two owners ({_show(a)} and "
-                                 f"{_show(b)}); a user's records must all belong to one owner")
+                raise self._fail(
+                    f"user {_show(u)} has records under two owners ({_show(a)} and "
+                    f"{_show(b)}); a user's records must all belong to one owner"
+                )
 
     def __len__(self) -> int:
         return len(self.y)
@@ -159,11 +176,12 @@ class Records:
 
 # ------------------------------------------------------------------------------------ building
 
+
 def _as_numpy(name: str, value: Any) -> np.ndarray:
     """A numpy array from a numpy array or a torch tensor; anything else is a TypeError."""
     if isinstance(value, np.ndarray):
         return value
-    torch = sys.modules.get("torch")     # a tensor implies torch is imported already
+    torch = sys.modules.get("torch")  # a tensor implies torch is imported already
     if torch is not None and isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()
     raise TypeError(f"{name} must be a numpy array or a torch tensor, got {type(value).__name__}")
@@ -184,19 +202,26 @@ def _features(x: np.ndarray, source: str) -> np.ndarray:
     if x.dtype.kind in "fb":
         return x.astype(np.float32, copy=False)
     if x.dtype.kind in "iu":
-        return x.astype(np.int64, copy=False)       # token ids: kept as integers
+        return x.astype(np.int64, copy=False)  # token ids: kept as integers
     raise DataError(f"{_where(source)}: features must be numeric, got {x.dtype}")
 
 
 def _labels(y: np.ndarray, source: str) -> np.ndarray:
     if y.dtype.kind not in "iu":
-        raise DataError(f"{_where(source)}: labels must be integers in [0, classes), got "
-                        f"{y.dtype}")
+        raise DataError(f"{_where(source)}: labels must be integers in [0, classes), got {y.dtype}")
     return y.astype(np.int64, copy=False)
 
 
-def from_arrays(x: Any, y: Any, user: Any, owner: Any = None, classes: int | None = None, *,
-                meta: Mapping[str, Any] | None = None, source: str = "") -> Records:
+def from_arrays(
+    x: Any,
+    y: Any,
+    user: Any,
+    owner: Any = None,
+    classes: int | None = None,
+    *,
+    meta: Mapping[str, Any] | None = None,
+    source: str = "",
+) -> Records:
     """``Records`` from numpy arrays or torch tensors (a ``TypeError`` for anything else).
 
     Float or bool features become float32 and integer features int64 (token ids; an image given
@@ -207,19 +232,23 @@ def from_arrays(x: Any, y: Any, user: Any, owner: Any = None, classes: int | Non
     xa, ya, ua = (_as_numpy(n, v) for n, v in (("x", x), ("y", y), ("user", user)))
     oa = None if owner is None else _ids("owner", _as_numpy("owner", owner), source)
     cols = {str(k): _as_numpy(f"meta[{k!r}]", v) for k, v in (meta or {}).items()}
-    cols = {k: _ids(f"meta[{k!r}]", v, source) if v.dtype.kind in "OU" else v
-            for k, v in cols.items()}
+    cols = {
+        k: _ids(f"meta[{k!r}]", v, source) if v.dtype.kind in "OU" else v for k, v in cols.items()
+    }
     ya = _labels(ya, source)
     if classes is None:
         if len(ya) == 0:
-            raise DataError(f"{_where(source)}: no labels to infer the number of classes from; "
-                            f"pass classes")
+            raise DataError(
+                f"{_where(source)}: no labels to infer the number of classes from; pass classes"
+            )
         classes = int(ya.max()) + 1
-    return Records(_features(xa, source), ya, _ids("user", ua, source), oa, int(classes),
-                   cols, source)
+    return Records(
+        _features(xa, source), ya, _ids("user", ua, source), oa, int(classes), cols, source
+    )
 
 
 # ---------------------------------------------------------------------------- grouping users
+
 
 def _user_index(records: Records) -> tuple[np.ndarray, np.ndarray]:
     """(sorted distinct users, each record's index into them)."""
@@ -227,10 +256,13 @@ def _user_index(records: Records) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_owners(num_owners: int | None, num_users: int, records: Records) -> int:
-    if isinstance(num_owners, bool) or not isinstance(num_owners, (int, np.integer)) \
-            or num_owners < 1:
+    if (
+        isinstance(num_owners, bool)
+        or not isinstance(num_owners, (int, np.integer))
+        or num_owners < 1
+    ):
         raise ValueError(f"num_owners must be a positive int, got {num_owners!r}")
-    return int(num_owners)       # more owners than users: some hold none (an upper bound)
+    return int(num_owners)  # more owners than users: some hold none (an upper bound)
 
 
 def _random_owners(num_users: int, num_owners: int, rng: np.random.Generator) -> np.ndarray:
@@ -254,8 +286,9 @@ def _capacities(num_users: int, num_owners: int) -> np.ndarray:
     return cap
 
 
-def _dirichlet_owners(major: np.ndarray, num_owners: int, classes: int, alpha: float,
-                      rng: np.random.Generator) -> np.ndarray:
+def _dirichlet_owners(
+    major: np.ndarray, num_owners: int, classes: int, alpha: float, rng: np.random.Generator
+) -> np.ndarray:
     """Owner of each user under the label-skewed Dirichlet rule.
 
     1. Each owner ``k`` draws a class mixture ``p_k ~ Dirichlet(alpha, ..., alpha)`` over the
@@ -289,21 +322,31 @@ def _dirichlet_owners(major: np.ndarray, num_owners: int, classes: int, alpha: f
 def _column_owners(records: Records, column: str | None) -> np.ndarray:
     if column is None or column not in records.meta:
         present = ", ".join(sorted(records.meta)) or "none"
-        raise DataError(f"{_where(records.source)}: no metadata column {column!r} to group "
-                        f"users by (columns present: {present})")
+        raise DataError(
+            f"{_where(records.source)}: no metadata column {column!r} to group "
+            f"users by (columns present: {present})"
+        )
     values = _ids(f"meta[{column!r}]", np.asarray(records.meta[column]), records.source)
     clash = _first_conflict(records.user, values)
     if clash is not None:
         u, a, b = clash
-        raise DataError(f"{_where(records.source)}: column {column!r} gives user {_show(u)} two "
-                        f"values ({_show(a)} and {_show(b)}); the 'column' rule needs one value "
-                        f"per user")
+        raise DataError(
+            f"{_where(records.source)}: column {column!r} gives user {_show(u)} two "
+            f"values ({_show(a)} and {_show(b)}); the 'column' rule needs one value "
+            f"per user"
+        )
     return values
 
 
-def group_users(records: Records, rule: Literal["random", "column", "dirichlet"], *,
-                num_owners: int | None = None, seed: int = 0, column: str | None = None,
-                alpha: float | None = None) -> Records:
+def group_users(
+    records: Records,
+    rule: Literal["random", "column", "dirichlet"],
+    *,
+    num_owners: int | None = None,
+    seed: int = 0,
+    column: str | None = None,
+    alpha: float | None = None,
+) -> Records:
     """A copy of ``records`` with every user assigned to one owner by ``rule``.
 
     ``"random"`` (``num_owners``, ``seed``): sorted user ids are permuted with
@@ -333,14 +376,16 @@ def group_users(records: Records, rule: Literal["random", "column", "dirichlet"]
 
 # ---------------------------------------------------------------------------- forming users
 
+
 def _shuffle_users(n: int, records_per_user: int, rng: np.random.Generator) -> np.ndarray:
     user = np.empty(n, dtype=np.int64)
     user[rng.permutation(n)] = np.arange(n) // records_per_user
     return user
 
 
-def _draw_user(mix: np.ndarray, pools: list[list[int]], need: int,
-               rng: np.random.Generator) -> list[int]:
+def _draw_user(
+    mix: np.ndarray, pools: list[list[int]], need: int, rng: np.random.Generator
+) -> list[int]:
     """``need`` records drawn by class from ``mix``, renormalised over classes with records left."""
     out: list[int] = []
     while need > 0:
@@ -354,8 +399,9 @@ def _draw_user(mix: np.ndarray, pools: list[list[int]], need: int,
     return out
 
 
-def _dirichlet_users(y: np.ndarray, classes: int, records_per_user: int, alpha: float,
-                     rng: np.random.Generator) -> np.ndarray:
+def _dirichlet_users(
+    y: np.ndarray, classes: int, records_per_user: int, alpha: float, rng: np.random.Generator
+) -> np.ndarray:
     pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in range(classes)]
     user = np.empty(len(y), dtype=np.int64)
     for u in range(-(-len(y) // records_per_user)):
@@ -365,8 +411,14 @@ def _dirichlet_users(y: np.ndarray, classes: int, records_per_user: int, alpha: 
     return user
 
 
-def users_by_rule(records: Records, rule: Literal["shuffle", "dirichlet"] = "shuffle", *,
-                  records_per_user: int, seed: int = 0, alpha: float | None = None) -> Records:
+def users_by_rule(
+    records: Records,
+    rule: Literal["shuffle", "dirichlet"] = "shuffle",
+    *,
+    records_per_user: int,
+    seed: int = 0,
+    alpha: float | None = None,
+) -> Records:
     """A copy of ``records`` with users formed by ``rule`` (for data with no natural users).
 
     Every record goes to exactly one user; users are int64 ``0..ceil(N / records_per_user)-1``;
@@ -383,8 +435,11 @@ def users_by_rule(records: Records, rule: Literal["shuffle", "dirichlet"] = "shu
     classes that still have records). The last user takes what is left, so it may be smaller.
     Small ``alpha``: each user's records are mostly one class.
     """
-    if isinstance(records_per_user, bool) or not isinstance(records_per_user, (int, np.integer)) \
-            or records_per_user < 1:
+    if (
+        isinstance(records_per_user, bool)
+        or not isinstance(records_per_user, (int, np.integer))
+        or records_per_user < 1
+    ):
         raise ValueError(f"records_per_user must be a positive int, got {records_per_user!r}")
     rng = np.random.default_rng(seed)
     if rule == "shuffle":
@@ -392,12 +447,14 @@ def users_by_rule(records: Records, rule: Literal["shuffle", "dirichlet"] = "shu
     if rule == "dirichlet":
         if alpha is None or not alpha > 0:
             raise ValueError(f"the 'dirichlet' rule needs alpha > 0, got {alpha!r}")
-        return records.with_user(_dirichlet_users(records.y, records.classes,
-                                                  int(records_per_user), alpha, rng))
+        return records.with_user(
+            _dirichlet_users(records.y, records.classes, int(records_per_user), alpha, rng)
+        )
     raise ValueError(f"unknown user rule {rule!r}; use 'shuffle' or 'dirichlet'")
 
 
 # ---------------------------------------------------------------------------------- summary
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -412,8 +469,10 @@ class Summary:
 
     def __str__(self) -> str:
         rpu = "/".join(f"{v:g}" for v in self.records_per_user)
-        text = f"{self.records} records, {self.users} users (records per user min/median/max " \
-               f"{rpu}), {self.classes} classes"
+        text = (
+            f"{self.records} records, {self.users} users (records per user min/median/max "
+            f"{rpu}), {self.classes} classes"
+        )
         if self.users_per_owner is not None:
             upo = "/".join(f"{v:g}" for v in self.users_per_owner)
             text += f", {self.owners} owners (users per owner min/median/max {upo})"
@@ -435,6 +494,11 @@ def summary(records: Records) -> Summary:
         _, first = np.unique(uinv, return_index=True)
         _, oinv = np.unique(records.owner[first], return_inverse=True)
         per_owner = np.bincount(oinv)
-    return Summary(len(records), len(users), None if per_owner is None else len(per_owner),
-                   records.classes, _spread(per_user),
-                   None if per_owner is None else _spread(per_owner))
+    return Summary(
+        len(records),
+        len(users),
+        None if per_owner is None else len(per_owner),
+        records.classes,
+        _spread(per_user),
+        None if per_owner is None else _spread(per_owner),
+    )

@@ -8,17 +8,19 @@ centre mixed with a shared Gaussian background, labels from a fixed random softm
 a personal head (label skew) and collaboration (the shared teacher needs many records) both
 matter.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from fedudp.randomness import Purpose, numpy_rng
 
-TRAIN_SPLIT, TEST_SPLIT = 1, 2   # the two draws' stream keys (under the run seed)
+TRAIN_SPLIT, TEST_SPLIT = 1, 2  # the two draws' stream keys (under the run seed)
 
 
-def synthetic_pool(features: int, classes: int, n_train: int, n_test: int, signal: float,
-                   seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def synthetic_pool(
+    features: int, classes: int, n_train: int, n_test: int, signal: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train_x float32 [n,features], train_y int64, test_x, test_y), all from ``seed``."""
     rng = numpy_rng(seed, Purpose.SYNTHETIC_TEACHER)
     teacher = rng.standard_normal((features, classes)) * signal / np.sqrt(features)

@@ -17,6 +17,7 @@ the ledger composes its event unchanged; an excluded unit contributes exactly ze
 denominator is the public q·N), which keeps the event valid for add/remove-one-unit adjacency
 provided a failure depends only on the failing owner's infrastructure, not its data.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,27 +46,41 @@ from fedudp.engines import flower_client
 from fedudp.engines import flower_wire, ray_watchdog
 
 # Flower errors that say the owner's infrastructure failed (not fedudp's code)
-INFRASTRUCTURE = {ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
-                  ErrorCode.NODE_UNAVAILABLE, ErrorCode.CLIENT_APP_CRASHED}
+INFRASTRUCTURE = {
+    ErrorCode.MESSAGE_UNAVAILABLE,
+    ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+    ErrorCode.NODE_UNAVAILABLE,
+    ErrorCode.CLIENT_APP_CRASHED,
+}
 
 
 class FlowerTransport:
-    def __init__(self, cfg: RunConfig, settings: RunSettings, owners: Owners, fed: Federation,
-                 constraint: Constraint | None, grid, stop_flag: StopFlag | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        settings: RunSettings,
+        owners: Owners,
+        fed: Federation,
+        constraint: Constraint | None,
+        grid,
+        stop_flag: StopFlag | None = None,
+    ) -> None:
         self.owners, self.fed, self.constraint, self.grid = owners, fed, constraint, grid
-        self.stop_flag = stop_flag    # SIGINT/SIGTERM seen by the main thread (run_rounds polls it)
+        self.stop_flag = stop_flag  # SIGINT/SIGTERM seen by the main thread (run_rounds polls it)
         self.cfg_json = config_to_json(cfg)
         self.timeout = settings.timeout_s
         self.node_of_owner: dict[int, int] = {}
         self.owner_pids: dict[int, int] = {}
-        self._save: tuple[int, Path] | None = None   # (round, folder): owners save their state
-        self._resume: Path | None = None             # owners without state load it from here
+        self._save: tuple[int, Path] | None = None  # (round, folder): owners save their state
+        self._resume: Path | None = None  # owners without state load it from here
         self._connect()
 
-    def _message(self, j: int, round_: int, kind: str, shared: Params | None,
-                 units: np.ndarray | None = None) -> Message:
-        rec = flower_wire.run_record(self.cfg_json, round_, j, units,
-                                     current_constraint(self.constraint))
+    def _message(
+        self, j: int, round_: int, kind: str, shared: Params | None, units: np.ndarray | None = None
+    ) -> Message:
+        rec = flower_wire.run_record(
+            self.cfg_json, round_, j, units, current_constraint(self.constraint)
+        )
         if kind == "train" and self._save is not None and self._save[0] == round_:
             rec[flower_client.K_PERSONAL_OUT] = str(self._save[1])
         if self._resume is not None:
@@ -73,19 +88,27 @@ class FlowerTransport:
         content = RecordDict({flower_wire.K_RUN: rec})
         if shared:
             content[flower_wire.K_SHARED] = flower_wire.params_to_record(shared)
-        return Message(content, dst_node_id=self.node_of_owner[j], message_type=kind,
-                       group_id=str(round_))
+        return Message(
+            content, dst_node_id=self.node_of_owner[j], message_type=kind, group_id=str(round_)
+        )
 
     def _connect(self) -> None:
         n, t_end = self.fed.num_owners, time.time() + 300
         while len(nodes := sorted(self.grid.get_node_ids())) < n:
             self._check_stop()
             if time.time() > t_end:
-                raise RuntimeError(f"only {len(nodes)} Flower nodes connected, "
-                                   f"partition.num_owners={n} needed")
+                raise RuntimeError(
+                    f"only {len(nodes)} Flower nodes connected, partition.num_owners={n} needed"
+                )
             time.sleep(0.2)
-        msgs = [Message(RecordDict({flower_wire.K_RUN: flower_wire.run_record(self.cfg_json, 0, -1)}),
-                        dst_node_id=nid, message_type="query") for nid in nodes]
+        msgs = [
+            Message(
+                RecordDict({flower_wire.K_RUN: flower_wire.run_record(self.cfg_json, 0, -1)}),
+                dst_node_id=nid,
+                message_type="query",
+            )
+            for nid in nodes
+        ]
         for rep in self.grid.send_and_receive(msgs, timeout=max(self.timeout or 0, 600)):
             if rep.has_error():
                 raise RuntimeError(f"owner query failed: {rep.error.reason}")
@@ -95,9 +118,13 @@ class FlowerTransport:
         if missing := sorted(set(range(n)) - set(self.node_of_owner)):
             raise RuntimeError(f"no Flower node for owners {missing[:10]}")
 
-    def _exchange(self, msgs: dict[int, Message], round_: int,
-                  while_waiting: Callable[[], None] | None = None, stage: str = "owners"
-                  ) -> tuple[dict[int, Message], dict[int, str]]:
+    def _exchange(
+        self,
+        msgs: dict[int, Message],
+        round_: int,
+        while_waiting: Callable[[], None] | None = None,
+        stage: str = "owners",
+    ) -> tuple[dict[int, Message], dict[int, str]]:
         """Push, run ``while_waiting``, pull until every reply or the timeout (polling from 2 ms,
         backing off to 50 ms). Returns (replies, failure reasons) by owner. The replies so far
         go to the owners' progress hook (``Owners.on_progress``) as (stage, replied, sent)."""
@@ -108,7 +135,7 @@ class FlowerTransport:
         got: list[Message] = []
         interval = 0.002
         while pending and (end is None or time.time() < end):
-            self._check_stop()            # abandon the round: nothing of it is released
+            self._check_stop()  # abandon the round: nothing of it is released
             new = list(self.grid.pull_messages(list(pending)))
             got.extend(new)
             pending.difference_update(m.metadata.reply_to_message_id for m in new)
@@ -119,16 +146,21 @@ class FlowerTransport:
                 time.sleep(interval)
         owner_of_node = {v: k for k, v in self.node_of_owner.items()}
         replies = {owner_of_node[m.metadata.src_node_id]: m for m in got}
-        failed = {j: f"timeout: no reply within engine_opts.timeout_s={self.timeout}"
-                  for j in msgs if j not in replies}
+        failed = {
+            j: f"timeout: no reply within engine_opts.timeout_s={self.timeout}"
+            for j in msgs
+            if j not in replies
+        }
         for j, m in list(replies.items()):
             if not m.has_error():
                 continue
             del replies[j]
             reason = str(m.error.reason)
             if m.error.code not in INFRASTRUCTURE and OwnerFailure.TAG not in reason:
-                raise RuntimeError(f"owner {j} raised in round {round_} (a fedudp bug, not an "
-                                   f"owner failure): {reason.strip()}")
+                raise RuntimeError(
+                    f"owner {j} raised in round {round_} (a fedudp bug, not an "
+                    f"owner failure): {reason.strip()}"
+                )
             failed[j] = _short(reason)
         return replies, failed
 
@@ -139,14 +171,16 @@ class FlowerTransport:
         elif cohort is not None:
             cohort = self.fed.present(cohort, False)
             owner = self.fed.user_owner[cohort]
-            units = {int(j): cohort[owner == j] - self.fed.owner_user_offsets[j]
-                     for j in np.unique(owner)}
+            units = {
+                int(j): cohort[owner == j] - self.fed.owner_user_offsets[j]
+                for j in np.unique(owner)
+            }
         targets = range(self.fed.num_owners) if self.owners.trains_personal else sorted(units)
         none = None if cohort is None else np.zeros(0, dtype=np.int64)
         msgs = {j: self._message(j, round_, "train", shared, units.get(j, none)) for j in targets}
         got, failed = self._exchange(msgs, round_)
         replies: list[OwnerReply] = []
-        for j, m in sorted(got.items()) if cohort is not None else ():   # per_silo: acks
+        for j, m in sorted(got.items()) if cohort is not None else ():  # per_silo: acks
             try:
                 owner, rep = flower_wire.records_to_reply(m.content)
                 _check_reply(rep, owner, j, len(units.get(j, ())), self.owners.shared_dim)
@@ -156,22 +190,29 @@ class FlowerTransport:
         fails = [Failure(j, len(units.get(j, ())), r) for j, r in sorted(failed.items())]
         return Collected(replies, fails)
 
-    def evaluate(self, shared: Params, round_: int,
-                 while_waiting: Callable[[], None] | None = None) -> Evaluation:
+    def evaluate(
+        self, shared: Params, round_: int, while_waiting: Callable[[], None] | None = None
+    ) -> Evaluation:
         n = self.fed.num_owners
         msgs = {j: self._message(j, round_, "evaluate", shared) for j in range(n)}
         got, failed = self._exchange(msgs, round_, while_waiting, stage="evaluating")
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)
         for j, m in got.items():
-            acc[j], loss[j] = float(m.content[flower_wire.K_EVAL]["accuracy"]), float(m.content[flower_wire.K_EVAL]["loss"])
+            acc[j], loss[j] = (
+                float(m.content[flower_wire.K_EVAL]["accuracy"]),
+                float(m.content[flower_wire.K_EVAL]["loss"]),
+            )
         return Evaluation(acc, loss, [Failure(j, 0, r) for j, r in sorted(failed.items())])
 
     def personal(self) -> Params:
-        return {}     # personal parameters stay with the owners (context.state)
+        return {}  # personal parameters stay with the owners (context.state)
 
     def info(self) -> dict:
-        return {"flower_nodes": len(self.node_of_owner), "ray_address": _ray_address(),
-                "flower_worker_pids": sorted(set(self.owner_pids.values()))}
+        return {
+            "flower_nodes": len(self.node_of_owner),
+            "ray_address": _ray_address(),
+            "flower_worker_pids": sorted(set(self.owner_pids.values())),
+        }
 
     def _check_stop(self) -> None:
         if self.stop_flag is not None:
@@ -193,8 +234,9 @@ class FlowerTransport:
         if one of them did not (it failed or timed out)."""
         folder = self._save[1] if self._save is not None and self._save[0] == round_ else None
         holders = self._holders()
-        if holders and (folder is None or not all(
-                checkpoint.owner_file(folder, j).is_file() for j in holders)):
+        if holders and (
+            folder is None or not all(checkpoint.owner_file(folder, j).is_file() for j in holders)
+        ):
             return None
         return {"owners_saved": holders}
 
@@ -208,7 +250,7 @@ def _short(reason: str) -> str:
     """The line of a Flower error reason that says what failed (no Ray traceback)."""
     lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
     tagged = [ln for ln in lines if OwnerFailure.TAG in ln]
-    line = tagged[-1][tagged[-1].index(OwnerFailure.TAG):] if tagged else (lines or ["?"])[-1]
+    line = tagged[-1][tagged[-1].index(OwnerFailure.TAG) :] if tagged else (lines or ["?"])[-1]
     return line.rstrip("'>")
 
 
@@ -228,19 +270,26 @@ def _check_reply(rep: OwnerReply, owner: int, expected: int, units_sent: int, di
         raise ValueError("an owner's adaptive-clip report is not one finite fraction")
 
 
-def execute(cfg: RunConfig, settings: RunSettings, owners: Owners, fed: Federation,
-            constraint: Constraint | None, drive: Callable[[FlowerTransport], object], grid=None):
+def execute(
+    cfg: RunConfig,
+    settings: RunSettings,
+    owners: Owners,
+    fed: Federation,
+    constraint: Constraint | None,
+    drive: Callable[[FlowerTransport], object],
+    grid=None,
+):
     """Run ``drive`` (the round loop) on Flower: on ``grid`` (``flwr run``), or in a simulation
     on Ray with one SuperNode per owner. ``cfg`` travels to the owners (as JSON), which build
     their side from it (``fedudp.build``)."""
     stop = StopFlag()
-    if grid is not None:          # flwr run: this ServerApp may run outside the main thread
+    if grid is not None:  # flwr run: this ServerApp may run outside the main thread
         with stop.catching():
             return drive(FlowerTransport(cfg, settings, owners, fed, constraint, grid, stop))
     eo = settings
     if not eo.address or str(eo.address).split(":")[0] in ("127.0.0.1", "localhost"):
         _loopback_only()
-    if not eo.address:            # the Ray this run starts ends with it, even after SIGKILL
+    if not eo.address:  # the Ray this run starts ends with it, even after SIGKILL
         ray_watchdog.start()
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
@@ -248,10 +297,12 @@ def execute(cfg: RunConfig, settings: RunSettings, owners: Owners, fed: Federati
     app, result, error = ServerApp(), [], []
 
     @app.main()
-    def _main(grid, context) -> None:   # noqa: ANN001
+    def _main(grid, context) -> None:  # noqa: ANN001
         try:
-            result.append(drive(FlowerTransport(cfg, settings, owners, fed, constraint, grid, stop)))
-        except BaseException as e:   # re-raised below: Flower only logs a ServerApp's error
+            result.append(
+                drive(FlowerTransport(cfg, settings, owners, fed, constraint, grid, stop))
+            )
+        except BaseException as e:  # re-raised below: Flower only logs a ServerApp's error
             error.append(e)
             raise
 
@@ -259,13 +310,21 @@ def execute(cfg: RunConfig, settings: RunSettings, owners: Owners, fed: Federati
     # main thread records SIGINT/SIGTERM, the loop abandons its round, returns ``interrupted``,
     # and Flower then stops its runtime and Ray as after a finished run.
     with stop.catching(), _keep_sigterm_handler():
-        run_simulation(server_app=app, client_app=flower_client.client_app,
-                       num_supernodes=fed.num_owners, backend_name="ray", backend_config={
-                           "client_resources": {"num_cpus": float(eo.num_cpus),
-                                                "num_gpus": float(eo.num_gpus)},
-                           # "local": a new Ray of this run's own, never a stale cluster named
-                           # in /tmp/ray/ray_current_cluster (ray.init's default would join it)
-                           "init_args": {"address": str(eo.address) if eo.address else "local"}})
+        run_simulation(
+            server_app=app,
+            client_app=flower_client.client_app,
+            num_supernodes=fed.num_owners,
+            backend_name="ray",
+            backend_config={
+                "client_resources": {
+                    "num_cpus": float(eo.num_cpus),
+                    "num_gpus": float(eo.num_gpus),
+                },
+                # "local": a new Ray of this run's own, never a stale cluster named
+                # in /tmp/ray/ray_current_cluster (ray.init's default would join it)
+                "init_args": {"address": str(eo.address) if eo.address else "local"},
+            },
+        )
     if error:
         raise error[0]
     if not result:
@@ -305,6 +364,7 @@ def _ray_address() -> str | None:
     """The GCS address of the Ray cluster the simulation runs on (None outside Ray)."""
     try:
         import ray
+
         return str(ray.get_runtime_context().gcs_address) if ray.is_initialized() else None
-    except Exception:   # noqa: BLE001  (diagnostic only)
+    except Exception:  # noqa: BLE001  (diagnostic only)
         return None

@@ -11,6 +11,7 @@ engine runs for all owners at once:
 * ``@evaluate``: accuracy and loss on its test shard with its own personal parameters;
 * ``@query``: which owner this node is.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +30,7 @@ from fedudp.core.owner import Owners, Params
 from fedudp.data.federation import Federation
 from fedudp.engines import flower_wire
 
-K_STATE, K_STATE_RUN = "fedudp.personal", "fedudp.personal_run"   # context.state only
+K_STATE, K_STATE_RUN = "fedudp.personal", "fedudp.personal_run"  # context.state only
 # run-record keys: a folder where the owner saves its personal state this round (checkpoint),
 # or loads it from when its context.state has none (a resumed run); file owner-<j>.pt
 K_PERSONAL_OUT, K_PERSONAL_IN = "personal_out", "personal_in"
@@ -49,22 +50,30 @@ def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
         if key not in _CACHE:
             cfg = config_from_json(cfg_json)
             owners = build.owners(cfg)
-            _CACHE.clear()            # one run per process at a time
+            _CACHE.clear()  # one run per process at a time
             _CACHE[key] = (owners, build.federation(cfg).to(owners.dtype))
         return _CACHE[key]
 
 
-def _setup(msg: Message, context: Context) -> tuple[ConfigRecord, Owners, Federation, Params, Params]:
+def _setup(
+    msg: Message, context: Context
+) -> tuple[ConfigRecord, Owners, Federation, Params, Params]:
     run = msg.content[flower_wire.K_RUN]
     owners, fed = owner_side(str(run["cfg"]))
     j = int(context.node_config["partition-id"])
     shard = fed.owner(j)
-    shared = flower_wire.record_to_params(msg.content[flower_wire.K_SHARED]) if flower_wire.K_SHARED in msg.content else {}
+    shared = (
+        flower_wire.record_to_params(msg.content[flower_wire.K_SHARED])
+        if flower_wire.K_SHARED in msg.content
+        else {}
+    )
     key = _key(str(run["cfg"]))
     if K_STATE in context.state and context.state[K_STATE_RUN]["run"] == key:
         personal = flower_wire.record_to_params(context.state[K_STATE])
     elif K_PERSONAL_IN in run and owners.trains_personal:
-        personal = checkpoint.load_file(checkpoint.owner_file(str(run[K_PERSONAL_IN]), j))["personal"]
+        personal = checkpoint.load_file(checkpoint.owner_file(str(run[K_PERSONAL_IN]), j))[
+            "personal"
+        ]
     else:
         personal = owners.initial_personal(1)
     return run, owners, shard, shared, personal
@@ -83,11 +92,18 @@ def foreign(msg: Message) -> Message | None:
     if flower_wire.K_RUN in msg.content:
         return None
     got = sorted(msg.content.keys())
-    return Message(error=Error(NOT_FEDUDP, (
-        f"fedudp's ClientApp answers fedudp's billboard only: the message has no "
-        f"'{flower_wire.K_RUN}' record (it has {got}); run it with fedudp's ServerApp "
-        "(`flwr run .` in the fedudp project), or add user-level DP to your own app with "
-        "fedudp.flower's strategy wrapper and client mod")), reply_to=msg)
+    return Message(
+        error=Error(
+            NOT_FEDUDP,
+            (
+                f"fedudp's ClientApp answers fedudp's billboard only: the message has no "
+                f"'{flower_wire.K_RUN}' record (it has {got}); run it with fedudp's ServerApp "
+                "(`flwr run .` in the fedudp project), or add user-level DP to your own app with "
+                "fedudp.flower's strategy wrapper and client mod"
+            ),
+        ),
+        reply_to=msg,
+    )
 
 
 @client_app.query()
@@ -98,10 +114,14 @@ def query(msg: Message, context: Context) -> Message:
     j = int(context.node_config["partition-id"])
     n = int(context.node_config.get("num-partitions", fed.num_owners))
     if n != fed.num_owners or not 0 <= j < n:
-        raise ValueError(f"node has partition-id {j} of {n}, but partition.num_owners="
-                         f"{fed.num_owners}: start Flower with num-supernodes equal to it")
-    return Message(RecordDict({flower_wire.K_REPLY: MetricRecord({"owner": j, "pid": os.getpid()})}),
-                   reply_to=msg)
+        raise ValueError(
+            f"node has partition-id {j} of {n}, but partition.num_owners="
+            f"{fed.num_owners}: start Flower with num-supernodes equal to it"
+        )
+    return Message(
+        RecordDict({flower_wire.K_REPLY: MetricRecord({"owner": j, "pid": os.getpid()})}),
+        reply_to=msg,
+    )
 
 
 @client_app.train()
@@ -116,10 +136,12 @@ def train(msg: Message, context: Context) -> Message:
         context.state[K_STATE] = flower_wire.params_to_record(personal)
         context.state[K_STATE_RUN] = ConfigRecord({"run": _key(str(run["cfg"]))})
         if K_PERSONAL_OUT in run and owners.trains_personal:
-            checkpoint.atomic_write(checkpoint.owner_file(str(run[K_PERSONAL_OUT]), j),
-                                    checkpoint.dump({"personal": personal}))
+            checkpoint.atomic_write(
+                checkpoint.owner_file(str(run[K_PERSONAL_OUT]), j),
+                checkpoint.dump({"personal": personal}),
+            )
     asked = flower_wire.read_units(run)
-    if asked is None:                 # per_silo: nothing is sent
+    if asked is None:  # per_silo: nothing is sent
         return Message(flower_wire.ack_record(j), reply_to=msg)
     units, constraint = asked
     rep = owners.reply(shard, shared, personal, units, int(run["round"]), constraint)
@@ -132,5 +154,9 @@ def evaluate(msg: Message, context: Context) -> Message:
         return err
     run, owners, shard, shared, personal = _setup(msg, context)
     acc, loss = owners.evaluate(shard, shared, personal)
-    return Message(flower_wire.eval_record(int(shard.owner_ids[0]), acc[0], loss[0],
-                                 int(shard.x_test.shape[0])), reply_to=msg)
+    return Message(
+        flower_wire.eval_record(
+            int(shard.owner_ids[0]), acc[0], loss[0], int(shard.x_test.shape[0])
+        ),
+        reply_to=msg,
+    )

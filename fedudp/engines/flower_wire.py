@@ -7,6 +7,7 @@ Server -> owner: ``K_RUN`` (config JSON, round, the owner's sampled units, the a
 ``K_VECTORS`` (``rows`` [n, d] or the clipped sum ``total`` [d]), or ``K_EVAL``. Personal
 parameters have no key here; they stay in the owner's ``context.state``.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, fields
@@ -34,8 +35,13 @@ def record_to_params(rec: ArrayRecord) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(a.numpy().copy()) for k, a in rec.items()}
 
 
-def run_record(cfg_json: str, round_: int, owner: int, units: np.ndarray | None = None,
-               constraint: Constraint | None = None) -> ConfigRecord:
+def run_record(
+    cfg_json: str,
+    round_: int,
+    owner: int,
+    units: np.ndarray | None = None,
+    constraint: Constraint | None = None,
+) -> ConfigRecord:
     """What an owner needs for one message besides the broadcast. ``units``: its sampled units
     (local user ids, or [0] for itself at owner level); None: nothing to send back."""
     rec: dict = {"cfg": cfg_json, "round": int(round_), "owner": int(owner)}
@@ -43,26 +49,35 @@ def run_record(cfg_json: str, round_: int, owner: int, units: np.ndarray | None 
         rec["units"] = np.asarray(units, dtype=np.int64).tobytes()
         fields = asdict(constraint)
         rec["rows"] = bool(fields.pop("rows"))
-        rec.update({k: -1.0 if v is None else float(v) for k, v in fields.items()})   # -1: None
+        rec.update({k: -1.0 if v is None else float(v) for k, v in fields.items()})  # -1: None
     return ConfigRecord(rec)
 
 
 def read_units(run: ConfigRecord) -> tuple[np.ndarray, Constraint] | None:
     if "units" not in run:
         return None
-    opt = {f.name: None if float(run[f.name]) < 0 else float(run[f.name])
-           for f in fields(Constraint) if f.name != "rows"}
+    opt = {
+        f.name: None if float(run[f.name]) < 0 else float(run[f.name])
+        for f in fields(Constraint)
+        if f.name != "rows"
+    }
     return np.frombuffer(run["units"], dtype=np.int64), Constraint(rows=bool(run["rows"]), **opt)
 
 
 def reply_to_records(rep: OwnerReply, owner: int, seconds: float) -> RecordDict:
     c = rep.contribution
     rd = RecordDict()
-    rd[K_REPLY] = MetricRecord({"owner": int(owner), "count": int(c.count),
-                                "clipped": int(c.clipped), "failed": int(rep.failed),
-                                "seconds": float(seconds),
-                                "fraction_sum": float(c.fraction_sum),
-                                "fraction_reports": int(c.fraction_reports)})
+    rd[K_REPLY] = MetricRecord(
+        {
+            "owner": int(owner),
+            "count": int(c.count),
+            "clipped": int(c.clipped),
+            "failed": int(rep.failed),
+            "seconds": float(seconds),
+            "fraction_sum": float(c.fraction_sum),
+            "fraction_reports": int(c.fraction_reports),
+        }
+    )
     rd[K_NAMES] = ConfigRecord({"names": list(rep.param_names) or [""]})
     for key, t in (("rows", c.rows), ("total", c.total)):
         if t is not None:
@@ -75,18 +90,38 @@ def records_to_reply(rd: RecordDict) -> tuple[int, OwnerReply]:
     names = tuple(n for n in rd[K_NAMES]["names"] if n)
     arrays = rd[K_VECTORS] if K_VECTORS in rd else {}
     got = {k: torch.from_numpy(arrays[k].numpy().copy()) for k in ("rows", "total") if k in arrays}
-    c = Contribution(got.get("rows"), got.get("total"), int(meta["count"]), int(meta["clipped"]),
-                     fraction_sum=float(meta.get("fraction_sum", 0.0)),
-                     fraction_reports=int(meta.get("fraction_reports", 0)))
+    c = Contribution(
+        got.get("rows"),
+        got.get("total"),
+        int(meta["count"]),
+        int(meta["clipped"]),
+        fraction_sum=float(meta.get("fraction_sum", 0.0)),
+        fraction_reports=int(meta.get("fraction_reports", 0)),
+    )
     return int(meta["owner"]), OwnerReply(names, c, int(meta["failed"]))
 
 
 def ack_record(owner: int) -> RecordDict:
     """per_silo's reply to a train message: nothing but who answered."""
-    return RecordDict({K_REPLY: MetricRecord({"owner": int(owner), "count": 0, "clipped": 0,
-                                              "failed": 0, "seconds": 0.0})})
+    return RecordDict(
+        {
+            K_REPLY: MetricRecord(
+                {"owner": int(owner), "count": 0, "clipped": 0, "failed": 0, "seconds": 0.0}
+            )
+        }
+    )
 
 
 def eval_record(owner: int, accuracy: float, loss: float, examples: int) -> RecordDict:
-    return RecordDict({K_EVAL: MetricRecord({"owner": int(owner), "accuracy": float(accuracy),
-                                             "loss": float(loss), "num-examples": int(examples)})})
+    return RecordDict(
+        {
+            K_EVAL: MetricRecord(
+                {
+                    "owner": int(owner),
+                    "accuracy": float(accuracy),
+                    "loss": float(loss),
+                    "num-examples": int(examples),
+                }
+            )
+        }
+    )

@@ -6,6 +6,7 @@ federation (personal parameters stacked ``[n_owners, ...]``, users in vmapped ch
 ``engine_opts.chunk_records`` records); the round is ``fedudp.core.rounds.run_rounds``. With
 chunk size 1, one thread and float64 it is the reference for the engine-equivalence test.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -27,16 +28,28 @@ class LocalTransport:
         self.personal_params = owners.initial_personal(fed.num_owners)
 
     def train(self, shared: Params, cohort: np.ndarray | None, round_: int) -> Collected:
-        self.personal_params = self.owners.personal_round(self.fed, shared, self.personal_params,
-                                                          round_)
+        self.personal_params = self.owners.personal_round(
+            self.fed, shared, self.personal_params, round_
+        )
         if cohort is None:
             return Collected([])
         cohort = self.fed.present(cohort, self.owners.spec.cohort_is_owners)
-        return Collected([self.owners.reply(self.fed, shared, self.personal_params, cohort, round_,
-                                            current_constraint(self.constraint))])
+        return Collected(
+            [
+                self.owners.reply(
+                    self.fed,
+                    shared,
+                    self.personal_params,
+                    cohort,
+                    round_,
+                    current_constraint(self.constraint),
+                )
+            ]
+        )
 
-    def evaluate(self, shared: Params, round_: int,
-                 while_waiting: Callable[[], None] | None = None) -> Evaluation:
+    def evaluate(
+        self, shared: Params, round_: int, while_waiting: Callable[[], None] | None = None
+    ) -> Evaluation:
         if while_waiting is not None:
             while_waiting()
         return Evaluation(*self.owners.evaluate(self.fed, shared, self.personal_params))
@@ -56,17 +69,25 @@ class LocalTransport:
     def restore(self, state: dict, folder=None) -> None:
         """The stacked personal parameters of the checkpoint (same names, shapes, dtypes)."""
         from fedudp.core.checkpoint import CheckpointError
+
         saved = state["personal"]
         mine = self.personal_params
-        if set(saved) != set(mine) or any(saved[k].shape != mine[k].shape
-                                          or saved[k].dtype != mine[k].dtype for k in mine):
+        if set(saved) != set(mine) or any(
+            saved[k].shape != mine[k].shape or saved[k].dtype != mine[k].dtype for k in mine
+        ):
             raise CheckpointError("personal parameters of other names or shapes")
         self.personal_params = {k: saved[k].clone() for k in mine}
 
 
-def execute(cfg: RunConfig, settings: object, owners: Owners, fed: Federation,
-            constraint: Constraint | None, drive: Callable[[LocalTransport], object],
-            grid: object = None):
+def execute(
+    cfg: RunConfig,
+    settings: object,
+    owners: Owners,
+    fed: Federation,
+    constraint: Constraint | None,
+    drive: Callable[[LocalTransport], object],
+    grid: object = None,
+):
     """Run ``drive`` (the round loop) on an in-process transport (``grid``: Flower only)."""
     if grid is not None:
         raise ValueError("engine=local runs in-process; a Flower grid needs engine=flower")

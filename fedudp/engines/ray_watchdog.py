@@ -9,6 +9,7 @@ driver is gone (finished, crashed or SIGKILLed) it sends SIGTERM to those still 
 exits. Processes of other users of Ray are never descendants of the driver. Linux only
 (``/proc``); elsewhere ``start`` does nothing.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
             raw = f.read().decode(errors="replace")
     except OSError:
         return None
-    fields = raw[raw.rindex(")") + 2:].split()     # after "pid (comm) "
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
     return int(fields[1]), int(fields[19])
 
 
@@ -96,9 +97,14 @@ def start(driver: int | None = None) -> subprocess.Popen | None:
     if driver in _STARTED or not os.path.isdir("/proc"):
         return None
     _STARTED.add(driver)
-    return subprocess.Popen([sys.executable, "-S", "-E", os.path.abspath(__file__), str(driver)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    return subprocess.Popen(
+        [sys.executable, "-S", "-E", os.path.abspath(__file__), str(driver)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 if __name__ == "__main__":

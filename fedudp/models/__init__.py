@@ -1,4 +1,5 @@
 """Models: the paper CNN, the convex shared+personal logistic model, and the name split."""
+
 from __future__ import annotations
 
 import torch

@@ -46,6 +46,7 @@ sequences is a few seconds. Memory grows with the records in one vmapped step (t
 steps keep their activations): a 4 GB peak at 2,048 records (2 MB a record) at the defaults, hence
 ``auto_chunk_records`` (read by ``local_sgd.chunk_budget`` where it looks for it).
 """
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -71,23 +72,23 @@ class GRULayer(nn.Module):
         self.hidden = hidden
         self.ih = nn.Linear(input_size, 3 * hidden)
         self.hh = RecurrentLinear(hidden, 3 * hidden)
-        bound = hidden ** -0.5
+        bound = hidden**-0.5
         for p in self.parameters():
             nn.init.uniform_(p, -bound, bound)
 
     def forward(self, seq: torch.Tensor, all_steps: bool = True) -> torch.Tensor:
         """``[..., T, H]`` hidden states of every step (``all_steps``) or ``[..., H]`` the last."""
         H = self.hidden
-        gi = self.ih(seq)                                   # [..., T, 3H], every step at once
-        a_rz = gi[..., :2 * H].unbind(-2)
-        a_n = gi[..., 2 * H:].unbind(-2)
+        gi = self.ih(seq)  # [..., T, 3H], every step at once
+        a_rz = gi[..., : 2 * H].unbind(-2)
+        a_n = gi[..., 2 * H :].unbind(-2)
         h = gi.new_zeros(*gi.shape[:-2], H)
         outs = []
         for t in range(len(a_rz)):
             c = self.hh(h)
-            rz = torch.sigmoid(a_rz[t] + c[..., :2 * H])
+            rz = torch.sigmoid(a_rz[t] + c[..., : 2 * H])
             r, z = rz[..., :H], rz[..., H:]
-            n = torch.tanh(a_n[t] + r * c[..., 2 * H:])
+            n = torch.tanh(a_n[t] + r * c[..., 2 * H :])
             h = n + z * (h - n)
             if all_steps:
                 outs.append(h)
@@ -102,26 +103,39 @@ class CharGRU(SplitModel):
     # flat from 256 to 2,048 records, memory is not (about 2 MB a record)
     auto_chunk_records: ClassVar[int] = 512
 
-    def __init__(self, vocab: int = 80, classes: int | None = None, embed: int = 8,
-                 hidden: int = 128, layers: int = 1) -> None:
+    def __init__(
+        self,
+        vocab: int = 80,
+        classes: int | None = None,
+        embed: int = 8,
+        hidden: int = 128,
+        layers: int = 1,
+    ) -> None:
         super().__init__()
         if min(vocab, embed, hidden, layers) < 1 or (classes is not None and classes < 1):
-            raise ValueError(f"CharGRU needs positive sizes, got vocab={vocab}, classes={classes}, "
-                             f"embed={embed}, hidden={hidden}, layers={layers}")
+            raise ValueError(
+                f"CharGRU needs positive sizes, got vocab={vocab}, classes={classes}, "
+                f"embed={embed}, hidden={hidden}, layers={layers}"
+            )
         self.vocab = vocab
         self.embed = nn.Embedding(vocab, embed)
-        self.rnn = nn.ModuleList(GRULayer(embed if k == 0 else hidden, hidden)
-                                 for k in range(layers))
+        self.rnn = nn.ModuleList(
+            GRULayer(embed if k == 0 else hidden, hidden) for k in range(layers)
+        )
         self.head = nn.Linear(hidden, vocab if classes is None else classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_floating_point() or x.is_complex():
-            raise ValueError(f"CharGRU takes integer token ids [..., T], got {x.dtype} "
-                             "(a character dataset's x is int64; this model is not for features)")
+            raise ValueError(
+                f"CharGRU takes integer token ids [..., T], got {x.dtype} "
+                "(a character dataset's x is int64; this model is not for features)"
+            )
         if x.dim() < 1 or x.shape[-1] < 1:
-            raise ValueError(f"CharGRU takes token ids [..., T] with T >= 1, got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"CharGRU takes token ids [..., T] with T >= 1, got shape {tuple(x.shape)}"
+            )
         lead = x.shape[:-1]
-        seq = self.embed(x.reshape(-1, x.shape[-1]))        # [B, T, E]
+        seq = self.embed(x.reshape(-1, x.shape[-1]))  # [B, T, E]
         for k, layer in enumerate(self.rnn):
             seq = layer(seq, all_steps=k < len(self.rnn) - 1)
         return self.head(seq).reshape(*lead, -1)

@@ -6,6 +6,7 @@ Conv1(1->16, 5x5, pad 2) -> ReLU -> MaxPool2 -> Conv2(16->32, 5x5, pad 2) -> ReL
 Parameter counts: Conv1 416, Conv2 12,832, each head 15,690 (PyTorch, biased; the paper's
 Table 2 lists FC1 as 17,248 = 1568 x 11, see docs/algorithms.md#paper-cnn). joint_dp personalizes FC1 by default.
 """
+
 from __future__ import annotations
 
 import torch

@@ -18,6 +18,7 @@ split reads ``model.default_personal``, which finds either). Wrapping the module
 ``SplitModel`` instead would prefix every parameter name (``net.fc.weight``) and break the
 user's patterns, checkpoints and state dicts; the module is neither copied nor wrapped.
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,44 +44,55 @@ def _resolve(target: str) -> Callable[..., Any]:
     """The object ``target`` names: the longest importable module prefix, then attributes."""
     parts = target.split(".") if isinstance(target, str) else []
     if len(parts) < 2 or not all(p.isidentifier() for p in parts):
-        raise ValueError(f"model target {target!r} is not a dotted path 'package.module.Class' "
-                         "(a class or factory importable from Python)")
+        raise ValueError(
+            f"model target {target!r} is not a dotted path 'package.module.Class' "
+            "(a class or factory importable from Python)"
+        )
     for i in range(len(parts) - 1, 0, -1):
         modname = ".".join(parts[:i])
         try:
             obj: Any = importlib.import_module(modname)
         except ModuleNotFoundError as e:
             if e.name is not None and (modname == e.name or modname.startswith(e.name + ".")):
-                continue                      # this prefix is not a module: try a shorter one
-            raise ValueError(f"model target {target!r}: importing {modname} failed: {_why(e)} "
-                             "(install the missing package)") from None
-        except Exception as e:                # the module itself raised on import
-            raise ValueError(f"model target {target!r}: importing {modname} failed: "
-                             f"{_why(e)}") from None
+                continue  # this prefix is not a module: try a shorter one
+            raise ValueError(
+                f"model target {target!r}: importing {modname} failed: {_why(e)} "
+                "(install the missing package)"
+            ) from None
+        except Exception as e:  # the module itself raised on import
+            raise ValueError(
+                f"model target {target!r}: importing {modname} failed: {_why(e)}"
+            ) from None
         for attr in parts[i:]:
             if not hasattr(obj, attr):
-                raise ValueError(f"model target {target!r}: {type(obj).__name__} "
-                                 f"{getattr(obj, '__name__', modname)} has no attribute {attr!r} "
-                                 "(check the spelling, and that the class is defined at module level)")
+                raise ValueError(
+                    f"model target {target!r}: {type(obj).__name__} "
+                    f"{getattr(obj, '__name__', modname)} has no attribute {attr!r} "
+                    "(check the spelling, and that the class is defined at module level)"
+                )
             obj = getattr(obj, attr)
         if not callable(obj):
-            raise ValueError(f"model target {target!r} is a {type(obj).__name__}, not a class or "
-                             "factory returning a torch.nn.Module")
+            raise ValueError(
+                f"model target {target!r} is a {type(obj).__name__}, not a class or "
+                "factory returning a torch.nn.Module"
+            )
         return obj
-    raise ValueError(f"model target {target!r}: no module {parts[0]!r} can be imported (install "
-                     "it, or put its folder on PYTHONPATH / run from it)")
+    raise ValueError(
+        f"model target {target!r}: no module {parts[0]!r} can be imported (install "
+        "it, or put its folder on PYTHONPATH / run from it)"
+    )
 
 
-def _signature_kwargs(fn: Callable[..., Any], given: Mapping[str, Any],
-                      input_shape: tuple[int, ...], classes: int) -> dict[str, Any]:
+def _signature_kwargs(
+    fn: Callable[..., Any], given: Mapping[str, Any], input_shape: tuple[int, ...], classes: int
+) -> dict[str, Any]:
     """``input_shape`` / ``classes`` / ``num_classes`` where ``fn``'s signature names them and
     ``given`` does not (a ``**kwargs`` catch-all gets nothing extra)."""
     try:
         params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):            # a builtin without a signature
+    except (TypeError, ValueError):  # a builtin without a signature
         return {}
-    named = {n for n, p in params.items()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     extra: dict[str, Any] = {}
     if "input_shape" in named and "input_shape" not in given:
         extra["input_shape"] = tuple(int(s) for s in input_shape)
@@ -90,9 +102,15 @@ def _signature_kwargs(fn: Callable[..., Any], given: Mapping[str, Any],
     return extra
 
 
-def from_target(target: str, kwargs: Mapping[str, Any] | None = None, *,
-                input_shape: Sequence[int], classes: int, seed: int,
-                personal: Sequence[str] = ()) -> nn.Module:
+def from_target(
+    target: str,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    input_shape: Sequence[int],
+    classes: int,
+    seed: int,
+    personal: Sequence[str] = (),
+) -> nn.Module:
     """The module ``target(**kwargs)`` (plus ``input_shape`` / ``classes`` / ``num_classes``
     where its signature asks for them), built with torch seeded from ``seed`` (the global torch
     generator is restored afterwards), carrying ``personal`` (or its class's
@@ -106,12 +124,15 @@ def from_target(target: str, kwargs: Mapping[str, Any] | None = None, *,
         try:
             model = fn(**call)
         except Exception as e:
-            raise ValueError(f"model target {target!r} called with {sorted(call)} raised "
-                             f"{_why(e)}") from None
+            raise ValueError(
+                f"model target {target!r} called with {sorted(call)} raised {_why(e)}"
+            ) from None
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model target {target!r} returned a {type(model).__name__}, not a "
-                         "torch.nn.Module (point it at the module's class or at a factory "
-                         "returning one)")
+        raise ValueError(
+            f"model target {target!r} returned a {type(model).__name__}, not a "
+            "torch.nn.Module (point it at the module's class or at a factory "
+            "returning one)"
+        )
     check_model(model)
     return adopt(model, personal) if personal or not hasattr(model, "default_personal") else model
 
@@ -124,7 +145,9 @@ def adopt(module: nn.Module, personal: Sequence[str]) -> nn.Module:
     if not isinstance(module, nn.Module):
         raise ValueError(f"a model must be a torch.nn.Module, got {type(module).__name__}")
     if isinstance(personal, str):
-        raise ValueError(f"personal patterns must be a list of strings, got the string {personal!r}")
+        raise ValueError(
+            f"personal patterns must be a list of strings, got the string {personal!r}"
+        )
     patterns = tuple(str(p) for p in personal)
     if patterns:
         split_by_patterns(module, patterns)
@@ -141,8 +164,10 @@ def fresh_copy(model: nn.Module) -> nn.Module:
     try:
         out = copy.deepcopy(model)
     except Exception as e:
-        raise ValueError(f"model {type(model).__name__} cannot be copied for a run ({_why(e)}); "
-                         "pass model.target instead") from None
+        raise ValueError(
+            f"model {type(model).__name__} cannot be copied for a run ({_why(e)}); "
+            "pass model.target instead"
+        ) from None
     if not hasattr(out, "default_personal"):
         out.default_personal = ()
     return out

@@ -7,6 +7,7 @@ owner-specific logit offset (it captures each owner's label skew, the heterogene
 from its own records. joint_dp keeps ``personal.*`` on each owner; full_dp / fedavg share it
 (one global model); per_silo keeps everything personal.
 """
+
 from __future__ import annotations
 
 import torch

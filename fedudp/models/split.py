@@ -5,6 +5,7 @@ A pattern is an fnmatch pattern over ``named_parameters()`` names; a bare layer 
 (``fc1``) means that layer's parameters (``fc1.*``). A pattern matching nothing is a
 ``ValueError`` listing the parameter names, so a typo never silently shares everything.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,12 @@ def split_by_patterns(model: nn.Module, patterns: Sequence[str]) -> ParamSplit:
     for pat in patterns:
         hits = {n for n in names for p in _expand(pat) if fnmatchcase(n, p)}
         if not hits:
-            raise ValueError(f"pattern {pat!r} matches no parameter of "
-                              f"{type(model).__name__}; its parameters are {names}")
+            raise ValueError(
+                f"pattern {pat!r} matches no parameter of "
+                f"{type(model).__name__}; its parameters are {names}"
+            )
         personal |= hits
-    return ParamSplit(shared=tuple(n for n in names if n not in personal),
-                      personal=tuple(n for n in names if n in personal))
+    return ParamSplit(
+        shared=tuple(n for n in names if n not in personal),
+        personal=tuple(n for n in names if n in personal),
+    )

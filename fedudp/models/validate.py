@@ -78,6 +78,7 @@ by type alone: an exact ``nn.Linear`` applied more than once per forward (a hand
 recurrence, a block reused) qualifies, and ``per_sample`` then raises "called twice" when it
 runs; give such a layer its own subclass (as ``RecurrentLinear`` does).
 """
+
 from __future__ import annotations
 
 import re
@@ -97,41 +98,56 @@ def _where(name: str, mod: nn.Module) -> str:
 
 def _spectral(mod: nn.Module) -> bool:
     from torch.nn.utils.spectral_norm import SpectralNorm
+
     if any(isinstance(h, SpectralNorm) for h in mod._forward_pre_hooks.values()):
         return True
-    return type(mod).__name__ == "_SpectralNorm"        # the parametrizations form's module
+    return type(mod).__name__ == "_SpectralNorm"  # the parametrizations form's module
 
 
 def _layer_problem(mod: nn.Module) -> str | None:
     """Why ``mod`` itself (not its children) is refused, with the replacement; None if fine."""
-    if isinstance(mod, _BatchNorm):       # BatchNorm1d/2d/3d, SyncBatchNorm, LazyBatchNorm*
-        return ("mixes the records of a batch (one record's output depends on the others) and "
-                "keeps running statistics learned from the data outside the parameters, so "
-                "neither per-record gradients nor per-user privacy hold; replace it with "
-                "nn.GroupNorm or nn.LayerNorm")
+    if isinstance(mod, _BatchNorm):  # BatchNorm1d/2d/3d, SyncBatchNorm, LazyBatchNorm*
+        return (
+            "mixes the records of a batch (one record's output depends on the others) and "
+            "keeps running statistics learned from the data outside the parameters, so "
+            "neither per-record gradients nor per-user privacy hold; replace it with "
+            "nn.GroupNorm or nn.LayerNorm"
+        )
     if isinstance(mod, _InstanceNorm) and mod.track_running_stats:
-        return ("keeps running statistics (track_running_stats=True), state learned from the data "
-                "outside the parameters and released without noise; use "
-                "track_running_stats=False (the default) or nn.GroupNorm")
+        return (
+            "keeps running statistics (track_running_stats=True), state learned from the data "
+            "outside the parameters and released without noise; use "
+            "track_running_stats=False (the default) or nn.GroupNorm"
+        )
     if isinstance(mod, nn.modules.dropout._DropoutNd) and mod.p > 0:
-        return ("draws random masks from torch's global generator inside the vmapped owner "
-                "computation, outside fedudp's keyed randomness (neither reproducible nor the "
-                "same on both engines); remove it or set p=0")
+        return (
+            "draws random masks from torch's global generator inside the vmapped owner "
+            "computation, outside fedudp's keyed randomness (neither reproducible nor the "
+            "same on both engines); remove it or set p=0"
+        )
     if isinstance(mod, (nn.RNNBase, nn.RNNCellBase)):
-        return ("has no torch.func.vmap batching rule (aten::lstm / gru / rnn_tanh and their "
-                "*_cell forms), so per-user training and per-record gradients fail; write the "
-                "recurrence from nn.Linear layers (fedudp.models.char_rnn.GRULayer is a GRU)")
+        return (
+            "has no torch.func.vmap batching rule (aten::lstm / gru / rnn_tanh and their "
+            "*_cell forms), so per-user training and per-record gradients fail; write the "
+            "recurrence from nn.Linear layers (fedudp.models.char_rnn.GRULayer is a GRU)"
+        )
     if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.max_norm is not None:
-        return ("renormalises its weight in place during forward (max_norm), changing a parameter "
-                "outside the gradient step; use max_norm=None")
+        return (
+            "renormalises its weight in place during forward (max_norm), changing a parameter "
+            "outside the gradient step; use max_norm=None"
+        )
     if _spectral(mod):
-        return ("is spectral-normalised: its power-iteration vectors are buffers updated in place "
-                "by every training forward; remove the spectral normalisation")
+        return (
+            "is spectral-normalised: its power-iteration vectors are buffers updated in place "
+            "by every training forward; remove the spectral normalisation"
+        )
     for bname, _ in mod.named_buffers(recurse=False):
         if RUNNING_STATE.search(bname):
-            return (f"has buffer {bname!r}, running state updated from the data outside the "
-                    "parameters (released without noise); compute it from parameters instead "
-                    "(e.g. nn.GroupNorm or nn.LayerNorm for normalisation statistics)")
+            return (
+                f"has buffer {bname!r}, running state updated from the data outside the "
+                "parameters (released without noise); compute it from parameters instead "
+                "(e.g. nn.GroupNorm or nn.LayerNorm for normalisation statistics)"
+            )
     return None
 
 
@@ -147,8 +163,10 @@ def check_model(model: nn.Module, example: torch.Tensor | None = None) -> None:
         raise ValueError(f"model {type(model).__name__} has no parameters; nothing to train")
     for name, p in params:
         if isinstance(p, nn.parameter.UninitializedParameter):
-            raise ValueError(f"parameter {name} of {type(model).__name__} is uninitialised (a lazy "
-                             "layer); give the layer its input size (e.g. nn.Linear, not nn.LazyLinear)")
+            raise ValueError(
+                f"parameter {name} of {type(model).__name__} is uninitialised (a lazy "
+                "layer); give the layer its input size (e.g. nn.Linear, not nn.LazyLinear)"
+            )
     for name, mod in model.named_modules():
         why = _layer_problem(mod)
         if why:
@@ -178,10 +196,12 @@ def _probe(model: nn.Module, example: torch.Tensor) -> None:
             kind, _, n = key.partition(" ")
             owner = n.rpartition(".")[0]
             mod = model.get_submodule(owner)
-            raise ValueError(f"model layer {_where(owner, mod)} changed its {kind} {n!r} during "
-                             "forward: state updated from the data outside the gradient step; "
-                             "keep layer state in parameters (e.g. nn.GroupNorm, not running "
-                             "statistics)")
+            raise ValueError(
+                f"model layer {_where(owner, mod)} changed its {kind} {n!r} during "
+                "forward: state updated from the data outside the gradient step; "
+                "keep layer state in parameters (e.g. nn.GroupNorm, not running "
+                "statistics)"
+            )
 
 
 def fast_per_record(model: nn.Module, names: Iterable[str] | None = None) -> bool:
@@ -190,15 +210,19 @@ def fast_per_record(model: nn.Module, names: Iterable[str] | None = None) -> boo
     an ``nn.Linear``, or an ``nn.Conv2d`` with groups = 1, zero padding and numeric padding.
     False means the vmap path. ``fedudp.core.per_sample.supported`` applies this rule (core
     sits above models)."""
-    owners = {name: mod for name, mod in model.named_modules()
-              if any(True for _ in mod.parameters(recurse=False))}
+    owners = {
+        name: mod
+        for name, mod in model.named_modules()
+        if any(True for _ in mod.parameters(recurse=False))
+    }
     names = tuple(n for n, _ in model.named_parameters()) if names is None else tuple(names)
     for n in names:
         mod = owners.get(n.rpartition(".")[0])
         if mod is None or type(mod) not in (nn.Linear, nn.Conv2d):
             return False
-        if isinstance(mod, nn.Conv2d) and (mod.groups != 1 or mod.padding_mode != "zeros"
-                                           or isinstance(mod.padding, str)):
+        if isinstance(mod, nn.Conv2d) and (
+            mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str)
+        ):
             return False
     return True
 
@@ -206,8 +230,9 @@ def fast_per_record(model: nn.Module, names: Iterable[str] | None = None) -> boo
 PROBE_BATCH = 2
 
 
-def example_batch(input_shape, classes: int, tokens: bool = False,
-                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def example_batch(
+    input_shape, classes: int, tokens: bool = False, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A public example batch of ``PROBE_BATCH`` records of the declared ``input_shape`` (fixed
     random features, or token id 0) and labels in ``[0, classes)``: nothing read from the data."""
     shape = (PROBE_BATCH, *(int(s) for s in input_shape))
@@ -230,11 +255,12 @@ class _Innermost:
             self.hooks.append(mod.register_forward_hook(self._leave))
 
     def _enter(self, name: str):
-        def hook(mod: nn.Module, args) -> None:       # returns None: the input is unchanged
+        def hook(mod: nn.Module, args) -> None:  # returns None: the input is unchanged
             self.stack.append((name, mod))
+
         return hook
 
-    def _leave(self, mod: nn.Module, args, out) -> None:    # None: the output is unchanged
+    def _leave(self, mod: nn.Module, args, out) -> None:  # None: the output is unchanged
         if self.stack:
             self.stack.pop()
 
@@ -252,12 +278,16 @@ class _Innermost:
 def _advice(err: BaseException) -> str:
     text = str(err)
     if "autograd.Function" in text:
-        return ("its torch.autograd.Function has no vmap rule: give it a setup_context "
-                "staticmethod and generate_vmap_rule = True (or a vmap staticmethod), or write it "
-                "from differentiable torch operations")
+        return (
+            "its torch.autograd.Function has no vmap rule: give it a setup_context "
+            "staticmethod and generate_vmap_rule = True (or a vmap staticmethod), or write it "
+            "from differentiable torch operations"
+        )
     if "Batching rule not implemented" in text or "batching rule" in text:
-        return ("an operation in it has no torch.func.vmap batching rule; write the layer from "
-                "operations that have one (nn.Linear, nn.Conv2d, torch functions)")
+        return (
+            "an operation in it has no torch.func.vmap batching rule; write the layer from "
+            "operations that have one (nn.Linear, nn.Conv2d, torch functions)"
+        )
     return "every owner computation runs it under torch.func.vmap(grad(...)), one record at a time"
 
 
@@ -281,26 +311,33 @@ def probe(model: nn.Module, input_shape, classes: int, tokens: bool = False) -> 
         try:
             with torch.no_grad():
                 out = model(x)
-        except Exception as e:                    # noqa: BLE001 -- any failure is the user's model
+        except Exception as e:  # noqa: BLE001 -- any failure is the user's model
             at = inner.where()
             at = f"model layer {at}" if at else f"model {type(model).__name__}"
-            raise ValueError(f"{at} fails on an example batch of shape {shape} (the declared "
-                             f"input shape {list(input_shape)}): {_first_line(e)}") from None
+            raise ValueError(
+                f"{at} fails on an example batch of shape {shape} (the declared "
+                f"input shape {list(input_shape)}): {_first_line(e)}"
+            ) from None
     want = [PROBE_BATCH, int(classes)]
     if not isinstance(out, torch.Tensor) or list(out.shape) != want:
         got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"model output is {got} for a batch of {PROBE_BATCH} records; it must be "
-                         f"{want}: one logit per declared class (dataset.classes={int(classes)})")
+        raise ValueError(
+            f"model output is {got} for a batch of {PROBE_BATCH} records; it must be "
+            f"{want}: one logit per declared class (dataset.classes={int(classes)})"
+        )
     params = {n: p.detach() for n, p in model.named_parameters()}
 
     def loss(p, xi, yi):
         return F.cross_entropy(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
     with _Innermost(model) as inner:
         try:
             vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
-        except Exception as e:                    # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
             at = inner.where()
             at = f"model layer {at}" if at else f"model {type(model).__name__}"
-            raise ValueError(f"{at} fails in the per-record gradient path "
-                             f"(torch.func.vmap(grad(...))): {_first_line(e)}; "
-                             f"{_advice(e)}") from None
+            raise ValueError(
+                f"{at} fails in the per-record gradient path "
+                f"(torch.func.vmap(grad(...))): {_first_line(e)}; "
+                f"{_advice(e)}"
+            ) from None

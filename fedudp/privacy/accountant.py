@@ -20,6 +20,7 @@ long run of one event is read off a grid of counts on which epsilon is computed 
 envelope within ``LEDGER_TOL`` of the exact value, the exact value wherever it decides the
 budget); see ``Accountant``.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -45,7 +46,7 @@ ADJACENCY = "add_or_remove_one"
 _RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 # Noise multipliers beyond this are treated as "target unreachable" (the run would be noise).
 MAX_NOISE_MULTIPLIER = 1e4
-MIN_NOISE_MULTIPLIER = 1e-6     # calibration below it: the target does not need noise
+MIN_NOISE_MULTIPLIER = 1e-6  # calibration below it: the target does not need noise
 # The ledger's epsilon after c rounds of one event is at most this much above dp-accounting's
 # direct computation of those c rounds (the grid's envelope, ``Accountant``); exact up to
 # ``EXACT_ROUNDS`` rounds of a run and wherever it would exceed the target.
@@ -97,7 +98,7 @@ def basic_composition(blocks: list[tuple[ApproxDp, int]] | list[ApproxDp]) -> Ap
         blk, c = b if isinstance(b, tuple) else (b, 1)
         eps += c * blk.epsilon
         dlt += c * blk.delta
-    return ApproxDp(eps, min(dlt, 1.0 - 1e-12))   # delta >= 1: nothing is left for the events
+    return ApproxDp(eps, min(dlt, 1.0 - 1e-12))  # delta >= 1: nothing is left for the events
 
 
 def pld_interval(target_epsilon: float | None) -> float:
@@ -134,6 +135,7 @@ def _rdp() -> rdp_privacy_accountant.RdpAccountant:
 # does exactly that (bit for bit, tests/privacy/test_accountant.py) but builds each sampled
 # Gaussian's PLD once; everything else is built by dp-accounting's own PLDAccountant.
 
+
 def _lru_get(cache: OrderedDict, key, make: Callable[[], Any], size: int):
     if key in cache:
         cache.move_to_end(key)
@@ -145,10 +147,10 @@ def _lru_get(cache: OrderedDict, key, make: Callable[[], Any], size: int):
     return value
 
 
-_RAW: OrderedDict = OrderedDict()        # (q, z, interval) -> PrivacyLossDistribution
-_CAPTURED: OrderedDict = OrderedDict()   # (event, count, interval) -> (parts, non-private)
-_EPSILON: OrderedDict = OrderedDict()    # (event, delta, interval) -> epsilon (pure function)
-_FAST: OrderedDict = OrderedDict()       # (q, z, interval) -> _FastPLD
+_RAW: OrderedDict = OrderedDict()  # (q, z, interval) -> PrivacyLossDistribution
+_CAPTURED: OrderedDict = OrderedDict()  # (event, count, interval) -> (parts, non-private)
+_EPSILON: OrderedDict = OrderedDict()  # (event, delta, interval) -> epsilon (pure function)
+_FAST: OrderedDict = OrderedDict()  # (q, z, interval) -> _FastPLD
 _RDP_VECTORS: OrderedDict = OrderedDict()  # event -> RDP at the default orders (None: unsupported)
 
 
@@ -161,9 +163,12 @@ def _event_key(event) -> str:
 def _sampled_gaussian(event) -> tuple[float, float] | None:
     """(q, z) of a ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (q = 0 and z = 0 excluded:
     dp-accounting composes nothing, or a non-private event)."""
-    if (isinstance(event, dp_accounting.PoissonSampledDpEvent)
-            and isinstance(event.event, dp_accounting.GaussianDpEvent)
-            and event.sampling_probability != 0 and event.event.noise_multiplier != 0):
+    if (
+        isinstance(event, dp_accounting.PoissonSampledDpEvent)
+        and isinstance(event.event, dp_accounting.GaussianDpEvent)
+        and event.sampling_probability != 0
+        and event.event.noise_multiplier != 0
+    ):
         return float(event.sampling_probability), float(event.event.noise_multiplier)
     return None
 
@@ -171,9 +176,17 @@ def _sampled_gaussian(event) -> tuple[float, float] | None:
 def _raw_sampled_gaussian(q: float, z: float, interval: float):
     """The PLD dp-accounting's PLDAccountant builds for one ``PoissonSampledDpEvent(q,
     GaussianDpEvent(z))`` before self-composing it (its own code path, argument for argument)."""
-    return _lru_get(_RAW, (q, z, interval), lambda: _PLD.from_gaussian_mechanism(
-        standard_deviation=z, value_discretization_interval=interval, sampling_prob=q,
-        neighboring_relation=_RELATION), 4)
+    return _lru_get(
+        _RAW,
+        (q, z, interval),
+        lambda: _PLD.from_gaussian_mechanism(
+            standard_deviation=z,
+            value_discretization_interval=interval,
+            sampling_prob=q,
+            neighboring_relation=_RELATION,
+        ),
+        4,
+    )
 
 
 class _NotCaptured(RuntimeError):
@@ -194,16 +207,18 @@ class _Capture:
 def _captured(event, count: int, interval: float) -> tuple[tuple, bool]:
     """The PLDs dp-accounting's PLDAccountant composes for ``count`` x ``event`` (a leaf event),
     built by that accountant itself, and whether it marked the event non-private."""
+
     def make():
         acc = _pld(interval)
         cap = _Capture()
-        acc._pld = cap                       # noqa: SLF001 -- collect instead of composing
+        acc._pld = cap  # noqa: SLF001 -- collect instead of composing
         acc.compose(event, count)
         non_private = bool(getattr(acc, "_contains_non_dp_event", False))
-        if acc._pld is not cap or not (cap.parts or non_private):     # noqa: SLF001
+        if acc._pld is not cap or not (cap.parts or non_private):  # noqa: SLF001
             # another dp-accounting layout: nothing was captured (never read that as ε = 0)
             raise _NotCaptured(repr(event))
         return tuple(cap.parts), non_private
+
     return _lru_get(_CAPTURED, (_event_key(event), count, interval), make, 4)
 
 
@@ -222,7 +237,7 @@ def _pld_parts(event, interval: float, count: int, parts: list) -> bool:
             non_private |= _pld_parts(e, interval, count, parts)
         return non_private
     qz = _sampled_gaussian(event)
-    if qz is not None:       # from_gaussian_mechanism(z, sampling_prob=q).self_compose(count)
+    if qz is not None:  # from_gaussian_mechanism(z, sampling_prob=q).self_compose(count)
         parts.append(_fast_pld(*qz, interval).self_composed(count))
         return False
     sub, non_private = _captured(event, count, interval)
@@ -233,12 +248,13 @@ def _pld_parts(event, interval: float, count: int, parts: list) -> bool:
 def _direct_pld_epsilon(event, delta: float, interval: float) -> float:
     """``PLDAccountant(ADD_OR_REMOVE_ONE, interval).compose(event).get_epsilon(delta)``, the
     same numbers (memoized; a sampled Gaussian's PLD built once)."""
+
     def make():
         parts: list = []
         try:
             if _pld_parts(event, interval, 1, parts):
                 return math.inf
-        except _NotCaptured:       # dp-accounting's own accountant, on the whole event
+        except _NotCaptured:  # dp-accounting's own accountant, on the whole event
             acc = _pld(interval)
             acc.compose(event)
             return float(acc.get_epsilon(delta))
@@ -246,11 +262,12 @@ def _direct_pld_epsilon(event, delta: float, interval: float) -> float:
         for p in parts:
             pld = pld.compose(p)
         return float(pld.get_epsilon_for_delta(delta))
+
     return _lru_get(_EPSILON, (_event_key(event), float(delta), float(interval)), make, 512)
 
 
 # -- long runs of one sampled Gaussian: dp-accounting's self-composition, count after count ------
-_TAIL = 1e-15            # dp-accounting's tail_mass_truncation in self_compose
+_TAIL = 1e-15  # dp-accounting's tail_mass_truncation in self_compose
 # Where a self-composition's upper tail holds at most this fraction of delta (positive mass,
 # FFT noise included), it is moved to infinite loss (pessimistic: delta(eps) can only grow, by
 # at most this, so epsilon moves by ~1e-6 of d(eps)/d(log delta)): dp-accounting's epsilon
@@ -283,16 +300,16 @@ class _SelfCompositions:
 
     def __init__(self, pmf) -> None:
         self.pmf = pmf
-        probs = pmf._probs                                            # noqa: SLF001
+        probs = pmf._probs  # noqa: SLF001
         n = len(probs)
         self.orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n
         self.log_mgfs = [_special.logsumexp(np.arange(n) * o, b=probs) for o in self.orders]
-        self._fft: tuple = (0, None)      # (length, complex FFT) for exact()
-        self._rfft: tuple = (0, None)     # (length, real FFT) for compose()
+        self._fft: tuple = (0, None)  # (length, complex FFT) for exact()
+        self._rfft: tuple = (0, None)  # (length, real FFT) for compose()
 
     def bounds(self, k: int) -> tuple[int, int]:
         """common.compute_self_convolve_bounds(probs, k, 1e-15), from the cached log-MGFs."""
-        upper, lower = (len(self.pmf._probs) - 1) * k, 0              # noqa: SLF001
+        upper, lower = (len(self.pmf._probs) - 1) * k, 0  # noqa: SLF001
         for order, log_mgf in zip(self.orders, self.log_mgfs):
             bound = (k * log_mgf + math.log(2 / _TAIL)) / order
             if not math.isfinite(bound):
@@ -305,14 +322,18 @@ class _SelfCompositions:
 
     def _pmf(self, k: int, lo: int, window: np.ndarray):
         pmf = self.pmf
-        inf_mass = _TAIL - math.expm1(k * math.log1p(-pmf._infinity_mass))   # noqa: SLF001
-        return pld_pmf.DensePLDPmf(pmf._discretization,                    # noqa: SLF001
-                                   pmf._lower_loss * k + lo, window,          # noqa: SLF001
-                                   inf_mass, pmf._pessimistic_estimate)      # noqa: SLF001
+        inf_mass = _TAIL - math.expm1(k * math.log1p(-pmf._infinity_mass))  # noqa: SLF001
+        return pld_pmf.DensePLDPmf(
+            pmf._discretization,  # noqa: SLF001
+            pmf._lower_loss * k + lo,
+            window,  # noqa: SLF001
+            inf_mass,
+            pmf._pessimistic_estimate,
+        )  # noqa: SLF001
 
     def exact(self, k: int):
         """``self.pmf.self_compose(k)``, the same operations on the same numbers."""
-        probs = self.pmf._probs                                       # noqa: SLF001
+        probs = self.pmf._probs  # noqa: SLF001
         lo, hi = self.bounds(k)
         out_len = hi - lo + 1
         n_fft = _fft.next_fast_len(max(out_len, len(probs)))
@@ -322,7 +343,7 @@ class _SelfCompositions:
         return self._pmf(k, lo, np.array(np.roll(conv, -lo)[:out_len]))
 
     def compose(self, k: int):
-        probs = self.pmf._probs                                       # noqa: SLF001
+        probs = self.pmf._probs  # noqa: SLF001
         lo, hi = self.bounds(k)
         out_len = hi - lo + 1
         lo2, hi2 = self.bounds(1 << (k - 1).bit_length())
@@ -337,16 +358,19 @@ def _trimmed_epsilon(pmf, delta: float) -> float:
     """dp-accounting's epsilon of ``pmf`` (``DensePLDPmf.get_epsilon_for_delta``: the same
     function on the same numbers, fed Python floats, which it walks twice as fast) after the
     pessimistic trim of its upper tail (``_TRIM``)."""
-    probs = pmf._probs                                                # noqa: SLF001
-    inf_mass = pmf._infinity_mass                                     # noqa: SLF001
+    probs = pmf._probs  # noqa: SLF001
+    inf_mass = pmf._infinity_mass  # noqa: SLF001
     top = np.cumsum(np.clip(probs[::-1], 0.0, None))
     j = min(int(np.searchsorted(top, _TRIM * delta, side="right")), len(probs) - 1)
     if j > 0:
-        probs, inf_mass = probs[:len(probs) - j], inf_mass + float(top[j - 1])
-    disc = pmf._discretization                                        # noqa: SLF001
-    upper_loss = (pmf._lower_loss + len(probs) - 1) * disc            # noqa: SLF001
-    return float(pld_pmf._get_epsilon_for_delta(                      # noqa: SLF001
-        inf_mass, itertools.count(upper_loss, -disc), probs[::-1].tolist(), delta))
+        probs, inf_mass = probs[: len(probs) - j], inf_mass + float(top[j - 1])
+    disc = pmf._discretization  # noqa: SLF001
+    upper_loss = (pmf._lower_loss + len(probs) - 1) * disc  # noqa: SLF001
+    return float(
+        pld_pmf._get_epsilon_for_delta(  # noqa: SLF001
+            inf_mass, itertools.count(upper_loss, -disc), probs[::-1].tolist(), delta
+        )
+    )
 
 
 class _FastPLD:
@@ -359,11 +383,12 @@ class _FastPLD:
     def __init__(self, q: float, z: float, interval: float) -> None:
         raw = _raw_sampled_gaussian(q, z, interval)
         self.raw = raw
-        try:      # dp-accounting 0.6's PMF internals; another layout: its own public code path
-            pmfs = [raw._pmf_remove] + ([] if raw._symmetric else [raw._pmf_add])   # noqa: SLF001
+        try:  # dp-accounting 0.6's PMF internals; another layout: its own public code path
+            pmfs = [raw._pmf_remove] + ([] if raw._symmetric else [raw._pmf_add])  # noqa: SLF001
             # sparse PMFs (a few losses, e.g. huge noise) self-compose by dp-accounting's own code
-            self.dense = all(isinstance(p, pld_pmf.DensePLDPmf) and hasattr(p, "_probs")
-                             for p in pmfs)
+            self.dense = all(
+                isinstance(p, pld_pmf.DensePLDPmf) and hasattr(p, "_probs") for p in pmfs
+            )
         except AttributeError:
             pmfs, self.dense = [], False
         sides = [_SelfCompositions(p) for p in pmfs] if self.dense else [None, None]
@@ -373,8 +398,9 @@ class _FastPLD:
         # each pair as the dense PMF dp-accounting self-composes it as (a sparse one turns dense
         # once its k-fold sum could hold more than _MAX_PMF_SPARSE_SIZE values): for the size of
         # a k-fold composition (``window``) and for long runs of a sparse PMF
-        self._dense_sides = (sides if self.dense else
-                             [_SelfCompositions(p.to_dense_pmf()) for p in pmfs])
+        self._dense_sides = (
+            sides if self.dense else [_SelfCompositions(p.to_dense_pmf()) for p in pmfs]
+        )
 
     def window(self, k: int) -> int:
         """Values of the k-fold composition's largest PMF (dp-accounting's own bounds; 0 when
@@ -389,9 +415,12 @@ class _FastPLD:
                 return self.raw.self_compose(k)
             # SparsePLDPmf.self_compose(k), without its test size**k (a number of k digits:
             # 9 s at k = 1e7) nor, for one loss, its k - 1 compositions one by one
-            return _PLD.PrivacyLossDistribution(*(
-                s.exact(k) if _sparse_goes_dense(p, k) else p.self_compose(k)
-                for p, s in zip(self._pmfs, self._dense_sides)))
+            return _PLD.PrivacyLossDistribution(
+                *(
+                    s.exact(k) if _sparse_goes_dense(p, k) else p.self_compose(k)
+                    for p, s in zip(self._pmfs, self._dense_sides)
+                )
+            )
         if self.add is None:
             return _PLD.PrivacyLossDistribution(self.remove.exact(k))
         return _PLD.PrivacyLossDistribution(self.remove.exact(k), self.add.exact(k))
@@ -417,10 +446,10 @@ def _sparse_goes_dense(pmf, k: int) -> bool:
     is also composed densely beyond a thousand rounds (the same point mass)."""
     if not isinstance(pmf, pld_pmf.SparsePLDPmf) or k <= 1:
         return False
-    size, cap = pmf.size, pld_pmf._MAX_PMF_SPARSE_SIZE                 # noqa: SLF001
+    size, cap = pmf.size, pld_pmf._MAX_PMF_SPARSE_SIZE  # noqa: SLF001
     if size <= 1:
         return k > 1000
-    return k > cap.bit_length() or size ** k > cap
+    return k > cap.bit_length() or size**k > cap
 
 
 def _fast_atom(event) -> tuple[float, float, int] | None:
@@ -447,6 +476,7 @@ def _fast_epsilon(q: float, z: float, k: int, delta: float, interval: float) -> 
 # -- RDP: additive over the orders ---------------------------------------------------------------
 def _rdp_vector(event) -> np.ndarray | None:
     """dp-accounting's RDP of one ``event`` at its default orders (None: unsupported)."""
+
     def make():
         acc = _rdp()
         if not acc.supports(event):
@@ -454,6 +484,7 @@ def _rdp_vector(event) -> np.ndarray | None:
         with _quiet_absl():
             acc.compose(event)
         return acc.rdp
+
     return _lru_get(_RDP_VECTORS, _event_key(event), make, 64)
 
 
@@ -596,9 +627,9 @@ class Accountant:
     def __init__(self, pld_interval: float = 1e-4, target_epsilon: float | None = None) -> None:
         self.pld_interval = pld_interval
         self.target_epsilon = target_epsilon
-        self.runs: list[list] = []   # [event, count]
-        self.blocks: list[tuple[ApproxDp, int]] = []   # basic composition on top of the events
-        self._canon: list[list] = []    # the runs without NoOpDpEvent, neighbours merged
+        self.runs: list[list] = []  # [event, count]
+        self.blocks: list[tuple[ApproxDp, int]] = []  # basic composition on top of the events
+        self._canon: list[list] = []  # the runs without NoOpDpEvent, neighbours merged
         self._series: OrderedDict = OrderedDict()
 
     @property
@@ -660,7 +691,7 @@ class Accountant:
             blocks.append((extra, count))
         b = basic_composition(blocks)
         left = delta - b.delta
-        if abs(left) <= delta * 1e-9:     # the blocks spend exactly δ (rounding either way)
+        if abs(left) <= delta * 1e-9:  # the blocks spend exactly δ (rounding either way)
             left = 0.0
         return left, b.epsilon
 
@@ -674,6 +705,7 @@ class Accountant:
 
         def exact(c: int) -> float:
             return _bounded_epsilon(_composed_event(prefix + [(event, c)]), delta, interval)
+
         atom = None if prefix else _fast_atom(event)
 
         def grid(c: int) -> float:
@@ -682,21 +714,23 @@ class Accountant:
                 return exact(c)
             v = _fast_epsilon(atom[0], atom[1], atom[2] * c, delta, interval)
             return exact(c) if v is None else _with_rdp(v, ev, delta)
+
         s = self._series[key] = _Series(exact, grid)
         while len(self._series) > 8:
             self._series.popitem(last=False)
         return s
 
-    def _events_epsilon(self, runs, delta: float, rdp_only: bool = False,
-                        spent: float = 0.0) -> float | None:
+    def _events_epsilon(
+        self, runs, delta: float, rdp_only: bool = False, spent: float = 0.0
+    ) -> float | None:
         """Epsilon of the (canonical) runs at ``delta``: PLD, or RDP where PLD cannot represent
         them (or ``rdp_only``); None if neither supports them; inf when delta <= 0. ``spent``:
         the blocks' epsilon (the events' threshold is the target minus it)."""
-        if not runs and not self.runs:     # nothing but blocks: fine while they leave δ >= 0
+        if not runs and not self.runs:  # nothing but blocks: fine while they leave δ >= 0
             return 0.0 if delta >= 0 else math.inf
-        if delta <= 0:                     # events need some δ: none is left
+        if delta <= 0:  # events need some δ: none is left
             return math.inf
-        if not runs:                       # only NoOpDpEvents: nothing released
+        if not runs:  # only NoOpDpEvents: nothing released
             return 0.0
         if not rdp_only and all(_pld_supports(e) for e, _ in runs):
             threshold = math.inf if self.target_epsilon is None else self.target_epsilon - spent
@@ -733,8 +767,9 @@ class Accountant:
 class ParallelAccountant:
     """``Accountant``'s interface over ``Parallel`` events: one accountant per part, ε the max."""
 
-    def __init__(self, parts: int, pld_interval: float = 1e-4,
-                 target_epsilon: float | None = None) -> None:
+    def __init__(
+        self, parts: int, pld_interval: float = 1e-4, target_epsilon: float | None = None
+    ) -> None:
         self.parts = [Accountant(pld_interval, target_epsilon) for _ in range(parts)]
 
     def compose(self, event, count: int = 1) -> None:
@@ -778,7 +813,9 @@ class GroupConversion:
     form: str = "certified"
 
     @classmethod
-    def for_user_budget(cls, size: int, epsilon: float, delta: float, form: str) -> "GroupConversion":
+    def for_user_budget(
+        cls, size: int, epsilon: float, delta: float, form: str
+    ) -> "GroupConversion":
         if size < 1:
             raise ValueError(f"group size must be >= 1, got {size}")
         if form not in ("certified", "paper"):
@@ -801,8 +838,10 @@ class GroupConversion:
         return k * math.exp(((k - 1) if self.form == "certified" else k) * e) * self.record_delta
 
     def __str__(self) -> str:
-        return (f"GroupConversion(k={self.size}, record_delta={self.record_delta:.6g}, "
-                f"form={self.form})")
+        return (
+            f"GroupConversion(k={self.size}, record_delta={self.record_delta:.6g}, "
+            f"form={self.form})"
+        )
 
 
 class GroupAccountant:
@@ -830,14 +869,18 @@ class GroupAccountant:
         return self.inner.epsilon(self.group.record_delta)
 
 
-def event_epsilon(event: dp_accounting.DpEvent | None, delta: float, interval: float = 1e-4,
-                  rdp_only: bool = False) -> float | None:
+def event_epsilon(
+    event: dp_accounting.DpEvent | None,
+    delta: float,
+    interval: float = 1e-4,
+    rdp_only: bool = False,
+) -> float | None:
     """Epsilon of one (composed) event at ``delta``: PLD, or RDP for events PLD cannot
     represent (or when ``rdp_only``); None if neither supports it, inf when delta <= 0.
     PLD: the numbers of a fresh ``PLDAccountant`` (``_direct_pld_epsilon``, memoized)."""
-    if event is None:       # nothing but blocks: fine while they leave δ >= 0
+    if event is None:  # nothing but blocks: fine while they leave δ >= 0
         return 0.0 if delta >= 0 else math.inf
-    if delta <= 0:          # events need some δ: none is left
+    if delta <= 0:  # events need some δ: none is left
         return math.inf
     if not rdp_only and _pld_supports(event):
         return _bounded_epsilon(event, delta, interval)
@@ -862,14 +905,18 @@ class _MemoPLDAccountant(pld_privacy_accountant.PLDAccountant):
     def _maybe_compose(self, event, count, do_compose):
         if do_compose:
             self._events.append(
-                event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count))
+                event if count == 1 else dp_accounting.SelfComposedDpEvent(event, count)
+            )
         return super()._maybe_compose(event, count, False)
 
     def get_epsilon(self, target_delta: float) -> float:
         if not self._events:
             return 0.0
-        ev = (self._events[0] if len(self._events) == 1
-              else dp_accounting.ComposedDpEvent(self._events))
+        ev = (
+            self._events[0]
+            if len(self._events) == 1
+            else dp_accounting.ComposedDpEvent(self._events)
+        )
         return _bounded_epsilon(ev, target_delta, self._value_discretization_interval)
 
 
@@ -879,7 +926,7 @@ _PLD_SUPPORTS: dict = {}
 # the finest grid (1e-4) is 1e10 values for z = 0.001 (76 GiB: dp-accounting fails to allocate
 # it). Above this many values PLD accounting is not attempted and RDP (an upper bound on ε, as
 # PLD's is) is the accountant: such a mechanism is far from any useful target anyway.
-MAX_PLD_POINTS = 5 * 10 ** 7
+MAX_PLD_POINTS = 5 * 10**7
 
 
 def _gaussian_pld_points(z: float, interval: float = 1e-4) -> float:
@@ -893,11 +940,16 @@ def _pld_tractable(event) -> bool:
     at the finest grid (``_gaussian_pld_points``)."""
     if isinstance(event, dp_accounting.GaussianDpEvent):
         z = float(event.noise_multiplier)
-        return z == 0 or _gaussian_pld_points(z) <= MAX_PLD_POINTS     # 0: non-private, no PLD
-    if isinstance(event, (dp_accounting.PoissonSampledDpEvent,
-                          dp_accounting.SampledWithoutReplacementDpEvent,
-                          dp_accounting.SampledWithReplacementDpEvent,
-                          dp_accounting.SelfComposedDpEvent)):
+        return z == 0 or _gaussian_pld_points(z) <= MAX_PLD_POINTS  # 0: non-private, no PLD
+    if isinstance(
+        event,
+        (
+            dp_accounting.PoissonSampledDpEvent,
+            dp_accounting.SampledWithoutReplacementDpEvent,
+            dp_accounting.SampledWithReplacementDpEvent,
+            dp_accounting.SelfComposedDpEvent,
+        ),
+    ):
         return _pld_tractable(event.event)
     if isinstance(event, dp_accounting.ComposedDpEvent):
         return all(_pld_tractable(e) for e in event.events)
@@ -910,13 +962,13 @@ def _pld_tractable(event) -> bool:
 # certifies 1.0). Beyond this many values PLD is not computed: RDP alone bounds epsilon. This
 # bounds every epsilon's work (a few seconds) whatever the number of rounds; ordinary
 # schedules at their own grid hold 1e5-3e5 values.
-MAX_PLD_WINDOW = 2 ** 20
+MAX_PLD_WINDOW = 2**20
 # dp-accounting builds a Poisson-sampled Gaussian's PLD one value at a time in Python (about
 # 1-2 s per 2e5 values on a busy 2-core machine): beyond this estimate (``_gaussian_pld_points``;
 # noise below about 0.22 at the finest grid) RDP alone bounds epsilon, so no step takes minutes.
 # Ordinary calibrations (noise above about 0.45, so that their bracket's lower end z/2 stays
 # above 0.22) compute exactly what they did before.
-MAX_PLD_BUILD = 10 ** 6
+MAX_PLD_BUILD = 10**6
 
 
 def _pld_size(event, interval: float, count: int = 1) -> float:
@@ -926,7 +978,7 @@ def _pld_size(event, interval: float, count: int = 1) -> float:
         return _pld_size(event.event, interval, count * event.count)
     if isinstance(event, dp_accounting.ComposedDpEvent):
         return sum(_pld_size(e, interval, count) for e in event.events)
-    if isinstance(event, dp_accounting.GaussianDpEvent):   # k Gaussians: one of z / sqrt(k)
+    if isinstance(event, dp_accounting.GaussianDpEvent):  # k Gaussians: one of z / sqrt(k)
         z = float(event.noise_multiplier)
         return 0.0 if z == 0 else _gaussian_pld_points(z / math.sqrt(count), interval)
     qz = _sampled_gaussian(event)
@@ -947,16 +999,22 @@ def _bounded_epsilon(event, delta: float, interval: float) -> float:
     (``_direct_pld_epsilon``; left out where it would hold more than ``MAX_PLD_WINDOW`` values)
     and RDP. PLD is the smaller one for all but very long schedules; the calibration, the ledger
     and ``event_epsilon`` all read this one function."""
-    pld = (_direct_pld_epsilon(event, delta, interval)
-           if _pld_size(event, interval) <= MAX_PLD_WINDOW else math.inf)
+    pld = (
+        _direct_pld_epsilon(event, delta, interval)
+        if _pld_size(event, interval) <= MAX_PLD_WINDOW
+        else math.inf
+    )
     return _with_rdp(pld, event, delta)
 
 
 def pld_too_large(event) -> bool:
     """Whether ``event`` is one dp-accounting's PLD accountant supports but whose PLD would not
     fit (``_pld_tractable``), so that the accountant composes it with RDP instead."""
-    return (isinstance(event, dp_accounting.DpEvent) and _pld().supports(event)
-            and not _pld_tractable(event))
+    return (
+        isinstance(event, dp_accounting.DpEvent)
+        and _pld().supports(event)
+        and not _pld_tractable(event)
+    )
 
 
 def _pld_supports(event) -> bool:
@@ -970,16 +1028,27 @@ def _pld_supports(event) -> bool:
     return _PLD_SUPPORTS[key]
 
 
-def schedule_epsilon(make_event: Callable[[float], dp_accounting.DpEvent], noise: float,
-                     rounds: int, delta: float, interval: float = 1e-4) -> float:
+def schedule_epsilon(
+    make_event: Callable[[float], dp_accounting.DpEvent],
+    noise: float,
+    rounds: int,
+    delta: float,
+    interval: float = 1e-4,
+) -> float:
     """Epsilon of ``rounds`` self-composed releases of ``make_event(noise)`` (PLD; RDP for
     events PLD cannot represent)."""
-    return event_epsilon(dp_accounting.SelfComposedDpEvent(make_event(noise), rounds), delta, interval)
+    return event_epsilon(
+        dp_accounting.SelfComposedDpEvent(make_event(noise), rounds), delta, interval
+    )
 
 
-def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEvent],
-                               target_epsilon: float, delta: float, rounds: int,
-                               tol: float = 1e-3) -> float:
+def calibrate_noise_multiplier(
+    make_event: Callable[[float], dp_accounting.DpEvent],
+    target_epsilon: float,
+    delta: float,
+    rounds: int,
+    tol: float = 1e-3,
+) -> float:
     """Smallest noise multiplier whose ``rounds``-fold schedule meets (target_epsilon, delta).
 
     ``make_event(z)`` is one round's release. Raises ``BudgetError`` (naming the target)
@@ -992,42 +1061,64 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
     if schedule_epsilon(make_event, MAX_NOISE_MULTIPLIER, rounds, delta, interval) > target_epsilon:
         raise BudgetError(
             f"privacy.epsilon={target_epsilon} at privacy.delta={delta} is unreachable in "
-            f"{rounds} rounds even with noise multiplier {MAX_NOISE_MULTIPLIER:g}")
+            f"{rounds} rounds even with noise multiplier {MAX_NOISE_MULTIPLIER:g}"
+        )
 
     def event(z: float) -> dp_accounting.DpEvent:
         return dp_accounting.SelfComposedDpEvent(make_event(z), rounds)
 
-    if not _pld_supports(event(1.0)):                     # pure-DP steps: RDP only
+    if not _pld_supports(event(1.0)):  # pure-DP steps: RDP only
         with _quiet_absl():
-            return float(dp_accounting.calibrate_dp_mechanism(
-                _rdp, event, target_epsilon, delta,
-                bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-6, 1.0), tol=tol))
+            return float(
+                dp_accounting.calibrate_dp_mechanism(
+                    _rdp,
+                    event,
+                    target_epsilon,
+                    delta,
+                    bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-6, 1.0),
+                    tol=tol,
+                )
+            )
 
     # RDP is an upper bound on epsilon, so its calibration brackets the PLD one from above;
     # it is also fast where PLD is slow (small noise, large epsilon).
     with _quiet_absl():
-        z_hi = float(dp_accounting.calibrate_dp_mechanism(
-            _rdp, event, target_epsilon, delta,
-            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-4, 1.0), tol=tol / 10))
+        z_hi = float(
+            dp_accounting.calibrate_dp_mechanism(
+                _rdp,
+                event,
+                target_epsilon,
+                delta,
+                bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-4, 1.0),
+                tol=tol / 10,
+            )
+        )
     # what is calibrated is the accountant's epsilon (``_bounded_epsilon``: the smaller of PLD
     # and RDP), which at RDP's z is at most RDP's up to the last digit of its composition
     for _ in range(64):
-        if (eps_hi := schedule_epsilon(make_event, z_hi, rounds, delta, interval)) <= target_epsilon:
+        if (
+            eps_hi := schedule_epsilon(make_event, z_hi, rounds, delta, interval)
+        ) <= target_epsilon:
             break
         z_hi *= 1 + tol / 10
     else:
-        raise BudgetError(f"privacy.epsilon={target_epsilon}: the noise calibration did not "
-                          f"converge in {rounds} rounds at privacy.delta={delta}")
+        raise BudgetError(
+            f"privacy.epsilon={target_epsilon}: the noise calibration did not "
+            f"converge in {rounds} rounds at privacy.delta={delta}"
+        )
 
     def delta_too_large() -> BudgetError:
         return BudgetError(
             f"privacy.delta={delta} is too large for this schedule: (epsilon={target_epsilon}, "
             f"delta={delta}) holds for any noise multiplier (e.g. delta >= the sampling "
-            "rate); choose delta well below the chance that a user is sampled")
-    if eps_hi == 0.0:         # ε = 0 at a finite noise: δ covers the release whatever the noise
+            "rate); choose delta well below the chance that a user is sampled"
+        )
+
+    if eps_hi == 0.0:  # ε = 0 at a finite noise: δ covers the release whatever the noise
         raise delta_too_large()
     if _pld_size(event(z_hi), interval) > MAX_PLD_WINDOW or (
-            _direct_pld_epsilon(event(z_hi), delta, interval) > target_epsilon):
+        _direct_pld_epsilon(event(z_hi), delta, interval) > target_epsilon
+    ):
         # PLD is not below the target at RDP's z (too long a schedule for its grid, or too
         # large a PLD): below that z RDP exceeds the target and PLD only grows (or stays out),
         # so RDP's z is the smallest that meets it
@@ -1040,10 +1131,15 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dp_accounting.DpEve
         z_hi, z_lo = z_lo, z_lo / 2
     try:
         z = dp_accounting.calibrate_dp_mechanism(
-            lambda: _MemoPLDAccountant(interval), event, target_epsilon, delta,
-            bracket_interval=dp_accounting.ExplicitBracketInterval(z_lo, z_hi), tol=tol)
-    except ValueError:      # no sign change seen by Brent's method (rounding at the ends)
-        return z_hi         # meets the target (checked above): the safe end of the bracket
+            lambda: _MemoPLDAccountant(interval),
+            event,
+            target_epsilon,
+            delta,
+            bracket_interval=dp_accounting.ExplicitBracketInterval(z_lo, z_hi),
+            tol=tol,
+        )
+    except ValueError:  # no sign change seen by Brent's method (rounding at the ends)
+        return z_hi  # meets the target (checked above): the safe end of the bracket
     return float(z)
 
 
@@ -1101,8 +1197,9 @@ class Ledger:
         return d
 
 
-def accountant_for(event, group: GroupConversion | None = None,
-                   target_epsilon: float | None = None):
+def accountant_for(
+    event, group: GroupConversion | None = None, target_epsilon: float | None = None
+):
     """The accountant for a run whose rounds release events like ``event``: one ``Accountant``,
     or a ``ParallelAccountant`` with one part per part of a ``Parallel`` event (disjoint units),
     read at user level through ``group`` where the events are record-level. Its PLD grid is the
@@ -1110,9 +1207,15 @@ def accountant_for(event, group: GroupConversion | None = None,
     events under group privacy), since a coarser grid is more pessimistic and would stop a
     calibrated run before its last round. The target (that of the events) is the threshold above
     which the accountant computes epsilon exactly rather than reading its grid (``Accountant``)."""
-    target = (group.record_epsilon(target_epsilon) if group is not None and target_epsilon
-              else target_epsilon)
+    target = (
+        group.record_epsilon(target_epsilon)
+        if group is not None and target_epsilon
+        else target_epsilon
+    )
     interval = pld_interval(target)
-    acc = (ParallelAccountant(len(event.parts), interval, target) if isinstance(event, Parallel)
-           else Accountant(interval, target))
+    acc = (
+        ParallelAccountant(len(event.parts), interval, target)
+        if isinstance(event, Parallel)
+        else Accountant(interval, target)
+    )
     return GroupAccountant(acc, group) if group is not None else acc

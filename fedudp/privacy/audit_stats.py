@@ -24,6 +24,7 @@ bound at α divided by their number (Bonferroni) and reports the largest.
 
 This module knows no aggregator, owner or run: it sees arrays.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,14 +38,16 @@ def clopper_pearson(k: np.ndarray, n: int, alpha: float) -> tuple[np.ndarray, np
     """One-sided (lower, upper) Clopper–Pearson bounds, each at level 1 - ``alpha``, on a
     binomial proportion with ``k`` successes of ``n``."""
     from scipy.stats import beta
+
     k = np.asarray(k, dtype=np.float64)
     lo = np.where(k > 0, beta.ppf(alpha, np.maximum(k, 1e-300), n - k + 1), 0.0)
     hi = np.where(k < n, beta.ppf(1 - alpha, k + 1, np.maximum(n - k, 1e-300)), 1.0)
     return np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=1.0)
 
 
-def _region_epsilons(x: np.ndarray, y: np.ndarray, thresholds: np.ndarray, delta: float,
-                     alpha: float) -> np.ndarray:
+def _region_epsilons(
+    x: np.ndarray, y: np.ndarray, thresholds: np.ndarray, delta: float, alpha: float
+) -> np.ndarray:
     """[4, T]: the ε lower bound log((P_x[S] - δ)/P_y[S]) with Clopper–Pearson bounds, for
     S = {s > t} and {s < t}, with x as the first and as the second distribution."""
     xs, ys = np.sort(x), np.sort(y)
@@ -53,10 +56,14 @@ def _region_epsilons(x: np.ndarray, y: np.ndarray, thresholds: np.ndarray, delta
     below_x = np.searchsorted(xs, thresholds, side="left")
     below_y = np.searchsorted(ys, thresholds, side="left")
     out = np.zeros((4, len(thresholds)))
-    for r, (kp, np_, kq, nq) in enumerate(((above_x, len(xs), above_y, len(ys)),
-                                           (below_x, len(xs), below_y, len(ys)),
-                                           (above_y, len(ys), above_x, len(xs)),
-                                           (below_y, len(ys), below_x, len(xs)))):
+    for r, (kp, np_, kq, nq) in enumerate(
+        (
+            (above_x, len(xs), above_y, len(ys)),
+            (below_x, len(xs), below_y, len(ys)),
+            (above_y, len(ys), above_x, len(xs)),
+            (below_y, len(ys), below_x, len(xs)),
+        )
+    ):
         p_lo, _ = clopper_pearson(kp, np_, alpha)
         _, q_hi = clopper_pearson(kq, nq, alpha)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -73,8 +80,14 @@ def _thresholds(x: np.ndarray, y: np.ndarray, count: int = 400) -> np.ndarray:
     return np.unique(np.quantile(pooled, np.concatenate([tail, 1.0 - tail])))
 
 
-def threshold_bound(d_select: np.ndarray, dp_select: np.ndarray, d_test: np.ndarray,
-                    dp_test: np.ndarray, delta: float, alpha: float) -> tuple[float, str]:
+def threshold_bound(
+    d_select: np.ndarray,
+    dp_select: np.ndarray,
+    d_test: np.ndarray,
+    dp_test: np.ndarray,
+    delta: float,
+    alpha: float,
+) -> tuple[float, str]:
     """Distribution-free lower bound on ε (probability ≥ 1 - ``alpha``): the best rejection
     region of the selection samples, tested once on the test samples. Returns (ε, the region)."""
     ts = _thresholds(d_select, dp_select)
@@ -82,7 +95,7 @@ def threshold_bound(d_select: np.ndarray, dp_select: np.ndarray, d_test: np.ndar
     r, i = np.unravel_index(int(np.argmax(sel)), sel.shape)
     if sel[r, i] <= 0:
         return 0.0, "no region separates the selection samples"
-    eps = float(_region_epsilons(d_test, dp_test, ts[i:i + 1], delta, alpha)[r, 0])
+    eps = float(_region_epsilons(d_test, dp_test, ts[i : i + 1], delta, alpha)[r, 0])
     first, second = ("D", "D'") if r < 2 else ("D'", "D")
     side = ">" if r % 2 == 0 else "<"
     return eps, f"score {side} {ts[i]:.6g}, P_{first}[S] against P_{second}[S]"
@@ -115,8 +128,10 @@ def _closed_form_mu(epsilon: float, delta: float) -> float | None:
     from scipy.stats import norm
 
     def gap(mu: float) -> float:
-        return (norm.cdf(-epsilon / mu + mu / 2)
-                - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)) - delta
+        return (
+            norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+        ) - delta
+
     try:
         return float(brentq(gap, 1e-3, 20.0, xtol=1e-9))
     except ValueError:
@@ -134,8 +149,14 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
 @functools.lru_cache(maxsize=4096)
 def _gaussian_epsilon(mu: float, delta: float) -> float:
     from dp_accounting.pld import privacy_loss_distribution as pld
-    dist = pld.from_gaussian_mechanism(1.0 / mu, sensitivity=1.0, pessimistic_estimate=False,
-                                       value_discretization_interval=1e-4, use_connect_dots=False)
+
+    dist = pld.from_gaussian_mechanism(
+        1.0 / mu,
+        sensitivity=1.0,
+        pessimistic_estimate=False,
+        value_discretization_interval=1e-4,
+        use_connect_dots=False,
+    )
     return max(0.0, float(dist.get_epsilon_for_delta(delta)))
 
 
@@ -148,13 +169,15 @@ class GaussianFit:
     why: str
 
 
-def gaussian_fit(d: np.ndarray, dp: np.ndarray, alpha: float, check_alpha: float = 0.001
-                 ) -> GaussianFit:
+def gaussian_fit(
+    d: np.ndarray, dp: np.ndarray, alpha: float, check_alpha: float = 0.001
+) -> GaussianFit:
     """μ̂ = |mean_D - mean_D'| / pooled std and its one-sided (1 - ``alpha``) lower confidence
     bound (normal approximation of the standardized mean difference). ``model_ok`` is False when
     either side rejects normality (D'Agostino–Pearson) or the two variances differ (Levene's
     test), each at ``check_alpha``: then the fit says nothing and is not used."""
     from scipy.stats import levene, norm, normaltest
+
     n1, n2 = len(d), len(dp)
     s = math.sqrt(((n1 - 1) * d.var(ddof=1) + (n2 - 1) * dp.var(ddof=1)) / (n1 + n2 - 2))
     mu = abs(float(d.mean() - dp.mean())) / s if s > 0 else math.inf
@@ -183,8 +206,8 @@ class SampleAudit:
 
     bounds: list[Bound]
     alpha: float
-    tests: int                   # bounds the level is split over (Bonferroni)
-    separation: GaussianFit      # the projection's standardized mean difference (test halves)
+    tests: int  # bounds the level is split over (Bonferroni)
+    separation: GaussianFit  # the projection's standardized mean difference (test halves)
     gaussian_used: bool = False  # the Gaussian-DP fit is among ``bounds``
     notes: list[str] = field(default_factory=list)
 
@@ -216,8 +239,9 @@ def discriminant_direction(d: np.ndarray, dp: np.ndarray) -> np.ndarray:
     return w / norm if norm > 0 else np.eye(d.shape[1])[0]
 
 
-def _scores(d: np.ndarray, dp: np.ndarray, fit: int, discriminant: bool = False
-            ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _scores(
+    d: np.ndarray, dp: np.ndarray, fit: int, discriminant: bool = False
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per statistic, the scores of all releases on D and D' ([n] each), from a direction and a
     centre estimated on the first ``fit`` releases of each side (which are then not scored for a
     bound: a direction fitted to the same releases would inflate their separation).
@@ -234,8 +258,14 @@ def _scores(d: np.ndarray, dp: np.ndarray, fit: int, discriminant: bool = False
     return {PROJECTION: (d @ direction, dp @ direction), "squared distance from the D' mean": dist}
 
 
-def audit_samples(d: np.ndarray, dp: np.ndarray, delta: float, alpha: float = 0.01,
-                  gaussian: bool = False, discriminant: bool = False) -> SampleAudit:
+def audit_samples(
+    d: np.ndarray,
+    dp: np.ndarray,
+    delta: float,
+    alpha: float = 0.01,
+    gaussian: bool = False,
+    discriminant: bool = False,
+) -> SampleAudit:
     """Lower bounds on ε from releases on D (``d``, [n, dim] or [n]) and D' (``dp``), jointly at
     level 1 - ``alpha`` (Bonferroni over the bounds tried). The releases of each side are split
     in three folds: the first 20% fit the direction and the centre of the scores, the next 30%
@@ -250,8 +280,9 @@ def audit_samples(d: np.ndarray, dp: np.ndarray, delta: float, alpha: float = 0.
     if n < 200:
         raise ValueError(f"audit: {n} releases per side are too few (need >= 200)")
     fit, half = n // 5, n // 2
-    scores = _scores(np.asarray(d[:n], np.float64), np.asarray(dp[:n], np.float64), fit,
-                     discriminant)
+    scores = _scores(
+        np.asarray(d[:n], np.float64), np.asarray(dp[:n], np.float64), fit, discriminant
+    )
     main = DISCRIMINANT if discriminant else PROJECTION
     tests = len(scores) + (1 if gaussian else 0)
     a = alpha / tests
@@ -264,22 +295,34 @@ def audit_samples(d: np.ndarray, dp: np.ndarray, delta: float, alpha: float = 0.
     out = SampleAudit(bounds, alpha, tests, fitted)
     if gaussian:
         if fitted.model_ok:
-            bounds.append(Bound(main, "Gaussian-DP fit",
-                                gaussian_epsilon(fitted.mu_lower, delta),
-                                f"mu = {fitted.mu_hat:.4f} (lower {fitted.mu_lower:.4f}, se "
-                                f"{fitted.standard_error:.4f}; {fitted.why})"))
+            bounds.append(
+                Bound(
+                    main,
+                    "Gaussian-DP fit",
+                    gaussian_epsilon(fitted.mu_lower, delta),
+                    f"mu = {fitted.mu_hat:.4f} (lower {fitted.mu_lower:.4f}, se "
+                    f"{fitted.standard_error:.4f}; {fitted.why})",
+                )
+            )
             out.gaussian_used = True
         else:
             out.notes.append(f"Gaussian-DP fit not used: {fitted.why}")
     return out
 
 
-def power_gaussian(claimed_epsilon: float, delta: float, mu: float, releases_per_side: int,
-                   alpha: float, tests: int = 3) -> float:
+def power_gaussian(
+    claimed_epsilon: float,
+    delta: float,
+    mu: float,
+    releases_per_side: int,
+    alpha: float,
+    tests: int = 3,
+) -> float:
     """The largest noise factor f (< 1: the noise cut to f times the audited noise) that the
     Gaussian-DP fit detects with probability ≥ 1/2 at ``releases_per_side`` releases per side
     (half of them tested), for a release whose measured μ is ``mu``: μ/f - z·se > μ(claim)."""
     from scipy.stats import norm
+
     target = gaussian_mu_for_epsilon(claimed_epsilon, delta)
     m = releases_per_side - releases_per_side // 2
     z = float(norm.ppf(1 - alpha / tests))
@@ -291,21 +334,28 @@ def power_gaussian(claimed_epsilon: float, delta: float, mu: float, releases_per
     return min(f, 1.0)
 
 
-def power_threshold(claimed_epsilon: float, delta: float, mu: float, releases_per_side: int,
-                    alpha: float, tests: int = 2) -> float:
+def power_threshold(
+    claimed_epsilon: float,
+    delta: float,
+    mu: float,
+    releases_per_side: int,
+    alpha: float,
+    tests: int = 2,
+) -> float:
     """The largest noise factor f that the distribution-free threshold test detects with
     probability about 1/2, were the projection Gaussian with separation μ/f: the expected
     Clopper–Pearson bound at the best threshold, with the test half's expected counts, exceeds
     the claim. (A planning number: the bound itself assumes nothing.)"""
     from scipy.stats import norm
+
     m = releases_per_side - releases_per_side // 2
     a = alpha / tests
     ts = np.linspace(0.0, 8.0, 400)
 
     def expected_bound(f: float) -> float:
         shift = mu / f
-        p = norm.sf(ts - shift)              # D: N(shift, 1) above t
-        q = norm.sf(ts)                      # D': N(0, 1) above t
+        p = norm.sf(ts - shift)  # D: N(shift, 1) above t
+        q = norm.sf(ts)  # D': N(0, 1) above t
         lo, _ = clopper_pearson(np.floor(p * m), m, a)
         _, hi = clopper_pearson(np.ceil(q * m), m, a)
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -18,6 +18,7 @@ Tuning with Renyi Differential Privacy", ICLR 2022, arXiv:2110.03620):
   ``DpEvent``), releasing the best candidate costs ``RepeatAndSelectDpEvent(event, mean,
   shape)``, accounted with dp-accounting's RDP accountant (the only one that supports it).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,13 +31,16 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedudp.privacy.accountant import _quiet_absl
 
-TAG = "dp_event"          # the key naming the class (never a DpEvent field name)
+TAG = "dp_event"  # the key naming the class (never a DpEvent field name)
 SHAPES = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 
 
 def _classes() -> dict[str, type]:
-    return {name: obj for name, obj in vars(_dp_event).items()
-            if isinstance(obj, type) and issubclass(obj, _dp_event.DpEvent)}
+    return {
+        name: obj
+        for name, obj in vars(_dp_event).items()
+        if isinstance(obj, type) and issubclass(obj, _dp_event.DpEvent)
+    }
 
 
 def event_to_json(event: dp_accounting.DpEvent) -> dict[str, Any]:
@@ -113,8 +117,9 @@ def composed_selection(events: list[dp_accounting.DpEvent], delta: float) -> tup
         else:
             groups.append([e, 1])
     parts = [e if k == 1 else dp_accounting.SelfComposedDpEvent(e, k) for e, k in groups]
-    return pld_or_rdp_epsilon(parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts),
-                              delta)
+    return pld_or_rdp_epsilon(
+        parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts), delta
+    )
 
 
 def candidate_event(events: list[dp_accounting.DpEvent]) -> dp_accounting.DpEvent:
@@ -129,8 +134,9 @@ def candidate_event(events: list[dp_accounting.DpEvent]) -> dp_accounting.DpEven
     return dp_accounting.ComposedDpEvent(list(events))
 
 
-def repeat_and_select(event: dp_accounting.DpEvent, mean: float, shape: float,
-                      delta: float) -> float:
+def repeat_and_select(
+    event: dp_accounting.DpEvent, mean: float, shape: float, delta: float
+) -> float:
     """ε at ``delta`` of releasing the best of a random number of runs of ``event``, the number
     drawn from the truncated negative binomial of ``mean`` and ``shape`` (``SHAPES``; Poisson is
     ``math.inf``), Papernot & Steinke 2022, via dp-accounting's RDP accountant."""

@@ -13,6 +13,7 @@
   Steinke 2016, Prop. 1.4), composed by the RDP accountant
   (docs/algorithms.md#events-and-accountants).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,24 +24,34 @@ import numpy as np
 import torch
 
 
-def laplace(shape: tuple[int, ...] | torch.Size, scale: float, *, rng: torch.Generator,
-            dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def laplace(
+    shape: tuple[int, ...] | torch.Size,
+    scale: float,
+    *,
+    rng: torch.Generator,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
     """i.i.d. Lap(scale) (density ∝ exp(-|x|/scale), variance 2 scale^2)."""
     u = torch.rand(shape, generator=rng, dtype=dtype)
-    e = -torch.log1p(-u)                               # Exp(1), u in [0, 1)
+    e = -torch.log1p(-u)  # Exp(1), u in [0, 1)
     sign = torch.where(torch.rand(shape, generator=rng, dtype=dtype) < 0.5, -1.0, 1.0).to(dtype)
     return scale * sign * e
 
 
-def gaussian(shape: tuple[int, ...] | torch.Size, std: float, *, rng: torch.Generator,
-             dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def gaussian(
+    shape: tuple[int, ...] | torch.Size,
+    std: float,
+    *,
+    rng: torch.Generator,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
     return std * torch.randn(shape, generator=rng, dtype=dtype)
 
 
 # Scaling a float32 row by a float32 factor rounds each coordinate by at most 2^-24 relative,
 # and the factor itself was rounded once: shrinking clipped rows by 4 ulps keeps their norm at
 # most ``clip`` in any dtype (the bound the noise is calibrated for), at a 2.4e-7 relative cost.
-_CLIP_SHRINK = 1.0 - 4 * 2.0 ** -24
+_CLIP_SHRINK = 1.0 - 4 * 2.0**-24
 
 
 def _blocks(G: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -65,8 +76,9 @@ def row_norms64(G: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.sqrt(sq)
 
 
-def clip_factors(G: torch.Tensor | Sequence[torch.Tensor], clip: float,
-                 norms: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def clip_factors(
+    G: torch.Tensor | Sequence[torch.Tensor], clip: float, norms: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(factor, was_clipped) per row of ``G`` (a tensor, or row-aligned blocks as in
     ``row_norms64``): scaling row i by ``factor[i]`` (in ``G``'s dtype) leaves its l2 norm at
     most ``clip``; rows within ``clip`` keep factor 1. The norms, which decide the branch, are
@@ -76,13 +88,13 @@ def clip_factors(G: torch.Tensor | Sequence[torch.Tensor], clip: float,
     first = _blocks(G)[0]
     norms = row_norms64(G) if norms is None else norms
     was = norms > clip
-    factor = torch.where(was, clip / norms.clamp(min=1e-300) * _CLIP_SHRINK,
-                         torch.ones_like(norms))
+    factor = torch.where(was, clip / norms.clamp(min=1e-300) * _CLIP_SHRINK, torch.ones_like(norms))
     return factor.to(first.dtype).to(first.device), was.to(first.device)
 
 
-def gumbel(shape: tuple[int, ...] | torch.Size, *, rng: torch.Generator,
-           dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def gumbel(
+    shape: tuple[int, ...] | torch.Size, *, rng: torch.Generator, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     u = torch.rand(shape, generator=rng, dtype=dtype).clamp(min=torch.finfo(dtype).tiny)
     return -torch.log(-torch.log(u))
 
@@ -102,7 +114,7 @@ def pure_dp_event(eps0: float) -> dp_accounting.DpEvent:
     """A pure eps0-DP step for the RDP accountant (eps0-DP => eps0^2/2-zCDP)."""
     if not eps0 > 0:
         raise ValueError(f"pure DP step needs eps0 > 0, got {eps0}")
-    return dp_accounting.ZCDpEvent(eps0 ** 2 / 2)
+    return dp_accounting.ZCDpEvent(eps0**2 / 2)
 
 
 class AboveThreshold:
@@ -115,8 +127,9 @@ class AboveThreshold:
     not per query (``dp_event`` is the one-off event).
     """
 
-    def __init__(self, threshold: float, eps: float, *, rng: torch.Generator,
-                 sensitivity: float = 1.0) -> None:
+    def __init__(
+        self, threshold: float, eps: float, *, rng: torch.Generator, sensitivity: float = 1.0
+    ) -> None:
         if not eps > 0:
             raise ValueError(f"AboveThreshold needs eps > 0, got {eps}")
         self.eps, self.sensitivity, self.rng = float(eps), float(sensitivity), rng
@@ -172,7 +185,7 @@ def fwht(x: torch.Tensor, block_bits: int = 6) -> torch.Tensor:
     lead = x.shape[:-1]
     y = x.reshape(-1, d)
     L = d.bit_length() - 1
-    inner = 1                                  # product of the factor sizes already applied (low bits)
+    inner = 1  # product of the factor sizes already applied (low bits)
     while inner < d:
         f = 1 << min(block_bits, L - (inner.bit_length() - 1))
         H = _hadamard(f, y.dtype, y.device)
@@ -198,7 +211,9 @@ class RandomRotation:
 
     def __init__(self, d: int, *, rng: torch.Generator, dtype: torch.dtype = torch.float64) -> None:
         self.d, self.dp = int(d), next_pow2(int(d))
-        self.omega = torch.where(torch.rand(self.dp, generator=rng, dtype=dtype) < 0.5, -1.0, 1.0).to(dtype)
+        self.omega = torch.where(
+            torch.rand(self.dp, generator=rng, dtype=dtype) < 0.5, -1.0, 1.0
+        ).to(dtype)
         self.scale = 1.0 / math.sqrt(self.dp)
 
     def rotate(self, X: torch.Tensor) -> torch.Tensor:
@@ -209,5 +224,5 @@ class RandomRotation:
         return fwht(X * self.omega.to(X.dtype)) * self.scale
 
     def invert(self, Y: torch.Tensor) -> torch.Tensor:
-        X = fwht(Y) * self.scale * self.omega.to(Y.dtype)   # U^T = d'^{-1/2} D H (H symmetric)
+        X = fwht(Y) * self.scale * self.omega.to(Y.dtype)  # U^T = d'^{-1/2} D H (H symmetric)
         return X[..., : self.d]

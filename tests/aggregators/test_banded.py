@@ -4,6 +4,7 @@ participation.
 Literal constants: the square root of the prefix-sum matrix has coefficients
 binom(2k, k) / 4^k = 1, 1/2, 3/8, 5/16, 35/128, ...; with 4 bands ||c||² = 1 + 1/4 + 9/64 +
 25/256 = 381/256 = 1.48828125."""
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,7 @@ def test_sensitivity_under_cyclic_participation():
     v[0] = v[4] = v[8] = 1.0
     assert np.linalg.norm(M @ v) ** 2 == pytest.approx(3.0, abs=1e-12)
     close = np.zeros(12)
-    close[0] = close[1] = 1.0                    # 1 round apart: not allowed by the plan
+    close[0] = close[1] = 1.0  # 1 round apart: not allowed by the plan
     assert np.linalg.norm(M @ close) ** 2 > 2.5
 
 
@@ -57,7 +58,7 @@ def _noise(cls, reps: int = 400, dim: int = 50, T: int = 8, bands: int = 4) -> n
         agg = cls(2.0, 1.0, Sampling(1 / bands, 4 * bands), bands=bands)
         for t in range(T):
             rel = agg.release(Contribution(None, torch.zeros(dim, dtype=torch.float64), 4), rng=g)
-            out[t, r * dim:(r + 1) * dim] = rel.mean.numpy() * 4.0    # times the public N*q
+            out[t, r * dim : (r + 1) * dim] = rel.mean.numpy() * 4.0  # times the public N*q
     return out
 
 
@@ -76,8 +77,9 @@ class Independent(BandedMatrixAggregator):
         return super().noise_increment(dim, rng)
 
 
-@pytest.mark.parametrize("cls,ok", [(BandedMatrixAggregator, True), (Unscaled, False),
-                                    (Independent, False)])
+@pytest.mark.parametrize(
+    "cls,ok", [(BandedMatrixAggregator, True), (Unscaled, False), (Independent, False)]
+)
 def test_released_noise_is_exactly_the_accounted_gaussian(cls, ok):
     """C̃w must be white noise of std zC = 2 (the mechanism C̃x + ζ the ledger accounts)."""
     w = _noise(cls)
@@ -99,7 +101,11 @@ def test_events_and_epsilon_against_dp_accounting():
     assert agg.group_rate == 0.5
     events = [agg.round_event(r) for r in range(1, 13)]
     step = dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(1.2))
-    assert [i for i, e in enumerate(events) if not isinstance(e, dp_accounting.NoOpDpEvent)] == [0, 4, 8]
+    assert [i for i, e in enumerate(events) if not isinstance(e, dp_accounting.NoOpDpEvent)] == [
+        0,
+        4,
+        8,
+    ]
     assert all(events[i] == step for i in (0, 4, 8))
     ours = dp_accounting.pld.PLDAccountant()
     ours.compose(dp_accounting.ComposedDpEvent(events))
@@ -119,16 +125,18 @@ def test_one_band_is_clip_plus_gaussian():
     """b = 1: no correlation, every unit in the one group at rate q: clip + Gaussian's event
     and the same calibrated multiplier."""
     s = Sampling(0.05, 2000)
-    a = BandedMatrixAggregator.calibrated(clip=1.0, epsilon=2.0, delta=1e-5, rounds=30,
-                                          sampling=s, bands=1)
+    a = BandedMatrixAggregator.calibrated(
+        clip=1.0, epsilon=2.0, delta=1e-5, rounds=30, sampling=s, bands=1
+    )
     g = GaussianAggregator.calibrated(clip=1.0, epsilon=2.0, delta=1e-5, rounds=30, sampling=s)
     assert a.noise_multiplier == pytest.approx(g.noise_multiplier, rel=1e-12)
     assert a.dp_event() == g.dp_event()
 
 
 def test_calibrated_meets_the_budget():
-    agg = BandedMatrixAggregator.calibrated(clip=1.0, epsilon=2.0, delta=1e-5, rounds=20,
-                                            sampling=Sampling(0.1, 1000), bands=5)
+    agg = BandedMatrixAggregator.calibrated(
+        clip=1.0, epsilon=2.0, delta=1e-5, rounds=20, sampling=Sampling(0.1, 1000), bands=5
+    )
     acc = dp_accounting.pld.PLDAccountant()
     for r in range(1, 21):
         acc.compose(agg.round_event(r))
@@ -139,7 +147,7 @@ def test_participation_is_b_separated_and_stable_under_add_remove():
     agg = BandedMatrixAggregator(1.0, 1.0, Sampling(0.1, 3000), bands=5)
     plan = agg.participation(seed=3)
     masks = np.stack([plan.sample(r) for r in range(1, 21)])
-    for i in range(3000):                     # any two rounds of a unit are >= 5 apart
+    for i in range(3000):  # any two rounds of a unit are >= 5 apart
         rounds = np.flatnonzero(masks[:, i])
         assert (np.diff(rounds) % 5 == 0).all() and (np.diff(rounds) >= 5).all()
         assert (rounds % 5 == plan.group[i]).all()
@@ -162,10 +170,11 @@ def test_state_survives_a_checkpoint():
 
 def test_bad_bands_are_refused_naming_the_key():
     with pytest.raises(ParameterError, match="bands"):
-        BandedMatrixAggregator(1.0, 1.0, Sampling(0.3, 100))          # 1/q not whole
+        BandedMatrixAggregator(1.0, 1.0, Sampling(0.3, 100))  # 1/q not whole
     with pytest.raises(ParameterError, match="bands"):
         BandedMatrixAggregator(1.0, 1.0, Sampling(0.3, 100), bands=4)  # p = 1.2
     from fedudp import build
+
     for kw in ({"train__sampling_rate": 0.3}, {"train__sampling_rate": 0.5, "estimator__bands": 3}):
         cfg = tiny_cfg("full_dp", aggregator="dp_mf_banded", **kw)
         with pytest.raises(ConfigError, match="estimator.bands"):
@@ -178,7 +187,10 @@ def test_the_wrapper_refuses_an_estimator_with_its_own_participation():
     from flwr.serverapp.strategy import FedAvg
     from fedudp.aggregators import BandedMatrixAggregator, Sampling, TreeAggregator
     from fedudp.flower import UserLevelDP
-    for agg in (TreeAggregator(1.0, 2.0, Sampling(0.25, 100), rounds=8),
-                BandedMatrixAggregator(1.0, 2.0, Sampling(0.25, 100))):
+
+    for agg in (
+        TreeAggregator(1.0, 2.0, Sampling(0.25, 100), rounds=8),
+        BandedMatrixAggregator(1.0, 2.0, Sampling(0.25, 100)),
+    ):
         with pytest.raises(ValueError, match="cyclic participation"):
             UserLevelDP(FedAvg(), agg, delta=1e-5)

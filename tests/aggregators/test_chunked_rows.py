@@ -1,6 +1,7 @@
 """The row estimators read the cohort's rows in float64 chunks (fedudp/aggregators/rows.py):
 the same releases as on one whole float64 matrix, the noise drawn from the same generator in
 the same order, and the memory the pre-flight check counts (fedudp/aggregators/memory.py)."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,11 @@ from fedudp.aggregators import memory
 from fedudp.aggregators import outlier, winsorized
 from fedudp.aggregators.base import Constraint, Contribution, Sampling
 from fedudp.aggregators.few_users import FewUsersAggregator
-from fedudp.aggregators.outlier import (FriendlyCoreAggregator, OutlierRemovalAggregator,
-                                        friend_counts)
+from fedudp.aggregators.outlier import (
+    FriendlyCoreAggregator,
+    OutlierRemovalAggregator,
+    friend_counts,
+)
 from fedudp.aggregators.rows import CohortRows
 from fedudp.aggregators.winsorized import WinsorizedAggregator, winsorized_mean_rows
 from fedudp.config import ConfigError
@@ -47,13 +51,13 @@ def legacy_friend_counts(V, radii, chunk=1024):
     sq = (V * V).sum(1)
     out = torch.zeros(len(radii), n, dtype=torch.int64)
     for i in range(0, n, chunk):
-        blk = V[i:i + chunk]
+        blk = V[i : i + chunk]
         d2 = torch.addmm(sq[None, :], blk, V.T, alpha=-2.0)
-        d2 += sq[i:i + chunk, None]
+        d2 += sq[i : i + chunk, None]
         idx = torch.arange(i, min(i + chunk, n))
         d2[idx - i, idx] = 0.0
         for k, r in enumerate(radii):
-            out[k, i:i + chunk] = (d2 <= r * r).sum(1)
+            out[k, i : i + chunk] = (d2 <= r * r).sum(1)
     return out
 
 
@@ -71,7 +75,7 @@ def legacy_winsorized(agg, G, rng):
     rot = RandomRotation(agg.dim, rng=rng)
     Y = rot.rotate(X)
     tau, eps, h = agg.tau_coord, agg.eps_coord, agg.h
-    mu = winsorized.private_range(Y, tau, agg.bound, eps / 2, rng=rng)    # tensor path: unchanged
+    mu = winsorized.private_range(Y, tau, agg.bound, eps / 2, rng=rng)  # tensor path: unchanged
     stat, frac = winsorized.winsorized_sum(Y, mu, h * tau)
     out = stat / n + laplace((Y.shape[1],), 4 * h * tau / (n * eps), rng=rng)
     return rot.invert(out).to(G.dtype), mu, frac
@@ -79,10 +83,13 @@ def legacy_winsorized(agg, G, rng):
 
 def legacy_outlier_removal(agg, G, rng):
     if agg.at is None:
-        seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng))
-        agg.at = outlier.AboveThreshold(4 * agg.sampling.population / 5, agg.eps_at,
-                                        rng=torch.Generator().manual_seed(seed),
-                                        sensitivity=outlier.SCORE_SENSITIVITY)
+        seed = int(torch.randint(0, 2**62, (1,), generator=rng))
+        agg.at = outlier.AboveThreshold(
+            4 * agg.sampling.population / 5,
+            agg.eps_at,
+            rng=torch.Generator().manual_seed(seed),
+            sensitivity=outlier.SCORE_SENSITIVITY,
+        )
     n = agg.sampling.population
     V = legacy_pad(G, n)
     counts = legacy_friend_counts(V, (agg.tau, 2 * agg.tau))
@@ -108,6 +115,7 @@ def legacy_friendlycore(agg, G, rng):
 
 def legacy_dp_estimate_1(X, radius, eps, delta, tries, rng, batch=64):
     from fedudp.aggregators.few_users import log_accept, uniform_in_balls
+
     n, d = X.shape
     X = X.to(F64)
     u = float(torch.rand((), generator=rng, dtype=F64))
@@ -127,7 +135,7 @@ def legacy_dp_estimate_1(X, radius, eps, delta, tries, rng, batch=64):
         stop = torch.where(garbage, keep_garbage, acc)
         if bool(stop.any()):
             j = int(torch.nonzero(stop)[0])
-            return (None if bool(garbage[j]) else P[j])
+            return None if bool(garbage[j]) else P[j]
         done += b
     return None
 
@@ -142,8 +150,9 @@ def legacy_few_users(agg, G, rng):
     for b in range(agg.blocks):
         outs = []
         for _ in range(agg.copies):
-            p = legacy_dp_estimate_1(Y[:, b * db:(b + 1) * db], agg.radius, agg.eps1, agg.delta1,
-                                     agg.tries, rng)
+            p = legacy_dp_estimate_1(
+                Y[:, b * db : (b + 1) * db], agg.radius, agg.eps1, agg.delta1, agg.tries, rng
+            )
             if p is not None:
                 outs.append(p)
         est.append(torch.stack(outs).median(0).values if outs else Y.new_zeros(db))
@@ -157,14 +166,14 @@ def spread_rows(n, d, dtype, seed=0, received=None):
     g = gen(seed)
     scale = torch.linspace(0.05, 2.0, n, dtype=F64)[torch.randperm(n, generator=g)]
     X = 0.4 + torch.randn(n, d, generator=g, dtype=F64) * scale[:, None] / math.sqrt(d)
-    return X[:received or n].to(dtype)
+    return X[: received or n].to(dtype)
 
 
 def same_state(a: torch.Generator, b: torch.Generator) -> bool:
     return torch.equal(a.get_state(), b.get_state())
 
 
-CASES = [(F64, None), (torch.float32, None), (torch.float32, 7)]     # dtype, missing units
+CASES = [(F64, None), (torch.float32, None), (torch.float32, 7)]  # dtype, missing units
 CASE_IDS = ["f64", "f32", "f32-padded"]
 
 
@@ -176,23 +185,24 @@ def close(a, b):
 # -- winsorized --------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,missing", CASES, ids=CASE_IDS)
 def test_winsorized_chunks_release_the_whole_matrix_values(dtype, missing):
-    n, d = 60, 37                                   # d' = 64: padded rotation
+    n, d = 60, 37  # d' = 64: padded rotation
     G = spread_rows(n, d, dtype, seed=1, received=n - (missing or 0))
     outs = {}
-    for chunk in (3, None, 10 ** 6):
+    for chunk in (3, None, 10**6):
         agg = WinsorizedAggregator(d, 0.01, 1.0, 1.5, Sampling(1.0, n))
         agg.chunk_rows = chunk
         rng = gen(11)
         out = agg.release(Contribution(G, None, len(G)), rng=rng)
         outs[chunk] = (out, rng)
     ref_rng = gen(11)
-    ref, mu, frac = legacy_winsorized(WinsorizedAggregator(d, 0.01, 1.0, 1.5, Sampling(1.0, n)),
-                                      G, ref_rng)
-    assert 0 < frac < 1                              # some entries clipped, some not
+    ref, mu, frac = legacy_winsorized(
+        WinsorizedAggregator(d, 0.01, 1.0, 1.5, Sampling(1.0, n)), G, ref_rng
+    )
+    assert 0 < frac < 1  # some entries clipped, some not
     for chunk, (out, rng) in outs.items():
         assert out.mean.dtype == dtype and out.users_used == len(G)
         close(out.mean, ref)
-        assert same_state(rng, ref_rng), chunk       # the same draws, in the same number
+        assert same_state(rng, ref_rng), chunk  # the same draws, in the same number
         assert out.diagnostics["clipped_fraction"] == pytest.approx(frac, rel=1e-12)
 
 
@@ -206,12 +216,14 @@ def test_winsorized_skips_the_second_rotation_when_nothing_is_clipped(chunk, mon
     assert frac == 0
     rotated = []
     real = RandomRotation.rotate
-    monkeypatch.setattr(RandomRotation, "rotate", lambda self, X: rotated.append(len(X)) or real(self, X))
+    monkeypatch.setattr(
+        RandomRotation, "rotate", lambda self, X: rotated.append(len(X)) or real(self, X)
+    )
     agg = make()
     agg.chunk_rows = chunk
     rng = gen(12)
     out = agg.release(Contribution(G, None, n), rng=rng)
-    assert sum(rotated) == n                           # one pass over the rows
+    assert sum(rotated) == n  # one pass over the rows
     close(out.mean, ref)
     assert same_state(rng, ref_rng) and out.diagnostics["clipped_fraction"] == 0
 
@@ -221,12 +233,13 @@ def test_winsorized_two_passes_store_bins_and_find_the_same_centers():
     G = spread_rows(n, d, torch.float32, seed=2)
     tau, bound, eps = 0.03, 1.0, 2.0
     rot_a, rot_b = RandomRotation(d, rng=gen(5)), RandomRotation(d, rng=gen(5))
-    a, da = winsorized_mean_rows(CohortRows(G, n + 5, chunk=4), tau, bound, eps, rng=gen(6),
-                                 rotation=rot_a, n_public=n + 5)
+    a, da = winsorized_mean_rows(
+        CohortRows(G, n + 5, chunk=4), tau, bound, eps, rng=gen(6), rotation=rot_a, n_public=n + 5
+    )
     Y = rot_b.rotate(legacy_pad(G.to(F64), n + 5))
     rng = gen(6)
     mu = winsorized.private_range(Y, tau, bound, eps / 2, rng=rng)
-    assert torch.equal(da["center"], mu)             # bins are integers: exactly the same μ̂
+    assert torch.equal(da["center"], mu)  # bins are integers: exactly the same μ̂
     assert len(set(mu.tolist())) > 1
     assert winsorized.bin_dtype(tau, bound) == torch.uint8
     assert winsorized.bin_dtype(1e-3, 1e9) == torch.int64
@@ -240,7 +253,7 @@ def test_friend_counts_blocks_count_each_pair_as_the_whole_matrix_does(chunk, ou
     V = spread_rows(n, 29, torch.float32, seed=3)
     radii = (0.5, 1.0, 1.6)
     want = legacy_friend_counts(V, radii)
-    assert 0 < int(want[1].min()) < int(want[1].max()) < n      # counts vary
+    assert 0 < int(want[1].min()) < int(want[1].max()) < n  # counts vary
     got = friend_counts(CohortRows(V, n + 4), radii, chunk=chunk, outer=outer)
     assert torch.equal(got, legacy_friend_counts(legacy_pad(V, n + 4), radii))
     assert torch.equal(friend_counts(V, radii, chunk=chunk, outer=outer), want)
@@ -267,21 +280,36 @@ def test_friend_counts_decided_by_norms_are_the_gram_answers(monkeypatch):
         full = len(grams)
         grams.clear()
         assert torch.equal(friend_counts(V, radii, chunk=chunk, outer=outer), want)
-        assert len(grams) < full, (chunk, outer)      # some blocks decided by their norms
-    grams.clear()                                      # all within the smallest radius: no products
+        assert len(grams) < full, (chunk, outer)  # some blocks decided by their norms
+    grams.clear()  # all within the smallest radius: no products
     tight = 0.3 + 0.01 * torch.randn(n, d, generator=g, dtype=F64)
     assert torch.equal(friend_counts(tight, radii, chunk=8, outer=16), torch.full((3, n), n))
     assert grams == []
 
 
 def outlier_agg(n, tau, z=2.0, sens=0.01):
-    return OutlierRemovalAggregator(tau, z, sens, Sampling(1.0, n), eps_at=50.0, rounds=3,
-                                    delta_reserved=1e-6, min_users_required=1)
+    return OutlierRemovalAggregator(
+        tau,
+        z,
+        sens,
+        Sampling(1.0, n),
+        eps_at=50.0,
+        rounds=3,
+        delta_reserved=1e-6,
+        min_users_required=1,
+    )
 
 
 def friendly_agg(n, tau, z=2.0, sens=0.01):
-    return FriendlyCoreAggregator(tau, z, sens, Sampling(1.0, n), check_multiplier=0.05,
-                                  delta_reserved=1e-6, min_users_required=1)
+    return FriendlyCoreAggregator(
+        tau,
+        z,
+        sens,
+        Sampling(1.0, n),
+        check_multiplier=0.05,
+        delta_reserved=1e-6,
+        min_users_required=1,
+    )
 
 
 def clustered_rows(n, d, dtype, received, seed=4):
@@ -294,10 +322,14 @@ def clustered_rows(n, d, dtype, received, seed=4):
 
 
 @pytest.mark.parametrize("dtype,missing", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("make,legacy,rows", [
-    (outlier_agg, legacy_outlier_removal, clustered_rows),
-    (friendly_agg, legacy_friendlycore, lambda n, d, dt, rec: spread_rows(n, d, dt, 5, rec))],
-    ids=["outlier_removal", "friendlycore"])
+@pytest.mark.parametrize(
+    "make,legacy,rows",
+    [
+        (outlier_agg, legacy_outlier_removal, clustered_rows),
+        (friendly_agg, legacy_friendlycore, lambda n, d, dt, rec: spread_rows(n, d, dt, 5, rec)),
+    ],
+    ids=["outlier_removal", "friendlycore"],
+)
 def test_filters_chunks_release_the_whole_matrix_values(make, legacy, rows, dtype, missing):
     n, d = 70, 19
     G = rows(n, d, dtype, n - (missing or 0))
@@ -305,10 +337,10 @@ def test_filters_chunks_release_the_whole_matrix_values(make, legacy, rows, dtyp
     ref_rng = gen(21)
     ref, kept, counts = legacy(make(n, tau), G, ref_rng)
     assert kept > 0
-    if make is friendly_agg:                         # some users kept with 0 < p < 1
+    if make is friendly_agg:  # some users kept with 0 < p < 1
         p = outlier.friendly_keep_probabilities(counts[0], n)
         assert bool(((p > 0) & (p < 1)).any())
-    for chunk in (1, 4, None, 10 ** 6):
+    for chunk in (1, 4, None, 10**6):
         agg = make(n, tau)
         agg.chunk_rows = chunk
         rng = gen(21)
@@ -339,11 +371,13 @@ def test_few_users_chunks_release_the_whole_matrix_values(blocks, dtype, missing
     G = clustered_rows(n, d, dtype, n - (missing or 0), seed=9)
 
     def make():
-        return FewUsersAggregator(d, 0.05, 400.0, 1e-5, 1, Sampling(1.0, n), copies=2,
-                                  blocks=blocks, tries=50.0)
+        return FewUsersAggregator(
+            d, 0.05, 400.0, 1e-5, 1, Sampling(1.0, n), copies=2, blocks=blocks, tries=50.0
+        )
+
     ref_rng = gen(31)
     ref = legacy_few_users(make(), G, ref_rng)
-    assert float(ref.abs().max()) > 0                # not garbage everywhere
+    assert float(ref.abs().max()) > 0  # not garbage everywhere
     for chunk in (5, None):
         agg = make()
         agg.chunk_rows = chunk
@@ -360,12 +394,14 @@ def test_cohort_rows_pad_virtually_and_read_float64_in_place():
     assert rows.shape == (6, 3) and len(rows) == 6
     got = torch.cat([B for _, B in rows.chunks()])
     assert got.dtype == F64 and torch.equal(got, legacy_pad(G.to(F64), 6))
-    assert torch.equal(rows.take(torch.tensor([5, 1])), torch.tensor([[0.0] * 3, [3.0, 4, 5]], dtype=F64))
+    assert torch.equal(
+        rows.take(torch.tensor([5, 1])), torch.tensor([[0.0] * 3, [3.0, 4, 5]], dtype=F64)
+    )
     assert torch.equal(rows.column_sum(), G.to(F64).sum(0))
     assert torch.equal(rows.sum_rows(torch.tensor([0, 3, 4])), G[[0, 3]].to(F64).sum(0))
     X = torch.randn(50, 3, dtype=F64)
     whole = CohortRows(X, 50)
-    assert whole.block(10, 20).data_ptr() == X[10:20].data_ptr()     # no copy of float64 rows
+    assert whole.block(10, 20).data_ptr() == X[10:20].data_ptr()  # no copy of float64 rows
     c = whole.block(0, 5, centre=X.mean(0))
     assert torch.equal(c, X[:5] - X.mean(0)) and torch.equal(X, whole.G)
 
@@ -374,8 +410,11 @@ def test_merge_holds_the_rows_once():
     G = torch.randn(10, 4)
     one = Contribution.merge([Contribution(G, None, 10)], 4, torch.float32, True)
     assert one.rows.data_ptr() == G.data_ptr() and one.count == 10
-    parts = [Contribution(G[:3], None, 3), Contribution(None, None, 0),
-             Contribution(G[3:].double(), None, 7)]
+    parts = [
+        Contribution(G[:3], None, 3),
+        Contribution(None, None, 0),
+        Contribution(G[3:].double(), None, 7),
+    ]
     merged = Contribution.merge(parts, 4, torch.float32, True)
     assert torch.equal(merged.rows, G) and merged.count == 10
     empty = Contribution.merge([], 4, torch.float32, True)
@@ -403,8 +442,13 @@ def load_aggregators(n=60_000, dim=28_938):
     """The row estimators at the load run's size (joint_dp: 28,938 shared coordinates)."""
     s = Sampling(1.0, n)
     w = WinsorizedAggregator(dim, 0.5, 1.0, 1e-3, s)
-    return [w, outlier_agg(n, 0.5), friendly_agg(n, 0.5),
-            FewUsersAggregator(dim, 0.5, 1.0, 1e-5, 1, s), FewUsersAggregator(dim, 0.5, 1.0, 1e-5, 1, s, blocks=4)]
+    return [
+        w,
+        outlier_agg(n, 0.5),
+        friendly_agg(n, 0.5),
+        FewUsersAggregator(dim, 0.5, 1.0, 1e-5, 1, s),
+        FewUsersAggregator(dim, 0.5, 1.0, 1e-5, 1, s, blocks=4),
+    ]
 
 
 def test_rows_bytes_counts_the_rows_once_plus_the_owners_copy_and_the_chunks():
@@ -414,12 +458,12 @@ def test_rows_bytes_counts_the_rows_once_plus_the_owners_copy_and_the_chunks():
         need = memory.rows_bytes(n, dim, 4, agg)
         work = agg.working_bytes(n, dim)
         assert need == matrix + max(matrix * (memory.OWNER_ROW_COPIES - 1), work), agg.name
-        assert need < 20 * GIB, agg.name            # was 36.7 GiB (two float64 copies)
+        assert need < 20 * GIB, agg.name  # was 36.7 GiB (two float64 copies)
     w = load_aggregators(n, dim)[0]
     # the winsorized mean stores one byte per rotated coordinate and row (2 bins here)
     assert winsorized.bin_dtype(w.tau_coord, w.bound) == torch.uint8
     assert n * 32_768 <= w.working_bytes(n, dim) < n * 32_768 + 1 * GIB
-    few = load_aggregators(n, dim)[-1]               # blocks=4: one float64 block of d'/4
+    few = load_aggregators(n, dim)[-1]  # blocks=4: one float64 block of d'/4
     assert few.working_bytes(n, dim) >= n * 32_768 // 4 * 8
     assert memory.rows_bytes(n, 44_628, 4) == n * 44_628 * 4 * memory.OWNER_ROW_COPIES
 
@@ -428,7 +472,9 @@ def test_check_rows_fit_refuses_what_still_does_not_fit():
     agg = outlier_agg(60_000, 0.5)
     need = memory.check_rows_fit(agg, 28_938, 4, available=64 * GIB)
     assert 2 * 6.4 * GIB < need < 2 * 6.5 * GIB + 1.5 * GIB
-    with pytest.raises(ConfigError, match=r"outlier_removal: its per-unit rows need about 1\d\.\d GiB"):
+    with pytest.raises(
+        ConfigError, match=r"outlier_removal: its per-unit rows need about 1\d\.\d GiB"
+    ):
         memory.check_rows_fit(agg, 28_938, 4, available=need - 1)
     assert memory.check_rows_fit(agg, 28_938, 4, available=need) == need
 
@@ -463,11 +509,16 @@ MEASURE = textwrap.dedent("""
 def test_a_release_stays_within_the_memory_the_check_counts(name, n, d):
     # budgets lowered to a few MiB; the rows are float32 (51 MB / 96 MB): the release adds at
     # most what working_bytes counts, less than one float64 copy of them (what it used to make)
-    p = subprocess.run([sys.executable, "-c", MEASURE, name, str(n), str(d)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600,
-                       env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    p = subprocess.run(
+        [sys.executable, "-c", MEASURE, name, str(n), str(d)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
-    slack = 40 << 20                                 # allocator and interpreter noise
+    slack = 40 << 20  # allocator and interpreter noise
     assert got["extra"] <= got["work"] + slack, got
     assert got["work"] < got["float64_copy"], got

@@ -1,5 +1,6 @@
 """Estimators take the cohort matrix as a torch tensor or a numpy array, and refuse anything else
 with a ``TypeError`` that says what they take."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,9 +15,16 @@ from fedudp.config import config_from_overrides
 
 def estimators():
     yield GaussianAggregator(clip=1.0, noise_multiplier=2.0, sampling=Sampling(1.0, 50))
-    cfg = config_from_overrides({"method": "full_dp", "aggregator": "winsorized",
-                                 "dataset.num_records": 2000, "partition.num_owners": 4,
-                                 "partition.records_per_user": 10, "train.rounds": 2})
+    cfg = config_from_overrides(
+        {
+            "method": "full_dp",
+            "aggregator": "winsorized",
+            "dataset.num_records": 2000,
+            "partition.num_owners": 4,
+            "partition.records_per_user": 10,
+            "train.rounds": 2,
+        }
+    )
     yield build_aggregator(cfg, Sampling(1.0, 200), 2, 6)
 
 
@@ -28,13 +36,19 @@ def test_numpy_and_torch_inputs_give_the_same_release(agg):
     b = agg(torch.from_numpy(X), rng=torch.Generator().manual_seed(7)).mean
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert a.dtype == torch.float64 and a.shape == (6,)
-    c = agg(X.round().astype(np.int64), rng=7).mean             # integers read as float64
+    c = agg(X.round().astype(np.int64), rng=7).mean  # integers read as float64
     assert c.dtype == torch.float64
 
 
-@pytest.mark.parametrize("bad,err", [("rows", TypeError), ([[0.0, 1.0]], TypeError),
-                                     (np.array([["a", "b"]]), TypeError),
-                                     (np.ones(6), ValueError)])
+@pytest.mark.parametrize(
+    "bad,err",
+    [
+        ("rows", TypeError),
+        ([[0.0, 1.0]], TypeError),
+        (np.array([["a", "b"]]), TypeError),
+        (np.ones(6), ValueError),
+    ],
+)
 def test_other_inputs_are_refused_with_what_an_estimator_takes(bad, err):
     agg = GaussianAggregator(clip=1.0, noise_multiplier=2.0, sampling=Sampling(1.0, 50))
     with pytest.raises(err, match="estimator takes"):

@@ -6,6 +6,7 @@ same ``dp_event()``, constraint and constants, and the same release for the same
 A bad plain value is a ``ValueError`` whose message starts with the parameter's name (not a
 ``ConfigError``); the config path keeps its ``ConfigError`` naming the config key.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -44,12 +45,15 @@ def matrix(n: int, dim: int, seed: int = 5) -> np.ndarray:
 
 def assert_same(a, b, dim: int, release: bool = True) -> None:
     assert type(a) is type(b)
-    assert a.noise_multiplier == b.noise_multiplier                   # exactly
+    assert a.noise_multiplier == b.noise_multiplier  # exactly
     assert a.dp_event() == b.dp_event() and repr(a.dp_event()) == repr(b.dp_event())
     assert a.one_off_event() == b.one_off_event()
     assert a.constraint == b.constraint
-    assert (a.guarantee, a.min_users_required, a.noise_std) == \
-        (b.guarantee, b.min_users_required, b.noise_std)
+    assert (a.guarantee, a.min_users_required, a.noise_std) == (
+        b.guarantee,
+        b.min_users_required,
+        b.noise_std,
+    )
     assert {k: repr(v) for k, v in vars(a).items()} == {k: repr(v) for k, v in vars(b).items()}
     if release:
         X = matrix(a.sampling.population, dim)
@@ -60,32 +64,92 @@ def assert_same(a, b, dim: int, release: bool = True) -> None:
 
 # (registry name, config overrides, plain keyword arguments of ``calibrated``, sampling, rounds, dim)
 CASES = {
-    "gaussian": ("gaussian", {"privacy.epsilon": 3.0, "privacy.clip": 0.7},
-                 dict(clip=0.7, epsilon=3.0, delta=DELTA), Sampling(0.5, 60), 2, 6),
+    "gaussian": (
+        "gaussian",
+        {"privacy.epsilon": 3.0, "privacy.clip": 0.7},
+        dict(clip=0.7, epsilon=3.0, delta=DELTA),
+        Sampling(0.5, 60),
+        2,
+        6,
+    ),
     "none": ("none", {}, {}, Sampling(0.3, 40), 2, 6),
     "winsorized-derived-tau": (
-        "winsorized", {"privacy.epsilon": 2.0, "estimator.bound": 2.0, "partition.records_per_user": 4},
-        dict(epsilon=2.0, delta=DELTA, bound=2.0, records_per_unit=4), Sampling(1.0, 120), 3, 6),
+        "winsorized",
+        {"privacy.epsilon": 2.0, "estimator.bound": 2.0, "partition.records_per_user": 4},
+        dict(epsilon=2.0, delta=DELTA, bound=2.0, records_per_unit=4),
+        Sampling(1.0, 120),
+        3,
+        6,
+    ),
     "winsorized-closed-form": (
-        "winsorized", {"privacy.epsilon": 2.0, "privacy.calibration": "closed_form",
-                       "estimator.tau": 0.3, "estimator.beta": 0.05},
+        "winsorized",
+        {
+            "privacy.epsilon": 2.0,
+            "privacy.calibration": "closed_form",
+            "estimator.tau": 0.3,
+            "estimator.beta": 0.05,
+        },
         dict(epsilon=2.0, delta=DELTA, bound=1.0, tau=0.3, beta=0.05, calibration="closed_form"),
-        Sampling(1.0, 120), 3, 5),
-    "outlier_removal": ("outlier_removal", {"privacy.epsilon": 8.0},
-                        dict(epsilon=8.0, delta=DELTA, bound=1.0, records_per_unit=1),
-                        Sampling(1.0, 450), 2, 8),
+        Sampling(1.0, 120),
+        3,
+        5,
+    ),
+    "outlier_removal": (
+        "outlier_removal",
+        {"privacy.epsilon": 8.0},
+        dict(epsilon=8.0, delta=DELTA, bound=1.0, records_per_unit=1),
+        Sampling(1.0, 450),
+        2,
+        8,
+    ),
     "outlier_removal-paper": (
-        "outlier_removal", {"privacy.epsilon": 8.0, "privacy.accounting": "paper", "estimator.tau": 0.5},
-        dict(epsilon=8.0, delta=DELTA, tau=0.5, accounting="paper"), Sampling(1.0, 450), 2, 8),
-    "friendlycore": ("friendlycore", {"privacy.epsilon": 8.0, "estimator.tau": 0.4},
-                     dict(epsilon=8.0, delta=DELTA, tau=0.4), Sampling(1.0, 1400), 1, 4),
-    "few_users": ("few_users", {"privacy.epsilon": 8.0},
-                  dict(epsilon=8.0, delta=DELTA, bound=1.0, records_per_unit=1), Sampling(1.0, 60), 1, 8),
+        "outlier_removal",
+        {"privacy.epsilon": 8.0, "privacy.accounting": "paper", "estimator.tau": 0.5},
+        dict(epsilon=8.0, delta=DELTA, tau=0.5, accounting="paper"),
+        Sampling(1.0, 450),
+        2,
+        8,
+    ),
+    "friendlycore": (
+        "friendlycore",
+        {"privacy.epsilon": 8.0, "estimator.tau": 0.4},
+        dict(epsilon=8.0, delta=DELTA, tau=0.4),
+        Sampling(1.0, 1400),
+        1,
+        4,
+    ),
+    "few_users": (
+        "few_users",
+        {"privacy.epsilon": 8.0},
+        dict(epsilon=8.0, delta=DELTA, bound=1.0, records_per_unit=1),
+        Sampling(1.0, 60),
+        1,
+        8,
+    ),
     "few_users-blocks": (
-        "few_users", {"privacy.epsilon": 8.0, "estimator.copies": 3, "estimator.blocks": 2,
-                      "estimator.kappa": 1.5, "estimator.tries": 200.0, "partition.records_per_user": 3},
-        dict(epsilon=8.0, delta=DELTA, bound=1.0, records_per_unit=3, copies=3, blocks=2, kappa=1.5,
-             tries=200.0), Sampling(1.0, 200), 1, 6),
+        "few_users",
+        {
+            "privacy.epsilon": 8.0,
+            "estimator.copies": 3,
+            "estimator.blocks": 2,
+            "estimator.kappa": 1.5,
+            "estimator.tries": 200.0,
+            "partition.records_per_user": 3,
+        },
+        dict(
+            epsilon=8.0,
+            delta=DELTA,
+            bound=1.0,
+            records_per_unit=3,
+            copies=3,
+            blocks=2,
+            kappa=1.5,
+            tries=200.0,
+        ),
+        Sampling(1.0, 200),
+        1,
+        6,
+    ),
 }
 
 
@@ -97,24 +161,44 @@ def test_calibrated_equals_from_config(case):
         plain = {**plain, "dim": dim}
     if "rounds" in inspect.signature(cls.calibrated).parameters:
         plain = {**plain, "rounds": rounds}
-    assert_same(cls.calibrated(sampling=sampling, **plain),
-                from_the_builder(name, overrides, sampling, rounds, dim), dim)
+    assert_same(
+        cls.calibrated(sampling=sampling, **plain),
+        from_the_builder(name, overrides, sampling, rounds, dim),
+        dim,
+    )
 
 
 @pytest.mark.parametrize("group", [False, True])
 def test_local_dpsgd_calibrated_equals_from_config(group):
-    over = {"method": "full_dp", "privacy.placement": "local_dpsgd", "privacy.epsilon": 4.0,
-            "dataset.num_records": 150, "partition.num_owners": 4, "train.batch_size": 64}
+    over = {
+        "method": "full_dp",
+        "privacy.placement": "local_dpsgd",
+        "privacy.epsilon": 4.0,
+        "dataset.num_records": 150,
+        "partition.num_owners": 4,
+        "train.batch_size": 64,
+    }
     if group:
-        over |= {"privacy.group_privacy": True, "partition.records_per_user": 2,
-                 "privacy.accounting": "paper"}
+        over |= {
+            "privacy.group_privacy": True,
+            "partition.records_per_user": 2,
+            "privacy.accounting": "paper",
+        }
     cfg = config_from_overrides(over)
     sampling = Sampling(1.0, 4)
     units = planned_owner_records(cfg) if group else planned_owner_users(cfg)
-    a = LocalDpSgdMean.calibrated(clip=1.0, epsilon=4.0, delta=DELTA, rounds=2, batch_size=64,
-                                  local_epochs=1, owner_units=[int(u) for u in units],
-                                  sampling=sampling, group_size=2 if group else None,
-                                  accounting="paper" if group else "certified")
+    a = LocalDpSgdMean.calibrated(
+        clip=1.0,
+        epsilon=4.0,
+        delta=DELTA,
+        rounds=2,
+        batch_size=64,
+        local_epochs=1,
+        owner_units=[int(u) for u in units],
+        sampling=sampling,
+        group_size=2 if group else None,
+        accounting="paper" if group else "certified",
+    )
     built = estimator(cfg, sampling, 2, 6)
     assert type(built) is LocalDpSgdMean
     assert_same(a, built, 6, release=False)
@@ -133,27 +217,99 @@ BAD = [
     (GaussianAggregator, dict(clip=1.0, epsilon=-1, delta=DELTA, rounds=2, sampling=S1), "epsilon"),
     (GaussianAggregator, dict(clip=0.0, epsilon=1.0, delta=DELTA, rounds=2, sampling=S1), "clip"),
     (MeanAggregator, dict(sampling=(1.0, 10)), "sampling"),
-    (WinsorizedAggregator, dict(dim=4, epsilon=1.0, delta=DELTA, rounds=2, sampling=S1, bound=0.0,
-                                tau=0.1), "bound"),
-    (WinsorizedAggregator, dict(dim=4, epsilon=1.0, delta=DELTA, rounds=2, sampling=Sampling(0.5, 450),
-                                bound=1.0, tau=0.1), "sampling.rate"),
-    (WinsorizedAggregator, dict(dim=4, epsilon=1.0, delta=DELTA, rounds=2, sampling=S1, bound=1.0,
-                                tau=0.1, calibration="paper"), "calibration"),
-    (OutlierRemovalAggregator, dict(epsilon=8.0, delta=DELTA, rounds=2, sampling=S1, bound=1.0,
-                                    records_per_unit=1, beta=1.5), "beta"),
-    (OutlierRemovalAggregator, dict(epsilon=8.0, delta=DELTA, rounds=2, sampling=Sampling(1.0, 100),
-                                    tau=0.5), "sampling.population"),
-    (FriendlyCoreAggregator, dict(epsilon=8.0, delta=DELTA, rounds=1, sampling=S1, tau=-1.0), "tau"),
+    (
+        WinsorizedAggregator,
+        dict(dim=4, epsilon=1.0, delta=DELTA, rounds=2, sampling=S1, bound=0.0, tau=0.1),
+        "bound",
+    ),
+    (
+        WinsorizedAggregator,
+        dict(
+            dim=4,
+            epsilon=1.0,
+            delta=DELTA,
+            rounds=2,
+            sampling=Sampling(0.5, 450),
+            bound=1.0,
+            tau=0.1,
+        ),
+        "sampling.rate",
+    ),
+    (
+        WinsorizedAggregator,
+        dict(
+            dim=4,
+            epsilon=1.0,
+            delta=DELTA,
+            rounds=2,
+            sampling=S1,
+            bound=1.0,
+            tau=0.1,
+            calibration="paper",
+        ),
+        "calibration",
+    ),
+    (
+        OutlierRemovalAggregator,
+        dict(
+            epsilon=8.0, delta=DELTA, rounds=2, sampling=S1, bound=1.0, records_per_unit=1, beta=1.5
+        ),
+        "beta",
+    ),
+    (
+        OutlierRemovalAggregator,
+        dict(epsilon=8.0, delta=DELTA, rounds=2, sampling=Sampling(1.0, 100), tau=0.5),
+        "sampling.population",
+    ),
+    (
+        FriendlyCoreAggregator,
+        dict(epsilon=8.0, delta=DELTA, rounds=1, sampling=S1, tau=-1.0),
+        "tau",
+    ),
     (FriendlyCoreAggregator, dict(epsilon=8.0, delta=2.0, rounds=1, sampling=S1, tau=0.4), "delta"),
-    (FriendlyCoreAggregator, dict(epsilon=8.0, delta=DELTA, rounds=1, sampling=S1, bound=1.0), "tau"),
-    (FewUsersAggregator, dict(dim=6, epsilon=8.0, delta=DELTA, rounds=1, sampling=S1, tau=0.1,
-                              blocks=16), "blocks"),
-    (FewUsersAggregator, dict(dim=6, epsilon=0.5, delta=DELTA, rounds=3, sampling=Sampling(1.0, 20),
-                              tau=0.1), "sampling.population"),
-    (LocalDpSgdMean, dict(clip=1.0, epsilon=1.0, delta=DELTA, rounds=0, batch_size=8, local_epochs=1,
-                          owner_units=[10, 12], sampling=Sampling(1.0, 2)), "rounds"),
-    (LocalDpSgdMean, dict(clip=1.0, epsilon=1.0, delta=DELTA, rounds=2, batch_size=0, local_epochs=1,
-                          owner_units=[10, 12], sampling=Sampling(1.0, 2)), "batch_size"),
+    (
+        FriendlyCoreAggregator,
+        dict(epsilon=8.0, delta=DELTA, rounds=1, sampling=S1, bound=1.0),
+        "tau",
+    ),
+    (
+        FewUsersAggregator,
+        dict(dim=6, epsilon=8.0, delta=DELTA, rounds=1, sampling=S1, tau=0.1, blocks=16),
+        "blocks",
+    ),
+    (
+        FewUsersAggregator,
+        dict(dim=6, epsilon=0.5, delta=DELTA, rounds=3, sampling=Sampling(1.0, 20), tau=0.1),
+        "sampling.population",
+    ),
+    (
+        LocalDpSgdMean,
+        dict(
+            clip=1.0,
+            epsilon=1.0,
+            delta=DELTA,
+            rounds=0,
+            batch_size=8,
+            local_epochs=1,
+            owner_units=[10, 12],
+            sampling=Sampling(1.0, 2),
+        ),
+        "rounds",
+    ),
+    (
+        LocalDpSgdMean,
+        dict(
+            clip=1.0,
+            epsilon=1.0,
+            delta=DELTA,
+            rounds=2,
+            batch_size=0,
+            local_epochs=1,
+            owner_units=[10, 12],
+            sampling=Sampling(1.0, 2),
+        ),
+        "batch_size",
+    ),
 ]
 
 
@@ -166,25 +322,63 @@ def test_bad_plain_value_names_the_parameter(cls, kwargs, param):
 
 def test_unreachable_budget_plain_and_config():
     with pytest.raises(ValueError, match=r"^epsilon is unreachable") as info:
-        GaussianAggregator.calibrated(clip=1.0, epsilon=1e-6, delta=1e-12, rounds=2000,
-                                      sampling=Sampling(1.0, 50))
+        GaussianAggregator.calibrated(
+            clip=1.0, epsilon=1e-6, delta=1e-12, rounds=2000, sampling=Sampling(1.0, 50)
+        )
     assert not isinstance(info.value, ConfigError)
-    with pytest.raises(BudgetError, match=r"^privacy\.epsilon=1e-06 at privacy\.delta=1e-12 is unreachable"):
-        from_the_builder("gaussian", {"privacy.epsilon": 1e-6, "privacy.delta": 1e-12},
-                    Sampling(1.0, 50), 2000, 6)
+    with pytest.raises(
+        BudgetError, match=r"^privacy\.epsilon=1e-06 at privacy\.delta=1e-12 is unreachable"
+    ):
+        from_the_builder(
+            "gaussian",
+            {"privacy.epsilon": 1e-6, "privacy.delta": 1e-12},
+            Sampling(1.0, 50),
+            2000,
+            6,
+        )
 
 
-@pytest.mark.parametrize("name,overrides,sampling,rounds,pattern", [
-    ("outlier_removal", {"privacy.epsilon": 8.0}, Sampling(1.0, 100), 2,
-     r"^partition: aggregator=outlier_removal needs n >= 429 units, got n=100"),
-    ("friendlycore", {"privacy.epsilon": 8.0, "estimator.tau": 0.4}, Sampling(1.0, 450), 1,
-     r"^partition: aggregator=friendlycore needs n >= \d+ units.*Raise users"),
-    ("few_users", {"privacy.epsilon": 8.0, "estimator.blocks": 16}, Sampling(1.0, 200), 1,
-     r"^estimator\.blocks must be a power of two <= 8, got 16$"),
-    ("gaussian", {"privacy.clip": 0.0}, Sampling(1.0, 50), 2, r"^privacy\.clip must be > 0, got 0"),
-    ("winsorized", {"estimator.tau": -1.0}, Sampling(1.0, 50), 2, r"^estimator\.tau must be > 0"),
-    ("winsorized", {}, Sampling(0.5, 50), 2, r"^train\.sampling_rate must be 1"),
-])
+@pytest.mark.parametrize(
+    "name,overrides,sampling,rounds,pattern",
+    [
+        (
+            "outlier_removal",
+            {"privacy.epsilon": 8.0},
+            Sampling(1.0, 100),
+            2,
+            r"^partition: aggregator=outlier_removal needs n >= 429 units, got n=100",
+        ),
+        (
+            "friendlycore",
+            {"privacy.epsilon": 8.0, "estimator.tau": 0.4},
+            Sampling(1.0, 450),
+            1,
+            r"^partition: aggregator=friendlycore needs n >= \d+ units.*Raise users",
+        ),
+        (
+            "few_users",
+            {"privacy.epsilon": 8.0, "estimator.blocks": 16},
+            Sampling(1.0, 200),
+            1,
+            r"^estimator\.blocks must be a power of two <= 8, got 16$",
+        ),
+        (
+            "gaussian",
+            {"privacy.clip": 0.0},
+            Sampling(1.0, 50),
+            2,
+            r"^privacy\.clip must be > 0, got 0",
+        ),
+        (
+            "winsorized",
+            {"estimator.tau": -1.0},
+            Sampling(1.0, 50),
+            2,
+            r"^estimator\.tau must be > 0",
+        ),
+        ("winsorized", {}, Sampling(0.5, 50), 2, r"^train\.sampling_rate must be 1"),
+    ],
+)
 def test_config_path_names_the_config_key(name, overrides, sampling, rounds, pattern):
     with pytest.raises(ConfigError, match=pattern):
         from_the_builder(name, overrides, sampling, rounds, 6)

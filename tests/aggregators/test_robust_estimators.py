@@ -1,5 +1,6 @@
 """Outlier removal ([ASI] Alg. 2), FriendlyCore filter and [ESF] few-user estimator: what
 they release (sensitivity, noise scale, accounting) and how they behave on corrupted users."""
+
 from __future__ import annotations
 
 import json
@@ -31,25 +32,43 @@ def concentrated(n=N, d=D, m=100, corrupt=0.0, far=5.0, seed=1):
     g = torch.Generator().manual_seed(seed)
     mu = torch.full((d,), 0.2, dtype=F64)
     X = mu + torch.randn(n, d, generator=g, dtype=F64) * 0.5 / math.sqrt(m)
-    X[:int(corrupt * n)] = mu + far
+    X[: int(corrupt * n)] = mu + far
     return X, mu
 
 
 def tau_for(m, d=D):
-    return 2 * 0.5 * math.sqrt(2 * d / m)          # twice the typical pairwise distance
+    return 2 * 0.5 * math.sqrt(2 * d / m)  # twice the typical pairwise distance
 
 
 def outlier_agg(tau, n=N, eps=EPS, delta=DELTA, rounds=1):
-    z = calibrate_noise_multiplier(lambda z: dp_accounting.GaussianDpEvent(z), eps / 2, delta / 2, rounds)
-    return outlier.OutlierRemovalAggregator(tau, z, outlier.sensitivity(tau, n, delta / (4 * rounds)),
-                                      Sampling(1.0, n), eps / 2, rounds, delta / 2,
-                                      outlier.min_users_at(eps / 2, rounds, delta / 4))
+    z = calibrate_noise_multiplier(
+        lambda z: dp_accounting.GaussianDpEvent(z), eps / 2, delta / 2, rounds
+    )
+    return outlier.OutlierRemovalAggregator(
+        tau,
+        z,
+        outlier.sensitivity(tau, n, delta / (4 * rounds)),
+        Sampling(1.0, n),
+        eps / 2,
+        rounds,
+        delta / 2,
+        outlier.min_users_at(eps / 2, rounds, delta / 4),
+    )
 
 
 def friendly_agg(tau, n=N, eps=EPS, delta=DELTA, rounds=1):
-    z = calibrate_noise_multiplier(lambda z: outlier.friendlycore_round_event(z, z), eps, delta / 2, rounds)
-    return outlier.FriendlyCoreAggregator(tau, z, outlier.friendlycore_sensitivity(tau, n, delta / (4 * rounds)),
-                                    Sampling(1.0, n), z, delta / 2, 0)
+    z = calibrate_noise_multiplier(
+        lambda z: outlier.friendlycore_round_event(z, z), eps, delta / 2, rounds
+    )
+    return outlier.FriendlyCoreAggregator(
+        tau,
+        z,
+        outlier.friendlycore_sensitivity(tau, n, delta / (4 * rounds)),
+        Sampling(1.0, n),
+        z,
+        delta / 2,
+        0,
+    )
 
 
 def mean_error(agg_factory, X, mu, reps=5):
@@ -67,31 +86,44 @@ def test_chernoff_count_bounds_the_tail():
     # Poisson(6) is the extreme Bernoulli sum of mean 6; its exact tail must be below zeta
     for zeta in (1e-3, 1e-6, 1e-9):
         k = outlier.chernoff_count(6.0, zeta)
-        tail = 1 - sum(math.exp(-6) * 6 ** i / math.factorial(i) for i in range(k))
+        tail = 1 - sum(math.exp(-6) * 6**i / math.factorial(i) for i in range(k))
         assert tail <= zeta
         assert outlier.chernoff_count(6.0, zeta) > 6
 
 
 # -- pre-noise statistics under an adversarial replace-one neighbour ---------------------------
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), j=st.integers(0, 59),
-       new=st.lists(st.floats(-3, 3), min_size=4, max_size=4), tau=st.floats(0.05, 2.0))
+@given(
+    seed=st.integers(0, 10_000),
+    j=st.integers(0, 59),
+    new=st.lists(st.floats(-3, 3), min_size=4, max_size=4),
+    tau=st.floats(0.05, 2.0),
+)
 def test_friend_counts_score_and_mass_sensitivity(seed, j, new, tau):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(60, 4, generator=g, dtype=F64) * 0.3
     Y = X.clone()
     Y[j] = torch.tensor(new, dtype=F64)
-    cx, cy = outlier.friend_counts(X, (tau, 2 * tau), chunk=16), outlier.friend_counts(Y, (tau, 2 * tau), chunk=16)
+    cx, cy = (
+        outlier.friend_counts(X, (tau, 2 * tau), chunk=16),
+        outlier.friend_counts(Y, (tau, 2 * tau), chunk=16),
+    )
     brute = (torch.cdist(X, X) <= tau).sum(1)
     assert torch.equal(cx[0], brute)
     n = 60
-    assert abs(outlier.concentration_score(cx[0]) - outlier.concentration_score(cy[0])) <= 2 * (n - 1) / n + 1e-12
+    assert (
+        abs(outlier.concentration_score(cx[0]) - outlier.concentration_score(cy[0]))
+        <= 2 * (n - 1) / n + 1e-12
+    )
     # every other user's friend count moves by at most 1
     others = torch.arange(n) != j
     assert int((cx[1] - cy[1])[others].abs().max()) <= 1
     px, py = outlier.keep_probabilities(cx[1], n), outlier.keep_probabilities(cy[1], n)
     assert float((px - py)[others].abs().max()) <= 6 / n + 1e-12
-    fx, fy = outlier.friendly_keep_probabilities(cx[1], n), outlier.friendly_keep_probabilities(cy[1], n)
+    fx, fy = (
+        outlier.friendly_keep_probabilities(cx[1], n),
+        outlier.friendly_keep_probabilities(cy[1], n),
+    )
     assert abs(float(fx.sum() - fy.sum())) <= outlier.MASS_SENSITIVITY
 
 
@@ -108,7 +140,10 @@ def test_filtered_mean_sensitivity_under_coupling(kind, adversary):
     if kind == "outlier_removal":
         sens, keep = outlier.sensitivity(tau, n, 1e-6), outlier.keep_probabilities
     else:
-        sens, keep = outlier.friendlycore_sensitivity(tau, n, 1e-6), outlier.friendly_keep_probabilities
+        sens, keep = (
+            outlier.friendlycore_sensitivity(tau, n, 1e-6),
+            outlier.friendly_keep_probabilities,
+        )
     worst = 0.0
     for s in range(50):
         means = []
@@ -128,7 +163,7 @@ def test_noise_scale_matches_calibration(make):
     tau = 0.5
     agg = make(tau)
     v = torch.full((d,), 0.3, dtype=F64)
-    X = v.expand(n, d).clone()                 # all identical: every user kept, mean = v exactly
+    X = v.expand(n, d).clone()  # all identical: every user kept, mean = v exactly
     out = agg(X, rng=torch.Generator().manual_seed(0))
     assert not out.halted and out.users_used == n
     resid = out.mean - v
@@ -148,19 +183,21 @@ def test_error_scales_with_tau_not_bound():
     errs = {}
     for m in (100, 10_000):
         X, _ = concentrated(m=m)
-        mu = X.mean(0)           # the privacy part of the error: distance to the empirical mean
+        mu = X.mean(0)  # the privacy part of the error: distance to the empirical mean
         tau = tau_for(m)
         errs[("or", m)] = mean_error(lambda: outlier_agg(tau), X, mu)[0]
         errs[("fc", m)] = mean_error(lambda: friendly_agg(tau), X, mu)[0]
         z = calibrate_noise_multiplier(lambda z: dp_accounting.GaussianDpEvent(z), EPS, DELTA, 1)
-        errs[("gauss", m)] = mean_error(lambda: GaussianAggregator(2.0, z / 2, Sampling(1.0, N)), X, mu)[0]
+        errs[("gauss", m)] = mean_error(
+            lambda: GaussianAggregator(2.0, z / 2, Sampling(1.0, N)), X, mu
+        )[0]
     for k in ("or", "fc"):
         assert 7 < errs[(k, 100)] / errs[(k, 10_000)] < 13, errs
     assert 0.8 < errs[("gauss", 100)] / errs[("gauss", 10_000)] < 1.25, errs
 
 
 # -- robustness to corrupted users -------------------------------------------------------------
-FACTOR = 1.5   # "within a stated factor of the clean error"
+FACTOR = 1.5  # "within a stated factor of the clean error"
 
 
 def test_corrupted_users_each_estimator_as_its_guarantee_says(capsys):
@@ -182,8 +219,9 @@ def test_corrupted_users_each_estimator_as_its_guarantee_says(capsys):
     with capsys.disabled():
         print("\ncorrupted  " + "  ".join(f"{k:>16}" for k in factories))
         for frac, row in table.items():
-            print(f"{frac:9.2f}  " + "  ".join(
-                f"{row[k][0]:10.4f}/h{row[k][1]}" for k in factories))
+            print(
+                f"{frac:9.2f}  " + "  ".join(f"{row[k][0]:10.4f}/h{row[k][1]}" for k in factories)
+            )
     clean = {k: table[0.0][k][0] for k in factories}
     # Asi & Liu: fine at 10%, AboveThreshold halts (every repetition) at 30% and 45%
     assert table[0.10]["outlier_removal"][0] <= FACTOR * clean["outlier_removal"]
@@ -197,7 +235,9 @@ def test_corrupted_users_each_estimator_as_its_guarantee_says(capsys):
     # clip+Gaussian and winsorized are dragged toward the corrupted users
     for k in ("gaussian", "winsorized"):
         assert table[0.10][k][0] > 3 * clean[k], (k, table[0.10][k])
-        assert table[0.10][k][0] < table[0.25][k][0] < table[0.45][k][0], k   # grows with the fraction
+        assert table[0.10][k][0] < table[0.25][k][0] < table[0.45][k][0], (
+            k
+        )  # grows with the fraction
 
 
 # -- Esfandiari specifics ----------------------------------------------------------------------
@@ -216,7 +256,7 @@ def test_few_users_privacy_conditions_and_log_space():
 
 def test_few_users_geometric_stop_returns_garbage_on_spread_data():
     g = torch.Generator().manual_seed(0)
-    X = torch.randn(400, 8, generator=g, dtype=F64) * 100.0     # nowhere 2/3 of the points
+    X = torch.randn(400, 8, generator=g, dtype=F64) * 100.0  # nowhere 2/3 of the points
     p, info = few_users.dp_estimate_1(X, 0.1, 2.5, 1e-6, 50, rng=torch.Generator().manual_seed(1))
     assert p is None and info["garbage"] in ("G1", "G2") and info["tries"] <= info["budget"]
 
@@ -225,12 +265,15 @@ def test_few_users_within_radius_on_two_thirds_in_a_ball():
     n, d, r = 300, 8, 0.1
     g = torch.Generator().manual_seed(3)
     x = torch.full((d,), 1.0, dtype=F64)
-    X = x + r * torch.nn.functional.normalize(torch.randn(n, d, generator=g, dtype=F64), dim=1) \
-        * torch.rand(n, 1, generator=g, dtype=F64)
-    X[:n // 4] = torch.randn(n // 4, d, generator=g, dtype=F64) * 50    # arbitrary rest
+    X = x + r * torch.nn.functional.normalize(
+        torch.randn(n, d, generator=g, dtype=F64), dim=1
+    ) * torch.rand(n, 1, generator=g, dtype=F64)
+    X[: n // 4] = torch.randn(n // 4, d, generator=g, dtype=F64) * 50  # arbitrary rest
     ok = 0
     for s in range(20):
-        p, info = few_users.dp_estimate_1(X, r * math.sqrt(d), 2.0, 1e-6, 1000, rng=torch.Generator().manual_seed(s))
+        p, info = few_users.dp_estimate_1(
+            X, r * math.sqrt(d), 2.0, 1e-6, 1000, rng=torch.Generator().manual_seed(s)
+        )
         ok += p is not None and float((p - x).norm()) <= (1 + math.sqrt(d)) * r
     assert ok >= 18
 
@@ -252,9 +295,19 @@ def test_few_users_refuses_too_few_users_and_closed_form():
 
 
 def big_user_cfg(agg, **kw):
-    return tiny_cfg("full_dp", aggregator=agg, **{
-        "dataset.num_records": 3200, "dataset.pool_train": 5000, "partition.num_owners": 8,
-        "model.name": "linear", "train.rounds": 4, "privacy.epsilon": 10.0, **kw})
+    return tiny_cfg(
+        "full_dp",
+        aggregator=agg,
+        **{
+            "dataset.num_records": 3200,
+            "dataset.pool_train": 5000,
+            "partition.num_owners": 8,
+            "model.name": "linear",
+            "train.rounds": 4,
+            "privacy.epsilon": 10.0,
+            **kw,
+        },
+    )
 
 
 @pytest.mark.parametrize("agg", ["outlier_removal", "friendlycore", "few_users"])

@@ -2,6 +2,7 @@
 
 Literal constants: a tree of 8 rounds has depth ceil(log2 9) = 4; the noise of the prefix sum
 after round t is the sum of popcount(t) independent nodes (t = 1..8: 1 1 2 1 2 2 3 1)."""
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,8 @@ def _prefix_noise(cls, reps: int = 600, dim: int = 64, k: int = 8) -> np.ndarray
         s = np.zeros(dim)
         for t in range(k):
             rel = agg.release(Contribution(None, torch.zeros(dim, dtype=torch.float64), 10), rng=g)
-            s = s + rel.mean.numpy() * 10            # times the public N/k = 10
-            out[t, r * dim:(r + 1) * dim] = s
+            s = s + rel.mean.numpy() * 10  # times the public N/k = 10
+            out[t, r * dim : (r + 1) * dim] = s
     return out
 
 
@@ -55,10 +56,12 @@ class HalfNoise(TreeAggregator):
         return 0.5 * self.noise_multiplier * self.clip
 
 
-@pytest.mark.parametrize("cls,ok", [(TreeAggregator, True), (NoSubtract, False), (HalfNoise, False)])
+@pytest.mark.parametrize(
+    "cls,ok", [(TreeAggregator, True), (NoSubtract, False), (HalfNoise, False)]
+)
 def test_prefix_sums_carry_exactly_the_accounted_noise(cls, ok):
     noise = _prefix_noise(cls)
-    want = 2.0 * np.sqrt(POPCOUNT)                    # zC sqrt(#nodes tiling [1, t])
+    want = 2.0 * np.sqrt(POPCOUNT)  # zC sqrt(#nodes tiling [1, t])
     got = noise.std(axis=1)
     assert np.abs(noise.mean(axis=1)).max() < 0.1
     assert bool(np.all(np.abs(got / want - 1) < 0.03)) is ok, (got, want)
@@ -78,8 +81,9 @@ def test_depth_and_sensitivity_counts():
     assert [tree_depth(k) for k in (1, 2, 3, 4, 7, 8, 9)] == [1, 2, 2, 3, 3, 4, 4]
     # the completed dyadic nodes containing each leaf of an 8-round tree: at most 4
     k = 8
-    nodes = [(s, e) for size in (1, 2, 4, 8) for s in range(1, k + 1, size)
-             if (e := s + size - 1) <= k]
+    nodes = [
+        (s, e) for size in (1, 2, 4, 8) for s in range(1, k + 1, size) if (e := s + size - 1) <= k
+    ]
     assert max(sum(s <= leaf <= e for s, e in nodes) for leaf in range(1, k + 1)) == 4
 
 
@@ -94,7 +98,8 @@ def test_event_is_dp_accountings_tree_event():
     ours = rdp_privacy_accountant.RdpAccountant()
     ours.compose(dp_accounting.ComposedDpEvent(events))
     ref = rdp_privacy_accountant.RdpAccountant(
-        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+    )
     ref.compose(dp_accounting.SingleEpochTreeAggregationDpEvent(3.0, 4), 3)
     assert ours.get_epsilon(1e-5) == pytest.approx(ref.get_epsilon(1e-5), rel=1e-9)
     pld = dp_accounting.pld.PLDAccountant()
@@ -105,12 +110,17 @@ def test_event_is_dp_accountings_tree_event():
     assert twin.get_epsilon(1e-5) < pld.get_epsilon(1e-5) - 0.1
     # a short last tree: 10 rounds = 4 + 4 + 2, the last of depth 2
     short = TreeAggregator(1.0, 3.0, Sampling(0.25, 400), rounds=10)
-    assert short.round_event(9) == tree_event(3.0, 2) == dp_accounting.GaussianDpEvent(3.0 / math.sqrt(2))
+    assert (
+        short.round_event(9)
+        == tree_event(3.0, 2)
+        == dp_accounting.GaussianDpEvent(3.0 / math.sqrt(2))
+    )
 
 
 def test_calibrated_meets_the_budget():
-    agg = TreeAggregator.calibrated(clip=1.0, epsilon=2.0, delta=1e-5, rounds=20,
-                                    sampling=Sampling(0.2, 1000))
+    agg = TreeAggregator.calibrated(
+        clip=1.0, epsilon=2.0, delta=1e-5, rounds=20, sampling=Sampling(0.2, 1000)
+    )
     acc = dp_accounting.pld.PLDAccountant()
     for r in range(1, 21):
         acc.compose(agg.round_event(r))
@@ -125,7 +135,7 @@ def test_participation_is_once_per_tree_and_stable_under_add_remove():
     assert (masks[:4].sum(0) == 1).all() and (masks[4:].sum(0) == 1).all()
     assert (masks[:4] == masks[4:]).all()
     bigger = TreeAggregator(1.0, 1.0, Sampling(0.25, 1001), rounds=8).participation(seed=7)
-    assert (bigger.group[:1000] == plan.group).all()      # one more unit moves no other
+    assert (bigger.group[:1000] == plan.group).all()  # one more unit moves no other
 
 
 def test_state_survives_a_checkpoint():
@@ -144,6 +154,7 @@ def test_a_rate_that_is_not_one_over_k_is_refused():
     with pytest.raises(ParameterError, match="sampling"):
         TreeAggregator(1.0, 1.0, Sampling(0.3, 100), rounds=4)
     from fedudp import build
+
     cfg = tiny_cfg("full_dp", aggregator="dp_ftrl_tree", train__sampling_rate=0.3)
     with pytest.raises(ConfigError, match="train.sampling_rate"):
         build.prepare(cfg)

@@ -1,5 +1,6 @@
 """Levy et al. winsorized mean (docs/algorithms.md#winsorized-mean): PrivateRange,
 WinsorizedMean1D/HighD."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,12 @@ from scipy import stats
 from conftest import tiny_cfg
 from fedudp.aggregators import Sampling
 from fedudp.build import estimator as build_aggregator
-from fedudp.aggregators.winsorized import (private_range, winsorized_mean_1d,
-                                           winsorized_sum, winsorized_round_event)
+from fedudp.aggregators.winsorized import (
+    private_range,
+    winsorized_mean_1d,
+    winsorized_sum,
+    winsorized_round_event,
+)
 from fedudp.privacy.accountant import schedule_epsilon
 
 
@@ -29,8 +34,11 @@ def brute_scores(X: np.ndarray, tau: float, bound: float) -> np.ndarray:
 
 
 @settings(max_examples=40, deadline=None)
-@given(X=st.lists(st.floats(-12, 12), min_size=2, max_size=15), new=st.floats(-12, 12),
-       i=st.integers(0, 100))
+@given(
+    X=st.lists(st.floats(-12, 12), min_size=2, max_size=15),
+    new=st.floats(-12, 12),
+    i=st.integers(0, 100),
+)
 def test_range_score_sensitivity_one(X, new, i):
     X = np.array(X)
     Y = X.copy()
@@ -52,14 +60,21 @@ def test_private_range_samples_the_exponential_mechanism():
 
 def test_private_range_never_materializes_bins():
     # B/τ = 1e12 bins: still instant, and the answer sits near the data
-    X = torch.full((200, 3), 0.3, dtype=torch.float64) + 1e-3 * torch.randn(200, 3, generator=gen(2), dtype=torch.float64)
+    X = torch.full((200, 3), 0.3, dtype=torch.float64) + 1e-3 * torch.randn(
+        200, 3, generator=gen(2), dtype=torch.float64
+    )
     mu = private_range(X, 1e-3, 1e9, 2.0, rng=gen(3))
     assert (mu - 0.3).abs().max() <= 4e-3
 
 
 @settings(max_examples=60, deadline=None)
-@given(X=st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=20), new=st.floats(-1e9, 1e9),
-       center=st.floats(-100, 100), h=st.floats(0.01, 10), i=st.integers(0, 100))
+@given(
+    X=st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=20),
+    new=st.floats(-1e9, 1e9),
+    center=st.floats(-100, 100),
+    h=st.floats(0.01, 10),
+    i=st.integers(0, 100),
+)
 def test_winsorized_sum_sensitivity_replace_one(X, new, center, h, i):
     Xt = torch.tensor(X, dtype=torch.float64)[:, None]
     Yt = Xt.clone()
@@ -90,7 +105,7 @@ def test_1d_error_flat_in_B_unlike_range_laplace():
     for B in (10 * tau, 1e2 * tau, 1e4 * tau):
         out, _ = winsorized_mean_1d(X, tau, B, eps, rng=gen(7))
         rmse.append(float(((out - X.mean(0)) ** 2).mean().sqrt()))
-    assert max(rmse) / min(rmse) < 1.3                  # flat in B
+    assert max(rmse) / min(rmse) < 1.3  # flat in B
     assert rmse[-1] < (2 * 1e4 * tau / (n * eps)) / 20  # far below Lap(2B/(nε))'s sqrt(2)·2B/(nε)
 
 
@@ -106,8 +121,11 @@ def _users(n, d, m, rng, corrupt=0.0, far=50.0):
 
 
 def _agg(n, d, m, eps=2.0, delta=1e-6, rounds=1):
-    cfg = tiny_cfg("full_dp", aggregator="winsorized", **{"privacy.epsilon": eps, "privacy.delta": delta,
-                                                          "partition.records_per_user": m})
+    cfg = tiny_cfg(
+        "full_dp",
+        aggregator="winsorized",
+        **{"privacy.epsilon": eps, "privacy.delta": delta, "partition.records_per_user": m},
+    )
     return build_aggregator(cfg, Sampling(1.0, n), rounds, d)
 
 
@@ -121,7 +139,7 @@ def test_highd_error_scales_with_tau_not_B():
         e = [float(((agg(X, rng=gen(100 + s)).mean - X.mean(0)) ** 2).sum()) for s in range(5)]
         errs[m] = np.mean(e)
         assert agg.tau == pytest.approx(1.0 * math.sqrt(math.log(2 * n / 0.1) / (2 * m)))
-    assert errs[16] < errs[1] / 6          # ideal ratio 16 (τ²); allow slack for the 1D bins
+    assert errs[16] < errs[1] / 6  # ideal ratio 16 (τ²); allow slack for the 1D bins
 
 
 def test_highd_accounting_hits_target():
@@ -140,9 +158,9 @@ def test_highd_dragged_by_far_corrupted_users_and_min_users_warning():
     e_clean = float(((agg(clean, rng=gen(10)).mean - mu) ** 2).sum())
     out = agg(bad, rng=gen(10))
     e_bad = float(((out.mean - mu) ** 2).sum())
-    assert e_bad > 10 * e_clean               # winsorizing at a 30% outlier cluster drags the mean
+    assert e_bad > 10 * e_clean  # winsorizing at a 30% outlier cluster drags the mean
     small = _agg(50, d, 16)
-    res = small(clean[:50], rng=gen(11))      # far too few users: a warning, not an error
+    res = small(clean[:50], rng=gen(11))  # far too few users: a warning, not an error
     assert res.diagnostics["min_users_met"] is False
     assert res.diagnostics["min_users_required"] > 50
 
@@ -153,13 +171,21 @@ def test_missing_rows_count_as_zero_and_q_below_one_rejected(tmp_path):
     assert agg(X[:60], rng=gen(1)).users_used == 60
     from fedudp.config import ConfigError
     from fedudp.run import run
+
     with pytest.raises(ConfigError, match="sampling_rate"):
         run(tiny_cfg("full_dp", aggregator="winsorized", **{"train.sampling_rate": 0.5}), tmp_path)
 
 
 def test_winsorized_training_end_to_end(tmp_path):
     from fedudp.run import run
-    s = run(tiny_cfg("full_dp", aggregator="winsorized", **{"train.shared_update": "gradient",
-                                                             "privacy.epsilon": 5.0}), tmp_path)
+
+    s = run(
+        tiny_cfg(
+            "full_dp",
+            aggregator="winsorized",
+            **{"train.shared_update": "gradient", "privacy.epsilon": 5.0},
+        ),
+        tmp_path,
+    )
     assert s["aggregator"] == "winsorized" and s["adjacency"] == "replace_one"
     assert s["epsilon"] <= 5.0 + 1e-9 and s["rounds_completed"] == 3

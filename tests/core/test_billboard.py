@@ -7,6 +7,7 @@ as owners make them. Every expected number is computed without the billboard: th
 by hand, epsilons by fresh accountants / dp-accounting on literal events, the noise's standard
 deviation from its formula z·C/(q·N).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,12 +36,14 @@ DELTA = 1e-5
 
 def shared_tensors() -> dict[str, torch.Tensor]:
     """Three named tensors of distinct values, in a deliberate (non-alphabetical) order."""
-    return {"layer.weight": torch.arange(6.0).reshape(2, 3),
-            "layer.bias": torch.tensor([10.0, 11.0]),
-            "extra": torch.arange(20.0, 24.0).reshape(2, 2)}
+    return {
+        "layer.weight": torch.arange(6.0).reshape(2, 3),
+        "layer.bias": torch.tensor([10.0, 11.0]),
+        "extra": torch.arange(20.0, 24.0).reshape(2, 2),
+    }
 
 
-D = 12          # 6 + 2 + 4
+D = 12  # 6 + 2 + 4
 NAMES = ("layer.weight", "layer.bias", "extra")
 
 
@@ -49,24 +52,55 @@ def zeros_shared(d: int = D) -> dict[str, torch.Tensor]:
 
 
 def ledger(mechanism: str = "gaussian", target: float | None = None) -> Ledger:
-    return Ledger(unit="user", adjacency=ADJACENCY, accounting="certified", guarantee="certified",
-                  mechanism=mechanism, accountant="pld", delta=DELTA, target_epsilon=target)
+    return Ledger(
+        unit="user",
+        adjacency=ADJACENCY,
+        accounting="certified",
+        guarantee="certified",
+        mechanism=mechanism,
+        accountant="pld",
+        delta=DELTA,
+        target_epsilon=target,
+    )
 
 
-def mean_board(shared=None, lr: float = 1.0, mode: str = "delta", population: int = 4,
-               seed: int = 0) -> Billboard:
+def mean_board(
+    shared=None, lr: float = 1.0, mode: str = "delta", population: int = 4, seed: int = 0
+) -> Billboard:
     sampling = Sampling(1.0, population)
-    return Billboard(shared if shared is not None else zeros_shared(), MeanAggregator(sampling),
-                     sampling, ledger("none"), seed=seed, step=ServerStep(lr, mode))
+    return Billboard(
+        shared if shared is not None else zeros_shared(),
+        MeanAggregator(sampling),
+        sampling,
+        ledger("none"),
+        seed=seed,
+        step=ServerStep(lr, mode),
+    )
 
 
-def gaussian_board(z: float = 20.0, clip: float = 1.0, sampling: Sampling = Sampling(1.0, 8),
-                   seed: int = 0, target: float | None = None, shared=None, plan=None) -> Billboard:
+def gaussian_board(
+    z: float = 20.0,
+    clip: float = 1.0,
+    sampling: Sampling = Sampling(1.0, 8),
+    seed: int = 0,
+    target: float | None = None,
+    shared=None,
+    plan=None,
+) -> Billboard:
     agg = GaussianAggregator(clip, z, sampling)
     acc = accountant_for(Billboard.first_event(agg, plan), None, target)
-    return Billboard(shared if shared is not None else zeros_shared(), agg, sampling,
-                     ledger("gaussian", target), acc, seed=seed, step=ServerStep(1.0, "delta"),
-                     target_epsilon=target, delta=DELTA, plan=plan)
+    return Billboard(
+        shared if shared is not None else zeros_shared(),
+        agg,
+        sampling,
+        ledger("gaussian", target),
+        acc,
+        seed=seed,
+        step=ServerStep(1.0, "delta"),
+        target_epsilon=target,
+        delta=DELTA,
+        plan=plan,
+    )
 
 
 def reply(board: Billboard, rows: torch.Tensor, aggregator=None) -> OwnerReply:
@@ -97,7 +131,7 @@ def test_shared_params_round_trip_names_shapes_order_and_copy():
     assert tuple(out) == NAMES
     for k in NAMES:
         assert out[k].shape == src[k].shape and torch.equal(out[k], src[k])
-    out["layer.bias"].fill_(-1.0)          # a copy: the billboard's state does not move
+    out["layer.bias"].fill_(-1.0)  # a copy: the billboard's state does not move
     assert torch.equal(bb.shared_params()["layer.bias"], torch.tensor([10.0, 11.0]))
 
 
@@ -136,18 +170,24 @@ def test_sample_is_a_deterministic_poisson_mask_keyed_by_seed_and_round():
 def test_release_of_the_plain_mean_steps_u_exactly(mode, sign):
     u0 = torch.tensor([1.0, -2.0, 0.5, 4.0])
     bb = mean_board({"w": u0.clone()}, lr=0.5, mode=mode, population=4)
-    rows = torch.tensor([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0],
-                         [-1.0, 0.0, 1.0, 2.0], [3.0, 3.0, 3.0, 2.0]])
+    rows = torch.tensor(
+        [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [-1.0, 0.0, 1.0, 2.0], [3.0, 3.0, 3.0, 2.0]]
+    )
     # two owners' replies (sums and counts), merged by the billboard
     agg = bb.release([reply(bb, rows[:1]), reply(bb, rows[1:])], 1)
-    mean = torch.tensor([2.0, 2.75, 3.5, 4.0])             # rows.mean(0), exact in binary
+    mean = torch.tensor([2.0, 2.75, 3.5, 4.0])  # rows.mean(0), exact in binary
     assert torch.equal(agg.mean, mean) and agg.users_used == 4
     assert torch.equal(bb.u, u0 + sign * 0.5 * mean)
     assert torch.equal(bb.shared_params()["w"], u0 + sign * 0.5 * mean)
     # a non-private release is recorded, without an event or epsilon
     (e,) = bb.ledger.entries
-    assert (e.round, e.event, e.epsilon, e.epsilon_rdp, e.sampling_rate) == \
-        (1, "None", None, None, 1.0)
+    assert (e.round, e.event, e.epsilon, e.epsilon_rdp, e.sampling_rate) == (
+        1,
+        "None",
+        None,
+        None,
+        1.0,
+    )
     assert bb.accountant is None and bb.epsilon_after_round() is None and bb.within_budget()
     assert bb.next_round == 2
     # ServerStep itself
@@ -158,7 +198,7 @@ def test_gaussian_noise_std_is_z_clip_over_qN_and_keyed_by_round():
     z, clip, q, N, d, seed = 5.0, 0.2, 0.25, 40, 4000, 3
     sampling = Sampling(q, N)
     bb = gaussian_board(z, clip, sampling, seed=seed, shared=zeros_shared(d))
-    expected_std = z * clip / (q * N)          # 0.1: the divisor is the public q·N = 10
+    expected_std = z * clip / (q * N)  # 0.1: the divisor is the public q·N = 10
     steps, means = [], []
     for r in range(1, 7):
         before = bb.u.clone()
@@ -168,11 +208,13 @@ def test_gaussian_noise_std_is_z_clip_over_qN_and_keyed_by_round():
         steps.append(step)
         means.append(agg.mean)
         # exactly the round-keyed generator's draw (float64), times z·C / (q·N)
-        noise = torch.randn(d, generator=torch_generator(seed, Purpose.NOISE, r), dtype=torch.float64)
+        noise = torch.randn(
+            d, generator=torch_generator(seed, Purpose.NOISE, r), dtype=torch.float64
+        )
         torch.testing.assert_close(agg.mean.double(), noise * expected_std, rtol=1e-6, atol=1e-9)
         torch.testing.assert_close(step, noise * expected_std, rtol=1e-5, atol=1e-7)
         assert agg.users_used == 3
-    x = torch.stack(steps)                     # 6 rounds x 4000 coordinates = 24000 draws
+    x = torch.stack(steps)  # 6 rounds x 4000 coordinates = 24000 draws
     n = x.numel()
     # sample sd of n normals: relative standard error 1/sqrt(2n) = 0.46 %; 3 % is > 6 se.
     # Dividing by the realized cohort (3) instead would give 0.33: far outside.
@@ -181,16 +223,17 @@ def test_gaussian_noise_std_is_z_clip_over_qN_and_keyed_by_round():
     # every round draws fresh noise
     assert not torch.equal(x[0], x[1])
     # same (seed, round) -> same noise on another billboard; another seed -> other noise
-    twin, other = (gaussian_board(z, clip, sampling, seed=s, shared=zeros_shared(d))
-                   for s in (seed, seed + 1))
+    twin, other = (
+        gaussian_board(z, clip, sampling, seed=s, shared=zeros_shared(d)) for s in (seed, seed + 1)
+    )
     assert torch.equal(twin.release([reply(twin, torch.zeros(3, d))], 4).mean, means[3])
     assert not torch.equal(other.release([reply(other, torch.zeros(3, d))], 4).mean, means[3])
-    assert bb.ledger.entries[-1].noise_std == pytest.approx(z * clip)   # std on the sum
+    assert bb.ledger.entries[-1].noise_std == pytest.approx(z * clip)  # std on the sum
 
 
 def test_gaussian_release_clips_each_row_before_summing():
     bb = gaussian_board(z=0.0, clip=1.0, sampling=Sampling(1.0, 2), shared=zeros_shared(3))
-    rows = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.3, 0.4]])      # norms 5 and 0.5
+    rows = torch.tensor([[3.0, 4.0, 0.0], [0.0, 0.3, 0.4]])  # norms 5 and 0.5
     agg = bb.release([reply(bb, rows)], 1)
     # clipped to [0.6, 0.8, 0] and unchanged, summed, divided by q·N = 2; no noise at z = 0
     torch.testing.assert_close(bb.u, torch.tensor([0.3, 0.55, 0.2]))
@@ -201,7 +244,7 @@ def test_gaussian_release_clips_each_row_before_summing():
 def test_each_release_appends_one_entry_with_independently_composed_epsilon():
     z, q, N = 5.0, 0.25, 8
     bb = gaussian_board(z, 1.0, Sampling(q, N), seed=1)
-    event = dp_accounting.PoissonSampledDpEvent(0.25, G(5.0))     # literal: what one round is
+    event = dp_accounting.PoissonSampledDpEvent(0.25, G(5.0))  # literal: what one round is
     assert str(Billboard.first_event(bb.aggregator)) == str(event)
     eps = fresh_epsilons(event, 3)
     for r in range(1, 4):
@@ -209,8 +252,13 @@ def test_each_release_appends_one_entry_with_independently_composed_epsilon():
         bb.release([reply(bb, torch.ones(2, D) * r)], r)
         assert len(bb.ledger.entries) == r
         e = bb.ledger.entries[-1]
-        assert (e.round, e.event, e.noise_multiplier, e.noise_std, e.sampling_rate) == \
-            (r, str(event), 5.0, 5.0, 0.25)
+        assert (e.round, e.event, e.noise_multiplier, e.noise_std, e.sampling_rate) == (
+            r,
+            str(event),
+            5.0,
+            5.0,
+            0.25,
+        )
         assert e.epsilon == eps[r - 1] == predicted
     # and straight from dp-accounting: r self-composed releases, PLD at the grid 1e-4 / RDP
     for r in (1, 3):
@@ -226,8 +274,8 @@ def test_each_release_appends_one_entry_with_independently_composed_epsilon():
 
 
 def test_within_budget_turns_false_exactly_before_the_round_that_would_exceed():
-    event = G(5.0)                             # rate 1: a plain Gaussian per round
-    target = 1.2                               # between ε after 2 and 3 rounds (checked below)
+    event = G(5.0)  # rate 1: a plain Gaussian per round
+    target = 1.2  # between ε after 2 and 3 rounds (checked below)
     eps = fresh_epsilons(event, 3, target)
     assert eps[1] < target < eps[2]
     bb = gaussian_board(5.0, 1.0, Sampling(1.0, 4), target=target)
@@ -264,9 +312,9 @@ def test_non_finite_step_marks_diverged_and_keeps_the_last_finite_u():
     bb.release([reply(bb, torch.ones(4, 4))], 1)
     u1 = bb.u.clone()
     assert torch.equal(u1, torch.full((4,), 1e30)) and not bb.diverged
-    bb.release([reply(bb, torch.full((4, 4), 1e10))], 2)   # 1e30 + 1e40 overflows float32
+    bb.release([reply(bb, torch.full((4, 4), 1e10))], 2)  # 1e30 + 1e40 overflows float32
     assert bb.diverged and torch.equal(bb.u, u1)
-    assert len(bb.ledger.entries) == 2          # the release itself happened and is recorded
+    assert len(bb.ledger.entries) == 2  # the release itself happened and is recorded
     # a reply that carries a NaN total (not made by make_reply) is a non-finite step too
     bad = OwnerReply(bb.names, Contribution(None, torch.full((4,), math.nan), 4))
     bb.release([bad], 3)
@@ -286,12 +334,12 @@ def released_board(rounds: int = 3, **kw) -> Billboard:
 
 def test_state_restore_round_trips_u_ledger_and_epsilon_bit_for_bit():
     bb = released_board(3)
-    state = load_bytes(dump(bb.state()))            # through a checkpoint's bytes
+    state = load_bytes(dump(bb.state()))  # through a checkpoint's bytes
     fresh = gaussian_board()
     fresh.restore(state)
     assert torch.equal(fresh.u, bb.u) and fresh.diverged is False
     assert [asdict(e) for e in fresh.ledger.entries] == [asdict(e) for e in bb.ledger.entries]
-    assert fresh.accountant.epsilon(DELTA) == bb.ledger.entries[-1].epsilon    # recomposed
+    assert fresh.accountant.epsilon(DELTA) == bb.ledger.entries[-1].epsilon  # recomposed
     assert fresh.next_round == 4 and fresh.ledger.epsilon == bb.ledger.epsilon
     # and it continues exactly as the original does
     rows = torch.ones(2, D)
@@ -318,8 +366,11 @@ def test_restore_refuses_a_state_whose_entries_differ_or_a_used_billboard():
     def missing_round(s):
         del s["entries"][0]
 
-    for bad, match in ((other_event, "round 2 released"), (other_epsilon, "recomposed epsilon"),
-                       (missing_round, "rounds 1, 2")):
+    for bad, match in (
+        (other_event, "round 2 released"),
+        (other_epsilon, "recomposed epsilon"),
+        (missing_round, "rounds 1, 2"),
+    ):
         with pytest.raises(CheckpointError, match=match):
             gaussian_board().restore(tampered(bad))
     # a configuration releasing another event (noise multiplier 6, not 20) refuses the ledger
@@ -366,20 +417,20 @@ def test_plan_hooks_override_sample_event_aggregator_and_step():
     plan = ScheduledPlan(4, GaussianAggregator(1.0, 0.0, s))
     bb = gaussian_board(z=3.0, clip=1.0, sampling=s, plan=plan, shared=zeros_shared(4))
     assert Billboard.first_event(bb.aggregator, plan) == G(5.0)
-    assert Billboard.first_event(bb.aggregator) == G(3.0)          # without a plan
+    assert Billboard.first_event(bb.aggregator) == G(3.0)  # without a plan
     assert bb.ledger.extra["one_off_event"] == str(ApproxDp(0.05, 1e-7))
     for r in (1, 2, 3, 7):
         assert np.array_equal(bb.sample(r), np.arange(4) == r % 4)
-    row = torch.full((1, 4), 1.0)                                   # norm 2: clipped to 1
+    row = torch.full((1, 4), 1.0)  # norm 2: clipped to 1
     for r in (1, 2, 3):
         before = bb.u.clone()
         agg = bb.release([make_reply(row, bb.names, bb.aggregator.constraint)], r)
-        if r == 1:      # the billboard's own step and its own (noisy, z = 3) aggregator
+        if r == 1:  # the billboard's own step and its own (noisy, z = 3) aggregator
             torch.testing.assert_close(bb.u, before + agg.mean)
-        if r == 2:      # the plan's exact aggregator: the clipped row / (q·N) = 0.5/4 each
+        if r == 2:  # the plan's exact aggregator: the clipped row / (q·N) = 0.5/4 each
             torch.testing.assert_close(agg.mean, torch.full((4,), 0.125))
             torch.testing.assert_close(bb.u, before + 0.125)
-        if r == 3:      # the plan's step
+        if r == 3:  # the plan's step
             torch.testing.assert_close(bb.u, (before + agg.mean).clamp(-0.5, 0.5))
     assert float(bb.u.abs().max()) <= 0.5
     e = bb.ledger.entries

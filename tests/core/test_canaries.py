@@ -1,4 +1,5 @@
 """One-run empirical privacy estimate with canaries (fedudp.core.canaries, audit.*)."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,13 @@ from scipy.stats import norm
 
 from fedudp.aggregators.base import Contribution
 from fedudp.config import ConfigError
-from fedudp.core.canaries import (Canaries, andrew_estimate, hockey_stick, simulated_release,
-                                  two_gaussian_epsilon)
+from fedudp.core.canaries import (
+    Canaries,
+    andrew_estimate,
+    hockey_stick,
+    simulated_release,
+    two_gaussian_epsilon,
+)
 from fedudp.run import run
 from tests.conftest import tiny_cfg
 
@@ -39,20 +45,26 @@ def test_canaries_join_sums_and_rows_at_the_clip_norm():
     np.testing.assert_allclose(got.total.numpy(), want)
     rows, n = c.add(Contribution(torch.zeros(3, 4), None, 3), 1, 2.0, rows=True)
     assert rows.rows.shape == (8, 4)
-    np.testing.assert_allclose(torch.linalg.norm(rows.rows[3:].double(), dim=1).numpy(), 2.0,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        torch.linalg.norm(rows.rows[3:].double(), dim=1).numpy(), 2.0, rtol=1e-6
+    )
 
 
 def test_two_gaussians_with_equal_variances_are_dp_accountings_gaussian_mechanism():
     # N(0, 1) against N(μ, 1) is the Gaussian mechanism at noise multiplier 1/μ
     for mu in (0.5, 1.0, 3.0):
-        ref = pld.from_gaussian_mechanism(1.0 / mu, sensitivity=1.0, pessimistic_estimate=False,
-                                          value_discretization_interval=1e-4,
-                                          use_connect_dots=False).get_epsilon_for_delta(1e-5)
+        ref = pld.from_gaussian_mechanism(
+            1.0 / mu,
+            sensitivity=1.0,
+            pessimistic_estimate=False,
+            value_discretization_interval=1e-4,
+            use_connect_dots=False,
+        ).get_epsilon_for_delta(1e-5)
         assert two_gaussian_epsilon(0.0, 1.0, mu, 1.0, 1e-5) == pytest.approx(ref, abs=2e-4)
     # scale invariance: only μ/σ matters when the variances agree
     assert two_gaussian_epsilon(0.0, 0.01, 0.01, 0.01, 1e-5) == pytest.approx(
-        two_gaussian_epsilon(0.0, 1.0, 1.0, 1.0, 1e-5), rel=1e-8)
+        two_gaussian_epsilon(0.0, 1.0, 1.0, 1.0, 1e-5), rel=1e-8
+    )
 
 
 def _integrated_delta(p, q, eps):
@@ -63,67 +75,72 @@ def _integrated_delta(p, q, eps):
     return integrate.quad(f, lo, hi, limit=1000, epsabs=1e-15)[0]
 
 
-@pytest.mark.parametrize("m2,s2", [(0.02, 0.02), (0.03, 0.0205), (0.01, 0.025), (0.0, 0.02),
-                                   (0.05, 0.015)])
+@pytest.mark.parametrize(
+    "m2,s2", [(0.02, 0.02), (0.03, 0.0205), (0.01, 0.025), (0.0, 0.02), (0.05, 0.015)]
+)
 def test_unequal_variances_give_the_tight_epsilon_of_the_integrated_hockey_stick(m2, s2):
-    s1 = 2000 ** -0.5                                   # the null N(0, 1/d) at d = 2,000
+    s1 = 2000**-0.5  # the null N(0, 1/d) at d = 2,000
     eps = two_gaussian_epsilon(0.0, s1, m2, s2, 1e-5)
-    both = max(_integrated_delta((0.0, s1), (m2, s2), eps),
-               _integrated_delta((m2, s2), (0.0, s1), eps))
-    assert both == pytest.approx(1e-5, rel=1e-5)        # δ is met at ε ...
-    below = max(_integrated_delta((0.0, s1), (m2, s2), 0.99 * eps),
-                _integrated_delta((m2, s2), (0.0, s1), 0.99 * eps))
-    assert below > 1e-5                                 # ... and not below it (tight)
+    both = max(
+        _integrated_delta((0.0, s1), (m2, s2), eps), _integrated_delta((m2, s2), (0.0, s1), eps)
+    )
+    assert both == pytest.approx(1e-5, rel=1e-5)  # δ is met at ε ...
+    below = max(
+        _integrated_delta((0.0, s1), (m2, s2), 0.99 * eps),
+        _integrated_delta((m2, s2), (0.0, s1), 0.99 * eps),
+    )
+    assert below > 1e-5  # ... and not below it (tight)
     assert hockey_stick(0.0, s1, m2, s2, eps) == pytest.approx(
-        _integrated_delta((0.0, s1), (m2, s2), eps), rel=1e-6, abs=1e-14)
+        _integrated_delta((0.0, s1), (m2, s2), eps), rel=1e-6, abs=1e-14
+    )
 
 
 def _cosines(mean, std, n=64, seed=0):
     x = np.random.default_rng(seed).standard_normal(n)
-    return mean + std * (x - x.mean()) / x.std(ddof=1)     # exactly this mean and std
+    return mean + std * (x - x.mean()) / x.std(ddof=1)  # exactly this mean and std
 
 
 def test_the_estimate_is_andrew_et_al_s_null_n0_1_over_d_against_the_fit():
     d = 2000
     # the authors' reference implementation (google-research/federated one_shot_epe) gives
     # 2.317789 for μ̂ = σ̂ = 1/√d at d = 2,000 and δ = 0.01
-    e = andrew_estimate(_cosines(d ** -0.5, d ** -0.5), d, 1e-2)
+    e = andrew_estimate(_cosines(d**-0.5, d**-0.5), d, 1e-2)
     assert e["value"] == pytest.approx(2.317789, abs=1e-5)
     assert e["kind"] == "estimate, not a bound" and "N(0,1/d)" in e["estimator"]
-    assert e["null_std"] == d ** -0.5 and e["canaries"] == 64
+    assert e["null_std"] == d**-0.5 and e["canaries"] == 64
     # the issue's example: 64 canaries, σ̂·√d = 0.919. The form fedudp had (null N(0, σ̂²),
     # μ-GDP with μ = μ̂/σ̂) is its weakened twin: it ignores that the inserted canaries' spread
     # differs from a never-inserted direction's, and gives far less
-    sd = 0.919 * d ** -0.5
+    sd = 0.919 * d**-0.5
     cos = _cosines(0.3 * sd, sd)
     got = andrew_estimate(cos, d, 1e-5)["value"]
-    assert got == pytest.approx(two_gaussian_epsilon(0.0, d ** -0.5, 0.3 * sd, sd, 1e-5),
-                                rel=1e-9)
+    assert got == pytest.approx(two_gaussian_epsilon(0.0, d**-0.5, 0.3 * sd, sd, 1e-5), rel=1e-9)
     twin = two_gaussian_epsilon(0.0, sd, 0.3 * sd, sd, 1e-5)
     assert twin < 1.3 < got
     # no signal and the right spread: the estimate is about 0
-    assert andrew_estimate(_cosines(0.0, d ** -0.5, n=400), d, 1e-5)["value"] < 0.02
+    assert andrew_estimate(_cosines(0.0, d**-0.5, n=400), d, 1e-5)["value"] < 0.02
 
 
 def test_the_interval_is_a_bootstrap_over_the_canaries():
     d = 5000
-    cos = np.random.default_rng(3).normal(2 * d ** -0.5, d ** -0.5, 300)
+    cos = np.random.default_rng(3).normal(2 * d**-0.5, d**-0.5, 300)
     e = andrew_estimate(cos, d, 1e-5, np.random.default_rng(1))
     lo, hi = e["ci"]
     assert lo < e["value"] < hi and e["level"] == 0.95 and e["bootstrap"] == 1000
     # more canaries, a narrower interval
-    cos4 = np.random.default_rng(3).normal(2 * d ** -0.5, d ** -0.5, 1200)
+    cos4 = np.random.default_rng(3).normal(2 * d**-0.5, d**-0.5, 1200)
     lo4, hi4 = andrew_estimate(cos4, d, 1e-5, np.random.default_rng(1))["ci"]
     assert hi4 - lo4 < 0.75 * (hi - lo)
 
 
 def test_no_spread_no_estimate_and_tiny_samples_do_not_break_the_bootstrap():
     from fedudp.run import canary_text
+
     c = Canaries(5, 40, 1.0, seed=0)
     e = c.estimate(torch.zeros(40, dtype=torch.float64), 1e-5)["canary_epsilon_estimate"]
     assert e["value"] is None and e["ci"] is None and "no spread" in e["note"]
     assert "n/a" in canary_text(e) and "no spread" in canary_text(e)
-    two = andrew_estimate(np.array([0.1, 0.3]), 40, 1e-5)     # half the resamples repeat one
+    two = andrew_estimate(np.array([0.1, 0.3]), 40, 1e-5)  # half the resamples repeat one
     assert two["value"] > 0 and two["ci_bootstrap"][0] <= two["ci_bootstrap"][1]
 
 
@@ -151,14 +168,29 @@ def test_the_estimate_tracks_a_gaussian_release_of_known_epsilon(z, rounds):
 def test_the_estimate_rises_as_the_noise_falls():
     d, k = 10_000, 400
     c = Canaries(k, d, 1.0, seed=8)
-    got = [andrew_estimate(c.cosines(simulated_release(c, z, 1, np.random.default_rng(3))), d,
-                           1e-5, np.random.default_rng(0))["value"] for z in (4.0, 1.0, 0.5)]
+    got = [
+        andrew_estimate(
+            c.cosines(simulated_release(c, z, 1, np.random.default_rng(3))),
+            d,
+            1e-5,
+            np.random.default_rng(0),
+        )["value"]
+        for z in (4.0, 1.0, 0.5)
+    ]
     assert got[0] < got[1] < got[2]
 
 
-AUDIT = {"audit__canaries": 100, "train__rounds": 10, "dataset__features": 400,
-         "train__lr": 0.001, "privacy__noise_multiplier": 4.0, "privacy__epsilon": 100.0,
-         "dataset__num_records": 2000, "dataset__pool_train": 4000, "partition__num_owners": 16}
+AUDIT = {
+    "audit__canaries": 100,
+    "train__rounds": 10,
+    "dataset__features": 400,
+    "train__lr": 0.001,
+    "privacy__noise_multiplier": 4.0,
+    "privacy__epsilon": 100.0,
+    "dataset__num_records": 2000,
+    "dataset__pool_train": 4000,
+    "partition__num_owners": 16,
+}
 
 
 @pytest.fixture(scope="module")
@@ -175,14 +207,14 @@ def audited(tmp_path_factory):
 
 def test_the_estimate_tells_a_correct_mechanism_from_a_weakened_one(audited):
     ok, weak = audited[1.0], audited[0.5]
-    assert ok["epsilon"] == weak["epsilon"]                     # the same ledger
+    assert ok["epsilon"] == weak["epsilon"]  # the same ledger
     e_ok, e_weak = ok["canary_epsilon_estimate"], weak["canary_epsilon_estimate"]
     # q = 1: for the canaries the final model is a Gaussian mechanism of μ = √10 / z, so the
     # ledger's ε (3.34) is also the truth of the correct run, and z / 2 gives 7.51 for the
     # weakened one. With 100 canaries the point estimate at δ = 1e-5 runs high (4.76 here,
     # docs/results/privacy_audit/canaries.md): its interval is what is compared
-    assert e_ok["ci"][0] <= ok["epsilon"] <= e_ok["ci"][1]      # consistent with the ledger
-    assert e_weak["ci"][0] > weak["epsilon"]                    # the ledger's ε is contradicted
+    assert e_ok["ci"][0] <= ok["epsilon"] <= e_ok["ci"][1]  # consistent with the ledger
+    assert e_weak["ci"][0] > weak["epsilon"]  # the ledger's ε is contradicted
     assert e_weak["value"] > 1.5 * e_ok["value"]
     assert e_ok["kind"] == e_weak["kind"] == "estimate, not a bound"
     assert weak["guarantee"] == "weakened" and "not a guarantee" in weak["epsilon_display"]
@@ -200,6 +232,7 @@ def test_canaries_are_not_users_of_the_run(audited):
 def test_summary_last_line_and_report_say_it_is_an_estimate_not_a_bound(audited):
     from fedudp.report import comparison_table
     from fedudp.run import canary_text
+
     ok, weak, plain = audited[1.0], audited[0.5], audited["plain"]
     est = ok["canary_epsilon_estimate"]
     assert est["estimator"] == "Andrew et al. 2024 one-shot, final model (null N(0,1/d))"
@@ -212,13 +245,17 @@ def test_summary_last_line_and_report_say_it_is_an_estimate_not_a_bound(audited)
     assert "canary" not in comparison_table([plain])
 
 
-@pytest.mark.parametrize("kw,key", [
-    ({"audit__canaries": 1}, "audit.canaries"),
-    ({"audit__noise_scale": 0.0}, "audit.noise_scale"),
-    ({"audit__canaries": 10, "aggregator": "winsorized"}, "audit.canaries"),
-    ({"audit__noise_scale": 0.5, "privacy__placement": "local_dpsgd"}, "audit.noise_scale"),
-])
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        ({"audit__canaries": 1}, "audit.canaries"),
+        ({"audit__noise_scale": 0.0}, "audit.noise_scale"),
+        ({"audit__canaries": 10, "aggregator": "winsorized"}, "audit.canaries"),
+        ({"audit__noise_scale": 0.5, "privacy__placement": "local_dpsgd"}, "audit.noise_scale"),
+    ],
+)
 def test_bad_audit_settings_name_the_key(kw, key):
     from fedudp import build
+
     with pytest.raises(ConfigError, match=key):
         build.prepare(tiny_cfg("full_dp", **kw))

@@ -6,6 +6,7 @@ write is atomic (temporary file, fsync, rename, folder fsync), so a crash leaves
 checkpoint or the new one. End-to-end resume (SIGKILL, SIGINT, every method) is
 tests/test_faults.py's.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,12 @@ def bits(t: torch.Tensor) -> bytes:
 def same(a, b) -> bool:
     """Equal in type and value, tensors bit for bit (dtype, shape and bytes)."""
     if isinstance(a, torch.Tensor):
-        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
-                and bits(a) == bits(b))
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bits(a) == bits(b)
+        )
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
@@ -53,22 +58,41 @@ def a_state(seed: int = 0) -> dict:
     """A round loop's state as the billboard and transport give it (plain types, tensors)."""
     g = torch.Generator().manual_seed(seed)
     u = torch.randn(257, generator=g)
-    u[:5] = torch.tensor([float("nan"), -0.0, float("inf"), -float("inf"), 1e-45])   # subnormal
+    u[:5] = torch.tensor([float("nan"), -0.0, float("inf"), -float("inf"), 1e-45])  # subnormal
     rng = np.random.default_rng(seed)
     rng.random(3)
     return {
-        "billboard": {"u": u,
-                      "entries": [{"round": 1, "event": "GaussianDpEvent(noise_multiplier=1.1)",
-                                   "noise_multiplier": 1.1, "noise_std": None, "sampling_rate": 0.5,
-                                   "epsilon": 0.25, "epsilon_rdp": float("inf")}],
-                      "plan": {"avg": torch.randn(3, 4, generator=g, dtype=torch.float64),
-                               "phase_starts": [1, 4], "halted": False, "at": None}},
-        "transport": {"personal": torch.randint(-2 ** 62, 2 ** 62, (4, 3), generator=g),
-                      "mask": torch.rand(9, generator=g) > 0.5,
-                      "half": torch.randn(6, generator=g).to(torch.bfloat16),
-                      "owners_saved": [], "pair": (2, "x")},
-        "rng": {"torch": torch.Generator().manual_seed(seed + 1).get_state(),
-                "numpy": rng.bit_generator.state},
+        "billboard": {
+            "u": u,
+            "entries": [
+                {
+                    "round": 1,
+                    "event": "GaussianDpEvent(noise_multiplier=1.1)",
+                    "noise_multiplier": 1.1,
+                    "noise_std": None,
+                    "sampling_rate": 0.5,
+                    "epsilon": 0.25,
+                    "epsilon_rdp": float("inf"),
+                }
+            ],
+            "plan": {
+                "avg": torch.randn(3, 4, generator=g, dtype=torch.float64),
+                "phase_starts": [1, 4],
+                "halted": False,
+                "at": None,
+            },
+        },
+        "transport": {
+            "personal": torch.randint(-(2**62), 2**62, (4, 3), generator=g),
+            "mask": torch.rand(9, generator=g) > 0.5,
+            "half": torch.randn(6, generator=g).to(torch.bfloat16),
+            "owners_saved": [],
+            "pair": (2, "x"),
+        },
+        "rng": {
+            "torch": torch.Generator().manual_seed(seed + 1).get_state(),
+            "numpy": rng.bit_generator.state,
+        },
         "array": torch.from_numpy(np.arange(12, dtype=np.int32).reshape(3, 4)),
         "history": json.dumps([{"round": 1, "accuracy_mean": 0.5}]),
     }
@@ -79,21 +103,26 @@ def a_state(seed: int = 0) -> dict:
 def test_checkpoint_bytes_are_checked():
     good = checkpoint.dump({"x": torch.arange(3)})
     assert torch.equal(checkpoint.load_bytes(good)["x"], torch.arange(3))
-    for bad, why in [(b"", "empty file"), (b"PK\x03\x04" + good[20:], "bad magic"),
-                     (good[:-1], "checksum"), (good[:-1] + bytes([good[-1] ^ 1]), "checksum")]:
+    for bad, why in [
+        (b"", "empty file"),
+        (b"PK\x03\x04" + good[20:], "bad magic"),
+        (good[:-1], "checksum"),
+        (good[:-1] + bytes([good[-1] ^ 1]), "checksum"),
+    ]:
         with pytest.raises(checkpoint.CheckpointError, match=why):
             checkpoint.load_bytes(bad)
 
 
 def test_dump_layout_is_magic_digest_payload():
     import hashlib
+
     data = checkpoint.dump({"x": 1})
     assert data.startswith(checkpoint.MAGIC)
     head = len(checkpoint.MAGIC)
-    assert data[head:head + 32] == hashlib.sha256(data[head + 32:]).digest()
+    assert data[head : head + 32] == hashlib.sha256(data[head + 32 :]).digest()
     # a digest cut short is a truncation, not an index error
     with pytest.raises(CheckpointError, match="checksum"):
-        checkpoint.load_bytes(data[:head + 10])
+        checkpoint.load_bytes(data[: head + 10])
 
 
 _CALLED: list = []
@@ -111,9 +140,9 @@ class _Evil:
 
 def test_payloads_that_are_not_plain_dicts_are_refused_without_running_code():
     with pytest.raises(CheckpointError, match="not a checkpoint dict"):
-        checkpoint.load_bytes(checkpoint.dump([1, 2]))              # checksum fine, not a dict
+        checkpoint.load_bytes(checkpoint.dump([1, 2]))  # checksum fine, not a dict
     with pytest.raises(CheckpointError, match="unreadable payload"):
-        checkpoint.load_bytes(checkpoint.dump({"x": _Evil()}))      # weights_only refuses it
+        checkpoint.load_bytes(checkpoint.dump({"x": _Evil()}))  # weights_only refuses it
     assert _CALLED == []
     # a raw numpy array is no plain type either: the checkpoint is unusable, never misread
     with pytest.raises(CheckpointError, match="unreadable payload"):
@@ -121,32 +150,36 @@ def test_payloads_that_are_not_plain_dicts_are_refused_without_running_code():
 
 
 def test_plain_makes_numpy_scalars_python_and_loadable():
-    x = {"a": np.float64(1.5), 3: (np.int64(2), [np.float32(0.5), np.bool_(True)]),
-         "t": torch.ones(2), "s": "keep"}
+    x = {
+        "a": np.float64(1.5),
+        3: (np.int64(2), [np.float32(0.5), np.bool_(True)]),
+        "t": torch.ones(2),
+        "s": "keep",
+    }
     p = checkpoint.plain(x)
     assert p["a"] == 1.5 and type(p["a"]) is float
     assert p["3"] == [2, [0.5, True]] and type(p["3"][0]) is int and type(p["3"][1][1]) is bool
-    assert p["t"] is x["t"] and p["s"] == "keep"                  # tensors and str untouched
+    assert p["t"] is x["t"] and p["s"] == "keep"  # tensors and str untouched
     assert same(checkpoint.load_bytes(checkpoint.dump(p)), p)
 
 
 def test_load_file_turns_os_errors_into_checkpoint_errors(tmp_path):
     with pytest.raises(CheckpointError):
-        checkpoint.load_file(tmp_path / "ckpt-000001.pt")          # missing
+        checkpoint.load_file(tmp_path / "ckpt-000001.pt")  # missing
     (tmp_path / "ckpt-000002.pt").mkdir()
     with pytest.raises(CheckpointError):
-        checkpoint.load_file(tmp_path / "ckpt-000002.pt")          # a folder
+        checkpoint.load_file(tmp_path / "ckpt-000002.pt")  # a folder
 
 
 # -- a checkpoint reads back as written -----------------------------------------------------------
 def test_checkpoint_after_round_r_reads_back_bit_for_bit(tmp_path):
     state = a_state()
-    state["round"] = 99                               # overridden: the round saved is the one given
+    state["round"] = 99  # overridden: the round saved is the one given
     keys = set(state)
     ck = Checkpointer(tmp_path, every=1, keep=2, identity="run-A")
     path = ck.save(3, state)
     assert path == tmp_path / "ckpt-000003.pt" and names(tmp_path) == {"ckpt-000003.pt"}
-    assert set(state) == keys and state["round"] == 99          # the caller's dict is not mutated
+    assert set(state) == keys and state["round"] == 99  # the caller's dict is not mutated
     loaded = Checkpointer(tmp_path, identity="run-A").load_latest()
     assert loaded["round"] == 3 and loaded["identity"] == "run-A"
     want = {**a_state(), "round": 3, "identity": "run-A"}
@@ -155,7 +188,9 @@ def test_checkpoint_after_round_r_reads_back_bit_for_bit(tmp_path):
     # the saved random streams continue exactly where they stopped
     g = torch.Generator()
     g.set_state(loaded["rng"]["torch"])
-    assert torch.equal(torch.rand(5, generator=g), torch.rand(5, generator=torch.Generator().manual_seed(1)))
+    assert torch.equal(
+        torch.rand(5, generator=g), torch.rand(5, generator=torch.Generator().manual_seed(1))
+    )
     r = np.random.default_rng()
     r.bit_generator.state = loaded["rng"]["numpy"]
     ref = np.random.default_rng(0)
@@ -184,14 +219,19 @@ def test_keep_rotation_keeps_only_the_newest(tmp_path, keep, kept):
     ck = Checkpointer(tmp_path, every=1, keep=keep, identity="A")
     for r in (1, 2, 3, 4, 5, 7):
         ck.owners_dir(r).mkdir()
-        checkpoint.atomic_write(checkpoint.owner_file(ck.owners_dir(r), 0), checkpoint.dump({"r": r}))
+        checkpoint.atomic_write(
+            checkpoint.owner_file(ck.owners_dir(r), 0), checkpoint.dump({"r": r})
+        )
         if r == 7:
-            ck.owners_dir(6).mkdir()                  # round 6 abandoned: owners wrote, no checkpoint
+            ck.owners_dir(6).mkdir()  # round 6 abandoned: owners wrote, no checkpoint
         ck.save(r, {"r": r})
     assert checkpoint.rounds_on_disk(tmp_path) == kept
-    want = ({"config.yaml", "metrics.jsonl"} | {f"ckpt-{r:06d}.pt" for r in kept}
-            | {f"ckpt-{r:06d}.owners" for r in kept})
-    assert names(tmp_path) == want                    # older ones and round 6's owners removed
+    want = (
+        {"config.yaml", "metrics.jsonl"}
+        | {f"ckpt-{r:06d}.pt" for r in kept}
+        | {f"ckpt-{r:06d}.owners" for r in kept}
+    )
+    assert names(tmp_path) == want  # older ones and round 6's owners removed
     assert Checkpointer(tmp_path, identity="A").load_latest()["r"] == 7
 
 
@@ -200,7 +240,7 @@ def test_every_sets_the_cadence(tmp_path):
     assert [r for r in range(1, 6) if Checkpointer(tmp_path, every=1).due(r)] == [1, 2, 3, 4, 5]
     assert not any(Checkpointer(tmp_path, every=0).due(r) for r in range(1, 20))
     ck = Checkpointer(tmp_path, every=4, keep=10, identity="A")
-    for r in range(1, 11):                            # the round loop's rule
+    for r in range(1, 11):  # the round loop's rule
         if ck.due(r):
             ck.save(r, {})
     assert checkpoint.rounds_on_disk(tmp_path) == [8, 4]
@@ -208,20 +248,36 @@ def test_every_sets_the_cadence(tmp_path):
 
 def test_rounds_on_disk_and_remove_all_touch_checkpoints_only(tmp_path):
     assert checkpoint.rounds_on_disk(tmp_path / "missing") == []
-    checkpoint.remove_all(tmp_path / "missing")       # no folder: nothing to do, no error
-    for name in ("ckpt-000007.pt", "ckpt-1234567.pt", "ckpt-000003.pt", "ckpt-12.pt",
-                 "ckpt-000009.pt.tmp", ".ckpt-000011.pt.tmp42", "xckpt-000010.pt", "summary.json"):
+    checkpoint.remove_all(tmp_path / "missing")  # no folder: nothing to do, no error
+    for name in (
+        "ckpt-000007.pt",
+        "ckpt-1234567.pt",
+        "ckpt-000003.pt",
+        "ckpt-12.pt",
+        "ckpt-000009.pt.tmp",
+        ".ckpt-000011.pt.tmp42",
+        "xckpt-000010.pt",
+        "summary.json",
+    ):
         (tmp_path / name).write_bytes(b"")
     (tmp_path / "ckpt-000003.owners").mkdir()
     (tmp_path / "ckpt-000003.owners" / "owner-0.pt").write_bytes(b"")
     (tmp_path / "owners.csv").write_text("")
     assert checkpoint.rounds_on_disk(tmp_path) == [1234567, 7, 3]
     checkpoint.remove_all(tmp_path)
-    assert names(tmp_path) == {"ckpt-12.pt", "ckpt-000009.pt.tmp", ".ckpt-000011.pt.tmp42",
-                               "xckpt-000010.pt", "summary.json", "owners.csv"}
+    assert names(tmp_path) == {
+        "ckpt-12.pt",
+        "ckpt-000009.pt.tmp",
+        ".ckpt-000011.pt.tmp42",
+        "xckpt-000010.pt",
+        "summary.json",
+        "owners.csv",
+    }
     assert checkpoint.ckpt_path(tmp_path, 5).name == "ckpt-000005.pt"
-    assert checkpoint.owner_file(checkpoint.owners_dir(tmp_path, 5), 2) == \
-        tmp_path / "ckpt-000005.owners" / "owner-2.pt"
+    assert (
+        checkpoint.owner_file(checkpoint.owners_dir(tmp_path, 5), 2)
+        == tmp_path / "ckpt-000005.owners" / "owner-2.pt"
+    )
 
 
 # -- what is refused ------------------------------------------------------------------------------
@@ -237,8 +293,10 @@ def test_another_runs_checkpoint_is_refused(tmp_path):
         assert str(checkpoint.ckpt_path(tmp_path, r)) in msg
         assert "written by a run of another configuration" in msg
     # the other run's newest is skipped, this run's older one used
-    checkpoint.atomic_write(checkpoint.ckpt_path(tmp_path, 1),
-                            checkpoint.dump({"round": 1, "identity": '{"seed": 1}', "u": torch.zeros(2)}))
+    checkpoint.atomic_write(
+        checkpoint.ckpt_path(tmp_path, 1),
+        checkpoint.dump({"round": 1, "identity": '{"seed": 1}', "u": torch.zeros(2)}),
+    )
     seen.clear()
     assert b.load_latest()["round"] == 1 and len(seen) == 1 and "ckpt-000002.pt" in seen[0]
 
@@ -246,23 +304,35 @@ def test_another_runs_checkpoint_is_refused(tmp_path):
 def test_same_identity_decides_the_match_when_given(tmp_path):
     Checkpointer(tmp_path, keep=5, identity="old-form").save(1, {})
     asked: list = []
-    ok = Checkpointer(tmp_path, identity="new-form", report=lambda m: None,
-                      same_identity=lambda theirs: asked.append(theirs) or theirs == "old-form")
+    ok = Checkpointer(
+        tmp_path,
+        identity="new-form",
+        report=lambda m: None,
+        same_identity=lambda theirs: asked.append(theirs) or theirs == "old-form",
+    )
     assert ok.load_latest()["round"] == 1 and asked == ["old-form"]
-    no = Checkpointer(tmp_path, identity="new-form", report=lambda m: None,
-                      same_identity=lambda theirs: False)
+    no = Checkpointer(
+        tmp_path, identity="new-form", report=lambda m: None, same_identity=lambda theirs: False
+    )
     assert no.load_latest() is None
     # a checkpoint without a string identity is never handed to same_identity
-    checkpoint.atomic_write(checkpoint.ckpt_path(tmp_path, 2), checkpoint.dump({"round": 2, "identity": None}))
+    checkpoint.atomic_write(
+        checkpoint.ckpt_path(tmp_path, 2), checkpoint.dump({"round": 2, "identity": None})
+    )
     asked.clear()
     assert ok.load_latest()["round"] == 1 and asked == ["old-form"]
 
 
-@pytest.mark.parametrize("damage,why", [(lambda b: b[:-7], "checksum mismatch"),
-                                        (lambda b: b[:len(b) // 2], "checksum mismatch"),
-                                        (lambda b: b[:-1] + bytes([b[-1] ^ 0x10]), "checksum mismatch"),
-                                        (lambda b: b"", "empty file"),
-                                        (lambda b: b"\0" * len(b), "bad magic")])
+@pytest.mark.parametrize(
+    "damage,why",
+    [
+        (lambda b: b[:-7], "checksum mismatch"),
+        (lambda b: b[: len(b) // 2], "checksum mismatch"),
+        (lambda b: b[:-1] + bytes([b[-1] ^ 0x10]), "checksum mismatch"),
+        (lambda b: b"", "empty file"),
+        (lambda b: b"\0" * len(b), "bad magic"),
+    ],
+)
 def test_damaged_newest_falls_back_to_the_previous(tmp_path, damage, why):
     ck = Checkpointer(tmp_path, every=1, keep=3, identity="A")
     for r in (1, 2, 3):
@@ -284,7 +354,10 @@ def test_every_checkpoint_unusable_gives_none_and_names_each(tmp_path):
         p.write_bytes(p.read_bytes()[:-1])
     seen, report = reporter()
     assert Checkpointer(tmp_path, identity="A", report=report).load_latest() is None
-    assert [str(checkpoint.ckpt_path(tmp_path, r)) in m for r, m in zip((2, 1), seen)] == [True, True]
+    assert [str(checkpoint.ckpt_path(tmp_path, r)) in m for r, m in zip((2, 1), seen)] == [
+        True,
+        True,
+    ]
 
 
 def test_a_checkpoint_renamed_to_another_round_is_refused(tmp_path):
@@ -304,8 +377,14 @@ def test_verify_state_can_refuse_a_checkpoint(tmp_path):
     def verify(state):
         if state["dim"] != 3:
             raise CheckpointError(f"shared parameters of dimension {state['dim']}, expected 3")
+
     seen, report = reporter()
-    assert Checkpointer(tmp_path, identity="A", report=report, verify_state=verify).load_latest()["round"] == 1
+    assert (
+        Checkpointer(tmp_path, identity="A", report=report, verify_state=verify).load_latest()[
+            "round"
+        ]
+        == 1
+    )
     assert len(seen) == 1 and "dimension 4" in seen[0]
 
 
@@ -313,13 +392,17 @@ def test_verify_state_can_refuse_a_checkpoint(tmp_path):
 def test_a_flower_checkpoint_with_a_damaged_owner_file_falls_back(tmp_path):
     """engine=flower: a checkpoint is usable only with every owner's own state file intact."""
     seen: list[str] = []
-    ck = checkpoint.Checkpointer(tmp_path, every=1, keep=2, identity="x", report=lambda m: seen.append(m))
+    ck = checkpoint.Checkpointer(
+        tmp_path, every=1, keep=2, identity="x", report=lambda m: seen.append(m)
+    )
     for r in (1, 2):
         d = ck.owners_dir(r)
         d.mkdir()
         for j in (0, 1):
-            checkpoint.atomic_write(checkpoint.owner_file(d, j),
-                                    checkpoint.dump({"personal": {"w": torch.full((2,), float(r))}}))
+            checkpoint.atomic_write(
+                checkpoint.owner_file(d, j),
+                checkpoint.dump({"personal": {"w": torch.full((2,), float(r))}}),
+            )
         ck.save(r, {"transport": {"owners_saved": [0, 1]}})
     bad = checkpoint.owner_file(ck.owners_dir(2), 1)
     bad.write_bytes(bad.read_bytes()[:-3])
@@ -332,15 +415,19 @@ def test_a_flower_checkpoint_with_a_missing_owner_file_falls_back(tmp_path):
     ck = Checkpointer(tmp_path, every=1, keep=2, identity="x", report=report)
     for r in (1, 2):
         ck.owners_dir(r).mkdir()
-        for j in ((0, 1) if r == 1 else (0,)):       # round 2: owner 1 never wrote its file
-            checkpoint.atomic_write(checkpoint.owner_file(ck.owners_dir(r), j), checkpoint.dump({"j": j}))
+        for j in (0, 1) if r == 1 else (0,):  # round 2: owner 1 never wrote its file
+            checkpoint.atomic_write(
+                checkpoint.owner_file(ck.owners_dir(r), j), checkpoint.dump({"j": j})
+            )
         ck.save(r, {"transport": {"owners_saved": [0, 1]}})
     assert ck.load_latest()["round"] == 1
     assert len(seen) == 1 and "owner 1's state" in seen[0]
 
 
 # -- atomic writes --------------------------------------------------------------------------------
-def test_write_goes_through_a_synced_temporary_file_renamed_over_the_final_name(tmp_path, monkeypatch):
+def test_write_goes_through_a_synced_temporary_file_renamed_over_the_final_name(
+    tmp_path, monkeypatch
+):
     ck = Checkpointer(tmp_path, every=1, keep=2, identity="A")
     ck.save(1, {"u": torch.zeros(8)})
     final = checkpoint.ckpt_path(tmp_path, 2)
@@ -352,20 +439,21 @@ def test_write_goes_through_a_synced_temporary_file_renamed_over_the_final_name(
         src, dst = type(final)(src), type(final)(dst)
         log.append("replace")
         assert dst == final and src.parent == final.parent and src.name.startswith(".")
-        assert src.read_bytes() == new                # the whole checkpoint is there before it is named
-        assert not final.exists()                     # the final name never holds a partial file
+        assert src.read_bytes() == new  # the whole checkpoint is there before it is named
+        assert not final.exists()  # the final name never holds a partial file
         return real_replace(src, dst)
 
     def fsync(fd):
         log.append("fsync")
         return real_fsync(fd)
+
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(os, "fsync", fsync)
     checkpoint.atomic_write(final, new)
     monkeypatch.undo()
-    assert log == ["fsync", "replace", "fsync"]       # file synced, renamed, folder synced
+    assert log == ["fsync", "replace", "fsync"]  # file synced, renamed, folder synced
     assert final.read_bytes() == new
-    assert names(tmp_path) == {"ckpt-000001.pt", "ckpt-000002.pt"}   # no temporary file left
+    assert names(tmp_path) == {"ckpt-000001.pt", "ckpt-000002.pt"}  # no temporary file left
 
 
 def test_a_crash_before_the_rename_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -376,19 +464,21 @@ def test_a_crash_before_the_rename_leaves_the_previous_checkpoint(tmp_path, monk
 
     def crash(src, dst):
         raise OSError("power lost")
+
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="power lost"):
-        ck.save(3, {"u": torch.full((8,), 3.0)})      # new name never appears
+        ck.save(3, {"u": torch.full((8,), 3.0)})  # new name never appears
     with pytest.raises(OSError, match="power lost"):
         checkpoint.atomic_write(checkpoint.ckpt_path(tmp_path, 2), b"a rewrite of the same name")
     monkeypatch.undo()
     assert checkpoint.rounds_on_disk(tmp_path) == [2, 1]
-    assert checkpoint.ckpt_path(tmp_path, 2).read_bytes() == old       # the old bytes, intact
+    assert checkpoint.ckpt_path(tmp_path, 2).read_bytes() == old  # the old bytes, intact
     got = Checkpointer(tmp_path, identity="A", report=pytest.fail).load_latest()
     assert got["round"] == 2 and torch.equal(got["u"], torch.ones(8))
     # what the crash left is a hidden temporary file, which no reader takes for a checkpoint
-    assert {n for n in names(tmp_path) if not n.startswith("ckpt-")} and \
-        all(n.startswith(".ckpt-") for n in names(tmp_path) if not n.startswith("ckpt-"))
+    assert {n for n in names(tmp_path) if not n.startswith("ckpt-")} and all(
+        n.startswith(".ckpt-") for n in names(tmp_path) if not n.startswith("ckpt-")
+    )
 
 
 def test_a_kill_mid_write_leaves_the_previous_checkpoint(tmp_path):
@@ -397,8 +487,8 @@ def test_a_kill_mid_write_leaves_the_previous_checkpoint(tmp_path):
     ck.save(1, {"u": torch.zeros(8)})
     data = checkpoint.dump({"round": 2, "identity": "A", "u": torch.ones(8)})
     final = checkpoint.ckpt_path(tmp_path, 2)
-    (tmp_path / f".{final.name}.tmp{os.getpid()}").write_bytes(data[:len(data) // 2])
+    (tmp_path / f".{final.name}.tmp{os.getpid()}").write_bytes(data[: len(data) // 2])
     assert checkpoint.rounds_on_disk(tmp_path) == [1]
     assert Checkpointer(tmp_path, identity="A", report=pytest.fail).load_latest()["round"] == 1
-    ck.save(2, {"u": torch.ones(8)})                   # the next write of that round still works
+    ck.save(2, {"u": torch.ones(8)})  # the next write of that round still works
     assert Checkpointer(tmp_path, identity="A").load_latest()["round"] == 2

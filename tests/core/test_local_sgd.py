@@ -3,6 +3,7 @@ autograd) compute the same local SGD and mean gradients, and ``loop_units`` pick
 
 A small paper CNN (8x8 images) in float64: the paths differ only in float summation order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,10 @@ def cnn():
 
 def data(n: int = int(SIZES.sum())):
     g = torch.Generator().manual_seed(1)
-    return (torch.randn(n, 1, 8, 8, generator=g, dtype=torch.float64),
-            torch.randint(0, 10, (n,), generator=g))
+    return (
+        torch.randn(n, 1, 8, 8, generator=g, dtype=torch.float64),
+        torch.randint(0, 10, (n,), generator=g),
+    )
 
 
 def units_of(sizes: np.ndarray) -> Units:
@@ -50,7 +53,7 @@ def split(params):
 def test_loop_units_picks_convolution_units_with_large_steps():
     m, _ = cnn()
     assert list(local_sgd.loop_units(m, SIZES, 8)) == [False, False, True, False, True, False]
-    assert list(local_sgd.loop_units(m, np.array([9, 9]), 4)) == [False, False]   # steps of 3
+    assert list(local_sgd.loop_units(m, np.array([9, 9]), 4)) == [False, False]  # steps of 3
     assert list(local_sgd.loop_units(m, np.array([0, 7, 8]), None)) == [False, False, True]
     dense = SharedPersonalLogistic(12, 10)
     assert not local_sgd.loop_units(dense, np.array([500, 64]), 32).any()
@@ -65,15 +68,23 @@ def test_local_sgd_paths_agree_and_leave_the_inputs_alone(per_unit_personal):
     shared, personal = split(params)
     start = local_sgd.expand(shared, len(SIZES))
     # the personal layer: each unit its own copy (paper mode), or one common public copy
-    fr_unit = {k: v + 0.01 * torch.arange(len(SIZES), dtype=v.dtype).reshape(-1, *[1] * (v.dim() - 1))
-               for k, v in local_sgd.expand(personal, len(SIZES)).items()} if per_unit_personal else {}
+    fr_unit = (
+        {
+            k: v + 0.01 * torch.arange(len(SIZES), dtype=v.dtype).reshape(-1, *[1] * (v.dim() - 1))
+            for k, v in local_sgd.expand(personal, len(SIZES)).items()
+        }
+        if per_unit_personal
+        else {}
+    )
     fr_common = {} if per_unit_personal else personal
     keep = {k: v.clone() for k, v in start.items()}
-    got = {path: local_sgd.local_sgd(m, start, fr_unit, fr_common, x, y, orders, SPEC, path=path)
-           for path in ("vmap", "loop", "auto")}
+    got = {
+        path: local_sgd.local_sgd(m, start, fr_unit, fr_common, x, y, orders, SPEC, path=path)
+        for path in ("vmap", "loop", "auto")
+    }
     for k in start:
-        assert torch.equal(start[k], keep[k])                      # not modified in place
-        assert not torch.allclose(got["vmap"][k], start[k])      # trained
+        assert torch.equal(start[k], keep[k])  # not modified in place
+        assert not torch.allclose(got["vmap"][k], start[k])  # trained
         torch.testing.assert_close(got["loop"][k], got["vmap"][k], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(got["auto"][k], got["vmap"][k], rtol=1e-10, atol=1e-12)
 
@@ -81,16 +92,18 @@ def test_local_sgd_paths_agree_and_leave_the_inputs_alone(per_unit_personal):
 def test_loop_is_plain_minibatch_sgd_in_the_documented_order():
     m, params = cnn()
     x, y = data()
-    units = units_of(SIZES[:1])                                  # 13 records: batches 8, 5
+    units = units_of(SIZES[:1])  # 13 records: batches 8, 5
     orders = local_sgd.batch_orders(units, SPEC, 2, Purpose.OWNER_ORDER)
-    got = local_sgd.local_sgd(m, local_sgd.expand(params, 1), {}, {}, x, y, orders, SPEC, path="loop")
+    got = local_sgd.local_sgd(
+        m, local_sgd.expand(params, 1), {}, {}, x, y, orders, SPEC, path="loop"
+    )
     net = PaperCNN(1, 10, 8).double()
     net.load_state_dict(params)
     opt = torch.optim.SGD(net.parameters(), lr=SPEC.lr)
     for e in range(SPEC.epochs):
         order = torch.from_numpy(orders[0, e])
         for s in range(0, 13, SPEC.batch_size):
-            idx = order[s:s + SPEC.batch_size]
+            idx = order[s : s + SPEC.batch_size]
             opt.zero_grad()
             F.cross_entropy(net(x[idx]), y[idx]).backward()
             opt.step()
@@ -99,16 +112,18 @@ def test_loop_is_plain_minibatch_sgd_in_the_documented_order():
 
 
 def test_mean_gradients_paths_agree(monkeypatch):
-    monkeypatch.setattr(local_sgd, "LOOP_MAX_BATCH", 6)           # 40 records: 7 batches
+    monkeypatch.setattr(local_sgd, "LOOP_MAX_BATCH", 6)  # 40 records: 7 batches
     m, params = cnn()
     x, y = data()
     sizes = SIZES.copy()
-    sizes[3] = 0                                                    # an empty unit: zero
+    sizes[3] = 0  # an empty unit: zero
     units = units_of(sizes)
     shared, personal = split(params)
     start = local_sgd.expand(shared, len(sizes))
-    got = {path: local_sgd.mean_gradients(m, start, {}, personal, x, y, units, path=path)
-           for path in ("vmap", "loop", "auto")}
+    got = {
+        path: local_sgd.mean_gradients(m, start, {}, personal, x, y, units, path=path)
+        for path in ("vmap", "loop", "auto")
+    }
     for k in start:
         assert float(got["vmap"][k][3].abs().max()) == 0.0
         torch.testing.assert_close(got["loop"][k], got["vmap"][k], rtol=1e-10, atol=1e-12)
@@ -129,6 +144,7 @@ def test_flat_delta_writes_the_flattened_change():
 
 def test_bound_model_computes_functional_call_and_gives_its_parameters_back():
     from torch.func import functional_call
+
     torch.manual_seed(0)
     model = PaperCNN()
     own = {k: v for k, v in model.named_parameters()}
@@ -139,7 +155,7 @@ def test_bound_model_computes_functional_call_and_gives_its_parameters_back():
             bind(other)
             assert torch.equal(model(x), functional_call(model, other, (x,)))
             raise RuntimeError("boom")
-    assert all(p is own[k] for k, p in model.named_parameters())      # its own, even on error
+    assert all(p is own[k] for k, p in model.named_parameters())  # its own, even on error
     with pytest.raises(KeyError, match="fc1.scale"):
         with local_sgd.bound(model, ("fc1.scale",)):
             pass

@@ -1,5 +1,6 @@
 """One-step user vectors (``fedudp.core.one_step``) against the ones ``local_sgd`` computes:
 each user's delta after its one SGD step, or its mean gradient."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,9 +54,10 @@ def test_linear_model_mean_gradients():
     model = torch.nn.Linear(6, 10).double()
     x, y, params, starts, sizes = _setup(model, [4, 1, 2, 6], (6,), seed=3)
     names = ("weight", "bias")
-    _, _, G = _reference(model, params, x, y, starts, sizes, names, 1.0, 1e9)   # -mean gradient
-    torch.testing.assert_close(one_step_vectors(model, params, x, y, starts, sizes, names, 1.0),
-                               -G, rtol=1e-9, atol=1e-13)
+    _, _, G = _reference(model, params, x, y, starts, sizes, names, 1.0, 1e9)  # -mean gradient
+    torch.testing.assert_close(
+        one_step_vectors(model, params, x, y, starts, sizes, names, 1.0), -G, rtol=1e-9, atol=1e-13
+    )
 
 
 def test_vectors_and_the_thread_count():
@@ -86,10 +88,13 @@ def test_vectors_and_the_thread_count():
             torch.testing.assert_close(got[0], got[1], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("rpu,method,batch", [(1, "full_dp", 8), (3, "joint_dp", 8),
-                                              (10, "full_dp", 8), (10, "full_dp", 16)])
-def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(rpu, method, batch,
-                                                                        tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "rpu,method,batch",
+    [(1, "full_dp", 8), (3, "joint_dp", 8), (10, "full_dp", 8), (10, "full_dp", 16)],
+)
+def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(
+    rpu, method, batch, tmp_path, monkeypatch
+):
     """The paper CNN on MNIST-format data, users of 1 and 3 records (one SGD step each): the run
     with one-step vectors equals the run through ``local_sgd`` up to float32 rounding,
     and the one-step path is the one taken. With 10 records per user (75-record owners: users of
@@ -99,6 +104,7 @@ def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(rpu, meth
     import fedudp.core.owner as ow
     from conftest import tiny_cfg, tiny_mnist
     from fedudp.run import run
+
     root = tiny_mnist(tmp_path / "data")
     calls = []
     orig = ow.one_step_vectors
@@ -106,19 +112,25 @@ def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(rpu, meth
     out = {}
     for flag in (True, False):
         monkeypatch.setattr(ow, "ONE_STEP", flag)
-        cfg = tiny_cfg(method, dataset__name="mnist", dataset__root=str(root), model__name="cnn",
-                       dataset__num_records=300, partition__records_per_user=rpu,
-                       train__rounds=2, train__batch_size=batch)
+        cfg = tiny_cfg(
+            method,
+            dataset__name="mnist",
+            dataset__root=str(root),
+            model__name="cnn",
+            dataset__num_records=300,
+            partition__records_per_user=rpu,
+            train__rounds=2,
+            train__batch_size=batch,
+        )
         out[flag] = run(cfg, tmp_path / str(flag))
-    assert len(calls) >= 2                                  # the fast path, every round
+    assert len(calls) >= 2  # the fast path, every round
     assert out[True]["epsilon"] == out[False]["epsilon"]
     assert out[True]["accuracy_mean"] == out[False]["accuracy_mean"]
     assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5)
 
 
 @pytest.mark.parametrize("batch", [40, 37])
-def test_fedavg_owners_of_one_step_take_the_path_and_equal_local_sgd(batch, tmp_path,
-                                                                     monkeypatch):
+def test_fedavg_owners_of_one_step_take_the_path_and_equal_local_sgd(batch, tmp_path, monkeypatch):
     """Standard FedAvg (``owner_sgd``) on the paper CNN, 300 records over 8 owners of 37 and 38
     records: at batch 40 every owner's delta is one SGD step on all its records and comes from
     the one-step path; at batch 37 the owners of 37 take it and those of 38 (two steps) train
@@ -127,19 +139,29 @@ def test_fedavg_owners_of_one_step_take_the_path_and_equal_local_sgd(batch, tmp_
     import fedudp.core.owner as ow
     from conftest import tiny_cfg, tiny_mnist
     from fedudp.run import run
+
     root = tiny_mnist(tmp_path / "data")
     calls = []
     orig = ow.one_step_vectors
-    monkeypatch.setattr(ow, "one_step_vectors", lambda *a, **k: calls.append(len(a[5])) or orig(*a, **k))
+    monkeypatch.setattr(
+        ow, "one_step_vectors", lambda *a, **k: calls.append(len(a[5])) or orig(*a, **k)
+    )
     out = {}
     for flag in (True, False):
         monkeypatch.setattr(ow, "ONE_STEP", flag)
-        cfg = tiny_cfg("fedavg", dataset__name="mnist", dataset__root=str(root),
-                       model__name="cnn", dataset__num_records=300, partition__num_owners=8,
-                       train__rounds=2, train__batch_size=batch)
+        cfg = tiny_cfg(
+            "fedavg",
+            dataset__name="mnist",
+            dataset__root=str(root),
+            model__name="cnn",
+            dataset__num_records=300,
+            partition__num_owners=8,
+            train__rounds=2,
+            train__batch_size=batch,
+        )
         out[flag] = run(cfg, tmp_path / str(flag))
     owners_per_round = 8 if batch == 40 else 4
-    assert sum(calls) == 2 * owners_per_round               # both rounds, exactly those owners
+    assert sum(calls) == 2 * owners_per_round  # both rounds, exactly those owners
     assert out[True]["accuracy_mean"] == pytest.approx(out[False]["accuracy_mean"], abs=1e-9)
     assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5)
 
@@ -148,7 +170,7 @@ def test_multi_record_users_in_float64_parameters_through_a_float32_module():
     """Float64 parameters run through a float32 module (functional_call): the multi-record
     users' vectors, per-user convolution weight gradients included, are the float64 deltas."""
     torch.manual_seed(2)
-    model = PaperCNN()                                        # float32 module
+    model = PaperCNN()  # float32 module
     x, y, params, starts, sizes = _setup(PaperCNN().double(), [3, 1, 4], (1, 28, 28))
     names = tuple(params)
     got = one_step_vectors(model, params, x, y, starts, sizes, names, -0.05)

@@ -9,6 +9,7 @@ logistic model's loss by hand (logits = x Wᵀ + b + p, mean cross-entropy), gra
 (fedudp.core.local_sgd.batch_orders: per user keyed by its stable id, per owner by its global
 id, both from fedudp.randomness).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +30,12 @@ from fedudp.randomness import Purpose, numpy_rng
 
 # 150 records over 4 owners (38, 38, 37, 37), users of 5 records (the last of each owner 3 or
 # 2): 32 users; 12 features, 10 classes; local SGD: batches of 2, 2 epochs, lr 0.5
-KW = dict(dataset__num_records=150, partition__records_per_user=5, train__batch_size=2,
-          train__local_epochs=2)
+KW = dict(
+    dataset__num_records=150,
+    partition__records_per_user=5,
+    train__batch_size=2,
+    train__local_epochs=2,
+)
 SEED, LR, BATCH, EPOCHS, ROUND = 0, 0.5, 2, 2, 3
 SHARED = ("shared.weight", "shared.bias")
 PERSONAL = ("personal.bias",)
@@ -48,8 +53,10 @@ def fed():
 def broadcast(seed: int = 1) -> dict[str, torch.Tensor]:
     """Non-trivial shared parameters (the model starts at zero, where gradients are bland)."""
     g = torch.Generator().manual_seed(seed)
-    return {"shared.weight": 0.3 * torch.randn(10, 12, generator=g),
-            "shared.bias": 0.3 * torch.randn(10, generator=g)}
+    return {
+        "shared.weight": 0.3 * torch.randn(10, 12, generator=g),
+        "shared.bias": 0.3 * torch.randn(10, generator=g),
+    }
 
 
 def owners_personal(n: int = 4, seed: int = 2) -> dict[str, torch.Tensor]:
@@ -58,15 +65,22 @@ def owners_personal(n: int = 4, seed: int = 2) -> dict[str, torch.Tensor]:
     return {"personal.bias": 2.0 * torch.randn(n, 10, generator=g)}
 
 
-def direct_owners(mode: str = "delta", budget: int = 8192, method: str = "joint_dp",
-                  owner_weights: str = "uniform", hooks=None, paper: bool = False) -> Owners:
+def direct_owners(
+    mode: str = "delta",
+    budget: int = 8192,
+    method: str = "joint_dp",
+    owner_weights: str = "uniform",
+    hooks=None,
+    paper: bool = False,
+) -> Owners:
     """The owner component from plain values (same model seed as the config's)."""
     model = make_model("linear", (12,), 10, seed=SEED)
     for p in model.parameters():
         p.requires_grad_(False)
     spec = make_method(method, model, paper=paper)
-    training = OwnerTraining(LocalSpec(SEED, LR, BATCH, EPOCHS), LocalSpec(SEED, LR, BATCH, EPOCHS),
-                             mode, owner_weights)
+    training = OwnerTraining(
+        LocalSpec(SEED, LR, BATCH, EPOCHS), LocalSpec(SEED, LR, BATCH, EPOCHS), mode, owner_weights
+    )
     return Owners(model, spec, training, budget, hooks=hooks)
 
 
@@ -81,7 +95,7 @@ def vectors(owners: Owners, fed, shared, personal, users) -> torch.Tensor:
 
 # -- the independent computations -----------------------------------------------------------------
 def loss(x, y, W, b, p):
-    return F.cross_entropy(x @ W.T + b + p, y)          # mean over the batch
+    return F.cross_entropy(x @ W.T + b + p, y)  # mean over the batch
 
 
 def hand_sgd(x, y, params: dict, trainable: tuple[str, ...], orders: list[np.ndarray]) -> dict:
@@ -89,10 +103,11 @@ def hand_sgd(x, y, params: dict, trainable: tuple[str, ...], orders: list[np.nda
     params = {k: v.clone() for k, v in params.items()}
     for order in orders:
         for s in range(0, len(order), BATCH):
-            idx = torch.from_numpy(order[s:s + BATCH])
+            idx = torch.from_numpy(order[s : s + BATCH])
             live = {k: params[k].clone().requires_grad_(k in trainable) for k in params}
-            grads = torch.autograd.grad(loss(x[idx], y[idx], live["W"], live["b"], live["p"]),
-                                        [live[k] for k in trainable])
+            grads = torch.autograd.grad(
+                loss(x[idx], y[idx], live["W"], live["b"], live["p"]), [live[k] for k in trainable]
+            )
             for k, g in zip(trainable, grads):
                 params[k] = params[k] - LR * g
     return params
@@ -102,8 +117,10 @@ def user_orders(fed, u: int) -> list[np.ndarray]:
     """User u's records in visiting order per epoch: sorted by keys drawn from
     (seed, USER_ORDER, round, epoch, the user's stable id)."""
     a, n = int(fed.user_offsets[u]), int(np.diff(fed.user_offsets)[u])
-    keys = [numpy_rng(SEED, Purpose.USER_ORDER, ROUND, e, int(fed.user_ids[u])).random(n)
-            for e in range(EPOCHS)]
+    keys = [
+        numpy_rng(SEED, Purpose.USER_ORDER, ROUND, e, int(fed.user_ids[u])).random(n)
+        for e in range(EPOCHS)
+    ]
     return [a + np.argsort(k, kind="stable") for k in keys]
 
 
@@ -112,8 +129,13 @@ def owner_orders(fed, j: int, purpose: Purpose) -> list[np.ndarray]:
     its global owner id)."""
     oo = fed.owner_offsets
     a, n = int(oo[j]), int(oo[j + 1] - oo[j])
-    return [a + np.argsort(numpy_rng(SEED, purpose, ROUND, e, int(fed.owner_ids[j])).random(n),
-                           kind="stable") for e in range(EPOCHS)]
+    return [
+        a
+        + np.argsort(
+            numpy_rng(SEED, purpose, ROUND, e, int(fed.owner_ids[j])).random(n), kind="stable"
+        )
+        for e in range(EPOCHS)
+    ]
 
 
 # -- units ----------------------------------------------------------------------------------------
@@ -133,7 +155,7 @@ def test_gradient_vectors_equal_the_autograd_mean_gradient_at_the_public_copy(fe
     owners = build.owners(cfg_for(train__shared_update="gradient"))
     assert owners.training.mode == "gradient" and owners.spec.shared == SHARED
     shared, personal = broadcast(), owners_personal()
-    users = [0, 7, 9, 15, 23, 31]                          # sizes 5, 3, 5, 3, 2, 2
+    users = [0, 7, 9, 15, 23, 31]  # sizes 5, 3, 5, 3, 2, 2
     got = vectors(owners, fed, shared, personal, users)
     # certified: at the public personal copy, SharedPersonalLogistic's zero offset
     p_pub = torch.zeros(10)
@@ -150,7 +172,7 @@ def test_delta_vectors_equal_a_hand_written_local_sgd_in_the_documented_order(fe
     owners = build.owners(cfg_for())
     assert owners.training.mode == "delta"
     shared, personal = broadcast(), owners_personal()
-    users = [1, 7, 12, 23, 30]                              # sizes 5, 3, 5, 2, 5
+    users = [1, 7, 12, 23, 30]  # sizes 5, 3, 5, 2, 5
     got = vectors(owners, fed, shared, personal, users)
     start = {"W": shared["shared.weight"], "b": shared["shared.bias"], "p": torch.zeros(10)}
     for i, u in enumerate(users):
@@ -167,7 +189,7 @@ def test_a_users_vector_does_not_move_when_another_user_is_removed(fed, mode):
     owners = direct_owners(mode)
     shared, personal = broadcast(), owners_personal()
     base = vectors(owners, fed, shared, personal, np.arange(fed.num_users))
-    for gone in (3, 20):           # a user of the same owner as users 0..7, and of another
+    for gone in (3, 20):  # a user of the same owner as users 0..7, and of another
         nb = fed.without_user(gone)
         assert nb.num_users == fed.num_users - 1
         keep = [u for u in range(fed.num_users) if u != gone]
@@ -189,7 +211,7 @@ def test_reply_carries_shared_vectors_only(fed):
     rep = owners.reply(fed, shared, personal, units, ROUND, constraint)
     assert isinstance(rep, OwnerReply)
     assert rep.param_names == SHARED and not set(rep.param_names) & set(PERSONAL)
-    assert set(vars(rep)) == {"param_names", "contribution", "failed"}   # no personal field
+    assert set(vars(rep)) == {"param_names", "contribution", "failed"}  # no personal field
     c = rep.contribution
     want = (G.double() * torch.clamp(clip / norms, max=1.0).unsqueeze(1)).sum(0)
     assert c.rows is None and c.total.shape == (130,) and c.count == 5 and rep.failed == 0
@@ -239,8 +261,11 @@ def test_personal_round_is_each_owners_sgd_on_all_its_records(fed):
     new = owners.personal_round(fed, shared, personal, ROUND)
     assert set(new) == set(PERSONAL)
     for j in (0, 3):
-        start = {"W": shared["shared.weight"], "b": shared["shared.bias"],
-                 "p": personal["personal.bias"][j]}
+        start = {
+            "W": shared["shared.weight"],
+            "b": shared["shared.bias"],
+            "p": personal["personal.bias"][j],
+        }
         end = hand_sgd(fed.x, fed.y, start, ("p",), owner_orders(fed, j, Purpose.PERSONAL_ORDER))
         torch.testing.assert_close(new["personal.bias"][j], end["p"], atol=1e-5, rtol=1e-4)
     # the input is not modified in place
@@ -281,34 +306,43 @@ def test_owner_hooks_are_called_and_their_results_used(fed):
     plain_hooks = RecordingHooks(plain=True)
     hooked = build.owners(cfg_for(train__shared_update="gradient"), hooks=plain_hooks)
     plain = build.owners(cfg_for(train__shared_update="gradient"))
-    assert torch.equal(vectors(hooked, fed, shared, personal, users),
-                       vectors(plain, fed, shared, personal, users))
-    assert torch.equal(hooked.personal_round(fed, shared, personal, ROUND)["personal.bias"],
-                       plain.personal_round(fed, shared, personal, ROUND)["personal.bias"])
-    assert plain_hooks.calls == [("user_gradients", ROUND, tuple(int(i) for i in ids), 3),
-                                 ("personal_round", ROUND)]
+    assert torch.equal(
+        vectors(hooked, fed, shared, personal, users), vectors(plain, fed, shared, personal, users)
+    )
+    assert torch.equal(
+        hooked.personal_round(fed, shared, personal, ROUND)["personal.bias"],
+        plain.personal_round(fed, shared, personal, ROUND)["personal.bias"],
+    )
+    assert plain_hooks.calls == [
+        ("user_gradients", ROUND, tuple(int(i) for i in ids), 3),
+        ("personal_round", ROUND),
+    ]
 
 
 # -- chunking -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["delta", "gradient"])
 def test_chunk_budget_does_not_change_the_vectors(fed, mode):
     shared, personal = broadcast(), owners_personal()
-    users = np.arange(0, fed.num_users, 3)                      # 11 users of all 4 owners
-    small, large = direct_owners(mode, budget=1), direct_owners(mode, budget=10 ** 6)
+    users = np.arange(0, fed.num_users, 3)  # 11 users of all 4 owners
+    small, large = direct_owners(mode, budget=1), direct_owners(mode, budget=10**6)
     parts = list(small.user_vectors(fed, shared, personal, users, ROUND))
     whole = list(large.user_vectors(fed, shared, personal, users, ROUND))
-    assert len(parts) == 11 and len(whole) == 1                 # one user per chunk vs all
+    assert len(parts) == 11 and len(whole) == 1  # one user per chunk vs all
     assert np.array_equal(np.concatenate([us for us, _ in parts]), users)
     a = torch.cat([G for _, G in parts])
     torch.testing.assert_close(a, whole[0][1], atol=1e-6, rtol=1e-5)
     # the config builder's owner component computes the same
     built = build.owners(cfg_for(train__shared_update=mode))
-    torch.testing.assert_close(a, vectors(built, fed, shared, personal, users), atol=1e-6, rtol=1e-5)
-    if mode == "delta":            # the personal update (the same in both modes): per owner
+    torch.testing.assert_close(
+        a, vectors(built, fed, shared, personal, users), atol=1e-6, rtol=1e-5
+    )
+    if mode == "delta":  # the personal update (the same in both modes): per owner
         torch.testing.assert_close(
             small.personal_round(fed, shared, personal, ROUND)["personal.bias"],
             large.personal_round(fed, shared, personal, ROUND)["personal.bias"],
-            atol=1e-6, rtol=1e-5)
+            atol=1e-6,
+            rtol=1e-5,
+        )
 
 
 # -- owner-level updates --------------------------------------------------------------------------
@@ -326,14 +360,17 @@ def test_owner_sgd_updates_are_weighted_as_owner_weights_says(fed, weights):
     # each owner's delta: E epochs of SGD over all its records, in its owner-keyed order
     start = {"W": shared["shared.weight"], "b": shared["shared.bias"], "p": shared["personal.bias"]}
     for j in (0, 3):
-        end = hand_sgd(fed.x, fed.y, start, ("W", "b", "p"),
-                       owner_orders(fed, j, Purpose.OWNER_ORDER))
-        want = torch.cat([(end["W"] - start["W"]).reshape(-1), end["b"] - start["b"],
-                          end["p"] - start["p"]])
+        end = hand_sgd(
+            fed.x, fed.y, start, ("W", "b", "p"), owner_orders(fed, j, Purpose.OWNER_ORDER)
+        )
+        want = torch.cat(
+            [(end["W"] - start["W"]).reshape(-1), end["b"] - start["b"], end["p"] - start["p"]]
+        )
         torch.testing.assert_close(D[j], want, atol=1e-5, rtol=1e-4)
         # an owner's own shard (what a Flower owner holds) gives the same delta
-        (alone,) = owners.owner_deltas(fed.owner(j), shared, {}, np.array([0]), ROUND,
-                                       agg.constraint)
+        (alone,) = owners.owner_deltas(
+            fed.owner(j), shared, {}, np.array([0]), ROUND, agg.constraint
+        )
         torch.testing.assert_close(alone, D[j], atol=1e-6, rtol=1e-5)
     rep = owners.reply(fed, shared, {}, units, ROUND, agg.constraint)
     assert rep.param_names == names
@@ -343,8 +380,9 @@ def test_owner_sgd_updates_are_weighted_as_owner_weights_says(fed, weights):
     wt = torch.tensor(w, dtype=torch.float32).unsqueeze(1)
     torch.testing.assert_close(c.total, (wt * D).sum(0), atol=1e-6, rtol=1e-5)
     # the billboard's plain mean of the owners' updates
-    torch.testing.assert_close(agg.release(c).mean, (wt * D).sum(0) / float(w.sum()),
-                               atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        agg.release(c).mean, (wt * D).sum(0) / float(w.sum()), atol=1e-6, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("budget", [8192, 7, 1])
@@ -357,6 +395,7 @@ def test_evaluation_is_each_owners_forward_on_its_own_test_shard(fed, budget, mo
     import dataclasses
 
     from fedudp.core import local_sgd
+
     t = fed.test_offsets
     cases = [fed, dataclasses.replace(fed, test_offsets=np.array([t[0], t[2], t[2], t[3], t[4]]))]
     owners = direct_owners(budget=budget)
@@ -370,19 +409,23 @@ def test_evaluation_is_each_owners_forward_on_its_own_test_shard(fed, budget, mo
 
     monkeypatch.setattr(local_sgd, "evaluate_sums", spy)
     for f in cases:
-        assert min(np.diff(f.test_offsets)[[0, 2, 3]]) > 7      # pieces at budget 7 and 1
+        assert min(np.diff(f.test_offsets)[[0, 2, 3]]) > 7  # pieces at budget 7 and 1
         acc, loss = owners.evaluate(f, shared, personal)
         for o in range(f.num_owners):
             a, b = int(f.test_offsets[o]), int(f.test_offsets[o + 1])
             if a == b:
                 assert np.isnan(acc[o]) and np.isnan(loss[o])
                 continue
-            logits = (f.x_test[a:b] @ shared["shared.weight"].T + shared["shared.bias"]
-                      + personal["personal.bias"][o])
+            logits = (
+                f.x_test[a:b] @ shared["shared.weight"].T
+                + shared["shared.bias"]
+                + personal["personal.bias"][o]
+            )
             yy = f.y_test[a:b]
-            assert acc[o] == pytest.approx(float((logits.argmax(1) == yy).double().mean()),
-                                           abs=1e-12)
+            assert acc[o] == pytest.approx(
+                float((logits.argmax(1) == yy).double().mean()), abs=1e-12
+            )
             assert loss[o] == pytest.approx(float(F.cross_entropy(logits, yy)), rel=1e-5)
-    assert cases[1].test_offsets[1] == cases[1].test_offsets[2]        # owner 1 had no shard
+    assert cases[1].test_offsets[1] == cases[1].test_offsets[2]  # owner 1 had no shard
     assert max(forwards) <= budget
     assert len(forwards) >= sum(-(-len(f.y_test) // budget) for f in cases)

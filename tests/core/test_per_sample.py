@@ -1,4 +1,5 @@
 """Per-record gradients from one batched pass (fedudp.core.per_sample) equal torch.func's."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,10 +17,13 @@ from fedudp.models.cnn import PaperCNN
 def _vmap_grads(model, params, x, y, names):
     def loss(p, xb, yb):
         return F.cross_entropy(functional_call(model, {**params, **p}, (xb[None],)), yb[None])
+
     return vmap(grad(loss), in_dims=(None, 0, 0))({n: params[n] for n in names}, x, y)
 
 
-@pytest.mark.parametrize("personal", [(), ("fc1.weight", "fc1.bias"), ("conv1.weight", "conv1.bias")])
+@pytest.mark.parametrize(
+    "personal", [(), ("fc1.weight", "fc1.bias"), ("conv1.weight", "conv1.bias")]
+)
 def test_cnn_per_record_gradients_equal_vmap(personal):
     torch.manual_seed(0)
     model = PaperCNN().double()
@@ -44,7 +48,7 @@ def test_linear_model_and_unsupported_layers():
         torch.testing.assert_close(got[n], want[n], rtol=1e-10, atol=1e-12)
     seq = nn.Sequential(nn.Linear(5, 4), nn.LayerNorm(4), nn.Linear(4, 3))
     assert per_sample.supported(seq, ("0.weight", "2.weight"))
-    assert not per_sample.supported(seq, ("1.weight",))          # LayerNorm: vmap fallback
+    assert not per_sample.supported(seq, ("1.weight",))  # LayerNorm: vmap fallback
     assert not per_sample.supported(nn.Conv2d(4, 4, 3, groups=2), ("weight",))
 
 
@@ -61,30 +65,44 @@ def test_dpsgd_batched_path_equals_the_vmap_path(monkeypatch):
     owners, users_per, k = 3, 5, 2
     n = owners * users_per * k
     x, y = torch.randn(n, 1, 28, 28, dtype=torch.float64), torch.randint(0, 10, (n,))
-    frozen = {kk: allp[kk].unsqueeze(0).repeat(owners, *[1] * allp[kk].dim())
-              + 0.01 * torch.randn(owners, *allp[kk].shape, dtype=torch.float64)
-              for kk in allp if kk.startswith("fc1")}
+    frozen = {
+        kk: allp[kk].unsqueeze(0).repeat(owners, *[1] * allp[kk].dim())
+        + 0.01 * torch.randn(owners, *allp[kk].shape, dtype=torch.float64)
+        for kk in allp
+        if kk.startswith("fc1")
+    }
     starts, sizes = np.arange(0, n, k), np.full(n // k, k)
-    first, users, ids = np.arange(0, owners * users_per, users_per), np.full(owners, users_per), np.arange(owners)
+    first, users, ids = (
+        np.arange(0, owners * users_per, users_per),
+        np.full(owners, users_per),
+        np.arange(owners),
+    )
     spec = DpSgdSpec(0.7, 0.05, 3, 2, 0.1, 5)
-    fast = dpsgd_deltas(model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1,
-                        names, 64)
+    fast = dpsgd_deltas(
+        model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1, names, 64
+    )
     monkeypatch.setattr(dpsgd.per_sample, "supported", lambda *a: False)
-    slow = dpsgd_deltas(model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1,
-                        names, 64)
+    slow = dpsgd_deltas(
+        model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1, names, 64
+    )
     assert float(fast.abs().max()) > 0
     torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("conv", [dict(kernel_size=3, stride=2, padding=1),
-                                  dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2), padding=(2, 0)),
-                                  dict(kernel_size=4, stride=3, padding=0)])
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(kernel_size=3, stride=2, padding=1),
+        dict(kernel_size=(3, 2), stride=(2, 1), dilation=(1, 2), padding=(2, 0)),
+        dict(kernel_size=4, stride=3, padding=0),
+    ],
+)
 def test_conv_per_record_weight_gradients_with_stride_dilation_padding(conv):
     """The grouped-convolution form of the per-record conv weight gradient, on layer shapes the
     paper CNN does not have (strides that do not divide, dilation, asymmetric padding)."""
     torch.manual_seed(2)
     model = nn.Sequential(nn.Conv2d(3, 5, **conv), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4))
-    model(torch.randn(1, 3, 11, 13))          # materialise the lazy layer
+    model(torch.randn(1, 3, 11, 13))  # materialise the lazy layer
     model = model.double()
     params = {k: v.detach() for k, v in model.named_parameters()}
     names = tuple(params)

@@ -7,6 +7,7 @@ u - t_k of 0.5·||u - t_k||² (so every round depends on the last), built into r
 numbers. The billboard is a real one built from plain values, so the loop itself is under test:
 the expected shared parameters follow in closed form, epsilons come from fresh accountants.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,14 +28,21 @@ from fedudp.core.messages import Failure, OwnerReply, make_reply
 from fedudp.core.rounds import Collected, Evaluation, run_rounds
 from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
 
-N = 6                                       # units (users): owner 0 holds 0..2, owner 1 3..5
+N = 6  # units (users): owner 0 holds 0..2, owner 1 3..5
 OWNER = np.array([0, 0, 0, 1, 1, 1])
-TARGETS = torch.tensor([[1.0, 0.0, 2.0, -1.0, 0.5], [3.0, 1.0, 0.0, 0.0, 0.5],
-                        [-1.0, 2.0, 1.0, 1.0, 0.5], [0.0, 0.0, 0.0, 4.0, 0.5],
-                        [2.0, -2.0, 3.0, 0.0, 0.5], [1.0, 1.0, 0.0, 2.0, 0.5]])
+TARGETS = torch.tensor(
+    [
+        [1.0, 0.0, 2.0, -1.0, 0.5],
+        [3.0, 1.0, 0.0, 0.0, 0.5],
+        [-1.0, 2.0, 1.0, 1.0, 0.5],
+        [0.0, 0.0, 0.0, 4.0, 0.5],
+        [2.0, -2.0, 3.0, 0.0, 0.5],
+        [1.0, 1.0, 0.0, 2.0, 0.5],
+    ]
+)
 TBAR = TARGETS.mean(0)
 LR = 0.5
-TEST_SIZES = np.array([10, 30, 0])          # the third owner has no test records
+TEST_SIZES = np.array([10, 30, 0])  # the third owner has no test records
 DELTA = 1e-5
 
 
@@ -43,8 +51,7 @@ class FakeTransport:
     the checkpoint hooks). ``nan_round``: every row non-finite; ``lost``: round -> the owners
     whose units fail (reported as ``Failure``); ``nan_total_round``: a reply whose sum is NaN."""
 
-    def __init__(self, constraint, nan_round=None, lost=None, nan_total_round=None,
-                 eval_lost=None):
+    def __init__(self, constraint, nan_round=None, lost=None, nan_total_round=None, eval_lost=None):
         self.constraint = constraint
         self.nan_round, self.lost = nan_round, lost or {}
         self.nan_total_round, self.eval_lost = nan_total_round, eval_lost or {}
@@ -66,8 +73,11 @@ class FakeTransport:
                 G = torch.full_like(G, math.nan)
             replies.append(make_reply(G, tuple(shared), self.constraint))
         if round_ == self.nan_total_round:
-            replies = [OwnerReply(tuple(shared),
-                                  Contribution(None, torch.full((5,), math.nan), len(cohort)))]
+            replies = [
+                OwnerReply(
+                    tuple(shared), Contribution(None, torch.full((5,), math.nan), len(cohort))
+                )
+            ]
         return Collected(replies, failures)
 
     def evaluate(self, shared, round_, while_waiting=None):
@@ -104,23 +114,44 @@ def shared0():
 
 
 def ledger(private: bool, target=None) -> Ledger:
-    return Ledger(unit="user", adjacency=ADJACENCY, accounting="certified",
-                  guarantee="certified", mechanism="gaussian" if private else "none",
-                  accountant="pld", delta=DELTA, target_epsilon=target)
+    return Ledger(
+        unit="user",
+        adjacency=ADJACENCY,
+        accounting="certified",
+        guarantee="certified",
+        mechanism="gaussian" if private else "none",
+        accountant="pld",
+        delta=DELTA,
+        target_epsilon=target,
+    )
 
 
 def mean_board(aggregator=None) -> Billboard:
     s = Sampling(1.0, N)
-    return Billboard(shared0(), aggregator or MeanAggregator(s), s, ledger(False), seed=0,
-                     step=ServerStep(LR, "gradient"))
+    return Billboard(
+        shared0(),
+        aggregator or MeanAggregator(s),
+        s,
+        ledger(False),
+        seed=0,
+        step=ServerStep(LR, "gradient"),
+    )
 
 
 def gaussian_board(z=20.0, rate=1.0, target=None, seed=0) -> Billboard:
     s = Sampling(rate, N)
     agg = GaussianAggregator(10.0, z, s)
-    return Billboard(shared0(), agg, s, ledger(True, target),
-                     accountant_for(Billboard.first_event(agg), None, target), seed=seed,
-                     step=ServerStep(LR, "gradient"), target_epsilon=target, delta=DELTA)
+    return Billboard(
+        shared0(),
+        agg,
+        s,
+        ledger(True, target),
+        accountant_for(Billboard.first_event(agg), None, target),
+        seed=seed,
+        step=ServerStep(LR, "gradient"),
+        target_epsilon=target,
+        delta=DELTA,
+    )
 
 
 def u_after(r: int) -> torch.Tensor:
@@ -130,8 +161,9 @@ def u_after(r: int) -> torch.Tensor:
 
 def run(bb, transport, rounds=3, eval_every=1, checkpoint=None):
     lines = []
-    res = run_rounds(rounds, eval_every, bb, transport, TEST_SIZES, on_round=lines.append,
-                     checkpoint=checkpoint)
+    res = run_rounds(
+        rounds, eval_every, bb, transport, TEST_SIZES, on_round=lines.append, checkpoint=checkpoint
+    )
     return res, lines
 
 
@@ -141,17 +173,36 @@ def test_rounds_run_in_order_step_the_billboard_and_report_metrics():
     res, lines = run(bb, tr, rounds=3)
     assert (res.stop_reason, res.rounds_completed, res.message) == ("completed", 3, "")
     assert [r for r, _, _ in tr.trained] == [1, 2, 3]
-    for r, cohort, u in tr.trained:        # each round trains at the previous round's broadcast
+    for r, cohort, u in tr.trained:  # each round trains at the previous round's broadcast
         assert np.array_equal(cohort, np.arange(N))
         torch.testing.assert_close(u, u_after(r - 1))
     torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), u_after(3))
     assert res.history == lines and [x["round"] for x in lines] == [1, 2, 3]
     for r, x in enumerate(lines, 1):
-        assert {"round", "failed_owners", "cohort", "failed_units", "users_used", "agg_cohort",
-                "epsilon", "loss", "accuracy_mean", "accuracy_std", "accuracy_weighted",
-                "failed_eval_owners", "seconds"} <= set(x)
-        assert (x["failed_owners"], x["cohort"], x["failed_units"], x["users_used"],
-                x["agg_cohort"], x["epsilon"], x["failed_eval_owners"]) == (0, 6, 0, 6, 6, None, 0)
+        assert {
+            "round",
+            "failed_owners",
+            "cohort",
+            "failed_units",
+            "users_used",
+            "agg_cohort",
+            "epsilon",
+            "loss",
+            "accuracy_mean",
+            "accuracy_std",
+            "accuracy_weighted",
+            "failed_eval_owners",
+            "seconds",
+        } <= set(x)
+        assert (
+            x["failed_owners"],
+            x["cohort"],
+            x["failed_units"],
+            x["users_used"],
+            x["agg_cohort"],
+            x["epsilon"],
+            x["failed_eval_owners"],
+        ) == (0, 6, 0, 6, 6, None, 0)
         # the summary over owners with test records (sizes 10 and 30; the third has none)
         acc = [0.1 * r, 0.5]
         assert x["accuracy_mean"] == pytest.approx(np.mean(acc))
@@ -184,15 +235,15 @@ def test_budget_stop_releases_exactly_the_rounds_the_target_allows():
     for _ in range(3):
         acc.compose(event)
         eps.append(acc.epsilon(DELTA))
-    assert eps[1] < target < eps[2]            # ε after 2 rounds fits, after 3 does not
+    assert eps[1] < target < eps[2]  # ε after 2 rounds fits, after 3 does not
     bb = gaussian_board(20.0, target=target)
     tr = FakeTransport(bb.aggregator.constraint)
     res, lines = run(bb, tr, rounds=6)
     assert (res.stop_reason, res.rounds_completed) == ("budget", 2)
-    assert [r for r, _, _ in tr.trained] == [1, 2]              # round 3 never trained
-    assert [e.round for e in bb.ledger.entries] == [1, 2]       # nor released
+    assert [r for r, _, _ in tr.trained] == [1, 2]  # round 3 never trained
+    assert [e.round for e in bb.ledger.entries] == [1, 2]  # nor released
     assert [x["epsilon"] for x in lines] == eps[:2]
-    assert [r for r, _, _ in tr.evaluated] == [1, 2]            # no evaluation beyond
+    assert [r for r, _, _ in tr.evaluated] == [1, 2]  # no evaluation beyond
     # a target below one round's ε: nothing released, the initial parameters evaluated
     bb0 = gaussian_board(20.0, target=eps[0] / 2)
     tr0 = FakeTransport(bb0.aggregator.constraint)
@@ -233,8 +284,12 @@ def fresh_epsilon(z: float, releases: int, rate: float = 1.0) -> float:
     """dp-accounting's PLD for ``releases`` Poisson(rate)-sampled Gaussian(z) releases."""
     acc = dp_accounting.pld.PLDAccountant()
     if releases:
-        acc.compose(dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(z)), releases))
+        acc.compose(
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(z)),
+                releases,
+            )
+        )
     return acc.get_epsilon(DELTA)
 
 
@@ -244,10 +299,10 @@ def test_every_owner_failing_releases_nothing_spends_nothing_and_ends_failed():
     res, lines = run(bb, tr, rounds=3)
     assert res.stop_reason == "failed" and "every round was withheld" in res.message
     assert bb.ledger.entries == [] and bb.ledger.epsilon == 0.0
-    assert bb.accountant.epsilon(DELTA) == 0.0                  # nothing composed
+    assert bb.accountant.epsilon(DELTA) == 0.0  # nothing composed
     torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), torch.zeros(5))
     assert bb.withheld == [1, 2, 3] and [x["round"] for x in lines] == [1, 2, 3]
-    for x in lines:                         # why, and each owner's reason, in the metrics line
+    for x in lines:  # why, and each owner's reason, in the metrics line
         assert "nothing released" in x["withheld"] and "epsilon" not in x
         assert [f["reason"] for f in x["failures"]] == ["owner unreachable"] * 2
     # the same run without failures releases every round (the test has teeth)
@@ -358,8 +413,11 @@ def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(tmp_path, monk
     first = gaussian_board(z=20.0, rate=0.5, seed=5)
     tr1 = FakeTransport(first.aggregator.constraint)
     stopped, _ = run(first, tr1, rounds=4, checkpoint=Checkpointer(tmp_path, every=1))
-    assert (stopped.stop_reason, stopped.rounds_completed, stopped.signum) == \
-        ("interrupted", 2, signal.SIGINT)
+    assert (stopped.stop_reason, stopped.rounds_completed, stopped.signum) == (
+        "interrupted",
+        2,
+        signal.SIGINT,
+    )
     assert [r for r, _, _ in tr1.trained] == [1, 2] and len(first.ledger.entries) == 2
     monkeypatch.undo()
 
@@ -391,9 +449,14 @@ def test_a_secure_run_resumes_with_fresh_entropy(tmp_path):
         bb = gaussian_board(z=2.0, rate=0.5, seed=5)
         bb.randomness = Randomness.secure(5)
         return bb
+
     first = secure_board()
-    run(first, FakeTransport(first.aggregator.constraint), rounds=2,
-        checkpoint=Checkpointer(tmp_path, every=1))
+    run(
+        first,
+        FakeTransport(first.aggregator.constraint),
+        rounds=2,
+        checkpoint=Checkpointer(tmp_path, every=1),
+    )
     ck = Checkpointer(tmp_path, every=1)
     ck.resumed = ck.load_latest()
     assert ck.resumed["round"] == 2

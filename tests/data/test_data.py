@@ -1,4 +1,5 @@
 """Owners -> users -> records (docs/algorithms.md#data-partition) and the IDX reader."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,7 +44,7 @@ def test_paper_split_balanced_over_classes():
     train, _, classes = _paper(16, seed=2)
     for j in range(16):
         counts = np.bincount(LABELS[train[j]], minlength=10)[classes[j]]
-        assert counts.max() - counts.min() <= 1       # round robin over its classes
+        assert counts.max() - counts.min() <= 1  # round robin over its classes
 
 
 def test_partition_is_seeded():
@@ -68,8 +69,9 @@ def test_iid_and_dirichlet_disjoint_and_sized():
     train, test = partition.iid(60_000, 10_000, 10_000, 16, 625, rng)
     idx = np.concatenate(train)
     assert len(np.unique(idx)) == 10_000 and {len(t) for t in train} == {625}
-    train, test, props = partition.dirichlet(LABELS, TEST_LABELS, 10_000, 16, 0.1, 10, 300,
-                                     np.random.default_rng(1))
+    train, test, props = partition.dirichlet(
+        LABELS, TEST_LABELS, 10_000, 16, 0.1, 10, 300, np.random.default_rng(1)
+    )
     idx = np.concatenate(train)
     assert len(np.unique(idx)) == 10_000 and {len(t) for t in train} == {625}
     # alpha=0.1 concentrates each owner on few classes
@@ -79,19 +81,24 @@ def test_iid_and_dirichlet_disjoint_and_sized():
 
 @pytest.mark.parametrize("rpu", [1, 3, 10])
 def test_users_cut_owners(rpu):
-    fed = build_federation(tiny_cfg(**{"partition.records_per_user": rpu,
-                                       "dataset.num_records": 150}))
+    fed = build_federation(
+        tiny_cfg(**{"partition.records_per_user": rpu, "dataset.num_records": 150})
+    )
     sizes = fed.user_sizes()
     assert sizes.sum() == 150 and sizes.max() == rpu
     for j in range(fed.num_owners):
-        us = sizes[fed.owner_user_offsets[j]:fed.owner_user_offsets[j + 1]]
+        us = sizes[fed.owner_user_offsets[j] : fed.owner_user_offsets[j + 1]]
         assert (us[:-1] == rpu).all() if rpu > 1 else (us == 1).all()
-        assert (fed.user_owner[fed.owner_user_offsets[j]:fed.owner_user_offsets[j + 1]] == j).all()
+        assert (
+            fed.user_owner[fed.owner_user_offsets[j] : fed.owner_user_offsets[j + 1]] == j
+        ).all()
     assert set(fed.owner_sizes()) == {37, 38}
 
 
 def test_federation_owner_classes_and_test_shards():
-    fed = build_federation(tiny_cfg(**{"dataset.num_records": 400, "partition.classes_per_owner": 3}))
+    fed = build_federation(
+        tiny_cfg(**{"dataset.num_records": 400, "partition.classes_per_owner": 3})
+    )
     for j in range(fed.num_owners):
         od = fed.owner(j)
         assert set(od.y.tolist()) <= set(fed.owner_classes[j].tolist())
@@ -111,7 +118,7 @@ def test_idx_roundtrip_gz_and_raw(tmp_path):
 def test_idx_bad_files_rejected(tmp_path):
     with pytest.raises(ValueError, match="magic"):
         parse_idx(b"\x00\x00\x09\x99" + b"\x00" * 12)
-    with pytest.raises(ValueError, match="payload"):        # header says 5 labels, 2 present
+    with pytest.raises(ValueError, match="payload"):  # header says 5 labels, 2 present
         parse_idx(b"\x00\x00\x08\x01" + b"\x00\x00\x00\x05" + b"\x01\x02")
 
 
@@ -123,7 +130,7 @@ def test_missing_data_folder_is_a_clear_error(tmp_path):
 def test_bad_idx_file_is_a_data_error_naming_the_file(tmp_path):
     root = tiny_mnist(tmp_path, n_train=50, n_test=20)
     bad = root / "mnist" / "t10k-labels-idx1-ubyte"
-    bad.write_bytes(bad.read_bytes()[:-5])                   # truncated payload
+    bad.write_bytes(bad.read_bytes()[:-5])  # truncated payload
     with pytest.raises(DataError, match="t10k-labels-idx1-ubyte: IDX label payload"):
         load_idx_dataset("mnist", root)
 
@@ -133,16 +140,20 @@ def test_out_of_range_label_names_the_file_and_value(tmp_path):
     labels = np.zeros(20, dtype=np.uint8)
     labels[7] = 12
     write_idx(root / "mnist" / "t10k-labels-idx1-ubyte", labels, gz=False)
-    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte: label 12 at index 7 is outside \[0, 10\)"):
+    with pytest.raises(
+        DataError, match=r"t10k-labels-idx1-ubyte: label 12 at index 7 is outside \[0, 10\)"
+    ):
         load_idx_dataset("mnist", root)
 
 
 def test_more_records_than_the_data_holds_is_a_config_error(tmp_path):
     from fedudp.config import ConfigError
     from fedudp.run import run
+
     root = tiny_mnist(tmp_path / "data", n_train=300, n_test=50)
-    cfg = tiny_cfg("fedavg", **{"dataset.name": "mnist", "dataset.root": str(root),
-                                "dataset.num_records": 500})
+    cfg = tiny_cfg(
+        "fedavg", **{"dataset.name": "mnist", "dataset.root": str(root), "dataset.num_records": 500}
+    )
     with pytest.raises(ConfigError, match="dataset.num_records: 500 records asked for"):
         run(cfg, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -153,6 +164,7 @@ def test_image_pool_standardizes_exactly_as_the_whole_array_formula(tmp_path):
     bit for bit what ((x / 255 - mean) / std) in float32 on the whole array gives."""
     from fedudp.data.federation import image_pool
     from fedudp.data.idx import load_idx_dataset
+
     root = tiny_mnist(tmp_path)
     tx, _, vx, _ = load_idx_dataset("mnist", str(root), False)
     mean, std = tx.mean() / 255.0, tx.std() / 255.0

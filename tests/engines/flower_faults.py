@@ -9,6 +9,7 @@ handlers behind ``fault_mod``, a Flower mod that acts on that key:
 * ``sleep:S``: the owner answers after S seconds (past ``engine_opts.timeout_s``);
 * ``nan``: the owner's reply carries non-finite shared vectors (rejected on the billboard).
 """
+
 from __future__ import annotations
 
 import sys
@@ -38,12 +39,16 @@ def fault_mod(msg, context, call_next):
     if kind == "train" and fault == "nan" and flower_wire.K_VECTORS in reply.content:
         rec = reply.content[flower_wire.K_VECTORS]
         reply.content[flower_wire.K_VECTORS] = ArrayRecord(
-            {k: Array(np.full(a.numpy().shape, np.nan, dtype=a.numpy().dtype)) for k, a in rec.items()})
+            {
+                k: Array(np.full(a.numpy().shape, np.nan, dtype=a.numpy().dtype))
+                for k, a in rec.items()
+            }
+        )
     return reply
 
 
 def faulty_client_app() -> ClientApp:
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])   # Ray workers lack tests/
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers lack tests/
     app = ClientApp(mods=[fault_mod])
     app.query()(flower_client.query)
     app.train()(flower_client.train)

@@ -1,4 +1,5 @@
 """Run by tests/engines/test_flower_user_dp.py in a fresh process (see there)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,10 +13,17 @@ sys.path.insert(0, str(ROOT / "examples" / "flower_user_dp"))
 
 def simulate(server_app, client_app, clients: int) -> None:
     from flwr.simulation import run_simulation
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients,
-                   backend_name="ray",
-                   backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
-                                   "init_args": {"address": "local"}})
+
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=clients,
+        backend_name="ray",
+        backend_config={
+            "client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
+            "init_args": {"address": "local"},
+        },
+    )
 
 
 def main() -> None:
@@ -36,10 +44,19 @@ def main() -> None:
 
     @app.main()
     def server(grid: Grid, context: Context) -> None:
-        s = UserLevelDP(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), agg, delta=1e-5,
-                        seed=7, randomness="seeded")      # the noise regenerated below
-        res = s.start(grid=grid, initial_arrays=ArrayRecord(make_model().state_dict()),
-                      num_rounds=1, train_config=ConfigRecord({"lr": lr}))
+        s = UserLevelDP(
+            FedAvg(fraction_train=1.0, fraction_evaluate=0.0),
+            agg,
+            delta=1e-5,
+            seed=7,
+            randomness="seeded",
+        )  # the noise regenerated below
+        res = s.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(make_model().state_dict()),
+            num_rounds=1,
+            train_config=ConfigRecord({"lr": lr}),
+        )
         out["arrays"], out["strategy"] = res.arrays, s
 
     simulate(app, client_app.app, clients)
@@ -55,8 +72,9 @@ def main() -> None:
         train(m, x, y, lr=lr)
         g = flat(m.state_dict()) - flat(start)
         total += g * min(1.0, clip / float(torch.linalg.vector_norm(g)))
-    noise = torch.randn(total.shape, generator=torch_generator(7, Purpose.NOISE, 1),
-                        dtype=torch.float64)
+    noise = torch.randn(
+        total.shape, generator=torch_generator(7, Purpose.NOISE, 1), dtype=torch.float64
+    )
     want = flat(start) + (total + z * clip * noise) / (rate * clients * per)
     got = flat(out["arrays"].to_torch_state_dict())
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

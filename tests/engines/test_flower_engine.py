@@ -4,6 +4,7 @@ All Flower runs here go through ``fedudp.run.run`` -> ``fedudp.engines.flower.ex
 ``flwr.simulation.run_simulation`` with the Ray backend (in this process; Ray stays up
 between tests of the module). Faults are injected by the test-only ``flower_faults`` mod.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,14 @@ pytestmark = pytest.mark.timeout(300)
 
 def tiny(method: str, engine: str, **kw) -> RunConfig:
     """120 synthetic records over 4 owners in equivalence mode (docs/architecture.md#engines)."""
-    base = {"engine": engine, "dataset.num_records": 120, "dataset.features": 20,
-            "engine_opts.chunk_records": 1, "engine_opts.threads": 1, "engine_opts.float64": True}
+    base = {
+        "engine": engine,
+        "dataset.num_records": 120,
+        "dataset.features": 20,
+        "engine_opts.chunk_records": 1,
+        "engine_opts.threads": 1,
+        "engine_opts.float64": True,
+    }
     return tiny_cfg(method, **{k.replace(".", "__"): v for k, v in {**base, **kw}.items()})
 
 
@@ -57,7 +64,11 @@ class Capture:
         self.results: dict[str, object] = {}
         self.transports: dict[str, object] = {}
         self.received: list = []
-        cap, orig_rounds, orig_connect = self, fedudp.run.run_rounds, flower.FlowerTransport._connect
+        cap, orig_rounds, orig_connect = (
+            self,
+            fedudp.run.run_rounds,
+            flower.FlowerTransport._connect,
+        )
 
         def run_rounds(rounds, eval_every, billboard, transport, *a, **k):
             kind = "flower" if isinstance(transport, flower.FlowerTransport) else "local"
@@ -128,38 +139,82 @@ def _assert_no_personal(cap, personal_names: tuple[str, ...], shared_dim: int) -
         blob = " ".join(texts)
         for name in personal_names:
             assert name not in blob
-        assert "fedudp.personal" not in blob        # the owner-state keys
+        assert "fedudp.personal" not in blob  # the owner-state keys
 
 
-@pytest.mark.parametrize("method,kw", [
-    ("fedavg", {}),
-    # a given noise multiplier (no calibration: faster); the budget check still applies
-    ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 3.0,
-                  "privacy.epsilon": 5.0}),
-    # adaptive clipping: the clip the owners apply changes every round (sent with the round)
-    ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 3.0,
-                  "privacy.epsilon": 5.0, "privacy.clip_policy": "adaptive", "privacy.clip": 0.05,
-                  "privacy.clip_count_noise": 10.0, "privacy.clip_lr": 1.0}),
-    # DP-FTRL tree aggregation: cyclic cohorts, one event per tree, correlated noise
-    ("full_dp", {"aggregator": "dp_ftrl_tree", "train.sampling_rate": 0.5,
-                 "privacy.noise_multiplier": 2.0, "privacy.epsilon": 50.0}),
-    # owner-side DP-SGD with an adaptive clip: each owner's released fraction travels back
-    # (slow: the default suite's time; the fraction's wire format is in test_reply_codec_roundtrip)
-    pytest.param("full_dp", {"privacy.placement": "local_dpsgd", "privacy.clip_policy": "adaptive",
-                             "privacy.clip": 0.05, "privacy.clip_lr": 1.0, "train.rounds": 2},
-                 marks=pytest.mark.slow),
-    # banded matrix factorization under joint DP: 2 groups sampled at 1/2 (cyclic Poisson)
-    pytest.param("joint_dp", {"aggregator": "dp_mf_banded", "train.sampling_rate": 0.25,
-                              "estimator.bands": 2, "privacy.noise_multiplier": 2.0,
-                              "privacy.epsilon": 50.0}, marks=pytest.mark.slow),
-    # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
-    ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
-    # DP-SGD inside the owners, paper mode: at each owner's own personal layer, and
-    # Table 4's reading: record-level DP-SGD, user level by group privacy over 2 records a user
-    ("joint_dp", {"privacy.placement": "local_dpsgd", "privacy.accounting": "paper",
-                  "privacy.group_privacy": True, "partition.records_per_user": 2,
-                  "train.rounds": 2}),
-])
+@pytest.mark.parametrize(
+    "method,kw",
+    [
+        ("fedavg", {}),
+        # a given noise multiplier (no calibration: faster); the budget check still applies
+        (
+            "joint_dp",
+            {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 3.0, "privacy.epsilon": 5.0},
+        ),
+        # adaptive clipping: the clip the owners apply changes every round (sent with the round)
+        (
+            "joint_dp",
+            {
+                "train.sampling_rate": 0.5,
+                "privacy.noise_multiplier": 3.0,
+                "privacy.epsilon": 5.0,
+                "privacy.clip_policy": "adaptive",
+                "privacy.clip": 0.05,
+                "privacy.clip_count_noise": 10.0,
+                "privacy.clip_lr": 1.0,
+            },
+        ),
+        # DP-FTRL tree aggregation: cyclic cohorts, one event per tree, correlated noise
+        (
+            "full_dp",
+            {
+                "aggregator": "dp_ftrl_tree",
+                "train.sampling_rate": 0.5,
+                "privacy.noise_multiplier": 2.0,
+                "privacy.epsilon": 50.0,
+            },
+        ),
+        # owner-side DP-SGD with an adaptive clip: each owner's released fraction travels back
+        # (slow: the default suite's time; the fraction's wire format is in test_reply_codec_roundtrip)
+        pytest.param(
+            "full_dp",
+            {
+                "privacy.placement": "local_dpsgd",
+                "privacy.clip_policy": "adaptive",
+                "privacy.clip": 0.05,
+                "privacy.clip_lr": 1.0,
+                "train.rounds": 2,
+            },
+            marks=pytest.mark.slow,
+        ),
+        # banded matrix factorization under joint DP: 2 groups sampled at 1/2 (cyclic Poisson)
+        pytest.param(
+            "joint_dp",
+            {
+                "aggregator": "dp_mf_banded",
+                "train.sampling_rate": 0.25,
+                "estimator.bands": 2,
+                "privacy.noise_multiplier": 2.0,
+                "privacy.epsilon": 50.0,
+            },
+            marks=pytest.mark.slow,
+        ),
+        # an estimator on the cohort's per-user rows (calibrates itself; owners only clip nothing)
+        ("full_dp", {"aggregator": "winsorized", "estimator.bound": 5.0, "train.rounds": 2}),
+        # DP-SGD inside the owners, paper mode: at each owner's own personal layer, and
+        # Table 4's reading: record-level DP-SGD, user level by group privacy over 2 records a user
+        (
+            "joint_dp",
+            {
+                "privacy.placement": "local_dpsgd",
+                "privacy.accounting": "paper",
+                "privacy.group_privacy": True,
+                "partition.records_per_user": 2,
+                "train.rounds": 2,
+            },
+        ),
+    ],
+)
 def test_flower_matches_local_engine(method, kw, tmp_path, monkeypatch):
     cap, out = _both(kw, method, tmp_path, monkeypatch)
     _assert_equivalent(cap, out)
@@ -168,24 +223,38 @@ def test_flower_matches_local_engine(method, kw, tmp_path, monkeypatch):
         assert out["flower"][0]["guarantee"] == "certified"
         assert all(0 < m["cohort"] < 120 for m in out["flower"][1])
         assert cap.flower_transport.owners.spec.personal
-    if kw.get("privacy.clip_policy") == "adaptive":   # the clip moved, the same on both engines
+    if kw.get("privacy.clip_policy") == "adaptive":  # the clip moved, the same on both engines
         clips = [m["agg_clip"] for m in out["flower"][1]]
         assert len(set(clips)) == len(clips) == kw.get("train.rounds", 3)
         assert clips == [m["agg_clip"] for m in out["local"][1]]
-    if kw.get("aggregator") == "winsorized":     # owners sent rows, one per user
-        rows = [m.content[flower_wire.K_VECTORS]["rows"].numpy() for m in cap.received
-                if flower_wire.K_VECTORS in m.content]
+    if kw.get("aggregator") == "winsorized":  # owners sent rows, one per user
+        rows = [
+            m.content[flower_wire.K_VECTORS]["rows"].numpy()
+            for m in cap.received
+            if flower_wire.K_VECTORS in m.content
+        ]
         assert rows and sum(r.shape[0] for r in rows) == 2 * 120
     _assert_no_personal(cap, cap.flower_transport.owners.spec.personal, bb_dim)
 
 
-@pytest.mark.parametrize("aggregator", [  # 12-13 s each: two of the three in the slow suite
-    pytest.param("outlier_removal", marks=pytest.mark.slow), "friendlycore",
-    pytest.param("few_users", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "aggregator",
+    [  # 12-13 s each: two of the three in the slow suite
+        pytest.param("outlier_removal", marks=pytest.mark.slow),
+        "friendlycore",
+        pytest.param("few_users", marks=pytest.mark.slow),
+    ],
+)
 def test_every_row_estimator_runs_on_flower(aggregator, tmp_path, monkeypatch):
     # the seed estimators need many users for their privacy proofs: 3,000 users, 2 rounds
-    kw = {"aggregator": aggregator, "dataset.num_records": 3000, "dataset.pool_train": 4000,
-          "train.rounds": 2, "privacy.epsilon": 8.0, "engine_opts.chunk_records": 0}
+    kw = {
+        "aggregator": aggregator,
+        "dataset.num_records": 3000,
+        "dataset.pool_train": 4000,
+        "train.rounds": 2,
+        "privacy.epsilon": 8.0,
+        "engine_opts.chunk_records": 0,
+    }
     if aggregator == "few_users":
         kw.update({"estimator.tries": 20.0})
     cap, out = _both(kw, "full_dp", tmp_path, monkeypatch)
@@ -196,7 +265,7 @@ def test_per_silo_sends_nothing_personal(tmp_path, monkeypatch):
     cap, out = _both({"train.rounds": 2}, "per_silo", tmp_path, monkeypatch)
     _assert_equivalent(cap, out)
     assert cap.results["flower"].personal == {}
-    for msg in cap.received:       # only acknowledgements and test metrics came back
+    for msg in cap.received:  # only acknowledgements and test metrics came back
         assert not msg.content.array_records
     _assert_no_personal(cap, cap.flower_transport.owners.spec.personal, 0)
 
@@ -212,12 +281,18 @@ def test_failed_owners_are_excluded_and_counted(tmp_path, monkeypatch):
     assert s["rounds_completed"] == 3 and s["stop_reason"] == "completed"
     assert m[0]["failed_owners"] == 1 and m[0]["failed_units"] == users[2]
     assert m[0]["users_used"] == 120 - users[2]
-    assert m[0]["failures"] == [{"owner": 2, "units": int(users[2]),
-                                 "reason": "ValueError: shared vector of the wrong length or not finite"}]
+    assert m[0]["failures"] == [
+        {
+            "owner": 2,
+            "units": int(users[2]),
+            "reason": "ValueError: shared vector of the wrong length or not finite",
+        }
+    ]
     assert m[1]["failed_owners"] == 1 and m[1]["failed_units"] == users[1]
     assert m[1]["users_used"] == 120 - users[1]
-    assert m[1]["failures"] == [{"owner": 1, "units": int(users[1]),
-                                 "reason": "[fedudp.OwnerFailure] injected failure"}]
+    assert m[1]["failures"] == [
+        {"owner": 1, "units": int(users[1]), "reason": "[fedudp.OwnerFailure] injected failure"}
+    ]
     assert m[2]["failed_owners"] == 0 and m[2]["users_used"] == 120
     # the ledger composed every round's release regardless of exclusions
     ledger = json.loads((tmp_path / "ledger.json").read_text())
@@ -235,14 +310,21 @@ def test_a_bug_in_an_owner_stops_the_run(tmp_path, monkeypatch):
 def test_reply_codec_roundtrip():
     from fedudp.aggregators import Contribution
     from fedudp.core.messages import OwnerReply
-    rep = OwnerReply(("a.w", "a.b"), Contribution(torch.randn(3, 5, dtype=torch.float64), None, 3), 1)
+
+    rep = OwnerReply(
+        ("a.w", "a.b"), Contribution(torch.randn(3, 5, dtype=torch.float64), None, 3), 1
+    )
     j, back = flower_wire.records_to_reply(flower_wire.reply_to_records(rep, 7, 0.1))
     assert j == 7 and back.param_names == rep.param_names and back.failed == 1
     assert back.contribution.count == 3 and back.contribution.total is None
     assert torch.equal(back.contribution.rows, rep.contribution.rows)
     # owner-side DP-SGD's adaptive clip: the owner's released fraction travels with its delta
-    rep = OwnerReply(("a.w",), Contribution(None, torch.randn(5, dtype=torch.float64), 1,
-                                            fraction_sum=0.625, fraction_reports=1))
+    rep = OwnerReply(
+        ("a.w",),
+        Contribution(
+            None, torch.randn(5, dtype=torch.float64), 1, fraction_sum=0.625, fraction_reports=1
+        ),
+    )
     back = flower_wire.records_to_reply(flower_wire.reply_to_records(rep, 2, 0.1))[1]
     assert (back.contribution.fraction_sum, back.contribution.fraction_reports) == (0.625, 1)
     cfg = tiny("joint_dp", "flower", **{"privacy.noise_multiplier": 3.0})
@@ -257,8 +339,11 @@ def test_owner_timeout_is_excluded(tmp_path, monkeypatch):
     # owner 3 sleeps past engine_opts.timeout_s in round 3: excluded, the run goes on
     cap = Capture(monkeypatch)
     inject(monkeypatch, {(3, 3): "sleep:10"})
-    cfg = tiny("joint_dp", "flower", **{"engine_opts.timeout_s": 5.0,
-                                         "privacy.noise_multiplier": 3.0, "privacy.epsilon": 5.0})
+    cfg = tiny(
+        "joint_dp",
+        "flower",
+        **{"engine_opts.timeout_s": 5.0, "privacy.noise_multiplier": 3.0, "privacy.epsilon": 5.0},
+    )
     s = run(cfg, tmp_path)
     m = _metrics(tmp_path)
     users_of_3 = int(np.diff(cap.flower_transport.fed.owner_user_offsets)[3])
@@ -268,29 +353,50 @@ def test_owner_timeout_is_excluded(tmp_path, monkeypatch):
     assert m[2]["failures"][0]["reason"].startswith("timeout")
 
 
-@pytest.mark.slow        # 15 s each; the default suite keeps test_flower_matches_local_engine
-@pytest.mark.parametrize("method,kw", [
-    ("joint_dp", {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 2.0,
-                  "privacy.epsilon": 8.0}),
-    ("full_dp", {"privacy.placement": "local_dpsgd", "privacy.epsilon": 8.0}),
-])
+@pytest.mark.slow  # 15 s each; the default suite keeps test_flower_matches_local_engine
+@pytest.mark.parametrize(
+    "method,kw",
+    [
+        (
+            "joint_dp",
+            {"train.sampling_rate": 0.5, "privacy.noise_multiplier": 2.0, "privacy.epsilon": 8.0},
+        ),
+        ("full_dp", {"privacy.placement": "local_dpsgd", "privacy.epsilon": 8.0}),
+    ],
+)
 def test_flower_matches_local_on_a_natural_federation(method, kw, tmp_path, monkeypatch):
     """Users of 1..40 records, owners of 2..6 users, from an NPZ file (docs/your-data.md): the
     Flower owners read and lay out the same federation and compute the same vectors."""
     from fedudp.config import config_from_overrides
     from formats import write_npz
+
     sizes = [1, 3, 5, 20, 2, 8, 40, 1, 7, 12, 4, 9, 15, 2, 6, 30]
     path = write_npz(tmp_path / "fed.npz", sizes, [0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 3, 3, 3, 3, 3])
     cap, out = Capture(monkeypatch), {}
     for eng in ("local", "flower"):
-        cfg = config_from_overrides({
-            "method": method, "engine": eng, "progress": False, "train.rounds": 2,
-            "train.batch_size": 4, "dataset.name": "npz", "dataset.path": str(path),
-            "dataset.columns.owner": "owner", "partition.owner_rule": "given",
-            "partition.num_owners": 4, "public.users": 16, "public.owner_capacity": 6,
-            "public.records_per_user": 32, "dataset.classes": 4, "dataset.input_shape": [6],
-            "engine_opts.chunk_records": 1,
-            "engine_opts.threads": 1, "engine_opts.float64": True, **kw})
+        cfg = config_from_overrides(
+            {
+                "method": method,
+                "engine": eng,
+                "progress": False,
+                "train.rounds": 2,
+                "train.batch_size": 4,
+                "dataset.name": "npz",
+                "dataset.path": str(path),
+                "dataset.columns.owner": "owner",
+                "partition.owner_rule": "given",
+                "partition.num_owners": 4,
+                "public.users": 16,
+                "public.owner_capacity": 6,
+                "public.records_per_user": 32,
+                "dataset.classes": 4,
+                "dataset.input_shape": [6],
+                "engine_opts.chunk_records": 1,
+                "engine_opts.threads": 1,
+                "engine_opts.float64": True,
+                **kw,
+            }
+        )
         out[eng] = (run(cfg, tmp_path / eng), _metrics(tmp_path / eng))
     _assert_equivalent(cap, out)
     assert out["flower"][0]["num_users"] == 16 and out["flower"][0]["num_owners"] == 4
@@ -312,12 +418,22 @@ def test_a_foreign_server_gets_a_clear_failure(tmp_path):
     def main(grid: Grid, context: AppContext) -> None:
         recording = SendRecorder(grid, got)
         FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=2).start(
-            grid=recording, initial_arrays=ArrayRecord({"w": torch.zeros(3)}), num_rounds=1,
-            train_config=ConfigRecord({"lr": 0.1}))
+            grid=recording,
+            initial_arrays=ArrayRecord({"w": torch.zeros(3)}),
+            num_rounds=1,
+            train_config=ConfigRecord({"lr": 0.1}),
+        )
 
-    run_simulation(server_app=app, client_app=client_app, num_supernodes=2, backend_name="ray",
-                   backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
-                                   "init_args": {"address": "local"}})
+    run_simulation(
+        server_app=app,
+        client_app=client_app,
+        num_supernodes=2,
+        backend_name="ray",
+        backend_config={
+            "client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
+            "init_args": {"address": "local"},
+        },
+    )
     assert len(got) == 2
     for msg in got:
         assert msg.has_error()

@@ -6,6 +6,7 @@ starts its own background SuperLink (on free ports here, so that a SuperLink lef
 else is never reused) and exits 0 even when the run fails, so the run's status is read with
 ``flwr ls``. Every process that inherited this ``FLWR_HOME`` is stopped at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def readme_commands() -> tuple[dict[str, str], list[str]]:
     """(the variables README exports for `flwr run`, the `flwr run` command) from README.md."""
     text = (ROOT / "README.md").read_text()
-    exports = dict(kv.split("=", 1) for line in re.findall(r"^\s*export (FLWR_.*|RAY_.*)$", text, re.M)
-                   for kv in line.split())
+    exports = dict(
+        kv.split("=", 1)
+        for line in re.findall(r"^\s*export (FLWR_.*|RAY_.*)$", text, re.M)
+        for kv in line.split()
+    )
     cmd = re.search(r"^\s*(flwr run \. --stream .*)$", text, re.M).group(1)
     return exports, shlex.split(cmd)
 
@@ -79,22 +83,36 @@ def test_readme_flwr_run(tmp_path):
     home, out = tmp_path / "flwr_home", tmp_path / "out"
     home.mkdir()
     cmd = [re.sub(r"output-dir='[^']*'", f"output-dir='{out}'", a) for a in cmd]
-    bindir = str(Path(sys.executable).parent)  # the activated venv's bin: `flwr`, `flower-superlink`
+    bindir = str(
+        Path(sys.executable).parent
+    )  # the activated venv's bin: `flwr`, `flower-superlink`
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "RAY_"))}
     env.update(exports)
-    env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(Path(bindir).parent),
-               FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
-               FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()))
+    env.update(
+        PATH=bindir + os.pathsep + env.get("PATH", ""),
+        VIRTUAL_ENV=str(Path(bindir).parent),
+        FLWR_HOME=str(home),
+        FLWR_TELEMETRY_ENABLED="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
+        FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()),
+    )
     flwr = shutil.which("flwr", path=bindir)
     try:
-        run = subprocess.run([flwr, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=480)
+        run = subprocess.run(
+            [flwr, *cmd[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=480
+        )
         log = run.stdout + run.stderr
         assert run.returncode == 0, log
         assert "Starting local SuperLink" in log, log  # ours, not a leftover one
-        ls = subprocess.run([flwr, "ls", "--format", "json"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+        ls = subprocess.run(
+            [flwr, "ls", "--format", "json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         runs = json.loads(ls.stdout)["runs"]
         assert [r["status"] for r in runs] == ["finished:completed"], (runs, log)
         for name in ("summary.json", "metrics.jsonl", "ledger.json", "owners.csv"):

@@ -9,14 +9,23 @@ step starts from, what the client keeps, what it sends.
 * evaluation messages get the client's own personal layers before the app evaluates;
 * the reply is the clipped sum of the sampled users' shared updates and their count, nothing
   else; with ``users_of`` the declared indices are checked against the server's population."""
+
 from __future__ import annotations
 
 import time
 
 import numpy as np
 import pytest
-from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord,
-                      RecordDict)
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    Metadata,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.app.message.message import make_message
 
 from fedudp.flower import K_CONTRIB, K_COUNTS, K_DP, K_PERSONAL, sampled_users, user_level_mod
@@ -25,8 +34,10 @@ NAMES = ("shared.w", "head.w")
 
 
 def broadcast(step: int) -> dict[str, np.ndarray]:
-    return {"shared.w": np.full(3, float(step), np.float32),
-            "head.w": np.zeros(2, np.float32)}          # the server never moves the head
+    return {
+        "shared.w": np.full(3, float(step), np.float32),
+        "head.w": np.zeros(2, np.float32),
+    }  # the server never moves the head
 
 
 def arrays_of(arrays: dict) -> ArrayRecord:
@@ -36,18 +47,44 @@ def arrays_of(arrays: dict) -> ArrayRecord:
 def server_message(content: RecordDict, kind: str) -> Message:
     """A message as a server sends it (outside a running app: explicit metadata, the way
     Flower's own mod tests build theirs)."""
-    return make_message(Metadata(run_id=1, message_id=f"m{time.monotonic_ns()}", src_node_id=0,
-                                 dst_node_id=1, reply_to_message_id="", group_id="1",
-                                 created_at=time.time(), ttl=3600.0, message_type=kind), content)
+    return make_message(
+        Metadata(
+            run_id=1,
+            message_id=f"m{time.monotonic_ns()}",
+            src_node_id=0,
+            dst_node_id=1,
+            reply_to_message_id="",
+            group_id="1",
+            created_at=time.time(),
+            ttl=3600.0,
+            message_type=kind,
+        ),
+        content,
+    )
 
 
 def train_message(arrays: dict, round_: int, rate: float, population: int, clip: float):
-    return server_message(RecordDict({
-        "arrays": arrays_of(arrays),
-        "config": ConfigRecord({"lr": 0.1}),
-        K_DP: ConfigRecord({"round": round_, "seed": 5, "randomness": "seeded", "rate": rate,
-                            "rows": False, "clip": clip, "population": population,
-                            "personal": [""]})}), "train")
+    return server_message(
+        RecordDict(
+            {
+                "arrays": arrays_of(arrays),
+                "config": ConfigRecord({"lr": 0.1}),
+                K_DP: ConfigRecord(
+                    {
+                        "round": round_,
+                        "seed": 5,
+                        "randomness": "seeded",
+                        "rate": rate,
+                        "rows": False,
+                        "clip": clip,
+                        "population": population,
+                        "personal": [""],
+                    }
+                ),
+            }
+        ),
+        "train",
+    )
 
 
 class App:
@@ -64,19 +101,25 @@ class App:
         if msg.metadata.message_type != "train":
             return Message(RecordDict({"metrics": MetricRecord({"ok": 1})}), reply_to=msg)
         out = {k: v + np.float32((u + 1) * 0.1) for k, v in got.items()}
-        return Message(RecordDict({"arrays": arrays_of(out),
-                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg)
+        return Message(
+            RecordDict({"arrays": arrays_of(out), "metrics": MetricRecord({"num-examples": 1})}),
+            reply_to=msg,
+        )
 
 
 def context(partition: int, clients: int) -> Context:
-    return Context(run_id=1, node_id=1, node_config={"partition-id": partition,
-                                                     "num-partitions": clients},
-                   state=RecordDict(), run_config={})
+    return Context(
+        run_id=1,
+        node_id=1,
+        node_config={"partition-id": partition, "num-partitions": clients},
+        state=RecordDict(),
+        run_config={},
+    )
 
 
 def test_users_start_at_the_public_broadcast_and_the_client_keeps_its_own_head():
     mod = user_level_mod(users_per_client=4, personal=["head.*"])
-    app, ctx = App(), context(partition=1, clients=3)           # users 4..7 of 12
+    app, ctx = App(), context(partition=1, clients=3)  # users 4..7 of 12
     clip, rate = 0.25, 0.6
     for r in (1, 2):
         app.calls.clear()
@@ -85,25 +128,24 @@ def test_users_start_at_the_public_broadcast_and_the_client_keeps_its_own_head()
         assert set(reply.content.keys()) == {K_CONTRIB, K_COUNTS}
         sampled = sampled_users(range(4, 8), 5, r, rate, 12)
         # first the sampled users, each from the broadcast itself (public head: zeros)
-        firsts = app.calls[:len(sampled)]
+        firsts = app.calls[: len(sampled)]
         assert [u for u, _, _ in firsts] == sampled
         for _, start, _ in firsts:
             assert np.array_equal(start["head.w"], np.zeros(2, np.float32))
             assert np.array_equal(start["shared.w"], broadcast(r)["shared.w"])
         # then every user of the client, in order, the head carried from one to the next
-        chain = app.calls[len(sampled):]
+        chain = app.calls[len(sampled) :]
         assert [u for u, _, _ in chain] == [4, 5, 6, 7]
         for (u, start, _), prev in zip(chain[1:], chain[:-1]):
             assert np.allclose(start["head.w"], prev[1]["head.w"] + (prev[0] + 1) * 0.1)
             assert np.array_equal(start["shared.w"], broadcast(r)["shared.w"])
         kept = ctx.state[K_PERSONAL]
         assert list(kept.keys()) == ["head.w"]
-        want = chain[-1][1]["head.w"] + 0.8                    # user 7 moves it by 0.8
+        want = chain[-1][1]["head.w"] + 0.8  # user 7 moves it by 0.8
         assert np.allclose(kept["head.w"].numpy(), want)
         # the reply: the sampled users' shared updates ((u + 1) 0.1 on 3 coordinates), each
         # clipped to the clip, summed; their count
-        total = sum(min(1.0, clip / ((u + 1) * 0.1 * np.sqrt(3))) * (u + 1) * 0.1
-                    for u in sampled)
+        total = sum(min(1.0, clip / ((u + 1) * 0.1 * np.sqrt(3))) * (u + 1) * 0.1 for u in sampled)
         got = reply.content[K_CONTRIB]["sum"].numpy()
         assert got.shape == (3,) and np.allclose(got, total, rtol=1e-6)
         assert int(reply.content[K_COUNTS]["count"]) == len(sampled)
@@ -116,11 +158,11 @@ def test_evaluation_gets_the_clients_own_personal_layers():
     app, ctx = App(), context(partition=0, clients=2)
     mod(train_message(broadcast(1), 1, 1.0, 4, 10.0), ctx, app)
     kept = ctx.state[K_PERSONAL]["head.w"].numpy().copy()
-    assert np.allclose(kept, 0.1 + 0.2)                          # users 0 and 1, in order
+    assert np.allclose(kept, 0.1 + 0.2)  # users 0 and 1, in order
     app.calls.clear()
     ev = server_message(RecordDict({"arrays": arrays_of(broadcast(3))}), "evaluate")
     mod(ev, ctx, app)
-    (_, seen, kind), = app.calls
+    ((_, seen, kind),) = app.calls
     assert kind == "evaluate"
     assert np.array_equal(seen["head.w"], kept)
     assert np.array_equal(seen["shared.w"], broadcast(3)["shared.w"])
@@ -139,30 +181,41 @@ def test_users_of_is_checked_against_the_servers_population():
     mod = user_level_mod(users_of=lambda c: [3, 9])
     reply = mod(train_message(broadcast(1), 1, 1.0, 5, 1.0), context(0, 1), App())
     assert reply.has_error() and "outside 0..4" in reply.error.reason
-    ok = user_level_mod(users_of=lambda c: [3, 4])(train_message(broadcast(1), 1, 1.0, 5, 1.0),
-                                                   context(0, 1), App())
+    ok = user_level_mod(users_of=lambda c: [3, 4])(
+        train_message(broadcast(1), 1, 1.0, 5, 1.0), context(0, 1), App()
+    )
     assert not ok.has_error() and int(ok.content[K_COUNTS]["count"]) == 2
 
 
 def test_a_population_above_the_servers_is_refused():
     # N (fedudp.public.users) is an upper bound: 2 clients x 4 users = 8 <= 10 run unchanged
-    reply = user_level_mod(users_per_client=4)(train_message(broadcast(1), 1, 1.0, 10, 1.0),
-                                               context(0, 2), App())
+    reply = user_level_mod(users_per_client=4)(
+        train_message(broadcast(1), 1, 1.0, 10, 1.0), context(0, 2), App()
+    )
     assert not reply.has_error()
-    reply = user_level_mod(users_per_client=4)(train_message(broadcast(1), 1, 1.0, 10, 1.0),
-                                               context(0, 3), App())
+    reply = user_level_mod(users_per_client=4)(
+        train_message(broadcast(1), 1, 1.0, 10, 1.0), context(0, 3), App()
+    )
     assert reply.has_error() and "12 users, more than" in reply.error.reason
     assert "calibrated for (10, fedudp.public.users)" in reply.error.reason
     with pytest.raises(ValueError, match="users_per_client"):
         user_level_mod(users_per_client=0)
 
 
-@pytest.mark.parametrize("arr", [np.arange(12, dtype=np.float32).reshape(3, 4),
-                                 np.asfortranarray(np.arange(12.0).reshape(3, 4)),
-                                 np.array(3.5, dtype=np.float64), np.zeros((0, 5), np.float32),
-                                 np.arange(6, dtype=">i4"), np.array([True, False])])
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+        np.array(3.5, dtype=np.float64),
+        np.zeros((0, 5), np.float32),
+        np.arange(6, dtype=">i4"),
+        np.array([True, False]),
+    ],
+)
 def test_the_fast_array_decode_equals_flowers(arr):
     from fedudp.flower import _numpy
+
     a = Array(arr)
     got, want = _numpy(a), a.numpy()
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)

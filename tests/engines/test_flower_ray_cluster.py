@@ -7,6 +7,7 @@ backend skips ``ray.init`` when Ray is already initialized, so running it in thi
 could silently ignore ``address``). The run must report that cluster's GCS address, and the
 owners' worker processes must be that cluster's (their logs are under its ``--temp-dir``).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,13 @@ def free_port() -> int:
 
 def loopback_env(tmp: str) -> dict:
     env = dict(os.environ)
-    env.update(FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",   # Ray's single-machine mode: 127.0.0.1
-               RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", FLWR_HOME=os.path.join(tmp, "flwr"))
+    env.update(
+        FLWR_TELEMETRY_ENABLED="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # Ray's single-machine mode: 127.0.0.1
+        RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0",
+        FLWR_HOME=os.path.join(tmp, "flwr"),
+    )
     env.pop("RAY_ADDRESS", None)
     return env
 
@@ -49,7 +54,7 @@ def session_pids(sid: int) -> list[int]:
                 fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[3]) == sid:   # field 6 of /proc/pid/stat: session id
+            if int(fields[3]) == sid:  # field 6 of /proc/pid/stat: session id
                 out.append(int(d.name))
     return out
 
@@ -78,15 +83,28 @@ def stop_session(proc: subprocess.Popen) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_flower_engine_runs_on_existing_loopback_ray_cluster(tmp_path):
-    ray_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")   # short: Ray's socket paths
+    ray_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths
     port = free_port()
     env = loopback_env(ray_tmp)
     log = open(tmp_path / "ray_start.log", "w")
     head = subprocess.Popen(
-        [str(VENV_BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-         f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-         f"--temp-dir={ray_tmp}", "--disable-usage-stats"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(VENV_BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--temp-dir={ray_tmp}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         t_end = time.time() + 120
         while "Ray runtime started" not in (tmp_path / "ray_start.log").read_text():
@@ -95,11 +113,21 @@ def test_flower_engine_runs_on_existing_loopback_ray_cluster(tmp_path):
             time.sleep(0.5)
         address = f"127.0.0.1:{port}"
         out = tmp_path / "run"
-        cmd = [str(VENV_BIN / "fedudp"), "engine=flower", "method=joint_dp",
-               f"engine_opts.address={address}", "engine_opts.num_cpus=1",
-               "partition.num_owners=3", "dataset.num_records=90", "dataset.pool_train=500",
-               "dataset.pool_test=90", "dataset.features=10", "train.rounds=2",
-               "progress=false", f"hydra.run.dir={out}"]
+        cmd = [
+            str(VENV_BIN / "fedudp"),
+            "engine=flower",
+            "method=joint_dp",
+            f"engine_opts.address={address}",
+            "engine_opts.num_cpus=1",
+            "partition.num_owners=3",
+            "dataset.num_records=90",
+            "dataset.pool_train=500",
+            "dataset.pool_test=90",
+            "dataset.features=10",
+            "train.rounds=2",
+            "progress=false",
+            f"hydra.run.dir={out}",
+        ]
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         summary = json.loads((out / "summary.json").read_text())

@@ -5,6 +5,7 @@ What is released is checked, not only that it runs: the ledger's ε equals a dir
 computation with the literal constants; with the noise made negligible the released update is
 the mean of the users' clipped updates over the public q·N, each user's update recomputed here
 with the app's own training step on that user's data alone; no personal parameter crosses."""
+
 from __future__ import annotations
 
 import sys
@@ -16,19 +17,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "flower_user_dp"))
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]   # Ray simulations: ~1 min each
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # Ray simulations: ~1 min each
 
 
 def simulate(server_app, client_app, clients: int = 4) -> None:
     from flwr.simulation import run_simulation
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=clients,
-                   backend_name="ray",
-                   backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
-                                   "init_args": {"address": "local"}})
+
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=clients,
+        backend_name="ray",
+        backend_config={
+            "client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
+            "init_args": {"address": "local"},
+        },
+    )
 
 
 def test_the_example_app_is_user_level_dp_with_a_direct_epsilon():
     from user_dp_app import client_app, server_app
+
     simulate(server_app.app, client_app.app)
     strategy = server_app.RESULT["strategy"]
     d = server_app.DEFAULTS
@@ -36,8 +45,11 @@ def test_the_example_app_is_user_level_dp_with_a_direct_epsilon():
     z = strategy.aggregator.noise_multiplier
     # the ledger's epsilon, recomputed directly: 3 Poisson(0.5)-sampled Gaussian releases
     acc = dp_accounting.pld.PLDAccountant()
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 3))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 3
+        )
+    )
     direct = acc.get_epsilon(1e-5)
     assert strategy.ledger.entries[-1].epsilon == pytest.approx(direct, rel=1e-3)
     assert direct <= d["fedudp.privacy.epsilon"] * (1 + 1e-6)
@@ -51,8 +63,14 @@ def test_the_release_is_the_mean_of_the_users_clipped_updates():
     generator (float64), the sample from the keyed Poisson mask. Run in a fresh process: Flower's
     simulation keeps state between runs in one process."""
     import subprocess
-    p = subprocess.run([sys.executable, str(Path(__file__).with_name("flower_release_check.py"))],
-                       capture_output=True, text=True, timeout=280, cwd=ROOT)
+
+    p = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("flower_release_check.py"))],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=ROOT,
+    )
     assert p.returncode == 0 and p.stdout.strip().endswith("release ok"), p.stderr[-3000:]
 
 
@@ -81,11 +99,20 @@ def test_personal_layers_never_leave_the_clients():
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         agg = GaussianAggregator(1.0, 1.0, Sampling(0.5, 30))
-        s = UserLevelDP(FedAvg(fraction_train=1.0, fraction_evaluate=0.0), agg, delta=1e-5,
-                        personal=personal, seed=3)
+        s = UserLevelDP(
+            FedAvg(fraction_train=1.0, fraction_evaluate=0.0),
+            agg,
+            delta=1e-5,
+            personal=personal,
+            seed=3,
+        )
         init = ArrayRecord(make_model().state_dict())
-        res = s.start(grid=SendRecorder(grid, got), initial_arrays=init, num_rounds=2,
-                      train_config=ConfigRecord({"lr": 0.5}))
+        res = s.start(
+            grid=SendRecorder(grid, got),
+            initial_arrays=init,
+            num_rounds=2,
+            train_config=ConfigRecord({"lr": 0.5}),
+        )
         out["init"], out["final"] = init, res.arrays
 
     simulate(app, app_client, 3)
@@ -101,10 +128,13 @@ def test_personal_layers_never_leave_the_clients():
         arrays = msg.content[K_CONTRIB]
         assert list(arrays.keys()) == ["sum"] and arrays["sum"].shape == (shared_dim,)
         assert not any(name in str(msg.content) for name in personal_names)
-    for name in personal_names:                           # the server never moves them
+    for name in personal_names:  # the server never moves them
         assert (out["final"][name].numpy() == out["init"][name].numpy()).all()
-    assert any((out["final"][k].numpy() != out["init"][k].numpy()).any()
-               for k in out["init"].keys() if k not in personal_names)
+    assert any(
+        (out["final"][k].numpy() != out["init"][k].numpy()).any()
+        for k in out["init"].keys()
+        if k not in personal_names
+    )
 
 
 @pytest.mark.parametrize("aggregator", ["gaussian", "winsorized"])
@@ -115,21 +145,32 @@ def test_the_wrapper_and_mod_equal_fedudps_own_engine(aggregator):
     order apart), the same users per round, the same ledger (events, σ, ε per round)."""
     import json
     import subprocess
-    p = subprocess.run([sys.executable, str(Path(__file__).with_name("flower_equivalence_check.py")),
-                        aggregator, "3"], capture_output=True, text=True, timeout=280, cwd=ROOT)
+
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("flower_equivalence_check.py")),
+            aggregator,
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["shared_keys"] == got["flower_keys"]
-    assert got["moved"] > 0.1                              # the model did move, three times
+    assert got["moved"] > 0.1  # the model did move, three times
     assert got["max_abs_diff"] <= 1e-6 * max(1.0, got["moved"])
     assert got["ours_users"] == got["flower_users"] and len(got["ours_users"]) == 3
     if aggregator == "gaussian":
-        assert 0 < min(got["ours_users"]) < 20             # Poisson(0.6) samples of 20 users
+        assert 0 < min(got["ours_users"]) < 20  # Poisson(0.6) samples of 20 users
     else:
         assert got["ours_users"] == [20, 20, 20]
     assert len(got["ours"]) == len(got["flower"]) == 3
     for a, b in zip(got["ours"], got["flower"]):
-        assert a[0] == b[0] and a[2] == b[2] and a[3] == b[3]      # round, sigma, event
-        assert a[1] == pytest.approx(b[1], rel=1e-12)              # epsilon
+        assert a[0] == b[0] and a[2] == b[2] and a[3] == b[3]  # round, sigma, event
+        assert a[1] == pytest.approx(b[1], rel=1e-12)  # epsilon
     assert got["ours_epsilon"] == pytest.approx(got["flower_epsilon"], rel=1e-12)
     assert got["ours_epsilon"] <= 8.0 * (1 + 1e-6)

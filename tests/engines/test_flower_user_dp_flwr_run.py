@@ -1,6 +1,7 @@
 """The example app (examples/flower_user_dp) under Flower's own tooling: ``flwr run . --stream``
 on the simulation engine, with a local SuperLink of its own (free ports, a fresh FLWR_HOME);
 its ledger's ε equals a direct dp-accounting computation with the run's constants."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,11 @@ def assert_direct_epsilon(ledger: dict) -> None:
     Gaussian releases at its noise multiplier, δ = 1e-5 (the example's run config)."""
     z = ledger["entries"][-1]["noise_multiplier"]
     acc = dp_accounting.pld.PLDAccountant()
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 2))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(z)), 2
+        )
+    )
     assert ledger["entries"][-1]["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-3)
 
 
@@ -33,9 +37,14 @@ def flwr_env(home: Path) -> tuple[str, dict]:
     a fresh FLWR_HOME, no telemetry, no runtime dependency installation."""
     bindir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLWR_", "RAY_"))}
-    env.update(PATH=bindir + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(Path(bindir).parent),
-               FLWR_HOME=str(home), FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    env.update(
+        PATH=bindir + os.pathsep + env.get("PATH", ""),
+        VIRTUAL_ENV=str(Path(bindir).parent),
+        FLWR_HOME=str(home),
+        FLWR_TELEMETRY_ENABLED="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+    )
     return bindir, env
 
 
@@ -47,18 +56,40 @@ def test_the_example_runs_under_flwr_run(tmp_path):
     home, out = tmp_path / "flwr_home", tmp_path / "out"
     home.mkdir()
     bindir, env = flwr_env(home)
-    env.update(FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
-               FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()))
+    env.update(
+        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()),
+        FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()),
+    )
     flwr = shutil.which("flwr", path=bindir)
     try:
-        run = subprocess.run([flwr, "run", ".", "--stream", "--run-config",
-                              f"fedudp.train.rounds=2 output-dir='{out}'"], cwd=app, env=env,
-                             capture_output=True, text=True, timeout=480)
+        run = subprocess.run(
+            [
+                flwr,
+                "run",
+                ".",
+                "--stream",
+                "--run-config",
+                f"fedudp.train.rounds=2 output-dir='{out}'",
+            ],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=480,
+        )
         log = run.stdout + run.stderr
         assert run.returncode == 0, log[-4000:]
-        ls = subprocess.run([flwr, "ls", "--format", "json"], cwd=app, env=env,
-                            capture_output=True, text=True, timeout=60)
-        assert [r["status"] for r in json.loads(ls.stdout)["runs"]] == ["finished:completed"], log[-4000:]
+        ls = subprocess.run(
+            [flwr, "ls", "--format", "json"],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert [r["status"] for r in json.loads(ls.stdout)["runs"]] == ["finished:completed"], log[
+            -4000:
+        ]
         ledger = json.loads((out / "ledger.json").read_text())
         assert len(ledger["entries"]) == 2 and ledger["unit"] == "user"
         assert_direct_epsilon(ledger)
@@ -69,6 +100,7 @@ def test_the_example_runs_under_flwr_run(tmp_path):
 def _wait_port(port: int, timeout: float = 60.0) -> None:
     import socket
     import time
+
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         with socket.socket() as s:
@@ -88,40 +120,90 @@ def deploy(tmp_path: Path, run_config: str) -> dict:
     # flwr 1.42's SuperLink serves its Runtime, Control and Fleet APIs on one HTTP port
     fleet = control = _free_port()
     with open(app / "pyproject.toml", "a") as f:
-        f.write(f'\n[tool.flwr.federations.deploy]\naddress = "127.0.0.1:{control}"\n'
-                'insecure = true\n')
+        f.write(
+            f'\n[tool.flwr.federations.deploy]\naddress = "127.0.0.1:{control}"\ninsecure = true\n'
+        )
     home, out = tmp_path / "flwr_home", tmp_path / "out"
     home.mkdir()
     bindir, env = flwr_env(home)
     procs = []
     try:
-        procs.append(subprocess.Popen(
-            [shutil.which("flower-superlink", path=bindir), "--insecure",
-             "--host", "127.0.0.1", "--port", str(control)],
-            env=env, cwd=tmp_path, stdout=open(tmp_path / "superlink.log", "w"),
-            stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [
+                    shutil.which("flower-superlink", path=bindir),
+                    "--insecure",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(control),
+                ],
+                env=env,
+                cwd=tmp_path,
+                stdout=open(tmp_path / "superlink.log", "w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
         _wait_port(control)
         for p in range(2):
-            procs.append(subprocess.Popen(
-                [shutil.which("flower-supernode", path=bindir), "--insecure",
-                 "--superlink", f"127.0.0.1:{fleet}", "--port", str(_free_port()),
-                 "--node-config", f"partition-id={p} num-partitions=2"],
-                env=env, cwd=tmp_path, stdout=open(tmp_path / f"supernode{p}.log", "w"),
-                stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        shutil.which("flower-supernode", path=bindir),
+                        "--insecure",
+                        "--superlink",
+                        f"127.0.0.1:{fleet}",
+                        "--port",
+                        str(_free_port()),
+                        "--node-config",
+                        f"partition-id={p} num-partitions=2",
+                    ],
+                    env=env,
+                    cwd=tmp_path,
+                    stdout=open(tmp_path / f"supernode{p}.log", "w"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
         flwr = shutil.which("flwr", path=bindir)
-        run = subprocess.run([flwr, "run", ".", "deploy", "--stream", "--run-config",
-                              f"{run_config} output-dir='{out}'"],
-                             cwd=app, env=env, capture_output=True, text=True, timeout=420)
-        ls = subprocess.run([flwr, "ls", "deploy", "--format", "json"], cwd=app, env=env,
-                            capture_output=True, text=True, timeout=60)
-        logs = "".join((tmp_path / f).read_text()[-1500:] for f in
-                       ("superlink.log", "supernode0.log", "supernode1.log"))
+        run = subprocess.run(
+            [
+                flwr,
+                "run",
+                ".",
+                "deploy",
+                "--stream",
+                "--run-config",
+                f"{run_config} output-dir='{out}'",
+            ],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=420,
+        )
+        ls = subprocess.run(
+            [flwr, "ls", "deploy", "--format", "json"],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        logs = "".join(
+            (tmp_path / f).read_text()[-1500:]
+            for f in ("superlink.log", "supernode0.log", "supernode1.log")
+        )
         try:
             status = [r["status"] for r in json.loads(ls.stdout)["runs"]]
         except (ValueError, KeyError):
             status = [ls.stdout[-500:] + ls.stderr[-500:]]
-        return {"rc": run.returncode, "log": run.stdout + run.stderr, "logs": logs,
-                "status": status, "out": out}
+        return {
+            "rc": run.returncode,
+            "log": run.stdout + run.stderr,
+            "logs": logs,
+            "status": status,
+            "out": out,
+        }
     finally:
         for p in procs:
             p.terminate()
@@ -154,8 +236,9 @@ def test_every_client_failing_on_the_deployment_engine_fails_the_run(tmp_path):
     """``fedudp.users-per-client=15`` (2 clients x 15 = 30 users > N = 20): every client's mod
     refuses every round. Nothing is released, no ε is spent (an empty ledger), each client's
     reason is in the ServerApp's log, and the run ends failed, not completed."""
-    got = deploy(tmp_path, "fedudp.train.rounds=2 fedudp.public.users=20 "
-                           "fedudp.users-per-client=15")
+    got = deploy(
+        tmp_path, "fedudp.train.rounds=2 fedudp.public.users=20 fedudp.users-per-client=15"
+    )
     log = got["log"]
     assert got["status"] == ["finished:failed"], (got["status"], log[-3000:] + got["logs"])
     ledger = json.loads((got["out"] / "ledger.json").read_text())
@@ -163,8 +246,11 @@ def test_every_client_failing_on_the_deployment_engine_fails_the_run(tmp_path):
     # (Flower's stream may print a log line twice: with and without its colour prefix)
     for r in (1, 2):
         assert f"UserLevelDP round {r}: withheld, nothing released, no epsilon spent" in log
-    reasons = {ln[ln.index("UserLevelDP round"):] for ln in log.splitlines()
-               if "UserLevelDP round" in ln and "failed:" in ln}
-    assert len(reasons) == 4, log[-3000:]           # 2 clients x 2 rounds, each with its reason
+    reasons = {
+        ln[ln.index("UserLevelDP round") :]
+        for ln in log.splitlines()
+        if "UserLevelDP round" in ln and "failed:" in ln
+    }
+    assert len(reasons) == 4, log[-3000:]  # 2 clients x 2 rounds, each with its reason
     assert all("15 users per client" in ln for ln in reasons)
     assert "every training round was withheld" in log

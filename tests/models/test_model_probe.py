@@ -5,6 +5,7 @@ classes ran silently, 3 ended in cross-entropy's raw IndexError, nn.LSTMCell / G
 RNNCell failed inside vmap, a custom autograd.Function without a vmap rule gave a raw functorch
 error. Each refusal is one line naming model.target (or model.name), the layer and what to use
 instead; each premise (that the model really fails in vmap) is checked against torch itself."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,12 @@ def me(name: str) -> str:
 
 
 def cfg_for(target: str, **kwargs):
-    over = {"dataset.name": "synthetic", "dataset.features": FEATURES,
-            "dataset.classes": CLASSES, "model.target": target}
+    over = {
+        "dataset.name": "synthetic",
+        "dataset.features": FEATURES,
+        "dataset.classes": CLASSES,
+        "model.target": target,
+    }
     over.update({f"model.kwargs.{k}": v for k, v in kwargs.items()})
     return config_from_overrides(over)
 
@@ -132,6 +137,7 @@ def vmap_grads(model: nn.Module):
 
     def loss(p, xi, yi):
         return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
     return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
 
 
@@ -157,8 +163,11 @@ def test_a_model_that_fits_is_built_and_its_parameters_untouched():
 def test_the_declared_input_shape_is_what_the_probe_feeds():
     # the model expects 6 features; the declared shape is 5: the first layer is named
     class_path = "torch.nn.Linear"
-    with pytest.raises(ConfigError, match=r"^model\.target: model layer <model> \(Linear\) fails "
-                                          r"on an example batch of shape \[2, 5\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model\.target: model layer <model> \(Linear\) fails "
+        r"on an example batch of shape \[2, 5\]",
+    ):
         build_model(cfg_for(class_path, in_features=6, out_features=CLASSES))
 
 
@@ -175,13 +184,17 @@ def test_recurrent_cells_are_refused_naming_the_layer(kind):
 
 
 def test_an_autograd_function_without_a_vmap_rule_is_refused_naming_the_layer():
-    with pytest.raises(RuntimeError, match="autograd.Function"):      # premise
+    with pytest.raises(RuntimeError, match="autograd.Function"):  # premise
         vmap_grads(FnNet())
     with pytest.raises(ConfigError) as info:
         build_model(cfg_for(me("FnNet")))
     msg = str(info.value)
-    assert msg.startswith("model.target: model layer sq (SquareLayer) fails in the per-record "
-                          "gradient path") and "\n" not in msg
+    assert (
+        msg.startswith(
+            "model.target: model layer sq (SquareLayer) fails in the per-record gradient path"
+        )
+        and "\n" not in msg
+    )
     assert "setup_context" in msg and "generate_vmap_rule" in msg
     # its twin with a vmap rule is accepted, and vmap then gives the gradient of x*x
     m = build_model(cfg_for(me("FnNet"), with_rule=True))
@@ -193,17 +206,23 @@ def test_an_autograd_function_without_a_vmap_rule_is_refused_naming_the_layer():
 
 
 def test_a_linear_applied_twice_is_refused_by_the_one_pass_kernel():
-    assert fast_per_record(TwiceNet())                 # premise: the type rule admits it
-    probe(TwiceNet(), (FEATURES,), CLASSES)            # and vmap runs it
-    with pytest.raises(ConfigError, match=r"^model\.target: model fails in DP-SGD's one-pass "
-                                          r"per-record gradients.*called twice.*own nn\.Linear"):
+    assert fast_per_record(TwiceNet())  # premise: the type rule admits it
+    probe(TwiceNet(), (FEATURES,), CLASSES)  # and vmap runs it
+    with pytest.raises(
+        ConfigError,
+        match=r"^model\.target: model fails in DP-SGD's one-pass "
+        r"per-record gradients.*called twice.*own nn\.Linear",
+    ):
         build_model(cfg_for(me("TwiceNet")))
 
 
-@pytest.mark.parametrize("overrides", [
-    {},                                                                   # linear
-    {"dataset.name": "mnist", "dataset.classes": None, "dataset.features": 20},   # paper CNN
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # linear
+        {"dataset.name": "mnist", "dataset.classes": None, "dataset.features": 20},  # paper CNN
+    ],
+)
 def test_built_in_models_pass_the_probe(overrides):
     over = {"dataset.name": "synthetic", "dataset.features": FEATURES, **overrides}
     build_model(config_from_overrides(over))
@@ -220,9 +239,16 @@ def test_prepare_probes_before_the_federation_is_built(monkeypatch):
 def test_a_natural_federations_model_is_probed_before_its_files_are_read(tmp_path, monkeypatch):
     read = []
     monkeypatch.setattr(build, "natural_records", lambda *a, **k: read.append(1))
-    cfg = config_from_overrides({"dataset.name": "npz", "dataset.path": str(tmp_path / "f.npz"),
-                                 "dataset.classes": CLASSES, "dataset.input_shape": [FEATURES],
-                                 "model.target": me("Head"), "model.kwargs.outputs": 7})
+    cfg = config_from_overrides(
+        {
+            "dataset.name": "npz",
+            "dataset.path": str(tmp_path / "f.npz"),
+            "dataset.classes": CLASSES,
+            "dataset.input_shape": [FEATURES],
+            "model.target": me("Head"),
+            "model.kwargs.outputs": 7,
+        }
+    )
     with pytest.raises(ConfigError, match=r"^model\.target: model output is \[2, 7\]"):
         build.prepare(cfg)
     assert not read

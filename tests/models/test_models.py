@@ -1,5 +1,6 @@
 """Models beyond the paper's: the character GRU (fedudp.models.char_rnn), the layer validator
 (fedudp.models.validate) and a researcher's own module (fedudp.models.custom)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,8 +48,14 @@ def test_char_gru_shapes_and_names():
     assert m(x[0]).shape == (VOCAB,)
     assert CharGRU(classes=5)(x).shape == (3, 5)
     assert [n for n, _ in m.named_parameters()] == [
-        "embed.weight", "rnn.0.ih.weight", "rnn.0.ih.bias", "rnn.0.hh.weight", "rnn.0.hh.bias",
-        "head.weight", "head.bias"]
+        "embed.weight",
+        "rnn.0.ih.weight",
+        "rnn.0.ih.bias",
+        "rnn.0.hh.weight",
+        "rnn.0.hh.bias",
+        "head.weight",
+        "head.bias",
+    ]
     spec = make_method("joint_dp", m)
     assert spec.split.personal == ("head.weight", "head.bias")
     with pytest.raises(ValueError, match="integer token ids"):
@@ -69,8 +76,8 @@ def test_char_gru_is_torch_gru(layers):
     x = tokens(5, 9)
     out, _ = ref(m.embed(x))
     torch.testing.assert_close(m(x), m.head(out[:, -1]), rtol=0, atol=1e-12)
-    bound = 8 ** -0.5
-    assert all(p.abs().max() <= bound for p in m.rnn.parameters())     # nn.GRU's init
+    bound = 8**-0.5
+    assert all(p.abs().max() <= bound for p in m.rnn.parameters())  # nn.GRU's init
 
 
 def test_char_gru_vmap_grad_matches_plain():
@@ -79,8 +86,10 @@ def test_char_gru_vmap_grad_matches_plain():
     p = params_of(m)
     x, y = tokens(3, 4, 7), tokens(3, 4, seed=2)
     gen = torch.Generator().manual_seed(3)
-    P = {k: v.expand(3, *v.shape) + 0.1 * torch.randn(3, *v.shape, generator=gen, dtype=v.dtype)
-         for k, v in p.items()}
+    P = {
+        k: v.expand(3, *v.shape) + 0.1 * torch.randn(3, *v.shape, generator=gen, dtype=v.dtype)
+        for k, v in p.items()
+    }
     batched = vmap(grad(lambda q, xb, yb: ce(m, q, xb, yb)))(P, x, y)
     for i in range(3):
         one = grad(lambda q: ce(m, q, x[i], y[i]))({k: v[i] for k, v in P.items()})
@@ -88,10 +97,11 @@ def test_char_gru_vmap_grad_matches_plain():
             torch.testing.assert_close(batched[k][i], one[k], rtol=1e-10, atol=1e-12)
     # per record (DP-SGD's vmap path): each record a batch of one, against plain autograd
     per = vmap(grad(lambda q, xr, yr: ce(m, q, xr[None], yr[None])), in_dims=(None, 0, 0))(
-        p, x[0], y[0])
+        p, x[0], y[0]
+    )
     for r in range(4):
         m.zero_grad()
-        F.cross_entropy(m(x[0, r:r + 1]), y[0, r:r + 1]).backward()
+        F.cross_entropy(m(x[0, r : r + 1]), y[0, r : r + 1]).backward()
         for k, prm in m.named_parameters():
             torch.testing.assert_close(per[k][r], prm.grad, rtol=1e-10, atol=1e-12)
 
@@ -104,8 +114,9 @@ def test_char_gru_in_the_engines_vmapped_paths():
     x, y = tokens(12, 7), tokens(12, seed=2)
     head = {k: v for k, v in p.items() if k.startswith("head.")}
     common = {k: v for k, v in p.items() if k not in head}
-    units = local_sgd.Units(np.array([0, 5]), np.array([5, 7]), np.array([0, 1]),
-                            np.array([0, 5]), np.array([5, 7]))
+    units = local_sgd.Units(
+        np.array([0, 5]), np.array([5, 7]), np.array([0, 1]), np.array([0, 5]), np.array([5, 7])
+    )
     spec = local_sgd.LocalSpec(seed=0, lr=0.1, batch_size=3, epochs=1)
     orders = local_sgd.batch_orders(units, spec, 0, Purpose.PERSONAL_ORDER)
     trained = local_sgd.local_sgd(m, local_sgd.expand(head, 2), {}, common, x, y, orders, spec)
@@ -121,16 +132,30 @@ def test_char_gru_owner_dpsgd_takes_the_vmap_path():
     """The embedding is not on per_sample's fast path: owner-side DP-SGD runs it through vmap."""
     from fedudp.core import per_sample
     from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
+
     m = small_gru()
     split = make_method("joint_dp", m).split
     assert not per_sample.supported(m, split.shared)
     p = params_of(m)
     x, y = tokens(12, 7), tokens(12, seed=2)
     deltas = dpsgd_deltas(
-        m, {k: p[k] for k in split.shared}, local_sgd.expand({k: p[k] for k in split.personal}, 2),
-        {}, x, y, np.arange(0, 12, 2), np.full(6, 2), np.array([0, 3]), np.array([3, 3]),
-        np.array([3, 3]), np.array([0, 1]), DpSgdSpec(1.0, 1.0, 2, 1, 0.1, seed=0), 0,
-        split.shared, 512)
+        m,
+        {k: p[k] for k in split.shared},
+        local_sgd.expand({k: p[k] for k in split.personal}, 2),
+        {},
+        x,
+        y,
+        np.arange(0, 12, 2),
+        np.full(6, 2),
+        np.array([0, 3]),
+        np.array([3, 3]),
+        np.array([3, 3]),
+        np.array([0, 1]),
+        DpSgdSpec(1.0, 1.0, 2, 1, 0.1, seed=0),
+        0,
+        split.shared,
+        512,
+    )
     assert deltas.shape == (2, sum(p[k].numel() for k in split.shared))
     assert torch.isfinite(deltas).all() and deltas.abs().sum() > 0
 
@@ -139,6 +164,7 @@ def test_char_gru_fast_path_where_it_qualifies():
     """With the embedding and the recurrence left out (personal), the one-pass per-record
     gradients of the head and the input projection equal vmap's, record by record."""
     from fedudp.core import per_sample
+
     m = small_gru()
     p = params_of(m)
     names = ("rnn.0.ih.weight", "rnn.0.ih.bias", "head.weight", "head.bias")
@@ -168,8 +194,15 @@ def test_char_gru_learns_next_character():
 
 # -- validator --------------------------------------------------------------------------------
 def conv_net(norm: nn.Module) -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, 4, 3), norm, nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Dropout(0.0), nn.Linear(4, 3))
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        norm,
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(0.0),
+        nn.Linear(4, 3),
+    )
 
 
 class Wrapper(nn.Module):
@@ -198,8 +231,11 @@ def test_batchnorm_refused_naming_the_layer():
 
 
 def test_instance_norm_running_stats_refused():
-    refused(conv_net(nn.InstanceNorm2d(4, track_running_stats=True)),
-            "1 (InstanceNorm2d)", "track_running_stats")
+    refused(
+        conv_net(nn.InstanceNorm2d(4, track_running_stats=True)),
+        "1 (InstanceNorm2d)",
+        "track_running_stats",
+    )
     check_model(conv_net(nn.InstanceNorm2d(4)))
     check_model(conv_net(nn.InstanceNorm2d(4, affine=True)))
 
@@ -251,7 +287,7 @@ class Running(ConstantBuffer):
 def test_buffers_constant_accepted_running_state_refused():
     check_model(ConstantBuffer(), torch.ones(3, 4))
     refused(Running(), "<model> (Running)", "'running_mean'")
-    check_model(Counter())                               # static: a constant as far as it knows
+    check_model(Counter())  # static: a constant as far as it knows
     refused(Counter(), "<model> (Counter)", "'seen'", example=torch.ones(3, 4))
 
 
@@ -269,23 +305,30 @@ def test_other_refusals():
 def test_fast_per_record():
     """The rule fedudp.core.per_sample applies (models may not import core: a copy, kept equal)."""
     from fedudp.core import per_sample
+
     lin = SharedPersonalLogistic(5, 3)
-    cases = [(PaperCNN(), None), (lin, None), (lin, ("shared.weight", "shared.bias")),
-             (CharGRU(), None), (CharGRU(), ("head.weight", "rnn.0.ih.bias")),
-             (CharGRU(), ("rnn.0.hh.bias",)),
-             (nn.Sequential(nn.Conv2d(4, 4, 3, groups=2), nn.Flatten()), None),
-             (nn.Sequential(nn.Conv2d(4, 4, 3, padding="same")), None),
-             (nn.Sequential(nn.Conv1d(4, 4, 3)), None), (conv_net(nn.GroupNorm(2, 4)), None)]
+    cases = [
+        (PaperCNN(), None),
+        (lin, None),
+        (lin, ("shared.weight", "shared.bias")),
+        (CharGRU(), None),
+        (CharGRU(), ("head.weight", "rnn.0.ih.bias")),
+        (CharGRU(), ("rnn.0.hh.bias",)),
+        (nn.Sequential(nn.Conv2d(4, 4, 3, groups=2), nn.Flatten()), None),
+        (nn.Sequential(nn.Conv2d(4, 4, 3, padding="same")), None),
+        (nn.Sequential(nn.Conv1d(4, 4, 3)), None),
+        (conv_net(nn.GroupNorm(2, 4)), None),
+    ]
     for model, names in cases:
         all_names = tuple(n for n, _ in model.named_parameters())
         assert fast_per_record(model, names) == per_sample.supported(model, names or all_names)
     assert fast_per_record(CharGRU(), ("head.weight", "rnn.0.ih.bias"))
-    assert not fast_per_record(CharGRU(), ("rnn.0.hh.weight",))    # applied at every step
+    assert not fast_per_record(CharGRU(), ("rnn.0.hh.weight",))  # applied at every step
     assert fast_per_record(PaperCNN())
     # joint_dp's DP-SGD differentiates the shared nn.Linear only: the fast path
     assert fast_per_record(lin, make_method("joint_dp", lin).split.shared)
-    assert not fast_per_record(lin)         # full_dp: personal.bias sits in a custom module
-    assert not fast_per_record(CharGRU())   # the embedding: the generic vmap path
+    assert not fast_per_record(lin)  # full_dp: personal.bias sits in a custom module
+    assert not fast_per_record(CharGRU())  # the embedding: the generic vmap path
     assert not fast_per_record(nn.Sequential(nn.Conv2d(4, 4, 3, groups=2), nn.Flatten()))
     assert fast_per_record(nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.Flatten()))
 
@@ -329,29 +372,34 @@ def test_from_target_seeded_and_signature_filled():
         assert not torch.equal(p, r), n
     state = torch.get_rng_state()
     lin = from_target("torch.nn.Linear", {"in_features": 4, "out_features": 2}, **kw)
-    assert torch.equal(torch.get_rng_state(), state)       # the global generator is untouched
+    assert torch.equal(torch.get_rng_state(), state)  # the global generator is untouched
     torch.manual_seed(7)
     torch.testing.assert_close(lin.weight, nn.Linear(4, 2).weight)
-    f = from_target(me("tiny_factory"), {"input_shape": (4,)}, **kw)   # kwargs win; num_classes
+    f = from_target(me("tiny_factory"), {"input_shape": (4,)}, **kw)  # kwargs win; num_classes
     assert f.in_features == 4 and f.out_features == 5
     g = from_target(me("TinyNet"), {}, personal=["out"], **kw)
     spec = make_method("joint_dp", g)
     assert spec.split.personal == ("out.weight", "out.bias")
 
 
-@pytest.mark.parametrize("target, words", [
-    ("no_such_package_xyz.Net", ["'no_such_package_xyz.Net'", "no module"]),
-    ("TinyNet", ["dotted path"]),
-    (None, ["dotted path"]),
-    ("torch.nn.NoSuchLayer", ["has no attribute 'NoSuchLayer'"]),
-    ("torch.no_such_submodule.Net", ["has no attribute 'no_such_submodule'"]),
-    ("torch.nn.modules", ["not a class or factory"]),
-    ("NOT_A_MODULE", ["returned a dict"]),
-    ("BATCHNORM", ["1 (BatchNorm2d)", "GroupNorm"]),
-    ("torch.nn.Linear", ["raised TypeError"]),                 # missing in/out_features
-])
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("no_such_package_xyz.Net", ["'no_such_package_xyz.Net'", "no module"]),
+        ("TinyNet", ["dotted path"]),
+        (None, ["dotted path"]),
+        ("torch.nn.NoSuchLayer", ["has no attribute 'NoSuchLayer'"]),
+        ("torch.no_such_submodule.Net", ["has no attribute 'no_such_submodule'"]),
+        ("torch.nn.modules", ["not a class or factory"]),
+        ("NOT_A_MODULE", ["returned a dict"]),
+        ("BATCHNORM", ["1 (BatchNorm2d)", "GroupNorm"]),
+        ("torch.nn.Linear", ["raised TypeError"]),  # missing in/out_features
+    ],
+)
 def test_from_target_errors_are_one_line(target, words):
-    target = {"NOT_A_MODULE": me("not_a_module"), "BATCHNORM": me("batchnorm_net")}.get(target, target)
+    target = {"NOT_A_MODULE": me("not_a_module"), "BATCHNORM": me("batchnorm_net")}.get(
+        target, target
+    )
     with pytest.raises(ValueError) as err:
         from_target(target, {}, input_shape=(3,), classes=2, seed=0)
     msg = str(err.value)
@@ -364,9 +412,13 @@ def test_from_target_module_failing_its_own_import(tmp_path, monkeypatch):
     (tmp_path / "fedudp_test_broken_model.py").write_text("import fedudp_no_such_dependency\n")
     (tmp_path / "fedudp_test_raising_model.py").write_text("raise RuntimeError('bad\\nconfig')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name, words in (("broken", ["importing fedudp_test_broken_model failed",
-                                    "fedudp_no_such_dependency", "install"]),
-                        ("raising", ["RuntimeError", "bad"])):
+    for name, words in (
+        (
+            "broken",
+            ["importing fedudp_test_broken_model failed", "fedudp_no_such_dependency", "install"],
+        ),
+        ("raising", ["RuntimeError", "bad"]),
+    ):
         with pytest.raises(ValueError) as err:
             from_target(f"fedudp_test_{name}_model.Net", {}, input_shape=(3,), classes=2, seed=0)
         assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), err.value
@@ -414,9 +466,9 @@ def test_paper_cnn_pool_then_relu_is_the_textbook_order_bit_for_bit(dtype):
         return 0.5 * (m.fc1(h) + m.fc2(h))
 
     x = torch.randn(6, 1, 28, 28, dtype=dtype)
-    x[0] = 0.0                                   # every conv1 window is its bias: ties
-    x[1, :, :14] = -5.0                          # large negative blocks: all-negative windows
-    x[2] = torch.round(x[2])                     # integer images: many equal maxima
+    x[0] = 0.0  # every conv1 window is its bias: ties
+    x[1, :, :14] = -5.0  # large negative blocks: all-negative windows
+    x[2] = torch.round(x[2])  # integer images: many equal maxima
     y = torch.tensor([0, 1, 2, 3, 4, 5])
 
     def grads(f, xb):

@@ -9,6 +9,7 @@ provably returns, where computing it takes minutes).
 
 Unit: whatever the events are for (a user in fedudp's runs); adjacency ADD_OR_REMOVE_ONE.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,12 +26,26 @@ from scipy.stats import norm
 
 import fedudp.privacy.accountant as accountant_mod
 from fedudp.errors import ConfigError
-from fedudp.privacy.accountant import (ADJACENCY, MAX_NOISE_MULTIPLIER, Accountant, ApproxDp,
-                                       BudgetError, GroupAccountant, GroupConversion, Ledger,
-                                       LedgerEntry, Parallel, ParallelAccountant, accountant_for,
-                                       basic_composition, calibrate_noise_multiplier,
-                                       event_epsilon, pld_interval, schedule_epsilon,
-                                       validate_budget)
+from fedudp.privacy.accountant import (
+    ADJACENCY,
+    MAX_NOISE_MULTIPLIER,
+    Accountant,
+    ApproxDp,
+    BudgetError,
+    GroupAccountant,
+    GroupConversion,
+    Ledger,
+    LedgerEntry,
+    Parallel,
+    ParallelAccountant,
+    accountant_for,
+    basic_composition,
+    calibrate_noise_multiplier,
+    event_epsilon,
+    pld_interval,
+    schedule_epsilon,
+    validate_budget,
+)
 
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 G = dp_accounting.GaussianDpEvent
@@ -56,8 +71,10 @@ def direct_rdp(event: dp_accounting.DpEvent, delta: float) -> float:
 
 def analytic_gaussian_epsilon(z: float, delta: float) -> float:
     """Balle & Wang (2018) Thm 8: the exact (eps, delta) curve of N(0, z^2) at sensitivity 1."""
+
     def d(eps):
         return norm.cdf(0.5 / z - eps * z) - math.exp(eps) * norm.cdf(-0.5 / z - eps * z) - delta
+
     return brentq(d, 0.0, 100.0)
 
 
@@ -69,8 +86,8 @@ def test_one_gaussian_release_matches_analytic_gaussian(z):
     acc.compose(dp_accounting.GaussianDpEvent(z))
     exact = analytic_gaussian_epsilon(z, 1e-5)
     assert acc.epsilon(1e-5) == pytest.approx(exact, rel=2e-3)
-    assert acc.epsilon(1e-5) >= exact - 1e-9          # PLD is pessimistic, never optimistic
-    assert acc.epsilon_rdp(1e-5) >= exact             # RDP is an upper bound
+    assert acc.epsilon(1e-5) >= exact - 1e-9  # PLD is pessimistic, never optimistic
+    assert acc.epsilon_rdp(1e-5) >= exact  # RDP is an upper bound
 
 
 # (moved from tests/privacy/test_privacy.py)
@@ -87,7 +104,7 @@ def test_calibration_hits_target_within_1pct(q, rounds, eps):
     assert schedule_epsilon(lambda s: sampled_gaussian(s, q), 0.98 * z, rounds, 1e-5) > eps
     rdp = dp_accounting.rdp.RdpAccountant()
     rdp.compose(dp_accounting.SelfComposedDpEvent(sampled_gaussian(z, q), rounds))
-    assert rdp.get_epsilon(1e-5) >= got * 0.999       # the cross-check is looser
+    assert rdp.get_epsilon(1e-5) >= got * 0.999  # the cross-check is looser
 
 
 # (moved from tests/privacy/test_privacy.py)
@@ -96,8 +113,9 @@ def test_accountant_composes_incrementally_like_the_schedule():
     acc = Accountant()
     for _ in range(30):
         acc.compose(ev)
-    assert acc.epsilon(1e-5) == pytest.approx(schedule_epsilon(lambda s: sampled_gaussian(s, 0.1),
-                                                               1.5, 30, 1e-5), rel=1e-9)
+    assert acc.epsilon(1e-5) == pytest.approx(
+        schedule_epsilon(lambda s: sampled_gaussian(s, 0.1), 1.5, 30, 1e-5), rel=1e-9
+    )
     assert acc.epsilon_if(ev, 1e-5) > acc.epsilon(1e-5)
 
 
@@ -106,23 +124,42 @@ def test_composed_epsilon_equals_dp_accounting_on_literal_constants():
     acc, at_once = Accountant(), Accountant()
     for _ in range(20):
         acc.compose(dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)))
-    at_once.compose(dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 1)
-    at_once.compose(dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 19)
-    want = direct_pld(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 20), 1e-5)
+    at_once.compose(
+        dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 1
+    )
+    at_once.compose(
+        dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 19
+    )
+    want = direct_pld(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 20
+        ),
+        1e-5,
+    )
     assert acc.epsilon(1e-5) == pytest.approx(want, rel=1e-12)
-    assert at_once.runs == acc.runs == [[dp_accounting.PoissonSampledDpEvent(
-        0.05, dp_accounting.GaussianDpEvent(1.1)), 20]]              # one run of 20: same epsilon
-    assert 1.0 < want < 3.0                           # a sane number, not a degenerate 0 or inf
+    assert (
+        at_once.runs
+        == acc.runs
+        == [[dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 20]]
+    )  # one run of 20: same epsilon
+    assert 1.0 < want < 3.0  # a sane number, not a degenerate 0 or inf
     # the RDP cross-check is dp-accounting's RDP on the same composition, and looser than PLD
-    want_rdp = direct_rdp(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 20), 1e-5)
+    want_rdp = direct_rdp(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 20
+        ),
+        1e-5,
+    )
     assert acc.epsilon_rdp(1e-5) == pytest.approx(want_rdp, rel=1e-12)
     assert acc.epsilon_rdp(1e-5) >= acc.epsilon(1e-5)
     assert acc.primary == "pld" and ADJACENCY == "add_or_remove_one"
     # one round fewer is strictly less private spending (the count is not dropped)
-    fewer = direct_pld(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 19), 1e-5)
+    fewer = direct_pld(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 19
+        ),
+        1e-5,
+    )
     assert fewer < acc.epsilon(1e-5)
 
 
@@ -132,12 +169,12 @@ def test_mixed_gaussians_compose_to_the_closed_form_gaussian():
     acc = Accountant()
     for z in (2.0, 2.0, 4.0, 4.0, 4.0, 4.0):
         acc.compose(G(z))
-    acc.compose(G(2.0))                               # not merged into the first run
+    acc.compose(G(2.0))  # not merged into the first run
     assert acc.runs == [[G(2.0), 2], [G(4.0), 4], [G(2.0), 1]]
     assert len(acc.events) == 7
     exact = analytic_gaussian_epsilon(1.0, 1e-5)
     assert acc.epsilon(1e-5) == pytest.approx(exact, rel=2e-3)
-    assert acc.epsilon(1e-5) >= exact - 1e-9          # pessimistic, never optimistic
+    assert acc.epsilon(1e-5) >= exact - 1e-9  # pessimistic, never optimistic
     # a twin that lost one release (z^-2 = 1 - 1/4): strictly smaller, and the check sees it
     assert analytic_gaussian_epsilon(1 / math.sqrt(0.75), 1e-5) < 0.95 * acc.epsilon(1e-5)
 
@@ -153,7 +190,7 @@ def test_empty_accountant_spent_nothing():
 def test_pure_dp_steps_are_accounted_by_rdp():
     # ZCDpEvent (a pure eps0 step as eps0^2/2-zCDP): PLD cannot represent it, RDP does
     acc = Accountant()
-    acc.compose(dp_accounting.ZCDpEvent(0.125), 4)              # rho = 4 * 0.125 = 0.5
+    acc.compose(dp_accounting.ZCDpEvent(0.125), 4)  # rho = 4 * 0.125 = 0.5
     assert acc.primary == "rdp"
     want = direct_rdp(dp_accounting.SelfComposedDpEvent(dp_accounting.ZCDpEvent(0.125), 4), 1e-5)
     assert acc.epsilon(1e-5) == pytest.approx(want, rel=1e-12)
@@ -163,20 +200,31 @@ def test_pure_dp_steps_are_accounted_by_rdp():
     # a Gaussian on top: still RDP for the whole composition
     acc.compose(G(3.0))
     assert acc.primary == "rdp"
-    assert acc.epsilon(1e-5) == pytest.approx(direct_rdp(dp_accounting.ComposedDpEvent([
-        dp_accounting.SelfComposedDpEvent(dp_accounting.ZCDpEvent(0.125), 4),
-        dp_accounting.SelfComposedDpEvent(G(3.0), 1)]), 1e-5), rel=1e-12)
+    assert acc.epsilon(1e-5) == pytest.approx(
+        direct_rdp(
+            dp_accounting.ComposedDpEvent(
+                [
+                    dp_accounting.SelfComposedDpEvent(dp_accounting.ZCDpEvent(0.125), 4),
+                    dp_accounting.SelfComposedDpEvent(G(3.0), 1),
+                ]
+            ),
+            1e-5,
+        ),
+        rel=1e-12,
+    )
 
 
 def test_event_epsilon_edges():
     assert event_epsilon(None, 1e-5) == 0.0
     assert event_epsilon(G(1.0), 0.0) == math.inf and event_epsilon(G(1.0), -1e-9) == math.inf
     assert event_epsilon(G(1.0), 1e-5) == pytest.approx(direct_pld(G(1.0), 1e-5), rel=1e-12)
-    assert event_epsilon(G(1.0), 1e-5, rdp_only=True) == pytest.approx(direct_rdp(G(1.0), 1e-5),
-                                                                        rel=1e-12)
+    assert event_epsilon(G(1.0), 1e-5, rdp_only=True) == pytest.approx(
+        direct_rdp(G(1.0), 1e-5), rel=1e-12
+    )
     assert event_epsilon(dp_accounting.UnsupportedDpEvent(), 1e-5) is None
     assert schedule_epsilon(lambda z: G(z), 3.0, 9, 1e-5) == pytest.approx(
-        direct_pld(dp_accounting.SelfComposedDpEvent(G(3.0), 9), 1e-5), rel=1e-12)
+        direct_pld(dp_accounting.SelfComposedDpEvent(G(3.0), 9), 1e-5), rel=1e-12
+    )
 
 
 def test_refuses_events_it_cannot_account():
@@ -185,7 +233,7 @@ def test_refuses_events_it_cannot_account():
         acc.compose(dp_accounting.NonPrivateDpEvent())
     with pytest.raises(dp_accounting.UnsupportedEventError):
         acc.compose(dp_accounting.UnsupportedDpEvent())
-    assert acc.runs == [] and acc.epsilon(1e-5) == 0.0          # nothing half-composed
+    assert acc.runs == [] and acc.epsilon(1e-5) == 0.0  # nothing half-composed
 
 
 # -- epsilon_if: the budget check asks without spending -----------------------------------------
@@ -197,7 +245,7 @@ def test_epsilon_if_does_not_compose_and_equals_composing_then_asking():
     # the same event again (the billboard's case), another event, a block; once or repeated
     for ev, count in ((G(2.0), 1), (G(5.0), 3), (ApproxDp(0.2, 1e-7), 2)):
         asked = acc.epsilon_if(ev, 1e-5, count)
-        assert acc.runs == runs and acc.blocks == blocks        # state untouched
+        assert acc.runs == runs and acc.blocks == blocks  # state untouched
         assert acc.epsilon(1e-5) == before
         twin = copy.deepcopy(acc)
         twin.compose(ev, count)
@@ -228,11 +276,16 @@ def test_blocks_merge_and_cap_and_validate():
     acc.compose(ApproxDp(0.25))
     assert acc.blocks == [(ApproxDp(0.5, 1e-7), 3), (ApproxDp(0.25, 0.0), 1)]
     assert acc.runs == []
-    assert acc.epsilon(1e-5) == pytest.approx(1.75, rel=1e-12)      # 3 * 0.5 + 0.25
+    assert acc.epsilon(1e-5) == pytest.approx(1.75, rel=1e-12)  # 3 * 0.5 + 0.25
     # basic composition never reports delta >= 1 (the cap), whatever the blocks add up to
     assert basic_composition([(ApproxDp(0.1, 0.6), 2)]).delta < 1.0
-    for bad in [dict(epsilon=-0.1), dict(epsilon=math.inf), dict(epsilon=math.nan),
-                dict(epsilon=1.0, delta=1.0), dict(epsilon=1.0, delta=-1e-9)]:
+    for bad in [
+        dict(epsilon=-0.1),
+        dict(epsilon=math.inf),
+        dict(epsilon=math.nan),
+        dict(epsilon=1.0, delta=1.0),
+        dict(epsilon=1.0, delta=-1e-9),
+    ]:
         with pytest.raises(ValueError):
             ApproxDp(**bad)
 
@@ -242,8 +295,8 @@ def test_blocks_whose_delta_exceeds_the_budget_are_infinite_without_events_too()
     acc.compose(ApproxDp(1.0, 1e-3))
     with_event = copy.deepcopy(acc)
     with_event.compose(G(50.0))
-    assert with_event.epsilon(1e-5) == math.inf       # the consistent answer, with an event
-    assert acc.epsilon(1e-5) == math.inf              # blocks alone: the same answer
+    assert with_event.epsilon(1e-5) == math.inf  # the consistent answer, with an event
+    assert acc.epsilon(1e-5) == math.inf  # blocks alone: the same answer
     assert acc.epsilon_if(ApproxDp(0.5), 1e-5) == math.inf
 
 
@@ -255,18 +308,31 @@ def test_calibrated_gaussian_meets_target_and_99pct_twin_does_not():
     assert exact <= 1.0 and exact == pytest.approx(1.0, rel=0.01)
     assert analytic_gaussian_epsilon(0.99 * z / math.sqrt(10), 1e-5) > 1.0
     # and dp-accounting's own PLD (literal event) agrees that z meets the target
-    assert direct_pld(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), 10),
-                      1e-5, pld_interval(1.0)) <= 1.0 * (1 + 1e-9)
-    assert direct_pld(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(0.99 * z), 10),
-                      1e-5, pld_interval(1.0)) > 1.0
+    assert direct_pld(
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), 10),
+        1e-5,
+        pld_interval(1.0),
+    ) <= 1.0 * (1 + 1e-9)
+    assert (
+        direct_pld(
+            dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(0.99 * z), 10),
+            1e-5,
+            pld_interval(1.0),
+        )
+        > 1.0
+    )
 
 
 def test_calibrated_sampled_gaussian_meets_target_and_99pct_twin_does_not():
     z = calibrate_noise_multiplier(
         lambda s: dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(s)),
-        2.0, 1e-5, 10)
-    ev = lambda s: dp_accounting.SelfComposedDpEvent(                             # noqa: E731
-        dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(s)), 10)
+        2.0,
+        1e-5,
+        10,
+    )
+    ev = lambda s: dp_accounting.SelfComposedDpEvent(  # noqa: E731
+        dp_accounting.PoissonSampledDpEvent(0.2, dp_accounting.GaussianDpEvent(s)), 10
+    )
     assert direct_pld(ev(z), 1e-5, pld_interval(2.0)) <= 2.0 * (1 + 1e-9)
     assert direct_pld(ev(0.99 * z), 1e-5, pld_interval(2.0)) > 2.0
     # the calibration meets the target on the accountant's grid, so a run's ledger does too
@@ -277,18 +343,25 @@ def test_calibrated_sampled_gaussian_meets_target_and_99pct_twin_does_not():
 
 def test_calibration_of_pure_dp_steps_goes_through_rdp():
     # a zCDP step of rho = 1/(2 z^2) (PLD cannot represent it): RDP calibration
-    mk = lambda s: dp_accounting.ZCDpEvent(1 / (2 * s * s))                   # noqa: E731
+    mk = lambda s: dp_accounting.ZCDpEvent(1 / (2 * s * s))  # noqa: E731
     z = calibrate_noise_multiplier(mk, 1.0, 1e-5, 10)
-    assert direct_rdp(dp_accounting.SelfComposedDpEvent(dp_accounting.ZCDpEvent(1 / (2 * z * z)), 10),
-                      1e-5) <= 1.0 * (1 + 1e-9)
+    assert direct_rdp(
+        dp_accounting.SelfComposedDpEvent(dp_accounting.ZCDpEvent(1 / (2 * z * z)), 10), 1e-5
+    ) <= 1.0 * (1 + 1e-9)
     z99 = 0.99 * z
-    assert direct_rdp(dp_accounting.SelfComposedDpEvent(dp_accounting.ZCDpEvent(1 / (2 * z99 * z99)), 10),
-                      1e-5) > 1.0
+    assert (
+        direct_rdp(
+            dp_accounting.SelfComposedDpEvent(dp_accounting.ZCDpEvent(1 / (2 * z99 * z99)), 10),
+            1e-5,
+        )
+        > 1.0
+    )
 
 
 # (moved from tests/privacy/test_privacy.py)
-@pytest.mark.parametrize("eps,delta", [(0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0),
-                                       (float("nan"), 1e-5)])
+@pytest.mark.parametrize(
+    "eps,delta", [(0.0, 1e-5), (-1.0, 1e-5), (1.0, 0.0), (1.0, 1.0), (float("nan"), 1e-5)]
+)
 def test_bad_budget_rejected(eps, delta):
     with pytest.raises(BudgetError):
         calibrate_noise_multiplier(lambda s: sampled_gaussian(s, 1.0), eps, delta, 10)
@@ -297,18 +370,23 @@ def test_bad_budget_rejected(eps, delta):
 # (moved from tests/privacy/test_privacy.py)
 def test_unreachable_target_rejected():
     with pytest.raises(BudgetError, match="unreachable"):
-        calibrate_noise_multiplier(lambda s: sampled_gaussian(s, 1.0), 1e-9, 1e-12, 10 ** 6)
+        calibrate_noise_multiplier(lambda s: sampled_gaussian(s, 1.0), 1e-9, 1e-12, 10**6)
 
 
-@pytest.mark.parametrize("eps,delta,key", [(math.inf, 1e-5, "privacy.epsilon"),
-                                           ("1.0", 1e-5, "privacy.epsilon"),
-                                           (1.0, math.nan, "privacy.delta"),
-                                           (1.0, -1e-5, "privacy.delta"),
-                                           (1.0, 1.5, "privacy.delta")])
+@pytest.mark.parametrize(
+    "eps,delta,key",
+    [
+        (math.inf, 1e-5, "privacy.epsilon"),
+        ("1.0", 1e-5, "privacy.epsilon"),
+        (1.0, math.nan, "privacy.delta"),
+        (1.0, -1e-5, "privacy.delta"),
+        (1.0, 1.5, "privacy.delta"),
+    ],
+)
 def test_validate_budget_names_the_key(eps, delta, key):
     with pytest.raises(BudgetError, match=rf"^{key} "):
         validate_budget(eps, delta)
-    validate_budget(1.0, 1e-5)                        # a good budget passes silently
+    validate_budget(1.0, 1e-5)  # a good budget passes silently
 
 
 @pytest.mark.parametrize("rounds", [0, -3])
@@ -337,6 +415,7 @@ def test_calibration_terminates_when_every_noise_meets_the_target(monkeypatch):
             raise RuntimeError(f"calibration loops: {len(calls)} evaluations, z now {noise:g}")
         # below z = 1 dp-accounting's PLD takes seconds to minutes; its value is still 0.0
         return real(make_event, noise, rounds, d, interval) if noise >= 1.0 else 0.0
+
     monkeypatch.setattr(accountant_mod, "schedule_epsilon", guarded)
     # a delta that covers the release whatever the noise is refused at once, naming the key
     with pytest.raises(BudgetError, match=r"^privacy\.delta=0\.01 is too large"):
@@ -366,25 +445,36 @@ def test_parallel_epsilon_is_the_worst_part_and_parts_are_independent():
     e1 = direct_pld(dp_accounting.SelfComposedDpEvent(G(3.0), 5), 1e-5)
     assert acc.part_epsilons(1e-5) == pytest.approx([e0, e1, 0.0], rel=1e-12)
     assert acc.epsilon(1e-5) == pytest.approx(e0, rel=1e-12)
-    assert acc.epsilon(1e-5) < e0 + e1                # max, not a (sequential) sum
+    assert acc.epsilon(1e-5) < e0 + e1  # max, not a (sequential) sum
     # composing in part 1 only moves part 1
     acc.compose(Parallel((dp_accounting.NoOpDpEvent(), G(2.5), dp_accounting.NoOpDpEvent())))
     p = acc.part_epsilons(1e-5)
     assert p[0] == pytest.approx(e0, rel=1e-12) and p[2] == 0.0 and p[1] > e1
-    assert p[1] == pytest.approx(direct_pld(dp_accounting.ComposedDpEvent([
-        dp_accounting.SelfComposedDpEvent(G(3.0), 5), dp_accounting.SelfComposedDpEvent(G(2.5), 1)]),
-        1e-5), rel=1e-12)
+    assert p[1] == pytest.approx(
+        direct_pld(
+            dp_accounting.ComposedDpEvent(
+                [
+                    dp_accounting.SelfComposedDpEvent(G(3.0), 5),
+                    dp_accounting.SelfComposedDpEvent(G(2.5), 1),
+                ]
+            ),
+            1e-5,
+        ),
+        rel=1e-12,
+    )
     # the RDP cross-check is the worst part's too
-    assert acc.epsilon_rdp(1e-5) == pytest.approx(max(a.epsilon_rdp(1e-5) for a in acc.parts), rel=1e-12)
+    assert acc.epsilon_rdp(1e-5) == pytest.approx(
+        max(a.epsilon_rdp(1e-5) for a in acc.parts), rel=1e-12
+    )
 
 
 def test_parallel_epsilon_if_blocks_and_bad_events():
     acc = ParallelAccountant(2)
     acc.compose(Parallel((G(2.0), G(3.0))), 2)
     before = acc.part_epsilons(1e-5)
-    ev = Parallel((G(2.0), G(1.2)))                   # the next round is worst in part 1
+    ev = Parallel((G(2.0), G(1.2)))  # the next round is worst in part 1
     asked = acc.epsilon_if(ev, 1e-5)
-    assert acc.part_epsilons(1e-5) == before          # nothing composed
+    assert acc.part_epsilons(1e-5) == before  # nothing composed
     twin = copy.deepcopy(acc)
     twin.compose(ev)
     assert asked == pytest.approx(twin.epsilon(1e-5), rel=1e-12)
@@ -393,8 +483,10 @@ def test_parallel_epsilon_if_blocks_and_bad_events():
     # a block is spent by every unit, so in every part
     acc.compose(ApproxDp(0.25, 1e-7))
     assert all(a.blocks == [(ApproxDp(0.25, 1e-7), 1)] for a in acc.parts)
-    for part, e in zip(acc.part_epsilons(1e-5), [direct_pld(dp_accounting.SelfComposedDpEvent(G(z), 2),
-                                                            1e-5 - 1e-7) for z in (2.0, 3.0)]):
+    for part, e in zip(
+        acc.part_epsilons(1e-5),
+        [direct_pld(dp_accounting.SelfComposedDpEvent(G(z), 2), 1e-5 - 1e-7) for z in (2.0, 3.0)],
+    ):
         assert part == pytest.approx(e + 0.25, rel=1e-12)
     for bad in (G(1.0), Parallel((G(1.0),)), Parallel((G(1.0), G(1.0), G(1.0)))):
         with pytest.raises(ValueError, match="Parallel event of 2 parts"):
@@ -411,14 +503,20 @@ def test_group_conversion_certified_is_the_standard_group_formula():
     assert g.record_epsilon(2.0) == pytest.approx(2 / 3, rel=1e-12)
     assert g.user_epsilon(2 / 3) == pytest.approx(2.0, rel=1e-12)
     # (eps', delta') per record => (k eps', k e^{(k-1) eps'} delta') per group of k
-    assert g.user_delta(2 / 3) == pytest.approx(3 * math.exp(2 * (2 / 3)) * g.record_delta, rel=1e-12)
-    assert g.user_delta(2 / 3) == pytest.approx(1e-5, rel=1e-12)               # exactly the target
+    assert g.user_delta(2 / 3) == pytest.approx(
+        3 * math.exp(2 * (2 / 3)) * g.record_delta, rel=1e-12
+    )
+    assert g.user_delta(2 / 3) == pytest.approx(1e-5, rel=1e-12)  # exactly the target
     # it bounds the exact group delta sum_{i<k} e^{i eps'} delta' (Vadhan, Lemma 2.2)
     assert g.user_delta(2 / 3) >= (1 + math.exp(2 / 3) + math.exp(4 / 3)) * g.record_delta
     # a smaller record epsilon spends less delta; k = 1 is no conversion at all
     assert g.user_delta(0.5) < 1e-5
     one = GroupConversion.for_user_budget(1, 2.0, 1e-5, "certified")
-    assert one.record_delta == 1e-5 and one.user_delta(2.0) == pytest.approx(1e-5) and one.user_epsilon(0.7) == 0.7
+    assert (
+        one.record_delta == 1e-5
+        and one.user_delta(2.0) == pytest.approx(1e-5)
+        and one.user_epsilon(0.7) == 0.7
+    )
 
 
 def test_group_conversion_paper_form_is_heuristic():
@@ -430,7 +528,7 @@ def test_group_conversion_paper_form_is_heuristic():
     assert g.user_delta(2 / 3) == pytest.approx(math.exp(2.0) * 1e-5, rel=1e-12)
     assert g.user_delta(2 / 3) > 7 * 1e-5
     certified = GroupConversion.for_user_budget(3, 2.0, 1e-5, "certified")
-    assert certified.record_delta < g.record_delta    # certified asks more of each record
+    assert certified.record_delta < g.record_delta  # certified asks more of each record
     assert "k=3" in str(g) and "paper" in str(g)
 
 
@@ -442,22 +540,24 @@ def test_group_conversion_bad_inputs(size, form):
 
 def test_group_accountant_is_k_times_record_level_at_the_record_delta():
     g = GroupConversion.for_user_budget(2, 4.0, 1e-5, "certified")
-    record_delta = 1e-5 / (2 * math.exp(4.0 / 2))                 # literal: delta/(k e^{(k-1)eps/k})
+    record_delta = 1e-5 / (2 * math.exp(4.0 / 2))  # literal: delta/(k e^{(k-1)eps/k})
     acc = GroupAccountant(Accountant(), g)
-    acc.compose(G(6.0), 4)                                         # record level, z_eff = 3
+    acc.compose(G(6.0), 4)  # record level, z_eff = 3
     rec = direct_pld(dp_accounting.SelfComposedDpEvent(G(6.0), 4), record_delta)
     assert acc.record_epsilon() == pytest.approx(rec, rel=1e-9)
     assert acc.epsilon(1e-5) == pytest.approx(2 * rec, rel=1e-9)
     assert acc.epsilon_rdp(1e-5) == pytest.approx(
-        2 * direct_rdp(dp_accounting.SelfComposedDpEvent(G(6.0), 4), record_delta), rel=1e-9)
+        2 * direct_rdp(dp_accounting.SelfComposedDpEvent(G(6.0), 4), record_delta), rel=1e-9
+    )
     # within the budget (record eps <= eps/k) the (k eps', delta) it reports is a valid pair
     assert rec <= 4.0 / 2 and g.user_delta(rec) <= 1e-5
     # epsilon_if: k times the record-level answer, nothing composed
     before = acc.epsilon(1e-5)
     asked = acc.epsilon_if(G(6.0), 1e-5, 2)
     assert acc.epsilon(1e-5) == before
-    assert asked == pytest.approx(2 * direct_pld(dp_accounting.SelfComposedDpEvent(G(6.0), 6),
-                                                 record_delta), rel=1e-9)
+    assert asked == pytest.approx(
+        2 * direct_pld(dp_accounting.SelfComposedDpEvent(G(6.0), 6), record_delta), rel=1e-9
+    )
 
 
 def test_group_accountant_over_parallel_parts():
@@ -493,40 +593,73 @@ def test_accountant_for_keeps_a_calibrated_group_schedule_within_its_target():
     z = calibrate_noise_multiplier(lambda s: G(s), 2.0, g.record_delta, 10)
     acc = accountant_for(G(z), g, 8.0)
     for _ in range(10):
-        assert acc.epsilon_if(G(z), 1e-5) <= 8.0 * (1 + 1e-9)        # the budget check passes
+        assert acc.epsilon_if(G(z), 1e-5) <= 8.0 * (1 + 1e-9)  # the budget check passes
         acc.compose(G(z))
     assert 8.0 * 0.99 <= acc.epsilon(1e-5) <= 8.0 * (1 + 1e-9)
-    assert acc.epsilon(1e-5) == pytest.approx(4 * analytic_gaussian_epsilon(
-        z / math.sqrt(10), 1e-5 / (4 * math.exp(3 * 8.0 / 4))), rel=2e-3)
+    assert acc.epsilon(1e-5) == pytest.approx(
+        4 * analytic_gaussian_epsilon(z / math.sqrt(10), 1e-5 / (4 * math.exp(3 * 8.0 / 4))),
+        rel=2e-3,
+    )
 
 
 # -- the ledger ----------------------------------------------------------------------------------
 def _ledger(guarantee: str = "certified", mechanism: str = "gaussian", entries=2) -> Ledger:
-    led = Ledger(unit="user", adjacency=ADJACENCY, accounting="certified", guarantee=guarantee,
-                 mechanism=mechanism, accountant="dp_accounting.PLDAccountant (RDP cross-check)",
-                 delta=1e-5, target_epsilon=2.0, notes=["N is public"], extra={"k": 2})
+    led = Ledger(
+        unit="user",
+        adjacency=ADJACENCY,
+        accounting="certified",
+        guarantee=guarantee,
+        mechanism=mechanism,
+        accountant="dp_accounting.PLDAccountant (RDP cross-check)",
+        delta=1e-5,
+        target_epsilon=2.0,
+        notes=["N is public"],
+        extra={"k": 2},
+    )
     for r in range(1, entries + 1):
-        led.entries.append(LedgerEntry(r, str(sampled_gaussian(1.1, 0.05)), 1.1, 0.77, 0.05,
-                                       0.5 * r, 0.6 * r))
+        led.entries.append(
+            LedgerEntry(r, str(sampled_gaussian(1.1, 0.05)), 1.1, 0.77, 0.05, 0.5 * r, 0.6 * r)
+        )
     return led
 
 
 def test_ledger_dict_has_every_field_and_round_trips_through_json():
     led = _ledger()
     d = led.to_dict()
-    for key in ("unit", "adjacency", "accounting", "guarantee", "mechanism", "accountant", "delta",
-                "target_epsilon", "notes", "entries", "extra", "epsilon", "epsilon_kind",
-                "rounds_released"):
+    for key in (
+        "unit",
+        "adjacency",
+        "accounting",
+        "guarantee",
+        "mechanism",
+        "accountant",
+        "delta",
+        "target_epsilon",
+        "notes",
+        "entries",
+        "extra",
+        "epsilon",
+        "epsilon_kind",
+        "rounds_released",
+    ):
         assert key in d, key
     assert d["unit"] == "user" and d["adjacency"] == "add_or_remove_one"
-    assert d["epsilon"] == 1.0 and d["rounds_released"] == 2           # the last entry's epsilon
-    assert d["entries"][1] == {"round": 2, "event": str(sampled_gaussian(1.1, 0.05)),
-                               "noise_multiplier": 1.1, "noise_std": 0.77, "sampling_rate": 0.05,
-                               "epsilon": 1.0, "epsilon_rdp": 1.2}
+    assert d["epsilon"] == 1.0 and d["rounds_released"] == 2  # the last entry's epsilon
+    assert d["entries"][1] == {
+        "round": 2,
+        "event": str(sampled_gaussian(1.1, 0.05)),
+        "noise_multiplier": 1.1,
+        "noise_std": 0.77,
+        "sampling_rate": 0.05,
+        "epsilon": 1.0,
+        "epsilon_rdp": 1.2,
+    }
     back = json.loads(json.dumps(d))
     assert back == d
     # the dict rebuilds the very ledger (derived keys aside)
-    fields = {k: v for k, v in back.items() if k not in ("epsilon", "epsilon_kind", "rounds_released")}
+    fields = {
+        k: v for k, v in back.items() if k not in ("epsilon", "epsilon_kind", "rounds_released")
+    }
     rebuilt = Ledger(**{**fields, "entries": [LedgerEntry(**e) for e in fields["entries"]]})
     assert rebuilt == led and asdict(rebuilt) == asdict(led)
 
@@ -534,7 +667,7 @@ def test_ledger_dict_has_every_field_and_round_trips_through_json():
 def test_ledger_marks_heuristic_and_certified_epsilon():
     assert _ledger("certified").to_dict()["epsilon_kind"] == "certified"
     assert _ledger("heuristic").to_dict()["epsilon_kind"] == "heuristic"
-    fresh = _ledger("heuristic", entries=0)           # private, nothing released yet
+    fresh = _ledger("heuristic", entries=0)  # private, nothing released yet
     assert fresh.private and fresh.epsilon == 0.0 and fresh.to_dict()["rounds_released"] == 0
     # a non-private run has no epsilon at all, and no kind for it
     plain = _ledger("certified", mechanism="none", entries=0)
@@ -548,7 +681,9 @@ def test_ledger_marks_heuristic_and_certified_epsilon():
 # counts: an upper envelope at most LEDGER_TOL above dp-accounting's direct computation (a fresh
 # PLDAccountant composing SelfComposedDpEvent(event, rounds) at the same grid), never below it.
 # Every "want" below is that direct computation on literal events.
-HUANG = dp_accounting.PoissonSampledDpEvent(1 / 2000, dp_accounting.GaussianDpEvent(0.6129660146601268))
+HUANG = dp_accounting.PoissonSampledDpEvent(
+    1 / 2000, dp_accounting.GaussianDpEvent(0.6129660146601268)
+)
 
 
 def assert_tracks(got: float, want: float, tol: float = 1e-3) -> None:
@@ -567,14 +702,16 @@ def test_huang_alg1_event_4000_rounds_within_1e_3_of_direct():
     got, k = {}, 0
     for stop in (33, 100, 1000, 4000):
         acc.compose(HUANG, stop - 1 - k)
-        assert acc.epsilon_if(HUANG, 1e-5) <= 1.0                # the budget check passes
+        assert acc.epsilon_if(HUANG, 1e-5) <= 1.0  # the budget check passes
         acc.compose(HUANG)
         k = stop
         got[stop] = acc.epsilon(1e-5)
-    assert acc.runs == [[HUANG, 4000]]                           # no round forgotten
-    want = {stop: direct_pld(dp_accounting.SelfComposedDpEvent(HUANG, stop), 1e-5)
-            for stop in (100, 4000)}
-    assert want[4000] == pytest.approx(0.99140716, abs=1e-7)     # the direct value, on record
+    assert acc.runs == [[HUANG, 4000]]  # no round forgotten
+    want = {
+        stop: direct_pld(dp_accounting.SelfComposedDpEvent(HUANG, stop), 1e-5)
+        for stop in (100, 4000)
+    }
+    assert want[4000] == pytest.approx(0.99140716, abs=1e-7)  # the direct value, on record
     for stop in (100, 4000):
         assert_tracks(got[stop], want[stop])
     assert got[33] < got[100] < got[1000] < got[4000] <= 1.0
@@ -585,7 +722,7 @@ def test_huang_alg1_event_4000_rounds_within_1e_3_of_direct():
 def test_exact_up_to_exact_rounds_and_a_forgetful_twin_is_caught():
     ev = dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1))
 
-    class Forgetful(Accountant):                  # the weakened twin: loses round 7
+    class Forgetful(Accountant):  # the weakened twin: loses round 7
         def compose(self, event, count=1):
             self.n = getattr(self, "n", 0) + count
             if self.n != 7:
@@ -595,10 +732,14 @@ def test_exact_up_to_exact_rounds_and_a_forgetful_twin_is_caught():
         acc = cls()
         for _ in range(20):
             acc.compose(ev)
-        want = direct_pld(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-            0.05, dp_accounting.GaussianDpEvent(1.1)), 20), 1e-5)
+        want = direct_pld(
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)), 20
+            ),
+            1e-5,
+        )
         if ok:
-            assert acc.epsilon(1e-5) == want                     # bit for bit at <= 32 rounds
+            assert acc.epsilon(1e-5) == want  # bit for bit at <= 32 rounds
         else:
             with pytest.raises(AssertionError):
                 assert_tracks(acc.epsilon(1e-5), want)
@@ -615,7 +756,7 @@ def test_long_runs_of_several_events_track_the_direct_computation():
             values.append(acc.epsilon(1e-5))
         for k in (40, rounds // 2 + 1, rounds):
             assert_tracks(values[k - 1], direct_pld(dp_accounting.SelfComposedDpEvent(ev, k), 1e-5))
-        assert values == sorted(values)                          # the envelope never goes down
+        assert values == sorted(values)  # the envelope never goes down
 
 
 def test_a_mixed_sequence_of_two_events():
@@ -623,22 +764,36 @@ def test_a_mixed_sequence_of_two_events():
     b = dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(2.5))
     acc = Accountant()
     acc.compose(a, 40)
-    for _ in range(50):                            # the second run, after a 40-round prefix
+    for _ in range(50):  # the second run, after a 40-round prefix
         acc.compose(b)
-    want = direct_pld(dp_accounting.ComposedDpEvent(
-        [dp_accounting.SelfComposedDpEvent(a, 40), dp_accounting.SelfComposedDpEvent(b, 50)]), 1e-5)
+    want = direct_pld(
+        dp_accounting.ComposedDpEvent(
+            [dp_accounting.SelfComposedDpEvent(a, 40), dp_accounting.SelfComposedDpEvent(b, 50)]
+        ),
+        1e-5,
+    )
     assert_tracks(acc.epsilon(1e-5), want)
     assert acc.runs == [[a, 40], [b, 50]]
     # alternating releases: every state is a short run, computed exactly
     alt = Accountant()
     for ev in (a, b, a, b, a):
         alt.compose(ev)
-    assert alt.epsilon(1e-5) == direct_pld(dp_accounting.ComposedDpEvent(
-        [dp_accounting.SelfComposedDpEvent(e, 1) for e in (a, b, a, b, a)]), 1e-5)
+    assert alt.epsilon(1e-5) == direct_pld(
+        dp_accounting.ComposedDpEvent(
+            [dp_accounting.SelfComposedDpEvent(e, 1) for e in (a, b, a, b, a)]
+        ),
+        1e-5,
+    )
     # the RDP cross-check: dp-accounting's RDP on the same composition
-    assert acc.epsilon_rdp(1e-5) == pytest.approx(direct_rdp(dp_accounting.ComposedDpEvent(
-        [dp_accounting.SelfComposedDpEvent(a, 40), dp_accounting.SelfComposedDpEvent(b, 50)]),
-        1e-5), rel=1e-12)
+    assert acc.epsilon_rdp(1e-5) == pytest.approx(
+        direct_rdp(
+            dp_accounting.ComposedDpEvent(
+                [dp_accounting.SelfComposedDpEvent(a, 40), dp_accounting.SelfComposedDpEvent(b, 50)]
+            ),
+            1e-5,
+        ),
+        rel=1e-12,
+    )
 
 
 def test_parallel_parts_with_idle_rounds_track_their_own_direct_computation():
@@ -648,10 +803,18 @@ def test_parallel_parts_with_idle_rounds_track_their_own_direct_computation():
     acc = ParallelAccountant(2)
     for r in range(120):
         acc.compose(Parallel((ev, noop) if r % 3 else (noop, ev)))
-    w0 = direct_pld(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0)), 80), 1e-5)
-    w1 = direct_pld(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0)), 40), 1e-5)
+    w0 = direct_pld(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0)), 80
+        ),
+        1e-5,
+    )
+    w1 = direct_pld(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0)), 40
+        ),
+        1e-5,
+    )
     p0, p1 = acc.part_epsilons(1e-5)
     assert_tracks(p0, w0)
     assert_tracks(p1, w1)
@@ -666,20 +829,27 @@ def test_group_conversion_over_a_long_run():
     acc = accountant_for(ev, g, 2.0)
     for _ in range(200):
         acc.compose(ev)
-    record_delta = 1e-5 / (2 * math.exp(2.0 / 2))                # literal: delta/(k e^{(k-1)eps/k})
-    want = direct_pld(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-        0.01, dp_accounting.GaussianDpEvent(1.2)), 200), record_delta)
+    record_delta = 1e-5 / (2 * math.exp(2.0 / 2))  # literal: delta/(k e^{(k-1)eps/k})
+    want = direct_pld(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.2)), 200
+        ),
+        record_delta,
+    )
     assert_tracks(acc.record_epsilon(), want)
     assert acc.epsilon(1e-5) == 2 * acc.record_epsilon()
 
 
 def test_cached_paths_equal_dp_accounting_and_do_not_depend_on_the_caches():
     # the direct engine is dp-accounting's PLDAccountant, bit for bit, for every kind of event
-    for ev in (HUANG, dp_accounting.SelfComposedDpEvent(HUANG, 7), G(2.0),
-               dp_accounting.ComposedDpEvent([dp_accounting.LaplaceDpEvent(3.0), G(4.0)]),
-               dp_accounting.SelfComposedDpEvent(
-                   dp_accounting.PoissonSampledDpEvent(0.1, G(1.5)), 4),
-               dp_accounting.PoissonSampledDpEvent(0.2, G(MAX_NOISE_MULTIPLIER))):    # sparse PLD
+    for ev in (
+        HUANG,
+        dp_accounting.SelfComposedDpEvent(HUANG, 7),
+        G(2.0),
+        dp_accounting.ComposedDpEvent([dp_accounting.LaplaceDpEvent(3.0), G(4.0)]),
+        dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.1, G(1.5)), 4),
+        dp_accounting.PoissonSampledDpEvent(0.2, G(MAX_NOISE_MULTIPLIER)),
+    ):  # sparse PLD
         assert accountant_mod._direct_pld_epsilon(ev, 1e-5, 1e-4) == direct_pld(ev, 1e-5), ev
     # the cached self-composition: dp-accounting's (exact()) and its rounding twin (compose())
     fast = accountant_mod._fast_pld(1 / 2000, 0.6129660146601268, 1e-4)
@@ -701,7 +871,7 @@ def test_cached_paths_equal_dp_accounting_and_do_not_depend_on_the_caches():
     for name in ("_RAW", "_CAPTURED", "_EPSILON", "_FAST", "_RDP_VECTORS", "_PLD_SUPPORTS"):
         getattr(accountant_mod, name).clear()
     resumed = Accountant(1e-4, 3.0)
-    resumed.compose(ev, 100)                      # a checkpoint's 100 rounds, recomposed
+    resumed.compose(ev, 100)  # a checkpoint's 100 rounds, recomposed
     assert resumed.epsilon(1e-5) == seen[99]
     for r in range(100, 150):
         resumed.compose(ev)
@@ -716,13 +886,18 @@ def test_epsilon_if_is_the_next_state_and_mutates_nothing_in_a_long_run():
     acc.compose(ev, 80)
     acc.compose(ApproxDp(0.1, 1e-7))
     runs, blocks, before = copy.deepcopy(acc.runs), list(acc.blocks), acc.epsilon(1e-5)
-    for e, count in ((ev, 1), (ev, 30), (other, 2), (ApproxDp(0.2), 1),
-                     (dp_accounting.NoOpDpEvent(), 5)):
+    for e, count in (
+        (ev, 1),
+        (ev, 30),
+        (other, 2),
+        (ApproxDp(0.2), 1),
+        (dp_accounting.NoOpDpEvent(), 5),
+    ):
         asked = acc.epsilon_if(e, 1e-5, count)
         assert acc.runs == runs and acc.blocks == blocks and acc.epsilon(1e-5) == before
         twin = copy.deepcopy(acc)
         twin.compose(e, count)
-        assert asked == twin.epsilon(1e-5), e                    # the same state, the same number
+        assert asked == twin.epsilon(1e-5), e  # the same state, the same number
         assert asked >= before
 
 
@@ -735,7 +910,7 @@ def test_budget_stop_falls_where_the_exact_epsilon_puts_it(block):
     eps90 = direct_pld(dp_accounting.SelfComposedDpEvent(ev, 90), 1e-5)
     eps91 = direct_pld(dp_accounting.SelfComposedDpEvent(ev, 91), 1e-5)
     target = block + eps90 + 0.1 * (eps91 - eps90)
-    acc, rounds = Accountant(1e-4, target_epsilon=target), 0      # the grid of eps90
+    acc, rounds = Accountant(1e-4, target_epsilon=target), 0  # the grid of eps90
     if block:
         acc.compose(ApproxDp(block))
     while acc.epsilon_if(ev, 1e-5) <= target * (1 + 1e-9):
@@ -752,8 +927,14 @@ def test_budget_stop_falls_where_the_exact_epsilon_puts_it(block):
     for _ in range(150):
         assert acc.epsilon_if(sampled_gaussian(z, 0.05), 1e-5) <= 2.0 * (1 + 1e-9)
         acc.compose(sampled_gaussian(z, 0.05))
-    assert_tracks(acc.epsilon(1e-5), direct_pld(dp_accounting.SelfComposedDpEvent(
-        sampled_gaussian(z, 0.05), 150), 1e-5, pld_interval(2.0)))
+    assert_tracks(
+        acc.epsilon(1e-5),
+        direct_pld(
+            dp_accounting.SelfComposedDpEvent(sampled_gaussian(z, 0.05), 150),
+            1e-5,
+            pld_interval(2.0),
+        ),
+    )
 
 
 def test_without_dp_accountings_internals_the_public_path_gives_the_same_epsilon(monkeypatch):
@@ -763,17 +944,22 @@ def test_without_dp_accountings_internals_the_public_path_gives_the_same_epsilon
     import dp_accounting
 
     from fedudp.privacy import accountant as A
-    ev = dp_accounting.ComposedDpEvent([
-        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)),
-        dp_accounting.LaplaceDpEvent(20.0)])
+
+    ev = dp_accounting.ComposedDpEvent(
+        [
+            dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.1)),
+            dp_accounting.LaplaceDpEvent(20.0),
+        ]
+    )
     direct = dp_accounting.pld.PLDAccountant(
-        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4
+    )
     direct.compose(dp_accounting.SelfComposedDpEvent(ev, 40))
     want = direct.get_epsilon(1e-5)
     for cache in (A._CAPTURED, A._EPSILON, A._FAST, A._RAW):
         cache.clear()
 
-    class Elsewhere:              # a PLDAccountant that keeps its PLD under another name
+    class Elsewhere:  # a PLDAccountant that keeps its PLD under another name
         def __init__(self, *a, **k):
             self.inner = dp_accounting.pld.PLDAccountant(*a, **k)
 
@@ -781,9 +967,17 @@ def test_without_dp_accountings_internals_the_public_path_gives_the_same_epsilon
             return getattr(self.inner, name)
 
     monkeypatch.setattr(A.pld_privacy_accountant, "PLDAccountant", Elsewhere)
-    monkeypatch.setattr(A._FastPLD, "__init__", lambda self, q, z, interval: (
-        setattr(self, "raw", A._raw_sampled_gaussian(q, z, interval)),
-        setattr(self, "dense", False)) and None)
+    monkeypatch.setattr(
+        A._FastPLD,
+        "__init__",
+        lambda self, q, z, interval: (
+            (
+                setattr(self, "raw", A._raw_sampled_gaussian(q, z, interval)),
+                setattr(self, "dense", False),
+            )
+            and None
+        ),
+    )
     acc = A.Accountant(1e-4)
     acc.compose(ev, 40)
     assert acc.epsilon(1e-5) == pytest.approx(want, rel=1e-9) and want > 0.5
@@ -798,7 +992,8 @@ def test_a_gaussian_whose_pld_would_not_fit_is_accounted_with_rdp():
     acc.compose(tiny, 2)
     assert acc.primary == "rdp" and accountant_mod.pld_too_large(tiny)
     rdp = rdp_privacy_accountant.RdpAccountant(
-        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    )
     rdp.compose(dp_accounting.SelfComposedDpEvent(tiny, 2))
     assert acc.epsilon(1e-5) == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-9)
     # a usable noise stays on PLD, with dp-accounting's PLD value
@@ -806,7 +1001,8 @@ def test_a_gaussian_whose_pld_would_not_fit_is_accounted_with_rdp():
     acc = Accountant(1e-4)
     acc.compose(ok, 2)
     pld = pld_privacy_accountant.PLDAccountant(
-        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4
+    )
     pld.compose(dp_accounting.SelfComposedDpEvent(ok, 2))
     assert acc.primary == "pld" and not accountant_mod.pld_too_large(ok)
     assert acc.epsilon(1e-5) == pytest.approx(pld.get_epsilon(1e-5), rel=1e-9)
@@ -817,15 +1013,17 @@ def test_the_pld_size_estimate_bounds_dp_accountings_pld(z):
     """The estimate that routes tiny noise to RDP is an upper bound on the size of the PLD
     dp-accounting builds (within a factor 2 of it: it does not route usable noise away)."""
     pld = dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=z, value_discretization_interval=1e-4)
-    size = max(len(pld._pmf_remove._probs), len(pld._pmf_add._probs))   # noqa: SLF001
-    est = accountant_mod._gaussian_pld_points(z, 1e-4)                  # noqa: SLF001
+        standard_deviation=z, value_discretization_interval=1e-4
+    )
+    size = max(len(pld._pmf_remove._probs), len(pld._pmf_add._probs))  # noqa: SLF001
+    est = accountant_mod._gaussian_pld_points(z, 1e-4)  # noqa: SLF001
     assert size <= est <= 1.05 * size
 
 
 def test_a_run_with_too_little_noise_is_a_one_line_budget_error(tmp_path):
     from conftest import tiny_cfg
     from fedudp.run import run
+
     cfg = tiny_cfg("full_dp", **{"privacy__noise_multiplier": 0.001, "train__rounds": 2})
     with pytest.raises(ConfigError, match=r"privacy.epsilon=.*noise multiplier 0.001 exceeds it"):
         run(cfg, tmp_path)

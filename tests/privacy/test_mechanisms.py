@@ -1,5 +1,6 @@
 """DP primitives (docs/algorithms.md#shared-primitives): Laplace, exponential mechanism,
 AboveThreshold, rotation."""
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,17 @@ from scipy import stats
 from scipy.linalg import hadamard
 
 from fedudp.privacy.accountant import Accountant
-from fedudp.privacy.mechanisms import (AboveThreshold, RandomRotation, clip_factors,
-                                       exponential_mechanism, fwht, laplace, next_pow2,
-                                       pure_dp_event, row_norms64)
+from fedudp.privacy.mechanisms import (
+    AboveThreshold,
+    RandomRotation,
+    clip_factors,
+    exponential_mechanism,
+    fwht,
+    laplace,
+    next_pow2,
+    pure_dp_event,
+    row_norms64,
+)
 
 
 def gen(seed=0):
@@ -22,7 +31,7 @@ def gen(seed=0):
 
 def test_laplace_scale_statistical():
     x = laplace((200_000,), 0.7, rng=gen(1))
-    assert float(x.abs().mean()) == pytest.approx(0.7, rel=0.01)       # E|X| = b
+    assert float(x.abs().mean()) == pytest.approx(0.7, rel=0.01)  # E|X| = b
     assert stats.kstest(x.numpy()[:20_000], stats.laplace(scale=0.7).cdf).pvalue > 1e-3
 
 
@@ -56,7 +65,7 @@ def test_above_threshold_halts_when_query_drops():
         at.test(100)
     # the threshold noise is Lap(2/eps), drawn once; accuracy bound is the stated one
     draws = np.array([AboveThreshold(0.0, 2.0, rng=gen(s)).noisy_threshold for s in range(4000)])
-    assert np.mean(np.abs(draws)) == pytest.approx(1.0, rel=0.06)            # E|Lap(1)| = 1
+    assert np.mean(np.abs(draws)) == pytest.approx(1.0, rel=0.06)  # E|Lap(1)| = 1
     assert AboveThreshold.accuracy(1.0, 10, 0.1) == pytest.approx(8 * math.log(200))
 
 
@@ -72,8 +81,8 @@ def test_rotation_orthogonal_and_round_trip(d):
     rot = RandomRotation(d, rng=gen(d))
     dp = next_pow2(d)
     eye = torch.eye(dp, dtype=torch.float64)
-    rot_full = RandomRotation(dp, rng=gen(d))           # same omega on the padded space
-    U = rot_full.rotate(eye)                            # rows: U e_i  -> U^T as a matrix
+    rot_full = RandomRotation(dp, rng=gen(d))  # same omega on the padded space
+    U = rot_full.rotate(eye)  # rows: U e_i  -> U^T as a matrix
     assert torch.allclose(U @ U.T, eye, atol=1e-10)
     X = torch.randn(7, d, dtype=torch.float64, generator=gen(99))
     Y = rot.rotate(X)
@@ -85,12 +94,15 @@ def test_rotation_orthogonal_and_round_trip(d):
 def _lemma2_checks(rotate, d: int, draws: int, alpha: float) -> tuple[bool, int]:
     """(spikes flat, failures of the Hoeffding bound) for a rotation ``rotate(X, s)``."""
     eye = torch.eye(d, dtype=torch.float64)
-    flat = all(torch.allclose(rotate(eye[:8], s).abs(), torch.full((8, d), d ** -0.5,
-                                                                 dtype=torch.float64), atol=1e-12)
-               for s in range(5))
+    flat = all(
+        torch.allclose(
+            rotate(eye[:8], s).abs(), torch.full((8, d), d**-0.5, dtype=torch.float64), atol=1e-12
+        )
+        for s in range(5)
+    )
     # the Hadamard's own columns: a fixed Hadamard (or signs applied after it) maps them to spikes
     X = torch.from_numpy(hadamard(d).astype(np.float64))[:8] / math.sqrt(d)
-    bound = math.sqrt(2 * math.log(2 * d / alpha) / d)            # ||x|| = 1
+    bound = math.sqrt(2 * math.log(2 * d / alpha) / d)  # ||x|| = 1
     fails = sum(int((rotate(X, 100 + s).abs().amax(dim=1) > bound).sum()) for s in range(draws))
     return flat, fails
 
@@ -102,15 +114,19 @@ def test_rotation_is_the_randomized_hadamard_lemma2():
     # union bound) max_i |(U x)_i| <= ||x|| sqrt(2 log(2d/α)/d) w.p. >= 1-α, even for the
     # vectors a Hadamard without the random signs maps to spikes.
     d, draws, alpha = 256, 100, 0.05
-    flat, fails = _lemma2_checks(lambda X, s: RandomRotation(d, rng=gen(s)).rotate(X), d, draws, alpha)
+    flat, fails = _lemma2_checks(
+        lambda X, s: RandomRotation(d, rng=gen(s)).rotate(X), d, draws, alpha
+    )
     assert flat and fails <= 2 * alpha * 8 * draws
     # the same checks have power: each wrong rotation fails one of them
     H = torch.from_numpy(hadamard(d).astype(np.float64)) / math.sqrt(d)
-    signs = lambda s: RandomRotation(d, rng=gen(s)).omega               # noqa: E731
+    signs = lambda s: RandomRotation(d, rng=gen(s)).omega  # noqa: E731
     haar = lambda s: torch.linalg.qr(torch.randn(d, d, dtype=torch.float64, generator=gen(s)))[0]  # noqa: E731
-    wrong = {"no signs": lambda X, s: X @ H,
-             "signs after H": lambda X, s: (X @ H) * signs(s),
-             "Haar orthogonal": lambda X, s: X @ haar(s)}
+    wrong = {
+        "no signs": lambda X, s: X @ H,
+        "signs after H": lambda X, s: (X @ H) * signs(s),
+        "Haar orthogonal": lambda X, s: X @ haar(s),
+    }
     for name, rotate in wrong.items():
         flat, fails = _lemma2_checks(rotate, d, 10 if name == "Haar orthogonal" else draws, alpha)
         assert not flat or fails > 2 * alpha * 8 * draws, name
@@ -122,8 +138,13 @@ def test_clip_factors_bound_float32_rows_by_clip_exactly():
     g = torch.Generator().manual_seed(3)
     d, clip = 29_000, 15.0
     G = torch.randn(400, d, generator=g)
-    scale = torch.cat([torch.full((100,), 0.3), torch.full((100,), 40.0),
-                       1 + (torch.rand(200, generator=g) - 0.5) * 1e-6]).unsqueeze(1)
+    scale = torch.cat(
+        [
+            torch.full((100,), 0.3),
+            torch.full((100,), 40.0),
+            1 + (torch.rand(200, generator=g) - 0.5) * 1e-6,
+        ]
+    ).unsqueeze(1)
     G = (G / torch.linalg.vector_norm(G, dim=1, keepdim=True) * clip * scale).float()
     exact = torch.from_numpy(np.linalg.norm(G.double().numpy(), axis=1))
     torch.testing.assert_close(row_norms64(G), exact, rtol=1e-14, atol=0)
@@ -133,6 +154,6 @@ def test_clip_factors_bound_float32_rows_by_clip_exactly():
     assert torch.equal(was, exact > clip)
     assert factor.dtype == torch.float32
     after = np.linalg.norm((G * factor.unsqueeze(1)).double().numpy(), axis=1)
-    assert after.max() <= clip                                   # never above, not even 1 ulp
-    assert np.all(after[was.numpy()] >= clip * (1 - 1e-6))       # clipped rows land at clip
-    assert torch.equal(factor[~was], torch.ones(int((~was).sum())))   # the others untouched
+    assert after.max() <= clip  # never above, not even 1 ulp
+    assert np.all(after[was.numpy()] >= clip * (1 - 1e-6))  # clipped rows land at clip
+    assert torch.equal(factor[~was], torch.ones(int((~was).sum())))  # the others untouched

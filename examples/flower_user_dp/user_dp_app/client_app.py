@@ -1,13 +1,14 @@
 """The ClientApp: Flower's PyTorch quickstart shape. The one fedudp line is the mod."""
+
 from __future__ import annotations
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedudp.flower import user_level_mod                                   # fedudp
+from fedudp.flower import user_level_mod  # fedudp
 from user_dp_app.task import evaluate, load_data, make_model, train
 
-app = ClientApp(mods=[user_level_mod(users_per_client=10)])   # fedudp (the run config may set it)
+app = ClientApp(mods=[user_level_mod(users_per_client=10)])  # fedudp (the run config may set it)
 
 
 @app.train()
@@ -16,9 +17,15 @@ def train_fn(msg: Message, context: Context) -> Message:
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     x, y = load_data(context.node_config["partition-id"], context.node_config["num-partitions"])
     loss = train(model, x, y, lr=float(msg.content["config"]["lr"]))
-    return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                               "metrics": MetricRecord({"train_loss": loss, "num-examples": len(y)})}),
-                   reply_to=msg)
+    return Message(
+        RecordDict(
+            {
+                "arrays": ArrayRecord(model.state_dict()),
+                "metrics": MetricRecord({"train_loss": loss, "num-examples": len(y)}),
+            }
+        ),
+        reply_to=msg,
+    )
 
 
 @app.evaluate()
@@ -27,5 +34,9 @@ def evaluate_fn(msg: Message, context: Context) -> Message:
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     x, y = load_data(context.node_config["partition-id"], context.node_config["num-partitions"])
     loss, acc = evaluate(model, x, y)
-    return Message(RecordDict({"metrics": MetricRecord({"eval_loss": loss, "eval_acc": acc,
-                                                        "num-examples": len(y)})}), reply_to=msg)
+    return Message(
+        RecordDict(
+            {"metrics": MetricRecord({"eval_loss": loss, "eval_acc": acc, "num-examples": len(y)})}
+        ),
+        reply_to=msg,
+    )

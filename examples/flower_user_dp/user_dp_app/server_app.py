@@ -4,6 +4,7 @@ Every privacy setting comes from the run config's ``fedudp.*`` keys (pyproject.t
 ``--run-config``): the estimator, ε, δ, the clip, the user sampling rate, the rounds and the
 number of users N, calibrated by fedudp (``UserLevelDP.from_run_config``).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,32 +14,45 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from fedudp.flower import UserLevelDP                                      # fedudp
+from fedudp.flower import UserLevelDP  # fedudp
 from user_dp_app.task import make_model
 
 app = ServerApp()
-RESULT: dict = {}          # the last run's strategy (tests read its ledger)
+RESULT: dict = {}  # the last run's strategy (tests read its ledger)
 # pyproject.toml's [tool.flwr.app.config] (flwr run passes it; run_simulation passes none)
-DEFAULTS = {"lr": 0.5, "output-dir": "", "fedudp.aggregator": "gaussian",
-            "fedudp.privacy.epsilon": 4.0, "fedudp.privacy.delta": 1e-5,
-            "fedudp.privacy.clip": 1.0, "fedudp.train.sampling_rate": 0.5,
-            "fedudp.train.rounds": 3, "fedudp.public.users": 40, "fedudp.users-per-client": 10}
+DEFAULTS = {
+    "lr": 0.5,
+    "output-dir": "",
+    "fedudp.aggregator": "gaussian",
+    "fedudp.privacy.epsilon": 4.0,
+    "fedudp.privacy.delta": 1e-5,
+    "fedudp.privacy.clip": 1.0,
+    "fedudp.train.sampling_rate": 0.5,
+    "fedudp.train.rounds": 3,
+    "fedudp.public.users": 40,
+    "fedudp.users-per-client": 10,
+}
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = {**DEFAULTS, **dict(context.run_config)}
     arrays = ArrayRecord(make_model().state_dict())
-    strategy = UserLevelDP.from_run_config(                                 # fedudp
-        FedAvg(fraction_train=1.0, fraction_evaluate=1.0), rc, arrays)      # fedudp
+    strategy = UserLevelDP.from_run_config(  # fedudp
+        FedAvg(fraction_train=1.0, fraction_evaluate=1.0), rc, arrays
+    )  # fedudp
     RESULT["strategy"] = strategy
-    try:          # raises fedudp.flower.RunFailed if every round was withheld: the run fails
-        strategy.start(grid=grid, initial_arrays=arrays,
-                       num_rounds=int(rc["fedudp.train.rounds"]),
-                       train_config=ConfigRecord({"lr": float(rc["lr"])}))
+    try:  # raises fedudp.flower.RunFailed if every round was withheld: the run fails
+        strategy.start(
+            grid=grid,
+            initial_arrays=arrays,
+            num_rounds=int(rc["fedudp.train.rounds"]),
+            train_config=ConfigRecord({"lr": float(rc["lr"])}),
+        )
     finally:
-        if rc.get("output-dir"):      # the ledger, for whoever ran it (flwr run --run-config)
+        if rc.get("output-dir"):  # the ledger, for whoever ran it (flwr run --run-config)
             out = Path(str(rc["output-dir"]))
             out.mkdir(parents=True, exist_ok=True)
-            (out / "ledger.json").write_text(json.dumps(strategy.ledger.to_dict(), indent=1,
-                                                        default=str))
+            (out / "ledger.json").write_text(
+                json.dumps(strategy.ledger.to_dict(), indent=1, default=str)
+            )

@@ -4,6 +4,7 @@
 of a seeded synthetic two-class problem (10 features). Each partition holds between 2 and 11
 records. With fedudp's mod the partitions are the users.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,4 +39,6 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, epochs:
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     with torch.no_grad():
         out = model(x)
-        return float(nn.functional.cross_entropy(out, y)), float((out.argmax(1) == y).float().mean())
+        return float(nn.functional.cross_entropy(out, y)), float(
+            (out.argmax(1) == y).float().mean()
+        )
