@@ -14,18 +14,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-from fedudp.errors import ConfigError  # noqa: F401  (re-exported: fedudp.config.ConfigError)
-
-
-class DataError(ConfigError):
-    """A data file is missing, unreadable or inconsistent; the message names the file."""
-
-
-class Choice(str, Enum):
-    """A config choice: a string enum whose ``str()`` is its value (folder names, tables)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
+from fedudp.errors import ConfigError, DataError  # noqa: F401  (re-exported)
+from fedudp.plain import Choice, jsonable  # noqa: F401  (re-exported)
 
 
 class Method(Choice):
@@ -772,23 +762,6 @@ def validate(cfg: RunConfig) -> None:
 
 
 # -- (de)serialization: one vocabulary for Hydra, the Flower wire and `flwr run --run-config` --
-def jsonable(x: Any) -> Any:
-    """Plain JSON types: enums as their values, numpy scalars as Python, non-finite as None."""
-    import numpy as np
-
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, Enum):
-        return x.value
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def _effective_classes(d: Any) -> Any:
     """A config dict with ``dataset.classes`` null on a planned data set (synthetic, mnist,
     fashion_mnist) written as the 10 it means: runs saved before the key became optional

@@ -2,7 +2,8 @@
 
 A ``ConfigError`` says that a configuration value, the privacy budget, a data file or the output
 folder is wrong. Its message starts with the key or file it names; the command line prints it as
-one line ``fedudp: error: <message>`` and exits with status 2. ``fedudp.config`` re-exports it.
+one line ``fedudp: error: <message>`` and exits with status 2. ``fedudp.config`` re-exports it
+and ``DataError``, its kind for data files.
 """
 
 from __future__ import annotations
@@ -10,3 +11,7 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """A user error (see the module doc)."""
+
+
+class DataError(ConfigError):
+    """A data file is missing, unreadable or inconsistent; the message names the file."""

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fedudp"
 # bottom first; a module's layer is that of the longest prefix listed (the rest: the top layer)
 LAYERS = [
     # the package's __init__, errors, streams, the version and source commit (standard library)
-    ("fedudp", "fedudp.errors", "fedudp.randomness", "fedudp.provenance"),
+    ("fedudp", "fedudp.errors", "fedudp.randomness", "fedudp.provenance", "fedudp.plain"),
     ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
     ("fedudp.config",),  # the configuration schema and its validation
     ("fedudp.data", "fedudp.models"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from fedudp.aggregators.rows import DISTANCE_CHUNK, chunks_bytes  # noqa: F401
-from fedudp.config import ConfigError
+from fedudp.errors import ConfigError
 
 GIB = 1024**3
 # The rows may be held twice for a moment: engine=local's ``Owners.reply`` writes a planned

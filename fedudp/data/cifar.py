@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedudp.config import DataError
+from fedudp.errors import DataError
 from fedudp.data.records import Records, from_arrays, users_by_rule
 
 __all__ = ["read_cifar10", "read_cifar100", "users_by_rule"]

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fedudp.config import DataError
+from fedudp.errors import DataError
 from fedudp.data.records import Records, from_arrays
 
 __all__ = ["read_npz", "read_parquet", "MissingDependency"]

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fedudp.config import DataError
+from fedudp.errors import DataError
 from fedudp.data.columnar import MissingDependency
 from fedudp.data.records import Records, from_arrays
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedudp.config import DataError
+from fedudp.errors import DataError
 
 CLASSES = 10  # MNIST and Fashion-MNIST
 

@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from fedudp.config import DataError
+from fedudp.errors import DataError
 from fedudp.data.records import Records, from_arrays
 
 __all__ = ["VOCAB", "FEMNIST_CLASSES", "read_femnist", "read_shakespeare"]

@@ -21,7 +21,7 @@ import hashlib
 import numpy as np
 import torch
 
-from fedudp.config import DataError
+from fedudp.errors import DataError
 from fedudp.data.federation import Federation
 from fedudp.data.records import Records
 

@@ -31,7 +31,7 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 
-from fedudp.config import DataError
+from fedudp.errors import DataError
 
 __all__ = ["Records", "Summary", "from_arrays", "group_users", "users_by_rule", "summary"]
 
