@@ -1,4 +1,5 @@
-"""The Python API (``fedudp.simulate``) and the README's "Use from Python" example, run as written."""
+"""The Python API (``fedudp.simulate``) and the examples of docs/python.md ("Use from Python",
+once the README's section), run as written."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import pytest
 
 import fedudp
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+# the examples moved with the README's "Use from Python" section to the documentation site
+README = Path(__file__).resolve().parent.parent / "docs" / "python.md"
 
 
 def readme_examples() -> list[str]:
     text = README.read_text()
-    section = text.split("## Use from Python", 1)[1].split("\n## ", 1)[0]
+    section = text.split("# Use from Python", 1)[1]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 

@@ -1,7 +1,8 @@
-"""README's ``flwr run . --stream`` command, run as a new user would.
+"""The documented ``flwr run . --stream`` command (docs/engines.md, once the README's), run as a
+new user would.
 
-A fresh ``FLWR_HOME`` and the environment the README tells a user to export; the command is
-read from README.md itself (only ``output-dir`` is pointed at a temporary folder). ``flwr run``
+A fresh ``FLWR_HOME`` and the environment docs/engines.md tells a user to export; the command is
+read from docs/engines.md itself (only ``output-dir`` is pointed at a temporary folder). ``flwr run``
 starts its own background SuperLink (on free ports here, so that a SuperLink left by anyone
 else is never reused) and exits 0 even when the run fails, so the run's status is read with
 ``flwr ls``. Every process that inherited this ``FLWR_HOME`` is stopped at the end.
@@ -27,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def readme_commands() -> tuple[dict[str, str], list[str]]:
-    """(the variables README exports for `flwr run`, the `flwr run` command) from README.md."""
-    text = (ROOT / "README.md").read_text()
+    """(the variables docs/engines.md exports for `flwr run`, the `flwr run` command) from it."""
+    text = (ROOT / "docs" / "engines.md").read_text()
     exports = dict(
         kv.split("=", 1)
         for line in re.findall(r"^\s*export (FLWR_.*|RAY_.*)$", text, re.M)
