@@ -1,5 +1,5 @@
-"""The benchmarks' measuring tools: ``scripts/proctree.py`` (memory and CPU time of a process
-tree) and ``scripts/plot_bench_flower.py`` (the figure of ``bench_flower.py --json``), and
+"""The benchmarks' measuring tools: ``scripts/benchmarks/proctree.py`` (memory and CPU time of a process
+tree) and ``scripts/benchmarks/plot_bench_flower.py`` (the figure of ``bench_flower.py --json``), and
 ``bench_flower.py``'s refusal of a side it does not know, before any run starts."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "benchmarks"))
 
 BUSY = (
     "import subprocess, sys, time\n"
@@ -59,7 +59,7 @@ def test_plot_of_bench_flower_results(tmp_path):
     p = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "plot_bench_flower.py"),
+            str(ROOT / "scripts" / "benchmarks" / "plot_bench_flower.py"),
             str(res),
             "--out",
             str(out),
@@ -74,7 +74,7 @@ def test_plot_of_bench_flower_results(tmp_path):
     p = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "plot_bench_flower.py"),
+            str(ROOT / "scripts" / "benchmarks" / "plot_bench_flower.py"),
             str(bad),
             "--out",
             str(out),
@@ -85,14 +85,14 @@ def test_plot_of_bench_flower_results(tmp_path):
     assert p.returncode != 0
     assert p.stderr.strip().splitlines()[-1] == (
         f"plot_bench_flower.py: error: {bad} is not a bench_flower.py --json file; run "
-        "scripts/bench_flower.py with --json first"
+        "scripts/benchmarks/bench_flower.py with --json first"
     )
 
 
 @pytest.mark.parametrize("config", ["local@0:fedavg:none", "fedudp@2:fedavg:none"])
 def test_bench_flower_refuses_an_unknown_side_before_running(config):
     p = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_flower.py"), "--configs", config],
+        [sys.executable, str(ROOT / "scripts" / "benchmarks" / "bench_flower.py"), "--configs", config],
         capture_output=True,
         text=True,
         timeout=120,

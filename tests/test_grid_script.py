@@ -1,4 +1,4 @@
-"""scripts/reproduce_huang.py: the grid's order and the claims that let workers share it."""
+"""scripts/reproductions/reproduce_huang.py: the grid's order and the claims that let workers share it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _script():
     spec = importlib.util.spec_from_file_location(
-        "reproduce_huang", ROOT / "scripts" / "reproduce_huang.py"
+        "reproduce_huang", ROOT / "scripts" / "reproductions" / "reproduce_huang.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -77,7 +77,7 @@ def test_run_state_tells_finished_from_interrupted_runs(tmp_path):
 
 def test_dp_collapse_noise_prediction_is_the_random_walk_of_the_owner_steps():
     spec = importlib.util.spec_from_file_location(
-        "diagnose_dp_collapse", ROOT / "scripts" / "diagnose_dp_collapse.py"
+        "diagnose_dp_collapse", ROOT / "scripts" / "tools" / "diagnose_dp_collapse.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

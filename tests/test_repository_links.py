@@ -154,7 +154,7 @@ def test_no_file_points_outside_the_repository():
 def test_results_record_no_machine_path():
     """Result folders record what a run was given (config.yaml, Hydra's files, logs, JSON): the
     measuring machine's data and checkout paths are replaced by placeholders (``DATA``,
-    ``FED.npz``, ``.``; scripts/scrub_paths.py), so no result names a path of that machine."""
+    ``FED.npz``, ``.``; scripts/tools/scrub_paths.py), so no result names a path of that machine."""
     bad = []
     for rel in repo_files():
         if not rel.startswith(HISTORICAL):
@@ -165,7 +165,7 @@ def test_results_record_no_machine_path():
         for no, line in enumerate(text.splitlines(), 1):
             if "/" + "work/" in line:
                 bad.append(f"{rel}:{no}: {line.strip()[:120]}")
-    assert not bad, "machine paths in results (scrub them: scripts/scrub_paths.py):\n" + "\n".join(
+    assert not bad, "machine paths in results (scrub them: scripts/tools/scrub_paths.py):\n" + "\n".join(
         bad[:20]
     )
 

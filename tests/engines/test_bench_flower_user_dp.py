@@ -1,4 +1,4 @@
-"""``scripts/bench_flower_user_dp.py`` (user-level DP wrapper vs plain Flower FedAvg) at a tiny
+"""``scripts/benchmarks/bench_flower_user_dp.py`` (user-level DP wrapper vs plain Flower FedAvg) at a tiny
 size: both sides run (each in its own subprocess), every round is timed, the tables name both
 sides, the wrapped side trains once per user and keeps its ledger."""
 
@@ -23,7 +23,7 @@ def test_the_overhead_benchmark_runs_both_sides(tmp_path):
     p = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "scripts" / "bench_flower_user_dp.py"),
+            str(ROOT / "scripts" / "benchmarks" / "bench_flower_user_dp.py"),
             "--n",
             "2",
             "--reps",
