@@ -22,7 +22,7 @@ run: setup
 	$(BIN)/fedudp -m method=per_silo,fedavg,full_dp,joint_dp
 
 test: setup
-	$(BIN)/python -m pytest -q -x --timeout=600
+	$(BIN)/python -m pytest -q -x --timeout=600 --durations=25
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow --timeout=1200
