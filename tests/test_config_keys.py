@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from fedudp.config import check_known_keys, config_from_overrides, register
 from fedudp.errors import ConfigError
-from fedudp.run import CONF_DIR, preflight
+from fedudp.cli import CONF_DIR, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 

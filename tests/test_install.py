@@ -1,8 +1,10 @@
-"""fedudp installs as an ordinary package: the Hydra config tree and its presets
-(``fedudp/conf/``) are package data, so a non-editable install runs without the checkout.
+"""fedudp installs as an ordinary package: the Hydra config tree and its presets (the
+checkout's top-level ``conf/``, linked into the package as ``fedudp/conf -> ../conf``) are package
+data, so a non-editable install runs without the checkout.
 
-The fast test checks that ``pyproject.toml``'s package-data declaration covers every file under
-``fedudp/conf``. The slow test is the real proof: it builds a wheel from a copy of the sources,
+The fast test checks that ``fedudp/conf`` is that link and that ``pyproject.toml``'s package-data
+declaration covers every file under ``conf/``. The slow test is the real proof: it builds a wheel
+from a copy of the sources (the link kept as a link, so the build must resolve it),
 installs it with ``--no-deps --target`` into a temporary folder (the dependencies come from the
 running venv), and runs the CLI, a preset and ``fedudp.simulate`` from outside the repository with
 that folder on ``PYTHONPATH``. ``PYTHONPATH`` comes before the editable install's finder (appended
@@ -27,7 +29,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "fedudp" / "conf"
+CONF = ROOT / "conf"  # fedudp/conf links here
+PKG = ROOT / "fedudp"
 # what the sdist-free wheel build needs from the checkout (the rest of the tree is left alone)
 BUILD_FILES = ("pyproject.toml", "README.md", "MANIFEST.in", "LICENSE", "setup.cfg")
 
@@ -42,16 +45,16 @@ def conf_files() -> set[str]:
 
 
 def test_package_data_declares_every_config_file():
+    link = PKG / "conf"
+    assert link.is_symlink() and os.readlink(link) == "../conf", "fedudp/conf must link ../conf"
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = data["tool"]["setuptools"]["package-data"]["fedudp"]
-    declared = {
-        Path(m).as_posix()
-        for pat in patterns
-        for m in glob.glob(pat, root_dir=CONF.parent, recursive=True)
+    declared = {  # the patterns as setuptools reads them: relative to the package, via the link
+        Path(m).as_posix() for pat in patterns for m in glob.glob(pat, root_dir=PKG, recursive=True)
     }
     files = conf_files()
     assert "conf/config.yaml" in files and any(f.startswith("conf/experiment/") for f in files)
-    assert files - declared == set(), "files under fedudp/conf not shipped as package data"
+    assert files - declared == set(), "files under conf/ not shipped as package data"
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -84,11 +87,14 @@ def build_wheel(base: Path) -> Path:
     for name in BUILD_FILES:
         if (ROOT / name).is_file():
             shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(CONF, src / "conf")
     shutil.copytree(
         ROOT / "fedudp",
         src / "fedudp",
+        symlinks=True,  # fedudp/conf stays a link to ../conf: the build resolves it
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
     )
+    assert (src / "fedudp" / "conf").is_symlink()
     # the venv's setuptools builds offline and in about a second; without one, pip's isolated
     # build fetches the build-system requirements from the index
     local = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
@@ -152,7 +158,7 @@ def test_non_editable_install_runs_outside_the_repository(tmp_path):
     # the Python API
     r = py(
         "-c",
-        "import fedudp, fedudp.run; print(fedudp.__file__); print(fedudp.run.CONF_DIR); "
+        "import fedudp, fedudp.cli; print(fedudp.__file__); print(fedudp.cli.CONF_DIR); "
         "r = fedudp.simulate({'train.rounds': 1, 'partition.num_owners': 4, "
         "'dataset.num_records': 200}); print(r.stop_reason)",
     )

@@ -177,7 +177,7 @@ def test_runs_off_the_presets_hyperparameters_stay_out_of_every_layout(tmp_path)
     """An ablation (here clip 1 or lr 0.01) shares the run folder but not the paper's cells."""
     import yaml
     from fedudp.paper_report import PRESET_HYPER
-    from fedudp.run import CONF_DIR
+    from fedudp.cli import CONF_DIR
 
     conf = Path(CONF_DIR) / "experiment" / "huang_table1.yaml"
     preset = yaml.safe_load(conf.read_text())

@@ -21,7 +21,7 @@ import pytest
 from conftest import interrupt_after, tiny_cfg
 from fedudp import tracking
 from fedudp.config import ConfigError, RunConfig, config_from_overrides
-from fedudp.core import checkpoint
+from fedudp.protocol import checkpoint
 from fedudp.run import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +104,7 @@ def test_the_command_line_shorthand_and_the_dotted_key_agree():
     from hydra import compose, initialize_config_dir
 
     from fedudp.config import register
-    from fedudp.run import CONF_DIR
+    from fedudp.cli import CONF_DIR
 
     register()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):

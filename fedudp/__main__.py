@@ -1,0 +1,5 @@
+"""``python -m fedudp``: the ``fedudp`` command line (``fedudp.cli``)."""
+
+from fedudp.cli import main
+
+main()
