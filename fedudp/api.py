@@ -28,7 +28,41 @@ from fedudp.config import ConfigError, RunConfig, config_from_overrides
 
 @dataclass
 class SimulationResult:
-    """What one simulated run produced (``simulate``)."""
+    """What one simulated run produced (returned by ``simulate``).
+
+    Attributes
+    ----------
+    config : RunConfig
+        The resolved configuration the run used.
+    stop_reason : str
+        ``completed``, ``budget`` (the next release would exceed ε), ``halted`` (outlier
+        removal's AboveThreshold), ``diverged`` or ``interrupted``.
+    rounds_completed : int
+        Rounds run to the end (each released once).
+    history : list of dict
+        One dict per round, as the lines of ``metrics.jsonl``: loss, accuracy (mean, std,
+        weighted over owners), ε so far, seconds, cohort size, users used, ...
+    ledger : Ledger or dict
+        Every release with its event, noise and ε so far; a run finished before (read back from
+        its folder) gives ``ledger.json``'s dict.
+    epsilon : float or None
+        ε spent at the ledger's δ; None without DP.
+    epsilon_kind : str or None
+        ``certified`` (a proven bound), ``heuristic`` (``privacy.accounting=paper``) or None
+        (no DP).
+    delta : float or None
+        The ledger's δ.
+    shared : dict of str to torch.Tensor
+        The final shared parameters (None for a run read back).
+    personal : dict of str to torch.Tensor
+        Each owner's final personal parameters, stacked over owners (``[owners, ...]``).
+    owner_accuracy : numpy.ndarray
+        Each owner's final test accuracy on its own data with its own personal parameters.
+    summary : dict
+        ``summary.json``'s content.
+    out : Path or None
+        The run folder, when one was written (``out=``).
+    """
 
     config: RunConfig
     stop_reason: str  # completed | budget | halted | diverged | interrupted
@@ -71,17 +105,55 @@ def simulate(
     model: Any = None,
     records: Any = None,
 ) -> SimulationResult:
-    """Run one simulation (see the module doc). ``config``: a ``RunConfig``, or a mapping of
-    dotted keys over the defaults (``{"method": "fedavg", "train.lr": 0.1}``); ``out``: a
-    folder to write the run's files into (None: nothing is written). A folder that already
-    holds a finished run of this very config is not run again: its summary and history are
-    read back and the parameters are None.
+    """Run one simulation and return what it produced, in memory.
 
-    ``model``: your own ``torch.nn.Module`` (copied; its initial parameters are the run's;
-    ``model.personal`` patterns name joint DP's personal layers), engine=local.
-    ``records``: your own federation in memory (``dataset.name=memory``): a
-    ``fedudp.Records`` (``fedudp.from_arrays(x, y, user, owner)``) or a (train, test) pair
-    (docs/your-data.md)."""
+    The run the command line's ``fedudp key=value ...`` makes (see the module doc): the config
+    is validated before any work (a bad key or value is a ``ConfigError`` naming it), the run
+    goes on the configured engine, and its history, ledger, ε and parameters come back.
+
+    Parameters
+    ----------
+    config : RunConfig or Mapping[str, Any] or None
+        A ``RunConfig``, or a mapping of dotted keys over the defaults
+        (``{"method": "fedavg", "train.lr": 0.1}``); None: the defaults.
+    out : str or Path or None
+        A folder to write the run's files into (``config.yaml``, ``metrics.jsonl``,
+        ``ledger.json``, ``summary.json``, ...), as the command line does; None: nothing is
+        written. A folder that already holds a finished run of this very config is not run
+        again: its summary and history are read back and the parameters are None.
+    model : torch.nn.Module or None
+        Your own model (copied; its initial parameters are the run's; ``model.personal``
+        patterns name joint DP's personal layers); ``engine=local``.
+    records : Records or tuple of Records or None
+        Your own federation in memory (``dataset.name=memory``): a ``fedudp.Records``
+        (``fedudp.from_arrays(x, y, user, owner)``) or a (train, test) pair
+        (docs/your-data.md).
+
+    Returns
+    -------
+    SimulationResult
+        The per-round history, the ledger, ε and what kind of number it is, the final shared
+        parameters and each owner's personal parameters.
+
+    Raises
+    ------
+    ConfigError
+        A bad key or value (named), an unreachable (ε, δ), or ``tracking`` without ``out``;
+        before any round.
+    TypeError
+        ``config`` is neither a ``RunConfig`` nor a mapping.
+
+    Examples
+    --------
+    ```python
+    import fedudp
+
+    res = fedudp.simulate({"method": "joint_dp", "privacy.epsilon": 1.0,
+                           "train.rounds": 3, "partition.num_owners": 8,
+                           "dataset.num_records": 800})
+    print(f"epsilon {res.epsilon:.3f} ({res.epsilon_kind})")  # epsilon 1.000 (certified)
+    ```
+    """
     import json
 
     from fedudp.report import epsilon_kind
