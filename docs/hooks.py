@@ -73,14 +73,15 @@ def _rewrite_line(line: str, base: str, page_dir: str, root: Path, source_url: s
             return text if text.startswith("`") else f"`{in_repo}`"
         return f"{text} (`{in_repo}`)"
 
-    # leave inline code alone: split on code spans and rewrite only the text between them
-    out, last = [], 0
-    for c in _INLINE_CODE.finditer(line):
-        out.append(_LINK.sub(fix, line[last : c.start()]))
-        out.append(c.group(0))
-        last = c.end()
-    out.append(_LINK.sub(fix, line[last:]))
-    return "".join(out)
+    # leave links inside inline code alone (a code span inside a link's text is fine)
+    spans = [c.span() for c in _INLINE_CODE.finditer(line)]
+
+    def outside_code(m: re.Match) -> str:
+        if any(a <= m.start() < b for a, b in spans):
+            return m.group(0)
+        return fix(m)
+
+    return _LINK.sub(outside_code, line)
 
 
 def _rewrite(markdown: str, base: str, page_dir: str, root: Path, source_url: str, src: str):
