@@ -1152,6 +1152,26 @@ def validate_budget(epsilon: float, delta: float) -> None:
 
 @dataclass
 class LedgerEntry:
+    """One release in the ledger (a line of ``ledger.jsonl``, an entry of ``ledger.json``).
+
+    Attributes
+    ----------
+    round : int
+        The round that released.
+    event : str
+        The dp-accounting event composed for it, as text.
+    noise_multiplier : float or None
+        The release's noise multiplier z (None where no single multiplier describes it).
+    noise_std : float or None
+        The standard deviation of the noise added to the released sum.
+    sampling_rate : float
+        The privacy units' Poisson sampling rate q of the round.
+    epsilon : float or None
+        ε of everything released so far, at the ledger's δ (PLD; None without DP).
+    epsilon_rdp : float or None
+        The same from RDP, the cross-check.
+    """
+
     round: int
     event: str
     noise_multiplier: float | None
@@ -1163,7 +1183,37 @@ class LedgerEntry:
 
 @dataclass
 class Ledger:
-    """Per-run privacy record (written to ``ledger.json``)."""
+    """Per-run privacy record (``ledger.json``): what the ε certifies, and every release.
+
+    Attributes
+    ----------
+    unit : str
+        The privacy unit: ``user``, ``record`` or ``owner``.
+    adjacency : str
+        The neighbouring relation of the analysis (add/remove one unit, or replace-one with a
+        public n).
+    accounting : str
+        ``certified`` or ``paper`` (``privacy.accounting``).
+    guarantee : str
+        ``certified`` (a proven bound) or ``heuristic``; ``none`` without DP.
+    mechanism : str
+        The estimator's name (``gaussian``, ``winsorized``, ...; ``none`` without DP).
+    accountant : str
+        How the events are composed (dp-accounting's PLD with an RDP cross-check, ...).
+    delta : float
+        The δ at which every ε is reported.
+    target_epsilon : float or None
+        The budget: a round whose release would exceed it is not run.
+    notes : list of str
+        What else the guarantee rests on (public numbers, assumptions).
+    entries : list of LedgerEntry
+        One per release, in order.
+    extra : dict
+        Declared public numbers and mechanism-specific records (``extra["public"]``, ...).
+    randomness : str
+        Where the release noise and the privacy sampling came from: ``seeded (simulation)``
+        (keyed by the run seed) or ``secure`` (OS entropy).
+    """
 
     unit: str
     adjacency: str
