@@ -672,7 +672,7 @@ def audit_local_dpsgd(
     and the claim is re-checked on D' prepared from the arrays without the canary: the same
     capacity, noise multiplier and ε (nothing public read from the data)."""
     from fedudp.config import ConfigError, config_from_overrides
-    from fedudp.core.dpsgd import owner_rates
+    from fedudp.owner.dpsgd import owner_rates
     from fedudp.build import prepare
 
     t0 = time.perf_counter()

@@ -67,11 +67,11 @@ from fedudp.config import (
     resolved_aggregator,
     validate,
 )
-from fedudp.core.billboard import Billboard, ServerStep
-from fedudp.core.canaries import Canaries
-from fedudp.core.methods import MethodSpec, make_method
-from fedudp.core.owner import OwnerHooks, Owners, OwnerTraining
-from fedudp.core import local_sgd
+from fedudp.billboard.server import Billboard, ServerStep
+from fedudp.billboard.canaries import Canaries
+from fedudp.protocol.methods import MethodSpec, make_method
+from fedudp.owner.owners import OwnerHooks, Owners, OwnerTraining
+from fedudp.owner import local_sgd
 from fedudp.data import federation as federation_mod
 from fedudp.data.federation import Federation
 from fedudp.data.idx import check_available
@@ -874,7 +874,7 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
     one-pass per-record kernel on the same batch for every parameter whose layer qualifies for
     it (whichever of them a method shares, the kernel then runs on a subset of these layers; an
     exact nn.Linear applied twice per forward fails there). One-line ``ValueError``."""
-    from fedudp.core import per_sample
+    from fedudp.owner import per_sample
     from fedudp.models import validate as model_check
 
     model_check.probe(m, shape, classes, tokens)
@@ -886,7 +886,7 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
         except (NotImplementedError, RuntimeError) as e:
             raise ValueError(
                 f"model fails in DP-SGD's one-pass per-record gradients "
-                f"(fedudp.core.per_sample): {' '.join(str(e).split())}; give a "
+                f"(fedudp.owner.per_sample): {' '.join(str(e).split())}; give a "
                 "layer applied more than once per forward its own nn.Linear "
                 "subclass (as char_rnn.RecurrentLinear does)"
             ) from None

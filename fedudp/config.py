@@ -389,7 +389,7 @@ class EngineConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Checkpoints of the round loop (``fedudp.core.checkpoint``): one after every
+    """Checkpoints of the round loop (``fedudp.protocol.checkpoint``): one after every
     ``every``-th completed round (0: none), the newest ``keep`` kept in the run folder while it
     runs, and ``keep_after_finish`` of them once it has finished (a finished run is never
     resumed: ``none`` by default, so a sweep of many runs keeps no file it cannot use; an

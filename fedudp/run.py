@@ -30,8 +30,8 @@ from fedudp.config import (
     validate,
     with_schema_defaults,
 )
-from fedudp.core import checkpoint as checkpoints
-from fedudp.core.rounds import RoundsResult, run_rounds, summarize
+from fedudp.protocol import checkpoint as checkpoints
+from fedudp.billboard.rounds import RoundsResult, run_rounds, summarize
 from fedudp.provenance import provenance
 from fedudp.report import epsilon_display, epsilon_kind
 
@@ -58,7 +58,7 @@ def execute(
     ``checkpoint``: where and how often it checkpoints, and the state a resumed run starts
     from)."""
     if p.settings.engine == "flower":
-        from fedudp.engines import flower as engine
+        from fedudp.engines import flower_server as engine
     else:
         from fedudp.engines import local as engine
     t = p.settings

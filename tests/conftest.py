@@ -78,7 +78,7 @@ def interrupt_after(monkeypatch, round_: int) -> None:
     import os
     import signal
 
-    from fedudp.core import checkpoint
+    from fedudp.protocol import checkpoint
 
     save = checkpoint.Checkpointer.save
 

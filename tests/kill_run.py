@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import tiny_cfg  # noqa: E402
-from fedudp.core import checkpoint  # noqa: E402
+from fedudp.protocol import checkpoint  # noqa: E402
 from fedudp.run import run  # noqa: E402
 
 

@@ -24,7 +24,7 @@ import torch
 
 from conftest import interrupt_after, tiny_cfg, tiny_mnist, write_idx
 from fedudp.config import ConfigError, DataError
-from fedudp.core import checkpoint
+from fedudp.protocol import checkpoint
 from fedudp.engines.ray_watchdog import ray_descendants
 from fedudp.run import run
 

@@ -14,12 +14,20 @@ PACKAGE = Path(__file__).resolve().parent.parent / "fedudp"
 # bottom first; a module's layer is that of the longest prefix listed (the rest: the top layer)
 LAYERS = [
     # the package's __init__, errors, streams, the version and source commit (standard library)
-    ("fedudp", "fedudp.errors", "fedudp.randomness", "fedudp.provenance", "fedudp.plain"),
+    (
+        "fedudp",
+        "fedudp.errors",
+        "fedudp.randomness",
+        "fedudp.provenance",
+        "fedudp.plain",
+        "fedudp.stopping",
+    ),
     ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
     ("fedudp.config",),  # the configuration schema and its validation
     ("fedudp.data", "fedudp.models"),
     ("fedudp.aggregators",),  # the user-level mean estimators
-    ("fedudp.core",),  # owner, billboard, round loop, checkpoints
+    ("fedudp.protocol",),  # what passes between the two sides: messages, methods, checkpoints
+    ("fedudp.owner", "fedudp.billboard"),  # the two sides of joint DP, side by side
     ("fedudp.algorithms",),  # the seeds' training algorithms
     ("fedudp.build",),  # the config builder: the one reader of a RunConfig
     ("fedudp.engines",),  # local and Flower engines (owners build their side)
@@ -89,7 +97,9 @@ def test_privacy_math_knows_no_estimator_round_runner_or_config():
                     (
                         "fedudp.config",
                         "fedudp.aggregators",
-                        "fedudp.core",
+                        "fedudp.owner",
+                        "fedudp.billboard",
+                        "fedudp.protocol",
                         "fedudp.run",
                         "fedudp.engines",
                     )
@@ -100,7 +110,9 @@ def test_privacy_math_knows_no_estimator_round_runner_or_config():
 def test_the_check_sees_imports_inside_functions(tmp_path):
     fake = tmp_path / "fedudp" / "privacy" / "x.py"
     fake.parent.mkdir(parents=True)
-    fake.write_text("def f():\n    from fedudp.run import prepare\n    from ..core import owner\n")
-    got = imported("fedudp.privacy.x", fake, {"fedudp.core.owner": fake})
-    assert got == {"fedudp.run", "fedudp.core", "fedudp.core.owner"}
-    assert layer("fedudp.run") > layer("fedudp.core.owner") > layer("fedudp.privacy.x")
+    fake.write_text(
+        "def f():\n    from fedudp.run import prepare\n    from ..owner import owners\n"
+    )
+    got = imported("fedudp.privacy.x", fake, {"fedudp.owner.owners": fake})
+    assert got == {"fedudp.run", "fedudp.owner", "fedudp.owner.owners"}
+    assert layer("fedudp.run") > layer("fedudp.owner.owners") > layer("fedudp.privacy.x")

@@ -36,7 +36,7 @@ from fedudp import build
 from fedudp import run as run_module
 from fedudp.config import NATURAL_DATASETS, DatasetName, RunConfig, register
 from formats import write_cifar10, write_cifar100, write_femnist, write_shakespeare
-from fedudp.core.rounds import RunInterrupted
+from fedudp.stopping import RunInterrupted
 from fedudp.run import CONF_DIR, prepare, run
 
 PRESETS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))

@@ -234,7 +234,7 @@ def test_billboard_secure_sample_and_noise_are_not_the_seeds():
     seeded ones (which a holder of the seed regenerates), and different across two billboards
     built alike; the ledger says which."""
     from fedudp.aggregators import GaussianAggregator, Sampling
-    from fedudp.core.billboard import Billboard
+    from fedudp.billboard.server import Billboard
     from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
 
     def board(rand):

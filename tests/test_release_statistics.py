@@ -21,7 +21,7 @@ import torch
 
 from conftest import tiny_cfg
 from fedudp.aggregators.base import Contribution
-from fedudp.core.billboard import Billboard
+from fedudp.billboard.server import Billboard
 from fedudp.run import run
 
 Q = 0.3

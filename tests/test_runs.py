@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from conftest import tiny_cfg, tiny_mnist
 from fedudp.config import ConfigError, RunConfig, register
-from fedudp.core import owner as OW
+from fedudp.owner import owners as OW
 from fedudp.models.cnn import PAPER_TABLE2_COUNTS, PaperCNN, layer_counts
 from fedudp.run import CONF_DIR, execute, prepare, run
 

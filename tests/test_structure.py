@@ -73,10 +73,10 @@ def _loops_over_rounds(path: Path) -> int:
 
 
 def test_round_loop_is_written_once(monkeypatch):
-    # the only loop over rounds, range(<start>, rounds + 1), lives in core/rounds.py (a resumed
+    # the only loop over rounds, range(<start>, rounds + 1), lives in billboard/rounds.py (a resumed
     # run starts after its checkpoint's round) ...
     hits = [p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py") if _loops_over_rounds(p)]
-    assert hits == ["core/rounds.py"]
+    assert hits == ["billboard/rounds.py"]
     # ... and the engine drives the run through it
     calls = []
     real = fedudp.run.run_rounds

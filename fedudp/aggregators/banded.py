@@ -122,7 +122,7 @@ def cycles(rounds: int, bands: int) -> int:
 
 
 class CyclicPoissonParticipation(CyclicParticipation):
-    """The billboard's plan (the hooks of ``fedudp.core.plan.Plan``, as the tree's): round r
+    """The billboard's plan (the hooks of ``fedudp.billboard.plan.Plan``, as the tree's): round r
     samples group (r - 1) mod b at rate p; the cycle's event at its first round, nothing at the
     others (``round_event``)."""
 

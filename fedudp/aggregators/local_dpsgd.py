@@ -2,7 +2,7 @@
 
 Huang et al. (001) §4, the owner-side reading of its experiments (docs/algorithms.md#owner-side-dp-sgd):
 owner j runs DP-SGD on the shared
-parameters (``fedudp.core.dpsgd``): per step a ``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))``
+parameters (``fedudp.owner.dpsgd``): per step a ``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))``
 for its users, q_j = min(B, M_j)/M_j, ceil(M_j/B) steps per epoch, E epochs per round, where M_j
 is owner j's PUBLIC capacity: its planned user count (the config's ⌊N/n⌋/⌈N/n⌉ records per
 owner cut into users of ``partition.records_per_user``), fixed before any data is read. The

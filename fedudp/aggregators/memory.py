@@ -19,7 +19,7 @@ from fedudp.errors import ConfigError
 
 GIB = 1024**3
 # The rows may be held twice for a moment: engine=local's ``Owners.reply`` writes a planned
-# cohort's row chunks into one matrix as they come (``fedudp.core.messages.rows_reply``), but a
+# cohort's row chunks into one matrix as they come (``fedudp.protocol.messages.rows_reply``), but a
 # natural federation's cohort (computed sorted by size) is put back in order by a gathered copy,
 # and on engine=flower the owners' replies are held while ``Contribution.merge`` writes them into
 # one matrix. The estimate counts the matrix twice (an upper bound for the planned case).

@@ -94,7 +94,7 @@ def run_event(noise_multiplier: float, rounds: int, k: int) -> dp_accounting.DpE
 
 
 class CyclicParticipation:
-    """The billboard's plan (the hooks of ``fedudp.core.plan.Plan``) for a tree: unit i trains in
+    """The billboard's plan (the hooks of ``fedudp.billboard.plan.Plan``) for a tree: unit i trains in
     the rounds r with (r - 1) mod k = group[i]; the tree's event at its first round, nothing at
     the others; the aggregator's release and the plain server step."""
 

@@ -10,8 +10,8 @@ declares:
 * ``check(ctx)``: its own parameters' checks on plain values (``ParameterError``);
 * ``setup(ctx)``: from a ``Context`` of plain values, its estimators (built through
   ``ctx.estimator``, calibrated with the run's privacy settings), the billboard's ``Plan``
-  (``fedudp.core.plan``: cohort per round, event per round, server step) and, where the
-  algorithm changes the owner's computation, its ``OwnerHooks`` (``fedudp.core.owner``:
+  (``fedudp.billboard.plan``: cohort per round, event per round, server step) and, where the
+  algorithm changes the owner's computation, its ``OwnerHooks`` (``fedudp.owner.owners``:
   a user's gradient, the personal update). Nothing is patched after it is built.
 
 Levy et al. Alg. 3 needs no module: it is ``model.name=linear method=full_dp
@@ -139,7 +139,7 @@ class Setup:
     sampling: Sampling  # the billboard's units and rate
     summary: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    owner_hooks: object = None  # fedudp.core.owner.OwnerHooks, or None
+    owner_hooks: object = None  # fedudp.owner.owners.OwnerHooks, or None
 
 
 def _module(name: str):

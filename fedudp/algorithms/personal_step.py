@@ -20,8 +20,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedudp.core import local_sgd
-from fedudp.core.owner import OwnerHooks, user_units
+from fedudp.owner import local_sgd
+from fedudp.owner.owners import OwnerHooks, user_units
 from fedudp.randomness import Purpose, numpy_rng
 
 

@@ -1,4 +1,4 @@
-"""The one ``Plan`` the seeds' training algorithms configure (``fedudp.core.plan`` hooks).
+"""The one ``Plan`` the seeds' training algorithms configure (``fedudp.billboard.plan`` hooks).
 
 An algorithm is a list of ``Phase``s on the one round loop. A phase has its rounds, its cohort
 (a fixed set of billboard units, disjoint from the other phases' units, or a per-round sampler),
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from fedudp.aggregators.base import Aggregator
-from fedudp.core.plan import Plan
+from fedudp.billboard.plan import Plan
 from fedudp.privacy.accountant import ApproxDp, Parallel
 
 
@@ -67,7 +67,7 @@ class AlgorithmPlan(Plan):
     def rounds(self) -> int:
         return int(self.ends[-1])
 
-    # -- checkpoints (fedudp.core.checkpoint via Billboard.state) ---------------------------------
+    # -- checkpoints (fedudp.protocol.checkpoint via Billboard.state) ---------------------------------
     def checkpoint_state(self) -> dict:
         """What continuing exactly needs: the phase's start and the running sum of its iterates
         (the averaged iterate), the halt flag, and each phase estimator's own state (an
@@ -81,7 +81,7 @@ class AlgorithmPlan(Plan):
 
     def restore_checkpoint_state(self, state: dict) -> None:
         if len(state["phases"]) != len(self.phases):
-            from fedudp.core.checkpoint import CheckpointError
+            from fedudp.protocol.checkpoint import CheckpointError
 
             raise CheckpointError(
                 f"the plan has {len(self.phases)} phases, the checkpoint {len(state['phases'])}"

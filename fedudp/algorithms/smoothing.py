@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedudp.core import local_sgd
-from fedudp.core.owner import OwnerHooks
+from fedudp.owner import local_sgd
+from fedudp.owner.owners import OwnerHooks
 from fedudp.randomness import Purpose, numpy_rng
 
 

@@ -3,7 +3,7 @@
 The node's partition id is the owner id. The owner rebuilds, once per worker process, the
 model, split and federation from the run configuration the billboard sends (all seeded, so
 every process gets the same), takes its own shard, keeps its personal parameters **only** in
-``context.state``, and runs ``fedudp.core.owner.Owners`` on that shard, the code the local
+``context.state``, and runs ``fedudp.owner.owners.Owners`` on that shard, the code the local
 engine runs for all owners at once:
 
 * ``@train``: personal update (no noise), then the reply for its sampled units under the
@@ -25,8 +25,8 @@ from flwr.clientapp import ClientApp
 
 from fedudp import build
 from fedudp.config import config_from_json
-from fedudp.core import checkpoint
-from fedudp.core.owner import Owners, Params
+from fedudp.protocol import checkpoint
+from fedudp.owner.owners import Owners, Params
 from fedudp.data.federation import Federation
 from fedudp.engines import flower_wire
 

@@ -17,7 +17,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedudp.aggregators.base import Constraint, Contribution
-from fedudp.core.messages import OwnerReply
+from fedudp.protocol.messages import OwnerReply
 
 K_RUN = "fedudp.run"
 K_SHARED = "fedudp.shared"

@@ -1,9 +1,9 @@
 """``engine=local``: every owner in one process, batched with ``torch.func``
 (docs/architecture.md#engines).
 
-A transport only: the owners' computation is ``fedudp.core.owner.Owners`` over the whole
+A transport only: the owners' computation is ``fedudp.owner.owners.Owners`` over the whole
 federation (personal parameters stacked ``[n_owners, ...]``, users in vmapped chunks of at most
-``engine_opts.chunk_records`` records); the round is ``fedudp.core.rounds.run_rounds``. With
+``engine_opts.chunk_records`` records); the round is ``fedudp.billboard.rounds.run_rounds``. With
 chunk size 1, one thread and float64 it is the reference for the engine-equivalence test.
 """
 
@@ -15,8 +15,8 @@ import numpy as np
 
 from fedudp.aggregators.base import Constraint, current_constraint
 from fedudp.config import RunConfig
-from fedudp.core.owner import Owners, Params
-from fedudp.core.rounds import Collected, Evaluation
+from fedudp.owner.owners import Owners, Params
+from fedudp.billboard.rounds import Collected, Evaluation
 from fedudp.data.federation import Federation
 
 
@@ -68,7 +68,7 @@ class LocalTransport:
 
     def restore(self, state: dict, folder=None) -> None:
         """The stacked personal parameters of the checkpoint (same names, shapes, dtypes)."""
-        from fedudp.core.checkpoint import CheckpointError
+        from fedudp.protocol.checkpoint import CheckpointError
 
         saved = state["personal"]
         mine = self.personal_params

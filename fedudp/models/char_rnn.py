@@ -34,7 +34,7 @@ Parameter names: ``embed.weight``, ``rnn.{k}.ih.{weight,bias}``, ``rnn.{k}.hh.{w
 ``head.{weight,bias}``. joint_dp keeps ``head.*`` personal by default (each owner's output
 layer, the analogue of the paper CNN's FC1). The embedding and the recurrent maps ``rnn.{k}.hh``
 (a ``RecurrentLinear``, applied T times) take the model off the per-record fast path
-(``fedudp.core.per_sample.supported`` is False), so DP-SGD uses the generic vmap path; ``head``
+(``fedudp.owner.per_sample.supported`` is False), so DP-SGD uses the generic vmap path; ``head``
 and the input projections ``rnn.{k}.ih`` (applied once, to the whole sequence) alone would qualify.
 
 Cost (CPU, torch 2.13, 1 thread; forward + backward of the mean cross-entropy, T = 80, defaults
@@ -59,7 +59,7 @@ from fedudp.models.split import SplitModel
 
 class RecurrentLinear(nn.Linear):
     """An ``nn.Linear`` applied at every step (the hidden-to-hidden map). Its own type keeps it
-    off ``fedudp.core.per_sample``'s one-pass path, which needs each layer applied once per
+    off ``fedudp.owner.per_sample``'s one-pass path, which needs each layer applied once per
     forward (it would raise "called twice"); per-record gradients go through vmap instead."""
 
 

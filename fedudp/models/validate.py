@@ -43,10 +43,10 @@ silently, 3 ended in cross-entropy's IndexError), then each record's gradient th
 ``torch.func.vmap(grad(...))`` on that batch (the path every owner computation takes), naming
 the layer that fails there (an ``autograd.Function`` without a vmap rule, an operation without a
 batching rule) and what to use instead. ``fedudp.build.prepare`` runs it once per run, with
-the one-pass kernel of ``fedudp.core.per_sample`` on it where the model qualifies for it.
+the one-pass kernel of ``fedudp.owner.per_sample`` on it where the model qualifies for it.
 
 Per-record gradients (DP-SGD): ``fast_per_record(model, names)`` says whether every parameter in
-``names`` sits in a layer the one-pass batched path (``fedudp.core.per_sample``) handles;
+``names`` sits in a layer the one-pass batched path (``fedudp.owner.per_sample``) handles;
 otherwise ``torch.func.vmap(grad(...))`` computes them, one record as a batch of one:
 
     =========================================  ==================================
@@ -205,10 +205,10 @@ def _probe(model: nn.Module, example: torch.Tensor) -> None:
 
 
 def fast_per_record(model: nn.Module, names: Iterable[str] | None = None) -> bool:
-    """Whether DP-SGD's one-pass per-record gradients (``fedudp.core.per_sample``) cover the
+    """Whether DP-SGD's one-pass per-record gradients (``fedudp.owner.per_sample``) cover the
     parameters ``names`` (all of the model's when None): each sits in a module that is exactly
     an ``nn.Linear``, or an ``nn.Conv2d`` with groups = 1, zero padding and numeric padding.
-    False means the vmap path. ``fedudp.core.per_sample.supported`` applies this rule (core
+    False means the vmap path. ``fedudp.owner.per_sample.supported`` applies this rule (the owner
     sits above models)."""
     owners = {
         name: mod

@@ -26,7 +26,7 @@ from fedudp.aggregators.outlier import (
 from fedudp.aggregators.rows import CohortRows
 from fedudp.aggregators.winsorized import WinsorizedAggregator, winsorized_mean_rows
 from fedudp.config import ConfigError
-from fedudp.core.messages import make_reply, rows_reply
+from fedudp.protocol.messages import make_reply, rows_reply
 from fedudp.privacy.mechanisms import RandomRotation, laplace
 
 F64 = torch.float64

@@ -17,7 +17,7 @@ from hypothesis.extra.numpy import arrays
 from conftest import tiny_cfg
 from fedudp.config import ConfigError
 from fedudp.aggregators.local_dpsgd import owner_rates
-from fedudp.core.dpsgd import DpSgdSpec, clipped_sums, dpsgd_deltas
+from fedudp.owner.dpsgd import DpSgdSpec, clipped_sums, dpsgd_deltas
 from fedudp.randomness import Purpose, numpy_rng
 from fedudp.run import execute, prepare, run
 
@@ -264,7 +264,7 @@ def test_removing_a_user_changes_only_its_clipped_gradient_in_the_step():
 
 def test_the_step_count_does_not_follow_the_users_an_owner_holds(monkeypatch):
     # capacity M = 33 > B = 32: ceil(33/32) = 2 noisy steps per epoch, with 33 users or 32 held
-    from fedudp.core import dpsgd
+    from fedudp.owner import dpsgd
 
     calls = []
     real = dpsgd._noisy_step
@@ -548,7 +548,7 @@ def test_group_privacy_refuses_what_it_cannot_convert():
 from fedudp.aggregators import Sampling  # noqa: E402
 from fedudp.aggregators.base import Contribution  # noqa: E402
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean, default_count_noise  # noqa: E402
-from fedudp.core.dpsgd import noisy_unclipped_fraction  # noqa: E402
+from fedudp.owner.dpsgd import noisy_unclipped_fraction  # noqa: E402
 
 
 def _half_count_noise(unclipped, sampled, expected_batch, count_noise, generator):

@@ -294,8 +294,8 @@ def test_huang_alg1_noise_on_shared_only():
     assert float(delta[j].abs().max()) > 0
     assert float(delta[np.arange(fed.num_owners) != j].abs().max()) == 0.0
     # exactly -η times the record's gradient with respect to the personal block
-    from fedudp.core import local_sgd
-    from fedudp.core.owner import user_units
+    from fedudp.owner import local_sgd
+    from fedudp.owner.owners import user_units
 
     grads = local_sgd.mean_gradients(
         owners.model,
@@ -463,7 +463,7 @@ def test_interrupted_algorithm_resumes_to_the_uninterrupted_run(
     name, rounds, stop, tmp_path, monkeypatch
 ):
     from conftest import interrupt_after
-    from fedudp.core import checkpoint as ck
+    from fedudp.protocol import checkpoint as ck
 
     extra = (
         "checkpoint.every=1",

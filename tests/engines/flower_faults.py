@@ -20,7 +20,7 @@ import ray.cloudpickle
 from flwr.app import Array, ArrayRecord
 from flwr.clientapp import ClientApp
 
-from fedudp.core.messages import OwnerFailure
+from fedudp.protocol.messages import OwnerFailure
 from fedudp.engines import flower_client
 from fedudp.engines import flower_wire
 

@@ -1,6 +1,6 @@
 """engine=flower: equivalence with engine=local, the owner boundary, failures.
 
-All Flower runs here go through ``fedudp.run.run`` -> ``fedudp.engines.flower.execute`` ->
+All Flower runs here go through ``fedudp.run.run`` -> ``fedudp.engines.flower_server.execute`` ->
 ``flwr.simulation.run_simulation`` with the Ray backend (in this process; Ray stays up
 between tests of the module). Faults are injected by the test-only ``flower_faults`` mod.
 """
@@ -17,7 +17,7 @@ from conftest import tiny_cfg
 from flower_faults import SendRecorder, inject
 import fedudp.run
 from fedudp.config import RunConfig, config_from_json, config_from_overrides, config_to_json
-from fedudp.engines import flower
+from fedudp.engines import flower_server
 from fedudp.engines import flower_wire
 from fedudp.run import run
 
@@ -67,11 +67,11 @@ class Capture:
         cap, orig_rounds, orig_connect = (
             self,
             fedudp.run.run_rounds,
-            flower.FlowerTransport._connect,
+            flower_server.FlowerTransport._connect,
         )
 
         def run_rounds(rounds, eval_every, billboard, transport, *a, **k):
-            kind = "flower" if isinstance(transport, flower.FlowerTransport) else "local"
+            kind = "flower" if isinstance(transport, flower_server.FlowerTransport) else "local"
             cap.transports[kind] = transport
             cap.results[kind] = res = orig_rounds(rounds, eval_every, billboard, transport, *a, **k)
             return res
@@ -81,10 +81,10 @@ class Capture:
             orig_connect(self)
 
         monkeypatch.setattr(fedudp.run, "run_rounds", run_rounds)
-        monkeypatch.setattr(flower.FlowerTransport, "_connect", connect)
+        monkeypatch.setattr(flower_server.FlowerTransport, "_connect", connect)
 
     @property
-    def flower_transport(self) -> flower.FlowerTransport:
+    def flower_transport(self) -> flower_server.FlowerTransport:
         return self.transports["flower"]
 
 
@@ -309,7 +309,7 @@ def test_a_bug_in_an_owner_stops_the_run(tmp_path, monkeypatch):
 
 def test_reply_codec_roundtrip():
     from fedudp.aggregators import Contribution
-    from fedudp.core.messages import OwnerReply
+    from fedudp.protocol.messages import OwnerReply
 
     rep = OwnerReply(
         ("a.w", "a.b"), Contribution(torch.randn(3, 5, dtype=torch.float64), None, 3), 1

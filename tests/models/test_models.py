@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fedudp.core import local_sgd
-from fedudp.core.methods import make_method
+from fedudp.owner import local_sgd
+from fedudp.protocol.methods import make_method
 from fedudp.models.char_rnn import CharGRU
 from fedudp.models.cnn import PaperCNN
 from fedudp.models.custom import adopt, fresh_copy, from_target
@@ -130,8 +130,8 @@ def test_char_gru_in_the_engines_vmapped_paths():
 
 def test_char_gru_owner_dpsgd_takes_the_vmap_path():
     """The embedding is not on per_sample's fast path: owner-side DP-SGD runs it through vmap."""
-    from fedudp.core import per_sample
-    from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
+    from fedudp.owner import per_sample
+    from fedudp.owner.dpsgd import DpSgdSpec, dpsgd_deltas
 
     m = small_gru()
     split = make_method("joint_dp", m).split
@@ -163,7 +163,7 @@ def test_char_gru_owner_dpsgd_takes_the_vmap_path():
 def test_char_gru_fast_path_where_it_qualifies():
     """With the embedding and the recurrence left out (personal), the one-pass per-record
     gradients of the head and the input projection equal vmap's, record by record."""
-    from fedudp.core import per_sample
+    from fedudp.owner import per_sample
 
     m = small_gru()
     p = params_of(m)
@@ -303,8 +303,8 @@ def test_other_refusals():
 
 
 def test_fast_per_record():
-    """The rule fedudp.core.per_sample applies (models may not import core: a copy, kept equal)."""
-    from fedudp.core import per_sample
+    """The rule fedudp.owner.per_sample applies (models may not import the owner: a copy, kept equal)."""
+    from fedudp.owner import per_sample
 
     lin = SharedPersonalLogistic(5, 3)
     cases = [

@@ -94,7 +94,7 @@ def test_release_divides_by_public_expected_cohort_not_realized():
 
 
 def test_nonfinite_rows_are_excluded_before_release():
-    from fedudp.core.messages import make_reply
+    from fedudp.protocol.messages import make_reply
 
     agg = GaussianAggregator(1.0, 1.0, Sampling(1.0, 10))
     G = torch.tensor([[0.5, 0.0], [float("nan"), 1.0], [float("inf"), 0.0], [0.0, 0.25]])
@@ -109,7 +109,7 @@ def test_nonfinite_screening_by_norms_is_exact(dtype):
     whose squares overflow float32 but not float64 is finite and kept; one NaN or inf anywhere
     drops its row. float64 rows (whose squares can overflow) keep the element-wise mask. With
     ``owned`` the caller's buffer is clipped in place and the release is the same."""
-    from fedudp.core.messages import make_reply
+    from fedudp.protocol.messages import make_reply
 
     big = 3.0e38 if dtype == torch.float32 else 1.0e200
     G = torch.zeros(6, 5, dtype=dtype)

@@ -1,4 +1,4 @@
-"""The guard of ``fedudp/core/billboard.py``: what the billboard server samples, releases, steps
+"""The guard of ``fedudp/billboard/server.py``: what the billboard server samples, releases, steps
 and records (docs/architecture.md#one-round-as-data).
 
 Billboards are built here from plain values (``GaussianAggregator`` / ``MeanAggregator`` with a
@@ -22,10 +22,10 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
 from fedudp.aggregators.base import Contribution
-from fedudp.core.billboard import Billboard, ServerStep
-from fedudp.core.checkpoint import CheckpointError, dump, load_bytes
-from fedudp.core.messages import OwnerReply, make_reply
-from fedudp.core.plan import Plan
+from fedudp.billboard.server import Billboard, ServerStep
+from fedudp.protocol.checkpoint import CheckpointError, dump, load_bytes
+from fedudp.protocol.messages import OwnerReply, make_reply
+from fedudp.billboard.plan import Plan
 from fedudp.privacy.accountant import ADJACENCY, ApproxDp, Ledger, accountant_for
 from fedudp.randomness import Purpose, numpy_rng, torch_generator
 
@@ -389,7 +389,7 @@ def test_restore_refuses_a_state_whose_entries_differ_or_a_used_billboard():
 # -- a training algorithm's plan ------------------------------------------------------------------
 class ScheduledPlan(Plan):
     """One unit per round, alternating events, a one-off block, an exact estimator in round 2
-    and a projected step in round 3 (the documented hooks of fedudp.core.plan)."""
+    and a projected step in round 3 (the documented hooks of fedudp.billboard.plan)."""
 
     def __init__(self, population: int, exact) -> None:
         self.population, self.exact = population, exact

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
-from fedudp.core.checkpoint import CheckpointError, plain
-from fedudp.core.messages import OwnerReply
-from fedudp.core.plan import Plan
+from fedudp.protocol.checkpoint import CheckpointError, plain
+from fedudp.protocol.messages import OwnerReply
+from fedudp.billboard.plan import Plan
 from fedudp.privacy.accountant import Ledger, LedgerEntry
 from fedudp.randomness import Purpose, Randomness
 
@@ -44,7 +44,7 @@ class Billboard:
     events (None for a non-private aggregator; ``fedudp.privacy.accountant.accountant_for``),
     the seed of its keyed randomness, its ``step`` on the shared parameters, the target ε it
     stops before exceeding (None: no stop) at ``delta``, and a training algorithm's ``plan``
-    (``fedudp.core.plan``: the round's cohort, event, estimator and step). ``randomness``: where
+    (``fedudp.billboard.plan``: the round's cohort, event, estimator and step). ``randomness``: where
     its sample and noise come from (default ``Randomness.seeded(seed)``; ``Randomness.secure``:
     OS entropy). ``min_owners`` / ``min_users``: the fail-closed minimum of a round in which
     owners failed (``withhold``)."""
@@ -73,13 +73,13 @@ class Billboard:
                 "accountant (fedudp.privacy.accountant.accountant_for)"
             )
         self.names = tuple(shared)
-        self.plan = plan  # a training algorithm's hooks (fedudp.core.plan)
+        self.plan = plan  # a training algorithm's hooks (fedudp.billboard.plan)
         self.next_round = 1
         self.shapes = {k: tuple(shared[k].shape) for k in self.names}
         self.u = (
             torch.cat([shared[k].reshape(-1) for k in self.names]) if self.names else torch.zeros(0)
         )
-        # audit.canaries (fedudp.core.canaries): K canary units whose updates join each release;
+        # audit.canaries (fedudp.billboard.canaries): K canary units whose updates join each release;
         # the estimate reads the final u against the initial one
         self.canaries = canaries
         self.u0 = self.u.clone() if canaries is not None else None

@@ -1,4 +1,4 @@
-"""One-step user vectors (``fedudp.core.one_step``) against the ones ``local_sgd`` computes:
+"""One-step user vectors (``fedudp.owner.one_step``) against the ones ``local_sgd`` computes:
 each user's delta after its one SGD step, or its mean gradient."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedudp.core import local_sgd
-from fedudp.core.one_step import one_step_vectors
+from fedudp.owner import local_sgd
+from fedudp.owner.one_step import one_step_vectors
 from fedudp.models.cnn import PaperCNN
 from fedudp.privacy.mechanisms import clip_factors
 
@@ -101,7 +101,7 @@ def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(
     10 and one of 5) at batch 8, the users of 10 (two steps) train through ``local_sgd`` and the
     others take the one-step path, merged into one reply; at batch 16 every user takes it (a
     multi-record user's convolution weight gradient from one kernel over its records)."""
-    import fedudp.core.owner as ow
+    import fedudp.owner.owners as ow
     from conftest import tiny_cfg, tiny_mnist
     from fedudp.run import run
 
@@ -136,7 +136,7 @@ def test_fedavg_owners_of_one_step_take_the_path_and_equal_local_sgd(batch, tmp_
     the one-step path; at batch 37 the owners of 37 take it and those of 38 (two steps) train
     through ``local_sgd``, their rows interleaved in one matrix. The run equals the run with
     every owner through ``local_sgd`` up to float32 rounding."""
-    import fedudp.core.owner as ow
+    import fedudp.owner.owners as ow
     from conftest import tiny_cfg, tiny_mnist
     from fedudp.run import run
 

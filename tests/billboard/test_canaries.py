@@ -1,4 +1,4 @@
-"""One-run empirical privacy estimate with canaries (fedudp.core.canaries, audit.*)."""
+"""One-run empirical privacy estimate with canaries (fedudp.billboard.canaries, audit.*)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from scipy.stats import norm
 
 from fedudp.aggregators.base import Contribution
 from fedudp.config import ConfigError
-from fedudp.core.canaries import (
+from fedudp.billboard.canaries import (
     Canaries,
     andrew_estimate,
     hockey_stick,

@@ -1,4 +1,4 @@
-"""The guard of ``fedudp/core/checkpoint.py`` (docs/architecture.md#checkpoints-and-stops).
+"""The guard of ``fedudp/protocol/checkpoint.py`` (docs/architecture.md#checkpoints-and-stops).
 
 A checkpoint reads back bit for bit; the newest ``keep`` are kept; ``every`` sets the cadence;
 another run's, a damaged or a truncated checkpoint is reported and the previous one used; a
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedudp.core import checkpoint
-from fedudp.core.checkpoint import CheckpointError, Checkpointer
+from fedudp.protocol import checkpoint
+from fedudp.protocol.checkpoint import CheckpointError, Checkpointer
 
 
 def bits(t: torch.Tensor) -> bytes:

@@ -1,4 +1,4 @@
-"""Per-record gradients from one batched pass (fedudp.core.per_sample) equal torch.func's."""
+"""Per-record gradients from one batched pass (fedudp.owner.per_sample) equal torch.func's."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fedudp.core import dpsgd, per_sample
-from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
+from fedudp.owner import dpsgd, per_sample
+from fedudp.owner.dpsgd import DpSgdSpec, dpsgd_deltas
 from fedudp.models.cnn import PaperCNN
 
 

@@ -25,7 +25,7 @@ accounted).
 
 Per step, each owner's sampled users go through one batched forward/backward at that owner's
 parameters, with exact per-record gradients from the layers' inputs and output gradients
-(``fedudp.core.per_sample``: Linear and Conv2d models, the paper CNN); for other models the
+(``fedudp.owner.per_sample``: Linear and Conv2d models, the paper CNN); for other models the
 sampled users of all owners are one vmapped batch (in chunks of ``budget`` records), each at its
 own owner's current parameters, with per-owner segment sums. Sampling and noise are keyed by (seed, round, epoch, step, owner id), so one
 owner's shard (Flower) and all owners at once (local engine) give the same deltas.
@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 
 from fedudp.aggregators.local_dpsgd import owner_rates
-from fedudp.core import local_sgd, per_sample
+from fedudp.owner import local_sgd, per_sample
 from fedudp.privacy.mechanisms import clip_factors
 from fedudp.randomness import Purpose, Randomness
 

@@ -7,7 +7,7 @@ broadcast θ (s = -lr for the delta, 1 for the gradient). The vmapped path compu
 step separately (grouped convolutions, batched pooling, per-user activations held at once:
 the local engine's memory peak with one-record users). Here the users of a chunk share one
 batched forward/backward of Σ_r (s / k_{u(r)}) ℓ_r, hooks keeping every shared layer's input
-a_r and output gradient g_r (records are independent: ``fedudp.core.per_sample``'s Linear and
+a_r and output gradient g_r (records are independent: ``fedudp.owner.per_sample``'s Linear and
 Conv2d rule), and each user's gradient follows exactly:
 
     Linear:  W_u = Σ_{r∈u} g_r a_rᵀ (one batched matmul over the users' padded records),
@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedudp.core import per_sample
+from fedudp.owner import per_sample
 
 
 def one_step_vectors(

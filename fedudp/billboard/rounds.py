@@ -19,18 +19,14 @@ and no ε spent; or a training algorithm's schedule, which cannot skip a round, 
 A withheld round releases nothing, composes nothing and leaves the shared parameters as they
 are; its metrics line says why (``withheld``) and lists the failed owners' reasons.
 
-Checkpoints (``fedudp.core.checkpoint``): after every ``checkpoint.every``-th completed round
+Checkpoints (``fedudp.protocol.checkpoint``): after every ``checkpoint.every``-th completed round
 the billboard's and the transport's state and the metrics so far; a resumed run restores them
 and continues with the next round.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -38,9 +34,10 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from fedudp.core.billboard import Billboard
-from fedudp.core.checkpoint import CheckpointError, Checkpointer, warn
-from fedudp.core.messages import Failure, OwnerReply
+from fedudp.billboard.server import Billboard
+from fedudp.protocol.checkpoint import CheckpointError, Checkpointer, warn
+from fedudp.protocol.messages import Failure, OwnerReply
+from fedudp.stopping import RunInterrupted, StopSignals
 
 Params = dict[str, torch.Tensor]
 
@@ -100,96 +97,6 @@ class Transport(Protocol):
         ...
 
 
-class RunInterrupted(Exception):
-    """SIGINT or SIGTERM arrived during a run (``signum``)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class StopFlag:
-    """A stop signal caught by the main thread for a round loop that runs in another thread
-    (Flower's ServerApp): ``catching()`` installs SIGINT/SIGTERM handlers that only record the
-    signal (a second one acts as the signal's default would); the loop and the transport's
-    waits poll ``signum``."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, object] = {}
-
-    def _handler(self, signum, frame) -> None:  # noqa: ANN001
-        if self.signum is not None:  # the second signal: no more waiting
-            signal.signal(signum, signal.SIG_DFL)
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            os.kill(os.getpid(), signum)
-            return
-        self.signum = signum
-
-    def check(self) -> None:
-        """Raise ``RunInterrupted`` if a stop signal arrived."""
-        if self.signum is not None:
-            raise RunInterrupted(self.signum)
-
-    @contextlib.contextmanager
-    def catching(self):
-        """The handlers, installed while the block runs (main thread only; else a no-op)."""
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handler)
-        try:
-            yield self
-        finally:
-            for sig, old in self._old.items():
-                signal.signal(sig, old)
-            self._old.clear()
-
-
-class StopSignals:
-    """SIGINT/SIGTERM as ``RunInterrupted`` (main thread only), deferred inside ``critical()``;
-    in another thread, the ``flag`` the main thread sets, polled by ``check()`` (each round,
-    the end of each critical section, and the transport's waits)."""
-
-    def __init__(self, flag: StopFlag | None = None) -> None:
-        self.pending: int | None = None
-        self.flag = flag
-        self._depth = 0
-        self._old: dict[int, object] = {}
-
-    def check(self) -> None:
-        if not self._depth and self.flag is not None:
-            self.flag.check()
-
-    def _handler(self, signum, frame) -> None:  # noqa: ANN001
-        if self._depth:
-            self.pending = signum
-            return
-        raise RunInterrupted(signum)
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    @contextlib.contextmanager
-    def critical(self):
-        self._depth += 1
-        try:
-            yield
-        finally:
-            self._depth -= 1
-        if not self._depth and self.pending is not None:
-            signum, self.pending = self.pending, None
-            raise RunInterrupted(signum)
-        self.check()
-
-
 @dataclass
 class RoundsResult:
     shared: Params
@@ -237,7 +144,7 @@ def _failures(kind: str, failures: list[Failure]) -> dict:
 def loop_state(
     billboard: Billboard | None, transport: Transport, round_: int, history: list[dict]
 ) -> dict:
-    """A checkpoint after ``round_`` (``fedudp.core.checkpoint``): billboard, transport, the
+    """A checkpoint after ``round_`` (``fedudp.protocol.checkpoint``): billboard, transport, the
     metrics so far. Everything else a round draws is keyed by (seed, purpose, round)."""
     from fedudp.config import jsonable
 

@@ -1,7 +1,7 @@
 """Checkpoints of the round loop: atomic, checksummed, the last few kept
 (docs/architecture.md#checkpoints-and-stops).
 
-``fedudp.core.rounds.run_rounds`` writes one after every ``checkpoint.every``-th completed
+``fedudp.billboard.rounds.run_rounds`` writes one after every ``checkpoint.every``-th completed
 round: the billboard's state (shared parameters, the released ledger entries from which the
 accountant is recomposed event by event, the aggregator's own state and RNG), the transport's
 (the local engine's stacked personal parameters; for ``engine=flower`` the round whose files

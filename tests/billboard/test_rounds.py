@@ -1,4 +1,4 @@
-"""The guard of ``fedudp/core/rounds.py``: THE round loop (``run_rounds``), its stops, metrics
+"""The guard of ``fedudp/billboard/rounds.py``: THE round loop (``run_rounds``), its stops, metrics
 lines and checkpoints, driven through the ``Transport`` protocol.
 
 A small fake transport written here answers for the owners: unit k's vector is the gradient
@@ -22,10 +22,10 @@ import torch
 from conftest import interrupt_after
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
 from fedudp.aggregators.base import Aggregate, Contribution
-from fedudp.core.billboard import Billboard, ServerStep
-from fedudp.core.checkpoint import Checkpointer
-from fedudp.core.messages import Failure, OwnerReply, make_reply
-from fedudp.core.rounds import Collected, Evaluation, run_rounds
+from fedudp.billboard.server import Billboard, ServerStep
+from fedudp.protocol.checkpoint import Checkpointer
+from fedudp.protocol.messages import Failure, OwnerReply, make_reply
+from fedudp.billboard.rounds import Collected, Evaluation, run_rounds
 from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
 
 N = 6  # units (users): owner 0 holds 0..2, owner 1 3..5

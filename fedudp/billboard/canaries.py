@@ -287,7 +287,7 @@ def simulated_release(
     d = canaries.dim
     total = torch.zeros(d, dtype=torch.float64)
     # a sequence of simulated releases of one mechanism (no training: the run's round loop is
-    # core/rounds.py's); release i is keyed like round i + 1 for the canaries' sample
+    # billboard/rounds.py's); release i is keyed like round i + 1 for the canaries' sample
     for release in range(rounds):
         c, _ = canaries.add(
             Contribution(None, total.new_zeros(d), 0, 0), release + 1, clip, rows=False

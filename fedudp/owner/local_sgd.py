@@ -1,7 +1,7 @@
 """Local SGD and gradients, vectorized over units with ``torch.func``
 (docs/architecture.md#engines).
 
-The math under the owner component (``fedudp.core.owner``); pure functions of tensors.
+The math under the owner component (``fedudp.owner.owners``); pure functions of tensors.
 
 A *unit* here is a set of contiguous records trained as one: a user (for the per-user shared
 vectors the billboard aggregates) or a whole owner (for its personal-parameter update, or

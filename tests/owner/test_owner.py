@@ -1,4 +1,4 @@
-"""The guard of ``fedudp/core/owner.py``: THE owner-side computation (``Owners``,
+"""The guard of ``fedudp/owner/owners.py``: THE owner-side computation (``Owners``,
 ``OwnerTraining``, ``OwnerHooks``, ``user_units``, ``owner_units``).
 
 The owner component is built both by the config builder (``fedudp.build.owners`` on a tiny
@@ -6,7 +6,7 @@ synthetic config from tests/conftest.py) and from plain values (``Owners(model, 
 budget)``). What it computes is checked against computations written here without it: the
 logistic model's loss by hand (logits = x Wᵀ + b + p, mean cross-entropy), gradients with
 ``torch.autograd``, local SGD as a plain Python loop over the batch orders the module documents
-(fedudp.core.local_sgd.batch_orders: per user keyed by its stable id, per owner by its global
+(fedudp.owner.local_sgd.batch_orders: per user keyed by its stable id, per owner by its global
 id, both from fedudp.randomness).
 """
 
@@ -21,10 +21,10 @@ from conftest import tiny_cfg
 from fedudp import build
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
 from fedudp.aggregators.base import Constraint
-from fedudp.core.local_sgd import LocalSpec
-from fedudp.core.messages import OwnerReply
-from fedudp.core.methods import make_method
-from fedudp.core.owner import OwnerHooks, Owners, OwnerTraining, owner_units, user_units
+from fedudp.owner.local_sgd import LocalSpec
+from fedudp.protocol.messages import OwnerReply
+from fedudp.protocol.methods import make_method
+from fedudp.owner.owners import OwnerHooks, Owners, OwnerTraining, owner_units, user_units
 from fedudp.models import make_model
 from fedudp.randomness import Purpose, numpy_rng
 
@@ -394,7 +394,7 @@ def test_evaluation_is_each_owners_forward_on_its_own_test_shard(fed, budget, mo
     whose sums are added up per owner; the numbers are the same."""
     import dataclasses
 
-    from fedudp.core import local_sgd
+    from fedudp.owner import local_sgd
 
     t = fed.test_offsets
     cases = [fed, dataclasses.replace(fed, test_offsets=np.array([t[0], t[2], t[2], t[3], t[4]]))]

@@ -10,7 +10,7 @@ all its users' vectors.
 
 Owner-level updates (``MethodSpec.update``): standard FedAvg sends the owner's delta after E
 epochs of SGD over all its records (``owner_sgd``); ``privacy.placement=local_dpsgd`` the delta
-after E epochs of DP-SGD over its users (``owner_dpsgd``, ``fedudp.core.dpsgd``); both are
+after E epochs of DP-SGD over its users (``owner_dpsgd``, ``fedudp.owner.dpsgd``); both are
 weighted by ``train.owner_weights`` (uniform, or the owner's record count).
 
 ``Owners`` works on any group of owners held as a ``Federation``: ``engine=local`` passes the
@@ -31,12 +31,12 @@ import torch.nn as nn
 
 from fedudp.aggregators.base import Constraint, Contribution, finite_rows
 from fedudp.config import OwnerWeights, SharedUpdate, Unit
-from fedudp.core import local_sgd
-from fedudp.core import per_sample
-from fedudp.core.dpsgd import DpSgdSpec, dpsgd_deltas
-from fedudp.core.one_step import one_step_vectors
-from fedudp.core.messages import OwnerReply, make_reply, rows_reply
-from fedudp.core.methods import MethodSpec
+from fedudp.owner import local_sgd
+from fedudp.owner import per_sample
+from fedudp.owner.dpsgd import DpSgdSpec, dpsgd_deltas
+from fedudp.owner.one_step import one_step_vectors
+from fedudp.protocol.messages import OwnerReply, make_reply, rows_reply
+from fedudp.protocol.methods import MethodSpec
 from fedudp.data.federation import Federation
 from fedudp.randomness import Purpose
 
@@ -57,7 +57,7 @@ class OwnerTraining:
     dpsgd_records: bool = False
     # owner-side DP-SGD (``owner_dpsgd``): each owner's PUBLIC capacity, indexed by global owner
     # id, in DP-SGD units (users; records with ``dpsgd_records``). The sampling rate, the step
-    # count and the divisor come from it, never from the data (``fedudp.core.dpsgd``)
+    # count and the divisor come from it, never from the data (``fedudp.owner.dpsgd``)
     dpsgd_capacity: tuple[int, ...] | None = None
     # each owner's PUBLIC record count (global owner id): the ``owner_weights=size`` weights of
     # owner-side DP-SGD's deltas (the actual counts would be data the billboard reads)
@@ -88,7 +88,7 @@ def owner_units(fed: Federation, owners: np.ndarray) -> local_sgd.Units:
     return local_sgd.Units(starts, sizes, fed.owner_ids[owners], starts, sizes)
 
 
-# one-step users' vectors from one batched forward/backward (``fedudp.core.one_step``); False:
+# one-step users' vectors from one batched forward/backward (``fedudp.owner.one_step``); False:
 # every user through ``local_sgd`` (the reference path the tests compare it with)
 ONE_STEP = True
 # records per one-step chunk: its vectors, per-record weight gradients and their clipped copy
@@ -280,7 +280,7 @@ class Owners:
         """[len(owners), d_shared]: each owner's owner-level update (``owner_sgd`` or
         ``owner_dpsgd``) from the broadcast ``shared``. ``fractions``: with an adaptive DP-SGD
         clip (``constraint.dpsgd_count_noise``), filled with each owner's released unclipped
-        fraction (``fedudp.core.dpsgd``)."""
+        fraction (``fedudp.owner.dpsgd``)."""
         spec, names = self.training.user, self.spec.shared
         if self.spec.update == "owner_dpsgd":
             fr_unit, fr_common = self._frozen(fed, personal, owners)
@@ -358,7 +358,7 @@ class Owners:
     def _one_step_owners(self, sizes: np.ndarray) -> np.ndarray:
         """[O] bool: which owners' ``owner_sgd`` delta is one SGD step on all their records (one
         epoch, at most a batch of records, no personal layers of their own in the forward) and
-        is computed by the one-step path (``fedudp.core.one_step``: -lr times the owner's mean
+        is computed by the one-step path (``fedudp.owner.one_step``: -lr times the owner's mean
         gradient at the broadcast parameters, one batched forward/backward per chunk of owners;
         the same arithmetic as ``local_sgd``'s single step up to float summation order)."""
         spec = self.training.user
@@ -480,7 +480,7 @@ class Owners:
         self, fed: Federation, units: np.ndarray, constraint: Constraint
     ) -> np.ndarray | None:
         """Which of the sampled users ``units`` take the one-step path
-        (``fedudp.core.one_step``: their vectors from one batched forward/backward), or None
+        (``fedudp.owner.one_step``: their vectors from one batched forward/backward), or None
         where it does not apply. It applies to clipped sums of users (not owners) at parameters common
         to all users (no owner's own personal layers in the forward), on Linear / Conv2d shared
         layers, with the plain owner hooks; a user takes it when its vector is one SGD step (one

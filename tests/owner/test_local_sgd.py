@@ -1,4 +1,4 @@
-"""The two paths of ``fedudp/core/local_sgd.py`` (units vmapped, or one after another with plain
+"""The two paths of ``fedudp/owner/local_sgd.py`` (units vmapped, or one after another with plain
 autograd) compute the same local SGD and mean gradients, and ``loop_units`` picks per unit.
 
 A small paper CNN (8x8 images) in float64: the paths differ only in float summation order.
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedudp.core import local_sgd
-from fedudp.core.local_sgd import LocalSpec, Units
+from fedudp.owner import local_sgd
+from fedudp.owner.local_sgd import LocalSpec, Units
 from fedudp.models.cnn import PaperCNN
 from fedudp.models.linear import SharedPersonalLogistic
 from fedudp.randomness import Purpose

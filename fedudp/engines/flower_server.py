@@ -4,7 +4,7 @@
 A transport only: ``FlowerTransport`` sends each round's broadcast and the owners' sampled
 units as Flower messages (one ``train`` message per owner that has to act: every owner when
 personal parameters are trained, else the owners with sampled units), checks the replies and
-hands them to ``fedudp.core.rounds.run_rounds``; ``evaluate`` messages score the owners.
+hands them to ``fedudp.billboard.rounds.run_rounds``; ``evaluate`` messages score the owners.
 ``execute`` starts ``flwr.simulation.run_simulation`` on Ray (client resources from
 ``engine_opts.num_cpus/num_gpus``, an existing cluster from ``engine_opts.address``), or
 drives the grid that ``flwr run``'s ServerApp hands in.
@@ -37,10 +37,11 @@ from flwr.common.constant import ErrorCode
 from fedudp.aggregators.base import Constraint, current_constraint
 from fedudp.build import RunSettings
 from fedudp.config import RunConfig, config_to_json
-from fedudp.core import checkpoint
-from fedudp.core.messages import Failure, OwnerFailure, OwnerReply
-from fedudp.core.owner import Owners, Params
-from fedudp.core.rounds import Collected, Evaluation, StopFlag
+from fedudp.protocol import checkpoint
+from fedudp.protocol.messages import Failure, OwnerFailure, OwnerReply
+from fedudp.owner.owners import Owners, Params
+from fedudp.billboard.rounds import Collected, Evaluation
+from fedudp.stopping import StopFlag
 from fedudp.data.federation import Federation
 from fedudp.engines import flower_client
 from fedudp.engines import flower_wire, ray_watchdog
