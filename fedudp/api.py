@@ -156,7 +156,7 @@ def simulate(
     """
     import json
 
-    from fedudp.report import epsilon_kind
+    from fedudp.privacy.labels import epsilon_kind
     from fedudp.build import settings
     from fedudp.run import execute, prepare, run_with_result, summary_of
 

@@ -48,7 +48,7 @@ def _hydra_main() -> None:
         from fedudp import run as runner
         from fedudp import tracking
         from fedudp.build import settings
-        from fedudp.report import epsilon_display, epsilon_kind
+        from fedudp.privacy.labels import epsilon_display, epsilon_kind
 
         try:
             check_known_keys(dcfg)  # to_object would drop a '+key' silently

@@ -33,7 +33,7 @@ from fedudp.config import (
 from fedudp.protocol import checkpoint as checkpoints
 from fedudp.billboard.rounds import RoundsResult, run_rounds, summarize
 from fedudp.provenance import provenance
-from fedudp.report import epsilon_display, epsilon_kind
+from fedudp.privacy.labels import epsilon_display, epsilon_kind
 
 __all__ = [
     "run",

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_cfg
-from fedudp.paper_report import HUANG_TABLE2, HUANG_TABLE4, write_paper_report
+from fedudp.report.paper_report import HUANG_TABLE2, HUANG_TABLE4, write_paper_report
 from fedudp.report import ComparisonCallback, comparison_table, load_summaries, main as report_main
 from fedudp.run import run
 
@@ -176,7 +176,7 @@ def test_table2_and_fig1_claims_are_judged_on_the_numbers(tmp_path):
 def test_runs_off_the_presets_hyperparameters_stay_out_of_every_layout(tmp_path):
     """An ablation (here clip 1 or lr 0.01) shares the run folder but not the paper's cells."""
     import yaml
-    from fedudp.paper_report import PRESET_HYPER
+    from fedudp.report.paper_report import PRESET_HYPER
     from fedudp.cli import CONF_DIR
 
     conf = Path(CONF_DIR) / "experiment" / "huang_table1.yaml"

@@ -17,7 +17,7 @@ import pytest
 import fedudp
 from conftest import tiny_cfg
 from fedudp.report import comparison_table, load_summaries, main as report_main
-from fedudp.report_plots import frontier_lines, group_series, write_report
+from fedudp.report.report_plots import frontier_lines, group_series, write_report
 
 # five real runs build the sweep (~10 s): in the slow suite, the default one is at its budget
 pytestmark = pytest.mark.slow
@@ -176,11 +176,11 @@ def test_cli_writes_the_table_and_two_pngs_beside_it(sweep, drawn, tmp_path, mon
         w, h = png_size(out / name)
         assert w_min <= w <= 4000 and h_min <= h <= 3000, (name, w, h)
     # --out alone implies --plots; without --out the files go into the sweep folder
-    import fedudp.report_plots
+    import fedudp.report.report_plots
 
     calls = []
     monkeypatch.setattr(
-        fedudp.report_plots,
+        fedudp.report.report_plots,
         "write_report",
         lambda ss, folder, name="": (
             calls.append(Path(folder)) or {"report": Path(folder) / "report.md"}

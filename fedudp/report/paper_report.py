@@ -12,13 +12,13 @@ paper's qualitative claims as holds / does not hold on the numbers found.
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from fedudp.report import HEURISTIC_MARK, is_heuristic
+from fedudp.privacy.labels import HEURISTIC_MARK, is_heuristic
 
 # Huang et al. (001) Table 1: test accuracy, mean ± std over 5 runs, ε = 1
 HUANG_TABLE1 = {

@@ -30,15 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from fedudp.report import (
-    HEURISTIC_MARK,
-    _value,
-    comparison_table,
-    epsilon_kind,
-    group_order,
-    groups_of,
-    varying_keys,
-)
+from fedudp.privacy.labels import HEURISTIC_MARK, epsilon_kind
+from fedudp.report.report import _value, comparison_table, group_order, groups_of, varying_keys
 
 # Keys that set the privacy level: a frontier line runs along them (every other differing key
 # separates lines). target_epsilon: the key of runs without config.yaml.

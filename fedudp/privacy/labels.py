@@ -1,0 +1,52 @@
+"""What a run's ε is and how every fedudp output prints it (standard library only).
+
+One rule for summary.json (epsilon_kind, epsilon_display), the run's last line, the
+Python API's SimulationResult.epsilon_kind and every table of fedudp-report: an ε from an
+unproven accounting or conversion (privacy.accounting=paper) is heuristic and printed
+1.000 (heuristic); an ε whose released noise was weakened for an audit
+(audit.noise_scale < 1) is weakened and printed so; no DP is n/a (no DP). The runner
+and the API import these labels from here, beside the accountant that decides them, not from
+the report.
+"""
+
+from __future__ import annotations
+
+HEURISTIC_MARK = "(heuristic)"
+WEAKENED_MARK = "(weakened, not a guarantee)"
+
+
+def epsilon_kind(s: dict) -> str | None:
+    """What a summary's ε is: ``certified``, ``heuristic`` (an unproven accounting or
+    conversion, ``privacy.accounting=paper``), or None (no DP, no ε). Summaries written before
+    ``epsilon_kind`` existed are read from ``guarantee``; one with neither counts as heuristic
+    when its accounting is ``paper`` (never read a bound where none was proven)."""
+    kind = s.get("epsilon_kind")
+    if kind in ("certified", "heuristic", "weakened"):
+        return kind
+    guarantee = s.get("guarantee")
+    if guarantee in ("certified", "heuristic", "weakened"):
+        return guarantee
+    if guarantee is None and s.get("accounting") == "paper":
+        return "heuristic"
+    if guarantee is None and s.get("epsilon") is not None:
+        return "certified"
+    return None
+
+
+def is_heuristic(s: dict) -> bool:
+    return epsilon_kind(s) == "heuristic"
+
+
+def mark_epsilon(text: str, heuristic: bool) -> str:
+    """``1.000`` -> ``1.000 (heuristic)`` for a heuristic ε."""
+    return f"{text} {HEURISTIC_MARK}" if heuristic else text
+
+
+def epsilon_display(epsilon: float | None, kind: str | None, digits: int = 3) -> str:
+    """The text every fedudp output prints for a run's ε (``summary.json``'s
+    ``epsilon_display``)."""
+    if epsilon is None:
+        return "n/a (no DP)"
+    if kind == "weakened":  # audit.noise_scale < 1: the ledger's ε is not what was released
+        return f"{epsilon:.{digits}f} {WEAKENED_MARK}"
+    return mark_epsilon(f"{epsilon:.{digits}f}", kind == "heuristic")
