@@ -125,7 +125,8 @@ def test_users_start_at_the_public_broadcast_and_the_client_keeps_its_own_head()
         app.calls.clear()
         reply = mod(train_message(broadcast(r), r, rate, 12, clip), ctx, app)
         assert not reply.has_error()
-        assert set(reply.content.keys()) == {K_CONTRIB, K_COUNTS}
+        # the contribution, the counts and the app's own training metrics (its records here)
+        assert set(reply.content.keys()) == {K_CONTRIB, K_COUNTS, "metrics"}
         sampled = sampled_users(range(4, 8), 5, r, rate, 12)
         # first the sampled users, each from the broadcast itself (public head: zeros)
         firsts = app.calls[: len(sampled)]
@@ -219,3 +220,61 @@ def test_the_fast_array_decode_equals_flowers(arr):
     a = Array(arr)
     got, want = _numpy(a), a.numpy()
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+
+
+class MetricApp:
+    """A fake training step reporting the app's own metrics: user u has 2 + u records and a
+    training loss of u / 10; its context records what the app saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def __call__(self, msg: Message, context: Context) -> Message:
+        from fedudp.flower import client_users
+
+        self.seen.append({**dict(context.node_config), "users": client_users(context)})
+        if msg.metadata.message_type != "train":
+            return Message(RecordDict({"metrics": MetricRecord({"ok": 1})}), reply_to=msg)
+        u = int(context.node_config["partition-id"])
+        got = {k: v.numpy() + np.float32(0.01) for k, v in msg.content["arrays"].items()}
+        metrics = MetricRecord({"train_loss": u / 10, "num-examples": 2 + u})
+        return Message(RecordDict({"arrays": arrays_of(got), "metrics": metrics}), reply_to=msg)
+
+
+def test_the_apps_training_metrics_are_record_weighted_over_the_sampled_users():
+    mod, app = user_level_mod(users_per_client=4), MetricApp()
+    reply = mod(train_message(broadcast(1), 1, 0.6, 12, 1.0), context(1, 3), app)
+    sampled = sampled_users(range(4, 8), 5, 1, 0.6, 12)
+    assert sampled  # (seed 5, round 1: users 4..7 at q = 0.6)
+    m = reply.content["metrics"]
+    records = sum(2 + u for u in sampled)
+    assert m["num-examples"] == records
+    assert m["train_loss"] == pytest.approx(sum((2 + u) * u / 10 for u in sampled) / records)
+    assert set(m.keys()) == {"num-examples", "train_loss"}
+
+
+def test_the_app_sees_a_stable_key_for_its_clients_users_in_training_and_evaluation():
+    """In training ``partition-id`` is the user's global index (of N); the client's own stays
+    under ``fedudp.client-partition-id``, and ``client_users`` gives the client's users and N in
+    training and evaluation alike, so that evaluation can load the client's whole data."""
+    mod, app = user_level_mod(users_per_client=4), MetricApp()
+    ctx = context(2, 3)  # users 8..11 of N = 12
+    mod(train_message(broadcast(1), 1, 1.0, 12, 1.0), ctx, app)
+    assert [s["partition-id"] for s in app.seen] == [8, 9, 10, 11]
+    for s in app.seen:
+        assert s["num-partitions"] == 12 and s["fedudp.user-id"] == s["partition-id"]
+        assert s["fedudp.client-partition-id"] == 2 and s["fedudp.client-num-partitions"] == 3
+        assert s["users"] == ([8, 9, 10, 11], 12)
+    app.seen.clear()
+    ctx.run_config = {"fedudp.public.users": 12}
+    mod(server_message(RecordDict({"arrays": arrays_of(broadcast(2))}), "evaluate"), ctx, app)
+    ((ev,),) = [app.seen]
+    assert ev["partition-id"] == 2 and ev["num-partitions"] == 3  # the client's, untouched
+    assert ev["users"] == ([8, 9, 10, 11], 12)
+
+
+def test_client_users_outside_the_mod_says_so():
+    from fedudp.flower import client_users
+
+    with pytest.raises(LookupError, match="no user_level_mod"):
+        client_users(context(0, 1))

@@ -41,7 +41,7 @@ def test_the_example_app_is_user_level_dp_with_a_direct_epsilon():
     simulate(server_app.app, client_app.app)
     strategy = server_app.RESULT["strategy"]
     d = server_app.DEFAULTS
-    assert len(strategy.ledger.entries) == d["fedudp.train.rounds"]
+    assert len(strategy.ledger.entries) == d["num-server-rounds"]
     z = strategy.aggregator.noise_multiplier
     # the ledger's epsilon, recomputed directly: 3 Poisson(0.5)-sampled Gaussian releases
     acc = dp_accounting.pld.PLDAccountant()
@@ -54,6 +54,17 @@ def test_the_example_app_is_user_level_dp_with_a_direct_epsilon():
     assert strategy.ledger.entries[-1].epsilon == pytest.approx(direct, rel=1e-3)
     assert direct <= d["fedudp.privacy.epsilon"] * (1 + 1e-6)
     assert strategy.ledger.extra["public"] == {"users": 40, "user_sampling_rate": 0.5}
+    # the server's history: every round's metrics carry the app's own training loss
+    # (record-weighted over the users) beside epsilon, the users released and failed clients
+    history = server_app.RESULT["result"].train_metrics_clientapp
+    assert sorted(history) == [1, 2, 3]
+    for r, m in history.items():
+        assert m["epsilon"] == pytest.approx(strategy.ledger.entries[r - 1].epsilon)
+        assert m["failed_clients"] == 0 and m["clients"] == 4 and 0 < m["users"] <= 40
+        assert 0.0 < m["train_loss"] < 5.0
+    # before round 1 the wrapper logged the noise on the released mean: z*C/(q*N)
+    assert strategy.utility["noise_std"] == pytest.approx(z * 1.0 / (0.5 * 40))
+    assert strategy.utility["expected_cohort"] == 20.0
 
 
 def test_the_release_is_the_mean_of_the_users_clipped_updates():
@@ -124,7 +135,9 @@ def test_personal_layers_never_leave_the_clients():
     assert 3 <= len(got) <= 6
     for msg in got:
         assert not msg.has_error()
-        assert set(msg.content.keys()) == {K_CONTRIB, "fedudp.counts"}
+        # the contribution, the counts and the app's training metrics (scalars, no arrays)
+        assert set(msg.content.keys()) == {K_CONTRIB, "fedudp.counts", "metrics"}
+        assert set(msg.content["metrics"].keys()) == {"train_loss", "num-examples"}
         arrays = msg.content[K_CONTRIB]
         assert list(arrays.keys()) == ["sum"] and arrays["sum"].shape == (shared_dim,)
         assert not any(name in str(msg.content) for name in personal_names)
