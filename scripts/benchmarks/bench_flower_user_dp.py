@@ -11,13 +11,18 @@ training step ``task.train``), each client holding 10 users (client p: users 10p
   rounds=R, Sampling(rate=1.0, population=10n)), target_epsilon=8)`` with
   ``user_level_mod(users_per_client=10)``: the same ``task.train`` runs once per user (user
   sampling rate 1.0, so both sides touch the same records), each user's update clipped, the
-  clipped sum sent, the Gaussian release and the ledger on the server.
+  clipped sum sent, the Gaussian release and the ledger on the server (the per-user path);
+* ``fast``: the same server, with ``user_level_mod(users_per_client=10,
+  fast=TorchTraining(make_model, load_data, lr="lr"))`` (the example app's ClientApp): the
+  client's sampled users' updates (one full-batch SGD step each, what ``task.train`` does) from
+  one batched forward/backward (``fedudp.flower_fast``), clipped and summed as on the per-user
+  path; the app's train step is not called in training.
 
 Both sides: ``fraction_train=1`` (every client every round), no evaluation, Ray backend with
 ``client_resources = {num_cpus: 1, num_gpus: 0}`` on a fresh local Ray (``address: local``,
 127.0.0.1 only), ``OMP_NUM_THREADS=1``. Every repetition runs in a fresh subprocess (Flower's
 simulation keeps state between ``run_simulation`` calls in one process); the sides alternate
-(plain, wrapped, plain, wrapped, ...).
+(plain, fast, wrapped, plain, fast, wrapped, ...; ``--sides`` picks them).
 
 Measured in each repetition:
 
@@ -29,8 +34,9 @@ Measured in each repetition:
   ``epsilon_rdp`` and ``epsilon_if``);
 * client-side time per round, summed over the clients: the ClientApp's whole train handling
   (an outer timing mod) and the part inside the app's train step (model build, data load,
-  ``task.train``, reply); the difference is the mod's own work (per-user messages and contexts,
-  float64 flattening, clipping, records);
+  ``task.train``, reply; on the fast side: ``TorchTraining.updates``, data loading included);
+  the difference is the mod's own work (per-user messages and contexts, float64 flattening,
+  clipping, records);
 * wall time of the subprocess, and the peak over time of the summed RSS (and PSS, from
   ``/proc/<pid>/smaps_rollup``) of its process tree (the driver, Ray's GCS, raylet, agents and
   workers: every descendant of the subprocess, or member of its session), sampled every
@@ -79,6 +85,7 @@ def _client_apps():
     from flwr.clientapp import ClientApp
 
     from fedudp.flower import user_level_mod
+    from fedudp.flower_fast import TorchTraining
     from user_dp_app.task import load_data, make_model, train
 
     torch.set_num_threads(1)
@@ -138,15 +145,35 @@ def _client_apps():
             int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
         )
 
+    class TimedTraining(TorchTraining):
+        """The example app's fast path, its ``updates`` (data loading included) timed as the
+        "train step" (one call per client and round)."""
+
+        def updates(self, *a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return super().updates(*a, **kw)
+            finally:
+                acc["train_s"] += time.perf_counter() - t0
+                acc["calls"] += 1
+
     plain = ClientApp(mods=[timing_mod])
     plain.train()(timed(union))
     wrapped = ClientApp(mods=[timing_mod, user_level_mod(users_per_client=USERS_PER_CLIENT)])
     wrapped.train()(timed(one_user))
-    return plain, wrapped, timed(one_user)
+    fast_mod = user_level_mod(
+        users_per_client=USERS_PER_CLIENT, fast=TimedTraining(make_model, load_data, lr="lr")
+    )
+    fast = ClientApp(mods=[timing_mod, fast_mod])
+    fast.train()(timed(one_user))  # the app's step: not called in training on this path
+    return plain, wrapped, fast, timed(one_user)
 
+
+SIDES = ("plain", "fast", "wrapped")  # the order of each repetition
+LABELS = {"plain": "plain", "fast": "fast (fast path)", "wrapped": "wrapped (per-user path)"}
 
 if __name__ != "__main__":  # imported (the child, its Ray workers): the apps
-    plain_client_app, wrapped_client_app, one_user_step = _client_apps()
+    plain_client_app, wrapped_client_app, fast_client_app, one_user_step = _client_apps()
 
 
 # ------------------------------------------------------------------------------------------
@@ -265,7 +292,7 @@ def run_one(side: str, n: int, rounds: int) -> dict:
         )
         stamp()
         out["trained_rounds"] = len(res.train_metrics_clientapp)
-        if side == "wrapped":
+        if side != "plain":
             out["epsilon"] = strategy.ledger.entries[-1].epsilon if strategy.ledger.entries else 0.0
             out["ledger_rounds"] = len(strategy.ledger.entries)
             out["users_per_round"] = [int(m["users"]) for m in res.train_metrics_clientapp.values()]
@@ -274,7 +301,11 @@ def run_one(side: str, n: int, rounds: int) -> dict:
     t0 = time.perf_counter()
     run_simulation(
         server_app=app,
-        client_app=mod.plain_client_app if side == "plain" else mod.wrapped_client_app,
+        client_app={
+            "plain": mod.plain_client_app,
+            "wrapped": mod.wrapped_client_app,
+            "fast": mod.fast_client_app,
+        }[side],
         num_supernodes=n,
         backend_name="ray",
         backend_config={
@@ -296,7 +327,7 @@ def run_one(side: str, n: int, rounds: int) -> dict:
             f"{side} n={n}: {len(out['round_seconds'])} timed rounds, "
             f"{out.get('trained_rounds')} trained, expected {rounds}"
         )
-    expect = n * USERS_PER_CLIENT if side == "wrapped" else n
+    expect = n * USERS_PER_CLIENT if side == "wrapped" else n  # fast: one updates() a client
     bad = [c for c in clients if c["replies"] != n or c["train_calls"] != expect]
     if bad:
         raise SystemExit(f"{side} n={n}: incomplete rounds {bad}")
@@ -311,11 +342,14 @@ def profile_mod(n: int, reps: int = 200) -> None:
     import cProfile
     import pstats
 
+    import torch
+
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedudp.flower import K_DP, user_level_mod
-    from user_dp_app.task import make_model
+    from fedudp.flower_fast import TorchTraining
+    from user_dp_app.task import load_data, make_model, train
 
     TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1  # a Message needs them
     import bench_flower_user_dp as mod_
@@ -366,6 +400,29 @@ def profile_mod(n: int, reps: int = 200) -> None:
         f"one client, {k} users: user_level_mod {t_mod * 1e3:.2f} ms; the {k} bare training "
         f"steps {t_steps * 1e3:.2f} ms; the mod's own work {(t_mod - t_steps) * 1e3:.2f} ms "
         f"({(t_mod - t_steps) / k * 1e3:.3f} ms per user)"
+    )
+    fast_mod = user_level_mod(
+        users_per_client=k, fast=TorchTraining(make_model, load_data, lr="lr")
+    )
+    for _ in range(5):
+        fast_mod(message(True), client, step)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fast_mod(message(True), client, step)
+    t_fast = (time.perf_counter() - t0) / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        xs = [load_data(u, n * k) for u in range(3 * k, 4 * k)]
+        x, y = torch.cat([a for a, _ in xs]), torch.cat([b for _, b in xs])
+        model = make_model()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        train(model, x, y, lr=LR)
+        ArrayRecord(model.state_dict())
+    t_plain = (time.perf_counter() - t0) / reps
+    print(
+        f"one client, {k} users: user_level_mod with fast= {t_fast * 1e3:.2f} ms; plain "
+        f"FedAvg's one training step on the union of the {k} users' records (data, model, "
+        f"train, reply arrays) {t_plain * 1e3:.2f} ms"
     )
     pr = cProfile.Profile()
     pr.enable()
@@ -528,7 +585,7 @@ def summarize(results: list[dict]) -> dict:
     out: dict = {}
     for n in sorted({r["n"] for r in results}):
         row: dict = {}
-        for side in ("plain", "wrapped"):
+        for side in SIDES:
             rs = [r for r in results if r["n"] == n and r["side"] == side]
             if not rs:
                 continue
@@ -555,11 +612,13 @@ def summarize(results: list[dict]) -> dict:
                     for k in ("client_s", "train_s", "train_calls")
                 },
             }
-        if "plain" in row and "wrapped" in row:
-            row["ratio_min"] = row["wrapped"]["min"] / row["plain"]["min"]
-            row["ratio_median"] = row["wrapped"]["median"] / row["plain"]["median"]
-            row["cpu_ratio_min"] = row["wrapped"]["cpu_min"] / row["plain"]["cpu_min"]
-            row["cpu_ratio_median"] = row["wrapped"]["cpu_median"] / row["plain"]["cpu_median"]
+        for side, pre in (("wrapped", ""), ("fast", "fast_")):  # side / plain
+            if "plain" in row and side in row:
+                w, p = row[side], row["plain"]
+                row[pre + "ratio_min"] = w["min"] / p["min"]
+                row[pre + "ratio_median"] = w["median"] / p["median"]
+                row[pre + "cpu_ratio_min"] = w["cpu_min"] / p["cpu_min"]
+                row[pre + "cpu_ratio_median"] = w["cpu_median"] / p["cpu_median"]
         out[n] = row
     return out
 
@@ -568,28 +627,29 @@ def markdown(summary: dict) -> str:
     f = lambda xs: ", ".join(f"{x:.0f}" for x in xs)  # noqa: E731
     lines = [
         "| n clients (users) | side | s/round min | s/round median "
-        "| wrapped/plain (min / median) "
-        "| CPU s/round min / median | CPU wrapped/plain (min / median) "
+        "| side/plain (min / median) "
+        "| CPU s/round min / median | CPU side/plain (min / median) "
         "| wall s per repetition | peak RSS MB of the tree (PSS MB; driver RSS MB) |",
         "|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for n, row in summary.items():
-        for side in ("plain", "wrapped"):
+        for side in SIDES:
             if side not in row:
                 continue
             s = row[side]
+            pre = {"wrapped": "", "fast": "fast_"}.get(side)
             ratio = (
-                f"{row['ratio_min']:.2f} / {row['ratio_median']:.2f}"
-                if side == "wrapped" and "ratio_min" in row
+                f"{row[pre + 'ratio_min']:.2f} / {row[pre + 'ratio_median']:.2f}"
+                if pre is not None and pre + "ratio_min" in row
                 else ""
             )
             cratio = (
-                f"{row['cpu_ratio_min']:.2f} / {row['cpu_ratio_median']:.2f}"
-                if side == "wrapped" and "cpu_ratio_min" in row
+                f"{row[pre + 'cpu_ratio_min']:.2f} / {row[pre + 'cpu_ratio_median']:.2f}"
+                if pre is not None and pre + "cpu_ratio_min" in row
                 else ""
             )
             lines.append(
-                f"| {n} ({n * USERS_PER_CLIENT}) | {side} | {s['min']:.3f} | "
+                f"| {n} ({n * USERS_PER_CLIENT}) | {LABELS[side]} | {s['min']:.3f} | "
                 f"{s['median']:.3f} | {ratio} | {s['cpu_min']:.3f} / "
                 f"{s['cpu_median']:.3f} | {cratio} | {f(s['wall_s'])} | "
                 f"{s['peak_rss_mb']:.0f} ({s['peak_pss_mb']:.0f}; "
@@ -604,11 +664,11 @@ def markdown(summary: dict) -> str:
         "| release (in aggregate) "
         "| accountant, both (epsilon_if in configure; compose, epsilon, epsilon_rdp in "
         "aggregate) | clients: whole train handling (sum) "
-        "| clients: app train step (sum) | train-step calls |",
+        "| clients: app train step (sum; fast: TorchTraining.updates) | train-step calls |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for n, row in summary.items():
-        for side in ("plain", "wrapped"):
+        for side in SIDES:
             if side not in row:
                 continue
             sv, cl = row[side]["server"], row[side]["client"]
@@ -616,7 +676,7 @@ def markdown(summary: dict) -> str:
             rel = f"{sv['release']:.4f}" if "release" in sv else ""
             acs = f"{accnt:.4f}" if "release" in sv else ""
             lines.append(
-                f"| {n} | {side} | {sv.get('configure_train', 0):.4f} | "
+                f"| {n} | {LABELS[side]} | {sv.get('configure_train', 0):.4f} | "
                 f"{sv.get('aggregate_train', 0):.4f} | {rel} | {acs} | "
                 f"{cl['client_s']:.3f} | {cl['train_s']:.3f} | {cl['train_calls']:.0f} |"
             )
@@ -632,9 +692,16 @@ def main() -> None:
     ap.add_argument("--markdown", type=str, default=None, help="write the Markdown tables")
     ap.add_argument(
         "--one",
-        choices=["plain", "wrapped"],
+        choices=SIDES,
         default=None,
         help="run one repetition in this process and print its JSON",
+    )
+    ap.add_argument(
+        "--sides",
+        nargs="+",
+        choices=SIDES,
+        default=list(SIDES),
+        help="the sides, in each repetition's order (default: plain fast wrapped)",
     )
     ap.add_argument(
         "--profile-mod",
@@ -660,7 +727,7 @@ def main() -> None:
     results = []
     for n in a.n:
         for rep in range(a.reps):
-            for side in ("plain", "wrapped"):
+            for side in a.sides:
                 r = measure(side, n, a.rounds)
                 r["rep"] = rep
                 results.append(r)

@@ -1,0 +1,337 @@
+"""The fast path of ``fedudp.flower.user_level_mod``: all sampled users' updates at once, with
+fedudp's owner kernels, when the app's training step is plain PyTorch SGD (docs/flower-apps.md).
+
+``user_level_mod`` normally calls the app's own ``@app.train()`` once per sampled user: any
+training code works, but every call rebuilds the model, loads the broadcast and builds a reply,
+and a client with many users pays that per user. An app whose training step is plain PyTorch
+(a model, cross-entropy, SGD at a learning rate, each user's records) can declare it instead::
+
+    from fedudp.flower import user_level_mod
+    from fedudp.flower_fast import TorchTraining
+
+    app = ClientApp(
+        mods=[user_level_mod(users_per_client=10, fast=TorchTraining(make_model, load_data, lr="lr"))]
+    )
+
+and the mod computes the sampled users' updates together, the way fedudp's own engine computes
+its owners' users (``fedudp.owner.one_step``: one batched forward/backward for users whose update
+is one SGD step on all their records; ``fedudp.owner.local_sgd``: users' multi-step SGD
+trajectories vectorized). Nothing else changes: the users are the mod's Poisson sample, each
+update is the change of the shared parameters after the user's SGD from the broadcast (personal
+layers at the broadcast's public values), and the mod clips and sums them exactly as on the
+per-user path; personal layers never leave the client. The client's own personal layers are
+trained as on the per-user path (every user in order, each from the previous one's personal
+layers), by the same declared SGD.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedudp.owner import local_sgd, per_sample
+from fedudp.owner.one_step import one_step_vectors
+
+__all__ = ["TorchTraining"]
+
+Records = tuple[Any, Any] | Iterable[tuple[Any, Any]]
+
+# records per batched forward/backward (memory bound; the users of a chunk share one pass)
+CHUNK_RECORDS = 8192
+
+
+def _is_cross_entropy(loss: Any) -> bool:
+    if loss == "cross_entropy" or loss is F.cross_entropy:
+        return True
+    return (
+        type(loss) is nn.CrossEntropyLoss
+        and loss.weight is None
+        and loss.reduction == "mean"
+        and loss.label_smoothing == 0.0
+    )
+
+
+def _refused_layers(model: nn.Module) -> list[str]:
+    """Modules whose training-mode forward is random or couples a batch's records."""
+    bad = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            bad.append(f"{name or 'model'} ({type(m).__name__}: couples the records of a batch)")
+        elif isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            bad.append(f"{name or 'model'} ({type(m).__name__}: random)")
+    return bad
+
+
+@dataclass
+class TorchTraining:
+    """The app's training step, declared as plain PyTorch SGD, for ``user_level_mod``'s fast
+    path.
+
+    Parameters
+    ----------
+    model : Callable[[], torch.nn.Module] or torch.nn.Module
+        The model (or a function building it, called once): its architecture. Its parameter
+        values come from each training message's arrays, by ``state_dict`` name. Batch
+        normalization and dropout are refused (a user's update would depend on other records
+        of a batch, or on the app's random stream).
+    data : Callable[[int, int], tuple]
+        ``data(partition_id, num_partitions)``: one user's records, as the app loads them on the
+        per-user path (where ``partition_id`` is the user's global index and
+        ``num_partitions`` the number of users N). Returns ``(x, y)`` (tensors or arrays: inputs
+        and integer class labels) or an iterable of ``(x, y)`` batches (a ``DataLoader``), which
+        are concatenated in order.
+    lr : float or str
+        The SGD learning rate, or the key of a ``ConfigRecord`` entry in the training message
+        that carries it (the server's ``train_config``, e.g. ``"lr"``).
+    epochs : int, default 1
+        Passes over a user's records.
+    batch_size : int or None, default None
+        Records per SGD step, in the records' order (the last batch of an epoch may be
+        smaller); None: all of a user's records in one step.
+    loss : str, callable or torch.nn.CrossEntropyLoss, default "cross_entropy"
+        The loss, mean over a batch: cross-entropy only (``"cross_entropy"``,
+        ``torch.nn.functional.cross_entropy`` or a ``CrossEntropyLoss()`` with its defaults).
+    loss_metric : str or None, default "train_loss"
+        The name under which each sampled user's training metric is reported (None: none): its
+        mean loss over its records at the broadcast, i.e. the loss of its first SGD step (what
+        an app's one-step ``train`` returns), with ``num-examples`` its number of records; the
+        mod averages the users' metrics weighted by their records, as on the per-user path.
+
+    Notes
+    -----
+    A user's update is what the per-user path sends for an app whose ``@app.train()`` builds the
+    model, loads the broadcast, and runs ``torch.optim.SGD(model.parameters(), lr)`` (no
+    momentum, no weight decay) for ``epochs`` passes of ``batch_size`` records on the user's
+    records in order: the change of the shared parameters, equal to the per-user path's up to
+    float rounding (tests/engines/test_flower_fast.py). Users without records contribute a zero
+    update. Which users take part, the clipping, the sum and the counts are the mod's, as on the
+    per-user path. The app's own training metrics are not computed on this path: only
+    ``loss_metric`` and ``num-examples``.
+    """
+
+    model: Callable[[], nn.Module] | nn.Module
+    data: Callable[[int, int], Records]
+    lr: float | str
+    epochs: int = 1
+    batch_size: int | None = None
+    loss: Any = "cross_entropy"
+    loss_metric: str | None = "train_loss"
+    _module: nn.Module | None = field(default=None, init=False, repr=False)
+    _one_step_ok: bool = field(default=True, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not _is_cross_entropy(self.loss):
+            raise ValueError(
+                f"TorchTraining: loss={self.loss!r}: the fast path computes cross-entropy only; "
+                "leave fast= out of user_level_mod to run the app's own training step per user"
+            )
+        if int(self.epochs) < 1:
+            raise ValueError(f"TorchTraining: epochs must be >= 1, got {self.epochs}")
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise ValueError(
+                f"TorchTraining: batch_size must be >= 1 or None, got {self.batch_size}"
+            )
+        if not isinstance(self.lr, str) and not float(self.lr) > 0:
+            raise ValueError(f"TorchTraining: lr must be > 0 or a config key, got {self.lr!r}")
+        if not callable(self.data):
+            raise TypeError("TorchTraining: data must be data(partition_id, num_partitions)")
+
+    # -- pieces --------------------------------------------------------------------------------
+    def module(self) -> nn.Module:
+        """The model (built once), checked for layers the fast path refuses."""
+        if self._module is None:
+            m = self.model if isinstance(self.model, nn.Module) else self.model()
+            if not isinstance(m, nn.Module):
+                raise TypeError("TorchTraining: model must be an nn.Module or build one")
+            bad = _refused_layers(m)
+            if bad:
+                raise ValueError(
+                    f"TorchTraining: the fast path refuses {', '.join(bad)}; leave fast= out "
+                    "of user_level_mod to run the app's own training step per user"
+                )
+            self._module = m.train()
+        return self._module
+
+    def learning_rate(self, configs: Mapping[str, Any]) -> float:
+        """``lr``, or the value of the key ``lr`` in one of the message's config records (the
+        app's: fedudp's own ``fedudp.*`` records are not looked at)."""
+        if not isinstance(self.lr, str):
+            return float(self.lr)
+        apps = [rec for key, rec in configs.items() if not str(key).startswith("fedudp.")]
+        for rec in apps:
+            if self.lr in rec:
+                return float(rec[self.lr])
+        raise ValueError(
+            f"TorchTraining: lr={self.lr!r} is not a key of the training message's config "
+            f"records ({sorted(k for r in apps for k in r)}); pass it in the server's "
+            "train_config or give lr as a number"
+        )
+
+    def records(self, users: Sequence[int], num_users: int):
+        """(x, y, starts, sizes): the users' records, concatenated in the users' order."""
+        xs, ys, sizes = [], [], []
+        for u in users:
+            got = self.data(int(u), int(num_users))
+            if isinstance(got, tuple) and len(got) == 2:
+                x, y = torch.as_tensor(got[0]), torch.as_tensor(got[1])
+            else:
+                batches = [(torch.as_tensor(a), torch.as_tensor(b)) for a, b in got]
+                if not batches:
+                    raise ValueError(f"TorchTraining: data({u}, {num_users}) gave no batches")
+                x = torch.cat([a for a, _ in batches])
+                y = torch.cat([b for _, b in batches])
+            if len(x) != len(y):
+                raise ValueError(
+                    f"TorchTraining: data({u}, {num_users}) gave {len(x)} inputs and {len(y)} labels"
+                )
+            xs.append(x)
+            ys.append(y.long())
+            sizes.append(len(y))
+        sizes_a = np.asarray(sizes, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes_a)[:-1]]).astype(np.int64)
+        if not xs:
+            return None, None, starts[:0], sizes_a
+        return torch.cat(xs), torch.cat(ys), starts, sizes_a
+
+    def _params(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        model = self.module()
+        want = list(model.state_dict().keys())
+        missing = [k for k in want if k not in arrays]
+        if missing:
+            raise ValueError(
+                f"TorchTraining: the training message's arrays lack the model's {missing[:5]} "
+                "(the fast path's model must be the app's)"
+            )
+        return {k: torch.tensor(np.asarray(arrays[k])) for k in want}
+
+    def _orders(self, sizes: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """[U, E, L]: every epoch visits a user's records in their order (padded with -1)."""
+        L = int(sizes.max()) if len(sizes) else 0
+        col = np.arange(L)[None, :]
+        one = np.where(col < sizes[:, None], starts[:, None] + col, -1)
+        return np.repeat(one[:, None, :], int(self.epochs), axis=1)
+
+    def _steps_one(self, sizes: np.ndarray) -> bool:
+        """Whether every user's training is one SGD step on all its records."""
+        return int(self.epochs) == 1 and (
+            self.batch_size is None or not len(sizes) or int(sizes.max()) <= int(self.batch_size)
+        )
+
+    def _sgd(
+        self,
+        params: dict[str, torch.Tensor],
+        trainable: Sequence[str],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        starts: np.ndarray,
+        sizes: np.ndarray,
+        lr: float,
+    ) -> dict[str, torch.Tensor]:
+        """{name: [U, ...]}: each user's ``trainable`` parameters after its SGD from ``params``
+        (``fedudp.owner.local_sgd``: the users' trajectories vectorized)."""
+        model = self.module()
+        U = len(sizes)
+        batch = int(self.batch_size) if self.batch_size is not None else max(int(sizes.max()), 1)
+        spec = local_sgd.LocalSpec(seed=0, lr=lr, batch_size=batch, epochs=int(self.epochs))
+        frozen = {k: v for k, v in params.items() if k not in trainable}
+        start = local_sgd.expand({k: params[k] for k in trainable}, U)
+        return local_sgd.local_sgd(
+            model, start, {}, frozen, x, y, self._orders(sizes, starts), spec
+        )
+
+    # -- what the mod calls --------------------------------------------------------------------
+    def updates(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        names: Sequence[str],
+        users: Sequence[int],
+        num_users: int,
+        configs: Mapping[str, Any],
+    ) -> tuple[torch.Tensor, list[tuple[float, dict[str, float]]]]:
+        """([len(users), d] float64, metrics): each user's update of the parameters ``names``
+        (flattened in that order), from ``arrays`` (the broadcast, every parameter by
+        ``state_dict`` name) by the declared SGD on that user's records alone; and per user
+        (its records, {``loss_metric``: its mean loss at the broadcast}). ``configs``: the
+        training message's config records (for ``lr`` given as a key)."""
+        names = tuple(names)
+        params = self._params(arrays)
+        d = sum(int(params[k].numel()) for k in names)
+        out = torch.zeros(len(users), d, dtype=torch.float64)
+        if not len(users):
+            return out, []
+        lr = self.learning_rate(configs)
+        x, y, starts, sizes = self.records(users, num_users)
+        has = np.flatnonzero(sizes > 0)  # users without records: a zero update
+        if not len(has) or not d:
+            return out, [(float(k), {}) for k in sizes]
+        model = self.module()
+        metrics = self._metrics(params, x, y, sizes)
+        trainable = tuple(k for k, _ in model.named_parameters())
+        w0 = torch.cat([params[k].reshape(-1) for k in names])
+        one = self._steps_one(sizes) and self._one_step_ok
+        if one and not per_sample.supported(model, names):
+            one = False
+        cap = None if one else (int(self.batch_size) if self.batch_size else None)
+        for sel in local_sgd.chunks(sizes[has], CHUNK_RECORDS, cap):
+            rows = has[sel]
+            if one:
+                try:  # -lr times each user's mean gradient at the broadcast: one pass
+                    V = one_step_vectors(model, params, x, y, starts[rows], sizes[rows], names, -lr)
+                except NotImplementedError:  # e.g. a Linear on inputs with middle dims
+                    self._one_step_ok = one = False
+                else:
+                    # the float32 model after the step, as the app's SGD leaves it
+                    end = w0.unsqueeze(0) + V.to(w0.dtype)
+                    out[torch.from_numpy(rows)] = end.double() - w0.double()
+                    continue
+            end = self._sgd(params, trainable, x, y, starts[rows], sizes[rows], lr)
+            flat = torch.cat([end[k].reshape(len(rows), -1) for k in names], dim=1)
+            out[torch.from_numpy(rows)] = flat.double() - w0.double()
+        return out, metrics
+
+    def _metrics(
+        self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, sizes: np.ndarray
+    ) -> list[tuple[float, dict[str, float]]]:
+        """Per user: (its records, {loss_metric: its mean loss at ``params``})."""
+        if self.loss_metric is None:
+            return [(float(k), {}) for k in sizes]
+        with torch.no_grad():
+            per = F.cross_entropy(
+                torch.func.functional_call(self.module(), params, (x,)), y, reduction="none"
+            ).double()
+        of = torch.from_numpy(np.repeat(np.arange(len(sizes)), sizes))
+        sums = torch.zeros(len(sizes), dtype=torch.float64).index_add_(0, of, per)
+        return [
+            (float(k), {self.loss_metric: float(s / k)} if k else {})
+            for k, s in zip(sizes, sums.tolist(), strict=True)
+        ]
+
+    def personal(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        names: Sequence[str],
+        users: Sequence[int],
+        num_users: int,
+        configs: Mapping[str, Any],
+    ) -> dict[str, np.ndarray]:
+        """The client's personal parameters ``names`` after every user's SGD in order, each
+        from ``arrays`` (the broadcast's shared parameters and the client's current personal
+        ones) with the personal parameters the previous user left, as the per-user path
+        chains the app's step."""
+        params = self._params(arrays)
+        lr = self.learning_rate(configs)
+        x, y, starts, sizes = self.records(users, num_users)
+        model = self.module()
+        trainable = tuple(k for k, _ in model.named_parameters())
+        own = {k: params[k] for k in names}
+        for i in np.flatnonzero(sizes > 0):
+            at = {**params, **own}
+            end = self._sgd(at, trainable, x, y, starts[i : i + 1], sizes[i : i + 1], lr)
+            own = {k: end[k][0].detach() for k in names}
+        return {k: v.detach().numpy() for k, v in own.items()}
