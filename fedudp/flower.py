@@ -77,7 +77,15 @@ from fedudp.randomness import Purpose, Randomness
 if TYPE_CHECKING:
     from fedudp.flower_fast import TorchTraining
 
-__all__ = ["UserLevelDP", "user_level_mod", "K_DP", "K_CONTRIB", "K_COUNTS", "RunFailed"]
+__all__ = [
+    "UserLevelDP",
+    "user_level_mod",
+    "client_users",
+    "K_DP",
+    "K_CONTRIB",
+    "K_COUNTS",
+    "RunFailed",
+]
 
 # keys of the records the wrapper and the mod exchange (beside the app's own "arrays"/"config")
 K_DP = "fedudp.dp"  # ConfigRecord in a training message
@@ -163,18 +171,52 @@ def _reason(text: str, limit: int = 300) -> str:
 
 
 class UserLevelDP(Strategy):
-    """User-level DP around ``strategy`` (see the module doc).
+    """User-level DP around any Flower ``strategy`` (see the module doc).
 
-    ``aggregator``: a fedudp estimator from plain values, e.g.
-    ``GaussianAggregator.calibrated(clip=1.0, epsilon=2.0, delta=1e-5, rounds=10,
-    sampling=Sampling(rate=0.2, population=num_users))``; its ``sampling`` states the public user
-    sampling rate and population. ``delta``: the ledger's δ; ``target_epsilon``: stop before a
-    release would exceed it (None: report only). ``personal``: the parameter-name patterns the
-    clients keep (never sent, never updated here). ``randomness``: where the noise and the users'
-    sampling come from: ``"secure"`` (default: OS entropy, on the server and on each client) or
-    ``"seeded"`` (keyed by ``seed``, which the clients then receive: simulations only), or a
-    ``fedudp.randomness.Randomness``. ``min_owners`` / ``min_users``: the fail-closed minimum of
-    successful clients and of the users they hold, for a round to release."""
+    Adds the user sampling and the constraint (clip, rows or sum) to every training message,
+    merges the clients' per-user contributions, releases one private mean update with the
+    fedudp estimator, composes the release in a dp-accounting ledger (``self.ledger``) and hands
+    ``strategy`` the broadcast plus the released mean as a single update. Every round's ε is in
+    its metrics (``epsilon``). Clients run ``user_level_mod``.
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The Flower strategy to wrap (``FedAvg``, ``FedAdam``, ``FedProx``, ...).
+    aggregator : Aggregator
+        A private fedudp estimator from plain values, e.g.
+        ``GaussianAggregator.calibrated(clip=1.0, epsilon=2.0, delta=1e-5, rounds=10,
+        sampling=Sampling(rate=0.2, population=num_users))``; its ``sampling`` states the public
+        user sampling rate and population (the denominator).
+    delta : float
+        The ledger's δ.
+    target_epsilon : float or None
+        Stop training before a release would exceed it (None: report only).
+    personal : Sequence[str]
+        The parameter-name patterns (fnmatch) the clients keep: never sent, never updated here.
+    seed : int
+        The key of ``"seeded"`` randomness.
+    randomness : str or Randomness
+        Where the noise and the users' sampling come from: ``"secure"`` (default: OS entropy, on
+        the server and on each client) or ``"seeded"`` (keyed by ``seed``, which the clients then
+        receive: simulations only), or a ``fedudp.randomness.Randomness``.
+    min_owners : int
+        Fail closed: a round whose successful replies come from fewer clients releases nothing.
+    min_users : int
+        Fail closed: a round whose successful clients hold fewer users releases nothing.
+    rounds : int or None
+        The T the estimator was calibrated for (``start`` refuses another ``num_rounds``;
+        ``from_run_config`` sets it).
+    expected_update_norm : float or None
+        A typical norm of the mean update, public (None: the clip C); ``start`` warns before
+        round 1 when the release noise's expected norm exceeds it.
+
+    Raises
+    ------
+    ValueError
+        A non-private estimator, one accounted for its own cyclic participation (the tree,
+        banded MF), or a fail-closed minimum out of range.
+    """
 
     def __init__(
         self,
@@ -188,6 +230,8 @@ class UserLevelDP(Strategy):
         randomness: str | Randomness = "secure",
         min_owners: int = 1,
         min_users: int = 1,
+        rounds: int | None = None,
+        expected_update_norm: float | None = None,
     ) -> None:
         if not aggregator.private:
             raise ValueError("UserLevelDP needs a private estimator (its noise is the guarantee)")
@@ -246,6 +290,14 @@ class UserLevelDP(Strategy):
         }
         self.stopped: str | None = None
         self._sent: dict[int, ArrayRecord] = {}
+        # T the estimator was calibrated for (None: not declared; start() then takes any)
+        self.rounds = None if rounds is None else int(rounds)
+        self.expected_update_norm = (
+            None if expected_update_norm is None else float(expected_update_norm)
+        )
+        self.utility: dict = {}  # what start() logged before round 1
+        # a per-user-rows estimator's public bound B on a user's update norm, if it has one
+        self.update_bound = getattr(aggregator, "bound", None)
 
     @classmethod
     def from_run_config(
@@ -256,45 +308,28 @@ class UserLevelDP(Strategy):
         personal: Sequence[str] = (),
     ) -> "UserLevelDP":
         """The wrapper configured through Flower's run config alone
-        (``[tool.flwr.app.config]`` / ``--run-config``): every key ``fedudp.<key>`` is a fedudp
-        config key (``fedudp.aggregator``, ``fedudp.privacy.epsilon``, ``fedudp.privacy.delta``,
-        ``fedudp.privacy.clip``, ``fedudp.privacy.noise_multiplier``,
-        ``fedudp.train.sampling_rate`` (the user rate q), ``fedudp.train.rounds``,
-        ``fedudp.public.users`` (N), ``fedudp.estimator.*``, ``fedudp.seed``,
-        ``fedudp.privacy.randomness`` (``secure`` unless set: the wrapper's default, unlike
-        fedudp's own engines), ``fedudp.train.min_owners`` / ``fedudp.train.min_users`` (the
-        fail-closed minimum)); ``fedudp.privacy.epsilon`` and ``fedudp.privacy.delta`` are
-        required. The estimator is calibrated by fedudp's config builder over the shared
-        parameters of ``initial_arrays`` (those not matching ``personal``)."""
+        (``[tool.flwr.app.config]`` / ``--run-config``), under the run-config contract
+        (``fedudp.flower_contract.KEYS``, docs/flower-apps.md#the-run-config-contract): ε, δ and
+        N (``fedudp.public.users``) required, T from ``num-server-rounds`` (or
+        ``fedudp.train.rounds``; both must agree), every other ``fedudp.*`` key optional with
+        its default; an unknown key, a wrong type or a missing required key is a
+        ``RunConfigError`` naming it. Randomness is ``secure`` unless set (the wrapper's
+        default, unlike fedudp's own engines). The estimator is calibrated by fedudp's config
+        builder over the shared parameters of ``initial_arrays`` (those not matching
+        ``personal``)."""
         from fedudp import build
         from fedudp.aggregators.base import Sampling
         from fedudp.config import config_from_overrides
+        from fedudp.flower_contract import checked, config_overrides
 
-        over = {
-            k[len("fedudp.") :]: v
-            for k, v in dict(run_config).items()
-            if str(k).startswith("fedudp.") and k != "fedudp.users-per-client"
-        }  # the mod's
-        for key, what in (("privacy.epsilon", "the target epsilon"), ("privacy.delta", "delta")):
-            if key not in over:
-                raise ValueError(
-                    f"fedudp.{key}: required in the run config ({what} of the "
-                    "user-level guarantee; there is no default)"
-                )
-        secure = "privacy.randomness" not in over  # the wrapper's default: secure
-        if "public.users" not in over:
-            raise ValueError(
-                "fedudp.public.users: declare the number of users N in the run "
-                "config (the estimator's public population)"
-            )
+        # the contract (fedudp/flower_contract.py): an unknown key, a wrong type, a missing
+        # epsilon / delta / N, two different numbers of rounds: an error naming the key
+        values = checked(run_config)
+        over = config_overrides(values)
+        secure = "fedudp.privacy.randomness" not in run_config  # the wrapper's default: secure
         # the app's own data: its public numbers are the declared ones (records per user: 1
         # unless declared, for the estimators that derive a radius from it)
-        over = {
-            "dataset.name": "memory",
-            "public.records_per_user": 1,
-            "public.owner_capacity": over["public.users"],
-            **over,
-        }
+        over = {"dataset.name": "memory", "public.owner_capacity": over["public.users"], **over}
         cfg = config_from_overrides({"method": "full_dp", **over})
         build.check(cfg)
         s = build.settings(cfg)
@@ -307,7 +342,7 @@ class UserLevelDP(Strategy):
             cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds, dim
         )
         mode = Randomness.SECURE if secure else s.randomness
-        return cls(
+        out = cls(
             strategy,
             agg,
             delta=float(s.delta),
@@ -317,7 +352,12 @@ class UserLevelDP(Strategy):
             randomness=Randomness(s.seed, mode),
             min_owners=s.min_owners,
             min_users=s.min_users,
+            rounds=int(values["rounds"]),
+            expected_update_norm=values.get("fedudp.expected-update-norm"),
         )
+        if agg.constraint.rows:  # per-user rows: the rows' declared bound B
+            out.update_bound = float(values["fedudp.estimator.bound"])
+        return out
 
     @property
     def epsilon(self) -> float:
@@ -369,6 +409,7 @@ class UserLevelDP(Strategy):
         names = [k for k in sent.keys() if not _is_personal(k, self.personal)]
         dim = sum(int(np.prod(sent[k].shape)) for k in names)
         parts, failed, held = [], 0, 0
+        train_metrics: list[tuple[float, dict[str, float]]] = []
         for r in replies:
             why = None
             if r.has_error():
@@ -391,6 +432,8 @@ class UserLevelDP(Strategy):
                 )
                 continue
             rec, counts = r.content[K_CONTRIB], r.content[K_COUNTS]
+            if "metrics" in r.content.metric_records:  # the app's, over the client's users
+                train_metrics.append(_user_metrics(r))
             held += int(counts["users"])
             n = int(counts["count"])
             if "rows" in rec:
@@ -441,12 +484,17 @@ class UserLevelDP(Strategy):
         new = _flat(sent, names) + agg.mean.to(torch.float64)
         updated = _unflat(new, sent, names)
         arrays = _record({k: updated.get(k, sent[k]) for k in sent.keys()})
-        # the wrapped strategy applies the one private update as it would a client's model
+        # the wrapped strategy applies the one private update as it would a client's model; its
+        # metrics: the app's training metrics over all the clients' users, record-weighted
+        # (outside the DP guarantee, as the ledger says)
+        app_metrics = (
+            _weighted_metrics(train_metrics) if train_metrics else MetricRecord({"num-examples": 1})
+        )
         inner_arrays, inner_metrics = self.strategy.aggregate_train(
             server_round,
             [
                 Message(
-                    RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1})}),
+                    RecordDict({"arrays": arrays, "metrics": app_metrics}),
                     reply_to=replies[0] if replies else None,
                 )
             ]
@@ -454,15 +502,28 @@ class UserLevelDP(Strategy):
             else [],
         )
         metrics = MetricRecord(
-            {"epsilon": eps, "users": int(c.count), "failed_clients": failed, "delta": self.delta}
+            {
+                "epsilon": eps,
+                "users": int(c.count),
+                "clients": len(parts),
+                "failed_clients": failed,
+                "delta": self.delta,
+            }
+        )
+        shown = ", ".join(
+            f"{k} {v:.4g}" for k, v in app_metrics.items() if k != "num-examples" and train_metrics
         )
         log(
             INFO,
-            "UserLevelDP round %s: %s users, epsilon %.4f (delta %g)",
+            "UserLevelDP round %s: %s clients replied (%s failed), %s users released as one "
+            "update, epsilon %.4f (delta %g)%s",
             server_round,
+            len(parts),
+            failed,
             c.count,
             eps,
             self.delta,
+            f"; the app's training metrics: {shown}" if shown else "",
         )
         if inner_metrics is not None:
             for k, v in inner_metrics.items():
@@ -474,6 +535,15 @@ class UserLevelDP(Strategy):
         """Flower's ``Strategy.start``; then ``RunFailed`` if no round released because every
         training round was withheld (fail closed): raised from the ServerApp's main, the run
         ends failed rather than completed."""
+        if self.rounds is not None and int(num_rounds) != self.rounds:
+            from fedudp.flower_contract import RunConfigError
+
+            raise RunConfigError(
+                f"num-server-rounds: UserLevelDP.start(num_rounds={num_rounds}) but the estimator "
+                f"is calibrated for {self.rounds} rounds (num-server-rounds / "
+                "fedudp.train.rounds): pass the run config's number of rounds"
+            )
+        self.log_utility(initial_arrays)
         result = super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
         if self.withheld and not self.ledger.entries:
             r, why = self.withheld[-1]
@@ -482,6 +552,76 @@ class UserLevelDP(Strategy):
                 f"(round {r}: {why}); see the clients' reasons above"
             )
         return result
+
+    def log_utility(self, initial_arrays: ArrayRecord) -> dict:
+        """Before round 1: the expected cohort q·N, the std per coordinate of the noise on the
+        released mean update and its expected norm over the d shared coordinates, against a
+        typical update norm (``expected_update_norm``, else the clip C: no user's clipped
+        update is longer, so a mean of aligned updates is at most C). Warns when the noise's
+        norm exceeds it. Public numbers only (the estimator's calibration, q, N, d)."""
+        from fedudp.flower_contract import release_noise
+
+        names = [k for k in initial_arrays.keys() if not _is_personal(k, self.personal)]
+        dim = sum(int(np.prod(initial_arrays[k].shape)) for k in names)
+        samp = self.aggregator.sampling
+        std, how = release_noise(self.aggregator, dim)
+        clip = self.aggregator.constraint.clip
+        typical, what = (
+            (self.expected_update_norm, "fedudp.expected-update-norm")
+            if self.expected_update_norm is not None
+            else (clip, "the clip C")
+            if clip is not None
+            else (self.update_bound, "the bound B (fedudp.estimator.bound)")
+        )
+        u = {
+            "expected_cohort": float(samp.rate * samp.population),
+            "users": int(samp.population),
+            "rate": float(samp.rate),
+            "dim": dim,
+            "noise_std": std,
+            "noise_norm": None if std is None else std * float(np.sqrt(dim)),
+            "typical_norm": typical,
+            "typical_from": what,
+        }
+        self.utility = u
+        self.ledger.extra["utility_before_round_1"] = dict(u, noise_from=how)
+        if std is None:
+            log(
+                INFO,
+                "UserLevelDP: %s; expected cohort q*N = %.4g*%d = %.4g users per round (%s)",
+                self.aggregator.name,
+                samp.rate,
+                samp.population,
+                u["expected_cohort"],
+                how,
+            )
+            return u
+        log(
+            INFO,
+            "UserLevelDP: %s, expected cohort q*N = %.4g*%d = %.4g users per round; noise on "
+            "the released mean update: std %.4g per coordinate (%s), expected norm %.4g over "
+            "d = %d shared coordinates",
+            self.aggregator.name,
+            samp.rate,
+            samp.population,
+            u["expected_cohort"],
+            std,
+            how,
+            u["noise_norm"],
+            dim,
+        )
+        if typical is not None and u["noise_norm"] > typical:
+            log(
+                WARNING,
+                "UserLevelDP: the noise dominates: its expected norm %.4g per round exceeds a "
+                "typical update norm %.4g (%s) by %.3gx; more users N, a larger q, fewer rounds, "
+                "a larger epsilon or a smaller model would reduce it",
+                u["noise_norm"],
+                typical,
+                what,
+                u["noise_norm"] / typical,
+            )
+        return u
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -558,14 +698,34 @@ def user_level_mod(
     users_of: Callable[[Context], Sequence[int]] | None = None,
     fast: TorchTraining | None = None,
 ):
-    """A Flower client mod (see the module doc). ``users_per_client``: the users each client
-    holds (client with partition-id p holds users p·k .. p·k + k − 1 of
-    num-partitions · k), unless the run config sets ``fedudp.users-per-client``.
-    ``users_of(context)``: another rule, returning the client's global user indices.
-    ``personal``: parameter-name patterns kept on the client. ``fast``: the app's training
-    step declared as plain PyTorch SGD (``fedudp.flower_fast.TorchTraining``): the sampled
-    users' updates are then computed together, without calling the app's train step; the
-    users, the clipping and the reply are the same."""
+    """A Flower client mod that makes a client's training user-level DP (see the module doc).
+
+    On a training message it samples the client's users, runs the app's own training step
+    once per sampled user on that user's data only (the app's loader sees the user's global
+    index as ``partition-id``), and replies with the users' clipped updates (their sum and count,
+    or the rows); personal layers stay on the client. The server side is ``UserLevelDP``.
+
+    Parameters
+    ----------
+    users_per_client : int or None
+        The users each client holds: the client with partition-id p holds users
+        p·k .. p·k + k − 1 of num-partitions · k, unless the run config sets
+        ``fedudp.users-per-client``.
+    personal : Sequence[str]
+        Parameter-name patterns (fnmatch) kept on the client, never sent.
+    users_of : callable or None
+        ``users_of(context)``: another rule, returning the client's global user indices.
+    fast : TorchTraining or None
+        The app's training step declared as plain PyTorch SGD
+        (``fedudp.flower_fast.TorchTraining``): the sampled users' updates are then computed
+        together, without calling the app's train step; the users, the clipping and the reply
+        are the same.
+
+    Returns
+    -------
+    callable
+        The mod, ``mod(message, context, call_next)``, for ``ClientApp(mods=[...])``.
+    """
     if users_per_client is not None and int(users_per_client) < 1:
         raise ValueError(f"users_per_client must be >= 1, got {users_per_client}")
 
@@ -598,8 +758,10 @@ def user_level_mod(
             node_id=context.node_id,
             node_config={
                 **context.node_config,
+                **_client_keys(context),
                 "partition-id": int(u),
                 "num-partitions": int(total),
+                K_USER_ID: int(u),
             },
             state=context.state,
             run_config=context.run_config,
@@ -625,8 +787,22 @@ def user_level_mod(
         )
         return call_next(_copy_with(msg, content), user_context(context, u, total))
 
+    def population(context: Context, mine: Sequence[int]) -> int:
+        """N outside a training message: the run config's (the server's), else the users'
+        rule's own total."""
+        if "fedudp.public.users" in context.run_config:
+            return int(context.run_config["fedudp.public.users"])
+        if users_of is None:
+            return int(context.node_config.get("num-partitions", 1)) * per_client(context)
+        return max(mine, default=-1) + 1
+
     def mod(msg: Message, context: Context, call_next) -> Message:
         if msg.metadata.message_type != "train" or K_DP not in msg.content:
+            try:  # the client's users, for an evaluation on all its data (client_users)
+                mine = users(context)
+                _remember_users(context, mine, population(context, mine))
+            except (ValueError, KeyError, TypeError):
+                pass  # not configured for users: the app evaluates as it would without the mod
             keep = kept(context)
             if keep is not None and msg.content.array_records:  # evaluation: own personal
                 key = next(iter(msg.content.array_records.keys()))
@@ -669,6 +845,7 @@ def user_level_mod(
                 )
         total = rnd.population
         mine = users(context)
+        _remember_users(context, mine, total)
         outside = [u for u in mine if not 0 <= u < total]
         if outside:
             return Message(
@@ -681,16 +858,17 @@ def user_level_mod(
                 ),
                 reply_to=msg,
             )
-        rows = []
+        rows, metrics = [], []  # the users' updates; their training metrics (weight, values)
         sampled = sampled_users(mine, rnd.randomness, rnd.round, rnd.rate, total)
         if fast is not None:  # fedudp.flower_fast: every sampled user's update at once
             at = {k2: _numpy(base[k2]) for k2 in base}
-            G, _ = fast.updates(at, names, sampled, total, msg.content.config_records)
+            G, metrics = fast.updates(at, names, sampled, total, msg.content.config_records)
             rows = list(G)
         for u in sampled if fast is None else ():
             reply = train_as(msg, arrays_key, base, context, u, total, call_next)
             if reply.has_error():
                 return reply
+            metrics.append(_user_metrics(reply))
             got = reply.content[next(iter(reply.content.array_records.keys()))]
             rows.append(_flat(got, names) - start)
         G = torch.stack(rows) if rows else torch.zeros(0, len(start), dtype=torch.float64)
@@ -720,6 +898,8 @@ def user_level_mod(
                 )
             }
         )
+        if metrics:  # the app's own training metrics over the sampled users, record-weighted
+            out["metrics"] = _weighted_metrics(metrics)
         if rnd.rows:
             rows_out = c.rows if c.rows is not None else torch.zeros(0, len(start))
             out[K_CONTRIB] = _record({"rows": rows_out.to(torch.float64).numpy()})
@@ -728,6 +908,77 @@ def user_level_mod(
         return Message(out, reply_to=msg)
 
     return mod
+
+
+K_USERS = "fedudp.users"  # ConfigRecord in a client's context.state: its users and N (not sent)
+K_USER_ID = "fedudp.user-id"  # node_config of the app's training step: the user it trains
+K_CLIENT_PARTITION = "fedudp.client-partition-id"  # node_config: the client's own partition-id
+K_CLIENT_PARTITIONS = "fedudp.client-num-partitions"  # ... and num-partitions
+
+
+def _client_keys(context: Context) -> dict:
+    """The client's own ``partition-id`` / ``num-partitions`` under keys the mod never changes
+    (the app's training step sees a user's index as ``partition-id``)."""
+    nc = context.node_config
+    if K_CLIENT_PARTITION in nc:  # already a user's context
+        return {
+            K_CLIENT_PARTITION: nc[K_CLIENT_PARTITION],
+            K_CLIENT_PARTITIONS: nc[K_CLIENT_PARTITIONS],
+        }
+    out = {}
+    if "partition-id" in nc:
+        out[K_CLIENT_PARTITION] = nc["partition-id"]
+    if "num-partitions" in nc:
+        out[K_CLIENT_PARTITIONS] = nc["num-partitions"]
+    return out
+
+
+def _remember_users(context: Context, users: Sequence[int], total: int) -> None:
+    context.state[K_USERS] = ConfigRecord(
+        {"users": [int(u) for u in users] or [-1], "num-users": int(total), "n": len(users)}
+    )
+
+
+def client_users(context: Context) -> tuple[list[int], int]:
+    """(the client's global user indices, N) as ``user_level_mod`` computed them for the
+    message being handled, in training and in evaluation alike: the stable way for an app to
+    load *all* of its client's data (``load_data(u, N)`` for each ``u``), e.g. to evaluate,
+    whatever ``partition-id`` says (in training the mod sets it to one user's index, in
+    evaluation it is the client's own). A ``LookupError`` outside the mod."""
+    if K_USERS not in context.state:
+        raise LookupError(
+            "fedudp.flower.client_users: no user_level_mod in this ClientApp's mods (or it has "
+            "no users rule: users_per_client= / fedudp.users-per-client / users_of=)"
+        )
+    rec = context.state[K_USERS]
+    n = int(rec["n"])
+    return [int(u) for u in list(rec["users"])[:n]], int(rec["num-users"])
+
+
+def _user_metrics(reply: Message) -> tuple[float, dict[str, float]]:
+    """(the user's weight: its ``num-examples``, else 1; the app's scalar training metrics)."""
+    if "metrics" not in reply.content.metric_records:
+        return 1.0, {}
+    rec = reply.content["metrics"]
+    vals = {
+        k: float(v)
+        for k, v in rec.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "num-examples"
+    }
+    return float(rec.get("num-examples", 1.0)), vals
+
+
+def _weighted_metrics(parts: Sequence[tuple[float, dict[str, float]]]) -> MetricRecord:
+    """Each metric's mean over the parts that report it, weighted by their records; and the
+    records in all (``num-examples``)."""
+    total = sum(w for w, _ in parts)
+    out: dict[str, float | int] = {"num-examples": int(round(total))}
+    for key in sorted({k for _, vals in parts for k in vals}):
+        ws = [(w, vals[key]) for w, vals in parts if key in vals]
+        wsum = sum(w for w, _ in ws)
+        if wsum > 0:
+            out[key] = sum(w * v for w, v in ws) / wsum
+    return MetricRecord(out)
 
 
 def _copy_with(msg: Message, content: RecordDict) -> Message:

@@ -1,11 +1,14 @@
-"""The ClientApp: Flower's PyTorch quickstart shape. The one fedudp line is the mod."""
+"""The ClientApp: Flower's PyTorch quickstart shape. The fedudp lines: the mod, and the
+evaluation loading all of the client's users (``client_users``: in training the mod hands the
+app one user's index as ``partition-id``; evaluation sees the client's whole data)."""
 
 from __future__ import annotations
 
+import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedudp.flower import user_level_mod  # fedudp
+from fedudp.flower import client_users, user_level_mod  # fedudp
 from fedudp.flower_fast import TorchTraining  # fedudp
 from user_dp_app.task import evaluate, load_data, make_model, train
 
@@ -37,7 +40,8 @@ def train_fn(msg: Message, context: Context) -> Message:
 def evaluate_fn(msg: Message, context: Context) -> Message:
     model = make_model()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    x, y = load_data(context.node_config["partition-id"], context.node_config["num-partitions"])
+    users, n = client_users(context)  # fedudp: all of this client's users' data
+    x, y = map(torch.cat, zip(*(load_data(u, n) for u in users)))  # fedudp
     loss, acc = evaluate(model, x, y)
     return Message(
         RecordDict(
