@@ -31,9 +31,18 @@ LAYERS = [
     ("fedudp.algorithms",),  # the seeds' training algorithms
     ("fedudp.build",),  # the config builder: the one reader of a RunConfig
     ("fedudp.engines",),  # local and Flower engines (owners build their side)
+    # the user-level DP wrapper for any Flower app, over the builder (no engine)
+    ("fedudp.flower", "fedudp.flower_contract", "fedudp.flower_fast"),
+    ("fedudp.leak",),  # the joint-DP paper-mode leak pair
+    ("fedudp.audit",),  # fedudp-audit: empirical privacy audits
+    ("fedudp.tracking", "fedudp.tuning"),  # run folders and MLflow; the privacy cost of tuning
+    ("fedudp.report.report",),  # the comparison table
+    ("fedudp.report.paper_report", "fedudp.report.report_plots"),  # the paper's layouts, figures
+    ("fedudp.report",),  # the package's names and fedudp-report's command (report.cli)
+    ("fedudp.run",),  # a prepared run on an engine, and its run folder
+    ("fedudp.api", "fedudp.flwr_entry", "fedudp.cli", "fedudp.__main__"),  # the entry points
 ]
-TOP = len(LAYERS)  # run, tracking, report, report_plots, paper_report, api, audit, leak,
-# flwr_entry
+TOP = len(LAYERS)  # a module in no layer (test_every_module_has_a_layer fails)
 
 
 def layer(module: str) -> int:
@@ -55,10 +64,31 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def _walk(tree: ast.AST):
+    """``ast.walk`` without the body of ``if __name__ == "__main__":`` (what ``python -m``
+    runs, never an import of the module)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name)
+            and node.test.left.id == "__name__"
+            and any(
+                isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators
+            )
+        ):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
 def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.split(".")[0] == "fedudp"}
         elif isinstance(node, ast.ImportFrom):
@@ -116,3 +146,186 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     got = imported("fedudp.privacy.x", fake, {"fedudp.owner.owners": fake})
     assert got == {"fedudp.run", "fedudp.owner", "fedudp.owner.owners"}
     assert layer("fedudp.run") > layer("fedudp.owner.owners") > layer("fedudp.privacy.x")
+
+
+def test_every_module_has_a_layer():
+    """No catch-all top layer: a new module is placed in ``LAYERS`` on purpose."""
+    known = modules()
+    assert not [name for name in sorted(known) if layer(name) == TOP]
+
+
+def _graph(index_edges: bool = True) -> dict[str, set[str]]:
+    """Module -> the fedudp modules it imports. ``index_edges=False`` leaves out a package's
+    ``__init__`` importing its own submodules (the package's index of its members)."""
+    known = modules()
+    return {
+        n: {
+            m
+            for m in imported(n, p, known)
+            if m in known and (index_edges or p.name != "__init__.py" or not m.startswith(n + "."))
+        }
+        - {n}
+        for n, p in known.items()
+    }
+
+
+def unit(module: str) -> str:
+    """The entry of ``LAYERS`` a module belongs to (a package, or a module listed alone)."""
+    best = ""
+    for names in LAYERS:
+        for n in names:
+            within = module == n or (n != "fedudp" and module.startswith(n + "."))
+            if within and len(n) > len(best):
+                best = n
+    return best or module
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle():
+    """No circle, imports inside functions included: none between the units of ``LAYERS``
+    (a package, or a module listed alone: the three report modules each), and none between
+    modules, a package's ``__init__`` importing its own members aside (its index; the members
+    may import the package's names)."""
+    graph = _graph()
+    units: dict[str, set[str]] = {}
+    for n, ms in graph.items():
+        units.setdefault(unit(n), set()).update(unit(m) for m in ms)
+    assert _cycles({u: ms - {u} for u, ms in units.items()}) == []
+    assert _cycles(_graph(index_edges=False)) == []
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert unit("fedudp.report.paper_report") != unit("fedudp.report.report")
+    assert unit("fedudp.owner.dpsgd") == "fedudp.owner"
+
+
+def _reach(start: set[str], graph: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), list(start)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return seen
+
+
+def test_the_owner_and_the_billboard_never_import_each_other():
+    """The two sides of joint DP are side by side (one layer) and neither reaches the other,
+    directly or through any module it imports: personal parameters stay on the owner, and
+    what crosses between them is ``fedudp.protocol``."""
+    assert layer("fedudp.owner") == layer("fedudp.billboard") > layer("fedudp.protocol")
+    graph = _graph()
+    for side, other in (("fedudp.owner", "fedudp.billboard"), ("fedudp.billboard", "fedudp.owner")):
+        mine = {n for n in graph if n == side or n.startswith(side + ".")}
+        assert mine, side
+        crossed = sorted(m for m in _reach(mine, graph) if m == other or m.startswith(other + "."))
+        assert not crossed, (side, crossed)
+
+
+# The Flower client side (a SuperNode's ClientApp and the wire format it shares with the
+# server): the owner, the protocol, the data, the models, the aggregators' reply contract
+# (aggregators.base), and the builder and config only to build this SuperNode's owner side from
+# the run's config (``build.owners``, ``build.federation``, ``config_from_json``). Never the
+# billboard, the round loop, the server engine, the stop signals or a runner.
+CLIENT_SIDE = ("fedudp.engines.flower_client", "fedudp.engines.flower_wire")
+CLIENT_MAY_IMPORT = (
+    "fedudp.owner",
+    "fedudp.protocol",
+    "fedudp.data",
+    "fedudp.models",
+    "fedudp.aggregators.base",
+    "fedudp.privacy",
+    "fedudp.randomness",
+    "fedudp.errors",
+    "fedudp.plain",
+    "fedudp.engines.flower_wire",
+)
+CLIENT_BUILDS_WITH = {
+    "fedudp.build": {"owners", "federation"},
+    "fedudp.config": {"config_from_json"},
+}
+
+
+def _names_used(path: Path, module: str) -> set[str]:
+    """What ``path`` takes from ``module``: names imported from it, attributes of its alias."""
+    tree = ast.parse(path.read_text())
+    names, aliases = set(), set()
+    parent, _, leaf = module.rpartition(".")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == module:
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == parent:
+            aliases |= {a.asname or a.name for a in node.names if a.name == leaf}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.name == module and a.asname}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
+            names.add(node.attr)
+    return names
+
+
+def _client_violations(name: str, path: Path, known: dict[str, Path]) -> list[str]:
+    got = {m for m in imported(name, path, known) if m != "fedudp.engines"}
+    bad = [
+        m
+        for m in sorted(got)
+        if not any(m == a or m.startswith(a + ".") for a in CLIENT_MAY_IMPORT)
+        and m not in CLIENT_BUILDS_WITH
+    ]
+    for module, allowed in CLIENT_BUILDS_WITH.items():
+        bad += [f"{module}.{n}" for n in sorted(_names_used(path, module) - allowed)]
+    return bad
+
+
+def test_the_flower_client_side_imports_only_the_owner_side(tmp_path):
+    known = modules()
+    for name in CLIENT_SIDE:
+        assert not _client_violations(name, known[name], known), name
+    # the wire format reaches nothing of the billboard, even through what it imports
+    assert not [m for m in _reach({"fedudp.engines.flower_wire"}, _graph()) if "billboard" in m]
+    # the check sees a billboard import and a builder function beyond the owner side's
+    fake = tmp_path / "client.py"
+    fake.write_text(
+        "from fedudp import build\nfrom fedudp.billboard.rounds import run_rounds\n"
+        "build.owners(cfg)\nbuild.prepare(cfg)\n"
+    )
+    assert _client_violations("fedudp.engines.x", fake, known) == [
+        "fedudp.billboard.rounds",
+        "fedudp.build.prepare",
+    ]
