@@ -96,7 +96,7 @@ class Grid:
 def strategy(personal=(), clip: float = 1.0) -> UserLevelDP:
     # a fixed noise multiplier (a calibration would cost seconds; the noise is the same
     # keyed draw on both paths either way)
-    agg = GaussianAggregator(clip, 1.0, Sampling(rate=0.7, population=N))
+    agg = GaussianAggregator(clip, 3.0, Sampling(rate=0.7, population=N))
     return UserLevelDP(
         FedAvg(fraction_train=1.0, fraction_evaluate=0.0),
         agg,
