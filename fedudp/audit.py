@@ -67,13 +67,15 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from fedudp.aggregators.base import Aggregator, Constraint, Contribution
-from fedudp.privacy.accountant import Accountant, ParallelAccountant, Parallel, pld_interval
-from fedudp.privacy.audit_stats import SampleAudit, audit_samples, power_gaussian, power_threshold
+# torch, the estimators and the accountant (dp_accounting, scipy) are imported where they are used:
+# `fedudp-audit --help` and a bad argument answer without them
+if TYPE_CHECKING:
+    from fedudp.aggregators.base import Aggregator, Contribution
+    from fedudp.privacy.audit_stats import SampleAudit
 
 # the audit's level: every lower bound it prints holds with probability >= 99%, jointly over the
 # bounds tried, so a correct mechanism is flagged in at most 1% of audits (a false alarm)
@@ -110,6 +112,8 @@ class AuditResult:
 
 def one_release_epsilon(agg: Aggregator, delta: float) -> float:
     """The accountant's ε of one release of ``agg`` (its one-off block included)."""
+    from fedudp.privacy.accountant import Accountant, Parallel, ParallelAccountant, pld_interval
+
     event = agg.dp_event()
     acc = (
         ParallelAccountant(len(event.parts), pld_interval(1.0))
@@ -127,6 +131,8 @@ def releases_epsilon(agg: Aggregator, delta: float, releases: int) -> float:
     """The accountant's ε of the first ``releases`` releases of a fresh ``agg`` (its one-off
     block once, then round r's event for r = 1..releases: a tree's or a banded mechanism's whole
     event at the first round of each tree or cycle, as a run's ledger composes them)."""
+    from fedudp.privacy.accountant import Accountant, pld_interval
+
     if releases == 1 and not hasattr(agg, "round_event"):
         return one_release_epsilon(agg, delta)
     acc = Accountant(pld_interval(1.0))
@@ -191,7 +197,7 @@ def _power(
     noise). A Gaussian release's separation is the one its claim implies (μ of μ-GDP at the
     claimed (ε, δ)); otherwise the projection's measured separation, rescaled to the configured
     noise, stands in for it (a planning number)."""
-    from fedudp.privacy.audit_stats import gaussian_mu_for_epsilon
+    from fedudp.privacy.audit_stats import gaussian_mu_for_epsilon, power_gaussian, power_threshold
 
     mu = (
         gaussian_mu_for_epsilon(claimed, delta)
@@ -217,6 +223,11 @@ def audit(
 ) -> AuditResult:
     """Audit ``agg`` (built for ``dim``-vectors) with ``trials`` releases on each of D and D'.
     ``bound``: the canary's norm where the aggregator does not clip (``estimator.bound``)."""
+    import torch
+
+    from fedudp.aggregators.base import Constraint, Contribution
+    from fedudp.privacy.audit_stats import audit_samples
+
     if agg.name in SEQUENCE_AUDITED:  # an adaptive clip, a tree, a banded mechanism
         return audit_sequence(agg, dim, trials, 1, delta, seed, broken, bound, background)
     fresh = _stateful(agg)  # e.g. outlier removal's AboveThreshold: a fresh copy per release
@@ -323,6 +334,10 @@ def _linear_sequences(
     banded history) is kept per coordinate, so block b of the vector is exactly one run of the
     mechanism on ``dim``-vectors with a state of its own (the tests check it against separate
     copies); the canary enters block b in the rounds ``canary_rounds`` draws for trial b."""
+    import torch
+
+    from fedudp.aggregators.base import Contribution
+
     out = np.empty((trials, releases * dim))
     for a0 in range(0, trials, chunk):
         k = min(chunk, trials - a0)
@@ -372,6 +387,11 @@ def audit_sequence(
     (sampling rate 1) the residuals are exactly Gaussian with a fixed shift whatever the clip
     does, the canary being held at twice the current clip (always clipped to C_t, never counted
     as unclipped)."""
+    import torch
+
+    from fedudp.aggregators.base import Constraint, Contribution
+    from fedudp.privacy.audit_stats import audit_samples
+
     t0 = time.perf_counter()
     template = agg
     releases = int(releases)
@@ -496,6 +516,10 @@ def audit_pair(
 ) -> AuditResult:
     """Audit the billboard's release on a given neighbouring pair of owner-side contributions
     (e.g. ``fedudp.leak``): ``trials`` seeded releases of each."""
+    import torch
+
+    from fedudp.privacy.audit_stats import audit_samples
+
     t0 = time.perf_counter()
     claimed = one_release_epsilon(agg, delta)
     diff = on_d.total.to(torch.float64) - on_dprime.total.to(torch.float64)
@@ -570,6 +594,8 @@ def _make_canary(p, shard) -> float:
     until that norm is twice the clip, so that its gradient is clipped to C at every step while
     its logits stay small (a canary whose logits explode would point its later gradients
     anywhere). Returns the norm over the clip."""
+    import torch
+
     import torch.nn.functional as F
     from torch.func import functional_call, grad
 
@@ -671,6 +697,10 @@ def audit_local_dpsgd(
     ``public.owner_capacity``, checked to be M), D' is ``Federation.without_user`` of the canary,
     and the claim is re-checked on D' prepared from the arrays without the canary: the same
     capacity, noise multiplier and ε (nothing public read from the data)."""
+    import torch
+
+    from fedudp.privacy.audit_stats import audit_samples
+
     from fedudp.config import ConfigError, config_from_overrides
     from fedudp.owner.dpsgd import owner_rates
     from fedudp.build import prepare

@@ -3,8 +3,8 @@
 ``fedudp method=joint_dp privacy.epsilon=1 -m partition.num_owners=4,16,64``. One call is
 one run; each run writes to its Hydra output folder (``fedudp.run``).
 
-This module imports only the standard library when it is loaded: ``fedudp --version`` never
-imports Hydra, ``fedudp --help`` and ``--cfg`` import Hydra and the config schema but not torch,
+This module imports only the standard library when it is loaded: ``fedudp --version`` and
+``fedudp --help`` never import Hydra, ``--cfg`` imports Hydra and the config schema but not torch,
 scipy or dp_accounting; the runner (``fedudp.run``: torch, the accountant) is imported when a job
 starts (tests/test_startup.py, scripts/benchmarks/bench_startup.py).
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 __all__ = ["main", "CONF_DIR", "USER_CONF", "preflight", "canary_text", "user_searchpath"]
@@ -245,16 +246,58 @@ def resume_in_place(argv: list[str]) -> list[str]:
     return argv + [f"hydra.run.dir={folder}"]
 
 
+HELP = """usage: fedudp [-m] [key=value ...] [+experiment=NAME] [--cfg job] [--version]
+
+Federated-learning simulation with user-level and joint differential privacy. One call is one
+run; with -m, comma-separated values sweep (one run each). Every key=value overrides the
+configuration (keys and defaults: fedudp --cfg job; docs/usage.md).
+
+  fedudp method=joint_dp privacy.epsilon=1 train.rounds=5
+  fedudp -m method=per_silo,fedavg,full_dp,joint_dp partition.num_owners=4,16
+  fedudp +experiment=huang_table1 dataset.root=/path/to/idx
+  fedudp resume=outputs/<date>/<time>_joint_dp    continue a stopped run
+  fedudp --cfg job [key=value ...]                print the resolved configuration
+  fedudp --version                                the installed version
+  fedudp --hydra-help                             Hydra's own flags (launchers, logging)
+
+Config groups (group=option; +experiment=NAME adds a preset):
+{groups}
+Config files: fedudp's own ({own}), then ./conf of this folder (your own experiments,
+./conf/experiment/NAME.yaml).
+"""
+
+
+def help_text(cwd: str | Path | None = None) -> str:
+    """``fedudp --help``: usage, examples and the config groups' options (fedudp's and the
+    current directory's ``./conf``), read from the folders without importing Hydra."""
+    trees = [Path(CONF_DIR), Path(cwd or Path.cwd()) / USER_CONF]
+    options: dict[str, set[str]] = {}
+    for tree in trees:
+        for group in sorted(p for p in tree.glob("*") if p.is_dir()) if tree.is_dir() else ():
+            options.setdefault(group.name, set()).update(f.stem for f in group.glob("*.yaml"))
+    groups = "".join(
+        textwrap.fill(
+            f"{g}: {', '.join(sorted(o))}", 96, initial_indent="  ", subsequent_indent="    "
+        )
+        + "\n"
+        for g, o in sorted(options.items())
+    )
+    return HELP.format(groups=groups, own=Path(CONF_DIR).resolve())
+
+
 def main() -> None:
     if sys.argv[1:] == ["--version"]:
         from fedudp.provenance import version
 
         print(f"fedudp {version()}")
         return
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):  # answered without Hydra (fast)
+        print(help_text(), end="")
+        return
     argv = resume_in_place(multirun_flag_first(sys.argv[1:]))
     sys.argv[1:] = user_searchpath(argv)
-    if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in sys.argv[1:]):
-        preflight(sys.argv[1:])  # help and info compose nothing a job would run
+    if not any(a in ("--hydra-help", "--info", "-i") for a in sys.argv[1:]):
+        preflight(sys.argv[1:])  # Hydra's help and info compose nothing a job would run
     _hydra_main()
 
 

@@ -1,5 +1,6 @@
-"""Hydra entry point: config -> federation -> engine -> outputs
-(docs/architecture.md#configuration-and-outputs).
+"""The runner: config -> federation -> engine -> outputs
+(docs/architecture.md#configuration-and-outputs); the ``fedudp`` command line that drives it
+through Hydra is ``fedudp.cli``.
 
 ``fedudp method=joint_dp privacy.epsilon=1 -m partition.num_owners=4,16,64``. One call is
 one run; each run writes to its Hydra output folder: ``config.yaml`` (resolved),
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +33,7 @@ from fedudp.config import (
 from fedudp.protocol import checkpoint as checkpoints
 from fedudp.billboard.rounds import RoundsResult, run_rounds, summarize
 from fedudp.provenance import provenance
-from fedudp.privacy.labels import epsilon_display, epsilon_kind
+from fedudp.privacy.labels import epsilon_display
 
 __all__ = [
     "run",
@@ -42,13 +42,7 @@ __all__ = [
     "prepare",
     "Prepared",
     "summary_of",
-    "main",
-    "CONF_DIR",
 ]
-
-# The config tree ships inside the package (package data, pyproject.toml): the same path in an
-# editable install, a wheel, a Flower FAB and a Ray/joblib launcher worker.
-CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
 
 def execute(
@@ -552,194 +546,7 @@ def _progress(s):
     return tqdm(total=s.rounds, desc=s.method, file=sys.stderr, leave=False)
 
 
-def _hydra_main() -> None:
-    import hydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import DictConfig, OmegaConf
+if __name__ == "__main__":  # ``python -m fedudp.run``: the command line, as ``fedudp``
+    from fedudp.cli import main
 
-    from fedudp.config import check_known_keys, register
-
-    register()
-
-    @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-    def _main(dcfg: DictConfig) -> float | None:
-        try:
-            check_known_keys(dcfg)  # to_object would drop a '+key' silently
-        except ConfigError as e:
-            fail(str(e))
-        cfg: RunConfig = OmegaConf.to_object(dcfg)
-        hc = HydraConfig.get()
-        out_dir = hc.runtime.output_dir
-        sweep = None
-        if hc.mode == RunMode.MULTIRUN:
-            sweep = tracking.Sweep(
-                folder=str(Path(hc.sweep.dir).absolute()),
-                job=Path(out_dir).name,
-                overrides=tuple(hc.overrides.task),
-                command=" ".join(["fedudp", *sys.argv[1:]]),
-            )
-        try:
-            out_dir = settings(cfg).resume or out_dir
-            summary = run(cfg, out_dir, sweep=None if settings(cfg).resume else sweep)
-        except ConfigError as e:
-            fail(str(e))
-        acc = summary["accuracy_mean"]
-        if summary.get("skipped"):
-            print(f"[{summary['method']}] finished before in {out_dir}: skipped")
-        stop = summary["stop_reason"]
-        if stop in ("diverged", "interrupted", "failed"):
-            print(
-                f"fedudp: {stop}: {summary['stop_message']} (outputs in {out_dir})", file=sys.stderr
-            )
-            multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-            if stop == "interrupted":
-                exit_now(128 + int(summary.get("signal", 2)))
-            if not multirun:
-                raise SystemExit(3)
-        acc_s = "n/a" if acc is None else f"{acc:.4f} ± {summary['accuracy_std']:.4f}"
-        print(
-            f"[{summary['method']}] accuracy {acc_s}"
-            f"  epsilon {epsilon_display(summary['epsilon'], epsilon_kind(summary))}"
-            f"  rounds {summary['rounds_completed']}  ({summary['seconds']:.1f}s)"
-            + canary_text(summary.get("canary_epsilon_estimate"))
-        )
-        return acc
-
-    _main()
-
-
-def canary_text(est: dict | None) -> str:
-    """The last line's canary part (``audit.canaries``): the one-run ε estimate, its interval
-    and that it is an estimate, not a bound ('' without canaries)."""
-    if not est:
-        return ""
-    if est.get("value") is None:
-        return f"  canary epsilon n/a ({est.get('note', 'no estimate')})"
-    lo, hi = est["ci"]
-    return (
-        f"  canary epsilon {est['value']:.3f} [{lo:.3f}, {hi:.3f}] "
-        f"({est['kind']}; {est['canaries']} canaries)"
-    )
-
-
-def exit_now(code: int) -> None:
-    """End an interrupted run with ``code`` (every output is written by now) without the
-    interpreter's teardown: after SIGTERM, Ray's C++ core worker aborts the process while it
-    finalizes (exit status -6 instead of 143)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def multirun_flag_first(argv: list[str]) -> list[str]:
-    """Hydra's parser rejects overrides on both sides of ``-m``; move the flag to the front so
-    that ``fedudp method=joint_dp -m partition.num_owners=4,16,64`` works as documented."""
-    flags = [a for a in argv if a in ("-m", "--multirun")]
-    return flags[:1] + [a for a in argv if a not in ("-m", "--multirun")]
-
-
-def fail(message: str) -> None:
-    """The one way a user error ends a run: one line on stderr, exit status 2."""
-    print(f"fedudp: error: {message.strip().splitlines()[0]}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def preflight(argv: list[str]) -> None:
-    """Compose the config the way Hydra will (first value of each sweep) so that an unknown key
-    or a bad value ends as ``fedudp: error: <key>: ...`` before Hydra starts any job."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
-
-    from fedudp.config import check_known_keys, register, unknown_key_message
-
-    args = [a for a in argv if not a.startswith("-") and "=" in a]
-    try:
-        parsed = OverridesParser.create().parse_overrides(args)
-    except HydraException as e:
-        fail(str(e))
-    first = []
-    for o in parsed:
-        key = o.get_key_element().lstrip("+~")
-        if key in ("hydra.run.dir", "hydra.sweep.dir"):
-            check_output_path(key, o.get_value_element_as_str())
-        if key.startswith("hydra"):
-            continue
-        value = (
-            next(iter(o.sweep_string_iterator()), None)
-            if o.is_sweep_override()
-            else o.get_value_element_as_str()
-        )
-        first.append(f"{o.get_key_element()}={value}")
-    register()
-    try:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            composed = compose(config_name="config", overrides=first)
-            check_known_keys(composed)  # a '+key' the schema lacks: not dropped silently
-            OmegaConf.to_object(composed)
-    except ConfigError as e:
-        fail(str(e))
-    except (HydraException, OmegaConfBaseException) as e:
-        marker = "ConfigError raised while resolving interpolation: "
-        if marker in str(e):  # raised by a resolver (huang_table3)
-            fail(str(e).split(marker, 1)[1])
-        cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
-        key = getattr(cause, "full_key", None)
-        if key and isinstance(cause, ConfigAttributeError):  # a key the schema lacks
-            fail(unknown_key_message(key))
-        text = str(cause).strip().splitlines()[0]
-        if "MissingConfigException" in type(e).__name__:
-            options = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines()[3:]]
-            text += f" (available: {', '.join(o for o in options if o)})"
-        fail(f"{key}: {text}" if key else text)
-
-
-def check_output_path(key: str, value: str) -> None:
-    """An output folder the run could not create ends as one line naming ``key``, before any
-    work: its nearest existing ancestor must be a writable folder (Hydra's own interpolations,
-    ``${...}``, are left to Hydra: only the literal part before them is checked)."""
-    literal = value.split("${", 1)[0]
-    path = Path(literal or ".").expanduser().absolute()
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        fail(f"{key}={value}: {probe} is a file, not a folder; choose another output folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        fail(f"{key}={value}: {probe} is not writable; choose another output folder")
-    if literal == value:  # no interpolation: create it now, as Hydra would next
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            fail(f"{key}={value}: cannot create it ({e.strerror}); choose another output folder")
-
-
-def resume_in_place(argv: list[str]) -> list[str]:
-    """``resume=<folder>`` continues the run in that folder: Hydra's own run folder is the same
-    (no new dated folder), unless ``hydra.run.dir`` is given."""
-    folder = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), None)
-    if (
-        not folder
-        or folder in ("null", "None")
-        or any(a.startswith("hydra.run.dir=") for a in argv)
-    ):
-        return argv
-    return argv + [f"hydra.run.dir={folder}"]
-
-
-def main() -> None:
-    if sys.argv[1:] == ["--version"]:
-        from fedudp.provenance import version
-
-        print(f"fedudp {version()}")
-        return
-    sys.argv[1:] = resume_in_place(multirun_flag_first(sys.argv[1:]))
-    preflight(sys.argv[1:])
-    _hydra_main()
-
-
-if __name__ == "__main__":
     main()

@@ -37,7 +37,8 @@ from fedudp import run as run_module
 from fedudp.config import NATURAL_DATASETS, DatasetName, RunConfig, register
 from formats import write_cifar10, write_cifar100, write_femnist, write_shakespeare
 from fedudp.stopping import RunInterrupted
-from fedudp.run import CONF_DIR, prepare, run
+from fedudp.cli import CONF_DIR
+from fedudp.run import prepare, run
 
 PRESETS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml"))
 ROUNDS = 2  # rounds each preset is started for

@@ -20,7 +20,8 @@ from conftest import tiny_cfg, tiny_mnist
 from fedudp.config import ConfigError, RunConfig, register
 from fedudp.owner import owners as OW
 from fedudp.models.cnn import PAPER_TABLE2_COUNTS, PaperCNN, layer_counts
-from fedudp.run import CONF_DIR, execute, prepare, run
+from fedudp.cli import CONF_DIR
+from fedudp.run import execute, prepare, run
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY_KEYS = {
@@ -173,7 +174,7 @@ def test_a_run_records_the_version_and_source_commit_that_produced_it(tmp_path):
 def test_fedudp_version_prints_the_package_version(monkeypatch, capsys):
     from importlib.metadata import version
 
-    from fedudp.run import main
+    from fedudp.cli import main
 
     monkeypatch.setattr(sys, "argv", ["fedudp", "--version"])
     main()

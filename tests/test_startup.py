@@ -2,8 +2,9 @@
 
 Structural, not timed (the times are scripts/benchmarks/bench_startup.py's,
 docs/results/startup/README.md): ``import fedudp`` and ``import fedudp.cli`` load no heavy
-library, ``fedudp --version`` not even Hydra, and ``fedudp --help`` / ``--cfg job`` no torch, scipy
-or dp_accounting (those come with the runner, when a job starts). Each check runs in a fresh
+library, ``fedudp --version`` not even Hydra, and ``fedudp --help`` / ``--cfg job``,
+``fedudp-audit --help`` and ``fedudp-report --help`` no torch, scipy or dp_accounting (those come
+with the runner or the audit, when the work starts). Each check runs in a fresh
 interpreter and reads its ``sys.modules``. Then the top-level ``conf/`` design: a user's
 ``./conf/experiment/<name>.yaml`` is found by ``fedudp +experiment=<name>``, one that shadows a
 fedudp preset with other content is refused, and the checkout's own ``conf/`` is not added twice.
@@ -61,20 +62,33 @@ def test_importing_the_package_and_the_cli_loads_no_heavy_library(module):
     assert mods.isdisjoint(HEAVY + HYDRA), sorted(mods & set(HEAVY + HYDRA))
 
 
-def test_version_answers_without_hydra():
+@pytest.mark.parametrize("flag", ["--version", "--help"])
+def test_version_and_help_answer_without_hydra(flag):
     mods, out = loaded_after(
-        "sys.argv = ['fedudp', '--version']\nfrom fedudp.cli import main\nmain()"
+        f"sys.argv = ['fedudp', {flag!r}]\nfrom fedudp.cli import main\nmain()"
     )
-    assert out.strip().startswith("fedudp ")
+    first = out.strip().splitlines()[0]
+    assert first.startswith("fedudp 0." if flag == "--version" else "usage: fedudp"), first
     assert mods.isdisjoint(HEAVY + HYDRA), sorted(mods & set(HEAVY + HYDRA))
+    if flag == "--help":  # the presets, read from the config tree
+        assert "huang_table1" in out and "tracking: mlflow, none, tensorboard" in out
 
 
-@pytest.mark.parametrize("args", [["--help"], ["--cfg", "job", "method=fedavg"]])
-def test_help_and_cfg_load_no_torch_scipy_or_dp_accounting(args):
+def test_cfg_job_loads_no_torch_scipy_or_dp_accounting():
     mods, out = loaded_after(
-        f"sys.argv = ['fedudp', *{args!r}]\nfrom fedudp.cli import main\nmain()"
+        "sys.argv = ['fedudp', '--cfg', 'job', 'method=fedavg']\nfrom fedudp.cli import main\nmain()"
     )
-    assert "method:" in out  # Hydra composed and printed the config
+    assert "method: fedavg" in out  # Hydra composed and printed the config
+    bad = {"torch", "scipy", "dp_accounting"}
+    assert mods.isdisjoint(bad), sorted(mods & bad)
+
+
+@pytest.mark.parametrize("module", ["fedudp.audit", "fedudp.report"])
+def test_the_other_clis_answer_help_without_torch_scipy_or_dp_accounting(module):
+    mods, out = loaded_after(
+        f"sys.argv = ['x', '--help']\nfrom {module} import main\nsys.exit(main())"
+    )
+    assert "usage:" in out
     bad = {"torch", "scipy", "dp_accounting"}
     assert mods.isdisjoint(bad), sorted(mods & bad)
 
@@ -118,6 +132,7 @@ def test_a_user_experiment_in_the_current_directory_is_found_by_the_cli(tmp_path
     job = yaml.safe_load(r.stdout)
     assert (job["method"], job["privacy"]["epsilon"], job["train"]["rounds"]) == ("fedavg", 2.5, 7)
     assert job["train"]["lr"] == 0.25  # the command line still wins over the file
+    assert "mine" in _fedudp("--help", cwd=tmp_path).stdout  # listed beside the presets
     # without ./conf the name is unknown: one line, the available names listed
     r = _fedudp("+experiment=mine", cwd=tmp_path / "conf")
     assert r.returncode == 2 and r.stderr.startswith("fedudp: error:"), r.stderr

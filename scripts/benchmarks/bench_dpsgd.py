@@ -50,7 +50,8 @@ def prepared(n: int, data_root: str, threads: int):
     from omegaconf import OmegaConf
 
     from fedudp.config import register
-    from fedudp.run import CONF_DIR, prepare
+    from fedudp.cli import CONF_DIR
+    from fedudp.run import prepare
 
     register()
     args = [

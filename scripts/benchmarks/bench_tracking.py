@@ -5,7 +5,7 @@ and TensorBoard.
 [KEY=VALUE ...]`` runs ``fedudp -m method=per_silo,fedavg,full_dp,joint_dp`` (the embedded
 synthetic default: 64 owners, 10,000 users, 20 rounds; ``make run``) once per tracking kind per
 repetition, each in a fresh process, the kinds interleaved (their order rotates every
-repetition). Each process is the real command line (``fedudp.run.main``) with a measuring shim:
+repetition). Each process is the real command line (``fedudp.cli.main``) with a measuring shim:
 the time at which every round's hook (metrics.jsonl line, ledger, tracker) returns, the time
 spent in the tracker's per-round call, and in its start and finish.
 
@@ -37,6 +37,7 @@ METHODS = "per_silo,fedavg,full_dp,joint_dp"
 
 def child(kind: str, sweep_dir: str, report: str, extra: list[str]) -> None:
     """One repetition of one kind: the real command line, timed from inside."""
+    import fedudp.cli as cli_mod
     import fedudp.run as run_mod
     from fedudp import tracking
 
@@ -90,7 +91,7 @@ def child(kind: str, sweep_dir: str, report: str, extra: list[str]) -> None:
         *extra,
     ]
     try:
-        run_mod.main()
+        cli_mod.main()
     except SystemExit as e:
         if e.code not in (0, None):
             raise

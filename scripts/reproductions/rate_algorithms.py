@@ -51,7 +51,8 @@ import torch
 
 from fedudp.config import ConfigError, register
 from fedudp.randomness import Purpose, numpy_rng
-from fedudp.run import CONF_DIR, execute, prepare
+from fedudp.cli import CONF_DIR
+from fedudp.run import execute, prepare
 
 DELTA = 1e-6
 REF_EPS = 500.0  # the near-non-private reference: the same schedule at ε = 500

@@ -187,7 +187,7 @@ def compose(over: dict, data_root: str, threads: int):
     from omegaconf import OmegaConf
 
     from fedudp.config import register
-    from fedudp.run import CONF_DIR
+    from fedudp.cli import CONF_DIR
 
     register()
     args = [

@@ -328,7 +328,7 @@ def check(aggregator, dim, itemsize, available=None):
         raise SystemExit(0)
     return need
 build.check_rows_fit = check
-from fedudp.run import main
+from fedudp.cli import main
 sys.argv[0] = "fedudp"
 main()
 """
@@ -403,7 +403,7 @@ def timed(self, replies, round_):
     finally:
         print(f"load_run: release {round_} {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 Billboard.release = timed
-from fedudp.run import main
+from fedudp.cli import main
 sys.argv[0] = "fedudp"
 main()
 """

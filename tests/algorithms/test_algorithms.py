@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 from fedudp.aggregators.base import Contribution
 from fedudp.config import ConfigError, RunConfig, register
 from fedudp.privacy.accountant import ApproxDp, Parallel
-from fedudp.run import CONF_DIR, execute, prepare, run
+from fedudp.cli import CONF_DIR
+from fedudp.run import execute, prepare, run
 
 ADD_REMOVE = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 SMALL = ["progress=false", "dataset.pool_test=1000"]

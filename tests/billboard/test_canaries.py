@@ -134,7 +134,7 @@ def test_the_interval_is_a_bootstrap_over_the_canaries():
 
 
 def test_no_spread_no_estimate_and_tiny_samples_do_not_break_the_bootstrap():
-    from fedudp.run import canary_text
+    from fedudp.cli import canary_text
 
     c = Canaries(5, 40, 1.0, seed=0)
     e = c.estimate(torch.zeros(40, dtype=torch.float64), 1e-5)["canary_epsilon_estimate"]
@@ -231,7 +231,7 @@ def test_canaries_are_not_users_of_the_run(audited):
 
 def test_summary_last_line_and_report_say_it_is_an_estimate_not_a_bound(audited):
     from fedudp.report import comparison_table
-    from fedudp.run import canary_text
+    from fedudp.cli import canary_text
 
     ok, weak, plain = audited[1.0], audited[0.5], audited["plain"]
     est = ok["canary_epsilon_estimate"]
