@@ -1,4 +1,4 @@
-"""Every preset under fedudp/conf/experiment/ runs as shipped (``fedudp +experiment=<name>``).
+"""Every preset under conf/experiment/ runs as shipped (``fedudp +experiment=<name>``).
 
 The presets are discovered by glob, so a new one is covered without touching this file. Each is
 composed with Hydra exactly as the CLI composes it, then:

@@ -334,7 +334,7 @@ LAYOUTS = {
 }
 
 
-# The presets' hyperparameters (fedudp/conf/experiment/huang_table1.yaml: the paper's clip, and
+# The presets' hyperparameters (conf/experiment/huang_table1.yaml: the paper's clip, and
 # the lr and batch it leaves unspecified). Runs made with others (ablations beside the grid) are
 # kept out of every layout, which compares with the paper's protocol only.
 PRESET_HYPER = {"privacy.clip": 15.0, "train.lr": 0.05, "train.batch_size": 32}

@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="engine_opts.threads (0: default)")
     ap.add_argument("--note", default="", help="what else the machine was doing")
     a = ap.parse_args()
-    known = {p.stem for p in (ROOT / "fedudp/conf/experiment").glob("*.yaml")}
+    known = {p.stem for p in (ROOT / "conf/experiment").glob("*.yaml")}
     if bad := [p for p in a.presets if p not in known]:
         raise SystemExit(f"unknown preset(s) {bad}; known: {sorted(known)}")
     rows = []
