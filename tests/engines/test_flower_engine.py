@@ -1,8 +1,9 @@
 """engine=flower: equivalence with engine=local, the owner boundary, failures.
 
 All Flower runs here go through ``fedudp.run.run`` -> ``fedudp.engines.flower_server.execute`` ->
-``flwr.simulation.run_simulation`` with the Ray backend (in this process; Ray stays up
-between tests of the module). Faults are injected by the test-only ``flower_faults`` mod.
+``flwr.simulation.run_simulation`` with the Ray backend (in this process; one Ray stays up
+between tests of the module: ``one_ray_for_the_module``). Faults are injected by the test-only
+``flower_faults`` mod.
 """
 
 from __future__ import annotations
@@ -21,7 +22,36 @@ from fedudp.engines import flower_server
 from fedudp.engines import flower_wire
 from fedudp.run import run
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("one_ray_for_the_module")]
+
+
+@pytest.fixture(scope="module")
+def one_ray_for_the_module():
+    """Keep the Ray that the module's first simulation starts up for the module's other runs.
+
+    Flower's Ray backend calls ``ray.init`` only when Ray is not initialised and ``ray.shutdown``
+    after every simulation, so each run started a new Ray (ray.init: about a fifth of a run here).
+    Here only the backend's shutdown is skipped: the first run starts Ray exactly as the engine
+    asks (``init_args``), every run still creates and terminates its own actors, and Ray is
+    shut down once at the end of the module. What a run computes does not depend on it (the
+    tests compare each Flower run with the local engine's)."""
+    import ray
+    from flwr.server.superlink.fleet.vce.backend import raybackend
+
+    class KeepRayUp:
+        def __getattr__(self, name):
+            return getattr(ray, name)
+
+        def shutdown(self, *a, **k) -> None:
+            pass
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(raybackend, "ray", KeepRayUp())
+    try:
+        yield
+    finally:
+        mp.undo()
+        ray.shutdown()
 
 
 def tiny(method: str, engine: str, **kw) -> RunConfig:
