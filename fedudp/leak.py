@@ -18,12 +18,15 @@ personal value, so the sums differ by at most C; in ``paper`` mode by ≈ 15 C.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fedudp.config import RunConfig, config_from_overrides
+
+if TYPE_CHECKING:
+    from fedudp.aggregators.base import Contribution
 
 PAIR = {
     "method": "joint_dp",
@@ -55,15 +58,17 @@ def leak_config(**overrides: Any) -> RunConfig:
 class LeakPair:
     """The owner side's output on D (with the canary user) and D' (without)."""
 
-    with_user: "Contribution"  # noqa: F821  (fedudp.aggregators.base.Contribution)
-    without_user: "Contribution"  # noqa: F821
+    with_user: Contribution
+    without_user: Contribution
     clip: float
     prepared: Any  # fedudp.run.Prepared (its aggregator, ledger, config)
 
     @property
     def moved(self) -> float:
         """‖S(D) − S(D')‖ in units of C: the pair's real sensitivity (≤ 1 when isolation holds)."""
-        diff = self.with_user.total.to(torch.float64) - self.without_user.total.to(torch.float64)
+        a, b = self.with_user.total, self.without_user.total
+        assert a is not None and b is not None  # clipped sums of users' vectors
+        diff = a.to(torch.float64) - b.to(torch.float64)
         return float(torch.linalg.vector_norm(diff)) / self.clip
 
 
@@ -74,6 +79,7 @@ def clipped_sums(cfg: RunConfig) -> LeakPair:
     from fedudp.build import prepare
 
     p = prepare(cfg)
+    assert p.billboard is not None and p.aggregator is not None  # a joint_dp run's
     fed, owners, shared = p.fed, p.owners, p.billboard.shared_params()
     u = int(fed.owner_user_offsets[0])  # owner 0's first user: the canary
     r0, r1 = fed.user_offsets[u], fed.user_offsets[u + 1]
@@ -87,4 +93,5 @@ def clipped_sums(cfg: RunConfig) -> LeakPair:
         )
         return constraint.apply(G)
 
+    assert constraint.clip is not None  # a clipping constraint
     return LeakPair(contribution(fed), contribution(fed.without_user(u)), float(constraint.clip), p)

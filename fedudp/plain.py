@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["Choice", "jsonable"]
 
 
-class Choice(str, Enum):
+class Choice(str, Enum):  # noqa: UP042 - StrEnum would change format() and auto() for subclasses
     """A config choice: a string enum whose ``str()`` is its value (folder names, tables)."""
 
     def __str__(self) -> str:

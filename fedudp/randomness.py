@@ -147,11 +147,11 @@ class Randomness:
         self.seed, self.mode = int(seed), mode
 
     @classmethod
-    def seeded(cls, seed: int) -> "Randomness":
+    def seeded(cls, seed: int) -> Randomness:
         return cls(seed, cls.SEEDED)
 
     @classmethod
-    def secure(cls, seed: int = 0) -> "Randomness":
+    def secure(cls, seed: int = 0) -> Randomness:
         return cls(seed, cls.SECURE)
 
     @property

@@ -14,6 +14,12 @@ import contextlib
 import os
 import signal
 import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TypeAlias
+
+# what signal.signal() takes and returns: a handler, SIG_DFL / SIG_IGN, or None (not set in Python)
+_Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class RunInterrupted(Exception):
@@ -32,9 +38,9 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self._old: dict[int, object] = {}
+        self._old: dict[signal.Signals, _Handler] = {}
 
-    def _handler(self, signum, frame) -> None:  # noqa: ANN001
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:  # the second signal: no more waiting
             signal.signal(signum, signal.SIG_DFL)
             if signum == signal.SIGINT:
@@ -71,25 +77,25 @@ class StopSignals:
         self.pending: int | None = None
         self.flag = flag
         self._depth = 0
-        self._old: dict[int, object] = {}
+        self._old: dict[signal.Signals, _Handler] = {}
 
     def check(self) -> None:
         if not self._depth and self.flag is not None:
             self.flag.check()
 
-    def _handler(self, signum, frame) -> None:  # noqa: ANN001
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self._depth:
             self.pending = signum
             return
         raise RunInterrupted(signum)
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._handler)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
 

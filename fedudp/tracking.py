@@ -31,9 +31,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from fedudp.errors import ConfigError
 
@@ -226,12 +227,14 @@ def start(
     resumed run starts from; the tracked run recorded in ``out`` is continued). Never raises:
     a tracker that cannot start reports it once and tracks nothing."""
     out = Path(out)
+    t: Tracker
+    starter: Callable[..., None]
     if kind == "mlflow":
-        t: Tracker = MlflowTracker(kind, uri or "embedded")
-        starter = t.start
+        mlflow_tracker = MlflowTracker(kind, uri or "embedded")
+        t, starter = mlflow_tracker, mlflow_tracker.start
     elif kind == "tensorboard":
-        t = TensorBoardTracker(kind, str(out / TB_DIR))
-        starter = t.start
+        tb_tracker = TensorBoardTracker(kind, str(out / TB_DIR))
+        t, starter = tb_tracker, tb_tracker.start
     else:
         return Tracker()
     with t._guard("starting"):
@@ -371,7 +374,7 @@ class MlflowTracker(Tracker):
             experiment_id = self._experiment(experiment, artifacts)
             if sweep is not None:
                 self.parent_run_id = self._parent(home, uri, experiment_id, sweep)
-        run_tags = {k: str(v) for k, v in tags.items() if v is not None}
+        run_tags: dict[str, str | None] = {k: str(v) for k, v in tags.items() if v is not None}
         run_tags["run_dir"] = str(out.absolute())
         if sweep is not None:
             run_tags.update(
@@ -407,7 +410,7 @@ class MlflowTracker(Tracker):
             return exp.experiment_id
         try:
             return self.client.create_experiment(name, artifact_location=artifacts)
-        except Exception:  # noqa: BLE001  (created meanwhile by another process of the sweep)
+        except Exception:  # created meanwhile by another process of the sweep (else: re-raised)
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
@@ -606,13 +609,13 @@ except ImportError:  # pragma: no cover
     Callback = object  # type: ignore[misc,assignment]
 
 
-class SweepCallback(Callback):  # type: ignore[misc]
+class SweepCallback(Callback):
     """At the end of a Hydra multirun whose runs were logged to MLflow: the sweep's parent run
     gets the comparison table (``comparison.md``, and any other table or plot in the sweep
     folder) and is marked finished. Nothing is imported
     when the sweep was not tracked."""
 
-    def on_multirun_end(self, config, **kwargs) -> None:  # noqa: ANN001
+    def on_multirun_end(self, config, **kwargs) -> None:
         folder = Path(str(config.hydra.sweep.dir))
         state = _read_state(folder / STATE_FILE)
         if state.get("kind") != "mlflow" or not state.get("parent_run_id"):

@@ -255,6 +255,7 @@ def select_best(
             ),
         )
         return out
+    assert rule.mean is not None and rule.shape is not None  # a random rule declares both
     out.update(
         rule=f"{head}, per-candidate event = "
         + (f"{_seeds(seeds[0])} composed" if seeds[0] > 1 else "one run"),

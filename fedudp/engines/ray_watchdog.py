@@ -12,6 +12,7 @@ exits. Processes of other users of Ray are never descendants of the driver. Linu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -73,19 +74,15 @@ def watch(driver: int) -> None:
         time.sleep(POLL_S)
     left = {p: t for p, t in seen.items() if _alive(p, t)}
     for pid in left:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
     t_end = time.time() + GRACE_S
     while time.time() < t_end and any(_alive(p, t) for p, t in left.items()):
         time.sleep(0.2)
     for pid, t in left.items():
         if _alive(pid, t):
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
 
 
 _STARTED: set[int] = set()

@@ -29,8 +29,9 @@ import itertools
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -136,7 +137,7 @@ def _rdp() -> rdp_privacy_accountant.RdpAccountant:
 # Gaussian's PLD once; everything else is built by dp-accounting's own PLDAccountant.
 
 
-def _lru_get(cache: OrderedDict, key, make: Callable[[], Any], size: int):
+def _lru_get(cache: OrderedDict, key: Any, make: Callable[[], Any], size: int) -> Any:
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
@@ -154,13 +155,13 @@ _FAST: OrderedDict = OrderedDict()  # (q, z, interval) -> _FastPLD
 _RDP_VECTORS: OrderedDict = OrderedDict()  # event -> RDP at the default orders (None: unsupported)
 
 
-def _event_key(event) -> str:
+def _event_key(event: dp_accounting.DpEvent) -> str:
     """A hashable, exact name for an event (dp-accounting's events are attrs classes whose repr
     lists every field; floats repr exactly)."""
     return repr(event)
 
 
-def _sampled_gaussian(event) -> tuple[float, float] | None:
+def _sampled_gaussian(event: dp_accounting.DpEvent) -> tuple[float, float] | None:
     """(q, z) of a ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (q = 0 and z = 0 excluded:
     dp-accounting composes nothing, or a non-private event)."""
     if (
@@ -173,7 +174,7 @@ def _sampled_gaussian(event) -> tuple[float, float] | None:
     return None
 
 
-def _raw_sampled_gaussian(q: float, z: float, interval: float):
+def _raw_sampled_gaussian(q: float, z: float, interval: float) -> _PLD.PrivacyLossDistribution:
     """The PLD dp-accounting's PLDAccountant builds for one ``PoissonSampledDpEvent(q,
     GaussianDpEvent(z))`` before self-composing it (its own code path, argument for argument)."""
     return _lru_get(
@@ -199,22 +200,24 @@ class _Capture:
     def __init__(self) -> None:
         self.parts: list = []
 
-    def compose(self, pld, tail_mass_truncation: float | None = None) -> "_Capture":
+    def compose(
+        self, pld: _PLD.PrivacyLossDistribution, tail_mass_truncation: float | None = None
+    ) -> _Capture:
         self.parts.append(pld)
         return self
 
 
-def _captured(event, count: int, interval: float) -> tuple[tuple, bool]:
+def _captured(event: dp_accounting.DpEvent, count: int, interval: float) -> tuple[tuple, bool]:
     """The PLDs dp-accounting's PLDAccountant composes for ``count`` x ``event`` (a leaf event),
     built by that accountant itself, and whether it marked the event non-private."""
 
     def make():
         acc = _pld(interval)
         cap = _Capture()
-        acc._pld = cap  # noqa: SLF001 -- collect instead of composing
+        acc._pld = cap  # collect instead of composing
         acc.compose(event, count)
         non_private = bool(getattr(acc, "_contains_non_dp_event", False))
-        if acc._pld is not cap or not (cap.parts or non_private):  # noqa: SLF001
+        if acc._pld is not cap or not (cap.parts or non_private):
             # another dp-accounting layout: nothing was captured (never read that as ε = 0)
             raise _NotCaptured(repr(event))
         return tuple(cap.parts), non_private
@@ -222,7 +225,7 @@ def _captured(event, count: int, interval: float) -> tuple[tuple, bool]:
     return _lru_get(_CAPTURED, (_event_key(event), count, interval), make, 4)
 
 
-def _pld_parts(event, interval: float, count: int, parts: list) -> bool:
+def _pld_parts(event: dp_accounting.DpEvent, interval: float, count: int, parts: list) -> bool:
     """PLDAccountant._maybe_compose's traversal: append the PLDs composing ``count`` x ``event``
     to ``parts``; True if a non-private event was met."""
     if isinstance(event, dp_accounting.NoOpDpEvent):
@@ -245,7 +248,7 @@ def _pld_parts(event, interval: float, count: int, parts: list) -> bool:
     return non_private
 
 
-def _direct_pld_epsilon(event, delta: float, interval: float) -> float:
+def _direct_pld_epsilon(event: dp_accounting.DpEvent, delta: float, interval: float) -> float:
     """``PLDAccountant(ADD_OR_REMOVE_ONE, interval).compose(event).get_epsilon(delta)``, the
     same numbers (memoized; a sampled Gaussian's PLD built once)."""
 
@@ -278,7 +281,7 @@ _TRIM = 1e-6
 def _power(f: np.ndarray, k: int) -> np.ndarray:
     """f**k by repeated squaring: a fixed sequence of products for each k (so the same numbers
     whenever k is asked), about twice as fast here as numpy's complex power."""
-    out = None
+    out: np.ndarray | None = None
     base = f
     while k:
         if k & 1:
@@ -286,6 +289,7 @@ def _power(f: np.ndarray, k: int) -> np.ndarray:
         k >>= 1
         if k:
             base = base * base
+    assert out is not None, "k >= 1"
     return out
 
 
@@ -298,9 +302,9 @@ class _SelfCompositions:
     floating-point rounding (a real FFT, one length per dyadic block of counts, powers by
     squaring), about twice as fast."""
 
-    def __init__(self, pmf) -> None:
+    def __init__(self, pmf: pld_pmf.PLDPmf) -> None:
         self.pmf = pmf
-        probs = pmf._probs  # noqa: SLF001
+        probs = pmf._probs
         n = len(probs)
         self.orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / n
         self.log_mgfs = [_special.logsumexp(np.arange(n) * o, b=probs) for o in self.orders]
@@ -309,7 +313,7 @@ class _SelfCompositions:
 
     def bounds(self, k: int) -> tuple[int, int]:
         """common.compute_self_convolve_bounds(probs, k, 1e-15), from the cached log-MGFs."""
-        upper, lower = (len(self.pmf._probs) - 1) * k, 0  # noqa: SLF001
+        upper, lower = (len(self.pmf._probs) - 1) * k, 0
         for order, log_mgf in zip(self.orders, self.log_mgfs):
             bound = (k * log_mgf + math.log(2 / _TAIL)) / order
             if not math.isfinite(bound):
@@ -320,20 +324,20 @@ class _SelfCompositions:
                 lower = max(lower, math.floor(bound))
         return lower, upper
 
-    def _pmf(self, k: int, lo: int, window: np.ndarray):
+    def _pmf(self, k: int, lo: int, window: np.ndarray) -> pld_pmf.PLDPmf:
         pmf = self.pmf
-        inf_mass = _TAIL - math.expm1(k * math.log1p(-pmf._infinity_mass))  # noqa: SLF001
+        inf_mass = _TAIL - math.expm1(k * math.log1p(-pmf._infinity_mass))
         return pld_pmf.DensePLDPmf(
-            pmf._discretization,  # noqa: SLF001
+            pmf._discretization,
             pmf._lower_loss * k + lo,
-            window,  # noqa: SLF001
+            window,
             inf_mass,
             pmf._pessimistic_estimate,
-        )  # noqa: SLF001
+        )
 
-    def exact(self, k: int):
+    def exact(self, k: int) -> pld_pmf.PLDPmf:
         """``self.pmf.self_compose(k)``, the same operations on the same numbers."""
-        probs = self.pmf._probs  # noqa: SLF001
+        probs = self.pmf._probs
         lo, hi = self.bounds(k)
         out_len = hi - lo + 1
         n_fft = _fft.next_fast_len(max(out_len, len(probs)))
@@ -342,8 +346,8 @@ class _SelfCompositions:
         conv = np.real(_fft.ifft(self._fft[1] ** k))
         return self._pmf(k, lo, np.array(np.roll(conv, -lo)[:out_len]))
 
-    def compose(self, k: int):
-        probs = self.pmf._probs  # noqa: SLF001
+    def compose(self, k: int) -> pld_pmf.PLDPmf:
+        probs = self.pmf._probs
         lo, hi = self.bounds(k)
         out_len = hi - lo + 1
         lo2, hi2 = self.bounds(1 << (k - 1).bit_length())
@@ -354,20 +358,20 @@ class _SelfCompositions:
         return self._pmf(k, lo, np.roll(conv, -lo)[:out_len])
 
 
-def _trimmed_epsilon(pmf, delta: float) -> float:
+def _trimmed_epsilon(pmf: pld_pmf.PLDPmf, delta: float) -> float:
     """dp-accounting's epsilon of ``pmf`` (``DensePLDPmf.get_epsilon_for_delta``: the same
     function on the same numbers, fed Python floats, which it walks twice as fast) after the
     pessimistic trim of its upper tail (``_TRIM``)."""
-    probs = pmf._probs  # noqa: SLF001
-    inf_mass = pmf._infinity_mass  # noqa: SLF001
+    probs = pmf._probs
+    inf_mass = pmf._infinity_mass
     top = np.cumsum(np.clip(probs[::-1], 0.0, None))
     j = min(int(np.searchsorted(top, _TRIM * delta, side="right")), len(probs) - 1)
     if j > 0:
         probs, inf_mass = probs[: len(probs) - j], inf_mass + float(top[j - 1])
-    disc = pmf._discretization  # noqa: SLF001
-    upper_loss = (pmf._lower_loss + len(probs) - 1) * disc  # noqa: SLF001
+    disc = pmf._discretization
+    upper_loss = (pmf._lower_loss + len(probs) - 1) * disc
     return float(
-        pld_pmf._get_epsilon_for_delta(  # noqa: SLF001
+        pld_pmf._get_epsilon_for_delta(
             inf_mass, itertools.count(upper_loss, -disc), probs[::-1].tolist(), delta
         )
     )
@@ -384,14 +388,15 @@ class _FastPLD:
         raw = _raw_sampled_gaussian(q, z, interval)
         self.raw = raw
         try:  # dp-accounting 0.6's PMF internals; another layout: its own public code path
-            pmfs = [raw._pmf_remove] + ([] if raw._symmetric else [raw._pmf_add])  # noqa: SLF001
+            pmfs = [raw._pmf_remove] + ([] if raw._symmetric else [raw._pmf_add])
             # sparse PMFs (a few losses, e.g. huge noise) self-compose by dp-accounting's own code
             self.dense = all(
                 isinstance(p, pld_pmf.DensePLDPmf) and hasattr(p, "_probs") for p in pmfs
             )
         except AttributeError:
             pmfs, self.dense = [], False
-        sides = [_SelfCompositions(p) for p in pmfs] if self.dense else [None, None]
+        dense_sides = [_SelfCompositions(p) for p in pmfs] if self.dense else []
+        sides: list[_SelfCompositions | None] = list(dense_sides) if self.dense else [None, None]
         self.remove, self.add = sides[0], (sides[1] if len(sides) > 1 else None)
         self._add_at: dict = {}
         self._pmfs = pmfs
@@ -399,7 +404,7 @@ class _FastPLD:
         # once its k-fold sum could hold more than _MAX_PMF_SPARSE_SIZE values): for the size of
         # a k-fold composition (``window``) and for long runs of a sparse PMF
         self._dense_sides = (
-            sides if self.dense else [_SelfCompositions(p.to_dense_pmf()) for p in pmfs]
+            dense_sides if self.dense else [_SelfCompositions(p.to_dense_pmf()) for p in pmfs]
         )
 
     def window(self, k: int) -> int:
@@ -408,7 +413,7 @@ class _FastPLD:
         sides = getattr(self, "_dense_sides", ())
         return max((b[1] - b[0] + 1 for b in (s.bounds(k) for s in sides)), default=0)
 
-    def self_composed(self, k: int):
+    def self_composed(self, k: int) -> _PLD.PrivacyLossDistribution:
         """The PLD dp-accounting's PLDAccountant composes for k releases (bit for bit)."""
         if not self.dense:
             if not getattr(self, "_pmfs", ()):
@@ -421,6 +426,7 @@ class _FastPLD:
                     for p, s in zip(self._pmfs, self._dense_sides)
                 )
             )
+        assert self.remove is not None  # dense: both sides built
         if self.add is None:
             return _PLD.PrivacyLossDistribution(self.remove.exact(k))
         return _PLD.PrivacyLossDistribution(self.remove.exact(k), self.add.exact(k))
@@ -428,10 +434,12 @@ class _FastPLD:
     def _add_epsilon(self, k: int, delta: float) -> float:
         key = (k, delta)
         if key not in self._add_at:
+            assert self.add is not None  # called only for an asymmetric pair
             self._add_at[key] = _trimmed_epsilon(self.add.compose(k), delta)
         return self._add_at[key]
 
     def epsilon(self, k: int, delta: float) -> float:
+        assert self.remove is not None  # dense only (the caller checks ``dense``)
         eps = _trimmed_epsilon(self.remove.compose(k), delta)
         if self.add is None:
             return eps
@@ -440,19 +448,19 @@ class _FastPLD:
         return max(eps, _trimmed_epsilon(self.add.compose(k), delta))
 
 
-def _sparse_goes_dense(pmf, k: int) -> bool:
+def _sparse_goes_dense(pmf: pld_pmf.PLDPmf, k: int) -> bool:
     """Whether ``SparsePLDPmf.self_compose(k)`` converts to dense (its test
     ``size ** k > _MAX_PMF_SPARSE_SIZE``, decided without computing the power); a one-value PMF
     is also composed densely beyond a thousand rounds (the same point mass)."""
     if not isinstance(pmf, pld_pmf.SparsePLDPmf) or k <= 1:
         return False
-    size, cap = pmf.size, pld_pmf._MAX_PMF_SPARSE_SIZE  # noqa: SLF001
+    size, cap = pmf.size, pld_pmf._MAX_PMF_SPARSE_SIZE
     if size <= 1:
         return k > 1000
     return k > cap.bit_length() or size**k > cap
 
 
-def _fast_atom(event) -> tuple[float, float, int] | None:
+def _fast_atom(event: dp_accounting.DpEvent) -> tuple[float, float, int] | None:
     """(q, z, m) when one ``event`` is m releases of a Poisson-sampled Gaussian (possibly inside
     ``SelfComposedDpEvent``s), else None."""
     m = 1
@@ -463,7 +471,7 @@ def _fast_atom(event) -> tuple[float, float, int] | None:
     return None if qz is None or m < 1 else (qz[0], qz[1], m)
 
 
-def _fast_pld(q: float, z: float, interval: float) -> "_FastPLD":
+def _fast_pld(q: float, z: float, interval: float) -> _FastPLD:
     return _lru_get(_FAST, (q, z, interval), lambda: _FastPLD(q, z, interval), 2)
 
 
@@ -474,7 +482,7 @@ def _fast_epsilon(q: float, z: float, k: int, delta: float, interval: float) -> 
 
 
 # -- RDP: additive over the orders ---------------------------------------------------------------
-def _rdp_vector(event) -> np.ndarray | None:
+def _rdp_vector(event: dp_accounting.DpEvent) -> np.ndarray | None:
     """dp-accounting's RDP of one ``event`` at its default orders (None: unsupported)."""
 
     def make():
@@ -491,7 +499,7 @@ def _rdp_vector(event) -> np.ndarray | None:
 _RDP_ORDERS: np.ndarray | None = None
 
 
-def _rdp_runs_epsilon(runs, delta: float) -> float | None:
+def _rdp_runs_epsilon(runs: Sequence[Sequence[Any]], delta: float) -> float | None:
     """RdpAccountant's epsilon of the runs [(event, count), ...] composed in order."""
     global _RDP_ORDERS
     if _RDP_ORDERS is None:
@@ -506,7 +514,7 @@ def _rdp_runs_epsilon(runs, delta: float) -> float | None:
         return float(rdp_privacy_accountant.compute_epsilon(_RDP_ORDERS, total, delta)[0])
 
 
-def _rdp_total(event, count: int = 1) -> np.ndarray | None:
+def _rdp_total(event: dp_accounting.DpEvent, count: int = 1) -> np.ndarray | None:
     """RDP of ``count`` x ``event`` at the default orders: the cached vector of each leaf event
     times its count (RDP adds over composition; None: unsupported)."""
     if isinstance(event, dp_accounting.NoOpDpEvent):
@@ -532,7 +540,7 @@ def _rdp_orders() -> np.ndarray:
     return _RDP_ORDERS
 
 
-def _rdp_event_epsilon(event, delta: float) -> float | None:
+def _rdp_event_epsilon(event: dp_accounting.DpEvent, delta: float) -> float | None:
     """RDP epsilon of ``event`` at ``delta`` (``_rdp_total``; None: unsupported)."""
     total = _rdp_total(event)
     if total is None:
@@ -541,7 +549,7 @@ def _rdp_event_epsilon(event, delta: float) -> float | None:
         return float(rdp_privacy_accountant.compute_epsilon(_rdp_orders(), total, delta)[0])
 
 
-def _composed_event(runs) -> dp_accounting.DpEvent:
+def _composed_event(runs: Sequence[Sequence[Any]]) -> dp_accounting.DpEvent:
     parts = [dp_accounting.SelfComposedDpEvent(e, c) for e, c in runs]
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
@@ -636,7 +644,7 @@ class Accountant:
     def events(self) -> list[dp_accounting.DpEvent]:
         return [e for e, c in self.runs for _ in range(c)]
 
-    def supports(self, event) -> bool:
+    def supports(self, event: dp_accounting.DpEvent | ApproxDp) -> bool:
         if isinstance(event, ApproxDp):
             return True
         return _pld_supports(event) or _rdp().supports(event)
@@ -657,7 +665,7 @@ class Accountant:
             return None
         return _composed_event(self.runs)
 
-    def compose(self, event, count: int = 1) -> None:
+    def compose(self, event: dp_accounting.DpEvent | ApproxDp, count: int = 1) -> None:
         """Compose ``count`` releases of ``event`` (a ``DpEvent`` or an ``ApproxDp`` block)."""
         if isinstance(event, dp_accounting.NonPrivateDpEvent):
             raise ValueError("a non-private release cannot be composed into a DP ledger")
@@ -675,7 +683,9 @@ class Accountant:
             self.runs.append([event, count])
         self._canon = self._with(event, count)
 
-    def _with(self, extra=None, count: int = 1) -> list[list]:
+    def _with(
+        self, extra: dp_accounting.DpEvent | ApproxDp | None = None, count: int = 1
+    ) -> list[list]:
         """The canonical runs (what the computation composes), with ``count`` x ``extra`` more."""
         runs = self._canon
         if extra is None or isinstance(extra, (dp_accounting.NoOpDpEvent, ApproxDp)) or count == 0:
@@ -684,7 +694,9 @@ class Accountant:
             return runs[:-1] + [[extra, runs[-1][1] + count]]
         return runs + [[extra, count]]
 
-    def _split(self, delta: float, extra=None, count: int = 1):
+    def _split(
+        self, delta: float, extra: dp_accounting.DpEvent | ApproxDp | None = None, count: int = 1
+    ) -> tuple[float, float]:
         """(events' delta budget, blocks' epsilon) after basic composition of the blocks."""
         blocks = list(self.blocks)
         if isinstance(extra, ApproxDp):
@@ -695,7 +707,9 @@ class Accountant:
             left = 0.0
         return left, b.epsilon
 
-    def _series_for(self, prefix, event, delta: float) -> _Series:
+    def _series_for(
+        self, prefix: Sequence[Sequence[Any]], event: dp_accounting.DpEvent, delta: float
+    ) -> _Series:
         key = (tuple((_event_key(e), c) for e, c in prefix), _event_key(event), delta)
         if key in self._series:
             self._series.move_to_end(key)
@@ -721,7 +735,11 @@ class Accountant:
         return s
 
     def _events_epsilon(
-        self, runs, delta: float, rdp_only: bool = False, spent: float = 0.0
+        self,
+        runs: Sequence[Sequence[Any]],
+        delta: float,
+        rdp_only: bool = False,
+        spent: float = 0.0,
     ) -> float | None:
         """Epsilon of the (canonical) runs at ``delta``: PLD, or RDP where PLD cannot represent
         them (or ``rdp_only``); None if neither supports them; inf when delta <= 0. ``spent``:
@@ -744,7 +762,9 @@ class Accountant:
         if not self.runs and not self.blocks:
             return 0.0
         d_ev, e_blk = self._split(delta)
-        return float(self._events_epsilon(self._canon, d_ev, spent=e_blk)) + e_blk
+        e = self._events_epsilon(self._canon, d_ev, spent=e_blk)
+        assert e is not None, "compose() admits only events PLD or RDP supports"
+        return float(e) + e_blk
 
     def epsilon_rdp(self, delta: float) -> float | None:
         """The RDP accountant's (looser) epsilon, as a cross-check; None if unsupported."""
@@ -754,14 +774,19 @@ class Accountant:
         e = self._events_epsilon(self._canon, d_ev, rdp_only=True)
         return None if e is None else float(e) + e_blk
 
-    def epsilon_if(self, event, delta: float, count: int = 1) -> float:
+    def epsilon_if(
+        self, event: dp_accounting.DpEvent | ApproxDp, delta: float, count: int = 1
+    ) -> float:
         """Epsilon after composing ``event`` ``count`` more times, without composing it."""
         d_ev, e_blk = self._split(delta, event, count)
         runs = self._with(event, count)
         if not self.runs and not runs and not isinstance(event, ApproxDp) and count:
             # only NoOpDpEvents so far and asked about one: events present, nothing released
             return (math.inf if d_ev <= 0 else 0.0) + e_blk
-        return float(self._events_epsilon(runs, d_ev, spent=e_blk)) + e_blk
+        e = self._events_epsilon(runs, d_ev, spent=e_blk)
+        if e is None:
+            raise TypeError(f"neither PLD nor RDP supports {event}")
+        return float(e) + e_blk
 
 
 class ParallelAccountant:
@@ -772,7 +797,7 @@ class ParallelAccountant:
     ) -> None:
         self.parts = [Accountant(pld_interval, target_epsilon) for _ in range(parts)]
 
-    def compose(self, event, count: int = 1) -> None:
+    def compose(self, event: dp_accounting.DpEvent | ApproxDp | Parallel, count: int = 1) -> None:
         if isinstance(event, ApproxDp):
             for a in self.parts:
                 a.compose(event, count)
@@ -786,8 +811,8 @@ class ParallelAccountant:
         return max(a.epsilon(delta) for a in self.parts)
 
     def epsilon_rdp(self, delta: float) -> float | None:
-        eps = [a.epsilon_rdp(delta) for a in self.parts]
-        return None if any(e is None for e in eps) else max(eps)
+        eps = [e for a in self.parts if (e := a.epsilon_rdp(delta)) is not None]
+        return None if len(eps) < len(self.parts) else max(eps)
 
     def epsilon_if(self, event: Parallel, delta: float, count: int = 1) -> float:
         return max(a.epsilon_if(e, delta, count) for a, e in zip(self.parts, event.parts))
@@ -813,9 +838,7 @@ class GroupConversion:
     form: str = "certified"
 
     @classmethod
-    def for_user_budget(
-        cls, size: int, epsilon: float, delta: float, form: str
-    ) -> "GroupConversion":
+    def for_user_budget(cls, size: int, epsilon: float, delta: float, form: str) -> GroupConversion:
         if size < 1:
             raise ValueError(f"group size must be >= 1, got {size}")
         if form not in ("certified", "paper"):
@@ -849,10 +872,10 @@ class GroupAccountant:
     are composed record-level by ``inner`` (``Accountant`` or ``ParallelAccountant``); epsilon
     at the user-level δ is k times the record-level epsilon at the conversion's δ'."""
 
-    def __init__(self, inner, group: GroupConversion) -> None:
+    def __init__(self, inner: Accountant | ParallelAccountant, group: GroupConversion) -> None:
         self.inner, self.group = inner, group
 
-    def compose(self, event, count: int = 1) -> None:
+    def compose(self, event: dp_accounting.DpEvent | ApproxDp | Parallel, count: int = 1) -> None:
         self.inner.compose(event, count)
 
     def epsilon(self, delta: float) -> float:
@@ -862,8 +885,12 @@ class GroupAccountant:
         e = self.inner.epsilon_rdp(self.group.record_delta)
         return None if e is None else self.group.user_epsilon(e)
 
-    def epsilon_if(self, event, delta: float, count: int = 1) -> float:
-        return self.group.user_epsilon(self.inner.epsilon_if(event, self.group.record_delta, count))
+    def epsilon_if(
+        self, event: dp_accounting.DpEvent | ApproxDp | Parallel, delta: float, count: int = 1
+    ) -> float:
+        # accountant_for pairs a ParallelAccountant with Parallel events only
+        eps = self.inner.epsilon_if(event, self.group.record_delta, count)  # type: ignore[arg-type]
+        return self.group.user_epsilon(eps)
 
     def record_epsilon(self) -> float:
         return self.inner.epsilon(self.group.record_delta)
@@ -935,7 +962,7 @@ def _gaussian_pld_points(z: float, interval: float = 1e-4) -> float:
     return 2.0 * (1.0 / (2.0 * z * z) + 10.0 / z) / interval
 
 
-def _pld_tractable(event) -> bool:
+def _pld_tractable(event: dp_accounting.DpEvent) -> bool:
     """Whether every Gaussian inside ``event`` has a PLD of at most ``MAX_PLD_POINTS`` values
     at the finest grid (``_gaussian_pld_points``)."""
     if isinstance(event, dp_accounting.GaussianDpEvent):
@@ -971,7 +998,7 @@ MAX_PLD_WINDOW = 2**20
 MAX_PLD_BUILD = 10**6
 
 
-def _pld_size(event, interval: float, count: int = 1) -> float:
+def _pld_size(event: dp_accounting.DpEvent, interval: float, count: int = 1) -> float:
     """About how many values the PLD of ``count`` x ``event`` holds (its largest PMF; the sum
     over a composition's parts); inf where a Gaussian would not fit (``_pld_tractable``)."""
     if isinstance(event, dp_accounting.SelfComposedDpEvent):
@@ -989,12 +1016,12 @@ def _pld_size(event, interval: float, count: int = 1) -> float:
     return 0.0
 
 
-def _with_rdp(pld_epsilon: float, event, delta: float) -> float:
+def _with_rdp(pld_epsilon: float, event: dp_accounting.DpEvent, delta: float) -> float:
     rdp = _rdp_event_epsilon(event, delta)
     return pld_epsilon if rdp is None else min(pld_epsilon, rdp)
 
 
-def _bounded_epsilon(event, delta: float, interval: float) -> float:
+def _bounded_epsilon(event: dp_accounting.DpEvent, delta: float, interval: float) -> float:
     """Epsilon of ``event`` (PLD-supported) at ``delta``: the smaller of two upper bounds, PLD
     (``_direct_pld_epsilon``; left out where it would hold more than ``MAX_PLD_WINDOW`` values)
     and RDP. PLD is the smaller one for all but very long schedules; the calibration, the ledger
@@ -1007,7 +1034,7 @@ def _bounded_epsilon(event, delta: float, interval: float) -> float:
     return _with_rdp(pld, event, delta)
 
 
-def pld_too_large(event) -> bool:
+def pld_too_large(event: dp_accounting.DpEvent) -> bool:
     """Whether ``event`` is one dp-accounting's PLD accountant supports but whose PLD would not
     fit (``_pld_tractable``), so that the accountant composes it with RDP instead."""
     return (
@@ -1017,7 +1044,7 @@ def pld_too_large(event) -> bool:
     )
 
 
-def _pld_supports(event) -> bool:
+def _pld_supports(event: dp_accounting.DpEvent) -> bool:
     """dp-accounting's PLD accountant supports ``event`` and its PLD fits (``_pld_tractable``);
     otherwise the accountant is RDP."""
     key = _event_key(event)
@@ -1037,9 +1064,11 @@ def schedule_epsilon(
 ) -> float:
     """Epsilon of ``rounds`` self-composed releases of ``make_event(noise)`` (PLD; RDP for
     events PLD cannot represent)."""
-    return event_epsilon(
+    eps = event_epsilon(
         dp_accounting.SelfComposedDpEvent(make_event(noise), rounds), delta, interval
     )
+    assert eps is not None, "make_event builds events PLD or RDP supports"
+    return eps
 
 
 def calibrate_noise_multiplier(
@@ -1248,8 +1277,10 @@ class Ledger:
 
 
 def accountant_for(
-    event, group: GroupConversion | None = None, target_epsilon: float | None = None
-):
+    event: dp_accounting.DpEvent | ApproxDp | Parallel,
+    group: GroupConversion | None = None,
+    target_epsilon: float | None = None,
+) -> Accountant | ParallelAccountant | GroupAccountant:
     """The accountant for a run whose rounds release events like ``event``: one ``Accountant``,
     or a ``ParallelAccountant`` with one part per part of a ``Parallel`` event (disjoint units),
     read at user level through ``group`` where the events are record-level. Its PLD grid is the

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import dp_accounting
 import numpy as np
@@ -65,7 +65,7 @@ def row_norms64(G: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     On the CPU the sum of squares is accumulated in float64 by numpy (products of float32
     values are exact in float64); about 4x faster than torch's float64 reduction of a float32
     tensor, which converts element by element."""
-    sq = None
+    sq: torch.Tensor | None = None
     for B in _blocks(G):
         if B.device.type == "cpu" and B.dtype in (torch.float32, torch.float64):
             A = B.detach().contiguous().numpy()
@@ -73,6 +73,7 @@ def row_norms64(G: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
         else:
             s = torch.linalg.vector_norm(B.detach(), dim=1, dtype=torch.float64).cpu() ** 2
         sq = s if sq is None else sq + s
+    assert sq is not None, "at least one block"
     return torch.sqrt(sq)
 
 
@@ -163,7 +164,7 @@ def next_pow2(d: int) -> int:
     return 1 if d <= 1 else 1 << (d - 1).bit_length()
 
 
-def _hadamard(f: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+def _hadamard(f: int, dtype: torch.dtype, device: torch.device | str | None = None) -> torch.Tensor:
     H = torch.ones(1, 1, dtype=dtype, device=device)
     while H.shape[0] < f:
         H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
