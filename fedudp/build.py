@@ -21,7 +21,6 @@ federation's records are read and checked against every declaration (``declared_
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -38,21 +37,17 @@ from fedudp.aggregators import (
     LocalDpSgdMean,
     Sampling,
 )
-from fedudp.aggregators.base import ParameterError
+from fedudp.aggregators.base import RUN_INPUTS, ParameterError
 from fedudp.aggregators.memory import check_rows_fit
 from fedudp.config import (
-    NATURAL_DATASETS,
     Accounting,
-    AlgorithmName,
     Calibration,
     ClipPolicy,
     ConfigError,
     DataError,
-    DatasetName,
     EngineName,
     KeepAfterFinish,
     Method,
-    ModelName,
     OwnerRule,
     OwnerWeights,
     Placement,
@@ -76,9 +71,11 @@ from fedudp.data import federation as federation_mod
 from fedudp.data.federation import Federation
 from fedudp.data.idx import check_available
 from fedudp.data.natural import owner_of_users
-from fedudp.data.records import Records, group_users, users_by_rule
+from fedudp.data.readers import READERS, DataReader, ReadRequest
+from fedudp.data.records import Records, group_users
 from fedudp.models import make_model
 from fedudp.models.split import SplitModel
+from fedudp.plugins import load as load_plugins
 from fedudp.randomness import Randomness
 from fedudp.privacy.accountant import (
     MAX_PLD_POINTS,
@@ -157,7 +154,7 @@ def settings(cfg: RunConfig) -> RunSettings:
         private=private,
         placement=placement(cfg).value if private else None,
         engine=EngineName(cfg.engine).value,
-        dataset=DatasetName(cfg.dataset.name).value,
+        dataset=str(cfg.dataset.name),
         seed=int(cfg.seed),
         rounds=int(cfg.train.rounds),
         eval_every=int(cfg.train.eval_every),
@@ -174,7 +171,7 @@ def settings(cfg: RunConfig) -> RunSettings:
         address=str(e.address) if e.address else None,
         noise_personal=bool(cfg.algorithm.noise_personal),
         sampling_rate=float(cfg.train.sampling_rate),
-        bound=float(cfg.estimator.bound),
+        bound=float(cfg.estimator["bound"]),
         accounting=Accounting(p.accounting).value,
         keep_after_finish=KeepAfterFinish(cfg.checkpoint.keep_after_finish).value,
         tracking=TrackingKind(cfg.tracking.kind).value,
@@ -196,9 +193,42 @@ def placement(cfg: RunConfig) -> Placement:
 
 
 # -- the public plan: counts known before any data is read ----------------------------------------
+def reader(cfg: RunConfig) -> DataReader:
+    """The registered data reader of ``dataset.name`` (``fedudp.data.readers.READERS``)."""
+    load_plugins(cfg.plugins)
+    name = str(cfg.dataset.name)
+    if name not in READERS:
+        raise ConfigError(READERS.unknown(name))
+    return READERS[name]
+
+
+def read_request(cfg: RunConfig) -> ReadRequest:
+    """The reader's plain values from ``dataset.*``, ``partition.*`` and the seed."""
+    d, part, cols = cfg.dataset, cfg.partition, cfg.dataset.columns
+    return ReadRequest(
+        name=str(d.name),
+        path=d.path,
+        test_path=d.test_path,
+        root=str(d.root),
+        split=str(d.split),
+        test_split=d.test_split,
+        features=cols.x if isinstance(cols.x, str) else tuple(str(c) for c in cols.x),
+        label=str(cols.y),
+        user=str(cols.user),
+        owner=cols.owner,
+        meta=tuple(cols.meta),
+        coarse=bool(d.coarse),
+        unknown_char=d.unknown_char,
+        user_rule=UserRule(part.user_rule).value,
+        records_per_user=int(part.records_per_user),
+        dirichlet_alpha=float(part.dirichlet_alpha),
+        seed=int(cfg.seed),
+    )
+
+
 def natural(cfg: RunConfig) -> bool:
     """Whether the users (and owner sizes) come from the data (docs/your-data.md)."""
-    return DatasetName(cfg.dataset.name).value in NATURAL_DATASETS
+    return reader(cfg).natural
 
 
 def declared(cfg: RunConfig, key: str) -> int:
@@ -250,37 +280,33 @@ def planned_shape(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...],
 
 
 SYNTHETIC_CLASSES = 10  # dataset.classes=null on the synthetic data set
-# (input shape, classes, token ids) the built-in data sets declare for themselves
-BUILTIN_INPUTS = {
-    "mnist": (federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES, False),
-    "fashion_mnist": (federation_mod.IMAGE_SHAPE, federation_mod.IMAGE_CLASSES, False),
-    "femnist": ((1, 28, 28), 62, False),
-    "shakespeare": ((80,), 80, True),
-    "cifar10": ((3, 32, 32), 10, False),
-    "cifar100": ((3, 32, 32), 100, False),
-}
-DECLARED_INPUTS = ("npz", "parquet", "hf", "memory")  # dataset.classes / input_shape needed
+
+
+def declares_inputs(cfg: RunConfig) -> bool:
+    """Whether the configuration declares the inputs (``dataset.classes``,
+    ``dataset.input_shape``, ``dataset.tokens``): a reader with no ``inputs`` of its own (npz,
+    parquet, hf, memory, most plugins)."""
+    return str(cfg.dataset.name) != "synthetic" and reader(cfg).inputs is None
 
 
 def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], int, bool]:
     """(input shape, classes, whether the inputs are token ids): public, never read from the
-    data. Built-in data sets declare their own (``BUILTIN_INPUTS``; synthetic: [features] and
-    ``dataset.classes``, 10 when null); npz / parquet / hf / memory take
-    ``dataset.input_shape``, ``dataset.classes`` and ``dataset.tokens`` (``ConfigError`` when
-    one is missing; ``prepare`` first reads the data so that the message gives its value).
-    ``records`` is accepted for callers that pass them and is not read."""
+    data. A reader with ``inputs`` declares its own (synthetic: [features] and
+    ``dataset.classes``, 10 when null); the others take ``dataset.input_shape``,
+    ``dataset.classes`` and ``dataset.tokens`` (``ConfigError`` when one is missing;
+    ``prepare`` first reads the data so that the message gives its value). ``records`` is
+    accepted for callers that pass them and is not read."""
     d = cfg.dataset
-    name = DatasetName(d.name).value
+    name = str(d.name)
     if name == "synthetic":
         return (
             (int(d.features),),
             SYNTHETIC_CLASSES if d.classes is None else int(d.classes),
             False,
         )
-    if name in BUILTIN_INPUTS:
-        shape, classes, tokens = BUILTIN_INPUTS[name]
-        if name == "cifar100" and d.coarse:
-            classes = 20
+    own = reader(cfg).inputs
+    if own is not None:
+        shape, classes, tokens = own(read_request(cfg))
         for key, mine, given in (
             ("classes", classes, d.classes),
             ("input_shape", list(shape), d.input_shape),
@@ -332,7 +358,7 @@ def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records
     """The grouped training records (every user has an owner) and the test records of a
     natural federation: read from the configured files (once per process), or ``given``
     (``dataset.name=memory``: a ``Records`` or a (train, test) pair)."""
-    name = DatasetName(cfg.dataset.name).value
+    name = str(cfg.dataset.name)
     if name == "memory":
         if given is None:
             raise ConfigError(
@@ -354,74 +380,11 @@ def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records
 
 
 def _read_natural(cfg: RunConfig) -> tuple[Records, Records | None]:
-    from fedudp.data import cifar, columnar, hf, leaf
-
-    d, part = cfg.dataset, cfg.partition
-    name = DatasetName(d.name).value
-    cols = d.columns
-    features = cols.x if isinstance(cols.x, str) else [str(c) for c in cols.x]
-    if name == "hf":
-        if not d.path:
-            raise ConfigError(
-                "dataset.path: dataset.name=hf reads a Hugging Face data set saved "
-                "with save_to_disk; set dataset.path=<folder>"
-            )
-        return hf.read_hf(
-            d.path,
-            split=d.split,
-            test_split=d.test_split,
-            features=features,
-            label=cols.y,
-            user=cols.user,
-            owner=cols.owner,
-            meta=tuple(cols.meta),
-            classes=_UNDECLARED,
-        )
-    if name in ("npz", "parquet"):
-        if not d.path:
-            raise ConfigError(
-                f"dataset.path: dataset.name={name} reads the records of a file; "
-                "set dataset.path=<file>"
-            )
-        if name == "npz" and not isinstance(features, str):
-            raise ConfigError(
-                "dataset.columns.x: an NPZ file holds the features as one array; "
-                "name it (a list of columns is for parquet and hf)"
-            )
-        read = columnar.read_npz if name == "npz" else columnar.read_parquet
-        kw = dict(
-            features=features,
-            label=cols.y,
-            user=cols.user,
-            owner=cols.owner,
-            meta=tuple(cols.meta),
-            classes=_UNDECLARED,
-        )
-        return read(d.path, **kw), (read(d.test_path, **kw) if d.test_path else None)
-    if name == "femnist":
-        return leaf.read_femnist(d.root)
-    if name == "shakespeare":
-        return leaf.read_shakespeare(d.root, unknown=d.unknown_char or "error")
-    read_c = (
-        cifar.read_cifar10
-        if name == "cifar10"
-        else (lambda root: cifar.read_cifar100(root, labels="coarse" if d.coarse else "fine"))
-    )
-    train, test = read_c(d.root)
-    rule = UserRule(part.user_rule).value
-    train = users_by_rule(
-        train,
-        rule,
-        records_per_user=part.records_per_user,
-        seed=cfg.seed,
-        alpha=part.dirichlet_alpha if rule == "dirichlet" else None,
-    )
-    return train, test
-
-
-# npz / parquet / hf are read with this many classes; declared_inputs then checks the labels
-# against dataset.classes (or says what the data holds) before anything else uses the records
-_UNDECLARED = 2**62
+    """The configured reader's (train, test) records (``fedudp.data.readers``)."""
+    rd = reader(cfg)
+    if rd.read is None:
+        raise ConfigError(f"dataset.name: {rd.name} has no reader of files")
+    return rd.read(read_request(cfg))
 
 
 def declared_inputs(
@@ -435,10 +398,10 @@ def declared_inputs(
     declared class count (in-memory records' own ``classes`` is replaced)."""
     from dataclasses import replace
 
-    name = DatasetName(cfg.dataset.name).value
+    name = str(cfg.dataset.name)
     d = cfg.dataset
     splits = [r for r in (train, test) if r is not None]
-    if name in DECLARED_INPUTS and (d.classes is None or d.input_shape is None):
+    if declares_inputs(cfg) and (d.classes is None or d.input_shape is None):
         top = max((int(r.y.max()) + 1 for r in splits if len(r)), default=0)
         key = "classes" if d.classes is None else "input_shape"
         raise ConfigError(
@@ -510,8 +473,8 @@ def _group(cfg: RunConfig, train: Records, test: Records | None) -> tuple[Record
     if test is None:
         if d.test_fraction > 0:
             train, test = nat.holdout(train, d.test_fraction, cfg.seed)
-    elif DatasetName(d.name).value in ("cifar10", "cifar100"):
-        # no users in the test batch: each record its own (never one of the training users)
+    elif reader(cfg).test_without_users:
+        # no users in the test batch (CIFAR): each record its own (never a training user)
         test = nat.deal(
             test.with_user(np.array([f"test{i}" for i in range(len(test))])), owners, cfg.seed
         )
@@ -596,7 +559,7 @@ def public_numbers(cfg: RunConfig) -> dict:
         "tokens": bool(tokens),
     }
     if natural(cfg):
-        name = DatasetName(cfg.dataset.name).value
+        name = str(cfg.dataset.name)
         return {
             "users": declared(cfg, "users"),
             "owners": int(cfg.partition.num_owners),
@@ -606,7 +569,7 @@ def public_numbers(cfg: RunConfig) -> dict:
             "source": "declared (public.*, partition.num_owners as upper bounds; "
             + (
                 "dataset.classes, dataset.input_shape, dataset.tokens"
-                if name in DECLARED_INPUTS
+                if declares_inputs(cfg)
                 else f"the inputs {name} declares"
             )
             + "), checked against the data before the first round",
@@ -637,45 +600,34 @@ def check_planned_public(cfg: RunConfig) -> None:
 
 
 # -- estimators -----------------------------------------------------------------------------------
-# the config key each plain estimator parameter comes from (errors name the key)
+# the config key of each plain value an estimator or algorithm may name in a ParameterError
+# (errors name the key): the run's values (RUN_INPUTS), a few parts of them, and every
+# registered estimator's options (``estimator.<name>``, looked up when the error is raised)
 CONFIG_KEYS = {
-    "epsilon": "privacy.epsilon",
-    "delta": "privacy.delta",
-    "clip": "privacy.clip",
-    "noise_multiplier": "privacy.noise_multiplier",
-    "accounting": "privacy.accounting",
-    "calibration": "privacy.calibration",
-    "rounds": "train.rounds",
-    "sampling": "train.sampling_rate",
+    **RUN_INPUTS,
     "sampling.rate": "train.sampling_rate",
     "sampling.population": "partition",
-    "batch_size": "train.batch_size",
-    "local_epochs": "train.local_epochs",
-    "bound": "estimator.bound",
-    "tau": "estimator.tau",
-    "beta": "estimator.beta",
-    "copies": "estimator.copies",
-    "blocks": "estimator.blocks",
-    "kappa": "estimator.kappa",
-    "tries": "estimator.tries",
-    "bands": "estimator.bands",
-    "clip_count_noise": "privacy.clip_count_noise",
-    "clip_quantile": "privacy.clip_quantile",
-    "clip_lr": "privacy.clip_lr",
-    "clip_policy": "privacy.clip_policy",
-    "records_per_unit": "partition.records_per_user",
+    "noise_multiplier": "privacy.noise_multiplier",
     "records_per_user": "partition.records_per_user",
-    "group_size": "partition.records_per_user",
-    "owner_units": "partition",
-    "dim": "model",
 }
+
+
+def config_key(param: str) -> str:
+    """The configuration key of a plain value's name (itself when there is none)."""
+    if param in CONFIG_KEYS:
+        return CONFIG_KEYS[param]
+    if param in REGISTRY.options():
+        return f"estimator.{param}"
+    return param
+
+
 _BUDGET = ("epsilon", "delta", "rounds")
 
 
 def config_message(err: ParameterError) -> str:
     """``err``'s message with the parameter's name replaced by its config key
     (``"clip must be > 0, got 0"`` -> ``"privacy.clip must be > 0, got 0"``)."""
-    key, text = CONFIG_KEYS.get(err.param, err.param), str(err)
+    key, text = config_key(err.param), str(err)
     if text.startswith(err.param + " "):
         return key + text[len(err.param) :]
     return f"{key}: {text}"
@@ -753,10 +705,11 @@ def check_estimator(cfg: RunConfig) -> None:
 
 
 def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) -> dict:
-    """Every plain value an estimator's ``calibrated`` may take, read from the config."""
-    p, t, e = cfg.privacy, cfg.train, cfg.estimator
+    """The run's values an estimator may take (``RUN_INPUTS``, every one), read from the
+    config; an estimator's ``inputs`` pick from them."""
+    p, t = cfg.privacy, cfg.train
     group = bool(p.group_privacy)
-    return dict(
+    values = dict(
         dim=dim,
         epsilon=p.epsilon,
         delta=p.delta,
@@ -767,22 +720,31 @@ def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) 
         clip_quantile=p.clip_quantile,
         clip_lr=p.clip_lr,
         clip_count_noise=p.clip_count_noise,
-        bound=e.bound,
-        tau=e.tau,
-        beta=e.beta,
-        copies=e.copies,
-        blocks=e.blocks,
-        kappa=e.kappa,
-        tries=e.tries,
-        bands=e.bands,
         accounting=Accounting(p.accounting).value,
         calibration=Calibration(p.calibration).value,
-        records_per_unit=records_per_unit(cfg) if e.tau is None else None,
+        records_per_unit=records_per_unit(cfg) if cfg.estimator["tau"] is None else None,
         batch_size=t.batch_size,
         local_epochs=t.local_epochs,
         owner_units=planned_owner_records(cfg) if group else planned_owner_users(cfg),
         group_size=int(cfg.partition.records_per_user) if group else None,
+        noise_scale=float(cfg.audit.noise_scale),
     )
+    assert values.keys() == RUN_INPUTS.keys()  # the builder gives every declared run value
+    return values
+
+
+def estimator_options(cfg: RunConfig, cls: type[Aggregator]) -> dict:
+    """The estimator's declared options (``cls.options``), each read from
+    ``estimator.<name>`` as its declared type; a value of the wrong type is a ``ConfigError``
+    naming the key."""
+    out = {}
+    for opt in cls.options:
+        given = cfg.estimator.get(opt.name, opt.default)
+        try:
+            out[opt.name] = opt.value(given)
+        except ValueError as e:
+            raise ConfigError(f"estimator.{opt.name}: aggregator={cls.name} {e}") from None
+    return out
 
 
 def estimator(
@@ -795,24 +757,28 @@ def estimator(
     **overrides: Any,
 ) -> Aggregator:
     """The configured estimator (or the registered ``name``), calibrated over ``rounds``
-    releases of ``dim``-vectors: the config's values passed by name to the class's
-    ``calibrated`` (the parameters its signature declares), ``overrides`` replacing some (a
-    training algorithm's own τ). A fixed ``privacy.noise_multiplier`` goes to the class's
-    ``with_noise_multiplier``."""
+    releases of ``dim``-vectors. Built with explicit keyword arguments: exactly the run values
+    the class declares (``inputs``) and its options (``options``, from ``estimator.*``);
+    ``overrides`` replace some of them (a training algorithm's own τ), and one the class does
+    not declare is a ``TypeError``. A fixed ``privacy.noise_multiplier`` goes to the class's
+    ``with_noise_multiplier`` with its ``noise_inputs``."""
     cls = REGISTRY[name] if name is not None else estimator_class(cfg)
     if name is None:
         check_estimator(cfg)
     if cls.needs_per_user_vectors and dim < 1:
         raise ConfigError(f"aggregator={cls.name} needs at least one shared parameter")
-    values = {**estimator_values(cfg, sampling, rounds, dim), **overrides}
+    run = estimator_values(cfg, sampling, rounds, dim)
+    declared = {k: run[k] for k in cls.inputs} | estimator_options(cfg, cls)
+    unknown = sorted(set(overrides) - set(declared))
+    if unknown:
+        raise TypeError(f"estimator {cls.name} takes no {unknown} (it declares {sorted(declared)})")
+    values = declared | overrides
     fixed = cfg.privacy.noise_multiplier if cls.private and cls.fixed_noise else None
-    make = cls.with_noise_multiplier if fixed is not None else cls.calibrated
-    accepted = inspect.signature(make).parameters
-    kwargs = {k: v for k, v in values.items() if k in accepted}
-    if fixed is not None:
-        kwargs["noise_multiplier"] = fixed
     try:
-        return make(**kwargs)
+        if fixed is not None:
+            kwargs = {k: values[k] for k in cls.noise_inputs}
+            return cls.with_noise_multiplier(noise_multiplier=fixed, **kwargs)
+        return cls.calibrated(**values)
     except ParameterError as err:
         raise config_error(err, cls.name, sampling) from None
 
@@ -830,8 +796,9 @@ def model(
     rebuilding the model from the same config skips it)."""
     from fedudp.models import custom, validate as model_check
 
+    load_plugins(cfg.plugins)  # a plugin's model (a Flower owner builds it from the config)
     shape, classes, tokens = input_spec(cfg, records)
-    name = ModelName(cfg.model.name).value
+    name = str(cfg.model.name)
     try:
         if given is not None:
             m = custom.fresh_copy(given)
@@ -961,16 +928,16 @@ def federation(cfg: RunConfig, records: Any = None) -> Federation:
         if OwnerRule(part.owner_rule).value in ("random", "dirichlet"):
             return nat.layout(train, test, n, owner_ids=np.arange(n, dtype=np.int64))
         return nat.layout(train, test, n)
-    if DatasetName(d.name) == DatasetName.synthetic:
+    if str(d.name) == "synthetic":
         pool = federation_mod.synthetic(
             d.features, input_spec(cfg)[1], d.pool_train, d.pool_test, d.signal, cfg.seed
         )
     else:
-        pool = federation_mod.image_pool(DatasetName(d.name).value, d.root, d.download)
+        pool = federation_mod.image_pool(str(d.name), d.root, d.download)
         if d.num_records > len(pool.train_y):
             raise ConfigError(
                 f"dataset.num_records: {d.num_records} records asked for, but "
-                f"{d.root} holds {len(pool.train_y)} {DatasetName(d.name).value} "
+                f"{d.root} holds {len(pool.train_y)} {str(d.name)} "
                 "training records"
             )
     try:
@@ -1096,9 +1063,9 @@ def algorithm_context(cfg: RunConfig, dim: int, personal_dim: int = 0) -> algori
         records_per_user=int(cfg.partition.records_per_user),
         dim=int(dim),
         clip=float(cfg.privacy.clip),
-        bound=float(e.bound),
-        tau=e.tau,
-        beta=float(e.beta),
+        bound=float(e["bound"]),
+        tau=None if e["tau"] is None else float(e["tau"]),
+        beta=float(e["beta"]),
         estimator=make_estimator,
         method=Method(cfg.method).value,
         personal_dim=int(personal_dim),
@@ -1107,52 +1074,52 @@ def algorithm_context(cfg: RunConfig, dim: int, personal_dim: int = 0) -> algori
 
 def check_algorithm(cfg: RunConfig) -> None:
     """The chosen training algorithm's declared requirements and its parameters' ranges."""
-    name = AlgorithmName(cfg.algorithm.name)
-    if cfg.algorithm.noise_personal and name != AlgorithmName.huang_alg1:
+    name = str(cfg.algorithm.name)
+    if cfg.algorithm.noise_personal and name != "huang_alg1":
         raise ConfigError(
             "algorithm.noise_personal: is Huang Alg. 1's full-DP baseline: it needs "
-            f"algorithm.name=huang_alg1, got {name.value}"
+            f"algorithm.name=huang_alg1, got {name}"
         )
-    if name == AlgorithmName.none:
+    if name == "none":
         return
-    req = algorithms.requirements(name.value)
+    req = algorithms.requirements(name)
     if EngineName(cfg.engine).value not in req.engines:
         raise ConfigError(
-            f"engine: algorithm.name={name.value} runs on engine={'|'.join(req.engines)} only"
+            f"engine: algorithm.name={name} runs on engine={'|'.join(req.engines)} only"
         )
     if Method(cfg.method).value not in req.methods:
         raise ConfigError(
-            f"method: algorithm.name={name.value} needs method in "
+            f"method: algorithm.name={name} needs method in "
             f"{list(req.methods)}, got {Method(cfg.method).value}"
         )
     agg = resolved_aggregator(cfg)
     if agg != req.aggregator:
         raise ConfigError(
-            f"aggregator: algorithm.name={name.value} runs its steps with "
+            f"aggregator: algorithm.name={name} runs its steps with "
             f"aggregator={req.aggregator}, got {agg}"
         )
     if SharedUpdate(cfg.train.shared_update).value != req.shared_update:
         raise ConfigError(
-            f"train.shared_update: algorithm.name={name.value} is a "
+            f"train.shared_update: algorithm.name={name} is a "
             f"{req.shared_update} method: set train.shared_update="
             f"{req.shared_update}"
         )
     if Unit(cfg.privacy.unit).value not in req.units:
         raise ConfigError(
-            f"privacy.unit: algorithm.name={name.value} is analysed at "
+            f"privacy.unit: algorithm.name={name} is analysed at "
             f"{' or '.join(req.units)} level, not {Unit(cfg.privacy.unit).value}"
         )
     if req.equal_owners:
         N, n, k = cfg.dataset.num_records, cfg.partition.num_owners, cfg.partition.records_per_user
         if not (N % n == 0 and (N // n) % k == 0):
             raise ConfigError(
-                f"partition.records_per_user: algorithm.name={name.value} needs every owner to "
+                f"partition.records_per_user: algorithm.name={name} needs every owner to "
                 f"hold the same number of users: dataset.num_records={N} / "
                 f"partition.num_owners={n} records per owner must be a multiple of "
                 f"partition.records_per_user={k}"
             )
     try:
-        algorithms.check(name.value, algorithm_context(cfg, 1))
+        algorithms.check(name, algorithm_context(cfg, 1))
     except ParameterError as err:
         raise algorithm_error(err) from None
 
@@ -1163,9 +1130,7 @@ def algorithm_error(err: ParameterError) -> ConfigError:
     import dataclasses
 
     options = {f.name for f in dataclasses.fields(algorithms.AlgorithmParams)}
-    key = (
-        f"algorithm.{err.param}" if err.param in options else CONFIG_KEYS.get(err.param, err.param)
-    )
+    key = f"algorithm.{err.param}" if err.param in options else config_key(err.param)
     text = str(err)
     for lead in (err.param + ": ", err.param + " "):
         if text.startswith(lead):
@@ -1183,23 +1148,20 @@ def check(cfg: RunConfig) -> None:
     check_algorithm(cfg)
     check_randomness(cfg)
     if natural(cfg):
-        if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
+        if str(cfg.algorithm.name) != "none":
             raise ConfigError(
                 f"algorithm.name: the seeds' training algorithms run on planned "
                 f"federations (synthetic, mnist, fashion_mnist), not on "
-                f"dataset.name={DatasetName(cfg.dataset.name).value}"
+                f"dataset.name={str(cfg.dataset.name)}"
             )
-        if (
-            DatasetName(cfg.dataset.name) == DatasetName.memory
-            and EngineName(cfg.engine) == EngineName.flower
-        ):
+        if str(cfg.dataset.name) == "memory" and EngineName(cfg.engine) == EngineName.flower:
             raise ConfigError(
                 "engine: records given through the Python API live in this "
                 "process; engine=flower owners read their data from files "
                 "(dataset.name=npz|parquet|...)"
             )
-    elif DatasetName(cfg.dataset.name) != DatasetName.synthetic:
-        check_available(DatasetName(cfg.dataset.name).value, cfg.dataset.root, cfg.dataset.download)
+    elif str(cfg.dataset.name) != "synthetic":
+        check_available(str(cfg.dataset.name), cfg.dataset.root, cfg.dataset.download)
 
 
 def check_randomness(cfg: RunConfig) -> None:
@@ -1209,10 +1171,10 @@ def check_randomness(cfg: RunConfig) -> None:
     seeded."""
     if RandomnessMode(cfg.privacy.randomness) != RandomnessMode.secure:
         return
-    if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
+    if str(cfg.algorithm.name) != "none":
         raise ConfigError(
             f"privacy.randomness=secure: not with a seed's training algorithm "
-            f"(algorithm.name={AlgorithmName(cfg.algorithm.name).value} draws its "
+            f"(algorithm.name={str(cfg.algorithm.name)} draws its "
             "cohorts and noise from the seed); use privacy.randomness=seeded"
         )
     if resolved_aggregator(cfg) == "dp_mf_banded":
@@ -1277,10 +1239,10 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
         cfg.train.sampling_rate, (n_owners if spec.cohort_is_owners else n_users) + canaries
     )
     if spec.communicates:
-        if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
+        if str(cfg.algorithm.name) != "none":
             try:
                 algo = algorithms.setup(
-                    AlgorithmName(cfg.algorithm.name).value,
+                    str(cfg.algorithm.name),
                     algorithm_context(cfg, dim, personal_dim),
                 )
             except ParameterError as err:
@@ -1289,8 +1251,6 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
         else:
             aggregator = estimator(cfg, sampling, cfg.train.rounds, dim)
     check_audit(cfg, spec, aggregator)
-    if aggregator is not None:
-        aggregator.noise_scale = float(cfg.audit.noise_scale)
     own = owners(cfg, algo.owner_hooks if algo is not None else None, net, spec)
     led = ledger(cfg, spec, aggregator)
     if canaries:
@@ -1377,10 +1337,9 @@ def check_audit(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None)
                 f"privacy.placement=server), not method={cfg.method.value} "
                 f"aggregator={name}"
             )
-        if AlgorithmName(cfg.algorithm.name) != AlgorithmName.none:
+        if str(cfg.algorithm.name) != "none":
             raise ConfigError(
-                f"{key}: not with a seed's training algorithm "
-                f"(algorithm.name={cfg.algorithm.name.value})"
+                f"{key}: not with a seed's training algorithm (algorithm.name={cfg.algorithm.name})"
             )
 
 

@@ -12,40 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, cast
 
 from fedudp.errors import ConfigError, DataError  # noqa: F401  (re-exported)
-from fedudp.plain import Choice, jsonable  # noqa: F401  (re-exported)
-
-
-class Method(Choice):
-    joint_dp = "joint_dp"
-    full_dp = "full_dp"
-    fedavg = "fedavg"
-    per_silo = "per_silo"
-
-
-class AggregatorName(Choice):
-    """The estimators fedudp ships (``aggregator=``). The config key itself is a string checked
-    against the estimator registry by the config builder, so a newly registered estimator needs
-    no change here."""
-
-    auto = "auto"  # gaussian for full_dp / joint_dp, none for fedavg and per_silo
-    gaussian = "gaussian"
-    gaussian_adaptive = "gaussian_adaptive"  # = gaussian with privacy.clip_policy=adaptive
-    dp_ftrl_tree = "dp_ftrl_tree"  # DP-FTRL, tree-aggregated noise, cyclic cohorts
-    dp_mf_banded = "dp_mf_banded"  # banded matrix factorization, cyclic Poisson cohorts
-    none = "none"
-    winsorized = "winsorized"
-    outlier_removal = "outlier_removal"
-    friendlycore = "friendlycore"
-    few_users = "few_users"
-
-
-class Unit(Choice):
-    user = "user"
-    record = "record"
-    owner = "owner"
+from fedudp.plain import Choice, jsonable  # (also re-exported)
+from fedudp.protocol.choices import Method, OwnerWeights, Placement, SharedUpdate, Unit
 
 
 class Accounting(Choice):
@@ -56,11 +27,6 @@ class Accounting(Choice):
 class Calibration(Choice):
     accountant = "accountant"
     closed_form = "closed_form"
-
-
-class Placement(Choice):
-    server = "server"
-    local_dpsgd = "local_dpsgd"
 
 
 class ClipPolicy(Choice):
@@ -75,44 +41,6 @@ class RandomnessMode(Choice):
 
     seeded = "seeded"
     secure = "secure"
-
-
-class OwnerWeights(Choice):
-    uniform = "uniform"
-    size = "size"
-
-
-class SharedUpdate(Choice):
-    delta = "delta"
-    gradient = "gradient"
-
-
-class DatasetName(Choice):
-    synthetic = "synthetic"
-    mnist = "mnist"
-    fashion_mnist = "fashion_mnist"
-    # natural users (docs/your-data.md): read from dataset.path / dataset.root
-    npz = "npz"
-    parquet = "parquet"
-    hf = "hf"  # a Hugging Face data set saved with save_to_disk (a folder)
-    femnist = "femnist"
-    shakespeare = "shakespeare"
-    cifar10 = "cifar10"
-    cifar100 = "cifar100"
-    memory = "memory"  # records handed to fedudp.simulate(records=...)
-
-
-# the data sets whose users (and owner sizes) come from the data, not from the plan
-NATURAL_DATASETS = (
-    "npz",
-    "parquet",
-    "hf",
-    "femnist",
-    "shakespeare",
-    "cifar10",
-    "cifar100",
-    "memory",
-)
 
 
 class OwnerRule(Choice):
@@ -159,13 +87,6 @@ class KeepAfterFinish(Choice):
     all = "all"  # keep the newest ``checkpoint.keep`` (as during the run)
 
 
-class ModelName(Choice):
-    auto = "auto"
-    linear = "linear"
-    cnn = "cnn"
-    char_gru = "char_gru"
-
-
 @dataclass
 class PrivacyConfig:
     epsilon: float = 1.0
@@ -177,7 +98,7 @@ class PrivacyConfig:
     clip: float = 1.0
     # None: calibrate to (epsilon, delta) over the whole schedule. A number: use it, and
     # stop (cleanly) before the round that would exceed the budget.
-    noise_multiplier: Optional[float] = None
+    noise_multiplier: float | None = None
     # placement=local_dpsgd only: DP-SGD clips and Poisson-samples *records* and is accounted
     # at record level, then converted to the user level by group privacy over a user's
     # records_per_user records (Huang et al. Table 4's reading, docs/algorithms.md#group-privacy): standard
@@ -191,7 +112,7 @@ class PrivacyConfig:
     clip_policy: ClipPolicy = ClipPolicy.fixed
     clip_quantile: float = 0.5
     clip_lr: float = 0.2
-    clip_count_noise: Optional[float] = None
+    clip_count_noise: float | None = None
     # seeded: every stream from the run seed (reproducible; a simulation, as the ledger says);
     # secure: release noise and privacy sampling from OS entropy, never from the seed
     # (docs/architecture.md#randomness)
@@ -207,9 +128,7 @@ class TrainConfig:
     lr: float = 0.5  # owners' local SGD step (shared deltas and personal updates)
     batch_size: int = 32  # records per local SGD step
     server_lr: float = 1.0  # billboard step: u += server_lr * mean (delta) / u -= ... (gradient)
-    personal_epochs: Optional[int] = (
-        None  # personal-parameter epochs per round (None: local_epochs)
-    )
+    personal_epochs: int | None = None  # personal-parameter epochs per round (None: local_epochs)
     eval_every: int = 1
     # owner-level updates (fedavg, placement=local_dpsgd): how the billboard averages owners
     owner_weights: OwnerWeights = OwnerWeights.uniform
@@ -233,13 +152,16 @@ class ColumnsConfig:
     x: Any = "x"
     y: str = "y"
     user: str = "user"
-    owner: Optional[str] = None
+    owner: str | None = None
     meta: list[str] = field(default_factory=list)
 
 
 @dataclass
 class DatasetConfig:
-    name: DatasetName = DatasetName.synthetic
+    # a registered data reader's name (fedudp.data.readers.READERS): synthetic, mnist,
+    # fashion_mnist (planned), npz, parquet, hf, femnist, shakespeare, cifar10, cifar100, memory
+    # (natural users, docs/your-data.md) or a plugin's
+    name: str = "synthetic"
     root: str = "data"
     download: bool = False
     num_records: int = 10_000  # the paper's N: size of the training subset split over owners
@@ -248,10 +170,10 @@ class DatasetConfig:
     # the number of classes (the model's output width; public, never read from the data):
     # synthetic: null means 10; npz / parquet / hf / memory: required, labels outside
     # [0, classes) are refused; the built-in data sets declare their own (docs/your-data.md)
-    classes: Optional[int] = None
+    classes: int | None = None
     # npz / parquet / hf / memory: each record's feature shape, e.g. [8] or [1, 28, 28]
     # (public, required; the data must have exactly this shape); the others declare their own
-    input_shape: Optional[list[int]] = None
+    input_shape: list[int] | None = None
     # npz / parquet / hf / memory: the features are integer token ids (model.name=auto then
     # builds the char GRU); false: float features (integer features are refused)
     tokens: bool = False
@@ -259,14 +181,14 @@ class DatasetConfig:
     pool_test: int = 10_000
     signal: float = 6.0
     # natural users (npz, parquet: a file; femnist, shakespeare, cifar10/100: a folder, root)
-    path: Optional[str] = None  # npz / parquet: the training records' file
-    test_path: Optional[str] = None  # their test file (same columns); None: hold out below
+    path: str | None = None  # npz / parquet: the training records' file
+    test_path: str | None = None  # their test file (same columns); None: hold out below
     split: str = "train"  # hf: the split read for training
-    test_split: Optional[str] = "test"  # hf: its test split (absent or null: hold out below)
+    test_split: str | None = "test"  # hf: its test split (absent or null: hold out below)
     test_fraction: float = 0.2  # held out of each user's records when there is no test set
     columns: ColumnsConfig = field(default_factory=lambda: ColumnsConfig())
     coarse: bool = False  # cifar100: the 20 coarse labels instead of the 100 fine
-    unknown_char: Optional[str] = None  # shakespeare: map characters outside LEAF's 80 to this one
+    unknown_char: str | None = None  # shakespeare: map characters outside LEAF's 80 to this one
 
 
 @dataclass
@@ -276,22 +198,23 @@ class PartitionConfig:
     scheme: Scheme = Scheme.paper_classes
     classes_per_owner: int = 8
     dirichlet_alpha: float = 0.5
-    test_per_owner: Optional[int] = None  # None: the test pool split evenly over owners
+    test_per_owner: int | None = None  # None: the test pool split evenly over owners
     # natural users (docs/your-data.md): grouping users into owners, forming users (CIFAR)
     owner_rule: OwnerRule = OwnerRule.random
-    owner_column: Optional[str] = None
+    owner_column: str | None = None
     user_rule: UserRule = UserRule.shuffle
 
 
 @dataclass
 class ModelConfig:
-    # auto: linear for flat features, cnn for images, char_gru for token sequences
-    name: ModelName = ModelName.auto
+    # a registered model's name (fedudp.models.MODELS) or auto: linear for flat features, cnn
+    # for images, char_gru for token sequences
+    name: str = "auto"
     # parameter-name patterns (fnmatch) kept personal by joint_dp; empty: the model's default
     personal: list[str] = field(default_factory=list)
     # your own torch.nn.Module: "package.module.Class" (or a factory), called with kwargs (and
     # input_shape / classes where its signature asks for them); overrides name
-    target: Optional[str] = None
+    target: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -304,43 +227,24 @@ class PublicConfig:
     m). Planned federations (synthetic, mnist, fashion_mnist) take them from the plan; set here
     they must agree with it."""
 
-    users: Optional[int] = None
-    owner_capacity: Optional[int] = None
-    records_per_user: Optional[int] = None
+    users: int | None = None
+    owner_capacity: int | None = None
+    records_per_user: int | None = None
 
 
-@dataclass
-class EstimatorConfig:
-    """Options of the user-level mean estimators (``aggregator=...``,
-    docs/algorithms.md#user-level-mean-estimators).
+def estimator_defaults() -> dict[str, Any]:
+    """``estimator.*``: every registered estimator's options (``Aggregator.options``,
+    docs/algorithms.md#user-level-mean-estimators) at their defaults. A free-form dict whose keys
+    ``validate`` checks against the registry; the chosen estimator reads its own, typed, in the
+    config builder. The shared ones: ``bound``, the public a-priori bound B on each unit vector
+    (l2 norm, or per coordinate where the estimator says so); ``tau``, the concentration radius
+    (None: the estimator derives it from its own assumptions, e.g. ~bound/sqrt(m)); ``beta``, the
+    failure probability."""
+    from fedudp.aggregators import REGISTRY
+    from fedudp.plugins import load_entry_points
 
-    ``bound`` is the public a-priori bound B on each unit vector (l2 norm, or per coordinate
-    where the estimator says so); ``tau`` the concentration radius (None: the estimator derives
-    it from its own assumptions, e.g. ~bound/sqrt(m)); ``beta`` the failure probability.
-    """
-
-    bound: float = 1.0
-    tau: Optional[float] = None
-    beta: float = 0.1
-    # few_users ([ESF], docs/algorithms.md#few-users): copies of DP-Estimate-1 (median), rotated blocks (power of
-    # two; 1 = no rotation), ball radius multiplier κ, expected tries N of the geometric stop
-    copies: int = 1
-    blocks: int = 1
-    kappa: float = 1.0
-    tries: float = 1000.0
-    # dp_mf_banded (docs/algorithms.md#banded-matrix-factorization): the bands b of the noise's
-    # correlation; units fall in b public groups, each sampled at train.sampling_rate * b in its
-    # rounds (None: b = 1 / train.sampling_rate, each group whole)
-    bands: Optional[int] = None
-
-
-class AlgorithmName(Choice):
-    none = "none"  # the plain round (every method, every aggregator)
-    levy_alg4 = "levy_alg4"
-    asi_alg3 = "asi_alg3"
-    asi_alg4 = "asi_alg4"
-    huang_alg1 = "huang_alg1"
-    huang_alg2 = "huang_alg2"
+    load_entry_points()
+    return {name: opt.default for name, opt in sorted(REGISTRY.options().items())}
 
 
 @dataclass
@@ -359,17 +263,18 @@ class AlgorithmConfig:
     also added to every owner's personal block every step (``fedudp.algorithms.huang_alg1``).
     """
 
-    name: AlgorithmName = AlgorithmName.none
-    step_size: Optional[float] = None
+    # a registered training algorithm's name (fedudp.algorithms.ALGORITHMS), or none
+    name: str = "none"
+    step_size: float | None = None
     radius: float = 10.0
-    lipschitz: Optional[float] = None
-    sigma: Optional[float] = None
-    smoothing_radius: Optional[float] = None
-    phases: Optional[int] = None
-    lam: Optional[float] = None
+    lipschitz: float | None = None
+    sigma: float | None = None
+    smoothing_radius: float | None = None
+    phases: int | None = None
+    lam: float | None = None
     strong_convexity: float = 0.1
     smoothness: float = 1.0
-    averaged: Optional[bool] = None
+    averaged: bool | None = None
     # Huang Alg. 1's full-DP baseline (§3.2 / App. A.3): noise N(0, σ²) also on every owner's
     # personal block every step (inside the owner component; accounting unchanged)
     noise_personal: bool = False
@@ -383,8 +288,8 @@ class EngineConfig:
     # flower engine only (Ray resources per owner, an existing cluster, reply timeout)
     num_cpus: float = 1.0
     num_gpus: float = 0.0
-    address: Optional[str] = None
-    timeout_s: Optional[float] = None  # flower engine: wait for owners' replies (None: no limit)
+    address: str | None = None
+    timeout_s: float | None = None  # flower engine: wait for owners' replies (None: no limit)
 
 
 @dataclass
@@ -412,7 +317,7 @@ class TrackingConfig:
     experiment's name."""
 
     kind: TrackingKind = TrackingKind.none
-    uri: Optional[str] = None
+    uri: str | None = None
     experiment: str = "fedudp"
 
 
@@ -432,8 +337,9 @@ class AuditConfig:
 @dataclass
 class RunConfig:
     method: Method = Method.joint_dp
-    # a registered estimator's name (fedudp.aggregators.REGISTRY), or auto
-    aggregator: str = AggregatorName.auto.value
+    # a registered estimator's name (fedudp.aggregators.REGISTRY), or auto: gaussian for
+    # full_dp / joint_dp, none for fedavg and per_silo
+    aggregator: str = "auto"
     engine: EngineName = EngineName.local
     seed: int = 0
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -442,15 +348,19 @@ class RunConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine_opts: EngineConfig = field(default_factory=EngineConfig)
-    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    estimator: dict[str, Any] = field(default_factory=estimator_defaults)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     public: PublicConfig = field(default_factory=PublicConfig)
     audit: AuditConfig = field(default_factory=AuditConfig)
     # a run folder: continue that run from its newest usable checkpoint (same configuration)
-    resume: Optional[str] = None
+    resume: str | None = None
     progress: bool = True
+    # your own modules imported before the config is checked: each registers an estimator, a
+    # data reader, a training algorithm or a model (docs/architecture.md#plugins); packages
+    # installed with a ``fedudp.plugins`` entry point are loaded always
+    plugins: list[str] = field(default_factory=list)
 
 
 # Huang et al. (001) Table 3: local epochs E and global rounds T for each number of owners n
@@ -494,7 +404,8 @@ def check_known_keys(node: Any, prefix: str = "") -> None:
     """A composed config (an OmegaConf node) holds only the schema's keys: Hydra's ``+key=value``
     adds a key that ``RunConfig`` does not declare, and ``OmegaConf.to_object`` would then drop
     it silently (``+train.roundz=3`` ran with the default rounds). The free-form dict
-    ``model.kwargs`` takes any key. Raises a one-line ``ConfigError`` naming the first unknown
+    ``model.kwargs`` takes any key, and so does ``estimator`` (``validate`` checks its keys
+    against the registered estimators' options). Raises a one-line ``ConfigError`` naming the first unknown
     key."""
     import dataclasses
 
@@ -504,11 +415,11 @@ def check_known_keys(node: Any, prefix: str = "") -> None:
     if not (isinstance(node, DictConfig) and dataclasses.is_dataclass(schema)):
         return  # a free-form dict (model.kwargs)
     names = {f.name for f in dataclasses.fields(schema)}
-    for key in node.keys():
-        full = f"{prefix}{key}"
+    for key in node:
+        full = prefix + str(key)
         if key not in names:
             raise ConfigError(unknown_key_message(full))
-        child = node._get_node(key)  # noqa: SLF001 -- no interpolation resolved
+        child = node._get_node(key)  # OmegaConf private API: no interpolation resolved
         if isinstance(child, DictConfig):
             check_known_keys(child, f"{full}.")
 
@@ -517,10 +428,10 @@ def resolved_aggregator(cfg: RunConfig) -> str:
     """The estimator's registry name; ``aggregator=auto``: gaussian for the private methods,
     none otherwise."""
     name = str(getattr(cfg.aggregator, "value", cfg.aggregator))
-    if name != AggregatorName.auto.value:
+    if name != "auto":
         return name
     private = cfg.method in (Method.full_dp, Method.joint_dp)
-    return AggregatorName.gaussian.value if private else AggregatorName.none.value
+    return "gaussian" if private else "none"
 
 
 def _need(cond: bool, key: str, msg: str) -> None:
@@ -553,12 +464,57 @@ def coerce(obj: Any, prefix: str = "") -> None:
                 ) from None
 
 
+def check_names(cfg: RunConfig) -> None:
+    """The configured names against the registries (their choices in the message), and the
+    ``estimator.*`` keys against the registered estimators' options."""
+    from fedudp.aggregators import REGISTRY
+    from fedudp.algorithms import ALGORITHMS
+    from fedudp.data.readers import READERS
+    from fedudp.models import MODELS
+
+    for key, name, registry, extra in (
+        ("aggregator", cfg.aggregator, REGISTRY, ("auto",)),
+        ("dataset.name", cfg.dataset.name, READERS, ()),
+        ("algorithm.name", cfg.algorithm.name, ALGORITHMS, ("none",)),
+        ("model.name", cfg.model.name, MODELS, ("auto",)),
+    ):
+        name = str(getattr(name, "value", name))
+        if name not in registry and name not in extra:
+            raise ConfigError(
+                f"{key}: no {registry.kind} {name!r} (available: "
+                f"{', '.join(extra + registry.names())}; your own: docs/architecture.md#plugins)"
+            )
+    options = REGISTRY.options()
+    for k in cfg.estimator:
+        if k not in options:
+            raise ConfigError(
+                f"estimator.{k}: no registered estimator takes this option (the options: "
+                f"{', '.join(sorted(options))})"
+            )
+
+
 def validate(cfg: RunConfig) -> None:
     """Range and cross-key checks of the run's own keys, before any work (an estimator's and an
     algorithm's options are checked by that estimator or algorithm, ``fedudp.build.check``).
-    Raises ``ConfigError`` naming the key."""
+    The ``plugins`` are imported first; the names of the estimator, data reader, training
+    algorithm and model must be registered. Raises ``ConfigError`` naming the key."""
+    from fedudp.plugins import load
+
+    load(cfg.plugins)
     coerce(cfg)
-    p, t, d, part = cfg.privacy, cfg.train, cfg.dataset, cfg.partition
+    check_names(cfg)
+    _check_privacy(cfg)
+    _check_training(cfg.train)
+    # estimator.* values are checked by the chosen estimator itself (its ``calibrated``), and
+    # algorithm.* by the chosen training algorithm, through the config builder (fedudp.build)
+    _check_data(cfg)
+    _check_method(cfg)
+    _check_outputs(cfg)
+
+
+def _check_privacy(cfg: RunConfig) -> None:
+    """privacy.* (the budget, the clip, the noise), audit.* and the seed."""
+    p = cfg.privacy
     _need(
         _finite_pos(p.epsilon), "privacy.epsilon", f"must be a finite number > 0, got {p.epsilon}"
     )
@@ -601,6 +557,10 @@ def validate(cfg: RunConfig) -> None:
         "seed",
         f"must be an integer in [0, 2**32), got {cfg.seed}",
     )
+
+
+def _check_training(t: TrainConfig) -> None:
+    """train.*: rounds, epochs, sampling, learning rates, batches, minimum cohort."""
     _need(t.rounds >= 1, "train.rounds", f"must be >= 1, got {t.rounds}")
     _need(t.local_epochs >= 1, "train.local_epochs", f"must be >= 1, got {t.local_epochs}")
     _need(
@@ -627,8 +587,11 @@ def validate(cfg: RunConfig) -> None:
         "train.min_users",
         f"must be an integer >= 0, got {t.min_users}",
     )
-    # estimator.* values are checked by the chosen estimator itself (its ``calibrated``), and
-    # algorithm.* by the chosen training algorithm, through the config builder (fedudp.build)
+
+
+def _check_data(cfg: RunConfig) -> None:
+    """dataset.*, partition.* and public.* (the declared public numbers)."""
+    d, part = cfg.dataset, cfg.partition
     _need(d.num_records >= 1, "dataset.num_records", f"must be >= 1, got {d.num_records}")
     _need(part.num_owners >= 1, "partition.num_owners", f"must be >= 1, got {part.num_owners}")
     _need(
@@ -676,7 +639,7 @@ def validate(cfg: RunConfig) -> None:
             f"public.{key}",
             f"must be null or an integer >= 1, got {v}",
         )
-    if d.name == DatasetName.synthetic:
+    if d.name == "synthetic":
         _need(d.features >= 1, "dataset.features", f"must be >= 1, got {d.features}")
         _need(
             d.input_shape is None or list(d.input_shape) == [d.features],
@@ -689,22 +652,28 @@ def validate(cfg: RunConfig) -> None:
             "dataset.pool_train",
             f"must be >= dataset.num_records={d.num_records}, got {d.pool_train}",
         )
+
+
+def _check_method(cfg: RunConfig) -> None:
+    """The method against the aggregator, the noise placement, the privacy unit and group
+    privacy (cross-key rules)."""
+    p, part = cfg.privacy, cfg.partition
     if cfg.method in (Method.fedavg, Method.per_silo):
         _need(
-            cfg.aggregator in (AggregatorName.auto, AggregatorName.none),
+            cfg.aggregator in ("auto", "none"),
             "aggregator",
             f"method={cfg.method.value} is non-private and needs aggregator=none (or auto), "
             f"got {cfg.aggregator}",
         )
     if cfg.method in (Method.full_dp, Method.joint_dp):
         _need(
-            cfg.aggregator != AggregatorName.none,
+            cfg.aggregator != "none",
             "aggregator",
             f"method={cfg.method.value} is private; aggregator=none releases without noise",
         )
     if p.placement == Placement.local_dpsgd and cfg.method in (Method.full_dp, Method.joint_dp):
         _need(
-            cfg.aggregator == AggregatorName.auto,
+            cfg.aggregator == "auto",
             "aggregator",
             "privacy.placement=local_dpsgd adds the noise inside the owners (DP-SGD) and the "
             f"billboard averages their deltas; leave aggregator=auto, got {cfg.aggregator}",
@@ -742,6 +711,10 @@ def validate(cfg: RunConfig) -> None:
             "partition.records_per_user=1 (a user-level guarantee, privacy.unit=user, already "
             "implies record level)",
         )
+
+
+def _check_outputs(cfg: RunConfig) -> None:
+    """checkpoint.*, tracking.* and engine_opts.*."""
     _need(
         isinstance(cfg.checkpoint.every, int) and cfg.checkpoint.every >= 0,
         "checkpoint.every",
@@ -791,9 +764,11 @@ def config_to_json(cfg: RunConfig) -> str:
 def config_from_json(text: str) -> RunConfig:
     """Inverse of ``config_to_json`` (the schema turns strings back into enums)."""
     import json
+
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), json.loads(text)))
+    merged = OmegaConf.merge(OmegaConf.structured(RunConfig), json.loads(text))
+    return cast(RunConfig, OmegaConf.to_object(merged))  # the structured schema's dataclass
 
 
 def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
@@ -808,8 +783,8 @@ def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
         if k == "tracking" and not isinstance(v, dict):  # tracking=mlflow, as on the command line
             k = "tracking.kind"
         try:
-            if k == "model.kwargs" or k.startswith("model.kwargs."):  # a free-form dict
-                with open_dict(base.model.kwargs):
+            if k.startswith(("model.kwargs", "estimator")):  # free-form dicts
+                with open_dict(base.model.kwargs if k.startswith("model") else base.estimator):
                     OmegaConf.update(base, k, v, merge=True)
                 continue
             OmegaConf.update(base, k, v, merge=True)
@@ -817,7 +792,7 @@ def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
             raise ConfigError(unknown_key_message(k)) from None
         except OmegaConfBaseException as e:
             raise ConfigError(f"{k}: {str(e).splitlines()[0]}") from None
-    return OmegaConf.to_object(base)
+    return cast(RunConfig, OmegaConf.to_object(base))  # the structured schema's dataclass
 
 
 def with_schema_defaults(config: Any) -> dict:
@@ -832,4 +807,4 @@ def with_schema_defaults(config: Any) -> dict:
         merged = OmegaConf.merge(OmegaConf.structured(RunConfig), node)
         return _effective_classes(jsonable(OmegaConf.to_container(merged, enum_to_str=True)))
     except Exception:  # noqa: BLE001
-        return OmegaConf.to_container(node)
+        return cast(dict, OmegaConf.to_container(node))  # a saved config: a mapping

@@ -15,7 +15,12 @@ def set_key(cfg: RunConfig, key: str, value) -> None:
     obj = cfg
     *path, last = key.split(".")
     for p in path:
-        obj = getattr(obj, p)
+        obj = obj[p] if isinstance(obj, dict) else getattr(obj, p)
+    if isinstance(obj, dict):  # estimator.* (the registered estimators' options)
+        if last not in obj:
+            raise AttributeError(f"no config key {key}")
+        obj[last] = value
+        return
     if not hasattr(obj, last):
         raise AttributeError(f"no config key {key}")
     setattr(obj, last, value)

@@ -7,7 +7,7 @@ before any data is read; a newly registered estimator runs with no change outsid
 
 from __future__ import annotations
 
-import ast
+import sys
 from pathlib import Path
 
 import dp_accounting
@@ -41,21 +41,96 @@ def kw(**over):
 
 
 # -- one reader of the config ---------------------------------------------------------------------
-def _reads_config_fields(path: Path) -> bool:
-    """Whether a module reads a field of a ``RunConfig`` (``cfg.<field>`` on a name ``cfg``)."""
-    tree = ast.parse(path.read_text())
-    return any(
-        isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "cfg"
-        for n in ast.walk(tree)
-    )
+# the modules that may read a RunConfig's fields: the schema validating its own keys, and the
+# builder (everything else takes plain values); none of the top-level modules needs to today
+CONFIG_READERS = {"fedudp.config", "fedudp.build"}
 
 
-def test_only_the_builder_and_the_schema_read_config_fields():
-    readers = sorted(
-        p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py") if _reads_config_fields(p)
+def _config_classes() -> set[type]:
+    import dataclasses
+    import typing
+
+    from fedudp.config import RunConfig
+
+    out, todo = set(), [RunConfig]
+    while todo:
+        cls = todo.pop()
+        out.add(cls)
+        for t in typing.get_type_hints(cls).values():
+            if isinstance(t, type) and dataclasses.is_dataclass(t) and t not in out:
+                todo.append(t)
+    return out
+
+
+@pytest.fixture
+def config_reads(monkeypatch):
+    """Every read of a configuration field (RunConfig and each of its sections), by the module
+    whose code read it: each class's ``__getattribute__`` records its caller's module. The
+    objects stay the real dataclasses (``asdict``, OmegaConf and pickling see no difference)."""
+    import dataclasses
+    import sys
+
+    reads: dict[str, set[str]] = {}
+    for cls in _config_classes():
+        fields = {f.name for f in dataclasses.fields(cls)}
+
+        def recording(self, name, _fields=fields, _cls=cls, _get=object.__getattribute__):
+            if name in _fields:
+                module = sys._getframe(1).f_globals.get("__name__", "?")
+                reads.setdefault(module, set()).add(f"{_cls.__name__}.{name}")
+            return _get(self, name)
+
+        monkeypatch.setattr(cls, "__getattribute__", recording, raising=False)
+    return reads
+
+
+def test_only_the_builder_and_the_schema_read_config_fields(config_reads, tmp_path, monkeypatch):
+    """Real runs through the Python API (a natural federation, a training algorithm) and the
+    command line: no fedudp module but the builder and the schema reads a configuration
+    field, whatever the variable is called (types, not names)."""
+    from fedudp import cli
+
+    fedudp.simulate(tiny_cfg("joint_dp", **kw(**{"train.rounds": 2})))
+    rng = np.random.default_rng(0)
+    users = np.repeat(np.arange(12), 2)
+    fedudp.simulate(
+        {
+            "method": "full_dp",
+            "dataset.name": "memory",
+            "dataset.classes": 3,
+            "dataset.input_shape": [4],
+            "partition.num_owners": 3,
+            "public.users": 12,
+            "public.owner_capacity": 12,
+            "public.records_per_user": 2,
+            "train.rounds": 2,
+            "progress": False,
+        },
+        records=fedudp.from_arrays(rng.normal(size=(24, 4)), users % 3, users),
     )
-    # config.py: the schema validating its own keys; build.py: everything else
-    assert readers == ["build.py", "config.py"]
+    out = tmp_path / "cli"
+    argv = ["fedudp", "method=full_dp", "train.rounds=2", "partition.num_owners=4"]
+    argv += ["dataset.num_records=160", "dataset.pool_train=1000", "dataset.pool_test=200"]
+    monkeypatch.setattr(sys, "argv", [*argv, "progress=false", f"hydra.run.dir={out}"])
+    cli.main()
+    assert (out / "summary.json").is_file()
+    assert {"fedudp.build", "fedudp.config"} <= set(config_reads)  # the probe sees reads
+    others = {m: sorted(f) for m, f in config_reads.items() if m.split(".")[0] == "fedudp"}
+    assert set(others) <= CONFIG_READERS, {m: others[m] for m in set(others) - CONFIG_READERS}
+
+
+def test_the_config_probe_catches_a_reader_under_any_name(config_reads):
+    """The weakened twin of the guard above: a module below the builder that reads
+    ``run_cfg.privacy.epsilon`` (the old AST guard looked only at a name ``cfg``) is seen."""
+    import types
+
+    lower = types.ModuleType("fedudp.aggregators.sneaky")
+    exec("def epsilon_of(run_cfg):\n    return run_cfg.privacy.epsilon\n", lower.__dict__)
+    assert lower.epsilon_of(tiny_cfg("full_dp")) == 1.0
+    assert config_reads["fedudp.aggregators.sneaky"] == {
+        "RunConfig.privacy",
+        "PrivacyConfig.epsilon",
+    }
 
 
 # -- the same objects as the plain constructors ---------------------------------------------------
@@ -194,6 +269,7 @@ class _TrimmedGaussian(Aggregator):
 
     name = "test_trimmed_gaussian"
     needs_per_user_vectors = False
+    inputs = ("clip", "epsilon", "delta", "rounds", "sampling")  # what calibrated takes
 
     def __init__(self, clip: float, noise_multiplier: float, sampling: Sampling) -> None:
         self.clip, self.noise_multiplier, self.sampling = clip, noise_multiplier, sampling

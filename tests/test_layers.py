@@ -21,14 +21,18 @@ LAYERS = [
         "fedudp.provenance",
         "fedudp.plain",
         "fedudp.stopping",
+        "fedudp.registry",
+        "fedudp.plugins",
     ),
     ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
-    ("fedudp.config",),  # the configuration schema and its validation
     ("fedudp.data", "fedudp.models"),
     ("fedudp.aggregators",),  # the user-level mean estimators
     ("fedudp.protocol",),  # what passes between the two sides: messages, methods, checkpoints
     ("fedudp.owner", "fedudp.billboard"),  # the two sides of joint DP, side by side
     ("fedudp.algorithms",),  # the seeds' training algorithms
+    # the configuration schema and its validation: just below the builder, so that nothing
+    # below the builder imports it (its names come from the registries below)
+    ("fedudp.config",),
     ("fedudp.build",),  # the config builder: the one reader of a RunConfig
     ("fedudp.engines",),  # local and Flower engines (owners build their side)
     # the user-level DP wrapper for any Flower app, over the builder (no engine)
@@ -329,3 +333,18 @@ def test_the_flower_client_side_imports_only_the_owner_side(tmp_path):
         "fedudp.billboard.rounds",
         "fedudp.build.prepare",
     ]
+
+
+def test_nothing_below_the_builder_imports_the_config():
+    """The configuration sits right below the builder: every module under it takes plain
+    values (the choices they share live in ``fedudp.protocol.choices``, errors in
+    ``fedudp.errors``, ``jsonable`` in ``fedudp.plain``)."""
+    known = modules()
+    below = [
+        name
+        for name, path in sorted(known.items())
+        if layer(name) < layer("fedudp.config")
+        and any(m.startswith("fedudp.config") for m in imported(name, path, known))
+    ]
+    assert not below, below
+    assert layer("fedudp.config") == layer("fedudp.build") - 1

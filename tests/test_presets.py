@@ -34,7 +34,8 @@ from omegaconf import OmegaConf
 from conftest import tiny_mnist
 from fedudp import build
 from fedudp import run as run_module
-from fedudp.config import NATURAL_DATASETS, DatasetName, RunConfig, register
+from fedudp.config import RunConfig, register
+from fedudp.data.readers import READERS
 from formats import write_cifar10, write_cifar100, write_femnist, write_shakespeare
 from fedudp.stopping import RunInterrupted
 from fedudp.cli import CONF_DIR
@@ -58,11 +59,11 @@ def compose_preset(name: str, *overrides: str) -> RunConfig:
 
 
 def reads_idx(cfg: RunConfig) -> bool:
-    return DatasetName(cfg.dataset.name).value in ("mnist", "fashion_mnist")
+    return cfg.dataset.name in ("mnist", "fashion_mnist")
 
 
 def reads_natural(cfg: RunConfig) -> bool:
-    return DatasetName(cfg.dataset.name).value in NATURAL_DATASETS
+    return READERS[cfg.dataset.name].natural
 
 
 # the natural-user presets read small files written in their published formats (tests/formats.py)
@@ -116,7 +117,7 @@ def shipped_preset(name: str, request) -> tuple[RunConfig, list[str]]:
     cfg = compose_preset(name, "progress=false")
     if reads_natural(cfg):
         root = request.getfixturevalue("tmp_path_factory").mktemp(name)
-        NATURAL_WRITERS[DatasetName(cfg.dataset.name).value](root)
+        NATURAL_WRITERS[cfg.dataset.name](root)
         data = ["progress=false", f"dataset.root={root}"]
         have = build.natural_numbers(build.natural_records(compose_preset(name, *data))[0])
         data += [f"public.{k}={have[k]}" for k in ("users", "owner_capacity", "records_per_user")]

@@ -18,7 +18,7 @@ from fedudp.aggregators import REGISTRY, Aggregator, Sampling
 from fedudp.build import estimator as build_aggregator
 from fedudp.aggregators import outlier
 from fedudp.aggregators.base import Constraint, Contribution
-from fedudp.config import AggregatorName, ConfigError
+from fedudp.config import ConfigError
 from fedudp.run import prepare
 
 PKG = Path(fedudp.run.__file__).resolve().parent
@@ -88,8 +88,18 @@ def test_round_loop_is_written_once(monkeypatch):
 
 
 def test_registry_covers_every_shipped_choice_and_declares_the_contract():
-    names = {a.value for a in AggregatorName if a != AggregatorName.auto}
-    assert set(REGISTRY) == names
+    shipped = {
+        "gaussian",
+        "gaussian_adaptive",
+        "dp_ftrl_tree",
+        "dp_mf_banded",
+        "none",
+        "winsorized",
+        "outlier_removal",
+        "friendlycore",
+        "few_users",
+    }
+    assert set(REGISTRY) >= shipped  # (a test may have registered its own too)
     declared = {
         "name",
         "private",

@@ -7,8 +7,11 @@ Each estimator is built from plain values (``Cls(...)`` with final constants, or
 the run's values by name; ``privacy.placement=local_dpsgd`` (private methods) uses
 ``LocalDpSgdMean``: the noise is added inside the owners, the billboard only averages.
 
-Adding an estimator: one new module with a ``@register``-ed ``Aggregator`` subclass (its
-``calibrated`` classmethod and declared attributes), imported below.
+Adding an estimator: one new module with a ``@register``-ed ``Aggregator`` subclass: its
+``calibrated`` classmethod, the run values it takes (``inputs``, from ``base.RUN_INPUTS``) and
+its own options (``options``: ``Option(name, default, type)``, the config's ``estimator.<name>``),
+which ``register`` checks against ``calibrated``'s keywords; built-in modules are imported below,
+your own through ``plugins=[...]`` (docs/architecture.md#how-to-add-an-extension).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from fedudp.aggregators.base import (
     Aggregator,
     Constraint,
     Contribution,
+    RUN_INPUTS,
+    Option,
     ParameterError,
     Sampling,
     clip_rows,
@@ -50,6 +55,8 @@ __all__ = [
     "Contribution",
     "Sampling",
     "REGISTRY",
+    "RUN_INPUTS",
+    "Option",
     "register",
     "clip_rows",
     "finite_rows",

@@ -43,6 +43,7 @@ from fedudp.aggregators.base import (
     calibrate,
     check_budget,
     check_fraction,
+    check_noise_scale,
     check_positive,
     check_sampling,
     register,
@@ -88,6 +89,25 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
     """Clip + Gaussian whose clip follows a target quantile of the units' norms (module doc)."""
 
     name = "gaussian_adaptive"
+    inputs = (
+        "clip",
+        "epsilon",
+        "delta",
+        "rounds",
+        "sampling",
+        "clip_quantile",
+        "clip_lr",
+        "clip_count_noise",
+        "noise_scale",
+    )
+    noise_inputs = (
+        "clip",
+        "sampling",
+        "clip_quantile",
+        "clip_lr",
+        "clip_count_noise",
+        "noise_scale",
+    )
     private = True
     fixed_noise = True
     closed_form_note = (
@@ -103,6 +123,7 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         quantile: float = DEFAULT_QUANTILE,
         clip_lr: float = DEFAULT_CLIP_LR,
         count_noise: float | None = None,
+        noise_scale: float = 1.0,
     ) -> None:
         check_positive("clip", clip)
         if not noise_multiplier > 0:
@@ -129,6 +150,7 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         )
         check_positive("clip_count_noise", self.count_noise)
         self.update_multiplier = update_noise_multiplier(self.noise_multiplier, self.count_noise)
+        self.noise_scale = check_noise_scale(noise_scale)  # audit.noise_scale (1.0: accounted)
 
     @classmethod
     def calibrated(
@@ -142,6 +164,7 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         clip_quantile: float = DEFAULT_QUANTILE,
         clip_lr: float = DEFAULT_CLIP_LR,
         clip_count_noise: float | None = None,
+        noise_scale: float = 1.0,
     ) -> "AdaptiveClipGaussian":
         """The smallest effective multiplier z meeting (ε, δ) over ``rounds`` Poisson-sampled
         releases (as for fixed clipping), split between the count (σ_b = ``clip_count_noise``,
@@ -151,7 +174,13 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         check_positive("clip", clip)
         z = calibrate(lambda s: gaussian_round_event(s, sampling.rate), epsilon, delta, rounds)
         return cls(
-            clip, z, sampling, quantile=clip_quantile, clip_lr=clip_lr, count_noise=clip_count_noise
+            clip,
+            z,
+            sampling,
+            quantile=clip_quantile,
+            clip_lr=clip_lr,
+            count_noise=clip_count_noise,
+            noise_scale=noise_scale,
         )
 
     @classmethod
@@ -164,6 +193,7 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         clip_quantile: float = DEFAULT_QUANTILE,
         clip_lr: float = DEFAULT_CLIP_LR,
         clip_count_noise: float | None = None,
+        noise_scale: float = 1.0,
     ) -> "AdaptiveClipGaussian":
         """A given *effective* noise multiplier z (what the ledger accounts), split as above."""
         check_sampling(sampling)
@@ -176,6 +206,7 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
             quantile=clip_quantile,
             clip_lr=clip_lr,
             count_noise=clip_count_noise,
+            noise_scale=noise_scale,
         )
 
     @property
@@ -188,6 +219,7 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         are drawn in float64 from the round's generator."""
         used = self.clip
         total = c.total
+        assert total is not None  # a clipped-sum estimator receives the sum
         noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
         noise *= self.noise_scale  # 1.0 unless audit.noise_scale weakens it on purpose
         mean = (

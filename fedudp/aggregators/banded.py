@@ -47,6 +47,7 @@ from fedudp.aggregators.base import (
     Aggregate,
     ClippedSumAggregator,
     Contribution,
+    Option,
     ParameterError,
     Sampling,
     calibrate,
@@ -126,7 +127,11 @@ class CyclicPoissonParticipation(CyclicParticipation):
     samples group (r - 1) mod b at rate p; the cycle's event at its first round, nothing at the
     others (``round_event``)."""
 
-    def __init__(self, agg: "BandedMatrixAggregator", seed: int) -> None:
+    # the banded mechanism in the tree's slot: the hooks read only what both have (round_event,
+    # sampling); a different class, not a subtype of TreeAggregator
+    agg: BandedMatrixAggregator  # type: ignore[assignment]
+
+    def __init__(self, agg: BandedMatrixAggregator, seed: int) -> None:
         self.agg = agg
         self.seed = int(seed)
         self.group = numpy_rng(seed, Purpose.SCHEDULE, 0).integers(
@@ -147,6 +152,17 @@ class BandedMatrixAggregator(ClippedSumAggregator):
     """BSR-banded correlated noise on the cohort's clipped sums (module doc)."""
 
     name = "dp_mf_banded"
+    inputs = ("clip", "epsilon", "delta", "rounds", "sampling")
+    options = (
+        Option(
+            "bands",
+            None,
+            int,
+            nullable=True,
+            help="the bands b of the noise's correlation (null: 1 / train.sampling_rate)",
+        ),
+    )
+    noise_inputs = ("clip", "sampling", "bands")
     private = True
     fixed_noise = True
     closed_form_note = (
@@ -177,7 +193,7 @@ class BandedMatrixAggregator(ClippedSumAggregator):
         rounds: int,
         sampling: Sampling,
         bands: int | None = None,
-    ) -> "BandedMatrixAggregator":
+    ) -> BandedMatrixAggregator:
         """The smallest z whose ceil(T / b) cycles meet (ε, δ) under the PLD accountant."""
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
@@ -189,7 +205,7 @@ class BandedMatrixAggregator(ClippedSumAggregator):
     @classmethod
     def with_noise_multiplier(
         cls, noise_multiplier: float, *, clip: float, sampling: Sampling, bands: int | None = None
-    ) -> "BandedMatrixAggregator":
+    ) -> BandedMatrixAggregator:
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
@@ -221,6 +237,7 @@ class BandedMatrixAggregator(ClippedSumAggregator):
 
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         total = c.total
+        assert total is not None  # a clipped-sum estimator receives the sum
         w = self.noise_increment(int(total.numel()), rng).reshape(total.shape)
         mean = ((total.to(torch.float64) + w) / self.sampling.expected_cohort).to(total.dtype)
         diag = {

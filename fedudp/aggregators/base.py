@@ -28,12 +28,13 @@ import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence, TypeAlias
 
 import dp_accounting
 import numpy as np
 import torch
 
+from fedudp.registry import Registry
 from fedudp.privacy.accountant import (
     ADJACENCY,
     MAX_NOISE_MULTIPLIER,
@@ -109,6 +110,7 @@ class Contribution:
 
     def weighted_mean(self) -> torch.Tensor:
         """``total`` divided by the total weight (zeros when nothing was contributed)."""
+        assert self.total is not None  # a summed contribution
         return self.total / max(self.total_weight, 1e-12) if self.count else self.total
 
     @staticmethod
@@ -176,9 +178,12 @@ class Constraint:
         return Contribution(None, clipped.sum(0), n, int(was.sum()))
 
 
-def current_constraint(
-    source: "Constraint | Callable[[], Constraint | None] | None",
-) -> "Constraint | None":
+# what the engines are given: a constraint, a callable they ask each round (an estimator whose
+# constraint changes between rounds, e.g. adaptive clipping), or None (no billboard)
+ConstraintSource: TypeAlias = "Constraint | Callable[[], Constraint | None] | None"
+
+
+def current_constraint(source: ConstraintSource) -> Constraint | None:
     """The constraint for this round: ``source`` itself, or what a zero-argument callable
     returns now (an estimator whose constraint changes between rounds, e.g. adaptive
     clipping's clip norm: the engines ask for it each round)."""
@@ -211,6 +216,13 @@ class Aggregator(ABC):
     closed_form_note: ClassVar[str] = "has no closed form for this estimator"  # why not
     fixed_noise: ClassVar[bool] = False  # takes a given noise multiplier (with_noise_multiplier)
     replace_one: ClassVar[bool] = False  # analysed replace-one with a public n: rate 1 only
+    # what ``calibrated`` takes, by keyword, every one of them (checked by ``register``): the
+    # run's values it needs (names from ``RUN_INPUTS``, given by the config builder) and its own
+    # options (``estimator.<name>`` in the config, typed, with their defaults); ``noise_inputs``:
+    # what ``with_noise_multiplier`` takes besides the multiplier (``fixed_noise`` estimators)
+    inputs: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[tuple["Option", ...]] = ()
+    noise_inputs: ClassVar[tuple[str, ...]] = ()
 
     sampling: Sampling
     guarantee: str = "certified"
@@ -227,13 +239,17 @@ class Aggregator(ABC):
         return None
 
     @classmethod
-    def calibrated(cls, **values: Any) -> "Aggregator":
+    # (*args: Any, **values: Any): "any signature" to a type checker, so that each estimator
+    # declares its own keyword-only parameters (called with keywords only, by the builder)
+    def calibrated(cls, *args: Any, **values: Any) -> Aggregator:
         """Calibrate to (ε, δ) from keyword-only plain values, then construct (see the module
         doc). Each estimator declares its own parameters."""
         raise NotImplementedError(f"{cls.__name__} has no calibrated constructor")
 
     @classmethod
-    def with_noise_multiplier(cls, noise_multiplier: float, **values: Any) -> "Aggregator":
+    def with_noise_multiplier(
+        cls, noise_multiplier: float, *args: Any, **values: Any
+    ) -> Aggregator:
         """Construct with a given noise multiplier (``fixed_noise`` estimators only)."""
         raise ParameterError(
             "noise_multiplier", f"noise_multiplier: {cls.__name__} calibrates its own noise"
@@ -287,6 +303,7 @@ class ClippedSumAggregator(Aggregator):
 
     needs_per_user_vectors: ClassVar[bool] = False
     clip: float
+    noise_multiplier: float  # each clipped-sum estimator has one (calibrated or given)
 
     @property
     def noise_std(self) -> float:
@@ -313,6 +330,7 @@ class RowsAggregator(Aggregator):
     chunk_rows: int | None = None
 
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
+        assert c.rows is not None  # a rows estimator receives the rows
         return self.estimate(c.rows, rng=rng)
 
     @abstractmethod
@@ -367,12 +385,129 @@ def as_generator(rng: Any) -> torch.Generator:
     raise TypeError(f"rng must be a torch.Generator, an int seed or None, got {type(rng).__name__}")
 
 
-REGISTRY: dict[str, type[Aggregator]] = {}
+@dataclass(frozen=True)
+class Option:
+    """One option of an estimator, ``estimator.<name>`` in the configuration: its default, its
+    type (float, int, bool or str; ``nullable``: null allowed) and a line of help. The config
+    builder passes it to ``calibrated`` by keyword; an estimator declares it in ``options``."""
+
+    name: str
+    default: Any
+    type: type = float
+    nullable: bool = False
+    help: str = ""
+
+    def value(self, given: Any) -> Any:
+        """``given`` as this option's type (an int for a float option is widened); anything
+        else is a ``ValueError`` saying what the option takes."""
+        if given is None and self.nullable:
+            return None
+        t = self.type
+        ok = (isinstance(given, t) and not (t is not bool and isinstance(given, bool))) or (
+            t is float and isinstance(given, int) and not isinstance(given, bool)
+        )
+        if not ok:
+            kind = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+            raise ValueError(
+                f"must be {kind.get(t, t.__name__)}{' or null' if self.nullable else ''}, "
+                f"got {given!r}"
+            )
+        return t(given)
+
+
+# the estimators' options several of them (and the training algorithms) share
+BOUND = Option("bound", 1.0, float, help="the public a-priori bound B on each unit's vector")
+TAU = Option("tau", None, float, True, help="concentration radius (null: the estimator's own)")
+BETA = Option("beta", 0.1, float, help="failure probability")
+COMMON_OPTIONS = (BOUND, TAU, BETA)
+
+# the run's values the config builder gives an estimator's ``calibrated`` (``inputs``), and the
+# configuration key each comes from (an error about one names that key)
+RUN_INPUTS = {
+    "dim": "model",
+    "epsilon": "privacy.epsilon",
+    "delta": "privacy.delta",
+    "rounds": "train.rounds",
+    "sampling": "train.sampling_rate",
+    "clip": "privacy.clip",
+    "clip_policy": "privacy.clip_policy",
+    "clip_quantile": "privacy.clip_quantile",
+    "clip_lr": "privacy.clip_lr",
+    "clip_count_noise": "privacy.clip_count_noise",
+    "accounting": "privacy.accounting",
+    "calibration": "privacy.calibration",
+    "records_per_unit": "partition.records_per_user",
+    "batch_size": "train.batch_size",
+    "local_epochs": "train.local_epochs",
+    "owner_units": "partition",
+    "group_size": "partition.records_per_user",
+    "noise_scale": "audit.noise_scale",
+}
+
+
+class EstimatorRegistry(Registry):
+    """The estimators by ``aggregator=`` name; ``register`` checks each one's declarations."""
+
+    def options(self) -> dict[str, Option]:
+        """Every registered estimator's options (and the common ones) by name: the
+        configuration's ``estimator.*`` keys and their defaults."""
+        out = {o.name: o for o in COMMON_OPTIONS}
+        for cls in self.values():
+            out.update({o.name: o for o in cls.options})
+        return out
+
+
+REGISTRY: EstimatorRegistry = EstimatorRegistry("estimator", "aggregator")
+
+
+def _keywords(fn: Callable[..., Any], skip: tuple[str, ...] = ()) -> set[str]:
+    import inspect
+
+    params = inspect.signature(fn).parameters.values()
+    return {p.name for p in params if p.name not in skip and p.kind != p.VAR_KEYWORD}
+
+
+def check_declarations(cls: type[Aggregator]) -> None:
+    """An estimator's ``inputs``, ``options`` and ``noise_inputs`` are exactly what its
+    ``calibrated`` (and ``with_noise_multiplier``) take: the builder passes every one of them by
+    keyword and nothing else, so no parameter silently keeps its default. ``TypeError``."""
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    unknown = [k for k in cls.inputs if k not in RUN_INPUTS]
+    if unknown:
+        raise TypeError(f"{where}.inputs: {unknown} are not run values (RUN_INPUTS)")
+    known = {o.name: o for o in COMMON_OPTIONS}
+    for o in cls.options:
+        if o.name in RUN_INPUTS or known.get(o.name, o) != o:
+            raise TypeError(f"{where}.options: {o.name!r} is declared differently elsewhere")
+        if o.name in REGISTRY.options() and REGISTRY.options()[o.name] != o:
+            raise TypeError(f"{where}.options: {o.name!r} is declared differently elsewhere")
+    declared = set(cls.inputs) | {o.name for o in cls.options}
+    takes = _keywords(cls.calibrated)
+    if takes != declared:
+        raise TypeError(
+            f"{where}.calibrated takes {sorted(takes)}, its inputs and options declare "
+            f"{sorted(declared)}"
+        )
+    if cls.fixed_noise:
+        takes = _keywords(cls.with_noise_multiplier, ("noise_multiplier",))
+        if takes != set(cls.noise_inputs) or not takes <= declared:
+            raise TypeError(
+                f"{where}.with_noise_multiplier takes {sorted(takes)}, noise_inputs declare "
+                f"{sorted(cls.noise_inputs)} (a subset of its inputs and options)"
+            )
+
+
+def check_noise_scale(noise_scale: float) -> float:
+    """An audit's weakening factor of the release noise: in (0, 1] (1: the accounted noise)."""
+    if not (isinstance(noise_scale, (int, float)) and 0 < noise_scale <= 1):
+        raise ParameterError("noise_scale", f"noise_scale must be in (0, 1], got {noise_scale}")
+    return float(noise_scale)
 
 
 def register(cls: type[Aggregator]) -> type[Aggregator]:
-    """Class decorator: ``aggregator=<cls.name>`` builds ``cls``."""
-    REGISTRY[cls.name] = cls
+    """Class decorator: ``aggregator=<cls.name>`` builds ``cls`` (its declarations checked)."""
+    check_declarations(cls)
+    REGISTRY.add(cls.name, cls)
     return cls
 
 
@@ -489,9 +624,7 @@ def choice(param: str, value: Any, options: tuple[str, ...]) -> str:
     return plain
 
 
-def concentration_radius(
-    tau: Any, default: Callable[[int], float] | None, records_per_unit: Any
-) -> float:
+def concentration_radius(tau: Any, default: Callable[[int], float], records_per_unit: Any) -> float:
     """``tau`` when given (> 0); else ``default(records_per_unit)`` (the estimator's derivation
     from the bound and the records per unit m, which must then be given)."""
     if tau is not None:

@@ -28,11 +28,16 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import cast
 
 import torch
 
 from fedudp.aggregators.base import (
+    BETA,
+    BOUND,
+    TAU,
     Aggregate,
+    Option,
     ParameterError,
     RowsAggregator,
     Sampling,
@@ -111,7 +116,7 @@ def min_users(eps: float, delta: float, tries: float) -> int:
 
 
 def dp_estimate_1(
-    X: "torch.Tensor | CohortRows",
+    X: torch.Tensor | CohortRows,
     radius: float,
     eps: float,
     delta: float,
@@ -180,7 +185,7 @@ def rotated_block(rows: CohortRows, rot: RandomRotation, c0: int, c1: int) -> to
 
 
 def dp_estimate_2(
-    X: torch.Tensor,
+    X: torch.Tensor | CohortRows,
     radius: float,
     eps: float,
     delta: float,
@@ -193,7 +198,7 @@ def dp_estimate_2(
     DP-Estimate-1 (each called with (eps, delta); the caller composes the copies)."""
     outs, garbage = [], 0
     for _ in range(copies):
-        p, info = dp_estimate_1(X, radius, eps, delta, tries, rng=rng)
+        p, _info = dp_estimate_1(X, radius, eps, delta, tries, rng=rng)
         if p is None:
             garbage += 1
         else:
@@ -208,6 +213,17 @@ class FewUsersAggregator(RowsAggregator):
     """``aggregator=few_users``: [ESF] DP-Estimate-2 at user level, optionally on rotated blocks."""
 
     name = "few_users"
+    min_users_required: int
+    inputs = ("dim", "epsilon", "delta", "rounds", "sampling", "records_per_unit")
+    options = (
+        BOUND,
+        TAU,
+        BETA,
+        Option("copies", 1, int, help="copies of DP-Estimate-1 (their median)"),
+        Option("blocks", 1, int, help="rotated blocks (a power of two; 1: no rotation)"),
+        Option("kappa", 1.0, float, help="the ball radius multiplier"),
+        Option("tries", 1000.0, float, help="expected tries N of the geometric stop"),
+    )
     replace_one = True
     closed_form_note = (
         "is not available: [ESF]'s splits are Θ(·) without constants; "
@@ -277,7 +293,7 @@ class FewUsersAggregator(RowsAggregator):
         kappa: float = 1.0,
         tries: float = 1000.0,
         beta: float = 0.1,
-    ) -> "FewUsersAggregator":
+    ) -> FewUsersAggregator:
         """[ESF] DP-Estimate-2 for ``rounds`` releases over all ``sampling.population`` units
         (rate 1) meeting (ε, δ) by basic composition: ε1 = ε/(4·copies·blocks·rounds), likewise δ1.
 
@@ -303,7 +319,10 @@ class FewUsersAggregator(RowsAggregator):
         check_fraction("beta", beta)
         if bound is not None or tau is None:
             check_positive("bound", bound)
-        tau = concentration_radius(tau, lambda m: 10 * bound / math.sqrt(m), records_per_unit)
+        # the default radius is used only when tau is None: bound was checked above then
+        tau = concentration_radius(
+            tau, lambda m: 10 * cast(float, bound) / math.sqrt(m), records_per_unit
+        )
         n = sampling.population
         try:
             return cls(
@@ -341,7 +360,7 @@ class FewUsersAggregator(RowsAggregator):
                 if rot is None
                 else CohortRows(rotated_block(rows, rot, b * db, (b + 1) * db), n, self.chunk_rows)
             )
-            p, info = dp_estimate_2(
+            p, _info = dp_estimate_2(
                 Y, self.radius, self.eps1, self.delta1, self.tries, self.copies, rng=rng
             )
             del Y
@@ -373,7 +392,8 @@ class FewUsersAggregator(RowsAggregator):
         return ApproxDp(4 * self.eps1 * k, 4 * self.delta1 * k)
 
 
-def _integer_power_of_two(x) -> bool:
-    return (
-        isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 1 and not x & (x - 1)
-    )
+def _integer_power_of_two(x: object) -> bool:
+    if not isinstance(x, numbers.Integral) or isinstance(x, bool):
+        return False
+    v = int(x)
+    return v >= 1 and not v & (v - 1)

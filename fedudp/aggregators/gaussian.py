@@ -27,6 +27,7 @@ from fedudp.aggregators.base import (
     Sampling,
     calibrate,
     check_budget,
+    check_noise_scale,
     check_positive,
     check_sampling,
     register,
@@ -38,9 +39,15 @@ class GaussianAggregator(ClippedSumAggregator):
     """Clip each unit's vector to l2 norm ``clip``, sum, add N(0, (z*clip)^2 I), divide by q*N."""
 
     name = "gaussian"
+    inputs = ("clip", "epsilon", "delta", "rounds", "sampling", "noise_scale")
+    noise_inputs = ("clip", "sampling", "noise_scale")
     private = True
 
-    def __init__(self, clip: float, noise_multiplier: float, sampling: Sampling) -> None:
+    def __init__(
+        self, clip: float, noise_multiplier: float, sampling: Sampling, noise_scale: float = 1.0
+    ) -> None:
+        """``noise_scale``: 1.0, or below 1 for a deliberately weakened mechanism that checks
+        an audit (``audit.noise_scale``: the noise drawn is that times what is accounted)."""
         if not clip > 0:
             raise ValueError(f"privacy.clip must be > 0, got {clip}")
         if not noise_multiplier >= 0:
@@ -48,6 +55,7 @@ class GaussianAggregator(ClippedSumAggregator):
         self.clip = float(clip)
         self.noise_multiplier = float(noise_multiplier)
         self.sampling = sampling
+        self.noise_scale = check_noise_scale(noise_scale)
 
     closed_form_note = (
         "has no closed form for clip+Gaussian (the paper's Alg. 1 constant c2 is unknown)"
@@ -56,7 +64,14 @@ class GaussianAggregator(ClippedSumAggregator):
 
     @classmethod
     def calibrated(
-        cls, *, clip: float, epsilon: float, delta: float, rounds: int, sampling: Sampling
+        cls,
+        *,
+        clip: float,
+        epsilon: float,
+        delta: float,
+        rounds: int,
+        sampling: Sampling,
+        noise_scale: float = 1.0,
     ) -> "GaussianAggregator":
         """Clip to ``clip``, with the smallest noise multiplier z whose ``rounds`` releases,
         Poisson-sampled at ``sampling.rate`` (plain Gaussian at rate 1), meet (ε, δ) under the
@@ -65,21 +80,22 @@ class GaussianAggregator(ClippedSumAggregator):
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
         z = calibrate(lambda s: gaussian_round_event(s, sampling.rate), epsilon, delta, rounds)
-        return cls(clip, z, sampling)
+        return cls(clip, z, sampling, noise_scale)
 
     @classmethod
     def with_noise_multiplier(
-        cls, noise_multiplier: float, *, clip: float, sampling: Sampling
+        cls, noise_multiplier: float, *, clip: float, sampling: Sampling, noise_scale: float = 1.0
     ) -> "GaussianAggregator":
         """Clip to ``clip`` with the given noise multiplier (the accountant then tracks ε)."""
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
-        return cls(clip, noise_multiplier, sampling)
+        return cls(clip, noise_multiplier, sampling, noise_scale)
 
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         """Billboard side: add Gaussian noise to the sum and divide by q * N_units."""
         total = c.total
+        assert total is not None  # a clipped-sum estimator receives the sum
         # drawn in float64, added in float64, cast afterwards: float32's sampler is truncated at
         # |z| ≈ 5.77 with a point mass there, which would underestimate δ
         # (docs/algorithms.md#laplace-and-gaussian-noise)
@@ -106,6 +122,7 @@ class MeanAggregator(Aggregator):
     """``aggregator=none``: the plain (non-private) mean of the received vectors (FedAvg)."""
 
     name = "none"
+    inputs = ("sampling",)
     needs_per_user_vectors = False
     private = False
 

@@ -34,6 +34,9 @@ its owner's releases, so parallel composition still holds under the adaptive com
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import dp_accounting
 import numpy as np
 import torch
@@ -54,6 +57,7 @@ from fedudp.aggregators.base import (
     calibrate,
     check_budget,
     check_count,
+    check_declarations,
     check_fraction,
     check_positive,
     check_sampling,
@@ -87,10 +91,34 @@ def default_count_noise(noise_multiplier: float) -> float:
     return float(noise_multiplier) / (2.0 * COUNT_SHARE**0.5)
 
 
+def _owner_event(q: float, s: int) -> Callable[[float], dp_accounting.DpEvent]:
+    """One round's event of an owner class (rate q, s steps) as a function of z."""
+    return lambda z: owner_round_event(z, q, s)
+
+
 class LocalDpSgdMean(Aggregator):
     """The billboard's side of ``privacy.placement=local_dpsgd`` (see the module docstring)."""
 
     name = "local_dpsgd"
+    noise_multiplier: float
+    count_noise: float | None  # the adaptive clip's count noise (None: a fixed clip)
+    inputs = (
+        "clip",
+        "epsilon",
+        "delta",
+        "rounds",
+        "batch_size",
+        "local_epochs",
+        "owner_units",
+        "sampling",
+        "group_size",
+        "accounting",
+        "clip_policy",
+        "clip_quantile",
+        "clip_lr",
+        "clip_count_noise",
+    )
+    noise_inputs = tuple(k for k in inputs if k != "rounds")
     fixed_noise = True
     closed_form_note = "has no closed form for owner-side DP-SGD"
     private = True
@@ -164,7 +192,7 @@ class LocalDpSgdMean(Aggregator):
         rounds: int,
         batch_size: int,
         local_epochs: int,
-        owner_units,
+        owner_units: np.ndarray,
         sampling: Sampling,
         group_size: int | None = None,
         accounting: str = "certified",
@@ -172,7 +200,7 @@ class LocalDpSgdMean(Aggregator):
         clip_quantile: float = DEFAULT_QUANTILE,
         clip_lr: float = DEFAULT_CLIP_LR,
         clip_count_noise: float | None = None,
-    ) -> "LocalDpSgdMean":
+    ) -> LocalDpSgdMean:
         """Owner-side DP-SGD whose worst owner meets (ε, δ) over ``rounds`` rounds of
         ``local_epochs`` epochs of Poisson-sampled batches of ``batch_size``, per-unit clip
         ``clip``; ``owner_units``: each owner's public capacity M_j (users; records with
@@ -203,10 +231,7 @@ class LocalDpSgdMean(Aggregator):
         group, eps, dlt = cls._group(group_size, epsilon, delta, form)
         probe = cls(1.0, clip, batch_size, local_epochs, owner_units, sampling, group)
         # the worst part must meet (ε, δ): the largest per-part z
-        z = max(
-            calibrate(lambda z, q=q, s=s: owner_round_event(z, q, s), eps, dlt, rounds)
-            for _, _, q, s in probe.classes
-        )
+        z = max(calibrate(_owner_event(q, s), eps, dlt, rounds) for _, _, q, s in probe.classes)
         return cls(
             z,
             clip,
@@ -220,12 +245,12 @@ class LocalDpSgdMean(Aggregator):
 
     @staticmethod
     def _adaptive(policy: str, quantile: float, clip_lr: float, count_noise: float | None) -> dict:
-        return dict(
-            adaptive=choice("clip_policy", policy, ("fixed", "adaptive")) == "adaptive",
-            quantile=quantile,
-            clip_lr=clip_lr,
-            count_noise=count_noise,
-        )
+        return {
+            "adaptive": choice("clip_policy", policy, ("fixed", "adaptive")) == "adaptive",
+            "quantile": quantile,
+            "clip_lr": clip_lr,
+            "count_noise": count_noise,
+        }
 
     @classmethod
     def with_noise_multiplier(
@@ -237,7 +262,7 @@ class LocalDpSgdMean(Aggregator):
         delta: float,
         batch_size: int,
         local_epochs: int,
-        owner_units,
+        owner_units: np.ndarray,
         sampling: Sampling,
         group_size: int | None = None,
         accounting: str = "certified",
@@ -245,7 +270,7 @@ class LocalDpSgdMean(Aggregator):
         clip_quantile: float = DEFAULT_QUANTILE,
         clip_lr: float = DEFAULT_CLIP_LR,
         clip_count_noise: float | None = None,
-    ) -> "LocalDpSgdMean":
+    ) -> LocalDpSgdMean:
         """Owner-side DP-SGD with the given noise multiplier (the accountant then tracks ε;
         ``epsilon`` and ``delta`` set the group-privacy conversion's grid where there is one)."""
         check_positive("noise_multiplier", noise_multiplier)
@@ -289,7 +314,7 @@ class LocalDpSgdMean(Aggregator):
         )
 
     def release(self, c: Contribution, *, rng: torch.Generator | None = None) -> Aggregate:
-        diag = {"cohort": c.count}
+        diag: dict[str, Any] = {"cohort": c.count}
         if self.adaptive:
             used = self.clip
             if c.fraction_reports:
@@ -358,3 +383,6 @@ class LocalDpSgdMean(Aggregator):
         return Parallel(
             tuple(owner_round_event(self.noise_multiplier, q, s) for _, _, q, s in self.classes)
         )
+
+
+check_declarations(LocalDpSgdMean)  # built by the builder directly (placement=local_dpsgd)

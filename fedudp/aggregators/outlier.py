@@ -52,6 +52,7 @@ import math
 import dp_accounting
 import torch
 
+from fedudp.aggregators.base import BETA, BOUND, TAU
 from fedudp.aggregators.base import (
     Aggregate,
     ParameterError,
@@ -379,6 +380,16 @@ class OutlierRemovalAggregator(_FilterGaussian):
     """``aggregator=outlier_removal``: [ASI] Alg. 2, one AboveThreshold across all rounds."""
 
     name = "outlier_removal"
+    inputs = (
+        "epsilon",
+        "delta",
+        "rounds",
+        "sampling",
+        "records_per_unit",
+        "accounting",
+        "calibration",
+    )
+    options = (BOUND, TAU, BETA)
     replace_one = True
     calibrations = ("accountant", "closed_form")
     accountant = (
@@ -552,6 +563,8 @@ class FriendlyCoreAggregator(_FilterGaussian):
     """
 
     name = "friendlycore"
+    inputs = ("epsilon", "delta", "rounds", "sampling", "records_per_unit", "accounting")
+    options = (BOUND, TAU, BETA)
     replace_one = True
     closed_form_note = (
         "has no seed closed form for aggregator=friendlycore (FriendlyCore is not one of the seeds)"

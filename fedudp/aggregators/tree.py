@@ -98,7 +98,7 @@ class CyclicParticipation:
     the rounds r with (r - 1) mod k = group[i]; the tree's event at its first round, nothing at
     the others; the aggregator's release and the plain server step."""
 
-    def __init__(self, agg: "TreeAggregator", seed: int) -> None:
+    def __init__(self, agg: TreeAggregator, seed: int) -> None:
         self.agg = agg
         self.group = numpy_rng(seed, Purpose.SCHEDULE, 0).integers(
             0, agg.k, size=agg.sampling.population
@@ -107,16 +107,16 @@ class CyclicParticipation:
     def sample(self, round_: int) -> np.ndarray:
         return self.group == (round_ - 1) % self.agg.k
 
-    def event(self, round_: int):
+    def event(self, round_: int) -> dp_accounting.DpEvent:
         return self.agg.round_event(round_)
 
-    def one_off(self):
+    def one_off(self) -> None:
         return None
 
-    def aggregator(self, round_: int):
+    def aggregator(self, round_: int) -> None:
         return None
 
-    def step(self, u, mean, round_: int):
+    def step(self, u: torch.Tensor, mean: torch.Tensor | None, round_: int) -> None:
         return None
 
     def checkpoint_state(self) -> dict:
@@ -132,6 +132,8 @@ class TreeAggregator(ClippedSumAggregator):
     """DP-FTRL's tree-aggregated noise on the cohort's clipped sums (module doc)."""
 
     name = "dp_ftrl_tree"
+    inputs = ("clip", "epsilon", "delta", "rounds", "sampling")
+    noise_inputs = ("clip", "sampling", "rounds")
     private = True
     fixed_noise = True
     closed_form_note = "has no closed form for tree aggregation (the accountant calibrates it)"
@@ -152,7 +154,7 @@ class TreeAggregator(ClippedSumAggregator):
     @classmethod
     def calibrated(
         cls, *, clip: float, epsilon: float, delta: float, rounds: int, sampling: Sampling
-    ) -> "TreeAggregator":
+    ) -> TreeAggregator:
         """The smallest per-node noise multiplier z whose trees over ``rounds`` meet (ε, δ)."""
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
@@ -164,7 +166,7 @@ class TreeAggregator(ClippedSumAggregator):
     @classmethod
     def with_noise_multiplier(
         cls, noise_multiplier: float, *, clip: float, sampling: Sampling, rounds: int
-    ) -> "TreeAggregator":
+    ) -> TreeAggregator:
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
@@ -201,6 +203,7 @@ class TreeAggregator(ClippedSumAggregator):
 
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         total = c.total
+        assert total is not None  # a clipped-sum estimator receives the sum
         inc = self.noise_increment(int(total.numel()), rng).reshape(total.shape)
         mean = ((total.to(torch.float64) + inc) / self.sampling.expected_cohort).to(total.dtype)
         diag = {

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import dp_accounting
 import torch
 
+from fedudp.aggregators.base import BETA, BOUND, TAU
 from fedudp.aggregators.base import (
     Aggregate,
     RowsAggregator,
@@ -302,6 +303,8 @@ class WinsorizedAggregator(RowsAggregator):
     """``aggregator=winsorized``: WinsorizedMeanHighD on the billboard (see module docstring)."""
 
     name = "winsorized"
+    inputs = ("dim", "epsilon", "delta", "rounds", "sampling", "records_per_unit", "calibration")
+    options = (BOUND, TAU, BETA)
     replace_one = True
     calibrations = ("accountant", "closed_form")
     accountant = "dp_accounting.RdpAccountant (ZCDpEvent for the exponential mechanism)"

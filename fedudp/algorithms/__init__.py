@@ -3,7 +3,8 @@ one module each, chosen with ``algorithm.name`` (presets
 ``+experiment=levy_alg3|levy_alg4|asi_alg3|asi_alg4|huang_alg1|huang_alg2``).
 
 An algorithm adds no round loop, owner computation or accountant of its own. Each module
-declares:
+registers itself (``register(name, REQUIRES, setup, check)`` at its end, in ``ALGORITHMS``, whose
+names are the config's ``algorithm.name`` choices) and declares:
 
 * ``REQUIRES``: a ``Requirements`` (engines, methods, the estimator its steps use, gradient
   updates, privacy units, equal owners), checked by the config builder before any work;
@@ -20,25 +21,26 @@ train.shared_update=gradient aggregator=winsorized`` (preset ``levy_alg3``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
 from fedudp.aggregators.base import Aggregator, ParameterError, Sampling
+from fedudp.registry import Registry
 
 __all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "register",
     "AlgorithmParams",
     "Context",
     "Requirements",
     "Setup",
-    "NAMES",
     "requirements",
     "check",
     "setup",
 ]
-
-NAMES = ("levy_alg4", "asi_alg3", "asi_alg4", "huang_alg1", "huang_alg2")
 
 
 @dataclass(frozen=True)
@@ -142,29 +144,45 @@ class Setup:
     owner_hooks: object = None  # fedudp.owner.owners.OwnerHooks, or None
 
 
-def _module(name: str):
-    from fedudp.algorithms import asi_alg3, asi_alg4, huang_alg1, huang_alg2, levy_alg4
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered training algorithm: its requirements, its ``setup`` and its own ``check``
+    of the context's plain values (None: only the options' ranges)."""
 
-    mods = {
-        "levy_alg4": levy_alg4,
-        "asi_alg3": asi_alg3,
-        "asi_alg4": asi_alg4,
-        "huang_alg1": huang_alg1,
-        "huang_alg2": huang_alg2,
-    }
-    if name not in mods:
-        raise ValueError(f"no training algorithm {name!r} (available: {sorted(mods)})")
-    return mods[name]
+    name: str
+    requires: Requirements
+    setup: Callable[[Context], Setup]
+    check: Callable[[Context], None] | None = None
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("training algorithm", "algorithm.name")
+
+
+def register(
+    name: str,
+    requires: Requirements,
+    setup: Callable[[Context], Setup],
+    check: Callable[[Context], None] | None = None,
+) -> Algorithm:
+    """Register a training algorithm as ``algorithm.name=<name>`` (one call at the end of its
+    module)."""
+    return ALGORITHMS.add(name, Algorithm(name, requires, setup, check))
+
+
+def _module(name: str) -> Algorithm:
+    if name not in ALGORITHMS:
+        raise ValueError(ALGORITHMS.unknown(name))
+    return ALGORITHMS[name]
 
 
 def requirements(name: str) -> Requirements:
-    return _module(name).REQUIRES
+    return _module(name).requires
 
 
 def check(name: str, ctx: Context) -> None:
     """The algorithm's own checks on plain values (``ParameterError``)."""
     ctx.params.check()
-    fn = getattr(_module(name), "check", None)
+    fn = _module(name).check
     if fn is not None:
         fn(ctx)
 
@@ -193,3 +211,7 @@ def public_permutation(seed: int, n: int) -> np.ndarray:
     from fedudp.randomness import Purpose, numpy_rng
 
     return numpy_rng(seed, Purpose.SCHEDULE, 0).permutation(n)
+
+
+# the built-in algorithms register themselves (after everything they import from here)
+from fedudp.algorithms import asi_alg3, asi_alg4, huang_alg1, huang_alg2, levy_alg4  # noqa: E402,F401

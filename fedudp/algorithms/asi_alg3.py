@@ -22,9 +22,13 @@ written (``paper``), the same estimator every other run uses.
 from __future__ import annotations
 
 import math
+from typing import cast
+
+import numpy as np
 
 from fedudp.aggregators.base import Sampling
-from fedudp.algorithms import Context, Requirements, Setup
+from fedudp.aggregators.outlier import OutlierRemovalAggregator
+from fedudp.algorithms import Context, Requirements, Setup, register
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 from fedudp.algorithms.smoothing import Smoothing
 
@@ -51,7 +55,13 @@ def paper_parameters(
 
 
 def phase(
-    ctx: Context, n: int, R: float, T: int, units=None, centre: str = "zero", reg: float = 0.0
+    ctx: Context,
+    n: int,
+    R: float,
+    T: int,
+    units: np.ndarray | None = None,
+    centre: str = "zero",
+    reg: float = 0.0,
 ) -> tuple[Phase, dict]:
     """One run of Algorithm 3 on ``n`` users (``units``) for ``T`` steps from the phase's start,
     inside the ball of radius R around ``centre``."""
@@ -59,7 +69,9 @@ def phase(
     G = a.lipschitz or ctx.bound
     p = paper_parameters(n, ctx.m, ctx.dim, ctx.epsilon, ctx.delta, G, R, T)
     tau = ctx.tau if ctx.tau is not None else p["tau"]
-    agg = ctx.estimator("outlier_removal", Sampling(1.0, n), T, tau=tau)
+    agg = cast(
+        OutlierRemovalAggregator, ctx.estimator("outlier_removal", Sampling(1.0, n), T, tau=tau)
+    )
     eta = a.step_size or p["step_size"]
     info = {
         "users": n,
@@ -107,3 +119,6 @@ def setup(ctx: Context) -> Setup:
     return Setup(
         ph.aggregator, plan, Sampling(1.0, n), summary, notes, owner_hooks=Smoothing(r, ctx.seed)
     )
+
+
+register("asi_alg3", REQUIRES, setup)

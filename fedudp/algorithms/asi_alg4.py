@@ -24,7 +24,15 @@ from __future__ import annotations
 import math
 
 from fedudp.aggregators.base import Sampling
-from fedudp.algorithms import Context, Requirements, Setup, need, public_permutation, split_rounds
+from fedudp.algorithms import (
+    Context,
+    Requirements,
+    Setup,
+    need,
+    public_permutation,
+    register,
+    split_rounds,
+)
 from fedudp.algorithms.asi_alg3 import phase, smoothing
 from fedudp.algorithms.schedule import AlgorithmPlan
 from fedudp.algorithms.smoothing import Smoothing
@@ -115,3 +123,6 @@ def setup(ctx: Context) -> Setup:
         notes,
         owner_hooks=Smoothing(r, ctx.seed),
     )
+
+
+register("asi_alg4", REQUIRES, setup)

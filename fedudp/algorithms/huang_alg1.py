@@ -41,11 +41,13 @@ loop's order), a one-step lag against the paper's simultaneous update, only in p
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
 from fedudp.aggregators.base import Sampling
-from fedudp.algorithms import Context, Requirements, Setup, need
+from fedudp.aggregators.gaussian import GaussianAggregator
+from fedudp.algorithms import Context, Requirements, Setup, need, register
 from fedudp.algorithms.personal_step import PersonalStep
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 from fedudp.randomness import Purpose, numpy_rng
@@ -91,7 +93,7 @@ def setup(ctx: Context) -> Setup:
     q = 1.0 / N
     paper = ctx.paper
     sampling = Sampling(q, N)
-    agg = ctx.estimator("gaussian", sampling, T)
+    agg = cast(GaussianAggregator, ctx.estimator("gaussian", sampling, T))
     if paper:
         agg.guarantee = "heuristic"
     # the full-DP baseline: noise on every owner's personal block too (nk more coordinates)
@@ -160,3 +162,6 @@ def setup(ctx: Context) -> Setup:
         else "certified: records Poisson-sampled at q = 1/(mn) exactly as accounted",
     ]
     return Setup(agg, plan, sampling, summary, notes, owner_hooks=hooks)
+
+
+register("huang_alg1", REQUIRES, setup, check)

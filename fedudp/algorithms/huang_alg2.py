@@ -30,13 +30,14 @@ users (public n of the estimator).
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import dp_accounting
 import numpy as np
 
 from fedudp.aggregators.base import Sampling
 from fedudp.aggregators.winsorized import WinsorizedAggregator, winsorized_round_event
-from fedudp.algorithms import Context, Requirements, Setup
+from fedudp.algorithms import Context, Requirements, Setup, register
 from fedudp.algorithms.personal_step import PersonalStep
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 from fedudp.privacy.accountant import ApproxDp, Parallel, calibrate_noise_multiplier
@@ -96,15 +97,18 @@ def setup(ctx: Context) -> Setup:
         agg = WinsorizedAggregator(ell, tau, ctx.bound, 1.0 / z, Sampling(1.0, r), gamma=ctx.beta)
         agg.guarantee = "heuristic"
         block = ApproxDp(math.log1p(math.expm1(eps_call) / n), delta_call / n)
-        event_fn = lambda round_: block
+
+        def event_fn(round_: int) -> ApproxDp | Parallel:
+            return block
+
         K = None
     else:
         counts = np.bincount([int(owners_of(t)[0]) for t in range(1, T + 1)], minlength=n)
         K = int(counts.max())
-        agg = ctx.estimator("winsorized", Sampling(1.0, r), K, tau=tau)
+        agg = cast(WinsorizedAggregator, ctx.estimator("winsorized", Sampling(1.0, r), K, tau=tau))
         ev, noop = agg.dp_event(), dp_accounting.NoOpDpEvent()
 
-        def event_fn(round_: int):
+        def event_fn(round_: int) -> ApproxDp | Parallel:
             j = int(owners_of(round_)[0])
             return Parallel(tuple(ev if i == j else noop for i in range(n)))
 
@@ -151,3 +155,6 @@ def setup(ctx: Context) -> Setup:
         notes,
         owner_hooks=PersonalStep(eta, plan.cohort, seed),
     )
+
+
+register("huang_alg2", REQUIRES, setup)

@@ -21,9 +21,19 @@ Corollary 2's T_t = (H/λ_t) log(n_t² m (G/G̃²) λ_t R ε² / d) steps per ph
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from fedudp.aggregators.base import Sampling
-from fedudp.algorithms import Context, Requirements, Setup, need, public_permutation, split_rounds
+from fedudp.aggregators.winsorized import WinsorizedAggregator
+from fedudp.algorithms import (
+    Context,
+    Requirements,
+    Setup,
+    need,
+    public_permutation,
+    register,
+    split_rounds,
+)
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 
 SEED = "004_07414daf854bd785.txt (Levy et al.), Algorithm 4, Theorem 4"
@@ -80,7 +90,9 @@ def setup(ctx: Context) -> Setup:
         lam_t = 4**t * lam
         users = perm[start : start + n_t]
         start += n_t
-        agg = ctx.estimator("winsorized", Sampling(1.0, n_t), rounds[t - 1])
+        agg = cast(
+            WinsorizedAggregator, ctx.estimator("winsorized", Sampling(1.0, n_t), rounds[t - 1])
+        )
         eta = a.step_size or 1.0 / (a.smoothness + lam_t)
         phases.append(
             Phase(rounds[t - 1], agg, eta, units=users, reg=lam_t, reg_centre="start", radius=R)
@@ -134,3 +146,6 @@ def setup(ctx: Context) -> Setup:
             "(algorithm.phases sets P)"
         )
     return Setup(phases[0].aggregator, plan, Sampling(1.0, n), summary, notes)
+
+
+register("levy_alg4", REQUIRES, setup)

@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from fedudp.billboard.server import Billboard
-from fedudp.protocol.checkpoint import CheckpointError, Checkpointer, warn
+from fedudp.protocol.checkpoint import Checkpointer, CheckpointError, warn
 from fedudp.protocol.messages import Failure, OwnerReply
 from fedudp.stopping import RunInterrupted, StopSignals
 
@@ -82,7 +84,7 @@ class Transport(Protocol):
         """Engine facts for summary.json."""
         ...
 
-    def will_checkpoint(self, round_: int, folder) -> None:
+    def will_checkpoint(self, round_: int, folder: Path) -> None:
         """Round ``round_`` will be checkpointed (owners that keep their own state save it to
         ``folder`` while they train)."""
         ...
@@ -92,7 +94,7 @@ class Transport(Protocol):
         checkpointed this round)."""
         ...
 
-    def restore(self, state: dict, folder) -> None:
+    def restore(self, state: dict, folder: Path) -> None:
         """Continue from ``checkpoint_state`` (``folder``: where owners saved their own state)."""
         ...
 
@@ -146,7 +148,7 @@ def loop_state(
 ) -> dict:
     """A checkpoint after ``round_`` (``fedudp.protocol.checkpoint``): billboard, transport, the
     metrics so far. Everything else a round draws is keyed by (seed, purpose, round)."""
-    from fedudp.config import jsonable
+    from fedudp.plain import jsonable
 
     return {
         "billboard": billboard.state() if billboard is not None else None,
@@ -203,7 +205,8 @@ def run_rounds(
     ``checkpoint``, a checkpoint after every ``checkpoint.every``-th completed round, and a
     run that starts from ``checkpoint.resumed`` (a resumed run) if it is set."""
     bb = billboard
-    done, stop, message, signum, history = 0, "completed", "", None, []
+    done, stop, message, signum = 0, "completed", "", None
+    history: list[dict] = []
     withheld: list[str] = []  # this run's withheld rounds (fail closed), why
     if checkpoint is not None and checkpoint.resumed is not None:
         done, history = restore_loop(checkpoint.resumed, bb, transport, checkpoint)
@@ -240,55 +243,10 @@ def run_rounds(
                 if got.failures:
                     info["failures"] = _failures("train", got.failures)["failed_train"]
                 with signals.critical():  # released, ledgered and recorded, or none of it
-                    why = None
-                    if bb is not None:
-                        lost = sum(f.units for f in got.failures)
-                        why = bb.withhold(
-                            r, len(got.replies), int(len(cohort)) - lost, len(got.failures)
-                        )
-                    if why is not None:  # fail closed: nothing released this round
-                        withheld.append(f"round {r}: {why}")
-                        info.update(cohort=int(len(cohort)), failed_units=lost, withheld=why)
-                        if bb.plan is not None:
-                            stop, message = (
-                                "failed",
-                                (
-                                    f"round {r} withheld ({why}); a training algorithm's schedule "
-                                    "cannot skip a round: stopped"
-                                ),
-                            )
-                    elif bb is not None:
-                        agg = bb.release(got.replies, r)
-                        shared = bb.shared_params()
-                        failed = sum(rep.failed for rep in got.replies) + sum(
-                            f.units for f in got.failures
-                        )
-                        info.update(
-                            cohort=int(len(cohort)),
-                            failed_units=failed,
-                            users_used=agg.users_used,
-                            **{f"agg_{k}": v for k, v in agg.diagnostics.items()},
-                        )
-                        if bb.ledger.entries:
-                            info["epsilon"] = bb.ledger.entries[-1].epsilon
-                        if agg.halted:
-                            stop = "halted"
-                        elif bb.diverged:
-                            stop, message = (
-                                "diverged",
-                                (
-                                    f"round {r}: the shared parameters became non-finite (kept at their "
-                                    "last finite value); likely cause: train.lr or train.server_lr too large"
-                                ),
-                            )
-                        elif len(cohort) and failed >= len(cohort):
-                            stop, message = (
-                                "diverged",
-                                (
-                                    f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
-                                    "non-finite vectors or failed owners); likely cause: train.lr too large"
-                                ),
-                            )
+                    if bb is not None and cohort is not None:
+                        released, stop, message = _release_round(bb, r, got, cohort, info, withheld)
+                        if released:
+                            shared = bb.shared_params()
                     done = r
                 if stop == "completed" and (r % eval_every == 0 or r == rounds):
                     ev = transport.evaluate(shared, r, check_budget if r < rounds else None)
@@ -333,3 +291,64 @@ def run_rounds(
         message,
         signum,
     )
+
+
+def _release_round(
+    bb: Billboard,
+    r: int,
+    got: Collected,
+    cohort: np.ndarray,
+    info: dict,
+    withheld: list[str],
+) -> tuple[bool, str, str]:
+    """Round ``r``'s release on the billboard from the owners' replies, or its withholding when
+    too few owners or units answered (fail closed: nothing released, the reason appended to
+    ``withheld``). Fills the round's ``info``; returns (released, stop, message): stop is
+    "completed" to go on, "halted" (the estimator stopped), "diverged", or "failed" (a training
+    algorithm's schedule cannot skip a withheld round)."""
+    lost = sum(f.units for f in got.failures)
+    why = bb.withhold(r, len(got.replies), len(cohort) - lost, len(got.failures))
+    if why is not None:  # fail closed: nothing released this round
+        withheld.append(f"round {r}: {why}")
+        info.update(cohort=len(cohort), failed_units=lost, withheld=why)
+        if bb.plan is not None:
+            return (
+                False,
+                "failed",
+                (
+                    f"round {r} withheld ({why}); a training algorithm's schedule "
+                    "cannot skip a round: stopped"
+                ),
+            )
+        return False, "completed", ""
+    agg = bb.release(got.replies, r)
+    failed = sum(rep.failed for rep in got.replies) + sum(f.units for f in got.failures)
+    info.update(
+        cohort=len(cohort),
+        failed_units=failed,
+        users_used=agg.users_used,
+        **{f"agg_{k}": v for k, v in agg.diagnostics.items()},
+    )
+    if bb.ledger.entries:
+        info["epsilon"] = bb.ledger.entries[-1].epsilon
+    if agg.halted:
+        return True, "halted", ""
+    if bb.diverged:
+        return (
+            True,
+            "diverged",
+            (
+                f"round {r}: the shared parameters became non-finite (kept at their "
+                "last finite value); likely cause: train.lr or train.server_lr too large"
+            ),
+        )
+    if len(cohort) and failed >= len(cohort):
+        return (
+            True,
+            "diverged",
+            (
+                f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
+                "non-finite vectors or failed owners); likely cause: train.lr too large"
+            ),
+        )
+    return True, "completed", ""

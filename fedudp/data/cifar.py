@@ -30,8 +30,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedudp.errors import DataError
 from fedudp.data.records import Records, from_arrays, users_by_rule
+from fedudp.data.readers import ReadRequest, register
+from fedudp.errors import DataError
 
 __all__ = ["read_cifar10", "read_cifar100", "users_by_rule"]
 
@@ -157,3 +158,33 @@ def read_cifar100(
     key, classes = (b"fine_labels", 100) if labels == "fine" else (b"coarse_labels", 20)
     folder = _folder(root, CIFAR100_DIR, ["train", "test"])
     return (_records(folder, ["train"], key, classes), _records(folder, ["test"], key, classes))
+
+
+def _reader(name: str):
+    """``dataset.name=cifar10|cifar100``: CIFAR has no users: the training records are cut into
+    users by ``partition.user_rule`` (seeded); the test batch's records belong to no user."""
+
+    def read(request: ReadRequest) -> tuple[Records, Records | None]:
+        if name == "cifar10":
+            train, test = read_cifar10(request.root)
+        else:
+            train, test = read_cifar100(request.root, labels="coarse" if request.coarse else "fine")
+        train = users_by_rule(
+            train,
+            request.user_rule,
+            records_per_user=request.records_per_user,
+            seed=request.seed,
+            alpha=request.dirichlet_alpha if request.user_rule == "dirichlet" else None,
+        )
+        return train, test
+
+    return read
+
+
+def _inputs(request: ReadRequest) -> tuple[tuple[int, ...], int, bool]:
+    classes = 10 if request.name == "cifar10" else (20 if request.coarse else 100)
+    return (3, 32, 32), classes, False
+
+
+register("cifar10", _reader("cifar10"), inputs=_inputs, test_without_users=True)
+register("cifar100", _reader("cifar100"), inputs=_inputs, test_without_users=True)

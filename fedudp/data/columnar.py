@@ -24,13 +24,15 @@ Errors are ``DataError`` with a one-line message naming the file (and the column
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from fedudp.errors import DataError
 from fedudp.data.records import Records, from_arrays
+from fedudp.data.readers import ReadRequest, register
+from fedudp.errors import ConfigError, DataError
 
 __all__ = ["read_npz", "read_parquet", "MissingDependency"]
 
@@ -257,3 +259,37 @@ def read_parquet(
         meta={m: ids[m] for m in meta},
         source=str(p),
     )
+
+
+def _reader(name: str):
+    """``dataset.name=npz|parquet``: the training records of ``dataset.path`` and, where given,
+    the test records of ``dataset.test_path`` (same columns)."""
+    read_file = read_npz if name == "npz" else read_parquet
+
+    def read(request: ReadRequest) -> tuple[Records, Records | None]:
+        if not request.path:
+            raise ConfigError(
+                f"dataset.path: dataset.name={name} reads the records of a file; "
+                "set dataset.path=<file>"
+            )
+        if name == "npz" and not isinstance(request.features, str):
+            raise ConfigError(
+                "dataset.columns.x: an NPZ file holds the features as one array; "
+                "name it (a list of columns is for parquet and hf)"
+            )
+        kw = dict(
+            features=request.features,
+            label=request.label,
+            user=request.user,
+            owner=request.owner,
+            meta=tuple(request.meta),
+            classes=request.classes,
+        )
+        test = read_file(request.test_path, **kw) if request.test_path else None
+        return read_file(request.path, **kw), test
+
+    return read
+
+
+register("npz", _reader("npz"))
+register("parquet", _reader("parquet"))

@@ -14,6 +14,7 @@ import torch
 
 from fedudp.data import partition
 from fedudp.data.idx import load_idx_dataset
+from fedudp.data.readers import fixed_inputs, register
 from fedudp.data.synthetic import synthetic_pool
 from fedudp.randomness import Purpose, numpy_rng
 
@@ -30,10 +31,12 @@ class Federation:
     test_offsets: np.ndarray
     num_classes: int
     owner_classes: list[np.ndarray] | None
-    owner_ids: np.ndarray | None = None  # global id of each owner here (None: 0..n-1)
+    # global id of each owner here (None given: 0..n-1). Typed as the array it is once
+    # constructed: __post_init__ replaces a None, so readers never see one
+    owner_ids: np.ndarray = None  # type: ignore[assignment]
     # a stable identity per user (the pool index of its first record): it keys the user's own
-    # randomness, and does not move when another user is added or removed (None: 0..U-1)
-    user_ids: np.ndarray | None = None
+    # randomness, and does not move when another user is added or removed (None given: 0..U-1)
+    user_ids: np.ndarray = None  # type: ignore[assignment]  # as owner_ids: set in __post_init__
 
     def __post_init__(self) -> None:
         if self.owner_ids is None:
@@ -75,7 +78,7 @@ class Federation:
         cohort = np.asarray(cohort)
         return cohort[cohort < (self.num_owners if owners else self.num_users)]
 
-    def owner(self, j: int) -> "Federation":
+    def owner(self, j: int) -> Federation:
         """Owner ``j``'s shard as a one-owner federation (what a Flower ClientApp holds)."""
         u0, u1 = self.owner_user_offsets[j], self.owner_user_offsets[j + 1]
         r0, r1 = self.user_offsets[u0], self.user_offsets[u1]
@@ -95,7 +98,7 @@ class Federation:
             user_ids=self.user_ids[u0:u1].copy(),
         )
 
-    def without_user(self, u: int) -> "Federation":
+    def without_user(self, u: int) -> Federation:
         """The neighbouring federation without user ``u`` (its records removed; every other user
         keeps its records, owner and identity): add/remove-one-user adjacency."""
         r0, r1 = int(self.user_offsets[u]), int(self.user_offsets[u + 1])
@@ -120,7 +123,7 @@ class Federation:
             np.delete(self.user_ids, u),
         )
 
-    def to(self, dtype: torch.dtype) -> "Federation":
+    def to(self, dtype: torch.dtype) -> Federation:
         """Floating features in ``dtype`` (the model's), in place; integer features (token ids)
         stay integers. Returns self."""
         if self.x.is_floating_point():
@@ -233,3 +236,10 @@ def partition_pool(
         owner_classes=owner_classes,
         user_ids=rec[np.array(user_offsets[:-1], dtype=np.int64)].astype(np.int64),
     )
+
+
+# the planned data sets: users and owners planned from the configuration (``partition_pool``);
+# synthetic's inputs are [dataset.features] and dataset.classes (the config builder's)
+register("synthetic", natural=False)
+register("mnist", inputs=fixed_inputs(IMAGE_SHAPE, IMAGE_CLASSES), natural=False)
+register("fashion_mnist", inputs=fixed_inputs(IMAGE_SHAPE, IMAGE_CLASSES), natural=False)

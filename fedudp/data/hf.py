@@ -40,14 +40,16 @@ Needs ``datasets`` and ``flwr-datasets`` (``pip install 'fedudp[hf]'``), importe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from fedudp.errors import DataError
 from fedudp.data.columnar import MissingDependency
 from fedudp.data.records import Records, from_arrays
+from fedudp.data.readers import ReadRequest, register
+from fedudp.errors import ConfigError, DataError
 
 __all__ = ["read_hf"]
 
@@ -84,7 +86,7 @@ def _libs() -> tuple[Any, Any, Any]:
     try:
         import datasets
         import pyarrow as pa
-        import pyarrow.compute  # noqa: F401  (pa.compute.list_value_length)
+        import pyarrow.compute  # (pa.compute.list_value_length)
         from flwr_datasets.partitioner import NaturalIdPartitioner
     except ImportError as e:
         raise MissingDependency(
@@ -338,7 +340,7 @@ def _read_split(
         raise DataError(f"{where}: the split has no records")
     users = _ids(pa, ds, where, user)
     order = _partition_order(partitioner_cls, ds, where, user, users)
-    cols = {
+    cols: dict[str, Any] = {
         "x": _features(datasets, pa, ds, where, features),
         "y": _labels(datasets, pa, ds, where, label),
         "user": users,
@@ -410,3 +412,26 @@ def read_hf(
         for (c, _), where in read
     ]
     return out[0], (out[1] if len(out) > 1 else None)
+
+
+def _read(request: ReadRequest) -> tuple[Records, Records | None]:
+    """``dataset.name=hf``: a Hugging Face data set saved with ``save_to_disk``."""
+    if not request.path:
+        raise ConfigError(
+            "dataset.path: dataset.name=hf reads a Hugging Face data set saved "
+            "with save_to_disk; set dataset.path=<folder>"
+        )
+    return read_hf(
+        request.path,
+        split=request.split,
+        test_split=request.test_split,
+        features=request.features,
+        label=request.label,
+        user=request.user,
+        owner=request.owner,
+        meta=tuple(request.meta),
+        classes=request.classes,
+    )
+
+
+register("hf", _read)

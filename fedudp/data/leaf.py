@@ -26,13 +26,14 @@ file's "users" order). Errors are ``DataError`` with a one-line message naming t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from fedudp.errors import DataError
 from fedudp.data.records import Records, from_arrays
+from fedudp.data.readers import fixed_inputs, register
+from fedudp.errors import DataError
 
 __all__ = ["VOCAB", "FEMNIST_CLASSES", "read_femnist", "read_shakespeare"]
 
@@ -95,7 +96,8 @@ def _user_lists(path: Path, obj: dict, user: str, i: int) -> tuple[list, list]:
 def _read_split(
     root: Path, split: str, name: str, flags: str, convert: Convert, classes: int
 ) -> Records:
-    xs, ys, users, seen = [], [], [], {}
+    xs, ys, users = [], [], []
+    seen: dict[str, str] = {}
     for path in _split_dir(root, split, name, flags):
         obj = _load(path)
         for i, user in enumerate(obj["users"]):
@@ -107,7 +109,9 @@ def _read_split(
                 )
             seen[user] = path.name
             x, y = convert(path, user, *_user_lists(path, obj, user, i))
-            xs.append(x), ys.append(y), users.append(np.full(len(y), user))
+            xs.append(x)
+            ys.append(y)
+            users.append(np.full(len(y), user))
     if not ys:
         raise DataError(f"{root / split}: the LEAF files there list no users")
     return from_arrays(
@@ -232,3 +236,15 @@ def read_shakespeare(root: str | Path, *, unknown: str = "error") -> tuple[Recor
     return tuple(
         _read_split(root, s, "Shakespeare", flags, convert, len(VOCAB)) for s in ("train", "test")
     )  # type: ignore[return-value]
+
+
+register(
+    "femnist",
+    lambda request: read_femnist(request.root),
+    inputs=fixed_inputs((1, 28, 28), FEMNIST_CLASSES),
+)
+register(
+    "shakespeare",
+    lambda request: read_shakespeare(request.root, unknown=request.unknown_char or "error"),
+    inputs=fixed_inputs((SEQ_LEN,), len(VOCAB), tokens=True),
+)

@@ -1,12 +1,26 @@
-"""Models: the paper CNN, the convex shared+personal logistic model, and the name split."""
+"""Models: the paper CNN, the convex shared+personal logistic model, the character GRU, and the
+name split. Each model module registers a factory in ``MODELS`` (``@register("name")``), whose
+names are the config's ``model.name`` choices (with ``auto``)."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from fedudp.models.split import SplitModel
+from fedudp.registry import Registry
 
-MODELS = ("auto", "linear", "cnn", "char_gru")
+__all__ = ["MODELS", "register", "make_model", "SplitModel"]
+
+# a factory: (input shape, classes) -> the model; an input shape it cannot take is a ValueError
+Factory = Callable[[tuple[int, ...], int], SplitModel]
+MODELS: Registry[Factory] = Registry("model", "model.name")
+
+
+def register(name: str) -> Callable[[Factory], Factory]:
+    """Decorator: ``model.name=<name>`` builds the model from this factory."""
+    return MODELS.register(name)
 
 
 def make_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int) -> SplitModel:
@@ -14,24 +28,13 @@ def make_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int)
     character-level GRU over token ids) for inputs of
     ``input_shape`` and ``classes`` classes, initialised from ``seed`` (public randomness).
     An unknown name or a CNN on flat inputs is a ``ValueError``."""
-    from fedudp.models.char_rnn import CharGRU
-    from fedudp.models.cnn import PaperCNN
-    from fedudp.models.linear import SharedPersonalLogistic
-
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r} (available: {list(MODELS)})")
     if name == "auto":
         name = "linear" if len(input_shape) == 1 else "cnn"
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r} (available: {['auto', *MODELS.names()]})")
     torch.manual_seed(seed)
-    if name == "char_gru":
-        if len(input_shape) != 1:
-            raise ValueError(f"char_gru needs token-id sequences (T,), got shape {input_shape}")
-        return CharGRU(vocab=classes, classes=classes)
-    if name == "cnn":
-        if len(input_shape) != 3:
-            raise ValueError(f"cnn needs image inputs (C,H,W), got shape {input_shape}")
-        return PaperCNN(input_shape[0], classes, input_shape[1])
-    features = 1
-    for s in input_shape:
-        features *= s
-    return SharedPersonalLogistic(features, classes)
+    return MODELS[name](tuple(input_shape), classes)
+
+
+# the built-in models register themselves
+from fedudp.models import char_rnn, cnn, linear  # noqa: E402,F401

@@ -54,6 +54,7 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
+from fedudp.models import register
 from fedudp.models.split import SplitModel
 
 
@@ -139,3 +140,11 @@ class CharGRU(SplitModel):
         for k, layer in enumerate(self.rnn):
             seq = layer(seq, all_steps=k < len(self.rnn) - 1)
         return self.head(seq).reshape(*lead, -1)
+
+
+@register("char_gru")
+def char_gru(input_shape: tuple[int, ...], classes: int) -> CharGRU:
+    """``model.name=char_gru``: the character GRU over token-id sequences (T,)."""
+    if len(input_shape) != 1:
+        raise ValueError(f"char_gru needs token-id sequences (T,), got shape {input_shape}")
+    return CharGRU(vocab=classes, classes=classes)

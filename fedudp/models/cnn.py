@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-
-from fedudp.models.split import SplitModel
 import torch.nn.functional as F
+
+from fedudp.models import register
+from fedudp.models.split import SplitModel
 
 PAPER_TABLE2_COUNTS = {"conv1": 416, "conv2": 12_832, "fc1": 17_248}
 
@@ -57,3 +58,11 @@ def layer_counts(model: nn.Module) -> dict[str, int]:
         layer = name.split(".")[0]
         out[layer] = out.get(layer, 0) + p.numel()
     return out
+
+
+@register("cnn")
+def paper_cnn(input_shape: tuple[int, ...], classes: int) -> PaperCNN:
+    """``model.name=cnn``: the paper CNN on (C, H, W) images."""
+    if len(input_shape) != 3:
+        raise ValueError(f"cnn needs image inputs (C,H,W), got shape {input_shape}")
+    return PaperCNN(input_shape[0], classes, input_shape[1])

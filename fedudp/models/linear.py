@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from fedudp.models import register
 from fedudp.models.split import SplitModel
 
 
@@ -38,3 +39,12 @@ class SharedPersonalLogistic(SplitModel):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1) if x.dim() > 2 else x
         return self.personal(self.shared(x))
+
+
+@register("linear")
+def linear(input_shape: tuple[int, ...], classes: int) -> SharedPersonalLogistic:
+    """``model.name=linear``: shared + personal logistic regression on the flattened inputs."""
+    features = 1
+    for s in input_shape:
+        features *= s
+    return SharedPersonalLogistic(features, classes)

@@ -22,22 +22,21 @@ so both engines compute the same vectors. A new owner-side training mode belongs
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from fedudp.aggregators.base import Constraint, Contribution, finite_rows
-from fedudp.config import OwnerWeights, SharedUpdate, Unit
-from fedudp.owner import local_sgd
-from fedudp.owner import per_sample
+from fedudp.data.federation import Federation
+from fedudp.owner import local_sgd, per_sample
 from fedudp.owner.dpsgd import DpSgdSpec, dpsgd_deltas
 from fedudp.owner.one_step import one_step_vectors
+from fedudp.protocol.choices import OwnerWeights, SharedUpdate, Unit
 from fedudp.protocol.messages import OwnerReply, make_reply, rows_reply
 from fedudp.protocol.methods import MethodSpec
-from fedudp.data.federation import Federation
 from fedudp.randomness import Purpose
 
 Params = local_sgd.Params
@@ -105,7 +104,7 @@ class OwnerHooks:
     ``fedudp.algorithms``). Each returns None for the plain behaviour."""
 
     def personal_round(
-        self, owners: "Owners", fed: Federation, shared: Params, personal: Params, round_: int
+        self, owners: Owners, fed: Federation, shared: Params, personal: Params, round_: int
     ) -> Params | None:
         """Every owner's personal parameters after this round (instead of epochs of SGD on all
         its records)."""
@@ -113,7 +112,7 @@ class OwnerHooks:
 
     def user_gradients(
         self,
-        owners: "Owners",
+        owners: Owners,
         fed: Federation,
         shared: Params,
         fr_unit: Params,
@@ -224,10 +223,12 @@ class Owners:
                 )
                 G = local_sgd.flat_delta(end, shared, names)
             else:
-                G = self.hooks.user_gradients(
+                hooked = self.hooks.user_gradients(
                     self, fed, shared, fr_unit, fr_common, sub, fed.user_ids[users[sel]], round_
                 )
-                if G is None:
+                if hooked is not None:
+                    G = hooked
+                else:
                     G = local_sgd.flatten(
                         local_sgd.mean_gradients(
                             self.model, start, fr_unit, fr_common, fed.x, fed.y, sub
@@ -285,6 +286,7 @@ class Owners:
         if self.spec.update == "owner_dpsgd":
             fr_unit, fr_common = self._frozen(fed, personal, owners)
             count_noise = constraint.dpsgd_count_noise
+            assert constraint.dpsgd_noise is not None and constraint.dpsgd_clip is not None
             dp = DpSgdSpec(
                 float(constraint.dpsgd_noise),
                 float(constraint.dpsgd_clip),
@@ -388,7 +390,7 @@ class Owners:
 
     def _one_step_chunks(
         self, fed: Federation, shared: Params, starts: np.ndarray, sizes: np.ndarray, scale: float
-    ):
+    ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         """Yields ``(sel, V)`` for consecutive chunks of the units (records ``starts[i] ..
         starts[i] + sizes[i]``) of at most ``min(budget, ONE_STEP_RECORDS)`` records: ``sel``
         indexes ``starts``; ``V`` [len(sel), d_shared] is ``scale`` times each unit's mean
@@ -435,6 +437,7 @@ class Owners:
             if adaptive:  # the released fractions of the owners whose delta is sent
                 rep = self._weighted_reply(G, fed, units, constraint)
                 ok = finite_rows(G).numpy()
+                assert fractions is not None  # adaptive: filled by owner_deltas
                 rep.contribution.fraction_sum = float(fractions[ok].sum())
                 rep.contribution.fraction_reports = int(ok.sum())
                 return rep

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedudp.config import Method, Placement, Unit
 from fedudp.models.split import ParamSplit, SplitModel, split_by_patterns
+from fedudp.protocol.choices import Method, Placement, Unit
+
+__all__ = ["MethodSpec", "make_method"]
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ def run_case(name: str) -> dict:
             agg = build_aggregator(
                 cfg, Sampling(cfg.train.sampling_rate, planned_units(cfg)[1]), 1, 8
             )
-            r = audit(agg, 8, trials, cfg.privacy.delta, s, broken, cfg.estimator.bound)
+            r = audit(agg, 8, trials, cfg.privacy.delta, s, broken, cfg.estimator["bound"])
         else:
             r = audit_local_dpsgd(DPSGD, users, trials, s, broken)
         rows.append(
