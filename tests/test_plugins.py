@@ -226,3 +226,26 @@ def test_unregistered_names_list_the_registries_choices():
         build.check(config_from_overrides({"dataset.name": "nonesuch"}))
     with pytest.raises(ConfigError, match=r"^estimator\.nonesuch: no registered estimator"):
         build.check(config_from_overrides({"estimator.nonesuch": 1.0}))
+
+
+def test_an_installed_entry_point_is_loaded_before_the_config_is_checked(user_modules, monkeypatch):
+    """A package's ``fedudp.plugins`` entry point registers its reader with no ``plugins`` key
+    (the installed metadata is stood in for: ``importlib.metadata.entry_points``)."""
+    import importlib.metadata
+
+    from fedudp import build, plugins
+
+    ep = importlib.metadata.EntryPoint("mine", "my_reader", plugins.GROUP)
+    seen = []
+
+    def entry_points(*, group):
+        seen.append(group)
+        return [ep] if group == plugins.GROUP else []
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(plugins, "_entry_points_loaded", False)
+    assert "plugin_lines" not in READERS
+    cfg = config_from_overrides({"dataset.name": "plugin_lines", "dataset.path": "x.txt"})
+    build.check(cfg)  # validate loads the entry points first: the name is known
+    assert seen == [plugins.GROUP] and "plugin_lines" in READERS
+    assert build.input_spec(cfg) == ((4,), 3, False)  # the inputs the reader declares

@@ -1,7 +1,9 @@
 """The data readers, one registry (``READERS``) whose names are the config's ``dataset.name``
 choices (docs/your-data.md, docs/architecture.md#how-to-add-an-extension).
 
-Each format's module registers its reader with its format-specific rules (``register``):
+Each format's module registers its reader with its format-specific rules (``register``; the
+built-in formats' modules are imported by ``fedudp/data/__init__.py``, so that importing this
+registry finds them):
 
 * ``read(request)``: the (train, test) ``Records`` of a federation read from data, from a
   ``ReadRequest`` of plain values (the file or folder, the column names, the users' rule, the
@@ -93,6 +95,3 @@ def fixed_inputs(shape: tuple[int, ...], classes: int, tokens: bool = False):
 
 # records handed to fedudp.simulate(records=...): no reader, the inputs declared in the config
 register("memory")
-
-# the built-in formats register themselves (after everything they import from here)
-from fedudp.data import cifar, columnar, federation, hf, leaf  # noqa: E402,F401
