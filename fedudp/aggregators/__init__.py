@@ -4,7 +4,7 @@
 Each estimator is built from plain values (``Cls(...)`` with final constants, or
 ``Cls.calibrated(epsilon=..., delta=..., rounds=..., sampling=..., ...)``). The config builder
 (``fedudp.build.estimator``) picks the registered class for ``aggregator=<name>`` and passes
-the run's values by name; ``privacy.placement=local_dpsgd`` (private methods) uses
+it the run values and options it declares, by keyword; ``privacy.placement=local_dpsgd`` (private methods) uses
 ``LocalDpSgdMean``: the noise is added inside the owners, the billboard only averages.
 
 Adding an estimator: one new module with a ``@register``-ed ``Aggregator`` subclass: its

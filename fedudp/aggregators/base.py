@@ -16,8 +16,10 @@ summary and the engines read nothing else. Each estimator registers under its ``
   the public bounds and the estimator's options) -> calibrates, then calls the constructor. A bad
   value is a ``ParameterError`` (a ``ValueError``) whose message starts with the parameter's name.
 
-The config builder (``fedudp.build.estimator``) passes the run's values to ``calibrated`` by
-the names its signature declares, and reads the class attributes an estimator declares about
+The config builder (``fedudp.build.estimator``) passes to ``calibrated``, by keyword, exactly
+what the estimator declares: the run values named in ``inputs`` (``RUN_INPUTS``) and its
+``options`` (``estimator.<name>``), which ``register`` checks against ``calibrated``'s keywords
+(nothing keeps a default unseen); it reads the class attributes an estimator declares about
 itself (``calibrations``, ``fixed_noise``, ``replace_one``); estimators never see the config.
 """
 
