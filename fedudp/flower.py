@@ -320,7 +320,7 @@ class UserLevelDP(Strategy):
         from fedudp import build
         from fedudp.aggregators.base import Sampling
         from fedudp.config import config_from_overrides
-        from fedudp.flower_contract import checked, config_overrides
+        from fedudp.flower_contract import as_run_config_error, checked, config_overrides
 
         # the contract (fedudp/flower_contract.py): an unknown key, a wrong type, a missing
         # epsilon / delta / N, two different numbers of rounds: an error naming the key
@@ -330,17 +330,20 @@ class UserLevelDP(Strategy):
         # the app's own data: its public numbers are the declared ones (records per user: 1
         # unless declared, for the estimators that derive a radius from it)
         over = {"dataset.name": "memory", "public.owner_capacity": over["public.users"], **over}
-        cfg = config_from_overrides({"method": "full_dp", **over})
-        build.check(cfg)
-        s = build.settings(cfg)
         dim = sum(
             int(np.prod(initial_arrays[k].shape))
             for k in initial_arrays.keys()
             if not _is_personal(k, personal)
         )
-        agg = build.estimator(
-            cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds, dim
-        )
+        try:  # the builder's errors name fedudp config keys: named here as run-config keys
+            cfg = config_from_overrides({"method": "full_dp", **over})
+            build.check(cfg)
+            s = build.settings(cfg)
+            agg = build.estimator(
+                cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds, dim
+            )
+        except ValueError as e:
+            raise as_run_config_error(e) from None
         mode = Randomness.SECURE if secure else s.randomness
         out = cls(
             strategy,

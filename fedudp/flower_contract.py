@@ -387,6 +387,26 @@ def config_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
     return over
 
 
+# fedudp config keys the builder names in its errors -> the run-config key to change
+_CONFIG_TO_RUN = {
+    k.config_key: k.name for k in KEYS if k.config_key and k.name != "fedudp.train.rounds"
+}
+_CONFIG_TO_RUN.update(
+    {"partition": "fedudp.public.users", "public.owner_capacity": "fedudp.public.users"}
+)
+
+
+def as_run_config_error(e: Exception) -> RunConfigError:
+    """A fedudp config builder's error (``"partition: aggregator=outlier_removal needs n >= 477
+    units, ..."``) as a ``RunConfigError`` starting with the run-config key to change
+    (``fedudp.public.users: ...``); an error naming no known key is kept as it is."""
+    text = str(e)
+    key, sep, rest = text.partition(": ")
+    if sep and key in _CONFIG_TO_RUN:
+        return RunConfigError(f"{_CONFIG_TO_RUN[key]}: {rest.strip()} (fedudp's {key})")
+    return RunConfigError(text)
+
+
 # -- before flwr run ----------------------------------------------------------------------------
 def declared(app_dir: str | Path) -> dict[str, Any]:
     """The app's ``[tool.flwr.app.config]``, flattened to dotted keys as Flower does."""

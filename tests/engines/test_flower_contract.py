@@ -247,3 +247,26 @@ def test_the_release_has_the_announced_noise():
     empty = Contribution(None, torch.zeros(4000, dtype=torch.float64), 0, 0)
     noise = agg.release(empty, rng=g).mean.to(torch.float64)
     assert float(noise.std()) == pytest.approx(u["noise_std"], rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "extra, key, want",
+    [
+        ({"fedudp.train.sampling_rate": 1.0}, "fedudp.public.users", "needs n >= 477 units"),
+        ({"fedudp.public.users": 1000}, "fedudp.train.sampling_rate", "sampling_rate=1"),
+    ],
+)
+def test_an_estimators_requirement_names_the_run_config_key(extra, key, want):
+    """outlier_removal at epsilon 8, T 10 needs N >= 477 and q = 1 (the builder's refusals,
+    which name fedudp's config keys ``partition`` and ``train.sampling_rate``): the run-config
+    key to change is named first."""
+    rc = {
+        **BASE,
+        "num-server-rounds": 10,
+        "fedudp.privacy.epsilon": 8.0,
+        "fedudp.aggregator": "outlier_removal",
+        **extra,
+    }
+    rc.pop("fedudp.privacy.noise_multiplier")
+    with pytest.raises(RunConfigError, match=rf"^{key}: .*{want}"):
+        UserLevelDP.from_run_config(FedAvg(), rc, INIT)
