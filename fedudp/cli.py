@@ -4,9 +4,10 @@
 one run; each run writes to its Hydra output folder (``fedudp.run``).
 
 This module imports only the standard library when it is loaded: ``fedudp --version`` and
-``fedudp --help`` never import Hydra, ``--cfg`` imports Hydra and the config schema but not torch,
-scipy or dp_accounting; the runner (``fedudp.run``: torch, the accountant) is imported when a job
-starts (tests/test_startup.py, scripts/benchmarks/bench_startup.py).
+``fedudp --help`` never import Hydra; the runner (``fedudp.run``: torch, the accountant) is
+imported when a job starts (tests/test_startup.py, scripts/benchmarks/bench_startup.py).
+Composing the config (``--cfg job``, each run's preflight) imports torch and dp_accounting too:
+the schema's ``estimator.*`` defaults come from the estimator registry (its modules).
 
 Config files (``+experiment=<name>``, ``tracking=<name>``) are looked up on Hydra's search path:
 first fedudp's own tree (``CONF_DIR``: the package's ``conf/``, which in a checkout is the
