@@ -700,6 +700,7 @@ def user_level_mod(
     personal: Sequence[str] = (),
     users_of: Callable[[Context], Sequence[int]] | None = None,
     fast: TorchTraining | None = None,
+    train_metrics: bool = True,
 ):
     """A Flower client mod that makes a client's training user-level DP (see the module doc).
 
@@ -723,6 +724,11 @@ def user_level_mod(
         (``fedudp.flower_fast.TorchTraining``): the sampled users' updates are then computed
         together, without calling the app's train step; the users, the clipping and the reply
         are the same.
+    train_metrics : bool, default True
+        Send the app's scalar training metrics averaged over the round's sampled users
+        (weighted by their ``num-examples``). They are outside the DP guarantee: with one
+        sampled user at a client they are that user's own (docs/flower-apps.md#evaluation-and-
+        the-apps-metrics). False: the reply carries the contribution and counts only.
 
     Returns
     -------
@@ -901,7 +907,7 @@ def user_level_mod(
                 )
             }
         )
-        if metrics:  # the app's own training metrics over the sampled users, record-weighted
+        if metrics and train_metrics:  # the app's training metrics, record-weighted over users
             out["metrics"] = _weighted_metrics(metrics)
         if rnd.rows:
             rows_out = c.rows if c.rows is not None else torch.zeros(0, len(start))

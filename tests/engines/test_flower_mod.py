@@ -278,3 +278,9 @@ def test_client_users_outside_the_mod_says_so():
 
     with pytest.raises(LookupError, match="no user_level_mod"):
         client_users(context(0, 1))
+
+
+def test_training_metrics_can_be_left_out_of_the_reply():
+    mod = user_level_mod(users_per_client=4, train_metrics=False)
+    reply = mod(train_message(broadcast(1), 1, 1.0, 12, 1.0), context(1, 3), MetricApp())
+    assert set(reply.content.keys()) == {K_CONTRIB, K_COUNTS}
