@@ -153,6 +153,10 @@ _CAPTURED: OrderedDict = OrderedDict()  # (event, count, interval) -> (parts, no
 _EPSILON: OrderedDict = OrderedDict()  # (event, delta, interval) -> epsilon (pure function)
 _FAST: OrderedDict = OrderedDict()  # (q, z, interval) -> _FastPLD
 _RDP_VECTORS: OrderedDict = OrderedDict()  # event -> RDP at the default orders (None: unsupported)
+# (q, z, interval, count) -> the k-fold sampled Gaussian's PLD size (``_pld_size``): a pure
+# function, kept so that asking it again (a calibration repeated for the same schedule) does not
+# rebuild the PLD only to size it
+_SIZES: OrderedDict = OrderedDict()
 
 
 def _event_key(event: dp_accounting.DpEvent) -> str:
@@ -266,7 +270,7 @@ def _direct_pld_epsilon(event: dp_accounting.DpEvent, delta: float, interval: fl
             pld = pld.compose(p)
         return float(pld.get_epsilon_for_delta(delta))
 
-    return _lru_get(_EPSILON, (_event_key(event), float(delta), float(interval)), make, 512)
+    return _lru_get(_EPSILON, (_event_key(event), float(delta), float(interval)), make, 4096)
 
 
 # -- long runs of one sampled Gaussian: dp-accounting's self-composition, count after count ------
@@ -1012,7 +1016,13 @@ def _pld_size(event: dp_accounting.DpEvent, interval: float, count: int = 1) -> 
     if qz is not None:
         if _gaussian_pld_points(qz[1], interval) > MAX_PLD_BUILD:
             return math.inf
-        return float(_fast_pld(*qz, interval).window(count))
+        q, z = qz
+        return _lru_get(
+            _SIZES,
+            (q, z, float(interval), int(count)),
+            lambda: float(_fast_pld(q, z, interval).window(count)),
+            4096,
+        )
     return 0.0
 
 
@@ -1244,13 +1254,14 @@ class Ledger:
         (keyed by the run seed) or ``secure`` (OS entropy).
     """
 
-    unit: str
-    adjacency: str
-    accounting: str
+    # unit, adjacency, accounting, accountant and delta are None for a run without DP
+    unit: str | None
+    adjacency: str | None
+    accounting: str | None
     guarantee: str
     mechanism: str
-    accountant: str
-    delta: float
+    accountant: str | None
+    delta: float | None
     target_epsilon: float | None
     notes: list[str] = field(default_factory=list)
     entries: list[LedgerEntry] = field(default_factory=list)

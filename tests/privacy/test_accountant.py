@@ -868,7 +868,15 @@ def test_cached_paths_equal_dp_accounting_and_do_not_depend_on_the_caches():
         live.epsilon_if(ev, 1e-5)
         live.compose(ev)
         seen.append(live.epsilon(1e-5))
-    for name in ("_RAW", "_CAPTURED", "_EPSILON", "_FAST", "_RDP_VECTORS", "_PLD_SUPPORTS"):
+    for name in (
+        "_RAW",
+        "_CAPTURED",
+        "_EPSILON",
+        "_FAST",
+        "_RDP_VECTORS",
+        "_PLD_SUPPORTS",
+        "_SIZES",
+    ):
         getattr(accountant_mod, name).clear()
     resumed = Accountant(1e-4, 3.0)
     resumed.compose(ev, 100)  # a checkpoint's 100 rounds, recomposed
@@ -1027,3 +1035,26 @@ def test_a_run_with_too_little_noise_is_a_one_line_budget_error(tmp_path):
     cfg = tiny_cfg("full_dp", **{"privacy__noise_multiplier": 0.001, "train__rounds": 2})
     with pytest.raises(ConfigError, match=r"privacy.epsilon=.*noise multiplier 0.001 exceeds it"):
         run(cfg, tmp_path)
+
+
+# -- a PLD's size asked again (every run of the same schedule calibrates again) -------------------
+def test_a_pld_size_asked_again_rebuilds_no_pld_and_is_the_same(monkeypatch):
+    """The sizes that gate PLD against RDP (``_SIZES``) are kept between calls: asking again
+    (a calibration repeated for the same schedule visits the same noise multipliers) builds no
+    PLD, and from cold caches the size is the same."""
+    A = accountant_mod
+    ev = dp_accounting.SelfComposedDpEvent(sampled_gaussian(1.0, 0.01), 100)
+    size = A._pld_size(ev, 1e-4)
+    assert 0 < size <= A.MAX_PLD_WINDOW
+    built: list = []
+    init = A._FastPLD.__init__
+
+    def counting(self, *a):
+        built.append(a)
+        init(self, *a)
+
+    monkeypatch.setattr(A._FastPLD, "__init__", counting)
+    assert A._pld_size(ev, 1e-4) == size and built == []  # nothing rebuilt
+    for cache in (A._SIZES, A._FAST, A._RAW):
+        cache.clear()
+    assert A._pld_size(ev, 1e-4) == size and built == [(0.01, 1.0, 1e-4)]  # rebuilt, the same
