@@ -12,6 +12,7 @@ reporting stay off. This is the one place they are set.
 """
 
 import os
+from typing import Any
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -29,7 +30,7 @@ _API = {
 __all__ = sorted(_API)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name == "__version__":  # the installed package's metadata (fedudp/provenance.py)
         from fedudp.provenance import version
 

@@ -16,14 +16,18 @@ and, with ``{"tracking": "mlflow"}`` or ``"tensorboard"``, logs the run there to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fedudp.config import ConfigError, RunConfig, config_from_overrides
+
+if TYPE_CHECKING:  # not imported at run time: dp_accounting is slow to import
+    from fedudp.privacy.accountant import Ledger
 
 
 @dataclass
@@ -68,13 +72,15 @@ class SimulationResult:
     stop_reason: str  # completed | budget | halted | diverged | interrupted
     rounds_completed: int
     history: list[dict]  # one dict per round (metrics.jsonl's lines)
-    ledger: Any  # the Ledger (every release); ledger.json read back
+    ledger: Ledger | dict[str, Any]  # the Ledger (every release); ledger.json read back
     # (a dict) for a run finished before
     epsilon: float | None  # ε spent at the ledger's δ; None without DP
     epsilon_kind: str | None  # certified | heuristic | None (no DP)
     delta: float | None
-    shared: dict[str, torch.Tensor]  # the final shared parameters
-    personal: dict[str, torch.Tensor]  # each owner's personal parameters, [owners, ...]
+    # the final shared parameters; None when read back from a finished run's folder
+    shared: dict[str, torch.Tensor] | None
+    # each owner's personal parameters, [owners, ...]; None when read back
+    personal: dict[str, torch.Tensor] | None
     owner_accuracy: np.ndarray  # final test accuracy of each owner
     summary: dict = field(default_factory=dict)  # summary.json's content
     out: Path | None = None  # the run folder, when one was written
@@ -156,8 +162,8 @@ def simulate(
     """
     import json
 
-    from fedudp.privacy.labels import epsilon_kind
     from fedudp.build import settings
+    from fedudp.privacy.labels import epsilon_kind
     from fedudp.run import execute, prepare, run_with_result, summary_of
 
     if records is not None and not isinstance(config, RunConfig):
@@ -204,6 +210,7 @@ def simulate(
         res = execute(p)
         summary = summary_of(cfg, p, res)
         folder = None
+    assert res is not None and p is not None  # a run that ran returns both
     return SimulationResult(
         cfg,
         res.stop_reason,

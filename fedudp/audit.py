@@ -67,14 +67,19 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 # torch, the estimators and the accountant (dp_accounting, scipy) are imported where they are used:
 # `fedudp-audit --help` and a bad argument answer without them
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fedudp.aggregators.base import Aggregator, Contribution
+    from fedudp.build import Prepared
+    from fedudp.data.federation import Federation
+    from fedudp.data.records import Records
     from fedudp.privacy.audit_stats import SampleAudit
 
 # the audit's level: every lower bound it prints holds with probability >= 99%, jointly over the
@@ -184,10 +189,11 @@ def weaken(agg: Aggregator, factor: float) -> None:
     clip's update and count noises both, so its effective multiplier is ``factor`` × z)."""
     if agg.name not in NOISE_BREAKABLE:
         raise ValueError(f"--break noise applies to {', '.join(NOISE_BREAKABLE)}")
-    agg.noise_multiplier = agg.noise_multiplier * factor
+    mech: Any = agg  # one of NOISE_BREAKABLE: its noise attributes, by name
+    mech.noise_multiplier = mech.noise_multiplier * factor
     if agg.name == "gaussian_adaptive":
-        agg.update_multiplier *= factor
-        agg.count_noise *= factor
+        mech.update_multiplier *= factor
+        mech.count_noise *= factor
 
 
 def _power(
@@ -238,6 +244,7 @@ def audit(
     if kind == "schedule=data":
         raise ValueError("--break schedule=data applies to privacy.placement=local_dpsgd")
     if kind == "noise":
+        assert factor is not None  # noise=FACTOR
         weaken(agg, factor)
     bound = constraint.clip if constraint.clip is not None else float(bound)
     canary_norm = bound
@@ -302,10 +309,11 @@ def canary_rounds(agg: Aggregator, releases: int, rng: np.random.Generator) -> n
     nodes); a banded mechanism's in the first round of every cycle of b rounds, sampled there at
     the group rate; any other aggregator's Poisson-sampled at its rate in every round."""
     r = np.arange(releases)
+    mech: Any = agg  # a tree's or a banded mechanism's own attributes, by name
     if agg.name == "dp_ftrl_tree":
-        return r % agg.k == 0
+        return r % mech.k == 0
     if agg.name == "dp_mf_banded":
-        return (r % agg.bands == 0) & (rng.random(releases) < agg.group_rate)
+        return (r % mech.bands == 0) & (rng.random(releases) < mech.group_rate)
     return rng.random(releases) < agg.sampling.rate
 
 
@@ -341,10 +349,11 @@ def _linear_sequences(
     out = np.empty((trials, releases * dim))
     for a0 in range(0, trials, chunk):
         k = min(chunk, trials - a0)
-        a = copy.deepcopy(template)
+        a: Any = copy.deepcopy(template)  # a tree or banded mechanism: its attributes by name
         present = np.stack([canary_rounds(a, releases, rng) for _ in range(k)])  # [k, T]
         clip = a.clip
         for r in range(releases):
+            assert base.total is not None  # the background as a clipped sum
             total = base.total.to(torch.float64).repeat(k).reshape(k, dim).clone()
             count = np.full(k, base.count)
             if with_canary:
@@ -403,15 +412,15 @@ def audit_sequence(
         raise ValueError("--break schedule=data applies to privacy.placement=local_dpsgd")
     template = copy.deepcopy(template)
     if kind == "noise":
+        assert factor is not None  # noise=FACTOR
         weaken(template, factor)
     constraint: Constraint = template.constraint
     if constraint.clip is None:
         raise ValueError(
             f"aggregator={template.name}: the sequence audit needs a clipping aggregator"
         )
-    if kind == "clip=off":
-        if template.name == "gaussian_adaptive":
-            raise ValueError("--break clip=off: use noise=FACTOR for adaptive clipping")
+    if kind == "clip=off" and template.name == "gaussian_adaptive":
+        raise ValueError("--break clip=off: use noise=FACTOR for adaptive clipping")
     adaptive = template.name == "gaussian_adaptive"
     bound = constraint.clip
     canary_norm = 10.0 * bound if kind == "clip=off" else bound
@@ -442,7 +451,8 @@ def audit_sequence(
     for side in () if outs else ("D", "D'"):
         vals = np.empty((trials, releases * width))
         for t in range(trials):
-            a = copy.deepcopy(template)  # a fresh mechanism state per trial
+            # a fresh mechanism state per trial (its own attributes read by name)
+            a: Any = copy.deepcopy(template)
             present = canary_rounds(a, releases, rng)
             for r in range(releases):
                 clip_t = a.clip
@@ -467,6 +477,7 @@ def audit_sequence(
                 row = vals[t, r * width : (r + 1) * width]
                 if adaptive:
                     # centred by the background at C_t, scaled by the round's public noise
+                    assert base.total is not None  # the background as a clipped sum
                     row[:dim] = (mean * qn - base.total.numpy()) / (a.update_multiplier * clip_t)
                     centred = (base.count - base.clipped) - 0.5 * base.count
                     frac = out.diagnostics["unclipped_fraction_noisy"]
@@ -478,7 +489,7 @@ def audit_sequence(
     # mechanism taking its whole group; Poisson at rate 1)
     gaussian = (
         template.name == "dp_ftrl_tree"
-        or (template.name == "dp_mf_banded" and template.group_rate >= 1.0)
+        or (template.name == "dp_mf_banded" and cast(Any, template).group_rate >= 1.0)
         or (template.name in ("gaussian", "gaussian_adaptive") and q >= 1.0)
     )
     samples = audit_samples(
@@ -522,6 +533,7 @@ def audit_pair(
 
     t0 = time.perf_counter()
     claimed = one_release_epsilon(agg, delta)
+    assert on_d.total is not None and on_dprime.total is not None  # clipped sums
     diff = on_d.total.to(torch.float64) - on_dprime.total.to(torch.float64)
     rng = np.random.default_rng([seed, 2])
     outs = {}
@@ -565,7 +577,7 @@ AUDIT_DPSGD = {
 }
 
 
-def _replicate(f, k: int, first_id: int):
+def _replicate(f: Federation, k: int, first_id: int) -> Federation:
     """``k`` copies of the one-owner federation ``f`` as one federation, owner ids
     ``first_id, first_id + 2, ...`` (every copy draws its own DP-SGD randomness)."""
     from fedudp.data.federation import Federation
@@ -588,19 +600,19 @@ def _replicate(f, k: int, first_id: int):
     )
 
 
-def _make_canary(p, shard) -> float:
+def _make_canary(p: Prepared, shard: Federation) -> float:
     """Turn the shard's first user into a worst-case canary, in place: the label that maximizes
     its mean gradient's norm at the broadcast parameters, and its features scaled up (never down)
     until that norm is twice the clip, so that its gradient is clipped to C at every step while
     its logits stay small (a canary whose logits explode would point its later gradients
     anywhere). Returns the norm over the clip."""
     import torch
-
     import torch.nn.functional as F
     from torch.func import functional_call, grad
 
     owners = p.owners
     names = owners.spec.shared
+    assert p.billboard is not None and p.aggregator is not None  # a private method
     at = {
         **dict(owners.model.named_parameters()),
         **owners.public_personal,
@@ -618,7 +630,7 @@ def _make_canary(p, shard) -> float:
             torch.linalg.vector_norm(torch.cat([g[n].reshape(-1) for n in names]).to(torch.float64))
         )
 
-    clip = float(p.aggregator.clip)
+    clip = float(cast(Any, p.aggregator).clip)  # local_dpsgd's clip
     label = max(range(shard.num_classes), key=lambda c: norm_of(shard.x[r0:r1], c))
     shard.y[r0:r1] = label
     for _ in range(60):
@@ -631,7 +643,7 @@ def _make_canary(p, shard) -> float:
 
 def natural_records(
     owners: int, users: int, capacity: int, max_records: int, features: int, classes: int, seed: int
-):
+) -> tuple[Records, dict[str, Any]]:
     """A natural-user federation as plain arrays, through ``fedudp.from_arrays``: owner 0 holds
     ``users`` users, every other owner ``capacity``; user i of an owner holds
     ``max_records - i % max_records`` records (unequal counts 1..max_records; owner 0's first
@@ -699,11 +711,10 @@ def audit_local_dpsgd(
     capacity, noise multiplier and ε (nothing public read from the data)."""
     import torch
 
-    from fedudp.privacy.audit_stats import audit_samples
-
+    from fedudp.build import prepare
     from fedudp.config import ConfigError, config_from_overrides
     from fedudp.owner.dpsgd import owner_rates
-    from fedudp.build import prepare
+    from fedudp.privacy.audit_stats import audit_samples
 
     t0 = time.perf_counter()
     kind, factor = parse_break(broken)
@@ -744,6 +755,7 @@ def audit_local_dpsgd(
         over = {**over, **declared}
         # D' through the public API: the same arrays without the canary's records
         keep = records.user != records.user[0]
+        assert records.owner is not None  # natural_records groups the users
         import fedudp
 
         records_without = fedudp.from_arrays(
@@ -769,17 +781,21 @@ def audit_local_dpsgd(
         )
     agg, owners = p.aggregator, p.owners
     delta, batch = p.settings.delta, owners.training.user.batch_size
+    assert agg is not None and delta is not None  # checked above: local_dpsgd, private
     claimed = one_release_epsilon(agg, delta)
     shard = p.fed.owner(0)
     if natural is not None:
         # the run's own public capacity of owner 0 (declared, not counted) and its claim on D'
-        have = int(p.owners.training.dpsgd_capacity[int(shard.owner_ids[0])])
+        capacities = p.owners.training.dpsgd_capacity
+        assert capacities is not None  # declared by the audit
+        have = int(capacities[int(shard.owner_ids[0])])
         if shard.num_users != users or have != cap_m:
             raise ConfigError(
                 f"public.owner_capacity: owner 0 holds {shard.num_users} users "
                 f"at capacity {have}; the audit asked for {users} at {cap_m}"
             )
         q_ = prepare(config_from_overrides(over), records=records_without)
+        assert q_.aggregator is not None
         if (
             q_.owners.training.dpsgd_capacity != p.owners.training.dpsgd_capacity
             or q_.aggregator.noise_multiplier != agg.noise_multiplier
@@ -802,10 +818,12 @@ def audit_local_dpsgd(
     constraint = agg.constraint
     adaptive = constraint.dpsgd_count_noise is not None
     if kind == "noise":
+        dpsgd_noise, count_noise = constraint.dpsgd_noise, constraint.dpsgd_count_noise
+        assert factor is not None and dpsgd_noise is not None  # noise=FACTOR on DP-SGD
         constraint = dataclasses.replace(
             constraint,
-            dpsgd_noise=constraint.dpsgd_noise * factor,
-            dpsgd_count_noise=(None if not adaptive else constraint.dpsgd_count_noise * factor),
+            dpsgd_noise=dpsgd_noise * factor,
+            dpsgd_count_noise=(None if count_noise is None else count_noise * factor),
         )
     # the public capacity of every simulated owner (ids: D even, D' odd); schedule=data gives
     # each neighbour the count it holds (a schedule read from the data)
@@ -814,21 +832,23 @@ def audit_local_dpsgd(
         cap[0::2] = users
         cap[1::2] = users - 1
     owners.training = dataclasses.replace(owners.training, dpsgd_capacity=tuple(cap.tolist()))
+    assert p.billboard is not None  # a private method
     shared = p.billboard.shared_params()
     outs = {}
     for side, f, parity in (("D", shard, 0), ("D'", neighbour, 1)):
         parts = []
         for a in range(0, trials, chunk):
-            k = min(chunk, trials - a)
-            rep = _replicate(f, k, 2 * a + parity)
-            personal = owners.initial_personal(k)
-            fractions = np.zeros(k) if adaptive else None
+            n_k = min(chunk, trials - a)
+            rep = _replicate(f, n_k, 2 * a + parity)
+            personal = owners.initial_personal(n_k)
+            fractions = np.zeros(n_k) if adaptive else None
             delta_k = (
-                owners.owner_deltas(rep, shared, personal, np.arange(k), 1, constraint, fractions)
+                owners.owner_deltas(rep, shared, personal, np.arange(n_k), 1, constraint, fractions)
                 .to(torch.float64)
                 .numpy()
             )
             if adaptive:  # the owner's release: its delta and its mean noisy fraction
+                assert fractions is not None  # adaptive: the owners report them
                 delta_k = np.concatenate([delta_k, fractions[:, None]], axis=1)
             parts.append(delta_k)
         outs[side] = np.concatenate(parts)
@@ -914,7 +934,7 @@ def _details(r: AuditResult) -> list[str]:
     return lines
 
 
-def _main_pair(a, over: dict) -> int:
+def _main_pair(a: argparse.Namespace, over: dict) -> int:
     """``--pair paper_leak``: the paper-mode leak pair (``fedudp.leak``)."""
     from fedudp.config import ConfigError
     from fedudp.leak import clipped_sums, leak_config
@@ -941,7 +961,7 @@ def _main_pair(a, over: dict) -> int:
     return 1 if r.violation else 0
 
 
-def _repeat(run_one, seeds: list[int]) -> list[AuditResult]:
+def _repeat(run_one: Callable[[int], AuditResult], seeds: list[int]) -> list[AuditResult]:
     out = []
     for s in seeds:
         r = run_one(s)
@@ -1054,12 +1074,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("method: the audit needs a private method (full_dp or joint_dp)")
         n_owners, n_users = build.planned_units(cfg)
         population = n_owners if spec.cohort_is_owners else n_users
-        make = lambda: build.estimator(
-            cfg,
-            Sampling(s.sampling_rate, population),  # noqa: E731
-            a.rounds or s.rounds,
-            a.dim,
-        )
+
+        def make() -> Aggregator:
+            return build.estimator(
+                cfg, Sampling(s.sampling_rate, population), a.rounds or s.rounds, a.dim
+            )
+
         first = make()
         releases = a.sequence or (a.rounds or s.rounds if first.name in LINEAR_NOISE else 1)
         if releases < 1:
@@ -1070,34 +1090,27 @@ def main(argv: list[str] | None = None) -> int:
                 "--sequence (or train.rounds) lower"
             )
         print(TABLE_HEAD)
+        delta = s.delta
+        assert delta is not None  # a private method's
         if releases > 1 or first.name in SEQUENCE_AUDITED:
-            one = lambda seed: audit_sequence(
-                make(),
-                a.dim,
-                a.trials,
-                releases,  # noqa: E731
-                s.delta,
-                seed,
-                a.broken,
-                s.bound,
-            )
+
+            def one(seed: int) -> AuditResult:
+                return audit_sequence(
+                    make(), a.dim, a.trials, releases, delta, seed, a.broken, s.bound
+                )
+
         else:
-            one = lambda seed: audit(
-                make(),
-                a.dim,
-                a.trials,
-                s.delta,
-                seed,  # noqa: E731
-                a.broken,
-                s.bound,
-            )
+
+            def one(seed: int) -> AuditResult:
+                return audit(make(), a.dim, a.trials, delta, seed, a.broken, s.bound)
+
         results = _repeat(one, list(range(a.seed, a.seed + a.repeat)))
     except (ConfigError, ValueError) as e:
         return err(str(e).splitlines()[0])
     return _finish(results, a)
 
 
-def _main_local_dpsgd(a, over: dict) -> int:
+def _main_local_dpsgd(a: argparse.Namespace, over: dict) -> int:
     from fedudp.config import config_from_overrides
 
     batch = config_from_overrides({**AUDIT_DPSGD, **over}).train.batch_size
@@ -1120,16 +1133,17 @@ def _main_local_dpsgd(a, over: dict) -> int:
     print(TABLE_HEAD)
     results = []
     for m in sizes:
-        results += _repeat(
-            lambda s, m=m: audit_local_dpsgd(
+
+        def one(s: int, m: tuple[int, ...] = m) -> AuditResult:
+            return audit_local_dpsgd(
                 over, m[0], a.trials, s, a.broken, capacity=m[-1], natural=a.natural
-            ),
-            list(range(a.seed, a.seed + a.repeat)),
-        )
+            )
+
+        results += _repeat(one, list(range(a.seed, a.seed + a.repeat)))
     return _finish(results, a)
 
 
-def _finish(results: list[AuditResult], a) -> int:
+def _finish(results: list[AuditResult], a: argparse.Namespace) -> int:
     for r in results[:1] if a.repeat > 1 else results:
         print("\n".join(_details(r)))
     if a.repeat > 1:

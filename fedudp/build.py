@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -39,6 +39,8 @@ from fedudp.aggregators import (
 )
 from fedudp.aggregators.base import RUN_INPUTS, ParameterError
 from fedudp.aggregators.memory import check_rows_fit
+from fedudp.billboard.canaries import Canaries
+from fedudp.billboard.server import Billboard, ServerStep
 from fedudp.config import (
     Accounting,
     Calibration,
@@ -62,11 +64,6 @@ from fedudp.config import (
     resolved_aggregator,
     validate,
 )
-from fedudp.billboard.server import Billboard, ServerStep
-from fedudp.billboard.canaries import Canaries
-from fedudp.protocol.methods import MethodSpec, make_method
-from fedudp.owner.owners import OwnerHooks, Owners, OwnerTraining
-from fedudp.owner import local_sgd
 from fedudp.data import federation as federation_mod
 from fedudp.data.federation import Federation
 from fedudp.data.idx import check_available
@@ -75,8 +72,9 @@ from fedudp.data.readers import READERS, DataReader, ReadRequest
 from fedudp.data.records import Records, group_users
 from fedudp.models import make_model
 from fedudp.models.split import SplitModel
+from fedudp.owner import local_sgd
+from fedudp.owner.owners import OwnerHooks, Owners, OwnerTraining
 from fedudp.plugins import load as load_plugins
-from fedudp.randomness import Randomness
 from fedudp.privacy.accountant import (
     MAX_PLD_POINTS,
     BudgetError,
@@ -84,6 +82,8 @@ from fedudp.privacy.accountant import (
     accountant_for,
     pld_too_large,
 )
+from fedudp.protocol.methods import MethodSpec, make_method
+from fedudp.randomness import Randomness
 
 __all__ = [
     "RunSettings",
@@ -311,7 +311,10 @@ def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], in
             ("classes", classes, d.classes),
             ("input_shape", list(shape), d.input_shape),
         ):
-            if given is not None and (list(given) if key == "input_shape" else given) != mine:
+            if (
+                given is not None
+                and (list(cast(list, given)) if key == "input_shape" else given) != mine
+            ):
                 raise ConfigError(
                     f"dataset.{key}: dataset.name={name} declares {mine}, got "
                     f"{given} (leave it null)"
@@ -323,6 +326,7 @@ def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], in
                 f"dataset.{key}: dataset.name={name} needs it declared (public: "
                 "the model's shape, docs/your-data.md#public-numbers)"
             )
+    assert d.input_shape is not None and d.classes is not None  # checked just above
     return tuple(int(v) for v in d.input_shape), int(d.classes), bool(d.tokens)
 
 
@@ -460,7 +464,7 @@ def _group(cfg: RunConfig, train: Records, test: Records | None) -> tuple[Record
         else:
             train = group_users(
                 train,
-                rule,
+                cast(Literal["random", "column", "dirichlet"], rule),  # partition.owner_rule
                 num_owners=part.num_owners,
                 seed=cfg.seed,
                 alpha=part.dirichlet_alpha if rule == "dirichlet" else None,
@@ -469,6 +473,7 @@ def _group(cfg: RunConfig, train: Records, test: Records | None) -> tuple[Record
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"partition.owner_rule={rule}: {e}") from None
+    assert train.owner is not None  # grouped above
     owners = np.unique(train.owner)
     if test is None:
         if d.test_fraction > 0:
@@ -497,10 +502,11 @@ def natural_numbers(train: Records) -> dict:
     users, uinv = np.unique(train.user, return_inverse=True)
     per_user = np.bincount(uinv)
     first = np.unique(train.user, return_index=True)[1]
+    assert train.owner is not None  # a grouped federation
     _, owner_users = np.unique(train.owner[first], return_counts=True)
     return {
-        "users": int(len(users)),
-        "owners": int(len(owner_users)),
+        "users": len(users),
+        "owners": len(owner_users),
         "owner_capacity": int(owner_users.max(initial=0)),
         "records_per_user": int(per_user.max(initial=0)),
     }
@@ -709,26 +715,26 @@ def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) 
     config; an estimator's ``inputs`` pick from them."""
     p, t = cfg.privacy, cfg.train
     group = bool(p.group_privacy)
-    values = dict(
-        dim=dim,
-        epsilon=p.epsilon,
-        delta=p.delta,
-        rounds=rounds,
-        sampling=sampling,
-        clip=p.clip,
-        clip_policy=ClipPolicy(p.clip_policy).value,
-        clip_quantile=p.clip_quantile,
-        clip_lr=p.clip_lr,
-        clip_count_noise=p.clip_count_noise,
-        accounting=Accounting(p.accounting).value,
-        calibration=Calibration(p.calibration).value,
-        records_per_unit=records_per_unit(cfg) if cfg.estimator["tau"] is None else None,
-        batch_size=t.batch_size,
-        local_epochs=t.local_epochs,
-        owner_units=planned_owner_records(cfg) if group else planned_owner_users(cfg),
-        group_size=int(cfg.partition.records_per_user) if group else None,
-        noise_scale=float(cfg.audit.noise_scale),
-    )
+    values = {
+        "dim": dim,
+        "epsilon": p.epsilon,
+        "delta": p.delta,
+        "rounds": rounds,
+        "sampling": sampling,
+        "clip": p.clip,
+        "clip_policy": ClipPolicy(p.clip_policy).value,
+        "clip_quantile": p.clip_quantile,
+        "clip_lr": p.clip_lr,
+        "clip_count_noise": p.clip_count_noise,
+        "accounting": Accounting(p.accounting).value,
+        "calibration": Calibration(p.calibration).value,
+        "records_per_unit": records_per_unit(cfg) if cfg.estimator["tau"] is None else None,
+        "batch_size": t.batch_size,
+        "local_epochs": t.local_epochs,
+        "owner_units": planned_owner_records(cfg) if group else planned_owner_users(cfg),
+        "group_size": int(cfg.partition.records_per_user) if group else None,
+        "noise_scale": float(cfg.audit.noise_scale),
+    }
     assert values.keys() == RUN_INPUTS.keys()  # the builder gives every declared run value
     return values
 
@@ -794,7 +800,8 @@ def model(
     Layers that break per-user privacy (BatchNorm, ...) are refused, naming the layer.
     ``probe``: also run ``probe_model`` (``prepare`` does, once per run: a Flower owner
     rebuilding the model from the same config skips it)."""
-    from fedudp.models import custom, validate as model_check
+    from fedudp.models import custom
+    from fedudp.models import validate as model_check
 
     load_plugins(cfg.plugins)  # a plugin's model (a Flower owner builds it from the config)
     shape, classes, tokens = input_spec(cfg, records)
@@ -824,7 +831,8 @@ def model(
         m = m.double()
     for prm in m.parameters():
         prm.requires_grad_(False)
-    return m
+    # a SplitModel, or a user's module that carries default_personal (fedudp.models.custom)
+    return cast(SplitModel, m)
 
 
 def _inputs_declared(cfg: RunConfig) -> bool:
@@ -841,8 +849,8 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
     one-pass per-record kernel on the same batch for every parameter whose layer qualifies for
     it (whichever of them a method shares, the kernel then runs on a subset of these layers; an
     exact nn.Linear applied twice per forward fails there). One-line ``ValueError``."""
-    from fedudp.owner import per_sample
     from fedudp.models import validate as model_check
+    from fedudp.owner import per_sample
 
     model_check.probe(m, shape, classes, tokens)
     names = tuple(n for n, _ in m.named_parameters() if per_sample.supported(m, (n,)))
@@ -937,7 +945,7 @@ def federation(cfg: RunConfig, records: Any = None) -> Federation:
         if d.num_records > len(pool.train_y):
             raise ConfigError(
                 f"dataset.num_records: {d.num_records} records asked for, but "
-                f"{d.root} holds {len(pool.train_y)} {str(d.name)} "
+                f"{d.root} holds {len(pool.train_y)} {d.name!s} "
                 "training records"
             )
     try:
@@ -1004,11 +1012,13 @@ def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> L
     if Unit(p.unit) == Unit.record:
         notes.append("records_per_user=1: each user is one record, so user level is record level")
     unit = Unit(p.unit).value if private else None
-    accountant = aggregator.accountant if private else None
+    dp_agg = aggregator if private else None  # a private method always has its estimator
+    accountant = dp_agg.accountant if dp_agg is not None else None
     if (
-        private
+        dp_agg is not None
+        and accountant is not None
         and accountant.startswith("dp_accounting.PLDAccountant")
-        and pld_too_large(aggregator.dp_event())
+        and pld_too_large(dp_agg.dp_event())
     ):
         # a noise so small that its PLD would not fit: RDP accounts for it (an upper bound too)
         accountant = (
@@ -1017,7 +1027,7 @@ def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> L
         )
     led = Ledger(
         unit=unit,
-        adjacency=aggregator.adjacency if private else None,
+        adjacency=dp_agg.adjacency if dp_agg is not None else None,
         accounting=Accounting(p.accounting).value if private else None,
         guarantee=run_guarantee(spec, aggregator),
         mechanism=aggregator.name if aggregator else "none",
@@ -1152,7 +1162,7 @@ def check(cfg: RunConfig) -> None:
             raise ConfigError(
                 f"algorithm.name: the seeds' training algorithms run on planned "
                 f"federations (synthetic, mnist, fashion_mnist), not on "
-                f"dataset.name={str(cfg.dataset.name)}"
+                f"dataset.name={cfg.dataset.name!s}"
             )
         if str(cfg.dataset.name) == "memory" and EngineName(cfg.engine) == EngineName.flower:
             raise ConfigError(
@@ -1174,7 +1184,7 @@ def check_randomness(cfg: RunConfig) -> None:
     if str(cfg.algorithm.name) != "none":
         raise ConfigError(
             f"privacy.randomness=secure: not with a seed's training algorithm "
-            f"(algorithm.name={str(cfg.algorithm.name)} draws its "
+            f"(algorithm.name={cfg.algorithm.name!s} draws its "
             "cohorts and noise from the seed); use privacy.randomness=seeded"
         )
     if resolved_aggregator(cfg) == "dp_mf_banded":
@@ -1347,12 +1357,13 @@ def warn_min_users(aggregator: Aggregator | None) -> dict:
     """An unmet theoretical minimum number of users for the estimator's utility guarantee: a
     warning (privacy holds for any n) and the summary's fields."""
     need = aggregator.min_users_required if aggregator is not None else None
-    if need is None:
+    if need is None or aggregator is None:
         return {}
     n = aggregator.sampling.population
     if n < need:
         warnings.warn(
             f"aggregator={aggregator.name}: n={n} units is below the theoretical "
-            f"minimum {need} for its utility guarantee (privacy still holds)"
+            f"minimum {need} for its utility guarantee (privacy still holds)",
+            stacklevel=1,  # (the default: the warning names this line)
         )
     return {"min_users_met": bool(n >= need), "min_users_required": int(need), "units": int(n)}

@@ -23,6 +23,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
+from typing import cast
 
 __all__ = ["main", "CONF_DIR", "USER_CONF", "preflight", "canary_text", "user_searchpath"]
 
@@ -56,7 +57,7 @@ def _hydra_main() -> None:
             check_known_keys(dcfg)  # to_object would drop a '+key' silently
         except ConfigError as e:
             fail(str(e))
-        cfg: RunConfig = OmegaConf.to_object(dcfg)
+        cfg = cast(RunConfig, OmegaConf.to_object(dcfg))  # the structured schema's dataclass
         hc = HydraConfig.get()
         out_dir = hc.runtime.output_dir
         sweep = None
@@ -176,12 +177,13 @@ def preflight(argv: list[str]) -> None:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException as e:
         fail(str(e))
-    first = []
+    first: list[str] = []
     for o in parsed:
         key = o.get_key_element().lstrip("+~")
         if key in ("hydra.run.dir", "hydra.sweep.dir"):
             check_output_path(key, o.get_value_element_as_str())
         if key == "hydra.searchpath":  # where +experiment=<name> is looked up
+            assert o.input_line is not None  # parsed from a line
             first.append(o.input_line)
         if key.startswith("hydra"):
             continue
@@ -204,14 +206,14 @@ def preflight(argv: list[str]) -> None:
         if marker in str(e):  # raised by a resolver (huang_table3)
             fail(str(e).split(marker, 1)[1])
         cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
-        key = getattr(cause, "full_key", None)
-        if key and isinstance(cause, ConfigAttributeError):  # a key the schema lacks
-            fail(unknown_key_message(key))
+        full_key: str | None = getattr(cause, "full_key", None)
+        if full_key and isinstance(cause, ConfigAttributeError):  # a key the schema lacks
+            fail(unknown_key_message(full_key))
         text = str(cause).strip().splitlines()[0]
         if "MissingConfigException" in type(e).__name__:
             options = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines()[3:]]
             text += f" (available: {', '.join(o for o in options if o)})"
-        fail(f"{key}: {text}" if key else text)
+        fail(f"{full_key}: {text}" if full_key else text)
 
 
 def check_output_path(key: str, value: str) -> None:

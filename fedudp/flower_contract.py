@@ -378,11 +378,11 @@ def checked(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def config_overrides(values: Mapping[str, Any]) -> dict[str, Any]:
     """fedudp config overrides (``{"privacy.epsilon": 2.0, ...}``) from ``checked``'s values."""
-    over = {
-        BY_NAME[k].config_key: v
-        for k, v in values.items()
-        if k in BY_NAME and BY_NAME[k].config_key is not None
-    }
+    over: dict[str, Any] = {}
+    for k, v in values.items():
+        key = BY_NAME[k].config_key if k in BY_NAME else None
+        if key is not None:
+            over[key] = v
     over["train.rounds"] = values["rounds"]
     return over
 

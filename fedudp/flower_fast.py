@@ -173,7 +173,9 @@ class TorchTraining:
             "train_config or give lr as a number"
         )
 
-    def records(self, users: Sequence[int], num_users: int):
+    def records(
+        self, users: Sequence[int], num_users: int
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, np.ndarray, np.ndarray]:
         """(x, y, starts, sizes): the users' records, concatenated in the users' order."""
         xs, ys, sizes = [], [], []
         for u in users:
@@ -270,6 +272,7 @@ class TorchTraining:
         has = np.flatnonzero(sizes > 0)  # users without records: a zero update
         if not len(has) or not d:
             return out, [(float(k), {}) for k in sizes]
+        assert x is not None and y is not None  # some user has records
         model = self.module()
         metrics = self._metrics(params, x, y, sizes)
         trainable = tuple(k for k, _ in model.named_parameters())
@@ -287,8 +290,8 @@ class TorchTraining:
                     self._one_step_ok = one = False
                 else:
                     # the float32 model after the step, as the app's SGD leaves it
-                    end = w0.unsqueeze(0) + V.to(w0.dtype)
-                    out[torch.from_numpy(rows)] = end.double() - w0.double()
+                    stepped = w0.unsqueeze(0) + V.to(w0.dtype)
+                    out[torch.from_numpy(rows)] = stepped.double() - w0.double()
                     continue
             end = self._sgd(params, trainable, x, y, starts[rows], sizes[rows], lr)
             flat = torch.cat([end[k].reshape(len(rows), -1) for k in names], dim=1)
@@ -331,6 +334,7 @@ class TorchTraining:
         trainable = tuple(k for k, _ in model.named_parameters())
         own = {k: params[k] for k in names}
         for i in np.flatnonzero(sizes > 0):
+            assert x is not None and y is not None  # user i has records
             at = {**params, **own}
             end = self._sgd(at, trainable, x, y, starts[i : i + 1], sizes[i : i + 1], lr)
             own = {k: end[k][0].detach() for k in names}

@@ -15,13 +15,22 @@ import csv
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedudp import tracking
-from fedudp.build import Prepared, prepare, run_guarantee, settings, warn_min_users
+from fedudp.billboard.rounds import RoundsResult, Transport, run_rounds, summarize
+from fedudp.build import (
+    Prepared,
+    RunSettings,
+    prepare,
+    run_guarantee,
+    settings,
+    warn_min_users,
+)
 from fedudp.config import (
     ConfigError,
     RunConfig,
@@ -30,10 +39,12 @@ from fedudp.config import (
     validate,
     with_schema_defaults,
 )
-from fedudp.protocol import checkpoint as checkpoints
-from fedudp.billboard.rounds import RoundsResult, run_rounds, summarize
-from fedudp.provenance import provenance
 from fedudp.privacy.labels import epsilon_display
+from fedudp.protocol import checkpoint as checkpoints
+from fedudp.provenance import provenance
+
+if TYPE_CHECKING:
+    from fedudp.data.federation import Federation
 
 __all__ = [
     "run",
@@ -46,18 +57,21 @@ __all__ = [
 
 
 def execute(
-    p: Prepared, on_round=None, grid: Any = None, checkpoint: checkpoints.Checkpointer | None = None
+    p: Prepared,
+    on_round: Callable[[dict], None] | None = None,
+    grid: Any = None,
+    checkpoint: checkpoints.Checkpointer | None = None,
 ) -> RoundsResult:
     """The round loop on the configured engine (``grid``: ``flwr run``'s, for engine=flower;
     ``checkpoint``: where and how often it checkpoints, and the state a resumed run starts
     from)."""
     if p.settings.engine == "flower":
-        from fedudp.engines import flower_server as engine
+        from fedudp.engines.flower_server import execute as on_engine
     else:
-        from fedudp.engines import local as engine
+        from fedudp.engines.local import execute as on_engine
     t = p.settings
 
-    def drive(transport) -> RoundsResult:
+    def drive(transport: Transport) -> RoundsResult:
         return run_rounds(
             t.rounds,
             t.eval_every,
@@ -70,7 +84,7 @@ def execute(
 
     agg = p.aggregator  # asked each round: an adaptive clip changes between rounds
     constraint = (lambda: agg.constraint) if agg is not None else None
-    return engine.execute(p.cfg, p.settings, p.owners, p.fed, constraint, drive, grid=grid)
+    return on_engine(p.cfg, p.settings, p.owners, p.fed, constraint, drive, grid=grid)
 
 
 def _same_config(out: Path, cfg: RunConfig) -> bool | None:
@@ -226,42 +240,16 @@ def run_with_result(
         for k, v in p.ledger.to_dict().items()
         if k not in ("entries", "epsilon", "rounds_released")
     }
-    if resume:
-        out = Path(out_dir)
-        ckpt = _resume_from(out, cfg, head)
-        written = len(ckpt.resumed["billboard"]["entries"]) if ckpt.resumed["billboard"] else 0
-        resumed_round: int | None = int(ckpt.resumed["round"])
-    else:
-        out = _output_folder(out_dir, cfg)
-        (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
-        metrics_path.write_text("")
-        ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
-        ckpt, written = _checkpointer(out, cfg), 0
-        resumed_round = None
+    out, ckpt, written, resumed_round = _start_outputs(
+        cfg, out_dir, resume, head, metrics_path, ledger_path
+    )
     tracker = _tracker(cfg, p, out, sweep, resumed_round)
     bar = _progress(p.settings)
     heuristic = p.spec.private and run_guarantee(p.spec, p.aggregator) == "heuristic"
     shown: dict = {}  # the bar's postfix after the last round (accuracy, ε)
     if bar is not None:
         p.owners.on_progress = _in_round(bar, shown)
-
-    def on_round(info: dict) -> None:
-        nonlocal written
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(jsonable(info)) + "\n")
-        with open(ledger_path, "a") as f:
-            for e in p.ledger.entries[written:]:
-                f.write(json.dumps(jsonable(e.__dict__)) + "\n")
-        written = len(p.ledger.entries)
-        tracker.log_round(info)
-        if bar is not None:
-            bar.update(1)
-            # a heuristic ε is never shown bare, the progress bar included
-            eps_key = "eps (heuristic)" if heuristic else "eps"
-            post = {"acc": info.get("accuracy_mean"), eps_key: info.get("epsilon")}
-            shown.clear()
-            shown.update({k: f"{v:.3f}" for k, v in post.items() if v is not None})
-            bar.set_postfix(shown)
+    on_round = _RoundWriter(p, metrics_path, ledger_path, written, tracker, bar, heuristic, shown)
 
     res = None
     try:
@@ -282,6 +270,70 @@ def run_with_result(
         checkpoints.keep_after_finish(out, s.keep_after_finish)
     tracker.finish(summary, out)
     return summary, res, p
+
+
+def _start_outputs(
+    cfg: RunConfig,
+    out_dir: str | Path,
+    resume: str | None,
+    head: dict,
+    metrics_path: Path,
+    ledger_path: Path,
+) -> tuple[Path, checkpoints.Checkpointer, int, int | None]:
+    """The run folder, its checkpointer, the number of ledger entries ledger.jsonl already
+    holds and the round a resumed run starts from. A new run (``resume`` unset) writes its
+    config.yaml, an empty metrics.jsonl and ledger.jsonl's head line; a resumed one continues
+    from its newest usable checkpoint."""
+    if resume:
+        out = Path(out_dir)
+        ckpt = _resume_from(out, cfg, head)
+        resumed = ckpt.resumed
+        assert resumed is not None  # _resume_from sets the checkpoint it resumes from
+        written = len(resumed["billboard"]["entries"]) if resumed["billboard"] else 0
+        return out, ckpt, written, int(resumed["round"])
+    out = _output_folder(out_dir, cfg)
+    (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
+    metrics_path.write_text("")
+    ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
+    return out, _checkpointer(out, cfg), 0, None
+
+
+class _RoundWriter:
+    """``on_round`` of a run with a folder: the round's metrics line and the ledger's new
+    entries appended (and flushed: both files are whole after every round), the round logged to
+    the tracker and shown on the progress bar (a heuristic ε is never shown bare)."""
+
+    def __init__(
+        self,
+        p: Prepared,
+        metrics_path: Path,
+        ledger_path: Path,
+        written: int,
+        tracker: tracking.Tracker,
+        bar: Any,
+        heuristic: bool,
+        shown: dict,
+    ) -> None:
+        self.p, self.metrics_path, self.ledger_path = p, metrics_path, ledger_path
+        self.written = written  # ledger entries already in ledger.jsonl
+        self.tracker, self.bar, self.heuristic, self.shown = tracker, bar, heuristic, shown
+
+    def __call__(self, info: dict) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(jsonable(info)) + "\n")
+        entries = self.p.ledger.entries
+        with open(self.ledger_path, "a") as f:
+            for e in entries[self.written :]:
+                f.write(json.dumps(jsonable(e.__dict__)) + "\n")
+        self.written = len(entries)
+        self.tracker.log_round(info)
+        if self.bar is not None:
+            self.bar.update(1)
+            eps_key = "eps (heuristic)" if self.heuristic else "eps"
+            post = {"acc": info.get("accuracy_mean"), eps_key: info.get("epsilon")}
+            self.shown.clear()
+            self.shown.update({k: f"{v:.3f}" for k, v in post.items() if v is not None})
+            self.bar.set_postfix(self.shown)
 
 
 def _tracker(
@@ -462,7 +514,7 @@ def summary_of(
         "adjacency": ledger.adjacency,
         "accounting": ledger.accounting,
         "guarantee": guarantee,
-        "noise_multiplier": aggregator.noise_multiplier if spec.private else None,
+        "noise_multiplier": aggregator.noise_multiplier if spec.private and aggregator else None,
         "rounds_completed": res.rounds_completed if res is not None else len(ledger.entries),
         "rounds_planned": s.rounds,
         "stop_reason": res.stop_reason if res is not None else "failed",
@@ -494,7 +546,7 @@ def summary_of(
     return summary
 
 
-def _write_owners(path: Path, fed, res) -> None:
+def _write_owners(path: Path, fed: Federation, res: RoundsResult) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
@@ -521,7 +573,7 @@ def _to_yaml(d: dict) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(d))
 
 
-def _in_round(bar, shown: dict, every: float = 0.5) -> Callable[[str, int, int], None]:
+def _in_round(bar: Any, shown: dict, every: float = 0.5) -> Callable[[str, int, int], None]:
     """Progress inside a round on the round bar: the last round's postfix plus the current
     stage, e.g. ``users=1200/5000`` (owners' chunks done, or on engine=flower owners replied),
     redrawn at most every ``every`` seconds and when a stage completes."""
@@ -537,8 +589,8 @@ def _in_round(bar, shown: dict, every: float = 0.5) -> Callable[[str, int, int],
     return tick
 
 
-def _progress(s):
-    """The round bar on stderr (``progress=false``: None)."""
+def _progress(s: RunSettings) -> Any:
+    """The round bar on stderr, a tqdm (``progress=false``: None)."""
     if not s.progress:
         return None
     from tqdm import tqdm

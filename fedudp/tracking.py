@@ -615,7 +615,7 @@ class SweepCallback(Callback):
     folder) and is marked finished. Nothing is imported
     when the sweep was not tracked."""
 
-    def on_multirun_end(self, config, **kwargs) -> None:
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         folder = Path(str(config.hydra.sweep.dir))
         state = _read_state(folder / STATE_FILE)
         if state.get("kind") != "mlflow" or not state.get("parent_run_id"):

@@ -16,22 +16,23 @@ your own through ``plugins=[...]`` (docs/architecture.md#how-to-add-an-extension
 
 from __future__ import annotations
 
-from fedudp.aggregators import (
-    adaptive_clip,
-    banded,
-    few_users,
-    gaussian,
-    outlier,  # noqa: F401
-    tree,
-    winsorized,
-)  # (register)
+# each estimator's module registers its class when imported
+from fedudp.aggregators import adaptive_clip as adaptive_clip
+from fedudp.aggregators import banded as banded
+from fedudp.aggregators import few_users as few_users
+from fedudp.aggregators import gaussian as gaussian
+from fedudp.aggregators import outlier as outlier
+from fedudp.aggregators import tree as tree
+from fedudp.aggregators import winsorized as winsorized
+from fedudp.aggregators.adaptive_clip import AdaptiveClipGaussian
+from fedudp.aggregators.banded import BandedMatrixAggregator
 from fedudp.aggregators.base import (
     REGISTRY,
+    RUN_INPUTS,
     Aggregate,
     Aggregator,
     Constraint,
     Contribution,
-    RUN_INPUTS,
     Option,
     ParameterError,
     Sampling,
@@ -39,13 +40,11 @@ from fedudp.aggregators.base import (
     finite_rows,
     register,
 )
-from fedudp.aggregators.adaptive_clip import AdaptiveClipGaussian
-from fedudp.aggregators.banded import BandedMatrixAggregator
 from fedudp.aggregators.few_users import FewUsersAggregator
 from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean
-from fedudp.aggregators.tree import TreeAggregator
 from fedudp.aggregators.outlier import FriendlyCoreAggregator, OutlierRemovalAggregator
+from fedudp.aggregators.tree import TreeAggregator
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 
 __all__ = [

@@ -165,7 +165,7 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         clip_lr: float = DEFAULT_CLIP_LR,
         clip_count_noise: float | None = None,
         noise_scale: float = 1.0,
-    ) -> "AdaptiveClipGaussian":
+    ) -> AdaptiveClipGaussian:
         """The smallest effective multiplier z meeting (ε, δ) over ``rounds`` Poisson-sampled
         releases (as for fixed clipping), split between the count (σ_b = ``clip_count_noise``,
         default expected cohort / 20) and the update."""
@@ -194,7 +194,7 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         clip_lr: float = DEFAULT_CLIP_LR,
         clip_count_noise: float | None = None,
         noise_scale: float = 1.0,
-    ) -> "AdaptiveClipGaussian":
+    ) -> AdaptiveClipGaussian:
         """A given *effective* noise multiplier z (what the ledger accounts), split as above."""
         check_sampling(sampling)
         check_positive("clip", clip)

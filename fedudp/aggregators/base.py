@@ -28,15 +28,15 @@ from __future__ import annotations
 import math
 import numbers
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, ClassVar, Sequence, TypeAlias
+from typing import Any, ClassVar, TypeAlias
 
 import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.registry import Registry
 from fedudp.privacy.accountant import (
     ADJACENCY,
     MAX_NOISE_MULTIPLIER,
@@ -46,6 +46,7 @@ from fedudp.privacy.accountant import (
     calibrate_noise_multiplier,
 )
 from fedudp.privacy.mechanisms import clip_factors
+from fedudp.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,8 @@ class Contribution:
 
     @staticmethod
     def merge(
-        parts: Sequence["Contribution"], dim: int, dtype: torch.dtype, rows: bool
-    ) -> "Contribution":
+        parts: Sequence[Contribution], dim: int, dtype: torch.dtype, rows: bool
+    ) -> Contribution:
         """The cohort's contribution: rows stacked, or totals summed (in ``dtype``).
 
         Rows are held once: a single part's rows are returned as they are (no copy where the
@@ -223,7 +224,7 @@ class Aggregator(ABC):
     # options (``estimator.<name>`` in the config, typed, with their defaults); ``noise_inputs``:
     # what ``with_noise_multiplier`` takes besides the multiplier (``fixed_noise`` estimators)
     inputs: ClassVar[tuple[str, ...]] = ()
-    options: ClassVar[tuple["Option", ...]] = ()
+    options: ClassVar[tuple[Option, ...]] = ()
     noise_inputs: ClassVar[tuple[str, ...]] = ()
 
     sampling: Sampling
@@ -267,7 +268,7 @@ class Aggregator(ABC):
         """Release an estimate of the cohort's mean from the merged contribution."""
 
     def __call__(
-        self, G: "torch.Tensor | np.ndarray", *, rng: "torch.Generator | int | None" = None
+        self, G: torch.Tensor | np.ndarray, *, rng: torch.Generator | int | None = None
     ) -> Aggregate:
         """Owner side and release in one call, on the cohort matrix ``G`` (n_units x d): a torch
         tensor or a numpy array of real numbers (integers are read as float64). ``rng``: the

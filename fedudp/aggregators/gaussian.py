@@ -72,7 +72,7 @@ class GaussianAggregator(ClippedSumAggregator):
         rounds: int,
         sampling: Sampling,
         noise_scale: float = 1.0,
-    ) -> "GaussianAggregator":
+    ) -> GaussianAggregator:
         """Clip to ``clip``, with the smallest noise multiplier z whose ``rounds`` releases,
         Poisson-sampled at ``sampling.rate`` (plain Gaussian at rate 1), meet (ε, δ) under the
         PLD accountant. (A fixed z: ``GaussianAggregator(clip, z, sampling)``.)"""
@@ -85,7 +85,7 @@ class GaussianAggregator(ClippedSumAggregator):
     @classmethod
     def with_noise_multiplier(
         cls, noise_multiplier: float, *, clip: float, sampling: Sampling, noise_scale: float = 1.0
-    ) -> "GaussianAggregator":
+    ) -> GaussianAggregator:
         """Clip to ``clip`` with the given noise multiplier (the accountant then tracks ε)."""
         check_sampling(sampling)
         check_positive("clip", clip)
@@ -130,7 +130,7 @@ class MeanAggregator(Aggregator):
         self.sampling = sampling or Sampling(1.0, 1)
 
     @classmethod
-    def calibrated(cls, *, sampling: Sampling | None = None) -> "MeanAggregator":
+    def calibrated(cls, *, sampling: Sampling | None = None) -> MeanAggregator:
         """Nothing to calibrate (not private): the plain mean."""
         if sampling is not None:
             check_sampling(sampling)

@@ -13,9 +13,13 @@ sum aggregators (``gaussian``, ``none``) need O(dim).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from fedudp.aggregators.rows import DISTANCE_CHUNK, chunks_bytes  # noqa: F401
 from fedudp.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedudp.aggregators.base import Aggregator
 
 GIB = 1024**3
 # The rows may be held twice for a moment: engine=local's ``Owners.reply`` writes a planned
@@ -34,7 +38,7 @@ def cohort_rows(rate: float, population: int) -> int:
     return int(min(population, math.ceil(rate * population + 6 * sd + 10)))
 
 
-def rows_bytes(rows: int, dim: int, itemsize: int, aggregator=None) -> int:
+def rows_bytes(rows: int, dim: int, itemsize: int, aggregator: Aggregator | None = None) -> int:
     """Peak bytes of one release's rows: the [rows, dim] matrix in the owners' dtype
     (``itemsize``) and the larger of what comes on top of it at any one time: its copy while
     the owners assemble it (``OWNER_ROW_COPIES``), or the estimator's working set
@@ -60,7 +64,9 @@ def available_bytes() -> int | None:
     return None
 
 
-def check_rows_fit(aggregator, dim: int, itemsize: int, available: int | None = None) -> int:
+def check_rows_fit(
+    aggregator: Aggregator, dim: int, itemsize: int, available: int | None = None
+) -> int:
     """Estimated bytes of one release's rows; ``ConfigError`` (naming the need) if an
     aggregator that needs them would not fit in the memory available."""
     if aggregator is None or not aggregator.needs_per_user_vectors:

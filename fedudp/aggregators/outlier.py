@@ -48,12 +48,17 @@ configuration is refused (it would break privacy), not warned about.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import BETA, BOUND, TAU
 from fedudp.aggregators.base import (
+    BETA,
+    BOUND,
+    TAU,
     Aggregate,
     ParameterError,
     RowsAggregator,
@@ -79,8 +84,119 @@ COUPLING_MEAN = 6.0  # Σ_j |p_j - p'_j| <= 6 (n-1)/n under replace-one
 PRUNE_MARGIN = 1e-6  # relative: a pair decided by its norms alone is this far from a radius
 
 
+@dataclass
+class _Pairs:
+    """``friend_counts``' blocks of pairs: the centred rows (``rows`` around ``centre``), their
+    float64 squared norms ``sq`` (in the order ``order`` of the norms, None: the rows' own),
+    the radii squared and their pruning thresholds, and the counts ``out`` being filled."""
+
+    rows: CohortRows
+    centre: torch.Tensor
+    sq: torch.Tensor
+    order: torch.Tensor | None
+    norm: list[float]
+    r2: list[float]
+    sure: list[float]  # norms' sum below: friends
+    apart: list[float]  # norms' difference above: not friends
+    out: torch.Tensor
+
+    def load(self, p0: int, p1: int, buf: torch.Tensor | None) -> torch.Tensor:
+        """The centred float64 rows at positions p0..p1-1 (into ``buf``)."""
+        if self.order is None:
+            return self.rows.block(p0, p1, centre=self.centre, out=buf)
+        return self.rows.take(self.order[p0:p1], centre=self.centre, out=buf)
+
+    def plan(self, i0: int, i1: int, j0: int, j1: int) -> list[str]:
+        """Per radius, for the pairs (positions i0..i1-1) x (j0..j1-1), j0 >= i0: "all" friends,
+        "none", or "gram" (their products decide)."""
+        if self.order is None:
+            return ["gram"] * len(self.r2)
+        norm = self.norm
+        most = norm[i1 - 1] + norm[j1 - 1]
+        least = norm[j0] - norm[i1 - 1] if j0 >= i1 else 0.0
+        return [
+            "all" if most <= self.sure[k] else "none" if least >= self.apart[k] else "gram"
+            for k in range(len(self.r2))
+        ]
+
+    def count(
+        self,
+        i0: int,
+        A: Callable[[], torch.Tensor],
+        j0: int,
+        B: Callable[[], torch.Tensor],
+        both: bool,
+        how: list[str],
+        na: int,
+        nb: int,
+    ) -> None:
+        """Count the friends among rows i0..i0+na-1 (``A()``) x j0..j0+nb-1 (``B()``), for
+        both sides (``both``) or, for a diagonal block, once."""
+        out, sq = self.out, self.sq
+        d2 = None
+        for k, rr in enumerate(self.r2):
+            if how[k] == "all":
+                out[k, i0 : i0 + na] += nb
+                if both:
+                    out[k, j0 : j0 + nb] += na
+                continue
+            if how[k] == "none":
+                continue
+            if d2 is None:
+                a, b = A(), B()
+                # ||a||² + ||b||² - 2<a,b> in two passes (negative rounding is harmless: r² >= 0)
+                d2 = torch.addmm(sq[None, j0 : j0 + nb], a, b.T, alpha=-2.0)
+                d2 += sq[i0 : i0 + na, None]
+                if not both:  # a diagonal block: its own rows
+                    idx = torch.arange(na, device=out.device)
+                    d2[idx, idx + (i0 - j0)] = 0.0  # a point is its own friend, exactly
+            near = d2 <= rr
+            out[k, i0 : i0 + na] += near.sum(1)
+            if both:
+                out[k, j0 : j0 + nb] += near.sum(0)
+
+    def outer_block(
+        self,
+        o0: int,
+        o1: int,
+        chunk: int,
+        outer_buf: torch.Tensor | None,
+        inner_buf: torch.Tensor | None,
+    ) -> None:
+        """Every pair with a row at positions o0..o1-1 and the other at or after it: the pairs
+        inside the outer block, then the outer block against every later inner block (sorted
+        by norm: stops at the first block farther than every radius)."""
+        n, norm = self.rows.n, self.norm
+        far = max(self.apart) if self.apart else 0.0
+        held: list[torch.Tensor] = []
+
+        def outer_rows_() -> torch.Tensor:  # converted once, when first needed
+            if not held:
+                held.append(self.load(o0, o1, outer_buf))
+            return held[0]
+
+        def part(p0: int, p1: int) -> Callable[[], torch.Tensor]:
+            return lambda: outer_rows_()[p0 - o0 : p1 - o0]
+
+        for i0 in range(o0, o1, chunk):  # pairs inside the outer block
+            i1 = min(o1, i0 + chunk)
+            sub = part(i0, i1)
+            self.count(i0, sub, i0, sub, False, self.plan(i0, i1, i0, i1), i1 - i0, i1 - i0)
+            for j0 in range(i1, o1, chunk):
+                j1 = min(o1, j0 + chunk)
+                how = self.plan(i0, i1, j0, j1)
+                self.count(i0, sub, j0, part(j0, j1), True, how, i1 - i0, j1 - j0)
+        for j0 in range(o1, n, chunk):  # against every later row, once
+            j1 = min(n, j0 + chunk)
+            if self.order is not None and norm[j0] - norm[o1 - 1] >= far:
+                break  # sorted: every later block is farther
+            how = self.plan(o0, o1, j0, j1)
+            inner = partial(self.load, j0, j1, inner_buf)
+            self.count(o0, outer_rows_, j0, inner, True, how, o1 - o0, j1 - j0)
+
+
 def friend_counts(
-    V: "torch.Tensor | CohortRows",
+    V: torch.Tensor | CohortRows,
     radii: tuple[float, ...],
     chunk: int | None = None,
     outer: int | None = None,
@@ -127,93 +243,13 @@ def friend_counts(
     sure = [r * (1 - PRUNE_MARGIN) for r in radii]  # norms' sum below: friends
     apart = [r * (1 + PRUNE_MARGIN) for r in radii]  # norms' difference above: not friends
     out = torch.zeros(len(radii), n, dtype=torch.int64, device=dev)
-
-    def load(p0: int, p1: int, buf: torch.Tensor | None) -> torch.Tensor:
-        if order is None:
-            return rows.block(p0, p1, centre=centre, out=buf)
-        return rows.take(order[p0:p1], centre=centre, out=buf)
-
-    def plan(i0: int, i1: int, j0: int, j1: int) -> list[str]:
-        """Per radius, for the pairs (positions i0..i1-1) x (j0..j1-1), j0 >= i0: "all" friends,
-        "none", or "gram" (their products decide)."""
-        if order is None:
-            return ["gram"] * len(radii)
-        most = norm[i1 - 1] + norm[j1 - 1]
-        least = norm[j0] - norm[i1 - 1] if j0 >= i1 else 0.0
-        return [
-            "all" if most <= sure[k] else "none" if least >= apart[k] else "gram"
-            for k in range(len(radii))
-        ]
-
-    def count(i0: int, A, j0: int, B, both: bool, how: list[str], na: int, nb: int) -> None:
-        d2 = None
-        for k, rr in enumerate(r2):
-            if how[k] == "all":
-                out[k, i0 : i0 + na] += nb
-                if both:
-                    out[k, j0 : j0 + nb] += na
-                continue
-            if how[k] == "none":
-                continue
-            if d2 is None:
-                a, b = A(), B()
-                # ||a||² + ||b||² - 2<a,b> in two passes (negative rounding is harmless: r² >= 0)
-                d2 = torch.addmm(sq[None, j0 : j0 + nb], a, b.T, alpha=-2.0)
-                d2 += sq[i0 : i0 + na, None]
-                if not both:  # a diagonal block: its own rows
-                    idx = torch.arange(na, device=dev)
-                    d2[idx, idx + (i0 - j0)] = 0.0  # a point is its own friend, exactly
-            near = d2 <= rr
-            out[k, i0 : i0 + na] += near.sum(1)
-            if both:
-                out[k, j0 : j0 + nb] += near.sum(0)
-
+    pairs = _Pairs(rows, centre, sq, order, norm, r2, sure, apart, out)
     outer_buf = torch.empty(min(outer, n), d, dtype=torch.float64, device=dev) if n else None
     inner_buf = (
         torch.empty(min(chunk, n), d, dtype=torch.float64, device=dev) if outer < n else None
     )
-    far = max(apart) if apart else 0.0
     for o0 in range(0, n, outer):
-        o1 = min(n, o0 + outer)
-        held: list[torch.Tensor] = []
-
-        def outer_rows_() -> torch.Tensor:  # converted once, when first needed
-            if not held:
-                held.append(load(o0, o1, outer_buf))
-            return held[0]
-
-        for i0 in range(o0, o1, chunk):  # pairs inside the outer block
-            i1 = min(o1, i0 + chunk)
-            sub = lambda i0=i0, i1=i1: outer_rows_()[i0 - o0 : i1 - o0]
-            count(i0, sub, i0, sub, False, plan(i0, i1, i0, i1), i1 - i0, i1 - i0)
-            for j0 in range(i1, o1, chunk):
-                j1 = min(o1, j0 + chunk)
-                how = plan(i0, i1, j0, j1)
-                count(
-                    i0,
-                    sub,
-                    j0,
-                    lambda j0=j0, j1=j1: outer_rows_()[j0 - o0 : j1 - o0],
-                    True,
-                    how,
-                    i1 - i0,
-                    j1 - j0,
-                )
-        for j0 in range(o1, n, chunk):  # against every later row, once
-            j1 = min(n, j0 + chunk)
-            if order is not None and norm[j0] - norm[o1 - 1] >= far:
-                break  # sorted: every later block is farther
-            how = plan(o0, o1, j0, j1)
-            count(
-                o0,
-                outer_rows_,
-                j0,
-                lambda j0=j0, j1=j1: load(j0, j1, inner_buf),
-                True,
-                how,
-                o1 - o0,
-                j1 - j0,
-            )
+        pairs.outer_block(o0, min(n, o0 + outer), chunk, outer_buf, inner_buf)
     if order is not None:  # back to the rows' own order
         out[:, order] = out.clone()
     return out
@@ -243,7 +279,7 @@ def keep_probabilities(counts_2tau: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def filtered_mean(
-    V: "torch.Tensor | CohortRows", p: torch.Tensor, *, rng: torch.Generator
+    V: torch.Tensor | CohortRows, p: torch.Tensor, *, rng: torch.Generator
 ) -> tuple[torch.Tensor, int]:
     """Keep row j with probability p_j (independently); mean of the kept rows (0 if none), in
     the rows' dtype: summed in float64 from the kept rows, a chunk of them at a time."""
@@ -326,6 +362,9 @@ def paper_sensitivity(tau: float, n: int, eps: float, delta: float, rounds: int)
 class _FilterGaussian(RowsAggregator):
     """Shared body: friend counts, filter, Gaussian noise of std ``noise_std`` per coordinate."""
 
+    noise_multiplier: float
+    min_users_required: int
+
     def __init__(
         self,
         tau: float,
@@ -347,7 +386,9 @@ class _FilterGaussian(RowsAggregator):
     def noise_std(self) -> float:
         return self.noise_multiplier * self.sensitivity
 
-    def _filtered(self, G: torch.Tensor, rng: torch.Generator):
+    def _filtered(
+        self, G: torch.Tensor, rng: torch.Generator
+    ) -> tuple[CohortRows, float, torch.Tensor]:
         n = self.sampling.population
         V = CohortRows(G, n, self.chunk_rows)  # missing units: zero rows (never stored)
         counts = friend_counts(V, (self.tau, 2 * self.tau))
@@ -362,7 +403,7 @@ class _FilterGaussian(RowsAggregator):
     def working_bytes(self, rows: int, dim: int) -> int:
         return friend_counts_bytes(rows, dim, radii=2)
 
-    def _diag(self, G, score, kept, passed) -> dict:
+    def _diag(self, G: torch.Tensor, score: float, kept: int, passed: bool) -> dict:
         n = self.sampling.population
         return {
             "score": score,
@@ -431,7 +472,7 @@ class OutlierRemovalAggregator(_FilterGaussian):
         beta: float = 0.1,
         accounting: str = "certified",
         calibration: str = "accountant",
-    ) -> "OutlierRemovalAggregator":
+    ) -> OutlierRemovalAggregator:
         """[ASI] Alg. 2 for ``rounds`` releases over all ``sampling.population`` units (rate 1)
         meeting (ε, δ): ε/2 for the one AboveThreshold, ε/2 (at δ/2) for the T Gaussian releases,
         δ/4 for AT passing a non-concentrated query, δ/4 for the coupling's ζ over T rounds.
@@ -604,7 +645,7 @@ class FriendlyCoreAggregator(_FilterGaussian):
         records_per_unit: int | None = None,
         beta: float = 0.1,
         accounting: str = "certified",
-    ) -> "FriendlyCoreAggregator":
+    ) -> FriendlyCoreAggregator:
         """FriendlyCore for ``rounds`` releases over all ``sampling.population`` units (rate 1)
         meeting (ε, δ): per round a Laplace mass check (noise multiplier b = z) and a Gaussian
         (z), composed with dp-accounting at δ/2; the rest of δ covers the failure terms.

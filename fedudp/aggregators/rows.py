@@ -21,7 +21,7 @@ The sizes here are the ones ``fedudp.aggregators.memory`` counts before a run st
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -182,7 +182,7 @@ class CohortRows:
 
 
 def as_cohort(
-    G: "torch.Tensor | CohortRows", n: int | None = None, chunk: int | None = None
+    G: torch.Tensor | CohortRows, n: int | None = None, chunk: int | None = None
 ) -> CohortRows:
     """``G`` as ``CohortRows`` (itself if it already is one)."""
     return G if isinstance(G, CohortRows) else CohortRows(G, n, chunk)

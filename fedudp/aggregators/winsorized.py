@@ -38,8 +38,10 @@ from dataclasses import dataclass
 import dp_accounting
 import torch
 
-from fedudp.aggregators.base import BETA, BOUND, TAU
 from fedudp.aggregators.base import (
+    BETA,
+    BOUND,
+    TAU,
     Aggregate,
     RowsAggregator,
     Sampling,
@@ -62,7 +64,6 @@ from fedudp.privacy.mechanisms import (
     pure_dp_event,
     rotated_coordinate_radius,
 )
-
 
 RANGE_ELEMS = 1 << 22  # segment weights per PrivateRange block (its columns: range_block)
 
@@ -99,7 +100,7 @@ class Binned:
 
 
 def private_range(
-    X: "torch.Tensor | Binned",
+    X: torch.Tensor | Binned,
     tau: float,
     bound: float,
     eps: float,
@@ -347,7 +348,7 @@ class WinsorizedAggregator(RowsAggregator):
         records_per_unit: int | None = None,
         beta: float = 0.1,
         calibration: str = "accountant",
-    ) -> "WinsorizedAggregator":
+    ) -> WinsorizedAggregator:
         """WinsorizedMeanHighD on ``dim``-vectors of l2 norm <= ``bound`` for ``rounds`` releases
         over all ``sampling.population`` units (rate 1) meeting (ε, δ).
 

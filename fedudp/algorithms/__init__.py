@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedudp.aggregators.base import Aggregator, ParameterError, Sampling
+from fedudp.billboard.plan import Plan
+from fedudp.owner.owners import OwnerHooks
 from fedudp.registry import Registry
 
 __all__ = [
@@ -137,11 +139,11 @@ class Context:
 @dataclass
 class Setup:
     aggregator: Aggregator  # the billboard's (the first phase's where there are several)
-    plan: object  # fedudp.algorithms.schedule.AlgorithmPlan
+    plan: Plan  # a fedudp.algorithms.schedule.AlgorithmPlan
     sampling: Sampling  # the billboard's units and rate
     summary: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    owner_hooks: object = None  # fedudp.owner.owners.OwnerHooks, or None
+    owner_hooks: OwnerHooks | None = None
 
 
 @dataclass(frozen=True)

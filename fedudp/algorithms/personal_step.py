@@ -15,13 +15,14 @@ is the shared release's: this noise is extra.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from fedudp.data.federation import Federation
 from fedudp.owner import local_sgd
-from fedudp.owner.owners import OwnerHooks, user_units
+from fedudp.owner.owners import OwnerHooks, Owners, Params, user_units
 from fedudp.randomness import Purpose, numpy_rng
 
 
@@ -38,7 +39,9 @@ class PersonalStep(OwnerHooks):
         self.step, self.cohort, self.seed = float(step), cohort, int(seed)
         self.noise_std = noise_std
 
-    def personal_round(self, owners, fed, shared, personal, round_: int):
+    def personal_round(
+        self, owners: Owners, fed: Federation, shared: Params, personal: Params, round_: int
+    ) -> Params:
         units = np.asarray(self.cohort(round_), dtype=np.int64)
         noisy = bool(self.noise_std)
         if not owners.spec.personal or (not len(units) and not noisy):
@@ -51,10 +54,11 @@ class PersonalStep(OwnerHooks):
                 new[k] = (new[k].to(torch.float64) - self.step * b).to(new[k].dtype)
         return new
 
-    def noise(self, owners, fed, round_: int) -> dict[str, torch.Tensor]:
+    def noise(self, owners: Owners, fed: Federation, round_: int) -> dict[str, torch.Tensor]:
         """This round's b_j for every owner in ``fed`` (float64, stacked like the personal
         parameters), each from its own keyed stream: independent of which owners share a
         process."""
+        assert self.noise_std is not None  # called when noisy
         std, names = float(self.noise_std), owners.spec.personal
         shapes = [tuple(owners.public_personal[k].shape) for k in names]
         sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
@@ -72,7 +76,15 @@ class PersonalStep(OwnerHooks):
             i += n
         return out
 
-    def _gradient_step(self, owners, fed, shared, personal, units: np.ndarray, new) -> None:
+    def _gradient_step(
+        self,
+        owners: Owners,
+        fed: Federation,
+        shared: Params,
+        personal: Params,
+        units: np.ndarray,
+        new: Params,
+    ) -> None:
         """x_j -= η (owner j's sampled records' mean personal gradient), in ``new``."""
         who = fed.user_owner[units]
         grads = local_sgd.mean_gradients(

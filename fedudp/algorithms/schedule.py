@@ -20,8 +20,8 @@ Everything here is post-processing of the DP releases and public randomness.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import dp_accounting
 import numpy as np
@@ -94,7 +94,7 @@ class AlgorithmPlan(Plan):
             ph.aggregator.restore_checkpoint_state(st)
 
     def phase_of(self, round_: int) -> int:
-        return int(min(np.searchsorted(self.ends, round_, side="left"), len(self.phases) - 1))
+        return min(int(np.searchsorted(self.ends, round_, side="left")), len(self.phases) - 1)
 
     # -- hooks -------------------------------------------------------------------------------
     def sample(self, round_: int) -> np.ndarray:
@@ -115,7 +115,7 @@ class AlgorithmPlan(Plan):
         """The round's sampled unit ids (what the owner hook ``PersonalStep`` asks)."""
         return np.flatnonzero(self.sample(round_))
 
-    def event(self, round_: int):
+    def event(self, round_: int) -> dp_accounting.DpEvent | Parallel | None:
         if self.event_fn is not None:
             return self.event_fn(round_)
         if len(self.phases) == 1:
@@ -128,7 +128,7 @@ class AlgorithmPlan(Plan):
             )
         )
 
-    def one_off(self):
+    def one_off(self) -> dp_accounting.DpEvent | ApproxDp | Parallel | None:
         if len(self.phases) == 1 and self.event_fn is None:
             return None
         offs = [ph.aggregator.one_off_event() for ph in self.phases]
@@ -152,6 +152,7 @@ class AlgorithmPlan(Plan):
             self.halted = True
             return self.start_u.clone()
         u64 = u.to(torch.float64)
+        assert self.sum_u is not None  # set with start_u
         self.sum_u += u64  # the iterate this round's gradients were taken at
         g = mean.to(torch.float64)
         if ph.reg:
@@ -167,7 +168,7 @@ class AlgorithmPlan(Plan):
             dist = float(torch.linalg.vector_norm(new - c))
             if dist > ph.radius:
                 new = c + (new - c) * (ph.radius / dist)
-        if round_ == int(self.ends[p]):  # the phase's output starts the next phase
-            if self.averaged:
-                new = self.sum_u / ph.rounds
+        # the phase's output (its average, if averaged) starts the next phase
+        if round_ == int(self.ends[p]) and self.averaged:
+            new = self.sum_u / ph.rounds
         return new.to(u.dtype)

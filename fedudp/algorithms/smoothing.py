@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedudp.data.federation import Federation
 from fedudp.owner import local_sgd
-from fedudp.owner.owners import OwnerHooks
+from fedudp.owner.owners import OwnerHooks, Owners, Params
 from fedudp.randomness import Purpose, numpy_rng
 
 
@@ -36,11 +37,11 @@ class Smoothing(OwnerHooks):
 
     def user_gradients(
         self,
-        owners,
-        fed,
-        shared,
-        fr_unit,
-        fr_common,
+        owners: Owners,
+        fed: Federation,
+        shared: Params,
+        fr_unit: Params,
+        fr_common: Params,
         sub: local_sgd.Units,
         user_ids: np.ndarray,
         round_: int,

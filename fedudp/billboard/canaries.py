@@ -27,9 +27,11 @@ and is reported as such (``canary_epsilon_estimate``).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from scipy.stats import norm
 
 from fedudp.aggregators.base import Contribution
@@ -72,6 +74,7 @@ class Canaries:
             return Contribution(
                 torch.cat([base, V.to(base.dtype)]), None, c.count + len(ks), c.clipped
             ), len(ks)
+        assert c.total is not None  # not rows: the clipped sum
         total = c.total + V.sum(0).to(c.total.dtype)
         weight = None if c.weight is None else c.weight + len(ks)
         return Contribution(None, total, c.count + len(ks), c.clipped, weight), len(ks)
@@ -121,7 +124,7 @@ def andrew_estimate(
         raise ValueError(f"need the cosines of at least 2 canaries, got shape {cos.shape}")
     null_std = 1.0 / math.sqrt(dim)
     mu, sd = float(cos.mean()), float(cos.std(ddof=1))
-    out = {
+    out: dict[str, Any] = {
         "value": None,
         "ci": None,
         "ci_method": "normal-theory region for (mu, sigma), Bonferroni",
@@ -131,7 +134,7 @@ def andrew_estimate(
         "estimator": ESTIMATOR,
         "kind": KIND,
         "threat_model": "final model only",
-        "canaries": int(len(cos)),
+        "canaries": len(cos),
         "dim": int(dim),
         "delta": float(delta),
         "cosine_mean": mu,
@@ -160,7 +163,8 @@ def region_interval(
     Student's t interval for μ and the χ² interval for σ, each at 1 − (1 − level)/2, on a
     ``grid`` × ``grid`` lattice (its corners, edges and, where the rectangle holds them, μ = 0
     and σ = 1/√d, where ε is smallest)."""
-    from scipy.stats import chi2, t as student_t
+    from scipy.stats import chi2
+    from scipy.stats import t as student_t
 
     a = (1 - level) / 2  # each of the two intervals
     half = student_t.ppf(1 - a / 2, n - 1) * sd / math.sqrt(n)
@@ -174,7 +178,7 @@ def region_interval(
     if s_lo < null_std < s_hi:
         sds = np.append(sds, null_std)
     M, S = np.meshgrid(mus, sds)
-    eps = two_gaussian_epsilon(0.0, null_std, M.ravel(), S.ravel(), delta)
+    eps = np.asarray(two_gaussian_epsilon(0.0, null_std, M.ravel(), S.ravel(), delta))
     return [float(eps.min()), float(eps.max())]
 
 
@@ -230,7 +234,9 @@ def hockey_stick(m1, s1, m2, s2, eps):
         return np.maximum(p - np.exp(eps + np.log(q)), 0.0)
 
 
-def two_gaussian_epsilon(m1, s1, m2, s2, delta: float, tol: float = 1e-10):
+def two_gaussian_epsilon(
+    m1: ArrayLike, s1: ArrayLike, m2: ArrayLike, s2: ArrayLike, delta: float, tol: float = 1e-10
+) -> np.ndarray | float:
     """The smallest ε ≥ 0 with max(δ_{P‖Q}(ε), δ_{Q‖P}(ε)) ≤ δ for P = N(m1, s1²),
     Q = N(m2, s2²): the pair's tight (ε, δ), both directions (elementwise over arrays of the
     parameters; bisection on the non-increasing δ(ε) to ``tol``). The variances may differ,
@@ -248,7 +254,8 @@ def two_gaussian_epsilon(m1, s1, m2, s2, delta: float, tol: float = 1e-10):
     def over(eps):  # the pair is not (ε, δ)-DP
         return (
             np.maximum(
-                hockey_stick(*args, eps), hockey_stick(args[2], args[3], args[0], args[1], eps)
+                hockey_stick(args[0], args[1], args[2], args[3], eps),
+                hockey_stick(args[2], args[3], args[0], args[1], eps),
             )
             > delta
         )
@@ -292,6 +299,7 @@ def simulated_release(
         c, _ = canaries.add(
             Contribution(None, total.new_zeros(d), 0, 0), release + 1, clip, rows=False
         )
+        assert c.total is not None  # rows=False: the clipped sum
         step = c.total.numpy().copy()
         if others:
             g = rng.standard_normal((others, d))

@@ -17,8 +17,16 @@ a billboard without a plan (every existing method) is unchanged.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    import dp_accounting
+
+    from fedudp.aggregators.base import Aggregator
+    from fedudp.privacy.accountant import ApproxDp, Parallel
 
 
 class Plan:
@@ -27,13 +35,13 @@ class Plan:
     def sample(self, round_: int) -> np.ndarray | None:
         return None
 
-    def event(self, round_: int):
+    def event(self, round_: int) -> dp_accounting.DpEvent | Parallel | None:
         return None
 
-    def one_off(self):
+    def one_off(self) -> dp_accounting.DpEvent | ApproxDp | Parallel | None:
         return None
 
-    def aggregator(self, round_: int):
+    def aggregator(self, round_: int) -> Aggregator | None:
         return None
 
     def step(self, u: torch.Tensor, mean: torch.Tensor | None, round_: int) -> torch.Tensor | None:

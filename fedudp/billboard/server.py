@@ -11,18 +11,27 @@ owner's personal parameters are joint-DP with respect to the other owners' data.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
+from fedudp.billboard.plan import Plan
+from fedudp.privacy.accountant import ApproxDp, Ledger, LedgerEntry, Parallel
 from fedudp.protocol.checkpoint import CheckpointError, plain
 from fedudp.protocol.messages import OwnerReply
-from fedudp.billboard.plan import Plan
-from fedudp.privacy.accountant import Ledger, LedgerEntry
 from fedudp.randomness import Purpose, Randomness
+
+if TYPE_CHECKING:
+    import dp_accounting
+
+    from fedudp.billboard.canaries import Canaries
+
+# what a round releases, for the accountant: a dp-accounting event, a Parallel one, or a block
+Event: TypeAlias = "dp_accounting.DpEvent | Parallel | ApproxDp"
 
 
 @dataclass(frozen=True)
@@ -55,14 +64,16 @@ class Billboard:
         aggregator: Aggregator,
         sampling: Sampling,
         ledger: Ledger,
-        accountant=None,
+        # fedudp.privacy.accountant.accountant_for's: an Accountant, a ParallelAccountant or a
+        # GroupAccountant (their shared interface is duck-typed: compose, epsilon, epsilon_if)
+        accountant: Any = None,
         *,
         seed: int,
         step: ServerStep = ServerStep(1.0),
         target_epsilon: float | None = None,
         delta: float | None = None,
         plan: Plan | None = None,
-        canaries=None,
+        canaries: Canaries | None = None,
         randomness: Randomness | None = None,
         min_owners: int = 1,
         min_users: int = 1,
@@ -96,15 +107,16 @@ class Billboard:
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
         # probabilities that enter δ, docs/algorithms.md#outlier-removal): composed up front,
         # conservatively
-        self.one_off = aggregator.one_off_event() if aggregator.private else None
+        self.one_off: Event | None = aggregator.one_off_event() if aggregator.private else None
         if aggregator.private and plan is not None and plan.one_off() is not None:
             self.one_off = plan.one_off()
         if self.one_off is not None:
+            assert self.accountant is not None  # a one-off event only where private
             self.accountant.compose(self.one_off)
             ledger.extra["one_off_event"] = str(self.one_off)
 
     @staticmethod
-    def first_event(aggregator: Aggregator, plan: Plan | None = None):
+    def first_event(aggregator: Aggregator, plan: Plan | None = None) -> Event:
         """What round 1 releases: the plan's event where it has one, else the aggregator's."""
         e = plan.event(1) if plan is not None else None
         return aggregator.dp_event() if e is None else e
@@ -166,7 +178,7 @@ class Billboard:
             return None
         return self.accountant.epsilon_if(self.round_event(self.next_round), self.delta)
 
-    def round_event(self, round_: int):
+    def round_event(self, round_: int) -> Event | None:
         """What round ``round_`` releases: the plan's event where it has one, else the
         aggregator's (the same every round)."""
         e = self.plan.event(round_) if self.plan is not None else None
@@ -193,9 +205,9 @@ class Billboard:
         )
         inserted = 0
         if self.canaries is not None:
-            c, inserted = self.canaries.add(
-                c, round_, aggregator.constraint.clip, aggregator.needs_per_user_vectors
-            )
+            clip = aggregator.constraint.clip
+            assert clip is not None  # canaries need clip + Gaussian (fedudp.build checks it)
+            c, inserted = self.canaries.add(c, round_, clip, aggregator.needs_per_user_vectors)
         agg = aggregator.release(c, rng=self.noise_generator(round_))
         if inserted:  # the run's counts are its real users'; canaries said apart
             agg.users_used -= inserted
@@ -235,8 +247,8 @@ class Billboard:
 
     def canary_estimate(self) -> dict | None:
         """The one-run ε estimate from the canaries (None without them)."""
-        if self.canaries is None or self.delta is None:
-            return None
+        if self.canaries is None or self.delta is None or self.u0 is None:
+            return None  # (u0 is kept exactly when there are canaries)
         return self.canaries.estimate(self.u - self.u0, self.delta)
 
     def state(self) -> dict:
@@ -256,7 +268,7 @@ class Billboard:
             "plan": plan.checkpoint_state() if plan is not None else None,
         }
 
-    def _event_of(self, round_: int):
+    def _event_of(self, round_: int) -> Event | None:
         """The event round ``round_`` released (a plan's, where an algorithm has one)."""
         of = getattr(self, "round_event", None)
         return of(round_) if of is not None else self.event

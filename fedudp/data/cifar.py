@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import importlib
 import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
-from fedudp.data.records import Records, from_arrays, users_by_rule
 from fedudp.data.readers import ReadRequest, register
+from fedudp.data.records import Records, from_arrays, users_by_rule
 from fedudp.errors import DataError
 
 __all__ = ["read_cifar10", "read_cifar100", "users_by_rule"]
@@ -160,7 +161,7 @@ def read_cifar100(
     return (_records(folder, ["train"], key, classes), _records(folder, ["test"], key, classes))
 
 
-def _reader(name: str):
+def _reader(name: str) -> Callable[[ReadRequest], tuple[Records, Records | None]]:
     """``dataset.name=cifar10|cifar100``: CIFAR has no users: the training records are cut into
     users by ``partition.user_rule`` (seeded); the test batch's records belong to no user."""
 
@@ -171,7 +172,7 @@ def _reader(name: str):
             train, test = read_cifar100(request.root, labels="coarse" if request.coarse else "fine")
         train = users_by_rule(
             train,
-            request.user_rule,
+            cast(Literal["shuffle", "dirichlet"], request.user_rule),  # partition.user_rule
             records_per_user=request.records_per_user,
             seed=request.seed,
             alpha=request.dirichlet_alpha if request.user_rule == "dirichlet" else None,

@@ -24,14 +24,14 @@ Errors are ``DataError`` with a one-line message naming the file (and the column
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedudp.data.records import Records, from_arrays
 from fedudp.data.readers import ReadRequest, register
+from fedudp.data.records import Records, from_arrays
 from fedudp.errors import ConfigError, DataError
 
 __all__ = ["read_npz", "read_parquet", "MissingDependency"]
@@ -261,10 +261,11 @@ def read_parquet(
     )
 
 
-def _reader(name: str):
+def _reader(name: str) -> Callable[[ReadRequest], tuple[Records, Records | None]]:
     """``dataset.name=npz|parquet``: the training records of ``dataset.path`` and, where given,
     the test records of ``dataset.test_path`` (same columns)."""
-    read_file = read_npz if name == "npz" else read_parquet
+    # npz takes one features array (checked below), parquet one or several columns
+    read_file: Callable[..., Records] = read_npz if name == "npz" else read_parquet
 
     def read(request: ReadRequest) -> tuple[Records, Records | None]:
         if not request.path:
@@ -277,16 +278,20 @@ def _reader(name: str):
                 "dataset.columns.x: an NPZ file holds the features as one array; "
                 "name it (a list of columns is for parquet and hf)"
             )
-        kw = dict(
-            features=request.features,
-            label=request.label,
-            user=request.user,
-            owner=request.owner,
-            meta=tuple(request.meta),
-            classes=request.classes,
-        )
-        test = read_file(request.test_path, **kw) if request.test_path else None
-        return read_file(request.path, **kw), test
+
+        def read_one(path: str) -> Records:
+            return read_file(
+                path,
+                features=request.features,
+                label=request.label,
+                user=request.user,
+                owner=request.owner,
+                meta=tuple(request.meta),
+                classes=request.classes,
+            )
+
+        test = read_one(request.test_path) if request.test_path else None
+        return read_one(request.path), test
 
     return read
 

@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 
 from fedudp.data.columnar import MissingDependency
-from fedudp.data.records import Records, from_arrays
 from fedudp.data.readers import ReadRequest, register
+from fedudp.data.records import Records, from_arrays
 from fedudp.errors import ConfigError, DataError
 
 __all__ = ["read_hf"]

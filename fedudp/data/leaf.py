@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedudp.data.records import Records, from_arrays
 from fedudp.data.readers import fixed_inputs, register
+from fedudp.data.records import Records, from_arrays
 from fedudp.errors import DataError
 
 __all__ = ["VOCAB", "FEMNIST_CLASSES", "read_femnist", "read_shakespeare"]

@@ -21,9 +21,9 @@ import hashlib
 import numpy as np
 import torch
 
-from fedudp.errors import DataError
 from fedudp.data.federation import Federation
 from fedudp.data.records import Records
+from fedudp.errors import DataError
 
 __all__ = ["user_keys", "holdout", "deal", "layout", "owner_of_users"]
 
@@ -97,6 +97,7 @@ def deal(records: Records, owners: np.ndarray, seed: int) -> Records:
 
 def owner_of_users(records: Records) -> dict:
     """user id -> owner id of grouped records."""
+    assert records.owner is not None, "grouped records"
     users, first = np.unique(records.user, return_index=True)
     return dict(zip(users.tolist(), records.owner[first].tolist()))
 

@@ -88,7 +88,9 @@ def register(
     return READERS.add(name, DataReader(name, read, inputs, test_without_users, natural))
 
 
-def fixed_inputs(shape: tuple[int, ...], classes: int, tokens: bool = False):
+def fixed_inputs(
+    shape: tuple[int, ...], classes: int, tokens: bool = False
+) -> Callable[[ReadRequest], Inputs]:
     """``inputs`` for a format that always has the same input shape and classes."""
     return lambda request: (tuple(shape), int(classes), bool(tokens))
 

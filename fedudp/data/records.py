@@ -26,8 +26,9 @@ give the same result):
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import numpy as np
 
@@ -165,11 +166,11 @@ class Records:
         """The distinct owner ids, sorted (None while users are not grouped)."""
         return None if self.owner is None else np.unique(self.owner)
 
-    def with_owner(self, owner: np.ndarray | None) -> "Records":
+    def with_owner(self, owner: np.ndarray | None) -> Records:
         """A copy with the per-record ``owner`` column replaced (checked as a new ``Records``)."""
         return replace(self, owner=owner)
 
-    def with_user(self, user: np.ndarray) -> "Records":
+    def with_user(self, user: np.ndarray) -> Records:
         """A copy with new user ids and no owners (regrouping users voids their owners)."""
         return replace(self, user=user, owner=None)
 

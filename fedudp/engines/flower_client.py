@@ -18,17 +18,26 @@ import hashlib
 import os
 import threading
 import time
+from typing import cast
 
-from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
-from flwr.common.constant import ErrorCode
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 from fedudp import build
 from fedudp.config import config_from_json
-from fedudp.protocol import checkpoint
-from fedudp.owner.owners import Owners, Params
 from fedudp.data.federation import Federation
 from fedudp.engines import flower_wire
+from fedudp.owner.owners import Owners, Params
+from fedudp.protocol import checkpoint
 
 K_STATE, K_STATE_RUN = "fedudp.personal", "fedudp.personal_run"  # context.state only
 # run-record keys: a folder where the owner saves its personal state this round (checkpoint),
@@ -58,18 +67,18 @@ def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
 def _setup(
     msg: Message, context: Context
 ) -> tuple[ConfigRecord, Owners, Federation, Params, Params]:
-    run = msg.content[flower_wire.K_RUN]
+    run = cast(ConfigRecord, msg.content[flower_wire.K_RUN])
     owners, fed = owner_side(str(run["cfg"]))
     j = int(context.node_config["partition-id"])
     shard = fed.owner(j)
     shared = (
-        flower_wire.record_to_params(msg.content[flower_wire.K_SHARED])
+        flower_wire.record_to_params(cast(ArrayRecord, msg.content[flower_wire.K_SHARED]))
         if flower_wire.K_SHARED in msg.content
         else {}
     )
     key = _key(str(run["cfg"]))
     if K_STATE in context.state and context.state[K_STATE_RUN]["run"] == key:
-        personal = flower_wire.record_to_params(context.state[K_STATE])
+        personal = flower_wire.record_to_params(cast(ArrayRecord, context.state[K_STATE]))
     elif K_PERSONAL_IN in run and owners.trains_personal:
         personal = checkpoint.load_file(checkpoint.owner_file(str(run[K_PERSONAL_IN]), j))[
             "personal"
@@ -110,7 +119,7 @@ def foreign(msg: Message) -> Message | None:
 def query(msg: Message, context: Context) -> Message:
     if (err := foreign(msg)) is not None:
         return err
-    owners, fed = owner_side(str(msg.content[flower_wire.K_RUN]["cfg"]))
+    _owners, fed = owner_side(str(msg.content[flower_wire.K_RUN]["cfg"]))
     j = int(context.node_config["partition-id"])
     n = int(context.node_config.get("num-partitions", fed.num_owners))
     if n != fed.num_owners or not 0 <= j < n:
@@ -130,7 +139,8 @@ def train(msg: Message, context: Context) -> Message:
         return err
     t0 = time.perf_counter()
     run, owners, shard, shared, personal = _setup(msg, context)
-    personal = owners.personal_round(shard, shared, personal, int(run["round"]))
+    round_ = int(cast(int, run["round"]))  # owner_message writes an int
+    personal = owners.personal_round(shard, shared, personal, round_)
     j = int(shard.owner_ids[0])
     if personal:
         context.state[K_STATE] = flower_wire.params_to_record(personal)
@@ -144,7 +154,7 @@ def train(msg: Message, context: Context) -> Message:
     if asked is None:  # per_silo: nothing is sent
         return Message(flower_wire.ack_record(j), reply_to=msg)
     units, constraint = asked
-    rep = owners.reply(shard, shared, personal, units, int(run["round"]), constraint)
+    rep = owners.reply(shard, shared, personal, units, round_, constraint)
     return Message(flower_wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
 
 
@@ -152,7 +162,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     if (err := foreign(msg)) is not None:
         return err
-    run, owners, shard, shared, personal = _setup(msg, context)
+    _run, owners, shard, shared, personal = _setup(msg, context)
     acc, loss = owners.evaluate(shard, shared, personal)
     return Message(
         flower_wire.eval_record(

@@ -20,31 +20,31 @@ provided a failure depends only on the failing owner's infrastructure, not its d
 
 from __future__ import annotations
 
-import math
-
 import contextlib
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
 
-from fedudp.aggregators.base import Constraint, current_constraint
+from fedudp.aggregators.base import ConstraintSource, current_constraint
+from fedudp.billboard.rounds import Collected, Evaluation, RoundsResult, Transport
 from fedudp.build import RunSettings
 from fedudp.config import RunConfig, config_to_json
+from fedudp.data.federation import Federation
+from fedudp.engines import flower_client, flower_wire, ray_watchdog
+from fedudp.owner.owners import Owners, Params
 from fedudp.protocol import checkpoint
 from fedudp.protocol.messages import Failure, OwnerFailure, OwnerReply
-from fedudp.owner.owners import Owners, Params
-from fedudp.billboard.rounds import Collected, Evaluation
 from fedudp.stopping import StopFlag
-from fedudp.data.federation import Federation
-from fedudp.engines import flower_client
-from fedudp.engines import flower_wire, ray_watchdog
 
 # Flower errors that say the owner's infrastructure failed (not fedudp's code)
 INFRASTRUCTURE = {
@@ -62,8 +62,8 @@ class FlowerTransport:
         settings: RunSettings,
         owners: Owners,
         fed: Federation,
-        constraint: Constraint | None,
-        grid,
+        constraint: ConstraintSource,
+        grid: Grid,
         stop_flag: StopFlag | None = None,
     ) -> None:
         self.owners, self.fed, self.constraint, self.grid = owners, fed, constraint, grid
@@ -113,9 +113,9 @@ class FlowerTransport:
         for rep in self.grid.send_and_receive(msgs, timeout=max(self.timeout or 0, 600)):
             if rep.has_error():
                 raise RuntimeError(f"owner query failed: {rep.error.reason}")
-            j = int(rep.content[flower_wire.K_REPLY]["owner"])
+            j = int(cast(int, rep.content[flower_wire.K_REPLY]["owner"]))
             self.node_of_owner[j] = rep.metadata.src_node_id
-            self.owner_pids[j] = int(rep.content[flower_wire.K_REPLY]["pid"])
+            self.owner_pids[j] = int(cast(int, rep.content[flower_wire.K_REPLY]["pid"]))
         if missing := sorted(set(range(n)) - set(self.node_of_owner)):
             raise RuntimeError(f"no Flower node for owners {missing[:10]}")
 
@@ -200,8 +200,8 @@ class FlowerTransport:
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)
         for j, m in got.items():
             acc[j], loss[j] = (
-                float(m.content[flower_wire.K_EVAL]["accuracy"]),
-                float(m.content[flower_wire.K_EVAL]["loss"]),
+                float(cast(float, m.content[flower_wire.K_EVAL]["accuracy"])),
+                float(cast(float, m.content[flower_wire.K_EVAL]["loss"])),
             )
         return Evaluation(acc, loss, [Failure(j, 0, r) for j, r in sorted(failed.items())])
 
@@ -223,7 +223,7 @@ class FlowerTransport:
         """Owners whose personal state changes (and so must be checkpointed)."""
         return list(range(self.fed.num_owners)) if self.owners.trains_personal else []
 
-    def will_checkpoint(self, round_: int, folder) -> None:
+    def will_checkpoint(self, round_: int, folder: Path) -> None:
         """Round ``round_``'s train messages ask each owner to save its personal state to
         ``folder/owner-<j>.pt`` itself (atomically; it never crosses the wire)."""
         self._save = (round_, Path(folder))
@@ -241,7 +241,7 @@ class FlowerTransport:
             return None
         return {"owners_saved": holders}
 
-    def restore(self, state: dict, folder) -> None:
+    def restore(self, state: dict, folder: Path) -> None:
         """Owners load their personal state from the checkpoint's folder on their first
         message (their ``context.state`` is empty in a new simulation)."""
         self._resume = Path(folder) if state["owners_saved"] else None
@@ -276,10 +276,10 @@ def execute(
     settings: RunSettings,
     owners: Owners,
     fed: Federation,
-    constraint: Constraint | None,
-    drive: Callable[[FlowerTransport], object],
-    grid=None,
-):
+    constraint: ConstraintSource,
+    drive: Callable[[Transport], RoundsResult],
+    grid: Any = None,
+) -> RoundsResult:
     """Run ``drive`` (the round loop) on Flower: on ``grid`` (``flwr run``), or in a simulation
     on Ray with one SuperNode per owner. ``cfg`` travels to the owners (as JSON), which build
     their side from it (``fedudp.build``)."""
@@ -298,7 +298,7 @@ def execute(
     app, result, error = ServerApp(), [], []
 
     @app.main()
-    def _main(grid, context) -> None:  # noqa: ANN001
+    def _main(grid: Grid, context: Context) -> None:
         try:
             result.append(
                 drive(FlowerTransport(cfg, settings, owners, fed, constraint, grid, stop))
@@ -358,7 +358,7 @@ def _loopback_only() -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     consts = sys.modules.get("ray._private.ray_constants")
     if consts is not None and os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] in ("0", "false"):
-        consts.ENABLE_RAY_CLUSTER = False
+        cast(Any, consts).ENABLE_RAY_CLUSTER = False  # Ray's module constant, set at import
 
 
 def _ray_address() -> str | None:

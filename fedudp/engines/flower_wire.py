@@ -11,6 +11,7 @@ parameters have no key here; they stay in the owner's ``context.state``.
 from __future__ import annotations
 
 from dataclasses import asdict, fields
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -47,6 +48,7 @@ def run_record(
     rec: dict = {"cfg": cfg_json, "round": int(round_), "owner": int(owner)}
     if units is not None:
         rec["units"] = np.asarray(units, dtype=np.int64).tobytes()
+        assert constraint is not None  # sent with the units
         fields = asdict(constraint)
         rec["rows"] = bool(fields.pop("rows"))
         rec.update({k: -1.0 if v is None else float(v) for k, v in fields.items()})  # -1: None
@@ -56,12 +58,15 @@ def run_record(
 def read_units(run: ConfigRecord) -> tuple[np.ndarray, Constraint] | None:
     if "units" not in run:
         return None
+    # our own wire format: each key's type is the one owner_message wrote (a ConfigRecord's
+    # values are typed as the union of every type a record may hold)
+    rec: Any = run
     opt = {
-        f.name: None if float(run[f.name]) < 0 else float(run[f.name])
+        f.name: None if float(rec[f.name]) < 0 else float(rec[f.name])
         for f in fields(Constraint)
         if f.name != "rows"
     }
-    return np.frombuffer(run["units"], dtype=np.int64), Constraint(rows=bool(run["rows"]), **opt)
+    return np.frombuffer(rec["units"], dtype=np.int64), Constraint(rows=bool(rec["rows"]), **opt)
 
 
 def reply_to_records(rep: OwnerReply, owner: int, seconds: float) -> RecordDict:
@@ -86,9 +91,10 @@ def reply_to_records(rep: OwnerReply, owner: int, seconds: float) -> RecordDict:
 
 
 def records_to_reply(rd: RecordDict) -> tuple[int, OwnerReply]:
-    meta = rd[K_REPLY]
-    names = tuple(n for n in rd[K_NAMES]["names"] if n)
-    arrays = rd[K_VECTORS] if K_VECTORS in rd else {}
+    # our own wire format (reply_to_records): each key's type is the one written there
+    meta: Any = rd[K_REPLY]
+    names: tuple[str, ...] = tuple(n for n in cast(Any, rd[K_NAMES])["names"] if n)
+    arrays: Any = rd.get(K_VECTORS, {})
     got = {k: torch.from_numpy(arrays[k].numpy().copy()) for k in ("rows", "total") if k in arrays}
     c = Contribution(
         got.get("rows"),

@@ -9,21 +9,26 @@ chunk size 1, one thread and float64 it is the reference for the engine-equivale
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedudp.aggregators.base import Constraint, current_constraint
+from fedudp.aggregators.base import ConstraintSource, current_constraint
+from fedudp.billboard.rounds import Collected, Evaluation, RoundsResult, Transport
 from fedudp.config import RunConfig
-from fedudp.owner.owners import Owners, Params
-from fedudp.billboard.rounds import Collected, Evaluation
 from fedudp.data.federation import Federation
+from fedudp.owner.owners import Owners, Params
+
+if TYPE_CHECKING:
+    from fedudp.build import RunSettings
 
 
 class LocalTransport:
     """Owners in this process: their personal parameters live here, stacked."""
 
-    def __init__(self, owners: Owners, fed: Federation, constraint: Constraint | None) -> None:
+    def __init__(self, owners: Owners, fed: Federation, constraint: ConstraintSource) -> None:
         self.owners, self.fed, self.constraint = owners, fed, constraint
         self.personal_params = owners.initial_personal(fed.num_owners)
 
@@ -34,17 +39,10 @@ class LocalTransport:
         if cohort is None:
             return Collected([])
         cohort = self.fed.present(cohort, self.owners.spec.cohort_is_owners)
+        constraint = current_constraint(self.constraint)
+        assert constraint is not None  # a cohort comes from a billboard, with its aggregator
         return Collected(
-            [
-                self.owners.reply(
-                    self.fed,
-                    shared,
-                    self.personal_params,
-                    cohort,
-                    round_,
-                    current_constraint(self.constraint),
-                )
-            ]
+            [self.owners.reply(self.fed, shared, self.personal_params, cohort, round_, constraint)]
         )
 
     def evaluate(
@@ -60,13 +58,13 @@ class LocalTransport:
     def info(self) -> dict:
         return {}
 
-    def will_checkpoint(self, round_: int, folder) -> None:
+    def will_checkpoint(self, round_: int, folder: Path) -> None:
         """Nothing to prepare: the personal parameters live here."""
 
     def checkpoint_state(self, round_: int) -> dict:
         return {"personal": {k: v.clone() for k, v in self.personal_params.items()}}
 
-    def restore(self, state: dict, folder=None) -> None:
+    def restore(self, state: dict, folder: Path | None = None) -> None:
         """The stacked personal parameters of the checkpoint (same names, shapes, dtypes)."""
         from fedudp.protocol.checkpoint import CheckpointError
 
@@ -81,13 +79,13 @@ class LocalTransport:
 
 def execute(
     cfg: RunConfig,
-    settings: object,
+    settings: RunSettings,
     owners: Owners,
     fed: Federation,
-    constraint: Constraint | None,
-    drive: Callable[[LocalTransport], object],
-    grid: object = None,
-):
+    constraint: ConstraintSource,
+    drive: Callable[[Transport], RoundsResult],
+    grid: Any = None,
+) -> RoundsResult:
     """Run ``drive`` (the round loop) on an in-process transport (``grid``: Flower only)."""
     if grid is not None:
         raise ValueError("engine=local runs in-process; a Flower grid needs engine=flower")

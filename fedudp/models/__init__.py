@@ -4,7 +4,7 @@ names are the config's ``model.name`` choices (with ``auto``)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

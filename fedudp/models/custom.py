@@ -24,7 +24,8 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -59,7 +60,7 @@ def _resolve(target: str) -> Callable[..., Any]:
                 f"model target {target!r}: importing {modname} failed: {_why(e)} "
                 "(install the missing package)"
             ) from None
-        except Exception as e:  # the module itself raised on import
+        except Exception as e:  # noqa: BLE001 - the user's module raised on import: say which
             raise ValueError(
                 f"model target {target!r}: importing {modname} failed: {_why(e)}"
             ) from None
@@ -123,7 +124,7 @@ def from_target(
         torch.manual_seed(int(seed))
         try:
             model = fn(**call)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the user's constructor raised: name the target
             raise ValueError(
                 f"model target {target!r} called with {sorted(call)} raised {_why(e)}"
             ) from None
@@ -151,7 +152,8 @@ def adopt(module: nn.Module, personal: Sequence[str]) -> nn.Module:
     patterns = tuple(str(p) for p in personal)
     if patterns:
         split_by_patterns(module, patterns)
-    module.default_personal = patterns
+    # nn.Module.__setattr__ is annotated for tensors and modules only; a plain attribute is fine
+    module.default_personal = patterns  # type: ignore[assignment]
     return module
 
 
@@ -163,11 +165,11 @@ def fresh_copy(model: nn.Module) -> nn.Module:
     check_model(model)
     try:
         out = copy.deepcopy(model)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any copy failure becomes the one-line model error
         raise ValueError(
             f"model {type(model).__name__} cannot be copied for a run ({_why(e)}); "
             "pass model.target instead"
         ) from None
     if not hasattr(out, "default_personal"):
-        out.default_personal = ()
+        out.default_personal = ()  # type: ignore[assignment]  # as above: a plain attribute
     return out

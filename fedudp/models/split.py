@@ -8,9 +8,10 @@ A pattern is an fnmatch pattern over ``named_parameters()`` names; a bare layer 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import torch.nn as nn
 

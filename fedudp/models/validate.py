@@ -82,7 +82,8 @@ runs; give such a layer its own subclass (as ``RecurrentLinear`` does).
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -231,7 +232,10 @@ PROBE_BATCH = 2
 
 
 def example_batch(
-    input_shape, classes: int, tokens: bool = False, dtype: torch.dtype = torch.float32
+    input_shape: Sequence[int],
+    classes: int,
+    tokens: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A public example batch of ``PROBE_BATCH`` records of the declared ``input_shape`` (fixed
     random features, or token id 0) and labels in ``[0, classes)``: nothing read from the data."""
@@ -254,23 +258,23 @@ class _Innermost:
             self.hooks.append(mod.register_forward_pre_hook(self._enter(name)))
             self.hooks.append(mod.register_forward_hook(self._leave))
 
-    def _enter(self, name: str):
-        def hook(mod: nn.Module, args) -> None:  # returns None: the input is unchanged
+    def _enter(self, name: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def hook(mod: nn.Module, args: tuple[Any, ...]) -> None:  # None: the input is unchanged
             self.stack.append((name, mod))
 
         return hook
 
-    def _leave(self, mod: nn.Module, args, out) -> None:  # None: the output is unchanged
+    def _leave(self, mod: nn.Module, args: tuple[Any, ...], out: Any) -> None:  # output unchanged
         if self.stack:
             self.stack.pop()
 
     def where(self) -> str | None:
         return _where(*self.stack[-1]) if self.stack else None
 
-    def __enter__(self) -> "_Innermost":
+    def __enter__(self) -> _Innermost:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for h in self.hooks:
             h.remove()
 
@@ -296,7 +300,7 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
-def probe(model: nn.Module, input_shape, classes: int, tokens: bool = False) -> None:
+def probe(model: nn.Module, input_shape: Sequence[int], classes: int, tokens: bool = False) -> None:
     """Refuse (one-line ``ValueError``) a model that does not fit the declared data or the
     per-record path, before any data is read (the module docstring): one forward on
     ``example_batch`` must give ``[batch, classes]``; each record's gradient through

@@ -33,8 +33,8 @@ owner's shard (Flower) and all owners at once (local engine) give the same delta
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -171,8 +171,8 @@ def dpsgd_deltas(
     frac_sum = np.zeros(k)
     rand = spec.randomness
 
-    def count_step(i: int, kept: float, sampled: int, e: int, s: int) -> None:
-        if adaptive:
+    def count_step(i: int | np.integer, kept: float, sampled: int, e: int, s: int) -> None:
+        if spec.count_noise is not None:  # adaptive
             gen = rand.torch_generator(Purpose.DPSGD_COUNT_NOISE, round_, e, s, owner_ids[i])
             frac_sum[i] += noisy_unclipped_fraction(
                 kept, sampled, expected[i], spec.count_noise, gen
@@ -220,7 +220,7 @@ def dpsgd_deltas(
                     else np.zeros(0, np.int64)
                 )
                 sums = torch.zeros(k, flat.shape[1], dtype=flat.dtype)
-                kept = torch.zeros(k, dtype=torch.float64)
+                kept_by_owner = torch.zeros(k, dtype=torch.float64)
                 sizes = user_sizes[picked_users]
                 for sel in local_sgd.chunks(sizes, budget):
                     u, r = picked_users[sel], owner_row[sel]
@@ -240,13 +240,14 @@ def dpsgd_deltas(
                         [g[n].reshape(len(u), -1) for n in names], torch.from_numpy(r), k, spec.clip
                     )
                     sums += got
-                    kept += kk
+                    kept_by_owner += kk
                 for i, us in zip(active, picked):
                     _noisy_step(flat[i], sums[i], spec, expected[i], round_, e, s, owner_ids[i])
-                    count_step(i, float(kept[i]), len(us), e, s)
+                    count_step(i, float(kept_by_owner[i]), len(us), e, s)
             if progress is not None:
                 progress(e * int(steps.max(initial=0)) + s + 1, total_steps)
     if adaptive:
+        assert fractions is not None  # checked above
         fractions[:] = frac_sum / np.maximum(spec.epochs * steps, 1)
     return flat - start
 
@@ -286,7 +287,7 @@ def _owner_clipped_sum(
     y: torch.Tensor,
     starts: np.ndarray,
     sizes: np.ndarray,
-    i: int,
+    i: int | np.integer,
     names: tuple[str, ...],
     clip: float,
 ) -> tuple[torch.Tensor, float]:

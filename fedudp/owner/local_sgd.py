@@ -16,9 +16,10 @@ result does not depend on how units are chunked, on the engine, or on scheduling
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,7 +60,7 @@ class Units:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def subset(self, sel: np.ndarray) -> "Units":
+    def subset(self, sel: np.ndarray) -> Units:
         return Units(
             self.starts[sel],
             self.sizes[sel],
@@ -155,7 +156,7 @@ def local_sgd(
     ``loop_units`` gives it (the loop for convolution models whose unit steps are large enough,
     vmap for the rest); ``"loop"`` or ``"vmap"`` force one for all units.
     """
-    U, E, L = orders.shape
+    U, _E, L = orders.shape
     if U == 0 or L == 0:
         return trainable
     if path not in ("auto", "loop", "vmap"):
@@ -206,9 +207,11 @@ def _local_sgd_vmap(
 ) -> Params:
     """``local_sgd`` vmapped: step s of every unit at once, units padded with masked records
     (a masked step has zero gradient)."""
-    U, E, L = orders.shape
+    _U, E, L = orders.shape
 
-    def unit_loss(tr: Params, fr: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor):
+    def unit_loss(
+        tr: Params, fr: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor
+    ) -> torch.Tensor:
         return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
 
     g = vmap(grad(unit_loss), in_dims=(0, 0, 0, 0, 0))
@@ -229,7 +232,7 @@ def _local_sgd_vmap(
 
 
 # a unit's local SGD runs in the per-unit loop (models with convolutions) when its steps hold
-# this many records or more on average (scripts/bench_local.py, docs/results/bench_local/floor)
+# this many records or more on average (scripts/benchmarks/bench_local.py, docs/results/bench_local/floor)
 LOOP_MIN_RECORDS = 8
 
 
@@ -268,11 +271,13 @@ def bound(model: nn.Module, names: tuple[str, ...]) -> Iterator:
     ``functional_call(model, params, (x,))`` does, without re-parametrizing at every call (about
     0.1 ms a call for the paper CNN, a tenth of a one-record step); the module's own tensors are
     back on exit. For loops that call one model many times with the same names."""
-    slots = []
+    # (the module's parameter or buffer table, the name, its own tensor): a plain tensor is bound
+    # into the slot for the call and the module's own put back
+    slots: list[tuple[dict[str, Any], str, Any]] = []
     for name in names:
         path, _, attr = name.rpartition(".")
         mod = model.get_submodule(path)
-        table = mod._parameters if attr in mod._parameters else mod._buffers
+        table: dict[str, Any] = mod._parameters if attr in mod._parameters else mod._buffers
         if attr not in table:
             raise KeyError(f"bound: {name} is neither a parameter nor a buffer of the model")
         slots.append((table, attr, table[attr]))
@@ -300,7 +305,7 @@ def _local_sgd_loop(
 ) -> Params:
     """``local_sgd`` unit by unit: plain minibatch SGD with ``torch.autograd`` on each unit's
     real records (no padding), the update ``w - lr * g`` in place on a copy of ``trainable``."""
-    U, E, L = orders.shape
+    U, E, _L = orders.shape
     names = tuple(trainable)
     out = {k: v.detach().clone() for k, v in trainable.items()}
     b, lr = spec.batch_size, spec.lr
@@ -531,7 +536,7 @@ AUTO_CHUNK_CONV, AUTO_CHUNK_DENSE = 512, 8192
 def chunk_budget(requested: int, model: nn.Module) -> int:
     """``engine_opts.chunk_records`` (0: auto). Auto: 512 records per vmapped step for models with
     convolutions (per-owner conv weights become grouped convolutions, whose CPU backward slows
-    down with the group count: scripts/bench_local.py measured 1.2-1.5x of a plain loop at 512
+    down with the group count: scripts/benchmarks/bench_local.py measured 1.2-1.5x of a plain loop at 512
     vs 2.2-3x at 8192), 8192 for dense models (fewer, larger matmuls win)."""
     if requested:
         return int(requested)
@@ -542,7 +547,7 @@ def chunk_budget(requested: int, model: nn.Module) -> int:
     return AUTO_CHUNK_CONV if conv else AUTO_CHUNK_DENSE
 
 
-def chunks(sizes: np.ndarray, budget: int, per_unit_cap: int | None = None):
+def chunks(sizes: np.ndarray, budget: int, per_unit_cap: int | None = None) -> Iterator[np.ndarray]:
     """Consecutive index groups whose padded size (count x max size) stays within ``budget``.
 
     ``per_unit_cap``: count each unit as at most this many records. Local SGD gathers one

@@ -34,7 +34,7 @@ users of up to a batch of records take this path (docs/results/bench_pfl).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch

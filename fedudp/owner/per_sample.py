@@ -25,7 +25,8 @@ back to ``vmap`` otherwise. Tests compare both on the CNN and the linear model i
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -98,6 +99,7 @@ def per_record_gradients(
             grads[_join(path, "weight")] = torch.bmm(g3.transpose(1, 2), a3)
             grads[_join(path, "bias")] = g3.sum(1)
         else:
+            assert isinstance(mod, nn.Conv2d)  # supported(): Linear or Conv2d layers only
             grads[_join(path, "weight")] = conv2d_weight_per_record(a, g, mod)
             grads[_join(path, "bias")] = g.sum((2, 3))
     return {n: grads[n] for n in names}
@@ -109,7 +111,7 @@ def conv2d_weight_per_record(a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d) -
     as one grouped convolution with the output gradients as kernels (see the module docstring)."""
     R, c_in = a.shape[0], a.shape[1]
     c_out, kh, kw = mod.weight.shape[0], mod.weight.shape[2], mod.weight.shape[3]
-    ph, pw = mod.padding
+    ph, pw = cast(tuple[int, int], mod.padding)  # supported(): numeric padding, not "same"
     inp = F.pad(a, (pw, pw, ph, ph)).transpose(0, 1)  # [C_in, R, H_p, W_p]
     ker = g.reshape(R * c_out, 1, g.shape[2], g.shape[3])
     out = F.conv2d(inp, ker, stride=mod.dilation, dilation=mod.stride, groups=R)

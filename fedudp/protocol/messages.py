@@ -8,8 +8,8 @@ replies with ``make_reply`` and the billboard consumes nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 import torch

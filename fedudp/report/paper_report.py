@@ -12,9 +12,11 @@ paper's qualitative claims as holds / does not hold on the numbers found.
 from __future__ import annotations
 
 import csv
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -392,8 +394,8 @@ def _claims(cells: dict, rows: list) -> list[str]:
             seq = [(r[1], mean(r, label)) for r in rs if mean(r, label) is not None]
             if len(seq) >= 3:
                 v = [x for _, x in seq]
-                mono = all(a <= b for a, b in zip(v, v[1:])) or all(
-                    a >= b for a, b in zip(v, v[1:])
+                mono = all(a <= b for a, b in itertools.pairwise(v)) or all(
+                    a >= b for a, b in itertools.pairwise(v)
                 )
                 lines.append(
                     f"- {ds}: {label} accuracy non-monotone in n: "
@@ -556,24 +558,22 @@ def _plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    x_of = layout.x_of
+    assert x_of is not None  # only layouts with a plot are plotted
     series = list(dict.fromkeys(layout.series_of(r) for r in sorted(rows)))  # numeric order
     fig, axes = plt.subplots(1, len(series), figsize=(6.5 * len(series), 4.5), squeeze=False)
     most = 0
     for ax, ser in zip(axes[0], series):
-        rs = sorted((r for r in rows if layout.series_of(r) == ser), key=layout.x_of)
+        rs = sorted((r for r in rows if layout.series_of(r) == ser), key=x_of)
         for i, (label, _, paper_of) in enumerate(layout.columns):
-            pts = [
-                (layout.x_of(r), float(np.mean(cells[(r, label)])))
-                for r in rs
-                if (r, label) in cells
-            ]
+            pts = [(x_of(r), float(np.mean(cells[(r, label)]))) for r in rs if (r, label) in cells]
             if not pts:
                 continue
             ax.plot(*zip(*pts), "o-", color=f"C{i}", label=f"{label} (ours)")
             pp = [
-                (layout.x_of(r), paper_of(r)[0])
-                for r in sorted(set(rs) | set(layout.paper_rows(ser)), key=layout.x_of)
-                if paper_of(r)
+                (x_of(r), paper[0])
+                for r in sorted(set(rs) | set(layout.paper_rows(ser)), key=x_of)
+                if (paper := paper_of(r))
             ]
             if pp and "paper mode" not in label:
                 ax.plot(*zip(*pp), "--", color=f"C{i}", alpha=0.6, label=f"{label} (paper)")

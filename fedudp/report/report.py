@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from fedudp.privacy.labels import (
 
 try:
     from hydra.experimental.callback import Callback
-except Exception:  # pragma: no cover - hydra is a hard dependency; keep report importable
+except Exception:  # noqa: BLE001  # pragma: no cover - hydra is a dependency; keep report importable
     Callback = object  # type: ignore[misc,assignment]
 
 # Config keys (dotted; a key names its whole subtree) that do not change what a run computes,
@@ -211,11 +212,11 @@ def varying_keys(groups: dict) -> tuple[list[str], list[str]]:
     return keys, varying
 
 
-def group_order(varying: list[str]):
+def group_order(varying: list[str]) -> Callable[[tuple[dict, list[dict]]], tuple]:
     """The table's row order: by method (per_silo, fedavg, full_dp, joint_dp), then the
     varying keys' values, then the guarantee; a key for ``sorted`` over ``(settings, runs)``."""
 
-    def order(item):
+    def order(item: tuple[dict, list[dict]]) -> tuple:
         settings, ss = item
         method = settings.get("method", ss[0].get("method"))
         return (
@@ -329,10 +330,10 @@ def comparison_table(summaries: list[dict]) -> str:
     return "\n".join(parts).lstrip("\n")
 
 
-class ComparisonCallback(Callback):  # type: ignore[misc]
+class ComparisonCallback(Callback):
     """Prints the comparison table when a Hydra multirun ends."""
 
-    def on_multirun_end(self, config, **kwargs) -> None:  # noqa: ANN001
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         folder = Path(config.hydra.sweep.dir)
         summaries = load_summaries(folder)
         if summaries:

@@ -182,6 +182,12 @@ def group_series(summaries: list[dict]) -> list[GroupSeries]:
     return out
 
 
+def _epsilon(g: GroupSeries) -> float:
+    """A frontier group's ε (its lines hold private groups only)."""
+    assert g.final_epsilon is not None
+    return g.final_epsilon
+
+
 def frontier_lines(
     series: list[GroupSeries],
 ) -> tuple[list[tuple[str, list[GroupSeries]]], list[GroupSeries]]:
@@ -205,7 +211,7 @@ def frontier_lines(
             label = f"{NO_CONFIG} {label}"
         if kind == "heuristic":
             label += f" {HEURISTIC_MARK}"
-        out.append((label, sorted(gs, key=lambda g: g.final_epsilon)))
+        out.append((label, sorted(gs, key=_epsilon)))
     return out, refs
 
 
@@ -346,7 +352,7 @@ def plot_frontier(series: list[GroupSeries], path: Path, title: str, subtitle: s
     lines, refs = frontier_lines(series)
     delta, delta_in_label = _delta_text(series)
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    eps = [g.final_epsilon for _, gs in lines for g in gs]
+    eps = [_epsilon(g) for _, gs in lines for g in gs]
     for i, (label, gs) in enumerate(lines):
         heur = any(g.heuristic for g in gs)
         c, mk = _color(i), _marker(i)

@@ -178,7 +178,7 @@ def run_plain(n: int, rounds: int, data_root: str, cpus: int | None = None) -> d
     from fedudp.config import config_to_json as cfg_to_json
 
     cfg = base_cfg(n, rounds, "fedavg", data_root=data_root)
-    fed = build.federation(cfg)
+    build.federation(cfg)  # built as before; the result itself is not used
     model = build.model(cfg).requires_grad_(True)
     cfg_json = cfg_to_json(cfg)
     stamps: list[float] = []
@@ -482,9 +482,9 @@ def main() -> None:
                 )
     results = []
     print(
-        f"\n| n | config | s/round min | s/round median | ratio to plain (min / median) | "
-        f"peak RSS tree (MB) | driver (MB) | busy cores, counted rounds (median) | accuracy |\n"
-        f"|---|---|---|---|---|---|---|---|---|"
+        "\n| n | config | s/round min | s/round median | ratio to plain (min / median) | "
+        "peak RSS tree (MB) | driver (MB) | busy cores, counted rounds (median) | accuracy |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     for n in a.n:
         base = runs.get((n, "plain"))  # Flower as it runs by default: the ratios' base

@@ -29,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +41,7 @@ def max_radius(bits: int) -> float:
 
 def coordinate_tail(bits: int, shift: float) -> float:
     """P[one output coordinate of torch's ``bits``-grid Box–Muller exceeds M_b - shift]."""
-    m, thr, p = max_radius(bits), max_radius(bits) - shift, 0.0
+    thr, p = max_radius(bits) - shift, 0.0
     k = 1
     while True:
         r = math.sqrt(-2 * math.log(k * 2.0**-bits))  # u1 = k 2^-b

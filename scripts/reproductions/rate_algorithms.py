@@ -477,7 +477,6 @@ def main() -> None:
     torch.set_num_threads(1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    t_all = time.perf_counter()
     results = json.loads((out / "results.json").read_text()) if a.resume else []
     done = {(r["algorithm"], r["axis"], r["x"]) for r in results}
     for label, axis, x, build in sweeps(a.quick):

@@ -19,7 +19,6 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from fedudp.aggregators.base import Contribution
 from fedudp.config import ConfigError, RunConfig, register
 from fedudp.privacy.accountant import ApproxDp, Parallel
 from fedudp.cli import CONF_DIR

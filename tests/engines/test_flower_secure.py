@@ -38,7 +38,6 @@ from flwr.serverapp.strategy import FedAvg
 from fedudp.aggregators import GaussianAggregator, Sampling
 from fedudp.flower import (
     K_CONTRIB,
-    K_COUNTS,
     K_DP,
     RunFailed,
     UserLevelDP,

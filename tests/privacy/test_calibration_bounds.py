@@ -14,7 +14,6 @@ RDP, PLD left out where its PMF would exceed ``MAX_PLD_WINDOW`` values.
 
 from __future__ import annotations
 
-import math
 
 import dp_accounting
 import pytest
