@@ -7,6 +7,7 @@ users are ``owner_user_offsets[j]..owner_user_offsets[j+1]``. Users are data, no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,6 +145,21 @@ class Pool:
     test_x: np.ndarray
     test_y: np.ndarray
     classes: int
+    # byte images (``image_pool``): ``train_x``/``test_x`` stay uint8 [N, rows, cols] and
+    # ``levels[v]`` is the float32 feature of pixel value v; None: the x arrays are the features
+    levels: np.ndarray | None = None
+
+    def features(self, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """The features of records ``idx`` of ``x`` (``train_x`` or ``test_x``). Byte images are
+        converted here, only the records a run uses: ``levels`` looked up, a channel dim added."""
+        if self.levels is None:
+            return np.ascontiguousarray(x[idx])
+        # indexed as the whole standardized pool was before (``levels[x][:, None][idx]``): the
+        # same values and the same strides (4 bytes on the one-wide channel dim). torch picks
+        # its convolution kernels by strides, and another layout of the same values (the view's
+        # stride 0, say) changes the float rounding of every round after
+        images = self.levels[x[idx]][:, None]
+        return images[np.arange(len(images))]
 
 
 def planned_owner_records(num_records: int, num_owners: int) -> np.ndarray:
@@ -165,18 +181,52 @@ def synthetic(
     return Pool(tx, ty, vx, vy, int(classes))
 
 
+def _pairwise_sum(part: Callable[[int, int], np.ndarray], start: int, n: int) -> np.float64:
+    """numpy's float64 sum of ``part(start, n)`` over ``[start, start + n)`` in numpy's own order:
+    ``np.add.reduce`` on a contiguous array is one pairwise sum that halves ``n`` (rounded down
+    to a multiple of 8) down to blocks of 128, so summing the halves of that tree separately,
+    each below 2**16 elements by numpy itself, gives the whole array's sum bit for bit."""
+    if n <= 1 << 16:
+        return np.add.reduce(part(start, n))
+    half = n // 2
+    half -= half % 8
+    return _pairwise_sum(part, start, half) + _pairwise_sum(part, start + half, n - half)
+
+
+def pixel_stats(images: np.ndarray) -> tuple[np.float64, np.float64]:
+    """``(images.mean(), images.std())`` of a uint8 array, bit for bit, without numpy's float64
+    copy of the whole array: the sum of bytes is an exact integer (as it is in numpy's float64
+    sum, below 2**53), and the squared deviations, one per byte value, are summed in numpy's
+    pairwise order a block at a time (``_pairwise_sum``)."""
+    if images.dtype != np.uint8:
+        raise TypeError(f"pixel_stats needs uint8 images, got {images.dtype}")
+    flat = images.reshape(-1)
+    n = np.intp(flat.size)
+    step = 1 << 20
+    total = sum(
+        int(np.bincount(flat[i : i + step], minlength=256) @ np.arange(256, dtype=np.int64))
+        for i in range(0, len(flat), step)
+    )
+    if total >= 2**53:  # numpy's float64 sum would round; this path would not match it
+        raise ValueError("pixel_stats: more pixels than a float64 sum holds exactly")
+    mean = np.float64(total) / n
+    sq = np.square(np.arange(256, dtype=np.float64) - mean)  # numpy's (x - mean) ** 2 per byte
+    dev = _pairwise_sum(lambda i, m: sq[flat[i : i + m]], 0, len(flat))
+    return mean, np.sqrt(dev / n)
+
+
 def image_pool(name: str, root: str, download: bool = False) -> Pool:
     """MNIST or Fashion-MNIST from IDX files under ``root``: scaled to [0, 1], standardized with
-    the training pool's statistics, a channel dimension added."""
+    the training pool's statistics, a channel dimension added (``Pool.features``)."""
     tx, ty, vx, vy = load_idx_dataset(name, root, download)
-    mean, std = tx.mean() / 255.0, tx.std() / 255.0
+    mean, std = pixel_stats(tx)
+    mean, std = mean / 255.0, std / 255.0
     # pixels are bytes: each of the 256 values is standardized once (the same float operations
-    # as on the whole array, so the same float32 results) and the images are looked up, instead
-    # of float64 copies of the 60,000-image pool (about 1 GB of temporaries)
+    # as on the whole array, so the same float32 results) and only the records a run uses are
+    # looked up (Pool.features), instead of float copies of the 60,000-image pool
     levels = np.arange(256, dtype=np.uint8)
     table = ((levels.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)
-    norm = lambda a: table[a][:, None]  # noqa: E731
-    return Pool(norm(tx), ty.astype(np.int64), norm(vx), vy.astype(np.int64), IMAGE_CLASSES)
+    return Pool(tx, ty.astype(np.int64), vx, vy.astype(np.int64), IMAGE_CLASSES, levels=table)
 
 
 def partition_pool(
@@ -224,12 +274,12 @@ def partition_pool(
     rec = np.concatenate(rec_idx)
     tst = np.concatenate(test)
     return Federation(
-        x=torch.from_numpy(np.ascontiguousarray(tx[rec])),
+        x=torch.from_numpy(pool.features(tx, rec)),
         y=torch.from_numpy(ty[rec]),
         user_offsets=np.array(user_offsets, dtype=np.int64),
         user_owner=np.array(user_owner, dtype=np.int64),
         owner_user_offsets=np.array(owner_user_offsets, dtype=np.int64),
-        x_test=torch.from_numpy(np.ascontiguousarray(vx[tst])),
+        x_test=torch.from_numpy(pool.features(vx, tst)),
         y_test=torch.from_numpy(vy[tst]),
         test_offsets=np.concatenate([[0], np.cumsum([len(t) for t in test])]).astype(np.int64),
         num_classes=classes,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import tiny_cfg, tiny_mnist, write_idx
@@ -159,16 +160,84 @@ def test_more_records_than_the_data_holds_is_a_config_error(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_image_pool_standardizes_exactly_as_the_whole_array_formula(tmp_path):
-    """The pool is standardized through a 256-entry table (no float64 copies of the images):
-    bit for bit what ((x / 255 - mean) / std) in float32 on the whole array gives."""
-    from fedudp.data.federation import image_pool
-    from fedudp.data.idx import load_idx_dataset
+def _old_standardized_pool(root):
+    """The pool as fedudp standardized it before issue 40 (its literal formula): numpy's mean and
+    std of the whole training array, every image in float32, a channel dim added."""
+    from fedudp.data.federation import IMAGE_CLASSES, Pool
 
-    root = tiny_mnist(tmp_path)
-    tx, _, vx, _ = load_idx_dataset("mnist", str(root), False)
+    tx, ty, vx, vy = load_idx_dataset("mnist", str(root), False)
     mean, std = tx.mean() / 255.0, tx.std() / 255.0
+    table = ((np.arange(256, dtype=np.uint8).astype(np.float32) / 255.0 - mean) / std).astype(
+        np.float32
+    )
+    norm = lambda a: table[a][:, None]  # noqa: E731
+    return Pool(norm(tx), ty.astype(np.int64), norm(vx), vy.astype(np.int64), IMAGE_CLASSES), tx
+
+
+def test_image_pool_converts_only_the_records_asked_for_as_the_whole_pool_did(tmp_path):
+    """Byte images stay bytes in the pool; the records a run uses are standardized on selection,
+    bit for bit the whole-array formula's values, with its strides (torch picks convolution
+    kernels by strides), and no float copy of the pool is made."""
+    from fedudp.data.federation import image_pool
+
+    root = tiny_mnist(tmp_path, n_train=700, n_test=90)
+    old, _ = _old_standardized_pool(root)
     pool = image_pool("mnist", str(root))
-    for raw, got in ((tx, pool.train_x), (vx, pool.test_x)):
-        want = ((raw.astype(np.float32) / 255.0 - mean) / std).astype(np.float32)[:, None]
-        assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert pool.train_x.dtype == np.uint8 and pool.test_x.dtype == np.uint8
+    idx = np.random.default_rng(3).permutation(700)[:123]
+    for raw, want in ((pool.train_x, old.train_x), (pool.test_x, old.test_x)):
+        for sel in (idx[idx < len(raw)], np.arange(len(raw))):
+            got, ref = pool.features(raw, sel), want[sel]
+            assert got.dtype == np.float32 and np.array_equal(got, ref)
+            assert got.shape == ref.shape and got.strides == ref.strides
+
+
+def test_mnist_federation_equals_the_whole_pool_path(tmp_path):
+    """The built federation (records, labels, test split, user ids) equals what partitioning the
+    old whole-pool float32 arrays gives, tensor values and strides alike."""
+    from fedudp.data.federation import partition_pool
+
+    root = tiny_mnist(tmp_path, n_train=700, n_test=90)
+    old, _ = _old_standardized_pool(root)
+    cfg = tiny_cfg(
+        "fedavg", **{"dataset.name": "mnist", "dataset.root": str(root), "dataset.num_records": 400}
+    )
+    new = build_federation(cfg)
+    p = cfg.partition
+    ref = partition_pool(
+        old,
+        num_owners=p.num_owners,
+        num_records=400,
+        records_per_user=p.records_per_user,
+        scheme=str(p.scheme.value if hasattr(p.scheme, "value") else p.scheme),
+        classes_per_owner=p.classes_per_owner,
+        dirichlet_alpha=p.dirichlet_alpha,
+        test_per_owner=p.test_per_owner,
+        seed=cfg.seed,
+    )
+    for name in ("x", "y", "x_test", "y_test"):
+        a, b = getattr(new, name), getattr(ref, name)
+        assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b), name
+    for name in ("user_offsets", "user_owner", "owner_user_offsets", "test_offsets", "user_ids"):
+        assert np.array_equal(getattr(new, name), getattr(ref, name)), name
+
+
+@pytest.mark.parametrize(
+    "shape,sparse", [((700, 28, 28), True), ((3000, 28, 28), False), ((3, 5, 7), True)]
+)
+def test_pixel_stats_are_numpys_mean_and_std_bit_for_bit(shape, sparse):
+    """``pixel_stats`` sums in numpy's pairwise order; a sum in another order (chunks of 8192
+    added one after the other) is caught on the larger arrays."""
+    from fedudp.data.federation import pixel_stats
+
+    a = np.random.default_rng(sum(shape)).integers(0, 256, shape, dtype=np.uint8)
+    if sparse:  # MNIST-like: mostly zero background
+        a[a < 180] = 0
+    mean, std = pixel_stats(a)
+    assert mean == a.mean() and std == a.std()
+    if a.size > 1 << 20:
+        flat, sq = a.reshape(-1), np.square(np.arange(256.0) - mean)
+        seq = sum(np.add.reduce(sq[flat[i : i + 8192]]) for i in range(0, a.size, 8192))
+        assert np.sqrt(seq / a.size) != std  # the weakened twin differs
+    with pytest.raises(TypeError, match="uint8"):
+        pixel_stats(a.astype(np.int64))
