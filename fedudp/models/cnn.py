@@ -30,8 +30,17 @@ def _channels_last(x: torch.Tensor) -> torch.Tensor:
 class PaperCNN(SplitModel):
     default_personal = ("fc1.*",)
 
-    def __init__(self, in_channels: int = 1, classes: int = 10, side: int = 28) -> None:
+    def __init__(
+        self, in_channels: int = 1, classes: int = 10, side: int = 28, channels_last: bool = True
+    ) -> None:
         super().__init__()
+        # conv1's output converted to channels-last (see forward): fedudp's engines take either
+        # layout, but hook-based per-sample gradient tools may not: Opacus 1.6 returns a wrong
+        # per-sample gradient for conv2.weight when conv2's input is channels-last, silently
+        # (tests/models/test_models.py compares it with torch.func's). Set
+        # ``channels_last=False`` (or the attribute, on a built model) before exporting the model
+        # to Opacus or a similar tool: the same values, NCHW activations, slower on the CPU
+        self.channels_last = channels_last
         self.conv1 = nn.Conv2d(in_channels, 16, 5, padding=2)
         self.conv2 = nn.Conv2d(16, 32, 5, padding=2)
         flat = 32 * (side // 4) * (side // 4)
@@ -45,7 +54,8 @@ class PaperCNN(SplitModel):
         # same window element is the argmax wherever the max is positive, and the gradient is
         # zero in both orders where it is not), with ReLU and its backward on a quarter of the
         # elements
-        x = F.relu(F.max_pool2d(_channels_last(self.conv1(x)), 2))
+        h = self.conv1(x)
+        x = F.relu(F.max_pool2d(_channels_last(h) if self.channels_last else h, 2))
         x = F.relu(F.max_pool2d(self.conv2(x), 2))
         h = x.flatten(-3)
         return 0.5 * (self.fc1(h) + self.fc2(h))
