@@ -177,8 +177,8 @@ def test_preset_starts(name, tmp_path, monkeypatch, request):
         assert 0 < s["epsilon"] <= s["target_epsilon"] * (1 + 1e-6)
         ledger = json.loads((tmp_path / "ledger.json").read_text())
         assert len(ledger["entries"]) == ROUNDS
-    if cfg.algorithm.name.value != "none":
-        assert s["algorithm"]["name"] == cfg.algorithm.name.value
+    if cfg.algorithm.name != "none":
+        assert s["algorithm"]["name"] == cfg.algorithm.name
     evaluated = [m["accuracy_mean"] for m in metrics if "accuracy_mean" in m]
     assert all(math.isfinite(a) for a in evaluated)
 
