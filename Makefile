@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 export FLWR_TELEMETRY_ENABLED := 0
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: setup run test test-slow clean
+.PHONY: setup run test test-slow lint clean
 
 $(BIN)/fedudp: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,13 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -x --timeout=600 --durations=25
+
+# lint, format and types (docs/development.md); the dev extra pins ruff and mypy
+lint: setup
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/ruff check fedudp tests scripts examples docs
+	$(BIN)/ruff format --check fedudp tests scripts examples docs
+	$(BIN)/mypy
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow --timeout=1200

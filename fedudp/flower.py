@@ -49,9 +49,10 @@ round released raises ``RunFailed`` from ``start`` (the ServerApp's run then end
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -68,7 +69,7 @@ from flwr.app import (
 from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import Result, Strategy
 
 from fedudp.aggregators.base import Aggregator, Constraint, Contribution
 from fedudp.privacy.accountant import Ledger, LedgerEntry, accountant_for
@@ -163,7 +164,11 @@ class RunFailed(RuntimeError):
     """No training round of a ``UserLevelDP`` run released (every one was withheld)."""
 
 
-def _reason(text: str, limit: int = 300) -> str:
+# what a mod calls to run the rest of the ClientApp (Flower's ``ClientAppCallable``)
+CallNext = Callable[[Message, Context], Message]
+
+
+def _reason(text: str | None, limit: int = 300) -> str:
     """A client's error reason on one line (the last non-empty lines of a traceback)."""
     lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
     one = " | ".join(lines[-2:]) if lines else "?"
@@ -259,7 +264,8 @@ class UserLevelDP(Strategy):
         self.min_owners, self.min_users = int(min_owners), int(min_users)
         self.withheld: list[tuple[int, str]] = []  # (round, why): nothing released
         self.event = aggregator.dp_event()
-        self.accountant = accountant_for(self.event, aggregator.group, target_epsilon)
+        # an Accountant, ParallelAccountant or GroupAccountant: one duck-typed interface
+        self.accountant: Any = accountant_for(self.event, aggregator.group, target_epsilon)
         one_off = aggregator.one_off_event()
         if one_off is not None:
             self.accountant.compose(one_off)
@@ -303,10 +309,10 @@ class UserLevelDP(Strategy):
     def from_run_config(
         cls,
         strategy: Strategy,
-        run_config,
+        run_config: Mapping[str, Any],
         initial_arrays: ArrayRecord,
         personal: Sequence[str] = (),
-    ) -> "UserLevelDP":
+    ) -> UserLevelDP:
         """The wrapper configured through Flower's run config alone
         (``[tool.flwr.app.config]`` / ``--run-config``), under the run-config contract
         (``fedudp.flower_contract.KEYS``, docs/flower-apps.md#the-run-config-contract): ε, δ and
@@ -332,7 +338,7 @@ class UserLevelDP(Strategy):
         over = {"dataset.name": "memory", "public.owner_capacity": over["public.users"], **over}
         dim = sum(
             int(np.prod(initial_arrays[k].shape))
-            for k in initial_arrays.keys()
+            for k in initial_arrays
             if not _is_personal(k, personal)
         )
         try:  # the builder's errors name fedudp config keys: named here as run-config keys
@@ -345,6 +351,7 @@ class UserLevelDP(Strategy):
         except ValueError as e:
             raise as_run_config_error(e) from None
         mode = Randomness.SECURE if secure else s.randomness
+        assert s.delta is not None  # the run-config contract requires fedudp.privacy.delta
         out = cls(
             strategy,
             agg,
@@ -409,7 +416,7 @@ class UserLevelDP(Strategy):
         sent = self._sent.pop(server_round, None)
         if sent is None:
             return None, None
-        names = [k for k in sent.keys() if not _is_personal(k, self.personal)]
+        names = [k for k in sent if not _is_personal(k, self.personal)]
         dim = sum(int(np.prod(sent[k].shape)) for k in names)
         parts, failed, held = [], 0, 0
         train_metrics: list[tuple[float, dict[str, float]]] = []
@@ -434,7 +441,9 @@ class UserLevelDP(Strategy):
                     why,
                 )
                 continue
-            rec, counts = r.content[K_CONTRIB], r.content[K_COUNTS]
+            # the mod's own records (train_round): their keys' types are the ones written there
+            rec: Any = r.content[K_CONTRIB]
+            counts: Any = r.content[K_COUNTS]
             if "metrics" in r.content.metric_records:  # the app's, over the client's users
                 train_metrics.append(_user_metrics(r))
             held += int(counts["users"])
@@ -486,7 +495,7 @@ class UserLevelDP(Strategy):
         )
         new = _flat(sent, names) + agg.mean.to(torch.float64)
         updated = _unflat(new, sent, names)
-        arrays = _record({k: updated.get(k, sent[k]) for k in sent.keys()})
+        arrays = _record({k: updated.get(k, sent[k]) for k in sent})
         # the wrapped strategy applies the one private update as it would a client's model; its
         # metrics: the app's training metrics over all the clients' users, record-weighted
         # (outside the DP guarantee, as the ledger says)
@@ -534,7 +543,14 @@ class UserLevelDP(Strategy):
                     metrics[k] = v
         return (inner_arrays if inner_arrays is not None else arrays), metrics
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs):
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Result:
         """Flower's ``Strategy.start``; then ``RunFailed`` if no round released because every
         training round was withheld (fail closed): raised from the ServerApp's main, the run
         ends failed rather than completed."""
@@ -564,7 +580,7 @@ class UserLevelDP(Strategy):
         norm exceeds it. Public numbers only (the estimator's calibration, q, N, d)."""
         from fedudp.flower_contract import release_noise
 
-        names = [k for k in initial_arrays.keys() if not _is_personal(k, self.personal)]
+        names = [k for k in initial_arrays if not _is_personal(k, self.personal)]
         dim = sum(int(np.prod(initial_arrays[k].shape)) for k in names)
         samp = self.aggregator.sampling
         std, how = release_noise(self.aggregator, dim)
@@ -576,7 +592,7 @@ class UserLevelDP(Strategy):
             if clip is not None
             else (self.update_bound, "the bound B (fedudp.estimator.bound)")
         )
-        u = {
+        u: dict[str, Any] = {
             "expected_cohort": float(samp.rate * samp.population),
             "users": int(samp.population),
             "rate": float(samp.rate),
@@ -663,7 +679,7 @@ class _Round:
 
 
 def _round_of(msg: Message) -> _Round:
-    r = msg.content[K_DP]
+    r: Any = msg.content[K_DP]  # the server's own record (configure_train)
     clip = float(r["clip"])
     # seeded only where the server says so and sends the seed; anything else: OS entropy here
     seeded = "randomness" in r and str(r["randomness"]) == Randomness.SEEDED and "seed" in r
@@ -694,14 +710,14 @@ def sampled_users(
     return [u for u in users if mask[int(u)]]
 
 
-def user_level_mod(
+def user_level_mod(  # noqa: C901 - being rewritten and split for issue 39
     users_per_client: int | None = None,
     *,
     personal: Sequence[str] = (),
     users_of: Callable[[Context], Sequence[int]] | None = None,
     fast: TorchTraining | None = None,
     train_metrics: bool = True,
-):
+) -> Callable[[Message, Context, CallNext], Message]:
     """A Flower client mod that makes a client's training user-level DP (see the module doc).
 
     On a training message it samples the client's users, runs the app's own training step
@@ -754,12 +770,12 @@ def user_level_mod(
         return list(range(p * k, (p + 1) * k))
 
     def kept(context: Context) -> ArrayRecord | None:
-        return context.state[K_PERSONAL] if K_PERSONAL in context.state else None
+        return cast(ArrayRecord, context.state[K_PERSONAL]) if K_PERSONAL in context.state else None
 
     def with_personal(arrays: ArrayRecord, keep: ArrayRecord | None) -> ArrayRecord:
         if keep is None:
             return arrays
-        return _record({k2: keep[k2] if k2 in keep.keys() else arrays[k2] for k2 in arrays.keys()})
+        return _record({k2: keep[k2] if k2 in keep else arrays[k2] for k2 in arrays})
 
     def user_context(context: Context, u: int, total: int) -> Context:
         return Context(
@@ -783,7 +799,7 @@ def user_level_mod(
         context: Context,
         u: int,
         total: int,
-        call_next,
+        call_next: CallNext,
     ) -> Message:
         """The app's own training step on user ``u``'s data only (partition u of ``total``),
         from ``arrays``."""
@@ -805,7 +821,7 @@ def user_level_mod(
             return int(context.node_config.get("num-partitions", 1)) * per_client(context)
         return max(mine, default=-1) + 1
 
-    def mod(msg: Message, context: Context, call_next) -> Message:
+    def mod(msg: Message, context: Context, call_next: CallNext) -> Message:
         if msg.metadata.message_type != "train" or K_DP not in msg.content:
             try:  # the client's users, for an evaluation on all its data (client_users)
                 mine = users(context)
@@ -817,7 +833,7 @@ def user_level_mod(
                 key = next(iter(msg.content.array_records.keys()))
                 content = RecordDict(
                     {
-                        k2: (with_personal(rec, keep) if k2 == key else rec)
+                        k2: (with_personal(cast(ArrayRecord, rec), keep) if k2 == key else rec)
                         for k2, rec in msg.content.items()
                     }
                 )
@@ -829,13 +845,13 @@ def user_level_mod(
         except ValueError as e:  # a setup error: the reason goes back to the server's log
             return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, str(e)), reply_to=msg)
 
-    def train_round(msg: Message, rnd: _Round, context: Context, call_next) -> Message:
+    def train_round(msg: Message, rnd: _Round, context: Context, call_next: CallNext) -> Message:
         patterns = tuple(personal) or rnd.personal
         arrays_key = next(iter(msg.content.array_records.keys()))
         # every user's update at the broadcast: its personal layers are the server's initial,
         # public values (the server never moves them), never this client's own
-        base = msg.content[arrays_key]
-        names = [k2 for k2 in base.keys() if not _is_personal(k2, patterns)]
+        base = cast(ArrayRecord, msg.content[arrays_key])
+        names = [k2 for k2 in base if not _is_personal(k2, patterns)]
         start = _flat(base, names)
         if users_of is None:
             total = int(context.node_config.get("num-partitions", 1)) * per_client(context)
@@ -867,7 +883,9 @@ def user_level_mod(
                 ),
                 reply_to=msg,
             )
-        rows, metrics = [], []  # the users' updates; their training metrics (weight, values)
+        # the users' updates; their training metrics (weight, values)
+        rows: list[torch.Tensor] = []
+        metrics: list[tuple[float, dict[str, float]]] = []
         sampled = sampled_users(mine, rnd.randomness, rnd.round, rnd.rate, total)
         if fast is not None:  # fedudp.flower_fast: every sampled user's update at once
             at = {k2: _numpy(base[k2]) for k2 in base}
@@ -878,7 +896,7 @@ def user_level_mod(
             if reply.has_error():
                 return reply
             metrics.append(_user_metrics(reply))
-            got = reply.content[next(iter(reply.content.array_records.keys()))]
+            got = cast(ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))])
             rows.append(_flat(got, names) - start)
         G = torch.stack(rows) if rows else torch.zeros(0, len(start), dtype=torch.float64)
         c = Constraint(rows=rnd.rows, clip=rnd.clip).apply(G)
@@ -886,8 +904,8 @@ def user_level_mod(
             mixed = with_personal(base, kept(context))
             at = {k2: _numpy(mixed[k2]) for k2 in mixed}
             own_names = [k2 for k2 in base if _is_personal(k2, patterns)]
-            got = fast.personal(at, own_names, mine, total, msg.content.config_records)
-            context.state[K_PERSONAL] = _record(got)
+            own_arrays = fast.personal(at, own_names, mine, total, msg.content.config_records)
+            context.state[K_PERSONAL] = _record(own_arrays)
         elif patterns:  # the client's own personal layers: on all its users, never sent
             own = kept(context)
             for u in mine:
@@ -896,8 +914,10 @@ def user_level_mod(
                 )
                 if reply.has_error():
                     return reply
-                got = reply.content[next(iter(reply.content.array_records.keys()))]
-                own = _record({k2: got[k2] for k2 in got.keys() if _is_personal(k2, patterns)})
+                got = cast(
+                    ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))]
+                )
+                own = _record({k2: got[k2] for k2 in got if _is_personal(k2, patterns)})
             if own is not None:
                 context.state[K_PERSONAL] = own
         out = RecordDict(
@@ -913,6 +933,7 @@ def user_level_mod(
             rows_out = c.rows if c.rows is not None else torch.zeros(0, len(start))
             out[K_CONTRIB] = _record({"rows": rows_out.to(torch.float64).numpy()})
         else:
+            assert c.total is not None  # not rows: the clipped sum
             out[K_CONTRIB] = _record({"sum": c.total.to(torch.float64).numpy()})
         return Message(out, reply_to=msg)
 
@@ -959,7 +980,7 @@ def client_users(context: Context) -> tuple[list[int], int]:
             "fedudp.flower.client_users: no user_level_mod in this ClientApp's mods (or it has "
             "no users rule: users_per_client= / fedudp.users-per-client / users_of=)"
         )
-    rec = context.state[K_USERS]
+    rec: Any = context.state[K_USERS]  # the mod's own record (_remember_users)
     n = int(rec["n"])
     return [int(u) for u in list(rec["users"])[:n]], int(rec["num-users"])
 
@@ -968,7 +989,7 @@ def _user_metrics(reply: Message) -> tuple[float, dict[str, float]]:
     """(the user's weight: its ``num-examples``, else 1; the app's scalar training metrics)."""
     if "metrics" not in reply.content.metric_records:
         return 1.0, {}
-    rec = reply.content["metrics"]
+    rec: Any = reply.content["metrics"]  # the app's MetricRecord
     vals = {
         k: float(v)
         for k, v in rec.items()
@@ -981,7 +1002,7 @@ def _weighted_metrics(parts: Sequence[tuple[float, dict[str, float]]]) -> Metric
     """Each metric's mean over the parts that report it, weighted by their records; and the
     records in all (``num-examples``)."""
     total = sum(w for w, _ in parts)
-    out: dict[str, float | int] = {"num-examples": int(round(total))}
+    out: dict[str, Any] = {"num-examples": round(total)}
     for key in sorted({k for _, vals in parts for k in vals}):
         ws = [(w, vals[key]) for w, vals in parts if key in vals]
         wsum = sum(w for w, _ in ws)

@@ -92,7 +92,12 @@ def test_plot_of_bench_flower_results(tmp_path):
 @pytest.mark.parametrize("config", ["local@0:fedavg:none", "fedudp@2:fedavg:none"])
 def test_bench_flower_refuses_an_unknown_side_before_running(config):
     p = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "benchmarks" / "bench_flower.py"), "--configs", config],
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "benchmarks" / "bench_flower.py"),
+            "--configs",
+            config,
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -165,8 +165,9 @@ def test_results_record_no_machine_path():
         for no, line in enumerate(text.splitlines(), 1):
             if "/" + "work/" in line:
                 bad.append(f"{rel}:{no}: {line.strip()[:120]}")
-    assert not bad, "machine paths in results (scrub them: scripts/tools/scrub_paths.py):\n" + "\n".join(
-        bad[:20]
+    assert not bad, (
+        "machine paths in results (scrub them: scripts/tools/scrub_paths.py):\n"
+        + "\n".join(bad[:20])
     )
 
 
