@@ -731,6 +731,9 @@ def main() -> None:
                 r = measure(side, n, a.rounds)
                 r["rep"] = rep
                 results.append(r)
+                if a.json:  # every repetition so far, should the run be cut short
+                    Path(a.json + ".partial").parent.mkdir(parents=True, exist_ok=True)
+                    Path(a.json + ".partial").write_text(json.dumps({"repetitions": results}))
                 print(
                     f"n={n:<4} rep={rep} {side:<8} s/round {r['s_per_round']:.3f} "
                     f"CPU s/round {r['cpu_s_per_round']:.3f} "
