@@ -405,9 +405,10 @@ def test_imports_are_lazy_and_few():
     every = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     every |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert {m for m in every if m.startswith("fedudp")} <= {
-        "fedudp.config",
+        "fedudp.errors",
         "fedudp.data.records",
         "fedudp.data.columnar",
+        "fedudp.data.readers",
     }
 
 
