@@ -206,9 +206,12 @@ def simulate(
                 f"tracking.kind={kind}: logs a run folder's run; give simulate "
                 "an out=<folder> (or leave tracking.kind=none)"
             )
+        from fedudp.provenance import provenance
+
+        source = provenance()  # the code that runs, read before it runs
         p = prepare(cfg, **given)
         res = execute(p)
-        summary = summary_of(cfg, p, res)
+        summary = summary_of(cfg, p, res, source=source)
         folder = None
     assert res is not None and p is not None  # a run that ran returns both
     return SimulationResult(

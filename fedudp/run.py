@@ -216,6 +216,7 @@ def run_with_result(
     this run is a job of (a tracked sweep's runs are children of one parent run). Once the run
     has finished, ``checkpoint.keep_after_finish`` says which checkpoints stay."""
     t_start = time.perf_counter()
+    source = provenance()  # the code that runs: read at the start, not when the run ends
     validate(cfg)
     s = settings(cfg)
     tracking.require(s.tracking)  # the extra's package, before any work
@@ -255,7 +256,9 @@ def run_with_result(
     try:
         res = execute(p, on_round, grid, ckpt)
     except BaseException as e:
-        failed = _write_outputs(cfg, p, out, None, t_start, error=f"{type(e).__name__}: {e}")
+        failed = _write_outputs(
+            cfg, p, out, None, t_start, error=f"{type(e).__name__}: {e}", source=source
+        )
         tracker.finish(failed, out)
         if isinstance(e, checkpoints.CheckpointError):
             raise ConfigError(f"resume={out}: the checkpoint does not fit this run: {e}") from None
@@ -264,7 +267,7 @@ def run_with_result(
         p.owners.on_progress = None
         if bar is not None:
             bar.close()
-    summary = _write_outputs(cfg, p, out, res, t_start)
+    summary = _write_outputs(cfg, p, out, res, t_start, source=source)
     if summary["stop_reason"] not in ("interrupted", "failed"):
         # finished: never resumed (a re-run is skipped), so only what the policy keeps stays
         checkpoints.keep_after_finish(out, s.keep_after_finish)
@@ -451,12 +454,14 @@ def _write_outputs(
     res: RoundsResult | None,
     t_start: float,
     error: str | None = None,
+    *,
+    source: dict | None = None,
 ) -> dict:
     """owners.csv, ledger.json and summary.json for whatever happened (``res`` None: failed)."""
     if res is not None:
         _write_owners(out / "owners.csv", p.fed, res)
     (out / "ledger.json").write_text(json.dumps(jsonable(p.ledger.to_dict()), indent=2))
-    summary = summary_of(cfg, p, res, t_start, error)
+    summary = summary_of(cfg, p, res, t_start, error, source=source)
     (out / "summary.json").write_text(json.dumps(jsonable(summary), indent=2))
     return summary
 
@@ -477,6 +482,8 @@ def summary_of(
     res: RoundsResult | None,
     t_start: float | None = None,
     error: str | None = None,
+    *,
+    source: dict | None = None,
 ) -> dict:
     """summary.json's content for a run that ended with ``res`` (None: failed with ``error``);
     ``seconds`` counts from ``t_start`` (None: not timed)."""
@@ -528,8 +535,9 @@ def summary_of(
         # the privacy cost of choosing among runs (fedudp-report --select-best); None where the
         # ledger composes blocks without an event or per-owner / group-privacy accountants
         "dp_event": run_event_json(p) if spec.private else None,
-        # what produced this folder: fedudp's version, the source commit, a modified checkout
-        **provenance(),
+        # what produced this folder: fedudp's version, the source commit, a modified checkout,
+        # as read when the run started (``source``; None: read now)
+        **(source if source is not None else provenance()),
     }
     est = p.billboard.canary_estimate() if p.billboard is not None else None
     if est is not None:  # audit.canaries: an estimate beside the ledger's ε, not a bound

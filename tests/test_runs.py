@@ -171,6 +171,23 @@ def test_a_run_records_the_version_and_source_commit_that_produced_it(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["source"] == s["source"]
 
 
+def test_the_source_is_read_when_the_run_starts_not_when_it_ends(tmp_path, monkeypatch):
+    """A checkout that moves during a long run (a commit, an edit) does not relabel it: the
+    commit recorded is the one read before the run's first step."""
+    import fedudp.run as run_mod
+
+    calls = []
+
+    def moving_checkout():
+        calls.append(len(calls))
+        name = "start" if len(calls) == 1 else "moved"
+        return {"fedudp_version": "x", "source": {"commit": name, "modified": False}}
+
+    monkeypatch.setattr(run_mod, "provenance", moving_checkout)
+    s = run(tiny_cfg("fedavg", **{"train.rounds": 1}), tmp_path)
+    assert calls and s["source"] == {"commit": "start", "modified": False}
+
+
 def test_fedudp_version_prints_the_package_version(monkeypatch, capsys):
     from importlib.metadata import version
 
