@@ -29,8 +29,9 @@ BUSY = (
 
 def test_session_sample_reads_the_cpu_seconds_of_every_process_of_the_tree():
     """A parent that spins 0.6 CPU seconds, then a child that spins 0.6 more and sleeps: the
-    samples (largest reading per pid) hold both processes and about 1.2 CPU seconds, and a
-    process outside the session is not read."""
+    samples (largest reading per pid) hold both processes and about 1.2 CPU seconds, a process
+    that has ended but is not yet reaped adds CPU time but no memory, and a process outside the
+    session is not read."""
     from proctree import session_sample
 
     proc = subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
@@ -40,7 +41,8 @@ def test_session_sample_reads_the_cpu_seconds_of_every_process_of_the_tree():
         rss, count, by_pid = session_sample(proc.pid)
         if not by_pid:  # it ended between poll() and the read (a loaded machine): poll again
             continue
-        assert rss > 0 and count == len(by_pid)
+        # a zombie (ended, not yet reaped) is read for CPU but has no memory and is not counted
+        assert count <= len(by_pid) and (rss > 0) == (count > 0)
         most = max(most, count)
         for pid, sec in by_pid.items():
             cpu[pid] = max(cpu.get(pid, 0.0), sec)
@@ -48,6 +50,24 @@ def test_session_sample_reads_the_cpu_seconds_of_every_process_of_the_tree():
     assert most == 2 and len(cpu) == 2 and proc.pid in cpu
     assert 1.0 <= sum(cpu.values()) <= 2.5
     assert session_sample(proc.pid) == (0, 0, {})  # gone: nothing left to read
+
+
+def test_session_sample_reads_an_unreaped_process_for_cpu_but_not_memory():
+    """A process that has exited but is not yet reaped (a zombie) gives its CPU time and
+    neither a count nor RSS: the state a loaded machine shows between a child's exit and its
+    parent's wait."""
+    from proctree import session_sample
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    stat = Path(f"/proc/{proc.pid}/stat")
+    deadline = time.time() + 30
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.time() < deadline, "the child did not exit"
+        time.sleep(0.01)
+    rss, count, by_pid = session_sample(proc.pid)
+    assert (rss, count) == (0, 0) and list(by_pid) == [proc.pid] and by_pid[proc.pid] >= 0.0
+    proc.wait()
+    assert session_sample(proc.pid) == (0, 0, {})
 
 
 def test_plot_of_bench_flower_results(tmp_path):

@@ -23,7 +23,9 @@ def session_sample(sid: int) -> tuple[int, int, dict[int, float]]:
     processes in session ``sid`` (a subprocess started with ``start_new_session=True`` and
     everything it starts). Shared pages count once per process. A caller that keeps each
     pid's largest CPU reading over its samples has the tree's CPU time, up to what a process
-    spent after its last sample."""
+    spent after its last sample. A process that has ended but is not yet reaped (a zombie,
+    state ``Z``) has no memory: its final CPU time is read, but it is not counted and adds no
+    RSS, so ``count`` can be smaller than ``len(cpu)``."""
     total = count = 0
     cpu: dict[int, float] = {}
     for d in Path("/proc").iterdir():
@@ -33,9 +35,11 @@ def session_sample(sid: int) -> tuple[int, int, dict[int, float]]:
             stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
             if int(stat[3]) != sid:  # field 6 (session); stat[k] is field k + 3
                 continue
+            cpu[int(d.name)] = (int(stat[11]) + int(stat[12])) / _TICK  # utime, stime
+            if stat[0] == "Z":  # field 3 (state): ended, not yet reaped; no memory left
+                continue
             total += status_kib("VmRSS", d.name) * 1024
             count += 1
-            cpu[int(d.name)] = (int(stat[11]) + int(stat[12])) / _TICK  # utime, stime
         except (OSError, ValueError, IndexError):
             continue
     return total, count, cpu
