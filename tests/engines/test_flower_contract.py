@@ -270,3 +270,31 @@ def test_an_estimators_requirement_names_the_run_config_key(extra, key, want):
     rc.pop("fedudp.privacy.noise_multiplier")
     with pytest.raises(RunConfigError, match=rf"^{key}: .*{want}"):
         UserLevelDP.from_run_config(FedAvg(), rc, INIT)
+
+
+def test_the_contracts_estimator_keys_are_the_registered_estimators_options():
+    """The contract's ``fedudp.estimator.*`` keys are exactly the options (``Option``: name,
+    type, default) that the estimators it names declare in the registry; a new option of one of
+    them, or a changed default, fails here until the contract says it too."""
+    from fedudp.aggregators import REGISTRY
+
+    agg_key = BY_NAME["fedudp.aggregator"]
+    named = [n for n in REGISTRY.names() if f"`{n}`" in agg_key.meaning]
+    assert agg_key.default in named and len(named) >= 6, named
+    contract = {
+        k.name.removeprefix("fedudp.estimator."): k
+        for k in KEYS
+        if k.name.startswith("fedudp.estimator.")
+    }
+    declared: dict[str, object] = {}
+    for name in named:
+        for opt in REGISTRY[name].options:
+            declared.setdefault(opt.name, opt)
+            key = contract.get(opt.name)
+            assert key is not None, (
+                f"aggregator={name}: option {opt.name} missing from the contract"
+            )
+            assert key.type is opt.type, (name, opt.name, key.type, opt.type)
+            assert key.default == opt.default, (name, opt.name, key.default, opt.default)
+            assert key.config_key == f"estimator.{opt.name}"
+    assert sorted(contract) == sorted(declared)
