@@ -844,6 +844,15 @@ def _inputs_declared(cfg: RunConfig) -> bool:
     return True
 
 
+def builtin_model(m: Any) -> bool:
+    """Whether ``m``'s class is one of fedudp's own models (``fedudp.models``), whose
+    per-record ``torch.func.vmap(grad(...))`` path ``tests/models/test_model_probe.py`` runs for
+    every registered name: the run's probe skips that step for them (it imports
+    ``torch._dynamo``, about a second of a small run's start); a user's or a plugin's model is
+    always probed."""
+    return type(m).__module__.startswith("fedudp.models.")
+
+
 def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> None:
     """``fedudp.models.validate.probe`` on an example batch of the declared shape, and DP-SGD's
     one-pass per-record kernel on the same batch for every parameter whose layer qualifies for
@@ -852,7 +861,7 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
     from fedudp.models import validate as model_check
     from fedudp.owner import per_sample
 
-    model_check.probe(m, shape, classes, tokens)
+    model_check.probe(m, shape, classes, tokens, per_record=not builtin_model(m))
     names = tuple(n for n, _ in m.named_parameters() if per_sample.supported(m, (n,)))
     if names:
         x, y = model_check.example_batch(shape, classes, tokens, next(m.parameters()).dtype)

@@ -300,11 +300,18 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"
 
 
-def probe(model: nn.Module, input_shape: Sequence[int], classes: int, tokens: bool = False) -> None:
+def probe(
+    model: nn.Module,
+    input_shape: Sequence[int],
+    classes: int,
+    tokens: bool = False,
+    per_record: bool = True,
+) -> None:
     """Refuse (one-line ``ValueError``) a model that does not fit the declared data or the
     per-record path, before any data is read (the module docstring): one forward on
     ``example_batch`` must give ``[batch, classes]``; each record's gradient through
-    ``torch.func.vmap(grad(...))`` must run. The model's parameters are not changed."""
+    ``torch.func.vmap(grad(...))`` must run (``per_record=False`` skips this step: for a model
+    whose vmap path is tested elsewhere). The model's parameters are not changed."""
     import torch.nn.functional as F
     from torch.func import functional_call, grad, vmap
 
@@ -329,6 +336,8 @@ def probe(model: nn.Module, input_shape: Sequence[int], classes: int, tokens: bo
             f"model output is {got} for a batch of {PROBE_BATCH} records; it must be "
             f"{want}: one logit per declared class (dataset.classes={int(classes)})"
         )
+    if not per_record:
+        return
     params = {n: p.detach() for n, p in model.named_parameters()}
 
     def loss(p, xi, yi):

@@ -271,3 +271,18 @@ def test_the_kernel_is_probed_on_the_layers_it_covers_when_others_do_not_qualify
     assert not fast_per_record(m) and fast_per_record(m, ("fc.weight", "out.weight"))
     with pytest.raises(ConfigError, match=r"called twice"):
         build_model(cfg_for(me("TwiceWithNorm")))
+
+
+@pytest.mark.parametrize("name", ["linear", "cnn", "char_gru"])
+def test_every_registered_built_in_model_runs_the_per_record_vmap_path(name):
+    """A run's probe skips ``torch.func.vmap(grad(...))`` for fedudp's own models
+    (``build.builtin_model``): this is where that path is checked for each of them, and the
+    list is the registry's."""
+    from fedudp.models import MODELS, make_model
+    from fedudp.models.validate import probe
+
+    assert sorted(MODELS.names()) == ["char_gru", "cnn", "linear"]
+    shape, tokens = {"linear": ((20,), False), "cnn": ((1, 28, 28), False)}.get(name, ((12,), True))
+    m = make_model(name, shape, 5, seed=0)
+    assert build.builtin_model(m)
+    probe(m, shape, 5, tokens)  # per_record=True: runs vmap(grad)
