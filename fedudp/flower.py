@@ -710,7 +710,7 @@ def sampled_users(
     return [u for u in users if mask[int(u)]]
 
 
-def user_level_mod(  # noqa: C901 - being rewritten and split for issue 39
+def user_level_mod(
     users_per_client: int | None = None,
     *,
     personal: Sequence[str] = (),
@@ -753,30 +753,94 @@ def user_level_mod(  # noqa: C901 - being rewritten and split for issue 39
     """
     if users_per_client is not None and int(users_per_client) < 1:
         raise ValueError(f"users_per_client must be >= 1, got {users_per_client}")
+    return _UserLevelMod(users_per_client, tuple(personal), users_of, fast, train_metrics)
 
-    def per_client(context: Context) -> int:
+
+class _UserLevelMod:
+    """The mod ``user_level_mod`` returns (its parameters, same names): ``__call__`` passes
+    anything but a fedudp training message to the app (with the client's own personal layers
+    for an evaluation) and answers a training message with ``train_round``: the checks of the
+    client's users against the server's N, the sampled users' updates (``user_updates``), the
+    client's personal step (``personal_step``) and the reply (``reply``)."""
+
+    def __init__(
+        self,
+        users_per_client: int | None,
+        personal: tuple[str, ...],
+        users_of: Callable[[Context], Sequence[int]] | None,
+        fast: TorchTraining | None,
+        train_metrics: bool,
+    ) -> None:
+        self.users_per_client = users_per_client
+        self.personal = personal
+        self.users_of = users_of
+        self.fast = fast
+        self.train_metrics = train_metrics
+
+    # -- the client's users -----------------------------------------------------------------
+    def per_client(self, context: Context) -> int:
         if "fedudp.users-per-client" in context.run_config:  # the run config decides
             return int(context.run_config["fedudp.users-per-client"])
-        if users_per_client is None:
+        if self.users_per_client is None:
             raise ValueError(
                 "user_level_mod: set fedudp.users-per-client in the run config or users_per_client="
             )
-        return int(users_per_client)
+        return int(self.users_per_client)
 
-    def users(context: Context) -> list[int]:
-        if users_of is not None:
-            return [int(u) for u in users_of(context)]
-        p, k = int(context.node_config["partition-id"]), per_client(context)
+    def users(self, context: Context) -> list[int]:
+        if self.users_of is not None:
+            return [int(u) for u in self.users_of(context)]
+        p, k = int(context.node_config["partition-id"]), self.per_client(context)
         return list(range(p * k, (p + 1) * k))
 
+    def population(self, context: Context, mine: Sequence[int]) -> int:
+        """N outside a training message: the run config's (the server's), else the users'
+        rule's own total."""
+        if "fedudp.public.users" in context.run_config:
+            return int(context.run_config["fedudp.public.users"])
+        if self.users_of is None:
+            return int(context.node_config.get("num-partitions", 1)) * self.per_client(context)
+        return max(mine, default=-1) + 1
+
+    def too_many(self, context: Context, rnd: _Round) -> str | None:
+        """Why the clients' users by the per-client rule outnumber the N the server calibrated
+        for (None: they do not; N is an upper bound, fewer users run unchanged)."""
+        if self.users_of is not None:
+            return None
+        total = int(context.node_config.get("num-partitions", 1)) * self.per_client(context)
+        if total <= rnd.population:
+            return None
+        return (
+            f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
+            f"{self.per_client(context)} users per client = {total} users, more than the "
+            f"server's estimator is calibrated for ({rnd.population}, fedudp.public.users)"
+        )
+
+    @staticmethod
+    def outside(rnd: _Round, mine: Sequence[int]) -> str | None:
+        """Why some of the client's user indices fall outside 0 .. N - 1 (None: none do)."""
+        out = [u for u in mine if not 0 <= u < rnd.population]
+        if not out:
+            return None
+        return (
+            f"user_level_mod: users_of gave user indices {out[:5]} outside "
+            f"0..{rnd.population - 1} (the server's estimator is calibrated for "
+            f"{rnd.population} users)"
+        )
+
+    # -- personal layers (kept in the client's state, never sent) ---------------------------
+    @staticmethod
     def kept(context: Context) -> ArrayRecord | None:
         return cast(ArrayRecord, context.state[K_PERSONAL]) if K_PERSONAL in context.state else None
 
+    @staticmethod
     def with_personal(arrays: ArrayRecord, keep: ArrayRecord | None) -> ArrayRecord:
         if keep is None:
             return arrays
         return _record({k2: keep[k2] if k2 in keep else arrays[k2] for k2 in arrays})
 
+    # -- the app's own training step on one user ----------------------------------------------
+    @staticmethod
     def user_context(context: Context, u: int, total: int) -> Context:
         return Context(
             run_id=context.run_id,
@@ -793,6 +857,7 @@ def user_level_mod(  # noqa: C901 - being rewritten and split for issue 39
         )
 
     def train_as(
+        self,
         msg: Message,
         arrays_key: str,
         arrays: ArrayRecord,
@@ -810,134 +875,163 @@ def user_level_mod(  # noqa: C901 - being rewritten and split for issue 39
                 if key != K_DP
             }
         )
-        return call_next(_copy_with(msg, content), user_context(context, u, total))
+        return call_next(_copy_with(msg, content), self.user_context(context, u, total))
 
-    def population(context: Context, mine: Sequence[int]) -> int:
-        """N outside a training message: the run config's (the server's), else the users'
-        rule's own total."""
-        if "fedudp.public.users" in context.run_config:
-            return int(context.run_config["fedudp.public.users"])
-        if users_of is None:
-            return int(context.node_config.get("num-partitions", 1)) * per_client(context)
-        return max(mine, default=-1) + 1
-
-    def mod(msg: Message, context: Context, call_next: CallNext) -> Message:
+    # -- the mod ------------------------------------------------------------------------------
+    def __call__(self, msg: Message, context: Context, call_next: CallNext) -> Message:
         if msg.metadata.message_type != "train" or K_DP not in msg.content:
-            try:  # the client's users, for an evaluation on all its data (client_users)
-                mine = users(context)
-                _remember_users(context, mine, population(context, mine))
-            except (ValueError, KeyError, TypeError):
-                pass  # not configured for users: the app evaluates as it would without the mod
-            keep = kept(context)
-            if keep is not None and msg.content.array_records:  # evaluation: own personal
-                key = next(iter(msg.content.array_records.keys()))
-                content = RecordDict(
-                    {
-                        k2: (with_personal(cast(ArrayRecord, rec), keep) if k2 == key else rec)
-                        for k2, rec in msg.content.items()
-                    }
-                )
-                msg = _copy_with(msg, content)
-            return call_next(msg, context)
+            return self.pass_through(msg, context, call_next)
         rnd = _round_of(msg)
         try:
-            return train_round(msg, rnd, context, call_next)
+            return self.train_round(msg, rnd, context, call_next)
         except ValueError as e:  # a setup error: the reason goes back to the server's log
             return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, str(e)), reply_to=msg)
 
-    def train_round(msg: Message, rnd: _Round, context: Context, call_next: CallNext) -> Message:
-        patterns = tuple(personal) or rnd.personal
+    def pass_through(self, msg: Message, context: Context, call_next: CallNext) -> Message:
+        """Any message but a fedudp training one goes to the app; an evaluation gets the
+        client's own personal layers."""
+        try:  # the client's users, for an evaluation on all its data (client_users)
+            mine = self.users(context)
+            _remember_users(context, mine, self.population(context, mine))
+        except (ValueError, KeyError, TypeError):
+            pass  # not configured for users: the app evaluates as it would without the mod
+        keep = self.kept(context)
+        if keep is not None and msg.content.array_records:  # evaluation: own personal
+            key = next(iter(msg.content.array_records.keys()))
+            content = RecordDict(
+                {
+                    k2: (self.with_personal(cast(ArrayRecord, rec), keep) if k2 == key else rec)
+                    for k2, rec in msg.content.items()
+                }
+            )
+            msg = _copy_with(msg, content)
+        return call_next(msg, context)
+
+    def train_round(
+        self, msg: Message, rnd: _Round, context: Context, call_next: CallNext
+    ) -> Message:
+        patterns = self.personal or rnd.personal
         arrays_key = next(iter(msg.content.array_records.keys()))
         # every user's update at the broadcast: its personal layers are the server's initial,
         # public values (the server never moves them), never this client's own
         base = cast(ArrayRecord, msg.content[arrays_key])
         names = [k2 for k2 in base if not _is_personal(k2, patterns)]
-        start = _flat(base, names)
-        if users_of is None:
-            total = int(context.node_config.get("num-partitions", 1)) * per_client(context)
-            if total > rnd.population:  # N is an upper bound: fewer users run unchanged
-                return Message(
-                    error=Error(
-                        ErrorCode.MOD_FAILED_PRECONDITION,
-                        (
-                            f"user_level_mod: {context.node_config.get('num-partitions')} clients x "
-                            f"{per_client(context)} users per client = {total} users, more than the "
-                            f"server's estimator is calibrated for ({rnd.population}, "
-                            "fedudp.public.users)"
-                        ),
-                    ),
-                    reply_to=msg,
-                )
+        why = self.too_many(context, rnd)
+        if why is not None:
+            return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, why), reply_to=msg)
         total = rnd.population
-        mine = users(context)
+        mine = self.users(context)
         _remember_users(context, mine, total)
-        outside = [u for u in mine if not 0 <= u < total]
-        if outside:
-            return Message(
-                error=Error(
-                    ErrorCode.MOD_FAILED_PRECONDITION,
-                    (
-                        f"user_level_mod: users_of gave user indices {outside[:5]} outside 0..{total - 1}"
-                        f" (the server's estimator is calibrated for {total} users)"
-                    ),
-                ),
-                reply_to=msg,
-            )
-        # the users' updates; their training metrics (weight, values)
-        rows: list[torch.Tensor] = []
-        metrics: list[tuple[float, dict[str, float]]] = []
+        why = self.outside(rnd, mine)
+        if why is not None:
+            return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, why), reply_to=msg)
         sampled = sampled_users(mine, rnd.randomness, rnd.round, rnd.rate, total)
-        if fast is not None:  # fedudp.flower_fast: every sampled user's update at once
-            at = {k2: _numpy(base[k2]) for k2 in base}
-            G, metrics = fast.updates(at, names, sampled, total, msg.content.config_records)
-            rows = list(G)
-        for u in sampled if fast is None else ():
-            reply = train_as(msg, arrays_key, base, context, u, total, call_next)
-            if reply.has_error():
-                return reply
-            metrics.append(_user_metrics(reply))
-            got = cast(ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))])
-            rows.append(_flat(got, names) - start)
-        G = torch.stack(rows) if rows else torch.zeros(0, len(start), dtype=torch.float64)
+        got = self.user_updates(msg, arrays_key, base, names, sampled, context, total, call_next)
+        if isinstance(got, Message):  # the app's step failed
+            return got
+        G, metrics = got
         c = Constraint(rows=rnd.rows, clip=rnd.clip).apply(G)
-        if patterns and fast is not None:  # the client's own personal layers, never sent
-            mixed = with_personal(base, kept(context))
-            at = {k2: _numpy(mixed[k2]) for k2 in mixed}
-            own_names = [k2 for k2 in base if _is_personal(k2, patterns)]
-            own_arrays = fast.personal(at, own_names, mine, total, msg.content.config_records)
-            context.state[K_PERSONAL] = _record(own_arrays)
-        elif patterns:  # the client's own personal layers: on all its users, never sent
-            own = kept(context)
-            for u in mine:
-                reply = train_as(
-                    msg, arrays_key, with_personal(base, own), context, u, total, call_next
-                )
+        failed = self.personal_step(
+            msg, arrays_key, base, patterns, mine, context, total, call_next
+        )
+        if failed is not None:
+            return failed
+        return self.reply(msg, rnd, c, len(mine), int(G.shape[1]), metrics)
+
+    def user_updates(
+        self,
+        msg: Message,
+        arrays_key: str,
+        base: ArrayRecord,
+        names: list[str],
+        sampled: Sequence[int],
+        context: Context,
+        total: int,
+        call_next: CallNext,
+    ) -> tuple[torch.Tensor, list[tuple[float, dict[str, float]]]] | Message:
+        """The sampled users' updates of the shared parameters ``names`` at the broadcast
+        ``base`` ([users, d]) and their training metrics (weight, values), from the fast path
+        or the app's step once per user; a failed step's reply."""
+        start = _flat(base, names)
+        if self.fast is not None:  # fedudp.flower_fast: every sampled user's update at once
+            at = {k2: _numpy(base[k2]) for k2 in base}
+            G, metrics = self.fast.updates(at, names, sampled, total, msg.content.config_records)
+            rows = list(G)
+        else:
+            rows, metrics = [], []
+            for u in sampled:
+                reply = self.train_as(msg, arrays_key, base, context, u, total, call_next)
                 if reply.has_error():
                     return reply
+                metrics.append(_user_metrics(reply))
                 got = cast(
                     ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))]
                 )
-                own = _record({k2: got[k2] for k2 in got if _is_personal(k2, patterns)})
-            if own is not None:
-                context.state[K_PERSONAL] = own
+                rows.append(_flat(got, names) - start)
+        G = torch.stack(rows) if rows else torch.zeros(0, len(start), dtype=torch.float64)
+        return G, metrics
+
+    def personal_step(
+        self,
+        msg: Message,
+        arrays_key: str,
+        base: ArrayRecord,
+        patterns: Sequence[str],
+        mine: Sequence[int],
+        context: Context,
+        total: int,
+        call_next: CallNext,
+    ) -> Message | None:
+        """The client's own personal layers trained on all its users, kept in its state, never
+        sent; a failed step's reply (None: done, or no personal layers)."""
+        if not patterns:
+            return None
+        if self.fast is not None:
+            mixed = self.with_personal(base, self.kept(context))
+            at = {k2: _numpy(mixed[k2]) for k2 in mixed}
+            own_names = [k2 for k2 in base if _is_personal(k2, patterns)]
+            own_arrays = self.fast.personal(at, own_names, mine, total, msg.content.config_records)
+            context.state[K_PERSONAL] = _record(own_arrays)
+            return None
+        own = self.kept(context)
+        for u in mine:
+            reply = self.train_as(
+                msg, arrays_key, self.with_personal(base, own), context, u, total, call_next
+            )
+            if reply.has_error():
+                return reply
+            got = cast(ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))])
+            own = _record({k2: got[k2] for k2 in got if _is_personal(k2, patterns)})
+        if own is not None:
+            context.state[K_PERSONAL] = own
+        return None
+
+    def reply(
+        self,
+        msg: Message,
+        rnd: _Round,
+        c: Contribution,
+        users: int,
+        dim: int,
+        metrics: list[tuple[float, dict[str, float]]],
+    ) -> Message:
+        """The counts, the app's metrics (if sent) and the clipped contribution (rows or sum)."""
         out = RecordDict(
             {
                 K_COUNTS: MetricRecord(
-                    {"count": int(c.count), "clipped": int(c.clipped), "users": len(mine)}
+                    {"count": int(c.count), "clipped": int(c.clipped), "users": users}
                 )
             }
         )
-        if metrics and train_metrics:  # the app's training metrics, record-weighted over users
+        if metrics and self.train_metrics:  # the app's metrics, record-weighted over users
             out["metrics"] = _weighted_metrics(metrics)
         if rnd.rows:
-            rows_out = c.rows if c.rows is not None else torch.zeros(0, len(start))
+            rows_out = c.rows if c.rows is not None else torch.zeros(0, dim)
             out[K_CONTRIB] = _record({"rows": rows_out.to(torch.float64).numpy()})
         else:
             assert c.total is not None  # not rows: the clipped sum
             out[K_CONTRIB] = _record({"sum": c.total.to(torch.float64).numpy()})
         return Message(out, reply_to=msg)
-
-    return mod
 
 
 K_USERS = "fedudp.users"  # ConfigRecord in a client's context.state: its users and N (not sent)
