@@ -25,13 +25,14 @@ itself (``calibrations``, ``fixed_noise``, ``replace_one``); estimators never se
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, Self, TypeAlias
 
 import dp_accounting
 import numpy as np
@@ -240,6 +241,15 @@ class Aggregator(ABC):
     def noise_std(self) -> float | None:
         """Standard deviation of the release noise per coordinate, where one exists."""
         return None
+
+    def as_heuristic(self) -> Self:
+        """A copy of this estimator whose ``guarantee`` is ``heuristic``: for a training
+        algorithm that, in ``privacy.accounting=paper`` mode, follows a paper's unproven
+        constant or sampling around an estimator whose own calibration is certified. This
+        object is not changed; the copy shares its constants (call it before the first release)."""
+        out = copy.copy(self)
+        out.guarantee = "heuristic"
+        return out
 
     @classmethod
     # (*args: Any, **values: Any): "any signature" to a type checker, so that each estimator

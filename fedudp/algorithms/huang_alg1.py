@@ -94,8 +94,8 @@ def setup(ctx: Context) -> Setup:
     paper = ctx.paper
     sampling = Sampling(q, N)
     agg = cast(GaussianAggregator, ctx.estimator("gaussian", sampling, T))
-    if paper:
-        agg.guarantee = "heuristic"
+    if paper:  # the paper's sampling (one record, with replacement) and constants
+        agg = agg.as_heuristic()
     # the full-DP baseline: noise on every owner's personal block too (nk more coordinates)
     nk = ctx.n_owners * ctx.personal_dim
     noised = ell + nk if a.noise_personal else ell

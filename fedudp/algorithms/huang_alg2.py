@@ -94,8 +94,9 @@ def setup(ctx: Context) -> Setup:
         z = calibrate_noise_multiplier(
             lambda z: winsorized_round_event(1.0 / z, coords), eps_call, delta_call, 1
         )
-        agg = WinsorizedAggregator(ell, tau, ctx.bound, 1.0 / z, Sampling(1.0, r), gamma=ctx.beta)
-        agg.guarantee = "heuristic"
+        agg = WinsorizedAggregator(
+            ell, tau, ctx.bound, 1.0 / z, Sampling(1.0, r), gamma=ctx.beta
+        ).as_heuristic()
         block = ApproxDp(math.log1p(math.expm1(eps_call) / n), delta_call / n)
 
         def event_fn(round_: int) -> ApproxDp | Parallel:

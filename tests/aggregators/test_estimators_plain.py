@@ -382,3 +382,16 @@ def test_unreachable_budget_plain_and_config():
 def test_config_path_names_the_config_key(name, overrides, sampling, rounds, pattern):
     with pytest.raises(ConfigError, match=pattern):
         from_the_builder(name, overrides, sampling, rounds, 6)
+
+
+def test_as_heuristic_is_a_labelled_copy_not_a_patch():
+    """A training algorithm's paper mode labels its estimator heuristic with ``as_heuristic``:
+    a copy with the same constants; the estimator it came from stays certified."""
+    from fedudp.aggregators import GaussianAggregator, Sampling
+
+    agg = GaussianAggregator(1.5, 2.0, Sampling(0.1, 100))
+    h = agg.as_heuristic()
+    assert (agg.guarantee, h.guarantee) == ("certified", "heuristic")
+    assert h is not agg and type(h) is GaussianAggregator
+    assert (h.clip, h.noise_multiplier, h.sampling) == (1.5, 2.0, Sampling(0.1, 100))
+    assert h.noise_std == agg.noise_std == 3.0
