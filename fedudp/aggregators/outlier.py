@@ -517,8 +517,7 @@ class OutlierRemovalAggregator(_FilterGaussian):
         else:
             z = calibrate(dp_accounting.GaussianDpEvent, epsilon - eps_at, delta / 2, rounds)
         agg = cls(tau, z, sens, sampling, eps_at, rounds, delta / 2, need)
-        agg.guarantee = "heuristic" if paper else "certified"
-        return agg
+        return agg.as_heuristic() if paper else agg
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         if self.at is None:  # one instance: the threshold drawn once
@@ -679,8 +678,7 @@ class FriendlyCoreAggregator(_FilterGaussian):
                 z=z,
             )
         agg = cls(tau, z, sens, sampling, z, delta / 2, need)
-        agg.guarantee = "heuristic" if paper else "certified"
-        return agg
+        return agg.as_heuristic() if paper else agg
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
