@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from fedudp.aggregators.base import Constraint, Contribution, finite_rows
 from fedudp.data.federation import Federation
-from fedudp.owner import local_sgd, per_sample
+from fedudp.owner import ghost, local_sgd, per_sample
 from fedudp.owner.dpsgd import DpSgdSpec, dpsgd_deltas
 from fedudp.owner.one_step import one_step_vectors
 from fedudp.protocol.choices import OwnerWeights, SharedUpdate, Unit
@@ -93,6 +93,14 @@ ONE_STEP = True
 # records per one-step chunk: its vectors, per-record weight gradients and their clipped copy
 # are the chunk's memory (about 0.7 MiB a record for the paper CNN)
 ONE_STEP_RECORDS = 128
+# the one-step users of a clipped sum clipped without building their vectors (``fedudp.owner.
+# ghost``: norms from the layers' inputs and output gradients, the clipped sum as one weighted
+# weight-gradient pass), where every shared layer is of a kind it covers; False: their vectors
+# built, clipped and summed (``one_step`` + ``make_reply``, the reference path)
+GHOST = True
+# records per ghost chunk: no [users, d] matrix is held, only activations, output gradients and
+# the chunk's largest per-layer Gram or per-user weight gradient
+GHOST_RECORDS = 512
 # records per evaluation forward for a model with convolutions: the paper CNN's forward over
 # 10,000 records takes 0.74-0.76 s in chunks of 32-128 records against 1.36 s in chunks of 512
 # (one thread; its activations then outgrow the caches)
@@ -498,7 +506,9 @@ class Owners:
             return None
         if type(self.hooks).user_gradients is not OwnerHooks.user_gradients:
             return None
-        if not len(units) or not per_sample.supported(self.model, self.spec.shared):
+        if not len(units) or not (
+            per_sample.supported(self.model, self.spec.shared) or self._ghost(fed, np.ones(1))
+        ):
             return None
         spec = self.training.user
         sizes = np.diff(fed.user_offsets)[units]
@@ -517,6 +527,8 @@ class Owners:
         names = self.spec.shared
         scale = -self.training.user.lr if self.training.mode == SharedUpdate.delta.value else 1.0
         sub = user_units(fed, units)
+        if self._ghost(fed, sub.sizes):
+            return self._ghost_reply(fed, shared, sub.starts, sub.sizes, scale, constraint)
         parts = []
         for sel, G in self._one_step_chunks(fed, shared, sub.starts, sub.sizes, scale):
             parts.append(make_reply(G, names, constraint, owned=True))
@@ -525,6 +537,53 @@ class Owners:
             [p.contribution for p in parts], self.shared_dim, self.dtype, constraint.rows
         )
         return OwnerReply(names, c, sum(p.failed for p in parts))
+
+    def _ghost(self, fed: Federation, sizes: np.ndarray) -> bool:
+        """Whether the one-step users (``sizes`` records each) take the ghost path
+        (``fedudp.owner.ghost``): ``GHOST`` on, every shared layer of a kind it covers, and
+        either no other batched path covers the model (``per_sample``) or at least half of the
+        shared parameters sit in weights whose norm takes the Gram form for the largest of these
+        users (``ghost.gram_share``: layer shapes only; where every weight gradient would be
+        materialized anyway, today's path costs the same or less: the paper CNN at 10 records
+        per user). Either path releases the same sum up to float rounding."""
+        names = self.spec.shared
+        if not GHOST or not len(sizes) or not ghost.supported(self.model, names):
+            return False
+        if not per_sample.supported(self.model, names):
+            return True
+        k = min(int(sizes.max()), GHOST_RECORDS)
+        key = (tuple(fed.x.shape[1:]), fed.x.dtype, k)
+        cache = self.__dict__.setdefault("_gram_share", {})
+        if key not in cache:
+            cache[key] = ghost.gram_share(self.model, key[0], key[1], names, k)
+        return bool(cache[key] >= 0.5)
+
+    def _ghost_reply(
+        self,
+        fed: Federation,
+        shared: Params,
+        starts: np.ndarray,
+        sizes: np.ndarray,
+        scale: float,
+        constraint: Constraint,
+    ) -> OwnerReply:
+        """The clipped sum of the users (records ``starts[i] .. starts[i] + sizes[i]``) whose
+        vectors are ``scale`` times their mean gradients at the broadcast, chunk by chunk of at
+        most ``min(budget, GHOST_RECORDS)`` records, without building the vectors
+        (``ghost.clipped_sum``: ``make_reply``'s semantics)."""
+        names = self.spec.shared
+        params = {**dict(self.public_personal), **shared}
+        parts, failed = [], 0
+        for sel in local_sgd.chunks(sizes, min(self.budget, GHOST_RECORDS)):
+            gg = ghost.ghost_gradients(
+                self.model, params, fed.x, fed.y, starts[sel], sizes[sel], names, scale
+            )
+            c, bad = ghost.clipped_sum(gg, constraint)
+            parts.append(c)
+            failed += bad
+            self.report_progress("users", int(sel[-1]) + 1, len(sizes))
+        c = Contribution.merge(parts, self.shared_dim, self.dtype, constraint.rows)
+        return OwnerReply(names, c, failed)
 
     def _weighted_reply(
         self, G: torch.Tensor, fed: Federation, units: np.ndarray, constraint: Constraint

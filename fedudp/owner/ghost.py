@@ -1,0 +1,502 @@
+"""Per-user clipping without per-user gradients ("ghost" norms and book-keeping; Goodfellow
+2015, Li et al. 2022, Bu et al. 2023), for users whose contribution is one gradient.
+
+A user u's vector is v_u = Σ_{r∈u} (s / k_u) ∇ℓ_r(θ) (s = -lr for a one-step delta, 1 for the
+mean gradient; k_u its record count). The users of a chunk share one batched forward/backward of
+Σ_r (s / k_{u(r)}) ℓ_r with hooks keeping every shared layer's input a_r and output gradient g_r
+(records are independent, as in ``fedudp.owner.per_sample``), so g_r is record r's own share of
+its user's vector. From them, per layer and without building any user's full vector:
+
+* the user's squared gradient norm, accumulated over the layers in **float64** (the a's and g's
+  are cast to float64 first: products of float32 values are exact there);
+* the clipped sum Σ_u f_u v_u (f_u the clip factor) as one weight-gradient product per layer with
+  the output gradients reweighted g_r -> f_{u(r)} g_r: the output gradients are linear in each
+  record's loss weight, so this *is* the backward pass with per-record loss weights
+  w_r = (s / k_u) f_u, without running the network backward a second time (book-keeping).
+
+Per layer kind (positions p: a Linear's middle dims, a convolution's output pixels):
+
+=========================  ==========================================================================
+Linear (any middle dims)   W: ||Σ_{r,p} g_rp a_rpᵀ||² = Σ_{(r,p),(r',p')∈u} (g_rp·g_r'p')(a_rp·a_r'p')
+                           (the user's Gram matrices, "ghost"), or the user's W_u materialized
+                           (one batched matmul), whichever costs fewer multiply-adds; b: Σ g.
+Conv2d (groups = 1)        W: the same identity on the unfolded input (F.unfold: each output
+                           pixel's receptive field), or W_u materialized (``per_sample``'s grouped
+                           convolution / one weight-gradient kernel per user); b: Σ_{r,p} g_rp.
+Embedding                  W: the user's gradient rows Σ g over its positions holding token t,
+                           one row per (user, token) present (the indicator cross term [t = t']
+                           of the Gram form); ``padding_idx`` positions give nothing.
+LayerNorm, GroupNorm,      W, b: each record's gradient (x̂ ⊙ g and g summed over positions, x̂ the
+BatchNorm (eval only)      normalized input recomputed from a) materialized: they are small.
+=========================  ==========================================================================
+
+Both forms of a layer are exact; which one runs follows only the layer's shape and the
+chunk's largest user (its cost), and changes nothing but float rounding. A BatchNorm in
+training mode (its statistics mix the records of a batch), a convolution with groups, a
+non-zero padding mode or string padding, an ``Embedding`` with ``max_norm`` or
+``scale_grad_by_freq``, any other module owning a shared parameter, or a layer applied twice is
+not supported: ``supported`` says False and the owners keep today's path (``fedudp.owner.
+one_step``: every user's vector built, clipped with float64 norms and summed), or raise
+``NotImplementedError`` where only the forward shows it (a layer called twice).
+
+Semantics (``clipped_sum``) are those of ``make_reply`` on the users' vectors: a user whose
+vector is not finite (a non-finite input or output gradient of one of its records, or a
+non-finite norm) is dropped and counted as failed; the others' float64 norms decide the clip
+factor exactly as ``mechanisms.clip_factors`` (clip / ||v_u|| shrunk by 4 ulps, 1 within the
+clip); the count is the kept users, ``clipped`` those clipped.
+
+Floating point. The float64 norm is the norm of the exact user gradient Σ g_r a_rᵀ of the
+float32 a's and g's (rounding only in float64 sums). Today's path measures the float32 vector
+it has built, so the clipped row it adds is within the clip in float32 too; here the clipped
+contribution is formed inside the float32 weight-gradient product, whose rounding (relative
+2^-24 per term and summation) is the same kind as the float32 summation of clipped rows on
+today's path. One difference is stated, not hidden: where a user's records' gradients cancel
+(Σ_r ||g_r a_rᵀ|| much larger than ||v_u||) the float32 rounding of that user's share is
+relative to the terms, not to ||v_u||; for users of one record without positions (the MLP with
+one record per user) there is no sum inside a user and the bound is as tight as today's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedudp.aggregators.base import Constraint, Contribution
+from fedudp.owner import per_sample
+from fedudp.owner.one_step import _conv_weight_per_user
+from fedudp.privacy.mechanisms import clip_factors, row_norms64
+
+_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def _owner_modules(model: nn.Module) -> dict[str, nn.Module]:
+    return {
+        name: mod
+        for name, mod in model.named_modules()
+        if any(True for _ in mod.parameters(recurse=False))
+    }
+
+
+def layer_supported(mod: nn.Module) -> bool:
+    """Whether the ghost path covers this module's own parameters (module doc's table)."""
+    t = type(mod)
+    if t is nn.Linear:
+        return True
+    if t is nn.Conv2d:
+        c = cast(nn.Conv2d, mod)
+        return c.groups == 1 and c.padding_mode == "zeros" and not isinstance(c.padding, str)
+    if t is nn.Embedding:
+        e = cast(nn.Embedding, mod)
+        return e.max_norm is None and not e.scale_grad_by_freq
+    if t in (nn.LayerNorm, nn.GroupNorm):
+        return True
+    if t in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
+        # training mode: the batch statistics couple the records (not independent)
+        b = cast(nn.modules.batchnorm._BatchNorm, mod)
+        return (not b.training) and b.running_mean is not None and b.running_var is not None
+    return False
+
+
+def supported(model: nn.Module, names: tuple[str, ...]) -> bool:
+    """Every module owning one of ``names`` is of a kind the ghost path covers (module doc).
+    Only the model's structure and mode are read (public), never data."""
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()):
+        return False  # batch statistics couple the records, shared layer or not
+    mods = _owner_modules(model)
+    for n in names:
+        mod = mods.get(n.rpartition(".")[0])
+        if mod is None or not layer_supported(mod):
+            return False
+    return True
+
+
+def _costs(mod: nn.Module, positions: int, k: int) -> tuple[int, int]:
+    """(multiply-adds of the Gram form, of the materialized form) of a Linear or Conv2d weight's
+    norm for a user of ``k`` records with ``positions`` output positions each."""
+    if isinstance(mod, nn.Linear):
+        fan_in, fan_out = mod.in_features, mod.out_features
+    else:
+        assert isinstance(mod, nn.Conv2d)
+        c_out, c_in, kh, kw = mod.weight.shape
+        fan_in, fan_out = c_in * kh * kw, c_out
+    n = k * positions
+    return n * n * (fan_in + fan_out), n * fan_in * fan_out
+
+
+def gram_share(
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    names: tuple[str, ...],
+    k: int,
+) -> float:
+    """The fraction of the parameters ``names`` that sit in Linear/Conv2d weights whose norm takes
+    the Gram form (cheaper than materializing each user's weight gradient) for users of ``k``
+    records. Read from the model's shapes only: the output positions of each layer come from one
+    forward of a zero record of the declared ``input_shape`` (no data)."""
+    if dtype.is_floating_point:  # the module's own dtype (a float64 pool, a float32 module)
+        dtype = next(model.parameters()).dtype
+    mods = _owner_modules(model)
+    paths = sorted({n.rpartition(".")[0] for n in names})
+    positions: dict[str, int] = {}
+    hooks = []
+    for p in paths:
+        if isinstance(mods[p], (nn.Linear, nn.Conv2d)):
+
+            def hook(mod, inp, out, p=p):
+                shape = out.shape[1:-1] if isinstance(mod, nn.Linear) else out.shape[2:]
+                positions[p] = int(np.prod(shape)) if len(shape) else 1
+
+            hooks.append(mods[p].register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, *input_shape, dtype=dtype))
+    finally:
+        for h in hooks:
+            h.remove()
+    params = dict(model.named_parameters())
+    total = sum(int(params[n].numel()) for n in names)
+    gram = 0
+    for n in names:
+        p, leaf = n.rpartition(".")[0], n.rpartition(".")[2]
+        if leaf == "weight" and p in positions:
+            g, m = _costs(mods[p], positions[p], k)
+            gram += int(params[n].numel()) if g <= m else 0
+    return gram / max(total, 1)
+
+
+def _names(path: str) -> tuple[str, str]:
+    return (f"{path}.weight", f"{path}.bias") if path else ("weight", "bias")
+
+
+@dataclass
+class _Layer:
+    """One shared layer's saved state for the weighted sum."""
+
+    path: str
+    mod: nn.Module
+    a: torch.Tensor  # input (token ids for an Embedding)
+    g: torch.Tensor  # output gradient
+    weight: torch.Tensor | None  # the weight the forward used (shape, dtype, layout)
+    per_user: dict[str, torch.Tensor] = field(default_factory=dict)  # materialized [U, *shape]
+    per_record: dict[str, torch.Tensor] = field(default_factory=dict)  # small: norm layers
+
+
+@dataclass
+class GhostGradients:
+    """The users of a chunk, their gradients kept implicitly: ``sq`` [U] float64 squared norms
+    of their vectors (over ``names``), ``finite`` [U] bool (no non-finite input or output
+    gradient among their records' and a finite norm); ``weighted_sum`` gives Σ_u f_u v_u."""
+
+    names: tuple[str, ...]
+    shapes: dict[str, torch.Size]
+    dtype: torch.dtype
+    of: torch.Tensor  # [R] each record's user
+    U: int
+    sq: torch.Tensor
+    finite: torch.Tensor
+    layers: list[_Layer]
+    forms: dict[str, str]  # parameter name -> "ghost" | "materialized" | "per-record" | "rows"
+
+    @property
+    def norms(self) -> torch.Tensor:
+        return torch.sqrt(self.sq)
+
+    def weighted_sum(self, factor: torch.Tensor) -> torch.Tensor:
+        """[d] in the parameters' dtype: Σ_u factor[u] v_u (flattened in ``names`` order).
+        Users with factor 0 contribute exactly zero even where their records are not finite
+        (their rows are zeroed, not multiplied)."""
+        f = factor.to(self.dtype)
+        fr = f[self.of]  # per record
+        zero = fr == 0
+        drop = zero if bool(zero.any()) else None  # None: nothing to zero
+        udrop = (f == 0) if drop is not None else None
+        parts: dict[str, torch.Tensor] = {}
+        for L in self.layers:
+            wname, bname = _names(L.path)
+            for n, t in L.per_user.items():  # materialized: Σ_u f_u W_u
+                parts[n] = f @ _zero(udrop, t).reshape(len(f), -1)
+            for n, t in L.per_record.items():
+                parts[n] = fr @ _zero(drop, t).reshape(len(fr), -1)
+            need = [n for n in (wname, bname) if n in self.names and n not in parts]
+            if not need:
+                continue
+            g = _zero(drop, L.g) * _b(fr, L.g)
+            mod = L.mod
+            if isinstance(mod, nn.Linear):
+                g2 = g.reshape(-1, g.shape[-1])
+                if wname in need:
+                    a = _zero(drop, L.a)
+                    parts[wname] = g2.T @ a.reshape(-1, a.shape[-1])
+                if bname in need:
+                    parts[bname] = g2.sum(0)
+            elif isinstance(mod, nn.Conv2d):
+                if wname in need:
+                    assert L.weight is not None
+                    a = _zero(drop, L.a)
+                    parts[wname] = torch.ops.aten.convolution_backward(
+                        g,
+                        a,
+                        L.weight,
+                        None,
+                        mod.stride,
+                        mod.padding,
+                        mod.dilation,
+                        False,
+                        (0, 0),
+                        mod.groups,
+                        (False, True, False),
+                    )[1]
+                if bname in need:
+                    parts[bname] = g.sum((0, 2, 3))
+            else:
+                assert isinstance(mod, nn.Embedding)
+                ids = L.a.reshape(-1)
+                out = torch.zeros(mod.num_embeddings, g.shape[-1], dtype=g.dtype)
+                out.index_add_(0, ids, g.reshape(-1, g.shape[-1]))
+                if mod.padding_idx is not None:
+                    out[mod.padding_idx] = 0
+                parts[wname] = out
+        return torch.cat([parts[n].reshape(-1).to(self.dtype) for n in self.names])
+
+
+def _zero(drop: torch.Tensor | None, t: torch.Tensor) -> torch.Tensor:
+    """``t`` [n, ...] with the rows ``drop`` set to exact zeros (None: ``t`` itself)."""
+    return t if drop is None else torch.where(_b(drop, t), 0.0, t)
+
+
+def _b(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """[R] -> broadcastable against ``like`` [R, ...]."""
+    return v.reshape(-1, *([1] * (like.dim() - 1)))
+
+
+def _per_user64(t: torch.Tensor, of: torch.Tensor, U: int) -> torch.Tensor:
+    """[U, ...] float64: the rows of ``t`` [R, ...] summed per user."""
+    return torch.zeros(U, *t.shape[1:], dtype=torch.float64).index_add_(0, of, t.double())
+
+
+def _sq_rows(t: torch.Tensor) -> torch.Tensor:
+    """[n] float64 squared l2 norms of the rows of ``t`` [n, ...]."""
+    return row_norms64(t.reshape(t.shape[0], -1)) ** 2
+
+
+def _padded(
+    t: torch.Tensor,
+    of: torch.Tensor,
+    pos: torch.Tensor,
+    U: int,
+    k: int,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """[U, k·P, F] (float64 unless told): each user's records' rows ``t`` [R, P, F] side by
+    side, users padded with zero records to ``k``."""
+    _, P, Fd = t.shape
+    out = torch.zeros(U, k, P, Fd, dtype=dtype)
+    out[of, pos] = t.to(dtype)
+    return out.reshape(U, k * P, Fd)
+
+
+def _gram_sq(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """[U] float64: Σ_{i,j} (G_i·G_j)(A_i·A_j) for each user's rows G [U, n, F_g], A [U, n, F_a]
+    (the squared Frobenius norm of Gᵀ A, from the two Gram matrices)."""
+    return (torch.bmm(G, G.transpose(1, 2)) * torch.bmm(A, A.transpose(1, 2))).sum((1, 2))
+
+
+def ghost_gradients(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    names: tuple[str, ...],
+    scale: float,
+    form: str | None = None,
+) -> GhostGradients:
+    """The users whose records are ``starts[i] .. starts[i] + sizes[i]`` of ``x``/``y``, their
+    vectors ``scale`` times their mean gradients at ``params`` w.r.t. ``names`` (module doc).
+    Requires ``supported(model, names)``; every size >= 1. ``form``: force ``"ghost"`` or
+    ``"materialized"`` for every Linear/Conv2d weight (tests; None: the cheaper one)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    U = len(sizes)
+    dtype = params[names[0]].dtype
+    rec = torch.from_numpy(np.concatenate([np.arange(a, a + k) for a, k in zip(starts, sizes)]))
+    of = torch.from_numpy(np.repeat(np.arange(U), sizes))
+    pos = torch.arange(len(of)) - torch.from_numpy(np.repeat(np.cumsum(sizes) - sizes, sizes))
+    k = int(sizes.max())
+    w = (float(scale) / torch.from_numpy(sizes).to(torch.float64)).to(dtype)[of]
+    mods = _owner_modules(model)
+    paths = sorted({n.rpartition(".")[0] for n in names})
+    saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = []
+    for path in paths:
+
+        def hook(mod, inp, out, path=path):
+            if path in saved:  # its output gradient would not be one record's
+                raise NotImplementedError(f"ghost_gradients: {path} is called twice")
+            saved[path] = (inp[0].detach(), out)
+
+        hooks.append(mods[path].register_forward_hook(hook))
+    try:
+        with torch.enable_grad():
+            at = {
+                kk: v.detach().requires_grad_(True) if kk in names else v.detach()
+                for kk, v in params.items()
+            }
+            out = functional_call(model, at, (x[rec],))
+            loss = (F.cross_entropy(out, y[rec], reduction="none") * w).sum()
+            gouts = torch.autograd.grad(loss, [saved[p][1] for p in paths])
+    finally:
+        for h in hooks:
+            h.remove()
+    R = len(rec)
+    sq = torch.zeros(U, dtype=torch.float64)
+    layers: list[_Layer] = []
+    forms: dict[str, str] = {}
+    for p, gout in zip(paths, gouts):
+        mod, a, g = mods[p], saved[p][0], gout.detach()
+        wname, bname = _names(p)
+        L = _Layer(p, mod, a, g, at[wname].detach() if wname in at else None)
+        layers.append(L)
+        if isinstance(mod, nn.Linear):
+            g3, a3 = g.reshape(R, -1, g.shape[-1]), a.reshape(R, -1, a.shape[-1])
+            P = g3.shape[1]
+            if wname in names:
+                ghost_cost, mat_cost = _costs(mod, P, k)  # the chunk's largest user (padded)
+                use = form or ("ghost" if ghost_cost <= mat_cost else "materialized")
+                forms[wname] = use
+                if use == "ghost" and P == 1 and k == 1:  # one row each: ||g||² ||a||²
+                    sq += _sq_rows(g3) * _sq_rows(a3)
+                elif use == "ghost":
+                    sq += _gram_sq(_padded(g3, of, pos, U, k), _padded(a3, of, pos, U, k))
+                else:
+                    W = (
+                        g3.transpose(1, 2) @ a3
+                        if k == 1
+                        else torch.bmm(
+                            _padded(g3, of, pos, U, k, g.dtype).transpose(1, 2),
+                            _padded(a3, of, pos, U, k, a.dtype),
+                        )
+                    )
+                    sq += _sq_rows(W)
+                    L.per_user[wname] = W
+            if bname in names:
+                forms[bname] = "rows"
+                sq += _sq_rows(_per_user64(g3.sum(1), of, U))
+        elif isinstance(mod, nn.Conv2d):
+            if wname in names:
+                c_out, _, kh, kw = mod.weight.shape
+                ghost_cost, mat_cost = _costs(mod, g.shape[2] * g.shape[3], k)
+                use = form or ("ghost" if ghost_cost <= mat_cost else "materialized")
+                forms[wname] = use
+                if use == "ghost":
+                    cols = F.unfold(
+                        a,
+                        (kh, kw),
+                        dilation=mod.dilation,
+                        padding=cast(tuple[int, int], mod.padding),  # supported(): numeric
+                        stride=mod.stride,
+                    )  # [R, K, L]
+                    g3 = g.reshape(R, c_out, -1).transpose(1, 2)  # [R, L, C_out]
+                    sq += _gram_sq(
+                        _padded(g3, of, pos, U, k), _padded(cols.transpose(1, 2), of, pos, U, k)
+                    )
+                else:
+                    assert L.weight is not None
+                    W = (
+                        per_sample.conv2d_weight_per_record(a, g, mod)
+                        if k == 1
+                        else _conv_weight_per_user(a, g, L.weight, mod, sizes)
+                    )
+                    sq += _sq_rows(W)
+                    L.per_user[wname] = W
+            if bname in names:
+                forms[bname] = "rows"
+                sq += _sq_rows(_per_user64(g.sum((2, 3)), of, U))
+        elif isinstance(mod, nn.Embedding):
+            forms[wname] = "rows"
+            ids = a.reshape(R, -1)
+            g3 = g.reshape(R, ids.shape[1], -1)
+            keep = (
+                torch.ones_like(ids, dtype=torch.bool)
+                if mod.padding_idx is None
+                else ids != mod.padding_idx
+            )
+            key = (of.unsqueeze(1) * mod.num_embeddings + ids)[keep]
+            uniq, inv = torch.unique(key, return_inverse=True)
+            rows = torch.zeros(len(uniq), g3.shape[2], dtype=torch.float64)
+            rows.index_add_(0, inv, g3[keep].double())
+            sq.index_add_(0, uniq // mod.num_embeddings, (rows * rows).sum(1))
+        else:  # normalization layers: each record's (small) gradient
+            assert isinstance(mod, _NORMS)
+            pr = _norm_per_record(mod, a, g)
+            for leaf, t in pr.items():
+                n = wname if leaf == "weight" else bname
+                if n in names:
+                    forms[n] = "per-record"
+                    L.per_record[n] = t
+                    sq += _sq_rows(_per_user64(t, of, U))
+    # a NaN or inf among the entries of a user's a's and g's that enter its gradient reaches its
+    # float64 sum of squares (no float32 product overflows float64; inf * 0 is NaN)
+    finite = torch.isfinite(sq)
+    shapes = {n: params[n].shape for n in names}
+    return GhostGradients(names, shapes, dtype, of, U, sq, finite, layers, forms)
+
+
+def _norm_per_record(mod: nn.Module, a: torch.Tensor, g: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{weight, bias: [R, *shape]}: each record's gradient of a normalization layer's affine
+    parameters, x̂ (the normalized input) recomputed from the layer's input ``a``."""
+    wname, bname = "weight", "bias"
+    out: dict[str, torch.Tensor] = {}
+    R = a.shape[0]
+    if isinstance(mod, nn.LayerNorm):
+        xh = F.layer_norm(a, mod.normalized_shape, None, None, mod.eps)
+        nd = len(mod.normalized_shape)
+        dims = tuple(range(1, a.dim() - nd))  # positions
+        sw = (g * xh).sum(dims) if dims else g * xh
+        sb = g.sum(dims) if dims else g
+    elif isinstance(mod, nn.GroupNorm):
+        xh = F.group_norm(a, mod.num_groups, None, None, mod.eps)
+        dims = tuple(range(2, a.dim()))
+        sw, sb = (g * xh).sum(dims), g.sum(dims)
+    else:
+        b = cast(nn.modules.batchnorm._BatchNorm, mod)
+        assert b.running_mean is not None and b.running_var is not None
+        shape = (1, -1) + (1,) * (a.dim() - 2)
+        xh = (a - b.running_mean.reshape(shape)) / torch.sqrt(b.running_var.reshape(shape) + b.eps)
+        dims = tuple(range(2, a.dim()))
+        sw = (g * xh).sum(dims) if dims else g * xh
+        sb = g.sum(dims) if dims else g
+    if getattr(mod, "weight", None) is not None:
+        out[wname] = sw.reshape(R, -1)
+    if getattr(mod, "bias", None) is not None:
+        out[bname] = sb.reshape(R, -1)
+    return out
+
+
+def clipped_sum(gg: GhostGradients, constraint: Constraint) -> tuple[Contribution, int]:
+    """(the contribution ``make_reply`` would build from the users' vectors under the clipped-sum
+    ``constraint``, the number of users dropped for a non-finite vector): module doc."""
+    assert constraint.clip is not None and not constraint.rows
+    ok = gg.finite
+    failed = int((~ok).sum())
+    norms = gg.norms[ok]
+    factor_ok, was = clip_factors(
+        torch.empty(len(norms), 0, dtype=gg.dtype), constraint.clip, norms
+    )
+    factor = torch.zeros(gg.U, dtype=gg.dtype)
+    factor[ok] = factor_ok
+    n = int(ok.sum())
+    total = (
+        gg.weighted_sum(factor)
+        if n
+        else torch.zeros(sum(s.numel() for s in gg.shapes.values()), dtype=gg.dtype)
+    )
+    return Contribution(None, total, n, int(was.sum())), failed

@@ -1,0 +1,273 @@
+"""Per-user clipping without per-user gradients (``fedudp.owner.ghost``) against each user's
+explicitly computed gradient (one autograd call per user, float64), per layer kind, and the
+clipped sum against the owners' ordinary constraint (``make_reply``) on the vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from fedudp.aggregators.base import Constraint
+from fedudp.owner import ghost
+from fedudp.protocol.messages import make_reply
+
+
+class Seq(nn.Module):
+    """A Linear on inputs with a middle (sequence) dim, then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 5), nn.Linear(20, 10)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)).flatten(1))
+
+
+class Tokens(nn.Module):
+    """Embedding (with a padding index) -> LayerNorm -> head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(7, 4, padding_idx=0)
+        self.norm = nn.LayerNorm(4)
+        self.head = nn.Linear(24, 10)
+
+    def forward(self, x):
+        return self.head(self.norm(self.emb(x)).flatten(1))
+
+
+def _conv(norm: str | None = None, **kw) -> nn.Module:
+    layers: list[nn.Module] = [nn.Conv2d(2, 4, 3, **kw)]
+    if norm == "group":
+        layers.append(nn.GroupNorm(2, 4))
+    if norm == "batch":
+        layers.append(nn.BatchNorm2d(4))
+    layers += [nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16, 10)]
+    return nn.Sequential(*layers)
+
+
+CASES = {
+    "linear": (lambda: nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 10)), (6,)),
+    "linear_seq": (Seq, (4, 6)),
+    "conv_stride_pad_dil": (lambda: _conv(stride=2, padding=1, dilation=2), (2, 9, 9)),
+    "conv_plain": (lambda: _conv(), (2, 6, 6)),
+    "embedding_layernorm": (Tokens, (6,)),
+    "groupnorm": (lambda: _conv("group", padding=1), (2, 5, 5)),
+    "batchnorm_eval": (lambda: _conv("batch", padding=1).eval(), (2, 5, 5)),
+}
+
+
+def _data(shape, sizes, seed, tokens=False):
+    g = torch.Generator().manual_seed(seed)
+    n = int(sum(sizes))
+    if tokens:
+        x = torch.randint(0, 7, (n, *shape), generator=g)
+    else:
+        x = torch.randn(n, *shape, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (n,), generator=g)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    return x, y, starts, np.asarray(sizes, dtype=np.int64)
+
+
+def _model(case, seed=0):
+    torch.manual_seed(seed)
+    make, shape = CASES[case]
+    model = make().double()
+    for m in model.modules():  # non-trivial affine and running statistics
+        if isinstance(m, (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm2d)):
+            with torch.no_grad():
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.3, 0.3)
+            m.running_var.uniform_(0.5, 2.0)
+    return model, shape
+
+
+def _per_user(model, params, x, y, starts, sizes, names, scale):
+    """[U, d] float64: each user's vector, scale times its mean gradient, one autograd call
+    per user (the definition)."""
+    rows = []
+    for s, k in zip(starts, sizes):
+        at = {n: v.detach().requires_grad_(n in names) for n, v in params.items()}
+        out = functional_call(model, at, (x[s : s + k],))
+        loss = F.cross_entropy(out, y[s : s + k]) * scale
+        gs = torch.autograd.grad(loss, [at[n] for n in names])
+        rows.append(torch.cat([t.reshape(-1) for t in gs]))
+    return torch.stack(rows)
+
+
+SIZES = {"one": [1] * 7, "many": [1, 3, 5, 2, 1, 4]}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("users", sorted(SIZES))
+@pytest.mark.parametrize("form", [None, "ghost", "materialized"])
+def test_norms_and_clipped_sum_equal_the_explicit_per_user_gradients(case, users, form):
+    model, shape = _model(case)
+    x, y, starts, sizes = _data(shape, SIZES[users], 1, tokens=case.startswith("embedding"))
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    names = tuple(params)
+    assert ghost.supported(model, names)
+    V = _per_user(model, params, x, y, starts, sizes, names, -0.3)
+    gg = ghost.ghost_gradients(model, params, x, y, starts, sizes, names, -0.3, form=form)
+    torch.testing.assert_close(gg.norms, V.norm(dim=1), rtol=1e-10, atol=1e-14)
+    assert bool(gg.finite.all())
+    f = torch.linspace(0.2, 1.0, len(sizes), dtype=torch.float64)
+    torch.testing.assert_close(
+        gg.weighted_sum(f), (f.unsqueeze(1) * V).sum(0), rtol=1e-9, atol=1e-13
+    )
+    # the clipped sum and its counts are make_reply's on the explicit vectors
+    srt = V.norm(dim=1).sort().values  # a clip between two users' norms
+    c = Constraint(rows=False, clip=float(srt[len(srt) // 2 - 1] + srt[len(srt) // 2]) / 2)
+    got, failed = ghost.clipped_sum(gg, c)
+    ref = make_reply(V.clone(), names, c)
+    assert (got.count, got.clipped, failed) == (
+        ref.contribution.count,
+        ref.contribution.clipped,
+        ref.failed,
+    )
+    assert 0 < got.clipped < got.count
+    torch.testing.assert_close(got.total, ref.contribution.total, rtol=1e-9, atol=1e-13)
+
+
+def test_a_weakened_twin_without_cross_terms_is_caught(monkeypatch):
+    """Dropping the cross terms r != r' of the Gram form (each record's own norm squared, summed)
+    leaves one-record users right and multi-record users wrong: the comparison above catches it."""
+    model, shape = _model("linear")
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    names = tuple(params)
+
+    def diagonal_only(G, A):
+        return ((G * G).sum(2) * (A * A).sum(2)).sum(1)
+
+    monkeypatch.setattr(ghost, "_gram_sq", diagonal_only)
+    for users, wrong in (("one", False), ("many", True)):
+        x, y, starts, sizes = _data(shape, SIZES[users], 1)
+        V = _per_user(model, params, x, y, starts, sizes, names, 1.0)
+        gg = ghost.ghost_gradients(model, params, x, y, starts, sizes, names, 1.0, form="ghost")
+        close = torch.allclose(gg.norms, V.norm(dim=1), rtol=1e-10, atol=1e-14)
+        assert close != wrong
+        if wrong:  # exactly the multi-record users are off
+            off = ~torch.isclose(gg.norms, V.norm(dim=1), rtol=1e-10, atol=1e-14)
+            assert off.tolist() == [bool(k > 1) for k in sizes]
+
+
+def test_non_finite_users_are_dropped_as_make_reply_drops_them():
+    """A user with a NaN input (and one whose input overflows its gradient to inf) contributes
+    nothing and is counted as failed, as on today's path; the others' sum is unchanged."""
+    model, shape = _model("conv_plain")
+    x, y, starts, sizes = _data(shape, SIZES["many"], 2)
+    x[starts[1] + 1, 0, 2, 2] = float("nan")  # the second user's second record
+    x[starts[3], 1, 1, 1] = float("inf")
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    names = tuple(params)
+    V = _per_user(model, params, x, y, starts, sizes, names, 1.0)
+    gg = ghost.ghost_gradients(model, params, x, y, starts, sizes, names, 1.0)
+    assert gg.finite.tolist() == torch.isfinite(V).all(1).tolist() == [1, 0, 1, 0, 1, 1]
+    c = Constraint(rows=False, clip=0.05)
+    got, failed = ghost.clipped_sum(gg, c)
+    ref = make_reply(V.clone(), names, c)
+    assert (
+        (got.count, got.clipped, failed)
+        == (4, ref.contribution.clipped, 2)
+        == (
+            ref.contribution.count,
+            ref.contribution.clipped,
+            ref.failed,
+        )
+    )
+    torch.testing.assert_close(got.total, ref.contribution.total, rtol=1e-9, atol=1e-13)
+
+
+def test_unsupported_layers_and_modes_fall_back():
+    bn = _conv("batch")  # training mode: batch statistics couple the records
+    assert not ghost.supported(bn, tuple(n for n, _ in bn.named_parameters()))
+    assert ghost.supported(bn.eval(), tuple(n for n, _ in bn.named_parameters()))
+    for mod in (
+        nn.Conv2d(4, 4, 3, groups=2),
+        nn.Conv2d(2, 2, 3, padding="same"),
+        nn.Conv2d(2, 2, 3, padding=1, padding_mode="reflect"),
+        nn.Embedding(5, 3, max_norm=1.0),
+        nn.LSTM(3, 3),
+        nn.Conv1d(2, 2, 3),
+    ):
+        assert not ghost.supported(mod, tuple(n for n, _ in mod.named_parameters()))
+    twice = nn.Linear(3, 3).double()
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.f = twice
+
+        def forward(self, x):
+            return self.f(self.f(x))
+
+    m = Twice()
+    params = {n: p.detach() for n, p in m.named_parameters()}
+    with pytest.raises(NotImplementedError, match="called twice"):
+        x, y, starts, sizes = _data((3,), [1, 2], 0)
+        ghost.ghost_gradients(m, params, x, y % 3, starts, sizes, tuple(params), 1.0)
+
+
+def mlp(input_shape, classes):
+    """The end-to-end tests' model (``model.target=test_ghost.mlp``): every weight's norm takes
+    the Gram form for one-record users."""
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(int(np.prod(input_shape)), 16), nn.Tanh(), nn.Linear(16, classes)
+    )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"train__shared_update": "gradient"},  # each user's mean gradient, clip + Gaussian
+        {"privacy__clip_policy": "adaptive"},  # one-step deltas, adaptive clipping
+        {"train__shared_update": "gradient", "partition__records_per_user": 4},
+    ],
+    ids=["gradient-gaussian", "delta-adaptive", "gradient-4-records"],
+)
+def test_a_run_on_the_ghost_path_equals_the_run_on_todays_path(kw, tmp_path, monkeypatch):
+    """engine=local, server placement: the owners' replies (clipped sums, counts, clipped
+    counts) each round and the run's losses and ε with the ghost path equal those of the run
+    with every user's vector built and clipped (``GHOST = False``), on the same seed."""
+    import fedudp.owner.owners as ow
+    from conftest import tiny_cfg
+    from fedudp.run import run
+
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    calls: list[int] = []
+    orig = ghost.ghost_gradients
+    monkeypatch.setattr(ghost, "ghost_gradients", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    replies: dict[bool, list] = {True: [], False: []}
+    reply = ow.Owners.reply
+    out = {}
+    for flag in (True, False):
+        monkeypatch.setattr(ow, "GHOST", flag)
+        monkeypatch.setattr(
+            ow.Owners,
+            "reply",
+            lambda self, *a, flag=flag, **k: (
+                replies[flag].append(reply(self, *a, **k)) or replies[flag][-1]
+            ),
+        )
+        cfg = tiny_cfg(
+            "full_dp", model__target="test_ghost.mlp", train__rounds=2, train__lr=2.0, **kw
+        )
+        out[flag] = run(cfg, tmp_path / str(flag))
+        if flag:
+            assert len(calls) >= 2  # the ghost path, every round
+            calls.clear()
+    assert not calls  # GHOST = False: today's path
+    assert len(replies[True]) == len(replies[False]) == 2
+    for a, b in zip(replies[True], replies[False]):
+        ca, cb = a.contribution, b.contribution
+        assert (ca.count, ca.clipped, a.failed) == (cb.count, cb.clipped, b.failed)
+        assert 0 < ca.clipped  # the clip binds for some users
+        torch.testing.assert_close(ca.total, cb.total, rtol=1e-5, atol=1e-6)
+    assert out[True]["epsilon"] == out[False]["epsilon"]
+    assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5)
