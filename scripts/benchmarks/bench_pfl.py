@@ -101,8 +101,11 @@ from proctree import (
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_PFL = Path(__file__).resolve().parent / "bench_pfl_worker.py"
 WORKER_PLAIN = Path(__file__).resolve().parent / "bench_pfl_plain_worker.py"
+WORKER_FLOOR = Path(__file__).resolve().parent / "bench_pfl_floor_worker.py"
 PFL_VENV_HINT = "python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 'pfl[pytorch]==0.6.0'"
-SIDES = ("fedudp", "pfl", "plain")
+OPACUS_HINT = ".venv/bin/pip install opacus==1.6.0 (not a fedudp dependency)"
+SIDES = ("fedudp", "pfl", "plain", "opacus", "vmap")
+FLOORS = ("opacus", "vmap")  # compared with plain in --check: the same noise draws
 
 
 # -- fedudp: the config ---------------------------------------------------------------------
@@ -358,6 +361,16 @@ def worker_cmd(
         return [a.pfl_python, str(WORKER_PFL), "--workload", str(workload), *common]
     if side == "plain":
         return [sys.executable, str(WORKER_PLAIN), "--workload", str(workload), *common]
+    if side in FLOORS:
+        return [
+            sys.executable,
+            str(WORKER_FLOOR),
+            "--mode",
+            side,
+            "--workload",
+            str(workload),
+            *common,
+        ]
     return [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -424,6 +437,18 @@ def _machine() -> dict:
     }
 
 
+def _opacus_version() -> str | None:
+    """opacus's version in this (fedudp's) Python, None where it is not installed."""
+    r = subprocess.run(
+        [sys.executable, "-c", "import opacus; print(opacus.__version__)"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+    )
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
 def _versions(python: str, fedudp: bool) -> dict:
     mods = "torch, numpy" + ("" if fedudp else ", pfl")
     code = (
@@ -451,8 +476,10 @@ def _table(summary: list[dict], settings: list[dict]) -> str:
     lines = [
         "| setting | side | users/round | local steps/user | s/round min | s/round median "
         "| pfl / fedudp, mins / medians | side / plain, mins / medians "
-        "| peak RSS MiB (whole run / rounds) | final test accuracy |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| side / fedudp, mins / medians "
+        "| peak RSS MiB loading | peak RSS MiB rounds | peak RSS MiB whole run "
+        "| final test accuracy |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in summary:
         info = next(s for s in settings if s["records_per_user"] == row["records_per_user"])
@@ -470,12 +497,17 @@ def _table(summary: list[dict], settings: list[dict]) -> str:
                 if "vs_plain_mins" in s
                 else ""
             )
+            vs_fedudp = (
+                f"{s['min'] / row['fedudp']['min']:.2f} / "
+                f"{s['median'] / row['fedudp']['median']:.2f}"
+            )
             rpu = row["records_per_user"]
             lines.append(
                 f"| {rpu} record{'s' if rpu > 1 else ''}/user, {info['users']:,} users | {side} "
                 f"| {', '.join(str(u) for u in s['users_per_round'])} | {steps} "
-                f"| {s['min']:.3f} | {s['median']:.3f} | {ratio} | {floor} "
-                f"| {s['peak_rss_mib_max']:.0f} / {s['sampled_peak_rss_rounds_mib_max']:.0f} "
+                f"| {s['min']:.3f} | {s['median']:.3f} | {ratio} | {floor} | {vs_fedudp} "
+                f"| {s['hwm_before_rounds_mib_max']:.0f} "
+                f"| {s['sampled_peak_rss_rounds_mib_max']:.0f} | {s['peak_rss_mib_max']:.0f} "
                 f"| {_span(s['final_accuracy'])} |"
             )
     return "\n".join(lines)
@@ -516,8 +548,10 @@ def main() -> None:
         nargs="+",
         choices=SIDES,
         default=list(SIDES),
-        help="which sides run (fedudp and pfl always: the comparison; plain: the "
-        "bare PyTorch loop of scripts/benchmarks/bench_pfl_plain_worker.py, the floor)",
+        help="which sides run (fedudp always; pfl: where --pfl-python is given; plain: the "
+        "bare PyTorch loop of scripts/benchmarks/bench_pfl_plain_worker.py, the floor; "
+        "opacus, vmap: the batched per-sample floors of "
+        "scripts/benchmarks/bench_pfl_floor_worker.py, opacus where it is installed)",
     )
     ap.add_argument(
         "--check",
@@ -543,26 +577,40 @@ def main() -> None:
         a.records_per_user = a.records_per_user[0]
         prepare_workload(a) if a.worker == "prepare" else fedudp_worker(a)
         return
-    if not a.pfl_python:
-        raise SystemExit(
-            "bench_pfl.py: error: --pfl-python PATH (or $PFL_PYTHON) is required: "
-            f"the Python of a venv with pfl-research, made by: {PFL_VENV_HINT}"
-        )
-    sides = tuple(sd for sd in SIDES if sd in set(a.sides) | {"fedudp", "pfl"})
     if a.rounds < 2 or a.reps < 1:
         raise SystemExit("bench_pfl.py: error: --rounds must be >= 2 and --reps >= 1")
+    wanted = set(a.sides) | {"fedudp"}
+    skipped: dict[str, str] = {}
+    if "pfl" in wanted and not a.pfl_python:
+        skipped["pfl"] = (
+            "no --pfl-python PATH (or $PFL_PYTHON): the Python of a venv with pfl-research, "
+            f"made by: {PFL_VENV_HINT}"
+        )
     # this process imports neither torch nor fedudp: a child's ru_maxrss starts from the
     # parent's RSS at spawn time, so the parent stays small
-    vers = {
-        "fedudp_side": _versions(sys.executable, True),
-        "pfl_side": _versions(a.pfl_python, False),
-    }
+    vers: dict = {"fedudp_side": _versions(sys.executable, True)}
+    if "opacus" in wanted:
+        ov = _opacus_version()
+        if ov is None:
+            skipped["opacus"] = f"opacus is not installed in {sys.executable}: {OPACUS_HINT}"
+        else:
+            vers["fedudp_side"]["opacus"] = ov
+    sides = tuple(sd for sd in SIDES if sd in wanted and sd not in skipped)
+    for sd, why in skipped.items():
+        print(f"bench_pfl.py: side {sd} skipped: {why}", flush=True)
+    if "pfl" in sides:
+        vers["pfl_side"] = _versions(a.pfl_python, False)
     machine = _machine()
     load_start = os.getloadavg()
     reps = 1 if a.check else a.reps
     print(
-        f"fedudp (torch {vers['fedudp_side']['torch']}) vs pfl {vers['pfl_side']['pfl']} "
-        f"(torch {vers['pfl_side']['torch']}); {machine['cpu']}, {machine['cpus']} CPUs; "
+        f"sides {', '.join(sides)}: fedudp (torch {vers['fedudp_side']['torch']})"
+        + (
+            f" vs pfl {vers['pfl_side']['pfl']} (torch {vers['pfl_side']['torch']})"
+            if "pfl_side" in vers
+            else ""
+        )
+        + f"; {machine['cpu']}, {machine['cpus']} CPUs; "
         f"load average {load_start[0]:.2f}; {a.rounds} rounds per repetition (rounds 2..R "
         f"counted, mean), {reps} rep(s) per side, sides alternating, one thread each"
         + ("; CHECK run (final weights compared)" if a.check else ""),
@@ -622,39 +670,33 @@ def main() -> None:
                     )
             if a.check:
                 sigma = a.noise_multiplier * a.clip * a.server_lr / info["users"]
-                c = {
-                    "records_per_user": rpu,
-                    **compare_final(
-                        tmpd / f"fedudp_{rpu}_final.npz",
-                        tmpd / f"pfl_{rpu}_final.npz",
-                        workload,
-                        sigma,
-                    ),
-                }
-                if "plain" in sides:
+                c = {"records_per_user": rpu, "noise_std_of_mean": sigma}
+                # fedudp against pfl and plain (independent noise draws: a few sigma apart);
+                # the batched floors against plain (the same noise draws: float rounding)
+                pairs = [("fedudp", sd) for sd in ("pfl", "plain") if sd in sides]
+                pairs += [("plain", sd) for sd in FLOORS if sd in sides and "plain" in sides]
+                for ref, sd in pairs:
                     cp = compare_final(
-                        tmpd / f"fedudp_{rpu}_final.npz",
-                        tmpd / f"plain_{rpu}_final.npz",
+                        tmpd / f"{ref}_{rpu}_final.npz",
+                        tmpd / f"{sd}_{rpu}_final.npz",
                         workload,
                         sigma,
                     )
-                    c["plain"] = {
-                        "max_abs_diff_fedudp_plain": cp["max_abs_diff_fedudp_pfl"],
+                    if sd == "pfl":  # the original keys
+                        c.update(cp)
+                    c[f"{ref}_vs_{sd}"] = {
+                        "max_abs_diff": cp["max_abs_diff_fedudp_pfl"],
                         "max_abs_diff_in_noise_std": cp["max_abs_diff_in_noise_std"],
+                        "max_abs_move_from_init": cp["max_abs_move_from_init"],
                     }
+                    print(
+                        f"  final weights: max |{ref} - {sd}| = "
+                        f"{cp['max_abs_diff_fedudp_pfl']:.3g} = "
+                        f"{cp['max_abs_diff_in_noise_std']:.3g} sigma (sigma = z C / users = "
+                        f"{sigma:.3g}); max |{ref} - init| = {cp['max_abs_move_from_init']:.3g}",
+                        flush=True,
+                    )
                 checks.append(c)
-                print(
-                    f"  final weights: max |fedudp - pfl| = {c['max_abs_diff_fedudp_pfl']:.3g}"
-                    f" = {c['max_abs_diff_in_noise_std']:.2f} sigma (sigma = z C / users = "
-                    f"{sigma:.3g}); max |fedudp - init| = {c['max_abs_move_from_init']:.3g}"
-                    + (
-                        f"; max |fedudp - plain| = {c['plain']['max_abs_diff_fedudp_plain']:.3g}"
-                        f" = {c['plain']['max_abs_diff_in_noise_std']:.2f} sigma"
-                        if "plain" in c
-                        else ""
-                    ),
-                    flush=True,
-                )
     wall = time.perf_counter() - t_all
     load_end = os.getloadavg()
 
@@ -674,13 +716,16 @@ def main() -> None:
                     r["sampled_peak_rss_rounds_mib"] for r in rs
                 ),
                 "hwm_before_rounds_mib_max": max(r["hwm_before_rounds_mib"] for r in rs),
+                # the process's own peak before round 1 (VmHWM when the rounds start: for
+                # fedudp, reading and standardizing the data), the loading column
                 "max_processes": max(r["max_processes"] for r in rs),
                 "users_per_round": sorted({u for r in rs for u in r["users_per_round"]}),
                 "local_steps_per_user": rs[0]["local_steps_per_user"],
                 "final_accuracy": [r["final_accuracy"] for r in rs],
             }
-        row["ratio_of_mins"] = row["pfl"]["min"] / row["fedudp"]["min"]
-        row["ratio_of_medians"] = row["pfl"]["median"] / row["fedudp"]["median"]
+        if "pfl" in row:
+            row["ratio_of_mins"] = row["pfl"]["min"] / row["fedudp"]["min"]
+            row["ratio_of_medians"] = row["pfl"]["median"] / row["fedudp"]["median"]
         if "plain" in row:  # each side's seconds over the bare loop's
             for side in sides:
                 row[side]["vs_plain_mins"] = row[side]["min"] / row["plain"]["min"]
@@ -712,6 +757,8 @@ def main() -> None:
                     "machine": machine,
                     "load_average_start": load_start,
                     "load_average_end": load_end,
+                    "sides": list(sides),
+                    "skipped_sides": skipped,
                     "wall_seconds": wall,
                     "settings": settings,
                     "checks": checks,

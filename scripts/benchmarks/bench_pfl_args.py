@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_worker(description: str) -> argparse.Namespace:
-    """The arguments ``bench_pfl.worker_cmd`` passes to a side worker, parsed; torch limited to
-    ``--threads`` threads (OpenMP and MKL too) and the repository root put on ``sys.path``
-    (for ``fedudp.models.cnn``, which needs only torch)."""
+def start_worker(
+    description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
+    """The arguments ``bench_pfl.worker_cmd`` passes to a side worker, parsed (``extra`` adds a
+    worker's own); torch limited to ``--threads`` threads (OpenMP and MKL too) and the
+    repository root put on ``sys.path`` (for ``fedudp.models.cnn``, which needs only torch)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
     ap = argparse.ArgumentParser(description=description)
@@ -30,6 +33,8 @@ def start_worker(description: str) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     ap.add_argument("--final-params", help="also write the final weights here (.npz)")
+    if extra is not None:
+        extra(ap)
     a = ap.parse_args()
     import torch
 
