@@ -41,11 +41,17 @@ import torch
 import torch.nn as nn
 
 from fedudp.aggregators.local_dpsgd import owner_rates
-from fedudp.owner import local_sgd, per_sample
+from fedudp.owner import ghost, local_sgd, per_sample
 from fedudp.privacy.mechanisms import clip_factors
 from fedudp.randomness import Purpose, Randomness
 
 Params = local_sgd.Params
+
+# each step's per-user clipping without per-user gradients (``fedudp.owner.ghost``) where every
+# shared layer is of a kind it covers and at least half the shared parameters take its Gram form
+# (or no other batched path covers the model); False: per-record gradients (``per_sample``) or
+# vmap, the reference paths
+GHOST = True
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,12 @@ def dpsgd_deltas(
     flat = start.clone()  # [k, d]: every owner's shared parameters
     params = _unflatten(flat, {n: shared[n].unsqueeze(0) for n in names}, names)  # views of flat
     batched = per_sample.supported(model, names)
+    use_ghost = GHOST and bool(len(user_sizes)) and ghost.supported(model, names)
+    if use_ghost and batched:  # both batched: the cheaper by the model's shapes (public)
+        largest = int(np.max(user_sizes))
+        share = ghost.gram_share(model, tuple(x.shape[1:]), x.dtype, names, largest)
+        use_ghost = share >= 0.5
+    batched = batched or use_ghost
     total_steps = spec.epochs * int(steps.max(initial=0))
     adaptive = spec.count_noise is not None
     if adaptive and (fractions is None or len(fractions) != k):
@@ -206,6 +218,7 @@ def dpsgd_deltas(
                             i,
                             names,
                             spec.clip,
+                            use_ghost,
                         )
                         if len(us)
                         else (torch.zeros(flat.shape[1], dtype=flat.dtype), 0.0)
@@ -290,17 +303,25 @@ def _owner_clipped_sum(
     i: int | np.integer,
     names: tuple[str, ...],
     clip: float,
+    use_ghost: bool = False,
 ) -> tuple[torch.Tensor, float]:
     """([d]: the sum of owner i's sampled users' clipped mean gradients, at owner i's parameters;
     how many were not clipped). Each user's gradient is the mean of its records'
-    (``per_sample``), then clipped to ``clip`` with float64 norms (``clipped_sums``)."""
-    rec = np.concatenate([np.arange(a, a + b) for a, b in zip(starts, sizes)])
-    of = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes))
+    (``per_sample``), then clipped to ``clip`` with float64 norms (``clipped_sums``).
+    ``use_ghost``: the norms and the clipped sum without per-user gradients (``ghost``; the
+    same factors from the same float64 norms up to float rounding, a non-finite user's factor 1
+    as in ``clip_factors``)."""
     at = {
         **frozen_common,
         **{k: v[i] for k, v in frozen_by_owner.items()},
         **{k: v[i] for k, v in params.items()},
     }
+    if use_ghost:
+        gg = ghost.ghost_gradients(model, at, x, y, starts, sizes, names, 1.0)
+        factor, was = clip_factors(torch.empty(gg.U, 0, dtype=gg.dtype), clip, gg.norms)
+        return gg.weighted_sum(factor), float((~was).sum())
+    rec = np.concatenate([np.arange(a, a + b) for a, b in zip(starts, sizes)])
+    of = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes))
     g = per_sample.per_record_gradients(model, at, x[rec], y[rec], names)
     blocks = []
     for n in names:

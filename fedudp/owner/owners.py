@@ -99,8 +99,11 @@ ONE_STEP_RECORDS = 128
 # built, clipped and summed (``one_step`` + ``make_reply``, the reference path)
 GHOST = True
 # records per ghost chunk: no [users, d] matrix is held, only activations, output gradients and
-# the chunk's largest per-layer Gram or per-user weight gradient
+# the chunk's per-layer Grams or per-user weight gradients; a model with convolutions holds
+# much more per record (its activations, per-record convolution weight gradients): 128, as
+# ONE_STEP_RECORDS (docs/results/ghost)
 GHOST_RECORDS = 512
+GHOST_RECORDS_CONV = 128
 # records per evaluation forward for a model with convolutions: the paper CNN's forward over
 # 10,000 records takes 0.74-0.76 s in chunks of 32-128 records against 1.36 s in chunks of 512
 # (one thread; its activations then outgrow the caches)
@@ -569,12 +572,14 @@ class Owners:
     ) -> OwnerReply:
         """The clipped sum of the users (records ``starts[i] .. starts[i] + sizes[i]``) whose
         vectors are ``scale`` times their mean gradients at the broadcast, chunk by chunk of at
-        most ``min(budget, GHOST_RECORDS)`` records, without building the vectors
+        most ``min(budget, GHOST_RECORDS)`` records (``GHOST_RECORDS_CONV`` for a model with
+        convolutions), without building the vectors
         (``ghost.clipped_sum``: ``make_reply``'s semantics)."""
         names = self.spec.shared
         params = {**dict(self.public_personal), **shared}
         parts, failed = [], 0
-        for sel in local_sgd.chunks(sizes, min(self.budget, GHOST_RECORDS)):
+        cap = GHOST_RECORDS_CONV if local_sgd.has_conv(self.model) else GHOST_RECORDS
+        for sel in local_sgd.chunks(sizes, min(self.budget, cap)):
             gg = ghost.ghost_gradients(
                 self.model, params, fed.x, fed.y, starts[sel], sizes[sel], names, scale
             )

@@ -271,3 +271,41 @@ def test_a_run_on_the_ghost_path_equals_the_run_on_todays_path(kw, tmp_path, mon
         torch.testing.assert_close(ca.total, cb.total, rtol=1e-5, atol=1e-6)
     assert out[True]["epsilon"] == out[False]["epsilon"]
     assert out[True]["loss"] == pytest.approx(out[False]["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("per_user", [1, 3])
+def test_owner_dpsgd_steps_on_the_ghost_path_equal_the_per_record_path(per_user, monkeypatch):
+    """Owner-side DP-SGD (keyed sampling and noise, an adaptive clip's released counts): each
+    step's clipped sum through ``ghost`` equals the per-record path's (``per_sample``), users of
+    one and of several records, owner-specific frozen layers."""
+    from fedudp.owner import dpsgd
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 10)).double()
+    allp = {k: v.detach().clone() for k, v in model.named_parameters()}
+    names = ("0.weight", "0.bias", "2.weight")  # 2.bias: frozen, owner-specific
+    shared = {k: allp[k] for k in names}
+    owners, users_per = 3, 6
+    n = owners * users_per * per_user
+    x, y = torch.randn(n, 6, dtype=torch.float64), torch.randint(0, 10, (n,))
+    frozen = {"2.bias": 0.1 * torch.randn(owners, 10, dtype=torch.float64)}
+    starts, sizes = np.arange(0, n, per_user), np.full(n // per_user, per_user)
+    first = np.arange(0, owners * users_per, users_per)
+    users, ids = np.full(owners, users_per), np.arange(owners)
+    spec = dpsgd.DpSgdSpec(0.7, 0.05, 3, 2, 0.1, 5, count_noise=0.5)
+    calls: list[int] = []
+    orig = ghost.ghost_gradients
+    monkeypatch.setattr(ghost, "ghost_gradients", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    out, fr = {}, {}
+    for flag in (True, False):
+        monkeypatch.setattr(dpsgd, "GHOST", flag)
+        fr[flag] = np.zeros(owners)
+        out[flag] = dpsgd.dpsgd_deltas(
+            model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1,
+            names, 64, fractions=fr[flag],
+        )  # fmt: skip
+        assert bool(calls) == flag
+        calls.clear()
+    assert float(out[True].abs().max()) > 0
+    torch.testing.assert_close(out[True], out[False], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fr[True], fr[False], rtol=1e-12)
