@@ -119,13 +119,84 @@ def private_range(
     n, k = X.shape
     out = torch.empty(k, dtype=torch.float64)
     cols = range_block(n, chunk_elems)
+    nbins = max(1, math.ceil(bound / tau))
+    counted = nbins <= min(HISTOGRAM_BINS, 2 * n + 1)
     for c0 in range(0, k, cols):
         if isinstance(X, Binned):
             b = X.bins_t[c0 : c0 + cols].to(torch.int64)
         else:
             b = range_bins(X[:, c0 : c0 + cols].T.contiguous(), tau, bound)
-        out[c0 : c0 + cols] = _range_from_bins(b, tau, bound, eps, rng)
+        if counted:
+            out[c0 : c0 + cols] = _range_from_counts(b, nbins, tau, bound, eps, rng)
+        else:
+            out[c0 : c0 + cols] = _range_from_bins(b, tau, bound, eps, rng)
     return out
+
+
+HISTOGRAM_BINS = 1 << 12  # at most this many bins (and <= 2n+1): PrivateRange from bin counts
+
+
+def _range_from_counts(
+    b: torch.Tensor, nbins: int, tau: float, bound: float, eps: float, rng: torch.Generator
+) -> torch.Tensor:
+    """``_range_from_bins`` from each row's bin counts: the same draws, the same μ̂.
+
+    ``_range_from_bins`` lays out 2n+1 segments per row in sorted order (n occupied-bin entries,
+    of which only a bin's first occurrence has a length, n-1 gaps, before, after) and draws
+    Gumbel noise for all of them; a segment of length 0 has weight -inf and never wins. Here
+    only the segments of positive length are formed, at most 2·nbins+1 per row, from the
+    counts h_b: bin b (if occupied) sits at sorted position C_b = Σ_{b'<b} h_{b'} with cost
+    max(C_b, n - C_b - h_b), the gap after it at position n + C_b + h_b - 1 with cost
+    max(C_b + h_b, n - C_b - h_b), before and after at 2n-1 and 2n with cost n. The k(2n+1)
+    uniforms are still drawn (the generator's order is kept); each segment reads the one at
+    its position, its weight and Gumbel value computed by the same float64 operations, and the
+    first maximum in position order wins, as ``argmax`` picks it."""
+    k, n = b.shape
+    dt, i64 = torch.float64, torch.int64
+    h = torch.zeros(k, nbins, dtype=i64).scatter_add_(1, b, torch.ones_like(b))
+    below = torch.cumsum(h, 1) - h  # C_b
+    upto = below + h
+    occ = h > 0
+    ar = torch.arange(nbins, dtype=i64)
+    mark = torch.where(occ, ar, torch.full_like(ar, nbins))
+    after = torch.flip(torch.cummin(torch.flip(mark, [1]), 1).values, [1])  # min occupied >= b
+    nxt = torch.cat([after[:, 1:], torch.full((k, 1), nbins, dtype=i64)], 1)  # > b
+    gap = occ & (nxt < nbins) & (nxt > ar + 1)
+    first, last = after[:, :1], torch.where(occ, ar, torch.full_like(ar, -1)).amax(1, True)
+    # slots in position order: occupied bins, gaps after them, before, after
+    pos = torch.cat([below, n + upto - 1, torch.full_like(first, 2 * n - 1), 2 * n + 0 * first], 1)
+    ninf = torch.tensor(-math.inf, dtype=dt)
+    lens = torch.cat(
+        [
+            torch.where(occ, 1.0, 0.0).to(dt),
+            torch.where(gap, nxt - ar - 1, 0).to(dt),
+            first.to(dt),
+            (nbins - 1 - last).to(dt),
+        ],
+        1,
+    )
+    costs = torch.cat(
+        [
+            torch.maximum(below, n - upto).to(dt),
+            torch.maximum(upto.to(dt), n - upto.to(dt)),
+            torch.full_like(first, n, dtype=dt),
+            torch.full_like(first, n, dtype=dt),
+        ],
+        1,
+    )
+    logw = torch.where(lens > 0, torch.log(lens.clamp(min=1)) - eps * costs / 2, ninf)
+    u = torch.rand(k * (2 * n + 1), generator=rng, dtype=dt)  # exponential_mechanism's draws
+    rows = torch.arange(k, dtype=i64)[:, None] * (2 * n + 1)
+    uu = u[(rows + pos.clamp(0, 2 * n)).reshape(-1)].reshape(pos.shape)
+    del u
+    g = -torch.log(-torch.log(uu.clamp(min=torch.finfo(dt).tiny)))
+    seg = torch.argmax(logw + g, dim=1, keepdim=True)
+    starts = torch.cat([ar.expand(k, -1), ar.expand(k, -1) + 1, 0 * first, last + 1], 1)
+    start = starts.gather(1, seg).squeeze(1)
+    length = lens.gather(1, seg).squeeze(1)
+    r = torch.rand(k, generator=rng, dtype=dt)
+    pick = start + torch.floor(r * length).to(i64).clamp(max=(length - 1).to(i64))
+    return -bound + (pick.to(dt) + 0.5) * 2 * tau
 
 
 def range_block(n: int, chunk_elems: int | None = None) -> int:
@@ -239,11 +310,18 @@ def winsorized_mean_rows(
     total = torch.zeros(k, dtype=torch.float64)  # Σ_i Y_ij, in pass 2's chunk order
     low = torch.full((k,), math.inf, dtype=torch.float64)
     high = torch.full((k,), -math.inf, dtype=torch.float64)
+    nbins = max(1, math.ceil(bound / tau))
     for s, Y in values():
-        bins_t[:, s : s + len(Y)] = range_bins(Y, tau, bound, stored).T
         total += Y.sum(0)
-        torch.minimum(low, Y.amin(0), out=low)
-        torch.maximum(high, Y.amax(0), out=high)
+        lo_, hi_ = torch.aminmax(Y, dim=0)
+        torch.minimum(low, lo_, out=low)
+        torch.maximum(high, hi_, out=high)
+        # range_bins(Y) in place: the same float64 operations, on the rotated chunk (this
+        # pass's own copy) or on a copy of the rows (unrotated: they may be the caller's)
+        own = rotation is not None and Y.dtype == torch.float64
+        B = Y if own else Y.to(torch.float64, copy=True)
+        B.add_(bound).div_(2 * tau).floor_().clamp_(0, nbins - 1)
+        bins_t[:, s : s + len(Y)] = B.T
     mu = private_range(Binned(bins_t), tau, bound, eps / 2, rng=rng, chunk_elems=chunk_elems)
     del bins_t
     half = halfwidth_factor * tau

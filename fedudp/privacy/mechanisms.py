@@ -196,6 +196,26 @@ def fwht(x: torch.Tensor, block_bits: int = 6) -> torch.Tensor:
     return y.reshape(*lead, d)
 
 
+def fwht_gemm(x: torch.Tensor) -> torch.Tensor:
+    """``fwht`` (the same transform, ``x @ H``) as two large matrix products: a row of length
+    2^L read as an [a, b] matrix M (a = 2^floor(L/2), b = 2^ceil(L/2)) becomes H_a M H_b, since
+    H_{ab} = H_a ⊗ H_b. Each product is a BLAS GEMM with a long inner loop, about twice as fast
+    as ``fwht``'s small batched products on CPU at d' = 2^15 for 2.8x the multiply-adds. Values
+    equal ``fwht``'s up to float rounding (a different summation order); each row is
+    transformed on its own (no value of another row enters it). L > 18: ``fwht``."""
+    d = x.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"fwht needs a power-of-two length, got {d}")
+    L = d.bit_length() - 1
+    if L > 18 or L < 2:
+        return fwht(x)
+    a, b = 1 << (L // 2), 1 << (L - L // 2)
+    lead = x.shape[:-1]
+    Ha, Hb = _hadamard(a, x.dtype, x.device), _hadamard(b, x.dtype, x.device)
+    y = torch.matmul(x.reshape(-1, b), Hb).reshape(-1, a, b)
+    return torch.matmul(Ha, y).reshape(*lead, d)
+
+
 def rotated_coordinate_radius(tau: float, d: int, n: int, alpha: float) -> float:
     """[LEVY] Lemma 2: after the rotation (length d), n points within τ (l2) of a center lie
     within 10 τ sqrt(log(d n/α)/d) of it per coordinate, with probability >= 1-α."""
@@ -220,9 +240,10 @@ class RandomRotation:
     def rotate(self, X: torch.Tensor) -> torch.Tensor:
         if X.shape[-1] != self.d:
             raise ValueError(f"expected last dim {self.d}, got {X.shape[-1]}")
-        if self.dp != self.d:
-            X = torch.nn.functional.pad(X, (0, self.dp - self.d))
-        return fwht(X * self.omega.to(X.dtype)) * self.scale
+        lead = X.shape[:-1]
+        Z = X.new_zeros(*lead, self.dp) if self.dp != self.d else torch.empty_like(X)
+        torch.mul(X, self.omega[: self.d].to(X.dtype), out=Z[..., : self.d])  # pad, sign
+        return fwht_gemm(Z).mul_(self.scale)
 
     def invert(self, Y: torch.Tensor) -> torch.Tensor:
         X = fwht(Y) * self.scale * self.omega.to(Y.dtype)  # U^T = d'^{-1/2} D H (H symmetric)
