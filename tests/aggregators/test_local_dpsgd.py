@@ -358,21 +358,22 @@ def test_owner_weights_size_weights_by_records(tmp_path):
 
 
 # -- the preset through a sweep, a re-run and the report ------------------------------------------
-def test_huang_preset_sweep_resumes_and_reports(tmp_path):
-    import os
-    import subprocess
-    import sys
+def test_huang_preset_sweep_resumes_and_reports(tmp_path, monkeypatch):
+    """The CLI's multirun (``fedudp.cli.main`` in this process: the process boundary is
+    tests/billboard/test_stops.py's and tests/test_runs.py's), run twice: the second skips all
+    four finished runs and rewrites none; then the Huang Table 1 report of the sweep."""
+    import contextlib
+    import io
     from pathlib import Path
 
     from conftest import tiny_mnist
+    from fedudp import cli
     from fedudp.report import load_summaries, main as report_main
 
     root = tiny_mnist(tmp_path / "data", n_train=400, n_test=100)
     sweep = tmp_path / "sweep"
     args = [
-        sys.executable,
-        "-m",
-        "fedudp.run",
+        "fedudp",
         "-m",
         "+experiment=huang_table1",
         f"dataset.root={root}",
@@ -384,31 +385,21 @@ def test_huang_preset_sweep_resumes_and_reports(tmp_path):
         f"hydra.sweep.dir={sweep}",
         "progress=false",
     ]
-    env = dict(os.environ)
-    first = subprocess.run(
-        args,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert first.returncode == 0, first.stderr[-2000:]
+    monkeypatch.chdir(tmp_path)  # Hydra's multirun.yaml and any relative output stay here
+    monkeypatch.setattr("sys.argv", list(args))
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli.main()
     summaries = load_summaries(sweep)
     assert sorted(s["method"] for s in summaries) == ["fedavg", "full_dp", "joint_dp", "per_silo"]
     dp = [s for s in summaries if s["method"] in ("full_dp", "joint_dp")]
     assert all(s["placement"] == "local_dpsgd" and s["aggregator"] == "local_dpsgd" for s in dp)
     assert all(s["epsilon"] <= 1.0 + 1e-6 and s["delta"] == 1e-4 for s in dp)
     mtimes = {s["_dir"]: (Path(s["_dir"]) / "summary.json").stat().st_mtime for s in summaries}
-    second = subprocess.run(
-        args,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert second.returncode == 0 and second.stdout.count("skipped") == 4, second.stdout
+    monkeypatch.setattr("sys.argv", list(args))
+    with contextlib.redirect_stdout(io.StringIO()) as printed:  # (Hydra's log handlers keep
+        cli.main()  # the stream they were set up with: never one that pytest closes)
+    second = printed.getvalue()
+    assert second.count("skipped") == 4, second
     assert {d: (Path(d) / "summary.json").stat().st_mtime for d in mtimes} == mtimes
     out = tmp_path / "report"
     assert report_main([str(sweep), "--paper", "huang_table1", "--out", str(out)]) == 0
