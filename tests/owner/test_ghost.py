@@ -104,9 +104,16 @@ def _per_user(model, params, x, y, starts, sizes, names, scale):
 SIZES = {"one": [1] * 7, "many": [1, 3, 5, 2, 1, 4]}
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# both forms of the Linear / Conv2d weights' norms, forced, and the cost rule's choice
+FORMS = [
+    (case, form)
+    for case in sorted(CASES)
+    for form in ([None, "ghost", "materialized"] if case.startswith(("linear", "conv")) else [None])
+]
+
+
+@pytest.mark.parametrize("case,form", FORMS)
 @pytest.mark.parametrize("users", sorted(SIZES))
-@pytest.mark.parametrize("form", [None, "ghost", "materialized"])
 def test_norms_and_clipped_sum_equal_the_explicit_per_user_gradients(case, users, form):
     model, shape = _model(case)
     x, y, starts, sizes = _data(shape, SIZES[users], 1, tokens=case.startswith("embedding"))
@@ -228,8 +235,9 @@ def mlp(input_shape, classes):
         {"train__shared_update": "gradient"},  # each user's mean gradient, clip + Gaussian
         {"privacy__clip_policy": "adaptive"},  # one-step deltas, adaptive clipping
         {"train__shared_update": "gradient", "partition__records_per_user": 4},
+        {"aggregator": "dp_ftrl_tree"},  # one-step deltas, DP-FTRL's tree
     ],
-    ids=["gradient-gaussian", "delta-adaptive", "gradient-4-records"],
+    ids=["gradient-gaussian", "delta-adaptive", "gradient-4-records", "delta-tree"],
 )
 def test_a_run_on_the_ghost_path_equals_the_run_on_todays_path(kw, tmp_path, monkeypatch):
     """engine=local, server placement: the owners' replies (clipped sums, counts, clipped
