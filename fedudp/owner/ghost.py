@@ -40,20 +40,23 @@ one_step``: every user's vector built, clipped with float64 norms and summed), o
 ``NotImplementedError`` where only the forward shows it (a layer called twice).
 
 Semantics (``clipped_sum``) are those of ``make_reply`` on the users' vectors: a user whose
-vector is not finite (a non-finite input or output gradient of one of its records, or a
-non-finite norm) is dropped and counted as failed; the others' float64 norms decide the clip
-factor exactly as ``mechanisms.clip_factors`` (clip / ||v_u|| shrunk by 4 ulps, 1 within the
-clip); the count is the kept users, ``clipped`` those clipped.
+float64 squared norm is not finite is dropped and counted as failed (a NaN or inf among the
+entries of its records' inputs and output gradients that enter its gradient reaches that sum:
+no product of float32 values overflows float64, and inf * 0 is NaN); the others' float64 norms
+decide the clip factor exactly as ``mechanisms.clip_factors`` (clip / ||v_u|| shrunk by 4 ulps,
+1 within the clip); the count is the kept users, ``clipped`` those clipped.
 
 Floating point. The float64 norm is the norm of the exact user gradient Σ g_r a_rᵀ of the
 float32 a's and g's (rounding only in float64 sums). Today's path measures the float32 vector
 it has built, so the clipped row it adds is within the clip in float32 too; here the clipped
 contribution is formed inside the float32 weight-gradient product, whose rounding (relative
-2^-24 per term and summation) is the same kind as the float32 summation of clipped rows on
-today's path. One difference is stated, not hidden: where a user's records' gradients cancel
-(Σ_r ||g_r a_rᵀ|| much larger than ||v_u||) the float32 rounding of that user's share is
-relative to the terms, not to ||v_u||; for users of one record without positions (the MLP with
-one record per user) there is no sum inside a user and the bound is as tight as today's.
+2^-24 per product and addition) is the kind the float32 sum of clipped rows has on today's
+path. Two differences, stated: a user whose float32 vector would overflow to inf while its
+float64 norm is finite is dropped on today's path and clipped here; and where a user's records'
+gradients cancel (Σ_r ||g_r a_rᵀ|| much larger than ||v_u||), the float32 rounding of that
+user's share is relative to the terms, not to ||v_u||. Users of one record without positions
+(an MLP, one record per user) have no sum inside a user: each entry of f_u g_u a_uᵀ is one
+rounded product, as tight as today's.
 """
 
 from __future__ import annotations
@@ -156,7 +159,8 @@ def gram_share(
 
             hooks.append(mods[p].register_forward_hook(hook))
     try:
-        with torch.no_grad():
+        # no gradients, and the global RNG left as it was (a dropout layer draws from it)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             model(torch.zeros(1, *input_shape, dtype=dtype))
     finally:
         for h in hooks:
