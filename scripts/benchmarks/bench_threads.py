@@ -1,16 +1,16 @@
 """Benchmark: fedudp's two DP paths at 1 and 2 threads (``engine_opts.threads``), s/round.
 
-Two workloads, both the paper CNN (``model.name=cnn``) on 10,000 MNIST training records
-(``dataset.num_records=10000``, iid, one record per user), ``method=full_dp``, every user every
+Two workloads, both the paper CNN (``model.name=cnn``) on ``--num-records`` (10,000) MNIST
+training records (``dataset.num_records``, iid, one record per user), ``method=full_dp``, every user every
 round (``train.sampling_rate=1``), a fixed noise multiplier with ``privacy.epsilon=1e6`` (the
 budget never stops the run), ``engine=local``, evaluation only after the last round:
 
 * ``server``: ``privacy.placement=server aggregator=auto`` (clip + Gaussian on the billboard),
-  500 owners, C = 1, z = 1, one local step per user at lr 0.05 (batch 32): the release of
+  owners of 20 records (500 at 10,000 records), C = 1, z = 1, one local step per user at lr 0.05 (batch 32): the release of
   ``scripts/benchmarks/bench_pfl.py``'s fedudp side at 1 record per user;
 * ``local_dpsgd``: ``privacy.placement=local_dpsgd`` (owner-side DP-SGD: Poisson-sampled
   records, per-record clipping at C = 15, noise z = 5 inside each owner, the billboard averages
-  the owners' deltas), 64 owners of 156–157 records, one local epoch at batch 32 and lr 0.05
+  the owners' deltas), 64 owners (of 156–157 records at 10,000), one local epoch at batch 32 and lr 0.05
   (Huang et al.'s Table 1 protocol at n = 64, iid instead of 8 classes per owner): one round is
   one DP-SGD epoch of every owner.
 
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PATHS = ("server", "local_dpsgd")
 
 
-def make_cfg(path: str, data_root: str, threads: int, rounds: int, seed: int):
+def make_cfg(path: str, data_root: str, threads: int, rounds: int, seed: int, records: int):
     sys.path.insert(0, str(ROOT))
     from fedudp.config import RunConfig
 
@@ -60,7 +60,7 @@ def make_cfg(path: str, data_root: str, threads: int, rounds: int, seed: int):
     cfg.privacy.epsilon = 1e6  # the budget never stops the run
     cfg.dataset.name = "mnist"
     cfg.dataset.root = data_root
-    cfg.dataset.num_records = 10_000
+    cfg.dataset.num_records = records
     cfg.model.name = "cnn"
     cfg.partition.records_per_user = 1
     cfg.partition.scheme = "iid"
@@ -72,7 +72,7 @@ def make_cfg(path: str, data_root: str, threads: int, rounds: int, seed: int):
     cfg.train.eval_every = 10**6  # evaluate after the last round only
     cfg.engine_opts.threads = threads
     if path == "server":
-        cfg.partition.num_owners = 500
+        cfg.partition.num_owners = records // 20  # owners of 20 records
         cfg.privacy.clip = 1.0
         cfg.privacy.noise_multiplier = 1.0
     else:
@@ -87,7 +87,7 @@ def worker(a) -> None:
 
     from fedudp.run import execute, prepare
 
-    cfg = make_cfg(a.worker, a.data_root, a.threads, a.rounds, a.seed)
+    cfg = make_cfg(a.worker, a.data_root, a.threads, a.rounds, a.seed, a.num_records)
     p = prepare(cfg)
     infos: list[dict] = []
     res = execute(p, infos.append)
@@ -125,6 +125,8 @@ def run_one(a, path: str, threads: int, out: Path) -> dict:
         str(a.rounds),
         "--seed",
         str(a.seed),
+        "--num-records",
+        str(a.num_records),
         "--out",
         str(out),
     ]
@@ -160,6 +162,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--num-records",
+        type=int,
+        default=10_000,
+        help="dataset.num_records (server: records / 20 owners; local_dpsgd: 64 owners)",
+    )
     ap.add_argument("--json", help="write every run and the summary here")
     ap.add_argument("--worker", choices=PATHS, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
