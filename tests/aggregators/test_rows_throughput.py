@@ -19,8 +19,8 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 40, 301])
-@pytest.mark.parametrize("nbins", [1, 2, 3, 17, 200])
+@pytest.mark.parametrize("n", [1, 2, 7, 301])
+@pytest.mark.parametrize("nbins", [1, 2, 17, 200])
 @pytest.mark.parametrize("spread", ["one_bin", "two_bins", "uniform", "edges"])
 def test_range_from_counts_equals_the_segment_form(n, nbins, spread):
     k = 23
