@@ -22,7 +22,9 @@ run: setup
 	$(BIN)/fedudp -m method=per_silo,fedavg,full_dp,joint_dp
 
 test: setup
-	$(BIN)/python -m pytest -q -x --timeout=600 --durations=25
+	@# two pytest-xdist workers (2 cores: CI's machine); the tests that may start Ray run on one
+	@# worker, one after the other (tests/conftest.py: pytest_xdist_make_scheduler)
+	$(BIN)/python -m pytest -q -x -n 2 --timeout=600 --durations=25
 
 # lint, format and types (docs/development.md); the dev extra pins ruff and mypy
 lint: setup

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedudp.config import RunConfig  # importing fedudp turns Flower/Ray telemetry off
 
@@ -94,3 +95,25 @@ def interrupt_after(monkeypatch, round_: int) -> None:
         return path
 
     monkeypatch.setattr(checkpoint.Checkpointer, "save", patched)
+
+
+def _may_start_ray(nodeid: str) -> bool:
+    """Tests that may start Ray (the Flower engine, ``flwr``'s simulation, a Ray cluster)."""
+    return nodeid.startswith("tests/engines/") or "flower" in nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (the README's ``make test``: ``-n 2``) every test that may start Ray
+    runs on one worker, one after the other: one Ray on the machine at a time, as without xdist
+    (Ray's ports and /tmp/ray, the module-scoped Ray of tests/engines/test_flower_engine.py);
+    every other test is its own unit of work, sent to whichever worker is free. (xdist's
+    ``--dist loadgroup`` marks do not reach its scheduler under pytest 9.2: it renames
+    ``item._nodeid``, which pytest no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "ray" if _may_start_ray(nodeid) else nodeid
+
+    return RayOnOneWorker(config, log)
