@@ -19,7 +19,9 @@ The owner reply is the part of a round that differs between the paths (the billb
 and the evaluation are the same on both and excluded). Reported: min and median seconds, the
 per-user cost (median / users), the ratios old/ghost and ghost/plain, and the peak resident
 memory of the process while each side runs (sampled every 5 ms from /proc; the prepared run's
-memory included, which each side shares).
+memory included, which each side shares). Each side's seconds are wall and CPU (the process's
+user + system time, ``time.process_time``: at one thread the better measure on a shared,
+loaded machine, where wall time includes waiting for a core); a CPU row follows each wall row.
 
 Models: ``mlp`` 784-1024-256-10 (1,068,810 parameters), ``wide_cnn`` conv 5x5 32 -> pool ->
 conv 5x5 64 -> pool -> 3136-256-10 (857,738 parameters), ``cnn`` the paper CNN (44,628).
@@ -169,6 +171,7 @@ def worker(model_name: str, users: int, rpu: int, reps: int, old_reps: int, chun
         return None
 
     times: dict[str, list[float]] = {"old": [], "ghost": [], "plain": []}
+    cpu: dict[str, list[float]] = {"old": [], "ghost": [], "plain": []}
     peak: dict[str, int] = {"old": 0, "ghost": 0, "plain": 0}
     replies = {}
     for r in range(reps):
@@ -176,9 +179,10 @@ def worker(model_name: str, users: int, rpu: int, reps: int, old_reps: int, chun
             if side == "old" and r >= old_reps:
                 continue
             with PeakRss() as pk:
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 out = fn()
                 times[side].append(time.perf_counter() - t)
+                cpu[side].append(time.process_time() - c)
             peak[side] = max(peak[side], pk.peak)
             if out is not None:
                 replies[side] = out
@@ -197,6 +201,7 @@ def worker(model_name: str, users: int, rpu: int, reps: int, old_reps: int, chun
         "records_per_user": rpu,
         "threads": torch.get_num_threads(),
         "times": times,
+        "cpu_times": cpu,
         "peak_rss_mib": {k: v / 1024 for k, v in peak.items()},
         "max_abs_diff": diff,
         "max_abs_total": scale,
@@ -206,8 +211,9 @@ def worker(model_name: str, users: int, rpu: int, reps: int, old_reps: int, chun
     }
 
 
-def summarize(rec: dict) -> str:
-    t = rec["times"]
+def summarize(rec: dict, key: str = "times") -> str:
+    """One table row of ``rec``'s wall (``times``) or CPU (``cpu_times``) seconds."""
+    t = rec[key]
     mn = {k: min(v) for k, v in t.items()}
     md = {k: statistics.median(v) for k, v in t.items()}
     U = rec["users"]
@@ -268,6 +274,7 @@ def main() -> None:
         rec["wall_s"] = time.time() - t0
         rec["loadavg"] = os.getloadavg()
         print(summarize(rec), flush=True)
+        print(summarize(rec, "cpu_times").replace("| ", "| CPU: ", 1), flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(rec) + "\n")
