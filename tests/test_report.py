@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -350,13 +348,17 @@ def test_runs_without_config_are_grouped_apart_by_their_summary_fields(dp_runs, 
     assert text == out.rstrip("\n")
 
 
-def test_sweep_prints_heuristic_epsilon_at_each_run_end_and_in_its_table(tmp_path):
-    """The CLI end to end: each run's last line and the callback's table (and comparison.md)."""
+def test_sweep_prints_heuristic_epsilon_at_each_run_end_and_in_its_table(tmp_path, monkeypatch):
+    """The CLI end to end (``fedudp.cli.main`` in this process): each run's last line and the
+    callback's table (and comparison.md)."""
+    import contextlib
+    import io
+
+    from fedudp import cli
+
     sweep = tmp_path / "sweep"
     args = [
-        sys.executable,
-        "-m",
-        "fedudp.run",
+        "fedudp",
         "-m",
         "method=joint_dp",
         "privacy.accounting=certified,paper",
@@ -366,16 +368,13 @@ def test_sweep_prints_heuristic_epsilon_at_each_run_end_and_in_its_table(tmp_pat
         "progress=false",
         f"hydra.sweep.dir={sweep}",
     ]
-    p = subprocess.run(
-        args,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=600,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert p.returncode == 0, p.stderr[-2000:]
-    ends = [ln for ln in p.stdout.splitlines() if ln.startswith("[joint_dp] accuracy")]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", args)
+    # (Hydra's log handlers keep the stream they were set up with: never one pytest closes)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        cli.main()
+    out = printed.getvalue()
+    ends = [ln for ln in out.splitlines() if ln.startswith("[joint_dp] accuracy")]
     assert (
         len(ends) == 2
         and sum(
@@ -383,7 +382,7 @@ def test_sweep_prints_heuristic_epsilon_at_each_run_end_and_in_its_table(tmp_pat
         )
         == 1
     )
-    [rows] = tables(p.stdout)
+    [rows] = tables(out)
     assert {r["privacy.accounting"]: "(heuristic)" in r["epsilon"] for r in rows} == {
         "certified": False,
         "paper": True,
