@@ -311,35 +311,53 @@ def test_missing_data_folder_fails_before_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def _cli_in_process(argv: list[str], monkeypatch) -> subprocess.CompletedProcess:
+    """``fedudp <argv>`` in this process: its exit status and what it wrote on stderr."""
+    import contextlib
+    import io
+
+    from fedudp.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["fedudp", *argv])
+    err, code = io.StringIO(), 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(argv, code, "", err.getvalue())
+
+
 @pytest.mark.parametrize(
-    "args,key",
+    "args,key,process",
     [
-        (["privacy.epsilon=0"], "privacy.epsilon"),  # a bad value
-        (["privacy.epsilonn=1"], "privacy.epsilonn"),  # a typo in a key
-        (["method=joint-dp"], "method"),  # an unknown choice
-        (["-m", "method=full_dp,joint_dp", "privacy.epsilonn=1"], "privacy.epsilonn"),  # sweeps too
-        (["method=full_dp", "privacy.noise_multiplier=0.1"], "privacy.epsilon"),  # the budget
-        (["dataset.name=mnist", "dataset.root=/nonexistent"], "dataset.root"),  # data files
-        (["aggregator=winsorized", "train.sampling_rate=0.5"], "train.sampling_rate"),
+        # a fresh process where a run reaches another part of fedudp (anything a first import
+        # prints would break the one line); the other cases end in the same preflight as the
+        # first one and run in this process
+        (["privacy.epsilon=0"], "privacy.epsilon", True),  # a bad value
+        (["privacy.epsilonn=1"], "privacy.epsilonn", False),  # a typo in a key
+        (["method=joint-dp"], "method", False),  # an unknown choice
+        (["-m", "method=full_dp,joint_dp", "privacy.epsilonn=1"], "privacy.epsilonn", False),
+        (["method=full_dp", "privacy.noise_multiplier=0.1"], "privacy.epsilon", True),  # budget
+        (["dataset.name=mnist", "dataset.root=/nonexistent"], "dataset.root", True),  # data files
+        (["aggregator=winsorized", "train.sampling_rate=0.5"], "train.sampling_rate", True),
     ],
 )
-def test_cli_user_errors_are_one_line_and_exit_2(tmp_path, args, key):
-    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedudp.run",
-            *args,
-            f"hydra.run.dir={tmp_path}",
-            f"hydra.sweep.dir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-    )
+def test_cli_user_errors_are_one_line_and_exit_2(tmp_path, args, key, process, monkeypatch):
+    argv = [*args, f"hydra.run.dir={tmp_path}", f"hydra.sweep.dir={tmp_path}"]
+    if not process:
+        monkeypatch.chdir(ROOT)
+        p = _cli_in_process(argv, monkeypatch)
+    else:
+        env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", RAY_USAGE_STATS_ENABLED="0")
+        p = subprocess.run(
+            [sys.executable, "-m", "fedudp.run", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=120,
+        )
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
     assert len(lines) == 1 and lines[0].startswith(f"fedudp: error: {key}"), p.stderr
