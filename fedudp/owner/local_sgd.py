@@ -499,7 +499,7 @@ def evaluate_sums(
     otherwise. Why: vmapped per-unit parameters turn a convolution model's forward into grouped
     convolutions and batched pooling, which on the CPU take about twice the time of per-unit
     forwards (per_silo and joint_dp's evaluation on the natural MNIST federation,
-    docs/results/natural_speed#personal-training). Each record's loss is summed in float64.
+    docs/results/natural_speed, "Personal training"). Each record's loss is summed in float64.
     """
     if path not in ("auto", "loop", "vmap"):
         raise ValueError(f"evaluate_sums: path must be auto, loop or vmap, got {path!r}")
