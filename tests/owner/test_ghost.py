@@ -317,3 +317,25 @@ def test_owner_dpsgd_steps_on_the_ghost_path_equal_the_per_record_path(per_user,
     assert float(out[True].abs().max()) > 0
     torch.testing.assert_close(out[True], out[False], rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(fr[True], fr[False], rtol=1e-12)
+
+
+def test_the_path_rule_reads_layer_shapes_only():
+    """``gram_share``: the fraction of the shared parameters whose weight norm takes the Gram
+    form, from the model's shapes (a zero record of the declared input shape) and the largest
+    user's record count: the paper CNN's two heads (70 % of its parameters) at one record per
+    user, none of its weights at 10 (every weight gradient is materialized anyway: today's path);
+    an MLP's weights at both."""
+    from fedudp.models.cnn import PaperCNN
+
+    cnn = PaperCNN()
+    names = tuple(n for n, _ in cnn.named_parameters())
+    one = ghost.gram_share(cnn, (1, 28, 28), torch.float32, names, 1)
+    assert one == pytest.approx(2 * 15680 / 44628)
+    assert ghost.gram_share(cnn, (1, 28, 28), torch.float32, names, 10) == 0.0
+    mlp_ = mlp((784,), 10)
+    mnames = tuple(n for n, _ in mlp_.named_parameters())
+    for k in (1, 10):
+        assert ghost.gram_share(mlp_, (784,), torch.float64, mnames, k) > 0.98
+    state = torch.get_rng_state()
+    ghost.gram_share(nn.Sequential(nn.Dropout(0.5), mlp_), (784,), torch.float32, mnames, 1)
+    assert torch.equal(state, torch.get_rng_state())  # the probe draws nothing that stays drawn
