@@ -337,5 +337,7 @@ def test_the_path_rule_reads_layer_shapes_only():
     for k in (1, 10):
         assert ghost.gram_share(mlp_, (784,), torch.float64, mnames, k) > 0.98
     state = torch.get_rng_state()
-    ghost.gram_share(nn.Sequential(nn.Dropout(0.5), mlp_), (784,), torch.float32, mnames, 1)
+    wrapped = nn.Sequential(nn.Dropout(0.5), mlp_)
+    wnames = tuple(n for n, _ in wrapped.named_parameters())
+    assert ghost.gram_share(wrapped, (784,), torch.float32, wnames, 1) > 0.98
     assert torch.equal(state, torch.get_rng_state())  # the probe draws nothing that stays drawn
