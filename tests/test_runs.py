@@ -82,9 +82,9 @@ def test_no_personal_parameter_leaves_an_owner(monkeypatch, method, aggregator, 
 
         return spy
 
-    # every reply the owners build: sums (make_reply) and rows estimators' rows (rows_reply)
-    monkeypatch.setattr(OW, "make_reply", spying(OW.make_reply))
-    monkeypatch.setattr(OW, "rows_reply", spying(OW.rows_reply))
+    # every reply that leaves the owners: Owners.reply is what both engines send (sums, rows,
+    # whichever path built them: make_reply, rows_reply, the one-step or the ghost path)
+    monkeypatch.setattr(OW.Owners, "reply", spying(OW.Owners.reply))
     kw = {"privacy.accounting": accounting}
     if aggregator == "winsorized":
         kw.update({"estimator.bound": 10.0})
