@@ -111,7 +111,7 @@ def test_joint_dp_without_noise_is_rejected(tmp_path):
 
 def test_per_silo_sends_nothing(monkeypatch):
     sent = []
-    monkeypatch.setattr(OW, "make_reply", lambda *a: sent.append(a))
+    monkeypatch.setattr(OW.Owners, "reply", lambda *a, **k: sent.append(a))  # what leaves
     cfg, p = _prepared("per_silo")
     res = execute(p)
     assert p.billboard is None and sent == [] and res.rounds_completed == cfg.train.rounds
