@@ -60,6 +60,17 @@ bookkeeping). Its seconds per round are the obvious loop's compute: a framework 
 it only by running the same arithmetic in cheaper kernels. The table gives each side's time
 over the floor's (mins / medians).
 
+The batched floors (``--sides ... opacus vmap``, on by default): the same rounds with every
+user's one-step delta from one batched per-sample pass (``scripts/benchmarks/bench_pfl_floor_worker.py``,
+fedudp's venv): ``opacus``, Opacus's ``GradSampleModule`` on ``PaperCNN(channels_last=False)``
+(the export-safe layout) with each user's per-record rows summed; ``vmap``,
+``torch.func.vmap(grad(loss))`` over users. They draw the plain side's noise, so ``--check``
+compares them with plain to float rounding. Only for one-step users (records <= batch, one
+epoch). Opacus is not a fedudp dependency (``.venv/bin/pip install opacus==1.6.0``): without it,
+and without ``--pfl-python``, that side is skipped with a message. The table gives each side's
+peak RSS at loading (its VmHWM when round 1 starts), over the rounds (sampled) and over the
+whole run (``ru_maxrss``).
+
 Same work: each worker prints the users trained per round (fedudp: the release's
 ``users_used``; pfl: its ``number of devices`` metric), the local steps per user (pfl: also
 counted, calls of the model's ``loss`` per trained user) and the test accuracy after round R.
