@@ -3,7 +3,8 @@
 Each run is one fresh ``python -m pytest`` over one source tree's ``tests/`` (the tree's root
 is the working directory and first on ``PYTHONPATH``, so its ``fedudp`` is imported, also by
 the CLI subprocesses its tests start), with the same arguments for both trees (by default the
-default suite: ``-q -m "not slow" -p no:cacheprovider``). The trees alternate (before first on
+default suite: ``-q -m "not slow" -p no:cacheprovider``), or each tree's own (``--before-args``,
+``--after-args``: e.g. each tree's README test command). The trees alternate (before first on
 even repetitions, after first on odd ones), so both see the same machine load. Every finished
 run is appended to ``--json`` as one line (tree, repetition, wall seconds, exit code, pytest's
 summary line, the load average before and after); a rerun with the same ``--json`` skips the
@@ -95,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--pytest-args", default=" ".join(DEFAULT_ARGS), help="pytest's arguments (both trees)"
     )
+    ap.add_argument(
+        "--before-args", help="pytest's arguments for --before (default: --pytest-args)"
+    )
+    ap.add_argument("--after-args", help="pytest's arguments for --after (default: --pytest-args)")
     a = ap.parse_args(argv)
     if a.report:
         print(report(done_runs(a.json)))
@@ -106,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.runs < 1:
         ap.error("--runs must be >= 1")
     have = {(r["tree"], r["rep"]) for r in done_runs(a.json)}
-    args = a.pytest_args.split()
+    args = {
+        "before": (a.before_args or a.pytest_args).split(),
+        "after": (a.after_args or a.pytest_args).split(),
+    }
     for rep in range(a.runs):
         order = ("before", "after") if rep % 2 == 0 else ("after", "before")
         for tree in order:
@@ -116,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 "tree": tree,
                 "rep": rep,
                 "root": str(trees[tree]),
-                **one_run(a.python, trees[tree], args),
+                "args": " ".join(args[tree]),
+                **one_run(a.python, trees[tree], args[tree]),
             }
             with a.json.open("a") as f:
                 f.write(json.dumps(row) + "\n")
