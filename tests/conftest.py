@@ -97,9 +97,25 @@ def interrupt_after(monkeypatch, round_: int) -> None:
     monkeypatch.setattr(checkpoint.Checkpointer, "save", patched)
 
 
+# the test files of tests/engines/ that start Ray (engine=flower, flwr's simulation, flwr run, a
+# Ray cluster); the others there call the Flower mod, the wrapper or the contract in-process
+RAY_FILES = (
+    "test_flower_engine.py",
+    "test_flower_user_dp.py",
+    "test_bench_flower_user_dp.py",
+    "test_flower_flwr_run.py",
+    "test_flower_user_dp_flwr_run.py",
+    "test_flower_ray_cluster.py",
+)
+
+
 def _may_start_ray(nodeid: str) -> bool:
-    """Tests that may start Ray (the Flower engine, ``flwr``'s simulation, a Ray cluster)."""
-    return nodeid.startswith("tests/engines/") or "flower" in nodeid
+    """Tests that may start Ray: the files above, and any other test whose id names flower
+    (a test parametrized over the engines)."""
+    path = nodeid.split("::")[0]
+    if path.startswith("tests/engines/"):
+        return path.rsplit("/", 1)[-1] in RAY_FILES
+    return "flower" in nodeid
 
 
 @pytest.hookimpl(optionalhook=True)
