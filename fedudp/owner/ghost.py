@@ -69,7 +69,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call
 
 from fedudp.aggregators.base import Constraint, Contribution
 from fedudp.owner import per_sample
@@ -336,38 +335,18 @@ def ghost_gradients(
     pos = torch.arange(len(of)) - torch.from_numpy(np.repeat(np.cumsum(sizes) - sizes, sizes))
     k = int(sizes.max())
     w = (float(scale) / torch.from_numpy(sizes).to(torch.float64)).to(dtype)[of]
-    mods = _owner_modules(model)
-    paths = sorted({n.rpartition(".")[0] for n in names})
-    saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    hooks = []
-    for path in paths:
-
-        def hook(mod, inp, out, path=path):
-            if path in saved:  # its output gradient would not be one record's
-                raise NotImplementedError(f"ghost_gradients: {path} is called twice")
-            saved[path] = (inp[0].detach(), out)
-
-        hooks.append(mods[path].register_forward_hook(hook))
-    try:
-        with torch.enable_grad():
-            at = {
-                kk: v.detach().requires_grad_(True) if kk in names else v.detach()
-                for kk, v in params.items()
-            }
-            out = functional_call(model, at, (x[rec],))
-            loss = (F.cross_entropy(out, y[rec], reduction="none") * w).sum()
-            gouts = torch.autograd.grad(loss, [saved[p][1] for p in paths])
-    finally:
-        for h in hooks:
-            h.remove()
+    # its output gradients are each record's share of its user's vector
+    paths, mods, inputs, gouts = per_sample.weighted_layer_grads(
+        model, params, x[rec], y[rec], names, w, "ghost_gradients"
+    )
     R = len(rec)
     sq = torch.zeros(U, dtype=torch.float64)
     layers: list[_Layer] = []
     forms: dict[str, str] = {}
-    for p, gout in zip(paths, gouts):
-        mod, a, g = mods[p], saved[p][0], gout.detach()
+    for p, a, g in zip(paths, inputs, gouts):
+        mod = mods[p]
         wname, bname = _names(p)
-        L = _Layer(p, mod, a, g, at[wname].detach() if wname in at else None)
+        L = _Layer(p, mod, a, g, params[wname].detach() if wname in params else None)
         layers.append(L)
         if isinstance(mod, nn.Linear):
             g3, a3 = g.reshape(R, -1, g.shape[-1]), a.reshape(R, -1, a.shape[-1])

@@ -39,8 +39,6 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.func import functional_call
 
 from fedudp.owner import per_sample
 
@@ -71,38 +69,14 @@ def one_step_vectors(
     rec = torch.from_numpy(np.concatenate([np.arange(a, a + k) for a, k in zip(starts, sizes)]))
     of = torch.from_numpy(np.repeat(np.arange(U), sizes))
     w = (float(scale) / torch.from_numpy(sizes).to(torch.float64)).to(dtype)[of]
-    mods = {
-        n: m for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))
-    }
-    layers = sorted({n.rpartition(".")[0] for n in names})
-    saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    hooks = []
-    for path in layers:
-
-        def hook(mod, inp, out, path=path):
-            if path in saved:
-                raise NotImplementedError(f"one_step_vectors: {path} is called twice")
-            saved[path] = (inp[0].detach(), out)
-
-        hooks.append(mods[path].register_forward_hook(hook))
-    try:
-        with torch.enable_grad():
-            at = {
-                k: v.detach().requires_grad_(True) if k in names else v.detach()
-                for k, v in params.items()
-            }
-            out = functional_call(model, at, (x[rec],))
-            # each record's loss times s / k_u: its output gradients are its share of its
-            # user's vector
-            loss = (F.cross_entropy(out, y[rec], reduction="none") * w).sum()
-            gouts = torch.autograd.grad(loss, [saved[p][1] for p in layers])
-    finally:
-        for h in hooks:
-            h.remove()
+    # each record's loss times s / k_u: its output gradients are its share of its user's vector
+    layers, mods, inputs, gouts = per_sample.weighted_layer_grads(
+        model, params, x[rec], y[rec], names, w, "one_step_vectors"
+    )
     single = int(sizes.max()) == 1
     parts: dict[str, torch.Tensor] = {}
-    for p, gout in zip(layers, gouts):
-        mod, a, g = mods[p], saved[p][0], gout.detach()
+    for p, a, g in zip(layers, inputs, gouts):
+        mod = mods[p]
         wname, bname = (f"{p}.weight", f"{p}.bias") if p else ("weight", "bias")
         if isinstance(mod, nn.Linear):
             if a.dim() != 2:
@@ -116,11 +90,12 @@ def one_step_vectors(
             if bname in names:
                 parts[bname] = g if single else _per_user(g, of, U)
         else:
+            assert isinstance(mod, nn.Conv2d)  # per_sample.supported: Linear or Conv2d only
             if wname in names:
                 parts[wname] = (
                     per_sample.conv2d_weight_per_record(a, g, mod)
                     if single
-                    else _conv_weight_per_user(a, g, at[wname].detach(), mod, sizes)
+                    else _conv_weight_per_user(a, g, params[wname].detach(), mod, sizes)
                 )
             if bname in names:
                 gb = g.sum((2, 3))

@@ -105,6 +105,47 @@ def per_record_gradients(
     return {n: grads[n] for n in names}
 
 
+def weighted_layer_grads(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    names: tuple[str, ...],
+    w: torch.Tensor,
+    who: str,
+) -> tuple[list[str], dict[str, nn.Module], list[torch.Tensor], list[torch.Tensor]]:
+    """One batched forward/backward of ``Σ_r w_r ℓ_r`` (each record's cross-entropy times its
+    weight) at ``params``: (the module paths owning ``names``, sorted; path -> module; each
+    path's input ``a``; each path's output gradient ``g``, detached). A layer called twice per
+    forward is a ``NotImplementedError`` naming ``who`` (its output gradient would not be one
+    record's). The owners' one-step and ghost paths share it."""
+    mods = _owner_modules(model)
+    paths = sorted({n.rpartition(".")[0] for n in names})
+    saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = []
+    for path in paths:
+
+        def hook(mod, inp, out, path=path):
+            if path in saved:
+                raise NotImplementedError(f"{who}: {path} is called twice")
+            saved[path] = (inp[0].detach(), out)
+
+        hooks.append(mods[path].register_forward_hook(hook))
+    try:
+        with torch.enable_grad():
+            at = {
+                k: v.detach().requires_grad_(True) if k in names else v.detach()
+                for k, v in params.items()
+            }
+            out = functional_call(model, at, (x,))
+            loss = (F.cross_entropy(out, y, reduction="none") * w).sum()
+            gouts = torch.autograd.grad(loss, [saved[p][1] for p in paths])
+    finally:
+        for h in hooks:
+            h.remove()
+    return paths, mods, [saved[p][0] for p in paths], [g.detach() for g in gouts]
+
+
 def conv2d_weight_per_record(a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d) -> torch.Tensor:
     """[R, C_out, C_in, kh, kw]: each record's gradient of ``mod.weight`` (groups = 1, zero
     padding) from its input ``a`` [R, C_in, H, W] and output gradient ``g`` [R, C_out, H_o, W_o],
