@@ -109,6 +109,10 @@ RAY_FILES = (
 )
 
 
+# modules with an expensive module-scoped fixture (see pytest_xdist_make_scheduler)
+ONE_WORKER_MODULES = ("tests/billboard/test_canaries.py",)
+
+
 def _may_start_ray(nodeid: str) -> bool:
     """Tests that may start Ray: the files above, and any other test whose id names flower
     (a test parametrized over the engines)."""
@@ -123,13 +127,24 @@ def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (the README's ``make test``: ``-n 2``) every test that may start Ray
     runs on one worker, one after the other: one Ray on the machine at a time, as without xdist
     (Ray's ports and /tmp/ray, the module-scoped Ray of tests/engines/test_flower_engine.py);
-    every other test is its own unit of work, sent to whichever worker is free. (xdist's
+    every other test is its own unit of work, sent to whichever worker is free, except two
+    groups that share an expensive computation in one process (below). (xdist's
     ``--dist loadgroup`` marks do not reach its scheduler under pytest 9.2: it renames
     ``item._nodeid``, which pytest no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class RayOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "ray" if _may_start_ray(nodeid) else nodeid
+            if _may_start_ray(nodeid):
+                return "ray"
+            # the tests that prepare the huang_alg1 preset share one worker, so its noise
+            # calibration (4,000 rounds at q = 1/2000: about 7 s of PLDs) is computed once and
+            # found in the accountant's in-process caches by the others
+            if "huang_alg1" in nodeid:
+                return "huang_alg1"
+            # a module whose module-scoped fixture is expensive (canaries: two audited runs,
+            # about 5 s) runs on one worker, so the fixture is built once, not once per worker
+            path = nodeid.split("::")[0]
+            return path if path in ONE_WORKER_MODULES else nodeid
 
     return RayOnOneWorker(config, log)

@@ -72,6 +72,8 @@ def _cfg(engine: str, rounds: int):
             "engine_opts.float64": True,
             "engine_opts.threads": 1,
             "train.eval_every": rounds,
+            # engine=flower: one Ray actor (2 CPUs on this machine) serves the 4 owners
+            "engine_opts.num_cpus": 2.0,
         },
     )
 

@@ -63,6 +63,9 @@ def tiny(method: str, engine: str, **kw) -> RunConfig:
         "engine_opts.chunk_records": 1,
         "engine_opts.threads": 1,
         "engine_opts.float64": True,
+        # one Ray actor (2 CPUs each on this 2-core machine) serves all 4 owners: a second
+        # actor process would import torch and fedudp again for every run
+        "engine_opts.num_cpus": 2.0,
     }
     return tiny_cfg(method, **{k.replace(".", "__"): v for k, v in {**base, **kw}.items()})
 
@@ -460,7 +463,7 @@ def test_a_foreign_server_gets_a_clear_failure(tmp_path):
         num_supernodes=2,
         backend_name="ray",
         backend_config={
-            "client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
+            "client_resources": {"num_cpus": 2.0, "num_gpus": 0.0},  # one actor: see tiny()
             "init_args": {"address": "local"},
         },
     )
