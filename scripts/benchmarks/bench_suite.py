@@ -7,8 +7,10 @@ default suite: ``-q -m "not slow" -p no:cacheprovider``), or each tree's own (``
 ``--after-args``: e.g. each tree's README test command). The trees alternate (before first on
 even repetitions, after first on odd ones), so both see the same machine load. Every finished
 run is appended to ``--json`` as one line (tree, repetition, wall seconds, exit code, pytest's
-summary line, the load average before and after); a rerun with the same ``--json`` skips the
-runs it holds (resumable). ``--report`` prints min and median per tree from that file.
+summary line, the load average before and after, and for a failed run the end of its output);
+a rerun with the same ``--json`` skips the runs it holds (resumable); ``--only`` runs one tree's
+missing repetitions (a failed run stays on record and counts as failed). ``--report`` prints
+min and median per tree from that file.
 
     git worktree add /tmp/suite_before b590f44
     python scripts/benchmarks/bench_suite.py --before /tmp/suite_before --after . --runs 5 \\
@@ -59,7 +61,7 @@ def one_run(python: str, root: Path, pytest_args: list[str]) -> dict:
         text=True,
     )
     wall = time.perf_counter() - t
-    return {
+    out = {
         "wall_s": round(wall, 2),
         "rc": r.returncode,
         "summary": summary_line(r.stdout),
@@ -67,6 +69,9 @@ def one_run(python: str, root: Path, pytest_args: list[str]) -> dict:
         "load_after": round(os.getloadavg()[0], 2),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
     }
+    if r.returncode != 0:  # what failed: pytest's short summary and the end of its output
+        out["failure"] = (r.stdout + r.stderr)[-4000:]
+    return out
 
 
 def report(rows: list[dict]) -> str:
@@ -100,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         "--before-args", help="pytest's arguments for --before (default: --pytest-args)"
     )
     ap.add_argument("--after-args", help="pytest's arguments for --after (default: --pytest-args)")
+    ap.add_argument(
+        "--only",
+        choices=("before", "after"),
+        help="run this tree's repetitions only (e.g. one more run after a failed one)",
+    )
     a = ap.parse_args(argv)
     if a.report:
         print(report(done_runs(a.json)))
@@ -118,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(a.runs):
         order = ("before", "after") if rep % 2 == 0 else ("after", "before")
         for tree in order:
-            if (tree, rep) in have:
+            if (tree, rep) in have or (a.only and tree != a.only):
                 continue
             row = {
                 "tree": tree,

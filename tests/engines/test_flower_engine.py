@@ -375,7 +375,13 @@ def test_owner_timeout_is_excluded(tmp_path, monkeypatch):
     cfg = tiny(
         "joint_dp",
         "flower",
-        **{"engine_opts.timeout_s": 5.0, "privacy.noise_multiplier": 3.0, "privacy.epsilon": 5.0},
+        **{
+            "engine_opts.timeout_s": 5.0,
+            "privacy.noise_multiplier": 3.0,
+            "privacy.epsilon": 5.0,
+            # two actors: with one, the owners queued behind the sleeping one would time out too
+            "engine_opts.num_cpus": 1.0,
+        },
     )
     s = run(cfg, tmp_path)
     m = _metrics(tmp_path)
