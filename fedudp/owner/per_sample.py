@@ -64,35 +64,14 @@ def per_record_gradients(
 ) -> dict[str, torch.Tensor]:
     """{name: [R, *shape]}: each record's gradient of its cross-entropy w.r.t. ``names``, at
     ``params`` (all the model's parameters, unbatched). Requires ``supported(model, names)``."""
-    mods = _owner_modules(model)
-    wanted = {n.rpartition(".")[0] for n in names}
-    saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    hooks = []
-    for path in wanted:
-
-        def hook(mod, inp, out, path=path):
-            if path in saved:  # a layer applied twice: its output gradient is not one record's
-                raise NotImplementedError(f"per_record_gradients: {path} is called twice")
-            saved[path] = (inp[0].detach(), out)
-
-        hooks.append(mods[path].register_forward_hook(hook))
-    try:
-        with torch.enable_grad():
-            # the differentiated parameters make every wanted layer's output part of the graph
-            # (token-id inputs cannot require gradients themselves)
-            at = {
-                k: v.detach().requires_grad_(True) if k in names else v for k, v in params.items()
-            }
-            out = functional_call(model, at, (x,))
-            loss = F.cross_entropy(out, y, reduction="sum")
-            order = sorted(saved)
-            gouts = torch.autograd.grad(loss, [saved[p][1] for p in order])
-    finally:
-        for h in hooks:
-            h.remove()
+    # unit weights: the summed cross-entropy, each output gradient one record's
+    w = torch.ones(len(y), dtype=params[names[0]].dtype)
+    order, mods, inputs, gouts = weighted_layer_grads(
+        model, params, x, y, names, w, "per_record_gradients"
+    )
     grads: dict[str, torch.Tensor] = {}
-    for path, g in zip(order, gouts):
-        a, mod = saved[path][0], mods[path]
+    for path, a, g in zip(order, inputs, gouts):
+        mod = mods[path]
         R = g.shape[0]
         if isinstance(mod, nn.Linear):
             g3, a3 = g.reshape(R, -1, g.shape[-1]), a.reshape(R, -1, a.shape[-1])
