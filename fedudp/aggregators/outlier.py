@@ -8,6 +8,11 @@ Pieces (pure functions, vectorized, on the vectors' device):
   radius, from the Gram matrix ||a-b||² = ||a||² + ||b||² - 2<a,b> in float64 blocks of
   centred rows (BLAS), each pair once; the rows stay as the owners sent them and are converted
   one block at a time (never the full n x n distances nor an n x d float64 copy).
+* ``decided_counts``: the estimators' counts. From 4,096 rows on (``friends.worth_bounding``),
+  every count is first bracketed by a rank-128 projection (``fedudp.aggregators.friends``) and
+  made exact only where a keep probability depends on it; the score goes to AboveThreshold as a
+  bracket (``AboveThreshold.test_between``) and is computed exactly only if the drawn noise
+  leaves the test open. Releases and draws are those of the exact counts.
 * ``concentration_score``: s = (1/n) Σ_j Σ_j' 1(||v_j - v_j'|| <= τ) ∈ [0, n]. Replacing one
   user changes at most 2(n-1) indicators, so s has sensitivity 2(n-1)/n < 2, not the 1 the
   paper's AboveThreshold assumes: both its noises are scaled by ``SCORE_SENSITIVITY = 2``.
@@ -55,6 +60,7 @@ from functools import partial
 import dp_accounting
 import torch
 
+from fedudp.aggregators import friends
 from fedudp.aggregators.base import (
     BETA,
     BOUND,
@@ -72,6 +78,7 @@ from fedudp.aggregators.base import (
     concentration_radius,
     register,
 )
+from fedudp.aggregators.friends import FriendBounds
 from fedudp.aggregators.rows import DISTANCE_CHUNK, CohortRows, as_cohort, chunks_bytes, outer_rows
 from fedudp.privacy.accountant import ApproxDp, schedule_epsilon
 from fedudp.privacy.mechanisms import AboveThreshold, laplace
@@ -267,6 +274,38 @@ def friend_counts_bytes(rows: int, dim: int, radii: int = 2) -> int:
     )
 
 
+def exact_bounds(V: torch.Tensor | CohortRows, radii: tuple[float, ...]) -> FriendBounds:
+    """Every count exact (``friend_counts``), as a ``FriendBounds`` with low = high."""
+    rows = as_cohort(V)
+    counts = friend_counts(rows, radii)
+    return FriendBounds(tuple(radii), counts, counts, torch.empty(0), torch.empty(0))
+
+
+def decided_counts(
+    V: torch.Tensor | CohortRows,
+    radii: tuple[float, ...],
+    k: int,
+    prob: Callable[[torch.Tensor], torch.Tensor],
+    bounds: FriendBounds | None = None,
+) -> FriendBounds:
+    """Friend counts bracketed (``friends.friend_bounds``) and made exact for radius ``radii[k]``
+    wherever the keep probability ``prob`` (non-decreasing in the count) differs at the two
+    ends of a row's bracket: ``prob(result.low[k])`` is then exactly ``prob`` of the exact
+    counts. Small cohorts (``friends.worth_bounding``) get every count exact; so does a cohort
+    where more than ``friends.EXACT_FRACTION`` of the rows are open (one full pass is cheaper)."""
+    rows = as_cohort(V)
+    if bounds is None:
+        if not friends.worth_bounding(rows.n, rows.d):
+            return exact_bounds(rows, radii)
+        bounds = friends.friend_bounds(rows, radii)
+    if bounds.exact:
+        return bounds
+    undecided = prob(bounds.low[k]) != prob(bounds.high[k])
+    if float(undecided.sum()) > friends.EXACT_FRACTION * rows.n:
+        return exact_bounds(rows, radii)
+    return friends.exact_counts(rows, bounds, undecided, (k,))
+
+
 def concentration_score(counts_tau: torch.Tensor) -> float:
     """s = (1/n) Σ_j #{j' within τ of j} ∈ [0, n] (sensitivity < 2 under replace-one)."""
     n = counts_tau.numel()
@@ -386,15 +425,8 @@ class _FilterGaussian(RowsAggregator):
     def noise_std(self) -> float:
         return self.noise_multiplier * self.sensitivity
 
-    def _filtered(
-        self, G: torch.Tensor, rng: torch.Generator
-    ) -> tuple[CohortRows, float, torch.Tensor]:
-        n = self.sampling.population
-        V = CohortRows(G, n, self.chunk_rows)  # missing units: zero rows (never stored)
-        counts = friend_counts(V, (self.tau, 2 * self.tau))
-        score = concentration_score(counts[0])
-        p = keep_probabilities(counts[1], n)
-        return V, score, p
+    def _cohort(self, G: torch.Tensor) -> CohortRows:
+        return CohortRows(G, self.sampling.population, self.chunk_rows)  # missing: zero rows
 
     def _noisy(self, mean: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
         noise = torch.randn(mean.shape, generator=rng, dtype=torch.float64)
@@ -403,11 +435,17 @@ class _FilterGaussian(RowsAggregator):
     def working_bytes(self, rows: int, dim: int) -> int:
         return friend_counts_bytes(rows, dim, radii=2)
 
-    def _diag(self, G: torch.Tensor, score: float, kept: int, passed: bool) -> dict:
+    def _diag(self, G: torch.Tensor, score: tuple[float, float], kept: int, passed: bool) -> dict:
+        """``score``: its bracket (low, high); equal when it was computed exactly, else the
+        exact score was not needed for the decision and ``score`` is None."""
         n = self.sampling.population
+        low, high = score
+        exact = low if low == high else None
         return {
-            "score": score,
-            "score_fraction": score / n,
+            "score": exact,
+            "score_fraction": None if exact is None else exact / n,
+            "score_low": low,
+            "score_high": high,
             "kept_fraction": kept / n,
             "concentration_check_failed": not passed,
             "cohort": int(G.shape[0]),
@@ -530,20 +568,38 @@ class OutlierRemovalAggregator(_FilterGaussian):
             )
         if self.at.halted:
             raise RuntimeError("outlier_removal: AboveThreshold already halted; no more answers")
-        V, score, p = self._filtered(G, rng)
-        if not self.at.test(score):
+        n = self.sampling.population
+        V = self._cohort(G)
+        radii = (self.tau, 2 * self.tau)
+        held: list[FriendBounds] = [
+            friends.friend_bounds(V, radii)
+            if friends.worth_bounding(V.n, V.d)
+            else exact_bounds(V, radii)
+        ]
+        bracket = (concentration_score(held[0].low[0]), concentration_score(held[0].high[0]))
+
+        def exact_score() -> float:  # only when the noise leaves the test open
+            held[0] = exact_bounds(V, radii)
+            return concentration_score(held[0].low[0])
+
+        passed = self.at.test_between(*bracket, exact_score)
+        if held[0].exact:
+            bracket = (concentration_score(held[0].low[0]),) * 2
+        if not passed:
             self.halted_at = self.at.queries
             return Aggregate(
                 mean=G.new_zeros(G.shape[1]),
                 users_used=0,
                 halted=True,
-                diagnostics=self._diag(G, score, 0, False) | {"halted": True},
+                diagnostics=self._diag(G, bracket, 0, False) | {"halted": True},
             )
+        counts = decided_counts(V, radii, 1, lambda c: keep_probabilities(c, n), held[0])
+        p = keep_probabilities(counts.low[1], n)
         mean, kept = filtered_mean(V, p, rng=rng)
         return Aggregate(
             mean=self._noisy(mean, rng),
             users_used=kept,
-            diagnostics=self._diag(G, score, kept, True),
+            diagnostics=self._diag(G, bracket, kept, True),
         )
 
     def dp_event(self) -> dp_accounting.DpEvent:
@@ -682,9 +738,9 @@ class FriendlyCoreAggregator(_FilterGaussian):
 
     def estimate(self, G: torch.Tensor, *, rng: torch.Generator) -> Aggregate:
         n = self.sampling.population
-        V = CohortRows(G, n, self.chunk_rows)  # missing units: zero rows (never stored)
-        counts = friend_counts(V, (2 * self.tau,))
-        p = friendly_keep_probabilities(counts[0], n)
+        V = self._cohort(G)
+        counts = decided_counts(V, (2 * self.tau,), 0, lambda c: friendly_keep_probabilities(c, n))
+        p = friendly_keep_probabilities(counts.low[0], n)
         mass = float(p.sum())
         noisy = mass + float(laplace((1,), self.check_scale, rng=rng)[0])
         diag = {

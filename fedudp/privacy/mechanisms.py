@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import dp_accounting
 import numpy as np
@@ -140,11 +140,28 @@ class AboveThreshold:
 
     def test(self, value: float) -> bool:
         """True (⊤: carry on) or False (⊥: halt; every later call raises)."""
+        return self.test_between(value, value, lambda: value)
+
+    def test_between(self, low: float, high: float, value: Callable[[], float]) -> bool:
+        """``test(v)`` for a query known to lie in [``low``, ``high``], computing v (``value()``)
+        only when the drawn noise leaves the answer open: the same noise draw and the same
+        answer as ``test(value())`` (v + ν is monotone in v), so the same privacy."""
         if self.halted:
             raise RuntimeError("AboveThreshold already halted")
+        if not low <= high:
+            raise ValueError(f"AboveThreshold.test_between needs low <= high, got {low} > {high}")
         self.queries += 1
         nu = float(laplace((1,), 4 * self.sensitivity / self.eps, rng=self.rng)[0])
-        if value + nu < self.noisy_threshold:
+        if high + nu < self.noisy_threshold:
+            below = True
+        elif low + nu >= self.noisy_threshold:
+            below = False
+        else:
+            v = float(value())
+            if not low <= v <= high:
+                raise ValueError(f"AboveThreshold.test_between: value {v} outside [{low}, {high}]")
+            below = v + nu < self.noisy_threshold
+        if below:
             self.halted = True
             return False
         return True
