@@ -40,6 +40,7 @@ pairwise rank-k products (n² k / 2, in blocks). Open rows cost n d each.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,20 +51,25 @@ F64 = torch.float64
 BOUND_RANK = 128  # principal directions of the bound
 MIN_ROWS = 4096  # below this many rows (or width <= 4 k) the exact counts are cheap: use them
 BLOCK_ROWS = 256  # rows per block of the pairwise rank-k pass
+TILE_COLUMNS = 4096  # columns per tile of that pass (its products and counts stay in cache)
 MARGIN_REL = 1e-6  # of r²
-MARGIN_NORM = 1e-4  # of ||a||² + ||b||²
+MARGIN_NORM = 1e-4  # of ||a||² + ||b||², at least (``norm_margin``)
 EXACT_FRACTION = 0.25  # more open rows than this fraction: one full exact pass instead
 
 
 @dataclass(frozen=True)
 class FriendBounds:
-    """``low[k, j] <= #{j' : ||V_j - V_j'|| <= radii[k]} <= high[k, j]`` (j' = j included),
-    exact integers; ``centre`` and ``sq``: the centring mean and the centred rows' float64
-    squared norms the counts were computed from."""
+    """``low[k, j] <= #{j' : ||V_j - V_j'|| <= radii[k]} <= high[k, j]`` (j' = j included) and
+    ``total_low[k] <= Σ_j count <= total_high[k]``, exact integers. A radius counted for its
+    total only (``friend_bounds(totals=...)``) has the trivial per-row bracket [1, n] and a
+    tight total. ``centre`` and ``sq``: the centring mean and the centred rows' float64 squared
+    norms the counts were computed from."""
 
     radii: tuple[float, ...]
     low: torch.Tensor
     high: torch.Tensor
+    total_low: torch.Tensor
+    total_high: torch.Tensor
     centre: torch.Tensor
     sq: torch.Tensor
 
@@ -73,7 +79,11 @@ class FriendBounds:
 
     @property
     def exact(self) -> bool:
+        """Every row's count known."""
         return bool(torch.equal(self.low, self.high))
+
+    def total_known(self, k: int) -> bool:
+        return int(self.total_low[k]) == int(self.total_high[k])
 
 
 def worth_bounding(n: int, d: int, rank: int | None = None) -> bool:
@@ -99,6 +109,22 @@ def principal_directions(rows: CohortRows, centre: torch.Tensor, rank: int) -> t
     return Qm.T.contiguous()
 
 
+def norm_margin(d: int, k: int) -> float:
+    """ν: a pair is decided only beyond ν (||a||² + ||b||²) of a radius. ρ² = ||a||² - ||Pa||²
+    carries a float64 error of at most e = 4 (d + k) sqrt(k + 1) 2^-53 ||a||² (the norms and the
+    k projections, each a sum of d products), so ρ's error is at most sqrt(e) ||a|| and
+    2 ρ_a ρ_b's at most 2 sqrt(e)(||a||² + ||b||²); ν is 8 sqrt(e), and never below
+    ``MARGIN_NORM``."""
+    e = 4 * (d + k) * math.sqrt(k + 1) * 2.0**-53
+    return max(MARGIN_NORM, 8 * math.sqrt(e))
+
+
+def squared_norms(B: torch.Tensor) -> torch.Tensor:
+    """Each row's float64 squared norm (``outlier.friend_counts`` uses this too, so both paths
+    see the same values)."""
+    return torch.einsum("ij,ij->i", B, B)
+
+
 def residual_norms(sq: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """ρ = sqrt(||a||² - ||Pa||²) per row (clamped at 0): the norms outside the directions,
     whose products bound the inner products the projection leaves out."""
@@ -110,30 +136,41 @@ def friend_bounds(
     radii: tuple[float, ...],
     rank: int | None = None,
     block: int | None = None,
+    totals: tuple[bool, ...] | None = None,
 ) -> FriendBounds:
     """Bracket every row's friend count for each radius (module docstring): one pass over the
-    rows for their norms and ``rank`` projections, then the rank-k pairs in blocks of ``block``
-    rows against every later row (each pair once, counted for both rows)."""
+    rows for their norms and ``rank`` projections, then the rank-k pairs, ``block`` rows against
+    every later row in tiles of ``TILE_COLUMNS`` columns (each pair once, counted for both
+    rows). ``totals[k]``: only the sum over rows is needed for ``radii[k]`` (cheaper)."""
     rows = as_cohort(V)
     n, dev = rows.n, rows.device
     k = BOUND_RANK if rank is None else int(rank)
     b = BLOCK_ROWS if block is None else max(1, int(block))
+    tile = max(TILE_COLUMNS, b)  # a block's own columns lie in its first tile
+    only_total = tuple(bool(x) for x in totals) if totals is not None else (False,) * len(radii)
+    if len(only_total) != len(radii):
+        raise ValueError(f"totals: one flag per radius, got {len(only_total)} for {len(radii)}")
     centre = rows.column_sum() / n if n else torch.zeros(rows.d, dtype=F64, device=dev)
     P = principal_directions(rows, centre, k) if k > 0 and n else None
     r = 0 if P is None else P.shape[0]
     sq = torch.empty(n, dtype=F64, device=dev)
     Y = torch.empty(n, r, dtype=F64, device=dev)
-    for s, B in rows.chunks(centre=centre):  # one pass: norms (as friend_counts) and projections
-        sq[s : s + len(B)] = (B * B).sum(1)
+    step = rows.rows_per_chunk()
+    buf = torch.empty(min(step, n), rows.d, dtype=F64, device=dev)
+    for s in range(0, n, step):  # one pass: norms (as friend_counts) and projections
+        B = rows.block(s, min(n, s + step), centre=centre, out=buf)
+        sq[s : s + len(B)] = squared_norms(B)
         if P is not None and r:
             torch.mm(B, P.T, out=Y[s : s + len(B)])
+    del buf
     rho = residual_norms(sq, Y)
+    nu = norm_margin(rows.d, r)
     # <a,b> - ||a||²/2 - ||b||²/2 bracketed by one product each: augmented columns
-    # lo_side: <Pa,Pb> + ρ_a ρ_b - (1-m)(|a|²+|b|²)/2  (> -r²(1+m')/2: maybe friends)
-    # hi_side: <Pa,Pb> - ρ_a ρ_b - (1+m)(|a|²+|b|²)/2  (> -r²(1-m')/2: surely friends)
-    one = torch.ones(n, 1, dtype=F64, device=rows.device)
-    h_lo = (1 - MARGIN_NORM) * sq[:, None] / 2
-    h_hi = (1 + MARGIN_NORM) * sq[:, None] / 2
+    # lo_side: <Pa,Pb> + ρ_a ρ_b - (1-ν)(|a|²+|b|²)/2  (>= -r²(1+μ)/2: maybe friends)
+    # hi_side: <Pa,Pb> - ρ_a ρ_b - (1+ν)(|a|²+|b|²)/2  (> -r²(1-μ)/2: surely friends)
+    one = torch.ones(n, 1, dtype=F64, device=dev)
+    h_lo = (1 - nu) * sq[:, None] / 2
+    h_hi = (1 + nu) * sq[:, None] / 2
     L_left = torch.cat([Y, rho[:, None], -h_lo, -one], 1)
     L_right = torch.cat([Y, rho[:, None], one, h_lo], 1)
     H_left = torch.cat([Y, rho[:, None], -h_hi, -one], 1)
@@ -142,26 +179,53 @@ def friend_bounds(
     sure_at = [-(rr * rr) * (1 - MARGIN_REL) / 2 for rr in radii]
     low = torch.zeros(len(radii), n, dtype=torch.int64, device=dev)
     high = torch.zeros_like(low)
-    tri = torch.ones(min(b, n), min(b, n), dtype=torch.bool, device=dev).triu(1)
-    yes = torch.empty(min(b, n), n, dtype=torch.bool, device=dev)
+    t_low, t_high = [0] * len(radii), [0] * len(radii)
+    bt = min(b, n)
+    tri = torch.ones(bt, bt, dtype=torch.bool, device=dev).triu(1)
+    lo_buf = torch.empty(bt, min(tile, n), dtype=F64, device=dev)
+    hi_buf = torch.empty_like(lo_buf)
+    yes = torch.empty(bt, min(tile, n), dtype=torch.bool, device=dev)
     for i0 in range(0, n, b):
         i1 = min(n, i0 + b)
-        m, w = i1 - i0, n - i0
-        lo_v = L_left[i0:i1] @ L_right[i0:].T  # [m, w]: pairs (i, j >= i0)
-        hi_v = H_left[i0:i1] @ H_right[i0:].T
-        for kk in range(len(radii)):
-            for v, thr, out, strict in (
-                (lo_v, maybe_at[kk], high, False),
-                (hi_v, sure_at[kk], low, True),
-            ):
-                got = yes[:m, :w]
-                (torch.gt if strict else torch.ge)(v, thr, out=got)
-                got[:, :m] &= tri[:m, :m]  # inside the block: pairs i < j only
-                u = got.view(torch.uint8)  # counted as bytes: faster than bool sums
-                out[kk, i0:i1] += u.sum(1, dtype=torch.int32) + u[:, :m].sum(0, dtype=torch.int32)
-                out[kk, i0:i1] += 1  # itself
-                out[kk, i1:] += u[:, m:].sum(0, dtype=torch.int32)
-    return FriendBounds(tuple(float(x) for x in radii), low, high, centre, sq)
+        m = i1 - i0
+        for j0 in range(i0, n, tile):  # tiles that stay in cache between the product and counts
+            j1 = min(n, j0 + tile)
+            w = j1 - j0
+            lo_v = torch.mm(L_left[i0:i1], L_right[j0:j1].T, out=lo_buf[:m, :w])
+            hi_v = torch.mm(H_left[i0:i1], H_right[j0:j1].T, out=hi_buf[:m, :w])
+            for kk in range(len(radii)):
+                for v, thr, out, tot, strict in (
+                    (lo_v, maybe_at[kk], high, t_high, False),
+                    (hi_v, sure_at[kk], low, t_low, True),
+                ):
+                    got = yes[:m, :w]
+                    (torch.gt if strict else torch.ge)(v, thr, out=got)
+                    if j0 == i0:
+                        got[:, :m] &= tri[:m, :m]  # the block's own pairs: i < j only
+                    if only_total[kk]:
+                        tot[kk] += 2 * int(torch.count_nonzero(got))
+                        continue
+                    u = got.view(torch.uint8)  # counted as bytes: faster than bool sums
+                    out[kk, i0:i1] += u.sum(1, dtype=torch.int32)
+                    out[kk, j0:j1] += u.sum(0, dtype=torch.int32)
+        low[:, i0:i1] += 1  # itself
+        high[:, i0:i1] += 1
+    for kk in range(len(radii)):
+        if only_total[kk]:  # trivial per-row bracket, tight total (itself included)
+            low[kk], high[kk] = 1, n
+            t_low[kk] += n
+            t_high[kk] += n
+        else:
+            t_low[kk], t_high[kk] = int(low[kk].sum()), int(high[kk].sum())
+    return FriendBounds(
+        tuple(float(x) for x in radii),
+        low,
+        high,
+        torch.tensor(t_low, dtype=torch.int64),
+        torch.tensor(t_high, dtype=torch.int64),
+        centre,
+        sq,
+    )
 
 
 def exact_counts(
@@ -174,15 +238,17 @@ def exact_counts(
     idx = torch.nonzero(which).squeeze(1) if which.dtype == torch.bool else which.to(torch.int64)
     low, high = bounds.low.clone(), bounds.high.clone()
     if len(idx) == 0:
-        return FriendBounds(bounds.radii, low, high, bounds.centre, bounds.sq)
+        return bounds
     sq = bounds.sq
     r2 = [bounds.radii[k] ** 2 for k in ks]
     step = rows.rows_per_chunk()
+    buf = torch.empty(min(step, rows.n), rows.d, dtype=F64, device=rows.device)
     for a0 in range(0, len(idx), step):
         ia = idx[a0 : a0 + step]
         A = rows.take(ia, centre=bounds.centre)
         got = torch.zeros(len(ks), len(ia), dtype=torch.int64, device=rows.device)
-        for s, B in rows.chunks(centre=bounds.centre):
+        for s in range(0, rows.n, step):
+            B = rows.block(s, min(rows.n, s + step), centre=bounds.centre, out=buf)
             d2 = torch.addmm(sq[None, s : s + len(B)], A, B.T, alpha=-2.0)
             d2 += sq[ia, None]
             own = (ia >= s) & (ia < s + len(B))
@@ -194,7 +260,10 @@ def exact_counts(
         for j, k in enumerate(ks):
             low[k, ia] = got[j]
             high[k, ia] = got[j]
-    return FriendBounds(bounds.radii, low, high, bounds.centre, bounds.sq)
+    # both brackets of a total hold: keep the tighter ends
+    t_low = torch.maximum(bounds.total_low, low.sum(1))
+    t_high = torch.minimum(bounds.total_high, high.sum(1))
+    return FriendBounds(bounds.radii, low, high, t_low, t_high, bounds.centre, bounds.sq)
 
 
 def open_fraction(bounds: FriendBounds, k: int) -> float:

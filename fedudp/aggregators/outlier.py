@@ -239,7 +239,7 @@ def friend_counts(
     centre = rows.column_sum() / n if n else torch.zeros(d, dtype=torch.float64, device=dev)
     sq = torch.empty(n, dtype=torch.float64, device=dev)
     for s, B in rows.chunks(centre=centre):
-        sq[s : s + len(B)] = (B * B).sum(1)
+        sq[s : s + len(B)] = friends.squared_norms(B)
     r2 = [r * r for r in radii]
     if prune:  # positions in the order of the norms
         order = torch.argsort(sq, stable=True)
@@ -278,7 +278,8 @@ def exact_bounds(V: torch.Tensor | CohortRows, radii: tuple[float, ...]) -> Frie
     """Every count exact (``friend_counts``), as a ``FriendBounds`` with low = high."""
     rows = as_cohort(V)
     counts = friend_counts(rows, radii)
-    return FriendBounds(tuple(radii), counts, counts, torch.empty(0), torch.empty(0))
+    total = counts.sum(1)
+    return FriendBounds(tuple(radii), counts, counts, total, total, torch.empty(0), torch.empty(0))
 
 
 def decided_counts(
@@ -572,19 +573,23 @@ class OutlierRemovalAggregator(_FilterGaussian):
         V = self._cohort(G)
         radii = (self.tau, 2 * self.tau)
         held: list[FriendBounds] = [
-            friends.friend_bounds(V, radii)
+            friends.friend_bounds(V, radii, totals=(True, False))  # τ: only the score's total
             if friends.worth_bounding(V.n, V.d)
             else exact_bounds(V, radii)
         ]
-        bracket = (concentration_score(held[0].low[0]), concentration_score(held[0].high[0]))
+
+        def score_bracket() -> tuple[float, float]:  # concentration_score's value at each end
+            b = held[0]
+            return (int(b.total_low[0]) / V.n, int(b.total_high[0]) / V.n) if V.n else (0.0, 0.0)
+
+        bracket = score_bracket()
 
         def exact_score() -> float:  # only when the noise leaves the test open
             held[0] = exact_bounds(V, radii)
             return concentration_score(held[0].low[0])
 
         passed = self.at.test_between(*bracket, exact_score)
-        if held[0].exact:
-            bracket = (concentration_score(held[0].low[0]),) * 2
+        bracket = score_bracket()  # exact (low = high) if the test needed the exact score
         if not passed:
             self.halted_at = self.at.queries
             return Aggregate(

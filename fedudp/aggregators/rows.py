@@ -68,6 +68,7 @@ class CohortRows:
         self.chunk = None if chunk is None else max(1, int(chunk))
         self.dtype, self.device = G.dtype, G.device
         self._full: torch.Tensor | None = None
+        self._column_sum: torch.Tensor | None = None
         if G.dtype == F64 and self.received == self.n:
             self._full = G
         elif self.chunk is None and self.n * self.d * 8 <= WORK_BYTES:  # small: once
@@ -162,19 +163,31 @@ class CohortRows:
         return B
 
     def column_sum(self) -> torch.Tensor:
-        """Σ_i row_i in float64 [d], accumulated chunk by chunk."""
-        total = torch.zeros(self.d, dtype=F64, device=self.device)
-        for _, B in self.chunks():
-            total += B.sum(0)
-        return total
+        """Σ_i row_i in float64 [d], accumulated chunk by chunk (``rows_per_chunk()`` rows, one
+        reused buffer); computed once per ``CohortRows`` (the rows are never written)."""
+        if self._column_sum is None:
+            total = torch.zeros(self.d, dtype=F64, device=self.device)
+            step = self.rows_per_chunk()
+            buf = None if self._full is not None else self._buffer(min(step, self.n))
+            for s in range(0, self.n, step):
+                total += self.block(s, min(self.n, s + step), out=buf).sum(0)
+            self._column_sum = total
+        return self._column_sum.clone()
 
     def sum_rows(self, idx: torch.Tensor) -> torch.Tensor:
-        """Σ of the rows at ``idx`` in float64 [d], gathered ``rows_per_chunk()`` at a time."""
+        """Σ of the rows at ``idx`` in float64 [d], gathered ``rows_per_chunk()`` at a time.
+        All rows in order: ``column_sum()`` (the same chunks and float64 values, so the same
+        sum)."""
+        if len(idx) == self.n and bool((idx == torch.arange(self.n, device=idx.device)).all()):
+            return self.column_sum()
         total = torch.zeros(self.d, dtype=F64, device=self.device)
         step = self.rows_per_chunk()
         for s in range(0, len(idx), step):
             total += self.take(idx[s : s + step]).sum(0)
         return total
+
+    def _buffer(self, rows: int) -> torch.Tensor:
+        return torch.empty(max(rows, 0), self.d, dtype=F64, device=self.device)
 
     def working_bytes(self, width: int | None = None) -> int:
         """Bytes of one float64 chunk of a pass at ``width`` (what a pass adds to the rows)."""

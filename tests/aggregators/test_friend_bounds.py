@@ -29,17 +29,49 @@ def exact(name: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("rank,block", ((0, 64), (4, 7), (16, 300), (40, 33)))
-def test_bracket_contains_the_exact_counts(name, rank, block):
+@pytest.mark.parametrize(
+    "rank,block,tile", ((0, 64, 4096), (4, 7, 16), (16, 300, 4096), (40, 33, 50))
+)
+def test_bracket_contains_the_exact_counts(monkeypatch, name, rank, block, tile):
+    monkeypatch.setattr(friends, "TILE_COLUMNS", tile)
     G = torch.from_numpy(REC[name])
     b = friends.friend_bounds(CohortRows(G, fx.N), RADII, rank=rank, block=block)
     want = exact(name)
+    assert torch.equal(b.total_low, b.low.sum(1)) and torch.equal(b.total_high, b.high.sum(1))
     assert b.low.shape == want.shape == b.high.shape
     assert bool((b.low <= want).all()) and bool((want <= b.high).all())
     assert bool((b.low >= 1).all())  # a row is its own friend
     # the bracket decides something: more directions, fewer open pairs
     open_pairs = int((b.high - b.low).sum())
     assert open_pairs < fx.N * fx.N * len(RADII)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_totals_only_bracket_the_total(monkeypatch, name):
+    """A radius counted for its total only: a tight bracket of Σ_j f_j (the score's), the
+    trivial per-row bracket [1, n]; the per-row radii are unaffected."""
+    monkeypatch.setattr(friends, "TILE_COLUMNS", 40)
+    G = torch.from_numpy(REC[name])
+    V = CohortRows(G, fx.N)
+    both = friends.friend_bounds(V, RADII, rank=8, block=30)
+    flags = (True, False, True, False, False)
+    part = friends.friend_bounds(V, RADII, rank=8, block=30, totals=flags)
+    want = exact(name).sum(1)
+    assert bool((part.total_low <= want).all()) and bool((want <= part.total_high).all())
+    for k, only in enumerate(flags):
+        if only:
+            assert bool((part.low[k] == 1).all()) and bool((part.high[k] == fx.N).all())
+            assert part.total_low[k] == both.total_low[k]
+            assert part.total_high[k] == both.total_high[k]
+        else:
+            assert torch.equal(part.low[k], both.low[k]) and torch.equal(part.high[k], both.high[k])
+    with pytest.raises(ValueError, match="one flag per radius"):
+        friends.friend_bounds(V, RADII, totals=(True,))
+
+
+def test_norm_margin_grows_with_the_width():
+    assert friends.norm_margin(28938, 128) == friends.MARGIN_NORM
+    assert friends.norm_margin(10**7, 128) > 10 * friends.MARGIN_NORM
 
 
 def test_more_directions_decide_more_pairs():
