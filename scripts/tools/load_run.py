@@ -233,6 +233,8 @@ def metric_means(metrics: Path) -> dict:
         "agg_clipped_fraction",
         "agg_kept_fraction",
         "agg_score_fraction",
+        "agg_score_low",
+        "agg_score_high",
         "agg_kept_mass_fraction",
         "agg_concentration_check_failed",
         "agg_halted",
