@@ -239,9 +239,9 @@ def exact_counts(
     Gram blocks of the centred rows (as ``outlier.friend_counts``), itself at distance 0."""
     rows = as_cohort(V)
     idx = torch.nonzero(which).squeeze(1) if which.dtype == torch.bool else which.to(torch.int64)
-    low, high = bounds.low.clone(), bounds.high.clone()
     if len(idx) == 0:
         return bounds
+    low, high = bounds.low.clone(), bounds.high.clone()
     sq = bounds.sq
     r2 = [bounds.radii[k] ** 2 for k in ks]
     step = rows.rows_per_chunk()

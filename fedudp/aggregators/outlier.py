@@ -282,6 +282,17 @@ def exact_bounds(V: torch.Tensor | CohortRows, radii: tuple[float, ...]) -> Frie
     return FriendBounds(tuple(radii), counts, counts, total, total, torch.empty(0), torch.empty(0))
 
 
+def bracketed(
+    V: torch.Tensor | CohortRows, radii: tuple[float, ...], totals: tuple[bool, ...] | None = None
+) -> FriendBounds:
+    """``friends.friend_bounds`` where bounds pay off (``friends.worth_bounding``), else every
+    count exact (``exact_bounds``)."""
+    rows = as_cohort(V)
+    if friends.worth_bounding(rows.n, rows.d):
+        return friends.friend_bounds(rows, radii, totals=totals)
+    return exact_bounds(rows, radii)
+
+
 def decided_counts(
     V: torch.Tensor | CohortRows,
     radii: tuple[float, ...],
@@ -296,9 +307,7 @@ def decided_counts(
     where more than ``friends.EXACT_FRACTION`` of the rows are open (one full pass is cheaper)."""
     rows = as_cohort(V)
     if bounds is None:
-        if not friends.worth_bounding(rows.n, rows.d):
-            return exact_bounds(rows, radii)
-        bounds = friends.friend_bounds(rows, radii)
+        bounds = bracketed(rows, radii)
     if bounds.exact:
         return bounds
     undecided = prob(bounds.low[k]) != prob(bounds.high[k])
@@ -572,11 +581,7 @@ class OutlierRemovalAggregator(_FilterGaussian):
         n = self.sampling.population
         V = self._cohort(G)
         radii = (self.tau, 2 * self.tau)
-        held: list[FriendBounds] = [
-            friends.friend_bounds(V, radii, totals=(True, False))  # τ: only the score's total
-            if friends.worth_bounding(V.n, V.d)
-            else exact_bounds(V, radii)
-        ]
+        held = [bracketed(V, radii, totals=(True, False))]  # τ: only the score's total
 
         def score_bracket() -> tuple[float, float]:  # concentration_score's value at each end
             b = held[0]
