@@ -910,6 +910,13 @@ def owner_training(cfg: RunConfig) -> OwnerTraining:
     )
 
 
+def device(cfg: RunConfig) -> torch.device:
+    """``engine_opts.device`` (checked by ``fedudp.config.validate``): where the local engine's
+    model, records and owner kernels live; the billboard, the ledger, the generators and every
+    noise draw stay on the CPU (docs/architecture.md#engines)."""
+    return torch.device(str(cfg.engine_opts.device))
+
+
 def owners(
     cfg: RunConfig,
     hooks: OwnerHooks | None = None,
@@ -922,6 +929,7 @@ def owners(
     if cfg.engine_opts.threads:
         torch.set_num_threads(cfg.engine_opts.threads)
     net = net if net is not None else model(cfg, records)
+    net.to(device(cfg))  # in place: the owners' model on engine_opts.device
     spec = spec if spec is not None else method(cfg, net)
     return Owners(
         net,
@@ -1303,8 +1311,8 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
             )
             if aggregator.group is not None:  # record-level events, user level by group privacy
                 led.extra["group_conversion"] = str(aggregator.group)
-        board = Billboard(
-            {k: params[k].detach() for k in spec.shared},
+        board = Billboard(  # on the CPU whatever engine_opts.device (its .cpu(): the same tensor)
+            {k: params[k].detach().cpu() for k in spec.shared},
             aggregator,
             sampling,
             led,
@@ -1324,7 +1332,7 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
                 f"privacy.epsilon={cfg.privacy.epsilon}: even one round with noise "
                 f"multiplier {aggregator.noise_multiplier} exceeds it"
             )
-    fed = federation(cfg, records).to(own.dtype)
+    fed = federation(cfg, records).to(own.dtype, own.device)
     # the plan's public n: a planned federation has exactly it; a natural one the declared
     # owner count, and at most the declared users (the others are absent: zero contributions)
     if fed.num_owners != n_owners or (

@@ -285,6 +285,9 @@ class EngineConfig:
     chunk_records: int = 0  # local engine: records per vmapped chunk (0: auto, see chunk_budget)
     threads: int = 0  # torch threads (0: torch default)
     float64: bool = False  # equivalence mode
+    # local engine: where the model, the records and the owners' kernels run (cpu | cuda |
+    # cuda:N); noise is still drawn in float64 on the CPU generators (docs/architecture.md#engines)
+    device: str = "cpu"
     # flower engine only (Ray resources per owner, an existing cluster, reply timeout)
     num_cpus: float = 1.0
     num_gpus: float = 0.0
@@ -732,6 +735,37 @@ def _check_outputs(cfg: RunConfig) -> None:
     )
     if cfg.engine_opts.chunk_records < 0:
         raise ConfigError("engine_opts.chunk_records: must be >= 1, or 0 for auto")
+    _check_device(cfg)
+
+
+def _check_device(cfg: RunConfig) -> None:
+    """``engine_opts.device``: cpu, cuda or cuda:N, a CUDA device only where torch sees one and
+    only with engine=local (the Flower engine places nothing on a GPU)."""
+    import re
+
+    dev = cfg.engine_opts.device
+    if not isinstance(dev, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", dev):
+        raise ConfigError(f"engine_opts.device: must be cpu, cuda or cuda:N, got {dev!r}")
+    if dev == "cpu":
+        return
+    if cfg.engine != EngineName.local.value:
+        raise ConfigError(
+            f"engine_opts.device={dev}: only engine=local runs on a GPU (the Flower engine "
+            "places nothing on one); use engine_opts.device=cpu with engine=flower"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"engine_opts.device={dev}: torch sees no CUDA device "
+            "(torch.cuda.is_available() is False); use engine_opts.device=cpu"
+        )
+    index = int(dev.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"engine_opts.device={dev}: torch sees {torch.cuda.device_count()} CUDA "
+            f"device(s) (cuda:0 .. cuda:{torch.cuda.device_count() - 1})"
+        )
 
 
 # -- (de)serialization: one vocabulary for Hydra, the Flower wire and `flwr run --run-config` --

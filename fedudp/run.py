@@ -88,9 +88,9 @@ def execute(
 
 
 def _same_config(out: Path, cfg: RunConfig) -> bool | None:
-    """Whether ``out/config.yaml`` is this config (``progress`` and ``engine_opts.threads``
-    aside: they change how a run is shown and scheduled, not the experiment, though a thread
-    count can move float rounding); None if there is none
+    """Whether ``out/config.yaml`` is this config (``progress``, ``engine_opts.threads`` and
+    ``engine_opts.device`` aside: they change how a run is shown and scheduled, not the
+    experiment, though a thread count or a GPU can move float rounding); None if there is none
     (an unreadable one counts as another run's)."""
     path = out / "config.yaml"
     if not path.is_file():
@@ -112,13 +112,15 @@ def saved_config(path: Path) -> dict:
 
 def comparable(d: Any) -> Any:
     """A config dict without what changes how a run is shown, scheduled, checkpointed, tracked
-    or resumed, not what it computes (``progress``, ``engine_opts.threads``, ``checkpoint``,
-    ``tracking``, ``resume``)."""
+    or resumed, not what it computes (``progress``, ``engine_opts.threads``,
+    ``engine_opts.device``, ``checkpoint``, ``tracking``, ``resume``)."""
     if not isinstance(d, dict):
         return d
     d = {k: v for k, v in d.items() if k not in ("progress", "checkpoint", "tracking", "resume")}
     if isinstance(d.get("engine_opts"), dict):
-        d["engine_opts"] = {k: v for k, v in d["engine_opts"].items() if k != "threads"}
+        d["engine_opts"] = {
+            k: v for k, v in d["engine_opts"].items() if k not in ("threads", "device")
+        }
     return d
 
 

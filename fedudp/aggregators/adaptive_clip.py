@@ -220,10 +220,11 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         used = self.clip
         total = c.total
         assert total is not None  # a clipped-sum estimator receives the sum
-        noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
+        # on the CPU generator whatever the sum's device (engine_opts.device), then moved
+        noise = torch.randn(total.shape, generator=rng, dtype=torch.float64)
         noise *= self.noise_scale  # 1.0 unless audit.noise_scale weakens it on purpose
         mean = (
-            (total.to(torch.float64) + self.update_multiplier * used * noise)
+            (total.to(torch.float64) + (self.update_multiplier * used * noise).to(total.device))
             / self.sampling.expected_cohort
         ).to(total.dtype)
         centred = (c.count - c.clipped) - 0.5 * c.count  # Σ (b_i - 1/2)

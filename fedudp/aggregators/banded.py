@@ -238,7 +238,8 @@ class BandedMatrixAggregator(ClippedSumAggregator):
     def release(self, c: Contribution, *, rng: torch.Generator) -> Aggregate:
         total = c.total
         assert total is not None  # a clipped-sum estimator receives the sum
-        w = self.noise_increment(int(total.numel()), rng).reshape(total.shape)
+        # drawn and held on the CPU (float64), moved to the sum's device (engine_opts.device)
+        w = self.noise_increment(int(total.numel()), rng).reshape(total.shape).to(total.device)
         mean = ((total.to(torch.float64) + w) / self.sampling.expected_cohort).to(total.dtype)
         diag = {
             "clipped_fraction": (c.clipped / c.count) if c.count else 0.0,

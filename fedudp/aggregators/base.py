@@ -125,20 +125,26 @@ class Contribution:
 
         Rows are held once: a single part's rows are returned as they are (no copy where the
         dtype matches; the billboard receives one reply per engine=local round), several parts
-        are written into one matrix allocated up front (no list of converted copies)."""
+        are written into one matrix allocated up front (no list of converted copies). The
+        result lives on the parts' device (``engine_opts.device``; the CPU when none has a
+        tensor)."""
         count = sum(p.count for p in parts)
         clipped = sum(p.clipped for p in parts)
+        device = next(
+            (t.device for p in parts for t in (p.rows, p.total) if t is not None),
+            torch.device("cpu"),
+        )
         if rows:
             got = [p.rows for p in parts if p.rows is not None and len(p.rows)]
             if len(got) == 1:
                 return Contribution(got[0].to(dtype), None, count, clipped)
-            G = torch.empty(sum(len(g) for g in got), dim, dtype=dtype)
+            G = torch.empty(sum(len(g) for g in got), dim, dtype=dtype, device=device)
             at = 0
             for g in got:
                 G[at : at + len(g)].copy_(g)
                 at += len(g)
             return Contribution(G, None, count, clipped)
-        total = torch.zeros(dim, dtype=dtype)
+        total = torch.zeros(dim, dtype=dtype, device=device)
         for p in parts:
             if p.total is not None and p.count:
                 total = total + p.total.to(dtype)

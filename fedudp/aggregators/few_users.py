@@ -58,12 +58,14 @@ from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordin
 
 
 def uniform_in_balls(centers: torch.Tensor, radius: float, *, rng: torch.Generator) -> torch.Tensor:
-    """One uniform point in each ball B(center, radius) (docs/algorithms.md#uniform-point-in-a-ball)."""
+    """One uniform point in each ball B(center, radius) (docs/algorithms.md#uniform-point-in-a-ball).
+    The offsets are drawn and scaled on the CPU generator, then moved to the centers' device
+    (``engine_opts.device``): the same seed, the same offsets bit for bit."""
     b, d = centers.shape
     g = torch.randn(b, d, generator=rng, dtype=centers.dtype)
     g = g / torch.linalg.vector_norm(g, dim=1, keepdim=True).clamp(min=1e-300)
     u = torch.rand(b, 1, generator=rng, dtype=centers.dtype) ** (1.0 / d)
-    return centers + radius * u * g
+    return centers + (radius * u * g).to(centers.device)
 
 
 def log_accept(f: torch.Tensor, n: int, eps: float) -> torch.Tensor:
@@ -152,7 +154,8 @@ def dp_estimate_1(
         idx = torch.randint(0, n, (b,), generator=rng)
         P = uniform_in_balls(rows.take(idx), radius, rng=rng)
         f = ball_counts(P, rows, sq, radius).clamp(min=1)  # p lies in its own ball
-        acc = torch.log(torch.rand(b, generator=rng, dtype=torch.float64)) < log_accept(f, n, eps)
+        u_acc = torch.rand(b, generator=rng, dtype=torch.float64)
+        acc = torch.log(u_acc) < log_accept(f.cpu(), n, eps)  # decided on the CPU
         stop = torch.where(garbage, keep_garbage, acc)
         if bool(stop.any()):
             j = int(torch.nonzero(stop)[0])
@@ -366,7 +369,7 @@ class FewUsersAggregator(RowsAggregator):
             del Y
             if p is None:
                 garbage += 1
-                p = torch.zeros(db, dtype=torch.float64)
+                p = torch.zeros(db, dtype=torch.float64, device=G.device)
             est.append(p)
         y = torch.cat(est)
         mean = rot.invert(y) if rot is not None else y

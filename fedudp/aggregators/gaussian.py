@@ -98,11 +98,13 @@ class GaussianAggregator(ClippedSumAggregator):
         assert total is not None  # a clipped-sum estimator receives the sum
         # drawn in float64, added in float64, cast afterwards: float32's sampler is truncated at
         # |z| ≈ 5.77 with a point mass there, which would underestimate δ
-        # (docs/algorithms.md#laplace-and-gaussian-noise)
-        noise = torch.randn(total.shape, generator=rng, dtype=torch.float64, device=total.device)
+        # (docs/algorithms.md#laplace-and-gaussian-noise). Drawn on the CPU generator whatever
+        # the sum's device (engine_opts.device): the same seed, the same noise bit for bit
+        noise = torch.randn(total.shape, generator=rng, dtype=torch.float64)
         noise *= self.noise_scale  # 1.0 unless audit.noise_scale weakens it on purpose
         mean = (
-            (total.to(torch.float64) + self.noise_std * noise) / self.sampling.expected_cohort
+            (total.to(torch.float64) + (self.noise_std * noise).to(total.device))
+            / self.sampling.expected_cohort
         ).to(total.dtype)
         diag = {"clipped_fraction": (c.clipped / c.count) if c.count else 0.0, "cohort": c.count}
         return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)

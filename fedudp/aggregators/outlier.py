@@ -333,11 +333,12 @@ def filtered_mean(
     """Keep row j with probability p_j (independently); mean of the kept rows (0 if none), in
     the rows' dtype: summed in float64 from the kept rows, a chunk of them at a time."""
     rows = as_cohort(V)
-    keep = torch.rand(p.shape, generator=rng, dtype=torch.float64) < p
+    # privacy sampling on the CPU generator whatever the rows' device (engine_opts.device)
+    keep = torch.rand(p.shape, generator=rng, dtype=torch.float64) < p.cpu()
     k = int(keep.sum())
     if k == 0:
         return torch.zeros(rows.d, dtype=rows.dtype, device=rows.device), 0
-    total = rows.sum_rows(torch.nonzero(keep).squeeze(1))
+    total = rows.sum_rows(torch.nonzero(keep).squeeze(1).to(rows.device))
     return (total / k).to(rows.dtype), k
 
 
@@ -439,8 +440,9 @@ class _FilterGaussian(RowsAggregator):
         return CohortRows(G, self.sampling.population, self.chunk_rows)  # missing: zero rows
 
     def _noisy(self, mean: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+        # drawn on the CPU generator, moved to the mean's device (engine_opts.device)
         noise = torch.randn(mean.shape, generator=rng, dtype=torch.float64)
-        return (mean.to(torch.float64) + self.noise_std * noise).to(mean.dtype)
+        return (mean.to(torch.float64) + (self.noise_std * noise).to(mean.device)).to(mean.dtype)
 
     def working_bytes(self, rows: int, dim: int) -> int:
         return friend_counts_bytes(rows, dim, radii=2)

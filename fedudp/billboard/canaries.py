@@ -72,10 +72,10 @@ class Canaries:
         if rows:
             base = c.rows if c.rows is not None else torch.zeros(0, self.dim)
             return Contribution(
-                torch.cat([base, V.to(base.dtype)]), None, c.count + len(ks), c.clipped
+                torch.cat([base, V.to(base.device, base.dtype)]), None, c.count + len(ks), c.clipped
             ), len(ks)
         assert c.total is not None  # not rows: the clipped sum
-        total = c.total + V.sum(0).to(c.total.dtype)
+        total = c.total + V.sum(0).to(c.total.device, c.total.dtype)
         weight = None if c.weight is None else c.weight + len(ks)
         return Contribution(None, total, c.count + len(ks), c.clipped, weight), len(ks)
 

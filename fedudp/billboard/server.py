@@ -229,8 +229,12 @@ class Billboard:
             )
         )
         self.next_round = round_ + 1
+        # the release may live on the owners' device (engine_opts.device): the billboard's
+        # state stays on the CPU
         stepped = (
-            self.plan.step(self.u, None if agg.halted else agg.mean.to(self.u.dtype), round_)
+            self.plan.step(
+                self.u, None if agg.halted else agg.mean.to(self.u.device, self.u.dtype), round_
+            )
             if self.plan is not None
             else None
         )
@@ -239,7 +243,7 @@ class Billboard:
             if not self.diverged:
                 self.u = stepped
         elif not agg.halted:
-            u = self.step(self.u, agg.mean.to(self.u.dtype))
+            u = self.step(self.u, agg.mean.to(self.u.device, self.u.dtype))
             self.diverged = not bool(torch.isfinite(u).all())
             if not self.diverged:  # keep the last finite state
                 self.u = u

@@ -124,11 +124,15 @@ class Federation:
             np.delete(self.user_ids, u),
         )
 
-    def to(self, dtype: torch.dtype) -> Federation:
+    def to(self, dtype: torch.dtype, device: torch.device | str | None = None) -> Federation:
         """Floating features in ``dtype`` (the model's), in place; integer features (token ids)
-        stay integers. Returns self."""
+        stay integers. ``device``: the record tensors moved there too (``engine_opts.device``,
+        engine=local; the offsets stay numpy). Returns self."""
         if self.x.is_floating_point():
             self.x, self.x_test = self.x.to(dtype), self.x_test.to(dtype)
+        if device is not None:
+            self.x, self.y = self.x.to(device), self.y.to(device)
+            self.x_test, self.y_test = self.x_test.to(device), self.y_test.to(device)
         return self
 
 

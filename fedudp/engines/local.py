@@ -5,6 +5,12 @@ A transport only: the owners' computation is ``fedudp.owner.owners.Owners`` over
 federation (personal parameters stacked ``[n_owners, ...]``, users in vmapped chunks of at most
 ``engine_opts.chunk_records`` records); the round is ``fedudp.billboard.rounds.run_rounds``. With
 chunk size 1, one thread and float64 it is the reference for the engine-equivalence test.
+
+``engine_opts.device``: the model, the federation's records and the stacked personal parameters
+live on the owners' device (``Owners.device``, placed by ``fedudp.build``); the broadcast comes
+from the billboard on the CPU and is moved there each round; what leaves (the personal
+parameters of the result and of a checkpoint) is moved back to the CPU
+(docs/architecture.md#engines).
 """
 
 from __future__ import annotations
@@ -32,7 +38,13 @@ class LocalTransport:
         self.owners, self.fed, self.constraint = owners, fed, constraint
         self.personal_params = owners.initial_personal(fed.num_owners)
 
+    def _here(self, shared: Params) -> Params:
+        """The broadcast on the owners' device (the same tensors where that is the CPU)."""
+        dev = self.owners.device
+        return {k: v.to(dev) for k, v in shared.items()}
+
     def train(self, shared: Params, cohort: np.ndarray | None, round_: int) -> Collected:
+        shared = self._here(shared)
         self.personal_params = self.owners.personal_round(
             self.fed, shared, self.personal_params, round_
         )
@@ -50,10 +62,10 @@ class LocalTransport:
     ) -> Evaluation:
         if while_waiting is not None:
             while_waiting()
-        return Evaluation(*self.owners.evaluate(self.fed, shared, self.personal_params))
+        return Evaluation(*self.owners.evaluate(self.fed, self._here(shared), self.personal_params))
 
     def personal(self) -> Params:
-        return self.personal_params
+        return {k: v.cpu() for k, v in self.personal_params.items()}
 
     def info(self) -> dict:
         return {}
@@ -62,7 +74,7 @@ class LocalTransport:
         """Nothing to prepare: the personal parameters live here."""
 
     def checkpoint_state(self, round_: int) -> dict:
-        return {"personal": {k: v.clone() for k, v in self.personal_params.items()}}
+        return {"personal": {k: v.detach().cpu().clone() for k, v in self.personal_params.items()}}
 
     def restore(self, state: dict, folder: Path | None = None) -> None:
         """The stacked personal parameters of the checkpoint (same names, shapes, dtypes)."""
@@ -74,7 +86,7 @@ class LocalTransport:
             saved[k].shape != mine[k].shape or saved[k].dtype != mine[k].dtype for k in mine
         ):
             raise CheckpointError("personal parameters of other names or shapes")
-        self.personal_params = {k: saved[k].clone() for k in mine}
+        self.personal_params = {k: saved[k].to(mine[k].device).clone() for k in mine}
 
 
 def execute(

@@ -81,9 +81,9 @@ def clipped_sums_and_counts(
     factor, was = clip_factors(blocks, clip)
     n = blocks[0].shape[0]
     W = torch.zeros(owners, n, dtype=blocks[0].dtype, device=blocks[0].device)
-    W[owner_row, torch.arange(n, device=W.device)] = factor
-    kept = torch.zeros(owners, dtype=torch.float64).index_add_(
-        0, owner_row.to(torch.int64), (~was).to(torch.float64)
+    W[owner_row.to(W.device), torch.arange(n, device=W.device)] = factor
+    kept = torch.zeros(owners, dtype=torch.float64).index_add_(  # on the CPU: a count
+        0, owner_row.to(torch.int64).cpu(), (~was).to(torch.float64).cpu()
     )
     return torch.cat([W @ B for B in blocks], dim=1), kept
 
@@ -221,7 +221,7 @@ def dpsgd_deltas(
                             use_ghost,
                         )
                         if len(us)
-                        else (torch.zeros(flat.shape[1], dtype=flat.dtype), 0.0)
+                        else (torch.zeros(flat.shape[1], dtype=flat.dtype, device=flat.device), 0.0)
                     )
                     _noisy_step(flat[i], total, spec, expected[i], round_, e, s, owner_ids[i])
                     count_step(i, kept, len(us), e, s)
@@ -232,7 +232,7 @@ def dpsgd_deltas(
                     if picked
                     else np.zeros(0, np.int64)
                 )
-                sums = torch.zeros(k, flat.shape[1], dtype=flat.dtype)
+                sums = torch.zeros(k, flat.shape[1], dtype=flat.dtype, device=flat.device)
                 kept_by_owner = torch.zeros(k, dtype=torch.float64)
                 sizes = user_sizes[picked_users]
                 for sel in local_sgd.chunks(sizes, budget):
@@ -285,9 +285,10 @@ def _noisy_step(
             Purpose.DPSGD_NOISE, round_, epoch, step, owner_id
         ),
     )
-    update = (total.to(torch.float64) + spec.noise_multiplier * spec.clip * noise) / float(
-        expected_batch
-    )
+    # drawn on the CPU generator whatever the device (engine_opts.device), then moved
+    update = (
+        total.to(torch.float64) + (spec.noise_multiplier * spec.clip * noise).to(total.device)
+    ) / float(expected_batch)
     row -= spec.lr * update.to(row.dtype)
 
 
@@ -318,19 +319,23 @@ def _owner_clipped_sum(
     }
     if use_ghost:
         gg = ghost.ghost_gradients(model, at, x, y, starts, sizes, names, 1.0)
-        factor, was = clip_factors(torch.empty(gg.U, 0, dtype=gg.dtype), clip, gg.norms)
+        factor, was = clip_factors(
+            torch.empty(gg.U, 0, dtype=gg.dtype, device=gg.sq.device), clip, gg.norms
+        )
         return gg.weighted_sum(factor), float((~was).sum())
     rec = np.concatenate([np.arange(a, a + b) for a, b in zip(starts, sizes)])
-    of = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes))
+    of = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes)).to(x.device)
     g = per_sample.per_record_gradients(model, at, x[rec], y[rec], names)
     blocks = []
     for n in names:
         flat = g[n].reshape(len(rec), -1)
         if len(rec) != len(starts):  # users of several records: their mean
-            tot = torch.zeros(len(starts), flat.shape[1], dtype=flat.dtype).index_add_(0, of, flat)
-            flat = tot / torch.from_numpy(sizes).to(flat.dtype).unsqueeze(1)
+            tot = torch.zeros(
+                len(starts), flat.shape[1], dtype=flat.dtype, device=flat.device
+            ).index_add_(0, of, flat)
+            flat = tot / torch.from_numpy(sizes).to(flat.device, flat.dtype).unsqueeze(1)
         blocks.append(flat)
     total, kept = clipped_sums_and_counts(
-        blocks, torch.zeros(len(starts), dtype=torch.int64), 1, clip
+        blocks, torch.zeros(len(starts), dtype=torch.int64, device=blocks[0].device), 1, clip
     )
     return total[0], float(kept[0])

@@ -160,7 +160,7 @@ def gram_share(
     try:
         # no gradients, and the global RNG left as it was (a dropout layer draws from it)
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(torch.zeros(1, *input_shape, dtype=dtype))
+            model(torch.zeros(1, *input_shape, dtype=dtype, device=_device(model)))
     finally:
         for h in hooks:
             h.remove()
@@ -173,6 +173,11 @@ def gram_share(
             g, m = _costs(mods[p], positions[p], k)
             gram += int(params[n].numel()) if g <= m else 0
     return gram / max(total, 1)
+
+
+def _device(model: nn.Module) -> torch.device:
+    """Where the module's parameters live (``engine_opts.device``; the CPU without any)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def _names(path: str) -> tuple[str, str]:
@@ -262,7 +267,7 @@ class GhostGradients:
             else:
                 assert isinstance(mod, nn.Embedding)
                 ids = L.a.reshape(-1)
-                out = torch.zeros(mod.num_embeddings, g.shape[-1], dtype=g.dtype)
+                out = torch.zeros(mod.num_embeddings, g.shape[-1], dtype=g.dtype, device=g.device)
                 out.index_add_(0, ids, g.reshape(-1, g.shape[-1]))
                 if mod.padding_idx is not None:
                     out[mod.padding_idx] = 0
@@ -282,12 +287,14 @@ def _b(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _per_user64(t: torch.Tensor, of: torch.Tensor, U: int) -> torch.Tensor:
     """[U, ...] float64: the rows of ``t`` [R, ...] summed per user."""
-    return torch.zeros(U, *t.shape[1:], dtype=torch.float64).index_add_(0, of, t.double())
+    return torch.zeros(U, *t.shape[1:], dtype=torch.float64, device=t.device).index_add_(
+        0, of, t.double()
+    )
 
 
 def _sq_rows(t: torch.Tensor) -> torch.Tensor:
-    """[n] float64 squared l2 norms of the rows of ``t`` [n, ...]."""
-    return row_norms64(t.reshape(t.shape[0], -1)) ** 2
+    """[n] float64 squared l2 norms of the rows of ``t`` [n, ...], on ``t``'s device."""
+    return (row_norms64(t.reshape(t.shape[0], -1)) ** 2).to(t.device)
 
 
 def _padded(
@@ -301,7 +308,7 @@ def _padded(
     """[U, k·P, F] (float64 unless told): each user's records' rows ``t`` [R, P, F] side by
     side, users padded with zero records to ``k``."""
     _, P, Fd = t.shape
-    out = torch.zeros(U, k, P, Fd, dtype=dtype)
+    out = torch.zeros(U, k, P, Fd, dtype=dtype, device=t.device)
     out[of, pos] = t.to(dtype)
     return out.reshape(U, k * P, Fd)
 
@@ -329,18 +336,20 @@ def ghost_gradients(
     ``"materialized"`` for every Linear/Conv2d weight (tests; None: the cheaper one)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     U = len(sizes)
-    dtype = params[names[0]].dtype
+    dtype, dev = params[names[0]].dtype, x.device  # every index and sum on the records' device
     rec = torch.from_numpy(np.concatenate([np.arange(a, a + k) for a, k in zip(starts, sizes)]))
-    of = torch.from_numpy(np.repeat(np.arange(U), sizes))
-    pos = torch.arange(len(of)) - torch.from_numpy(np.repeat(np.cumsum(sizes) - sizes, sizes))
+    rec = rec.to(dev)
+    of = torch.from_numpy(np.repeat(np.arange(U), sizes)).to(dev)
+    first = torch.from_numpy(np.repeat(np.cumsum(sizes) - sizes, sizes)).to(dev)
+    pos = torch.arange(len(of), device=dev) - first
     k = int(sizes.max())
-    w = (float(scale) / torch.from_numpy(sizes).to(torch.float64)).to(dtype)[of]
+    w = (float(scale) / torch.from_numpy(sizes).to(dev, torch.float64)).to(dtype)[of]
     # its output gradients are each record's share of its user's vector
     paths, mods, inputs, gouts = per_sample.weighted_layer_grads(
         model, params, x[rec], y[rec], names, w, "ghost_gradients"
     )
     R = len(rec)
-    sq = torch.zeros(U, dtype=torch.float64)
+    sq = torch.zeros(U, dtype=torch.float64, device=dev)
     layers: list[_Layer] = []
     forms: dict[str, str] = {}
     for p, a, g in zip(paths, inputs, gouts):
@@ -414,7 +423,7 @@ def ghost_gradients(
             )
             key = (of.unsqueeze(1) * mod.num_embeddings + ids)[keep]
             uniq, inv = torch.unique(key, return_inverse=True)
-            rows = torch.zeros(len(uniq), g3.shape[2], dtype=torch.float64)
+            rows = torch.zeros(len(uniq), g3.shape[2], dtype=torch.float64, device=g3.device)
             rows.index_add_(0, inv, g3[keep].double())
             sq.index_add_(0, uniq // mod.num_embeddings, (rows * rows).sum(1))
         else:  # normalization layers: each record's (small) gradient
@@ -471,15 +480,16 @@ def clipped_sum(gg: GhostGradients, constraint: Constraint) -> tuple[Contributio
     ok = gg.finite
     failed = int((~ok).sum())
     norms = gg.norms[ok]
+    dev = gg.sq.device
     factor_ok, was = clip_factors(
-        torch.empty(len(norms), 0, dtype=gg.dtype), constraint.clip, norms
+        torch.empty(len(norms), 0, dtype=gg.dtype, device=dev), constraint.clip, norms
     )
-    factor = torch.zeros(gg.U, dtype=gg.dtype)
+    factor = torch.zeros(gg.U, dtype=gg.dtype, device=dev)
     factor[ok] = factor_ok
     n = int(ok.sum())
     total = (
         gg.weighted_sum(factor)
         if n
-        else torch.zeros(sum(s.numel() for s in gg.shapes.values()), dtype=gg.dtype)
+        else torch.zeros(sum(s.numel() for s in gg.shapes.values()), dtype=gg.dtype, device=dev)
     )
     return Contribution(None, total, n, int(was.sum())), failed

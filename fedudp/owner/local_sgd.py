@@ -219,7 +219,7 @@ def _local_sgd_vmap(
     steps = -(-L // b)
     dtype = next(iter(trainable.values())).dtype
     for e in range(E):
-        ord_e = torch.from_numpy(orders[:, e])
+        ord_e = torch.from_numpy(orders[:, e]).to(x.device)
         for s in range(steps):
             idx = ord_e[:, s * b : (s + 1) * b]
             mask = idx >= 0
@@ -310,7 +310,7 @@ def _local_sgd_loop(
     out = {k: v.detach().clone() for k, v in trainable.items()}
     b, lr = spec.batch_size, spec.lr
     sizes = (orders[:, 0, :] >= 0).sum(1)
-    ords = torch.from_numpy(orders)
+    ords = torch.from_numpy(orders).to(x.device)
     every = (*frozen_common, *frozen_per_unit, *names)
     with torch.enable_grad(), bound(model, every) as bind:
         for u in range(U):
@@ -393,8 +393,9 @@ def _mean_gradients_vmap(
 ) -> Params:
     L = int(units.sizes.max()) if len(units) else 0
     col = np.arange(L)[None, :]
-    mask = torch.from_numpy(col < units.sizes[:, None])
+    mask = torch.from_numpy(col < units.sizes[:, None]).to(x.device)
     idx = torch.from_numpy(units.starts[:, None] + np.minimum(col, units.sizes[:, None] - 1))
+    idx = idx.to(x.device)
 
     def unit_loss(tr, fr, xb, yb, mb):
         return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
@@ -469,6 +470,7 @@ def flat_delta(
             U,
             sum(int(start[k].numel()) for k in names),
             dtype=end[names[0]].dtype if names else torch.float32,
+            device=end[names[0]].device if names else None,
         )
     c = 0
     for k in names:
@@ -517,8 +519,8 @@ def evaluate_sums(
         np.minimum(
             offsets[:-1, None] + np.minimum(col, np.maximum(sizes[:, None] - 1, 0)), len(x) - 1
         )
-    )
-    mask = torch.from_numpy(valid)
+    ).to(x.device)
+    mask = torch.from_numpy(valid).to(x.device)
 
     def one(pers, xb):
         return functional_call(model, {**shared, **pers}, (xb,))
@@ -538,7 +540,7 @@ def evaluate_sums(
         .double()
         * mask
     ).sum(1)
-    return correct.numpy(), loss.numpy()
+    return correct.cpu().numpy(), loss.cpu().numpy()
 
 
 @torch.no_grad()

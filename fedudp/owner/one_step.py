@@ -62,13 +62,14 @@ def one_step_vectors(
     first U rows)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     U = len(sizes)
-    dtype = params[names[0]].dtype
+    dtype, dev = params[names[0]].dtype, params[names[0]].device
     d = sum(int(params[n].numel()) for n in names)
     if U == 0:
-        return torch.zeros(0, d, dtype=dtype)
+        return torch.zeros(0, d, dtype=dtype, device=dev)
     rec = torch.from_numpy(np.concatenate([np.arange(a, a + k) for a, k in zip(starts, sizes)]))
-    of = torch.from_numpy(np.repeat(np.arange(U), sizes))
-    w = (float(scale) / torch.from_numpy(sizes).to(torch.float64)).to(dtype)[of]
+    rec = rec.to(x.device)
+    of = torch.from_numpy(np.repeat(np.arange(U), sizes)).to(dev)
+    w = (float(scale) / torch.from_numpy(sizes).to(dev, torch.float64)).to(dtype)[of]
     # each record's loss times s / k_u: its output gradients are its share of its user's vector
     layers, mods, inputs, gouts = per_sample.weighted_layer_grads(
         model, params, x[rec], y[rec], names, w, "one_step_vectors"
@@ -114,7 +115,7 @@ def _conv_weight_per_user(
     the user's records, which are consecutive rows of ``a`` [R, C_in, H, W] and ``g``
     [R, C_out, H_o, W_o] (``sizes[u]`` rows each, in order). ``weight``: the weight the forward
     used (its shape, dtype and layout; its values do not enter a weight gradient)."""
-    out = torch.empty(len(sizes), *weight.shape, dtype=g.dtype)
+    out = torch.empty(len(sizes), *weight.shape, dtype=g.dtype, device=g.device)
     ends = np.cumsum(sizes)
     for u, (s, e) in enumerate(zip(ends - sizes, ends)):
         out[u] = torch.ops.aten.convolution_backward(
@@ -135,7 +136,7 @@ def _conv_weight_per_user(
 
 def _per_user(t: torch.Tensor, of: torch.Tensor, U: int) -> torch.Tensor:
     """[U, ...]: the rows of ``t`` summed per user (in record order)."""
-    return torch.zeros(U, *t.shape[1:], dtype=t.dtype).index_add_(0, of, t)
+    return torch.zeros(U, *t.shape[1:], dtype=t.dtype, device=t.device).index_add_(0, of, t)
 
 
 def _padded(
@@ -144,9 +145,10 @@ def _padded(
     """([U, out, k], [U, k, in]): each user's records' output gradients and inputs, users padded
     to the largest size with zero records, for Σ_{r∈u} g_r a_rᵀ as one batched matmul."""
     k = int(sizes.max())
-    pos = torch.arange(len(of)) - torch.from_numpy(np.repeat(np.cumsum(sizes) - sizes, sizes))
-    G = torch.zeros(U, k, g.shape[1], dtype=g.dtype)
-    A = torch.zeros(U, k, a.shape[1], dtype=a.dtype)
+    first = torch.from_numpy(np.repeat(np.cumsum(sizes) - sizes, sizes)).to(of.device)
+    pos = torch.arange(len(of), device=of.device) - first
+    G = torch.zeros(U, k, g.shape[1], dtype=g.dtype, device=g.device)
+    A = torch.zeros(U, k, a.shape[1], dtype=a.dtype, device=a.device)
     G[of, pos] = g
     A[of, pos] = a
     return G.transpose(1, 2), A

@@ -156,6 +156,9 @@ class Owners:
         self.public_personal = {k: init[k].detach().clone() for k in spec.personal}
         self.shared_dim = sum(int(init[k].numel()) for k in spec.shared)
         self.dtype = next(iter(init.values())).dtype
+        # engine_opts.device: where the model lives (fedudp.build moves it); every tensor the
+        # owner side creates is made there, every number it hands back comes through the CPU
+        self.device = next((v.device for v in init.values()), torch.device("cpu"))
         # progress inside a round (the run's progress bar): called as (stage, done, total) after
         # each chunk of units; None: silent. It changes nothing the owners compute.
         self.on_progress: Callable[[str, int, int], None] | None = None
@@ -265,10 +268,11 @@ class Owners:
         users = np.concatenate([np.arange(ou[j], ou[j + 1]) for j in units])
         row = np.full(fed.num_owners, -1, dtype=np.int64)
         row[units] = np.arange(len(units))
-        sums = torch.zeros(len(units), self.shared_dim, dtype=self.dtype)
+        sums = torch.zeros(len(units), self.shared_dim, dtype=self.dtype, device=self.device)
         for us, G in self.user_vectors(fed, shared, personal, users, round_):
-            sums.index_add_(0, torch.from_numpy(row[fed.user_owner[us]]), G.to(sums.dtype))
-        counts = torch.from_numpy(np.diff(ou)[units]).to(sums.dtype)
+            at = torch.from_numpy(row[fed.user_owner[us]]).to(sums.device)
+            sums.index_add_(0, at, G.to(sums.dtype))
+        counts = torch.from_numpy(np.diff(ou)[units]).to(sums.device, sums.dtype)
         yield sums / counts.clamp(min=1).unsqueeze(1)
 
     def _frozen(
@@ -347,7 +351,7 @@ class Owners:
                 fractions=fractions,
             )
         units = owner_units(fed, owners)
-        G = torch.zeros(len(owners), self.shared_dim, dtype=self.dtype)
+        G = torch.zeros(len(owners), self.shared_dim, dtype=self.dtype, device=self.device)
         one = self._one_step_owners(units.sizes)
         if one.any():
             self._one_step_rows(G, np.flatnonzero(one), fed, shared, units.starts, units.sizes)
@@ -412,7 +416,7 @@ class Owners:
         buf = None
         for sel in local_sgd.chunks(sizes, min(self.budget, ONE_STEP_RECORDS)):
             if buf is None or len(buf) < len(sel):
-                buf = torch.empty(len(sel), self.shared_dim, dtype=self.dtype)
+                buf = torch.empty(len(sel), self.shared_dim, dtype=self.dtype, device=self.device)
             yield (
                 sel,
                 one_step_vectors(
@@ -447,7 +451,7 @@ class Owners:
             G = self.owner_deltas(fed, shared, personal, units, round_, constraint, fractions)
             if adaptive:  # the released fractions of the owners whose delta is sent
                 rep = self._weighted_reply(G, fed, units, constraint)
-                ok = finite_rows(G).numpy()
+                ok = finite_rows(G).cpu().numpy()
                 assert fractions is not None  # adaptive: filled by owner_deltas
                 rep.contribution.fraction_sum = float(fractions[ok].sum())
                 rep.contribution.fraction_reports = int(ok.sum())
@@ -458,7 +462,9 @@ class Owners:
             got = list(self.user_vectors(fed, shared, personal, units, round_))
             if not got:
                 return make_reply(
-                    torch.zeros(0, self.shared_dim, dtype=self.dtype), self.spec.shared, constraint
+                    torch.zeros(0, self.shared_dim, dtype=self.dtype, device=self.device),
+                    self.spec.shared,
+                    constraint,
                 )
             done = np.concatenate([u for u, _ in got])
             G = torch.cat([g for _, g in got])
@@ -472,6 +478,7 @@ class Owners:
                 self.shared_dim,
                 self.dtype,
                 self.spec.shared,
+                device=self.device,
             )
         fast = self._one_step_units(fed, units, constraint) if ONE_STEP else None
         parts = []

@@ -65,7 +65,7 @@ def per_record_gradients(
     """{name: [R, *shape]}: each record's gradient of its cross-entropy w.r.t. ``names``, at
     ``params`` (all the model's parameters, unbatched). Requires ``supported(model, names)``."""
     # unit weights: the summed cross-entropy, each output gradient one record's
-    w = torch.ones(len(y), dtype=params[names[0]].dtype)
+    w = torch.ones(len(y), dtype=params[names[0]].dtype, device=params[names[0]].device)
     order, mods, inputs, gouts = weighted_layer_grads(
         model, params, x, y, names, w, "per_record_gradients"
     )

@@ -77,21 +77,27 @@ def make_reply(
         norms = None if norms is None else norms[ok.cpu()]
     if weights is None:
         return OwnerReply(names, constraint.apply(G, norms, inplace=owned and not failed), failed)
-    w = np.asarray(weights, dtype=np.float64)[ok.numpy()]
-    c = constraint.apply(G * torch.from_numpy(w).to(G.dtype).unsqueeze(1))
+    w = np.asarray(weights, dtype=np.float64)[ok.cpu().numpy()]
+    c = constraint.apply(G * torch.from_numpy(w).to(G.device, G.dtype).unsqueeze(1))
     c.weight = float(w.sum())
     return OwnerReply(names, c, failed)
 
 
 def rows_reply(
-    chunks: Iterable[torch.Tensor], units: int, dim: int, dtype: torch.dtype, names: tuple[str, ...]
+    chunks: Iterable[torch.Tensor],
+    units: int,
+    dim: int,
+    dtype: torch.dtype,
+    names: tuple[str, ...],
+    device: torch.device | None = None,
 ) -> OwnerReply:
     """The reply of an aggregator that takes rows (``Constraint(rows=True)``), from the row
     chunks of at most ``units`` units as the owners compute them: each chunk's finite rows are
     written, in order, into one [units, dim] matrix allocated up front, so the rows are held
     once (not a list of chunks and then their concatenation, ``Contribution.merge``). Non-finite
-    rows are dropped (they contribute zero, as in ``make_reply``) and counted in ``failed``."""
-    out = torch.empty(units, dim, dtype=dtype)
+    rows are dropped (they contribute zero, as in ``make_reply``) and counted in ``failed``.
+    ``device``: where the matrix lives (the chunks', ``engine_opts.device``; None: the CPU)."""
+    out = torch.empty(units, dim, dtype=dtype, device=device)
     at = failed = 0
     for G in chunks:
         ok = finite_rows(G)
