@@ -72,7 +72,9 @@ class PersonalStep(OwnerHooks):
         )
         out, i = {}, 0
         for k, s, n in zip(names, shapes, sizes):
-            out[k] = std * torch.from_numpy(draws[:, i : i + n]).reshape(len(fed.owner_ids), *s)
+            # drawn in float64 on the CPU, then moved to the owners' device (engine_opts.device)
+            noise = std * torch.from_numpy(draws[:, i : i + n]).reshape(len(fed.owner_ids), *s)
+            out[k] = noise.to(owners.device)
             i += n
         return out
 
@@ -96,13 +98,14 @@ class PersonalStep(OwnerHooks):
             fed.y,
             user_units(fed, units),
         )
-        sizes = torch.from_numpy(np.diff(fed.user_offsets)[units].astype(np.float64))
+        dev = owners.device
+        sizes = torch.from_numpy(np.diff(fed.user_offsets)[units].astype(np.float64)).to(dev)
         uniq, row = np.unique(who, return_inverse=True)
-        idx = torch.from_numpy(row)
-        weight = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, idx, sizes)
+        idx = torch.from_numpy(row).to(dev)
+        weight = torch.zeros(len(uniq), dtype=torch.float64, device=dev).index_add_(0, idx, sizes)
         for k, g in grads.items():
             flat = g.to(torch.float64).reshape(len(units), -1) * sizes.unsqueeze(1)
-            tot = torch.zeros(len(uniq), flat.shape[1], dtype=torch.float64).index_add_(
+            tot = torch.zeros(len(uniq), flat.shape[1], dtype=torch.float64, device=dev).index_add_(
                 0, idx, flat
             )
             step = (tot / weight.unsqueeze(1)).reshape(len(uniq), *g.shape[1:]).to(new[k].dtype)

@@ -65,7 +65,8 @@ class Smoothing(OwnerHooks):
             ]
         )
         base = local_sgd.flatten(local_sgd.expand(shared, len(rec)), names)
-        flat = (base.to(torch.float64) + Y).to(base.dtype)
+        # Y drawn in float64 on the CPU, moved to the owners' device (engine_opts.device)
+        flat = (base.to(torch.float64) + Y.to(base.device)).to(base.dtype)
         trainable, i = {}, 0
         for k in names:
             n = shared[k].numel()
@@ -78,5 +79,6 @@ class Smoothing(OwnerHooks):
             local_sgd.mean_gradients(owners.model, trainable, fr, fr_common, fed.x, fed.y, units),
             names,
         )
-        out = torch.zeros(len(sub), d, dtype=G.dtype).index_add_(0, torch.from_numpy(of), G)
-        return out / torch.from_numpy(np.maximum(sizes, 1)).to(G.dtype).unsqueeze(1)
+        out = torch.zeros(len(sub), d, dtype=G.dtype, device=G.device)
+        out.index_add_(0, torch.from_numpy(of).to(G.device), G)
+        return out / torch.from_numpy(np.maximum(sizes, 1)).to(G.device, G.dtype).unsqueeze(1)
