@@ -127,3 +127,34 @@ def test_bench_flower_refuses_an_unknown_side_before_running(config):
     assert p.returncode != 0
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith(f"bench_flower.py: error: --configs {config}: expected plain[@C]")
+
+
+def _bench_gpu(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "benchmarks" / "bench_gpu.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_bench_gpu_help_runs():
+    p = _bench_gpu("--help")
+    assert p.returncode == 0 and "--cases" in p.stdout and "winsorized" in p.stdout
+
+
+def test_bench_gpu_refuses_an_unknown_case_before_running():
+    p = _bench_gpu("--cases", "cnn512,foo")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1].startswith("bench_gpu.py: error: --cases cnn512,foo")
+
+
+def test_bench_gpu_without_cuda_says_so_in_one_line_and_exits_2():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a CUDA device here")
+    p = _bench_gpu("--reps", "1")
+    assert p.returncode == 2
+    out = p.stdout.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("no CUDA device: ")
