@@ -162,6 +162,14 @@ class CohortRows:
             B.sub_(centre)
         return B
 
+    def stored(self, start: int, stop: int) -> torch.Tensor:
+        """The received rows ``start..stop-1`` (stop <= ``received``) as held (the owners'
+        dtype, or the float64 copy of a small cohort): a view to read, never to write."""
+        if not 0 <= start <= stop <= self.received:
+            raise ValueError(f"rows {start}..{stop} outside the {self.received} received")
+        src = self._full if self._full is not None else self.G
+        return src[start:stop]
+
     def column_sum(self) -> torch.Tensor:
         """Σ_i row_i in float64 [d], accumulated chunk by chunk (``rows_per_chunk()`` rows, one
         reused buffer); computed once per ``CohortRows`` (the rows are never written)."""

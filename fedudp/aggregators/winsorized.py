@@ -55,7 +55,7 @@ from fedudp.aggregators.base import (
     concentration_radius,
     register,
 )
-from fedudp.aggregators.rows import CohortRows, chunks_bytes
+from fedudp.aggregators.rows import CohortRows
 from fedudp.privacy.mechanisms import (
     RandomRotation,
     exponential_mechanism,
@@ -99,8 +99,22 @@ class Binned:
         return (n, k)
 
 
+@dataclass(frozen=True)
+class Counted:
+    """The columns of an [n, k] matrix as their PrivateRange bin counts ``hist`` [k, nbins]
+    (int64, each row summing to n): all ``private_range`` needs of them where it works from
+    counts (at most ``HISTOGRAM_BINS`` bins and at most 2n+1)."""
+
+    hist: torch.Tensor
+    n: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, int(self.hist.shape[0]))
+
+
 def private_range(
-    X: torch.Tensor | Binned,
+    X: torch.Tensor | Binned | Counted,
     tau: float,
     bound: float,
     eps: float,
@@ -114,23 +128,65 @@ def private_range(
     (values outside [-B, B] to the end bins). Score of a bin x: c(x) = max(#{X' < x}, #{X' > x})
     (sensitivity 1 under replace-one); P(x) ∝ exp(-eps c(x) / 2). Columns are processed in
     blocks of about ``chunk_elems`` segment weights (memory stays O(chunk), not O(n k)).
-    ``X`` may be ``Binned`` (the columns' bins, stored): the same blocks, draws and μ̂.
+    ``X`` may be ``Binned`` (the columns' bins, stored) or ``Counted`` (their bin counts): the
+    same blocks, draws and μ̂.
     """
     n, k = X.shape
     out = torch.empty(k, dtype=torch.float64)
     cols = range_block(n, chunk_elems)
     nbins = max(1, math.ceil(bound / tau))
-    counted = nbins <= min(HISTOGRAM_BINS, 2 * n + 1)
+    counted = counts_suffice(nbins, n)
+    if isinstance(X, Counted) and not counted:
+        raise ValueError(f"bin counts suffice only for <= {HISTOGRAM_BINS} and <= 2n+1 bins")
+    words = torch.empty(min(k, cols) * (2 * n + 1), dtype=torch.int64) if counted else None
     for c0 in range(0, k, cols):
+        if isinstance(X, Counted):
+            h = X.hist[c0 : c0 + cols].to(torch.int64)
+            out[c0 : c0 + cols] = _range_from_hist(h, n, tau, bound, eps, rng, words)
+            continue
         if isinstance(X, Binned):
             b = X.bins_t[c0 : c0 + cols].to(torch.int64)
         else:
             b = range_bins(X[:, c0 : c0 + cols].T.contiguous(), tau, bound)
         if counted:
-            out[c0 : c0 + cols] = _range_from_counts(b, nbins, tau, bound, eps, rng)
+            out[c0 : c0 + cols] = _range_from_hist(
+                bin_counts(b, nbins), n, tau, bound, eps, rng, words
+            )
         else:
             out[c0 : c0 + cols] = _range_from_bins(b, tau, bound, eps, rng)
     return out
+
+
+def counts_suffice(nbins: int, n: int) -> bool:
+    """Whether PrivateRange works from bin counts (``_range_from_hist``) rather than sorted
+    bins: at most ``HISTOGRAM_BINS`` bins and at most 2n+1."""
+    return nbins <= min(HISTOGRAM_BINS, 2 * n + 1)
+
+
+def bin_counts(b: torch.Tensor, nbins: int) -> torch.Tensor:
+    """Each row's bin counts [k, nbins] (int64) of the bins ``b`` [k, n]."""
+    k = b.shape[0]
+    return torch.zeros(k, nbins, dtype=torch.int64).scatter_add_(1, b, torch.ones_like(b))
+
+
+_MASK53 = (1 << 53) - 1
+
+
+def uniforms_at(
+    rng: torch.Generator, count: int, idx: torch.Tensor, words: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The float64 values at positions ``idx`` of ``torch.rand(count, generator=rng,
+    dtype=torch.float64)``, advancing ``rng`` exactly as that call does, without the other
+    values: the CPU generator's double is ((w mod 2^63) & (2^53 - 1)) · 2^-53 of the 64-bit word
+    w that ``random_`` on int64 returns as w mod 2^63, so the words are drawn (into ``words``,
+    a reusable int64 buffer of >= ``count`` entries) and only the needed ones converted, about
+    20 % cheaper than the doubles. ``tests/aggregators/test_rows_throughput.py`` checks the
+    values and the generator's state against ``torch.rand``; were the correspondence ever to
+    change, these would still be independent uniforms on the 2^-53 grid (the mechanism's
+    distribution is unchanged), only no longer ``torch.rand``'s."""
+    w = torch.empty(count, dtype=torch.int64) if words is None else words[:count]
+    w.random_(generator=rng)
+    return (w[idx] & _MASK53).to(torch.float64) * 2.0**-53
 
 
 HISTOGRAM_BINS = 1 << 12  # at most this many bins (and <= 2n+1): PrivateRange from bin counts
@@ -139,7 +195,22 @@ HISTOGRAM_BINS = 1 << 12  # at most this many bins (and <= 2n+1): PrivateRange f
 def _range_from_counts(
     b: torch.Tensor, nbins: int, tau: float, bound: float, eps: float, rng: torch.Generator
 ) -> torch.Tensor:
-    """``_range_from_bins`` from each row's bin counts: the same draws, the same μ̂.
+    """``_range_from_bins`` from each row's bin counts (``_range_from_hist`` of ``bin_counts``):
+    the same draws, the same μ̂."""
+    return _range_from_hist(bin_counts(b, nbins), b.shape[1], tau, bound, eps, rng)
+
+
+def _range_from_hist(
+    h: torch.Tensor,
+    n: int,
+    tau: float,
+    bound: float,
+    eps: float,
+    rng: torch.Generator,
+    words: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``_range_from_bins`` from each row's bin counts h [k, nbins] over n values: the same
+    draws, the same μ̂. ``words``: a reusable int64 buffer for the draws (``uniforms_at``).
 
     ``_range_from_bins`` lays out 2n+1 segments per row in sorted order (n occupied-bin entries,
     of which only a bin's first occurrence has a length, n-1 gaps, before, after) and draws
@@ -151,9 +222,8 @@ def _range_from_counts(
     uniforms are still drawn (the generator's order is kept); each segment reads the one at
     its position, its weight and Gumbel value computed by the same float64 operations, and the
     first maximum in position order wins, as ``argmax`` picks it."""
-    k, n = b.shape
+    k, nbins = h.shape
     dt, i64 = torch.float64, torch.int64
-    h = torch.zeros(k, nbins, dtype=i64).scatter_add_(1, b, torch.ones_like(b))
     below = torch.cumsum(h, 1) - h  # C_b
     upto = below + h
     occ = h > 0
@@ -185,10 +255,10 @@ def _range_from_counts(
         1,
     )
     logw = torch.where(lens > 0, torch.log(lens.clamp(min=1)) - eps * costs / 2, ninf)
-    u = torch.rand(k * (2 * n + 1), generator=rng, dtype=dt)  # exponential_mechanism's draws
     rows = torch.arange(k, dtype=i64)[:, None] * (2 * n + 1)
-    uu = u[(rows + pos.clamp(0, 2 * n)).reshape(-1)].reshape(pos.shape)
-    del u
+    at = (rows + pos.clamp(0, 2 * n)).reshape(-1)
+    # exponential_mechanism's k(2n+1) draws, only the ones read converted
+    uu = uniforms_at(rng, k * (2 * n + 1), at, words).reshape(pos.shape)
     g = -torch.log(-torch.log(uu.clamp(min=torch.finfo(dt).tiny)))
     seg = torch.argmax(logw + g, dim=1, keepdim=True)
     starts = torch.cat([ar.expand(k, -1), ar.expand(k, -1) + 1, 0 * first, last + 1], 1)
@@ -271,6 +341,10 @@ def winsorized_mean_1d(
     )
 
 
+ROTATE_BLOCK = 32  # rows per rotated block: three float64 blocks of 2^15 values stay in cache
+COUNT_BINS = 8  # at most this many bins: pass 1 counts them per column instead of storing them
+
+
 def winsorized_mean_rows(
     rows: CohortRows,
     tau: float,
@@ -284,62 +358,99 @@ def winsorized_mean_rows(
     chunk_elems: int | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """WinsorizedMean1D per column of the cohort's rows, rotated by ``rotation`` if given
-    (WinsorizedMeanHighD's inner step), in two passes over float64 chunks of rows:
+    (WinsorizedMeanHighD's inner step), in two passes over blocks of rows:
 
-    1. each chunk is rotated and its entries' PrivateRange bins stored (the smallest integer
-       dtype that holds them, ``bin_dtype``: [k, n], column by column); PrivateRange then runs
-       on the stored bins in the same column blocks, with the same draws, as on a whole matrix;
-    2. each chunk is rotated again, clipped to [μ̂ ± hτ] and summed (float64); Laplace noise.
+    1. each block (``ROTATE_BLOCK`` rows, or the cohort's ``chunk``) is rotated in float64
+       into reused buffers (``RandomRotation.rotate_block``) and its entries' PrivateRange
+       bins v = floor((Y + B)/(2τ)) taken: with at most ``COUNT_BINS`` bins only their counts
+       per column are kept (#{v >= j} per j: the same float64 arithmetic, floor(x) >= j iff
+       x >= j), otherwise the bins are stored (``bin_dtype``, [k, n]); PrivateRange then runs on
+       the counts or the bins in the same column blocks, with the same draws, as on a whole
+       matrix;
+    2. each block is rotated again, clipped to [μ̂ ± hτ] and summed (float64); Laplace noise.
        Where no entry lies outside [μ̂ ± hτ] (pass 1 keeps each column's float64 min and max)
-       the clipped sums are pass 1's plain column sums, the same values: pass 2 is skipped.
+       the clipped sums are pass 1's plain column sums: pass 2 is skipped.
 
-    Memory: the bins (n k bytes at most 2^8 bins) and a few float64 chunks, never the rotated
-    n x k matrix. Same values as ``winsorized_mean_1d`` on the whole rotated matrix up to the
-    summation order of the clipped sums."""
+    The rows past the received ones are zero vectors whose rotation is exactly zero: they are
+    counted, not rotated. Memory: three float64 blocks, the counts (or the bins: n k bytes at
+    most 2^8 bins), never the rotated n x k matrix. Same values as ``winsorized_mean_1d`` on
+    the whole rotated matrix up to the summation order of the sums (for float32 rows the
+    rotated values themselves are exact: float32 values times ±1 summed over at most 2^29
+    terms fit float64's mantissa)."""
     n = rows.n
     n_pub = int(n_public or n)
     k = rotation.dp if rotation is not None else rows.d
-    step = rows.rows_per_chunk(k)
+    dev, f64 = rows.device, torch.float64
+    step = min(rows.chunk or ROTATE_BLOCK, max(1, rows.received))
+    padded = torch.zeros(step, k, dtype=f64, device=dev)
+    out = torch.empty(step, k, dtype=f64, device=dev)
+    work = torch.empty(step, k, dtype=f64, device=dev) if rotation is not None else out
 
-    def values():
-        for s, B in rows.chunks(step):
-            yield s, (rotation.rotate(B) if rotation is not None else B)
+    def blocks():
+        for s in range(0, rows.received, step):
+            X = rows.stored(s, min(rows.received, s + step))
+            if rotation is not None:
+                yield s, rotation.rotate_block(X, padded, out, work)
+            else:
+                yield s, out[: len(X)].copy_(X)  # a float64 copy: the rows stay unwritten
 
-    stored = bin_dtype(tau, bound)
-    bins_t = torch.empty(k, n, dtype=stored)
-    total = torch.zeros(k, dtype=torch.float64)  # Σ_i Y_ij, in pass 2's chunk order
-    low = torch.full((k,), math.inf, dtype=torch.float64)
-    high = torch.full((k,), -math.inf, dtype=torch.float64)
+    zeros = n - rows.received  # padding rows: exactly zero after the rotation
     nbins = max(1, math.ceil(bound / tau))
-    for s, Y in values():
+    counting = nbins <= COUNT_BINS and counts_suffice(nbins, n)
+    stored = bin_dtype(tau, bound)
+    v0 = (0.0 + bound) / (2 * tau)  # a zero entry's (Y + B)/(2τ), as the tensors compute it
+    if counting:
+        at_least = torch.zeros(nbins, k, dtype=torch.int64, device=dev)  # #{v >= j}, j >= 1
+        at_least[0] = n
+        for j in range(1, nbins):
+            at_least[j] = zeros * int(v0 >= j)
+    else:
+        bins_t = torch.empty(k, n, dtype=stored, device=dev)
+        if zeros:
+            bins_t[:, rows.received :] = min(max(math.floor(v0), 0), nbins - 1)
+    total = torch.zeros(k, dtype=f64, device=dev)  # Σ_i Y_ij, in pass 1's block order
+    low = torch.full((k,), 0.0 if zeros else math.inf, dtype=f64, device=dev)
+    high = torch.full((k,), 0.0 if zeros else -math.inf, dtype=f64, device=dev)
+    ge = torch.empty(step, k, dtype=torch.bool, device=dev)
+    for s, Y in blocks():
+        r = len(Y)
         total += Y.sum(0)
-        lo_, hi_ = torch.aminmax(Y, dim=0)
-        torch.minimum(low, lo_, out=low)
-        torch.maximum(high, hi_, out=high)
-        # range_bins(Y) in place: the same float64 operations, on the rotated chunk (this
-        # pass's own copy) or on a copy of the rows (unrotated: they may be the caller's)
-        own = rotation is not None and Y.dtype == torch.float64
-        B = Y if own else Y.to(torch.float64, copy=True)
-        B.add_(bound).div_(2 * tau).floor_().clamp_(0, nbins - 1)
-        bins_t[:, s : s + len(Y)] = B.T
-    mu = private_range(Binned(bins_t), tau, bound, eps / 2, rng=rng, chunk_elems=chunk_elems)
-    del bins_t
+        torch.minimum(low, Y.amin(0), out=low)  # (amin and amax: 4x faster than aminmax)
+        torch.maximum(high, Y.amax(0), out=high)
+        Y.add_(bound).div_(2 * tau)  # range_bins' float64 arithmetic, in place on the block
+        if counting:
+            for j in range(1, nbins):
+                at_least[j] += torch.ge(Y, j, out=ge[:r]).sum(0)
+        else:
+            Y.floor_().clamp_(0, nbins - 1)
+            bins_t[:, s : s + r] = Y.T
+    if counting:
+        hist = at_least - torch.cat([at_least[1:], torch.zeros_like(at_least[:1])])
+        X: Binned | Counted = Counted(hist.T.contiguous().cpu(), n)
+    else:
+        X = Binned(bins_t.cpu())
+        del bins_t
+    mu = private_range(X, tau, bound, eps / 2, rng=rng, chunk_elems=chunk_elems)
     half = halfwidth_factor * tau
-    lo, hi = mu - half, mu + half
+    lo, hi = (mu - half).to(dev), (mu + half).to(dev)
     if bool(((low >= lo) & (high <= hi)).all()):
         # nothing to clip (the usual case: τ' bounds the spread): the clipped sums are the
         # sums of pass 1, the same values in the same order; no second rotation
         stat, outside = total, 0
     else:
-        stat = torch.zeros(k, dtype=torch.float64)
+        stat = torch.zeros(k, dtype=f64, device=dev)
         outside = 0
-        for _, Y in values():
-            stat += torch.minimum(torch.maximum(Y, lo), hi).sum(0)
+        for _, Y in blocks():
             outside += int(((Y < lo) | (Y > hi)).sum())
+            stat += torch.clamp(Y, lo, hi).sum(0)
+        if zeros:
+            z = torch.zeros((), dtype=f64, device=dev)
+            stat += zeros * torch.clamp(z, lo, hi)
+            outside += zeros * int(((z < lo) | (z > hi)).sum())
     frac = outside / (n * k) if n * k else 0.0
     scale = 4 * halfwidth_factor * tau / (n_pub * eps)  # (2hτ/n) / (eps/2)
-    out = stat / n_pub + laplace((k,), scale, rng=rng)
-    return out, {"clipped_fraction": frac, "laplace_scale": scale, "center": mu}
+    out_ = stat.cpu() / n_pub + laplace((k,), scale, rng=rng)
+    return out_, {"clipped_fraction": frac, "laplace_scale": scale, "center": mu}
 
 
 def winsorized_sum(
@@ -356,12 +467,20 @@ def winsorized_sum(
 def winsorized_bytes(
     rows: int, dim: int, tau_coord: float, bound: float, chunk_elems: int | None = None
 ) -> int:
-    """Peak bytes of one WinsorizedMeanHighD release beyond the rows: the stored bins, the
-    float64 chunks being rotated and one PrivateRange block (a dozen [cols, 2n+1] arrays)."""
+    """Peak bytes of one WinsorizedMeanHighD release beyond the rows: the stored bins (only
+    above ``COUNT_BINS`` bins; their counts otherwise), three float64 blocks of
+    ``ROTATE_BLOCK`` rotated rows and a bool block, and one PrivateRange block (its int64 words,
+    or a dozen [cols, 2n+1] arrays in the sorted form above ``HISTOGRAM_BINS``)."""
     k = next_pow2(dim)
-    bins = rows * k * torch.empty((), dtype=bin_dtype(tau_coord, bound)).element_size()
-    block = 12 * 8 * range_block(rows, chunk_elems) * (2 * rows + 1)
-    return bins + chunks_bytes() + block + 8 * 8 * k
+    nbins = max(1, math.ceil(bound / tau_coord))
+    if nbins <= COUNT_BINS and counts_suffice(nbins, rows):
+        bins = 2 * 8 * nbins * k
+    else:
+        bins = rows * k * torch.empty((), dtype=bin_dtype(tau_coord, bound)).element_size()
+    cols = range_block(rows, chunk_elems)
+    per_col = 8 if counts_suffice(nbins, rows) else 12 * 8
+    block = per_col * min(k, cols) * (2 * rows + 1)
+    return bins + 25 * ROTATE_BLOCK * k + block + 8 * 8 * k
 
 
 def min_users(coords: int, eps_coord: float, bound: float, tau_coord: float, gamma: float) -> int:

@@ -233,6 +233,43 @@ def fwht_gemm(x: torch.Tensor) -> torch.Tensor:
     return torch.matmul(Ha, y).reshape(*lead, d)
 
 
+def fwht_factors(d: int) -> tuple[int, ...]:
+    """The Kronecker factor sizes ``fwht_into`` applies to a row of length d = 2^L, in order:
+    the first acts on the last axis (one plain GEMM), the others on axes of stride >= 64
+    (batched products of wide matrices). L <= 6: one factor; else 64 first and the other L-6
+    bits split in two (2^15: 64, 32, 16)."""
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"fwht needs a power-of-two length, got {d}")
+    L = d.bit_length() - 1
+    if L <= 6:
+        return (d,)
+    rest = L - 6
+    lo, hi = rest // 2, rest - rest // 2
+    return tuple(1 << b for b in (6, hi, lo) if b)
+
+
+def fwht_into(x: torch.Tensor, out: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+    """``fwht(x)`` for the rows of ``x`` [r, d] written into ``out`` (same shape, contiguous),
+    with ``work`` (same shape, contiguous) as scratch; ``x`` is only read. For blocks of a few
+    dozen rows that stay in cache: the factors of ``fwht_factors`` (2^15: 64, 32, 16) cost 112
+    multiply-adds per value against ``fwht_gemm``'s 384 and run about 2.5x faster there. Values
+    equal ``fwht``'s up to float rounding; each row is transformed on its own."""
+    d = x.shape[-1]
+    fs = fwht_factors(d)
+    src, inner = x, 1
+    # ping-pong so that the last factor lands in ``out``
+    bufs = [out, work] if len(fs) % 2 else [work, out]
+    for i, f in enumerate(fs):
+        H = _hadamard(f, x.dtype, x.device)
+        dst = bufs[i % 2]
+        if inner == 1:
+            torch.matmul(src.reshape(-1, f), H, out=dst.view(-1, f))
+        else:
+            torch.matmul(H, src.reshape(-1, f, inner), out=dst.view(-1, f, inner))
+        src, inner = dst, inner * f
+    return out
+
+
 def rotated_coordinate_radius(tau: float, d: int, n: int, alpha: float) -> float:
     """[LEVY] Lemma 2: after the rotation (length d), n points within τ (l2) of a center lie
     within 10 τ sqrt(log(d n/α)/d) of it per coordinate, with probability >= 1-α."""
@@ -261,6 +298,21 @@ class RandomRotation:
         Z = X.new_zeros(*lead, self.dp) if self.dp != self.d else torch.empty_like(X)
         torch.mul(X, self.omega[: self.d].to(X.dtype), out=Z[..., : self.d])  # pad, sign
         return fwht_gemm(Z).mul_(self.scale)
+
+    def rotate_block(
+        self, X: torch.Tensor, padded: torch.Tensor, out: torch.Tensor, work: torch.Tensor
+    ) -> torch.Tensor:
+        """``rotate(X)`` for a block of rows X [r, d] (any float dtype) through caller-owned
+        float64 buffers of at least r rows and d' columns (reused block after block: no
+        allocation per block): ``padded`` must hold zeros in its columns d..d'-1 (they are
+        never written); returns ``out[:r]``. The products are ``fwht_into``'s, so the values
+        equal ``rotate``'s up to float rounding."""
+        r = X.shape[0]
+        if X.shape[-1] != self.d:
+            raise ValueError(f"expected last dim {self.d}, got {X.shape[-1]}")
+        Z = padded[:r]
+        torch.mul(X, self.omega[: self.d].to(Z.device), out=Z[:, : self.d])  # float64, sign
+        return fwht_into(Z, out[:r], work[:r]).mul_(self.scale)
 
     def invert(self, Y: torch.Tensor) -> torch.Tensor:
         X = fwht(Y) * self.scale * self.omega.to(Y.dtype)  # U^T = d'^{-1/2} D H (H symmetric)

@@ -215,9 +215,11 @@ def test_winsorized_skips_the_second_rotation_when_nothing_is_clipped(chunk, mon
     ref, _, frac = legacy_winsorized(make(), G, ref_rng)
     assert frac == 0
     rotated = []
-    real = RandomRotation.rotate
+    real = RandomRotation.rotate_block
     monkeypatch.setattr(
-        RandomRotation, "rotate", lambda self, X: rotated.append(len(X)) or real(self, X)
+        RandomRotation,
+        "rotate_block",
+        lambda self, X, *bufs: rotated.append(len(X)) or real(self, X, *bufs),
     )
     agg = make()
     agg.chunk_rows = chunk
@@ -460,9 +462,16 @@ def test_rows_bytes_counts_the_rows_once_plus_the_owners_copy_and_the_chunks():
         assert need == matrix + max(matrix * (memory.OWNER_ROW_COPIES - 1), work), agg.name
         assert need < 20 * GIB, agg.name  # was 36.7 GiB (two float64 copies)
     w = load_aggregators(n, dim)[0]
-    # the winsorized mean stores one byte per rotated coordinate and row (2 bins here)
-    assert winsorized.bin_dtype(w.tau_coord, w.bound) == torch.uint8
-    assert n * 32_768 <= w.working_bytes(n, dim) < n * 32_768 + 1 * GIB
+    # 8 bins here: the winsorized mean counts them per coordinate (no n x d' bins stored); its
+    # work is three float64 blocks of 32 rotated rows and one PrivateRange block of int64 words
+    nbins = math.ceil(w.bound / w.tau_coord)
+    assert nbins == 8 <= winsorized.COUNT_BINS
+    words = 8 * winsorized.range_block(n) * (2 * n + 1)
+    assert 3 * 32 * 32_768 * 8 + words <= w.working_bytes(n, dim) < 128 * 2**20
+    # a narrow radius (more than COUNT_BINS bins) stores one byte per coordinate and row
+    narrow = WinsorizedAggregator(dim, 0.05, 1.0, 1e-3, Sampling(1.0, n))
+    assert winsorized.bin_dtype(narrow.tau_coord, narrow.bound) == torch.uint8
+    assert n * 32_768 <= narrow.working_bytes(n, dim) < n * 32_768 + 1 * GIB
     few = load_aggregators(n, dim)[-1]  # blocks=4: one float64 block of d'/4
     assert few.working_bytes(n, dim) >= n * 32_768 // 4 * 8
     assert memory.rows_bytes(n, 44_628, 4) == n * 44_628 * 4 * memory.OWNER_ROW_COPIES
