@@ -587,7 +587,7 @@ class WinsorizedAggregator(RowsAggregator):
             halfwidth_factor=self.h,
             n_public=n,
         )
-        mean = rot.invert(est).to(G.dtype)
+        mean = rot.invert(est).to(G.device, G.dtype)  # on the rows' device (engine_opts.device)
         info = {
             "clipped_fraction": diag["clipped_fraction"],
             "cohort": int(G.shape[0]),
