@@ -23,23 +23,29 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(NO_CUDA, reason=
 
 
 def _run(method: str, device: str, **kw):
-    """(result, prepared, every noise tensor drawn from a seeded generator, in order)."""
+    """(result, prepared, every tensor drawn from a seeded generator by ``torch.randn`` or
+    ``torch.rand``, in order)."""
     cfg = tiny_cfg(method, **{"train.rounds": 2, "engine_opts.device": device, **kw})
     p = prepare(cfg)
     drawn: list[torch.Tensor] = []
-    randn = torch.randn
+    randn, rand = torch.randn, torch.rand
 
-    def spy(*a, **k):
-        out = randn(*a, **k)
-        if k.get("generator") is not None:
-            drawn.append(out.clone())
-        return out
+    def spying(draw):
+        def spy(*a, **k):
+            out = draw(*a, **k)
+            if k.get("generator") is not None:
+                drawn.append(out.clone())
+            return out
 
-    torch.randn = spy  # the estimators' and owner-side DP-SGD's Gaussian draws
+        return spy
+
+    # the estimators' and owner-side DP-SGD's Gaussian draws, the uniform draws of Laplace
+    # noise and of the filters' samples
+    torch.randn, torch.rand = spying(randn), spying(rand)
     try:
         res = execute(p)
     finally:
-        torch.randn = randn
+        torch.randn, torch.rand = randn, rand
     return res, p, drawn
 
 
@@ -119,6 +125,12 @@ CASES = [
     ),
     pytest.param("full_dp", {"privacy.placement": "local_dpsgd"}, id="full_dp-owner_dpsgd"),
     pytest.param("joint_dp", {"privacy.unit": "owner"}, id="joint_dp-owner_unit"),
+    pytest.param("full_dp", {"aggregator": "gaussian", "audit.canaries": 3}, id="full_dp-canaries"),
+    # rows on the device (rows_reply) into the winsorized estimator: on cuda this also checks
+    # that winsorized (fedudp/aggregators/winsorized.py, rows.py) is device-aware
+    pytest.param(
+        "joint_dp", {"aggregator": "winsorized", "estimator.bound": 10.0}, id="joint_dp-winsorized"
+    ),
 ]
 
 
