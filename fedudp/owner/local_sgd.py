@@ -221,10 +221,10 @@ def _local_sgd_vmap(
     for e in range(E):
         ord_e = torch.from_numpy(orders[:, e]).to(x.device)
         for s in range(steps):
+            if not (orders[:, e, s * b : (s + 1) * b] >= 0).any():  # numpy: no device sync
+                continue
             idx = ord_e[:, s * b : (s + 1) * b]
             mask = idx >= 0
-            if not bool(mask.any()):
-                continue
             ic = idx.clamp(min=0)
             grads = g(trainable, frozen_per_unit, x[ic], y[ic], mask.to(dtype))
             trainable = {k: v - spec.lr * grads[k] for k, v in trainable.items()}
