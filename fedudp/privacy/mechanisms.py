@@ -280,7 +280,8 @@ class RandomRotation:
     """U = d'^{-1/2} H diag(omega), omega uniform in {±1}^{d'} ([LEVY] Alg. 2;
     docs/algorithms.md#randomized-hadamard-rotation).
 
-    ``omega`` is public, data-independent randomness; one draw is shared by all rows of a call.
+    ``omega`` is public, data-independent randomness; one draw is shared by all rows of a call,
+    drawn on the CPU generator and moved to the rows' device (``engine_opts.device``).
     ``rotate`` pads rows to d' = 2^ceil(log2 d) with zeros; ``invert`` drops the padding.
     """
 
@@ -296,7 +297,7 @@ class RandomRotation:
             raise ValueError(f"expected last dim {self.d}, got {X.shape[-1]}")
         lead = X.shape[:-1]
         Z = X.new_zeros(*lead, self.dp) if self.dp != self.d else torch.empty_like(X)
-        torch.mul(X, self.omega[: self.d].to(X.dtype), out=Z[..., : self.d])  # pad, sign
+        torch.mul(X, self.omega[: self.d].to(X.device, X.dtype), out=Z[..., : self.d])  # sign
         return fwht_gemm(Z).mul_(self.scale)
 
     def rotate_block(
@@ -315,5 +316,5 @@ class RandomRotation:
         return fwht_into(Z, out[:r], work[:r]).mul_(self.scale)
 
     def invert(self, Y: torch.Tensor) -> torch.Tensor:
-        X = fwht(Y) * self.scale * self.omega.to(Y.dtype)  # U^T = d'^{-1/2} D H (H symmetric)
+        X = fwht(Y) * self.scale * self.omega.to(Y.device, Y.dtype)  # U^T = d'^{-1/2} D H
         return X[..., : self.d]
