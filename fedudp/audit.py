@@ -1050,6 +1050,11 @@ def main(argv: list[str] | None = None) -> int:
         return err(str(e))
     if a.trials < 200:
         return err(f"--trials {a.trials}: at least 200 releases per side")
+    if over.get("engine_opts.device", "cpu") != "cpu":
+        return err(
+            f"engine_opts.device={over['engine_opts.device']}: the audit runs on the CPU only "
+            "(its canaries and replicated owners are built there); drop the override"
+        )
     if a.pair:
         if a.broken:
             return err("--break applies to the canary audit, not to --pair")

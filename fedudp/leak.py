@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedudp.config import RunConfig, config_from_overrides
+from fedudp.config import ConfigError, RunConfig, config_from_overrides
 
 if TYPE_CHECKING:
     from fedudp.aggregators.base import Contribution
@@ -50,7 +50,13 @@ PAIR = {
 
 
 def leak_config(**overrides: Any) -> RunConfig:
-    """The pair's configuration; ``overrides`` (dotted keys) e.g. ``privacy.accounting``."""
+    """The pair's configuration; ``overrides`` (dotted keys) e.g. ``privacy.accounting``. The
+    pair runs on the CPU only (``engine_opts.device`` other than ``cpu`` is refused)."""
+    if str(overrides.get("engine_opts.device", "cpu")) != "cpu":
+        raise ConfigError(
+            f"engine_opts.device={overrides['engine_opts.device']}: the leak pair runs on the "
+            "CPU only; drop the override"
+        )
     return config_from_overrides({**PAIR, **overrides})
 
 

@@ -355,3 +355,21 @@ def test_cli_audits_a_tree_over_its_sequence(capsys):
         == 2
     )
     assert "--sequence 100" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pair", [[], ["--pair", "paper_leak"]])
+def test_the_audit_refuses_a_gpu_device_in_one_line(pair, capsys):
+    """The audit and the leak pair build their canaries and replicas on the CPU: a device
+    override is refused before any work, naming the key."""
+    assert main([*pair, "engine_opts.device=cuda", "--trials", "1000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "engine_opts.device=cuda" in err[0] and "CPU only" in err[0]
+
+
+def test_leak_config_refuses_a_gpu_device():
+    from fedudp.config import ConfigError
+    from fedudp.leak import leak_config
+
+    with pytest.raises(ConfigError, match="engine_opts.device=cuda:0: the leak pair runs"):
+        leak_config(**{"engine_opts.device": "cuda:0"})
+    assert leak_config(**{"engine_opts.device": "cpu"}).engine_opts.device == "cpu"

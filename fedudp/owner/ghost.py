@@ -159,8 +159,10 @@ def gram_share(
             hooks.append(mods[p].register_forward_hook(hook))
     try:
         # no gradients, and the global RNG left as it was (a dropout layer draws from it)
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(torch.zeros(1, *input_shape, dtype=dtype, device=_device(model)))
+        dev = _device(model)
+        forked = [dev] if dev.type == "cuda" else []  # the device's RNG too (engine_opts.device)
+        with torch.no_grad(), torch.random.fork_rng(devices=forked):
+            model(torch.zeros(1, *input_shape, dtype=dtype, device=dev))
     finally:
         for h in hooks:
             h.remove()
