@@ -382,9 +382,11 @@ def winsorized_mean_rows(
     k = rotation.dp if rotation is not None else rows.d
     dev, f64 = rows.device, torch.float64
     step = min(rows.chunk or ROTATE_BLOCK, max(1, rows.received))
-    padded = torch.zeros(step, k, dtype=f64, device=dev)
     out = torch.empty(step, k, dtype=f64, device=dev)
-    work = torch.empty(step, k, dtype=f64, device=dev) if rotation is not None else out
+    padded, work = out, out  # the rotation's input and scratch blocks, only where it rotates
+    if rotation is not None:
+        padded = torch.zeros(step, k, dtype=f64, device=dev)
+        work = torch.empty(step, k, dtype=f64, device=dev)
 
     def blocks():
         for s in range(0, rows.received, step):
