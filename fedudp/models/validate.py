@@ -53,7 +53,7 @@ otherwise ``torch.func.vmap(grad(...))`` computes them, one record as a batch of
     layer owning the parameter                 per-record gradient path
     =========================================  ==================================
     nn.Linear                                  fast (one batched backward)
-    nn.Conv2d, groups = 1, zero padding,       fast (one grouped convolution)
+    nn.Conv2d, groups = 1, zero padding,       fast (records as conv groups)
     numeric (not "same"/"valid") padding
     nn.Conv2d grouped / other padding modes    vmap
     nn.Conv1d, nn.Conv3d, ConvTranspose*       vmap

@@ -21,8 +21,9 @@ Linear (any middle dims)   W: ||Σ_{r,p} g_rp a_rpᵀ||² = Σ_{(r,p),(r',p')∈
                            (the user's Gram matrices, "ghost"), or the user's W_u materialized
                            (one batched matmul), whichever costs fewer multiply-adds; b: Σ g.
 Conv2d (groups = 1)        W: the same identity on the unfolded input (F.unfold: each output
-                           pixel's receptive field), or W_u materialized (``per_sample``'s grouped
-                           convolution / one weight-gradient kernel per user); b: Σ_{r,p} g_rp.
+                           pixel's receptive field), or W_u materialized (``per_sample``'s
+                           records-as-groups weight gradient in blocks, each block's norms taken
+                           at once / one weight-gradient kernel per user); b: Σ_{r,p} g_rp.
 Embedding                  W: the user's gradient rows Σ g over its positions holding token t,
                            one row per (user, token) present (the indicator cross term [t = t']
                            of the Gram form); ``padding_idx`` positions give nothing.
@@ -195,8 +196,10 @@ class _Layer:
     a: torch.Tensor  # input (token ids for an Embedding)
     g: torch.Tensor  # output gradient
     weight: torch.Tensor | None  # the weight the forward used (shape, dtype, layout)
-    per_user: dict[str, torch.Tensor] = field(default_factory=dict)  # materialized [U, *shape]
-    per_record: dict[str, torch.Tensor] = field(default_factory=dict)  # small: norm layers
+    # materialized: each user's weight gradient, [U, *shape] as row blocks in user order
+    per_user: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    # small: each record's bias rows, a normalization layer's affine parameters
+    per_record: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -231,8 +234,15 @@ class GhostGradients:
         parts: dict[str, torch.Tensor] = {}
         for L in self.layers:
             wname, bname = _names(L.path)
-            for n, t in L.per_user.items():  # materialized: Σ_u f_u W_u
-                parts[n] = f @ _zero(udrop, t).reshape(len(f), -1)
+            for n, blocks in L.per_user.items():  # materialized: Σ_u f_u W_u
+                s, acc = 0, None
+                for t in blocks:
+                    e = s + len(t)
+                    d = udrop[s:e] if udrop is not None else None
+                    term = f[s:e] @ _zero(d, t).reshape(len(t), -1)
+                    acc, s = term if acc is None else acc + term, e
+                assert acc is not None, "at least one block"
+                parts[n] = acc
             for n, t in L.per_record.items():
                 parts[n] = fr @ _zero(drop, t).reshape(len(fr), -1)
             need = [n for n in (wname, bname) if n in self.names and n not in parts]
@@ -380,10 +390,11 @@ def ghost_gradients(
                         )
                     )
                     sq += _sq_rows(W)
-                    L.per_user[wname] = W
-            if bname in names:
+                    L.per_user[wname] = [W]
+            if bname in names:  # each record's bias gradient, kept for the weighted sum
                 forms[bname] = "rows"
-                sq += _sq_rows(_per_user64(g3.sum(1), of, U))
+                L.per_record[bname] = rows = g3.sum(1)
+                sq += _sq_rows(_per_user64(rows, of, U))
         elif isinstance(mod, nn.Conv2d):
             if wname in names:
                 c_out, _, kh, kw = mod.weight.shape
@@ -404,16 +415,23 @@ def ghost_gradients(
                     )
                 else:
                     assert L.weight is not None
-                    W = (
-                        per_sample.conv2d_weight_per_record(a, g, mod)
+                    # one record each: the records' blocks, each block's norms while it is
+                    # fresh in cache (no [U, *shape] copy made)
+                    blocks = (
+                        per_sample.conv2d_weight_blocks(a, g, mod)
                         if k == 1
-                        else _conv_weight_per_user(a, g, L.weight, mod, sizes)
+                        else iter([_conv_weight_per_user(a, g, L.weight, mod, sizes)])
                     )
-                    sq += _sq_rows(W)
-                    L.per_user[wname] = W
+                    kept = L.per_user[wname] = []
+                    sqs = []
+                    for W in blocks:
+                        sqs.append(_sq_rows(W))
+                        kept.append(W)
+                    sq += torch.cat(sqs)
             if bname in names:
                 forms[bname] = "rows"
-                sq += _sq_rows(_per_user64(g.sum((2, 3)), of, U))
+                L.per_record[bname] = rows = g.sum((2, 3))
+                sq += _sq_rows(_per_user64(rows, of, U))
         elif isinstance(mod, nn.Embedding):
             forms[wname] = "rows"
             ids = a.reshape(R, -1)

@@ -14,7 +14,7 @@ Conv2d rule), and each user's gradient follows exactly:
              b_u = Σ_{r∈u} g_r
     Conv2d:  W_u = one weight-only convolution backward over the user's records (a user of one
              record: its per-record weight gradient, ``per_sample.conv2d_weight_per_record``,
-             one grouped convolution for the whole chunk),
+             the chunk's records as the groups of weight-only convolution backwards),
              b_u = Σ_{r∈u} Σ_{h,w} g_r
 
 The vectors then go through the owners' ordinary constraint (``make_reply``: non-finite rows

@@ -114,3 +114,22 @@ def test_conv_per_record_weight_gradients_with_stride_dilation_padding(conv):
     want = _vmap_grads(model, params, x, y, names)
     for n in names:
         torch.testing.assert_close(got[n], want[n], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("block", [1, 4, 5, 32])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_conv_weight_per_record_blocks_equal_each_records_autograd(block, channels_last):
+    """Records as the groups of one convolution backward, in blocks that do and do not divide
+    the 11 records (and a block larger than all of them), on contiguous and channels-last
+    activations: each record's weight gradient equals autograd's on that record alone."""
+    torch.manual_seed(3)
+    conv = nn.Conv2d(3, 4, (3, 2), stride=(2, 1), dilation=(1, 2), padding=(1, 2)).double()
+    a = torch.randn(11, 3, 9, 10, dtype=torch.float64)
+    out = conv(a).detach()
+    g = torch.randn_like(out)
+    if channels_last:
+        a, g = (t.contiguous(memory_format=torch.channels_last) for t in (a, g))
+    got = per_sample.conv2d_weight_per_record(a, g, conv, block=block)
+    for r in range(11):
+        (want,) = torch.autograd.grad((conv(a[r : r + 1]) * g[r : r + 1]).sum(), conv.weight)
+        torch.testing.assert_close(got[r], want, rtol=1e-10, atol=1e-12)
