@@ -138,6 +138,8 @@ def conv2d_weight_per_record(
     padding) from its input ``a`` [R, C_in, H, W] and output gradient ``g`` [R, C_out, H_o, W_o]
     (``conv2d_weight_blocks``, joined)."""
     blocks = list(conv2d_weight_blocks(a, g, mod, block))
+    if not blocks:  # no records
+        return g.new_empty(0, g.shape[1], *mod.weight.shape[1:])
     return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
 
 

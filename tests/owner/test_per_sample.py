@@ -133,3 +133,9 @@ def test_conv_weight_per_record_blocks_equal_each_records_autograd(block, channe
     for r in range(11):
         (want,) = torch.autograd.grad((conv(a[r : r + 1]) * g[r : r + 1]).sum(), conv.weight)
         torch.testing.assert_close(got[r], want, rtol=1e-10, atol=1e-12)
+
+
+def test_conv_weight_per_record_of_no_records_is_empty():
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    a, g = torch.randn(0, 3, 5, 5), torch.randn(0, 4, 5, 5)
+    assert per_sample.conv2d_weight_per_record(a, g, conv).shape == (0, 4, 3, 3, 3)
