@@ -191,6 +191,39 @@ def test_non_finite_users_are_dropped_as_make_reply_drops_them():
     torch.testing.assert_close(got.total, ref.contribution.total, rtol=1e-9, atol=1e-13)
 
 
+def test_one_record_users_over_several_conv_blocks_with_dropped_users(monkeypatch):
+    """One-record users whose conv weight gradients come in several blocks (8, 8, 5: the last
+    one short), non-finite users in the second and third blocks: norms, drops, the clip and the
+    clipped sum as make_reply gives them from the explicit vectors."""
+    from fedudp.owner import per_sample
+
+    monkeypatch.setattr(per_sample, "BLOCK", 8)
+    model, shape = _model("conv_plain")
+    x, y, starts, sizes = _data(shape, [1] * 21, 5)
+    x[starts[9], 0, 1, 1] = float("nan")
+    x[starts[18], 1, 2, 2] = float("inf")
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    names = tuple(params)
+    V = _per_user(model, params, x, y, starts, sizes, names, 1.0)
+    gg = ghost.ghost_gradients(model, params, x, y, starts, sizes, names, 1.0, "materialized")
+    conv_w = [n for n, f in gg.forms.items() if f == "materialized" and n.endswith("weight")]
+    blocks = [len(L.per_user[n]) for L in gg.layers for n in L.per_user if n in conv_w]
+    assert blocks and all(b == 3 for b in blocks if b > 1) and 3 in blocks
+    fin = torch.isfinite(V).all(1)
+    assert gg.finite.tolist() == fin.tolist() and (~fin).nonzero().flatten().tolist() == [9, 18]
+    torch.testing.assert_close(gg.norms[fin], V[fin].norm(dim=1), rtol=1e-10, atol=1e-14)
+    c = Constraint(rows=False, clip=0.05)
+    got, failed = ghost.clipped_sum(gg, c)
+    ref = make_reply(V.clone(), names, c)
+    assert (got.count, got.clipped, failed) == (
+        ref.contribution.count,
+        ref.contribution.clipped,
+        ref.failed,
+    )
+    assert failed == 2 and got.count == 19
+    torch.testing.assert_close(got.total, ref.contribution.total, rtol=1e-9, atol=1e-13)
+
+
 def test_unsupported_layers_and_modes_fall_back():
     bn = _conv("batch")  # training mode: batch statistics couple the records
     assert not ghost.supported(bn, tuple(n for n, _ in bn.named_parameters()))
