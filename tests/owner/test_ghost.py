@@ -191,13 +191,15 @@ def test_non_finite_users_are_dropped_as_make_reply_drops_them():
     torch.testing.assert_close(got.total, ref.contribution.total, rtol=1e-9, atol=1e-13)
 
 
-def test_one_record_users_over_several_conv_blocks_with_dropped_users(monkeypatch):
+@pytest.mark.parametrize("kernels_below", [1, 100])  # each per-record form for every layer
+def test_one_record_users_over_several_conv_blocks_with_dropped_users(monkeypatch, kernels_below):
     """One-record users whose conv weight gradients come in several blocks (8, 8, 5: the last
     one short), non-finite users in the second and third blocks: norms, drops, the clip and the
     clipped sum as make_reply gives them from the explicit vectors."""
     from fedudp.owner import per_sample
 
     monkeypatch.setattr(per_sample, "BLOCK", 8)
+    monkeypatch.setattr(per_sample, "KERNELS_BELOW", kernels_below)
     model, shape = _model("conv_plain")
     x, y, starts, sizes = _data(shape, [1] * 21, 5)
     x[starts[9], 0, 1, 1] = float("nan")

@@ -99,16 +99,19 @@ def test_dpsgd_batched_path_equals_the_vmap_path(monkeypatch):
         dict(kernel_size=4, stride=3, padding=0),
     ],
 )
-def test_conv_per_record_weight_gradients_with_stride_dilation_padding(conv):
-    """The grouped-convolution form of the per-record conv weight gradient, on layer shapes the
-    paper CNN does not have (strides that do not divide, dilation, asymmetric padding)."""
+@pytest.mark.parametrize("c_in", [3, 9])  # below and above per_sample.KERNELS_BELOW
+def test_conv_per_record_weight_gradients_with_stride_dilation_padding(conv, c_in):
+    """Both forms of the per-record conv weight gradient (output gradients as kernels below
+    KERNELS_BELOW input channels, records as groups above), on layer shapes the paper CNN does
+    not have (strides that do not divide, dilation, asymmetric padding)."""
+    assert 3 < per_sample.KERNELS_BELOW <= 9
     torch.manual_seed(2)
-    model = nn.Sequential(nn.Conv2d(3, 5, **conv), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4))
-    model(torch.randn(1, 3, 11, 13))  # materialise the lazy layer
+    model = nn.Sequential(nn.Conv2d(c_in, 5, **conv), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4))
+    model(torch.randn(1, c_in, 11, 13))  # materialise the lazy layer
     model = model.double()
     params = {k: v.detach() for k, v in model.named_parameters()}
     names = tuple(params)
-    x, y = torch.randn(6, 3, 11, 13, dtype=torch.float64), torch.randint(0, 4, (6,))
+    x, y = torch.randn(6, c_in, 11, 13, dtype=torch.float64), torch.randint(0, 4, (6,))
     assert per_sample.supported(model, names)
     got = per_sample.per_record_gradients(model, params, x, y, names)
     want = _vmap_grads(model, params, x, y, names)
@@ -118,13 +121,14 @@ def test_conv_per_record_weight_gradients_with_stride_dilation_padding(conv):
 
 @pytest.mark.parametrize("block", [1, 4, 5, 32])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_conv_weight_per_record_blocks_equal_each_records_autograd(block, channels_last):
-    """Records as the groups of one convolution backward, in blocks that do and do not divide
-    the 11 records (and a block larger than all of them), on contiguous and channels-last
-    activations: each record's weight gradient equals autograd's on that record alone."""
+@pytest.mark.parametrize("c_in", [3, 8])  # both forms (KERNELS_BELOW)
+def test_conv_weight_per_record_blocks_equal_each_records_autograd(block, channels_last, c_in):
+    """Both forms, in blocks that do and do not divide the 11 records (and a block larger than
+    all of them), on contiguous and channels-last activations: each record's weight gradient
+    equals autograd's on that record alone."""
     torch.manual_seed(3)
-    conv = nn.Conv2d(3, 4, (3, 2), stride=(2, 1), dilation=(1, 2), padding=(1, 2)).double()
-    a = torch.randn(11, 3, 9, 10, dtype=torch.float64)
+    conv = nn.Conv2d(c_in, 4, (3, 2), stride=(2, 1), dilation=(1, 2), padding=(1, 2)).double()
+    a = torch.randn(11, c_in, 9, 10, dtype=torch.float64)
     out = conv(a).detach()
     g = torch.randn_like(out)
     if channels_last:
