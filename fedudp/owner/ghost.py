@@ -261,19 +261,7 @@ class GhostGradients:
                 if wname in need:
                     assert L.weight is not None
                     a = _zero(drop, L.a)
-                    parts[wname] = torch.ops.aten.convolution_backward(
-                        g,
-                        a,
-                        L.weight,
-                        None,
-                        mod.stride,
-                        mod.padding,
-                        mod.dilation,
-                        False,
-                        (0, 0),
-                        mod.groups,
-                        (False, True, False),
-                    )[1]
+                    parts[wname] = per_sample.conv_weight_grad(g, a, L.weight, mod, mod.groups)
                 if bname in need:
                     parts[bname] = g.sum((0, 2, 3))
             else:

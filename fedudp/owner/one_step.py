@@ -118,19 +118,7 @@ def _conv_weight_per_user(
     out = torch.empty(len(sizes), *weight.shape, dtype=g.dtype, device=g.device)
     ends = np.cumsum(sizes)
     for u, (s, e) in enumerate(zip(ends - sizes, ends)):
-        out[u] = torch.ops.aten.convolution_backward(
-            g[s:e],
-            a[s:e],
-            weight,
-            None,
-            mod.stride,
-            mod.padding,
-            mod.dilation,
-            False,
-            (0, 0),
-            mod.groups,
-            (False, True, False),
-        )[1]
+        out[u] = per_sample.conv_weight_grad(g[s:e], a[s:e], weight, mod, mod.groups)
     return out
 
 

@@ -166,19 +166,35 @@ def conv2d_weight_blocks(
     w = torch.empty(b * c_out, *kshape, dtype=g.dtype, device=g.device)
     for s in range(0, R, b):
         n = min(b, R - s)
-        yield torch.ops.aten.convolution_backward(
+        yield conv_weight_grad(
             g[s : s + n].reshape(1, n * c_out, *g.shape[2:]),
             a[s : s + n].reshape(1, n * c_in, *a.shape[2:]),
             w[: n * c_out],
-            None,
-            mod.stride,
-            mod.padding,
-            mod.dilation,
-            False,
-            (0, 0),
+            mod,
             n,
-            (False, True, False),
-        )[1].reshape(n, c_out, *kshape)
+        ).reshape(n, c_out, *kshape)
+
+
+def conv_weight_grad(
+    g: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, mod: nn.Conv2d, groups: int
+) -> torch.Tensor:
+    """The weight gradient of a convolution with ``mod``'s stride, padding and dilation and
+    ``groups`` groups, summed over the batch of output gradients ``g`` and inputs ``a``: aten's
+    weight-only convolution backward, the kernel autograd runs. ``weight``: a tensor of the
+    weight's shape, dtype and layout (its values do not enter a weight gradient)."""
+    return torch.ops.aten.convolution_backward(
+        g,
+        a,
+        weight,
+        None,
+        mod.stride,
+        mod.padding,
+        mod.dilation,
+        False,
+        (0, 0),
+        groups,
+        (False, True, False),
+    )[1]
 
 
 def _output_gradients_as_kernels(a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d) -> torch.Tensor:

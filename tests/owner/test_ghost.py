@@ -101,6 +101,20 @@ def _per_user(model, params, x, y, starts, sizes, names, scale):
     return torch.stack(rows)
 
 
+def _clipped_sum_as_make_reply(gg, V, names, c):
+    """ghost.clipped_sum(gg, c), checked against make_reply on the explicit vectors V: the same
+    count, clipped and failed users and the same total; returns (contribution, failed)."""
+    got, failed = ghost.clipped_sum(gg, c)
+    ref = make_reply(V.clone(), names, c)
+    assert (got.count, got.clipped, failed) == (
+        ref.contribution.count,
+        ref.contribution.clipped,
+        ref.failed,
+    )
+    torch.testing.assert_close(got.total, ref.contribution.total, rtol=1e-9, atol=1e-13)
+    return got, failed
+
+
 SIZES = {"one": [1] * 7, "many": [1, 3, 5, 2, 1, 4]}
 
 
@@ -131,15 +145,8 @@ def test_norms_and_clipped_sum_equal_the_explicit_per_user_gradients(case, users
     # the clipped sum and its counts are make_reply's on the explicit vectors
     srt = V.norm(dim=1).sort().values  # a clip between two users' norms
     c = Constraint(rows=False, clip=float(srt[len(srt) // 2 - 1] + srt[len(srt) // 2]) / 2)
-    got, failed = ghost.clipped_sum(gg, c)
-    ref = make_reply(V.clone(), names, c)
-    assert (got.count, got.clipped, failed) == (
-        ref.contribution.count,
-        ref.contribution.clipped,
-        ref.failed,
-    )
+    got, _ = _clipped_sum_as_make_reply(gg, V, names, c)
     assert 0 < got.clipped < got.count
-    torch.testing.assert_close(got.total, ref.contribution.total, rtol=1e-9, atol=1e-13)
 
 
 def test_a_weakened_twin_without_cross_terms_is_caught(monkeypatch):
@@ -214,16 +221,8 @@ def test_one_record_users_over_several_conv_blocks_with_dropped_users(monkeypatc
     fin = torch.isfinite(V).all(1)
     assert gg.finite.tolist() == fin.tolist() and (~fin).nonzero().flatten().tolist() == [9, 18]
     torch.testing.assert_close(gg.norms[fin], V[fin].norm(dim=1), rtol=1e-10, atol=1e-14)
-    c = Constraint(rows=False, clip=0.05)
-    got, failed = ghost.clipped_sum(gg, c)
-    ref = make_reply(V.clone(), names, c)
-    assert (got.count, got.clipped, failed) == (
-        ref.contribution.count,
-        ref.contribution.clipped,
-        ref.failed,
-    )
+    got, failed = _clipped_sum_as_make_reply(gg, V, names, Constraint(rows=False, clip=0.05))
     assert failed == 2 and got.count == 19
-    torch.testing.assert_close(got.total, ref.contribution.total, rtol=1e-9, atol=1e-13)
 
 
 def test_unsupported_layers_and_modes_fall_back():
