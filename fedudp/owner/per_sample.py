@@ -23,6 +23,15 @@ paper CNN's: 31 against 124); blocks of 32 records keep a block's operands in ca
 input channels (a first layer on images) that grouped convolution is 12-25 % faster (128
 records, 1 to 4 channels), and it is what runs there (``KERNELS_BELOW``), block by block.
 
+On the CPU, every shared convolution's output is taken on in channels-last memory format
+(``CHANNELS_LAST``): the same values, and the layers after it (ReLU, max-pooling, the next
+convolution) run on channels-last activations, where PyTorch's CPU max-pooling is vectorized
+(over NCHW it is several times slower: the wide CNN of ``docs/results/ghost`` spends a fifth of
+its per-record pass pooling NCHW activations). Only the per-record passes here do it, never the
+model itself, and only where ``channels_last_ok`` found, once per model and record shape, that
+the model's forward takes it with the same output on a public example batch (a ``view`` of a
+convolution's output, for one, does not): otherwise the model's own layout is kept.
+
 The loss of a record is its own cross-entropy, so the summed loss's per-layer output gradients
 are the records' own. ``supported(model, names)`` says whether a model qualifies; callers fall
 back to ``vmap`` otherwise. Tests compare both on the CNN and the linear model in float64.
@@ -30,7 +39,8 @@ back to ``vmap`` otherwise. Tests compare both on the CNN and the linear model i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
 
 import torch
@@ -45,6 +55,11 @@ BLOCK = 32
 # below this many input channels, the grouped convolution with the output gradients as kernels
 # (module doc)
 KERNELS_BELOW = 8
+# shared convolutions' outputs in channels-last memory format in the per-record passes on the
+# CPU, where the model's forward takes it (module doc); False: the model's own layout
+CHANNELS_LAST = True
+# model -> {(shared conv paths, record shape, dtype): channels_last_ok's answer}
+_CL_OK: weakref.WeakKeyDictionary[nn.Module, dict[tuple, bool]] = weakref.WeakKeyDictionary()
 
 
 def _owner_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -111,6 +126,10 @@ def weighted_layer_grads(
     record's). The owners' one-step and ghost paths share it."""
     mods = _owner_modules(model)
     paths = sorted({n.rpartition(".")[0] for n in names})
+    convs = {p for p in paths if isinstance(mods[p], nn.Conv2d)}
+    on = CHANNELS_LAST and bool(convs) and x.device.type == "cpu"
+    if not (on and channels_last_ok(model, params, sorted(convs), tuple(x.shape[1:]), x.dtype)):
+        convs = set()
     saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     hooks = []
     for path in paths:
@@ -118,7 +137,10 @@ def weighted_layer_grads(
         def hook(mod, inp, out, path=path):
             if path in saved:
                 raise NotImplementedError(f"{who}: {path} is called twice")
+            if path in convs:  # the same values (module doc)
+                out = _channels_last(out)
             saved[path] = (inp[0].detach(), out)
+            return out
 
         hooks.append(mods[path].register_forward_hook(hook))
     try:
@@ -134,6 +156,73 @@ def weighted_layer_grads(
         for h in hooks:
             h.remove()
     return paths, mods, [saved[p][0] for p in paths], [g.detach() for g in gouts]
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in channels-last memory format where it is a plain 4-D batch, else ``t``."""
+    if t.dim() != 4 or torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return t
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def channels_last_ok(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    convs: Sequence[str],
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> bool:
+    """Whether ``model``'s forward at ``params`` takes the outputs of its convolutions ``convs``
+    (module paths) in channels-last memory format and returns the same output, on a public
+    example batch of two records of ``shape`` and ``dtype`` (a fixed-seed normal draw; zeros for
+    integer records), never data: once per model, paths, record shape and dtype and parameter
+    dtypes (remembered). The model runs in eval mode (no dropout draw, no batch-norm statistics
+    updated), without gradients and with the global RNG left as it was; its modes are restored.
+    An exception from either forward means False."""
+    key = (tuple(convs), shape, dtype, tuple(sorted({str(v.dtype) for v in params.values()})))
+    memo = _CL_OK.setdefault(model, {})
+    if key not in memo:
+        at = {k: v.detach() for k, v in params.items()}
+        memo[key] = _probe_channels_last(model, at, convs, shape, dtype)
+    return memo[key]
+
+
+def _probe_channels_last(
+    model: nn.Module,
+    params: dict[str, torch.Tensor],
+    convs: Sequence[str],
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> bool:
+    mods = _owner_modules(model)
+    if dtype.is_floating_point:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(2, *shape, generator=gen, dtype=torch.float64).to(dtype)
+    else:
+        x = torch.zeros(2, *shape, dtype=dtype)
+    modes = [(m, m.training) for m in model.modules()]
+    hooks = []
+    try:
+        model.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            try:
+                ref = functional_call(model, params, (x,))
+                for p in convs:
+                    hooks.append(mods[p].register_forward_hook(lambda m, i, o: _channels_last(o)))
+                out = functional_call(model, params, (x,))
+            except Exception:  # noqa: BLE001 - the model's own code: a layout it does not take
+                return False
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, t in modes:
+            m.training = t
+    if not (isinstance(ref, torch.Tensor) and isinstance(out, torch.Tensor)):
+        return False
+    if ref.shape != out.shape or ref.dtype != out.dtype:
+        return False
+    tol = 1e-4 if ref.dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-9
+    return bool(torch.allclose(out, ref, rtol=tol, atol=tol * float(ref.abs().max().clamp(min=1))))
 
 
 def conv2d_weight_per_record(

@@ -143,3 +143,124 @@ def test_conv_weight_per_record_of_no_records_is_empty():
     conv = nn.Conv2d(3, 4, 3, padding=1)
     a, g = torch.randn(0, 3, 5, 5), torch.randn(0, 4, 5, 5)
     assert per_sample.conv2d_weight_per_record(a, g, conv).shape == (0, 4, 3, 3, 3)
+
+
+class _ViewHead(nn.Module):
+    """A convolution whose output the model ``view``s (NCHW-only code)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.fc = nn.Linear(3 * 6 * 6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.max_pool2d(F.relu(self.conv(x.view(-1, 2, 12, 12))), 2)
+        return self.fc(h.view(h.shape[0], -1))
+
+
+class _MemoryOrder(nn.Module):
+    """Reads its convolution's output in memory order (a layout-dependent result)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.fc = nn.Linear(3 * 12 * 12, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x.view(-1, 2, 12, 12))
+        n = h[0].numel()
+        return self.fc(torch.as_strided(h, (h.shape[0], n), (n, 1)))
+
+
+def _pool_cnn() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Unflatten(1, (2, 12, 12)),
+        nn.Conv2d(2, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 9, 3, padding=1),
+        nn.BatchNorm2d(9),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(9 * 3 * 3, 4),
+    )
+
+
+def _autograd_per_record(model, params, x, y, names):
+    out = {n: [] for n in names}
+    for i in range(len(x)):
+        at = {k: v.detach().requires_grad_(k in names) for k, v in params.items()}
+        loss = F.cross_entropy(functional_call(model, at, (x[i : i + 1],)), y[i : i + 1])
+        gs = torch.autograd.grad(loss, [at[n] for n in names])
+        for n, g in zip(names, gs):
+            out[n].append(g)
+    return {n: torch.stack(v) for n, v in out.items()}
+
+
+def test_channels_last_conv_outputs_in_the_per_record_pass(monkeypatch):
+    """Where the model takes it, the shared convolutions' outputs are converted to channels-last
+    in the per-record pass (the pooling after them then runs on that layout) and every record's
+    gradient still equals autograd's on that record alone; the probe is public (no data), leaves
+    the model's modes, batch-norm statistics and the global RNG as they were, and is
+    remembered."""
+    torch.manual_seed(3)
+    model = _pool_cnn().eval()  # eval: dropout off, running statistics (the per-record rule)
+    model[6].running_mean.uniform_(-0.5, 0.5)
+    model[6].running_var.uniform_(0.5, 2.0)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    names = ("1.weight", "1.bias", "5.weight", "5.bias", "10.weight", "10.bias")
+    x, y = torch.randn(6, 288), torch.randint(0, 4, (6,))
+    model[6].train()  # the probe switches to eval mode and back, and updates no statistic
+    stats = (model[6].running_mean.clone(), model[6].running_var.clone())
+    rng = torch.get_rng_state()
+    assert per_sample.channels_last_ok(model, params, ["1", "5"], (288,), torch.float32)
+    assert model[6].training
+    torch.testing.assert_close(model[6].running_mean, stats[0], rtol=0, atol=0)
+    torch.testing.assert_close(model[6].running_var, stats[1], rtol=0, atol=0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    model[6].eval()
+    seen = []
+
+    def spy(mod, inp, out):  # the layout the pooling after conv "1" receives
+        seen.append(inp[0].is_contiguous(memory_format=torch.channels_last))
+
+    h = model[4].register_forward_hook(spy)
+    try:
+        got = per_sample.per_record_gradients(model, params, x, y, names)
+    finally:
+        h.remove()
+    assert seen == [True]
+    want = _autograd_per_record(model, params, x, y, names)
+    for n in names:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(per_sample, "CHANNELS_LAST", False)
+    seen.clear()
+    h = model[4].register_forward_hook(spy)
+    try:
+        off = per_sample.per_record_gradients(model, params, x, y, names)
+    finally:
+        h.remove()
+    assert seen == [False]  # the model's own layout
+    for n in names:
+        torch.testing.assert_close(got[n], off[n], rtol=1e-5, atol=1e-6)
+    # remembered per (paths, record shape, dtype, parameter dtypes)
+    assert list(per_sample._CL_OK[model].values()) == [True]
+
+
+@pytest.mark.parametrize("cls", [_ViewHead, _MemoryOrder])
+def test_channels_last_kept_off_where_the_model_does_not_take_it(cls):
+    """A model that views its convolution's output (the converted forward raises) or reads it
+    in memory order (the converted output differs) keeps its own layout, and its per-record
+    gradients are right."""
+    torch.manual_seed(4)
+    model = cls()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    names = tuple(params)
+    assert not per_sample.channels_last_ok(model, params, ["conv"], (288,), torch.float32)
+    x, y = torch.randn(5, 288), torch.randint(0, 4, (5,))
+    got = per_sample.per_record_gradients(model, params, x, y, names)
+    want = _autograd_per_record(model, params, x, y, names)
+    for n in names:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-5)
