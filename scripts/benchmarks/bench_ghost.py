@@ -13,7 +13,11 @@ the cost does not depend on the values) and times, interleaved, ``--reps`` times
 * ``ghost``: the same call with ``owners.GHOST = True`` (the ghost path is checked to be taken,
   and its clipped sum to equal the old one to float tolerance);
 * ``plain``: a non-private batched forward/backward over the same records in plain PyTorch
-  (sum of the cross-entropies, chunks of ``--plain-chunk`` records, gradients accumulated).
+  (sum of the cross-entropies, chunks of ``--plain-chunk`` records, gradients accumulated);
+* ``floor`` (``--floor``): the same non-private pass at its fastest known setting on this CPU,
+  chunks of ``--floor-chunk`` records (128) with every convolution's output converted to
+  channels-last memory format by a forward hook (what fedudp's per-record passes do on the
+  CPU, ``fedudp.owner.per_sample.CHANNELS_LAST``): the strongest floor for the ratio.
 
 The owner reply is the part of a round that differs between the paths (the billboard's noise
 and the evaluation are the same on both and excluded). Reported: min and median seconds, the
@@ -104,7 +108,15 @@ class PeakRss:
         return False
 
 
-def worker(model_name: str, users: int, rpu: int, reps: int, old_reps: int, chunk: int) -> dict:
+def worker(
+    model_name: str,
+    users: int,
+    rpu: int,
+    reps: int,
+    old_reps: int,
+    chunk: int,
+    floor_chunk: int | None = None,
+) -> dict:
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -162,20 +174,27 @@ def worker(model_name: str, users: int, rpu: int, reps: int, old_reps: int, chun
         assert calls, "the ghost path was not taken"
         return out
 
-    def run_plain():
-        plain_model.zero_grad(set_to_none=True)
+    def run_plain(m=plain_model, chunk=chunk):
+        m.zero_grad(set_to_none=True)
         for s in range(0, n, chunk):
-            F.cross_entropy(
-                plain_model(x[s : s + chunk]), y[s : s + chunk], reduction="sum"
-            ).backward()
+            F.cross_entropy(m(x[s : s + chunk]), y[s : s + chunk], reduction="sum").backward()
         return None
 
-    times: dict[str, list[float]] = {"old": [], "ghost": [], "plain": []}
-    cpu: dict[str, list[float]] = {"old": [], "ghost": [], "plain": []}
-    peak: dict[str, int] = {"old": 0, "ghost": 0, "plain": 0}
+    sides = [("old", run_old), ("ghost", run_ghost), ("plain", run_plain)]
+    if floor_chunk:
+        floor_model = copy.deepcopy(owners.model).requires_grad_(True)
+        for m in floor_model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                m.register_forward_hook(
+                    lambda mod, i, o: o.contiguous(memory_format=torch.channels_last)
+                )
+        sides.append(("floor", lambda: run_plain(floor_model, floor_chunk)))
+    times: dict[str, list[float]] = {k: [] for k, _ in sides}
+    cpu: dict[str, list[float]] = {k: [] for k, _ in sides}
+    peak: dict[str, int] = {k: 0 for k, _ in sides}
     replies = {}
     for r in range(reps):
-        for side, fn in (("old", run_old), ("ghost", run_ghost), ("plain", run_plain)):
+        for side, fn in sides:
             if side == "old" and r >= old_reps:
                 continue
             with PeakRss() as pk:
@@ -208,6 +227,7 @@ def worker(model_name: str, users: int, rpu: int, reps: int, old_reps: int, chun
         "clipped": a.clipped,
         "count": a.count,
         "forms": forms,
+        "floor_chunk": floor_chunk,
     }
 
 
@@ -246,6 +266,8 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plain-chunk", type=int, default=512)
+    ap.add_argument("--floor", action="store_true", help="also time the floor side (module doc)")
+    ap.add_argument("--floor-chunk", type=int, default=128)
     ap.add_argument("--json", default=None, help="append one JSON line per configuration")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -254,7 +276,15 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
         m, u, k = args.worker.split(":")
-        rec = worker(m, int(u), int(k), args.reps, args.old_reps or args.reps, args.plain_chunk)
+        rec = worker(
+            m,
+            int(u),
+            int(k),
+            args.reps,
+            args.old_reps or args.reps,
+            args.plain_chunk,
+            args.floor_chunk if args.floor else None,
+        )
         print("RESULT " + json.dumps(rec), flush=True)
         return
     print(HEADER, flush=True)
@@ -262,6 +292,8 @@ def main() -> None:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         cmd = [sys.executable, __file__, "--worker", c, "--reps", str(args.reps), "--threads",
                str(args.threads), "--plain-chunk", str(args.plain_chunk)]  # fmt: skip
+        if args.floor:
+            cmd += ["--floor", "--floor-chunk", str(args.floor_chunk)]
         if args.old_reps:
             cmd += ["--old-reps", str(args.old_reps)]
         t0 = time.time()
@@ -275,6 +307,13 @@ def main() -> None:
         rec["loadavg"] = os.getloadavg()
         print(summarize(rec), flush=True)
         print(summarize(rec, "cpu_times").replace("| ", "| CPU: ", 1), flush=True)
+        if "floor" in rec["times"]:
+            f, g = rec["times"]["floor"], rec["times"]["ghost"]
+            print(
+                f"floor s (min / median): {min(f):.3f} / {statistics.median(f):.3f}; "
+                f"ghost / floor {statistics.median(g) / statistics.median(f):.2f}",
+                flush=True,
+            )
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(rec) + "\n")
