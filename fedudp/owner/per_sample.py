@@ -58,7 +58,7 @@ KERNELS_BELOW = 8
 # shared convolutions' outputs in channels-last memory format in the per-record passes on the
 # CPU, where the model's forward takes it (module doc); False: the model's own layout
 CHANNELS_LAST = True
-# model -> {(shared conv paths, record shape, dtype): channels_last_ok's answer}
+# model -> {(shared conv paths, record shape, dtype, parameter dtypes, modes): the probe's answer}
 _CL_OK: weakref.WeakKeyDictionary[nn.Module, dict[tuple, bool]] = weakref.WeakKeyDictionary()
 
 
@@ -175,11 +175,20 @@ def channels_last_ok(
     """Whether ``model``'s forward at ``params`` takes the outputs of its convolutions ``convs``
     (module paths) in channels-last memory format and returns the same output, on a public
     example batch of two records of ``shape`` and ``dtype`` (a fixed-seed normal draw; zeros for
-    integer records), never data: once per model, paths, record shape and dtype and parameter
-    dtypes (remembered). The model runs in eval mode (no dropout draw, no batch-norm statistics
-    updated), without gradients and with the global RNG left as it was; its modes are restored.
-    An exception from either forward means False."""
-    key = (tuple(convs), shape, dtype, tuple(sorted({str(v.dtype) for v in params.values()})))
+    integer records), never data: once per model, paths, record shape and dtype, parameter
+    dtypes and modules' modes (remembered). The model runs in its own mode (a branch on ``self.training`` is tried
+    as the pass will take it), without gradients, both forwards from the same seed of a forked
+    RNG (the global one is left as it was), its buffers restored afterwards (batch-norm
+    statistics). An exception from either forward means False, and so does a difference (a
+    dropout mask drawn over channels-last memory differs: kept off, conservatively)."""
+    modes = tuple(m.training for m in model.modules())
+    key = (
+        tuple(convs),
+        shape,
+        dtype,
+        tuple(sorted({str(v.dtype) for v in params.values()})),
+        modes,
+    )
     memo = _CL_OK.setdefault(model, {})
     if key not in memo:
         at = {k: v.detach() for k, v in params.items()}
@@ -200,23 +209,25 @@ def _probe_channels_last(
         x = torch.randn(2, *shape, generator=gen, dtype=torch.float64).to(dtype)
     else:
         x = torch.zeros(2, *shape, dtype=dtype)
-    modes = [(m, m.training) for m in model.modules()]
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
     hooks = []
     try:
-        model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             try:
+                torch.manual_seed(0)  # the same dropout draws on both sides
                 ref = functional_call(model, params, (x,))
                 for p in convs:
                     hooks.append(mods[p].register_forward_hook(lambda m, i, o: _channels_last(o)))
+                torch.manual_seed(0)
                 out = functional_call(model, params, (x,))
             except Exception:  # noqa: BLE001 - the model's own code: a layout it does not take
                 return False
     finally:
         for h in hooks:
             h.remove()
-        for m, t in modes:
-            m.training = t
+        with torch.no_grad():  # a batch-norm layer in training mode updated its statistics
+            for k, v in model.named_buffers():
+                v.copy_(buffers[k])
     if not (isinstance(ref, torch.Tensor) and isinstance(out, torch.Tensor)):
         return False
     if ref.shape != out.shape or ref.dtype != out.dtype:

@@ -212,15 +212,16 @@ def test_channels_last_conv_outputs_in_the_per_record_pass(monkeypatch):
     params = {k: v.detach() for k, v in model.named_parameters()}
     names = ("1.weight", "1.bias", "5.weight", "5.bias", "10.weight", "10.bias")
     x, y = torch.randn(6, 288), torch.randint(0, 4, (6,))
-    model[6].train()  # the probe switches to eval mode and back, and updates no statistic
+    model[6].train()  # a probe in training mode updates no statistic for good
     stats = (model[6].running_mean.clone(), model[6].running_var.clone())
     rng = torch.get_rng_state()
-    assert per_sample.channels_last_ok(model, params, ["1", "5"], (288,), torch.float32)
-    assert model[6].training
+    per_sample.channels_last_ok(model, params, ["1", "5"], (288,), torch.float32)
+    assert model[6].training and not model[3].training
     torch.testing.assert_close(model[6].running_mean, stats[0], rtol=0, atol=0)
     torch.testing.assert_close(model[6].running_var, stats[1], rtol=0, atol=0)
     assert torch.equal(torch.get_rng_state(), rng)
     model[6].eval()
+    assert per_sample.channels_last_ok(model, params, ["1", "5"], (288,), torch.float32)
     seen = []
 
     def spy(mod, inp, out):  # the layout the pooling after conv "1" receives
@@ -245,8 +246,34 @@ def test_channels_last_conv_outputs_in_the_per_record_pass(monkeypatch):
     assert seen == [False]  # the model's own layout
     for n in names:
         torch.testing.assert_close(got[n], off[n], rtol=1e-5, atol=1e-6)
-    # remembered per (paths, record shape, dtype, parameter dtypes)
-    assert list(per_sample._CL_OK[model].values()) == [True]
+    # remembered per (paths, record shape, dtype, parameter dtypes, modes): the training-mode
+    # probe's answer and the eval-mode one
+    memo = per_sample._CL_OK[model]
+    assert len(memo) == 2 and [k for k, v in memo.items() if v and not any(k[-1])]
+
+
+def test_channels_last_probe_runs_the_model_in_its_mode():
+    """The probe takes the branch the pass will take: a model that views its convolution's
+    output only in training mode is kept off in training mode and converted in eval mode; a
+    dropout after the convolution in training mode draws over memory order, so the outputs
+    differ and the conversion is kept off."""
+
+    class TrainView(_ViewHead):
+        def forward(self, x):
+            h = F.max_pool2d(F.relu(self.conv(x.view(-1, 2, 12, 12))), 2)
+            return self.fc(h.view(h.shape[0], -1) if self.training else h.flatten(1))
+
+    model = TrainView()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    assert not per_sample.channels_last_ok(model, params, ["conv"], (288,), torch.float32)
+    model.eval()
+    assert per_sample.channels_last_ok(model, params, ["conv"], (288,), torch.float32)
+    drop = nn.Sequential(nn.Unflatten(1, (2, 12, 12)), nn.Conv2d(2, 3, 3), nn.Dropout(0.5),
+                         nn.Flatten(), nn.Linear(300, 4))  # fmt: skip
+    params = {k: v.detach() for k, v in drop.named_parameters()}
+    assert not per_sample.channels_last_ok(drop, params, ["1"], (288,), torch.float32)
+    drop.eval()
+    assert per_sample.channels_last_ok(drop, params, ["1"], (288,), torch.float32)
 
 
 @pytest.mark.parametrize("cls", [_ViewHead, _MemoryOrder])
