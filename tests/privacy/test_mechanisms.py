@@ -132,6 +132,33 @@ def test_rotation_is_the_randomized_hadamard_lemma2():
         assert not flat or fails > 2 * alpha * 8 * draws, name
 
 
+def test_row_norms64_of_long_rows_in_float64_buffers():
+    """Rows of ``_LONG`` entries or more take the float64-buffer dot product, segment by
+    segment: the same float64 norms as the exact reference (a float32 accumulation would be off
+    by ~1e-7 relative), on strided rows and blocks, with NaN and inf kept, and the clip decided
+    on them for rows within 1e-7 of the clip."""
+    from fedudp.privacy import mechanisms as m
+
+    g = torch.Generator().manual_seed(5)
+    d, clip = m._SEGMENT + 4_464, 15.0  # two segments, the second partial
+    assert d >= m._LONG
+    G = torch.randn(12, 2 * d, generator=g)[:, ::2]  # strided rows
+    G = G / torch.linalg.vector_norm(G, dim=1, keepdim=True) * clip
+    G = (G * (1 + (torch.rand(12, 1, generator=g) - 0.5) * 2e-7)).float()
+    exact = torch.from_numpy(np.linalg.norm(G.double().numpy(), axis=1))
+    torch.testing.assert_close(row_norms64(G), exact, rtol=1e-14, atol=0)
+    blocks = [G[:, :40_000], G[:, 40_000:]]  # one long block, one short
+    torch.testing.assert_close(row_norms64(blocks), exact, rtol=1e-14, atol=0)
+    factor, was = clip_factors(G, clip)
+    assert torch.equal(was, exact > clip) and 0 < int(was.sum()) < 12
+    H = G.clone()
+    H[3, 7] = float("nan")
+    H[5, d - 1] = float("inf")
+    n = row_norms64(H)
+    assert torch.isnan(n[3]) and torch.isinf(n[5])
+    torch.testing.assert_close(n[[0, 1, 2, 4]], exact[[0, 1, 2, 4]], rtol=1e-14, atol=0)
+
+
 def test_clip_factors_bound_float32_rows_by_clip_exactly():
     """Clipping (owner side and DP-SGD) decides in float64 and never leaves a float32 row above
     the clip it is calibrated for, even for rows whose norm is within float32 rounding of it."""
