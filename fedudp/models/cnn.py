@@ -19,7 +19,7 @@ from fedudp.models.split import SplitModel
 PAPER_TABLE2_COUNTS = {"conv1": 416, "conv2": 12_832, "fc1": 17_248}
 
 
-def _channels_last(x: torch.Tensor) -> torch.Tensor:
+def channels_last(x: torch.Tensor) -> torch.Tensor:
     """``x`` in channels-last memory format where it is a plain 4-D batch (torch.func's
     transforms keep theirs: vmap refuses the format); its values are unchanged."""
     if x.dim() != 4 or torch._C._functorch.is_functorch_wrapped_tensor(x):
@@ -55,7 +55,7 @@ class PaperCNN(SplitModel):
         # zero in both orders where it is not), with ReLU and its backward on a quarter of the
         # elements
         h = self.conv1(x)
-        x = F.relu(F.max_pool2d(_channels_last(h) if self.channels_last else h, 2))
+        x = F.relu(F.max_pool2d(channels_last(h) if self.channels_last else h, 2))
         x = F.relu(F.max_pool2d(self.conv2(x), 2))
         h = x.flatten(-3)
         return 0.5 * (self.fc1(h) + self.fc2(h))

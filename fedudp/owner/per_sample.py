@@ -48,6 +48,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from fedudp.models.cnn import channels_last
 from fedudp.models.validate import fast_per_record
 
 # records per grouped weight-gradient call (module doc)
@@ -138,7 +139,7 @@ def weighted_layer_grads(
             if path in saved:
                 raise NotImplementedError(f"{who}: {path} is called twice")
             if path in convs:  # the same values (module doc)
-                out = _channels_last(out)
+                out = channels_last(out)
             saved[path] = (inp[0].detach(), out)
             return out
 
@@ -158,13 +159,6 @@ def weighted_layer_grads(
     return paths, mods, [saved[p][0] for p in paths], [g.detach() for g in gouts]
 
 
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in channels-last memory format where it is a plain 4-D batch, else ``t``."""
-    if t.dim() != 4 or torch._C._functorch.is_functorch_wrapped_tensor(t):
-        return t
-    return t.contiguous(memory_format=torch.channels_last)
-
-
 def channels_last_ok(
     model: nn.Module,
     params: Mapping[str, torch.Tensor],
@@ -176,33 +170,19 @@ def channels_last_ok(
     (module paths) in channels-last memory format and returns the same output, on a public
     example batch of two records of ``shape`` and ``dtype`` (a fixed-seed normal draw; zeros for
     integer records), never data: once per model, paths, record shape and dtype, parameter
-    dtypes and modules' modes (remembered). The model runs in its own mode (a branch on ``self.training`` is tried
-    as the pass will take it), without gradients, both forwards from the same seed of a forked
-    RNG (the global one is left as it was), its buffers restored afterwards (batch-norm
-    statistics). An exception from either forward means False, and so does a difference (a
-    dropout mask drawn over channels-last memory differs: kept off, conservatively)."""
+    dtypes and modules' modes (remembered). The model runs in its own mode (a branch on
+    ``self.training`` is tried as the pass will take it), without gradients, both forwards from
+    the same seed of a forked RNG (the global one is left as it was), its buffers restored
+    afterwards (batch-norm statistics). An exception from either forward means False, and so
+    does a difference (a dropout mask drawn over channels-last memory differs: kept off,
+    conservatively)."""
     modes = tuple(m.training for m in model.modules())
-    key = (
-        tuple(convs),
-        shape,
-        dtype,
-        tuple(sorted({str(v.dtype) for v in params.values()})),
-        modes,
-    )
+    dtypes = tuple(sorted({str(v.dtype) for v in params.values()}))
+    key = (tuple(convs), shape, dtype, dtypes, modes)
     memo = _CL_OK.setdefault(model, {})
-    if key not in memo:
-        at = {k: v.detach() for k, v in params.items()}
-        memo[key] = _probe_channels_last(model, at, convs, shape, dtype)
-    return memo[key]
-
-
-def _probe_channels_last(
-    model: nn.Module,
-    params: dict[str, torch.Tensor],
-    convs: Sequence[str],
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
-) -> bool:
+    if key in memo:
+        return memo[key]
+    at = {k: v.detach() for k, v in params.items()}
     mods = _owner_modules(model)
     if dtype.is_floating_point:
         gen = torch.Generator().manual_seed(0)
@@ -211,15 +191,16 @@ def _probe_channels_last(
         x = torch.zeros(2, *shape, dtype=dtype)
     buffers = {k: v.clone() for k, v in model.named_buffers()}
     hooks = []
+    memo[key] = False
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             try:
                 torch.manual_seed(0)  # the same dropout draws on both sides
-                ref = functional_call(model, params, (x,))
+                ref = functional_call(model, at, (x,))
                 for p in convs:
-                    hooks.append(mods[p].register_forward_hook(lambda m, i, o: _channels_last(o)))
+                    hooks.append(mods[p].register_forward_hook(lambda m, i, o: channels_last(o)))
                 torch.manual_seed(0)
-                out = functional_call(model, params, (x,))
+                out = functional_call(model, at, (x,))
             except Exception:  # noqa: BLE001 - the model's own code: a layout it does not take
                 return False
     finally:
@@ -233,7 +214,9 @@ def _probe_channels_last(
     if ref.shape != out.shape or ref.dtype != out.dtype:
         return False
     tol = 1e-4 if ref.dtype in (torch.float32, torch.float16, torch.bfloat16) else 1e-9
-    return bool(torch.allclose(out, ref, rtol=tol, atol=tol * float(ref.abs().max().clamp(min=1))))
+    scale = float(ref.abs().max().clamp(min=1))
+    memo[key] = bool(torch.allclose(out, ref, rtol=tol, atol=tol * scale))
+    return memo[key]
 
 
 def conv2d_weight_per_record(
