@@ -40,6 +40,7 @@ from fedudp.aggregators import (
 from fedudp.aggregators.base import RUN_INPUTS, ParameterError
 from fedudp.aggregators.memory import check_rows_fit
 from fedudp.billboard.canaries import Canaries
+from fedudp.billboard.fail_closed import minimum_error
 from fedudp.billboard.server import Billboard, ServerStep
 from fedudp.config import (
     Accounting,
@@ -1260,6 +1261,12 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
     dim = sum(int(params[k].numel()) for k in spec.shared)
     personal_dim = sum(int(params[k].numel()) for k in spec.personal)
     n_owners, n_users = planned_units(cfg)
+    # each owner's public capacity in sampled units: what the fail-closed rule counts
+    owner_units = np.ones(n_owners, np.int64) if spec.cohort_is_owners else planned_owner_users(cfg)
+    if spec.communicates and (
+        why := minimum_error(cfg.train.min_owners, cfg.train.min_users, owner_units)
+    ):
+        raise ConfigError(why)
     aggregator = algo = None
     canaries = int(cfg.audit.canaries)
     sampling = Sampling(
@@ -1326,6 +1333,7 @@ def prepare(cfg: RunConfig, *, model_object: Any = None, records: Any = None) ->
             randomness=randomness(cfg),
             min_owners=int(cfg.train.min_owners),
             min_users=int(cfg.train.min_users),
+            owner_units=owner_units,
         )
         if spec.private and not board.within_budget():
             raise ConfigError(

@@ -72,6 +72,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedudp.aggregators.base import Aggregator, Constraint, Contribution
+from fedudp.billboard.fail_closed import withhold_reason
 from fedudp.privacy.accountant import Ledger, LedgerEntry, accountant_for
 from fedudp.randomness import Purpose, Randomness
 
@@ -454,13 +455,10 @@ class UserLevelDP(Strategy):
             else:
                 t = torch.from_numpy(np.asarray(rec["sum"].numpy(), dtype=np.float64))
                 parts.append(Contribution(None, t.reshape(dim), n, int(counts["clipped"])))
-        if len(parts) < self.min_owners or held < self.min_users:
-            # fail closed: nothing released, nothing composed, the model unchanged
-            why = (
-                f"{len(parts)} client(s) replied successfully holding {held} user(s), "
-                f"{failed} failed; fedudp.train.min_owners={self.min_owners}, "
-                f"fedudp.train.min_users={self.min_users}"
-            )
+        # fail closed (the billboard's rule): answering clients and their declared user slots
+        fc = (self.min_owners, self.min_users)
+        why = withhold_reason(len(parts), held, failed, *fc, who="client", key="fedudp.train.")
+        if why is not None:  # nothing released, nothing composed, the model unchanged
             self.withheld.append((server_round, why))
             log(
                 WARNING,

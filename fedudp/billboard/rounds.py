@@ -302,12 +302,14 @@ def _release_round(
     withheld: list[str],
 ) -> tuple[bool, str, str]:
     """Round ``r``'s release on the billboard from the owners' replies, or its withholding when
-    too few owners or units answered (fail closed: nothing released, the reason appended to
-    ``withheld``). Fills the round's ``info``; returns (released, stop, message): stop is
-    "completed" to go on, "halted" (the estimator stopped), "diverged", or "failed" (a training
-    algorithm's schedule cannot skip a withheld round)."""
+    too few owners answered or they hold too few declared user slots (fail closed,
+    ``Billboard.withhold``: decided from which owners failed and their public capacities, never
+    from the sample; nothing released, the reason appended to ``withheld``). Fills the round's
+    ``info``; returns (released, stop, message): stop is "completed" to go on, "halted" (the
+    estimator stopped), "diverged", or "failed" (a training algorithm's schedule cannot skip a
+    withheld round)."""
     lost = sum(f.units for f in got.failures)
-    why = bb.withhold(r, len(got.replies), len(cohort) - lost, len(got.failures))
+    why = bb.withhold(r, [f.owner for f in got.failures])
     if why is not None:  # fail closed: nothing released this round
         withheld.append(f"round {r}: {why}")
         info.update(cohort=len(cohort), failed_units=lost, withheld=why)
@@ -342,7 +344,11 @@ def _release_round(
                 "last finite value); likely cause: train.lr or train.server_lr too large"
             ),
         )
-    if len(cohort) and failed >= len(cohort):
+    # units lost with a failed owner are not a divergence: a cohort that lay wholly at failed
+    # owners released the noise alone, as accounted, and the run goes on (stopping here would
+    # make the run's length depend on the sample)
+    live = len(cohort) - lost
+    if live > 0 and failed - lost >= live:
         return (
             True,
             "diverged",

@@ -11,7 +11,7 @@ owner's personal parameters are joint-DP with respect to the other owners' data.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
+from fedudp.billboard.fail_closed import answered_slots, minimum_error, withhold_reason
 from fedudp.billboard.plan import Plan
 from fedudp.privacy.accountant import ApproxDp, Ledger, LedgerEntry, Parallel
 from fedudp.protocol.checkpoint import CheckpointError, plain
@@ -55,8 +56,9 @@ class Billboard:
     stops before exceeding (None: no stop) at ``delta``, and a training algorithm's ``plan``
     (``fedudp.billboard.plan``: the round's cohort, event, estimator and step). ``randomness``: where
     its sample and noise come from (default ``Randomness.seeded(seed)``; ``Randomness.secure``:
-    OS entropy). ``min_owners`` / ``min_users``: the fail-closed minimum of a round in which
-    owners failed (``withhold``)."""
+    OS entropy). ``min_owners`` / ``min_users``: the fail-closed minimum (``withhold``), read
+    against ``owner_units``, each owner's public capacity in sampled units (its declared user
+    slots; 1 where the units are owners), indexed by owner id."""
 
     def __init__(
         self,
@@ -77,7 +79,12 @@ class Billboard:
         randomness: Randomness | None = None,
         min_owners: int = 1,
         min_users: int = 1,
+        owner_units: Sequence[int] | None = None,
     ) -> None:
+        if owner_units is not None and (
+            why := minimum_error(int(min_owners), int(min_users), owner_units)
+        ):
+            raise ValueError(why)
         if aggregator.private and accountant is None:
             raise ValueError(
                 f"aggregator={aggregator.name} is private: the billboard needs an "
@@ -98,6 +105,8 @@ class Billboard:
         self.seed, self.step = seed, step
         self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
         self.min_owners, self.min_users = int(min_owners), int(min_users)
+        # each owner's public capacity (declared user slots), what the fail-closed rule counts
+        self.owner_units = None if owner_units is None else tuple(int(c) for c in owner_units)
         self.withheld: list[int] = []  # the rounds that released nothing (fail closed)
         ledger.randomness = self.randomness.ledger_name
         self.target_epsilon, self.delta = target_epsilon, delta
@@ -150,27 +159,60 @@ class Billboard:
     def noise_generator(self, round_: int) -> torch.Generator:
         return self.randomness.torch_generator(Purpose.NOISE, round_)
 
-    def withhold(
-        self, round_: int, answered_owners: int, answered_units: int, failed_owners: int
-    ) -> str | None:
-        """Fail closed: why round ``round_`` must release nothing (None: release). Only a round
-        in which owners failed is withheld, when fewer than ``min_owners`` owners answered or
-        the owners that answered were sent fewer than ``min_users`` sampled units; a round
-        without failures always releases (an empty Poisson sample releases the noise alone, as
-        accounted). The decision reads which owners failed and the sample's public unit ids,
-        never the data (docs/algorithms.md#fail-closed). A withheld round composes nothing
-        and leaves the shared parameters as they are; the next round is ``round_ + 1``."""
-        if not failed_owners:
-            return None
-        if answered_owners >= self.min_owners and answered_units >= self.min_users:
+    def withhold(self, round_: int, failed: Collection[int]) -> str | None:
+        """Fail closed: why round ``round_`` must release nothing (None: release).
+
+        The rule (``fedudp.billboard.fail_closed.withhold_reason``, the Flower wrapper's too)
+        reads public numbers only: the owners that answered (every owner but the ``failed``
+        ids; each owner is asked every round, so which ones fail does not depend on the sample)
+        and their declared capacities ``owner_units``; a round is withheld when fewer than
+        ``min_owners`` owners answered or they hold fewer than ``min_users`` user slots. It
+        never reads how many units were sampled or contributed: whether a round is released
+        is itself an output, so it must not depend on the secret Poisson sample (a released
+        round's inclusion probability would exceed the q the ledger composes) nor on one
+        user's presence. An answering federation whose sample is empty releases the noise
+        alone, as accounted (docs/algorithms.md#fail-closed). A withheld round composes
+        nothing and leaves the shared parameters as they are; the next round is
+        ``round_ + 1``.
+
+        Parameters
+        ----------
+        round_ : int
+            The round.
+        failed : collection of int
+            The ids of the owners that failed this round (``Failure.owner``).
+
+        Returns
+        -------
+        str or None
+            Why the round is withheld; None when it is released.
+
+        Raises
+        ------
+        ValueError
+            Owners failed but the billboard has no declared capacities (``owner_units``).
+        """
+        failed = {int(j) for j in failed}
+        if self.owner_units is None:
+            if not failed:
+                return None  # no owner structure declared: nothing failed, nothing to decide
+            raise ValueError(
+                f"round {round_}: owners {sorted(failed)} failed but the billboard has no "
+                "declared owner capacities (Billboard(owner_units=...)): the fail-closed "
+                "rule reads only public numbers"
+            )
+        why = withhold_reason(
+            len(self.owner_units) - len(failed),
+            answered_slots(self.owner_units, failed),
+            len(failed),
+            self.min_owners,
+            self.min_users,
+        )
+        if why is None:
             return None
         self.next_round = round_ + 1
         self.withheld.append(int(round_))
-        return (
-            f"{failed_owners} owner(s) failed; {answered_owners} answered with "
-            f"{answered_units} sampled unit(s) (train.min_owners={self.min_owners}, "
-            f"train.min_users={self.min_users}): nothing released, no epsilon spent"
-        )
+        return f"{why}: nothing released, no epsilon spent"
 
     def epsilon_after_round(self) -> float | None:
         """Epsilon if this round's release were composed now (None for non-private runs)."""

@@ -2,8 +2,10 @@
 (docs/architecture.md#engines).
 
 A transport only: ``FlowerTransport`` sends each round's broadcast and the owners' sampled
-units as Flower messages (one ``train`` message per owner that has to act: every owner when
-personal parameters are trained, else the owners with sampled units), checks the replies and
+units as Flower messages (one ``train`` message per owner in every round of the billboard, an
+empty unit list to an owner without sampled units, so that which owners fail never depends on
+the sample; in a round without a billboard, every owner when personal parameters are trained,
+else none), checks the replies and
 hands them to ``fedudp.billboard.rounds.run_rounds``; ``evaluate`` messages score the owners.
 ``execute`` starts ``flwr.simulation.run_simulation`` on Ray (client resources from
 ``engine_opts.num_cpus/num_gpus``, an existing cluster from ``engine_opts.address``), or
@@ -176,7 +178,11 @@ class FlowerTransport:
                 int(j): cohort[owner == j] - self.fed.owner_user_offsets[j]
                 for j in np.unique(owner)
             }
-        targets = range(self.fed.num_owners) if self.owners.trains_personal else sorted(units)
+        # every owner is asked in a round of the billboard (those without sampled units with an
+        # empty list): which owners fail must not depend on the sample, since the fail-closed
+        # rule (Billboard.withhold) reads it
+        ask_all = self.owners.trains_personal or cohort is not None
+        targets = range(self.fed.num_owners) if ask_all else sorted(units)
         none = None if cohort is None else np.zeros(0, dtype=np.int64)
         msgs = {j: self._message(j, round_, "train", shared, units.get(j, none)) for j in targets}
         got, failed = self._exchange(msgs, round_)

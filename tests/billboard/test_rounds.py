@@ -30,6 +30,7 @@ from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
 
 N = 6  # units (users): owner 0 holds 0..2, owner 1 3..5
 OWNER = np.array([0, 0, 0, 1, 1, 1])
+CAPACITY = (3, 3)  # each owner's declared user slots (the fail-closed rule's public count)
 TARGETS = torch.tensor(
     [
         [1.0, 0.0, 2.0, -1.0, 0.5],
@@ -135,6 +136,7 @@ def mean_board(aggregator=None) -> Billboard:
         ledger(False),
         seed=0,
         step=ServerStep(LR, "gradient"),
+        owner_units=CAPACITY,
     )
 
 
@@ -151,6 +153,7 @@ def gaussian_board(z=20.0, rate=1.0, target=None, seed=0) -> Billboard:
         step=ServerStep(LR, "gradient"),
         target_epsilon=target,
         delta=DELTA,
+        owner_units=CAPACITY,
     )
 
 
@@ -323,8 +326,8 @@ def test_a_withheld_round_spends_nothing_and_the_next_rounds_release():
     assert torch.equal(tr.trained[2][2], tr.trained[1][2])
 
 
-def test_min_owners_and_min_users_decide_only_when_owners_failed():
-    # one owner of two lost: released under the default minimum (1 owner, 1 user) ...
+def test_min_owners_and_min_users_count_answering_owners_and_their_declared_slots():
+    # one owner of two lost: released under the default minimum (1 owner, 1 user slot) ...
     bb = gaussian_board(z=2.0)
     run(bb, FakeTransport(bb.aggregator.constraint, lost={1: (1,)}), rounds=1)
     assert [e.round for e in bb.ledger.entries] == [1]
@@ -333,18 +336,56 @@ def test_min_owners_and_min_users_decide_only_when_owners_failed():
     bb2.min_owners = 2
     res2, _ = run(bb2, FakeTransport(bb2.aggregator.constraint, lost={1: (1,)}), rounds=1)
     assert bb2.ledger.entries == [] and res2.stop_reason == "failed"
-    # ... or when the answering owner was sent fewer sampled units than min_users (3 < 4)
+    # ... or when the answering owner declares fewer user slots than min_users (3 < 4)
     bb3 = gaussian_board(z=2.0)
     bb3.min_users = 4
-    run(bb3, FakeTransport(bb3.aggregator.constraint, lost={1: (1,)}), rounds=1)
+    res3, lines3 = run(bb3, FakeTransport(bb3.aggregator.constraint, lost={1: (1,)}), rounds=1)
     assert bb3.ledger.entries == []
-    # without failures the minimum is never read: an empty Poisson sample releases the noise
-    # alone, as accounted (withholding it would make the release depend on the sample)
+    assert "holding 3 user slot(s) (declared)" in lines3[0]["withheld"]
+    # every owner answering always meets a minimum the declared capacities can meet: an empty
+    # Poisson sample releases the noise alone, as accounted (withholding it would make the
+    # release depend on the sample)
     bb4 = gaussian_board(z=2.0, rate=1e-9)
-    bb4.min_owners, bb4.min_users = 5, 5
+    bb4.min_owners, bb4.min_users = 2, 6
     res4, lines4 = run(bb4, FakeTransport(bb4.aggregator.constraint), rounds=2)
     assert [x["cohort"] for x in lines4] == [0, 0] and len(bb4.ledger.entries) == 2
     assert res4.stop_reason == "completed"
+    # the same empty sample with owner 1 failing, 3 slots answering >= 3: released
+    bb5 = gaussian_board(z=2.0, rate=1e-9)
+    bb5.min_users = 3
+    run(bb5, FakeTransport(bb5.aggregator.constraint, lost={1: (1,), 2: (1,)}), rounds=2)
+    assert len(bb5.ledger.entries) == 2 and bb5.withheld == []
+
+
+def test_a_minimum_no_federation_can_meet_is_refused():
+    with pytest.raises(ValueError, match="train.min_owners=3: there are only 2 owners"):
+        Billboard(
+            shared0(),
+            MeanAggregator(Sampling(1.0, N)),
+            Sampling(1.0, N),
+            ledger(False),
+            seed=0,
+            min_owners=3,
+            owner_units=CAPACITY,
+        )
+    with pytest.raises(ValueError, match="train.min_users=7: the owners' declared user slots"):
+        Billboard(
+            shared0(),
+            MeanAggregator(Sampling(1.0, N)),
+            Sampling(1.0, N),
+            ledger(False),
+            seed=0,
+            min_users=7,
+            owner_units=CAPACITY,
+        )
+
+
+def test_without_declared_capacities_a_failure_is_refused_not_guessed():
+    bb = gaussian_board(z=2.0)
+    bb.owner_units = None
+    assert bb.withhold(1, []) is None  # nothing failed: nothing to decide
+    with pytest.raises(ValueError, match="no declared owner capacities"):
+        bb.withhold(1, [1])
 
 
 def test_a_checkpoint_after_a_withheld_round_resumes(tmp_path):
