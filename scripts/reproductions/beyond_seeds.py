@@ -25,7 +25,10 @@ users of 1 to 107 records, 32 owners of 4 to 273 users) with that page's setting
 ``banded`` use k = b = 5 groups at the same rate, ``banded_amp`` b = 2 groups sampled at 0.4.
 
 Runs are resumable: a run whose folder has a summary.json is not redone. Each run's wall time
-goes to ``runs/times.jsonl``; the table goes to README.md's marked section.
+goes to ``runs/times.jsonl``; the table goes to README.md's marked section. The committed runs are
+packed in the folder's ``raw.tar.xz`` (``scripts/results_archive.py``): the table is read from it
+as it is; running more first unpacks it (``runs/`` is gitignored), and ``python
+scripts/results_archive.py pack docs/results/beyond_seeds runs`` folds the new runs back in.
 
     .venv/bin/python scripts/reproductions/beyond_seeds.py --data DATA --n 64 --epsilon 1 8
 """
@@ -41,6 +44,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import results_archive  # noqa: E402  (scripts/: the result folder's raw.tar.xz)
+
 OUT = ROOT / "docs" / "results" / "beyond_seeds"
 CLIPS = (0.1, 1.0, 15.0)
 NATURAL_CLIPS = (0.1, 0.5, 2.0)
@@ -183,8 +189,8 @@ def table() -> list[str]:
 
     times = {}
     tf = OUT / "runs" / "times.jsonl"
-    if tf.is_file():
-        for line in tf.read_text().splitlines():
+    if results_archive.is_file(tf):
+        for line in results_archive.read_text(tf).splitlines():
             r = json.loads(line)
             times[r["run"]] = r
     rows = [
@@ -192,11 +198,11 @@ def table() -> list[str]:
         "ε incl. choosing the clip | canary estimate (95 % interval) | wall (s) |",
         "|---:|---|---:|---|---:|---:|---:|---|---:|",
     ]
-    runs = sorted((OUT / "runs").glob("*/*/*/*/summary.json"))
+    runs = results_archive.glob(OUT / "runs", "*/*/*/*/summary.json")
     by_cell: dict = {}
     for p in runs:
         key = str(p.parent.relative_to(OUT / "runs"))
-        s = json.loads(p.read_text())
+        s = json.loads(results_archive.read_text(p))
         s["_dir"], s["_key"] = str(p.parent), key
         n, method, eps, mech = key.split("/")
         by_cell.setdefault((n, method, eps), {})[mech] = s
@@ -217,7 +223,7 @@ def table() -> list[str]:
                 from omegaconf import OmegaConf
 
                 s["_config"] = OmegaConf.to_container(
-                    OmegaConf.load(Path(s["_dir"]) / "config.yaml")
+                    OmegaConf.create(results_archive.read_text(Path(s["_dir"]) / "config.yaml"))
                 )
             a, b = report.groups_of(fixed)
             sel = select_best({**a, **b}, "accuracy_mean")
@@ -275,11 +281,15 @@ def main() -> None:
             raise SystemExit(
                 "beyond_seeds.py: error: --data (or $FEDUDP_DATA): the folder with mnist/"
             )
+        results_archive.unpack(OUT)  # the committed runs on disk: skipped, times.jsonl continued
         for key, over in grid(a):
             if a.only and key.rsplit("/", 1)[1] not in a.only:
                 continue
             run(key, over, a)
             write_readme()
+        print(
+            "fold the runs in: python scripts/results_archive.py pack docs/results/beyond_seeds runs"
+        )
     write_readme()
 
 
