@@ -73,11 +73,21 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedudp.aggregators.base import Aggregator, Constraint, Contribution
 from fedudp.billboard.fail_closed import withhold_reason
+from fedudp.flower_guard import (
+    NO_WRAPPER,
+    foreign_keys,
+    one_line,
+    outer_wrapper,
+    stacked_mods,
+    stacked_strategy,
+    user_rows,
+)
 from fedudp.privacy.accountant import Ledger, LedgerEntry, accountant_for
 from fedudp.randomness import Purpose, Randomness
 
 if TYPE_CHECKING:
     from fedudp.flower_fast import TorchTraining
+    from fedudp.flower_guard import UserRows
 
 __all__ = [
     "UserLevelDP",
@@ -92,7 +102,9 @@ __all__ = [
 # keys of the records the wrapper and the mod exchange (beside the app's own "arrays"/"config")
 K_DP = "fedudp.dp"  # ConfigRecord in a training message
 K_CONTRIB = "fedudp.contribution"  # ArrayRecord in a reply: "sum" [d] or "rows" [n, d]
-K_COUNTS = "fedudp.counts"  # MetricRecord in a reply: "count", "clipped", "users"
+K_COUNTS = (
+    "fedudp.counts"  # MetricRecord in a reply: "count", "clipped", "users", "failed", "raised"
+)
 K_PERSONAL = "fedudp.personal"  # ArrayRecord in a client's context.state (never sent)
 
 
@@ -176,6 +188,22 @@ def _reason(text: str | None, limit: int = 300) -> str:
     return one if len(one) <= limit else one[:limit] + "..."
 
 
+def _bad_contribution(rec: Any, dim: int) -> str | None:
+    """Why a client's contribution record cannot be right (None: it can): neither ``sum`` nor
+    ``rows``, the wrong length, or a NaN/inf value (the client is then failed: it contributes
+    exactly zero, as a failed owner does on fedudp's own engine)."""
+    key = "rows" if "rows" in rec else "sum" if "sum" in rec else None
+    if key is None:
+        return f"{K_CONTRIB} holds neither 'sum' nor 'rows'"
+    a = np.asarray(_numpy(rec[key]))
+    ok_shape = a.shape == (dim,) if key == "sum" else a.ndim == 2 and a.shape[1] == dim
+    if not ok_shape:
+        return f"{K_CONTRIB}['{key}'] has shape {a.shape}, the shared parameters are {dim} values"
+    if not np.isfinite(a).all():
+        return f"{K_CONTRIB}['{key}'] is not finite"
+    return None
+
+
 class UserLevelDP(Strategy):
     """User-level DP around any Flower ``strategy`` (see the module doc).
 
@@ -248,7 +276,11 @@ class UserLevelDP(Strategy):
                 "participation, which that sampling would break: use clip + "
                 "Gaussian (GaussianAggregator) or adaptive clipping here"
             )
+        why = stacked_strategy(strategy)
+        if why is not None:
+            raise ValueError(why)
         self.strategy, self.aggregator = strategy, aggregator
+        self._outer_checked = False  # a Flower DP wrapper around this one: the first round
         self.delta, self.target_epsilon = float(delta), target_epsilon
         self.personal, self.seed = tuple(personal), int(seed)
         self.randomness = (
@@ -380,6 +412,11 @@ class UserLevelDP(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        if not self._outer_checked:  # a Flower DP wrapper around this one: refused
+            self._outer_checked = True
+            why = outer_wrapper(self)
+            if why is not None:
+                raise ValueError(why)
         if self.stopped is None and self.target_epsilon is not None:
             nxt = self.accountant.epsilon_if(self.event, self.delta)
             if nxt > self.target_epsilon * (1 + 1e-9):
@@ -419,7 +456,7 @@ class UserLevelDP(Strategy):
             return None, None
         names = [k for k in sent if not _is_personal(k, self.personal)]
         dim = sum(int(np.prod(sent[k].shape)) for k in names)
-        parts, failed, held = [], 0, 0
+        parts, failed, held, nonfinite, raised = [], 0, 0, 0, 0
         train_metrics: list[tuple[float, dict[str, float]]] = []
         for r in replies:
             why = None
@@ -432,6 +469,8 @@ class UserLevelDP(Strategy):
                 )
             elif "users" not in r.content[K_COUNTS]:
                 why = f"no users count in {K_COUNTS} (a user_level_mod older than this server)"
+            else:
+                why = _bad_contribution(r.content[K_CONTRIB], dim)
             if why is not None:  # contributes exactly zero against the public denominator
                 failed += 1
                 log(
@@ -449,6 +488,20 @@ class UserLevelDP(Strategy):
                 train_metrics.append(_user_metrics(r))
             held += int(counts["users"])
             n = int(counts["count"])
+            # the users the client dropped (a NaN/inf update, a step that raised): zero, uncounted
+            nonfinite += int(counts.get("failed", 0))
+            raised += int(counts.get("raised", 0))
+            if counts.get("failed", 0) or counts.get("raised", 0):
+                log(
+                    WARNING,
+                    "UserLevelDP round %s: client node %s dropped %s user(s) with a non-finite "
+                    "update and %s whose training step raised (each contributes zero; the "
+                    "reasons are in that client's log)",
+                    server_round,
+                    r.metadata.src_node_id,
+                    int(counts.get("failed", 0)),
+                    int(counts.get("raised", 0)),
+                )
             if "rows" in rec:
                 G = torch.from_numpy(np.asarray(rec["rows"].numpy(), dtype=np.float64))
                 parts.append(Contribution(G.reshape(-1, dim), None, n, int(counts["clipped"])))
@@ -470,6 +523,8 @@ class UserLevelDP(Strategy):
                 {
                     "withheld": 1,
                     "failed_clients": failed,
+                    "nonfinite_users": nonfinite,
+                    "raised_users": raised,
                     "epsilon": self.epsilon,
                     "delta": self.delta,
                 }
@@ -517,6 +572,8 @@ class UserLevelDP(Strategy):
                 "users": int(c.count),
                 "clients": len(parts),
                 "failed_clients": failed,
+                "nonfinite_users": nonfinite,
+                "raised_users": raised,
                 "delta": self.delta,
             }
         )
@@ -562,13 +619,65 @@ class UserLevelDP(Strategy):
             )
         self.log_utility(initial_arrays)
         result = super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
-        if self.withheld and not self.ledger.entries:
-            r, why = self.withheld[-1]
-            raise RunFailed(
-                f"UserLevelDP: every training round was withheld, nothing released "
-                f"(round {r}: {why}); see the clients' reasons above"
-            )
+        self.finish(int(num_rounds))
         return result
+
+    def finish(self, num_rounds: int) -> dict:
+        """The run's outcome, in the log and the ledger (``ledger.extra["outcome"]``): every
+        round released, some withheld (a warning naming them), or none released (``RunFailed``:
+        the ServerApp's run then ends failed, not completed)."""
+        released = [e.round for e in self.ledger.entries]
+        withheld = [r for r, _ in self.withheld]
+        status = (
+            "failed: nothing released"
+            if num_rounds > 0 and not released
+            else f"completed, {len(withheld)} of {num_rounds} rounds withheld"
+            if withheld
+            else "completed"
+        )
+        out = {
+            "status": status,
+            "rounds": num_rounds,
+            "released": len(released),
+            "withheld": [[r, why] for r, why in self.withheld],
+            "stopped": self.stopped,
+            "epsilon": self.epsilon,
+        }
+        self.ledger.extra["outcome"] = out
+        if status.startswith("failed"):
+            if self.withheld:
+                r, why = self.withheld[-1]
+                reason = (
+                    f"every training round was withheld, nothing released (round {r}: {why}); "
+                    "see the clients' reasons above"
+                )
+            else:
+                reason = f"no training round released ({self.stopped or 'no round was run'})"
+            log(WARNING, "UserLevelDP: run failed: %s", reason)
+            raise RunFailed(f"UserLevelDP: {reason}")
+        if withheld:
+            log(
+                WARNING,
+                "UserLevelDP: %s of %s training rounds were withheld and released nothing "
+                "(rounds %s; the last: %s); %s released, epsilon %.4f",
+                len(withheld),
+                num_rounds,
+                ", ".join(map(str, withheld[:20])) + (" ..." if len(withheld) > 20 else ""),
+                self.withheld[-1][1],
+                len(released),
+                self.epsilon,
+            )
+        else:
+            log(
+                INFO,
+                "UserLevelDP: %s of %s rounds released, epsilon %.4f at delta %g%s",
+                len(released),
+                num_rounds,
+                self.epsilon,
+                self.delta,
+                f" ({self.stopped})" if self.stopped else "",
+            )
+        return out
 
     def log_utility(self, initial_arrays: ArrayRecord) -> dict:
         """Before round 1: the expected cohort q·N, the std per coordinate of the noise on the
@@ -877,8 +986,17 @@ class _UserLevelMod:
 
     # -- the mod ------------------------------------------------------------------------------
     def __call__(self, msg: Message, context: Context, call_next: CallNext) -> Message:
-        if msg.metadata.message_type != "train" or K_DP not in msg.content:
+        if str(msg.metadata.message_type).split(".")[0] != "train":
             return self.pass_through(msg, context, call_next)
+        # never in the clear: no UserLevelDP record, no training; no second DP wrapper or mod
+        why = (
+            NO_WRAPPER
+            if K_DP not in msg.content
+            else foreign_keys(msg.content.config_records) or stacked_mods(call_next)
+        )
+        if why is not None:
+            log(WARNING, "%s", why)
+            return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, why), reply_to=msg)
         rnd = _round_of(msg)
         try:
             return self.train_round(msg, rnd, context, call_next)
@@ -924,17 +1042,24 @@ class _UserLevelMod:
         if why is not None:
             return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, why), reply_to=msg)
         sampled = sampled_users(mine, rnd.randomness, rnd.round, rnd.rate, total)
-        got = self.user_updates(msg, arrays_key, base, names, sampled, context, total, call_next)
-        if isinstance(got, Message):  # the app's step failed
-            return got
-        G, metrics = got
-        c = Constraint(rows=rnd.rows, clip=rnd.clip).apply(G)
-        failed = self.personal_step(
-            msg, arrays_key, base, patterns, mine, context, total, call_next
+        G, metrics, raised = self.user_updates(
+            msg, arrays_key, base, names, sampled, context, total, call_next
         )
-        if failed is not None:
-            return failed
-        return self.reply(msg, rnd, c, len(mine), int(G.shape[1]), metrics)
+        # fedudp's own rule (make_reply): a NaN/inf update or a step that raised is dropped
+        # alone (zero, uncounted), never the client's other users (fedudp.flower_guard)
+        got = user_rows(G, Constraint(rows=rnd.rows, clip=rnd.clip), raised)
+        for i in got.nonfinite:
+            log(WARNING, "user_level_mod: user %s dropped: a non-finite update", sampled[i])
+        for i, why in got.raised.items():
+            log(
+                WARNING,
+                "user_level_mod: user %s dropped: its training step raised: %s",
+                sampled[i],
+                why,
+            )
+        self.personal_step(msg, arrays_key, base, patterns, mine, context, total, call_next)
+        kept = [metrics[i] for i in got.kept] if metrics else []
+        return self.reply(msg, rnd, got, len(mine), int(G.shape[1]), kept)
 
     def user_updates(
         self,
@@ -946,28 +1071,28 @@ class _UserLevelMod:
         context: Context,
         total: int,
         call_next: CallNext,
-    ) -> tuple[torch.Tensor, list[tuple[float, dict[str, float]]]] | Message:
+    ) -> tuple[torch.Tensor, list[tuple[float, dict[str, float]]], dict[int, str]]:
         """The sampled users' updates of the shared parameters ``names`` at the broadcast
-        ``base`` ([users, d]) and their training metrics (weight, values), from the fast path
-        or the app's step once per user; a failed step's reply."""
+        ``base`` ([users, d]), their training metrics (weight, values), and {index into
+        ``sampled``: reason} for the users whose step raised or replied with an error (their
+        rows are zeros, dropped by ``user_rows``), from the fast path or the app's step once
+        per user."""
         start = _flat(base, names)
         if self.fast is not None:  # fedudp.flower_fast: every sampled user's update at once
             at = {k2: _numpy(base[k2]) for k2 in base}
-            G, metrics = self.fast.updates(at, names, sampled, total, msg.content.config_records)
-            rows = list(G)
-        else:
-            rows, metrics = [], []
-            for u in sampled:
+            return self.fast.updates(at, names, sampled, total, msg.content.config_records)
+        rows, metrics, raised = [], [], {}
+        for i, u in enumerate(sampled):
+            try:
                 reply = self.train_as(msg, arrays_key, base, context, u, total, call_next)
-                if reply.has_error():
-                    return reply
-                metrics.append(_user_metrics(reply))
-                got = cast(
-                    ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))]
-                )
-                rows.append(_flat(got, names) - start)
+                row, m = _update_of(reply, names, start)
+            except Exception as e:  # noqa: BLE001  (this user alone is dropped, with its reason)
+                raised[i] = one_line(e)
+                row, m = torch.zeros_like(start), (0.0, {})
+            rows.append(row)
+            metrics.append(m)
         G = torch.stack(rows) if rows else torch.zeros(0, len(start), dtype=torch.float64)
-        return G, metrics
+        return G, metrics, raised
 
     def personal_step(
         self,
@@ -979,9 +1104,10 @@ class _UserLevelMod:
         context: Context,
         total: int,
         call_next: CallNext,
-    ) -> Message | None:
+    ) -> None:
         """The client's own personal layers trained on all its users, kept in its state, never
-        sent; a failed step's reply (None: done, or no personal layers)."""
+        sent. A user whose step raises, replies with an error or leaves NaN/inf personal layers
+        is skipped (the chain goes on from the previous user's), never failing the client."""
         if not patterns:
             return None
         if self.fast is not None:
@@ -993,13 +1119,22 @@ class _UserLevelMod:
             return None
         own = self.kept(context)
         for u in mine:
-            reply = self.train_as(
-                msg, arrays_key, self.with_personal(base, own), context, u, total, call_next
-            )
-            if reply.has_error():
-                return reply
-            got = cast(ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))])
-            own = _record({k2: got[k2] for k2 in got if _is_personal(k2, patterns)})
+            try:
+                reply = self.train_as(
+                    msg, arrays_key, self.with_personal(base, own), context, u, total, call_next
+                )
+                if reply.has_error():
+                    raise RuntimeError(_reason(reply.error.reason))
+                got = cast(
+                    ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))]
+                )
+                mine_own = {k2: got[k2] for k2 in got if _is_personal(k2, patterns)}
+                if not all(np.isfinite(_numpy(a)).all() for a in mine_own.values()):
+                    raise ValueError("non-finite personal layers")
+            except Exception as e:  # noqa: BLE001  (skipped alone: its reason logged here)
+                log(WARNING, "user_level_mod: user %s's personal step skipped: %s", u, one_line(e))
+                continue
+            own = _record(mine_own)
         if own is not None:
             context.state[K_PERSONAL] = own
         return None
@@ -1008,16 +1143,25 @@ class _UserLevelMod:
         self,
         msg: Message,
         rnd: _Round,
-        c: Contribution,
+        got: UserRows,
         users: int,
         dim: int,
         metrics: list[tuple[float, dict[str, float]]],
     ) -> Message:
-        """The counts, the app's metrics (if sent) and the clipped contribution (rows or sum)."""
+        """The counts (the kept users, the clipped ones, the client's declared users, the users
+        dropped for a non-finite update and for a step that raised), the app's metrics over the
+        kept users (if sent) and the clipped contribution (rows or sum)."""
+        c = got.contribution
         out = RecordDict(
             {
                 K_COUNTS: MetricRecord(
-                    {"count": int(c.count), "clipped": int(c.clipped), "users": users}
+                    {
+                        "count": int(c.count),
+                        "clipped": int(c.clipped),
+                        "users": users,
+                        "failed": len(got.nonfinite),
+                        "raised": len(got.raised),
+                    }
                 )
             }
         )
@@ -1075,6 +1219,31 @@ def client_users(context: Context) -> tuple[list[int], int]:
     rec: Any = context.state[K_USERS]  # the mod's own record (_remember_users)
     n = int(rec["n"])
     return [int(u) for u in list(rec["users"])[:n]], int(rec["num-users"])
+
+
+def _update_of(
+    reply: Message, names: Sequence[str], start: torch.Tensor
+) -> tuple[torch.Tensor, tuple[float, dict[str, float]]]:
+    """(a user's update of the shared parameters ``names`` from ``start``, its metrics) from
+    the app's reply; an error reply, or one without the model's arrays, raises (the user is
+    then dropped alone)."""
+    if reply.has_error():
+        raise RuntimeError(
+            f"the app replied with error {reply.error.code}: {_reason(reply.error.reason)}"
+        )
+    if not reply.content.array_records:
+        raise ValueError("the app's training reply has no ArrayRecord")
+    got = cast(ArrayRecord, reply.content[next(iter(reply.content.array_records.keys()))])
+    missing = [k for k in names if k not in got]
+    if missing:
+        raise ValueError(f"the app's training reply lacks the arrays {missing[:5]}")
+    row = _flat(got, names)
+    if row.shape != start.shape:
+        raise ValueError(
+            f"the app's training reply has {row.numel()} shared values, "
+            f"the broadcast {start.numel()}"
+        )
+    return row - start, _user_metrics(reply)
 
 
 def _user_metrics(reply: Message) -> tuple[float, dict[str, float]]:

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedudp.flower_guard import one_line
 from fedudp.owner import local_sgd, per_sample
 from fedudp.owner.one_step import one_step_vectors
 
@@ -110,7 +111,9 @@ class TorchTraining:
     momentum, no weight decay) for ``epochs`` passes of ``batch_size`` records on the user's
     records in order: the change of the shared parameters, equal to the per-user path's up to
     float rounding (tests/engines/test_flower_fast.py). Users without records contribute a zero
-    update. Which users take part, the clipping, the sum and the counts are the mod's, as on the
+    update. A user whose ``data`` raises, or whose records break the batched pass (it is then
+    retried user by user), is dropped alone with its reason; a user whose update is NaN/inf (a
+    non-finite record) is dropped by the mod as on the per-user path (``fedudp.flower_guard``). Which users take part, the clipping, the sum and the counts are the mod's, as on the
     per-user path. The app's own training metrics are not computed on this path: only
     ``loss_metric`` and ``num-examples``.
     """
@@ -173,33 +176,60 @@ class TorchTraining:
             "train_config or give lr as a number"
         )
 
+    def load(
+        self, users: Sequence[int], num_users: int
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor] | None], dict[int, str]]:
+        """Each user's records ``(x, y)`` (None for a user whose ``data`` raised or gave
+        something that is not records), and {index into ``users``: the one-line reason} for
+        those: a user's bad data is that user's alone (``fedudp.flower_guard``)."""
+        out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        raised: dict[int, str] = {}
+        for i, u in enumerate(users):
+            try:
+                out.append(self._one(int(u), int(num_users)))
+            except Exception as e:  # noqa: BLE001  (the user is dropped alone, with its reason)
+                out.append(None)
+                raised[i] = f"data({u}, {num_users}): {one_line(e)}"
+        return out, raised
+
+    def _one(self, u: int, num_users: int) -> tuple[torch.Tensor, torch.Tensor]:
+        got = self.data(u, num_users)
+        if isinstance(got, tuple) and len(got) == 2:
+            x, y = torch.as_tensor(got[0]), torch.as_tensor(got[1])
+        else:
+            batches = [(torch.as_tensor(a), torch.as_tensor(b)) for a, b in got]
+            if not batches:
+                raise ValueError(f"TorchTraining: data({u}, {num_users}) gave no batches")
+            x = torch.cat([a for a, _ in batches])
+            y = torch.cat([b for _, b in batches])
+        if len(x) != len(y):
+            raise ValueError(
+                f"TorchTraining: data({u}, {num_users}) gave {len(x)} inputs and {len(y)} labels"
+            )
+        return x, y.long()
+
+    @staticmethod
+    def _concat(
+        loaded: Sequence[tuple[torch.Tensor, torch.Tensor] | None],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, np.ndarray, np.ndarray]:
+        """(x, y, starts, sizes) of the loaded users in order (a None user: no records)."""
+        xs = [r[0] for r in loaded if r is not None]
+        ys = [r[1] for r in loaded if r is not None]
+        sizes_a = np.asarray([0 if r is None else len(r[1]) for r in loaded], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes_a)[:-1]]).astype(np.int64)
+        if not xs:
+            return None, None, starts[: len(loaded)], sizes_a
+        return torch.cat(xs), torch.cat(ys), starts, sizes_a
+
     def records(
         self, users: Sequence[int], num_users: int
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, np.ndarray, np.ndarray]:
-        """(x, y, starts, sizes): the users' records, concatenated in the users' order."""
-        xs, ys, sizes = [], [], []
-        for u in users:
-            got = self.data(int(u), int(num_users))
-            if isinstance(got, tuple) and len(got) == 2:
-                x, y = torch.as_tensor(got[0]), torch.as_tensor(got[1])
-            else:
-                batches = [(torch.as_tensor(a), torch.as_tensor(b)) for a, b in got]
-                if not batches:
-                    raise ValueError(f"TorchTraining: data({u}, {num_users}) gave no batches")
-                x = torch.cat([a for a, _ in batches])
-                y = torch.cat([b for _, b in batches])
-            if len(x) != len(y):
-                raise ValueError(
-                    f"TorchTraining: data({u}, {num_users}) gave {len(x)} inputs and {len(y)} labels"
-                )
-            xs.append(x)
-            ys.append(y.long())
-            sizes.append(len(y))
-        sizes_a = np.asarray(sizes, dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes_a)[:-1]]).astype(np.int64)
-        if not xs:
-            return None, None, starts[:0], sizes_a
-        return torch.cat(xs), torch.cat(ys), starts, sizes_a
+        """(x, y, starts, sizes): the users' records, concatenated in the users' order (a
+        ``ValueError`` naming the first user whose ``data`` failed)."""
+        loaded, raised = self.load(users, num_users)
+        if raised:
+            raise ValueError(f"TorchTraining: {next(iter(raised.values()))}")
+        return self._concat(loaded)
 
     def _params(self, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
         model = self.module()
@@ -255,20 +285,50 @@ class TorchTraining:
         users: Sequence[int],
         num_users: int,
         configs: Mapping[str, Any],
-    ) -> tuple[torch.Tensor, list[tuple[float, dict[str, float]]]]:
-        """([len(users), d] float64, metrics): each user's update of the parameters ``names``
-        (flattened in that order), from ``arrays`` (the broadcast, every parameter by
-        ``state_dict`` name) by the declared SGD on that user's records alone; and per user
-        (its records, {``loss_metric``: its mean loss at the broadcast}). ``configs``: the
-        training message's config records (for ``lr`` given as a key)."""
+    ) -> tuple[torch.Tensor, list[tuple[float, dict[str, float]]], dict[int, str]]:
+        """([len(users), d] float64, metrics, raised): each user's update of the parameters
+        ``names`` (flattened in that order), from ``arrays`` (the broadcast, every parameter by
+        ``state_dict`` name) by the declared SGD on that user's records alone; per user (its
+        records, {``loss_metric``: its mean loss at the broadcast}); and {index into ``users``:
+        reason} for the users whose data or training raised (their rows are zeros, to be
+        dropped: ``fedudp.flower_guard.user_rows``). ``configs``: the training message's config
+        records (for ``lr`` given as a key). A user's NaN/inf record leaves a non-finite row of
+        its own (the kernels compute each user's update from its records only)."""
         names = tuple(names)
         params = self._params(arrays)
         d = sum(int(params[k].numel()) for k in names)
-        out = torch.zeros(len(users), d, dtype=torch.float64)
         if not len(users):
-            return out, []
+            return torch.zeros(0, d, dtype=torch.float64), [], {}
         lr = self.learning_rate(configs)
-        x, y, starts, sizes = self.records(users, num_users)
+        self.module()  # a refused model fails the client (a setup error), before any user
+        loaded, raised = self.load(users, num_users)
+        try:
+            G, metrics = self._updates(params, names, loaded, lr, d)
+        except Exception:  # noqa: BLE001  (some user's records break the batched pass)
+            G = torch.zeros(len(users), d, dtype=torch.float64)
+            metrics = [(0.0, {}) for _ in users]
+            for i, one in enumerate(loaded):  # each user alone: the one that raises is dropped
+                if one is None:
+                    continue
+                try:
+                    g, m = self._updates(params, names, [one], lr, d)
+                except Exception as e:  # noqa: BLE001  (dropped alone, with its reason)
+                    raised[i] = f"training user {users[i]}: {one_line(e)}"
+                    continue
+                G[i], metrics[i] = g[0], m[0]
+        return G, metrics, raised
+
+    def _updates(
+        self,
+        params: dict[str, torch.Tensor],
+        names: tuple[str, ...],
+        loaded: Sequence[tuple[torch.Tensor, torch.Tensor] | None],
+        lr: float,
+        d: int,
+    ) -> tuple[torch.Tensor, list[tuple[float, dict[str, float]]]]:
+        """``updates`` for the loaded users (a None user: no records, a zero update)."""
+        out = torch.zeros(len(loaded), d, dtype=torch.float64)
+        x, y, starts, sizes = self._concat(loaded)
         has = np.flatnonzero(sizes > 0)  # users without records: a zero update
         if not len(has) or not d:
             return out, [(float(k), {}) for k in sizes]
@@ -329,13 +389,20 @@ class TorchTraining:
         chains the app's step."""
         params = self._params(arrays)
         lr = self.learning_rate(configs)
-        x, y, starts, sizes = self.records(users, num_users)
+        loaded, _ = self.load(users, num_users)  # a user whose data raised: skipped
         model = self.module()
         trainable = tuple(k for k, _ in model.named_parameters())
         own = {k: params[k] for k in names}
-        for i in np.flatnonzero(sizes > 0):
-            assert x is not None and y is not None  # user i has records
+        for one in loaded:
+            if one is None or not len(one[1]):
+                continue
+            x, y = one
             at = {**params, **own}
-            end = self._sgd(at, trainable, x, y, starts[i : i + 1], sizes[i : i + 1], lr)
-            own = {k: end[k][0].detach() for k in names}
+            try:
+                end = self._sgd(at, trainable, x, y, np.zeros(1, np.int64), np.array([len(y)]), lr)
+            except Exception:  # noqa: BLE001  (a user whose step raises is skipped alone)
+                continue
+            got = {k: end[k][0].detach() for k in names}
+            if all(bool(torch.isfinite(v).all()) for v in got.values()):  # else skipped
+                own = got
         return {k: v.detach().numpy() for k, v in own.items()}

@@ -277,7 +277,7 @@ class SummedGradient(TorchTraining):
     def updates(self, arrays, names, users, num_users, configs):
         _, _, _, sizes = self.records(users, num_users)
         V = super().updates(arrays, names, users, num_users, configs)
-        return V[0] * torch.from_numpy(sizes).double().unsqueeze(1), V[1]
+        return V[0] * torch.from_numpy(sizes).double().unsqueeze(1), V[1], V[2]
 
 
 class OneUnit(TorchTraining):
@@ -285,13 +285,13 @@ class OneUnit(TorchTraining):
     update sent once per user."""
 
     def updates(self, arrays, names, users, num_users, configs):
-        V, metrics = super().updates(arrays, names, users, num_users, configs)
+        V, metrics, raised = super().updates(arrays, names, users, num_users, configs)
         if not len(users):
-            return V, metrics
+            return V, metrics, raised
         x, y, _, _ = self.records(users, num_users)
         joint = TorchTraining(self.model, lambda u, n: (x, y), self.lr, self.epochs)
         G = joint.updates(arrays, names, [0], 1, configs)[0]
-        return G.expand(len(users), -1).clone(), metrics
+        return G.expand(len(users), -1).clone(), metrics, raised
 
 
 @pytest.mark.parametrize("twin", [SummedGradient, OneUnit])
