@@ -40,6 +40,7 @@ from pathlib import Path, PurePosixPath
 __all__ = [
     "ARCHIVES",
     "archive_of",
+    "archive_folder",
     "members",
     "open_member",
     "read_member",
@@ -147,6 +148,18 @@ def load_member(folder: str | os.PathLike, relpath: str | os.PathLike):
 
         return list(csv.DictReader(io.StringIO(text)))
     return text
+
+
+def archive_folder(path: str | os.PathLike) -> Path | None:
+    """The nearest folder at or above ``path`` that has a ``raw.tar.xz`` or ``raw.jsonl``, or
+    None (the search stops at the checkout's root)."""
+    p = Path(path).absolute()
+    for folder in (p, *p.parents):
+        if archive_of(folder) is not None:
+            return folder
+        if (folder / ".git").exists():
+            break
+    return None
 
 
 def locate(path: str | os.PathLike) -> tuple[Path, str] | None:

@@ -12,7 +12,10 @@ n ∈ {64, 256}; then Fashion-MNIST. Every run writes its small outputs (config,
 metrics, owners) under ``--out``; a finished run is skipped, so re-running the script continues
 the grid. Several workers may share one grid (one per core): each claims a run under
 ``--out/.claims`` (its pid) before starting it. Each finished run appends its wall time to
-``grid_times.jsonl``.
+``grid_times.jsonl``. The committed grid is packed in ``docs/results/huang_table1/raw.tar.xz``
+(``scripts/results_archive.py``): ``--list`` reads it as it is, a run first unpacks it (``runs/``
+is gitignored), and ``python scripts/results_archive.py pack docs/results/huang_table1 runs``
+folds the new runs back in.
 
     # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
     .venv/bin/python scripts/reproductions/reproduce_huang.py --data-root DATA   # the whole grid, resumable
@@ -36,6 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+import results_archive  # noqa: E402  (scripts/: the result folder's raw.tar.xz)
 
 ROWS = [256, 64, 512, 128, 16, 4]
 METHODS = ["per_silo", "fedavg", "full_dp", "joint_dp"]
@@ -202,13 +207,12 @@ def compose(over: dict, data_root: str, threads: int):
 
 def run_state(folder: Path) -> str:
     """'done' (completed or budget stop), 'part' (interrupted: resumes from its checkpoint) or 'todo'."""
-    summary = folder / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("stop_reason") in (
-        "completed",
-        "budget",
-    ):
+    summary = folder / "summary.json"  # on disk, else in the packed grid
+    if results_archive.is_file(summary) and json.loads(results_archive.read_text(summary)).get(
+        "stop_reason"
+    ) in ("completed", "budget"):
         return "done"
-    if summary.is_file() or list(folder.glob("ckpt-*.pt")):
+    if results_archive.is_file(summary) or list(folder.glob("ckpt-*.pt")):
         return "part"
     return "todo"
 
@@ -254,6 +258,9 @@ def main() -> int:
         for name, _ in todo:
             print(f"{run_state(out / name):5s} {name}")
         return 0
+    packed = results_archive.archive_folder(out)
+    if packed is not None:  # the committed grid on disk: its runs skipped, grid_times continued
+        results_archive.unpack(packed)
     for name, over in todo:
         if run_state(out / name) == "done":
             continue  # finished (run() would also skip it)
@@ -289,6 +296,8 @@ def main() -> int:
         with open(out / "grid_times.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
         print(json.dumps(rec), flush=True)
+    if packed is not None:
+        print(f"fold the runs in: python scripts/results_archive.py pack {packed} {out.name}")
     return 0
 
 

@@ -40,6 +40,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "reproductions"))
+sys.path.insert(0, str(ROOT / "scripts"))
+import results_archive  # noqa: E402  (scripts/: the grid's runs, packed in raw.tar.xz)
 
 
 def predicted_noise_std(
@@ -92,12 +94,12 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in a.runs:
         folder = Path(a.dir) / name
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = json.loads(results_archive.read_text(folder / "summary.json"))
         if summary.get("placement") != "local_dpsgd":
             raise SystemExit(f"{name}: not a privacy.placement=local_dpsgd run")
         acc = {
             json.loads(l)["round"]: json.loads(l)["accuracy_mean"]
-            for l in (folder / "metrics.jsonl").read_text().splitlines()
+            for l in results_archive.read_text(folder / "metrics.jsonl").splitlines()
             if l.strip()
         }
         p = prepare(compose(overrides[name], a.data_root, 1))

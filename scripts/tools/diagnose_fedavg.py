@@ -30,11 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "reproductions"))
+sys.path.insert(0, str(ROOT / "scripts"))
+import results_archive  # noqa: E402  (scripts/: the grid's runs, packed in raw.tar.xz)
 
 
 def curve(metrics: Path, at: list[int]) -> list[str]:
     acc = {
-        r["round"]: r["accuracy_mean"] for r in map(json.loads, metrics.read_text().splitlines())
+        r["round"]: r["accuracy_mean"]
+        for r in map(json.loads, results_archive.read_text(metrics).splitlines())
     }
     return [f"{acc[t]:.3f}" if t in acc else "" for t in at]
 
@@ -76,7 +79,7 @@ def main() -> int:
         / "fedavg_s0"
         / "metrics.jsonl"
     )
-    if grid_run.is_file():
+    if results_archive.is_file(grid_run):
         print(
             f"| the grid's run (lr 0.05, batch 32, Table 3's T) | {' | '.join(curve(grid_run, a.at))} | | |",
             flush=True,

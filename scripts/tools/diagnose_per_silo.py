@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import sys
 import time
@@ -33,6 +34,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "reproductions"))
+sys.path.insert(0, str(ROOT / "scripts"))
+import results_archive  # noqa: E402  (scripts/: the grid's runs, packed in raw.tar.xz)
 
 
 def main() -> None:
@@ -78,8 +81,8 @@ def main() -> None:
         / "per_silo_s0"
         / "owners.csv"
     )
-    if run_csv.is_file():
-        rows = list(csv.DictReader(open(run_csv)))
+    if results_archive.is_file(run_csv):
+        rows = list(csv.DictReader(io.StringIO(results_archive.read_text(run_csv))))
         key = next(k for k in rows[0] if "acc" in k)
         ran = np.mean([float(r[key]) for r in rows[: a.owners]])
         print(
