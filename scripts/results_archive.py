@@ -49,6 +49,7 @@ __all__ = [
     "read_text",
     "is_file",
     "glob",
+    "rglob",
     "unpack",
     "pack",
 ]
@@ -211,6 +212,22 @@ def glob(folder: str | os.PathLike, pattern: str) -> list[Path]:
             break
         if (up / ".git").exists():
             break
+    return sorted(folder / p.relative_to(base) for p in found)
+
+
+def rglob(folder: str | os.PathLike, pattern: str) -> list[Path]:
+    """``Path(folder).rglob(pattern)`` (``pattern`` matched against file names, at any depth) over
+    the files on disk and the archived members under ``folder``, sorted."""
+    folder = Path(folder)
+    found = {p.absolute() for p in folder.rglob(pattern) if p.is_file()}
+    base = folder.absolute()
+    up = archive_folder(base)
+    if up is not None:
+        prefix = base.relative_to(up).as_posix()
+        for m in members(up):
+            if prefix == "." or m.startswith(prefix + "/"):
+                if fnmatch.fnmatchcase(m.rsplit("/", 1)[-1], pattern):
+                    found.add(up / m)
     return sorted(folder / p.relative_to(base) for p in found)
 
 

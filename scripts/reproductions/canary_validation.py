@@ -12,6 +12,9 @@ each interval (``ci``, ``ci_bootstrap``) holds the true ε.
     .venv/bin/python scripts/reproductions/canary_validation.py --dim 20000 --canaries 500 --seeds 10 \
         --noise 0.5 1 2 4 --rounds 1 --delta 1e-5
     .venv/bin/python scripts/reproductions/canary_validation.py --runs docs/results/privacy_audit/canary_runs
+
+``--runs`` reads the run folders on disk, or packed: the committed ones are in
+``docs/results/privacy_audit/raw.tar.xz`` (``canary_runs/...``; ``scripts/results_archive.py``).
 """
 
 from __future__ import annotations
@@ -34,12 +37,16 @@ def runs_table(folder: str) -> list[str]:
     """The Markdown table of the canary runs under ``folder`` (each ``<name>/summary.json``,
     wall times from ``times.jsonl``): the ledger's ε beside the one-run estimate."""
     import json
+    import sys
     from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import results_archive  # scripts/: run folders on disk or in the folder's raw.tar.xz
 
     times = {}
     tj = Path(folder) / "times.jsonl"
-    if tj.exists():
-        for line in tj.read_text().splitlines():
+    if results_archive.is_file(tj):
+        for line in results_archive.read_text(tj).splitlines():
             r = json.loads(line)
             times[r["run"]] = r["wall_s"]
     rows = [
@@ -47,12 +54,12 @@ def runs_table(folder: str) -> list[str]:
         "std·√d | canary ε estimate | 95 % interval | bootstrap interval | wall (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for f in sorted(Path(folder).glob("*/summary.json")):
-        s = json.loads(f.read_text())
+    for f in results_archive.glob(folder, "*/summary.json"):
+        s = json.loads(results_archive.read_text(f))
         e = s.get("canary_epsilon_estimate")
         if not e:
             continue
-        cfg = (f.parent / "config.yaml").read_text()
+        cfg = results_archive.read_text(f.parent / "config.yaml")
         scale = "0.5" if "noise_scale: 0.5" in cfg else "1"
         r = e["dim"] ** 0.5
         rows.append(

@@ -79,9 +79,13 @@ def plot(runs: str, out: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for summary in sorted(Path(runs).rglob("summary.json")):
-        s = json.loads(summary.read_text())
-        rows = [json.loads(x) for x in (summary.parent / "metrics.jsonl").read_text().splitlines()]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import results_archive  # scripts/: the committed runs are packed in the folder's raw.tar.xz
+
+    for summary in results_archive.rglob(runs, "summary.json"):
+        s = json.loads(results_archive.read_text(summary))
+        metrics = results_archive.read_text(summary.parent / "metrics.jsonl")
+        rows = [json.loads(x) for x in metrics.splitlines()]
         label = s["method"] + (f", eps = {s['target_epsilon']:g}" if s["target_epsilon"] else "")
         ax.plot(
             [r["round"] for r in rows], [r["accuracy_mean"] for r in rows], marker=".", label=label
