@@ -802,6 +802,7 @@ def model(
     ``probe``: also run ``probe_model`` (``prepare`` does, once per run: a Flower owner
     rebuilding the model from the same config skips it)."""
     from fedudp.models import custom
+    from fedudp.models import footprint
     from fedudp.models import validate as model_check
 
     load_plugins(cfg.plugins)  # a plugin's model (a Flower owner builds it from the config)
@@ -821,10 +822,20 @@ def model(
         else:
             if name == "auto" and tokens:
                 name = "char_gru"
+            footprint.check_model(  # before any allocation (fedudp.models.footprint's rule)
+                lambda c: make_model(name, shape, c, seed=cfg.seed),
+                classes=classes,
+                model_key=f"model.name={name}",
+                float64=bool(cfg.engine_opts.float64),
+                device=str(cfg.engine_opts.device),
+                shared_and_units=lambda meta: _footprint_units(cfg, meta),
+            )
             m = make_model(name, shape, classes, seed=cfg.seed)
         model_check.check_model(m)
         if probe:
             probe_model(m, shape, classes, tokens)  # output [batch, classes], per-record path
+    except ConfigError:  # already names its key (fedudp.models.footprint)
+        raise
     except ValueError as e:
         key = "model.target" if cfg.model.target and given is None else "model.name"
         raise ConfigError(f"{key}: {e}" if given is None else f"model: {e}") from None
@@ -834,6 +845,28 @@ def model(
         prm.requires_grad_(False)
     # a SplitModel, or a user's module that carries default_personal (fedudp.models.custom)
     return cast(SplitModel, m)
+
+
+def _footprint_units(cfg: RunConfig, net: Any) -> tuple[tuple[str, ...], int]:
+    """(the shared parameters' names, U) of ``fedudp.models.footprint``'s rule for ``net``
+    (a model on the meta device): U, the units one vectorized owner step stacks at least, is
+    1 unless the local engine computes user-level vectors (``placement=server``, user
+    cohorts): then min(the expected cohort floor(q*N), the units one chunk holds)."""
+    spec = method(cfg, net)
+    if (
+        spec.cohort_is_owners
+        or EngineName(cfg.engine) != EngineName.local
+        or placement(cfg) != Placement.server
+        or (natural(cfg) and cfg.public.users is None)
+    ):
+        return spec.shared, 1
+    per_user = cfg.public.records_per_user if natural(cfg) else cfg.partition.records_per_user
+    cap = int(per_user or cfg.train.batch_size)  # at most a batch of a unit in one step
+    if SharedUpdate(cfg.train.shared_update) == SharedUpdate.delta:
+        cap = min(cap, int(cfg.train.batch_size))
+    budget = local_sgd.chunk_budget(int(cfg.engine_opts.chunk_records), net)
+    cohort = int(float(cfg.train.sampling_rate) * planned_units(cfg)[1])
+    return spec.shared, max(1, min(cohort, budget // max(1, cap)))
 
 
 def _inputs_declared(cfg: RunConfig) -> bool:
