@@ -8,13 +8,20 @@ over their wall time, median over the repetitions) and its ratio of mins to Flow
 
     .venv/bin/python scripts/benchmarks/plot_bench_flower.py docs/results/bench_flower/bench_n512_cores.json \\
         docs/results/bench_flower/bench_n512_cpu0.json --out docs/results/bench_flower/cores.png
+
+A results file that is not on disk is read from the result folder's packed raw files (the two
+above are in docs/results/bench_flower/raw.jsonl; scripts/results_archive.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_archive  # noqa: E402  (scripts/: a result folder's raw.jsonl)
 
 
 def main() -> None:
@@ -25,7 +32,7 @@ def main() -> None:
     panels = []
     for f in a.results:
         try:
-            rows = json.loads(Path(f).read_text())
+            rows = json.loads(results_archive.read_text(f))
             assert isinstance(rows, list) and all("min" in r and "config" in r for r in rows)
         except (OSError, ValueError, AssertionError):
             raise SystemExit(

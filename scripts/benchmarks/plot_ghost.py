@@ -1,9 +1,11 @@
 """Per-user cost of the wide CNN's owner reply, before and after (pair 2 of update 2 in
 docs/results/ghost/README.md): ``python scripts/benchmarks/plot_ghost.py`` writes
-docs/results/ghost/channels_last/per_user_cost.png from that folder's bench4 files."""
+docs/results/ghost/channels_last/per_user_cost.png from that folder's bench4 files (packed in
+docs/results/ghost/raw.jsonl: ``channels_last/bench4_*.jsonl``, read through
+scripts/results_archive.py)."""
 
-import json
 import statistics
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -11,9 +13,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-HERE = Path(__file__).resolve().parents[2] / "docs" / "results" / "ghost" / "channels_last"
-before = [json.loads(x) for x in open(HERE / "bench4_before_277621a.jsonl")]
-after = [json.loads(x) for x in open(HERE / "bench4_after_e150d50.jsonl")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_archive  # noqa: E402  (scripts/: the folder's raw.jsonl)
+
+GHOST = Path(__file__).resolve().parents[2] / "docs" / "results" / "ghost"
+HERE = GHOST / "channels_last"
+before = results_archive.load_member(GHOST, "channels_last/bench4_before_277621a.jsonl")
+after = results_archive.load_member(GHOST, "channels_last/bench4_after_e150d50.jsonl")
 sides = [
     ("old path, before (277621a)", before, "old", "#b2182b"),
     ("ghost, before (277621a)", before, "ghost", "#ef8a62"),
