@@ -10,7 +10,9 @@ run is appended to ``--json`` as one line (tree, repetition, wall seconds, exit 
 summary line, the load average before and after, and for a failed run the end of its output);
 a rerun with the same ``--json`` skips the runs it holds (resumable); ``--only`` runs one tree's
 missing repetitions (a failed run stays on record and counts as failed). ``--report`` prints
-min and median per tree from that file.
+min and median per tree from that file. A ``--json`` packed in its result folder's raw.jsonl
+(docs/results/startup's: ``suite_runs.jsonl``; scripts/results_archive.py) is read from there,
+and written back to disk before the first new line is appended to it.
 
     git worktree add /tmp/suite_before b590f44
     python scripts/benchmarks/bench_suite.py --before /tmp/suite_before --after . --runs 5 \\
@@ -29,13 +31,17 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import results_archive  # noqa: E402  (scripts/: a result folder's raw.jsonl)
+
 DEFAULT_ARGS = ["-q", "-m", "not slow", "-p", "no:cacheprovider"]
 
 
 def done_runs(path: Path) -> list[dict]:
-    if not path.is_file():
+    if not results_archive.is_file(path):
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = results_archive.read_text(path)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def summary_line(out: str) -> str:
@@ -121,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.runs < 1:
         ap.error("--runs must be >= 1")
     have = {(r["tree"], r["rep"]) for r in done_runs(a.json)}
+    if not a.json.is_file() and results_archive.is_file(a.json):  # packed: continue it on disk
+        a.json.write_text(results_archive.read_text(a.json))
     args = {
         "before": (a.before_args or a.pytest_args).split(),
         "after": (a.after_args or a.pytest_args).split(),
