@@ -7,7 +7,10 @@ subjects say which), plus the source commits recorded by run folders made since 
 (``summary.json``'s ``source``). A result is the output of the code at the commit that added it
 (results are committed with, or right after, the code that made them); whether the current code
 still reproduces it is a separate question that only a re-run answers (each folder's README
-states what was re-run and the drift found).
+states what was re-run and the drift found). Raw files packed into a folder's ``raw.tar.xz`` or
+``raw.jsonl`` (scripts/results_archive.py) keep their history under their original paths; the
+commits that only packed them (subject ``results: consolidate ...``) are not counted as adding
+or changing data, and the packed ``summary.json`` files are read in place.
 
 Usage:
 
@@ -28,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = "docs/results"
+PACKING = "results: consolidate"  # commits that only moved raw files into the folder's archive
+sys.path.insert(0, str(ROOT / "scripts"))
+import results_archive  # noqa: E402  (scripts/: the folders' packed raw files)
 
 
 def git(*args: str) -> str:
@@ -46,16 +52,17 @@ def data_history(folder: str) -> tuple[list[tuple[str, str, str]], list[tuple[st
             "log", "--reverse", f"--diff-filter={kind}", "--format=%h%x09%ad%x09%s",
             "--date=short", "--", *spec,
         )  # fmt: skip
-        out[kind] = [tuple(line.split("\t", 2)) for line in log.splitlines() if line]
+        rows = [tuple(line.split("\t", 2)) for line in log.splitlines() if line]
+        out[kind] = [r for r in rows if not r[2].startswith(PACKING)]
     return out["A"], out["M"]
 
 
 def recorded_sources(folder: str) -> dict[str, int]:
     """source commit (with '+modified' where the tree was) -> number of run folders recording it."""
     counts: dict[str, int] = defaultdict(int)
-    for p in (ROOT / RESULTS / folder).rglob("summary.json"):
+    for p in results_archive.rglob(ROOT / RESULTS / folder, "summary.json"):
         try:
-            src = json.loads(p.read_text()).get("source")
+            src = json.loads(results_archive.read_text(p)).get("source")
         except (OSError, ValueError):
             continue
         if isinstance(src, dict) and src.get("commit"):
@@ -67,7 +74,7 @@ def run_commits(folder: str) -> list[str]:
     """'<run folder> <commit> <date>' for each summary.json under the folder: the commit that
     added it (the code that produced the run, unless its summary records another source)."""
     out = []
-    for p in sorted((ROOT / RESULTS / folder).rglob("summary.json")):
+    for p in results_archive.rglob(ROOT / RESULTS / folder, "summary.json"):
         rel = p.relative_to(ROOT).as_posix()
         log = git("log", "--diff-filter=A", "--format=%h %ad", "--date=short", "-1", "--", rel)
         out.append(f"{p.parent.relative_to(ROOT / RESULTS / folder).as_posix()} {log.strip()}")
