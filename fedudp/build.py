@@ -68,7 +68,6 @@ from fedudp.config import (
 from fedudp.data import federation as federation_mod
 from fedudp.data.federation import Federation
 from fedudp.data.idx import check_available
-from fedudp.data.natural import owner_of_users
 from fedudp.data.readers import READERS, DataReader, ReadRequest
 from fedudp.data.records import Records, group_users
 from fedudp.models import make_model
@@ -442,8 +441,10 @@ def declared_inputs(
 
 def _group(cfg: RunConfig, train: Records, test: Records | None) -> tuple[Records, Records | None]:
     """Users into owners by ``partition.owner_rule``; test records without training users to
-    owners (CIFAR's test batch dealt evenly; a user seen only in the test split dealt at
-    random); without a test set, ``dataset.test_fraction`` of each user's records held out."""
+    owners (CIFAR's test batch dealt evenly; a user seen only in the test split by a keyed hash
+    of its key), over the public owner list ``0..num_owners-1`` for ``random``/``dirichlet``;
+    without a test set, ``dataset.test_fraction`` of each user's records held out. Every rule
+    places a user by its own key and data and public numbers, so no neighbour moves another."""
     from fedudp.data import natural as nat
 
     part, d = cfg.partition, cfg.dataset
@@ -475,7 +476,12 @@ def _group(cfg: RunConfig, train: Records, test: Records | None) -> tuple[Record
             raise
         raise ConfigError(f"partition.owner_rule={rule}: {e}") from None
     assert train.owner is not None  # grouped above
-    owners = np.unique(train.owner)
+    # the public owner list where the rule has one: test records never follow the data's owners
+    owners = (
+        np.arange(part.num_owners, dtype=np.int64)
+        if rule in ("random", "dirichlet")
+        else np.unique(train.owner)
+    )
     if test is None:
         if d.test_fraction > 0:
             train, test = nat.holdout(train, d.test_fraction, cfg.seed)
@@ -484,16 +490,8 @@ def _group(cfg: RunConfig, train: Records, test: Records | None) -> tuple[Record
         test = nat.deal(
             test.with_user(np.array([f"test{i}" for i in range(len(test))])), owners, cfg.seed
         )
-    elif test.owner is None:
-        seen = set(np.unique(train.user).tolist())
-        unseen = np.array([u not in seen for u in test.user.tolist()], dtype=bool)
-        if unseen.any():
-            users = np.unique(test.user[unseen])
-            pick = np.random.default_rng(cfg.seed).integers(len(owners), size=len(users))
-            who = dict(zip(users.tolist(), owners[pick].tolist()))
-            known = owner_of_users(train)
-            own = np.array([known.get(u, who.get(u)) for u in test.user.tolist()])
-            test = test.with_owner(own.astype(owners.dtype))
+    elif test.owner is None:  # a user seen only in the test split: by its own key
+        test = nat.deal_test_users(test, train, owners, cfg.seed)
     return train, test
 
 

@@ -16,59 +16,48 @@ test sets without natural users, such as CIFAR's test batch). Without a test spl
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import torch
 
 from fedudp.data.federation import Federation
+from fedudp.data.owner_rules import keyed_u64, user_keys
 from fedudp.data.records import Records
 from fedudp.errors import DataError
 
-__all__ = ["user_keys", "holdout", "deal", "layout", "owner_of_users"]
-
-
-def user_keys(ids: np.ndarray, source: str = "records") -> np.ndarray:
-    """A stable int64 key in [0, 2³²) per (distinct) user id; a collision is a ``DataError``."""
-    ids = np.asarray(ids)
-    if ids.dtype.kind in "iu" and (len(ids) == 0 or (ids.min() >= 0 and ids.max() < 2**32)):
-        keys = ids.astype(np.int64)
-    else:
-        keys = np.array(
-            [
-                int.from_bytes(hashlib.blake2b(str(v).encode(), digest_size=4).digest(), "little")
-                for v in ids.tolist()
-            ],
-            dtype=np.int64,
-        )
-    uniq, counts = np.unique(keys, return_counts=True)
-    if len(uniq) != len(np.unique(ids)):
-        clash = uniq[counts > 1][0]
-        raise DataError(
-            f"{source}: two user ids hash to the same key {int(clash)}; rename one "
-            "of them (integer ids in [0, 2**32) are used as they are)"
-        )
-    return keys
+__all__ = ["user_keys", "holdout", "deal", "deal_test_users", "layout", "owner_of_users"]
 
 
 def holdout(records: Records, fraction: float, seed: int) -> tuple[Records, Records]:
     """(train, test): ``fraction`` of each user's records (rounded down; a user with one record
-    keeps it for training) drawn with ``default_rng(seed)`` over the records in user order."""
+    keeps it for training) held out for evaluation.
+
+    Which of a user's records are held out is a function of its key (``user_keys``), the
+    records' positions among its own records and the seed only (the smallest keyed priorities,
+    ``owner_rules.keyed_u64``), so removing or adding another user changes no user's split."""
     if not 0 <= fraction < 1:
         raise ValueError(f"fraction must be in [0, 1), got {fraction}")
-    rng = np.random.default_rng(seed)
     users, inv = np.unique(records.user, return_inverse=True)
-    order = np.argsort(inv, kind="stable")
     counts = np.bincount(inv, minlength=len(users))
+    by_user = np.argsort(inv, kind="stable")
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    rank = np.empty(len(records), dtype=np.uint64)  # a record's position among its user's
+    rank[by_user] = (np.arange(len(records)) - np.repeat(starts, counts)).astype(np.uint64)
+    base = keyed_u64(user_keys(users, records.source or "records"), seed, b"holdout")
+    prio = _mix64(base[inv] + rank * np.uint64(0x9E3779B97F4A7C15))
+    order = np.lexsort((prio, inv))  # user by user, each by its records' priorities
+    take = np.where(counts > 1, np.minimum(np.floor(fraction * counts), counts - 1), 0)
+    pos = np.arange(len(records)) - np.repeat(starts, counts)  # rank in ``order``'s user block
     is_test = np.zeros(len(records), dtype=bool)
-    start = 0
-    for c in counts:
-        k = int(np.floor(fraction * c))
-        if k and c > 1:
-            pick = rng.choice(c, size=min(k, c - 1), replace=False)
-            is_test[order[start + pick]] = True
-        start += c
+    is_test[order] = pos < np.repeat(take, counts)
     return _subset(records, ~is_test), _subset(records, is_test)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on a uint64 array (wrapping arithmetic)."""
+    z = np.asarray(z, dtype=np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def _subset(r: Records, keep: np.ndarray) -> Records:
@@ -86,13 +75,31 @@ def _subset(r: Records, keep: np.ndarray) -> Records:
 
 def deal(records: Records, owners: np.ndarray, seed: int) -> Records:
     """Records without natural users (each its own) dealt to ``owners`` evenly at random
-    (``default_rng(seed)``), as the owners' test shards."""
+    (``default_rng(seed)``), as the owners' test shards. ``owners`` is the public owner list
+    where the rule has one (``0..num_owners-1`` for ``random`` and ``dirichlet``), so the deal
+    depends on the test set (not a neighbour's data) and public numbers only."""
     owners = np.asarray(owners)
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(records))
     owner = np.empty(len(records), dtype=owners.dtype)
     owner[perm] = owners[np.arange(len(records)) % len(owners)]
     return records.with_owner(owner)
+
+
+def deal_test_users(test: Records, train: Records, owners: np.ndarray, seed: int) -> Records:
+    """``test`` with an owner per record: a user's training owner where it has training records,
+    else ``owners[keyed hash of its key mod len(owners)]`` (``owner_rules.keyed_u64``): a
+    test-only user's owner depends on its own key, the seed and ``owners`` only."""
+    owners = np.asarray(owners)
+    known = owner_of_users(train)
+    users = np.unique(test.user)
+    unseen = np.array([u not in known for u in users.tolist()], dtype=bool)
+    if unseen.any():
+        keys = user_keys(users[unseen], test.source or "test records")
+        pick = keyed_u64(keys, seed, b"test-owner") % np.uint64(len(owners))
+        known.update(zip(users[unseen].tolist(), owners[pick.astype(np.int64)].tolist()))
+    own = np.array([known[u] for u in test.user.tolist()])
+    return test.with_owner(own.astype(owners.dtype))
 
 
 def owner_of_users(records: Records) -> dict:

@@ -9,16 +9,16 @@ config builder then lays them out owner by owner and user by user.
 Users are the privacy unit, so they are never split: ``Records`` refuses a user whose records
 carry two owners, and every rule here moves whole users.
 
-Rules (all seeded with ``numpy.random.default_rng(seed)``, so the same seed and the same records
-give the same result):
+Rules (all seeded, so the same seed and the same records give the same result):
 
-* ``group_users(records, "random", num_owners=K, seed=s)``: the distinct user ids (sorted) are
-  permuted with the seed and dealt round-robin into owners ``0..K-1``, so owner sizes (in users)
-  differ by at most one.
+* ``group_users(records, "random", num_owners=K, seed=s)``: each user's owner is a keyed hash
+  of its own key modulo K (``fedudp.data.owner_rules``), so removing or adding a user moves no
+  other user; owner sizes are Binomial(U, 1/K).
 * ``group_users(records, "column", column=c)``: each user's owner is the value of the metadata
   column ``records.meta[c]`` (a site, a hospital, a region, ...); a user with two values there
   is an error.
-* ``group_users(records, "dirichlet", num_owners=K, alpha=a, seed=s)``: see ``_dirichlet_owners``.
+* ``group_users(records, "dirichlet", num_owners=K, alpha=a, seed=s)``: label-skewed, each user
+  by its own key and majority label against a public table (``owner_rules.dirichlet_owners``).
 * ``users_by_rule(records, "shuffle" | "dirichlet", records_per_user=r, ...)``: forms users for
   data without natural users (CIFAR); see its docstring.
 """
@@ -266,58 +266,11 @@ def _check_owners(num_owners: int | None, num_users: int, records: Records) -> i
     return int(num_owners)  # more owners than users: some hold none (an upper bound)
 
 
-def _random_owners(num_users: int, num_owners: int, rng: np.random.Generator) -> np.ndarray:
-    """Owner of each (sorted) user: a seeded permutation dealt round-robin into the owners."""
-    owner = np.empty(num_users, dtype=np.int64)
-    owner[rng.permutation(num_users)] = np.arange(num_users) % num_owners
-    return owner
-
-
 def _majority_labels(uinv: np.ndarray, y: np.ndarray, num_users: int, classes: int) -> np.ndarray:
     """Each user's most frequent label (ties: the smallest label)."""
     counts = np.zeros((num_users, classes), dtype=np.int64)
     np.add.at(counts, (uinv, y), 1)
     return counts.argmax(axis=1)
-
-
-def _capacities(num_users: int, num_owners: int) -> np.ndarray:
-    """Users per owner, as even as possible: the first ``num_users % num_owners`` get one more."""
-    cap = np.full(num_owners, num_users // num_owners, dtype=np.int64)
-    cap[: num_users % num_owners] += 1
-    return cap
-
-
-def _dirichlet_owners(
-    major: np.ndarray, num_owners: int, classes: int, alpha: float, rng: np.random.Generator
-) -> np.ndarray:
-    """Owner of each user under the label-skewed Dirichlet rule.
-
-    1. Each owner ``k`` draws a class mixture ``p_k ~ Dirichlet(alpha, ..., alpha)`` over the
-       ``classes`` labels (owners in order 0..K-1, from ``rng``).
-    2. Owner ``k`` takes ``cap_k`` users: ``U // K``, plus one for the first ``U % K`` owners.
-       Its target for class ``c`` is ``cap_k * p_k[c]`` users.
-    3. Users are visited in a seeded random order (``rng.permutation``). A user whose majority
-       label is ``c`` goes to the owner, among those not yet full, with the largest remaining
-       deficit ``cap_k * p_k[c] - n_k[c]`` (``n_k[c]``: class-``c`` users it already took); ties
-       go to the smallest owner index.
-
-    Small ``alpha`` makes each mixture nearly one class, so owners end up dominated by one
-    majority label; large ``alpha`` approaches an even spread. Owners have equal sizes, so a class
-    can fill an owner only when it has enough users: the skew shows most clearly with at least as
-    many owners as classes. With more owners than users some owners get none.
-    """
-    mix = rng.dirichlet(np.full(classes, float(alpha)), size=num_owners)
-    cap = _capacities(len(major), num_owners)
-    target = cap[:, None] * mix
-    taken = np.zeros((num_owners, classes))
-    size = np.zeros(num_owners, dtype=np.int64)
-    owner = np.empty(len(major), dtype=np.int64)
-    for u in rng.permutation(len(major)):
-        c = major[u]
-        deficit = np.where(size < cap, target[:, c] - taken[:, c], -np.inf)
-        k = int(np.argmax(deficit))
-        owner[u], taken[k, c], size[k] = k, taken[k, c] + 1, size[k] + 1
-    return owner
 
 
 def _column_owners(records: Records, column: str | None) -> np.ndarray:
@@ -350,28 +303,35 @@ def group_users(
 ) -> Records:
     """A copy of ``records`` with every user assigned to one owner by ``rule``.
 
-    ``"random"`` (``num_owners``, ``seed``): sorted user ids are permuted with
-    ``default_rng(seed)`` and dealt round-robin into owners ``0..num_owners-1``.
+    Every rule gives a user's owner from that user alone (its key ``natural.user_keys``, its own
+    records) and public numbers, so removing or adding one user changes no other user's owner
+    (``fedudp.data.owner_rules``, docs/your-data.md#grouping-users-into-owners).
+
+    ``"random"`` (``num_owners``, ``seed``): a keyed hash of the user's key modulo ``num_owners``
+    (owners ``0..num_owners-1``; sizes Binomial(U, 1/K)).
     ``"column"`` (``column``): the owner is the user's value of ``records.meta[column]``; a user
     with two values is a one-line ``DataError`` naming the column and the user.
-    ``"dirichlet"`` (``num_owners``, ``alpha``, ``seed``): label-skewed, over each user's majority
-    label, as documented in ``_dirichlet_owners``.
+    ``"dirichlet"`` (``num_owners``, ``alpha``, ``seed``): label-skewed; the user's keyed uniform
+    draw against the public ``P(owner | class)`` column of its majority label
+    (``owner_rules.dirichlet_owners``).
     Owner ids are int64 ``0..num_owners-1`` (or the column's values). Users stay whole.
     """
+    from fedudp.data.owner_rules import dirichlet_owners, random_owners, user_keys
+
     if rule == "column":
         return records.with_owner(_column_owners(records, column))
     if rule not in ("random", "dirichlet"):
         raise ValueError(f"unknown grouping rule {rule!r}; use 'random', 'column' or 'dirichlet'")
     users, uinv = _user_index(records)
     k = _check_owners(num_owners, len(users), records)
-    rng = np.random.default_rng(seed)
+    keys = user_keys(users, records.source or "records")
     if rule == "random":
-        per_user = _random_owners(len(users), k, rng)
+        per_user = random_owners(keys, k, seed)
     else:
         if alpha is None or not alpha > 0:
             raise ValueError(f"the 'dirichlet' rule needs alpha > 0, got {alpha!r}")
         major = _majority_labels(uinv, records.y, len(users), records.classes)
-        per_user = _dirichlet_owners(major, k, records.classes, alpha, rng)
+        per_user = dirichlet_owners(keys, major, k, records.classes, alpha, seed)
     return records.with_owner(per_user[uinv])
 
 

@@ -201,7 +201,8 @@ def test_in_memory_records_run(tmp_path):
             "train.rounds": 2,
             "train.batch_size": 4,
             "public.users": 16,
-            "public.owner_capacity": 6,
+            # random owners are Binomial(16, 1/3) in size: a bound that holds for any deal
+            "public.owner_capacity": 16,
             "public.records_per_user": 32,
             "dataset.classes": 4,
             "dataset.input_shape": [6],
@@ -223,7 +224,7 @@ def test_leaf_femnist_shakespeare_and_cifar_through_the_builder(tmp_path):
             "model.name": "cnn",
             "partition.num_owners": 2,
             "public.users": 6,
-            "public.owner_capacity": 3,
+            "public.owner_capacity": 6,  # random owners: Binomial(6, 1/2) in size
             "public.records_per_user": 14,
         }
     )
@@ -237,7 +238,7 @@ def test_leaf_femnist_shakespeare_and_cifar_through_the_builder(tmp_path):
             "dataset.root": str(shk),
             "partition.num_owners": 2,
             "public.users": 3,
-            "public.owner_capacity": 2,
+            "public.owner_capacity": 3,
             "public.records_per_user": 9,
         }
     )
@@ -252,7 +253,7 @@ def test_leaf_femnist_shakespeare_and_cifar_through_the_builder(tmp_path):
             "partition.records_per_user": 7,
             "partition.num_owners": 3,
             "public.users": 29,
-            "public.owner_capacity": 10,
+            "public.owner_capacity": 29,
             "public.records_per_user": 7,
         }
     )
