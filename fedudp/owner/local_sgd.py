@@ -129,6 +129,10 @@ def _loss(
     yb: torch.Tensor,
     mb: torch.Tensor,
 ) -> torch.Tensor:
+    # a masked (padding) slot reads another unit's record: zero its input, so that a NaN/inf
+    # record of one unit never reaches another's gradient (NaN * 0 is NaN)
+    keep = mb.reshape(-1, *([1] * (xb.dim() - 1))) > 0
+    xb = torch.where(keep, xb, torch.zeros((), dtype=xb.dtype, device=xb.device))
     out = functional_call(model, dict(params), (xb,))
     per = F.cross_entropy(out, yb, reduction="none")
     return (per * mb).sum() / mb.sum().clamp(min=1.0)
