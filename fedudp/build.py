@@ -889,9 +889,11 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
     """``fedudp.models.validate.probe`` on an example batch of the declared shape, and DP-SGD's
     one-pass per-record kernel on the same batch for every parameter whose layer qualifies for
     it (whichever of them a method shares, the kernel then runs on a subset of these layers; an
-    exact nn.Linear applied twice per forward fails there). One-line ``ValueError``."""
+    exact nn.Linear applied twice per forward fails there); then every batched kernel's
+    per-record outputs and gradients against each record's own pass (a model mixing the records
+    of a batch is refused: ``fedudp.owner.independence``). One-line ``ValueError``."""
     from fedudp.models import validate as model_check
-    from fedudp.owner import per_sample
+    from fedudp.owner import independence, per_sample
 
     model_check.probe(m, shape, classes, tokens, per_record=not builtin_model(m))
     names = tuple(n for n, _ in m.named_parameters() if per_sample.supported(m, (n,)))
@@ -906,6 +908,7 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
                 "layer applied more than once per forward its own nn.Linear "
                 "subclass (as char_rnn.RecurrentLinear does)"
             ) from None
+    independence.check(m, shape, classes, tokens)  # per-record independence, every kernel
 
 
 def method(cfg: RunConfig, net: SplitModel) -> MethodSpec:

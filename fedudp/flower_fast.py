@@ -161,6 +161,20 @@ class TorchTraining:
             self._module = m.train()
         return self._module
 
+    def check_independent(self, x: torch.Tensor) -> None:
+        """Refuse (one-line ``ValueError``, before any user's update) a model whose per-record
+        outputs or gradients depend on other records of a batch: the one-step kernel reads every
+        user's update from one pass over many users' records (``fedudp.owner.independence``, on
+        a public example batch of the records' shape ``x.shape[1:]``, never their values;
+        remembered per model)."""
+        from fedudp.owner import independence
+
+        shape, tokens = tuple(x.shape[1:]), not x.is_floating_point()
+        try:
+            independence.check(self.module(), shape, None, tokens)
+        except ValueError as e:
+            raise ValueError(f"TorchTraining: {e}") from None
+
     def learning_rate(self, configs: Mapping[str, Any]) -> float:
         """``lr``, or the value of the key ``lr`` in one of the message's config records (the
         app's: fedudp's own ``fedudp.*`` records are not looked at)."""
@@ -302,6 +316,8 @@ class TorchTraining:
         lr = self.learning_rate(configs)
         self.module()  # a refused model fails the client (a setup error), before any user
         loaded, raised = self.load(users, num_users)
+        for one in [r for r in loaded if r is not None][:1]:
+            self.check_independent(one[0])  # before any update; a refusal fails the client
         try:
             G, metrics = self._updates(params, names, loaded, lr, d)
         except Exception:  # noqa: BLE001  (some user's records break the batched pass)

@@ -236,15 +236,21 @@ def example_batch(
     classes: int,
     tokens: bool = False,
     dtype: torch.dtype = torch.float32,
+    records: int = PROBE_BATCH,
+    vocab: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A public example batch of ``PROBE_BATCH`` records of the declared ``input_shape`` (fixed
-    random features, or token id 0) and labels in ``[0, classes)``: nothing read from the data."""
-    shape = (PROBE_BATCH, *(int(s) for s in input_shape))
-    if tokens:
+    """A public example batch of ``records`` records (``PROBE_BATCH`` unless told) of the
+    declared ``input_shape`` (fixed random features; token id 0, or with ``vocab`` fixed random
+    token ids in ``[0, vocab)``) and labels in ``[0, classes)``: nothing read from the data."""
+    shape = (int(records), *(int(s) for s in input_shape))
+    gen = torch.Generator().manual_seed(0)
+    if tokens and vocab is None:
         x = torch.zeros(shape, dtype=torch.long)
+    elif tokens and vocab is not None:
+        x = torch.randint(0, max(1, int(vocab)), shape, generator=gen, dtype=torch.long)
     else:
-        x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
-    return x, torch.arange(PROBE_BATCH) % max(1, int(classes))
+        x = torch.randn(shape, generator=gen).to(dtype)
+    return x, torch.arange(int(records)) % max(1, int(classes))
 
 
 class _Innermost:
