@@ -154,7 +154,8 @@ class LocalGrid:
                     error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(e)), reply_to=msg
                 )
             if m.metadata.message_type == "train":
-                r = int(m.content["fedudp.dp"]["round"])
+                dp = m.content["fedudp.dp"] if "fedudp.dp" in m.content else None
+                r = int(dp["round"]) if dp is not None else 0  # 0: not UserLevelDP's
                 self.replies.append((r, dst - 100, rep))
             out.append(rep)
         return out
