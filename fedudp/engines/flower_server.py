@@ -28,12 +28,14 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from logging import WARNING
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
+from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
@@ -292,7 +294,9 @@ def execute(
     stop = StopFlag()
     if grid is not None:  # flwr run: this ServerApp may run outside the main thread
         with stop.catching():
-            return drive(FlowerTransport(cfg, settings, owners, fed, constraint, grid, stop))
+            return final_status(
+                drive(FlowerTransport(cfg, settings, owners, fed, constraint, grid, stop))
+            )
     eo = settings
     if not eo.address or str(eo.address).split(":")[0] in ("127.0.0.1", "localhost"):
         _loopback_only()
@@ -336,7 +340,23 @@ def execute(
         raise error[0]
     if not result:
         raise RuntimeError("the Flower simulation ended without a result (see the log above)")
-    return result[0]
+    return final_status(result[0])
+
+
+def final_status(res: RoundsResult) -> RoundsResult:
+    """A completed run in which some rounds were withheld (fail closed: nothing released in
+    them) says so: its one-line ``message`` (the summary's ``stop_message``) names them and the
+    ServerApp's log warns. A run in which no round released already ends ``failed``
+    (``fedudp.billboard.rounds``)."""
+    held = [int(h["round"]) for h in res.history if h.get("withheld") and "round" in h]
+    if held and res.stop_reason == "completed" and not res.message:
+        shown = ", ".join(map(str, held[:20])) + (" ..." if len(held) > 20 else "")
+        res.message = (
+            f"{len(held)} of {res.rounds_completed} rounds withheld (rounds {shown}): nothing "
+            "released in them, no epsilon spent for them"
+        )
+        log(WARNING, "fedudp: %s", res.message)
+    return res
 
 
 @contextlib.contextmanager
