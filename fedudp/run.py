@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,8 +40,10 @@ from fedudp.config import (
     validate,
     with_schema_defaults,
 )
+from fedudp.privacy.accountant import LedgerEntry
 from fedudp.privacy.labels import epsilon_display
 from fedudp.protocol import checkpoint as checkpoints
+from fedudp.protocol import ledger_file
 from fedudp.provenance import provenance
 
 if TYPE_CHECKING:
@@ -237,22 +240,17 @@ def run_with_result(
     if done is not None:
         return {**done, "skipped": True}, None, None
     p = prepare(cfg, model_object=model_object, records=records)
-    metrics_path, ledger_path = Path(out_dir) / "metrics.jsonl", Path(out_dir) / "ledger.jsonl"
-    head = {
-        k: v
-        for k, v in p.ledger.to_dict().items()
-        if k not in ("entries", "epsilon", "rounds_released")
-    }
-    out, ckpt, written, resumed_round = _start_outputs(
-        cfg, out_dir, resume, head, metrics_path, ledger_path
-    )
+    metrics_path = Path(out_dir) / "metrics.jsonl"
+    out, ckpt, sink, resumed_round = _start_outputs(cfg, out_dir, resume, p, metrics_path)
+    if p.billboard is not None:  # each release durable in ledger.jsonl before it leaves
+        p.billboard.ledger_sink = sink.append
     tracker = _tracker(cfg, p, out, sweep, resumed_round)
     bar = _progress(p.settings)
     heuristic = p.spec.private and run_guarantee(p.spec, p.aggregator) == "heuristic"
     shown: dict = {}  # the bar's postfix after the last round (accuracy, ε)
     if bar is not None:
         p.owners.on_progress = _in_round(bar, shown)
-    on_round = _RoundWriter(p, metrics_path, ledger_path, written, tracker, bar, heuristic, shown)
+    on_round = _RoundWriter(p, metrics_path, sink, tracker, bar, heuristic, shown)
 
     res = None
     try:
@@ -277,60 +275,61 @@ def run_with_result(
     return summary, res, p
 
 
+def _ledger_head(p: Prepared) -> dict:
+    """ledger.jsonl's head line: the ledger without its entries and what they give."""
+    derived = ("entries", "epsilon", "rounds_released")
+    return {k: v for k, v in p.ledger.to_dict().items() if k not in derived}
+
+
 def _start_outputs(
     cfg: RunConfig,
     out_dir: str | Path,
     resume: str | None,
-    head: dict,
+    p: Prepared,
     metrics_path: Path,
-    ledger_path: Path,
-) -> tuple[Path, checkpoints.Checkpointer, int, int | None]:
-    """The run folder, its checkpointer, the number of ledger entries ledger.jsonl already
-    holds and the round a resumed run starts from. A new run (``resume`` unset) writes its
-    config.yaml, an empty metrics.jsonl and ledger.jsonl's head line; a resumed one continues
-    from its newest usable checkpoint."""
+) -> tuple[Path, checkpoints.Checkpointer, ledger_file.LedgerFile, int | None]:
+    """The run folder, its checkpointer, the durable writer of ledger.jsonl (the billboard's
+    ledger sink) and the round a resumed run starts from. A new run (``resume`` unset) writes
+    its config.yaml, an empty metrics.jsonl and ledger.jsonl's head line; a resumed one
+    continues from its newest usable checkpoint (``_resume_from``)."""
+    ledger_path = Path(out_dir) / "ledger.jsonl"
     if resume:
         out = Path(out_dir)
-        ckpt = _resume_from(out, cfg, head)
+        ckpt, written = _resume_from(out, cfg, p)
         resumed = ckpt.resumed
         assert resumed is not None  # _resume_from sets the checkpoint it resumes from
-        written = len(resumed["billboard"]["entries"]) if resumed["billboard"] else 0
-        return out, ckpt, written, int(resumed["round"])
+        return out, ckpt, ledger_file.LedgerFile(ledger_path, written), int(resumed["round"])
     out = _output_folder(out_dir, cfg)
     (out / "config.yaml").write_text(_to_yaml(config_dict(cfg)))
     metrics_path.write_text("")
-    ledger_path.write_text(json.dumps(jsonable(head)) + "\n")
-    return out, _checkpointer(out, cfg), 0, None
+    ledger_file.write(ledger_path, _ledger_head(p), [])
+    return out, _checkpointer(out, cfg), ledger_file.LedgerFile(ledger_path), None
 
 
 class _RoundWriter:
-    """``on_round`` of a run with a folder: the round's metrics line and the ledger's new
-    entries appended (and flushed: both files are whole after every round), the round logged to
-    the tracker and shown on the progress bar (a heuristic ε is never shown bare)."""
+    """``on_round`` of a run with a folder: the round's metrics line appended (and flushed:
+    the file is whole after every round), the round logged to the tracker and shown on the
+    progress bar (a heuristic ε is never shown bare). ledger.jsonl's lines were written by the
+    billboard's ledger sink (``ledger``) before the round's release left it; an entry that
+    reached the ledger another way is written here."""
 
     def __init__(
         self,
         p: Prepared,
         metrics_path: Path,
-        ledger_path: Path,
-        written: int,
+        ledger: ledger_file.LedgerFile,
         tracker: tracking.Tracker,
         bar: Any,
         heuristic: bool,
         shown: dict,
     ) -> None:
-        self.p, self.metrics_path, self.ledger_path = p, metrics_path, ledger_path
-        self.written = written  # ledger entries already in ledger.jsonl
+        self.p, self.metrics_path, self.ledger = p, metrics_path, ledger
         self.tracker, self.bar, self.heuristic, self.shown = tracker, bar, heuristic, shown
 
     def __call__(self, info: dict) -> None:
+        self.ledger.extend(self.p.ledger.entries[self.ledger.written :])
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(jsonable(info)) + "\n")
-        entries = self.p.ledger.entries
-        with open(self.ledger_path, "a") as f:
-            for e in entries[self.written :]:
-                f.write(json.dumps(jsonable(e.__dict__)) + "\n")
-        self.written = len(entries)
         self.tracker.log_round(info)
         if self.bar is not None:
             self.bar.update(1)
@@ -427,10 +426,11 @@ def _check_resumable(out: Path, cfg: RunConfig) -> None:
         )
 
 
-def _resume_from(out: Path, cfg: RunConfig, head: dict) -> checkpoints.Checkpointer:
-    """Load the newest usable checkpoint in ``out`` (reporting each unusable one on stderr)
-    and cut metrics.jsonl and ledger.jsonl back to its round: the rounds after it run again,
-    with the same keyed randomness, so each release is recorded once."""
+def _resume_from(out: Path, cfg: RunConfig, p: Prepared) -> tuple[checkpoints.Checkpointer, int]:
+    """Load the newest usable checkpoint in ``out`` (reporting each unusable one on stderr),
+    cut metrics.jsonl back to its round and account for every release ledger.jsonl holds
+    after it (``_releases_after``); returns the checkpointer and the number of entries
+    ledger.jsonl then holds."""
     ckpt = _checkpointer(out, cfg)
     state = ckpt.load_latest()
     if state is None:
@@ -439,14 +439,43 @@ def _resume_from(out: Path, cfg: RunConfig, head: dict) -> checkpoints.Checkpoin
             "run again without resume= to start it afresh"
         )
     history = json.loads(state["history"])
-    entries = state["billboard"]["entries"] if state["billboard"] is not None else []
+    entries = _releases_after(out, state, p)
     lines = [json.dumps(jsonable(h)) for h in history]
     checkpoints.atomic_write(out / "metrics.jsonl", "".join(x + "\n" for x in lines).encode())
-    ledger = [json.dumps(jsonable(head))] + [json.dumps(jsonable(e)) for e in entries]
-    checkpoints.atomic_write(out / "ledger.jsonl", "".join(x + "\n" for x in ledger).encode())
+    ledger_file.write(out / "ledger.jsonl", _ledger_head(p), entries)
     for name in ("ledger.json", "owners.csv", "summary.json"):  # rewritten at the end
         (out / name).unlink(missing_ok=True)
-    return ckpt
+    return ckpt, len(entries)
+
+
+def _releases_after(out: Path, state: dict, p: Prepared) -> list[LedgerEntry]:
+    """The ledger a run resumed from checkpoint ``state`` starts with. Every release the
+    killed run made is in its ledger.jsonl (durable before it left), also those after the
+    checkpoint, whose rounds are computed again: a secure run's (fresh noise and sample) are
+    each composed, marked ``superseded`` (the checkpoint's billboard recomposes them, so the
+    budget check and ε count them; the run may stop earlier) and the head's
+    ``extra.resumes`` says how many; a seeded run's are handed to the billboard, which
+    composes any that its re-done round does not release again identically
+    (``Billboard.rereleases``). ledger.jsonl is then the checkpoint's entries and these."""
+    board = state["billboard"]
+    if board is None:
+        return []
+    entries = [LedgerEntry(**e) for e in board["entries"]]
+    secure = p.billboard is not None and p.billboard.randomness.is_secure
+    try:
+        got = ledger_file.after_checkpoint(out / "ledger.jsonl", entries, state["round"], secure)
+        old_head, _ = ledger_file.read(out / "ledger.jsonl")
+    except ValueError as e:
+        raise ConfigError(f"resume={out}: {e}; its releases cannot be accounted") from None
+    resumes = list((old_head.get("extra") or {}).get("resumes", []))
+    if got.record is not None:
+        resumes.append(got.record)
+        checkpoints.warn(f"resume={out}: {got.record['note']}")
+    if resumes:
+        p.ledger.extra["resumes"] = resumes
+    board["entries"] = board["entries"] + [checkpoints.plain(asdict(e)) for e in got.composed]
+    board["rereleases"] = [checkpoints.plain(asdict(e)) for e in got.rereleases]
+    return entries + got.composed
 
 
 def _write_outputs(
@@ -498,6 +527,7 @@ def summary_of(
     )
     guarantee = run_guarantee(spec, aggregator) if spec.private else "none"
     epsilon = ledger.epsilon if spec.private else None
+    live = [e for e in ledger.entries if not e.superseded]
     # epsilon stays a number for programs; epsilon_kind (beside it) says whether it is a proven
     # bound, epsilon_display is the text every fedudp output prints for it ("1.000 (heuristic)")
     kind = guarantee if spec.private else None
@@ -524,10 +554,14 @@ def summary_of(
         "accounting": ledger.accounting,
         "guarantee": guarantee,
         "noise_multiplier": aggregator.noise_multiplier if spec.private and aggregator else None,
-        "rounds_completed": res.rounds_completed if res is not None else len(ledger.entries),
+        "rounds_completed": res.rounds_completed if res is not None else len(live),
         "rounds_planned": s.rounds,
         "stop_reason": res.stop_reason if res is not None else "failed",
-        "stop_message": res.message if res is not None else error,
+        "stop_message": _stop_message(res, ledger, s.target_epsilon) if res is not None else error,
+        # every release made, composed into epsilon: superseded ones were made before a resume
+        # and their rounds computed again (docs/usage.md#checkpoint-and-resume)
+        "releases_made": len(ledger.entries),
+        "releases_superseded": len(ledger.entries) - len(live),
         "num_owners": fed.num_owners,
         "num_users": fed.num_users,
         "num_records": fed.num_records,
@@ -554,6 +588,19 @@ def summary_of(
         if res.signum is not None:
             summary["signal"] = int(res.signum)
     return summary
+
+
+def _stop_message(res: RoundsResult, ledger: Any, target: float | None) -> str:
+    """The run's stop message; a budget stop of a resumed run whose earlier releases were
+    composed says so."""
+    superseded = sum(e.superseded for e in ledger.entries)
+    if res.stop_reason != "budget" or not superseded or res.message:
+        return res.message
+    return (
+        f"the next release would exceed privacy.epsilon={target:g}: {superseded} release(s) "
+        "made before the run was resumed (their rounds computed again with fresh randomness) "
+        "are composed into its epsilon"
+    )
 
 
 def _write_owners(path: Path, fed: Federation, res: RoundsResult) -> None:

@@ -6,7 +6,11 @@ own process with SIGKILL (no handler, no cleanup) at:
 
 * ``before_checkpoint``: round ROUND's metrics and ledger lines written, its checkpoint not;
 * ``after_checkpoint``: round ROUND's checkpoint written;
-* ``mid_checkpoint``: half of round ROUND's checkpoint bytes written to its temporary file.
+* ``mid_checkpoint``: half of round ROUND's checkpoint bytes written to its temporary file;
+* ``after_round``: round ROUND's metrics and ledger lines written, whether or not a checkpoint
+  is due after it (with ``checkpoint.every=3``, ROUND 5 dies two rounds past its checkpoint);
+* ``after_release``: round ROUND released (its ledger line durable), the shared parameters not
+  yet broadcast and its metrics line not written.
 
 Without ROUND (``0``) the run is not killed. ``resume`` is a key like any other.
 """
@@ -22,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import tiny_cfg  # noqa: E402
+import fedudp.run  # noqa: E402
+from fedudp.billboard.server import Billboard  # noqa: E402
 from fedudp.protocol import checkpoint  # noqa: E402
 from fedudp.run import run  # noqa: E402
 
@@ -60,6 +66,21 @@ def arm(kill_round: int, phase: str) -> None:
 
     checkpoint.Checkpointer.save = patched_save
     checkpoint.atomic_write = patched_write
+    writer, release = fedudp.run._RoundWriter.__call__, Billboard.release
+
+    def patched_writer(self, info):
+        writer(self, info)
+        if phase == "after_round" and info.get("round") == kill_round:
+            die()
+
+    def patched_release(self, replies, round_):
+        agg = release(self, replies, round_)
+        if phase == "after_release" and round_ == kill_round:
+            die()
+        return agg
+
+    fedudp.run._RoundWriter.__call__ = patched_writer
+    Billboard.release = patched_release
 
 
 def main(argv: list[str]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -22,11 +22,14 @@ from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Samplin
 from fedudp.billboard.fail_closed import answered_slots, minimum_error, withhold_reason
 from fedudp.billboard.plan import Plan
 from fedudp.privacy.accountant import ApproxDp, Ledger, LedgerEntry, Parallel
-from fedudp.protocol.checkpoint import CheckpointError, plain
+from fedudp.protocol.checkpoint import CheckpointError, plain, warn
+from fedudp.protocol.ledger_file import release_digest
 from fedudp.protocol.messages import OwnerReply
 from fedudp.randomness import Purpose, Randomness
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import dp_accounting
 
     from fedudp.billboard.canaries import Canaries
@@ -108,6 +111,12 @@ class Billboard:
         # each owner's public capacity (declared user slots), what the fail-closed rule counts
         self.owner_units = None if owner_units is None else tuple(int(c) for c in owner_units)
         self.withheld: list[int] = []  # the rounds that released nothing (fail closed)
+        # where each ledger entry is made durable before its release leaves the billboard
+        # (``fedudp.protocol.ledger_file.LedgerFile``; None: kept in memory only)
+        self.ledger_sink: Callable[[LedgerEntry], None] | None = None
+        # a seeded resume: the releases the killed run made after its checkpoint, by round; a
+        # re-release identical to one (same SHA-256) is that very release, any other is composed
+        self.rereleases: dict[int, LedgerEntry] = {}
         ledger.randomness = self.randomness.ledger_name
         self.target_epsilon, self.delta = target_epsilon, delta
         self.diverged = False  # the last step would have made u non-finite
@@ -254,22 +263,33 @@ class Billboard:
         if inserted:  # the run's counts are its real users'; canaries said apart
             agg.users_used -= inserted
             agg.diagnostics["canaries"] = inserted
+        digest = release_digest(agg)
+        earlier = self.rereleases.pop(round_, None)
+        if earlier is not None and not self._same_release(earlier, event, digest):
+            # the killed run released this round otherwise: that release was made, compose it
+            warn(
+                f"round {round_}: the release differs from the one the run made before it "
+                "was resumed (engine_opts.threads or device changed?); both are composed"
+            )
+            self._record(replace(earlier, superseded=True), self._event_of(round_))
         eps = eps_rdp = None
         if self.accountant is not None:
             self.accountant.compose(event)
             eps = self.accountant.epsilon(self.delta)
             eps_rdp = self.accountant.epsilon_rdp(self.delta)
-        self.ledger.entries.append(
-            LedgerEntry(
-                round_,
-                str(event),
-                aggregator.noise_multiplier,
-                aggregator.noise_std,
-                self.sampling.rate,
-                eps,
-                eps_rdp,
-            )
+        entry = LedgerEntry(
+            round_,
+            str(event),
+            aggregator.noise_multiplier,
+            aggregator.noise_std,
+            self.sampling.rate,
+            eps,
+            eps_rdp,
+            digest,
         )
+        self.ledger.entries.append(entry)
+        if self.ledger_sink is not None:  # durable before the release leaves (step, broadcast)
+            self.ledger_sink(entry)
         self.next_round = round_ + 1
         # the release may live on the owners' device (engine_opts.device): the billboard's
         # state stays on the CPU
@@ -291,6 +311,30 @@ class Billboard:
                 self.u = u
         return agg
 
+    def _same_release(self, earlier: LedgerEntry, event: Event | None, digest: str) -> bool:
+        """Whether ``earlier`` (made before a resume) is this very release: seeded randomness
+        (the same keyed sample and noise), the same event and the same released values."""
+        return (
+            not self.randomness.is_secure
+            and earlier.release_sha256 == digest
+            and earlier.event == str(event)
+        )
+
+    def _record(self, entry: LedgerEntry, event: Event | None) -> LedgerEntry:
+        """Compose a superseded release (made before a resume) and ledger it durably; its ε is
+        that of everything composed so far."""
+        if self.accountant is not None and event is not None:
+            self.accountant.compose(event)
+            entry = replace(
+                entry,
+                epsilon=self.accountant.epsilon(self.delta),
+                epsilon_rdp=self.accountant.epsilon_rdp(self.delta),
+            )
+        self.ledger.entries.append(entry)
+        if self.ledger_sink is not None:
+            self.ledger_sink(entry)
+        return entry
+
     def canary_estimate(self) -> dict | None:
         """The one-run ε estimate from the canaries (None without them)."""
         if self.canaries is None or self.delta is None or self.u0 is None:
@@ -310,6 +354,7 @@ class Billboard:
             "diverged": bool(self.diverged),
             "withheld": list(getattr(self, "withheld", [])),
             "entries": [plain(asdict(e)) for e in self.ledger.entries],
+            "rereleases": [plain(asdict(e)) for e in getattr(self, "rereleases", {}).values()],
             "aggregator": self.aggregator.checkpoint_state(),
             "plan": plan.checkpoint_state() if plan is not None else None,
         }
@@ -333,11 +378,13 @@ class Billboard:
         if self.ledger.entries:
             raise RuntimeError("restore() needs a fresh billboard")
         entries = [LedgerEntry(**e) for e in state["entries"]]
-        # every round up to the checkpoint either released (an entry) or was withheld
+        # every round up to the checkpoint either released (an entry the run continued from)
+        # or was withheld; superseded entries (releases made before a resume) are composed too
         withheld = [int(r) for r in state.get("withheld", [])]
-        rounds = [e.round for e in entries]
+        live = [e for e in entries if not e.superseded]
+        rounds = [e.round for e in live]
         if rounds != sorted(rounds) or sorted(rounds + withheld) != list(
-            range(1, len(entries) + len(withheld) + 1)
+            range(1, len(live) + len(withheld) + 1)
         ):
             raise CheckpointError(
                 "its ledger entries and withheld rounds are not rounds 1, 2, ... in order"
@@ -359,8 +406,11 @@ class Billboard:
         self.diverged = bool(state["diverged"])
         self.ledger.entries[:] = entries
         if hasattr(self, "next_round"):  # withheld rounds leave gaps between entries
-            self.next_round = len(entries) + len(withheld) + 1
+            self.next_round = len(live) + len(withheld) + 1
             self.withheld = withheld
+            self.rereleases = {
+                e.round: e for e in (LedgerEntry(**d) for d in state.get("rereleases", []))
+            }
         self.aggregator.restore_checkpoint_state(state["aggregator"])
         plan = getattr(self, "plan", None)
         if plan is not None:

@@ -1209,6 +1209,13 @@ class LedgerEntry:
         ε of everything released so far, at the ledger's δ (PLD; None without DP).
     epsilon_rdp : float or None
         The same from RDP, the cross-check.
+    release_sha256 : str or None
+        SHA-256 of the released values (a seeded resume shows a re-release identical by it;
+        post-processing of the release, nothing more). None where not recorded.
+    superseded : bool
+        A release made before a resume whose round was computed again
+        (docs/usage.md#checkpoint-and-resume): it was made, so it is composed (``epsilon``
+        counts it), but the run continued from the release computed after it.
     """
 
     round: int
@@ -1218,6 +1225,17 @@ class LedgerEntry:
     sampling_rate: float
     epsilon: float | None
     epsilon_rdp: float | None
+    release_sha256: str | None = None
+    superseded: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry as a ledger line: the optional fields only where they are set."""
+        d = asdict(self)
+        if d["release_sha256"] is None:
+            del d["release_sha256"]
+        if not d["superseded"]:
+            del d["superseded"]
+        return d
 
 
 @dataclass
@@ -1280,10 +1298,13 @@ class Ledger:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["entries"] = [e.as_dict() for e in self.entries]
         d["epsilon"] = self.epsilon
         # beside the number, what it is: a proven bound (certified) or not (heuristic)
         d["epsilon_kind"] = self.guarantee if self.private else None
-        d["rounds_released"] = len(self.entries)
+        # the rounds whose release the run continued from; every entry (superseded ones, made
+        # before a resume and computed again, included) is a release composed into epsilon
+        d["rounds_released"] = sum(not e.superseded for e in self.entries)
         return d
 
 
