@@ -1,4 +1,4 @@
-"""scripts/results_archive.py: a result folder's raw files packed into one file and read back.
+"""scripts/tools/results_archive.py: a result folder's raw files packed into one file and read back.
 
 Packing is lossless (every byte of every file, under its relative path) and reproducible (the
 same files give the same archive bytes); reading needs no unpacking; a file on disk wins over
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def ra():
     spec = importlib.util.spec_from_file_location(
-        "results_archive", ROOT / "scripts" / "results_archive.py"
+        "results_archive", ROOT / "scripts" / "tools" / "results_archive.py"
     )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["results_archive"] = mod

@@ -1,7 +1,7 @@
 """docs/results holds write-ups, figures and one compact file of raw outputs per result, not runs.
 
 Each result folder has a README.md; its raw run outputs are packed in at most one ``raw.tar.xz``
-or ``raw.jsonl`` (scripts/results_archive.py), which reads back, holds no machine path (the rule
+or ``raw.jsonl`` (scripts/tools/results_archive.py), which reads back, holds no machine path (the rule
 tests/test_repository_links.py applies to the text files) and is described in
 docs/results/README.md; no file is tracked both loose and packed; and the tracked files under
 docs/results stay at most ``LIMIT``. The checks run on git's list of tracked files (skipped
@@ -25,7 +25,7 @@ LIMIT = 200
 @pytest.fixture(scope="module")
 def ra():
     spec = importlib.util.spec_from_file_location(
-        "results_archive", ROOT / "scripts" / "results_archive.py"
+        "results_archive", ROOT / "scripts" / "tools" / "results_archive.py"
     )
     mod = importlib.util.module_from_spec(spec)
     sys.modules["results_archive"] = mod

@@ -3,7 +3,7 @@
 The speed target: the 24 runs (n ∈ {4, 16, 64, 128, 256, 512} × per-silo, FedAvg, full-DP,
 joint-DP; ``+experiment=huang_table1``, seed 0, certified, DP-SGD inside the owners) in under 2 hours
 on the 2-core machine. A full grid takes hours and the grid's own wall times
-(``docs/results/huang_table1/runs/grid_times.jsonl``) were taken over several sessions beside tests
+(``docs/results/huang_table1/raw.tar.xz``: ``runs/grid_times.jsonl``) were taken over several sessions beside tests
 and on older code, so this script measures every run's cost directly and projects it:
 
 * each of the 24 configurations, exactly as ``scripts/reproductions/reproduce_huang.py`` composes it, is prepared

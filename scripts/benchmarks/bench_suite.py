@@ -11,7 +11,7 @@ summary line, the load average before and after, and for a failed run the end of
 a rerun with the same ``--json`` skips the runs it holds (resumable); ``--only`` runs one tree's
 missing repetitions (a failed run stays on record and counts as failed). ``--report`` prints
 min and median per tree from that file. A ``--json`` packed in its result folder's raw.jsonl
-(docs/results/startup's: ``suite_runs.jsonl``; scripts/results_archive.py) is read from there,
+(docs/results/startup's: ``suite_runs.jsonl``; scripts/tools/results_archive.py) is read from there,
 and written back to disk before the first new line is appended to it.
 
     git worktree add /tmp/suite_before b590f44
@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import results_archive  # noqa: E402  (scripts/: a result folder's raw.jsonl)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import results_archive  # noqa: E402  (scripts/tools/: a result folder's raw.jsonl)
 
 DEFAULT_ARGS = ["-q", "-m", "not slow", "-p", "no:cacheprovider"]
 

@@ -10,7 +10,7 @@ over their wall time, median over the repetitions) and its ratio of mins to Flow
         docs/results/bench_flower/bench_n512_cpu0.json --out docs/results/bench_flower/cores.png
 
 A results file that is not on disk is read from the result folder's packed raw files (the two
-above are in docs/results/bench_flower/raw.jsonl; scripts/results_archive.py).
+above are in docs/results/bench_flower/raw.jsonl; scripts/tools/results_archive.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import results_archive  # noqa: E402  (scripts/: a result folder's raw.jsonl)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import results_archive  # noqa: E402  (scripts/tools/: a result folder's raw.jsonl)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 docs/results/ghost/README.md): ``python scripts/benchmarks/plot_ghost.py`` writes
 docs/results/ghost/channels_last/per_user_cost.png from that folder's bench4 files (packed in
 docs/results/ghost/raw.jsonl: ``channels_last/bench4_*.jsonl``, read through
-scripts/results_archive.py)."""
+scripts/tools/results_archive.py)."""
 
 import statistics
 import sys
@@ -13,8 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import results_archive  # noqa: E402  (scripts/: the folder's raw.jsonl)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import results_archive  # noqa: E402  (scripts/tools/: the folder's raw.jsonl)
 
 GHOST = Path(__file__).resolve().parents[2] / "docs" / "results" / "ghost"
 HERE = GHOST / "channels_last"

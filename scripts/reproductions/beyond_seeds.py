@@ -26,9 +26,9 @@ users of 1 to 107 records, 32 owners of 4 to 273 users) with that page's setting
 
 Runs are resumable: a run whose folder has a summary.json is not redone. Each run's wall time
 goes to ``runs/times.jsonl``; the table goes to README.md's marked section. The committed runs are
-packed in the folder's ``raw.tar.xz`` (``scripts/results_archive.py``): the table is read from it
+packed in the folder's ``raw.tar.xz`` (``scripts/tools/results_archive.py``): the table is read from it
 as it is; running more first unpacks it (``runs/`` is gitignored), and ``python
-scripts/results_archive.py pack docs/results/beyond_seeds runs`` folds the new runs back in.
+scripts/tools/results_archive.py pack docs/results/beyond_seeds runs`` folds the new runs back in.
 
     .venv/bin/python scripts/reproductions/beyond_seeds.py --data DATA --n 64 --epsilon 1 8
 """
@@ -44,8 +44,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import results_archive  # noqa: E402  (scripts/: the result folder's raw.tar.xz)
+sys.path.insert(0, str(ROOT / "scripts" / "tools"))
+import results_archive  # noqa: E402  (scripts/tools/: the result folder's raw.tar.xz)
 
 OUT = ROOT / "docs" / "results" / "beyond_seeds"
 CLIPS = (0.1, 1.0, 15.0)
@@ -288,7 +288,7 @@ def main() -> None:
             run(key, over, a)
             write_readme()
         print(
-            "fold the runs in: python scripts/results_archive.py pack docs/results/beyond_seeds runs"
+            "fold the runs in: python scripts/tools/results_archive.py pack docs/results/beyond_seeds runs"
         )
     write_readme()
 

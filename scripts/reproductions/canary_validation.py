@@ -14,7 +14,7 @@ each interval (``ci``, ``ci_bootstrap``) holds the true ε.
     .venv/bin/python scripts/reproductions/canary_validation.py --runs docs/results/privacy_audit/canary_runs
 
 ``--runs`` reads the run folders on disk, or packed: the committed ones are in
-``docs/results/privacy_audit/raw.tar.xz`` (``canary_runs/...``; ``scripts/results_archive.py``).
+``docs/results/privacy_audit/raw.tar.xz`` (``canary_runs/...``; ``scripts/tools/results_archive.py``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def runs_table(folder: str) -> list[str]:
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import results_archive  # scripts/: run folders on disk or in the folder's raw.tar.xz
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import results_archive  # scripts/tools/: run folders on disk or in the folder's raw.tar.xz
 
     times = {}
     tj = Path(folder) / "times.jsonl"

@@ -79,8 +79,8 @@ def plot(runs: str, out: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    import results_archive  # scripts/: the committed runs are packed in the folder's raw.tar.xz
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import results_archive  # scripts/tools/: the committed runs are packed in the folder's raw.tar.xz
 
     for summary in results_archive.rglob(runs, "summary.json"):
         s = json.loads(results_archive.read_text(summary))

@@ -13,8 +13,8 @@ metrics, owners) under ``--out``; a finished run is skipped, so re-running the s
 the grid. Several workers may share one grid (one per core): each claims a run under
 ``--out/.claims`` (its pid) before starting it. Each finished run appends its wall time to
 ``grid_times.jsonl``. The committed grid is packed in ``docs/results/huang_table1/raw.tar.xz``
-(``scripts/results_archive.py``): ``--list`` reads it as it is, a run first unpacks it (``runs/``
-is gitignored), and ``python scripts/results_archive.py pack docs/results/huang_table1 runs``
+(``scripts/tools/results_archive.py``): ``--list`` reads it as it is, a run first unpacks it (``runs/``
+is gitignored), and ``python scripts/tools/results_archive.py pack docs/results/huang_table1 runs``
 folds the new runs back in.
 
     # DATA: the folder holding mnist/ and fashion_mnist/ IDX files (or set FEDUDP_DATA instead)
@@ -39,8 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-import results_archive  # noqa: E402  (scripts/: the result folder's raw.tar.xz)
+sys.path.insert(0, str(ROOT / "scripts" / "tools"))
+import results_archive  # noqa: E402  (scripts/tools/: the result folder's raw.tar.xz)
 
 ROWS = [256, 64, 512, 128, 16, 4]
 METHODS = ["per_silo", "fedavg", "full_dp", "joint_dp"]
@@ -297,7 +297,7 @@ def main() -> int:
             f.write(json.dumps(rec) + "\n")
         print(json.dumps(rec), flush=True)
     if packed is not None:
-        print(f"fold the runs in: python scripts/results_archive.py pack {packed} {out.name}")
+        print(f"fold the runs in: python scripts/tools/results_archive.py pack {packed} {out.name}")
     return 0
 
 

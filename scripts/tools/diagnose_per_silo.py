@@ -34,8 +34,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts" / "reproductions"))
-sys.path.insert(0, str(ROOT / "scripts"))
-import results_archive  # noqa: E402  (scripts/: the grid's runs, packed in raw.tar.xz)
+sys.path.insert(0, str(ROOT / "scripts" / "tools"))
+import results_archive  # noqa: E402  (scripts/tools/: the grid's runs, packed in raw.tar.xz)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ subjects say which), plus the source commits recorded by run folders made since 
 (results are committed with, or right after, the code that made them); whether the current code
 still reproduces it is a separate question that only a re-run answers (each folder's README
 states what was re-run and the drift found). Raw files packed into a folder's ``raw.tar.xz`` or
-``raw.jsonl`` (scripts/results_archive.py) keep their history under their original paths; the
+``raw.jsonl`` (scripts/tools/results_archive.py) keep their history under their original paths; the
 commits that only packed them (subject ``results: consolidate ...``) are not counted as adding
 or changing data, and the packed ``summary.json`` files are read in place.
 
@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = "docs/results"
 PACKING = "results: consolidate"  # commits that only moved raw files into the folder's archive
-sys.path.insert(0, str(ROOT / "scripts"))
-import results_archive  # noqa: E402  (scripts/: the folders' packed raw files)
+sys.path.insert(0, str(ROOT / "scripts" / "tools"))
+import results_archive  # noqa: E402  (scripts/tools/: the folders' packed raw files)
 
 
 def git(*args: str) -> str:

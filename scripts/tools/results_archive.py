@@ -18,10 +18,10 @@ no unpacking; resuming a grid does (the run scripts call ``unpack`` first).
 
 Usage (standard library only):
 
-    .venv/bin/python scripts/results_archive.py list docs/results/tuning
-    .venv/bin/python scripts/results_archive.py cat docs/results/tuning runs/grid/0/summary.json
-    .venv/bin/python scripts/results_archive.py unpack docs/results/tuning      # the raw files back
-    .venv/bin/python scripts/results_archive.py pack docs/results/tuning runs   # fold them in again
+    .venv/bin/python scripts/tools/results_archive.py list docs/results/tuning
+    .venv/bin/python scripts/tools/results_archive.py cat docs/results/tuning runs/grid/0/summary.json
+    .venv/bin/python scripts/tools/results_archive.py unpack docs/results/tuning      # the raw files back
+    .venv/bin/python scripts/tools/results_archive.py pack docs/results/tuning runs   # fold them in again
 """
 
 from __future__ import annotations
