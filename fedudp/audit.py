@@ -71,6 +71,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from fedudp.errors import ConfigError
+from fedudp.memory import check_arrays
+
 # torch, the estimators and the accountant (dp_accounting, scipy) are imported where they are used:
 # `fedudp-audit --help` and a bad argument answer without them
 if TYPE_CHECKING:
@@ -970,6 +973,53 @@ def _repeat(run_one: Callable[[int], AuditResult], seeds: list[int]) -> list[Aud
     return out
 
 
+def releases_per_trial(a: argparse.Namespace, run_rounds: int, linear_noise: bool) -> int:
+    """``--sequence`` where given (0 is refused, never read as "not given"), else the run's
+    rounds (``--rounds``, else ``train.rounds``) for a mechanism whose noise is correlated
+    across rounds, else one release."""
+    if a.sequence is not None:
+        return int(a.sequence)
+    rounds = a.rounds if a.rounds is not None else run_rounds
+    return int(rounds) if linear_noise else 1
+
+
+def check_flags(a: argparse.Namespace, over: dict) -> str | None:
+    """The command line's numbers, checked before any mechanism is built: the one-line reason
+    a flag is refused (None: all fine). The releases an audit keeps (2 sides x trials x the
+    released length, float64) must fit this machine's memory (``fedudp.models.footprint``);
+    the released length is at least ``--dim`` on the server side and 1 owner-side, checked
+    again once the sequence length is known."""
+    for flag, value, least in (
+        ("--trials", a.trials, 200),
+        ("--dim", a.dim, 1),
+        ("--repeat", a.repeat, 1),
+        ("--sequence", a.sequence, 1),
+        ("--rounds", a.rounds, 1),
+        ("--natural", a.natural, 1),
+    ):
+        if value is not None and value < least:
+            what = {
+                "--trials": "releases per side",
+                "--dim": "coordinate in the audited vectors",
+                "--repeat": "audit (seed)",
+                "--sequence": "release per trial",
+                "--rounds": "round to calibrate the noise for",
+                "--natural": "record per user",
+            }[flag]
+            return f"{flag} {value}: at least {least} {what}"
+    server = over.get("privacy.placement", "server") != "local_dpsgd" and not a.pair
+    try:
+        check_arrays(
+            f"--trials {a.trials}" + (f" with --dim {a.dim}" if server else ""),
+            2 * a.trials * (a.dim if server else 1),
+            8,
+            "lower --trials" + (" or --dim" if server else ""),
+        )
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="fedudp-audit", description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -1048,8 +1098,9 @@ def main(argv: list[str] | None = None) -> int:
         parse_break(a.broken)
     except ValueError as e:
         return err(str(e))
-    if a.trials < 200:
-        return err(f"--trials {a.trials}: at least 200 releases per side")
+    bad = check_flags(a, over)
+    if bad:
+        return err(bad)
     if over.get("engine_opts.device", "cpu") != "cpu":
         return err(
             f"engine_opts.device={over['engine_opts.device']}: the audit runs on the CPU only "
@@ -1086,7 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         first = make()
-        releases = a.sequence or (a.rounds or s.rounds if first.name in LINEAR_NOISE else 1)
+        releases = releases_per_trial(a, s.rounds, first.name in LINEAR_NOISE)
         if releases < 1:
             raise ValueError(f"--sequence {releases}: at least one release per trial")
         if releases > 64:
@@ -1094,6 +1145,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"--sequence {releases}: at most 64 releases per trial; set "
                 "--sequence (or train.rounds) lower"
             )
+        # the releases kept: trials x (releases x dim) float64 numbers per side
+        check_arrays(
+            f"--trials {a.trials} with --dim {a.dim} and {releases} release(s) per trial",
+            2 * a.trials * releases * a.dim,
+            8,
+            "lower --trials or --dim",
+        )
         print(TABLE_HEAD)
         delta = s.delta
         assert delta is not None  # a private method's

@@ -23,6 +23,7 @@ LAYERS = [
         "fedudp.stopping",
         "fedudp.registry",
         "fedudp.plugins",
+        "fedudp.memory",
     ),
     ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
     ("fedudp.data", "fedudp.models"),

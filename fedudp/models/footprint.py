@@ -25,55 +25,13 @@ GPU's.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from fedudp.errors import ConfigError
+from fedudp.memory import memory_bytes, size_text
 
-__all__ = [
-    "memory_bytes",
-    "size_text",
-    "model_copies",
-    "model_need",
-    "check_model",
-    "check_arrays",
-]
-
-
-def memory_bytes(device: str = "cpu") -> int | None:
-    """The memory an allocation on ``device`` can use: the machine's physical memory (its
-    cgroup's ``memory.max`` where that is lower), or a CUDA device's total memory; None where
-    it cannot be read."""
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        index = int(device.partition(":")[2] or 0)
-        return int(torch.cuda.get_device_properties(index).total_memory)
-    try:
-        total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return None
-    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(limit).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and 0 < int(text) < total:
-            total = int(text)
-    return total
-
-
-def size_text(n: float) -> str:
-    """``6.4e12`` -> ``5.82 TiB`` (binary units)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        if n < 1024 or unit == "EiB":
-            return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    raise AssertionError  # pragma: no cover - the loop returns
+__all__ = ["model_copies", "model_need", "check_model"]
 
 
 def model_copies(units: int) -> int:
@@ -139,15 +97,3 @@ def check_model(
         f"{size_text(have)} of memory on {device}; {fix}"
         + (" (or engine_opts.chunk_records, train.sampling_rate)" if units > 1 else "")
     )
-
-
-def check_arrays(what: str, elements: float, itemsize: int, fix: str) -> None:
-    """Refuse (``ConfigError``: ``<what>: ...; <fix>``) arrays of ``elements`` elements of
-    ``itemsize`` bytes that exceed this machine's memory, before they are allocated."""
-    have = memory_bytes()
-    need = float(elements) * itemsize
-    if have is not None and need > have:
-        raise ConfigError(
-            f"{what}: the releases it keeps need {size_text(need)}, over this machine's "
-            f"{size_text(have)} of memory; {fix}"
-        )
