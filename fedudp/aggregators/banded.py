@@ -199,7 +199,9 @@ class BandedMatrixAggregator(ClippedSumAggregator):
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
         b, p = resolve_bands(bands, sampling.rate)
-        z = calibrate(lambda s: cycle_event(s, p), epsilon, delta, cycles(rounds, b))
+        z = calibrate(
+            lambda s: cycle_event(s, p), epsilon, delta, cycles(rounds, b), run_rounds=rounds
+        )
         return cls(clip, z, sampling, bands)
 
     @classmethod

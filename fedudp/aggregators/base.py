@@ -45,6 +45,7 @@ from fedudp.privacy.accountant import (
     BudgetError,
     GroupConversion,
     calibrate_noise_multiplier,
+    rounds_text,
 )
 from fedudp.privacy.mechanisms import clip_factors
 from fedudp.registry import Registry
@@ -658,20 +659,34 @@ def concentration_radius(tau: Any, default: Callable[[int], float], records_per_
 
 
 def calibrate(
-    make_event: Callable[[float], Any], epsilon: float, delta: float, rounds: int
+    make_event: Callable[[float], Any],
+    epsilon: float,
+    delta: float,
+    rounds: int,
+    *,
+    run_rounds: int | None = None,
 ) -> float:
     """``calibrate_noise_multiplier`` for ``calibrated``: an unreachable target is a
-    ``ParameterError`` naming epsilon (the config builder re-raises the accountant's ``BudgetError``)."""
+    ``ParameterError`` naming epsilon (the config builder re-raises the accountant's
+    ``BudgetError``). ``run_rounds``: the run's rounds where ``make_event`` is already the
+    whole run's event (``rounds`` is then 1), so that the refusal names the run's rounds."""
     try:
         return calibrate_noise_multiplier(make_event, epsilon, delta, rounds)
     except BudgetError as err:
         if "unreachable" not in str(err):  # another refusal (delta too large): its own words
             param = "delta" if str(err).startswith("privacy.delta") else "epsilon"
             raise ParameterError(param, f"{param}: {err}", config=err) from None
+        shown = rounds_text(rounds if run_rounds is None else run_rounds)
+        if run_rounds is not None:
+            err = BudgetError(
+                f"privacy.epsilon={epsilon} at privacy.delta={delta} is unreachable in "
+                f"{shown} even with noise multiplier {MAX_NOISE_MULTIPLIER:g}; lower "
+                "train.rounds or raise privacy.epsilon"
+            )
         raise ParameterError(
             "epsilon",
             f"epsilon is unreachable: the noise calibration's target (epsilon="
-            f"{epsilon:g}, delta={delta:g}) is not met in {rounds} rounds even with noise "
+            f"{epsilon:g}, delta={delta:g}) is not met in {shown} even with noise "
             f"multiplier {MAX_NOISE_MULTIPLIER:g}",
             config=err,
         ) from None

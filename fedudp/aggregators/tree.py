@@ -160,7 +160,8 @@ class TreeAggregator(ClippedSumAggregator):
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
         k = tree_size(sampling.rate)
-        z = calibrate(lambda s: run_event(s, rounds, k), epsilon, delta, 1)
+        # the event is the whole run's (its trees): calibrated as one release of it
+        z = calibrate(lambda s: run_event(s, rounds, k), epsilon, delta, 1, run_rounds=rounds)
         return cls(clip, z, sampling, rounds)
 
     @classmethod

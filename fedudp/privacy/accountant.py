@@ -1081,6 +1081,11 @@ def schedule_epsilon(
     return eps
 
 
+def rounds_text(rounds: int) -> str:
+    """``1 round``, ``100,000,000 rounds``: a count of rounds as every message prints it."""
+    return f"{int(rounds):,} round{'' if int(rounds) == 1 else 's'}"
+
+
 def calibrate_noise_multiplier(
     make_event: Callable[[float], dp_accounting.DpEvent],
     target_epsilon: float,
@@ -1100,7 +1105,7 @@ def calibrate_noise_multiplier(
     if schedule_epsilon(make_event, MAX_NOISE_MULTIPLIER, rounds, delta, interval) > target_epsilon:
         raise BudgetError(
             f"privacy.epsilon={target_epsilon} at privacy.delta={delta} is unreachable in "
-            f"{rounds} rounds even with noise multiplier {MAX_NOISE_MULTIPLIER:g}"
+            f"{rounds_text(rounds)} even with noise multiplier {MAX_NOISE_MULTIPLIER:g}"
         )
 
     def event(z: float) -> dp_accounting.DpEvent:

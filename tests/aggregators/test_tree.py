@@ -158,3 +158,30 @@ def test_a_rate_that_is_not_one_over_k_is_refused():
     cfg = tiny_cfg("full_dp", aggregator="dp_ftrl_tree", train__sampling_rate=0.3)
     with pytest.raises(ConfigError, match="train.sampling_rate"):
         build.prepare(cfg)
+
+
+def test_an_unreachable_budget_names_the_runs_rounds(monkeypatch):
+    # issue 49: 1e8 rounds were refused "in 1 rounds" (the whole run's event is calibrated as
+    # one release); the refusal names the run's rounds, pluralised, and what to change
+    from fedudp.aggregators import base, tree
+    from fedudp.privacy.accountant import BudgetError, rounds_text
+
+    def refused(calibrate_fn):
+        monkeypatch.setattr(tree, "calibrate", calibrate_fn)
+        with pytest.raises(ParameterError) as e:
+            TreeAggregator.calibrated(
+                clip=1.0, epsilon=1.0, delta=1e-5, rounds=10**8, sampling=Sampling(1.0, 1000)
+            )
+        return e.value
+
+    err = refused(base.calibrate)
+    config = err.facts["config"]
+    assert isinstance(config, BudgetError)
+    assert "is unreachable in 100,000,000 rounds even with noise multiplier" in str(config)
+    assert str(config).endswith("lower train.rounds or raise privacy.epsilon")
+    assert "is not met in 100,000,000 rounds even" in str(err)
+    # the weakened twin: the run's rounds not passed (the message said "in 1 rounds")
+    twin = refused(lambda f, e, d, r, **kw: base.calibrate(f, e, d, r))
+    assert "in 1 round even" in str(twin.facts["config"])
+    assert "100,000,000" not in str(twin.facts["config"])
+    assert [rounds_text(n) for n in (1, 2, 1000)] == ["1 round", "2 rounds", "1,000 rounds"]
