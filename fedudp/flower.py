@@ -315,7 +315,9 @@ class UserLevelDP(Strategy):
                 "fedudp.flower.UserLevelDP: user-level DP of the released "
                 "shared update; the number of users and the sampling rate "
                 "are public (declared)",
-                "released outside the guarantee: the clients' training and evaluation metrics",
+                "released outside the guarantee: the clients' training and evaluation "
+                "metrics, and the counts of users dropped for a non-finite update or a "
+                "training step that raised (nonfinite_users, raised_users)",
             ],
         )
         self.ledger.extra["public"] = {
