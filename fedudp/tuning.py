@@ -43,6 +43,7 @@ from fedudp.privacy.events import (
     pld_or_rdp_epsilon,
     repeat_and_select,
 )
+from fedudp.privacy.labels import epsilon_text
 
 # the random-count distributions: name -> the truncated negative binomial's shape η (None: the
 # shape is declared with the mean, --sweep-shape)
@@ -280,18 +281,18 @@ def selection_lines(sel: dict[str, Any], varying: list[str]) -> list[str]:
         "",
         "| ε of | ε | accountant | rule |",
         "|---|---:|---|---|",
-        f"| one run (the chosen configuration's ledger) | {sel['single_run_epsilon']:.3f}{mark} "
+        f"| one run (the chosen configuration's ledger) | {epsilon_text(sel['single_run_epsilon'])}{mark} "
         f"| the run's ledger | the run alone, no choice made from the sweep |",
     ]
     if k > 1:
         lines.append(
             f"| one candidate (the chosen configuration's {k} seeds composed) | "
-            f"{sel['candidate_epsilon']:.3f}{mark} | dp-accounting "
+            f"{epsilon_text(sel['candidate_epsilon'])}{mark} | dp-accounting "
             f"{sel['candidate_accountant'].upper()} | its {k} runs, no choice made |"
         )
     if sel["tuning_epsilon"] is not None:
         lines.append(
-            f"| the choice (tuning-inclusive) | {sel['tuning_epsilon']:.3f}{mark} | "
+            f"| the choice (tuning-inclusive) | {epsilon_text(sel['tuning_epsilon'])}{mark} | "
             f"dp-accounting {sel['tuning_accountant'].upper()} | {sel['rule']} |"
         )
     else:

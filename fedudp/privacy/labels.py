@@ -42,11 +42,27 @@ def mark_epsilon(text: str, heuristic: bool) -> str:
     return f"{text} {HEURISTIC_MARK}" if heuristic else text
 
 
+# an ε at or above this prints in scientific notation (4 significant digits): no privacy is
+# left to read in its digits, and a fixed-point ε of 1e300 is 300 digits long
+SCIENTIFIC_FROM = 1e6
+
+
+def epsilon_text(epsilon: float, digits: int = 3) -> str:
+    """One ε as every fedudp output prints it: ``1.000`` (``digits`` decimals) below
+    ``SCIENTIFIC_FROM``, ``6.908e+300`` from there, ``inf`` where infinite."""
+    eps = float(epsilon)
+    if eps != eps or abs(eps) == float("inf"):
+        return str(eps)  # nan, inf
+    if abs(eps) >= SCIENTIFIC_FROM:
+        return f"{eps:.3e}"
+    return f"{eps:.{digits}f}"
+
+
 def epsilon_display(epsilon: float | None, kind: str | None, digits: int = 3) -> str:
     """The text every fedudp output prints for a run's ε (``summary.json``'s
     ``epsilon_display``)."""
     if epsilon is None:
         return "n/a (no DP)"
     if kind == "weakened":  # audit.noise_scale < 1: the ledger's ε is not what was released
-        return f"{epsilon:.{digits}f} {WEAKENED_MARK}"
-    return mark_epsilon(f"{epsilon:.{digits}f}", kind == "heuristic")
+        return f"{epsilon_text(epsilon, digits)} {WEAKENED_MARK}"
+    return mark_epsilon(epsilon_text(epsilon, digits), kind == "heuristic")
