@@ -158,21 +158,25 @@ def outer_wrapper(me: Any, depth: int = 16) -> str | None:
     return None
 
 
-def _chain(fn: Any, depth: int) -> Iterator[Any]:
+def _chain(fn: Any, depth: int, limit: int = 2000) -> Iterator[Any]:
     """The objects reachable from a mod chain's callable: closure cells (Flower's ``make_ffn``
-    keeps the next mod and callable there), ``__wrapped__``, a bound method's ``__self__``."""
-    if depth <= 0 or fn is None:
-        return
-    yield fn
-    nxt: list[Any] = [getattr(fn, "__wrapped__", None), getattr(fn, "__self__", None)]
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            nxt.append(cell.cell_contents)
-        except ValueError:  # an empty cell
+    keeps the next mod and callable there), ``__wrapped__``, a bound method's ``__self__``;
+    each once, at most ``depth`` links deep and ``limit`` objects in all."""
+    seen: set[int] = set()
+    todo: list[tuple[Any, int]] = [(fn, depth)]
+    while todo and len(seen) < limit:
+        o, d = todo.pop()
+        if o is None or d <= 0 or id(o) in seen or not callable(o):
             continue
-    for o in nxt:
-        if callable(o):
-            yield from _chain(o, depth - 1)
+        seen.add(id(o))
+        yield o
+        nxt: list[Any] = [getattr(o, "__wrapped__", None), getattr(o, "__self__", None)]
+        for cell in getattr(o, "__closure__", None) or ():
+            try:
+                nxt.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+        todo.extend((n, d - 1) for n in nxt)
 
 
 def stacked_mods(call_next: Callable[..., Any], depth: int = 24) -> str | None:
