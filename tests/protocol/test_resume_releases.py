@@ -228,3 +228,28 @@ def test_sigkill_after_round_5_then_resume_secure(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     eps, from_ledger, made = accounted(out, killed)
     assert eps == from_ledger == made <= 2.0 * (1 + 1e-9)
+
+
+def test_a_resumed_secure_run_resumed_again_composes_every_release(tmp_path, monkeypatch):
+    """Killed after round 3 (checkpoint 2), resumed and killed after round 5 (checkpoint 4, whose
+    billboard holds the superseded round 3), resumed again: 8 releases, all composed, in the
+    order they were made; the checkpoint's recomposition matches its ledger bit for bit."""
+    out = tmp_path / "twice"
+    kw = {"privacy.epsilon": 50.0, "privacy.noise_multiplier": 2.0, "checkpoint.every": 2}
+    made: list[LedgerEntry] = []
+    for kill, resume in ((3, None), (5, str(out))):
+        with monkeypatch.context() as m:
+            _kill_after_round(m, kill)
+            with pytest.raises(_Killed):
+                run(_cfg("secure", **kw, **({"resume": resume} if resume else {})), out)
+        _, died = ledger_file.read(out / "ledger.jsonl")
+        made += [e for e in died if not e.superseded and e not in made]
+    run(_cfg("secure", **kw, resume=str(out)), "ignored")
+    head, entries = ledger_file.read(out / "ledger.jsonl")
+    made += [e for e in entries if not e.superseded and e not in made]
+    assert [e.round for e in entries] == [1, 2, 3, 3, 4, 5, 5, 6]
+    assert [e.round for e in entries if e.superseded] == [3, 5]
+    assert [r["resumed_at_round"] for r in head["extra"]["resumes"]] == [2, 4]
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(made) == 8 == summary["releases_made"]
+    assert summary["epsilon"] == epsilon_of_ledger(head, entries) == epsilon_of_ledger(head, made)
