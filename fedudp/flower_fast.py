@@ -80,7 +80,10 @@ class TorchTraining:
         The model (or a function building it, called once): its architecture. Its parameter
         values come from each training message's arrays, by ``state_dict`` name. Batch
         normalization and dropout are refused (a user's update would depend on other records
-        of a batch, or on the app's random stream).
+        of a batch, or on the app's random stream), and so, before the first update, is any
+        model whose per-record outputs or gradients depend on the other records of a batch
+        (``check_independent``: ``x - x.mean(0)``, attention across the batch, a buffer the
+        forward updates).
     data : Callable[[int, int], tuple]
         ``data(partition_id, num_partitions)``: one user's records, as the app loads them on the
         per-user path (where ``partition_id`` is the user's global index and

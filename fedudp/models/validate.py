@@ -45,6 +45,10 @@ the layer that fails there (an ``autograd.Function`` without a vmap rule, an ope
 batching rule) and what to use instead. ``fedudp.build.prepare`` runs it once per run, with
 the one-pass kernel of ``fedudp.owner.per_sample`` on it where the model qualifies for it.
 
+Per-record independence (a record's output and gradient depend on that record alone, which
+every batched kernel assumes) is checked by ``fedudp.models.independence``, with the owners'
+kernels (``fedudp.owner.independence``), right after ``probe``.
+
 Per-record gradients (DP-SGD): ``fast_per_record(model, names)`` says whether every parameter in
 ``names`` sits in a layer the one-pass batched path (``fedudp.owner.per_sample``) handles;
 otherwise ``torch.func.vmap(grad(...))`` computes them, one record as a batch of one:
