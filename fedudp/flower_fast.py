@@ -326,11 +326,11 @@ class TorchTraining:
         except Exception:  # noqa: BLE001  (some user's records break the batched pass)
             G = torch.zeros(len(users), d, dtype=torch.float64)
             metrics = [(0.0, {}) for _ in users]
-            for i, one in enumerate(loaded):  # each user alone: the one that raises is dropped
-                if one is None:
+            for i, rec in enumerate(loaded):  # each user alone: the one that raises is dropped
+                if rec is None:
                     continue
                 try:
-                    g, m = self._updates(params, names, [one], lr, d)
+                    g, m = self._updates(params, names, [rec], lr, d)
                 except Exception as e:  # noqa: BLE001  (dropped alone, with its reason)
                     raised[i] = f"training user {users[i]}: {one_line(e)}"
                     continue
