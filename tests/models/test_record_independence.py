@@ -314,3 +314,56 @@ def test_the_flower_fast_path_refuses_before_any_update():
     G, _, raised = good.updates(arrays(good.module()), ["fc.weight", "fc.bias"], [0, 1], 2, {})
     assert not raised and G.shape == (2, FEATURES * CLASSES + CLASSES)
     assert np.isfinite(G.numpy()).all()
+
+
+def _clipped_sum_sensitivity(model, kind: str, users: int = 8, outlier: float = 100.0) -> float:
+    """``max_u ||S(D) - S(D without u)|| / C`` of one owner's clipped sum (one step, every user
+    in it, one record each, C = 1), noise-free, by the kernel ``kind`` called directly."""
+    from fedudp.owner import dpsgd
+    from fedudp.privacy.mechanisms import clip_factors
+
+    g = torch.Generator().manual_seed(0)
+    x = 50.0 * torch.randn(users, FEATURES, generator=g, dtype=torch.float64)
+    x[0] *= outlier
+    y = torch.randint(0, CLASSES, (users,), generator=g)
+    model = model.double()
+    names = tuple(n for n, _ in model.named_parameters())
+
+    def total(keep):
+        xs, ys = x[keep], y[keep]
+        if kind == "fast":  # the fast path's updates, clipped and summed as the mod does
+            t = TorchTraining(model, lambda u, n: (xs[u : u + 1], ys[u : u + 1]), lr=1.0)
+            t.check_independent = lambda x: None  # bypassed: the kernel as it ran before
+            arrays = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+            G = t.updates(arrays, names, list(range(len(ys))), len(ys), {})[0]
+            return (clip_factors([G], 1.0)[0].unsqueeze(1) * G).sum(0)
+        at = {k: v.detach().unsqueeze(0) for k, v in model.named_parameters()}
+        n = len(ys)
+        return dpsgd._owner_clipped_sum(
+            model,
+            at,
+            {},
+            {},
+            xs,
+            ys,
+            np.arange(n),
+            np.ones(n, np.int64),
+            0,
+            names,
+            1.0,
+            kind == "ghost",
+        )[0].double()
+
+    full = total(torch.ones(users, dtype=torch.bool))
+    return max(float((full - total(torch.arange(users) != u)).norm()) for u in range(users))
+
+
+@pytest.mark.parametrize("kind", ["per_sample", "ghost", "fast"])
+def test_the_premise_what_a_mixing_model_releases_moves_by_more_than_the_clip(kind):
+    """Why the check exists: on every kernel, the owner's clipped sum (what its noise protects)
+    moves by at most C when one user leaves for the plain model, and by several C for
+    ``fc(x - x.mean(0))`` (the check bypassed, as before issue 49)."""
+    torch.manual_seed(0)
+    assert _clipped_sum_sensitivity(Plain(), kind) <= 1.0 + 1e-9
+    torch.manual_seed(0)
+    assert _clipped_sum_sensitivity(MeanCentred(), kind) > 2.0
