@@ -9,8 +9,10 @@ is exact only when each record's output is a function of that record alone. A mo
 the records of a batch (``fc(x - x.mean(0))``, batch statistics such as a ``BatchNorm`` in
 training mode, attention across the batch dimension, a buffer updated in place by the forward)
 lets one user's records reach the other users' gradients: removing one user then moves an
-owner's clipped sum by more than the clip (2.50 C with 8 users per step for ``fc(x -
-x.mean(0))``, against 1.00 C for ``fc(x)``), and the ledger's ε no longer holds.
+owner's clipped sum by more than the clip (for ``fc(x - x.mean(0))`` with 8 users per step:
+2.50 C in the issue, up to 4.10 C with an outlier user, 16.2 C with 32 users; 1.00 C for
+``fc(x)``: docs/results/privacy_audit/paths_independence.md), and the ledger's ε no longer
+holds.
 
 ``check_independent(model, input_shape, classes, tokens, kernels)`` compares, on a public
 example batch of ``RECORDS`` records (``fedudp.models.validate.example_batch``: the declared
@@ -18,7 +20,8 @@ shape, a fixed seed, distinct values; never data), in float64 where the model ru
 parameters and floating buffers cast to float64 in a ``functional_call``; otherwise in its own
 dtype):
 
-1. the batched forward's outputs with each record's forward alone (a batch of one), row by row;
+1. the batched forward's outputs with each record's forward alone (a batch of one), row by row
+   (a forward that fails on a record alone but runs on the batch is refused too);
 2. each ``kernels`` entry's per-record gradients (a mapping of labels to functions of the
    parameters and the batch giving ``{name: [R, ...]}``, from the caller: the models layer does
    not import the owners) with each record's own backward (cross-entropy of the record alone),
@@ -199,8 +202,9 @@ def _culprit(
 
 @contextmanager
 def _seeded(seed: int) -> Iterator[None]:
-    """A forked global RNG seeded with ``seed`` (the caller's left as it was)."""
-    with torch.random.fork_rng(devices=[]):
+    """A forked global RNG seeded with ``seed`` (the caller's left as it was, CUDA's too)."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         yield
 
