@@ -420,3 +420,76 @@ def test_twin_reading_n_from_the_data_is_caught(tmp_path, monkeypatch):
     diff = differences(base, other)
     assert {"divisor", "estimator"} <= set(diff), diff
     assert (base["divisor"], other["divisor"]) == (0.5 * 10, 0.5 * 9)
+
+
+# -- the fault and lifecycle paths (tests/test_neighbours_paths.py, test_neighbours_property.py) -
+def fail_owners(monkeypatch, schedule: dict[int, set[int]] | None = None) -> list[dict]:
+    """Owners failing by index on ``engine=local``: in round r the owners ``schedule[r]`` do not
+    answer (as a Flower owner that times out: ``Failure(j, its sampled units)``), every other
+    owner replies on its own (one reply per owner, as over Flower). An owner fails whatever its
+    sample holds: the failure is the infrastructure's, never the data's. Returns the rounds'
+    (answered, failed) owners as the billboard saw them. ``schedule`` None or empty for a
+    round: the honest transport (one reply for all owners)."""
+    from fedudp.aggregators.base import current_constraint
+    from fedudp.billboard.rounds import Collected
+    from fedudp.engines.local import LocalTransport
+    from fedudp.protocol.messages import Failure
+
+    honest, seen = LocalTransport.train, []
+    schedule = schedule or {}
+
+    def train(self, shared, cohort, round_):
+        down = set(schedule.get(round_, ()))
+        if cohort is None or not down:
+            return honest(self, shared, cohort, round_)
+        shared = self._here(shared)
+        self.personal_params = self.owners.personal_round(
+            self.fed, shared, self.personal_params, round_
+        )
+        by_owner = self.owners.spec.cohort_is_owners
+        units = self.fed.present(cohort, by_owner)
+        of = units if by_owner else self.fed.user_owner[units]
+        constraint = current_constraint(self.constraint)
+        replies, failures = [], []
+        for j in range(self.fed.num_owners):
+            mine = units[of == j]
+            if j in down:
+                failures.append(Failure(j, int(len(mine)), "injected: owner unreachable"))
+            else:
+                replies.append(
+                    self.owners.reply(
+                        self.fed, shared, self.personal_params, mine, round_, constraint
+                    )
+                )
+        seen.append({"round": round_, "answered": len(replies), "failed": sorted(down)})
+        return Collected(replies, failures)
+
+    monkeypatch.setattr(LocalTransport, "train", train)
+    return seen
+
+
+def path_view(cfg, records) -> dict:
+    """``run_view`` on a fault or lifecycle path: also every release decision (the rounds
+    withheld), whether the released model is finite, the stop message, and how a run that
+    raised mid-way ended (a raise is public too)."""
+    try:
+        p = build.prepare(cfg, records=records)
+    except Exception as e:  # noqa: BLE001  (compared, not hidden)
+        return {"refused": f"{type(e).__name__}: {e}"}
+    plan = plan_view(p)
+    try:
+        res = execute(p)
+    except Exception as e:  # noqa: BLE001  (compared, not hidden)
+        return {**plan, "raised": type(e).__name__}
+    bb = p.billboard
+    return {
+        **plan,
+        **release_view(p, res),
+        "withheld": list(bb.withheld) if bb is not None else None,
+        "finite": all(bool(torch.isfinite(v).all()) for v in res.shared.values()),
+        "message": res.message,
+        # the units each release used (a diagnostic, not compared by default: a neighbour
+        # with one user fewer uses one fewer; a dropped non-finite user must use as many as
+        # its absence does)
+        "_used": [h.get("users_used") for h in res.history],
+    }
