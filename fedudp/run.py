@@ -41,7 +41,7 @@ from fedudp.config import (
     with_schema_defaults,
 )
 from fedudp.privacy.accountant import LedgerEntry
-from fedudp.privacy.labels import epsilon_display
+from fedudp.privacy.labels import epsilon_display, labelled_epsilon
 from fedudp.protocol import checkpoint as checkpoints
 from fedudp.protocol import ledger_file
 from fedudp.provenance import provenance
@@ -325,12 +325,16 @@ class _RoundWriter:
     ) -> None:
         self.p, self.metrics_path, self.ledger = p, metrics_path, ledger
         self.tracker, self.bar, self.heuristic, self.shown = tracker, bar, heuristic, shown
+        # the ε's kind (certified, heuristic, weakened; None: no DP): its metric's name
+        self.kind = run_guarantee(p.spec, p.aggregator) if p.spec.private else None
 
     def __call__(self, info: dict) -> None:
         self.ledger.extend(self.p.ledger.entries[self.ledger.written :])
+        # a heuristic (or weakened) ε is never logged under the bare name "epsilon"
+        line = labelled_epsilon(info, self.kind)
         with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(jsonable(info)) + "\n")
-        self.tracker.log_round(info)
+            f.write(json.dumps(jsonable(line)) + "\n")
+        self.tracker.log_round(line)
         if self.bar is not None:
             self.bar.update(1)
             eps_key = "eps (heuristic)" if self.heuristic else "eps"

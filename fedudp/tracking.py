@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fedudp.errors import ConfigError
+from fedudp.privacy.labels import epsilon_metric, labelled_epsilon
 
 __all__ = [
     "EXTRA",
@@ -164,11 +165,14 @@ class Tracker:
     kind: str = "none"
     where: str = ""
     failed: bool = field(default=False, repr=False)
+    # the run's guarantee (its tags'): a heuristic ε is logged as epsilon_heuristic, never as
+    # the bare epsilon (fedudp.privacy.labels.epsilon_metric)
+    epsilon_kind: str | None = None
 
     def log_round(self, info: dict) -> None:
         if not self.failed:
             with self._guard("logging round {}".format(info.get("round"))):
-                self._log_round(info)
+                self._log_round(labelled_epsilon(info, self.epsilon_kind))
 
     def backfill(self, history: list[dict]) -> None:
         """The rounds a resumed run had already made (its metrics.jsonl) that the tracked run
@@ -237,6 +241,8 @@ def start(
         t, starter = tb_tracker, tb_tracker.start
     else:
         return Tracker()
+    guarantee = (tags or {}).get("guarantee")
+    t.epsilon_kind = guarantee if guarantee in ("certified", "heuristic", "weakened") else None
     with t._guard("starting"):
         starter(
             out,
@@ -518,8 +524,11 @@ class MlflowTracker(Tracker):
 
 
 def _final(summary: dict) -> dict[str, float]:
+    """summary.json's ``FINAL`` numbers, its ε under the name its kind gives
+    (``epsilon_heuristic`` for a heuristic one)."""
     got = numeric(summary)
-    return {k: got[k] for k in FINAL if k in got}
+    mark = epsilon_metric(summary.get("epsilon_kind"))[len("epsilon") :]  # "" or "_heuristic"
+    return {(k + mark if k in ("epsilon", "epsilon_rdp") else k): got[k] for k in FINAL if k in got}
 
 
 def _artifacts(out: Path) -> list[Path]:
@@ -568,7 +577,8 @@ class TensorBoardTracker(Tracker):
             for k, v in flat.items()
             if v is not None
         }
-        exp, ssi, sei = hparams(hp, {"accuracy_mean": 0.0, "epsilon": 0.0, "loss": 0.0})
+        eps = epsilon_metric(self.epsilon_kind)
+        exp, ssi, sei = hparams(hp, {"accuracy_mean": 0.0, eps: 0.0, "loss": 0.0})
         for s in (exp, ssi, sei):
             self.writer.file_writer.add_summary(s)
         lines = [f"    {k}: {v}" for k, v in sorted(flat.items())]

@@ -440,3 +440,89 @@ def test_rounds_a_killed_run_never_wrote_to_mlflow_come_from_metrics_jsonl(tmp_p
         [m["accuracy_mean"] for m in lines(tmp_path / "metrics.jsonl")]
     )
     assert [r.info.run_id for r in runs_of(c)] == [run_id]
+
+
+# -- a heuristic ε is never logged under the bare name (issue 49) ---------------------------------
+def _logged_names(tmp_path: Path, accounting: str) -> tuple[list[dict], set[str]]:
+    run(
+        cfg(
+            "joint_dp",
+            **{"train.rounds": 2, "privacy.accounting": accounting, "tracking.kind": "tensorboard"},
+        ),
+        tmp_path,
+    )
+    return lines(tmp_path / "metrics.jsonl"), set(scalars(tmp_path / tracking.TB_DIR))
+
+
+def _heuristic_checks(metrics: list[dict], tags: set[str], summary: dict) -> None:
+    assert summary["epsilon_kind"] == "heuristic"
+    assert all("epsilon" not in m and m["epsilon_heuristic"] > 0 for m in metrics)
+    assert {"epsilon_heuristic", "final/epsilon_heuristic"} <= tags
+    assert not tags & {"epsilon", "final/epsilon", "final/epsilon_rdp"}
+
+
+def test_a_heuristic_epsilon_is_logged_as_epsilon_heuristic(tmp_path):
+    metrics, tags = _logged_names(tmp_path / "paper", "paper")
+    summary = json.loads((tmp_path / "paper" / "summary.json").read_text())
+    _heuristic_checks(metrics, tags, summary)
+    got = scalars(tmp_path / "paper" / tracking.TB_DIR)["epsilon_heuristic"]
+    assert [v for _, v in got] == pytest.approx([m["epsilon_heuristic"] for m in metrics])
+    # a certified run keeps the bare name
+    metrics, tags = _logged_names(tmp_path / "certified", "certified")
+    assert all("epsilon_heuristic" not in m and m["epsilon"] > 0 for m in metrics)
+    assert {"epsilon", "final/epsilon"} <= tags and "epsilon_heuristic" not in tags
+    # the report reads both names (its per-round ε curves)
+    from fedudp.report.report_plots import _run_curve
+
+    for folder in ("paper", "certified"):
+        curve = _run_curve({"_dir": str(tmp_path / folder), "_config": {}})
+        assert sorted(curve.epsilon) == [1, 2] and all(e > 0 for e in curve.epsilon.values())
+
+
+def test_twin_logging_the_bare_name_is_caught(tmp_path, monkeypatch):
+    # the weakened twin: no renaming anywhere (as before issue 49)
+    import fedudp.run as runner
+
+    monkeypatch.setattr(runner, "labelled_epsilon", lambda line, kind: line)
+    monkeypatch.setattr(tracking, "labelled_epsilon", lambda line, kind: line)
+    monkeypatch.setattr(tracking, "epsilon_metric", lambda kind: "epsilon")
+    metrics, tags = _logged_names(tmp_path, "paper")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    with pytest.raises(AssertionError):
+        _heuristic_checks(metrics, tags, summary)
+
+
+def test_final_metrics_are_named_by_the_summarys_kind():
+    s = {"epsilon": 1.5, "epsilon_rdp": 1.7, "accuracy_mean": 0.5}
+    assert tracking._final({**s, "epsilon_kind": "certified"}) == s
+    assert tracking._final({**s, "epsilon_kind": "heuristic"}) == {
+        "epsilon_heuristic": 1.5,
+        "epsilon_rdp_heuristic": 1.7,
+        "accuracy_mean": 0.5,
+    }
+    assert set(tracking._final({**s, "epsilon_kind": "weakened"})) == {
+        "epsilon_weakened",
+        "epsilon_rdp_weakened",
+        "accuracy_mean",
+    }
+
+
+@pytest.mark.slow
+def test_mlflow_logs_a_heuristic_epsilon_as_epsilon_heuristic(tmp_path):
+    run(
+        cfg(
+            "joint_dp",
+            **{"train.rounds": 2, "privacy.accounting": "paper", "tracking.kind": "mlflow"},
+        ),
+        tmp_path,
+    )
+    c = client(tmp_path)
+    (r,) = runs_of(c)
+    assert r.data.tags["epsilon_kind"] == "heuristic"
+    hist = c.get_metric_history(r.info.run_id, "epsilon_heuristic")
+    metrics = lines(tmp_path / "metrics.jsonl")
+    assert [m.value for m in sorted(hist, key=lambda m: m.step)] == pytest.approx(
+        [m["epsilon_heuristic"] for m in metrics]
+    )
+    assert c.get_metric_history(r.info.run_id, "epsilon") == []
+    assert "final/epsilon_heuristic" in r.data.metrics and "final/epsilon" not in r.data.metrics

@@ -66,3 +66,39 @@ def epsilon_display(epsilon: float | None, kind: str | None, digits: int = 3) ->
     if kind == "weakened":  # audit.noise_scale < 1: the ledger's ε is not what was released
         return f"{epsilon_text(epsilon, digits)} {WEAKENED_MARK}"
     return mark_epsilon(epsilon_text(epsilon, digits), kind == "heuristic")
+
+
+# the name a per-round ε is logged under (metrics.jsonl, MLflow, TensorBoard), by its kind: a
+# bare ``epsilon`` is always a proven bound
+EPSILON_METRICS = {
+    "certified": "epsilon",
+    "heuristic": "epsilon_heuristic",
+    "weakened": "epsilon_weakened",
+}
+
+
+def epsilon_metric(kind: str | None) -> str:
+    """The metric name of an ε of ``kind`` (``epsilon_kind``: certified, heuristic, weakened;
+    None, no DP, has no ε to log and gets the plain name): ``epsilon`` only for a certified
+    one."""
+    return EPSILON_METRICS.get(kind or "certified", "epsilon")
+
+
+def labelled_epsilon(line: dict, kind: str | None) -> dict:
+    """``line`` (a round's metrics) with its ``epsilon`` under ``epsilon_metric(kind)`` (a
+    copy where renamed; the same dict where nothing is to rename)."""
+    name = epsilon_metric(kind)
+    if name == "epsilon" or "epsilon" not in line:
+        return line
+    out = {k: v for k, v in line.items() if k != "epsilon"}
+    out[name] = line["epsilon"]
+    return out
+
+
+def metric_epsilon(line: dict) -> float | None:
+    """A round's ε from a metrics line of any kind (``epsilon``, ``epsilon_heuristic``,
+    ``epsilon_weakened``; lines written before the names existed use ``epsilon``)."""
+    for name in EPSILON_METRICS.values():
+        if line.get(name) is not None:
+            return line[name]
+    return None

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fedudp.privacy.labels import HEURISTIC_MARK, epsilon_kind
+from fedudp.privacy.labels import HEURISTIC_MARK, epsilon_kind, metric_epsilon
 from fedudp.report.report import _value, comparison_table, group_order, groups_of, varying_keys
 
 # Keys that set the privacy level: a frontier line runs along them (every other differing key
@@ -114,7 +114,7 @@ def _run_curve(s: dict) -> RunCurve:
             continue
         if (a := _finite(m.get("accuracy_mean"))) is not None:
             acc[r] = a
-        if (e := _finite(m.get("epsilon"))) is not None:
+        if (e := _finite(metric_epsilon(m))) is not None:  # epsilon or epsilon_heuristic
             eps[r] = e
     saved = s.get("_config")  # the run's config.yaml as a dict
     return RunCurve(s["_dir"], saved.get("seed") if isinstance(saved, dict) else None, acc, eps)
