@@ -82,7 +82,7 @@ class Billboard:
         randomness: Randomness | None = None,
         min_owners: int = 1,
         min_users: int = 1,
-        owner_units: Sequence[int] | None = None,
+        owner_units: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         if owner_units is not None and (
             why := minimum_error(int(min_owners), int(min_users), owner_units)
