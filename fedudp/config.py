@@ -132,9 +132,9 @@ class TrainConfig:
     eval_every: int = 1
     # owner-level updates (fedavg, placement=local_dpsgd): how the billboard averages owners
     owner_weights: OwnerWeights = OwnerWeights.uniform
-    # fail closed (docs/algorithms.md#fail-closed): a round in which owners failed releases
-    # nothing and spends no epsilon when fewer than min_owners owners answered or fewer than
-    # min_users sampled users were at the owners that answered
+    # fail closed (docs/algorithms.md#fail-closed): a round releases nothing and spends no
+    # epsilon when fewer than min_owners owners answered or they hold fewer than min_users
+    # declared user slots (their public capacities, never the sampled count)
     min_owners: int = 1
     min_users: int = 1
 
