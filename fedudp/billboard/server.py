@@ -264,6 +264,7 @@ class Billboard:
             agg.users_used -= inserted
             agg.diagnostics["canaries"] = inserted
         digest = release_digest(agg)
+        self.settle_rereleases(before=round_)
         earlier = self.rereleases.pop(round_, None)
         if earlier is not None and not self._same_release(earlier, event, digest):
             # the killed run released this round otherwise: that release was made, compose it
@@ -310,6 +311,15 @@ class Billboard:
             if not self.diverged:  # keep the last finite state
                 self.u = u
         return agg
+
+    def settle_rereleases(self, before: int | None = None) -> int:
+        """Compose, as superseded, the releases a seeded run made before its resume whose rounds
+        the resumed run passed (withheld) or did not reach (``before`` None: the run ended):
+        they were made and nothing released them again. Returns how many."""
+        due = sorted(r for r in self.rereleases if before is None or r < before)
+        for r in due:
+            self._record(replace(self.rereleases.pop(r), superseded=True), self._event_of(r))
+        return len(due)
 
     def _same_release(self, earlier: LedgerEntry, event: Event | None, digest: str) -> bool:
         """Whether ``earlier`` (made before a resume) is this very release: seeded randomness

@@ -253,3 +253,29 @@ def test_a_resumed_secure_run_resumed_again_composes_every_release(tmp_path, mon
     summary = json.loads((out / "summary.json").read_text())
     assert len(made) == 8 == summary["releases_made"]
     assert summary["epsilon"] == epsilon_of_ledger(head, entries) == epsilon_of_ledger(head, made)
+
+
+def test_a_seeded_release_not_made_again_is_composed_at_the_end(tmp_path, monkeypatch):
+    """A seeded resume that stops before re-releasing round 5 (here the budget check says no
+    from round 5 on) still composes the killed run's round 5: it was made. The twin that drops
+    such releases is caught."""
+    for twin in (False, True):
+        out = tmp_path / f"settle{twin}"
+        with monkeypatch.context() as m:
+            _kill_after_round(m, KILL_ROUND)
+            with pytest.raises(_Killed):
+                run(_cfg("seeded"), out)
+        _, killed = ledger_file.read(out / "ledger.jsonl")
+        with monkeypatch.context() as m:
+            within = Billboard.within_budget
+            m.setattr(Billboard, "within_budget", lambda b: b.next_round < 5 and within(b))
+            if twin:
+                m.setattr(Billboard, "settle_rereleases", lambda self, before=None: 0)
+            summary = run(_cfg("seeded", resume=str(out)), "ignored")
+        assert summary["stop_reason"] == "budget" and summary["rounds_completed"] == 4
+        eps, from_ledger, made = accounted(out, killed)
+        assert eps == from_ledger
+        if twin:
+            assert made > eps
+        else:
+            assert made == eps and summary["releases_superseded"] == 1
