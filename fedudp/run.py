@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedudp import notices, tracking
+from fedudp import tracking
 from fedudp.billboard.rounds import RoundsResult, Transport, run_rounds, summarize
 from fedudp.build import (
     Prepared,
@@ -251,8 +251,6 @@ def run_with_result(
     if bar is not None:
         p.owners.on_progress = _in_round(bar, shown)
     on_round = _RoundWriter(p, metrics_path, sink, tracker, bar, heuristic, shown)
-    if (notice := notices.rounds_notice(p.settings.rounds, resumed_round or 0)) is not None:
-        tracking.warn(notice)  # before round 1: a run of very many rounds says so
 
     res = None
     try:
@@ -331,7 +329,6 @@ class _RoundWriter:
         self.tracker, self.bar, self.heuristic, self.shown = tracker, bar, heuristic, shown
         # the ε's kind (certified, heuristic, weakened; None: no DP): its metric's name
         self.kind = run_guarantee(p.spec, p.aggregator) if p.spec.private else None
-        self.timed = False  # this process's first round: its speed estimates the run's length
 
     def __call__(self, info: dict) -> None:
         self.ledger.extend(self.p.ledger.entries[self.ledger.written :])
@@ -340,11 +337,6 @@ class _RoundWriter:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(jsonable(line)) + "\n")
         self.tracker.log_round(line)
-        if not self.timed and isinstance(info.get("seconds"), (int, float)):
-            self.timed = True
-            rounds, r = self.p.settings.rounds, int(info.get("round", 0))
-            if (notice := notices.speed_notice(rounds, r, float(info["seconds"]))) is not None:
-                tracking.warn(notice)
         if self.bar is not None:
             self.bar.update(1)
             eps_key = "eps (heuristic)" if self.heuristic else "eps"
