@@ -286,3 +286,16 @@ def test_engine_flower_asks_every_owner_each_round():
     assert all(asked == list(range(OWNERS)) for asked in tr.asked)
     # the twin: owner 3's failure (and so the decision) follows its sampled units
     assert failed_owner_sets(OnlySampledOwners()) == {(), (3,)}
+
+
+def test_prepare_refuses_a_minimum_no_federation_can_meet():
+    from conftest import tiny_cfg  # 4 owners, 160 one-record users
+
+    from fedudp import build
+    from fedudp.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.min_owners=5: there are only 4 owners"):
+        build.prepare(tiny_cfg("full_dp", train__min_owners=5))
+    with pytest.raises(ConfigError, match="train.min_users=161: .* declared user slots total 160"):
+        build.prepare(tiny_cfg("full_dp", train__min_users=161))
+    assert build.prepare(tiny_cfg("full_dp", train__min_owners=4, train__min_users=160)).billboard
