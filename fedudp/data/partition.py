@@ -9,6 +9,11 @@
   p_j ~ Dir(alpha) per owner, the same proportions used for its test shard.
 * ``assign_users``: an owner's records, shuffled, cut into users of ``records_per_user``.
 All functions are pure given a ``numpy.random.Generator``.
+
+Neighbours: a planned federation is drawn from public numbers (N, owners, records per user, the
+scheme) and the seed before any neighbour exists; its user-level neighbour is the plan with one
+user removed in place (``Federation.without_user``), so nothing here is dealt again and every
+other user keeps its owner. Natural users are grouped by ``fedudp.data.owner_rules`` instead.
 """
 
 from __future__ import annotations
