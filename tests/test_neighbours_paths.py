@@ -362,10 +362,18 @@ def killed_and_resumed(users, tmp_path: Path, monkeypatch, randomness: str) -> d
     return {
         "ledger_head": lines[0],
         "ledger_events": [
-            (e["round"], e["event"], e["noise_multiplier"], e["sampling_rate"], e["epsilon"])
+            (
+                e["round"],
+                e["event"],
+                e["noise_multiplier"],
+                e["sampling_rate"],
+                e["epsilon"],
+                e.get("superseded"),
+            )
             for e in entries
         ],
         "composed": len(entries),
+        "releases_made": summary.get("releases_made"),
         "epsilon": summary["epsilon"],
         "rounds": (summary["stop_reason"], summary["rounds_completed"]),
         "_distinct_releases": len(set(seen)),
@@ -384,7 +392,21 @@ def test_a_killed_and_resumed_run_composes_alike_for_neighbours(randomness, tmp_
     assert base["_distinct_releases"] == (
         RESUME_ROUNDS if randomness == "seeded" else RESUME_ROUNDS + KILL_ROUND - 3
     )
-    assert base["composed"] >= base["_distinct_releases"], base
+    # every distinct release composed once, and the summary counts them
+    assert base["composed"] == base["_distinct_releases"] == base["releases_made"], base
+
+
+def test_twin_a_resume_that_cuts_the_ledger_back_is_caught(tmp_path, monkeypatch):
+    """The resume before issue 49: ledger.jsonl cut back to the checkpoint, the secure run's
+    releases of rounds 4-5 made before the kill forgotten. Base and neighbour still agree
+    (both forget alike), but the ledger composes fewer releases than an observer saw."""
+    from fedudp.protocol import ledger_file
+
+    monkeypatch.setattr(
+        ledger_file, "after_checkpoint", lambda *a, **k: ledger_file.Resumed([], [], None)
+    )
+    base = killed_and_resumed(BASE, tmp_path, monkeypatch, "secure")
+    assert base["composed"] == RESUME_ROUNDS < base["_distinct_releases"], base
 
 
 # -- owner rules ---------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ def cases(draw) -> dict:
         "over": {
             **FAMILIES[family],
             "train.rounds": ROUNDS,
+            "privacy.epsilon": 50.0,  # both rounds within budget
             "train.min_owners": draw(st.integers(1, owners)),
             "train.min_users": draw(st.integers(1, slots)),
             "seed": draw(st.integers(0, 10_000)),
@@ -110,6 +111,7 @@ def test_twin_withholding_on_the_sampled_count_is_found():
         max_examples=60,
         deadline=None,
         database=None,
+        derandomize=True,  # the same search every time (it finds one at its 29th example)
         phases=[Phase.generate],  # no shrinking: finding one is the point
         suppress_health_check=[HealthCheck.too_slow],
     )
