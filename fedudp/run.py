@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedudp import tracking
+from fedudp import notices, tracking
 from fedudp.billboard.rounds import RoundsResult, Transport, run_rounds, summarize
 from fedudp.build import (
     Prepared,
@@ -251,6 +251,8 @@ def run_with_result(
     if bar is not None:
         p.owners.on_progress = _in_round(bar, shown)
     on_round = _RoundWriter(p, metrics_path, sink, tracker, bar, heuristic, shown)
+    if (notice := notices.rounds_notice(p.settings.rounds, resumed_round or 0)) is not None:
+        tracking.warn(notice)  # before round 1: a run of very many rounds says so
 
     res = None
     try:
@@ -329,6 +331,7 @@ class _RoundWriter:
         self.tracker, self.bar, self.heuristic, self.shown = tracker, bar, heuristic, shown
         # the ε's kind (certified, heuristic, weakened; None: no DP): its metric's name
         self.kind = run_guarantee(p.spec, p.aggregator) if p.spec.private else None
+        self.timed = 0  # rounds this process ran: the second's speed estimates the run's length
 
     def __call__(self, info: dict) -> None:
         self.ledger.extend(self.p.ledger.entries[self.ledger.written :])
@@ -337,6 +340,11 @@ class _RoundWriter:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(jsonable(line)) + "\n")
         self.tracker.log_round(line)
+        self.timed += 1
+        if self.timed == 2 and isinstance(info.get("seconds"), (int, float)):
+            rounds, r = self.p.settings.rounds, int(info.get("round", 0))
+            if (notice := notices.speed_notice(rounds, r, float(info["seconds"]))) is not None:
+                tracking.warn(notice)
         if self.bar is not None:
             self.bar.update(1)
             eps_key = "eps (heuristic)" if self.heuristic else "eps"

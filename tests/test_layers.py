@@ -24,6 +24,7 @@ LAYERS = [
         "fedudp.registry",
         "fedudp.plugins",
         "fedudp.memory",
+        "fedudp.notices",
     ),
     ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
     ("fedudp.data", "fedudp.models"),
