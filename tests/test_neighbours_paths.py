@@ -233,15 +233,17 @@ def test_a_user_whose_step_raises_changes_nothing_public(family, monkeypatch):
 # the answering owners' declared capacities alone (owner-side DP-SGD samples owners, each one
 # slot: min_users=2, released with 3 owners answering, withheld with one)
 WITHHOLD = {1: {3}, 2: {0, 1, 3}}
-MIN_USERS = {"sum": 5, "dpsgd": 2}
+MINIMUM = {
+    "min_users": {"sum": {"train.min_users": 5}, "dpsgd": {"train.min_users": 2}},
+    "min_owners": {"sum": {"train.min_owners": 3}, "dpsgd": {"train.min_owners": 3}},
+}
 SEEDS = (1, 2, 3, 4)
 
 
-def withhold_views(monkeypatch, family: str) -> dict[tuple[int, str], dict]:
+def withhold_views(monkeypatch, family: str, key: str = "min_users") -> dict:
+    """(seed, side) -> the public view, for every seed of the sample, base and neighbours."""
     fail_owners(monkeypatch, WITHHOLD)
-    over = {**FAMILIES[family], "train.rounds": 3, "train.min_users": MIN_USERS[family]}
-    if family == "sum":
-        over["train.sampling_rate"] = 0.5
+    over = {**FAMILIES[family], "train.rounds": 3, **MINIMUM[key][family]}
     out = {}
     for seed in SEEDS:
         for name, users in (("base", BASE), *NEIGHBOURS.items()):
@@ -261,9 +263,10 @@ def withhold_differences(views: dict[tuple[int, str], dict]) -> list[str]:
     return found
 
 
+@pytest.mark.parametrize("key", list(MINIMUM))
 @pytest.mark.parametrize("family", ["sum", "dpsgd"])
-def test_withheld_rounds_are_decided_from_public_numbers(family, monkeypatch):
-    views = withhold_views(monkeypatch, family)
+def test_withheld_rounds_are_decided_from_public_numbers(family, key, monkeypatch):
+    views = withhold_views(monkeypatch, family, key)
     assert withhold_differences(views) == []
     base = views[SEEDS[0], "base"]
     assert base["withheld"] == [2] and base["rounds"] == ("completed", ROUNDS), base
