@@ -8,8 +8,10 @@ evaluation, the per-round metrics line. An engine supplies only how replies are 
 how owners are evaluated.
 
 Stops (``stop_reason``): ``completed``; ``budget`` (the next release would exceed ε);
-``halted`` (AboveThreshold said stop); ``diverged`` (the shared parameters became non-finite,
-kept at their last finite value, or every sampled unit of a round failed); ``interrupted``
+``halted`` (AboveThreshold said stop); ``diverged`` (the released shared parameters became
+non-finite, kept at their last finite value; a round whose every sampled unit sent a non-finite
+vector stops a run without privacy; in a private one it is not a stop, since that would
+depend on the users' data: the run's end names such rounds); ``interrupted``
 (SIGINT/SIGTERM: the round in progress is abandoned before its release, so the ledger holds
 exactly the releases that happened; a signal during the release is deferred to its end; where
 the loop runs outside the main thread, as in Flower's ServerApp, the main thread's ``StopFlag``
@@ -17,7 +19,9 @@ is polled at the same points and in the transport's waits); ``failed`` (fail clo
 ``Billboard.withhold``: every round was withheld because owners failed, so nothing was released
 and no ε spent; or a training algorithm's schedule, which cannot skip a round, had one withheld).
 A withheld round releases nothing, composes nothing and leaves the shared parameters as they
-are; its metrics line says why (``withheld``) and lists the failed owners' reasons.
+are; its metrics line says why (``withheld``) and lists the failed owners' reasons, and a run
+that completed with withheld rounds says so in its one-line message (``completion_notes``: the
+summary's ``stop_message``).
 
 Checkpoints (``fedudp.protocol.checkpoint``): after every ``checkpoint.every``-th completed round
 the billboard's and the transport's state and the metrics so far; a resumed run restores them
@@ -28,10 +32,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -266,14 +270,7 @@ def run_rounds(
                 break
             if stop != "completed":
                 break
-    if stop == "completed" and withheld and bb is not None and not bb.ledger.entries:
-        stop, message = (
-            "failed",
-            (
-                f"every round was withheld (owners failed), nothing released, "
-                f"no epsilon spent; {withheld[-1]}"
-            ),
-        )
+    stop, message = _run_end(stop, message, withheld, bb, history, done)
     if stop != "interrupted" and (ev is None or (history and "accuracy_mean" not in history[-1])):
         ev = transport.evaluate(shared, done)
     if ev is None:  # interrupted before any evaluation
@@ -344,17 +341,68 @@ def _release_round(
                 "last finite value); likely cause: train.lr or train.server_lr too large"
             ),
         )
-    # units lost with a failed owner are not a divergence: a cohort that lay wholly at failed
-    # owners released the noise alone, as accounted, and the run goes on (stopping here would
-    # make the run's length depend on the sample)
+    # a round whose every live sampled unit sent a non-finite vector: in a private run a
+    # diagnostic, never a stop, since whether the run goes on would then depend on those users'
+    # data (a neighbour without them releases the noise alone and continues) and on the secret
+    # sample; the run's end names such rounds (``completion_notes``), and a real divergence
+    # shows in the released parameters (``bb.diverged`` above, post-processing of the
+    # release). A run without privacy (no accountant) stops there, as it always did.
     live = len(cohort) - lost
     if live > 0 and failed - lost >= live:
-        return (
-            True,
-            "diverged",
-            (
-                f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
-                "non-finite vectors or failed owners); likely cause: train.lr too large"
-            ),
-        )
+        if bb.accountant is None:
+            return (
+                True,
+                "diverged",
+                (
+                    f"round {r}: every sampled unit failed ({failed} of {len(cohort)}: "
+                    "non-finite vectors or failed owners); likely cause: train.lr too large"
+                ),
+            )
+        info["all_units_nonfinite"] = True
     return True, "completed", ""
+
+
+def _run_end(
+    stop: str,
+    message: str,
+    withheld: list[str],
+    bb: Billboard | None,
+    history: list[dict],
+    done: int,
+) -> tuple[str, str]:
+    """A completed run's final (stop, message): ``failed`` when every round was withheld
+    (nothing released, no ε spent), else its ``completion_notes``."""
+    if stop != "completed":
+        return stop, message
+    if withheld and bb is not None and not bb.ledger.entries:
+        return "failed", (
+            f"every round was withheld (owners failed), nothing released, "
+            f"no epsilon spent; {withheld[-1]}"
+        )
+    return stop, message or completion_notes(history, done)
+
+
+def completion_notes(history: Sequence[Mapping[str, Any]], done: int) -> str:
+    """The one-line note of a run that completed with rounds that released nothing (withheld,
+    fail closed) or in which every sampled unit's vector was non-finite ('' when there were
+    none): the summary's ``stop_message``, so that such a run does not read as a plain
+    ``completed``. Both engines' round loop calls it (``drive``)."""
+    held = [int(h["round"]) for h in history if h.get("withheld") and "round" in h]
+    empty = [int(h["round"]) for h in history if h.get("all_units_nonfinite") and "round" in h]
+
+    def rounds(xs: list[int]) -> str:
+        return ", ".join(map(str, xs[:20])) + (" ..." if len(xs) > 20 else "")
+
+    notes = []
+    if held:
+        notes.append(
+            f"{len(held)} of {done} rounds withheld (rounds {rounds(held)}): nothing released "
+            "in them, no epsilon spent for them"
+        )
+    if empty:
+        notes.append(
+            f"{len(empty)} released round(s) in which every sampled unit's vector was "
+            f"non-finite (rounds {rounds(empty)}; released the noise alone, accounted); likely "
+            "cause: train.lr too large"
+        )
+    return "; ".join(notes)

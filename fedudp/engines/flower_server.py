@@ -344,17 +344,11 @@ def execute(
 
 
 def final_status(res: RoundsResult) -> RoundsResult:
-    """A completed run in which some rounds were withheld (fail closed: nothing released in
-    them) says so: its one-line ``message`` (the summary's ``stop_message``) names them and the
-    ServerApp's log warns. A run in which no round released already ends ``failed``
-    (``fedudp.billboard.rounds``)."""
-    held = [int(h["round"]) for h in res.history if h.get("withheld") and "round" in h]
-    if held and res.stop_reason == "completed" and not res.message:
-        shown = ", ".join(map(str, held[:20])) + (" ..." if len(held) > 20 else "")
-        res.message = (
-            f"{len(held)} of {res.rounds_completed} rounds withheld (rounds {shown}): nothing "
-            "released in them, no epsilon spent for them"
-        )
+    """The ServerApp's log warns with a completed run's note (withheld rounds, rounds that
+    released the noise alone: ``fedudp.billboard.rounds.completion_notes``, already the
+    result's ``message`` and the summary's ``stop_message``); a run in which no round released
+    already ends ``failed`` (``fedudp.billboard.rounds``)."""
+    if res.stop_reason == "completed" and res.message:
         log(WARNING, "fedudp: %s", res.message)
     return res
 

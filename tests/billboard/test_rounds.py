@@ -25,7 +25,7 @@ from fedudp.aggregators.base import Aggregate, Contribution
 from fedudp.billboard.server import Billboard, ServerStep
 from fedudp.protocol.checkpoint import Checkpointer
 from fedudp.protocol.messages import Failure, OwnerReply, make_reply
-from fedudp.billboard.rounds import Collected, Evaluation, run_rounds
+from fedudp.billboard.rounds import Collected, Evaluation, completion_notes, run_rounds
 from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
 
 N = 6  # units (users): owner 0 holds 0..2, owner 1 3..5
@@ -270,7 +270,22 @@ def test_diverged_on_a_non_finite_step_keeps_the_last_finite_parameters():
     torch.testing.assert_close(tr.evaluated[-1][1], u_after(1))
 
 
-def test_diverged_when_every_sampled_unit_fails():
+def test_a_round_whose_every_sampled_unit_fails_is_released_and_named_not_a_stop():
+    # in a private run, whether the run goes on must not depend on those users' data: a
+    # neighbour without them releases the noise alone and continues, so the round is released
+    # (zero contributed, accounted) and the run's end names it
+    bb = gaussian_board(z=2.0)
+    tr = FakeTransport(bb.aggregator.constraint, nan_round=2)
+    res, lines = run(bb, tr, rounds=4)
+    assert (res.stop_reason, res.rounds_completed) == ("completed", 4)
+    assert lines[1]["failed_units"] == 6 and lines[1]["users_used"] == 0
+    assert lines[1]["all_units_nonfinite"] is True
+    assert "every sampled unit's vector was non-finite (rounds 2;" in res.message
+    assert [e.round for e in bb.ledger.entries] == [1, 2, 3, 4]
+    assert not any(x.get("all_units_nonfinite") for i, x in enumerate(lines) if i != 1)
+
+
+def test_without_privacy_every_sampled_unit_failing_stops_diverged():
     bb = mean_board()
     tr = FakeTransport(bb.aggregator.constraint, nan_round=2)
     res, lines = run(bb, tr, rounds=4)
@@ -279,7 +294,20 @@ def test_diverged_when_every_sampled_unit_fails():
     assert lines[1]["failed_units"] == 6 and lines[1]["users_used"] == 0
     # nothing was contributed: the mean of no vectors is zero and u did not move
     torch.testing.assert_close(torch.cat([res.shared["w"], res.shared["b"]]), u_after(1))
-    # owners that fail as a whole are not released at all (fail closed, the tests below)
+
+
+def test_a_completed_run_with_withheld_rounds_names_them_at_its_end():
+    bb = gaussian_board(z=2.0)
+    res, _ = run(bb, FakeTransport(bb.aggregator.constraint, lost={2: (0, 1)}), rounds=3)
+    assert res.stop_reason == "completed"
+    assert res.message.startswith("1 of 3 rounds withheld (rounds 2)")
+    ok = gaussian_board(z=2.0)
+    res_ok, _ = run(ok, FakeTransport(ok.aggregator.constraint), rounds=3)
+    assert res_ok.message == ""  # nothing to say: every round released
+    # the note is written once, in the round loop both engines run
+    assert completion_notes([{"round": 1}, {"round": 2, "withheld": "x"}], 2).startswith(
+        "1 of 2 rounds withheld (rounds 2)"
+    )
 
 
 # -- fail closed (Billboard.withhold) -------------------------------------------------------------
