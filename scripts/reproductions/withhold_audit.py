@@ -148,7 +148,7 @@ def main() -> None:
         lines.append(
             {
                 "label": a.label,
-                "tree": str(a.tree),
+                "tree": "." if a.tree.resolve() == ROOT.resolve() else a.tree.name,
                 "owners": OWNERS,
                 "users_per_owner": PER_OWNER,
                 "failing_owner": FAILING,
