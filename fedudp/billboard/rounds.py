@@ -42,7 +42,7 @@ import torch
 
 from fedudp.billboard.server import Billboard
 from fedudp.protocol.checkpoint import Checkpointer, CheckpointError, warn
-from fedudp.protocol.messages import Failure, OwnerReply
+from fedudp.protocol.messages import Failure, OwnerReply, raised_metrics
 from fedudp.stopping import RunInterrupted, StopSignals
 
 Params = dict[str, torch.Tensor]
@@ -246,6 +246,7 @@ def run_rounds(
                 info: dict = {"round": r, "failed_owners": len(got.failures)}
                 if got.failures:
                     info["failures"] = _failures("train", got.failures)["failed_train"]
+                info.update(raised_metrics(got.replies))  # users dropped alone (isolate)
                 with signals.critical():  # released, ledgered and recorded, or none of it
                     if bb is not None and cohort is not None:
                         released, stop, message = _release_round(bb, r, got, cohort, info, withheld)

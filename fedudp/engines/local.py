@@ -5,6 +5,8 @@ A transport only: the owners' computation is ``fedudp.owner.owners.Owners`` over
 federation (personal parameters stacked ``[n_owners, ...]``, users in vmapped chunks of at most
 ``engine_opts.chunk_records`` records); the round is ``fedudp.billboard.rounds.run_rounds``. With
 chunk size 1, one thread and float64 it is the reference for the engine-equivalence test.
+A user whose training step raises is dropped alone (``fedudp.owner.isolate``: only when the
+cohort's call raises), as the Flower client mod drops it.
 
 ``engine_opts.device``: the model, the federation's records and the stacked personal parameters
 live on the owners' device (``Owners.device``, placed by ``fedudp.build``); the broadcast comes
@@ -25,6 +27,7 @@ from fedudp.aggregators.base import ConstraintSource, current_constraint
 from fedudp.billboard.rounds import Collected, Evaluation, RoundsResult, Transport
 from fedudp.config import RunConfig
 from fedudp.data.federation import Federation
+from fedudp.owner.isolate import isolated_reply
 from fedudp.owner.owners import Owners, Params
 
 if TYPE_CHECKING:
@@ -53,8 +56,13 @@ class LocalTransport:
         cohort = self.fed.present(cohort, self.owners.spec.cohort_is_owners)
         constraint = current_constraint(self.constraint)
         assert constraint is not None  # a cohort comes from a billboard, with its aggregator
+        # a user whose step raises is dropped alone, on the failure path only (isolate)
         return Collected(
-            [self.owners.reply(self.fed, shared, self.personal_params, cohort, round_, constraint)]
+            [
+                isolated_reply(
+                    self.owners, self.fed, shared, self.personal_params, cohort, round_, constraint
+                )
+            ]
         )
 
     def evaluate(

@@ -38,11 +38,37 @@ class Failure:
     reason: str
 
 
+@dataclass(frozen=True)
+class Raised:
+    """Users of one owner dropped from a round because their training step raised
+    (``fedudp.owner.isolate``): ``owner`` (global id), how many ``users``, their one-line
+    ``reasons``."""
+
+    owner: int
+    users: int
+    reasons: tuple[str, ...]
+
+
 @dataclass
 class OwnerReply:
     param_names: tuple[str, ...]
     contribution: Contribution
-    failed: int = 0  # units excluded on the owner for a NaN/inf vector (diagnostic)
+    failed: int = 0  # units excluded on the owner for a NaN/inf vector or a raise (diagnostic)
+    raised: tuple[Raised, ...] = ()  # users dropped for a step that raised, per owner
+
+
+def raised_metrics(replies: Iterable[OwnerReply]) -> dict:
+    """A round's ``raised_users`` (how many users were dropped because their step raised) and
+    ``raised`` (per owner: ``owner``, ``raised_users``, ``reasons``); empty where none was."""
+    got = [r for rep in replies for r in rep.raised]
+    if not got:
+        return {}
+    return {
+        "raised_users": sum(r.users for r in got),
+        "raised": [
+            {"owner": r.owner, "raised_users": r.users, "reasons": list(r.reasons)} for r in got
+        ],
+    }
 
 
 def make_reply(
