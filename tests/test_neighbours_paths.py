@@ -212,13 +212,6 @@ def raise_for_marked(monkeypatch) -> None:
     monkeypatch.setattr(Owners, "reply", reply)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 49 per-user isolation: engine=local computes the cohort in one vectorized "
-        "step, so a user whose step raises fails the whole run (the neighbour completes)"
-    ),
-)
 @pytest.mark.parametrize("family", ["sum", "dpsgd"])
 def test_a_user_whose_step_raises_changes_nothing_public(family, monkeypatch):
     raise_for_marked(monkeypatch)
