@@ -73,6 +73,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedudp.aggregators.base import Aggregator, Constraint, Contribution
 from fedudp.billboard.fail_closed import withhold_reason
+from fedudp.flower_availability import availability_problem
 from fedudp.flower_guard import (
     NO_WRAPPER,
     foreign_keys,
@@ -82,6 +83,7 @@ from fedudp.flower_guard import (
     stacked_strategy,
     user_rows,
 )
+from fedudp.flower_logging import root_placeholder
 from fedudp.privacy.accountant import Ledger, LedgerEntry, accountant_for
 from fedudp.randomness import Purpose, Randomness
 
@@ -376,13 +378,15 @@ class UserLevelDP(Strategy):
             for k in initial_arrays
             if not _is_personal(k, personal)
         )
+        # (root_placeholder: dp-accounting's absl warnings configure no root logger)
         try:  # the builder's errors name fedudp config keys: named here as run-config keys
-            cfg = config_from_overrides({"method": "full_dp", **over})
-            build.check(cfg)
-            s = build.settings(cfg)
-            agg = build.estimator(
-                cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds, dim
-            )
+            with root_placeholder():
+                cfg = config_from_overrides({"method": "full_dp", **over})
+                build.check(cfg)
+                s = build.settings(cfg)
+                agg = build.estimator(
+                    cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds, dim
+                )
         except ValueError as e:
             raise as_run_config_error(e) from None
         mode = Randomness.SECURE if secure else s.randomness
@@ -619,9 +623,15 @@ class UserLevelDP(Strategy):
                 f"is calibrated for {self.rounds} rounds (num-server-rounds / "
                 "fedudp.train.rounds): pass the run config's number of rounds"
             )
-        self.log_utility(initial_arrays)
-        result = super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
-        self.finish(int(num_rounds))
+        why = availability_problem(self.strategy, self.min_owners)
+        if why is not None:
+            log(WARNING, "UserLevelDP: %s", why)
+        # logging configured once: dp-accounting's absl warnings add no root handler (whose
+        # copy of every propagated Flower line would print each line twice)
+        with root_placeholder():
+            self.log_utility(initial_arrays)
+            result = super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
+            self.finish(int(num_rounds))
         return result
 
     def finish(self, num_rounds: int) -> dict:
@@ -762,14 +772,25 @@ class UserLevelDP(Strategy):
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     def summary(self) -> None:
+        """Flower's strategy summary, logged by ``start`` before round 1: the estimator, the
+        rounds it is calibrated for, the budget and the randomness (and, once rounds have run,
+        the releases so far and their ε)."""
+        n = len(self.ledger.entries)
+        so_far = (
+            f"{n} release{'s' if n != 1 else ''} so far, epsilon {self.epsilon:.4f}"
+            if n or self.withheld
+            else "nothing released yet"
+        )
         log(
             INFO,
-            "UserLevelDP: estimator %s, %d releases, epsilon %.4f at delta %g, randomness %s%s",
+            "UserLevelDP: estimator %s for %s rounds, target epsilon %s at delta %g, "
+            "randomness %s; %s%s",
             self.aggregator.name,
-            len(self.ledger.entries),
-            self.epsilon,
+            self.rounds if self.rounds is not None else "any number of",
+            f"{self.target_epsilon:g}" if self.target_epsilon is not None else "none",
             self.delta,
             self.randomness.ledger_name,
+            so_far,
             f" ({self.stopped})" if self.stopped else "",
         )
         self.strategy.summary()

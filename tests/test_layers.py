@@ -38,7 +38,14 @@ LAYERS = [
     ("fedudp.build",),  # the config builder: the one reader of a RunConfig
     ("fedudp.engines",),  # local and Flower engines (owners build their side)
     # the user-level DP wrapper for any Flower app, over the builder (no engine)
-    ("fedudp.flower", "fedudp.flower_contract", "fedudp.flower_fast", "fedudp.flower_guard"),
+    (
+        "fedudp.flower",
+        "fedudp.flower_contract",
+        "fedudp.flower_fast",
+        "fedudp.flower_guard",
+        "fedudp.flower_logging",
+        "fedudp.flower_availability",
+    ),
     ("fedudp.leak",),  # the joint-DP paper-mode leak pair
     ("fedudp.audit",),  # fedudp-audit: empirical privacy audits
     ("fedudp.tracking", "fedudp.tuning"),  # run folders and MLflow; the privacy cost of tuning
