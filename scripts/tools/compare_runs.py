@@ -5,10 +5,11 @@ an upgrade): run the same command on both trees into two folders, then
 
     python scripts/tools/compare_runs.py BEFORE_RUN_DIR AFTER_RUN_DIR
 
-Exit status 0 when identical, 1 when anything differs."""
+Exit status 0 when identical, 1 when anything differs, 2 when a folder is not a finished run."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,10 +26,19 @@ def rows(path: Path) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(__doc__)
-        return 2
-    a, b = (Path(x) for x in argv)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("before", type=Path, help="the first run folder (metrics.jsonl, ledger.jsonl)")
+    ap.add_argument("after", type=Path, help="the second run folder")
+    args = ap.parse_args(argv)
+    a, b = args.before, args.after
+    for d in (a, b):
+        missing = [
+            n for n in ("metrics.jsonl", "ledger.jsonl", "summary.json") if not (d / n).is_file()
+        ]
+        if missing:
+            ap.error(f"{d} is not a finished run folder (no {', '.join(missing)})")
     same = True
     for name in ("metrics.jsonl", "ledger.jsonl"):
         ra, rb = rows(a / name), rows(b / name)
