@@ -13,15 +13,16 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
-from fedudp.billboard.fail_closed import answered_slots, minimum_error, withhold_reason
+from fedudp.billboard.fail_closed import answered_slots, minimum_error
 from fedudp.billboard.plan import Plan
-from fedudp.privacy.accountant import ApproxDp, Ledger, LedgerEntry, Parallel
+from fedudp.billboard.release import Event, ReleaseGate
+from fedudp.privacy.accountant import Ledger, LedgerEntry
 from fedudp.protocol.checkpoint import CheckpointError, plain, warn
 from fedudp.protocol.ledger_file import release_digest
 from fedudp.protocol.messages import OwnerReply
@@ -30,12 +31,10 @@ from fedudp.randomness import Purpose, Randomness
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    import dp_accounting
-
     from fedudp.billboard.canaries import Canaries
+    from fedudp.privacy.protocol import AccountantLike
 
-# what a round releases, for the accountant: a dp-accounting event, a Parallel one, or a block
-Event: TypeAlias = "dp_accounting.DpEvent | Parallel | ApproxDp"
+__all__ = ["Billboard", "Event", "ServerStep"]
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ class Billboard:
         ledger: Ledger,
         # fedudp.privacy.accountant.accountant_for's: an Accountant, a ParallelAccountant or a
         # GroupAccountant (their shared interface is duck-typed: compose, epsilon, epsilon_if)
-        accountant: Any = None,
+        accountant: AccountantLike | None = None,
         *,
         seed: int,
         step: ServerStep = ServerStep(1.0),
@@ -107,21 +106,25 @@ class Billboard:
         self.aggregator, self.sampling, self.ledger = aggregator, sampling, ledger
         self.seed, self.step = seed, step
         self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
-        self.min_owners, self.min_users = int(min_owners), int(min_users)
         # each owner's public capacity (declared user slots), what the fail-closed rule counts
         self.owner_units = None if owner_units is None else tuple(int(c) for c in owner_units)
         self.withheld: list[int] = []  # the rounds that released nothing (fail closed)
-        # where each ledger entry is made durable before its release leaves the billboard
-        # (``fedudp.protocol.ledger_file.LedgerFile``; None: kept in memory only)
-        self.ledger_sink: Callable[[LedgerEntry], None] | None = None
         # a seeded resume: the releases the killed run made after its checkpoint, by round; a
         # re-release identical to one (same SHA-256) is that very release, any other is composed
         self.rereleases: dict[int, LedgerEntry] = {}
         ledger.randomness = self.randomness.ledger_name
-        self.target_epsilon, self.delta = target_epsilon, delta
         self.diverged = False  # the last step would have made u non-finite
         self.event = self.first_event(aggregator, plan) if aggregator.private else None
-        self.accountant = accountant if aggregator.private else None
+        # the release path (fedudp.billboard.release, the Flower wrapper's too): the budget
+        # check, the fail-closed rule, the composition and the ledger of every release
+        self.gate = ReleaseGate(
+            ledger,
+            accountant if aggregator.private else None,
+            delta,
+            target_epsilon,
+            int(min_owners),
+            int(min_users),
+        )
         # a block spent once for the whole run (AboveThreshold's ε/2 and the failure
         # probabilities that enter δ, docs/algorithms.md#outlier-removal): composed up front,
         # conservatively
@@ -129,9 +132,55 @@ class Billboard:
         if aggregator.private and plan is not None and plan.one_off() is not None:
             self.one_off = plan.one_off()
         if self.one_off is not None:
-            assert self.accountant is not None  # a one-off event only where private
-            self.accountant.compose(self.one_off)
+            self.gate.compose_once(self.one_off)
             ledger.extra["one_off_event"] = str(self.one_off)
+
+    # the release path's numbers, read and set on the gate (one copy of each)
+    @property
+    def accountant(self) -> Any:
+        return self.gate.accountant
+
+    @accountant.setter
+    def accountant(self, value: Any) -> None:
+        self.gate.accountant = value
+
+    @property
+    def delta(self) -> float | None:
+        return self.gate.delta
+
+    @property
+    def target_epsilon(self) -> float | None:
+        return self.gate.target_epsilon
+
+    @target_epsilon.setter
+    def target_epsilon(self, value: float | None) -> None:
+        self.gate.target_epsilon = value
+
+    @property
+    def min_owners(self) -> int:
+        return self.gate.min_owners
+
+    @min_owners.setter
+    def min_owners(self, value: int) -> None:
+        self.gate.min_owners = int(value)
+
+    @property
+    def min_users(self) -> int:
+        return self.gate.min_users
+
+    @min_users.setter
+    def min_users(self, value: int) -> None:
+        self.gate.min_users = int(value)
+
+    @property
+    def ledger_sink(self) -> Callable[[LedgerEntry], None] | None:
+        """Where each ledger entry is made durable before its release leaves the billboard
+        (``fedudp.protocol.ledger_file.LedgerFile.append``; None: kept in memory only)."""
+        return self.gate.sink
+
+    @ledger_sink.setter
+    def ledger_sink(self, sink: Callable[[LedgerEntry], None] | None) -> None:
+        self.gate.sink = sink
 
     @staticmethod
     def first_event(aggregator: Aggregator, plan: Plan | None = None) -> Event:
@@ -171,7 +220,7 @@ class Billboard:
     def withhold(self, round_: int, failed: Collection[int]) -> str | None:
         """Fail closed: why round ``round_`` must release nothing (None: release).
 
-        The rule (``fedudp.billboard.fail_closed.withhold_reason``, the Flower wrapper's too)
+        The rule (``ReleaseGate.withhold``, the Flower wrapper's too)
         reads public numbers only: the owners that answered (every owner but the ``failed``
         ids; each owner is asked every round, so which ones fail does not depend on the sample)
         and their declared capacities ``owner_units``; a round is withheld when fewer than
@@ -210,12 +259,10 @@ class Billboard:
                 "declared owner capacities (Billboard(owner_units=...)): the fail-closed "
                 "rule reads only public numbers"
             )
-        why = withhold_reason(
+        why = self.gate.withhold(
             len(self.owner_units) - len(failed),
             answered_slots(self.owner_units, failed),
             len(failed),
-            self.min_owners,
-            self.min_users,
         )
         if why is None:
             return None
@@ -225,9 +272,7 @@ class Billboard:
 
     def epsilon_after_round(self) -> float | None:
         """Epsilon if this round's release were composed now (None for non-private runs)."""
-        if self.accountant is None:
-            return None
-        return self.accountant.epsilon_if(self.round_event(self.next_round), self.delta)
+        return self.gate.epsilon_if(self.round_event(self.next_round))
 
     def round_event(self, round_: int) -> Event | None:
         """What round ``round_`` releases: the plan's event where it has one, else the
@@ -236,8 +281,8 @@ class Billboard:
         return self.event if e is None else e
 
     def within_budget(self) -> bool:
-        eps = self.epsilon_after_round()
-        return eps is None or self.target_epsilon is None or eps <= self.target_epsilon * (1 + 1e-9)
+        """Whether the next round's release stays within the budget (``ReleaseGate``)."""
+        return self.gate.within_budget(self.round_event(self.next_round))
 
     def release(self, replies: Sequence[OwnerReply], round_: int) -> Aggregate:
         """Merge the owners' contributions (rows or clipped sums, as the aggregator's constraint
@@ -263,34 +308,17 @@ class Billboard:
         if inserted:  # the run's counts are its real users'; canaries said apart
             agg.users_used -= inserted
             agg.diagnostics["canaries"] = inserted
-        digest = release_digest(agg)
         self.settle_rereleases(before=round_)
         earlier = self.rereleases.pop(round_, None)
-        if earlier is not None and not self._same_release(earlier, event, digest):
+        if earlier is not None and not self._same_release(earlier, event, release_digest(agg)):
             # the killed run released this round otherwise: that release was made, compose it
             warn(
                 f"round {round_}: the release differs from the one the run made before it "
                 "was resumed (engine_opts.threads or device changed?); both are composed"
             )
             self._record(replace(earlier, superseded=True), self._event_of(round_))
-        eps = eps_rdp = None
-        if self.accountant is not None:
-            self.accountant.compose(event)
-            eps = self.accountant.epsilon(self.delta)
-            eps_rdp = self.accountant.epsilon_rdp(self.delta)
-        entry = LedgerEntry(
-            round_,
-            str(event),
-            aggregator.noise_multiplier,
-            aggregator.noise_std,
-            self.sampling.rate,
-            eps,
-            eps_rdp,
-            digest,
-        )
-        self.ledger.entries.append(entry)
-        if self.ledger_sink is not None:  # durable before the release leaves (step, broadcast)
-            self.ledger_sink(entry)
+        # composed and ledgered (durably, with a sink) before the release leaves: step, broadcast
+        self.gate.record(round_, event, aggregator, self.sampling.rate, agg)
         self.next_round = round_ + 1
         # the release may live on the owners' device (engine_opts.device): the billboard's
         # state stays on the CPU
@@ -333,17 +361,7 @@ class Billboard:
     def _record(self, entry: LedgerEntry, event: Event | None) -> LedgerEntry:
         """Compose a superseded release (made before a resume) and ledger it durably; its ε is
         that of everything composed so far."""
-        if self.accountant is not None and event is not None:
-            self.accountant.compose(event)
-            entry = replace(
-                entry,
-                epsilon=self.accountant.epsilon(self.delta),
-                epsilon_rdp=self.accountant.epsilon_rdp(self.delta),
-            )
-        self.ledger.entries.append(entry)
-        if self.ledger_sink is not None:
-            self.ledger_sink(entry)
-        return entry
+        return self.gate.append(entry, event)
 
     def canary_estimate(self) -> dict | None:
         """The one-run ε estimate from the canaries (None without them)."""
