@@ -797,6 +797,14 @@ class UserLevelDP(Strategy):
 
 
 # -- client side --------------------------------------------------------------------------------
+def _fast_configs(msg: Message, context: Context) -> dict[str, Any]:
+    """What the fast path reads its keyed settings from: the training message's config records
+    and, under ``fedudp.flower_fast_data.RUN_CONFIG``, the client's run config."""
+    from fedudp.flower_fast_data import RUN_CONFIG
+
+    return {**msg.content.config_records, RUN_CONFIG: dict(context.run_config)}
+
+
 @dataclass(frozen=True)
 class _Round:
     round: int
@@ -1103,7 +1111,8 @@ class _UserLevelMod:
         start = _flat(base, names)
         if self.fast is not None:  # fedudp.flower_fast: every sampled user's update at once
             at = {k2: _numpy(base[k2]) for k2 in base}
-            return self.fast.updates(at, names, sampled, total, msg.content.config_records)
+            cfg = _fast_configs(msg, context)
+            return self.fast.updates(at, names, sampled, total, cfg)
         rows, metrics, raised = [], [], {}
         for i, u in enumerate(sampled):
             try:
@@ -1137,7 +1146,8 @@ class _UserLevelMod:
             mixed = self.with_personal(base, self.kept(context))
             at = {k2: _numpy(mixed[k2]) for k2 in mixed}
             own_names = [k2 for k2 in base if _is_personal(k2, patterns)]
-            own_arrays = self.fast.personal(at, own_names, mine, total, msg.content.config_records)
+            cfg = _fast_configs(msg, context)
+            own_arrays = self.fast.personal(at, own_names, mine, total, cfg)
             context.state[K_PERSONAL] = _record(own_arrays)
             return None
         own = self.kept(context)

@@ -35,11 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedudp.flower_fast_data import RUN_CONFIG, Unreproducible, data_arity, records_of, setting
 from fedudp.flower_guard import one_line
 from fedudp.owner import local_sgd, per_sample
 from fedudp.owner.one_step import one_step_vectors
 
-__all__ = ["TorchTraining"]
+__all__ = ["RUN_CONFIG", "TorchTraining"]
 
 Records = tuple[Any, Any] | Iterable[tuple[Any, Any]]
 
@@ -69,6 +70,29 @@ def _refused_layers(model: nn.Module) -> list[str]:
     return bad
 
 
+def _positive_int(name: str, value: Any) -> int:
+    """``value`` as an int >= 1, else a one-line ``ValueError`` naming ``name``."""
+    if isinstance(value, str):
+        return 1  # a key: read (and checked) each round
+    try:
+        ok = float(value) == int(value) and int(value) >= 1
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"TorchTraining: {name} must be an int >= 1 (or a key), got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One round's resolved settings (public: the server's config and the run config)."""
+
+    lr: float
+    epochs: int
+    batch: int | None
+    round: int
+
+
 @dataclass
 class TorchTraining:
     """The app's training step, declared as plain PyTorch SGD, for ``user_level_mod``'s fast
@@ -84,20 +108,28 @@ class TorchTraining:
         model whose per-record outputs or gradients depend on the other records of a batch
         (``check_independent``: ``x - x.mean(0)``, attention across the batch, a buffer the
         forward updates).
-    data : Callable[[int, int], tuple]
-        ``data(partition_id, num_partitions)``: one user's records, as the app loads them on the
-        per-user path (where ``partition_id`` is the user's global index and
-        ``num_partitions`` the number of users N). Returns ``(x, y)`` (tensors or arrays: inputs
-        and integer class labels) or an iterable of ``(x, y)`` batches (a ``DataLoader``), which
-        are concatenated in order.
+    data : Callable
+        The app's own loader, as it is called on the per-user path (``partition_id`` is the
+        user's global index, ``num_partitions`` the number of users N):
+        ``data(partition_id, num_partitions)``, or Flower's quickstart's
+        ``data(partition_id, num_partitions, batch_size)`` (called with ``batch_size``; one
+        that requires it without a declared ``batch_size`` is refused here). Returns ``(x, y)``
+        (tensors or arrays: inputs and integer class labels), an iterable of batches (a
+        ``DataLoader``; batches ``(x, y)`` or dicts read at ``keys``), concatenated in order,
+        or a tuple of loaders whose first is the training loader (the quickstart's
+        ``(trainloader, testloader)``). A returned ``DataLoader`` must batch and order the
+        records as declared (``batch_size``, ``shuffle``; no ``drop_last``, no custom sampler):
+        anything else fails the client with a one-line error naming the difference.
     lr : float or str
-        The SGD learning rate, or the key of a ``ConfigRecord`` entry in the training message
-        that carries it (the server's ``train_config``, e.g. ``"lr"``).
-    epochs : int, default 1
-        Passes over a user's records.
-    batch_size : int or None, default None
-        Records per SGD step, in the records' order (the last batch of an epoch may be
-        smaller); None: all of a user's records in one step.
+        The SGD learning rate, or a key: of a ``ConfigRecord`` entry in the training message
+        (the server's ``train_config``, e.g. ``"lr"``), else of the client's run config.
+    epochs : int or str, default 1
+        Passes over a user's records, or a key as for ``lr`` (the quickstart's
+        ``"local-epochs"``).
+    batch_size : int, str or None, default None
+        Records per SGD step (the last batch of an epoch may be smaller), or a key as for
+        ``lr`` (the quickstart's ``"batch-size"``); passed to ``data`` when it takes a third
+        argument. None: all of a user's records in one step.
     loss : str, callable or torch.nn.CrossEntropyLoss, default "cross_entropy"
         The loss, mean over a batch: cross-entropy only (``"cross_entropy"``,
         ``torch.nn.functional.cross_entropy`` or a ``CrossEntropyLoss()`` with its defaults).
@@ -106,14 +138,32 @@ class TorchTraining:
         mean loss over its records at the broadcast, i.e. the loss of its first SGD step (what
         an app's one-step ``train`` returns), with ``num-examples`` its number of records; the
         mod averages the users' metrics weighted by their records, as on the per-user path.
+    momentum, dampening, weight_decay : float, default 0.0
+        The app's ``torch.optim.SGD`` settings (Flower's quickstart: ``momentum=0.9``), used
+        as the app's optimizer uses them, one fresh optimizer per user and round.
+    nesterov : bool, default False
+        The app's ``torch.optim.SGD(nesterov=...)``.
+    shuffle : bool, default False
+        Whether the app's loader shuffles (``DataLoader(shuffle=True)``, the quickstart's): each
+        user's records are then visited in a fresh random order every epoch; False: in the
+        order ``data`` returns them.
+    shuffle_seed : int or None, default None
+        None: the shuffling orders come from OS entropy; an int: from
+        ``numpy.random.default_rng([shuffle_seed, round, user])`` (reproducible).
+    keys : tuple of two str or None, default None
+        The (inputs, labels) keys of dict batches; None: ``("img", "label")``.
 
     Notes
     -----
     A user's update is what the per-user path sends for an app whose ``@app.train()`` builds the
-    model, loads the broadcast, and runs ``torch.optim.SGD(model.parameters(), lr)`` (no
-    momentum, no weight decay) for ``epochs`` passes of ``batch_size`` records on the user's
-    records in order: the change of the shared parameters, equal to the per-user path's up to
-    float rounding (tests/engines/test_flower_fast.py). Users without records contribute a zero
+    model, loads the broadcast, and runs ``torch.optim.SGD(model.parameters(), lr, momentum,
+    dampening, weight_decay, nesterov)`` for ``epochs`` passes of ``batch_size`` records on the
+    user's records (in order, or shuffled each epoch): the change of the shared parameters,
+    equal to the per-user path's up to float rounding for the same order
+    (tests/engines/test_flower_fast.py, test_flower_first_run.py). Plain SGD (no momentum, no
+    weight decay) runs on fedudp's vectorized kernels; momentum, dampening, weight decay or
+    Nesterov run the app's optimizer user by user (slower, the same steps). The fast path
+    cannot see the app's optimizer: declare its settings here. Users without records contribute a zero
     update. A user whose ``data`` raises, or whose records break the batched pass (it is then
     retried user by user), is dropped alone with its reason; a user whose update is NaN/inf (a
     non-finite record) is dropped by the mod as on the per-user path (``fedudp.flower_guard``). Which users take part, the clipping, the sum and the counts are the mod's, as on the
@@ -122,12 +172,19 @@ class TorchTraining:
     """
 
     model: Callable[[], nn.Module] | nn.Module
-    data: Callable[[int, int], Records]
+    data: Callable[..., Records]
     lr: float | str
-    epochs: int = 1
-    batch_size: int | None = None
+    epochs: int | str = 1
+    batch_size: int | str | None = None
     loss: Any = "cross_entropy"
     loss_metric: str | None = "train_loss"
+    momentum: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    shuffle: bool = False
+    shuffle_seed: int | None = None
+    keys: tuple[str, str] | None = None
     _module: nn.Module | None = field(default=None, init=False, repr=False)
     _one_step_ok: bool = field(default=True, init=False, repr=False)
 
@@ -137,16 +194,52 @@ class TorchTraining:
                 f"TorchTraining: loss={self.loss!r}: the fast path computes cross-entropy only; "
                 "leave fast= out of user_level_mod to run the app's own training step per user"
             )
-        if int(self.epochs) < 1:
-            raise ValueError(f"TorchTraining: epochs must be >= 1, got {self.epochs}")
-        if self.batch_size is not None and int(self.batch_size) < 1:
-            raise ValueError(
-                f"TorchTraining: batch_size must be >= 1 or None, got {self.batch_size}"
-            )
+        _positive_int("epochs", self.epochs)
+        if self.batch_size is not None:
+            _positive_int("batch_size", self.batch_size)
         if not isinstance(self.lr, str) and not float(self.lr) > 0:
             raise ValueError(f"TorchTraining: lr must be > 0 or a config key, got {self.lr!r}")
+        for name in ("momentum", "dampening", "weight_decay"):
+            if not float(getattr(self, name)) >= 0:
+                raise ValueError(f"TorchTraining: {name} must be >= 0, got {getattr(self, name)}")
+        if self.nesterov and (float(self.momentum) <= 0 or float(self.dampening) != 0):
+            raise ValueError(
+                "TorchTraining: nesterov=True needs momentum > 0 and dampening = 0 (as "
+                "torch.optim.SGD)"
+            )
         if not callable(self.data):
             raise TypeError("TorchTraining: data must be data(partition_id, num_partitions)")
+        accepts, requires = data_arity(self.data)
+        if accepts < 2 or requires > 3:
+            raise TypeError(
+                "TorchTraining: data must be data(partition_id, num_partitions) or "
+                "data(partition_id, num_partitions, batch_size)"
+            )
+        if requires == 3 and self.batch_size is None:
+            raise ValueError(
+                "TorchTraining: data takes (partition_id, num_partitions, batch_size) but no "
+                "batch_size is declared: pass batch_size=32 or the run-config key, e.g. "
+                "batch_size='batch-size' (Flower's quickstart)"
+            )
+        self._passes_batch = accepts >= 3 and self.batch_size is not None
+
+    @property
+    def plain(self) -> bool:
+        """Whether the declared optimizer is plain SGD (no momentum, dampening, weight decay or
+        Nesterov): the users' trajectories then run on the vectorized kernels."""
+        return (
+            not (float(self.momentum) or float(self.dampening) or float(self.weight_decay))
+            and not self.nesterov
+        )
+
+    def resolved(self, configs: Mapping[str, Any]) -> _Run:
+        """The round's settings: ``lr``, ``epochs`` and ``batch_size`` read where given as keys
+        (the message's config records, then the run config), and the round number."""
+        epochs = _positive_int("epochs", setting("epochs", self.epochs, configs))
+        b = setting("batch_size", self.batch_size, configs)
+        batch = None if b is None else _positive_int("batch_size", b)
+        dp = configs.get("fedudp.dp") or {}
+        return _Run(self.learning_rate(configs), epochs, batch, int(dp.get("round", 0)))
 
     # -- pieces --------------------------------------------------------------------------------
     def module(self) -> nn.Module:
@@ -180,50 +273,50 @@ class TorchTraining:
 
     def learning_rate(self, configs: Mapping[str, Any]) -> float:
         """``lr``, or the value of the key ``lr`` in one of the message's config records (the
-        app's: fedudp's own ``fedudp.*`` records are not looked at)."""
-        if not isinstance(self.lr, str):
-            return float(self.lr)
-        apps = [rec for key, rec in configs.items() if not str(key).startswith("fedudp.")]
-        for rec in apps:
-            if self.lr in rec:
-                return float(rec[self.lr])
-        raise ValueError(
-            f"TorchTraining: lr={self.lr!r} is not a key of the training message's config "
-            f"records ({sorted(k for r in apps for k in r)}); pass it in the server's "
-            "train_config or give lr as a number"
-        )
+        app's: fedudp's own ``fedudp.*`` records are not looked at), else in the run config."""
+        lr = float(setting("lr", self.lr, configs))
+        if not lr > 0:
+            raise ValueError(f"TorchTraining: lr={self.lr!r} is {lr}; it must be > 0")
+        return lr
 
     def load(
-        self, users: Sequence[int], num_users: int
+        self, users: Sequence[int], num_users: int, batch_size: int | None = None
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor] | None], dict[int, str]]:
         """Each user's records ``(x, y)`` (None for a user whose ``data`` raised or gave
         something that is not records), and {index into ``users``: the one-line reason} for
-        those: a user's bad data is that user's alone (``fedudp.flower_guard``)."""
+        those: a user's bad data is that user's alone (``fedudp.flower_guard``). ``batch_size``:
+        the resolved declared one (``resolved``), passed to a three-argument ``data``. A loader
+        the declaration would not reproduce (``Unreproducible``) fails the client instead."""
+        if batch_size is None and isinstance(self.batch_size, int):
+            batch_size = self.batch_size
         out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         raised: dict[int, str] = {}
         for i, u in enumerate(users):
             try:
-                out.append(self._one(int(u), int(num_users)))
+                out.append(self._one(int(u), int(num_users), batch_size))
+            except Unreproducible:
+                raise
             except Exception as e:  # noqa: BLE001  (the user is dropped alone, with its reason)
                 out.append(None)
                 raised[i] = f"data({u}, {num_users}): {one_line(e)}"
         return out, raised
 
-    def _one(self, u: int, num_users: int) -> tuple[torch.Tensor, torch.Tensor]:
-        got = self.data(u, num_users)
-        if isinstance(got, tuple) and len(got) == 2:
-            x, y = torch.as_tensor(got[0]), torch.as_tensor(got[1])
-        else:
-            batches = [(torch.as_tensor(a), torch.as_tensor(b)) for a, b in got]
-            if not batches:
-                raise ValueError(f"TorchTraining: data({u}, {num_users}) gave no batches")
-            x = torch.cat([a for a, _ in batches])
-            y = torch.cat([b for _, b in batches])
-        if len(x) != len(y):
-            raise ValueError(
-                f"TorchTraining: data({u}, {num_users}) gave {len(x)} inputs and {len(y)} labels"
+    def _one(
+        self, u: int, num_users: int, batch_size: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._passes_batch:
+            if batch_size is None:
+                raise Unreproducible(
+                    f"TorchTraining: batch_size={self.batch_size!r} is not resolved (call "
+                    "load with the round's batch size)"
+                )
+            got, where = (
+                self.data(u, num_users, batch_size),
+                f"data({u}, {num_users}, {batch_size})",
             )
-        return x, y.long()
+        else:
+            got, where = self.data(u, num_users), f"data({u}, {num_users})"
+        return records_of(got, where, batch_size, bool(self.shuffle), self.keys)
 
     @staticmethod
     def _concat(
@@ -239,11 +332,11 @@ class TorchTraining:
         return torch.cat(xs), torch.cat(ys), starts, sizes_a
 
     def records(
-        self, users: Sequence[int], num_users: int
+        self, users: Sequence[int], num_users: int, batch_size: int | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, np.ndarray, np.ndarray]:
         """(x, y, starts, sizes): the users' records, concatenated in the users' order (a
         ``ValueError`` naming the first user whose ``data`` failed)."""
-        loaded, raised = self.load(users, num_users)
+        loaded, raised = self.load(users, num_users, batch_size)
         if raised:
             raise ValueError(f"TorchTraining: {next(iter(raised.values()))}")
         return self._concat(loaded)
@@ -259,18 +352,29 @@ class TorchTraining:
             )
         return {k: torch.tensor(np.asarray(arrays[k])) for k in want}
 
-    def _orders(self, sizes: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        """[U, E, L]: every epoch visits a user's records in their order (padded with -1)."""
+    def _orders(
+        self, sizes: np.ndarray, starts: np.ndarray, run: _Run, users: Sequence[int]
+    ) -> np.ndarray:
+        """[U, E, L]: each epoch's visiting order of each user's records (padded with -1 at
+        the end): in their order, or with ``shuffle`` a fresh permutation per user and epoch."""
         L = int(sizes.max()) if len(sizes) else 0
         col = np.arange(L)[None, :]
         one = np.where(col < sizes[:, None], starts[:, None] + col, -1)
-        return np.repeat(one[:, None, :], int(self.epochs), axis=1)
+        out = np.repeat(one[:, None, :], run.epochs, axis=1)
+        if self.shuffle:
+            for i, (u, k) in enumerate(zip(users, sizes, strict=True)):
+                key = None if self.shuffle_seed is None else [self.shuffle_seed, run.round, u]
+                rng = np.random.default_rng(key)
+                for e in range(run.epochs):
+                    out[i, e, :k] = starts[i] + rng.permutation(int(k))
+        return out
 
-    def _steps_one(self, sizes: np.ndarray) -> bool:
-        """Whether every user's training is one SGD step on all its records."""
-        return int(self.epochs) == 1 and (
-            self.batch_size is None or not len(sizes) or int(sizes.max()) <= int(self.batch_size)
-        )
+    def _steps_one(self, sizes: np.ndarray, run: _Run) -> bool:
+        """Whether every user's training is one SGD step on all its records (momentum and
+        dampening do not change a first step; weight decay and Nesterov do)."""
+        one_batch = run.batch is None or not len(sizes) or int(sizes.max()) <= run.batch
+        first_is_sgd = not float(self.weight_decay) and not self.nesterov
+        return run.epochs == 1 and one_batch and first_is_sgd
 
     def _sgd(
         self,
@@ -280,19 +384,60 @@ class TorchTraining:
         y: torch.Tensor,
         starts: np.ndarray,
         sizes: np.ndarray,
-        lr: float,
+        run: _Run,
+        users: Sequence[int],
     ) -> dict[str, torch.Tensor]:
         """{name: [U, ...]}: each user's ``trainable`` parameters after its SGD from ``params``
-        (``fedudp.owner.local_sgd``: the users' trajectories vectorized)."""
+        (plain SGD: ``fedudp.owner.local_sgd``, the users' trajectories vectorized; otherwise
+        the declared ``torch.optim.SGD``, user by user)."""
         model = self.module()
         U = len(sizes)
-        batch = int(self.batch_size) if self.batch_size is not None else max(int(sizes.max()), 1)
-        spec = local_sgd.LocalSpec(seed=0, lr=lr, batch_size=batch, epochs=int(self.epochs))
+        batch = run.batch if run.batch is not None else max(int(sizes.max()), 1)
+        orders = self._orders(sizes, starts, run, users)
+        if not self.plain:
+            return self._sgd_optim(params, trainable, x, y, orders, run.lr, batch)
+        spec = local_sgd.LocalSpec(seed=0, lr=run.lr, batch_size=batch, epochs=run.epochs)
         frozen = {k: v for k, v in params.items() if k not in trainable}
         start = local_sgd.expand({k: params[k] for k in trainable}, U)
-        return local_sgd.local_sgd(
-            model, start, {}, frozen, x, y, self._orders(sizes, starts), spec
-        )
+        return local_sgd.local_sgd(model, start, {}, frozen, x, y, orders, spec)
+
+    def _sgd_optim(
+        self,
+        params: dict[str, torch.Tensor],
+        trainable: Sequence[str],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        orders: np.ndarray,
+        lr: float,
+        batch: int,
+    ) -> dict[str, torch.Tensor]:
+        """The app's ``torch.optim.SGD`` (momentum, dampening, weight decay, Nesterov as
+        declared) over each user's records in ``orders``, a fresh optimizer per user."""
+        model = self.module()
+        out: dict[str, list[torch.Tensor]] = {k: [] for k in trainable}
+        for u in range(orders.shape[0]):
+            w = {k: v.detach().clone() for k, v in params.items()}
+            leaves = [w[k].requires_grad_(True) for k in trainable]
+            opt = torch.optim.SGD(
+                leaves,
+                lr=lr,
+                momentum=float(self.momentum),
+                dampening=float(self.dampening),
+                weight_decay=float(self.weight_decay),
+                nesterov=bool(self.nesterov),
+            )
+            for e in range(orders.shape[1]):
+                idx = orders[u, e]
+                idx = idx[idx >= 0]
+                for b0 in range(0, len(idx), batch):
+                    b = torch.from_numpy(idx[b0 : b0 + batch])
+                    opt.zero_grad()
+                    out_b = torch.func.functional_call(model, w, (x[b],))
+                    F.cross_entropy(out_b, y[b]).backward()
+                    opt.step()
+            for k in trainable:
+                out[k].append(w[k].detach())
+        return {k: torch.stack(v) for k, v in out.items()}
 
     # -- what the mod calls --------------------------------------------------------------------
     def updates(
@@ -316,13 +461,13 @@ class TorchTraining:
         d = sum(int(params[k].numel()) for k in names)
         if not len(users):
             return torch.zeros(0, d, dtype=torch.float64), [], {}
-        lr = self.learning_rate(configs)
+        run = self.resolved(configs)
         self.module()  # a refused model fails the client (a setup error), before any user
-        loaded, raised = self.load(users, num_users)
+        loaded, raised = self.load(users, num_users, run.batch)
         for one in [r for r in loaded if r is not None][:1]:
             self.check_independent(one[0])  # before any update; a refusal fails the client
         try:
-            G, metrics = self._updates(params, names, loaded, lr, d)
+            G, metrics = self._updates(params, names, loaded, run, d, users)
         except Exception:  # noqa: BLE001  (some user's records break the batched pass)
             G = torch.zeros(len(users), d, dtype=torch.float64)
             metrics = [(0.0, {}) for _ in users]
@@ -330,7 +475,7 @@ class TorchTraining:
                 if rec is None:
                     continue
                 try:
-                    g, m = self._updates(params, names, [rec], lr, d)
+                    g, m = self._updates(params, names, [rec], run, d, [users[i]])
                 except Exception as e:  # noqa: BLE001  (dropped alone, with its reason)
                     raised[i] = f"training user {users[i]}: {one_line(e)}"
                     continue
@@ -342,10 +487,13 @@ class TorchTraining:
         params: dict[str, torch.Tensor],
         names: tuple[str, ...],
         loaded: Sequence[tuple[torch.Tensor, torch.Tensor] | None],
-        lr: float,
+        run: _Run,
         d: int,
+        users: Sequence[int],
     ) -> tuple[torch.Tensor, list[tuple[float, dict[str, float]]]]:
         """``updates`` for the loaded users (a None user: no records, a zero update)."""
+        lr = run.lr
+        user_ids = np.asarray([int(u) for u in users], dtype=np.int64)
         out = torch.zeros(len(loaded), d, dtype=torch.float64)
         x, y, starts, sizes = self._concat(loaded)
         has = np.flatnonzero(sizes > 0)  # users without records: a zero update
@@ -356,10 +504,10 @@ class TorchTraining:
         metrics = self._metrics(params, x, y, sizes)
         trainable = tuple(k for k, _ in model.named_parameters())
         w0 = torch.cat([params[k].reshape(-1) for k in names])
-        one = self._steps_one(sizes) and self._one_step_ok
+        one = self._steps_one(sizes, run) and self._one_step_ok
         if one and not per_sample.supported(model, names):
             one = False
-        cap = None if one else (int(self.batch_size) if self.batch_size else None)
+        cap = None if one else run.batch
         for sel in local_sgd.chunks(sizes[has], CHUNK_RECORDS, cap):
             rows = has[sel]
             if one:
@@ -372,7 +520,7 @@ class TorchTraining:
                     stepped = w0.unsqueeze(0) + V.to(w0.dtype)
                     out[torch.from_numpy(rows)] = stepped.double() - w0.double()
                     continue
-            end = self._sgd(params, trainable, x, y, starts[rows], sizes[rows], lr)
+            end = self._sgd(params, trainable, x, y, starts[rows], sizes[rows], run, user_ids[rows])
             flat = torch.cat([end[k].reshape(len(rows), -1) for k in names], dim=1)
             out[torch.from_numpy(rows)] = flat.double() - w0.double()
         return out, metrics
@@ -407,18 +555,19 @@ class TorchTraining:
         ones) with the personal parameters the previous user left, as the per-user path
         chains the app's step."""
         params = self._params(arrays)
-        lr = self.learning_rate(configs)
-        loaded, _ = self.load(users, num_users)  # a user whose data raised: skipped
+        run = self.resolved(configs)
+        loaded, _ = self.load(users, num_users, run.batch)  # a user whose data raised: skipped
         model = self.module()
         trainable = tuple(k for k, _ in model.named_parameters())
         own = {k: params[k] for k in names}
-        for one in loaded:
+        for u, one in zip(users, loaded, strict=True):
             if one is None or not len(one[1]):
                 continue
             x, y = one
             at = {**params, **own}
+            z, k = np.zeros(1, np.int64), np.array([len(y)])
             try:
-                end = self._sgd(at, trainable, x, y, np.zeros(1, np.int64), np.array([len(y)]), lr)
+                end = self._sgd(at, trainable, x, y, z, k, run, [int(u)])
             except Exception:  # noqa: BLE001  (a user whose step raises is skipped alone)
                 continue
             got = {k: end[k][0].detach() for k in names}

@@ -42,6 +42,7 @@ LAYERS = [
         "fedudp.flower",
         "fedudp.flower_contract",
         "fedudp.flower_fast",
+        "fedudp.flower_fast_data",
         "fedudp.flower_guard",
         "fedudp.flower_logging",
         "fedudp.flower_availability",
