@@ -15,3 +15,11 @@ class ConfigError(ValueError):
 
 class DataError(ConfigError):
     """A data file is missing, unreadable or inconsistent; the message names the file."""
+
+
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """An exception as one line (its type and the first line of its message), at most
+    ``limit`` characters: how a dropped user's or a failed owner's reason is logged."""
+    text = str(e).strip().splitlines()
+    one = f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return one if len(one) <= limit else one[:limit] + "..."

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fedudp.aggregators.base import Constraint, Contribution, finite_rows
+from fedudp.errors import one_line as one_line  # re-exported: fedudp.flower, flower_fast
 from fedudp.protocol.messages import make_reply
 
 __all__ = [
@@ -88,13 +89,6 @@ def user_rows(G: torch.Tensor, constraint: Constraint, raised: Mapping[int, str]
     kept = [i for i in range(len(G)) if not bad[i] and ok[i]]
     assert reply.failed == len(nonfinite) and reply.contribution.count == len(kept)
     return UserRows(reply.contribution, kept, nonfinite, dict(raised))
-
-
-def one_line(e: BaseException, limit: int = 200) -> str:
-    """An exception as one line (its type and the first line of its message)."""
-    text = str(e).strip().splitlines()
-    one = f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
-    return one if len(one) <= limit else one[:limit] + "..."
 
 
 # -- Flower's own DP wrappers and mods ------------------------------------------------------------

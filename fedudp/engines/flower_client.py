@@ -36,6 +36,7 @@ from fedudp import build
 from fedudp.config import config_from_json
 from fedudp.data.federation import Federation
 from fedudp.engines import flower_wire
+from fedudp.owner.isolate import isolated_reply
 from fedudp.owner.owners import Owners, Params
 from fedudp.protocol import checkpoint
 
@@ -154,7 +155,9 @@ def train(msg: Message, context: Context) -> Message:
     if asked is None:  # per_silo: nothing is sent
         return Message(flower_wire.ack_record(j), reply_to=msg)
     units, constraint = asked
-    rep = owners.reply(shard, shared, personal, units, round_, constraint)
+    # a user whose step raises is dropped alone, as on the local engine (owner.isolate; its
+    # count crosses the wire in ``failed``, the reasons are logged here)
+    rep = isolated_reply(owners, shard, shared, personal, units, round_, constraint)
     return Message(flower_wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
 
 

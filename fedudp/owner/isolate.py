@@ -36,8 +36,7 @@ import numpy as np
 
 from fedudp.aggregators.base import Constraint
 from fedudp.data.federation import Federation
-from fedudp.errors import ConfigError
-from fedudp.flower_guard import one_line
+from fedudp.errors import ConfigError, one_line
 from fedudp.protocol.messages import OwnerFailure, OwnerReply, Raised
 from fedudp.stopping import RunInterrupted
 
