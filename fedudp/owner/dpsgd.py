@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ import torch.nn as nn
 
 from fedudp.aggregators.local_dpsgd import owner_rates
 from fedudp.owner import ghost, local_sgd, per_sample
-from fedudp.privacy.mechanisms import clip_factors
+from fedudp.privacy.mechanisms import finite_clip_factors
 from fedudp.randomness import Purpose, Randomness
 
 Params = local_sgd.Params
@@ -75,17 +76,25 @@ class DpSgdSpec:
 
 def clipped_sums_and_counts(
     G: torch.Tensor | Sequence[torch.Tensor], owner_row: torch.Tensor, owners: int, clip: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``clipped_sums``, [owners] float64: how many of each owner's rows were *not* clipped)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(``clipped_sums``, [owners] float64: how many of each owner's finite rows were *not*
+    clipped, [n] bool: which rows are finite). A row whose float64 norm is not finite is dropped
+    (``mechanisms.finite_clip_factors``): zeroed before the product, so it adds exactly zero and
+    counts neither as clipped nor as unclipped."""
     blocks = [G] if isinstance(G, torch.Tensor) else list(G)
-    factor, was = clip_factors(blocks, clip)
+    factor, was, ok = finite_clip_factors(blocks, clip)
+    if not bool(ok.all()):  # NaN * 0 is NaN: the dropped rows are zeroed, not multiplied
+        keep = ok.to(blocks[0].device).unsqueeze(1)
+        blocks = [
+            torch.where(keep, B, torch.zeros((), dtype=B.dtype, device=B.device)) for B in blocks
+        ]
     n = blocks[0].shape[0]
     W = torch.zeros(owners, n, dtype=blocks[0].dtype, device=blocks[0].device)
     W[owner_row.to(W.device), torch.arange(n, device=W.device)] = factor
     kept = torch.zeros(owners, dtype=torch.float64).index_add_(  # on the CPU: a count
-        0, owner_row.to(torch.int64).cpu(), (~was).to(torch.float64).cpu()
+        0, owner_row.to(torch.int64).cpu(), (ok & ~was).to(torch.float64).cpu()
     )
-    return torch.cat([W @ B for B in blocks], dim=1), kept
+    return torch.cat([W @ B for B in blocks], dim=1), kept, ok.cpu()
 
 
 def noisy_unclipped_fraction(
@@ -109,8 +118,9 @@ def clipped_sums(
     ``G``, or of row-aligned blocks [n, d_1], [n, d_2], ... read as one concatenated row) each
     clipped to l2 norm ``clip``. The norms, which decide the clip, are computed in float64
     (``mechanisms.clip_factors``). Adding or removing one user moves its owner's sum by at most
-    ``clip``. The sum is a matrix product with a [owners, rows] weight matrix holding each row's
-    clip factor in its owner's line."""
+    ``clip``; a non-finite row adds exactly zero (dropped, as if absent). The sum is a matrix
+    product with a [owners, rows] weight matrix holding each row's clip factor in its owner's
+    line."""
     return clipped_sums_and_counts(G, owner_row, owners, clip)[0]
 
 
@@ -143,6 +153,7 @@ def dpsgd_deltas(
     budget: int,
     progress: Callable[[int, int], None] | None = None,
     fractions: np.ndarray | None = None,
+    dropped: np.ndarray | None = None,
 ) -> torch.Tensor:
     """[k, d] shared deltas of k owners after their DP-SGD epochs of this round.
 
@@ -154,6 +165,11 @@ def dpsgd_deltas(
     ``progress(done, total)``: called after each step (over all epochs); it changes nothing.
     ``fractions`` ([k] float64, with ``spec.count_noise``): filled with each owner's mean released
     unclipped fraction over its steps (``noisy_unclipped_fraction``).
+    ``dropped`` ([k] int64, a diagnostic that stays on the owner): filled with how many of each
+    owner's users were dropped in some step for a non-finite gradient. Such a user (the privacy
+    unit: a user, or a record under group privacy) adds exactly zero to the step's clipped sum
+    and is left out of an adaptive clip's count (``Σ (b_i - 1/2)`` over the finite sampled units
+    only), as if it were absent; the rate, step count, divisor and noise stay the public ones.
     """
     k = len(users)
     capacity = np.asarray(capacity, dtype=np.int64)
@@ -182,6 +198,7 @@ def dpsgd_deltas(
         )
     frac_sum = np.zeros(k)
     rand = spec.randomness
+    bad: list[set[int]] = [set() for _ in range(k)]  # each owner's users dropped this round
 
     def count_step(i: int | np.integer, kept: float, sampled: int, e: int, s: int) -> None:
         if spec.count_noise is not None:  # adaptive
@@ -205,8 +222,8 @@ def dpsgd_deltas(
             ]
             if batched:  # owner by owner, one batched forward/backward (per_sample)
                 for i, us in zip(active, picked):
-                    total, kept = (
-                        _owner_clipped_sum(
+                    total, kept, ok = (
+                        _owner_step(
                             model,
                             params,
                             frozen_by_owner,
@@ -221,10 +238,16 @@ def dpsgd_deltas(
                             use_ghost,
                         )
                         if len(us)
-                        else (torch.zeros(flat.shape[1], dtype=flat.dtype, device=flat.device), 0.0)
+                        else (
+                            torch.zeros(flat.shape[1], dtype=flat.dtype, device=flat.device),
+                            0.0,
+                            torch.ones(0, dtype=torch.bool),
+                        )
                     )
+                    ok_np = ok.numpy()
+                    bad[i].update(int(u) for u in us[~ok_np])
                     _noisy_step(flat[i], total, spec, expected[i], round_, e, s, owner_ids[i])
-                    count_step(i, kept, len(us), e, s)
+                    count_step(i, kept, int(ok_np.sum()), e, s)
             else:  # vmap over the step's users, each at its own owner's parameters
                 picked_users = np.concatenate(picked) if picked else np.zeros(0, np.int64)
                 owner_row = (
@@ -234,6 +257,7 @@ def dpsgd_deltas(
                 )
                 sums = torch.zeros(k, flat.shape[1], dtype=flat.dtype, device=flat.device)
                 kept_by_owner = torch.zeros(k, dtype=torch.float64)
+                finite_by_owner = np.zeros(k, dtype=np.int64)
                 sizes = user_sizes[picked_users]
                 for sel in local_sgd.chunks(sizes, budget):
                     u, r = picked_users[sel], owner_row[sel]
@@ -249,19 +273,25 @@ def dpsgd_deltas(
                         y,
                         units,
                     )
-                    got, kk = clipped_sums_and_counts(
+                    got, kk, ok = clipped_sums_and_counts(
                         [g[n].reshape(len(u), -1) for n in names], torch.from_numpy(r), k, spec.clip
                     )
                     sums += got
                     kept_by_owner += kk
-                for i, us in zip(active, picked):
+                    ok_np = ok.numpy()
+                    np.add.at(finite_by_owner, r[ok_np], 1)
+                    for uu, rr in zip(u[~ok_np], r[~ok_np]):
+                        bad[int(rr)].add(int(uu))
+                for i in active:
                     _noisy_step(flat[i], sums[i], spec, expected[i], round_, e, s, owner_ids[i])
-                    count_step(i, float(kept_by_owner[i]), len(us), e, s)
+                    count_step(i, float(kept_by_owner[i]), int(finite_by_owner[i]), e, s)
             if progress is not None:
                 progress(e * int(steps.max(initial=0)) + s + 1, total_steps)
     if adaptive:
         assert fractions is not None  # checked above
         fractions[:] = frac_sum / np.maximum(spec.epochs * steps, 1)
+    if dropped is not None:
+        dropped[:] = [len(b) for b in bad]
     return flat - start
 
 
@@ -292,7 +322,13 @@ def _noisy_step(
     row -= spec.lr * update.to(row.dtype)
 
 
-def _owner_clipped_sum(
+def _owner_clipped_sum(*args: Any, **kw: Any) -> tuple[torch.Tensor, float]:
+    """``_owner_step``'s (sum, unclipped count), without the finite mask."""
+    total, kept, _ = _owner_step(*args, **kw)
+    return total, kept
+
+
+def _owner_step(
     model: nn.Module,
     params: Params,
     frozen_by_owner: Params,
@@ -305,13 +341,15 @@ def _owner_clipped_sum(
     names: tuple[str, ...],
     clip: float,
     use_ghost: bool = False,
-) -> tuple[torch.Tensor, float]:
+) -> tuple[torch.Tensor, float, torch.Tensor]:
     """([d]: the sum of owner i's sampled users' clipped mean gradients, at owner i's parameters;
-    how many were not clipped). Each user's gradient is the mean of its records'
-    (``per_sample``), then clipped to ``clip`` with float64 norms (``clipped_sums``).
-    ``use_ghost``: the norms and the clipped sum without per-user gradients (``ghost``; the
-    same factors from the same float64 norms up to float rounding, a non-finite user's factor 1
-    as in ``clip_factors``)."""
+    how many finite ones were not clipped; [users] bool on the CPU: which users' gradients are
+    finite). Each user's gradient is the mean of its records' (``per_sample``), then clipped to
+    ``clip`` with float64 norms (``clipped_sums``); a user whose gradient is not finite (any of
+    its records' is not) adds exactly zero (``mechanisms.finite_clip_factors``). ``use_ghost``:
+    the norms and the clipped sum without per-user gradients (``ghost``; the same factors from
+    the same float64 norms up to float rounding, a non-finite user's factor 0, its rows zeroed
+    by ``GhostGradients.weighted_sum``)."""
     at = {
         **frozen_common,
         **{k: v[i] for k, v in frozen_by_owner.items()},
@@ -319,10 +357,10 @@ def _owner_clipped_sum(
     }
     if use_ghost:
         gg = ghost.ghost_gradients(model, at, x, y, starts, sizes, names, 1.0)
-        factor, was = clip_factors(
+        factor, was, ok = finite_clip_factors(
             torch.empty(gg.U, 0, dtype=gg.dtype, device=gg.sq.device), clip, gg.norms
         )
-        return gg.weighted_sum(factor), float((~was).sum())
+        return gg.weighted_sum(factor), float((ok & ~was).sum()), ok.cpu()
     rec = np.concatenate([np.arange(a, a + b) for a, b in zip(starts, sizes)])
     of = torch.from_numpy(np.repeat(np.arange(len(starts)), sizes)).to(x.device)
     g = per_sample.per_record_gradients(model, at, x[rec], y[rec], names)
@@ -335,7 +373,7 @@ def _owner_clipped_sum(
             ).index_add_(0, of, flat)
             flat = tot / torch.from_numpy(sizes).to(flat.device, flat.dtype).unsqueeze(1)
         blocks.append(flat)
-    total, kept = clipped_sums_and_counts(
+    total, kept, ok = clipped_sums_and_counts(
         blocks, torch.zeros(len(starts), dtype=torch.int64, device=blocks[0].device), 1, clip
     )
-    return total[0], float(kept[0])
+    return total[0], float(kept[0]), ok

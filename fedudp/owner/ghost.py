@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from fedudp.aggregators.base import Constraint, Contribution
 from fedudp.owner import per_sample
 from fedudp.owner.one_step import _conv_weight_per_user
-from fedudp.privacy.mechanisms import clip_factors, row_norms64
+from fedudp.privacy.mechanisms import finite_clip_factors, row_norms64
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
@@ -485,15 +485,11 @@ def clipped_sum(gg: GhostGradients, constraint: Constraint) -> tuple[Contributio
     """(the contribution ``make_reply`` would build from the users' vectors under the clipped-sum
     ``constraint``, the number of users dropped for a non-finite vector): module doc."""
     assert constraint.clip is not None and not constraint.rows
-    ok = gg.finite
-    failed = int((~ok).sum())
-    norms = gg.norms[ok]
     dev = gg.sq.device
-    factor_ok, was = clip_factors(
-        torch.empty(len(norms), 0, dtype=gg.dtype, device=dev), constraint.clip, norms
+    factor, was, ok = finite_clip_factors(  # a non-finite user: factor 0, its rows zeroed
+        torch.empty(gg.U, 0, dtype=gg.dtype, device=dev), constraint.clip, gg.norms
     )
-    factor = torch.zeros(gg.U, dtype=gg.dtype, device=dev)
-    factor[ok] = factor_ok
+    failed = int((~ok).sum())
     n = int(ok.sum())
     total = (
         gg.weighted_sum(factor)

@@ -7,7 +7,8 @@
 * the randomized Hadamard rotation of [LEVY] Alg. 2 with a fast Walsh-Hadamard transform
   (O(d log d) per vector, vectorized over rows, padding to a power of two);
 * ``clip_factors``: the per-row l2 clipping factors of every clip+Gaussian step (owner-side
-  clipping and DP-SGD), norms in float64;
+  clipping and DP-SGD), norms in float64; ``finite_clip_factors``: the same with a non-finite
+  row dropped (factor 0);
 * ``pure_dp_event``: how a pure eps0-DP step (exponential mechanism, AboveThreshold) enters
   dp-accounting: ``ZCDpEvent(eps0**2 / 2)`` (every eps0-DP mechanism is eps0^2/2-zCDP, Bun &
   Steinke 2016, Prop. 1.4), composed by the RDP accountant
@@ -117,6 +118,25 @@ def clip_factors(
     was = norms > clip
     factor = torch.where(was, clip / norms.clamp(min=1e-300) * _CLIP_SHRINK, torch.ones_like(norms))
     return factor.to(first.dtype).to(first.device), was.to(first.device)
+
+
+def finite_clip_factors(
+    G: torch.Tensor | Sequence[torch.Tensor], clip: float, norms: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(factor, was_clipped, finite) per row of ``G``: ``clip_factors``, where a row whose
+    float64 norm is not finite (a NaN or inf entry; for float32 rows exactly those, as in
+    ``make_reply``: no float32 square overflows float64) is dropped: factor 0, not counted as
+    clipped, ``finite`` False. A dropped row contributes exactly zero only if the caller zeroes
+    it before any product (NaN * 0 is NaN): ``torch.where(finite, row, 0)``. The one rule for
+    a privacy unit with a non-finite vector inside a clipped sum (owner-side DP-SGD's users and
+    records, ``fedudp.owner.ghost``): it is absent, never the NaN that would make its owner's
+    whole noisy sum non-finite."""
+    norms = row_norms64(G) if norms is None else norms
+    ok = torch.isfinite(norms)
+    factor, was = clip_factors(G, clip, norms)
+    ok = ok.to(factor.device)
+    factor = torch.where(ok, factor, torch.zeros_like(factor))
+    return factor, was & ok, ok
 
 
 def gumbel(
