@@ -135,23 +135,7 @@ def test_a_nan_feature_is_refused_when_read_naming_the_record():
         memory_cfg(BASE + [NAN_USER], FAMILIES["sum"], poison=nan)
 
 
-@pytest.mark.parametrize(
-    "family",
-    [
-        *PATH_FAMILIES[:-1],
-        pytest.param(
-            "dpsgd",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=(
-                    "owner-side DP-SGD: one user's non-finite record makes its owner's whole "
-                    "noisy delta non-finite, and the owner is dropped (all its users), not the "
-                    "user alone"
-                ),
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("family", PATH_FAMILIES)
 def test_a_user_whose_update_is_nan_changes_nothing_public(family):
     """One user whose record the model turns into NaN (sampled in every round: q = 1): its
     vector is dropped and counted, as ``make_reply`` does; the release stays finite, uses the
