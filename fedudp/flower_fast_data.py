@@ -160,6 +160,9 @@ def records_of(
     else:
         if isinstance(got, DataLoader):
             _check_loader(got, where, batch_size, shuffle)
+            if isinstance(got.sampler, RandomSampler):  # the records in the dataset's order:
+                # the fast path draws each epoch's order itself (``shuffle_seed``)
+                got = DataLoader(got.dataset, batch_size=got.batch_size, collate_fn=got.collate_fn)
         batches = [_batch(b, keys, where) for b in got]
         if not batches:
             raise ValueError(f"TorchTraining: {where} gave no batches")
