@@ -135,10 +135,9 @@ def bench_before(rounds: list[int], reps: int) -> dict:
 
 def _cold() -> None:
     """Forget every cache the accountant module keeps (a fresh process's state)."""
-    from fedudp.privacy import accountant as mod
+    from fedudp.privacy.accountant import forget_all
 
-    for name in ("_RAW", "_CAPTURED", "_EPSILON", "_FAST", "_RDP_VECTORS", "_PLD_SUPPORTS"):
-        getattr(mod, name).clear()
+    forget_all()
 
 
 def bench_after(rounds: list[int], reps: int) -> dict:

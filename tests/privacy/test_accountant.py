@@ -25,6 +25,8 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 import fedudp.privacy.accountant as accountant_mod
+import fedudp.privacy.calibration as calibration_mod
+from fedudp.privacy import bounded, pld_fast
 from fedudp.errors import ConfigError
 from fedudp.privacy.accountant import (
     ADJACENCY,
@@ -407,7 +409,7 @@ def test_calibration_terminates_when_every_noise_meets_the_target(monkeypatch):
     # premise, real dp-accounting: epsilon is 0 (delta(eps=0) <= q < delta, whatever z)
     assert schedule_epsilon(mk, 10.0, 1, delta) == 0.0
     assert schedule_epsilon(mk, 1.0, 1, delta) == 0.0
-    real, calls = accountant_mod.schedule_epsilon, []
+    real, calls = calibration_mod.schedule_epsilon, []
 
     def guarded(make_event, noise, rounds, d, interval=1e-4):
         calls.append(noise)
@@ -416,7 +418,7 @@ def test_calibration_terminates_when_every_noise_meets_the_target(monkeypatch):
         # below z = 1 dp-accounting's PLD takes seconds to minutes; its value is still 0.0
         return real(make_event, noise, rounds, d, interval) if noise >= 1.0 else 0.0
 
-    monkeypatch.setattr(accountant_mod, "schedule_epsilon", guarded)
+    monkeypatch.setattr(calibration_mod, "schedule_epsilon", guarded)
     # a delta that covers the release whatever the noise is refused at once, naming the key
     with pytest.raises(BudgetError, match=r"^privacy\.delta=0\.01 is too large"):
         calibrate_noise_multiplier(mk, 1.0, delta, 1)
@@ -850,9 +852,9 @@ def test_cached_paths_equal_dp_accounting_and_do_not_depend_on_the_caches():
         dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(0.1, G(1.5)), 4),
         dp_accounting.PoissonSampledDpEvent(0.2, G(MAX_NOISE_MULTIPLIER)),
     ):  # sparse PLD
-        assert accountant_mod._direct_pld_epsilon(ev, 1e-5, 1e-4) == direct_pld(ev, 1e-5), ev
+        assert pld_fast.direct_pld_epsilon(ev, 1e-5, 1e-4) == direct_pld(ev, 1e-5), ev
     # the cached self-composition: dp-accounting's (exact()) and its rounding twin (compose())
-    fast = accountant_mod._fast_pld(1 / 2000, 0.6129660146601268, 1e-4)
+    fast = pld_fast.fast_pld(1 / 2000, 0.6129660146601268, 1e-4)
     pmf = fast.raw._pmf_remove
     for k in (1, 10, 300):
         theirs, exact, twin = pmf.self_compose(k), fast.remove.exact(k), fast.remove.compose(k)
@@ -868,16 +870,7 @@ def test_cached_paths_equal_dp_accounting_and_do_not_depend_on_the_caches():
         live.epsilon_if(ev, 1e-5)
         live.compose(ev)
         seen.append(live.epsilon(1e-5))
-    for name in (
-        "_RAW",
-        "_CAPTURED",
-        "_EPSILON",
-        "_FAST",
-        "_RDP_VECTORS",
-        "_PLD_SUPPORTS",
-        "_SIZES",
-    ):
-        getattr(accountant_mod, name).clear()
+    accountant_mod.forget_all()  # every cache: a fresh process's state
     resumed = Accountant(1e-4, 3.0)
     resumed.compose(ev, 100)  # a checkpoint's 100 rounds, recomposed
     assert resumed.epsilon(1e-5) == seen[99]
@@ -951,7 +944,7 @@ def test_without_dp_accountings_internals_the_public_path_gives_the_same_epsilon
     never reads an empty capture as epsilon 0."""
     import dp_accounting
 
-    from fedudp.privacy import accountant as A
+    from fedudp.privacy import pld_fast as A
 
     ev = dp_accounting.ComposedDpEvent(
         [
@@ -976,17 +969,17 @@ def test_without_dp_accountings_internals_the_public_path_gives_the_same_epsilon
 
     monkeypatch.setattr(A.pld_privacy_accountant, "PLDAccountant", Elsewhere)
     monkeypatch.setattr(
-        A._FastPLD,
+        A.FastPLD,
         "__init__",
         lambda self, q, z, interval: (
             (
-                setattr(self, "raw", A._raw_sampled_gaussian(q, z, interval)),
+                setattr(self, "raw", A.raw_sampled_gaussian(q, z, interval)),
                 setattr(self, "dense", False),
             )
             and None
         ),
     )
-    acc = A.Accountant(1e-4)
+    acc = Accountant(1e-4)
     acc.compose(ev, 40)
     assert acc.epsilon(1e-5) == pytest.approx(want, rel=1e-9) and want > 0.5
     for cache in (A._CAPTURED, A._EPSILON, A._FAST, A._RAW):
@@ -1024,7 +1017,7 @@ def test_the_pld_size_estimate_bounds_dp_accountings_pld(z):
         standard_deviation=z, value_discretization_interval=1e-4
     )
     size = max(len(pld._pmf_remove._probs), len(pld._pmf_add._probs))  # noqa: SLF001
-    est = accountant_mod._gaussian_pld_points(z, 1e-4)  # noqa: SLF001
+    est = bounded.gaussian_pld_points(z, 1e-4)
     assert size <= est <= 1.05 * size
 
 
@@ -1044,17 +1037,17 @@ def test_a_pld_size_asked_again_rebuilds_no_pld_and_is_the_same(monkeypatch):
     PLD, and from cold caches the size is the same."""
     A = accountant_mod
     ev = dp_accounting.SelfComposedDpEvent(sampled_gaussian(1.0, 0.01), 100)
-    size = A._pld_size(ev, 1e-4)
+    size = bounded.pld_size(ev, 1e-4)
     assert 0 < size <= A.MAX_PLD_WINDOW
     built: list = []
-    init = A._FastPLD.__init__
+    init = pld_fast.FastPLD.__init__
 
     def counting(self, *a):
         built.append(a)
         init(self, *a)
 
-    monkeypatch.setattr(A._FastPLD, "__init__", counting)
-    assert A._pld_size(ev, 1e-4) == size and built == []  # nothing rebuilt
-    for cache in (A._SIZES, A._FAST, A._RAW):
+    monkeypatch.setattr(pld_fast.FastPLD, "__init__", counting)
+    assert bounded.pld_size(ev, 1e-4) == size and built == []  # nothing rebuilt
+    for cache in (bounded._SIZES, pld_fast._FAST, pld_fast._RAW):
         cache.clear()
-    assert A._pld_size(ev, 1e-4) == size and built == [(0.01, 1.0, 1e-4)]  # rebuilt, the same
+    assert bounded.pld_size(ev, 1e-4) == size and built == [(0.01, 1.0, 1e-4)]  # rebuilt, the same

@@ -20,6 +20,7 @@ import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 
 import fedudp.privacy.accountant as A
+from fedudp.privacy import bounded, pld_fast
 from fedudp.aggregators.base import ParameterError, Sampling
 from fedudp.aggregators.gaussian import GaussianAggregator
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean, owner_round_event
@@ -64,9 +65,9 @@ def test_pld_above_rdp_at_1e7_rounds_gives_rdps_noise_not_a_scipy_error():
     rounds, q = 10**7, 0.01
     z = calibrate_noise_multiplier(lambda s: sampled(s, q), EPS, DELTA, rounds)
     ev = dp_accounting.SelfComposedDpEvent(sampled(z, q), rounds)
-    pld = A._direct_pld_epsilon(ev, DELTA, A.pld_interval(EPS))
+    pld = pld_fast.direct_pld_epsilon(ev, DELTA, A.pld_interval(EPS))
     rdp = direct_rdp(ev, DELTA)
-    assert A._pld_size(ev, A.pld_interval(EPS)) <= A.MAX_PLD_WINDOW  # PLD was computed
+    assert bounded.pld_size(ev, A.pld_interval(EPS)) <= A.MAX_PLD_WINDOW  # PLD was computed
     assert rdp <= EPS < pld  # and lost to RDP
     assert A.event_epsilon(ev, DELTA, A.pld_interval(EPS)) == pytest.approx(rdp, rel=1e-9)
 
@@ -162,7 +163,7 @@ def test_a_sparse_pld_self_composes_as_dp_accounting_does():
     # huge noise: dp-accounting's PLD is sparse (a few losses); it turns dense once the k-fold
     # sum may hold more than 1000 values, which fedudp decides without computing size ** k
     q, z, interval = 0.01, 64.0, 1e-4
-    fast = A._FastPLD(q, z, interval)
+    fast = pld_fast.FastPLD(q, z, interval)
     assert not fast.dense
     for k in (2, 5, 40):
         want = fast.raw.self_compose(k)
@@ -170,5 +171,5 @@ def test_a_sparse_pld_self_composes_as_dp_accounting_does():
         for d in (1e-5, 1e-7):
             assert got.get_epsilon_for_delta(d) == want.get_epsilon_for_delta(d)
     pmf = fast._pmfs[0]
-    assert A._sparse_goes_dense(pmf, 10**9) and not A._sparse_goes_dense(pmf, 1)
-    assert A._sparse_goes_dense(pmf, 2) == (pmf.size**2 > 1000)
+    assert pld_fast.sparse_goes_dense(pmf, 10**9) and not pld_fast.sparse_goes_dense(pmf, 1)
+    assert pld_fast.sparse_goes_dense(pmf, 2) == (pmf.size**2 > 1000)
