@@ -11,7 +11,10 @@ the change of its shared parameters. Adding or removing one user of owner j chan
 whether that user's clipped gradient can enter a step's sum (q_j, the step count and the divisor
 stay put), so it moves a step's pre-noise sum by at most C, and each step is a
 ``PoissonSampledDpEvent(q_j, GaussianDpEvent(z))`` for owner j's users under add/remove-one-user
-adjacency. (A schedule read from the actual count m_j would leak m_j: removing one user would
+adjacency. A sampled user whose gradient is not finite is dropped alone (factor 0, its row
+zeroed before the sum, left out of an adaptive clip's count: ``mechanisms.finite_clip_factors``,
+``counted``), as if absent, so it cannot turn its owner's whole delta into NaN. (A schedule read
+from the actual count m_j would leak m_j: removing one user would
 change the divisor, or the number of noisy steps when m_j crosses a multiple of B. ``fedudp-audit
 --break schedule=data`` measures that leak.)
 
@@ -95,6 +98,14 @@ def clipped_sums_and_counts(
         0, owner_row.to(torch.int64).cpu(), (ok & ~was).to(torch.float64).cpu()
     )
     return torch.cat([W @ B for B in blocks], dim=1), kept, ok.cpu()
+
+
+def counted(finite: np.ndarray) -> np.ndarray:
+    """Which of a step's sampled units an adaptive clip's count ``Σ (b_i - 1/2)`` runs over:
+    the finite ones (``finite``: their gradients' float64 norms are finite). A dropped unit is
+    absent from the count as from the sum; counted as sampled, its b_i = 0 would move the count
+    by 1/2 against the neighbour without it."""
+    return finite
 
 
 def noisy_unclipped_fraction(
@@ -247,7 +258,7 @@ def dpsgd_deltas(
                     ok_np = ok.numpy()
                     bad[i].update(int(u) for u in us[~ok_np])
                     _noisy_step(flat[i], total, spec, expected[i], round_, e, s, owner_ids[i])
-                    count_step(i, kept, int(ok_np.sum()), e, s)
+                    count_step(i, kept, int(counted(ok_np).sum()), e, s)
             else:  # vmap over the step's users, each at its own owner's parameters
                 picked_users = np.concatenate(picked) if picked else np.zeros(0, np.int64)
                 owner_row = (
@@ -279,7 +290,7 @@ def dpsgd_deltas(
                     sums += got
                     kept_by_owner += kk
                     ok_np = ok.numpy()
-                    np.add.at(finite_by_owner, r[ok_np], 1)
+                    np.add.at(finite_by_owner, r[counted(ok_np)], 1)
                     for uu, rr in zip(u[~ok_np], r[~ok_np]):
                         bad[int(rr)].add(int(uu))
                 for i in active:

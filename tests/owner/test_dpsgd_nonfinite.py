@@ -7,7 +7,8 @@ the other users and the same noise), on every kernel owner-side DP-SGD can take:
 (clipped sums without per-user gradients), ``per_sample`` (per-record gradients, averaged per
 user) and the vmapped chunks. An adaptive clip's released fraction is the neighbour's too (the
 dropped user is left out of the count, as if absent). The weakened twin (the old clip factors,
-which give a NaN norm factor 1) makes the owner's delta non-finite, and the check catches it.
+which give a NaN norm factor 1) makes the owner's delta non-finite, and the check catches it;
+so does the count's twin (the dropped user counted as a sampled b_i = 0).
 """
 
 from __future__ import annotations
@@ -106,6 +107,16 @@ def test_twin_clip_factors_that_let_a_nan_through_are_caught(kernel, monkeypatch
     # too: the [owners, rows] weight matrix multiplies it by 0)
     assert not bool(torch.isfinite(d[0]).all())
     with pytest.raises(AssertionError, match="not finite"):
+        check_the_nan_user_is_absent(_mlp(), 1)
+
+
+@pytest.mark.parametrize("kernel", ["ghost", "vmap"])
+def test_twin_a_count_that_keeps_the_nan_user_as_sampled_is_caught(kernel, monkeypatch):
+    """The sum honest, but the adaptive clip's count over every sampled user (the dropped one
+    a b_i = 0): the released fraction moves against the neighbour's, the check catches it."""
+    _kernel(monkeypatch, kernel)
+    monkeypatch.setattr(dpsgd, "counted", lambda finite: np.ones_like(finite))
+    with pytest.raises(AssertionError, match="Not equal to tolerance"):
         check_the_nan_user_is_absent(_mlp(), 1)
 
 
