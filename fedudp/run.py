@@ -281,8 +281,7 @@ def run_with_result(
 
 def _ledger_head(p: Prepared) -> dict:
     """ledger.jsonl's head line: the ledger without its entries and what they give."""
-    derived = ("entries", "epsilon", "rounds_released")
-    return {k: v for k, v in p.ledger.to_dict().items() if k not in derived}
+    return ledger_file.head(p.ledger)
 
 
 def _start_outputs(

@@ -14,18 +14,17 @@ billboard (``fedudp.billboard.server.Billboard``) and the Flower wrapper
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from fedudp.billboard.fail_closed import withhold_reason
 from fedudp.privacy.accountant import ApproxDp, Ledger, LedgerEntry, Parallel
-from fedudp.protocol.ledger_file import release_digest
 
 if TYPE_CHECKING:
     import dp_accounting
 
-    from fedudp.aggregators.base import Aggregate, Aggregator
+    from fedudp.aggregators.base import Aggregator
 
 __all__ = ["BUDGET_SLACK", "Event", "ReleaseGate"]
 
@@ -86,6 +85,17 @@ class ReleaseGate:
             raise ValueError("a one-off privacy event needs an accountant (a private release)")
         self.accountant.compose(event)
 
+    def recompose(self, events: Sequence[Event | None]) -> float | None:
+        """Compose again, in order, the events of releases already in a ledger (a checkpoint's,
+        which the caller puts back into the ledger itself); returns the ε then (None for a
+        non-private gate)."""
+        if self.accountant is None:
+            return None
+        for event in events:
+            if event is not None:
+                self.accountant.compose(event)
+        return self.epsilon()
+
     def epsilon(self) -> float | None:
         """The ε of everything composed so far at ``delta`` (None for a non-private gate)."""
         if self.accountant is None:
@@ -109,7 +119,7 @@ class ReleaseGate:
         Returns
         -------
         str or None
-            ``"the release would reach epsilon ... > target ..."`` when composing ``event``
+            ``"release would reach epsilon ... > target ..."`` when composing ``event``
             would take ε above ``target_epsilon · (1 + BUDGET_SLACK)``; None within budget, or
             without a target or an accountant.
         """
@@ -118,7 +128,7 @@ class ReleaseGate:
         eps = self.epsilon_if(event)
         if eps is None or eps <= self.target_epsilon * (1 + BUDGET_SLACK):
             return None
-        return f"the release would reach epsilon {eps:.4g} > target {self.target_epsilon:g}"
+        return f"release would reach epsilon {eps:.4g} > target {self.target_epsilon:g}"
 
     def within_budget(self, event: Event | None) -> bool:
         """Whether the next release of ``event`` stays within the budget (``over_budget``)."""
@@ -168,7 +178,7 @@ class ReleaseGate:
         event: Event | None,
         aggregator: Aggregator,
         sampling_rate: float,
-        release: Aggregate,
+        release_sha256: str | None,
     ) -> LedgerEntry:
         """Compose round ``round_``'s release and ledger it (memory, then the sink), before it
         leaves.
@@ -184,8 +194,9 @@ class ReleaseGate:
             ledgered).
         sampling_rate : float
             The public sampling rate q of the round.
-        release : Aggregate
-            What the estimator released (its SHA-256, ``release_digest``, is ledgered).
+        release_sha256 : str or None
+            The SHA-256 of what the estimator released
+            (``fedudp.protocol.ledger_file.release_digest``).
 
         Returns
         -------
@@ -200,7 +211,7 @@ class ReleaseGate:
             float(sampling_rate),
             None,
             None,
-            release_digest(release),
+            release_sha256,
         )
         return self.append(entry, event)
 

@@ -5,7 +5,9 @@ The billboard samples units (Poisson, seeded; never Flower's client sampler), ch
 budget *before* releasing (composing the round's event must not exceed the target epsilon),
 runs the aggregator on the cohort, composes the event into the ledger, takes a step on the
 shared parameters and broadcasts them. Only this broadcast leaves the server, so every
-owner's personal parameters are joint-DP with respect to the other owners' data.
+owner's personal parameters are joint-DP with respect to the other owners' data. The budget
+check, the fail-closed rule, the composition and the ledger are the release path's
+(``fedudp.billboard.release.ReleaseGate``), which the Flower wrapper holds too.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class Billboard:
         # the estimate reads the final u against the initial one
         self.canaries = canaries
         self.u0 = self.u.clone() if canaries is not None else None
-        self.aggregator, self.sampling, self.ledger = aggregator, sampling, ledger
+        self.aggregator, self.sampling = aggregator, sampling
         self.seed, self.step = seed, step
         self.randomness = randomness if randomness is not None else Randomness.seeded(seed)
         # each owner's public capacity (declared user slots), what the fail-closed rule counts
@@ -136,6 +138,11 @@ class Billboard:
             ledger.extra["one_off_event"] = str(self.one_off)
 
     # the release path's numbers, read and set on the gate (one copy of each)
+    @property
+    def ledger(self) -> Ledger:
+        """The run's ledger: one entry per release (``ReleaseGate.record``)."""
+        return self.gate.ledger
+
     @property
     def accountant(self) -> Any:
         return self.gate.accountant
@@ -308,9 +315,10 @@ class Billboard:
         if inserted:  # the run's counts are its real users'; canaries said apart
             agg.users_used -= inserted
             agg.diagnostics["canaries"] = inserted
+        digest = release_digest(agg)
         self.settle_rereleases(before=round_)
         earlier = self.rereleases.pop(round_, None)
-        if earlier is not None and not self._same_release(earlier, event, release_digest(agg)):
+        if earlier is not None and not self._same_release(earlier, event, digest):
             # the killed run released this round otherwise: that release was made, compose it
             warn(
                 f"round {round_}: the release differs from the one the run made before it "
@@ -318,7 +326,7 @@ class Billboard:
             )
             self._record(replace(earlier, superseded=True), self._event_of(round_))
         # composed and ledgered (durably, with a sink) before the release leaves: step, broadcast
-        self.gate.record(round_, event, aggregator, self.sampling.rate, agg)
+        self.gate.record(round_, event, aggregator, self.sampling.rate, digest)
         self.next_round = round_ + 1
         # the release may live on the owners' device (engine_opts.device): the billboard's
         # state stays on the CPU
@@ -418,17 +426,16 @@ class Billboard:
                 "its ledger entries and withheld rounds are not rounds 1, 2, ... in order"
             )
         if self.accountant is not None:
-            for e in entries:
-                event = self._event_of(e.round)
+            events = [self._event_of(e.round) for e in entries]
+            for e, event in zip(entries, events):
                 if e.event != str(event):
                     raise CheckpointError(
                         f"round {e.round} released {e.event}, this configuration releases {event}"
                     )
-                self.accountant.compose(event)
-            if entries and self.accountant.epsilon(self.delta) != entries[-1].epsilon:
+            eps = self.gate.recompose(events)
+            if entries and eps != entries[-1].epsilon:
                 raise CheckpointError(
-                    f"recomposed epsilon {self.accountant.epsilon(self.delta)!r} "
-                    f"differs from the ledger's {entries[-1].epsilon!r}"
+                    f"recomposed epsilon {eps!r} differs from the ledger's {entries[-1].epsilon!r}"
                 )
         self.u = u.clone()
         self.diverged = bool(state["diverged"])

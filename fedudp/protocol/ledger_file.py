@@ -22,7 +22,7 @@ import torch
 
 from fedudp.aggregators.base import Aggregate
 from fedudp.plain import jsonable
-from fedudp.privacy.accountant import LedgerEntry
+from fedudp.privacy.accountant import Ledger, LedgerEntry
 from fedudp.protocol.checkpoint import atomic_write
 
 
@@ -33,6 +33,13 @@ def release_digest(agg: Aggregate) -> str:
     h = hashlib.sha256(f"{mean.dtype}|{tuple(mean.shape)}|{bool(agg.halted)}|".encode())
     h.update(mean.reshape(-1).view(torch.uint8).numpy().tobytes() if mean.numel() else b"")
     return h.hexdigest()
+
+
+def head(ledger: Ledger) -> dict[str, Any]:
+    """``ledger.jsonl``'s head line: the ledger without its entries and what they give (its ε,
+    the rounds released)."""
+    derived = ("entries", "epsilon", "rounds_released")
+    return {k: v for k, v in ledger.to_dict().items() if k not in derived}
 
 
 def _line(d: dict[str, Any]) -> str:

@@ -26,7 +26,7 @@ import torch
 import fedudp.flower
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
 from fedudp.aggregators.base import Constraint
-from fedudp.billboard import fail_closed
+from fedudp.billboard import fail_closed, release
 from fedudp.billboard.rounds import Collected, Evaluation, run_rounds
 from fedudp.billboard.server import Billboard
 from fedudp.engines import flower_wire
@@ -218,7 +218,9 @@ def test_twin_is_caught_between_neighbours_of_one_sample():
 
 
 def test_one_rule_for_both_engines():
-    assert fedudp.flower.withhold_reason is fail_closed.withhold_reason
+    # both hold the release path, which calls the one rule (tests/billboard/test_release_path.py)
+    assert fedudp.flower.ReleaseGate is release.ReleaseGate
+    assert release.withhold_reason is fail_closed.withhold_reason
     assert fail_closed.answered_slots(CAPACITY, {3}) == 30
     assert fail_closed.answered_slots(CAPACITY, set()) == 40
     with pytest.raises(ValueError, match="outside 0..3"):
