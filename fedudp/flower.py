@@ -24,11 +24,14 @@ silo) holds many users, and the privacy unit is the user:
   ``FedAdam``, ``FedProx``, ...). It adds the user sampling and the constraint (clip, rows or
   sum) to every training message, merges the clients' contributions, releases one private mean
   update with fedudp's estimator (clip + Gaussian, winsorized, outlier removal, FriendlyCore,
-  few users), composes the release in a dp-accounting ledger and hands the wrapped strategy a
-  single update (the broadcast plus the released mean), which it applies as it would a
-  client's. Before a round whose release would exceed the target ε it stops training (no more
-  training messages; evaluation rounds go on) and says so. Every round's ε is in the round's
-  metrics (``epsilon``).
+  few users), composes the release in a dp-accounting ledger through the billboard's release
+  path (``fedudp.billboard.release.ReleaseGate``: the budget check, the fail-closed rule, the
+  composition and the ledger, durable in ``ledger_path`` when one is given, written once for
+  fedudp's billboard and this wrapper) and hands the wrapped strategy a single update (the
+  broadcast plus the released mean), which it applies as it would a client's. Before a round
+  whose release would exceed the target ε it stops training (no more training messages;
+  evaluation rounds go on) and says so. Every round's ε is in the round's metrics
+  (``epsilon``).
 
 The user population N (the estimator's public denominator) is declared: ``num_users``; the
 sampling rate q is ``user_sampling_rate``. Both are public, as fedudp's own engine treats them.
@@ -52,6 +55,7 @@ import fnmatch
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -72,7 +76,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedudp.aggregators.base import Aggregator, Constraint, Contribution
-from fedudp.billboard.fail_closed import withhold_reason
+from fedudp.billboard.release import ReleaseGate
 from fedudp.flower_availability import availability_problem
 from fedudp.flower_guard import (
     NO_WRAPPER,
@@ -84,8 +88,8 @@ from fedudp.flower_guard import (
     user_rows,
 )
 from fedudp.flower_logging import root_placeholder
-from fedudp.privacy.accountant import Ledger, LedgerEntry, accountant_for
-from fedudp.privacy.protocol import AccountantLike
+from fedudp.privacy.accountant import Ledger, accountant_for
+from fedudp.protocol import ledger_file
 from fedudp.randomness import Purpose, Randomness
 
 if TYPE_CHECKING:
@@ -247,6 +251,11 @@ class UserLevelDP(Strategy):
     expected_update_norm : float or None
         A typical norm of the mean update, public (None: the clip C); ``start`` warns before
         round 1 when the release noise's expected norm exceeds it.
+    ledger_path : str, Path or None
+        A ``ledger.jsonl`` to keep the ledger in, durably (``fedudp.protocol.ledger_file``):
+        its head line is written here, each release's line is flushed and fsynced before the
+        released update leaves ``aggregate_train``, and the file is rewritten with the final
+        head at the end of ``start``. None: the ledger is kept in memory only (``ledger``).
 
     Raises
     ------
@@ -269,6 +278,7 @@ class UserLevelDP(Strategy):
         min_users: int = 1,
         rounds: int | None = None,
         expected_update_norm: float | None = None,
+        ledger_path: str | Path | None = None,
     ) -> None:
         if not aggregator.private:
             raise ValueError("UserLevelDP needs a private estimator (its noise is the guarantee)")
@@ -284,7 +294,6 @@ class UserLevelDP(Strategy):
             raise ValueError(why)
         self.strategy, self.aggregator = strategy, aggregator
         self._outer_checked = False  # a Flower DP wrapper around this one: the first round
-        self.delta, self.target_epsilon = float(delta), target_epsilon
         self.personal, self.seed = tuple(personal), int(seed)
         self.randomness = (
             randomness
@@ -297,24 +306,16 @@ class UserLevelDP(Strategy):
                 f"UserLevelDP: min_owners must be >= 1 and min_users >= 0, got "
                 f"{min_owners} / {min_users}"
             )
-        self.min_owners, self.min_users = int(min_owners), int(min_users)
         self.withheld: list[tuple[int, str]] = []  # (round, why): nothing released
         self.event = aggregator.dp_event()
-        # an Accountant, ParallelAccountant or GroupAccountant (fedudp.privacy.protocol)
-        self.accountant: AccountantLike = accountant_for(
-            self.event, aggregator.group, target_epsilon
-        )
-        one_off = aggregator.one_off_event()
-        if one_off is not None:
-            self.accountant.compose(one_off)
-        self.ledger = Ledger(
+        ledger = Ledger(
             unit="user",
             adjacency=aggregator.adjacency,
             accounting="certified",
             guarantee=aggregator.guarantee,
             mechanism=aggregator.name,
             accountant=aggregator.accountant,
-            delta=self.delta,
+            delta=float(delta),
             target_epsilon=target_epsilon,
             notes=[
                 "fedudp.flower.UserLevelDP: user-level DP of the released "
@@ -325,6 +326,19 @@ class UserLevelDP(Strategy):
                 "training step that raised (nonfinite_users, raised_users)",
             ],
         )
+        # the release path (fedudp.billboard.release, the billboard's too): the budget check,
+        # the fail-closed rule, the composition and the ledger of every release
+        self.gate = ReleaseGate(
+            ledger,
+            accountant_for(self.event, aggregator.group, target_epsilon),
+            float(delta),
+            target_epsilon,
+            int(min_owners),
+            int(min_users),
+        )
+        one_off = aggregator.one_off_event()
+        if one_off is not None:
+            self.gate.compose_once(one_off)
         self.ledger.extra["public"] = {
             "users": aggregator.sampling.population,
             "user_sampling_rate": aggregator.sampling.rate,
@@ -334,6 +348,10 @@ class UserLevelDP(Strategy):
             "min_owners": self.min_owners,
             "min_users": self.min_users,
         }
+        self.ledger_path = None if ledger_path is None else Path(ledger_path)
+        if self.ledger_path is not None:  # each release durable before it leaves
+            ledger_file.write(self.ledger_path, ledger_file.head(self.ledger), [])
+            self.gate.sink = ledger_file.LedgerFile(self.ledger_path).append
         self.stopped: str | None = None
         self._sent: dict[int, ArrayRecord] = {}
         # T the estimator was calibrated for (None: not declared; start() then takes any)
@@ -352,6 +370,7 @@ class UserLevelDP(Strategy):
         run_config: Mapping[str, Any],
         initial_arrays: ArrayRecord,
         personal: Sequence[str] = (),
+        ledger_path: str | Path | None = None,
     ) -> UserLevelDP:
         """The wrapper configured through Flower's run config alone
         (``[tool.flwr.app.config]`` / ``--run-config``), under the run-config contract
@@ -362,7 +381,7 @@ class UserLevelDP(Strategy):
         ``RunConfigError`` naming it. Randomness is ``secure`` unless set (the wrapper's
         default, unlike fedudp's own engines). The estimator is calibrated by fedudp's config
         builder over the shared parameters of ``initial_arrays`` (those not matching
-        ``personal``)."""
+        ``personal``); ``ledger_path``: the durable ``ledger.jsonl`` (the constructor's)."""
         from fedudp import build
         from fedudp.aggregators.base import Sampling
         from fedudp.config import config_from_overrides
@@ -406,14 +425,45 @@ class UserLevelDP(Strategy):
             min_users=s.min_users,
             rounds=int(values["rounds"]),
             expected_update_norm=values.get("fedudp.expected-update-norm"),
+            ledger_path=ledger_path,
         )
         if agg.constraint.rows:  # per-user rows: the rows' declared bound B
             out.update_bound = float(values["fedudp.estimator.bound"])
         return out
 
+    # the release path's numbers, on the gate (one copy of each)
+    @property
+    def ledger(self) -> Ledger:
+        """The run's ledger: one entry per release (``ReleaseGate.record``)."""
+        return self.gate.ledger
+
+    @property
+    def accountant(self) -> Any:
+        return self.gate.accountant
+
+    @property
+    def delta(self) -> float:
+        assert self.gate.delta is not None  # set from the required delta
+        return self.gate.delta
+
+    @property
+    def target_epsilon(self) -> float | None:
+        return self.gate.target_epsilon
+
+    @property
+    def min_owners(self) -> int:
+        return self.gate.min_owners
+
+    @property
+    def min_users(self) -> int:
+        return self.gate.min_users
+
     @property
     def epsilon(self) -> float:
-        return float(self.accountant.epsilon(self.delta))
+        """The ε of every release so far (and a one-off block), at ``delta``."""
+        eps = self.gate.epsilon()
+        assert eps is not None  # the gate of a private estimator has an accountant
+        return eps
 
     def _constraint(self) -> Constraint:
         return self.aggregator.constraint
@@ -426,13 +476,8 @@ class UserLevelDP(Strategy):
             why = outer_wrapper(self)
             if why is not None:
                 raise ValueError(why)
-        if self.stopped is None and self.target_epsilon is not None:
-            nxt = self.accountant.epsilon_if(self.event, self.delta)
-            if nxt > self.target_epsilon * (1 + 1e-9):
-                self.stopped = (
-                    f"budget: round {server_round}'s release would reach epsilon "
-                    f"{nxt:.4g} > target {self.target_epsilon:g}"
-                )
+        if self.stopped is None and (why := self.gate.over_budget(self.event)) is not None:
+            self.stopped = f"budget: round {server_round}'s {why}"
         if self.stopped is not None:
             log(WARNING, "UserLevelDP: no more training (%s)", self.stopped)
             return []
@@ -518,8 +563,7 @@ class UserLevelDP(Strategy):
                 t = torch.from_numpy(np.asarray(rec["sum"].numpy(), dtype=np.float64))
                 parts.append(Contribution(None, t.reshape(dim), n, int(counts["clipped"])))
         # fail closed (the billboard's rule): answering clients and their declared user slots
-        fc = (self.min_owners, self.min_users)
-        why = withhold_reason(len(parts), held, failed, *fc, who="client", key="fedudp.train.")
+        why = self.gate.withhold(len(parts), held, failed, who="client", key="fedudp.train.")
         if why is not None:  # nothing released, nothing composed, the model unchanged
             self.withheld.append((server_round, why))
             log(
@@ -542,19 +586,16 @@ class UserLevelDP(Strategy):
         agg = self.aggregator.release(
             c, rng=self.randomness.torch_generator(Purpose.NOISE, server_round)
         )
-        self.accountant.compose(self.event)
-        eps = self.epsilon
-        self.ledger.entries.append(
-            LedgerEntry(
-                server_round,
-                str(self.event),
-                self.aggregator.noise_multiplier,
-                self.aggregator.noise_std,
-                self.aggregator.sampling.rate,
-                eps,
-                self.accountant.epsilon_rdp(self.delta),
-            )
+        # composed and ledgered (durably, with ledger_path) before the update leaves
+        entry = self.gate.record(
+            server_round,
+            self.event,
+            self.aggregator,
+            self.aggregator.sampling.rate,
+            ledger_file.release_digest(agg),
         )
+        assert entry.epsilon is not None  # composed by a private estimator's accountant
+        eps = entry.epsilon
         new = _flat(sent, names) + agg.mean.to(torch.float64)
         updated = _unflat(new, sent, names)
         arrays = _record({k: updated.get(k, sent[k]) for k in sent})
@@ -659,6 +700,8 @@ class UserLevelDP(Strategy):
             "epsilon": self.epsilon,
         }
         self.ledger.extra["outcome"] = out
+        if self.ledger_path is not None:  # the final head (outcome, utility) and every line
+            ledger_file.write(self.ledger_path, ledger_file.head(self.ledger), self.ledger.entries)
         if status.startswith("failed"):
             if self.withheld:
                 r, why = self.withheld[-1]
