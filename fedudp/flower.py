@@ -89,6 +89,7 @@ from fedudp.flower_guard import (
 )
 from fedudp.flower_logging import root_placeholder
 from fedudp.privacy.accountant import Ledger, accountant_for
+from fedudp.privacy.protocol import AccountantLike
 from fedudp.protocol import ledger_file
 from fedudp.randomness import Purpose, Randomness
 
@@ -438,7 +439,8 @@ class UserLevelDP(Strategy):
         return self.gate.ledger
 
     @property
-    def accountant(self) -> Any:
+    def accountant(self) -> AccountantLike:
+        assert self.gate.accountant is not None  # a private estimator's (accountant_for)
         return self.gate.accountant
 
     @property

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from fedudp.billboard.fail_closed import withhold_reason
 from fedudp.privacy.accountant import ApproxDp, Ledger, LedgerEntry, Parallel
+from fedudp.privacy.protocol import AccountantLike
 
 if TYPE_CHECKING:
     import dp_accounting
@@ -44,10 +45,10 @@ class ReleaseGate:
     ----------
     ledger : Ledger
         Where each release's ``LedgerEntry`` is appended, in order.
-    accountant : object or None
-        What composes the events (``fedudp.privacy.accountant.accountant_for``: ``compose``,
-        ``epsilon``, ``epsilon_rdp``, ``epsilon_if``); None for a non-private release (no ε,
-        no budget).
+    accountant : AccountantLike or None
+        What composes the events (``fedudp.privacy.accountant.accountant_for``,
+        ``fedudp.privacy.protocol.AccountantLike``); None for a non-private release (no ε, no
+        budget).
     delta : float or None
         The δ at which every ε is read.
     target_epsilon : float or None
@@ -70,7 +71,7 @@ class ReleaseGate:
     """
 
     ledger: Ledger
-    accountant: Any
+    accountant: AccountantLike | None
     delta: float | None
     target_epsilon: float | None = None
     min_owners: int = 1
@@ -81,9 +82,8 @@ class ReleaseGate:
         """Compose a block spent once for the whole run, up front (an estimator's or a plan's
         one-off event: AboveThreshold's ε/2, failure probabilities that enter δ); it has no
         ledger entry of its own (the ledger's ``extra`` names it)."""
-        if self.accountant is None:
-            raise ValueError("a one-off privacy event needs an accountant (a private release)")
-        self.accountant.compose(event)
+        acc, _ = self._private()
+        acc.compose(event)
 
     def recompose(self, events: Sequence[Event | None]) -> float | None:
         """Compose again, in order, the events of releases already in a ledger (a checkpoint's,
@@ -91,22 +91,25 @@ class ReleaseGate:
         non-private gate)."""
         if self.accountant is None:
             return None
+        acc, _ = self._private()
         for event in events:
             if event is not None:
-                self.accountant.compose(event)
+                acc.compose(event)
         return self.epsilon()
 
     def epsilon(self) -> float | None:
         """The ε of everything composed so far at ``delta`` (None for a non-private gate)."""
         if self.accountant is None:
             return None
-        return float(self.accountant.epsilon(self.delta))
+        acc, delta = self._private()
+        return float(acc.epsilon(delta))
 
     def epsilon_if(self, event: Event | None) -> float | None:
         """The ε if ``event`` were composed now, without composing it (None: non-private)."""
         if self.accountant is None or event is None:
             return None
-        return float(self.accountant.epsilon_if(event, self.delta))
+        acc, delta = self._private()
+        return float(acc.epsilon_if(event, delta))
 
     def over_budget(self, event: Event | None) -> str | None:
         """Why the next release of ``event`` must not be made (None: it may).
@@ -220,17 +223,19 @@ class ReleaseGate:
         append it to the ledger and hand it to the sink; returns the entry as ledgered. A
         release made before a resume (``superseded``) enters here too: it was made."""
         if self.accountant is not None and event is not None:
-            self.accountant.compose(event)
-            entry = replace(
-                entry,
-                epsilon=float(self.accountant.epsilon(self.delta)),
-                epsilon_rdp=self._rdp(),
-            )
+            acc, delta = self._private()
+            acc.compose(event)
+            eps, rdp = float(acc.epsilon(delta)), acc.epsilon_rdp(delta)
+            entry = replace(entry, epsilon=eps, epsilon_rdp=None if rdp is None else float(rdp))
         self.ledger.entries.append(entry)
         if self.sink is not None:  # durable before the release leaves (step, broadcast)
             self.sink(entry)
         return entry
 
-    def _rdp(self) -> float | None:
-        e = self.accountant.epsilon_rdp(self.delta)
-        return None if e is None else float(e)
+    def _private(self) -> tuple[AccountantLike, float]:
+        """The accountant and δ of a private gate (``ValueError`` naming what is missing)."""
+        if self.accountant is None:
+            raise ValueError("a private release needs an accountant (accountant_for)")
+        if self.delta is None:
+            raise ValueError("a private release needs its delta (privacy.delta)")
+        return self.accountant, float(self.delta)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -144,11 +144,11 @@ class Billboard:
         return self.gate.ledger
 
     @property
-    def accountant(self) -> Any:
+    def accountant(self) -> AccountantLike | None:
         return self.gate.accountant
 
     @accountant.setter
-    def accountant(self, value: Any) -> None:
+    def accountant(self, value: AccountantLike | None) -> None:
         self.gate.accountant = value
 
     @property
