@@ -9,8 +9,9 @@ rule's slack of the second release's ε, so round 4 is the budget stop. Both mak
 release decisions, with the same ε per round and the same ledger lines (event, noise
 multiplier, std, sampling rate, ε, the RDP cross-check, the released values' SHA-256), each
 line durable in ``ledger.jsonl`` before the release leaves. The weakened twins, a wrapper with a
-second budget rule (no slack) and one that composes a round before its fail-closed decision,
-are caught; neither source keeps a copy of the rules.
+second budget rule (no slack), one that composes a round before its fail-closed decision and
+one whose ledger line reaches the file after the update left, are caught; neither source keeps
+a copy of the rules (read from their syntax trees; the check finds them in the gate's own).
 """
 
 from __future__ import annotations
@@ -305,6 +306,30 @@ def test_twin_composing_before_the_fail_closed_decision_is_caught(honest, tmp_pa
     # the withheld round spent ε: two rounds' worth after one release, and the budget stops it
     assert decisions(twin) == ((1,), (2,), 3)
     assert twin["strategy"].epsilon > twin["strategy"].ledger.entries[-1].epsilon
+
+
+def test_twin_writing_the_line_after_the_update_left_is_caught(honest, tmp_path):
+    """A wrapper whose ledger line reaches the file one release late (as a ledger written at
+    the end, or with the next round's metrics, would): the update left before its line."""
+    target, _, fl, _ = honest
+
+    class Late(ReleaseGate):
+        pending = None
+
+        def append(self, entry, event):
+            sink, self.sink = self.sink, None
+            try:
+                out = super().append(entry, event)
+            finally:
+                self.sink = sink
+            if self.pending is not None and sink is not None:
+                sink(self.pending)
+            self.pending = out
+            return out
+
+    twin = flower_run(target, tmp_path, Late)
+    assert twin["durable_at"] == {1: [], 3: [1]} != fl["durable_at"]
+    assert lines(twin) == lines(fl)  # the same releases and ledger in memory: only the order
 
 
 ACCOUNTING = {"compose", "epsilon", "epsilon_if", "epsilon_rdp"}
