@@ -106,9 +106,10 @@ EXACT_ROUNDS = 32
 @dataclass(frozen=True)
 class ApproxDp:
     """An (epsilon, delta)-DP block that dp-accounting 0.6 has no event for
-    (docs/algorithms.md#blocks-without-a-dp-accounting-event): AboveThreshold's pure budget, a failure probability that enters delta (ASI's
-    zeta, a concentration check passing wrongly), Esfandiari's (4ε, 4δ) sampler. Blocks
-    compose with everything else by basic composition (``basic_composition``)."""
+    (docs/algorithms.md#blocks-without-a-dp-accounting-event): AboveThreshold's pure budget,
+    a failure probability that enters delta (ASI's zeta, a concentration check passing
+    wrongly), Esfandiari's (4ε, 4δ) sampler. Blocks compose with everything else by basic
+    composition (``basic_composition``)."""
 
     epsilon: float
     delta: float = 0.0
@@ -165,6 +166,7 @@ class _Series:
         self.values: list[float] = []
 
     def exact(self, c: int) -> float:
+        """The exact epsilon after ``c`` releases (memoized)."""
         if c not in self._exact:
             self._exact[c] = self._exact_fn(c)
         return self._exact[c]
@@ -189,6 +191,7 @@ class _Series:
             self.values.append(vb)
 
     def value(self, c: int, threshold: float = math.inf) -> float:
+        """Epsilon after ``c`` releases (``threshold``: above it, the exact value)."""
         if c <= EXACT_ROUNDS:
             return self.exact(c)
         self._extend(c)
@@ -253,9 +256,11 @@ class Accountant:
 
     @property
     def events(self) -> list[dp_accounting.DpEvent]:
+        """Every composed event, one per release (the runs expanded)."""
         return [e for e, c in self.runs for _ in range(c)]
 
     def supports(self, event: dp_accounting.DpEvent | ApproxDp) -> bool:
+        """Whether ``event`` can be composed (a block, or an event PLD or RDP supports)."""
         if isinstance(event, ApproxDp):
             return True
         return pld_supports(event) or rdp_accountant().supports(event)
@@ -435,6 +440,8 @@ class ParallelAccountant:
         self.parts = [Accountant(pld_interval, target_epsilon, engine) for _ in range(parts)]
 
     def compose(self, event: dp_accounting.DpEvent | ApproxDp | Parallel, count: int = 1) -> None:
+        """Compose ``count`` of a ``Parallel`` event (one event per part) or of an ``ApproxDp``
+        block (into every part)."""
         if isinstance(event, ApproxDp):
             for a in self.parts:
                 a.compose(event, count)
@@ -445,9 +452,11 @@ class ParallelAccountant:
             a.compose(e, count)
 
     def epsilon(self, delta: float) -> float:
+        """The worst part's epsilon at ``delta`` (parallel composition)."""
         return max(a.epsilon(delta) for a in self.parts)
 
     def epsilon_rdp(self, delta: float) -> float | None:
+        """The worst part's RDP epsilon; None if RDP does not support every part."""
         eps = [e for a in self.parts if (e := a.epsilon_rdp(delta)) is not None]
         return None if len(eps) < len(self.parts) else max(eps)
 
@@ -462,6 +471,7 @@ class ParallelAccountant:
         return max(a.epsilon_if(e, delta, count) for a, e in zip(self.parts, event.parts))
 
     def part_epsilons(self, delta: float) -> list[float]:
+        """Each part's epsilon at ``delta``."""
         return [a.epsilon(delta) for a in self.parts]
 
 
@@ -483,6 +493,8 @@ class GroupConversion:
 
     @classmethod
     def for_user_budget(cls, size: int, epsilon: float, delta: float, form: str) -> GroupConversion:
+        """The conversion whose user-level guarantee is (``epsilon``, ``delta``) for groups of
+        ``size`` records."""
         if size < 1:
             raise ValueError(f"group size must be >= 1, got {size}")
         if form not in ("certified", "paper"):
@@ -492,6 +504,7 @@ class GroupConversion:
         return cls(k, rd, form)
 
     def user_epsilon(self, record_epsilon: float) -> float:
+        """The user-level ε of a record-level ``record_epsilon``: k times it."""
         return self.size * record_epsilon
 
     def record_epsilon(self, user_epsilon: float) -> float:
@@ -520,22 +533,27 @@ class GroupAccountant:
         self.inner, self.group = inner, group
 
     def compose(self, event: dp_accounting.DpEvent | ApproxDp | Parallel, count: int = 1) -> None:
+        """Compose ``count`` releases of ``event`` at record level."""
         self.inner.compose(event, count)
 
     def epsilon(self, delta: float) -> float:
+        """User-level epsilon: k times the record-level epsilon at the conversion's δ'."""
         return self.group.user_epsilon(self.inner.epsilon(self.group.record_delta))
 
     def epsilon_rdp(self, delta: float) -> float | None:
+        """User-level RDP epsilon (k times the record level's at δ'); None if unsupported."""
         e = self.inner.epsilon_rdp(self.group.record_delta)
         return None if e is None else self.group.user_epsilon(e)
 
     def epsilon_if(
         self, event: dp_accounting.DpEvent | ApproxDp | Parallel, delta: float, count: int = 1
     ) -> float:
+        """User-level epsilon after ``count`` more of ``event``, without composing it."""
         eps = self.inner.epsilon_if(event, self.group.record_delta, count)
         return self.group.user_epsilon(eps)
 
     def record_epsilon(self) -> float:
+        """The record-level epsilon at the conversion's δ' (what the noise is calibrated to)."""
         return self.inner.epsilon(self.group.record_delta)
 
 

@@ -383,6 +383,7 @@ class FastPLD:
         return self._add_at[key]
 
     def epsilon(self, k: int, delta: float) -> float:
+        """Epsilon of k releases at ``delta``: the remove pair's, or the add pair's if larger."""
         assert self.remove is not None  # dense only (the caller checks ``dense``)
         eps = _trimmed_epsilon(self.remove.compose(k), delta)
         if self.add is None:
