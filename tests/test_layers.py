@@ -25,6 +25,7 @@ LAYERS = [
         "fedudp.plugins",
         "fedudp.memory",
         "fedudp.notices",
+        "fedudp.logs",
     ),
     ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
     ("fedudp.data", "fedudp.models"),

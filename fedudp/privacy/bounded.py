@@ -31,6 +31,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from fedudp.logs import root_placeholder
 from fedudp.privacy.pld_fast import (
     RELATION,
     direct_pld_epsilon,
@@ -97,7 +98,10 @@ def quiet_absl() -> Iterator[None]:
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        yield
+        # absl's log() runs logging.basicConfig() on a bare root logger whatever its own level,
+        # duplicating every propagated line from then on: a stand-in root handler while here
+        with root_placeholder():
+            yield
     finally:
         log.setLevel(level)
 
