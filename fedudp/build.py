@@ -799,8 +799,7 @@ def model(
     Layers that break per-user privacy (BatchNorm, ...) are refused, naming the layer.
     ``probe``: also run ``probe_model`` (``prepare`` does, once per run: a Flower owner
     rebuilding the model from the same config skips it)."""
-    from fedudp.models import custom
-    from fedudp.models import footprint
+    from fedudp.models import custom, footprint
     from fedudp.models import validate as model_check
 
     load_plugins(cfg.plugins)  # a plugin's model (a Flower owner builds it from the config)
