@@ -211,7 +211,9 @@ def test_reply_carries_shared_vectors_only(fed):
     rep = owners.reply(fed, shared, personal, units, ROUND, constraint)
     assert isinstance(rep, OwnerReply)
     assert rep.param_names == SHARED and not set(rep.param_names) & set(PERSONAL)
-    assert set(vars(rep)) == {"param_names", "contribution", "failed"}  # no personal field
+    # no personal field (``raised``: the users dropped for a raising step, counts and reasons)
+    assert set(vars(rep)) == {"param_names", "contribution", "failed", "raised"}
+    assert rep.raised == ()
     c = rep.contribution
     want = (G.double() * torch.clamp(clip / norms, max=1.0).unsqueeze(1)).sum(0)
     assert c.rows is None and c.total.shape == (130,) and c.count == 5 and rep.failed == 0
