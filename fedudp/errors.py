@@ -8,6 +8,12 @@ and ``DataError``, its kind for data files.
 
 from __future__ import annotations
 
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "one_line",
+]
+
 
 class ConfigError(ValueError):
     """A user error (see the module doc)."""

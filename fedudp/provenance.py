@@ -8,6 +8,13 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
+__all__ = [
+    "ROOT",
+    "version",
+    "source",
+    "provenance",
+]
+
 ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) above fedudp/
 
 

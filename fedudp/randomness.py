@@ -32,6 +32,18 @@ from enum import IntEnum
 import numpy as np
 import torch
 
+__all__ = [
+    "Purpose",
+    "KEYS",
+    "PROTECTING",
+    "entropy",
+    "numpy_rng",
+    "torch_generator",
+    "secure_numpy_rng",
+    "secure_torch_generator",
+    "Randomness",
+]
+
 
 class Purpose(IntEnum):
     USER_ORDER = 1  # a user's record order in local SGD (shared vectors)

@@ -18,6 +18,12 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeAlias
 
+__all__ = [
+    "RunInterrupted",
+    "StopFlag",
+    "StopSignals",
+]
+
 # what signal.signal() takes and returns: a handler, SIG_DFL / SIG_IGN, or None (not set in Python)
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 

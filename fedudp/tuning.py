@@ -45,10 +45,18 @@ from fedudp.privacy.events import (
 )
 from fedudp.privacy.labels import epsilon_text
 
+__all__ = [
+    "SelectionError",
+    "SweepRule",
+    "declared_sweep",
+    "select_best",
+    "selection_lines",
+]
+
 # the random-count distributions: name -> the truncated negative binomial's shape η (None: the
 # shape is declared with the mean, --sweep-shape)
-RANDOM_SIZES: dict[str, float | None] = {**SHAPES, "negative_binomial": None}
-SWEEP_SIZES = ("grid", *RANDOM_SIZES)
+_RANDOM_SIZES: dict[str, float | None] = {**SHAPES, "negative_binomial": None}
+_SWEEP_SIZES = ("grid", *_RANDOM_SIZES)
 
 
 class SelectionError(ValueError):
@@ -87,8 +95,8 @@ def declared_sweep(
     """The rule a sweep declared (``--sweep-size``, ``--sweep-mean``, ``--sweep-shape``), checked
     before any summary is read: a random count needs its declared mean (and
     ``negative_binomial`` its shape); a grid takes neither."""
-    if size not in SWEEP_SIZES:
-        raise SelectionError(f"--sweep-size must be one of {', '.join(SWEEP_SIZES)}, got {size!r}")
+    if size not in _SWEEP_SIZES:
+        raise SelectionError(f"--sweep-size must be one of {', '.join(_SWEEP_SIZES)}, got {size!r}")
     if size == "grid":
         for flag, v in (("--sweep-mean", mean), ("--sweep-shape", shape)):
             if v is not None:
@@ -96,7 +104,7 @@ def declared_sweep(
                     f"{flag}: a grid's candidates are a fixed set, not a random "
                     f"count; drop {flag}, or name the distribution the number of "
                     "candidates was drawn from before the sweep with --sweep-size "
-                    f"{'|'.join(RANDOM_SIZES)}"
+                    f"{'|'.join(_RANDOM_SIZES)}"
                 )
         return SweepRule()
     if mean is None:
@@ -115,7 +123,7 @@ def declared_sweep(
             f"--sweep-mean must be a finite number >= 1 (dp-accounting's "
             f"RepeatAndSelect), got {mean!r}"
         )
-    fixed = RANDOM_SIZES[size]
+    fixed = _RANDOM_SIZES[size]
     if fixed is not None:
         if shape is not None:
             raise SelectionError(

@@ -25,6 +25,10 @@ from fedudp.owner import local_sgd
 from fedudp.owner.owners import OwnerHooks, Owners, Params, user_units
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "PersonalStep",
+]
+
 
 class PersonalStep(OwnerHooks):
     """``cohort(round_)``: the round's sampled unit ids (the plan's public sample)."""

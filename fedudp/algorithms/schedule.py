@@ -31,6 +31,11 @@ from fedudp.aggregators.base import Aggregator
 from fedudp.billboard.plan import Plan
 from fedudp.privacy.accountant import ApproxDp, Parallel
 
+__all__ = [
+    "Phase",
+    "AlgorithmPlan",
+]
+
 
 @dataclass
 class Phase:

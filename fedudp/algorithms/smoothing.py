@@ -18,6 +18,11 @@ from fedudp.owner import local_sgd
 from fedudp.owner.owners import OwnerHooks, Owners, Params
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "uniform_ball",
+    "Smoothing",
+]
+
 
 def uniform_ball(rng: np.random.Generator, k: int, d: int, radius: float) -> np.ndarray:
     """[k, d] points uniform in the l2 ball of ``radius``

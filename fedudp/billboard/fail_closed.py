@@ -20,6 +20,12 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+__all__ = [
+    "answered_slots",
+    "withhold_reason",
+    "minimum_error",
+]
+
 
 def answered_slots(capacity: Sequence[int] | np.ndarray, failed: Collection[int]) -> int:
     """The declared user slots of the owners that answered: every owner's public ``capacity``

@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+__all__ = [
+    "Plan",
+]
+
 if TYPE_CHECKING:
     import dp_accounting
 

@@ -45,6 +45,17 @@ from fedudp.protocol.checkpoint import Checkpointer, CheckpointError, warn
 from fedudp.protocol.messages import Failure, OwnerReply, raised_metrics
 from fedudp.stopping import RunInterrupted, StopSignals
 
+__all__ = [
+    "Params",
+    "Collected",
+    "Evaluation",
+    "Transport",
+    "RoundsResult",
+    "summarize",
+    "run_rounds",
+    "completion_notes",
+]
+
 Params = dict[str, torch.Tensor]
 
 
@@ -147,7 +158,7 @@ def _failures(kind: str, failures: list[Failure]) -> dict:
     }
 
 
-def loop_state(
+def _loop_state(
     billboard: Billboard | None, transport: Transport, round_: int, history: list[dict]
 ) -> dict:
     """A checkpoint after ``round_`` (``fedudp.protocol.checkpoint``): billboard, transport, the
@@ -161,7 +172,7 @@ def loop_state(
     }
 
 
-def restore_loop(
+def _restore_loop(
     state: dict, billboard: Billboard | None, transport: Transport, checkpoint: Checkpointer
 ) -> tuple[int, list[dict]]:
     """(round, metrics so far) of a checkpoint, billboard and transport restored from it."""
@@ -174,7 +185,7 @@ def restore_loop(
     return r, json.loads(state["history"])
 
 
-def save_checkpoint(
+def _save_checkpoint(
     checkpoint: Checkpointer,
     billboard: Billboard | None,
     transport: Transport,
@@ -185,7 +196,7 @@ def save_checkpoint(
     state this round (a Flower owner did not save its own; a training algorithm's plan that
     keeps no checkpointable state): then the previous checkpoint stays the newest."""
     try:
-        state = loop_state(billboard, transport, round_, history)
+        state = _loop_state(billboard, transport, round_, history)
         if state["transport"] is None:
             raise CheckpointError("an owner did not save its state")
     except CheckpointError as e:
@@ -213,7 +224,7 @@ def run_rounds(
     history: list[dict] = []
     withheld: list[str] = []  # this run's withheld rounds (fail closed), why
     if checkpoint is not None and checkpoint.resumed is not None:
-        done, history = restore_loop(checkpoint.resumed, bb, transport, checkpoint)
+        done, history = _restore_loop(checkpoint.resumed, bb, transport, checkpoint)
     shared = bb.shared_params() if bb is not None else {}
     ev: Evaluation | None = None
     budget_ok: bool | None = None  # next round's check, computed while owners evaluate
@@ -260,7 +271,7 @@ def run_rounds(
                 with signals.critical():
                     record(info, t0)
                     if stop == "completed" and checkpoint is not None and checkpoint.due(r):
-                        save_checkpoint(checkpoint, bb, transport, r, history)
+                        _save_checkpoint(checkpoint, bb, transport, r, history)
             except RunInterrupted as e:
                 stop, signum = "interrupted", e.signum
                 if done == r and (not history or history[-1] is not info):

@@ -19,6 +19,19 @@ from fedudp.data.readers import fixed_inputs, register
 from fedudp.data.synthetic import synthetic_pool
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "IMAGE_SHAPE",
+    "IMAGE_CLASSES",
+    "Federation",
+    "Pool",
+    "planned_owner_records",
+    "planned_owner_users",
+    "synthetic",
+    "pixel_stats",
+    "image_pool",
+    "partition_pool",
+]
+
 
 @dataclass
 class Federation:

@@ -18,6 +18,14 @@ import numpy as np
 
 from fedudp.errors import DataError
 
+__all__ = [
+    "CLASSES",
+    "FILES",
+    "parse_idx",
+    "load_idx_dataset",
+    "check_available",
+]
+
 CLASSES = 10  # MNIST and Fashion-MNIST
 
 FILES = {
@@ -26,12 +34,12 @@ FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-MIRRORS = {
+_MIRRORS = {
     "mnist": ["https://ossci-datasets.s3.amazonaws.com/mnist/"],
     "fashion_mnist": ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
 }
 # md5 of the upstream .gz files (the ones torchvision checks)
-MD5 = {
+_MD5 = {
     ("mnist", "train-images-idx3-ubyte"): "f68b3c2dcbeaaa9fbdd348bbdeb94873",
     ("mnist", "train-labels-idx1-ubyte"): "d53e105ee54ea40749a09fcbcd1e9432",
     ("mnist", "t10k-images-idx3-ubyte"): "9fb629c4189551a2d022fa330f9573f3",
@@ -85,11 +93,11 @@ def _download(name: str, stem: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     target = dest / (stem + ".gz")
     last: Exception | None = None
-    for base in MIRRORS[name]:
+    for base in _MIRRORS[name]:
         try:
             with urllib.request.urlopen(base + stem + ".gz", timeout=30) as r:
                 blob = r.read()
-            if hashlib.md5(blob).hexdigest() != MD5[(name, stem)]:
+            if hashlib.md5(blob).hexdigest() != _MD5[(name, stem)]:
                 raise ValueError(f"checksum mismatch for {stem}.gz from {base}")
             tmp = target.with_suffix(".part")
             tmp.write_bytes(blob)
@@ -104,7 +112,7 @@ def load_idx_dataset(
     name: str, root: str | os.PathLike, download: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train_x uint8 [N,28,28], train_y, test_x, test_y) of ``name`` from ``root``."""
-    if name not in MIRRORS:
+    if name not in _MIRRORS:
         raise ValueError(f"dataset.name: unknown IDX dataset {name!r}")
     root = Path(root).expanduser()
     arrays, paths = {}, {}

@@ -22,6 +22,14 @@ from collections import deque
 
 import numpy as np
 
+__all__ = [
+    "owner_sizes",
+    "paper_classes",
+    "iid",
+    "dirichlet",
+    "assign_users",
+]
+
 
 def owner_sizes(total: int, owners: int) -> np.ndarray:
     if owners < 1 or owners > total:
@@ -34,7 +42,7 @@ def _class_pools(labels: np.ndarray, classes: int, rng: np.random.Generator) -> 
     return [deque(rng.permutation(np.flatnonzero(labels == c)).tolist()) for c in range(classes)]
 
 
-def round_robin_fill(
+def _round_robin_fill(
     pools: list[deque], owner_classes: list[np.ndarray], quotas: np.ndarray, strict: bool
 ) -> list[np.ndarray]:
     """Owners take one record per turn, cycling over their own classes, until quotas are met.
@@ -83,13 +91,13 @@ def paper_classes(
     owner_classes = [
         np.sort(rng.choice(classes, classes_per_owner, replace=False)) for _ in range(owners)
     ]
-    train = round_robin_fill(
+    train = _round_robin_fill(
         _class_pools(train_labels, classes, rng),
         owner_classes,
         owner_sizes(total, owners),
         strict=True,
     )
-    test = round_robin_fill(
+    test = _round_robin_fill(
         _class_pools(test_labels, classes, rng),
         owner_classes,
         np.full(owners, test_per_owner),

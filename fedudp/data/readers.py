@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from fedudp.data.records import Records
 from fedudp.registry import Registry
 
-__all__ = ["DataReader", "ReadRequest", "READERS", "register", "UNDECLARED"]
+__all__ = ["DataReader", "ReadRequest", "READERS", "register", "UNDECLARED", "fixed_inputs"]
 
 # records are read with this class bound where the configuration declares the classes: the
 # config builder then checks the labels against dataset.classes (or says what the data holds)

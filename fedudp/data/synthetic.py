@@ -15,6 +15,10 @@ import numpy as np
 
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "synthetic_pool",
+]
+
 TRAIN_SPLIT, TEST_SPLIT = 1, 2  # the two draws' stream keys (under the run seed)
 
 

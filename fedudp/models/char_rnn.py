@@ -57,6 +57,13 @@ import torch.nn as nn
 from fedudp.models import register
 from fedudp.models.split import SplitModel
 
+__all__ = [
+    "RecurrentLinear",
+    "GRULayer",
+    "CharGRU",
+    "char_gru",
+]
+
 
 class RecurrentLinear(nn.Linear):
     """An ``nn.Linear`` applied at every step (the hidden-to-hidden map). Its own type keeps it

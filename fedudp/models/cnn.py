@@ -16,6 +16,14 @@ import torch.nn.functional as F
 from fedudp.models import register
 from fedudp.models.split import SplitModel
 
+__all__ = [
+    "PAPER_TABLE2_COUNTS",
+    "channels_last",
+    "PaperCNN",
+    "layer_counts",
+    "paper_cnn",
+]
+
 PAPER_TABLE2_COUNTS = {"conv1": 416, "conv2": 12_832, "fc1": 17_248}
 
 

@@ -33,7 +33,13 @@ import torch.nn as nn
 from fedudp.models.split import split_by_patterns
 from fedudp.models.validate import check_model
 
-CLASSES_NAMES = ("classes", "num_classes")
+__all__ = [
+    "from_target",
+    "adopt",
+    "fresh_copy",
+]
+
+_CLASSES_NAMES = ("classes", "num_classes")
 
 
 def _why(e: BaseException) -> str:
@@ -97,7 +103,7 @@ def _signature_kwargs(
     extra: dict[str, Any] = {}
     if "input_shape" in named and "input_shape" not in given:
         extra["input_shape"] = tuple(int(s) for s in input_shape)
-    for n in CLASSES_NAMES:
+    for n in _CLASSES_NAMES:
         if n in named and n not in given:
             extra[n] = int(classes)
     return extra

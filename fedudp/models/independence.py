@@ -62,11 +62,22 @@ from torch.func import functional_call
 
 from fedudp.models.validate import _Innermost, _where, example_batch
 
+__all__ = [
+    "RECORDS",
+    "TOLERANCE",
+    "NORM",
+    "Kernel",
+    "tolerance",
+    "own_outputs",
+    "own_gradients",
+    "check_independent",
+]
+
 # records in the example batch (distinct fixed-seed values: a mean over them is no record's)
 RECORDS = 6
 # |batched - alone| <= TOLERANCE * max(1, max |alone|), per tensor (module doc)
 TOLERANCE = {torch.float64: 1e-9}
-TOLERANCE_LOW = 1e-4  # float32, float16, bfloat16
+_TOLERANCE_LOW = 1e-4  # float32, float16, bfloat16
 # a kernel's per-record norms (float64 [R]), compared with the records' own gradients' norms
 NORM = "__norm__"
 
@@ -74,7 +85,7 @@ Kernel = Callable[
     [Mapping[str, torch.Tensor], torch.Tensor, torch.Tensor], Mapping[str, torch.Tensor]
 ]
 
-ADVICE = (
+_ADVICE = (
     "compute each record's output from that record alone (normalise per record: nn.LayerNorm "
     "or nn.GroupNorm, not batch statistics, BatchNorm in training mode or x - x.mean(0); "
     "attention within a record, never across the batch dimension)"
@@ -86,7 +97,7 @@ _MEMO: weakref.WeakKeyDictionary[nn.Module, dict[tuple, str | None]] = weakref.W
 
 def tolerance(dtype: torch.dtype) -> float:
     """The comparison's tolerance for tensors of ``dtype`` (module doc)."""
-    return TOLERANCE.get(dtype, TOLERANCE_LOW)
+    return TOLERANCE.get(dtype, _TOLERANCE_LOW)
 
 
 def _gap(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -304,7 +315,7 @@ def _output_step(
         return (
             f"{who} fails on a record alone (a batch of one) where a batch of {R} runs "
             f"({type(e).__name__}: {line}): its output depends on the other records of the "
-            f"batch; {ADVICE}"
+            f"batch; {_ADVICE}"
         )
     gaps = [_gap(out[r : r + 1], alone[r]) for r in range(R)]
     worst = max(range(R), key=lambda r: gaps[r])
@@ -315,7 +326,7 @@ def _output_step(
     return (
         f"{who} mixes the records of a batch: record {worst}'s output in a batch of {R} "
         f"differs from its output alone (relative difference {gaps[worst]:.3g}, {prec}), so "
-        f"one user's records would reach other users' per-record gradients; {ADVICE}"
+        f"one user's records would reach other users' per-record gradients; {_ADVICE}"
     )
 
 
@@ -339,7 +350,7 @@ def _kernel_step(
         return (
             f"model {cls} fails in a record's own backward (a batch of one) where the batched "
             f"kernels run ({type(e).__name__}: {line}): its gradients depend on the other "
-            f"records of the batch; {ADVICE}"
+            f"records of the batch; {_ADVICE}"
         )
     for label, kernel in kernels.items():
         try:
@@ -363,7 +374,7 @@ def _kernel_step(
                 return (
                     f"model {cls} mixes the records of a batch in its gradients: {label}'s "
                     f"per-record {where} differ from each record's own backward (relative "
-                    f"difference {gap:.3g}, {prec}); {ADVICE}"
+                    f"difference {gap:.3g}, {prec}); {_ADVICE}"
                 )
     return None
 

@@ -16,6 +16,12 @@ import torch.nn as nn
 from fedudp.models import register
 from fedudp.models.split import SplitModel
 
+__all__ = [
+    "PersonalOffset",
+    "SharedPersonalLogistic",
+    "linear",
+]
+
 
 class PersonalOffset(nn.Module):
     def __init__(self, classes: int) -> None:

@@ -15,6 +15,12 @@ from typing import ClassVar
 
 import torch.nn as nn
 
+__all__ = [
+    "SplitModel",
+    "ParamSplit",
+    "split_by_patterns",
+]
+
 
 class SplitModel(nn.Module):
     """A fedudp model: declares which parameters joint_dp keeps personal by default

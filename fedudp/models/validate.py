@@ -94,7 +94,15 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-RUNNING_STATE = re.compile(r"^(running_|moving_|ema_)|_ema$|^num_batches_tracked$")
+__all__ = [
+    "check_model",
+    "fast_per_record",
+    "PROBE_BATCH",
+    "example_batch",
+    "probe",
+]
+
+_RUNNING_STATE = re.compile(r"^(running_|moving_|ema_)|_ema$|^num_batches_tracked$")
 
 
 def _where(name: str, mod: nn.Module) -> str:
@@ -147,7 +155,7 @@ def _layer_problem(mod: nn.Module) -> str | None:
             "by every training forward; remove the spectral normalisation"
         )
     for bname, _ in mod.named_buffers(recurse=False):
-        if RUNNING_STATE.search(bname):
+        if _RUNNING_STATE.search(bname):
             return (
                 f"has buffer {bname!r}, running state updated from the data outside the "
                 "parameters (released without noise); compute it from parameters instead "

@@ -33,6 +33,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+__all__ = [
+    "clopper_pearson",
+    "threshold_bound",
+    "gaussian_mu_for_epsilon",
+    "gaussian_epsilon",
+    "GaussianFit",
+    "gaussian_fit",
+    "Bound",
+    "SampleAudit",
+    "audit_samples",
+    "power_gaussian",
+    "power_threshold",
+]
+
 
 def clopper_pearson(k: np.ndarray, n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """One-sided (lower, upper) Clopper–Pearson bounds, each at level 1 - ``alpha``, on a
@@ -220,11 +234,11 @@ class SampleAudit:
         return self.best.epsilon
 
 
-PROJECTION = "projection on the mean shift"
-DISCRIMINANT = "linear discriminant (covariance-whitened mean shift)"
+_PROJECTION = "projection on the mean shift"
+_DISCRIMINANT = "linear discriminant (covariance-whitened mean shift)"
 
 
-def discriminant_direction(d: np.ndarray, dp: np.ndarray) -> np.ndarray:
+def _discriminant_direction(d: np.ndarray, dp: np.ndarray) -> np.ndarray:
     """Fisher's linear discriminant Σ̂⁻¹(m̂_D - m̂_D'), unit norm: Σ̂ the two sides' pooled
     covariance. Where both sides are Gaussian with one covariance (a correlated-noise sequence of
     releases, or a pair of releases with different noise scales) the projection on it is the
@@ -250,12 +264,12 @@ def _scores(
     centre = dp[:fit].mean(0)
     dist = (((d - centre) ** 2).sum(1), ((dp - centre) ** 2).sum(1))
     if discriminant:
-        w = discriminant_direction(d[:fit], dp[:fit])
-        return {DISCRIMINANT: (d @ w, dp @ w), "squared distance from the D' mean": dist}
+        w = _discriminant_direction(d[:fit], dp[:fit])
+        return {_DISCRIMINANT: (d @ w, dp @ w), "squared distance from the D' mean": dist}
     diff = d[:fit].mean(0) - dp[:fit].mean(0)
     norm = np.linalg.norm(diff)
     direction = diff / norm if norm > 0 else np.eye(d.shape[1])[0]
-    return {PROJECTION: (d @ direction, dp @ direction), "squared distance from the D' mean": dist}
+    return {_PROJECTION: (d @ direction, dp @ direction), "squared distance from the D' mean": dist}
 
 
 def audit_samples(
@@ -273,7 +287,7 @@ def audit_samples(
     ``gaussian``: the release is Gaussian with the same covariance on D and D' by construction
     (e.g. an unsampled Gaussian mechanism), so the Gaussian-DP fit on the projection is tried
     too (and kept only if the samples do not reject the model). ``discriminant``: score the
-    projection on the linear discriminant (``discriminant_direction``) instead of the plain mean
+    projection on the linear discriminant (``_discriminant_direction``) instead of the plain mean
     shift, for releases whose coordinates carry noise of different scales or correlated noise (a
     whole sequence of releases flattened into one vector)."""
     n = min(len(d), len(dp))
@@ -283,7 +297,7 @@ def audit_samples(
     scores = _scores(
         np.asarray(d[:n], np.float64), np.asarray(dp[:n], np.float64), fit, discriminant
     )
-    main = DISCRIMINANT if discriminant else PROJECTION
+    main = _DISCRIMINANT if discriminant else _PROJECTION
     tests = len(scores) + (1 if gaussian else 0)
     a = alpha / tests
     bounds = []

@@ -31,6 +31,18 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedudp.privacy.accountant import _quiet_absl
 
+__all__ = [
+    "TAG",
+    "SHAPES",
+    "event_to_json",
+    "event_from_json",
+    "rdp_epsilon",
+    "pld_or_rdp_epsilon",
+    "composed_selection",
+    "candidate_event",
+    "repeat_and_select",
+]
+
 TAG = "dp_event"  # the key naming the class (never a DpEvent field name)
 SHAPES = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 

@@ -11,6 +11,21 @@ the report.
 
 from __future__ import annotations
 
+__all__ = [
+    "HEURISTIC_MARK",
+    "WEAKENED_MARK",
+    "epsilon_kind",
+    "is_heuristic",
+    "mark_epsilon",
+    "SCIENTIFIC_FROM",
+    "epsilon_text",
+    "epsilon_display",
+    "EPSILON_METRICS",
+    "epsilon_metric",
+    "labelled_epsilon",
+    "metric_epsilon",
+]
+
 HEURISTIC_MARK = "(heuristic)"
 WEAKENED_MARK = "(weakened, not a guarantee)"
 

@@ -19,6 +19,11 @@ from dp_accounting import dp_event as _dp_event
 
 from fedudp.privacy.accountant import ApproxDp, LedgerEntry, Parallel, accountant_for
 
+__all__ = [
+    "parse_event",
+    "epsilon_of_ledger",
+]
+
 
 def _classes() -> dict[str, type]:
     out: dict[str, type] = {

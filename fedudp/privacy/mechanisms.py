@@ -24,6 +24,24 @@ import dp_accounting
 import numpy as np
 import torch
 
+__all__ = [
+    "laplace",
+    "gaussian",
+    "row_norms64",
+    "clip_factors",
+    "finite_clip_factors",
+    "exponential_mechanism",
+    "pure_dp_event",
+    "AboveThreshold",
+    "next_pow2",
+    "fwht",
+    "fwht_gemm",
+    "fwht_factors",
+    "fwht_into",
+    "rotated_coordinate_radius",
+    "RandomRotation",
+]
+
 
 def laplace(
     shape: tuple[int, ...] | torch.Size,
@@ -139,7 +157,7 @@ def finite_clip_factors(
     return factor, was & ok, ok
 
 
-def gumbel(
+def _gumbel(
     shape: tuple[int, ...] | torch.Size, *, rng: torch.Generator, dtype: torch.dtype = torch.float64
 ) -> torch.Tensor:
     u = torch.rand(shape, generator=rng, dtype=dtype).clamp(min=torch.finfo(dtype).tiny)
@@ -153,7 +171,7 @@ def exponential_mechanism(log_weights: torch.Tensor, *, rng: torch.Generator) ->
     For a score c with sensitivity Δ and budget eps, pass ``log_w = -eps * c / (2 Δ)`` (plus
     ``log(multiplicity)`` where one entry stands for several equal-score outcomes).
     """
-    g = gumbel(log_weights.shape, rng=rng, dtype=log_weights.dtype)
+    g = _gumbel(log_weights.shape, rng=rng, dtype=log_weights.dtype)
     return torch.argmax(log_weights + g, dim=-1)
 
 

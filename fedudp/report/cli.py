@@ -21,6 +21,11 @@ from pathlib import Path
 
 from fedudp.report.report import comparison_table, groups_of, load_summaries, varying_keys
 
+__all__ = [
+    "PAPER_LAYOUTS",
+    "main",
+]
+
 PAPER_LAYOUTS = {"huang_table1", "huang_table2", "huang_table4", "huang_fig1"}
 
 

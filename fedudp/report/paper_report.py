@@ -22,6 +22,17 @@ import numpy as np
 
 from fedudp.privacy.labels import HEURISTIC_MARK, is_heuristic
 
+__all__ = [
+    "HUANG_TABLE1",
+    "HUANG_TABLE2",
+    "HUANG_TABLE4",
+    "PROTOCOL",
+    "Layout",
+    "LAYOUTS",
+    "PRESET_HYPER",
+    "write_paper_report",
+]
+
 # Huang et al. (001) Table 1: test accuracy, mean ± std over 5 runs, ε = 1
 HUANG_TABLE1 = {
     "mnist": {

@@ -30,6 +30,19 @@ from fedudp.privacy.labels import (
     mark_epsilon,
 )
 
+__all__ = [
+    "NOT_SETTINGS",
+    "SUMMARY_KEY_FIELDS",
+    "HEADLINE_KEYS",
+    "load_summaries",
+    "flat_settings",
+    "groups_of",
+    "varying_keys",
+    "group_order",
+    "comparison_table",
+    "ComparisonCallback",
+]
+
 try:
     from hydra.experimental.callback import Callback
 except Exception:  # noqa: BLE001  # pragma: no cover - hydra is a dependency; keep report importable
@@ -75,7 +88,7 @@ SUMMARY_KEY_FIELDS = (
 # Always named above a config table (with every other key whose value is not the default)
 HEADLINE_KEYS = ("method", "aggregator", "dataset.name", "partition.num_owners", "train.rounds")
 
-METHOD_ORDER = {"per_silo": 0, "fedavg": 1, "full_dp": 2, "joint_dp": 3}
+_METHOD_ORDER = {"per_silo": 0, "fedavg": 1, "full_dp": 2, "joint_dp": 3}
 
 
 # -- reading runs ---------------------------------------------------------------------------
@@ -222,7 +235,7 @@ def group_order(varying: list[str]) -> Callable[[tuple[dict, list[dict]]], tuple
         settings, ss = item
         method = settings.get("method", ss[0].get("method"))
         return (
-            METHOD_ORDER.get(str(method), 9),
+            _METHOD_ORDER.get(str(method), 9),
             tuple(_sortable(settings.get(k, _MISSING)) for k in varying),
             str(ss[0].get("guarantee")),
         )
@@ -278,7 +291,7 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
             rounds_s,
         ]
         if canary:
-            row.append(canary_cell(ss))
+            row.append(_canary_cell(ss))
         if stops:
             c = Counter(str(s.get("stop_reason")) for s in ss)
             row.append(", ".join(k if v == n else f"{k} ×{v}" for k, v in sorted(c.items())))
@@ -292,7 +305,7 @@ def _table(groups: dict, defaults: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def canary_cell(ss: list[dict]) -> str:
+def _canary_cell(ss: list[dict]) -> str:
     """The canary ε estimate of a group's runs: one run's value and interval, or mean ± std."""
     ests = [s.get("canary_epsilon_estimate") for s in ss]
     if len(ss) == 1 and ests[0] and ests[0].get("value") is not None:

@@ -33,10 +33,20 @@ import numpy as np
 from fedudp.privacy.labels import HEURISTIC_MARK, epsilon_kind, metric_epsilon
 from fedudp.report.report import _value, comparison_table, group_order, groups_of, varying_keys
 
+__all__ = [
+    "RunCurve",
+    "GroupSeries",
+    "group_series",
+    "frontier_lines",
+    "plot_curves",
+    "plot_frontier",
+    "write_report",
+]
+
 # Keys that set the privacy level: a frontier line runs along them (every other differing key
 # separates lines). target_epsilon: the key of runs without config.yaml.
-EPSILON_KEYS = ("privacy.epsilon", "privacy.noise_multiplier", "target_epsilon")
-NO_CONFIG = "(no config.yaml)"
+_EPSILON_KEYS = ("privacy.epsilon", "privacy.noise_multiplier", "target_epsilon")
+_NO_CONFIG = "(no config.yaml)"
 
 
 @dataclass
@@ -156,8 +166,8 @@ def group_series(summaries: list[dict]) -> list[GroupSeries]:
             )
             label = _label(settings, varying, method)
             if not with_config:
-                label = f"{NO_CONFIG} {label}"
-            line = tuple((k, settings.get(k)) for k in varying if k not in EPSILON_KEYS)
+                label = f"{_NO_CONFIG} {label}"
+            line = tuple((k, settings.get(k)) for k in varying if k not in _EPSILON_KEYS)
             out.append(
                 GroupSeries(
                     label=label,
@@ -208,7 +218,7 @@ def frontier_lines(
             [f"method={method}"] + [f"{k}={_value(v)}" for k, v in key[3:] if k != "method"]
         )
         if not with_config:
-            label = f"{NO_CONFIG} {label}"
+            label = f"{_NO_CONFIG} {label}"
         if kind == "heuristic":
             label += f" {HEURISTIC_MARK}"
         out.append((label, sorted(gs, key=_epsilon)))
