@@ -79,11 +79,12 @@ from fedudp.memory import check_arrays
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from fedudp.aggregators.base import Aggregator, Contribution
+    from fedudp.aggregators.base import Aggregator
     from fedudp.build import Prepared
     from fedudp.data.federation import Federation
     from fedudp.data.records import Records
     from fedudp.privacy.audit_stats import SampleAudit
+    from fedudp.protocol.contributions import Contribution
 
 # the audit's level: every lower bound it prints holds with probability >= 99%, jointly over the
 # bounds tried, so a correct mechanism is flagged in at most 1% of audits (a false alarm)
@@ -234,8 +235,8 @@ def audit(
     ``bound``: the canary's norm where the aggregator does not clip (``estimator.bound``)."""
     import torch
 
-    from fedudp.aggregators.base import Constraint, Contribution
     from fedudp.privacy.audit_stats import audit_samples
+    from fedudp.protocol.contributions import Constraint, Contribution
 
     if agg.name in SEQUENCE_AUDITED:  # an adaptive clip, a tree, a banded mechanism
         return audit_sequence(agg, dim, trials, 1, delta, seed, broken, bound, background)
@@ -347,7 +348,7 @@ def _linear_sequences(
     copies); the canary enters block b in the rounds ``canary_rounds`` draws for trial b."""
     import torch
 
-    from fedudp.aggregators.base import Contribution
+    from fedudp.protocol.contributions import Contribution
 
     out = np.empty((trials, releases * dim))
     for a0 in range(0, trials, chunk):
@@ -401,8 +402,8 @@ def audit_sequence(
     as unclipped)."""
     import torch
 
-    from fedudp.aggregators.base import Constraint, Contribution
     from fedudp.privacy.audit_stats import audit_samples
+    from fedudp.protocol.contributions import Constraint, Contribution
 
     t0 = time.perf_counter()
     template = agg

@@ -26,7 +26,7 @@ import torch
 from fedudp.config import ConfigError, RunConfig, config_from_overrides
 
 if TYPE_CHECKING:
-    from fedudp.aggregators.base import Contribution
+    from fedudp.protocol.contributions import Contribution
 
 PAIR = {
     "method": "joint_dp",

@@ -330,7 +330,7 @@ def test_checkpoint_every_zero_writes_none_and_a_fresh_run_clears_old_ones(tmp_p
 
 def test_outlier_removal_state_survives_a_checkpoint():
     """The one stateful estimator: its AboveThreshold (noisy threshold, queries, RNG) is saved."""
-    from fedudp.aggregators.base import Sampling
+    from fedudp.protocol.contributions import Sampling
     from fedudp.aggregators.outlier import OutlierRemovalAggregator
     from fedudp.randomness import Purpose, torch_generator
 

@@ -29,6 +29,9 @@ LAYERS = [
     ),
     ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
     ("fedudp.data", "fedudp.models"),
+    # the boundary types both sides and every estimator share (Constraint, Contribution,
+    # Sampling): below the estimators, which take and return them
+    ("fedudp.protocol.contributions",),
     ("fedudp.aggregators",),  # the user-level mean estimators
     ("fedudp.protocol",),  # what passes between the two sides: messages, methods, checkpoints
     ("fedudp.owner", "fedudp.billboard"),  # the two sides of joint DP, side by side
@@ -50,7 +53,8 @@ LAYERS = [
     ),
     ("fedudp.leak",),  # the joint-DP paper-mode leak pair
     ("fedudp.audit",),  # fedudp-audit: empirical privacy audits
-    ("fedudp.tracking", "fedudp.tuning"),  # run folders and MLflow; the privacy cost of tuning
+    # run folders and MLflow (and the tracking files); the privacy cost of tuning
+    ("fedudp.tracking", "fedudp.tracking_files", "fedudp.tuning"),
     ("fedudp.report.report",),  # the comparison table
     ("fedudp.report.paper_report", "fedudp.report.report_plots"),  # the paper's layouts, figures
     ("fedudp.report",),  # the package's names and fedudp-report's command (report.cli)

@@ -430,7 +430,7 @@ def fail_owners(monkeypatch, schedule: dict[int, set[int]] | None = None) -> lis
     sample holds: the failure is the infrastructure's, never the data's. Returns the rounds'
     (answered, failed) owners as the billboard saw them. ``schedule`` None or empty for a
     round: the honest transport (one reply for all owners)."""
-    from fedudp.aggregators.base import current_constraint
+    from fedudp.protocol.contributions import current_constraint
     from fedudp.billboard.rounds import Collected
     from fedudp.engines.local import LocalTransport
     from fedudp.protocol.messages import Failure

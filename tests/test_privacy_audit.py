@@ -245,7 +245,7 @@ def test_batched_tree_runs_keep_a_state_per_block():
     for k = 4) and independent of the other blocks'."""
     import numpy as np
     import torch
-    from fedudp.aggregators.base import Constraint
+    from fedudp.protocol.contributions import Constraint
     from fedudp.audit import _linear_sequences
 
     agg = tree()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from conftest import tiny_cfg
-from fedudp.aggregators.base import Contribution
+from fedudp.protocol.contributions import Contribution
 from fedudp.billboard.server import Billboard
 from fedudp.run import run
 

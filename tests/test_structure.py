@@ -17,7 +17,7 @@ from conftest import tiny_cfg
 from fedudp.aggregators import REGISTRY, Aggregator, Sampling
 from fedudp.build import estimator as build_aggregator
 from fedudp.aggregators import outlier
-from fedudp.aggregators.base import Constraint, Contribution
+from fedudp.protocol.contributions import Constraint, Contribution
 from fedudp.config import ConfigError
 from fedudp.run import prepare
 

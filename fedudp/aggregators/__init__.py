@@ -31,13 +31,8 @@ from fedudp.aggregators.base import (
     RUN_INPUTS,
     Aggregate,
     Aggregator,
-    Constraint,
-    Contribution,
     Option,
     ParameterError,
-    Sampling,
-    clip_rows,
-    finite_rows,
     register,
 )
 from fedudp.aggregators.few_users import FewUsersAggregator
@@ -46,6 +41,7 @@ from fedudp.aggregators.local_dpsgd import LocalDpSgdMean
 from fedudp.aggregators.outlier import FriendlyCoreAggregator, OutlierRemovalAggregator
 from fedudp.aggregators.tree import TreeAggregator
 from fedudp.aggregators.winsorized import WinsorizedAggregator
+from fedudp.protocol.contributions import Constraint, Contribution, Sampling, clip_rows, finite_rows
 
 __all__ = [
     "Aggregate",

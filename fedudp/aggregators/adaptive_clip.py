@@ -37,9 +37,7 @@ import torch
 from fedudp.aggregators.base import (
     Aggregate,
     ClippedSumAggregator,
-    Contribution,
     ParameterError,
-    Sampling,
     calibrate,
     check_budget,
     check_fraction,
@@ -49,6 +47,7 @@ from fedudp.aggregators.base import (
     register,
 )
 from fedudp.aggregators.gaussian import gaussian_round_event
+from fedudp.protocol.contributions import Contribution, Sampling
 
 COUNT_NOISE_DIVISOR = 20.0  # σ_b = expected cohort / 20 (the paper's Section 3 default)
 DEFAULT_QUANTILE = 0.5

@@ -46,10 +46,8 @@ import torch
 from fedudp.aggregators.base import (
     Aggregate,
     ClippedSumAggregator,
-    Contribution,
     Option,
     ParameterError,
-    Sampling,
     calibrate,
     check_budget,
     check_positive,
@@ -57,6 +55,7 @@ from fedudp.aggregators.base import (
     register,
 )
 from fedudp.aggregators.tree import CyclicParticipation
+from fedudp.protocol.contributions import Contribution, Sampling
 from fedudp.randomness import Purpose, numpy_rng
 
 

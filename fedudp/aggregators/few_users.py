@@ -40,7 +40,6 @@ from fedudp.aggregators.base import (
     Option,
     ParameterError,
     RowsAggregator,
-    Sampling,
     check_at_least,
     check_budget,
     check_count,
@@ -55,6 +54,7 @@ from fedudp.aggregators.base import (
 from fedudp.aggregators.rows import CohortRows, as_cohort, chunks_bytes
 from fedudp.privacy.accountant import ApproxDp
 from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordinate_radius
+from fedudp.protocol.contributions import Sampling
 
 
 def uniform_in_balls(centers: torch.Tensor, radius: float, *, rng: torch.Generator) -> torch.Tensor:

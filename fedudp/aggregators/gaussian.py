@@ -22,9 +22,6 @@ from fedudp.aggregators.base import (
     Aggregate,
     Aggregator,
     ClippedSumAggregator,
-    Constraint,
-    Contribution,
-    Sampling,
     calibrate,
     check_budget,
     check_noise_scale,
@@ -32,6 +29,7 @@ from fedudp.aggregators.base import (
     check_sampling,
     register,
 )
+from fedudp.protocol.contributions import Constraint, Contribution, Sampling
 
 
 @register

@@ -50,10 +50,7 @@ from fedudp.aggregators.adaptive_clip import (
 from fedudp.aggregators.base import (
     Aggregate,
     Aggregator,
-    Constraint,
-    Contribution,
     ParameterError,
-    Sampling,
     calibrate,
     check_budget,
     check_count,
@@ -64,6 +61,7 @@ from fedudp.aggregators.base import (
     choice,
 )
 from fedudp.privacy.accountant import GroupConversion, Parallel
+from fedudp.protocol.contributions import Constraint, Contribution, Sampling
 
 
 def owner_rates(capacity: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:

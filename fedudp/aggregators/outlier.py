@@ -68,7 +68,6 @@ from fedudp.aggregators.base import (
     Aggregate,
     ParameterError,
     RowsAggregator,
-    Sampling,
     calibrate,
     check_budget,
     check_fraction,
@@ -82,6 +81,7 @@ from fedudp.aggregators.friends import FriendBounds
 from fedudp.aggregators.rows import DISTANCE_CHUNK, CohortRows, as_cohort, chunks_bytes, outer_rows
 from fedudp.privacy.accountant import ApproxDp, schedule_epsilon
 from fedudp.privacy.mechanisms import AboveThreshold, laplace
+from fedudp.protocol.contributions import Sampling
 
 SCORE_SENSITIVITY = 2.0
 DIAMETER_FACTOR = 30.0  # Δ = 30 τ K / n (docs/algorithms.md#outlier-removal)

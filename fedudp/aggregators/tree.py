@@ -45,15 +45,14 @@ import torch
 from fedudp.aggregators.base import (
     Aggregate,
     ClippedSumAggregator,
-    Contribution,
     ParameterError,
-    Sampling,
     calibrate,
     check_budget,
     check_positive,
     check_sampling,
     register,
 )
+from fedudp.protocol.contributions import Contribution, Sampling
 from fedudp.randomness import Purpose, numpy_rng
 
 

@@ -44,7 +44,6 @@ from fedudp.aggregators.base import (
     TAU,
     Aggregate,
     RowsAggregator,
-    Sampling,
     calibrate,
     check_budget,
     check_dim,
@@ -64,6 +63,7 @@ from fedudp.privacy.mechanisms import (
     pure_dp_event,
     rotated_coordinate_radius,
 )
+from fedudp.protocol.contributions import Sampling
 
 RANGE_ELEMS = 1 << 22  # segment weights per PrivateRange block (its columns: range_block)
 

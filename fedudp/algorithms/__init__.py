@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedudp.aggregators.base import Aggregator, ParameterError, Sampling
+from fedudp.aggregators.base import Aggregator, ParameterError
 from fedudp.billboard.plan import Plan
 from fedudp.owner.owners import OwnerHooks
+from fedudp.protocol.contributions import Sampling
 from fedudp.registry import Registry
 
 __all__ = [

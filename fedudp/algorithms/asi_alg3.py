@@ -26,11 +26,11 @@ from typing import cast
 
 import numpy as np
 
-from fedudp.aggregators.base import Sampling
 from fedudp.aggregators.outlier import OutlierRemovalAggregator
 from fedudp.algorithms import Context, Requirements, Setup, register
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 from fedudp.algorithms.smoothing import Smoothing
+from fedudp.protocol.contributions import Sampling
 
 SEED = "003_60e5b11bfa501c93.txt (Asi & Liu), Algorithm 3, Theorem 4.1"
 

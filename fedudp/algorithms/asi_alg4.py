@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 
-from fedudp.aggregators.base import Sampling
 from fedudp.algorithms import (
     Context,
     Requirements,
@@ -36,6 +35,7 @@ from fedudp.algorithms import (
 from fedudp.algorithms.asi_alg3 import phase, smoothing
 from fedudp.algorithms.schedule import AlgorithmPlan
 from fedudp.algorithms.smoothing import Smoothing
+from fedudp.protocol.contributions import Sampling
 
 SEED = "003_60e5b11bfa501c93.txt (Asi & Liu), Algorithm 4, Theorem 4.11, App. B.4"
 

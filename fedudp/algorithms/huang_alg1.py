@@ -45,11 +45,11 @@ from typing import cast
 
 import numpy as np
 
-from fedudp.aggregators.base import Sampling
 from fedudp.aggregators.gaussian import GaussianAggregator
 from fedudp.algorithms import Context, Requirements, Setup, need, register
 from fedudp.algorithms.personal_step import PersonalStep
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
+from fedudp.protocol.contributions import Sampling
 from fedudp.randomness import Purpose, numpy_rng
 
 SEED = "001_40594ba3d5609f29.txt (Huang et al.), Algorithm 1, Theorem 3.1, Lemma 3.2"

@@ -35,13 +35,13 @@ from typing import cast
 import dp_accounting
 import numpy as np
 
-from fedudp.aggregators.base import Sampling
 from fedudp.aggregators.winsorized import WinsorizedAggregator, winsorized_round_event
 from fedudp.algorithms import Context, Requirements, Setup, register
 from fedudp.algorithms.personal_step import PersonalStep
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 from fedudp.privacy.accountant import ApproxDp, Parallel, calibrate_noise_multiplier
 from fedudp.privacy.mechanisms import next_pow2
+from fedudp.protocol.contributions import Sampling
 from fedudp.randomness import Purpose, numpy_rng
 
 SEED = "001_40594ba3d5609f29.txt (Huang et al.), Algorithm 2, Theorem B.1, Lemma B.4"

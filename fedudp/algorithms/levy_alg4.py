@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from typing import cast
 
-from fedudp.aggregators.base import Sampling
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 from fedudp.algorithms import (
     Context,
@@ -35,6 +34,7 @@ from fedudp.algorithms import (
     split_rounds,
 )
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
+from fedudp.protocol.contributions import Sampling
 
 SEED = "004_07414daf854bd785.txt (Levy et al.), Algorithm 4, Theorem 4"
 

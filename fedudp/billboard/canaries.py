@@ -34,7 +34,7 @@ import torch
 from numpy.typing import ArrayLike
 from scipy.stats import norm
 
-from fedudp.aggregators.base import Contribution
+from fedudp.protocol.contributions import Contribution
 from fedudp.randomness import Purpose, numpy_rng
 
 BOOTSTRAP = 1000

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedudp.aggregators.base import Aggregate, Aggregator, Contribution, Sampling
+from fedudp.aggregators.base import Aggregate, Aggregator
 from fedudp.billboard.fail_closed import answered_slots, minimum_error
 from fedudp.billboard.plan import Plan
 from fedudp.billboard.release import Event, ReleaseGate
 from fedudp.privacy.accountant import Ledger, LedgerEntry
 from fedudp.protocol.checkpoint import CheckpointError, plain, warn
+from fedudp.protocol.contributions import Contribution, Sampling
 from fedudp.protocol.ledger_file import release_digest
 from fedudp.protocol.messages import OwnerReply
 from fedudp.randomness import Purpose, Randomness

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedudp.aggregators.base import ConstraintSource, current_constraint
 from fedudp.billboard.rounds import Collected, Evaluation, RoundsResult, Transport
 from fedudp.config import RunConfig
 from fedudp.data.federation import Federation
 from fedudp.owner.isolate import isolated_reply
 from fedudp.owner.owners import Owners, Params
+from fedudp.protocol.contributions import ConstraintSource, current_constraint
 
 if TYPE_CHECKING:
     from fedudp.build import RunSettings

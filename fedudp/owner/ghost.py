@@ -71,10 +71,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fedudp.aggregators.base import Constraint, Contribution
 from fedudp.owner import per_sample
 from fedudp.owner.one_step import _conv_weight_per_user
 from fedudp.privacy.mechanisms import finite_clip_factors, row_norms64
+from fedudp.protocol.contributions import Constraint, Contribution
 
 _NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedudp.aggregators.base import Constraint
 from fedudp.data.federation import Federation
 from fedudp.errors import ConfigError, one_line
+from fedudp.protocol.contributions import Constraint
 from fedudp.protocol.messages import OwnerFailure, OwnerReply, Raised
 from fedudp.stopping import RunInterrupted
 

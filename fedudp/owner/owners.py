@@ -29,12 +29,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from fedudp.aggregators.base import Constraint, Contribution, finite_rows
 from fedudp.data.federation import Federation
 from fedudp.owner import ghost, local_sgd, per_sample
 from fedudp.owner.dpsgd import DpSgdSpec, dpsgd_deltas
 from fedudp.owner.one_step import one_step_vectors
 from fedudp.protocol.choices import OwnerWeights, SharedUpdate, Unit
+from fedudp.protocol.contributions import Constraint, Contribution, finite_rows
 from fedudp.protocol.messages import OwnerReply, make_reply, rows_reply
 from fedudp.protocol.methods import MethodSpec
 from fedudp.randomness import Purpose

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedudp.aggregators.base import Constraint, Contribution, finite_rows
 from fedudp.privacy.mechanisms import row_norms64
+from fedudp.protocol.contributions import Constraint, Contribution, finite_rows
 
 
 class OwnerFailure(Exception):

@@ -37,7 +37,7 @@ from fedudp.aggregators import GaussianAggregator
 from fedudp.aggregators import few_users
 from fedudp.aggregators import outlier
 from fedudp.aggregators import winsorized
-from fedudp.aggregators.base import Sampling
+from fedudp.protocol.contributions import Sampling
 from fedudp.privacy.accountant import calibrate_noise_multiplier
 from fedudp.privacy.mechanisms import next_pow2
 

@@ -94,7 +94,7 @@ def round_side(model_name: str, users: int, device: str, seed: int) -> Callable[
     import numpy as np
     import torch
 
-    from fedudp.aggregators.base import current_constraint
+    from fedudp.protocol.contributions import current_constraint
     from fedudp.build import prepare
     from fedudp.config import RunConfig
     from fedudp.engines.local import LocalTransport
@@ -143,7 +143,7 @@ def winsorized_side(users: int, dim: int, device: str, seed: int) -> Callable[[i
     """The winsorized release alone on ``users`` x ``dim`` i.i.d. float32 rows on ``device``."""
     import torch
 
-    from fedudp.aggregators.base import Sampling
+    from fedudp.protocol.contributions import Sampling
     from fedudp.aggregators.winsorized import WinsorizedAggregator
 
     g = torch.Generator().manual_seed(seed)

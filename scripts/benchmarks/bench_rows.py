@@ -35,7 +35,7 @@ CHILD = r"""
 import json, os, resource, sys, time
 import numpy as np, torch
 torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
-from fedudp.aggregators.base import Sampling
+from fedudp.protocol.contributions import Sampling
 name, rows_path, out_path = sys.argv[1], sys.argv[2], sys.argv[3]
 G = torch.from_numpy(np.load(rows_path))
 n, d = G.shape

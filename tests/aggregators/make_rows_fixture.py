@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from fedudp.aggregators.base import Sampling  # noqa: E402
+from fedudp.protocol.contributions import Sampling  # noqa: E402
 from fedudp.aggregators.outlier import (  # noqa: E402
     FriendlyCoreAggregator,
     OutlierRemovalAggregator,

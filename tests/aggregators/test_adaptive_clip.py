@@ -20,7 +20,8 @@ from fedudp.aggregators.adaptive_clip import (
     next_clip,
     update_noise_multiplier,
 )
-from fedudp.aggregators.base import Contribution, ParameterError
+from fedudp.aggregators.base import ParameterError
+from fedudp.protocol.contributions import Contribution
 from fedudp.config import ConfigError
 from fedudp.privacy.accountant import Accountant
 from tests.conftest import tiny_cfg

@@ -16,7 +16,8 @@ import torch
 
 from fedudp.aggregators import BandedMatrixAggregator, GaussianAggregator, Sampling
 from fedudp.aggregators.banded import bsr_coefficients, strategy_matrix
-from fedudp.aggregators.base import Contribution, ParameterError
+from fedudp.aggregators.base import ParameterError
+from fedudp.protocol.contributions import Contribution
 from fedudp.config import ConfigError
 from tests.conftest import tiny_cfg
 

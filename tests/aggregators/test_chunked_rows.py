@@ -16,7 +16,7 @@ import torch
 
 from fedudp.aggregators import memory
 from fedudp.aggregators import outlier, winsorized
-from fedudp.aggregators.base import Constraint, Contribution, Sampling
+from fedudp.protocol.contributions import Constraint, Contribution, Sampling
 from fedudp.aggregators.few_users import FewUsersAggregator
 from fedudp.aggregators.outlier import (
     FriendlyCoreAggregator,
@@ -492,7 +492,7 @@ MEASURE = textwrap.dedent("""
     import json, sys, torch
     torch.set_num_threads(1)
     from fedudp.aggregators import rows, winsorized
-    from fedudp.aggregators.base import Constraint, Contribution, Sampling
+    from fedudp.protocol.contributions import Constraint, Contribution, Sampling
     from fedudp.aggregators.outlier import FriendlyCoreAggregator
     from fedudp.aggregators.winsorized import WinsorizedAggregator
     rows.WORK_BYTES, rows.OUTER_BYTES, winsorized.RANGE_ELEMS = 4 << 20, 32 << 20, 1 << 18

@@ -15,7 +15,7 @@ import torch
 from tests.aggregators import make_rows_fixture as fx
 from fedudp.aggregators import friends
 from fedudp.aggregators import outlier as O
-from fedudp.aggregators.base import Sampling
+from fedudp.protocol.contributions import Sampling
 from fedudp.aggregators.rows import CohortRows
 from fedudp.privacy.mechanisms import AboveThreshold
 

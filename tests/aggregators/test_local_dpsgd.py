@@ -483,7 +483,7 @@ def test_group_privacy_epsilon_is_k_times_a_direct_record_level_computation(
 def test_group_privacy_dpsgd_clips_records_not_users():
     """Noise-free, every unit in the batch (q = 1, one step): the owner's step is the mean of its
     records' clipped gradients with group privacy, of its users' clipped mean gradients without."""
-    from fedudp.aggregators.base import Constraint
+    from fedudp.protocol.contributions import Constraint
 
     C, lr = 1e-3, 0.5  # every row is clipped
     kw = {
@@ -540,7 +540,7 @@ def test_group_privacy_refuses_what_it_cannot_convert():
 
 # -- adaptive clipping inside the owners (privacy.clip_policy=adaptive) ----------------------------
 from fedudp.aggregators import Sampling  # noqa: E402
-from fedudp.aggregators.base import Contribution  # noqa: E402
+from fedudp.protocol.contributions import Contribution  # noqa: E402
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean, default_count_noise  # noqa: E402
 from fedudp.owner.dpsgd import noisy_unclipped_fraction  # noqa: E402
 

@@ -16,7 +16,7 @@ from fedudp.aggregators import GaussianAggregator
 from fedudp.build import estimator as build_aggregator
 from fedudp.aggregators import few_users
 from fedudp.aggregators import outlier
-from fedudp.aggregators.base import Sampling
+from fedudp.protocol.contributions import Sampling
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 from fedudp.config import ConfigError
 from fedudp.privacy.accountant import Accountant, calibrate_noise_multiplier

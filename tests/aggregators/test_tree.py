@@ -14,7 +14,8 @@ import torch
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedudp.aggregators import Sampling, TreeAggregator
-from fedudp.aggregators.base import Contribution, ParameterError
+from fedudp.aggregators.base import ParameterError
+from fedudp.protocol.contributions import Contribution
 from fedudp.aggregators.tree import tree_depth, tree_event
 from fedudp.config import ConfigError
 from tests.conftest import tiny_cfg

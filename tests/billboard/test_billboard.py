@@ -21,7 +21,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
-from fedudp.aggregators.base import Contribution
+from fedudp.protocol.contributions import Contribution
 from fedudp.billboard.server import Billboard, ServerStep
 from fedudp.protocol.checkpoint import CheckpointError, dump, load_bytes
 from fedudp.protocol.messages import OwnerReply, make_reply

@@ -13,7 +13,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 from scipy import integrate
 from scipy.stats import norm
 
-from fedudp.aggregators.base import Contribution
+from fedudp.protocol.contributions import Contribution
 from fedudp.config import ConfigError
 from fedudp.billboard.canaries import (
     Canaries,

@@ -21,7 +21,8 @@ import torch
 
 from conftest import interrupt_after
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
-from fedudp.aggregators.base import Aggregate, Contribution
+from fedudp.aggregators.base import Aggregate
+from fedudp.protocol.contributions import Contribution
 from fedudp.billboard.server import Billboard, ServerStep
 from fedudp.protocol.checkpoint import Checkpointer
 from fedudp.protocol.messages import Failure, OwnerReply, make_reply

@@ -25,7 +25,7 @@ import torch
 
 import fedudp.flower
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
-from fedudp.aggregators.base import Constraint
+from fedudp.protocol.contributions import Constraint
 from fedudp.billboard import fail_closed, release
 from fedudp.billboard.rounds import Collected, Evaluation, run_rounds
 from fedudp.billboard.server import Billboard

@@ -414,7 +414,7 @@ def test_users_sorted_by_size_give_the_same_reply(npz, rows):
     docs/results/natural_speed): the rows reach the estimator in the cohort's order, the same
     as unsorted, and the clipped sum is the same up to summation order (float64)."""
     import dataclasses
-    from fedudp.aggregators.base import Constraint
+    from fedudp.protocol.contributions import Constraint
 
     cfg = npz_cfg(
         npz, method="full_dp", **{"engine_opts.float64": True, "engine_opts.chunk_records": 40}

@@ -46,7 +46,7 @@ from flwr.serverapp.strategy import FedAvg
 
 import fedudp.flower as flower
 from fedudp.aggregators import GaussianAggregator, Sampling
-from fedudp.aggregators.base import Constraint
+from fedudp.protocol.contributions import Constraint
 from fedudp.flower import K_CONTRIB, K_COUNTS, UserLevelDP, sampled_users, user_level_mod
 from fedudp.flower_fast import TorchTraining
 from fedudp.flower_guard import UserRows

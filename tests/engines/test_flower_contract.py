@@ -238,7 +238,7 @@ def test_the_release_has_the_announced_noise():
     (all noise) many times has that empirical std per coordinate."""
     import torch
 
-    from fedudp.aggregators.base import Contribution
+    from fedudp.protocol.contributions import Contribution
 
     agg = GaussianAggregator(0.5, 1.5, Sampling(0.25, 80))
     s = UserLevelDP(FedAvg(), agg, delta=1e-5)

@@ -29,7 +29,7 @@ from flwr.serverapp.strategy import FedAvg
 
 import fedudp.flower
 from fedudp.aggregators import GaussianAggregator, Sampling
-from fedudp.aggregators.base import Contribution
+from fedudp.protocol.contributions import Contribution
 from fedudp.billboard.release import BUDGET_SLACK, ReleaseGate
 from fedudp.billboard.rounds import Collected, Evaluation, run_rounds
 from fedudp.billboard.server import Billboard, ServerStep

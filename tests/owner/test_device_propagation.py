@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from conftest import tiny_cfg
-from fedudp.aggregators.base import Constraint, Contribution
+from fedudp.protocol.contributions import Constraint, Contribution
 from fedudp.owner import ghost, local_sgd, one_step, per_sample
 from fedudp.owner.owners import Owners
 from fedudp.privacy import mechanisms

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedudp.aggregators.base import Constraint
+from fedudp.protocol.contributions import Constraint
 from fedudp.owner import ghost
 from fedudp.protocol.messages import make_reply
 

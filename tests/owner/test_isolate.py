@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fedudp import build
-from fedudp.aggregators.base import current_constraint
+from fedudp.protocol.contributions import current_constraint
 from fedudp.engines import local as local_mod
 from fedudp.errors import DataError
 from fedudp.owner import isolate

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from conftest import tiny_cfg
 from fedudp import build
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
-from fedudp.aggregators.base import Constraint
+from fedudp.protocol.contributions import Constraint
 from fedudp.owner.local_sgd import LocalSpec
 from fedudp.protocol.messages import OwnerReply
 from fedudp.protocol.methods import make_method

@@ -21,7 +21,8 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 import fedudp.privacy.accountant as A
 from fedudp.privacy import bounded, pld_fast
-from fedudp.aggregators.base import ParameterError, Sampling
+from fedudp.aggregators.base import ParameterError
+from fedudp.protocol.contributions import Sampling
 from fedudp.aggregators.gaussian import GaussianAggregator
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean, owner_round_event
 from fedudp.aggregators.tree import TreeAggregator, run_event, tree_event

@@ -29,7 +29,7 @@ import fedudp.aggregators.winsorized as winsorized_mod
 import fedudp.privacy.mechanisms as mechanisms_mod
 from fedudp.aggregators import Sampling
 from fedudp.build import estimator as build_aggregator
-from fedudp.aggregators.base import Contribution
+from fedudp.protocol.contributions import Contribution
 from fedudp.config import config_from_overrides
 
 TOL = 0.04  # relative: the measured noise scales carry ~1% error each
