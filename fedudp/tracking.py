@@ -26,8 +26,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import logging
-import math
 import os
 import sys
 import time
@@ -38,6 +36,23 @@ from typing import Any
 
 from fedudp.errors import ConfigError
 from fedudp.privacy.labels import epsilon_metric, labelled_epsilon
+from fedudp.tracking_files import (
+    ARTIFACTS_DIR,
+    STATE_FILE,
+    STORE_FILE,
+    TB_DIR,
+    clear,
+    flatten,
+    numeric,
+)
+from fedudp.tracking_files import artifacts as _artifacts
+from fedudp.tracking_files import embedded_uri as _embedded_uri
+from fedudp.tracking_files import locked as _locked
+from fedudp.tracking_files import param_value as _param_value
+from fedudp.tracking_files import probe_sqlite as _probe_sqlite
+from fedudp.tracking_files import quiet_store_logs as _quiet_store_logs
+from fedudp.tracking_files import read_state as _read_state
+from fedudp.tracking_files import write_state as _write_state
 
 __all__ = [
     "EXTRA",
@@ -56,19 +71,6 @@ __all__ = [
 ]
 
 EXTRA = "pip install 'fedudp[tracking]'"
-STATE_FILE = "tracking.json"  # in a run folder: the MLflow run (or TensorBoard folder) of it
-TB_DIR = "tb"  # TensorBoard event files of a run
-STORE_FILE = "mlflow.db"  # the embedded MLflow store (SQLite)
-ARTIFACTS_DIR = "mlartifacts"  # the embedded store's artifacts, beside it
-# the run folder's files logged as artifacts at the end (plus every *.png / *.md there)
-ARTIFACT_FILES = (
-    "config.yaml",
-    "metrics.jsonl",
-    "ledger.json",
-    "ledger.jsonl",
-    "summary.json",
-    "owners.csv",
-)
 # MLflow's HTTP client retries with backoff for minutes by default: a run must not wait on an
 # unreachable server (setdefault: a value the user exported wins)
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
@@ -115,44 +117,8 @@ def require(kind: str) -> None:
         )
 
 
-def clear(folder: Path) -> None:
-    """Forget a run folder's tracking state (a run started afresh gets a new tracked run)."""
-    import shutil
-
-    folder = Path(folder)
-    (folder / STATE_FILE).unlink(missing_ok=True)
-    shutil.rmtree(folder / TB_DIR, ignore_errors=True)
-
-
 def warn(message: str) -> None:
     print(f"fedudp: warning: {message}", file=sys.stderr, flush=True)
-
-
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"rounds": 3}}`` -> ``{"train.rounds": 3}`` (an empty dict stays a value)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def numeric(d: dict) -> dict[str, float]:
-    """The finite numbers of a (flattened) dict as floats; booleans as 0/1."""
-    out = {}
-    for k, v in flatten(d).items():
-        if isinstance(v, bool):
-            v = float(v)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            out[k] = float(v)
-    return out
-
-
-def _param_value(v: Any) -> str:
-    text = v if isinstance(v, str) else json.dumps(v)
-    return text[:6000]  # MLflow's limit on a parameter value
 
 
 @dataclass
@@ -254,67 +220,6 @@ def start(
             resumed_round=resumed_round,
         )
     return t
-
-
-def _read_state(path: Path) -> dict:
-    try:
-        state = json.loads(path.read_text())
-        return state if isinstance(state, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_state(path: Path, state: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """An exclusive lock on ``folder`` (a sweep's jobs may run in parallel processes)."""
-    try:
-        import fcntl
-    except ImportError:  # no fcntl (Windows): jobs of one sweep run one at a time there
-        yield
-        return
-    with open(folder / ".tracking.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _quiet_store_logs() -> None:
-    """MLflow's and Alembic's INFO lines while an embedded store creates its tables."""
-    for name in ("mlflow.store.db.utils", "alembic", "alembic.runtime.migration"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def _probe_sqlite(uri: str) -> None:
-    """A SQLite store that cannot be opened for writing fails here at once (MLflow retries
-    opening a database with backoff for about 100 s before it gives up)."""
-    if not uri.startswith("sqlite:///"):
-        return
-    path = uri[len("sqlite:///") :].split("?", 1)[0]
-    if path in ("", ":memory:"):
-        return
-    import sqlite3
-
-    try:
-        con = sqlite3.connect(path, timeout=10)
-        try:
-            con.execute("BEGIN IMMEDIATE")  # takes the write lock: a read-only store fails
-            con.execute("ROLLBACK")
-        finally:
-            con.close()
-    except sqlite3.Error as e:
-        raise OSError(f"cannot write the SQLite store {path}: {e}") from None
-
-
-def _embedded_uri(folder: Path) -> str:
-    return f"sqlite:///{(folder / STORE_FILE).absolute()}"
 
 
 @dataclass
@@ -529,11 +434,6 @@ def _final(summary: dict) -> dict[str, float]:
     got = numeric(summary)
     mark = epsilon_metric(summary.get("epsilon_kind"))[len("epsilon") :]  # "" or "_heuristic"
     return {(k + mark if k in ("epsilon", "epsilon_rdp") else k): got[k] for k in FINAL if k in got}
-
-
-def _artifacts(out: Path) -> list[Path]:
-    files = [out / n for n in ARTIFACT_FILES if (out / n).is_file()]
-    return files + sorted(p for p in out.iterdir() if p.is_file() and p.suffix in (".png", ".md"))
 
 
 @dataclass
