@@ -25,10 +25,16 @@ import torch
 
 from fedudp.config import ConfigError, RunConfig, config_from_overrides
 
+__all__ = [
+    "leak_config",
+    "LeakPair",
+    "clipped_sums",
+]
+
 if TYPE_CHECKING:
     from fedudp.protocol.contributions import Contribution
 
-PAIR = {
+_PAIR = {
     "method": "joint_dp",
     "progress": False,
     "dataset.name": "synthetic",
@@ -57,7 +63,7 @@ def leak_config(**overrides: Any) -> RunConfig:
             f"engine_opts.device={overrides['engine_opts.device']}: the leak pair runs on the "
             "CPU only; drop the override"
         )
-    return config_from_overrides({**PAIR, **overrides})
+    return config_from_overrides({**_PAIR, **overrides})
 
 
 @dataclass

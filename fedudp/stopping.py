@@ -3,7 +3,7 @@
 ``StopSignals`` is what the round loop (``fedudp.billboard.rounds.run_rounds``) runs under:
 a signal raises ``RunInterrupted`` at once, or, inside ``critical()`` (a release being
 ledgered and recorded), at the section's end. ``StopFlag`` is for a round loop that runs
-outside the main thread (Flower's ServerApp, ``fedudp.engines.flower_server``): the main thread
+outside the main thread (Flower's ServerApp, ``fedudp.flower.server_app``): the main thread
 only records the signal, and the loop and the transport's waits poll it. Moved out of the round
 loop so that OS signal handling is its own, dependency-free module.
 """

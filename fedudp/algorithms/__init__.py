@@ -43,6 +43,9 @@ __all__ = [
     "requirements",
     "check",
     "setup",
+    "need",
+    "split_rounds",
+    "public_permutation",
 ]
 
 

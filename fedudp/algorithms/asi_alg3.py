@@ -32,6 +32,15 @@ from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 from fedudp.algorithms.smoothing import Smoothing
 from fedudp.protocol.contributions import Sampling
 
+__all__ = [
+    "SEED",
+    "REQUIRES",
+    "paper_parameters",
+    "phase",
+    "smoothing",
+    "setup",
+]
+
 SEED = "003_60e5b11bfa501c93.txt (Asi & Liu), Algorithm 3, Theorem 4.1"
 
 

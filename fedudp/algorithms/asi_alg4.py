@@ -37,6 +37,14 @@ from fedudp.algorithms.schedule import AlgorithmPlan
 from fedudp.algorithms.smoothing import Smoothing
 from fedudp.protocol.contributions import Sampling
 
+__all__ = [
+    "SEED",
+    "REQUIRES",
+    "phase_sizes",
+    "radii",
+    "setup",
+]
+
 SEED = "003_60e5b11bfa501c93.txt (Asi & Liu), Algorithm 4, Theorem 4.11, App. B.4"
 
 

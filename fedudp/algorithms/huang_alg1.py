@@ -52,6 +52,15 @@ from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 from fedudp.protocol.contributions import Sampling
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "SEED",
+    "REQUIRES",
+    "check",
+    "paper_step_size",
+    "paper_sigma",
+    "setup",
+]
+
 SEED = "001_40594ba3d5609f29.txt (Huang et al.), Algorithm 1, Theorem 3.1, Lemma 3.2"
 
 

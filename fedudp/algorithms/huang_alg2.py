@@ -44,6 +44,13 @@ from fedudp.privacy.mechanisms import next_pow2
 from fedudp.protocol.contributions import Sampling
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "SEED",
+    "REQUIRES",
+    "lemma_b4_tau",
+    "setup",
+]
+
 SEED = "001_40594ba3d5609f29.txt (Huang et al.), Algorithm 2, Theorem B.1, Lemma B.4"
 
 

@@ -36,6 +36,15 @@ from fedudp.algorithms import (
 from fedudp.algorithms.schedule import AlgorithmPlan, Phase
 from fedudp.protocol.contributions import Sampling
 
+__all__ = [
+    "SEED",
+    "REQUIRES",
+    "paper_parameters",
+    "default_phases",
+    "corollary2_rounds",
+    "setup",
+]
+
 SEED = "004_07414daf854bd785.txt (Levy et al.), Algorithm 4, Theorem 4"
 
 

@@ -37,8 +37,19 @@ from scipy.stats import norm
 from fedudp.protocol.contributions import Contribution
 from fedudp.randomness import Purpose, numpy_rng
 
-BOOTSTRAP = 1000
-LEVEL = 0.95
+__all__ = [
+    "Canaries",
+    "ESTIMATOR",
+    "KIND",
+    "andrew_estimate",
+    "region_interval",
+    "hockey_stick",
+    "two_gaussian_epsilon",
+    "simulated_release",
+]
+
+_BOOTSTRAP = 1000
+_LEVEL = 0.95
 
 
 class Canaries:
@@ -106,8 +117,8 @@ def andrew_estimate(
     dim: int,
     delta: float,
     rng: np.random.Generator | None = None,
-    bootstrap: int = BOOTSTRAP,
-    level: float = LEVEL,
+    bootstrap: int = _BOOTSTRAP,
+    level: float = _LEVEL,
 ) -> dict:
     """Andrew et al.'s one-shot estimate from the inserted canaries' cosines with the final
     model delta: μ̂, σ̂ of the cosines (σ̂ with ddof=1), the null N(0, 1/d) of a never-inserted
@@ -156,7 +167,7 @@ def andrew_estimate(
 
 
 def region_interval(
-    mu: float, sd: float, n: int, dim: int, delta: float, level: float = LEVEL, grid: int = 41
+    mu: float, sd: float, n: int, dim: int, delta: float, level: float = _LEVEL, grid: int = 41
 ) -> list[float]:
     """ε's [min, max] over a ``level`` confidence region of the observed cosines' (μ, σ) from
     ``n`` canaries, assuming they are Gaussian (the paper's model): a Bonferroni rectangle of

@@ -3,7 +3,7 @@ the other records of its batch is refused before any work.
 
 Every batched kernel of the owners (``fedudp.owner.per_sample``'s one-pass per-record
 gradients for DP-SGD, ``fedudp.owner.one_step``'s user vectors, ``fedudp.owner.ghost``'s
-clipping; the Flower fast path, ``fedudp.flower_fast``, runs the one-step kernel) runs one
+clipping; the Flower fast path, ``fedudp.flower.fast``, runs the one-step kernel) runs one
 forward/backward over the records of many users and reads each record's gradient from it. That
 is exact only when each record's output is a function of that record alone. A model that mixes
 the records of a batch (``fc(x - x.mean(0))``, batch statistics such as a ``BatchNorm`` in
