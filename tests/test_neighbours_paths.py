@@ -452,7 +452,7 @@ def test_twin_a_permutation_deal_is_caught(monkeypatch):
         )
         return records.with_owner(owner[inv])
 
-    monkeypatch.setattr(build, "group_users", permutation_deal)
+    monkeypatch.setattr(build.data, "group_users", permutation_deal)
     monkeypatch.setattr(records_mod, "group_users", permutation_deal)
     found = rule_differences("random")
     assert any("moved" in f for f in found), found

@@ -316,10 +316,10 @@ def rows_lines(rows: list[dict], args: argparse.Namespace) -> list[str]:
 ROW_ESTIMATORS = ("winsorized", "outlier_removal", "friendlycore", "few_users")
 
 # The pre-flight check alone: fedudp.run as usual, stopped right after the memory check passes
-# (``fedudp.build.check_rows_fit``); a refusal ends the run the usual way (exit 2).
+# (``fedudp.build.assemble.check_rows_fit``); a refusal ends the run the usual way (exit 2).
 CHECK_ONLY = """
 import sys
-import fedudp.build as build
+import fedudp.build.assemble as build
 from fedudp.aggregators.memory import GIB, available_bytes, check_rows_fit
 def check(aggregator, dim, itemsize, available=None):
     need = check_rows_fit(aggregator, dim, itemsize, available)
@@ -389,7 +389,7 @@ def preflight(args: argparse.Namespace, env: dict) -> list[dict]:
 # (``Billboard.release``: merging the replies' rows, the estimator, the accounting).
 TIMED = """
 import sys, time
-import fedudp.build as build
+import fedudp.build.assemble as build
 from fedudp.billboard.server import Billboard
 from fedudp.aggregators.memory import check_rows_fit
 def check(aggregator, dim, itemsize, available=None):

@@ -87,8 +87,8 @@ def test_cuda_without_a_cuda_device_is_refused_before_any_work(monkeypatch, dev)
     def never(*a, **k):
         raise AssertionError("work started before the config was refused")
 
-    monkeypatch.setattr(build, "model", never)
-    monkeypatch.setattr(build, "federation", never)
+    monkeypatch.setattr(build.assemble, "model", never)
+    monkeypatch.setattr(build.assemble, "federation", never)
     with pytest.raises(ConfigError) as e:
         prepare(tiny_cfg("full_dp", **{"engine_opts.device": dev}))
     assert str(e.value) == (
@@ -102,7 +102,7 @@ def test_the_flower_engine_with_a_gpu_device_is_refused(monkeypatch, dev):
     def never(*a, **k):
         raise AssertionError("work started before the config was refused")
 
-    monkeypatch.setattr(build, "model", never)
+    monkeypatch.setattr(build.assemble, "model", never)
     with pytest.raises(ConfigError) as e:
         prepare(tiny_cfg("full_dp", engine="flower", **{"engine_opts.device": dev}))
     msg = str(e.value)

@@ -32,7 +32,7 @@ def watched(monkeypatch):
             raise RealAllocation(f"{classes} classes")
         return real(name, shape, classes, seed)
 
-    monkeypatch.setattr(build, "make_model", make)
+    monkeypatch.setattr(build.owner_side, "make_model", make)
     return calls
 
 

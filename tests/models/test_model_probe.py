@@ -230,7 +230,7 @@ def test_built_in_models_pass_the_probe(overrides):
 
 def test_prepare_probes_before_the_federation_is_built(monkeypatch):
     built = []
-    monkeypatch.setattr(build, "owners", lambda *a, **k: built.append(1))
+    monkeypatch.setattr(build.assemble, "owners", lambda *a, **k: built.append(1))
     with pytest.raises(ConfigError, match=r"^model\.target: model output is \[2, 7\]"):
         build.prepare(cfg_for(me("Head"), outputs=7))
     assert not built
@@ -238,7 +238,7 @@ def test_prepare_probes_before_the_federation_is_built(monkeypatch):
 
 def test_a_natural_federations_model_is_probed_before_its_files_are_read(tmp_path, monkeypatch):
     read = []
-    monkeypatch.setattr(build, "natural_records", lambda *a, **k: read.append(1))
+    monkeypatch.setattr(build.assemble, "natural_records", lambda *a, **k: read.append(1))
     cfg = config_from_overrides(
         {
             "dataset.name": "npz",

@@ -284,13 +284,13 @@ def test_the_public_entry_refuses_before_round_one(placement, monkeypatch):
     def no_data(*a, **k):
         raise AssertionError("the federation was built")
 
-    monkeypatch.setattr(build, "federation", no_data)
+    monkeypatch.setattr(build.assemble, "federation", no_data)
     with pytest.raises(ConfigError, match=r"^model: model layer <model> \(MeanCentred\) mixes"):
         fedudp.simulate(_overrides(**{"privacy.placement": placement}), model=MeanCentred())
 
 
 def test_the_public_entry_refuses_a_model_target(monkeypatch):
-    monkeypatch.setattr(build, "federation", lambda *a, **k: pytest.fail("data read"))
+    monkeypatch.setattr(build.assemble, "federation", lambda *a, **k: pytest.fail("data read"))
     over = _overrides(**{"model.target": f"{__name__}.CrossAttention"})
     from fedudp.config import config_from_overrides
 

@@ -1,0 +1,109 @@
+"""The run's plain settings (what the runner, the engines and the tools read), the noise
+placement and the run's randomness: read from a ``RunConfig`` once per run
+(``fedudp.build.checks.check_config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedudp.config import (
+    Accounting,
+    EngineName,
+    KeepAfterFinish,
+    Method,
+    Placement,
+    RandomnessMode,
+    RunConfig,
+    TrackingKind,
+)
+from fedudp.randomness import Randomness
+
+__all__ = ["RunSettings", "settings", "placement", "randomness"]
+
+
+# -- the run's plain settings (what the runner, the engines and the tools read) -----------------
+@dataclass(frozen=True)
+class RunSettings:
+    """The plain values a runner needs from a config, besides the built objects."""
+
+    method: str
+    private: bool
+    placement: str | None  # server | local_dpsgd (private methods only)
+    engine: str
+    dataset: str
+    seed: int
+    rounds: int
+    eval_every: int
+    target_epsilon: float | None  # private methods only
+    delta: float | None
+    checkpoint_every: int
+    checkpoint_keep: int
+    resume: str | None
+    progress: bool
+    threads: int
+    timeout_s: float | None  # engine=flower
+    num_cpus: float
+    num_gpus: float
+    address: str | None
+    noise_personal: bool  # Huang Alg. 1's full-DP baseline (the ledger says so)
+    sampling_rate: float  # the billboard's Poisson rate q
+    bound: float  # the public a-priori bound on a unit's vector
+    accounting: str  # certified | paper
+    keep_after_finish: str = "none"  # checkpoints kept once the run has finished: none | last | all
+    tracking: str = "none"  # none | mlflow | tensorboard (fedudp.tracking)
+    tracking_uri: str | None = None  # MLflow tracking URI; None: the embedded store
+    tracking_experiment: str = "fedudp"
+    randomness: str = "seeded"  # privacy.randomness: seeded | secure (fedudp.randomness)
+    min_owners: int = 1  # train.min_owners / min_users: fail closed (Billboard)
+    min_users: int = 1
+
+
+def settings(cfg: RunConfig) -> RunSettings:
+    private = Method(cfg.method) in (Method.full_dp, Method.joint_dp)
+    p, e = cfg.privacy, cfg.engine_opts
+    return RunSettings(
+        method=Method(cfg.method).value,
+        private=private,
+        placement=placement(cfg).value if private else None,
+        engine=EngineName(cfg.engine).value,
+        dataset=str(cfg.dataset.name),
+        seed=int(cfg.seed),
+        rounds=int(cfg.train.rounds),
+        eval_every=int(cfg.train.eval_every),
+        target_epsilon=p.epsilon if private else None,
+        delta=p.delta if private else None,
+        checkpoint_every=int(cfg.checkpoint.every),
+        checkpoint_keep=int(cfg.checkpoint.keep),
+        resume=cfg.resume or None,
+        progress=bool(cfg.progress),
+        threads=int(e.threads),
+        timeout_s=e.timeout_s,
+        num_cpus=float(e.num_cpus),
+        num_gpus=float(e.num_gpus),
+        address=str(e.address) if e.address else None,
+        noise_personal=bool(cfg.algorithm.noise_personal),
+        sampling_rate=float(cfg.train.sampling_rate),
+        bound=float(cfg.estimator["bound"]),
+        accounting=Accounting(p.accounting).value,
+        keep_after_finish=KeepAfterFinish(cfg.checkpoint.keep_after_finish).value,
+        tracking=TrackingKind(cfg.tracking.kind).value,
+        tracking_uri=str(cfg.tracking.uri) if cfg.tracking.uri else None,
+        tracking_experiment=str(cfg.tracking.experiment),
+        randomness=RandomnessMode(p.randomness).value,
+        min_owners=int(cfg.train.min_owners),
+        min_users=int(cfg.train.min_users),
+    )
+
+
+def placement(cfg: RunConfig) -> Placement:
+    """Where the noise is added: in the owners (``local_dpsgd``, private methods only) or on the
+    billboard (``server``). Decided here, once."""
+    private = Method(cfg.method) in (Method.full_dp, Method.joint_dp)
+    if private and Placement(cfg.privacy.placement) == Placement.local_dpsgd:
+        return Placement.local_dpsgd
+    return Placement.server
+
+
+def randomness(cfg: RunConfig) -> Randomness:
+    """The run's randomness (``privacy.randomness``): seeded by ``seed``, or secure."""
+    return Randomness(int(cfg.seed), RandomnessMode(cfg.privacy.randomness).value)
