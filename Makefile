@@ -13,7 +13,7 @@ $(BIN)/fedudp: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	@# CPU machines: take the local CPU wheel of torch first (any other spec pulls CUDA)
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q "torch==2.13.0"; fi
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[flower,test]"
 	touch $(BIN)/fedudp
 
 setup: $(BIN)/fedudp

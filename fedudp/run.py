@@ -40,6 +40,8 @@ from fedudp.config import (
     validate,
     with_schema_defaults,
 )
+from fedudp.engines import execute_for
+from fedudp.engines import require as require_engine
 from fedudp.privacy.accountant import LedgerEntry
 from fedudp.privacy.labels import epsilon_display, labelled_epsilon
 from fedudp.protocol import checkpoint as checkpoints
@@ -68,10 +70,7 @@ def execute(
     """The round loop on the configured engine (``grid``: ``flwr run``'s, for engine=flower;
     ``checkpoint``: where and how often it checkpoints, and the state a resumed run starts
     from)."""
-    if p.settings.engine == "flower":
-        from fedudp.engines.flower_server import execute as on_engine
-    else:
-        from fedudp.engines.local import execute as on_engine
+    on_engine = execute_for(p.settings.engine)  # the engine registry (fedudp.engines)
     t = p.settings
 
     def drive(transport: Transport) -> RoundsResult:
@@ -225,6 +224,7 @@ def run_with_result(
     validate(cfg)
     s = settings(cfg)
     tracking.require(s.tracking)  # the extra's package, before any work
+    require_engine(s.engine)  # engine=flower without the flower extra: one line, before any work
     resume = s.resume
     if resume:
         out_dir = resume

@@ -24,7 +24,7 @@ import torch
 from conftest import interrupt_after, tiny_cfg, tiny_mnist, write_idx
 from fedudp.config import ConfigError, DataError
 from fedudp.protocol import checkpoint
-from fedudp.engines.ray_watchdog import ray_descendants
+from fedudp.flower.ray_watchdog import ray_descendants
 from fedudp.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -485,7 +485,7 @@ def _run_watching(
 
 def _assert_ray_gone(seen: dict[int, int], within_s: float = 30.0) -> None:
     """Every Ray process the run started has exited within ``within_s`` seconds."""
-    from fedudp.engines.ray_watchdog import _alive
+    from fedudp.flower.ray_watchdog import _alive
 
     assert seen, "the run started no Ray process?"
     t_end = time.time() + within_s

@@ -40,17 +40,8 @@ LAYERS = [
     # below the builder imports it (its names come from the registries below)
     ("fedudp.config",),
     ("fedudp.build",),  # the config builder: the one reader of a RunConfig
-    ("fedudp.engines",),  # local and Flower engines (owners build their side)
-    # the user-level DP wrapper for any Flower app, over the builder (no engine)
-    (
-        "fedudp.flower",
-        "fedudp.flower_contract",
-        "fedudp.flower_fast",
-        "fedudp.flower_fast_data",
-        "fedudp.flower_guard",
-        "fedudp.flower_logging",
-        "fedudp.flower_availability",
-    ),
+    # the engine registry and the local engine (engine=flower: declared by name, in fedudp.flower)
+    ("fedudp.engines",),
     ("fedudp.leak",),  # the joint-DP paper-mode leak pair
     ("fedudp.audit",),  # fedudp-audit: empirical privacy audits
     # run folders and MLflow (and the tracking files); the privacy cost of tuning
@@ -59,7 +50,11 @@ LAYERS = [
     ("fedudp.report.paper_report", "fedudp.report.report_plots"),  # the paper's layouts, figures
     ("fedudp.report",),  # the package's names and fedudp-report's command (report.cli)
     ("fedudp.run",),  # a prepared run on an engine, and its run folder
-    ("fedudp.api", "fedudp.flwr_entry", "fedudp.cli", "fedudp.__main__"),  # the entry points
+    # the Flower integration, one optional package (pip install 'fedudp[flower]'): the
+    # user-level DP wrapper and mod for any Flower app, engine=flower's ServerApp and ClientApp,
+    # and the `flwr run` entry (over the runner); the runner reaches it by name (fedudp.engines)
+    ("fedudp.flower",),
+    ("fedudp.api", "fedudp.cli", "fedudp.__main__"),  # the entry points
 ]
 TOP = len(LAYERS)  # a module in no layer (test_every_module_has_a_layer fails)
 
@@ -273,28 +268,40 @@ def test_the_owner_and_the_billboard_never_import_each_other():
         assert not crossed, (side, crossed)
 
 
-# The Flower client side (a SuperNode's ClientApp and the wire format it shares with the
-# server): the owner, the protocol, the data, the models, the aggregators' reply contract
-# (aggregators.base), and the builder and config only to build this SuperNode's owner side from
-# the run's config (``build.owners``, ``build.federation``, ``config_from_json``). Never the
-# billboard, the round loop, the server engine, the stop signals or a runner.
-CLIENT_SIDE = ("fedudp.engines.flower_client", "fedudp.engines.flower_wire")
+# The Flower client side (``fedudp.flower.mod``, the client mod of any Flower app;
+# ``fedudp.flower.client_app``, a SuperNode's ClientApp of engine=flower; and every module of
+# ``fedudp.flower`` they import, such as the wire format they share with the server): the
+# owner, the protocol, the data, the models, the privacy math, and the builder and config only
+# to build this SuperNode's owner side from the run's config (``build.owners``,
+# ``build.federation``, ``config_from_json``). Never the billboard, the round loop, the server
+# engine, the strategy, the stop signals or a runner.
+CLIENT_SIDE = ("fedudp.flower.mod", "fedudp.flower.client_app")
 CLIENT_MAY_IMPORT = (
     "fedudp.owner",
     "fedudp.protocol",
     "fedudp.data",
     "fedudp.models",
-    "fedudp.aggregators.base",
     "fedudp.privacy",
     "fedudp.randomness",
     "fedudp.errors",
     "fedudp.plain",
-    "fedudp.engines.flower_wire",
+    "fedudp.flower.wire",
+    "fedudp.flower.guard",
+    "fedudp.flower.fast",
+    "fedudp.flower.fast_data",
 )
 CLIENT_BUILDS_WITH = {
     "fedudp.build": {"owners", "federation"},
     "fedudp.config": {"config_from_json"},
 }
+FLOWER = "fedudp.flower"
+# what imports fedudp.flower from outside it: the entry points only (the runner names
+# fedudp.flower.server_app in the engine registry, by name: no import)
+FLOWER_IMPORTERS = ("fedudp.api", "fedudp.cli", "fedudp.__main__")
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
 
 
 def _names_used(path: Path, module: str) -> set[str]:
@@ -320,34 +327,134 @@ def _names_used(path: Path, module: str) -> set[str]:
 
 
 def _client_violations(name: str, path: Path, known: dict[str, Path]) -> list[str]:
-    got = {m for m in imported(name, path, known) if m != "fedudp.engines"}
+    got = imported(name, path, known)
     bad = [
         m
         for m in sorted(got)
-        if not any(m == a or m.startswith(a + ".") for a in CLIENT_MAY_IMPORT)
-        and m not in CLIENT_BUILDS_WITH
+        if not any(_within(m, a) for a in CLIENT_MAY_IMPORT) and m not in CLIENT_BUILDS_WITH
     ]
     for module, allowed in CLIENT_BUILDS_WITH.items():
         bad += [f"{module}.{n}" for n in sorted(_names_used(path, module) - allowed)]
     return bad
 
 
-def test_the_flower_client_side_imports_only_the_owner_side(tmp_path):
+def _inside(start: tuple[str, ...], graph: dict[str, set[str]]) -> set[str]:
+    """``start`` and every module of ``fedudp.flower`` it imports, through such modules."""
+    seen, todo = set(), list(start)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(x for x in graph.get(m, ()) if x.startswith(FLOWER + "."))
+    return seen
+
+
+def _imports_of(
+    start: tuple[str, ...], graph: dict[str, set[str]], forbidden: str
+) -> list[tuple[str, str]]:
+    """(module, import) pairs: a module of ``_inside(start)`` importing ``forbidden``."""
+    return sorted(
+        (m, x) for m in _inside(start, graph) for x in graph.get(m, ()) if _within(x, forbidden)
+    )
+
+
+def _with_fake(graph: dict[str, set[str]], name: str, source: str, tmp_path: Path) -> dict:
+    """``graph`` with module ``name`` as written in ``source`` (a weakened twin)."""
+    fake = tmp_path / (name.rpartition(".")[2] + ".py")
+    fake.write_text(source)
     known = modules()
-    for name in CLIENT_SIDE:
+    return {**graph, name: imported(name, fake, {**known, name: fake}) - {name}}
+
+
+def test_the_flower_client_side_imports_only_the_owner_side(tmp_path):
+    known, graph = modules(), _graph()
+    client = _inside(CLIENT_SIDE, graph)
+    assert {"fedudp.flower.wire", "fedudp.flower.guard", "fedudp.flower.fast"} <= client
+    for name in sorted(client):
         assert not _client_violations(name, known[name], known), name
-    # the wire format reaches nothing of the billboard, even through what it imports
-    assert not [m for m in _reach({"fedudp.engines.flower_wire"}, _graph()) if "billboard" in m]
     # the check sees a billboard import and a builder function beyond the owner side's
     fake = tmp_path / "client.py"
     fake.write_text(
         "from fedudp import build\nfrom fedudp.billboard.rounds import run_rounds\n"
-        "build.owners(cfg)\nbuild.prepare(cfg)\n"
+        "build.owners(cfg)\nbuild.prepare(cfg)\nfrom fedudp.flower import UserLevelDP\n"
     )
-    assert _client_violations("fedudp.engines.x", fake, known) == [
+    assert _client_violations("fedudp.flower.x", fake, known) == [
         "fedudp.billboard.rounds",
+        "fedudp.flower",
         "fedudp.build.prepare",
     ]
+
+
+def test_the_flower_mod_and_client_app_never_import_the_billboard(tmp_path):
+    """Neither the mod nor the engine's ClientApp, nor any module of the package they import,
+    imports ``fedudp.billboard``; the mod reaches nothing of it even through the modules below
+    (the ClientApp builds its owner side with the builder, which knows both sides)."""
+    graph = _graph()
+    assert _imports_of(CLIENT_SIDE, graph, "fedudp.billboard") == []
+    assert not [m for m in _reach({"fedudp.flower.mod"}, graph) if _within(m, "fedudp.billboard")]
+    # weakened twin: the wire format (imported by both) reaching for the release gate, caught
+    twin = _with_fake(
+        graph,
+        "fedudp.flower.wire",
+        "from fedudp.protocol.messages import OwnerReply\n"
+        "def f():\n    from fedudp.billboard.release import ReleaseGate\n",
+        tmp_path,
+    )
+    assert _imports_of(CLIENT_SIDE, twin, "fedudp.billboard") == [
+        ("fedudp.flower.wire", "fedudp.billboard.release")
+    ]
+
+
+def test_the_flower_strategy_never_imports_the_owner_side(tmp_path):
+    """The server-side wrapper (and what it imports of the package) imports nothing of
+    ``fedudp.owner``: it sees the clients' replies, never their training (the builder it
+    calibrates the estimator with is the one place that knows both sides)."""
+    graph = _graph()
+    server = _inside(("fedudp.flower.strategy",), graph)
+    assert {"fedudp.flower.collect", "fedudp.flower.wire", "fedudp.flower.outcome"} <= server
+    assert _imports_of(("fedudp.flower.strategy",), graph, "fedudp.owner") == []
+    # weakened twin: the replies' reader importing the owner's isolation rule, caught
+    twin = _with_fake(
+        graph,
+        "fedudp.flower.collect",
+        "from fedudp.owner.isolate import isolated_reply\n",
+        tmp_path,
+    )
+    assert _imports_of(("fedudp.flower.strategy",), twin, "fedudp.owner") == [
+        ("fedudp.flower.collect", "fedudp.owner.isolate")
+    ]
+
+
+def _flower_importers(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, import): a module outside ``fedudp.flower`` importing it, not an entry point."""
+    return sorted(
+        (m, x)
+        for m, xs in graph.items()
+        if not _within(m, FLOWER) and not any(_within(m, e) for e in FLOWER_IMPORTERS)
+        for x in xs
+        if _within(x, FLOWER)
+    )
+
+
+def test_only_the_entry_points_import_fedudp_flower(tmp_path):
+    """``fedudp.flower`` is one box of the import graph: nothing outside it imports it except
+    the entry points; the runner reaches engine=flower through the registry, by name."""
+    from fedudp.engines import ENGINES
+
+    graph = _graph()
+    assert _flower_importers(graph) == []
+    assert layer(FLOWER) == layer("fedudp.run") + 1 == layer("fedudp.api") - 1
+    assert unit("fedudp.flower.strategy") == unit("fedudp.flower.server_app") == FLOWER
+    declared = ENGINES.get("flower").module
+    assert declared in modules() and _within(declared, FLOWER)
+    # weakened twin: the runner importing the Flower engine again, caught
+    twin = _with_fake(
+        graph,
+        "fedudp.run",
+        "def execute(p):\n    from fedudp.flower.server_app import execute as on_engine\n",
+        tmp_path,
+    )
+    assert _flower_importers(twin) == [("fedudp.run", "fedudp.flower.server_app")]
 
 
 def test_nothing_below_the_builder_imports_the_config():

@@ -39,8 +39,8 @@ def test_engines_never_import_the_entry_points():
         bad = {
             m
             for m in _imports(path)
-            if m in ("fedudp.run", "fedudp.cli", "fedudp.flwr_entry")
-            or m.startswith(("fedudp.run.", "fedudp.cli.", "fedudp.flwr_entry."))
+            if m in ("fedudp.run", "fedudp.cli", "fedudp.flower.entry")
+            or m.startswith(("fedudp.run.", "fedudp.cli.", "fedudp.flower.entry."))
         }
         assert not bad, (path.name, bad)
 

@@ -8,14 +8,14 @@ takes it):
 * DP-SGD's one-pass per-record gradients (``per_sample.per_record_gradients``), on the
   parameters of the exact ``nn.Linear`` / ``nn.Conv2d`` layers;
 * the one-step user vectors (``one_step.one_step_vectors``: the server placement's one-step users
-  and the Flower fast path, ``fedudp.flower_fast``), on the same parameters, one record per user;
+  and the Flower fast path, ``fedudp.flower.fast``), on the same parameters, one record per user;
 * ghost clipping (``ghost.ghost_gradients``), on the parameters of the layers it covers, one
   record per user: each record's gradient read back as the weighted sum with that record's
   indicator as the weights, and its float64 norm (``NORM``).
 
 ``check(model, input_shape, classes, tokens)`` runs ``fedudp.models.independence.
 check_independent`` with all of them (``fedudp.build.probe_model`` and
-``fedudp.flower_fast.TorchTraining`` call it before any work).
+``fedudp.flower.fast.TorchTraining`` call it before any work).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ call raises, the failure path here finds the user(s) whose computation raises by
 same call on subsets of the cohort's users (bisection: a subset that raises is split in two,
 down to single users), drops them, and computes the reply once more without them, so the reply
 is the one of the federation without those users (``Federation.without_user``), as the Flower
-client mod drops such a user alone (``fedudp.flower_guard``). The happy path is the one call.
+client mod drops such a user alone (``fedudp.flower.guard``). The happy path is the one call.
 
 * Units are users (``privacy.placement=server``): the reply is computed for the other sampled
   users; each dropped user contributes zero and is not counted (``OwnerReply.failed``, as a

@@ -15,7 +15,7 @@ training step ``task.train``), each client holding 10 users (client p: users 10p
 * ``fast``: the same server, with ``user_level_mod(users_per_client=10,
   fast=TorchTraining(make_model, load_data, lr="lr"))`` (the example app's ClientApp): the
   client's sampled users' updates (one full-batch SGD step each, what ``task.train`` does) from
-  one batched forward/backward (``fedudp.flower_fast``), clipped and summed as on the per-user
+  one batched forward/backward (``fedudp.flower.fast``), clipped and summed as on the per-user
   path; the app's train step is not called in training.
 
 Both sides: ``fraction_train=1`` (every client every round), no evaluation, Ray backend with
@@ -85,7 +85,7 @@ def _client_apps():
     from flwr.clientapp import ClientApp
 
     from fedudp.flower import user_level_mod
-    from fedudp.flower_fast import TorchTraining
+    from fedudp.flower.fast import TorchTraining
     from user_dp_app.task import load_data, make_model, train
 
     torch.set_num_threads(1)
@@ -348,7 +348,7 @@ def profile_mod(n: int, reps: int = 200) -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedudp.flower import K_DP, user_level_mod
-    from fedudp.flower_fast import TorchTraining
+    from fedudp.flower.fast import TorchTraining
     from user_dp_app.task import load_data, make_model, train
 
     TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1  # a Message needs them

@@ -87,7 +87,7 @@ def owner_sum(kind: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, cli
         )
         return total.double()
     assert kind == "fast"  # TorchTraining's one-step updates, clipped and summed as the mod does
-    from fedudp.flower_fast import TorchTraining
+    from fedudp.flower.fast import TorchTraining
 
     t = TorchTraining(model, lambda u, n: (x[u : u + 1], y[u : u + 1]), lr=1.0)
     t.check_independent = lambda x: None  # the check bypassed: the kernel as it ran before
@@ -116,7 +116,7 @@ def refusals(make) -> dict[str, str]:
     """What the public entry does with the model now: prepare (local_dpsgd) and the fast path."""
     from fedudp.build import prepare
     from fedudp.config import ConfigError, config_from_overrides
-    from fedudp.flower_fast import TorchTraining
+    from fedudp.flower.fast import TorchTraining
 
     out = {}
     over = {

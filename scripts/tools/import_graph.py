@@ -8,7 +8,10 @@ as that checkout's ``tests/test_layers.py`` (``--root``: another checkout, e.g. 
 an older commit, is drawn with its own rules). One box per unit of the layers (a package, with
 its modules listed inside, or a module listed alone), one row per layer, bottom first; an arrow
 from a box to a box it imports from, its width growing with the number of module-to-module
-imports. Red: an import that runs upward or closes a cycle. Prints the cycles (between units,
+imports. Red: an import that runs upward or closes a cycle. Dashed grey, labelled "by name": a
+module declared by its name (the first argument of a call, such as the engine registry's
+``Engine("fedudp.flower.server_app", ...)``, imported with ``importlib`` on first use), not an
+import: it is neither counted nor checked. Prints the cycles (between units,
 and between modules, a package's ``__init__`` importing its own members aside) and the upward
 imports, and exits 1 where there is either (``--no-fail`` draws and exits 0).
 
@@ -18,6 +21,7 @@ Standard library and matplotlib only (no graphviz needed).
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import sys
 import textwrap
@@ -82,6 +86,24 @@ def tarjan(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def by_name(rules, known: dict[str, Path], graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(unit, unit) pairs: a module naming another, not imported by it, as the first argument
+    of a call (a declaration by name: ``Engine("fedudp.flower.server_app")``)."""
+    out = set()
+    for n, p in known.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not (isinstance(node, ast.Call) and node.args):
+                continue
+            arg = node.args[0]
+            if not isinstance(arg, ast.Constant) or arg.value not in known or arg.value == "fedudp":
+                continue
+            if arg.value != n and arg.value not in graph[n]:
+                a, b = unit_of(rules, n), unit_of(rules, arg.value)
+                if a != b:
+                    out.add((a, b))
+    return out
+
+
 def analyse(root: Path) -> dict:
     rules = load_rules(root)
     known = rules.modules()
@@ -121,6 +143,7 @@ def analyse(root: Path) -> dict:
         "units": dict(units),
         "layer_of": layer_of,
         "edges": dict(edges),
+        "by_name": by_name(rules, known, mod_graph),
         "bad_edges": bad_edges,
         "unit_cycles": unit_cycles,
         "module_cycles": tarjan(no_index),
@@ -293,12 +316,42 @@ def draw(a: dict, out: Path, title: str) -> None:
                 zorder=5 if bad else 2,
             )
         )
+    for s, t in sorted(a.get("by_name", ())):  # declared by name: dashed grey, not an import
+        sx, sy, sw, sh = centre[s]
+        tx, ty, tw, th = centre[t]
+        up = ty > sy
+        p0 = (sx + 0.25 * sw, sy + (sh if up else -sh) / 2)
+        p1 = (tx - 0.25 * tw, ty - (th if up else -th) / 2)
+        ax.add_patch(
+            FancyArrowPatch(
+                p0,
+                p1,
+                connectionstyle="arc3,rad=-0.2",
+                arrowstyle="-|>",
+                mutation_scale=9,
+                lw=1.2,
+                linestyle=(0, (4, 3)),
+                color="0.5",
+                alpha=0.9,
+                zorder=2,
+            )
+        )
+        ax.text(
+            (p0[0] + p1[0]) / 2 + 0.1,
+            (p0[1] + p1[1]) / 2,
+            "by name",
+            fontsize=7,
+            color="0.4",
+            style="italic",
+            zorder=6,
+        )
     n_up, n_cyc = len(a["upward"]), len(a["unit_cycles"]) + len(a["module_cycles"])
     ax.text(
         width / 2,
         height - 0.35,
         f"{title}: {len(a['modules'])} modules in {len(centre)} units, {len(rows)} layers; "
-        f"arrows: imports (importer -> imported); red: {n_up} upward import(s), {n_cyc} cycle(s)",
+        f"arrows: imports (importer -> imported); red: {n_up} upward import(s), {n_cyc} cycle(s); "
+        "dashed: declared by name (no import)",
         ha="center",
         va="center",
         fontsize=10,
@@ -321,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     a = analyse(args.root.resolve())
     print(f"{len(a['modules'])} modules, {len(a['units'])} units, {len(a['edges'])} unit imports")
+    for s, t in sorted(a["by_name"]):
+        print(f"by name (not an import): {s} declares {t}")
     for kind, cycles in (("unit", a["unit_cycles"]), ("module", a["module_cycles"])):
         for c in cycles:
             print(f"cycle between {kind}s: {' <-> '.join(c)}")

@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 import torch
 
-import fedudp.flower
+import fedudp.flower.strategy
 from fedudp.aggregators import GaussianAggregator, MeanAggregator, Sampling
 from fedudp.protocol.contributions import Constraint
 from fedudp.billboard import fail_closed, release
 from fedudp.billboard.rounds import Collected, Evaluation, run_rounds
 from fedudp.billboard.server import Billboard
-from fedudp.engines import flower_wire
-from fedudp.engines.flower_server import FlowerTransport
+import fedudp.flower.wire as flower_wire
+from fedudp.flower.server_app import FlowerTransport
 from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
 from fedudp.protocol.messages import Failure, make_reply
 
@@ -219,7 +219,7 @@ def test_twin_is_caught_between_neighbours_of_one_sample():
 
 def test_one_rule_for_both_engines():
     # both hold the release path, which calls the one rule (tests/billboard/test_release_path.py)
-    assert fedudp.flower.ReleaseGate is release.ReleaseGate
+    assert fedudp.flower.strategy.ReleaseGate is release.ReleaseGate
     assert release.withhold_reason is fail_closed.withhold_reason
     assert fail_closed.answered_slots(CAPACITY, {3}) == 30
     assert fail_closed.answered_slots(CAPACITY, set()) == 40

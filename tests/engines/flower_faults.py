@@ -21,8 +21,8 @@ from flwr.app import Array, ArrayRecord
 from flwr.clientapp import ClientApp
 
 from fedudp.protocol.messages import OwnerFailure
-from fedudp.engines import flower_client
-from fedudp.engines import flower_wire
+import fedudp.flower.client_app as flower_client
+import fedudp.flower.wire as flower_wire
 
 
 def fault_mod(msg, context, call_next):

@@ -44,12 +44,13 @@ from flwr.app.message.message import make_message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp.strategy import FedAvg
 
-import fedudp.flower as flower
+import fedudp.flower.collect as flower_collect
+import fedudp.flower.mod as flower_mod
 from fedudp.aggregators import GaussianAggregator, Sampling
 from fedudp.protocol.contributions import Constraint
-from fedudp.flower import K_CONTRIB, K_COUNTS, UserLevelDP, sampled_users, user_level_mod
-from fedudp.flower_fast import TorchTraining
-from fedudp.flower_guard import UserRows
+from fedudp.flower import K_CONTRIB, K_COUNTS, RunFailed, UserLevelDP, sampled_users, user_level_mod
+from fedudp.flower.fast import TorchTraining
+from fedudp.flower.guard import UserRows
 
 CLIENTS, PER = 3, 4  # client p holds users 4p .. 4p + 3
 N, RATE, CLIP, Z, SEED, ROUNDS = CLIENTS * PER, 0.6, 0.5, 1.0, 3, 2
@@ -193,7 +194,7 @@ def run(mod, app, min_owners: int = 1, initial: ArrayRecord | None = None):
             num_rounds=ROUNDS,
             train_config=ConfigRecord({"lr": 0.1}),
         )
-    except flower.RunFailed:
+    except RunFailed:
         pass  # every round withheld: the public record says so (the outcome)
     return s, grid, released, metrics
 
@@ -278,17 +279,17 @@ def test_weakened_per_user_mods_are_caught(monkeypatch):
     mod = user_level_mod(users_per_client=PER)
     nbr = run(mod, App("absent"), min_owners=CLIENTS)
     with monkeypatch.context() as m:  # a NaN user clipped and sent
-        m.setattr(flower, "user_rows", clip_and_send)
+        m.setattr(flower_mod, "user_rows", clip_and_send)
         weak = run(mod, App("nan"), min_owners=CLIENTS)
     same, gap = neighbour_gap(weak, nbr)
     assert not same  # the server fails that client: the round is withheld
     with monkeypatch.context() as m:  # ... and a server that does not check the contribution
-        m.setattr(flower, "user_rows", clip_and_send)
-        m.setattr(flower, "_bad_contribution", lambda rec, dim: None)
+        m.setattr(flower_mod, "user_rows", clip_and_send)
+        m.setattr(flower_collect, "bad_contribution", lambda rec, dim: None)
         weak = run(mod, App("nan"))
     assert neighbour_gap(weak, run(mod, App("absent")))[1] == float("inf")  # a NaN model
     with monkeypatch.context() as m:  # a user's exception fails its client
-        m.setattr(flower, "one_line", fail_the_client)
+        m.setattr(flower_mod, "one_line", fail_the_client)
         weak = run(mod, App("raise"), min_owners=CLIENTS)
     assert not neighbour_gap(weak, nbr)[0]
     assert 1 in weak[0].withheld[0]  # round 1 withheld while the neighbour's released
@@ -361,7 +362,7 @@ def test_one_bad_user_changes_nothing_public_on_the_fast_path(bad, epochs):
 def test_weakened_fast_paths_are_caught(monkeypatch):
     nbr = fast_run("absent")
     with monkeypatch.context() as m:
-        m.setattr(flower, "user_rows", clip_and_send)
+        m.setattr(flower_mod, "user_rows", clip_and_send)
         weak = fast_run("nan")
     assert not neighbour_gap(weak, nbr)[0]
     for bad in ("raise", "label"):

@@ -1,4 +1,4 @@
-"""The run-config contract of ``fedudp.flower`` (fedudp/flower_contract.py): each broken rule is an
+"""The run-config contract of ``fedudp.flower`` (fedudp/flower/contract.py): each broken rule is an
 error naming the key, before any calibration or training; the docs' table is the code's; the
 noise the wrapper announces before round 1 is the release's own, recomputed here from literal
 constants."""
@@ -17,7 +17,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedudp.aggregators import GaussianAggregator, Sampling
 from fedudp.flower import UserLevelDP
-from fedudp.flower_contract import (
+from fedudp.flower.contract import (
     BY_NAME,
     KEYS,
     TABLE_BEGIN,
@@ -116,7 +116,7 @@ def test_an_undeclared_override_is_named_before_flwr_run():
     ``check_app`` names the key for exactly those overrides."""
     from flwr.common.config import fuse_dicts
 
-    from fedudp.flower_contract import declared
+    from fedudp.flower.contract import declared
 
     base = declared(EXAMPLE)
     assert base["fedudp.privacy.epsilon"] == 4.0 and base["num-server-rounds"] == 3
@@ -150,7 +150,7 @@ def test_the_check_command_names_the_key():
         [
             sys.executable,
             "-m",
-            "fedudp.flower_contract",
+            "fedudp.flower.contract",
             "check",
             str(EXAMPLE),
             "--run-config",
@@ -162,7 +162,7 @@ def test_the_check_command_names_the_key():
     )
     assert p.returncode == 2 and p.stderr.startswith("error: fedudp.estimator.tau: not declared")
     ok = subprocess.run(
-        [sys.executable, "-m", "fedudp.flower_contract", "check", str(EXAMPLE)],
+        [sys.executable, "-m", "fedudp.flower.contract", "check", str(EXAMPLE)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -175,8 +175,8 @@ def test_the_docs_table_is_the_codes():
     assert TABLE_BEGIN in text and TABLE_END in text, "docs/flower-apps.md lost its table markers"
     table = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0].strip()
     assert table == markdown_table(), (
-        "docs/flower-apps.md's run-config table differs from fedudp.flower_contract.KEYS: "
-        "paste `python -m fedudp.flower_contract table` between its markers"
+        "docs/flower-apps.md's run-config table differs from fedudp.flower.contract.KEYS: "
+        "paste `python -m fedudp.flower.contract table` between its markers"
     )
 
 

@@ -1,6 +1,6 @@
 """engine=flower: equivalence with engine=local, the owner boundary, failures.
 
-All Flower runs here go through ``fedudp.run.run`` -> ``fedudp.engines.flower_server.execute`` ->
+All Flower runs here go through ``fedudp.run.run`` -> ``fedudp.flower.server_app.execute`` ->
 ``flwr.simulation.run_simulation`` with the Ray backend (in this process; one Ray stays up
 between tests of the module: ``one_ray_for_the_module``). Faults are injected by the test-only
 ``flower_faults`` mod.
@@ -18,8 +18,8 @@ from conftest import tiny_cfg
 from flower_faults import SendRecorder, inject
 import fedudp.run
 from fedudp.config import RunConfig, config_from_json, config_from_overrides, config_to_json
-from fedudp.engines import flower_server
-from fedudp.engines import flower_wire
+import fedudp.flower.server_app as flower_server
+import fedudp.flower.wire as flower_wire
 from fedudp.run import run
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("one_ray_for_the_module")]
@@ -448,7 +448,7 @@ def test_a_foreign_server_gets_a_clear_failure(tmp_path):
     from flwr.serverapp import Grid, ServerApp
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
-    from fedudp.engines.flower_client import client_app
+    from fedudp.flower.client_app import client_app
 
     got: list = []
     app = ServerApp()

@@ -1,4 +1,4 @@
-"""``user_level_mod``'s fast path (``fedudp.flower_fast.TorchTraining``) against its per-user
+"""``user_level_mod``'s fast path (``fedudp.flower.fast.TorchTraining``) against its per-user
 path, called directly (no simulation).
 
 The per-user path calls a plain PyTorch training step once per sampled user (build the model,
@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedudp.aggregators import GaussianAggregator, Sampling
 from fedudp.flower import K_CONTRIB, K_COUNTS, K_DP, K_PERSONAL, UserLevelDP, user_level_mod
-from fedudp.flower_fast import TorchTraining
+from fedudp.flower.fast import TorchTraining
 
 K, CLIENTS, N = 5, 3, 15  # users per client, clients, users
 LR = 0.5

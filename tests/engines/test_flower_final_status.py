@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedudp.billboard.rounds import RoundsResult, completion_notes
-from fedudp.engines.flower_server import final_status
+from fedudp.flower.server_app import final_status
 
 
 def result(history: list[dict], stop: str = "completed") -> RoundsResult:

@@ -33,10 +33,10 @@ from test_flower_fast import CLIENTS, K, Grid, delivered, strategy
 from torch import nn
 from torch.utils.data import DataLoader
 
-import fedudp.flower as flower
+import fedudp.flower.strategy as flower
 from fedudp.flower import K_CONTRIB, K_DP, UserLevelDP, user_level_mod
-from fedudp.flower_availability import availability_problem
-from fedudp.flower_fast import RUN_CONFIG, TorchTraining
+from fedudp.flower.availability import availability_problem
+from fedudp.flower.fast import RUN_CONFIG, TorchTraining
 
 ROOT = Path(__file__).resolve().parents[2]
 LR, BATCH, EPOCHS = 0.05, 3, 2

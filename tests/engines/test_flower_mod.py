@@ -215,7 +215,7 @@ def test_a_population_above_the_servers_is_refused():
     ],
 )
 def test_the_fast_array_decode_equals_flowers(arr):
-    from fedudp.flower import _numpy
+    from fedudp.flower.wire import to_numpy as _numpy
 
     a = Array(arr)
     got, want = _numpy(a), a.numpy()

@@ -33,7 +33,8 @@ from flwr.serverapp.strategy import (
     FedAvg,
 )
 
-import fedudp.flower as flower
+import fedudp.flower.mod as flower_mod
+import fedudp.flower.strategy as flower_strategy
 from fedudp.aggregators import GaussianAggregator, Sampling
 from fedudp.flower import K_CONTRIB, K_DP, RunFailed, UserLevelDP, user_level_mod
 
@@ -76,7 +77,7 @@ def sent_in_clear(reply: Message) -> bool:
 
 
 # -- never in the clear ---------------------------------------------------------------------------
-class OldMod(flower._UserLevelMod):
+class OldMod(flower_mod._UserLevelMod):
     """Weakened (the hole): a training message without ``fedudp.dp`` goes to the app."""
 
     def __call__(self, msg, context, call_next):
@@ -146,7 +147,7 @@ def test_a_flower_dp_wrapper_inside_is_refused_at_construction(wrapper, monkeypa
 
     with pytest.raises(ValueError, match=rf"Flower's {wrapper.__name__} is stacked inside"):
         UserLevelDP(inner(), agg(), delta=1e-5)
-    monkeypatch.setattr(flower, "stacked_strategy", lambda s: None)  # twin: it runs
+    monkeypatch.setattr(flower_strategy, "stacked_strategy", lambda s: None)  # twin: it runs
     UserLevelDP(inner(), agg(), delta=1e-5)
 
 
@@ -175,7 +176,7 @@ def test_a_flower_dp_wrapper_around_is_refused_before_any_message(monkeypatch):
     assert "DifferentialPrivacyClientSideFixedClipping is stacked around" in str(e)
     # twin: the check switched off, the messages go out (each client then refuses the outer
     # wrapper's clipping_norm key: tested below)
-    monkeypatch.setattr(flower, "outer_wrapper", lambda me: None)
+    monkeypatch.setattr(flower_strategy, "outer_wrapper", lambda me: None)
     grid, e = start()
     assert grid.replies
 
@@ -204,7 +205,7 @@ def test_a_flower_dp_mod_after_user_level_mod_is_refused(mod, name, monkeypatch)
     assert reply.has_error() and f"Flower's {name} is stacked after user_level_mod" in (
         reply.error.reason
     )
-    monkeypatch.setattr(flower, "stacked_mods", lambda call_next: None)  # twin
+    monkeypatch.setattr(flower_mod, "stacked_mods", lambda call_next: None)  # twin
     weak = train_fn_app([user_level_mod(users_per_client=PER), mod])(train_message(), context())
     if name == "LocalDpMod":  # a second noise on every user's update, sent
         assert sent_in_clear(weak) and K_CONTRIB in weak.content
@@ -217,7 +218,7 @@ def test_another_wrappers_config_key_is_refused(monkeypatch):
     msg.content["config"]["clipping_norm"] = 1.0
     reply = user_level_mod(users_per_client=PER)(msg, context(), App(None))
     assert reply.has_error() and "'clipping_norm'" in reply.error.reason
-    monkeypatch.setattr(flower, "foreign_keys", lambda configs: None)  # twin
+    monkeypatch.setattr(flower_mod, "foreign_keys", lambda configs: None)  # twin
     assert sent_in_clear(user_level_mod(users_per_client=PER)(msg, context(), App(None)))
 
 
@@ -273,7 +274,8 @@ def test_a_run_that_released_nothing_fails(cls):
 
 
 def test_a_clients_contribution_of_the_wrong_shape_or_nan_fails_that_client():
-    from fedudp.flower import _bad_contribution, _record
+    from fedudp.flower.collect import bad_contribution as _bad_contribution
+    from fedudp.flower.wire import to_record as _record
 
     assert _bad_contribution(_record({"sum": np.zeros(DIM)}), DIM) is None
     assert "shape (5,)" in _bad_contribution(_record({"sum": np.zeros(5)}), DIM)

@@ -27,7 +27,7 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-import fedudp.flower
+import fedudp.flower.strategy
 from fedudp.aggregators import GaussianAggregator, Sampling
 from fedudp.protocol.contributions import Contribution
 from fedudp.billboard.release import BUDGET_SLACK, ReleaseGate
@@ -81,7 +81,7 @@ def flower_run(target: float, tmp: Path, gate=ReleaseGate) -> dict:
 
     path = tmp / "flower.jsonl"
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(fedudp.flower, "ReleaseGate", gate)
+        m.setattr(fedudp.flower.strategy, "ReleaseGate", gate)
         s = UserLevelDP(
             FedAvg(
                 fraction_train=1.0,

@@ -21,7 +21,7 @@ import torch.nn as nn
 import fedudp
 from fedudp import build
 from fedudp.errors import ConfigError
-from fedudp.flower_fast import TorchTraining
+from fedudp.flower.fast import TorchTraining
 from fedudp.models import independence, make_model
 from fedudp.owner import independence as owner_check
 from fedudp.owner import per_sample

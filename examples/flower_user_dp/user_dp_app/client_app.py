@@ -9,7 +9,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedudp.flower import client_users, user_level_mod  # fedudp
-from fedudp.flower_fast import TorchTraining  # fedudp
+from fedudp.flower.fast import TorchTraining  # fedudp
 from user_dp_app.task import evaluate, load_data, make_model, train
 
 # fedudp: the mod (the run config may set users-per-client); fast=: train_fn below is plain

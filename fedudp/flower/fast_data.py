@@ -1,4 +1,4 @@
-"""How ``fedudp.flower_fast.TorchTraining`` reads an app's ``load_data`` and its settings.
+"""How ``fedudp.flower.fast.TorchTraining`` reads an app's ``load_data`` and its settings.
 
 An app's loader comes in the shapes Flower's templates use: ``load_data(partition_id,
 num_partitions)`` returning ``(x, y)``, or Flower's PyTorch quickstart's

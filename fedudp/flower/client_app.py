@@ -32,18 +32,14 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
+import fedudp.flower.wire as wire
 from fedudp import build
 from fedudp.config import config_from_json
 from fedudp.data.federation import Federation
-from fedudp.engines import flower_wire
+from fedudp.flower.wire import K_PERSONAL_IN, K_PERSONAL_OUT, K_STATE, K_STATE_RUN
 from fedudp.owner.isolate import isolated_reply
 from fedudp.owner.owners import Owners, Params
 from fedudp.protocol import checkpoint
-
-K_STATE, K_STATE_RUN = "fedudp.personal", "fedudp.personal_run"  # context.state only
-# run-record keys: a folder where the owner saves its personal state this round (checkpoint),
-# or loads it from when its context.state has none (a resumed run); file owner-<j>.pt
-K_PERSONAL_OUT, K_PERSONAL_IN = "personal_out", "personal_in"
 
 _CACHE: dict[str, tuple[Owners, Federation]] = {}
 _LOCK = threading.Lock()
@@ -68,18 +64,18 @@ def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
 def _setup(
     msg: Message, context: Context
 ) -> tuple[ConfigRecord, Owners, Federation, Params, Params]:
-    run = cast(ConfigRecord, msg.content[flower_wire.K_RUN])
+    run = cast(ConfigRecord, msg.content[wire.K_RUN])
     owners, fed = owner_side(str(run["cfg"]))
     j = int(context.node_config["partition-id"])
     shard = fed.owner(j)
     shared = (
-        flower_wire.record_to_params(cast(ArrayRecord, msg.content[flower_wire.K_SHARED]))
-        if flower_wire.K_SHARED in msg.content
+        wire.record_to_params(cast(ArrayRecord, msg.content[wire.K_SHARED]))
+        if wire.K_SHARED in msg.content
         else {}
     )
     key = _key(str(run["cfg"]))
     if K_STATE in context.state and context.state[K_STATE_RUN]["run"] == key:
-        personal = flower_wire.record_to_params(cast(ArrayRecord, context.state[K_STATE]))
+        personal = wire.record_to_params(cast(ArrayRecord, context.state[K_STATE]))
     elif K_PERSONAL_IN in run and owners.trains_personal:
         personal = checkpoint.load_file(checkpoint.owner_file(str(run[K_PERSONAL_IN]), j))[
             "personal"
@@ -99,7 +95,7 @@ def foreign(msg: Message) -> Message | None:
     """An error reply when ``msg`` was not sent by fedudp's billboard (no run record): a foreign
     ServerApp (e.g. Flower's own FedAvg) records a failure that says what was expected,
     instead of the owner crashing on a missing key."""
-    if flower_wire.K_RUN in msg.content:
+    if wire.K_RUN in msg.content:
         return None
     got = sorted(msg.content.keys())
     return Message(
@@ -107,7 +103,7 @@ def foreign(msg: Message) -> Message | None:
             NOT_FEDUDP,
             (
                 f"fedudp's ClientApp answers fedudp's billboard only: the message has no "
-                f"'{flower_wire.K_RUN}' record (it has {got}); run it with fedudp's ServerApp "
+                f"'{wire.K_RUN}' record (it has {got}); run it with fedudp's ServerApp "
                 "(`flwr run .` in the fedudp project), or add user-level DP to your own app with "
                 "fedudp.flower's strategy wrapper and client mod"
             ),
@@ -120,7 +116,7 @@ def foreign(msg: Message) -> Message | None:
 def query(msg: Message, context: Context) -> Message:
     if (err := foreign(msg)) is not None:
         return err
-    _owners, fed = owner_side(str(msg.content[flower_wire.K_RUN]["cfg"]))
+    _owners, fed = owner_side(str(msg.content[wire.K_RUN]["cfg"]))
     j = int(context.node_config["partition-id"])
     n = int(context.node_config.get("num-partitions", fed.num_owners))
     if n != fed.num_owners or not 0 <= j < n:
@@ -129,7 +125,7 @@ def query(msg: Message, context: Context) -> Message:
             f"{fed.num_owners}: start Flower with num-supernodes equal to it"
         )
     return Message(
-        RecordDict({flower_wire.K_REPLY: MetricRecord({"owner": j, "pid": os.getpid()})}),
+        RecordDict({wire.K_REPLY: MetricRecord({"owner": j, "pid": os.getpid()})}),
         reply_to=msg,
     )
 
@@ -144,21 +140,21 @@ def train(msg: Message, context: Context) -> Message:
     personal = owners.personal_round(shard, shared, personal, round_)
     j = int(shard.owner_ids[0])
     if personal:
-        context.state[K_STATE] = flower_wire.params_to_record(personal)
+        context.state[K_STATE] = wire.params_to_record(personal)
         context.state[K_STATE_RUN] = ConfigRecord({"run": _key(str(run["cfg"]))})
         if K_PERSONAL_OUT in run and owners.trains_personal:
             checkpoint.atomic_write(
                 checkpoint.owner_file(str(run[K_PERSONAL_OUT]), j),
                 checkpoint.dump({"personal": personal}),
             )
-    asked = flower_wire.read_units(run)
+    asked = wire.read_units(run)
     if asked is None:  # per_silo: nothing is sent
-        return Message(flower_wire.ack_record(j), reply_to=msg)
+        return Message(wire.ack_record(j), reply_to=msg)
     units, constraint = asked
     # a user whose step raises is dropped alone, as on the local engine (owner.isolate; its
     # count crosses the wire in ``failed``, the reasons are logged here)
     rep = isolated_reply(owners, shard, shared, personal, units, round_, constraint)
-    return Message(flower_wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
+    return Message(wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
 
 
 @client_app.evaluate()
@@ -168,8 +164,6 @@ def evaluate(msg: Message, context: Context) -> Message:
     _run, owners, shard, shared, personal = _setup(msg, context)
     acc, loss = owners.evaluate(shard, shared, personal)
     return Message(
-        flower_wire.eval_record(
-            int(shard.owner_ids[0]), acc[0], loss[0], int(shard.x_test.shape[0])
-        ),
+        wire.eval_record(int(shard.owner_ids[0]), acc[0], loss[0], int(shard.x_test.shape[0])),
         reply_to=msg,
     )

@@ -7,7 +7,7 @@ and a client with many users pays that per user. An app whose training step is p
 (a model, cross-entropy, SGD at a learning rate, each user's records) can declare it instead::
 
     from fedudp.flower import user_level_mod
-    from fedudp.flower_fast import TorchTraining
+    from fedudp.flower.fast import TorchTraining
 
     app = ClientApp(
         mods=[user_level_mod(users_per_client=10, fast=TorchTraining(make_model, load_data, lr="lr"))]
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedudp.flower_fast_data import RUN_CONFIG, Unreproducible, data_arity, records_of, setting
-from fedudp.flower_guard import one_line
+from fedudp.flower.fast_data import RUN_CONFIG, Unreproducible, data_arity, records_of, setting
+from fedudp.flower.guard import one_line
 from fedudp.owner import local_sgd, per_sample
 from fedudp.owner.one_step import one_step_vectors
 
@@ -166,7 +166,7 @@ class TorchTraining:
     cannot see the app's optimizer: declare its settings here. Users without records contribute a zero
     update. A user whose ``data`` raises, or whose records break the batched pass (it is then
     retried user by user), is dropped alone with its reason; a user whose update is NaN/inf (a
-    non-finite record) is dropped by the mod as on the per-user path (``fedudp.flower_guard``). Which users take part, the clipping, the sum and the counts are the mod's, as on the
+    non-finite record) is dropped by the mod as on the per-user path (``fedudp.flower.guard``). Which users take part, the clipping, the sum and the counts are the mod's, as on the
     per-user path. The app's own training metrics are not computed on this path: only
     ``loss_metric`` and ``num-examples``.
     """
@@ -284,7 +284,7 @@ class TorchTraining:
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor] | None], dict[int, str]]:
         """Each user's records ``(x, y)`` (None for a user whose ``data`` raised or gave
         something that is not records), and {index into ``users``: the one-line reason} for
-        those: a user's bad data is that user's alone (``fedudp.flower_guard``). ``batch_size``:
+        those: a user's bad data is that user's alone (``fedudp.flower.guard``). ``batch_size``:
         the resolved declared one (``resolved``), passed to a three-argument ``data``. A loader
         the declaration would not reproduce (``Unreproducible``) fails the client instead."""
         if batch_size is None and isinstance(self.batch_size, int):
@@ -453,7 +453,7 @@ class TorchTraining:
         ``state_dict`` name) by the declared SGD on that user's records alone; per user (its
         records, {``loss_metric``: its mean loss at the broadcast}); and {index into ``users``:
         reason} for the users whose data or training raised (their rows are zeros, to be
-        dropped: ``fedudp.flower_guard.user_rows``). ``configs``: the training message's config
+        dropped: ``fedudp.flower.guard.user_rows``). ``configs``: the training message's config
         records (for ``lr`` given as a key). A user's NaN/inf record leaves a non-finite row of
         its own (the kernels compute each user's update from its records only)."""
         names = tuple(names)

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from fedudp.aggregators.base import Constraint, Contribution, finite_rows
 from fedudp.errors import one_line as one_line  # re-exported: fedudp.flower, flower_fast
+from fedudp.protocol.contributions import Constraint, Contribution, finite_rows
 from fedudp.protocol.messages import make_reply
 
 __all__ = [

@@ -39,14 +39,16 @@ from flwr.common import log
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from fedudp.aggregators.base import ConstraintSource, current_constraint
+import fedudp.flower.client_app as flower_client
+import fedudp.flower.ray_watchdog as ray_watchdog
+import fedudp.flower.wire as wire
 from fedudp.billboard.rounds import Collected, Evaluation, RoundsResult, Transport
 from fedudp.build import RunSettings
 from fedudp.config import RunConfig, config_to_json
 from fedudp.data.federation import Federation
-from fedudp.engines import flower_client, flower_wire, ray_watchdog
 from fedudp.owner.owners import Owners, Params
 from fedudp.protocol import checkpoint
+from fedudp.protocol.contributions import ConstraintSource, current_constraint
 from fedudp.protocol.messages import Failure, OwnerFailure, OwnerReply
 from fedudp.stopping import StopFlag
 
@@ -83,16 +85,14 @@ class FlowerTransport:
     def _message(
         self, j: int, round_: int, kind: str, shared: Params | None, units: np.ndarray | None = None
     ) -> Message:
-        rec = flower_wire.run_record(
-            self.cfg_json, round_, j, units, current_constraint(self.constraint)
-        )
+        rec = wire.run_record(self.cfg_json, round_, j, units, current_constraint(self.constraint))
         if kind == "train" and self._save is not None and self._save[0] == round_:
-            rec[flower_client.K_PERSONAL_OUT] = str(self._save[1])
+            rec[wire.K_PERSONAL_OUT] = str(self._save[1])
         if self._resume is not None:
-            rec[flower_client.K_PERSONAL_IN] = str(self._resume)
-        content = RecordDict({flower_wire.K_RUN: rec})
+            rec[wire.K_PERSONAL_IN] = str(self._resume)
+        content = RecordDict({wire.K_RUN: rec})
         if shared:
-            content[flower_wire.K_SHARED] = flower_wire.params_to_record(shared)
+            content[wire.K_SHARED] = wire.params_to_record(shared)
         return Message(
             content, dst_node_id=self.node_of_owner[j], message_type=kind, group_id=str(round_)
         )
@@ -108,7 +108,7 @@ class FlowerTransport:
             time.sleep(0.2)
         msgs = [
             Message(
-                RecordDict({flower_wire.K_RUN: flower_wire.run_record(self.cfg_json, 0, -1)}),
+                RecordDict({wire.K_RUN: wire.run_record(self.cfg_json, 0, -1)}),
                 dst_node_id=nid,
                 message_type="query",
             )
@@ -117,9 +117,9 @@ class FlowerTransport:
         for rep in self.grid.send_and_receive(msgs, timeout=max(self.timeout or 0, 600)):
             if rep.has_error():
                 raise RuntimeError(f"owner query failed: {rep.error.reason}")
-            j = int(cast(int, rep.content[flower_wire.K_REPLY]["owner"]))
+            j = int(cast(int, rep.content[wire.K_REPLY]["owner"]))
             self.node_of_owner[j] = rep.metadata.src_node_id
-            self.owner_pids[j] = int(cast(int, rep.content[flower_wire.K_REPLY]["pid"]))
+            self.owner_pids[j] = int(cast(int, rep.content[wire.K_REPLY]["pid"]))
         if missing := sorted(set(range(n)) - set(self.node_of_owner)):
             raise RuntimeError(f"no Flower node for owners {missing[:10]}")
 
@@ -191,7 +191,7 @@ class FlowerTransport:
         replies: list[OwnerReply] = []
         for j, m in sorted(got.items()) if cohort is not None else ():  # per_silo: acks
             try:
-                owner, rep = flower_wire.records_to_reply(m.content)
+                owner, rep = wire.records_to_reply(m.content)
                 _check_reply(rep, owner, j, len(units.get(j, ())), self.owners.shared_dim)
                 replies.append(rep)
             except (KeyError, ValueError, TypeError) as e:
@@ -208,8 +208,8 @@ class FlowerTransport:
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)
         for j, m in got.items():
             acc[j], loss[j] = (
-                float(cast(float, m.content[flower_wire.K_EVAL]["accuracy"])),
-                float(cast(float, m.content[flower_wire.K_EVAL]["loss"])),
+                float(cast(float, m.content[wire.K_EVAL]["accuracy"])),
+                float(cast(float, m.content[wire.K_EVAL]["loss"])),
             )
         return Evaluation(acc, loss, [Failure(j, 0, r) for j, r in sorted(failed.items())])
 

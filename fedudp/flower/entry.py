@@ -3,7 +3,7 @@
 The ServerApp turns ``--run-config`` into a ``RunConfig`` (every key except ``output-dir`` is a
 dotted fedudp key such as ``train.rounds=3``; ``partition.num_owners=0`` means one owner per
 connected SuperNode) and runs ``fedudp.run.run`` with ``engine=flower`` on the grid Flower hands
-it; the owners are ``fedudp.engines.flower_client.client_app``.
+it; the owners are ``fedudp.flower.client_app.client_app``.
 """
 
 from __future__ import annotations
