@@ -150,7 +150,8 @@ class Federation:
 
 
 # the image data sets' (MNIST, Fashion-MNIST) input shape and classes, known before loading
-IMAGE_SHAPE, IMAGE_CLASSES = (1, 28, 28), 10
+IMAGE_SHAPE = (1, 28, 28)
+IMAGE_CLASSES = 10
 
 
 @dataclass(frozen=True)
