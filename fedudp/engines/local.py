@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from fedudp.build import RunSettings
 
 
+__all__ = ["LocalTransport", "execute"]
+
+
 class LocalTransport:
     """Owners in this process: their personal parameters live here, stacked."""
 

@@ -41,6 +41,8 @@ from fedudp.owner.isolate import isolated_reply
 from fedudp.owner.owners import Owners, Params
 from fedudp.protocol import checkpoint
 
+__all__ = ["client_app", "owner_side", "foreign", "query", "train", "evaluate", "NOT_FEDUDP"]
+
 _CACHE: dict[str, tuple[Owners, Federation]] = {}
 _LOCK = threading.Lock()
 
@@ -50,7 +52,18 @@ def _key(cfg_json: str) -> str:
 
 
 def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
-    """(owners component, whole federation) of a run, built once per process."""
+    """(owners component, whole federation) of a run, built once per process.
+
+    Parameters
+    ----------
+    cfg_json : str
+        The run's configuration as the billboard sends it (``K_RUN``'s ``cfg``).
+
+    Returns
+    -------
+    tuple[Owners, Federation]
+        Built by ``fedudp.build`` from that configuration (seeded: every process the same).
+    """
     key = _key(cfg_json)
     with _LOCK:
         if key not in _CACHE:
@@ -92,9 +105,20 @@ NOT_FEDUDP = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 
 
 def foreign(msg: Message) -> Message | None:
-    """An error reply when ``msg`` was not sent by fedudp's billboard (no run record): a foreign
-    ServerApp (e.g. Flower's own FedAvg) records a failure that says what was expected,
-    instead of the owner crashing on a missing key."""
+    """An error reply when ``msg`` was not sent by fedudp's billboard (no run record).
+
+    A foreign ServerApp (e.g. Flower's own FedAvg) records a failure that says what was
+    expected, instead of the owner crashing on a missing key.
+
+    Parameters
+    ----------
+    msg : flwr.app.Message
+
+    Returns
+    -------
+    flwr.app.Message or None
+        The error reply; None for a message of fedudp's billboard.
+    """
     if wire.K_RUN in msg.content:
         return None
     got = sorted(msg.content.keys())
@@ -114,6 +138,22 @@ def foreign(msg: Message) -> Message | None:
 
 @client_app.query()
 def query(msg: Message, context: Context) -> Message:
+    """Which owner this node is (its partition id) and its process id.
+
+    Parameters
+    ----------
+    msg : flwr.app.Message
+    context : flwr.app.Context
+
+    Returns
+    -------
+    flwr.app.Message
+
+    Raises
+    ------
+    ValueError
+        The federation's number of owners is not the number of SuperNodes.
+    """
     if (err := foreign(msg)) is not None:
         return err
     _owners, fed = owner_side(str(msg.content[wire.K_RUN]["cfg"]))
@@ -132,6 +172,19 @@ def query(msg: Message, context: Context) -> Message:
 
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
+    """The owner's round: its personal update (no noise), then its reply for its sampled units
+    under the aggregator's constraint (shared parts only).
+
+    Parameters
+    ----------
+    msg : flwr.app.Message
+    context : flwr.app.Context
+        Its ``state`` holds the owner's personal parameters (never sent).
+
+    Returns
+    -------
+    flwr.app.Message
+    """
     if (err := foreign(msg)) is not None:
         return err
     t0 = time.perf_counter()
@@ -159,6 +212,17 @@ def train(msg: Message, context: Context) -> Message:
 
 @client_app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
+    """Accuracy and loss on the owner's test shard with its own personal parameters.
+
+    Parameters
+    ----------
+    msg : flwr.app.Message
+    context : flwr.app.Context
+
+    Returns
+    -------
+    flwr.app.Message
+    """
     if (err := foreign(msg)) is not None:
         return err
     _run, owners, shard, shared, personal = _setup(msg, context)

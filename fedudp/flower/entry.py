@@ -19,11 +19,21 @@ from flwr.serverapp import Grid, ServerApp
 from fedudp.config import config_from_overrides
 from fedudp.run import run
 
+__all__ = ["server_app", "main", "count_nodes"]
+
 server_app = ServerApp()
 
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
+    """The ServerApp's main: ``--run-config`` as a ``RunConfig`` and one ``fedudp.run.run``.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    context : flwr.app.Context
+        Its ``run_config``: dotted fedudp keys, and ``output-dir``.
+    """
     rc = dict(context.run_config)
     out_dir = os.path.abspath(str(rc.pop("output-dir", "outputs/flwr")))
     if int(rc.get("partition.num_owners", 0)) == 0:
@@ -42,7 +52,23 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def count_nodes(grid: Grid, settle_s: float = 2.0, timeout_s: float = 300.0) -> int:
-    """Number of connected SuperNodes, once it has stopped growing for ``settle_s``."""
+    """Number of connected SuperNodes, once it has stopped growing for ``settle_s``.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+    settle_s : float, default 2.0
+    timeout_s : float, default 300.0
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    RuntimeError
+        No SuperNode connected within ``timeout_s``.
+    """
     t_end = time.time() + timeout_s
     last, since = -1, time.time()
     while time.time() < t_end:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+__all__ = ["start", "watch", "ray_descendants", "POLL_S", "GRACE_S"]
+
 POLL_S = 0.5
 GRACE_S = 5.0
 
@@ -43,7 +45,17 @@ def _cmdline(pid: int) -> str:
 
 
 def ray_descendants(root: int) -> dict[int, int]:
-    """{pid: start time} of ``root``'s descendants whose command line names Ray."""
+    """{pid: start time} of ``root``'s descendants whose command line names Ray.
+
+    Parameters
+    ----------
+    root : int
+        A process id.
+
+    Returns
+    -------
+    dict[int, int]
+    """
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit() and (st := _stat(int(name))) is not None:
@@ -64,7 +76,13 @@ def _alive(pid: int, start: int) -> bool:
 
 
 def watch(driver: int) -> None:
-    """Record the driver's Ray processes until it is gone, then end the ones still alive."""
+    """Record the driver's Ray processes until it is gone, then end the ones still alive.
+
+    Parameters
+    ----------
+    driver : int
+        The process id of the run that started Ray.
+    """
     first = _stat(driver)
     if first is None:
         return
@@ -89,7 +107,18 @@ _STARTED: set[int] = set()
 
 
 def start(driver: int | None = None) -> subprocess.Popen | None:
-    """Start one watchdog for ``driver`` (default: this process); None where /proc is absent."""
+    """Start one watchdog for ``driver`` (default: this process).
+
+    Parameters
+    ----------
+    driver : int or None
+        The process whose Ray descendants are ended when it is gone.
+
+    Returns
+    -------
+    subprocess.Popen or None
+        The watchdog; None where /proc is absent or one watches ``driver`` already.
+    """
     driver = os.getpid() if driver is None else driver
     if driver in _STARTED or not os.path.isdir("/proc"):
         return None

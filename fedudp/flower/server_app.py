@@ -52,6 +52,8 @@ from fedudp.protocol.contributions import ConstraintSource, current_constraint
 from fedudp.protocol.messages import Failure, OwnerFailure, OwnerReply
 from fedudp.stopping import StopFlag
 
+__all__ = ["FlowerTransport", "execute", "final_status", "INFRASTRUCTURE"]
+
 # Flower errors that say the owner's infrastructure failed (not fedudp's code)
 INFRASTRUCTURE = {
     ErrorCode.MESSAGE_UNAVAILABLE,
@@ -62,6 +64,31 @@ INFRASTRUCTURE = {
 
 
 class FlowerTransport:
+    """The round loop's transport over a Flower grid (``fedudp.billboard.rounds.Transport``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run's configuration (sent to the owners as JSON).
+    settings : RunSettings
+        Its settings (the reply timeout).
+    owners : Owners
+        The owner side (its dimensions and progress hook; the owners compute on the nodes).
+    fed : Federation
+        The federation (who holds which users).
+    constraint : ConstraintSource
+        The aggregator's constraint, asked each round.
+    grid : flwr.serverapp.Grid
+        Flower's grid.
+    stop_flag : StopFlag or None
+        SIGINT/SIGTERM as seen by the main thread.
+
+    Raises
+    ------
+    RuntimeError
+        Fewer Flower nodes than owners connect, or an owner's query fails.
+    """
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -289,8 +316,31 @@ def execute(
     grid: Any = None,
 ) -> RoundsResult:
     """Run ``drive`` (the round loop) on Flower: on ``grid`` (``flwr run``), or in a simulation
-    on Ray with one SuperNode per owner. ``cfg`` travels to the owners (as JSON), which build
-    their side from it (``fedudp.build``)."""
+    on Ray with one SuperNode per owner.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Travels to the owners (as JSON), which build their side from it (``fedudp.build``).
+    settings : RunSettings
+        Ray's resources per owner, an existing cluster's address, the reply timeout.
+    owners : Owners
+    fed : Federation
+    constraint : ConstraintSource
+    drive : callable
+        The round loop, ``drive(transport) -> RoundsResult``.
+    grid : flwr.serverapp.Grid or None
+        ``flwr run``'s grid; None: a simulation.
+
+    Returns
+    -------
+    RoundsResult
+
+    Raises
+    ------
+    RuntimeError
+        The simulation ended without a result; an owner raised (a fedudp bug).
+    """
     stop = StopFlag()
     if grid is not None:  # flwr run: this ServerApp may run outside the main thread
         with stop.catching():
@@ -347,7 +397,17 @@ def final_status(res: RoundsResult) -> RoundsResult:
     """The ServerApp's log warns with a completed run's note (withheld rounds, rounds that
     released the noise alone: ``fedudp.billboard.rounds.completion_notes``, already the
     result's ``message`` and the summary's ``stop_message``); a run in which no round released
-    already ends ``failed`` (``fedudp.billboard.rounds``)."""
+    already ends ``failed`` (``fedudp.billboard.rounds``).
+
+    Parameters
+    ----------
+    res : RoundsResult
+
+    Returns
+    -------
+    RoundsResult
+        ``res`` itself.
+    """
     if res.stop_reason == "completed" and res.message:
         log(WARNING, "fedudp: %s", res.message)
     return res

@@ -95,10 +95,12 @@ K_NAMES = "fedudp.names"
 K_VECTORS = "fedudp.vectors"
 K_EVAL = "fedudp.eval"
 # an owner's context.state only: its personal parameters (the mod's key) and the run they are of
-K_STATE, K_STATE_RUN = K_PERSONAL, "fedudp.personal_run"
+K_STATE = K_PERSONAL
+K_STATE_RUN = "fedudp.personal_run"
 # run-record keys: a folder where the owner saves its personal state this round (checkpoint),
 # or loads it from when its context.state has none (a resumed run); file owner-<j>.pt
-K_PERSONAL_OUT, K_PERSONAL_IN = "personal_out", "personal_in"
+K_PERSONAL_OUT = "personal_out"
+K_PERSONAL_IN = "personal_in"
 
 
 # -- the codec -----------------------------------------------------------------------------------
