@@ -166,22 +166,9 @@ def _seeds(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
 
 
-def select_best(
-    groups: dict,
-    metric: str,
-    *,
-    lower: bool = False,
-    sweep_size: str = "grid",
-    sweep_mean: float | None = None,
-    sweep_shape: float | None = None,
-) -> dict[str, Any]:
-    """The best group of ``groups`` (``report.groups_of``: ``{key: (settings, runs)}``, one group
-    per candidate, its runs the seeds) by the mean of ``metric`` over its runs, and the ε of the
-    choice under the declared rule (``declared_sweep``; module doc)."""
-    rule = declared_sweep(sweep_size, sweep_mean, sweep_shape)
-    items = [(settings, runs) for settings, runs in groups.values()]
-    if not items:
-        raise SelectionError("--select-best: the sweep has no runs")
+def _private_runs(items: list) -> tuple[list[dict], float]:
+    """Every run of the candidates ``items`` and their one δ; ``SelectionError`` when a run is
+    not private, has no ``dp_event``, or the runs' δ differ."""
     runs = [s for _, rs in items for s in rs]
     for s in runs:
         if s.get("epsilon") is None:
@@ -202,7 +189,51 @@ def select_best(
             f"--select-best: the runs use different privacy.delta {sorted(deltas)};"
             " a selection ε needs one δ"
         )
-    delta = deltas.pop()
+    return runs, deltas.pop()
+
+
+def select_best(
+    groups: dict,
+    metric: str,
+    *,
+    lower: bool = False,
+    sweep_size: str = "grid",
+    sweep_mean: float | None = None,
+    sweep_shape: float | None = None,
+) -> dict[str, Any]:
+    """The best candidate of a sweep and the ε of choosing it under the declared rule.
+
+    Parameters
+    ----------
+    groups
+        ``report.groups_of``'s ``{key: (settings, runs)}``: one group per candidate, its runs
+        (summaries) the seeds.
+    metric
+        The summary key whose mean over a candidate's runs decides (e.g. ``accuracy_mean``).
+    lower
+        The lowest mean wins (e.g. ``loss``) instead of the highest.
+    sweep_size, sweep_mean, sweep_shape
+        The rule declared before the sweep (``declared_sweep``; module doc): ``grid``, or the
+        distribution the number of candidates was drawn from, with its mean and shape.
+
+    Returns
+    -------
+    dict
+        The choice (``settings``, ``score``, ``chosen_runs``), the single-run and candidate ε,
+        and the tuning-inclusive ``tuning_epsilon`` with its ``rule`` and accountant (or the
+        reason it was ``refused``); ``selection_lines`` prints it.
+
+    Raises
+    ------
+    SelectionError
+        A bad rule, no runs, a run that is not private or has no ``dp_event``, or runs with
+        different δ.
+    """
+    rule = declared_sweep(sweep_size, sweep_mean, sweep_shape)
+    items = [(settings, runs) for settings, runs in groups.values()]
+    if not items:
+        raise SelectionError("--select-best: the sweep has no runs")
+    runs, delta = _private_runs(items)
     scored = [
         (sum(_metric(s, metric) for s in rs) / len(rs), settings, rs) for settings, rs in items
     ]
@@ -234,6 +265,15 @@ def select_best(
         "tuning_accountant": None,
         "refused": None,
     }
+    return _with_tuning_epsilon(out, rule, items, runs, candidates)
+
+
+def _with_tuning_epsilon(
+    out: dict[str, Any], rule: SweepRule, items: list, runs: list[dict], candidates: list
+) -> dict[str, Any]:
+    """``out`` with the selection's ε under ``rule`` (grid: the composition of every run;
+    random: RepeatAndSelect, or refused when the candidates are not one mechanism)."""
+    seeds, delta = out["seeds"], out["delta"]
     per = (
         f"{len(items)} configurations × {_seeds(seeds[0])}"
         if len(seeds) == 1

@@ -29,7 +29,8 @@ __all__ = [
 PAPER_LAYOUTS = {"huang_table1", "huang_table2", "huang_table4", "huang_fig1"}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``fedudp-report``."""
     ap = argparse.ArgumentParser(
         prog="fedudp-report",
         description=__doc__,
@@ -93,9 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --sweep-size negative_binomial: its declared shape η > 0 "
         "(geometric is η = 1, logarithmic η = 0, poisson η = inf)",
     )
-    a = ap.parse_args(argv)
-    if a.paper and a.plots:
-        ap.error("--plots draws the comparison table's figures; --paper draws its own layout")
+    return ap
+
+
+def _declared_rule_error(a: argparse.Namespace) -> int | None:
+    """2 (after the one-line error) when the --select-best/--sweep-* flags are inconsistent,
+    checked before any summary is read; None when they are fine."""
     if a.select_best:  # the declared rule is checked before any summary is read
         from fedudp.tuning import SelectionError, declared_sweep
 
@@ -111,6 +115,52 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    return None
+
+
+def _print_selection(a: argparse.Namespace, summaries: list[dict]) -> int | None:
+    """Print the --select-best choice and its tuning-inclusive ε; 2 on a selection error."""
+    from fedudp.tuning import SelectionError, select_best, selection_lines
+
+    with_cfg, without = groups_of(summaries)
+    groups = {**with_cfg, **without}
+    try:
+        sel = select_best(
+            groups,
+            a.select_best,
+            lower=a.lower_is_better,
+            sweep_size=a.sweep_size,
+            sweep_mean=a.sweep_mean,
+            sweep_shape=a.sweep_shape,
+        )
+    except SelectionError as err:
+        print(f"fedudp-report: error: {err}", file=sys.stderr)
+        return 2
+    print("\n" + "\n".join(selection_lines(sel, varying_keys(groups)[1])))
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``fedudp-report``.
+
+    Parameters
+    ----------
+    argv
+        The command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit status: 0, or 2 after a one-line error (bad flags, no ``summary.json``
+        under the folder, a selection that cannot be made).
+    """
+    ap = _parser()
+    a = ap.parse_args(argv)
+    if a.paper and a.plots:
+        ap.error("--plots draws the comparison table's figures; --paper draws its own layout")
+    status = _declared_rule_error(a)
+    if status is not None:
+        return status
     summaries = load_summaries(a.folder)
     if not summaries:
         print(f"fedudp-report: no summary.json under {a.folder}", file=sys.stderr)
@@ -122,23 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(comparison_table(summaries))
     if a.select_best:
-        from fedudp.tuning import SelectionError, select_best, selection_lines
-
-        with_cfg, without = groups_of(summaries)
-        groups = {**with_cfg, **without}
-        try:
-            sel = select_best(
-                groups,
-                a.select_best,
-                lower=a.lower_is_better,
-                sweep_size=a.sweep_size,
-                sweep_mean=a.sweep_mean,
-                sweep_shape=a.sweep_shape,
-            )
-        except SelectionError as err:
-            print(f"fedudp-report: error: {err}", file=sys.stderr)
-            return 2
-        print("\n" + "\n".join(selection_lines(sel, varying_keys(groups)[1])))
+        status = _print_selection(a, summaries)
+        if status is not None:
+            return status
     if a.plots or a.out:
         from fedudp.report.report_plots import write_report
 
