@@ -156,7 +156,9 @@ def test_twin_a_reply_that_keeps_a_non_finite_user_is_caught(monkeypatch):
     release is non-finite (the billboard keeps its last finite value and stops: diverged),
     while the neighbour without the user releases."""
     from fedudp.owner import owners as owners_mod
+    from fedudp.owner.kernels import Kernels
     from fedudp.protocol import messages
+    from tests.owner.kernel_switch import owners_take
 
     honest = messages.make_reply
 
@@ -167,13 +169,13 @@ def test_twin_a_reply_that_keeps_a_non_finite_user_is_caught(monkeypatch):
 
     over = {**FAMILIES["sum"], **NAN_MODEL, "train.sampling_rate": 1.0}
     monkeypatch.setattr(owners_mod, "make_reply", keeps)
-    monkeypatch.setattr(owners_mod, "ONE_STEP", False)  # every user through make_reply
+    owners_take(monkeypatch, Kernels(one_step=False))  # every user through make_reply
     base = path_view(*memory_cfg(BASE + [NAN_USER], over, poison=with_nan))
     without = path_view(*memory_cfg(BASE, over))
     d = diff(base, without)
     assert "rounds" in d or "finite" in d, d
     monkeypatch.undo()
-    monkeypatch.setattr(owners_mod, "ONE_STEP", False)  # the honest reply on the same path
+    owners_take(monkeypatch, Kernels(one_step=False))  # the honest reply on the same path
     honest_base = path_view(*memory_cfg(BASE + [NAN_USER], over, poison=with_nan))
     assert diff(honest_base, path_view(*memory_cfg(BASE, over))) == []
 

@@ -63,20 +63,26 @@ rounded product, as tight as today's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from fedudp.owner import per_sample
-from fedudp.owner.one_step import _conv_weight_per_user
-from fedudp.privacy.mechanisms import finite_clip_factors, row_norms64
+from fedudp.owner.ghost_norms import Chunk, SavedLayer, add_squared_norms, costs, param_names
+from fedudp.privacy.mechanisms import finite_clip_factors
 from fedudp.protocol.contributions import Constraint, Contribution
 
-_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+__all__ = [
+    "GhostGradients",
+    "clipped_sum",
+    "ghost_gradients",
+    "gram_share",
+    "layer_supported",
+    "supported",
+]
 
 
 def _owner_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -88,7 +94,18 @@ def _owner_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def layer_supported(mod: nn.Module) -> bool:
-    """Whether the ghost path covers this module's own parameters (module doc's table)."""
+    """Whether the ghost path covers this module's own parameters (module doc's table).
+
+    Parameters
+    ----------
+    mod : nn.Module
+        A module owning parameters directly.
+
+    Returns
+    -------
+    bool
+        Its kind and settings are covered (a BatchNorm only in eval mode).
+    """
     t = type(mod)
     if t is nn.Linear:
         return True
@@ -108,8 +125,21 @@ def layer_supported(mod: nn.Module) -> bool:
 
 
 def supported(model: nn.Module, names: tuple[str, ...]) -> bool:
-    """Every module owning one of ``names`` is of a kind the ghost path covers (module doc).
-    Only the model's structure and mode are read (public), never data."""
+    """Whether the ghost path covers the parameters ``names`` of ``model``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model; only its structure and mode are read (public), never data.
+    names : tuple of str
+        Parameter names.
+
+    Returns
+    -------
+    bool
+        Every module owning one of ``names`` is of a kind the ghost path covers (module doc),
+        and no BatchNorm of the model is in training mode.
+    """
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()):
         return False  # batch statistics couple the records, shared layer or not
     mods = _owner_modules(model)
@@ -120,19 +150,6 @@ def supported(model: nn.Module, names: tuple[str, ...]) -> bool:
     return True
 
 
-def _costs(mod: nn.Module, positions: int, k: int) -> tuple[int, int]:
-    """(multiply-adds of the Gram form, of the materialized form) of a Linear or Conv2d weight's
-    norm for a user of ``k`` records with ``positions`` output positions each."""
-    if isinstance(mod, nn.Linear):
-        fan_in, fan_out = mod.in_features, mod.out_features
-    else:
-        assert isinstance(mod, nn.Conv2d)
-        c_out, c_in, kh, kw = mod.weight.shape
-        fan_in, fan_out = c_in * kh * kw, c_out
-    n = k * positions
-    return n * n * (fan_in + fan_out), n * fan_in * fan_out
-
-
 def gram_share(
     model: nn.Module,
     input_shape: tuple[int, ...],
@@ -140,10 +157,31 @@ def gram_share(
     names: tuple[str, ...],
     k: int,
 ) -> float:
-    """The fraction of the parameters ``names`` that sit in Linear/Conv2d weights whose norm takes
-    the Gram form (cheaper than materializing each user's weight gradient) for users of ``k``
-    records. Read from the model's shapes only: the output positions of each layer come from one
-    forward of a zero record of the declared ``input_shape`` (no data)."""
+    """The share of ``names`` whose weight norm takes the Gram form for users of ``k`` records.
+
+    Read from the model's shapes only: the output positions of each layer come from one
+    forward of a zero record of the declared ``input_shape`` (no data); the global RNG is left
+    as it was.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+    input_shape : tuple of int
+        One record's declared shape.
+    dtype : torch.dtype
+        The records' dtype (a floating dtype: the module's own is used).
+    names : tuple of str
+        The shared parameters.
+    k : int
+        Records of the largest user.
+
+    Returns
+    -------
+    float
+        The fraction of the parameters ``names`` that sit in Linear/Conv2d weights whose norm
+        takes the Gram form (cheaper than materializing each user's weight gradient).
+    """
     if dtype.is_floating_point:  # the module's own dtype (a float64 pool, a float32 module)
         dtype = next(model.parameters()).dtype
     mods = _owner_modules(model)
@@ -173,7 +211,7 @@ def gram_share(
     for n in names:
         p, leaf = n.rpartition(".")[0], n.rpartition(".")[2]
         if leaf == "weight" and p in positions:
-            g, m = _costs(mods[p], positions[p], k)
+            g, m = costs(mods[p], positions[p], k)
             gram += int(params[n].numel()) if g <= m else 0
     return gram / max(total, 1)
 
@@ -183,30 +221,32 @@ def _device(model: nn.Module) -> torch.device:
     return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
-def _names(path: str) -> tuple[str, str]:
-    return (f"{path}.weight", f"{path}.bias") if path else ("weight", "bias")
-
-
-@dataclass
-class _Layer:
-    """One shared layer's saved state for the weighted sum."""
-
-    path: str
-    mod: nn.Module
-    a: torch.Tensor  # input (token ids for an Embedding)
-    g: torch.Tensor  # output gradient
-    weight: torch.Tensor | None  # the weight the forward used (shape, dtype, layout)
-    # materialized: each user's weight gradient, [U, *shape] as row blocks in user order
-    per_user: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    # small: each record's bias rows, a normalization layer's affine parameters
-    per_record: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
 @dataclass
 class GhostGradients:
-    """The users of a chunk, their gradients kept implicitly: ``sq`` [U] float64 squared norms
-    of their vectors (over ``names``), ``finite`` [U] bool (no non-finite input or output
-    gradient among their records' and a finite norm); ``weighted_sum`` gives Σ_u f_u v_u."""
+    """The users of a chunk, their gradients kept implicitly (built by ``ghost_gradients``).
+
+    Parameters
+    ----------
+    names : tuple of str
+        The parameters of the users' vectors, in flattening order.
+    shapes : dict of str to torch.Size
+        Each parameter's shape.
+    dtype : torch.dtype
+        The parameters' dtype.
+    of : Tensor
+        [R] each record's user.
+    U : int
+        The number of users.
+    sq : Tensor
+        [U] float64 squared norms of their vectors (over ``names``).
+    finite : Tensor
+        [U] bool: no non-finite input or output gradient among their records' and a finite
+        norm.
+    layers : list of SavedLayer
+        Each shared layer's saved state.
+    forms : dict of str to str
+        Parameter name -> ``"ghost"``, ``"materialized"``, ``"per-record"`` or ``"rows"``.
+    """
 
     names: tuple[str, ...]
     shapes: dict[str, torch.Size]
@@ -215,17 +255,29 @@ class GhostGradients:
     U: int
     sq: torch.Tensor
     finite: torch.Tensor
-    layers: list[_Layer]
+    layers: list[SavedLayer]
     forms: dict[str, str]  # parameter name -> "ghost" | "materialized" | "per-record" | "rows"
 
     @property
     def norms(self) -> torch.Tensor:
+        """[U] float64: the users' vectors' l2 norms."""
         return torch.sqrt(self.sq)
 
     def weighted_sum(self, factor: torch.Tensor) -> torch.Tensor:
-        """[d] in the parameters' dtype: Σ_u factor[u] v_u (flattened in ``names`` order).
-        Users with factor 0 contribute exactly zero even where their records are not finite
-        (their rows are zeroed, not multiplied)."""
+        """Σ_u factor[u] v_u, as one weighted weight-gradient pass per layer.
+
+        Parameters
+        ----------
+        factor : Tensor
+            [U] each user's weight (a clip factor). Users with factor 0 contribute exactly
+            zero even where their records are not finite (their rows are zeroed, not
+            multiplied).
+
+        Returns
+        -------
+        Tensor
+            [d] in the parameters' dtype, flattened in ``names`` order.
+        """
         f = factor.to(self.dtype)
         fr = f[self.of]  # per record
         zero = fr == 0
@@ -233,7 +285,7 @@ class GhostGradients:
         udrop = (f == 0) if drop is not None else None
         parts: dict[str, torch.Tensor] = {}
         for L in self.layers:
-            wname, bname = _names(L.path)
+            wname, bname = param_names(L.path)
             for n, blocks in L.per_user.items():  # materialized: Σ_u f_u W_u
                 s, acc = 0, None
                 for t in blocks:
@@ -285,40 +337,6 @@ def _b(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return v.reshape(-1, *([1] * (like.dim() - 1)))
 
 
-def _per_user64(t: torch.Tensor, of: torch.Tensor, U: int) -> torch.Tensor:
-    """[U, ...] float64: the rows of ``t`` [R, ...] summed per user."""
-    return torch.zeros(U, *t.shape[1:], dtype=torch.float64, device=t.device).index_add_(
-        0, of, t.double()
-    )
-
-
-def _sq_rows(t: torch.Tensor) -> torch.Tensor:
-    """[n] float64 squared l2 norms of the rows of ``t`` [n, ...], on ``t``'s device."""
-    return (row_norms64(t.reshape(t.shape[0], -1)) ** 2).to(t.device)
-
-
-def _padded(
-    t: torch.Tensor,
-    of: torch.Tensor,
-    pos: torch.Tensor,
-    U: int,
-    k: int,
-    dtype: torch.dtype = torch.float64,
-) -> torch.Tensor:
-    """[U, k·P, F] (float64 unless told): each user's records' rows ``t`` [R, P, F] side by
-    side, users padded with zero records to ``k``."""
-    _, P, Fd = t.shape
-    out = torch.zeros(U, k, P, Fd, dtype=dtype, device=t.device)
-    out[of, pos] = t.to(dtype)
-    return out.reshape(U, k * P, Fd)
-
-
-def _gram_sq(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    """[U] float64: Σ_{i,j} (G_i·G_j)(A_i·A_j) for each user's rows G [U, n, F_g], A [U, n, F_a]
-    (the squared Frobenius norm of Gᵀ A, from the two Gram matrices)."""
-    return (torch.bmm(G, G.transpose(1, 2)) * torch.bmm(A, A.transpose(1, 2))).sum((1, 2))
-
-
 def ghost_gradients(
     model: nn.Module,
     params: Mapping[str, torch.Tensor],
@@ -329,11 +347,41 @@ def ghost_gradients(
     names: tuple[str, ...],
     scale: float,
     form: str | None = None,
+    channels_last: bool = True,
 ) -> GhostGradients:
-    """The users whose records are ``starts[i] .. starts[i] + sizes[i]`` of ``x``/``y``, their
-    vectors ``scale`` times their mean gradients at ``params`` w.r.t. ``names`` (module doc).
-    Requires ``supported(model, names)``; every size >= 1. ``form``: force ``"ghost"`` or
-    ``"materialized"`` for every Linear/Conv2d weight (tests; None: the cheaper one)."""
+    """The users' squared norms and their gradients kept implicitly (module doc).
+
+    Parameters
+    ----------
+    model : nn.Module
+        A model with ``supported(model, names)``.
+    params : Mapping of str to Tensor
+        All the model's parameters, unbatched (the broadcast).
+    x, y : Tensor
+        The records and their labels.
+    starts, sizes : np.ndarray
+        User ``i``'s records are ``starts[i] .. starts[i] + sizes[i]`` of ``x``/``y``; every
+        size >= 1.
+    names : tuple of str
+        The parameters of the users' vectors.
+    scale : float
+        A user's vector is ``scale`` times its mean gradient at ``params``.
+    form : str or None
+        Force ``"ghost"`` or ``"materialized"`` for every Linear/Conv2d weight (tests; None:
+        the cheaper one).
+    channels_last : bool
+        ``Kernels.channels_last`` (``per_sample.weighted_layer_grads``).
+
+    Returns
+    -------
+    GhostGradients
+        The chunk's users, their float64 squared norms and what ``weighted_sum`` needs.
+
+    Raises
+    ------
+    NotImplementedError
+        A shared layer called twice per forward.
+    """
     sizes = np.asarray(sizes, dtype=np.int64)
     U = len(sizes)
     dtype, dev = params[names[0]].dtype, x.device  # every index and sum on the records' device
@@ -346,103 +394,18 @@ def ghost_gradients(
     w = (float(scale) / torch.from_numpy(sizes).to(dev, torch.float64)).to(dtype)[of]
     # its output gradients are each record's share of its user's vector
     paths, mods, inputs, gouts = per_sample.weighted_layer_grads(
-        model, params, x[rec], y[rec], names, w, "ghost_gradients"
+        model, params, x[rec], y[rec], names, w, "ghost_gradients", channels_last
     )
-    R = len(rec)
+    ch = Chunk(names, of, pos, U, k, len(rec), sizes, form)
     sq = torch.zeros(U, dtype=torch.float64, device=dev)
-    layers: list[_Layer] = []
+    layers: list[SavedLayer] = []
     forms: dict[str, str] = {}
     for p, a, g in zip(paths, inputs, gouts):
         mod = mods[p]
-        wname, bname = _names(p)
-        L = _Layer(p, mod, a, g, params[wname].detach() if wname in params else None)
+        wname = param_names(p)[0]
+        L = SavedLayer(p, mod, a, g, params[wname].detach() if wname in params else None)
         layers.append(L)
-        if isinstance(mod, nn.Linear):
-            g3, a3 = g.reshape(R, -1, g.shape[-1]), a.reshape(R, -1, a.shape[-1])
-            P = g3.shape[1]
-            if wname in names:
-                ghost_cost, mat_cost = _costs(mod, P, k)  # the chunk's largest user (padded)
-                use = form or ("ghost" if ghost_cost <= mat_cost else "materialized")
-                forms[wname] = use
-                if use == "ghost" and P == 1 and k == 1:  # one row each: ||g||² ||a||²
-                    sq += _sq_rows(g3) * _sq_rows(a3)
-                elif use == "ghost":
-                    sq += _gram_sq(_padded(g3, of, pos, U, k), _padded(a3, of, pos, U, k))
-                else:
-                    W = (
-                        g3.transpose(1, 2) @ a3
-                        if k == 1
-                        else torch.bmm(
-                            _padded(g3, of, pos, U, k, g.dtype).transpose(1, 2),
-                            _padded(a3, of, pos, U, k, a.dtype),
-                        )
-                    )
-                    sq += _sq_rows(W)
-                    L.per_user[wname] = [W]
-            if bname in names:  # each record's bias gradient, kept for the weighted sum
-                forms[bname] = "rows"
-                L.per_record[bname] = rows = g3.sum(1)
-                sq += _sq_rows(_per_user64(rows, of, U))
-        elif isinstance(mod, nn.Conv2d):
-            if wname in names:
-                c_out, _, kh, kw = mod.weight.shape
-                ghost_cost, mat_cost = _costs(mod, g.shape[2] * g.shape[3], k)
-                use = form or ("ghost" if ghost_cost <= mat_cost else "materialized")
-                forms[wname] = use
-                if use == "ghost":
-                    cols = F.unfold(
-                        a,
-                        (kh, kw),
-                        dilation=mod.dilation,
-                        padding=cast(tuple[int, int], mod.padding),  # supported(): numeric
-                        stride=mod.stride,
-                    )  # [R, K, L]
-                    g3 = g.reshape(R, c_out, -1).transpose(1, 2)  # [R, L, C_out]
-                    sq += _gram_sq(
-                        _padded(g3, of, pos, U, k), _padded(cols.transpose(1, 2), of, pos, U, k)
-                    )
-                else:
-                    assert L.weight is not None
-                    # one record each: the records' blocks, each block's norms while it is
-                    # fresh in cache (no [U, *shape] copy made)
-                    blocks = (
-                        per_sample.conv2d_weight_blocks(a, g, mod)
-                        if k == 1
-                        else iter([_conv_weight_per_user(a, g, L.weight, mod, sizes)])
-                    )
-                    kept = L.per_user[wname] = []
-                    sqs = []
-                    for W in blocks:
-                        sqs.append(_sq_rows(W))
-                        kept.append(W)
-                    sq += torch.cat(sqs)
-            if bname in names:
-                forms[bname] = "rows"
-                L.per_record[bname] = rows = g.sum((2, 3))
-                sq += _sq_rows(_per_user64(rows, of, U))
-        elif isinstance(mod, nn.Embedding):
-            forms[wname] = "rows"
-            ids = a.reshape(R, -1)
-            g3 = g.reshape(R, ids.shape[1], -1)
-            keep = (
-                torch.ones_like(ids, dtype=torch.bool)
-                if mod.padding_idx is None
-                else ids != mod.padding_idx
-            )
-            key = (of.unsqueeze(1) * mod.num_embeddings + ids)[keep]
-            uniq, inv = torch.unique(key, return_inverse=True)
-            rows = torch.zeros(len(uniq), g3.shape[2], dtype=torch.float64, device=g3.device)
-            rows.index_add_(0, inv, g3[keep].double())
-            sq.index_add_(0, uniq // mod.num_embeddings, (rows * rows).sum(1))
-        else:  # normalization layers: each record's (small) gradient
-            assert isinstance(mod, _NORMS)
-            pr = _norm_per_record(mod, a, g)
-            for leaf, t in pr.items():
-                n = wname if leaf == "weight" else bname
-                if n in names:
-                    forms[n] = "per-record"
-                    L.per_record[n] = t
-                    sq += _sq_rows(_per_user64(t, of, U))
+        add_squared_norms(ch, L, sq, forms)
     # a NaN or inf among the entries of a user's a's and g's that enter its gradient reaches its
     # float64 sum of squares (no float32 product overflows float64; inf * 0 is NaN)
     finite = torch.isfinite(sq)
@@ -450,40 +413,22 @@ def ghost_gradients(
     return GhostGradients(names, shapes, dtype, of, U, sq, finite, layers, forms)
 
 
-def _norm_per_record(mod: nn.Module, a: torch.Tensor, g: torch.Tensor) -> dict[str, torch.Tensor]:
-    """{weight, bias: [R, *shape]}: each record's gradient of a normalization layer's affine
-    parameters, x̂ (the normalized input) recomputed from the layer's input ``a``."""
-    wname, bname = "weight", "bias"
-    out: dict[str, torch.Tensor] = {}
-    R = a.shape[0]
-    if isinstance(mod, nn.LayerNorm):
-        xh = F.layer_norm(a, mod.normalized_shape, None, None, mod.eps)
-        nd = len(mod.normalized_shape)
-        dims = tuple(range(1, a.dim() - nd))  # positions
-        sw = (g * xh).sum(dims) if dims else g * xh
-        sb = g.sum(dims) if dims else g
-    elif isinstance(mod, nn.GroupNorm):
-        xh = F.group_norm(a, mod.num_groups, None, None, mod.eps)
-        dims = tuple(range(2, a.dim()))
-        sw, sb = (g * xh).sum(dims), g.sum(dims)
-    else:
-        b = cast(nn.modules.batchnorm._BatchNorm, mod)
-        assert b.running_mean is not None and b.running_var is not None
-        shape = (1, -1) + (1,) * (a.dim() - 2)
-        xh = (a - b.running_mean.reshape(shape)) / torch.sqrt(b.running_var.reshape(shape) + b.eps)
-        dims = tuple(range(2, a.dim()))
-        sw = (g * xh).sum(dims) if dims else g * xh
-        sb = g.sum(dims) if dims else g
-    if getattr(mod, "weight", None) is not None:
-        out[wname] = sw.reshape(R, -1)
-    if getattr(mod, "bias", None) is not None:
-        out[bname] = sb.reshape(R, -1)
-    return out
-
-
 def clipped_sum(gg: GhostGradients, constraint: Constraint) -> tuple[Contribution, int]:
-    """(the contribution ``make_reply`` would build from the users' vectors under the clipped-sum
-    ``constraint``, the number of users dropped for a non-finite vector): module doc."""
+    """The clipped sum ``make_reply`` would build from the users' vectors (module doc).
+
+    Parameters
+    ----------
+    gg : GhostGradients
+        The chunk's users.
+    constraint : Constraint
+        A clipped-sum constraint (``clip`` set, no rows).
+
+    Returns
+    -------
+    tuple of (Contribution, int)
+        The contribution (sum, kept count, clipped count) and the number of users dropped for
+        a non-finite vector.
+    """
     assert constraint.clip is not None and not constraint.rows
     dev = gg.sq.device
     factor, was, ok = finite_clip_factors(  # a non-finite user: factor 0, its rows zeroed

@@ -29,12 +29,47 @@ from torch.func import functional_call, grad, vmap
 
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "AUTO_CHUNK_CONV",
+    "AUTO_CHUNK_DENSE",
+    "LOOP_MAX_BATCH",
+    "LOOP_MIN_RECORDS",
+    "LocalSpec",
+    "Params",
+    "Units",
+    "batch_orders",
+    "bound",
+    "chunk_budget",
+    "chunks",
+    "epoch_keys",
+    "expand",
+    "flat_delta",
+    "flatten",
+    "has_conv",
+    "local_sgd",
+    "loop_units",
+    "mean_gradients",
+    "select",
+]
+
 Params = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
 class LocalSpec:
-    """How units train locally (public hyperparameters)."""
+    """How units train locally (public hyperparameters).
+
+    Parameters
+    ----------
+    seed : int
+        The run's seed (the batch orders' key).
+    lr : float
+        The step size.
+    batch_size : int
+        Records per step.
+    epochs : int
+        Passes over a unit's records per round.
+    """
 
     seed: int
     lr: float
@@ -46,9 +81,16 @@ class LocalSpec:
 class Units:
     """Units as record ranges: unit i owns records ``starts[i] .. starts[i] + sizes[i]``.
 
-    ``starts`` index the record arrays passed alongside (global or one owner's shard).
-    ``owners`` is each unit's owner id; ``owner_starts`` the index of that owner's first
-    record in the same arrays (the batch-order keys are drawn per owner).
+    Parameters
+    ----------
+    starts, sizes : np.ndarray
+        Each unit's first record (indices into the record arrays passed alongside: global or
+        one owner's shard) and record count.
+    owners : np.ndarray
+        Each unit's owner id.
+    owner_starts, owner_sizes : np.ndarray
+        The index of that owner's first record in the same arrays and its record count (the
+        batch-order keys are drawn per owner).
     """
 
     starts: np.ndarray
@@ -61,6 +103,7 @@ class Units:
         return len(self.starts)
 
     def subset(self, sel: np.ndarray) -> Units:
+        """The units ``sel`` (indices or a mask), in that order."""
         return Units(
             self.starts[sel],
             self.sizes[sel],
@@ -73,7 +116,24 @@ class Units:
 def epoch_keys(
     seed: int, round_: int, epoch: int, purpose: Purpose, owner: int, n: int
 ) -> np.ndarray:
-    """Sort keys for one owner's ``n`` records in one epoch (public randomness)."""
+    """Sort keys for one owner's ``n`` records in one epoch (public randomness).
+
+    Parameters
+    ----------
+    seed, round_, epoch : int
+        The stream's keys.
+    purpose : Purpose
+        The stream (user, owner or personal order).
+    owner : int
+        The owner's global id.
+    n : int
+        Its records.
+
+    Returns
+    -------
+    np.ndarray
+        [n] uniform keys.
+    """
     return numpy_rng(seed, purpose, round_, epoch, owner).random(n)
 
 
@@ -84,12 +144,31 @@ def batch_orders(
     purpose: Purpose,
     unit_keys: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per unit and epoch, its records in visiting order, padded with -1: [U, E, L].
+    """Per unit and epoch, its records in visiting order.
 
     Keys are drawn per owner (an owner's records, by position in the owner: owner-level
     training), or, with ``unit_keys``, per unit from that unit's own stable identity (users:
     a user's order must not move when another user of its owner is added or removed,
-    docs/algorithms.md#certified-vs-paper-accounting)."""
+    docs/algorithms.md#certified-vs-paper-accounting).
+
+    Parameters
+    ----------
+    units : Units
+        The units.
+    spec : LocalSpec
+        Their local training (seed, epochs).
+    round_ : int
+        The round.
+    purpose : Purpose
+        The order's stream.
+    unit_keys : np.ndarray or None
+        Each unit's stable id (users), or None for keys per owner.
+
+    Returns
+    -------
+    np.ndarray
+        [U, E, L] record indices, padded with -1.
+    """
     L = int(units.sizes.max()) if len(units) else 0
     U = len(units)
     out = np.full((U, spec.epochs, L), -1, dtype=np.int64)
@@ -151,14 +230,38 @@ def local_sgd(
 ) -> Params:
     """Run each unit's SGD (``spec.epochs`` passes, batches of ``spec.batch_size``) at once.
 
-    ``trainable`` and ``frozen_per_unit`` have a leading unit dimension; ``frozen_common``
-    is shared by all units. Returns the trained ``trainable`` (the inputs are not modified).
-
     Two paths, the same steps on the same records (results equal up to float summation order):
     ``vmap`` over the units, one batched step per step index, and units one after another with
-    ordinary autograd on each unit's real records. ``path="auto"``: each unit takes the path
-    ``loop_units`` gives it (the loop for convolution models whose unit steps are large enough,
-    vmap for the rest); ``"loop"`` or ``"vmap"`` force one for all units.
+    ordinary autograd on each unit's real records.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+    trainable, frozen_per_unit : Params
+        With a leading unit dimension: the trained parameters and each unit's frozen ones.
+    frozen_common : Params
+        Frozen parameters shared by all units.
+    x, y : Tensor
+        The records and their labels.
+    orders : np.ndarray
+        [U, E, L] ``batch_orders``.
+    spec : LocalSpec
+        Step size, batch size, epochs.
+    path : str
+        ``"auto"``: each unit takes the path ``loop_units`` gives it (the loop for convolution
+        models whose unit steps are large enough, vmap for the rest); ``"loop"`` or ``"vmap"``
+        force one for all units.
+
+    Returns
+    -------
+    Params
+        The trained ``trainable`` (the inputs are not modified).
+
+    Raises
+    ------
+    ValueError
+        An unknown ``path``.
     """
     U, _E, L = orders.shape
     if U == 0 or L == 0:
@@ -236,29 +339,52 @@ def _local_sgd_vmap(
 
 
 # a unit's local SGD runs in the per-unit loop (models with convolutions) when its steps hold
-# this many records or more on average (scripts/benchmarks/bench_local.py, docs/results/bench_local/floor)
+# this many records or more on average (measured: docs/benchmarks.md, bench_local.py)
 LOOP_MIN_RECORDS = 8
 
 
 def has_conv(model: nn.Module) -> bool:
-    """Whether ``model`` holds a convolution."""
+    """Whether ``model`` holds a convolution.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Returns
+    -------
+    bool
+        Some module of it is a convolution.
+    """
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
 
 
 def loop_units(model: nn.Module, sizes: np.ndarray, batch: int | None) -> np.ndarray:
-    """[U] bool: which units of ``sizes`` records ``local_sgd`` (steps of ``batch`` records) or
-    ``mean_gradients`` (``batch=None``: one step of all its records) runs one after another with
-    ordinary autograd rather than vmapped. For a model with convolutions, the units whose steps
-    hold at least ``LOOP_MIN_RECORDS`` records on average (records / ceil(records / batch));
-    none otherwise.
+    """Which units ``local_sgd`` or ``mean_gradients`` runs one after another, not vmapped.
 
-    Why: under ``vmap`` every unit's convolutions become one grouped convolution and its
+    Under ``vmap`` every unit's convolutions become one grouped convolution and its
     max-pooling a batched one, which on the CPU cost more per record than the same work as
-    ordinary per-unit calls (1.3x at 32 records per step, one thread); the per-call overhead of a
-    step (about a millisecond for the paper CNN) is what ``vmap`` amortizes, and it only wins
-    where steps are small (break-even near 8 records per step, 2x at one record;
-    docs/results/bench_local/floor). Dense models stay vmapped: their batched matmuls are cheap
-    and the per-call overhead dominates."""
+    ordinary per-unit calls; the per-call overhead of a step is what ``vmap`` amortizes, and
+    it only wins where steps are small (measured: docs/benchmarks.md). Dense models stay
+    vmapped: their batched matmuls are cheap and the per-call overhead dominates.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model (only whether it holds a convolution is read).
+    sizes : np.ndarray
+        Each unit's record count.
+    batch : int or None
+        Records per step (``local_sgd``), or None for one step of all of a unit's records
+        (``mean_gradients``).
+
+    Returns
+    -------
+    np.ndarray
+        [U] bool: for a model with convolutions, the units whose steps hold at least
+        ``LOOP_MIN_RECORDS`` records on average (records / ceil(records / batch)); none
+        otherwise.
+    """
     sizes = np.asarray(sizes, dtype=np.int64)
     if not has_conv(model):
         return np.zeros(len(sizes), dtype=bool)
@@ -270,11 +396,29 @@ def loop_units(model: nn.Module, sizes: np.ndarray, batch: int | None) -> np.nda
 
 @contextmanager
 def bound(model: nn.Module, names: tuple[str, ...]) -> Iterator:
-    """``bind(params)`` puts the tensors ``params[name]`` into ``model`` in place of its own
-    parameters (or buffers) ``names``, so that ``model(x)`` computes what
-    ``functional_call(model, params, (x,))`` does, without re-parametrizing at every call (about
-    0.1 ms a call for the paper CNN, a tenth of a one-record step); the module's own tensors are
-    back on exit. For loops that call one model many times with the same names."""
+    """A context in which ``bind(params)`` puts tensors into ``model`` in place of its own.
+
+    ``model(x)`` then computes what ``functional_call(model, params, (x,))`` does, without
+    re-parametrizing at every call; the module's own tensors are back on exit. For loops that
+    call one model many times with the same names.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+    names : tuple of str
+        The parameters (or buffers) to replace.
+
+    Yields
+    ------
+    callable
+        ``bind(params)``: puts ``params[name]`` in place of each of ``names``.
+
+    Raises
+    ------
+    KeyError
+        A name that is neither a parameter nor a buffer of the model.
+    """
     # (the module's parameter or buffer table, the name, its own tensor): a plain tensor is bound
     # into the slot for the call and the module's own put back
     slots: list[tuple[dict[str, Any], str, Any]] = []
@@ -351,11 +495,31 @@ def mean_gradients(
     units: Units,
     path: str = "auto",
 ) -> Params:
-    """Each unit's average gradient over all its records, w.r.t. ``trainable`` ([U, ...]).
+    """Each unit's average gradient over all its records, w.r.t. ``trainable``.
 
     Paths as in ``local_sgd`` (a unit's records are one step): ``vmap`` over the units (padded
-    to the largest), or unit by unit with ordinary autograd (``"auto"``: ``loop_units`` per unit,
-    the loop for units of ``LOOP_MIN_RECORDS`` records or more of a convolution model)."""
+    to the largest), or unit by unit with ordinary autograd.
+
+    Parameters
+    ----------
+    model, trainable, frozen_per_unit, frozen_common, x, y
+        As in ``local_sgd``.
+    units : Units
+        The units' records.
+    path : str
+        ``"auto"`` (``loop_units`` per unit: the loop for units of ``LOOP_MIN_RECORDS``
+        records or more of a convolution model), ``"loop"`` or ``"vmap"``.
+
+    Returns
+    -------
+    Params
+        [U, ...] each unit's mean gradient.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``path``.
+    """
     if path not in ("auto", "loop", "vmap"):
         raise ValueError(f"mean_gradients: path must be auto, loop or vmap, got {path!r}")
     sizes = np.asarray(units.sizes)
@@ -451,12 +615,38 @@ def _mean_gradients_loop(
 
 
 def expand(params: Mapping[str, torch.Tensor], n: int) -> Params:
-    """Broadcast unbatched params to a leading unit dimension of size ``n`` (a copy)."""
+    """Broadcast unbatched params to a leading unit dimension of size ``n`` (a copy).
+
+    Parameters
+    ----------
+    params : Mapping of str to Tensor
+        Unbatched parameters.
+    n : int
+        The units.
+
+    Returns
+    -------
+    Params
+        [n, ...] copies.
+    """
     return {k: v.unsqueeze(0).expand(n, *v.shape).clone() for k, v in params.items()}
 
 
 def flatten(params: Mapping[str, torch.Tensor], names: tuple[str, ...]) -> torch.Tensor:
-    """[U, d]: the named batched params of each unit, concatenated in ``names`` order."""
+    """The named batched params of each unit, concatenated in ``names`` order.
+
+    Parameters
+    ----------
+    params : Mapping of str to Tensor
+        Batched parameters [U, ...].
+    names : tuple of str
+        Which, in order.
+
+    Returns
+    -------
+    Tensor
+        [U, d].
+    """
     return torch.cat([params[k].reshape(params[k].shape[0], -1) for k in names], dim=1)
 
 
@@ -466,8 +656,24 @@ def flat_delta(
     names: tuple[str, ...],
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[U, d]: ``flatten(end) - start`` with ``start`` unbatched (every unit's common start),
-    written into ``out`` when given (no intermediate [U, d] copies)."""
+    """``flatten(end) - start``, with ``start`` every unit's common (unbatched) start.
+
+    Parameters
+    ----------
+    end : Mapping of str to Tensor
+        Batched parameters [U, ...].
+    start : Mapping of str to Tensor
+        Unbatched parameters.
+    names : tuple of str
+        Which, in order.
+    out : Tensor or None
+        [U, d] to write into (no intermediate [U, d] copies).
+
+    Returns
+    -------
+    Tensor
+        [U, d] (``out`` when given).
+    """
     U = next(iter(end.values())).shape[0] if names else 0
     if out is None:
         out = torch.empty(
@@ -484,102 +690,27 @@ def flat_delta(
     return out
 
 
-@torch.no_grad()
-def evaluate_sums(
-    model: nn.Module,
-    shared: Params,
-    personal: Params,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    offsets: np.ndarray,
-    path: str = "auto",
-) -> tuple[np.ndarray, np.ndarray]:
-    """(correct predictions, summed cross-entropy), float64 [U], of each unit on its records
-    ``x[offsets[u]:offsets[u + 1]]`` with its own personal params.
-
-    ``personal`` has a leading unit dimension (may be empty); ``offsets`` [U+1] are consecutive.
-    Two paths, the same forwards up to float summation order: ``vmap`` over the units in one
-    forward (padded to the largest unit, the padding masked out; without personal params, one
-    plain forward), or unit by unit with the unit's own parameters bound into the model
-    (``"loop"``). ``"auto"``: the loop for a model with convolutions and personal params, vmap
-    otherwise. Why: vmapped per-unit parameters turn a convolution model's forward into grouped
-    convolutions and batched pooling, which on the CPU take about twice the time of per-unit
-    forwards (per_silo and joint_dp's evaluation on the natural MNIST federation,
-    docs/results/natural_speed, "Personal training"). Each record's loss is summed in float64.
-    """
-    if path not in ("auto", "loop", "vmap"):
-        raise ValueError(f"evaluate_sums: path must be auto, loop or vmap, got {path!r}")
-    O = len(offsets) - 1
-    sizes = np.diff(offsets)
-    L = int(sizes.max()) if O else 0
-    if L == 0:
-        return np.zeros(O), np.zeros(O)
-    if path == "loop" or (path == "auto" and personal and has_conv(model)):
-        return _evaluate_sums_loop(model, shared, personal, x, y, offsets)
-    col = np.arange(L)[None, :]
-    valid = col < sizes[:, None]
-    # an empty unit reads a valid record (masked out), also where it sits after the last one
-    idx = torch.from_numpy(
-        np.minimum(
-            offsets[:-1, None] + np.minimum(col, np.maximum(sizes[:, None] - 1, 0)), len(x) - 1
-        )
-    ).to(x.device)
-    mask = torch.from_numpy(valid).to(x.device)
-
-    def one(pers, xb):
-        return functional_call(model, {**shared, **pers}, (xb,))
-
-    logits = (
-        vmap(one, in_dims=(0, 0))(personal, x[idx])
-        if personal
-        else functional_call(model, dict(shared), (x[idx].reshape(O * L, *x.shape[1:]),)).reshape(
-            O, L, -1
-        )
-    )
-    yy = y[idx]
-    correct = ((logits.argmax(-1) == yy) & mask).sum(1).double()
-    loss = (
-        F.cross_entropy(logits.reshape(O * L, -1), yy.reshape(-1), reduction="none")
-        .reshape(O, L)
-        .double()
-        * mask
-    ).sum(1)
-    return correct.cpu().numpy(), loss.cpu().numpy()
-
-
-@torch.no_grad()
-def _evaluate_sums_loop(
-    model: nn.Module,
-    shared: Params,
-    personal: Params,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    offsets: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``evaluate_sums`` unit by unit: one plain forward per unit with its personal params
-    bound into the model (``bound``)."""
-    O = len(offsets) - 1
-    correct, loss = np.zeros(O), np.zeros(O)
-    with bound(model, (*shared, *personal)) as bind:
-        for u in range(O):
-            a, b = int(offsets[u]), int(offsets[u + 1])
-            if b <= a:
-                continue
-            bind({**shared, **{k: v[u] for k, v in personal.items()}})
-            logits = model(x[a:b])
-            correct[u] = float((logits.argmax(-1) == y[a:b]).sum())
-            loss[u] = float(F.cross_entropy(logits, y[a:b], reduction="none").double().sum())
-    return correct, loss
-
-
 AUTO_CHUNK_CONV, AUTO_CHUNK_DENSE = 512, 8192
 
 
 def chunk_budget(requested: int, model: nn.Module) -> int:
-    """``engine_opts.chunk_records`` (0: auto). Auto: 512 records per vmapped step for models with
-    convolutions (per-owner conv weights become grouped convolutions, whose CPU backward slows
-    down with the group count: scripts/benchmarks/bench_local.py measured 1.2-1.5x of a plain loop at 512
-    vs 2.2-3x at 8192), 8192 for dense models (fewer, larger matmuls win)."""
+    """Records per vmapped chunk: ``engine_opts.chunk_records``, or the automatic budget.
+
+    Parameters
+    ----------
+    requested : int
+        ``engine_opts.chunk_records`` (0: auto).
+    model : nn.Module
+        The model (a model's own ``auto_chunk_records`` bound is taken when set).
+
+    Returns
+    -------
+    int
+        ``requested``, else the model's bound, else 512 records for models with convolutions
+        (per-owner conv weights become grouped convolutions, whose CPU backward slows down
+        with the group count: docs/benchmarks.md) and 8192 for dense models (fewer, larger
+        matmuls win).
+    """
     if requested:
         return int(requested)
     hint = getattr(model, "auto_chunk_records", None)  # a model's own bound (memory)
@@ -592,9 +723,21 @@ def chunk_budget(requested: int, model: nn.Module) -> int:
 def chunks(sizes: np.ndarray, budget: int, per_unit_cap: int | None = None) -> Iterator[np.ndarray]:
     """Consecutive index groups whose padded size (count x max size) stays within ``budget``.
 
-    ``per_unit_cap``: count each unit as at most this many records. Local SGD gathers one
-    batch per unit per step, so with ``per_unit_cap=batch_size`` the budget bounds the records
-    in one vmapped step (what sets speed and memory there), not the units' total sizes.
+    Parameters
+    ----------
+    sizes : np.ndarray
+        Each unit's record count.
+    budget : int
+        Padded records per group (a unit larger than it is a group alone).
+    per_unit_cap : int or None
+        Count each unit as at most this many records. Local SGD gathers one batch per unit
+        per step, so with ``per_unit_cap=batch_size`` the budget bounds the records in one
+        vmapped step (what sets speed and memory there), not the units' total sizes.
+
+    Yields
+    ------
+    np.ndarray
+        The indices of each group, in order.
     """
     if per_unit_cap is not None:
         sizes = np.minimum(sizes, max(int(per_unit_cap), 1))
@@ -609,6 +752,19 @@ def chunks(sizes: np.ndarray, budget: int, per_unit_cap: int | None = None) -> I
 
 
 def select(params: Params, idx: np.ndarray) -> Params:
-    """Rows ``idx`` of batched params."""
+    """Rows ``idx`` of batched params.
+
+    Parameters
+    ----------
+    params : Params
+        Batched parameters [U, ...].
+    idx : np.ndarray
+        Unit indices.
+
+    Returns
+    -------
+    Params
+        [len(idx), ...].
+    """
     t = torch.from_numpy(np.asarray(idx))
     return {k: v[t] for k, v in params.items()}

@@ -28,8 +28,9 @@ with the same ``engine_opts.threads`` is the uninterrupted one bit for bit).
 
 Cost (one thread, the paper CNN): the chunk's batched forward/backward costs less per record
 than the per-user loop's small batches, and the per-user weight-gradient kernels little more
-than the batched one (about 50 against 40 µs a record for conv2 at 10 records per user), so
-users of up to a batch of records take this path (docs/results/bench_pfl).
+than the batched one, so users of up to a batch of records take this path (measured:
+docs/benchmarks.md, "The owner side's kernels"). ``Kernels.one_step`` (``fedudp.owner.kernels``)
+turns the path off.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ import torch.nn as nn
 
 from fedudp.owner import per_sample
 
+__all__ = ["one_step_vectors"]
+
 
 def one_step_vectors(
     model: nn.Module,
@@ -53,13 +56,36 @@ def one_step_vectors(
     names: tuple[str, ...],
     scale: float,
     into: torch.Tensor | None = None,
+    channels_last: bool = True,
 ) -> torch.Tensor:
-    """[U, d] in the parameters' dtype: each user's vector, ``scale`` times its mean gradient at
-    ``params`` w.r.t. ``names`` (flattened in ``names`` order), for the users whose records are
-    ``starts[i] .. starts[i] + sizes[i]`` of ``x``/``y`` (module doc). Requires
-    ``per_sample.supported(model, names)``; every size >= 1. ``into``: a buffer of at least U
-    rows of width d to write the vectors into (a chunked caller reuses one; returned is its
-    first U rows)."""
+    """Each user's vector, ``scale`` times its mean gradient, from one forward/backward.
+
+    Parameters
+    ----------
+    model, params : nn.Module, Mapping of str to Tensor
+        A model with ``per_sample.supported(model, names)`` and all its parameters,
+        unbatched (the broadcast).
+    x, y, starts, sizes : Tensor, Tensor, np.ndarray, np.ndarray
+        The records, their labels; user ``i``'s records are ``starts[i] .. starts[i] +
+        sizes[i]`` (every size >= 1).
+    names, scale : tuple of str, float
+        The vectors' parameters (flattened in this order); -lr for a one-step delta, 1 for
+        the mean gradient.
+    into : Tensor or None
+        A buffer of at least U rows of width d to write into (a chunked caller reuses one).
+    channels_last : bool
+        ``Kernels.channels_last`` (``per_sample.weighted_layer_grads``).
+
+    Returns
+    -------
+    Tensor
+        [U, d] in the parameters' dtype (the first U rows of ``into`` when given).
+
+    Raises
+    ------
+    NotImplementedError
+        A Linear layer with middle dims, or a layer called twice per forward.
+    """
     sizes = np.asarray(sizes, dtype=np.int64)
     U = len(sizes)
     dtype, dev = params[names[0]].dtype, params[names[0]].device
@@ -72,9 +98,28 @@ def one_step_vectors(
     w = (float(scale) / torch.from_numpy(sizes).to(dev, torch.float64)).to(dtype)[of]
     # each record's loss times s / k_u: its output gradients are its share of its user's vector
     layers, mods, inputs, gouts = per_sample.weighted_layer_grads(
-        model, params, x[rec], y[rec], names, w, "one_step_vectors"
+        model, params, x[rec], y[rec], names, w, "one_step_vectors", channels_last
     )
-    single = int(sizes.max()) == 1
+    parts = _per_user_parts(layers, mods, inputs, gouts, params, names, of, sizes)
+    flat = [parts[n].reshape(U, -1).to(dtype) for n in names]
+    if into is None:
+        return torch.cat(flat, dim=1)
+    return torch.cat(flat, dim=1, out=into[:U])
+
+
+def _per_user_parts(
+    layers: list[str],
+    mods: dict[str, nn.Module],
+    inputs: list[torch.Tensor],
+    gouts: list[torch.Tensor],
+    params: Mapping[str, torch.Tensor],
+    names: tuple[str, ...],
+    of: torch.Tensor,
+    sizes: np.ndarray,
+) -> dict[str, torch.Tensor]:
+    """{name: [U, *shape]}: each user's gradient of the parameters ``names`` from the layers'
+    inputs and output gradients (module doc's formulas)."""
+    U, single = len(sizes), int(sizes.max()) == 1
     parts: dict[str, torch.Tensor] = {}
     for p, a, g in zip(layers, inputs, gouts):
         mod = mods[p]
@@ -101,10 +146,7 @@ def one_step_vectors(
             if bname in names:
                 gb = g.sum((2, 3))
                 parts[bname] = gb if single else _per_user(gb, of, U)
-    flat = [parts[n].reshape(U, -1).to(dtype) for n in names]
-    if into is None:
-        return torch.cat(flat, dim=1)
-    return torch.cat(flat, dim=1, out=into[:U])
+    return parts
 
 
 def _conv_weight_per_user(

@@ -1,7 +1,7 @@
 """Per-record gradients from one batched forward/backward (the DP-SGD owners' hot loop).
 
 ``torch.func.vmap(grad(loss))`` computes each record's gradient as a batch of one: on the CPU
-every convolution's weight gradient then runs per record (a grouped convolution), about 1.5x
+every convolution's weight gradient then runs per record (a grouped convolution), well above
 the cost of a plain minibatch step. Here, for models whose parameters all sit in ``nn.Linear``
 and ``nn.Conv2d`` modules (groups = 1; the paper CNN, the linear model), the forward and the
 backward run batched as in plain SGD, forward hooks keep each layer's input and output, one
@@ -16,21 +16,21 @@ A Conv2d's per-record weight gradients come from aten's weight-only convolution 
 kernel autograd runs for the batched step), with the records as groups: ``BLOCK`` records'
 inputs reshaped to one image of ``BLOCK·C_in`` channels, their output gradients to one of
 ``BLOCK·C_out``, and ``groups = BLOCK``, so group ``b`` is record ``b``'s own weight gradient.
-Stride, padding and dilation are the layer's own. On this CPU (one thread) it is 2-4x faster
-than a grouped convolution with each record's output gradient as the kernel (Rochette et al.
-2019) from 8 input channels on (the wide CNN's conv2 at 512 records: 124 ms against 317; the
-paper CNN's: 31 against 124); blocks of 32 records keep a block's operands in cache. Below 8
-input channels (a first layer on images) that grouped convolution is 12-25 % faster (128
-records, 1 to 4 channels), and it is what runs there (``KERNELS_BELOW``), block by block.
+Stride, padding and dilation are the layer's own. On the CPU it is faster than a grouped
+convolution with each record's output gradient as the kernel (Rochette et al. 2019) from 8
+input channels on; blocks of 32 records keep a block's operands in cache. Below 8 input
+channels (a first layer on images) that grouped convolution is the faster one, and it is what
+runs there (``KERNELS_BELOW``), block by block. Measured costs: docs/benchmarks.md
+("The owner side's kernels").
 
-On the CPU, every shared convolution's output is taken on in channels-last memory format
-(``CHANNELS_LAST``): the same values, and the layers after it (ReLU, max-pooling, the next
-convolution) run on channels-last activations, where PyTorch's CPU max-pooling is vectorized
-(over NCHW it is several times slower: the wide CNN of ``docs/results/ghost`` spends a fifth of
-its per-record pass pooling NCHW activations). Only the per-record passes here do it, never the
-model itself, and only where ``channels_last_ok`` found, once per model and record shape, that
-the model's forward takes it with the same output on a public example batch (a ``view`` of a
-convolution's output, for one, does not): otherwise the model's own layout is kept.
+On the CPU, every shared convolution's output can be taken on in channels-last memory format
+(``channels_last``, the owner side's ``Kernels.channels_last``): the same values, and the
+layers after it (ReLU, max-pooling, the next convolution) run on channels-last activations,
+where PyTorch's CPU max-pooling is vectorized (over NCHW it is several times slower). Only the
+per-record passes here do it, never the model itself, and only where ``channels_last_ok``
+found, once per model and record shape, that the model's forward takes it with the same output
+on a public example batch (a ``view`` of a convolution's output, for one, does not): otherwise
+the model's own layout is kept.
 
 The loss of a record is its own cross-entropy, so the summed loss's per-layer output gradients
 are the records' own. ``supported(model, names)`` says whether a model qualifies; callers fall
@@ -48,17 +48,26 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from fedudp.models.cnn import channels_last
+from fedudp.models.cnn import channels_last as to_channels_last
 from fedudp.models.validate import fast_per_record
+
+__all__ = [
+    "BLOCK",
+    "KERNELS_BELOW",
+    "channels_last_ok",
+    "conv2d_weight_blocks",
+    "conv2d_weight_per_record",
+    "conv_weight_grad",
+    "per_record_gradients",
+    "supported",
+    "weighted_layer_grads",
+]
 
 # records per grouped weight-gradient call (module doc)
 BLOCK = 32
 # below this many input channels, the grouped convolution with the output gradients as kernels
 # (module doc)
 KERNELS_BELOW = 8
-# shared convolutions' outputs in channels-last memory format in the per-record passes on the
-# CPU, where the model's forward takes it (module doc); False: the model's own layout
-CHANNELS_LAST = True
 # model -> {(shared conv paths, record shape, dtype, parameter dtypes, modes): the probe's answer}
 _CL_OK: weakref.WeakKeyDictionary[nn.Module, dict[tuple, bool]] = weakref.WeakKeyDictionary()
 
@@ -77,8 +86,22 @@ def _join(path: str, leaf: str) -> str:
 
 
 def supported(model: nn.Module, names: tuple[str, ...]) -> bool:
-    """Every module owning one of ``names`` is a Linear, or a Conv2d with groups = 1 (the rule
-    is the models layer's, ``fedudp.models.validate.fast_per_record``, where it is documented)."""
+    """Whether the per-record passes here cover the parameters ``names`` of ``model``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model (its structure only is read).
+    names : tuple of str
+        Parameter names.
+
+    Returns
+    -------
+    bool
+        Every module owning one of ``names`` is a Linear, or a Conv2d with groups = 1 (the rule
+        is the models layer's, ``fedudp.models.validate.fast_per_record``, where it is
+        documented).
+    """
     return fast_per_record(model, names)
 
 
@@ -88,13 +111,32 @@ def per_record_gradients(
     x: torch.Tensor,
     y: torch.Tensor,
     names: tuple[str, ...],
+    channels_last: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """{name: [R, *shape]}: each record's gradient of its cross-entropy w.r.t. ``names``, at
-    ``params`` (all the model's parameters, unbatched). Requires ``supported(model, names)``."""
+    """Each record's gradient of its cross-entropy, from one batched forward/backward.
+
+    Parameters
+    ----------
+    model : nn.Module
+        A model with ``supported(model, names)``.
+    params : Mapping of str to Tensor
+        All the model's parameters, unbatched.
+    x, y : Tensor
+        The records and their labels.
+    names : tuple of str
+        The parameters to differentiate.
+    channels_last : bool
+        ``Kernels.channels_last`` (``weighted_layer_grads``).
+
+    Returns
+    -------
+    dict of str to Tensor
+        ``{name: [R, *shape]}`` for each of ``names``.
+    """
     # unit weights: the summed cross-entropy, each output gradient one record's
     w = torch.ones(len(y), dtype=params[names[0]].dtype, device=params[names[0]].device)
     order, mods, inputs, gouts = weighted_layer_grads(
-        model, params, x, y, names, w, "per_record_gradients"
+        model, params, x, y, names, w, "per_record_gradients", channels_last
     )
     grads: dict[str, torch.Tensor] = {}
     for path, a, g in zip(order, inputs, gouts):
@@ -119,16 +161,45 @@ def weighted_layer_grads(
     names: tuple[str, ...],
     w: torch.Tensor,
     who: str,
+    channels_last: bool = True,
 ) -> tuple[list[str], dict[str, nn.Module], list[torch.Tensor], list[torch.Tensor]]:
     """One batched forward/backward of ``Σ_r w_r ℓ_r`` (each record's cross-entropy times its
-    weight) at ``params``: (the module paths owning ``names``, sorted; path -> module; each
-    path's input ``a``; each path's output gradient ``g``, detached). A layer called twice per
-    forward is a ``NotImplementedError`` naming ``who`` (its output gradient would not be one
-    record's). The owners' one-step and ghost paths share it."""
+    weight) at ``params``. The owners' one-step and ghost paths share it.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model; every module owning one of ``names`` is hooked.
+    params : Mapping of str to Tensor
+        All the model's parameters, unbatched.
+    x, y : Tensor
+        The records and their labels.
+    names : tuple of str
+        The parameters whose layers' inputs and output gradients are kept.
+    w : Tensor
+        [R] each record's loss weight.
+    who : str
+        The caller's name, for the error.
+    channels_last : bool
+        ``Kernels.channels_last``: on the CPU, take the shared convolutions' outputs in
+        channels-last memory format where ``channels_last_ok`` says the model's forward gives
+        the same output that way (module doc). False: the model's own layout.
+
+    Returns
+    -------
+    tuple
+        (the module paths owning ``names``, sorted; path -> module; each path's input ``a``;
+        each path's output gradient ``g``, detached).
+
+    Raises
+    ------
+    NotImplementedError
+        A layer called twice per forward (its output gradient would not be one record's).
+    """
     mods = _owner_modules(model)
     paths = sorted({n.rpartition(".")[0] for n in names})
     convs = {p for p in paths if isinstance(mods[p], nn.Conv2d)}
-    on = CHANNELS_LAST and bool(convs) and x.device.type == "cpu"
+    on = channels_last and bool(convs) and x.device.type == "cpu"
     if not (on and channels_last_ok(model, params, sorted(convs), tuple(x.shape[1:]), x.dtype)):
         convs = set()
     saved: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -139,7 +210,7 @@ def weighted_layer_grads(
             if path in saved:
                 raise NotImplementedError(f"{who}: {path} is called twice")
             if path in convs:  # the same values (module doc)
-                out = channels_last(out)
+                out = to_channels_last(out)
             saved[path] = (inp[0].detach(), out)
             return out
 
@@ -166,16 +237,35 @@ def channels_last_ok(
     shape: tuple[int, ...],
     dtype: torch.dtype,
 ) -> bool:
-    """Whether ``model``'s forward at ``params`` takes the outputs of its convolutions ``convs``
-    (module paths) in channels-last memory format and returns the same output, on a public
-    example batch of two records of ``shape`` and ``dtype`` (a fixed-seed normal draw; zeros for
-    integer records), never data: once per model, paths, record shape and dtype, parameter
-    dtypes and modules' modes (remembered). The model runs in its own mode (a branch on
-    ``self.training`` is tried as the pass will take it), without gradients, both forwards from
-    the same seed of a forked RNG (the global one is left as it was), its buffers restored
-    afterwards (batch-norm statistics). An exception from either forward means False, and so
-    does a difference (a dropout mask drawn over channels-last memory differs: kept off,
-    conservatively)."""
+    """Whether ``model``'s forward takes its convolutions' outputs in channels-last format.
+
+    Tried on a public example batch of two records of ``shape`` and ``dtype`` (a fixed-seed
+    normal draw; zeros for integer records), never data: once per model, paths, record shape
+    and dtype, parameter dtypes and modules' modes (remembered). The model runs in its own mode
+    (a branch on ``self.training`` is tried as the pass will take it), without gradients, both
+    forwards from the same seed of a forked RNG (the global one is left as it was), its buffers
+    restored afterwards (batch-norm statistics).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+    params : Mapping of str to Tensor
+        All its parameters, unbatched.
+    convs : Sequence of str
+        Module paths of the convolutions whose outputs are converted.
+    shape : tuple of int
+        One record's shape.
+    dtype : torch.dtype
+        The records' dtype.
+
+    Returns
+    -------
+    bool
+        The forward returns the same output with the outputs of ``convs`` in channels-last
+        memory format. An exception from either forward means False, and so does a difference
+        (a dropout mask drawn over channels-last memory differs: kept off, conservatively).
+    """
     modes = tuple(m.training for m in model.modules())
     dtypes = tuple(sorted({str(v.dtype) for v in params.values()}))
     key = (tuple(convs), shape, dtype, dtypes, modes)
@@ -198,7 +288,7 @@ def channels_last_ok(
                 torch.manual_seed(0)  # the same dropout draws on both sides
                 ref = functional_call(model, at, (x,))
                 for p in convs:
-                    hooks.append(mods[p].register_forward_hook(lambda m, i, o: channels_last(o)))
+                    hooks.append(mods[p].register_forward_hook(lambda m, i, o: to_channels_last(o)))
                 torch.manual_seed(0)
                 out = functional_call(model, at, (x,))
             except Exception:  # noqa: BLE001 - the model's own code: a layout it does not take
@@ -222,9 +312,24 @@ def channels_last_ok(
 def conv2d_weight_per_record(
     a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d, block: int | None = None
 ) -> torch.Tensor:
-    """[R, C_out, C_in, kh, kw]: each record's gradient of ``mod.weight`` (groups = 1, zero
-    padding) from its input ``a`` [R, C_in, H, W] and output gradient ``g`` [R, C_out, H_o, W_o]
-    (``conv2d_weight_blocks``, joined)."""
+    """Each record's gradient of a convolution's weight (``conv2d_weight_blocks``, joined).
+
+    Parameters
+    ----------
+    a : Tensor
+        [R, C_in, H, W] the records' inputs to ``mod``.
+    g : Tensor
+        [R, C_out, H_o, W_o] their output gradients.
+    mod : nn.Conv2d
+        The convolution (groups = 1, zero padding).
+    block : int or None
+        Records per grouped call (``BLOCK`` unless told).
+
+    Returns
+    -------
+    Tensor
+        [R, C_out, C_in, kh, kw].
+    """
     blocks = list(conv2d_weight_blocks(a, g, mod, block))
     if not blocks:  # no records
         return g.new_empty(0, g.shape[1], *mod.weight.shape[1:])
@@ -234,10 +339,23 @@ def conv2d_weight_per_record(
 def conv2d_weight_blocks(
     a: torch.Tensor, g: torch.Tensor, mod: nn.Conv2d, block: int | None = None
 ) -> Iterator[torch.Tensor]:
-    """The records' weight gradients of ``conv2d_weight_per_record``, ``block`` records at a
-    time (``BLOCK`` unless told; [n, C_out, C_in, kh, kw] each, in record order): aten's
-    weight-only convolution backward with the block's records as the groups of one batch-of-one
-    convolution (module docstring)."""
+    """The records' weight gradients of ``conv2d_weight_per_record``, a block at a time.
+
+    aten's weight-only convolution backward with the block's records as the groups of one
+    batch-of-one convolution (module docstring).
+
+    Parameters
+    ----------
+    a, g, mod
+        As in ``conv2d_weight_per_record``.
+    block : int or None
+        Records per block (``BLOCK`` unless told).
+
+    Yields
+    ------
+    Tensor
+        [n, C_out, C_in, kh, kw] per block, in record order.
+    """
     R, c_in, c_out = a.shape[0], a.shape[1], g.shape[1]
     kshape = tuple(mod.weight.shape[1:])
     b = max(1, min(BLOCK if block is None else block, R))
@@ -261,10 +379,27 @@ def conv2d_weight_blocks(
 def conv_weight_grad(
     g: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, mod: nn.Conv2d, groups: int
 ) -> torch.Tensor:
-    """The weight gradient of a convolution with ``mod``'s stride, padding and dilation and
-    ``groups`` groups, summed over the batch of output gradients ``g`` and inputs ``a``: aten's
-    weight-only convolution backward, the kernel autograd runs. ``weight``: a tensor of the
-    weight's shape, dtype and layout (its values do not enter a weight gradient)."""
+    """The weight gradient of a convolution, summed over a batch (aten's weight-only backward).
+
+    Parameters
+    ----------
+    g : Tensor
+        The batch's output gradients.
+    a : Tensor
+        The batch's inputs.
+    weight : Tensor
+        A tensor of the weight's shape, dtype and layout (its values do not enter a weight
+        gradient).
+    mod : nn.Conv2d
+        Its stride, padding and dilation are used.
+    groups : int
+        The convolution's groups.
+
+    Returns
+    -------
+    Tensor
+        The weight gradient, the kernel autograd runs.
+    """
     return torch.ops.aten.convolution_backward(
         g,
         a,

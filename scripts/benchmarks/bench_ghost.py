@@ -7,17 +7,17 @@ one SGD step per user (one epoch, users of at most a batch of records: the one-s
 prepares the run through the library (``fedudp.build.prepare``, random MNIST-shaped records:
 the cost does not depend on the values) and times, interleaved, ``--reps`` times each:
 
-* ``old``: ``Owners.reply`` for the whole cohort with ``owners.GHOST = False`` (every user's
+* ``old``: ``Owners.reply`` for the whole cohort with ``Kernels(ghost=False)`` (every user's
   vector built from one batched forward/backward, ``one_step``, then clipped with float64 norms
   and summed, ``make_reply``): the path before the ghost module;
-* ``ghost``: the same call with ``owners.GHOST = True`` (the ghost path is checked to be taken,
+* ``ghost``: the same call with ``Kernels(ghost=True)`` (the ghost path is checked to be taken,
   and its clipped sum to equal the old one to float tolerance);
 * ``plain``: a non-private batched forward/backward over the same records in plain PyTorch
   (sum of the cross-entropies, chunks of ``--plain-chunk`` records, gradients accumulated);
 * ``floor`` (``--floor``): the same non-private pass at its fastest known setting on this CPU,
   chunks of ``--floor-chunk`` records (128) with every convolution's output converted to
   channels-last memory format by a forward hook (what fedudp's per-record passes do on the
-  CPU, ``fedudp.owner.per_sample.CHANNELS_LAST``): the strongest floor for the ratio.
+  CPU, ``fedudp.owner.kernels.Kernels.channels_last``): the strongest floor for the ratio.
 
 The owner reply is the part of a round that differs between the paths (the billboard's noise
 and the evaluation are the same on both and excluded). Reported: min and median seconds, the
@@ -121,10 +121,12 @@ def worker(
     import torch
     import torch.nn.functional as F
 
-    import fedudp.owner.owners as ow
+    import dataclasses
+
     from fedudp.build import prepare
     from fedudp.config import RunConfig
     from fedudp.owner import ghost
+    from fedudp.owner.kernels import Kernels
 
     torch.manual_seed(0)
     model = make_model(model_name)
@@ -164,11 +166,11 @@ def worker(
     x, y = fed.x[:n], fed.y[:n]
 
     def run_old():
-        ow.GHOST = False
+        owners.training = dataclasses.replace(owners.training, kernels=Kernels(ghost=False))
         return owners.reply(fed, shared, {}, units, 1, constraint)
 
     def run_ghost():
-        ow.GHOST = True
+        owners.training = dataclasses.replace(owners.training, kernels=Kernels(ghost=True))
         calls.clear()
         out = owners.reply(fed, shared, {}, units, 1, constraint)
         assert calls, "the ghost path was not taken"

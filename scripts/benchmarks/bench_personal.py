@@ -11,7 +11,7 @@ Timed in one process, interleaved, ``--reps`` counted repetitions after one warm
 * ``joint_dp personal_round``: joint DP's personal step (``fc1.*`` trained, the rest frozen at
   the broadcast) over all records;
 * evaluation of every owner's test shard (``Owners.evaluate``) for per_silo and joint_dp on the
-  per-owner loop (``local_sgd.evaluate_sums`` path ``auto``) and on the vmapped forward
+  per-owner loop (``evaluation.evaluate_sums`` path ``auto``) and on the vmapped forward
   (``vmap``, the path before issue 40), and FedAvg's (no personal parameters).
 
     .venv/bin/python scripts/benchmarks/bench_personal.py --npz FED.npz --reps 5 --json OUT.json
@@ -66,7 +66,7 @@ def main() -> None:
         ap.error(f"--npz: no file {a.npz} (build it with scripts/reproductions/natural_mnist.py)")
 
     from fedudp import build
-    from fedudp.owner import local_sgd
+    from fedudp.owner import evaluation
 
     torch.set_num_threads(1)
     P = {m: build.prepare(cfg(m, a.npz)) for m in ("per_silo", "fedavg", "joint_dp")}
@@ -79,17 +79,17 @@ def main() -> None:
     # the trained personal parameters of round 1 (evaluated below)
     p_silo = silo.personal_round(fed, {}, silo.initial_personal(O), 1)
     p_joint = joint.personal_round(fed, shared_j, joint.initial_personal(O), 1)
-    real = local_sgd.evaluate_sums
+    real = evaluation.evaluate_sums
 
     def vmapped(*args, **kw):
         return real(*args, **{**kw, "path": "vmap"})
 
     def evaluate(owners, shared, personal, path):
-        local_sgd.evaluate_sums = real if path == "auto" else vmapped
+        evaluation.evaluate_sums = real if path == "auto" else vmapped
         try:
             return owners.evaluate(fed, shared, personal)
         finally:
-            local_sgd.evaluate_sums = real
+            evaluation.evaluate_sums = real
 
     tasks = {
         "per_silo personal_round": lambda: silo.personal_round(

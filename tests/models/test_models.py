@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from fedudp.owner import local_sgd
+from fedudp.owner import evaluation, local_sgd
 from fedudp.protocol.methods import make_method
 from fedudp.models.char_rnn import CharGRU
 from fedudp.models.cnn import PaperCNN
@@ -124,7 +124,7 @@ def test_char_gru_in_the_engines_vmapped_paths():
     assert not torch.equal(trained["head.weight"][0], trained["head.weight"][1])
     g = local_sgd.mean_gradients(m, local_sgd.expand(p, 2), {}, {}, x, y, units)
     assert g["embed.weight"].shape == (2, 12, 4)
-    correct, loss = local_sgd.evaluate_sums(m, common, trained, x, y, np.array([0, 5, 12]))
+    correct, loss = evaluation.evaluate_sums(m, common, trained, x, y, np.array([0, 5, 12]))
     assert correct.shape == loss.shape == (2,) and np.isfinite(loss).all()
 
 

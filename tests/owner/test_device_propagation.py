@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from conftest import tiny_cfg
 from fedudp.protocol.contributions import Constraint, Contribution
-from fedudp.owner import ghost, local_sgd, one_step, per_sample
+from fedudp.owner import ghost, ghost_norms, local_sgd, one_step, per_sample
 from fedudp.owner.owners import Owners
 from fedudp.privacy import mechanisms
 from fedudp.protocol import messages
@@ -40,7 +40,7 @@ def norms_to_cpu(monkeypatch):
             return torch.full((first.shape[0],), 0.5, dtype=torch.float64)
         return real(G)
 
-    for mod in (mechanisms, ghost, messages):
+    for mod in (mechanisms, ghost_norms, messages):
         monkeypatch.setattr(mod, "row_norms64", norms)
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from fedudp.owner import dpsgd, ghost, per_sample
+from fedudp.owner.kernels import Kernels
 from fedudp.privacy import mechanisms
 
 FEATURES, CLASSES, USERS = 6, 4, 6  # owner 0's last user is the NaN one
@@ -32,7 +33,7 @@ def _mlp() -> nn.Module:
     return model
 
 
-def _deltas(model, per_user: int, with_nan_user: bool, budget: int = 5):
+def _deltas(model, per_user: int, with_nan_user: bool, kernels: Kernels, budget: int = 5):
     """(deltas [2, d], fractions [2], dropped [2]) of two owners of ``USERS`` users each (public
     capacity ``USERS``), owner 0's last user left out where ``with_nan_user`` is False and
     otherwise holding a record whose features are NaN."""
@@ -51,7 +52,7 @@ def _deltas(model, per_user: int, with_nan_user: bool, budget: int = 5):
     shared = {k: v.detach().clone() for k, v in model.named_parameters()}
     names = tuple(shared)
     # batch 3 of capacity 6: q = 1/2, two steps an epoch, two epochs; an adaptive clip's count
-    spec = dpsgd.DpSgdSpec(1.3, 0.05, 3, 2, 0.5, 7, count_noise=0.8)
+    spec = dpsgd.DpSgdSpec(1.3, 0.05, 3, 2, 0.5, 7, count_noise=0.8, kernels=kernels)
     fractions, dropped = np.zeros(2), np.zeros(2, dtype=np.int64)
     capacity, ids = np.array([USERS, USERS]), np.array([4, 9])
     out = dpsgd.dpsgd_deltas(
@@ -61,22 +62,22 @@ def _deltas(model, per_user: int, with_nan_user: bool, budget: int = 5):
     return out, fractions, dropped
 
 
-def _kernel(monkeypatch, kernel: str) -> list[int]:
-    """Send ``dpsgd_deltas`` down ``kernel``; returns the list the ghost calls are counted in."""
+def _kernel(monkeypatch, kernel: str) -> tuple[list[int], Kernels]:
+    """Send ``dpsgd_deltas`` down ``kernel``: (the list the ghost calls are counted in, the
+    owner side's setting to pass, ``DpSgdSpec.kernels``)."""
     calls: list[int] = []
     orig = ghost.ghost_gradients
     monkeypatch.setattr(ghost, "ghost_gradients", lambda *a, **k: calls.append(1) or orig(*a, **k))
-    monkeypatch.setattr(dpsgd, "GHOST", kernel == "ghost")
     if kernel == "vmap":  # neither batched kernel: the vmapped chunks
         monkeypatch.setattr(per_sample, "supported", lambda model, names: False)
-    return calls
+    return calls, Kernels(ghost=kernel == "ghost")
 
 
-def check_the_nan_user_is_absent(model, per_user: int) -> None:
+def check_the_nan_user_is_absent(model, per_user: int, kernels: Kernels) -> None:
     """The owner with the NaN user releases a finite delta and fraction equal to those of the
     owner without it; the other owner is untouched; the user is counted as dropped."""
-    d, f, dropped = _deltas(model, per_user, True)
-    d0, f0, dropped0 = _deltas(model, per_user, False)
+    d, f, dropped = _deltas(model, per_user, True, kernels)
+    d0, f0, dropped0 = _deltas(model, per_user, False, kernels)
     assert bool(torch.isfinite(d).all()), "the owner's noisy delta is not finite"
     assert float(d.abs().max()) > 0
     torch.testing.assert_close(d, d0, rtol=1e-9, atol=1e-12)
@@ -87,8 +88,8 @@ def check_the_nan_user_is_absent(model, per_user: int) -> None:
 @pytest.mark.parametrize("per_user", [1, 3])
 @pytest.mark.parametrize("kernel", ["ghost", "per_sample", "vmap"])
 def test_an_owner_with_one_nan_user_releases_the_delta_without_it(kernel, per_user, monkeypatch):
-    calls = _kernel(monkeypatch, kernel)
-    check_the_nan_user_is_absent(_mlp(), per_user)
+    calls, kernels = _kernel(monkeypatch, kernel)
+    check_the_nan_user_is_absent(_mlp(), per_user, kernels)
     assert bool(calls) == (kernel == "ghost")  # the kernel named is the one that ran
 
 
@@ -100,24 +101,24 @@ def _old_clip_factors(G, clip, norms=None):
 
 @pytest.mark.parametrize("kernel", ["ghost", "per_sample", "vmap"])
 def test_twin_clip_factors_that_let_a_nan_through_are_caught(kernel, monkeypatch):
-    _kernel(monkeypatch, kernel)
+    _, kernels = _kernel(monkeypatch, kernel)
     monkeypatch.setattr(dpsgd, "finite_clip_factors", _old_clip_factors)
-    d, _, _ = _deltas(_mlp(), 1, True)
+    d, _, _ = _deltas(_mlp(), 1, True, kernels)
     # the NaN reaches its owner's delta (on the vmapped kernel the other owners' of its chunk
     # too: the [owners, rows] weight matrix multiplies it by 0)
     assert not bool(torch.isfinite(d[0]).all())
     with pytest.raises(AssertionError, match="not finite"):
-        check_the_nan_user_is_absent(_mlp(), 1)
+        check_the_nan_user_is_absent(_mlp(), 1, kernels)
 
 
 @pytest.mark.parametrize("kernel", ["ghost", "vmap"])
 def test_twin_a_count_that_keeps_the_nan_user_as_sampled_is_caught(kernel, monkeypatch):
     """The sum honest, but the adaptive clip's count over every sampled user (the dropped one
     a b_i = 0): the released fraction moves against the neighbour's, the check catches it."""
-    _kernel(monkeypatch, kernel)
+    _, kernels = _kernel(monkeypatch, kernel)
     monkeypatch.setattr(dpsgd, "counted", lambda finite: np.ones_like(finite))
     with pytest.raises(AssertionError, match="Not equal to tolerance"):
-        check_the_nan_user_is_absent(_mlp(), 1)
+        check_the_nan_user_is_absent(_mlp(), 1, kernels)
 
 
 def test_finite_clip_factors_drop_exactly_the_non_finite_rows():

@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fedudp.protocol.contributions import Constraint
-from fedudp.owner import ghost
+from fedudp.owner import ghost, ghost_norms
+from fedudp.owner.kernels import Kernels
 from fedudp.protocol.messages import make_reply
+from tests.owner.kernel_switch import owners_take
 
 
 class Seq(nn.Module):
@@ -159,7 +161,7 @@ def test_a_weakened_twin_without_cross_terms_is_caught(monkeypatch):
     def diagonal_only(G, A):
         return ((G * G).sum(2) * (A * A).sum(2)).sum(1)
 
-    monkeypatch.setattr(ghost, "_gram_sq", diagonal_only)
+    monkeypatch.setattr(ghost_norms, "_gram_sq", diagonal_only)
     for users, wrong in (("one", False), ("many", True)):
         x, y, starts, sizes = _data(shape, SIZES[users], 1)
         V = _per_user(model, params, x, y, starts, sizes, names, 1.0)
@@ -276,7 +278,7 @@ def mlp(input_shape, classes):
 def test_a_run_on_the_ghost_path_equals_the_run_on_todays_path(kw, tmp_path, monkeypatch):
     """engine=local, server placement: the owners' replies (clipped sums, counts, clipped
     counts) each round and the run's losses and ε with the ghost path equal those of the run
-    with every user's vector built and clipped (``GHOST = False``), on the same seed."""
+    with every user's vector built and clipped (``Kernels(ghost=False)``), on the same seed."""
     import fedudp.owner.owners as ow
     from conftest import tiny_cfg
     from fedudp.run import run
@@ -284,7 +286,7 @@ def test_a_run_on_the_ghost_path_equals_the_run_on_todays_path(kw, tmp_path, mon
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     calls: list[int] = []
     inside = [False]  # counted in the owners' replies only (the record-independence probe at
-    # prepare time runs every kernel, the ghost one included, whatever GHOST says)
+    # prepare time runs every kernel, the ghost one included, whatever Kernels says)
     orig = ghost.ghost_gradients
     monkeypatch.setattr(
         ghost,
@@ -303,7 +305,7 @@ def test_a_run_on_the_ghost_path_equals_the_run_on_todays_path(kw, tmp_path, mon
 
     out = {}
     for flag in (True, False):
-        monkeypatch.setattr(ow, "GHOST", flag)
+        owners_take(monkeypatch, Kernels(ghost=flag))
         monkeypatch.setattr(
             ow.Owners,
             "reply",
@@ -318,7 +320,7 @@ def test_a_run_on_the_ghost_path_equals_the_run_on_todays_path(kw, tmp_path, mon
         if flag:
             assert len(calls) >= 2  # the ghost path, every round
             calls.clear()
-    assert not calls  # GHOST = False: today's path
+    assert not calls  # Kernels(ghost=False): the reference path
     assert len(replies[True]) == len(replies[False]) == 2
     for a, b in zip(replies[True], replies[False]):
         ca, cb = a.contribution, b.contribution
@@ -348,13 +350,14 @@ def test_owner_dpsgd_steps_on_the_ghost_path_equal_the_per_record_path(per_user,
     starts, sizes = np.arange(0, n, per_user), np.full(n // per_user, per_user)
     first = np.arange(0, owners * users_per, users_per)
     users, ids = np.full(owners, users_per), np.arange(owners)
-    spec = dpsgd.DpSgdSpec(0.7, 0.05, 3, 2, 0.1, 5, count_noise=0.5)
     calls: list[int] = []
     orig = ghost.ghost_gradients
     monkeypatch.setattr(ghost, "ghost_gradients", lambda *a, **k: calls.append(1) or orig(*a, **k))
     out, fr = {}, {}
     for flag in (True, False):
-        monkeypatch.setattr(dpsgd, "GHOST", flag)
+        spec = dpsgd.DpSgdSpec(
+            0.7, 0.05, 3, 2, 0.1, 5, count_noise=0.5, kernels=Kernels(ghost=flag)
+        )
         fr[flag] = np.zeros(owners)
         out[flag] = dpsgd.dpsgd_deltas(
             model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1,

@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from fedudp.owner import local_sgd
+from fedudp.owner.kernels import Kernels
 from fedudp.owner.one_step import one_step_vectors
 from fedudp.models.cnn import PaperCNN
 from fedudp.privacy.mechanisms import clip_factors
+from tests.owner.kernel_switch import owners_take
 
 
 def _setup(model, sizes, shape, seed=0):
@@ -101,20 +103,21 @@ def test_a_run_takes_the_one_step_path_and_equals_the_per_user_vectors(
     10 and one of 5) at batch 8, the users of 10 (two steps) train through ``local_sgd`` and the
     others take the one-step path, merged into one reply; at batch 16 every user takes it (a
     multi-record user's convolution weight gradient from one kernel over its records)."""
-    import fedudp.owner.owners as ow
+    import fedudp.owner.batched as batched
     from conftest import tiny_cfg, tiny_mnist
     from fedudp.run import run
 
     root = tiny_mnist(tmp_path / "data")
     calls = []
-    orig = ow.one_step_vectors
-    monkeypatch.setattr(ow, "one_step_vectors", lambda *a, **k: calls.append(1) or orig(*a, **k))
-    # the vectors built and clipped (the ghost path, which one-record CNN users take by
-    # default, is compared with this one in tests/owner/test_ghost.py)
-    monkeypatch.setattr(ow, "GHOST", False)
+    orig = batched.one_step_vectors
+    monkeypatch.setattr(
+        batched, "one_step_vectors", lambda *a, **k: calls.append(1) or orig(*a, **k)
+    )
     out = {}
     for flag in (True, False):
-        monkeypatch.setattr(ow, "ONE_STEP", flag)
+        # the vectors built and clipped (the ghost path, which one-record CNN users take by
+        # default, is compared with this one in tests/owner/test_ghost.py)
+        owners_take(monkeypatch, Kernels(ghost=False, one_step=flag))
         cfg = tiny_cfg(
             method,
             dataset__name="mnist",
@@ -139,19 +142,19 @@ def test_fedavg_owners_of_one_step_take_the_path_and_equal_local_sgd(batch, tmp_
     the one-step path; at batch 37 the owners of 37 take it and those of 38 (two steps) train
     through ``local_sgd``, their rows interleaved in one matrix. The run equals the run with
     every owner through ``local_sgd`` up to float32 rounding."""
-    import fedudp.owner.owners as ow
+    import fedudp.owner.batched as batched
     from conftest import tiny_cfg, tiny_mnist
     from fedudp.run import run
 
     root = tiny_mnist(tmp_path / "data")
     calls = []
-    orig = ow.one_step_vectors
+    orig = batched.one_step_vectors
     monkeypatch.setattr(
-        ow, "one_step_vectors", lambda *a, **k: calls.append(len(a[5])) or orig(*a, **k)
+        batched, "one_step_vectors", lambda *a, **k: calls.append(len(a[5])) or orig(*a, **k)
     )
     out = {}
     for flag in (True, False):
-        monkeypatch.setattr(ow, "ONE_STEP", flag)
+        owners_take(monkeypatch, Kernels(one_step=flag))
         cfg = tiny_cfg(
             "fedavg",
             dataset__name="mnist",

@@ -24,7 +24,9 @@ from fedudp.protocol.contributions import Constraint
 from fedudp.owner.local_sgd import LocalSpec
 from fedudp.protocol.messages import OwnerReply
 from fedudp.protocol.methods import make_method
-from fedudp.owner.owners import OwnerHooks, Owners, OwnerTraining, owner_units, user_units
+from fedudp.owner.owner_level import owner_units
+from fedudp.owner.owners import OwnerHooks, Owners, user_units
+from fedudp.owner.settings import OwnerTraining
 from fedudp.models import make_model
 from fedudp.randomness import Purpose, numpy_rng
 
@@ -396,20 +398,20 @@ def test_evaluation_is_each_owners_forward_on_its_own_test_shard(fed, budget, mo
     whose sums are added up per owner; the numbers are the same."""
     import dataclasses
 
-    from fedudp.owner import local_sgd
+    from fedudp.owner import evaluation
 
     t = fed.test_offsets
     cases = [fed, dataclasses.replace(fed, test_offsets=np.array([t[0], t[2], t[2], t[3], t[4]]))]
     owners = direct_owners(budget=budget)
     shared, personal = broadcast(), owners_personal()
     forwards = []
-    real = local_sgd.evaluate_sums
+    real = evaluation.evaluate_sums
 
     def spy(model, sh, pers, x, y, offsets):
         forwards.append(len(offsets) - 1 and (len(offsets) - 1) * int(np.diff(offsets).max()))
         return real(model, sh, pers, x, y, offsets)
 
-    monkeypatch.setattr(local_sgd, "evaluate_sums", spy)
+    monkeypatch.setattr(evaluation, "evaluate_sums", spy)
     for f in cases:
         assert min(np.diff(f.test_offsets)[[0, 2, 3]]) > 7  # pieces at budget 7 and 1
         acc, loss = owners.evaluate(f, shared, personal)

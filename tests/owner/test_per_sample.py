@@ -11,6 +11,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedudp.owner import dpsgd, per_sample
 from fedudp.owner.dpsgd import DpSgdSpec, dpsgd_deltas
+from fedudp.owner.kernels import Kernels
 from fedudp.models.cnn import PaperCNN
 
 
@@ -56,7 +57,6 @@ def test_dpsgd_batched_path_equals_the_vmap_path(monkeypatch):
     """The same DP-SGD round (keyed sampling and noise) through both per-record paths, on the
     CNN with several records per user and owner-specific frozen layers (paper mode's shape).
     The ghost path (tests/owner/test_ghost.py) is switched off: this compares the other two."""
-    monkeypatch.setattr(dpsgd, "GHOST", False)
     torch.manual_seed(1)
     model = PaperCNN().double()
     for p in model.parameters():
@@ -79,7 +79,7 @@ def test_dpsgd_batched_path_equals_the_vmap_path(monkeypatch):
         np.full(owners, users_per),
         np.arange(owners),
     )
-    spec = DpSgdSpec(0.7, 0.05, 3, 2, 0.1, 5)
+    spec = DpSgdSpec(0.7, 0.05, 3, 2, 0.1, 5, kernels=Kernels(ghost=False))
     fast = dpsgd_deltas(
         model, shared, frozen, {}, x, y, starts, sizes, first, users, users, ids, spec, 1, names, 64
     )
@@ -236,11 +236,10 @@ def test_channels_last_conv_outputs_in_the_per_record_pass(monkeypatch):
     want = _autograd_per_record(model, params, x, y, names)
     for n in names:
         torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-5)
-    monkeypatch.setattr(per_sample, "CHANNELS_LAST", False)
     seen.clear()
     h = model[4].register_forward_hook(spy)
-    try:
-        off = per_sample.per_record_gradients(model, params, x, y, names)
+    try:  # Kernels(channels_last=False): the model's own layout
+        off = per_sample.per_record_gradients(model, params, x, y, names, channels_last=False)
     finally:
         h.remove()
     assert seen == [False]  # the model's own layout

@@ -18,9 +18,10 @@ from torch.func import functional_call
 
 from fedudp.data.federation import Federation
 from fedudp.models import make_model
-from fedudp.owner import local_sgd
+from fedudp.owner import evaluation, local_sgd
 from fedudp.owner.local_sgd import LocalSpec
-from fedudp.owner.owners import Owners, OwnerTraining
+from fedudp.owner.owners import Owners
+from fedudp.owner.settings import OwnerTraining
 from fedudp.protocol.methods import make_method
 from fedudp.randomness import Purpose, numpy_rng
 
@@ -181,7 +182,7 @@ def test_evaluation_paths_agree(method):
     shared, personal = start(owners)
     off = fed.test_offsets
     got = {
-        path: local_sgd.evaluate_sums(
+        path: evaluation.evaluate_sums(
             owners.model, shared, personal, fed.x_test, fed.y_test, off, path=path
         )
         for path in ("auto", "loop", "vmap")
@@ -191,4 +192,4 @@ def test_evaluation_paths_agree(method):
         np.testing.assert_allclose(got[path][1], got["vmap"][1], rtol=1e-5)
     assert got["loop"][1][1] == 0.0 and got["loop"][0][1] == 0.0  # the empty shard
     with pytest.raises(ValueError, match="path"):
-        local_sgd.evaluate_sums(owners.model, shared, personal, fed.x_test, fed.y_test, off, "x")
+        evaluation.evaluate_sums(owners.model, shared, personal, fed.x_test, fed.y_test, off, "x")
