@@ -30,6 +30,7 @@ users (public n of the estimator).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import cast
 
 import dp_accounting
@@ -68,12 +69,84 @@ def lemma_b4_tau(L: float, r: int, m: int, ell: int, R: float, H: float, gamma: 
     )
 
 
+def _paper_estimator(
+    ctx: Context, tau: float, r: int, ell: int
+) -> tuple[WinsorizedAggregator, Callable[[int], ApproxDp | Parallel], None]:
+    """Paper mode: each step's release calibrated to the paper's amplified per-call budget,
+    composed by basic composition (heuristic)."""
+    n, eps, delta, T = ctx.n_owners, ctx.epsilon, ctx.delta, ctx.rounds
+    eps_call = math.log1p(n * math.expm1(eps / T))
+    delta_call = min(n * delta / (2 * T), 0.5)
+    coords = next_pow2(ell)
+    z = calibrate_noise_multiplier(
+        lambda z: winsorized_round_event(1.0 / z, coords), eps_call, delta_call, 1
+    )
+    agg = WinsorizedAggregator(
+        ell, tau, ctx.bound, 1.0 / z, Sampling(1.0, r), gamma=ctx.beta
+    ).as_heuristic()
+    block = ApproxDp(math.log1p(math.expm1(eps_call) / n), delta_call / n)
+
+    def event_fn(round_: int) -> ApproxDp | Parallel:
+        return block
+
+    return agg, event_fn, None
+
+
+def _certified_estimator(
+    ctx: Context, owners_of: Callable[[int], np.ndarray], tau: float, r: int
+) -> tuple[WinsorizedAggregator, Callable[[int], ApproxDp | Parallel], int]:
+    """Certified mode: one owner per step; each release in that owner's part of a Parallel
+    event, the estimator calibrated for the most steps any owner takes (``K``)."""
+    n, T = ctx.n_owners, ctx.rounds
+    counts = np.bincount([int(owners_of(t)[0]) for t in range(1, T + 1)], minlength=n)
+    K = int(counts.max())
+    agg = cast(WinsorizedAggregator, ctx.estimator("winsorized", Sampling(1.0, r), K, tau=tau))
+    ev, noop = agg.dp_event(), dp_accounting.NoOpDpEvent()
+
+    def event_fn(round_: int) -> ApproxDp | Parallel:
+        j = int(owners_of(round_)[0])
+        return Parallel(tuple(ev if i == j else noop for i in range(n)))
+
+    return agg, event_fn, K
+
+
+def _notes(paper: bool) -> list[str]:
+    return [
+        "huang_alg2: WinsorizedMeanHighD over the sampled owner's r users, on the SHARED "
+        "coordinates only; personal blocks move without noise",
+        (
+            "paper mode: owners Poisson-sampled at 1/n, each step's release amplified by the "
+            "paper's owner-subsampling claim and composed by basic composition: heuristic"
+        )
+        if paper
+        else (
+            "certified: one owner per step; each round's release composed in the sampled "
+            "owner's part of a Parallel event (parallel composition over owners, no "
+            "amplification claimed)"
+        ),
+    ]
+
+
 def setup(ctx: Context) -> Setup:
+    """Huang et al.'s Algorithm 2 for this run (``Context``: the run's plain values).
+
+    Parameters
+    ----------
+    ctx
+        The run's public values: owners, users per owner, dimension, rounds, (ε, δ), the
+        algorithm's parameters, and the registered estimators.
+
+    Returns
+    -------
+    Setup
+        The winsorized estimator, the one-phase plan with its owner sampler and per-round
+        events, the summary and notes, and the personal step as the owner hook.
+    """
     a = ctx.params
     n, r, ell, T = ctx.n_owners, int(ctx.owner_users[0]), ctx.dim, ctx.rounds
     m_owner = r * ctx.m
     L = a.lipschitz or ctx.bound
-    eps, delta = ctx.epsilon, ctx.delta
+    delta = ctx.delta
     paper = ctx.paper
     tau = (
         ctx.tau
@@ -94,32 +167,11 @@ def setup(ctx: Context) -> Setup:
             mask[offs[j] : offs[j + 1]] = True
         return mask
 
-    if paper:
-        eps_call = math.log1p(n * math.expm1(eps / T))
-        delta_call = min(n * delta / (2 * T), 0.5)
-        coords = next_pow2(ell)
-        z = calibrate_noise_multiplier(
-            lambda z: winsorized_round_event(1.0 / z, coords), eps_call, delta_call, 1
-        )
-        agg = WinsorizedAggregator(
-            ell, tau, ctx.bound, 1.0 / z, Sampling(1.0, r), gamma=ctx.beta
-        ).as_heuristic()
-        block = ApproxDp(math.log1p(math.expm1(eps_call) / n), delta_call / n)
-
-        def event_fn(round_: int) -> ApproxDp | Parallel:
-            return block
-
-        K = None
-    else:
-        counts = np.bincount([int(owners_of(t)[0]) for t in range(1, T + 1)], minlength=n)
-        K = int(counts.max())
-        agg = cast(WinsorizedAggregator, ctx.estimator("winsorized", Sampling(1.0, r), K, tau=tau))
-        ev, noop = agg.dp_event(), dp_accounting.NoOpDpEvent()
-
-        def event_fn(round_: int) -> ApproxDp | Parallel:
-            j = int(owners_of(round_)[0])
-            return Parallel(tuple(ev if i == j else noop for i in range(n)))
-
+    agg, event_fn, K = (
+        _paper_estimator(ctx, tau, r, ell)
+        if paper
+        else _certified_estimator(ctx, owners_of, tau, r)
+    )
     eta = a.step_size or a.radius / (L * math.sqrt(T))
     averaged = True if a.averaged is None else a.averaged
     plan = AlgorithmPlan(
@@ -141,26 +193,12 @@ def setup(ctx: Context) -> Setup:
         "min_users_required": agg.min_users_required,
         "theorem_conditions": {"r>=min_users": r >= (agg.min_users_required or 0)},
     }
-    notes = [
-        "huang_alg2: WinsorizedMeanHighD over the sampled owner's r users, on the SHARED "
-        "coordinates only; personal blocks move without noise",
-        (
-            "paper mode: owners Poisson-sampled at 1/n, each step's release amplified by the "
-            "paper's owner-subsampling claim and composed by basic composition: heuristic"
-        )
-        if paper
-        else (
-            "certified: one owner per step; each round's release composed in the sampled "
-            "owner's part of a Parallel event (parallel composition over owners, no "
-            "amplification claimed)"
-        ),
-    ]
     return Setup(
         agg,
         plan,
         Sampling(1.0, U),
         summary,
-        notes,
+        _notes(paper),
         owner_hooks=PersonalStep(eta, plan.cohort, seed),
     )
 

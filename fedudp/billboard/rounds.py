@@ -251,13 +251,7 @@ def run_rounds(
                     stop = "budget"
                     break
                 cohort = np.flatnonzero(bb.sample(r)) if bb is not None else None
-                if checkpoint is not None and checkpoint.due(r):
-                    transport.will_checkpoint(r, checkpoint.owners_dir(r))
-                got = transport.train(shared, cohort, r)
-                info: dict = {"round": r, "failed_owners": len(got.failures)}
-                if got.failures:
-                    info["failures"] = _failures("train", got.failures)["failed_train"]
-                info.update(raised_metrics(got.replies))  # users dropped alone (isolate)
+                got, info = _train_round(transport, shared, cohort, r, checkpoint)
                 with signals.critical():  # released, ledgered and recorded, or none of it
                     if bb is not None and cohort is not None:
                         released, stop, message = _release_round(bb, r, got, cohort, info, withheld)
@@ -283,6 +277,41 @@ def run_rounds(
             if stop != "completed":
                 break
     stop, message = _run_end(stop, message, withheld, bb, history, done)
+    return _result(transport, shared, ev, test_sizes, done, stop, history, message, signum)
+
+
+def _train_round(
+    transport: Transport,
+    shared: Params,
+    cohort: np.ndarray | None,
+    r: int,
+    checkpoint: Checkpointer | None,
+) -> tuple[Collected, dict]:
+    """Round ``r``'s training on the owners (told first when a checkpoint is due after it):
+    what they sent, and the round's metrics line so far (failures, users dropped alone)."""
+    if checkpoint is not None and checkpoint.due(r):
+        transport.will_checkpoint(r, checkpoint.owners_dir(r))
+    got = transport.train(shared, cohort, r)
+    info: dict = {"round": r, "failed_owners": len(got.failures)}
+    if got.failures:
+        info["failures"] = _failures("train", got.failures)["failed_train"]
+    info.update(raised_metrics(got.replies))  # users dropped alone (isolate)
+    return got, info
+
+
+def _result(
+    transport: Transport,
+    shared: Params,
+    ev: Evaluation | None,
+    test_sizes: np.ndarray,
+    done: int,
+    stop: str,
+    history: list[dict],
+    message: str,
+    signum: int | None,
+) -> RoundsResult:
+    """The run's result, with a final evaluation when the last recorded round has none (not
+    after an interrupt: NaN accuracies when nothing was evaluated)."""
     if stop != "interrupted" and (ev is None or (history and "accuracy_mean" not in history[-1])):
         ev = transport.evaluate(shared, done)
     if ev is None:  # interrupted before any evaluation
