@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedudp.config import ConfigError, RunConfig, config_from_overrides
+from fedudp.privacy.labels import epsilon_kind
 
 if TYPE_CHECKING:  # not imported at run time: dp_accounting is slow to import
     from fedudp.privacy.accountant import Ledger
@@ -113,9 +114,8 @@ def simulate(
 ) -> SimulationResult:
     """Run one simulation and return what it produced, in memory.
 
-    The run the command line's ``fedudp key=value ...`` makes (see the module doc): the config
-    is validated before any work (a bad key or value is a ``ConfigError`` naming it), the run
-    goes on the configured engine, and its history, ledger, ε and parameters come back.
+    The run ``fedudp key=value ...`` makes, by the same runner (``fedudp.run.run_with_result``):
+    the config checked once before any work; the history, ledger, ε and parameters come back.
 
     Parameters
     ----------
@@ -131,9 +131,8 @@ def simulate(
         Your own model (copied; its initial parameters are the run's; ``model.personal``
         patterns name joint DP's personal layers); ``engine=local``.
     records : Records or tuple of Records or None
-        Your own federation in memory (``dataset.name=memory``): a ``fedudp.Records``
-        (``fedudp.from_arrays(x, y, user, owner)``) or a (train, test) pair
-        (docs/your-data.md).
+        Your own federation in memory (``dataset.name=memory``, docs/your-data.md): a
+        ``fedudp.Records`` (``fedudp.from_arrays(x, y, user, owner)``) or a (train, test) pair.
 
     Returns
     -------
@@ -160,60 +159,18 @@ def simulate(
     print(f"epsilon {res.epsilon:.3f} ({res.epsilon_kind})")  # epsilon 1.000 (certified)
     ```
     """
-    import json
-
-    from fedudp.build import settings
-    from fedudp.privacy.labels import epsilon_kind
-    from fedudp.run import execute, prepare, run_with_result, summary_of
+    from fedudp.run import run_with_result
 
     if records is not None and not isinstance(config, RunConfig):
         # records given: the in-memory data set, unless the mapping names another (refused)
         config = {"dataset.name": "memory", **dict(config or {})}
     cfg = _config(config)
-    given = {"model_object": model, "records": records}
-    if out is not None:
-        summary, res, p = run_with_result(cfg, out, **given)
-        folder = Path(settings(cfg).resume or out)
-        if res is None:  # finished before: read back what the folder holds
-            history = [
-                json.loads(x)
-                for x in (folder / "metrics.jsonl").read_text().splitlines()
-                if x.strip()
-            ]
-            ledger = json.loads((folder / "ledger.json").read_text())
-            return SimulationResult(
-                cfg,
-                summary["stop_reason"],
-                summary["rounds_completed"],
-                history,
-                ledger,
-                summary["epsilon"],
-                epsilon_kind(summary),
-                summary.get("delta"),
-                None,
-                None,
-                np.array([]),
-                summary,
-                folder,
-            )
-    else:
-        from fedudp.config import validate
-
-        validate(cfg)
-        kind = settings(cfg).tracking
-        if kind != "none":
-            raise ConfigError(
-                f"tracking.kind={kind}: logs a run folder's run; give simulate "
-                "an out=<folder> (or leave tracking.kind=none)"
-            )
-        from fedudp.provenance import provenance
-
-        source = provenance()  # the code that runs, read before it runs
-        p = prepare(cfg, **given)
-        res = execute(p)
-        summary = summary_of(cfg, p, res, source=source)
-        folder = None
-    assert res is not None and p is not None  # a run that ran returns both
+    # the runner fedudp.run.run uses: one check of the config, one prepared run (out=None: in
+    # memory, no file)
+    summary, res, p, folder = run_with_result(cfg, out, model_object=model, records=records)
+    if res is None or p is None:  # finished before: read back what the folder holds
+        assert folder is not None  # (only a run folder holds a finished run)
+        return _read_back(cfg, summary, folder)
     return SimulationResult(
         cfg,
         res.stop_reason,
@@ -223,9 +180,33 @@ def simulate(
         summary["epsilon"],
         epsilon_kind(summary),
         summary.get("delta"),
-        dict(res.shared),
-        dict(res.personal),
-        np.asarray(res.owner_accuracy),
+        *(dict(res.shared), dict(res.personal), np.asarray(res.owner_accuracy)),
+        summary,
+        folder,
+    )
+
+
+def _read_back(cfg: RunConfig, summary: dict, folder: Path) -> SimulationResult:
+    """The result of a run that had finished in ``folder`` before: its history, ledger and
+    summary read back, no parameters."""
+    import json
+
+    history = [
+        json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()
+    ]
+    ledger = json.loads((folder / "ledger.json").read_text())
+    return SimulationResult(
+        cfg,
+        summary["stop_reason"],
+        summary["rounds_completed"],
+        history,
+        ledger,
+        summary["epsilon"],
+        epsilon_kind(summary),
+        summary.get("delta"),
+        None,
+        None,
+        np.array([]),
         summary,
         folder,
     )

@@ -50,7 +50,6 @@ def _hydra_main() -> None:
         # the runner (torch, the accountant): imported once a job starts, not for --help / --cfg
         from fedudp import run as runner
         from fedudp import tracking
-        from fedudp.build import settings
         from fedudp.privacy.labels import epsilon_display, epsilon_kind
 
         try:
@@ -69,8 +68,9 @@ def _hydra_main() -> None:
                 command=" ".join(["fedudp", *sys.argv[1:]]),
             )
         try:
-            out_dir = settings(cfg).resume or out_dir
-            summary = runner.run(cfg, out_dir, sweep=None if settings(cfg).resume else sweep)
+            # a resumed run (resume=<folder>) runs in that folder, tracked on its own
+            summary, _, _, folder = runner.run_with_result(cfg, out_dir, sweep=sweep)
+            out_dir = str(folder)
         except ConfigError as e:
             fail(str(e))
         acc = summary["accuracy_mean"]

@@ -1,4 +1,4 @@
-"""The config builder (``fedudp/build.py``): the one module that reads a ``RunConfig``.
+"""The config builder (``fedudp/build/``): the one package that reads a ``RunConfig``.
 
 What it builds equals what the plain constructors build from the same numbers; it decides the
 method and the noise placement once; every refusal is a ``ConfigError`` naming the key, raised

@@ -310,7 +310,8 @@ def test_resume_refuses_another_configuration_and_a_non_run_folder(tmp_path, mon
 def test_a_checkpoint_written_before_a_key_existed_still_resumes():
     """A checkpoint's identity lacking a key added since (at its default) is the same run; one
     with another value is not."""
-    from fedudp.run import _identity, _same_identity
+    from fedudp.run_folder import identity as _identity
+    from fedudp.run_folder import same_identity as _same_identity
 
     cfg = _cfg()
     old = json.loads(_identity(cfg))

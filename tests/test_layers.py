@@ -49,7 +49,7 @@ LAYERS = [
     ("fedudp.report.report",),  # the comparison table
     ("fedudp.report.paper_report", "fedudp.report.report_plots"),  # the paper's layouts, figures
     ("fedudp.report",),  # the package's names and fedudp-report's command (report.cli)
-    ("fedudp.run",),  # a prepared run on an engine, and its run folder
+    ("fedudp.run", "fedudp.run_folder"),  # a prepared run on an engine, and its run folder
     # the Flower integration, one optional package (pip install 'fedudp[flower]'): the
     # user-level DP wrapper and mod for any Flower app, engine=flower's ServerApp and ClientApp,
     # and the `flwr run` entry (over the runner); the runner reaches it by name (fedudp.engines)

@@ -12,6 +12,7 @@ before any of the rest.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,7 +199,7 @@ def _billboard(
     sampling: Sampling,
     led: Ledger,
     algo: Any,
-    shared: dict[str, torch.Tensor],
+    shared: Mapping[str, torch.Tensor],
     owner_units: np.ndarray,
 ) -> Billboard:
     """The billboard over the shared parameters, its accountant and its plan; a budget that

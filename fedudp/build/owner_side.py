@@ -201,7 +201,7 @@ def owner_training(cfg: RunConfig) -> OwnerTraining:
 
 
 def device(cfg: RunConfig) -> torch.device:
-    """``engine_opts.device`` (checked by ``fedudp.config.validate``): where the local engine's
+    """``engine_opts.device`` (checked by ``fedudp.build.check_config``): where the local engine's
     model, records and owner kernels live; the billboard, the ledger, the generators and every
     noise draw stay on the CPU (docs/architecture.md#engines)."""
     return torch.device(str(cfg.engine_opts.device))

@@ -55,9 +55,9 @@ NOT_SETTINGS = (
     "progress",  # a progress bar on stderr
     "resume",  # the run folder a run continued in (resumes are bit-identical)
     "checkpoint",  # checkpoint cadence and how many are kept (CheckpointConfig)
-    "engine_opts.threads",  # torch threads: scheduling (fedudp.run.comparable drops it too)
+    "engine_opts.threads",  # torch threads: scheduling (fedudp.run_folder.comparable drops it too)
     "engine_opts.device",  # where the local engine computes: like threads, the same run up to
-    # float rounding (noise drawn on the CPU, bit-identical; fedudp.run.comparable drops it too)
+    # float rounding (noise drawn on the CPU, bit-identical; fedudp.run_folder.comparable drops it too)
     "engine_opts.chunk_records",  # records per vmapped chunk: memory and speed; batch order is
     # keyed by (seed, round, epoch, owner), not by chunk (local_sgd)
     "engine_opts.num_cpus",  # Ray resources per Flower client: scheduling

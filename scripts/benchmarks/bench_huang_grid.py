@@ -69,7 +69,8 @@ def measure(job: tuple[str, dict, str, int]) -> dict:
 
     torch.set_num_threads(1)
     import reproduce_huang as rh
-    from fedudp.run import _checkpointer, execute, prepare
+    from fedudp.run import execute, prepare
+    from fedudp.run_folder import checkpointer
 
     cfg = rh.compose(over, data_root, 1)
     T = int(cfg.train.rounds)
@@ -79,7 +80,7 @@ def measure(job: tuple[str, dict, str, int]) -> dict:
     p.cfg.train.rounds = min(rounds, T)  # z stays calibrated for the run's T rounds
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        execute(p, None, None, _checkpointer(Path(out), cfg))
+        execute(p, None, None, checkpointer(Path(out), cfg, p.settings))
         per_round = (time.perf_counter() - t0) / p.cfg.train.rounds
     return {
         "run": name,
