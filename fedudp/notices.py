@@ -3,8 +3,8 @@
 A calibration makes any number of rounds feasible (``train.rounds=1000000000`` at q = 0.01
 calibrates in seconds), so a typo can start a run of years. Two notices, never a refusal (a long
 run may be meant): before round 1, a run of more than ``LONG_RUN_ROUNDS`` rounds says so; after
-the second round a process runs (the first includes start-up work: 6.5 s against 0.35 s for
-the rounds after it on the default configuration), a run whose remaining rounds at that round's
+the second round a process runs (the first includes start-up work, many times a later round's
+time: docs/benchmarks.md#figures-from-the-codes-docstrings), a run whose remaining rounds at that round's
 measured speed would take more than ``LONG_RUN_SECONDS`` says how long. Both change nothing the run computes, and a stopped run
 continues with ``resume=``.
 """

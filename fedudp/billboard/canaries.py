@@ -127,8 +127,8 @@ def andrew_estimate(
     (μ, σ) (:func:`region_interval`), and ``ci_bootstrap``, the percentile interval of
     ``bootstrap`` resamples of the canaries (each refits μ̂, σ̂ and recomputes ε̂). ε̂ is
     smallest where σ̂ equals the null's 1/√d, so noise in σ̂ pushes ε̂ and every resample up:
-    the bootstrap interval sits above the truth more often than its level says
-    (docs/results/privacy_audit/canaries.md); ``ci`` is the one reported. An estimate, not a
+    the bootstrap interval sits above the truth more often than its level says (measured in
+    docs/results/privacy_audit/canaries.md); ``ci`` is the one reported. An estimate, not a
     bound."""
     cos = np.asarray(cos, dtype=np.float64)
     if cos.ndim != 1 or len(cos) < 2:

@@ -37,14 +37,9 @@ layer, the analogue of the paper CNN's FC1). The embedding and the recurrent map
 (``fedudp.owner.per_sample.supported`` is False), so DP-SGD uses the generic vmap path; ``head``
 and the input projections ``rnn.{k}.ih`` (applied once, to the whole sequence) alone would qualify.
 
-Cost (CPU, torch 2.13, 1 thread; forward + backward of the mean cross-entropy, T = 80, defaults
-E = 8, H = 128, L = 1: 63,952 parameters): 32 sequences 22 ms with plain autograd (37 ms with
-``torch.func.grad``); ``vmap(grad)`` over 8 stacked copies x 32 sequences 223 ms (0.87 ms a
-sequence, 1.3x plain), over the head alone 49 ms; per-record gradients of 32 sequences by
-``vmap`` 200 ms. H = 64: 14 / 110 ms; H = 128, L = 2: 52 / 495 ms. A round over a few thousand
-sequences is a few seconds. Memory grows with the records in one vmapped step (the 80 unrolled
-steps keep their activations): a 4 GB peak at 2,048 records (2 MB a record) at the defaults, hence
-``auto_chunk_records`` (read by ``local_sgd.chunk_budget`` where it looks for it).
+Memory grows with the records in one vmapped step (the 80 unrolled steps keep their
+activations), hence ``auto_chunk_records`` (read by ``local_sgd.chunk_budget`` where it looks
+for it). Its forward/backward timings and memory peak: docs/benchmarks.md#figures-from-the-codes-docstrings.
 """
 
 from __future__ import annotations

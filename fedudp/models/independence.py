@@ -9,10 +9,8 @@ is exact only when each record's output is a function of that record alone. A mo
 the records of a batch (``fc(x - x.mean(0))``, batch statistics such as a ``BatchNorm`` in
 training mode, attention across the batch dimension, a buffer updated in place by the forward)
 lets one user's records reach the other users' gradients: removing one user then moves an
-owner's clipped sum by more than the clip (for ``fc(x - x.mean(0))`` with 8 users per step:
-2.50 C in the issue, up to 4.10 C with an outlier user, 16.2 C with 32 users; 1.00 C for
-``fc(x)``: docs/results/privacy_audit/paths_independence.md), and the ledger's ε no longer
-holds.
+owner's clipped sum by more than the clip (``fc(x - x.mean(0))`` against ``fc(x)``, measured
+in docs/results/privacy_audit/paths_independence.md), and the ledger's ε no longer holds.
 
 ``check_independent(model, input_shape, classes, tokens, kernels)`` compares, on a public
 example batch of ``RECORDS`` records (``fedudp.models.validate.example_batch``: the declared

@@ -102,12 +102,11 @@ def row_norms64(G: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
     row-aligned blocks [n, d_1], [n, d_2], ... taken as one concatenated row (no copy made).
 
     On the CPU the sum of squares is accumulated in float64 (products of float32 values are
-    exact in float64): by numpy's einsum, about 4x faster than torch's float64 reduction of a
-    float32 tensor, which converts element by element; rows of ``_LONG`` entries or more are
-    instead converted ``_SEGMENT`` entries at a time into a float64 buffer that stays in cache,
-    whose dot product with itself (BLAS) is taken, about 1.7x faster than einsum there (a
-    convolution's per-record weight gradient, 51,200 entries: 0.49 against 0.85 ns an
-    entry)."""
+    exact in float64): by numpy's einsum rather than torch's float64 reduction of a float32
+    tensor, which converts element by element; rows of ``_LONG`` entries or more are instead
+    converted ``_SEGMENT`` entries at a time into a float64 buffer that stays in cache, whose
+    dot product with itself (BLAS) is taken. The timings:
+    docs/benchmarks.md#figures-from-the-codes-docstrings."""
     sq: torch.Tensor | None = None
     for B in _blocks(G):
         if B.device.type == "cpu" and B.dtype == torch.float32 and B.shape[1] >= _LONG:
@@ -280,8 +279,8 @@ def fwht(x: torch.Tensor, block_bits: int = 6) -> torch.Tensor:
 def fwht_gemm(x: torch.Tensor) -> torch.Tensor:
     """``fwht`` (the same transform, ``x @ H``) as two large matrix products: a row of length
     2^L read as an [a, b] matrix M (a = 2^floor(L/2), b = 2^ceil(L/2)) becomes H_a M H_b, since
-    H_{ab} = H_a ⊗ H_b. Each product is a BLAS GEMM with a long inner loop, about twice as fast
-    as ``fwht``'s small batched products on CPU at d' = 2^15 for 2.8x the multiply-adds. Values
+    H_{ab} = H_a ⊗ H_b. Each product is a BLAS GEMM with a long inner loop, faster on CPU than
+    ``fwht``'s small batched products for more multiply-adds (docs/benchmarks.md). Values
     equal ``fwht``'s up to float rounding (a different summation order); each row is
     transformed on its own (no value of another row enters it). L > 18: ``fwht``."""
     d = x.shape[-1]
@@ -316,7 +315,7 @@ def fwht_into(x: torch.Tensor, out: torch.Tensor, work: torch.Tensor) -> torch.T
     """``fwht(x)`` for the rows of ``x`` [r, d] written into ``out`` (same shape, contiguous),
     with ``work`` (same shape, contiguous) as scratch; ``x`` is only read. For blocks of a few
     dozen rows that stay in cache: the factors of ``fwht_factors`` (2^15: 64, 32, 16) cost 112
-    multiply-adds per value against ``fwht_gemm``'s 384 and run about 2.5x faster there. Values
+    multiply-adds per value against ``fwht_gemm``'s 384 (the timings: docs/benchmarks.md). Values
     equal ``fwht``'s up to float rounding; each row is transformed on its own."""
     d = x.shape[-1]
     fs = fwht_factors(d)
