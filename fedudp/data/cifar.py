@@ -139,7 +139,20 @@ def _records(folder: Path, files: list[str], label_key: bytes, classes: int) -> 
 def read_cifar10(root: str | Path) -> tuple[Records, Records]:
     """(train, test) CIFAR-10 ``Records`` from ``<root>/cifar-10-batches-py/`` (or ``root``).
 
-    x float32 ``[N, 3, 32, 32]`` in [0, 1], y int64 in [0, 10), one user per record.
+    Parameters
+    ----------
+    root
+        The folder holding the python version of CIFAR-10 (or its ``cifar-10-batches-py``).
+
+    Returns
+    -------
+    tuple of Records
+        x float32 ``[N, 3, 32, 32]`` in [0, 1], y int64 in [0, 10), one user per record.
+
+    Raises
+    ------
+    DataError
+        The batches are not found under ``root``.
     """
     train = [f"data_batch_{i}" for i in range(1, 6)]
     folder = _folder(root, CIFAR10_DIR, train + ["test_batch"])
@@ -151,8 +164,23 @@ def read_cifar100(
 ) -> tuple[Records, Records]:
     """(train, test) CIFAR-100 ``Records`` from ``<root>/cifar-100-python/`` (or ``root``).
 
-    ``labels="fine"``: the 100 classes (``b"fine_labels"``); ``"coarse"``: the 20 superclasses
-    (``b"coarse_labels"``). x float32 ``[N, 3, 32, 32]`` in [0, 1], one user per record.
+    Parameters
+    ----------
+    root
+        The folder holding the python version of CIFAR-100 (or its ``cifar-100-python``).
+    labels
+        ``"fine"``: the 100 classes (``b"fine_labels"``); ``"coarse"``: the 20 superclasses
+        (``b"coarse_labels"``).
+
+    Returns
+    -------
+    tuple of Records
+        x float32 ``[N, 3, 32, 32]`` in [0, 1], one user per record.
+
+    Raises
+    ------
+    DataError
+        The files are not found under ``root``.
     """
     if labels not in ("fine", "coarse"):
         raise ValueError(f"labels must be 'fine' or 'coarse', got {labels!r}")

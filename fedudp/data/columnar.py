@@ -107,8 +107,26 @@ def read_npz(
 ) -> Records:
     """``Records`` from a ``.npz`` archive written by ``np.savez``/``np.savez_compressed``.
 
-    ``features``, ``label``, ``user``, ``owner`` and ``meta`` name the archive's arrays;
-    ``classes`` is the declared number of classes (required: a ``DataError`` without it).
+    Parameters
+    ----------
+    path
+        The archive.
+    features, label, user, owner, meta
+        The names of the archive's arrays: the features, the integer labels, the user id of each
+        record, optionally the owner id of each record and extra per-record id columns.
+    classes
+        The declared number of classes (required).
+
+    Returns
+    -------
+    Records
+        The archive's records, checked as in ``Records``.
+
+    Raises
+    ------
+    DataError
+        A missing array or ``classes``, or arrays that do not describe records (one line naming
+        the file and the array).
     """
     p = _existing(path, "write it with np.savez(path, x=..., y=..., user=...)")
     with _load_npz(p) as npz:
@@ -231,11 +249,31 @@ def read_parquet(
 ) -> Records:
     """``Records`` from a Parquet file (one row per record).
 
-    ``features`` is one list column (each cell an array, nested lists allowed) or a list of
-    scalar column names stacked into ``[N, F]``. ``label``, ``user``, ``owner`` and ``meta`` name
-    scalar columns; ``classes`` is the declared number of classes (required). Needs pyarrow
-    (``pip install 'fedudp[parquet]'``); without it a ``MissingDependency`` (a ``DataError`` and an
-    ``ImportError``) says so.
+    Parameters
+    ----------
+    path
+        The Parquet file.
+    features
+        One list column (each cell an array, nested lists allowed) or a list of scalar column
+        names stacked into ``[N, F]``.
+    label, user, owner, meta
+        Scalar columns: the integer labels, the user id of each record, optionally the owner id
+        and extra per-record id columns.
+    classes
+        The declared number of classes (required).
+
+    Returns
+    -------
+    Records
+        The file's records, checked as in ``Records``.
+
+    Raises
+    ------
+    MissingDependency
+        pyarrow is not installed (``pip install 'fedudp[parquet]'``); a ``DataError`` and an
+        ``ImportError``.
+    DataError
+        A missing column or ``classes``, or columns that do not describe records.
     """
     pa, pc, pq = _pyarrow()
     p = _existing(path, "write it with pyarrow.parquet.write_table")

@@ -376,13 +376,36 @@ def read_hf(
 ) -> tuple[Records, Records | None]:
     """(train, test) ``Records`` from a Hugging Face data set saved with ``save_to_disk``.
 
-    ``path``: the saved folder. ``split``/``test_split``: a ``DatasetDict``'s split names (no
-    ``test_split`` in the dict, or None: test is None; a saved single ``Dataset`` is the training
-    split). ``features``: an image column, a list/array column, or a list of numeric scalar
-    columns; ``label``: a ``ClassLabel`` or int column; ``user``: the natural-id column (users
-    found with flwr-datasets' ``NaturalIdPartitioner``); ``owner``/``meta``: scalar columns.
-    ``classes``: the argument, else the ``ClassLabel``'s (an integer label column needs the
-    argument). Records are laid out partition by partition (see the module doc).
+    Records are laid out partition by partition (see the module doc).
+
+    Parameters
+    ----------
+    path
+        The saved folder.
+    split, test_split
+        A ``DatasetDict``'s split names (no ``test_split`` in the dict, or None: test is None; a
+        saved single ``Dataset`` is the training split).
+    features
+        An image column, a list/array column, or a list of numeric scalar columns.
+    label
+        A ``ClassLabel`` or int column.
+    user
+        The natural-id column (users found with flwr-datasets' ``NaturalIdPartitioner``).
+    owner, meta
+        Scalar columns: the owner id of each record, extra per-record id columns.
+    classes
+        The number of classes: the argument, else the ``ClassLabel``'s (an integer label column
+        needs the argument).
+
+    Returns
+    -------
+    tuple
+        (train ``Records``, test ``Records`` or None).
+
+    Raises
+    ------
+    DataError
+        A missing split or column, or a column of the wrong kind (one line naming it).
     """
     libs = _libs()
     if not isinstance(features, str) and not (

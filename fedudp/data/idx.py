@@ -52,7 +52,23 @@ _MD5 = {
 
 
 def parse_idx(raw: bytes) -> np.ndarray:
-    """Decode one IDX file (magic 2051: uint8 images N x rows x cols; 2049: uint8 labels N)."""
+    """Decode one IDX file.
+
+    Parameters
+    ----------
+    raw
+        The file's bytes (not compressed).
+
+    Returns
+    -------
+    numpy.ndarray
+        Magic 2051: uint8 images ``[N, rows, cols]``; 2049: uint8 labels ``[N]``.
+
+    Raises
+    ------
+    ValueError
+        Another magic number, or a truncated header or payload.
+    """
     if len(raw) < 8:
         raise ValueError("IDX data too short for a header")
     magic, n = struct.unpack(">II", raw[:8])
@@ -111,7 +127,30 @@ def _download(name: str, stem: str, dest: Path) -> Path:
 def load_idx_dataset(
     name: str, root: str | os.PathLike, download: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(train_x uint8 [N,28,28], train_y, test_x, test_y) of ``name`` from ``root``."""
+    """The four IDX arrays of ``name`` (MNIST or Fashion-MNIST) from ``root``.
+
+    Parameters
+    ----------
+    name
+        ``"mnist"`` or ``"fashion_mnist"``.
+    root
+        The folder holding the IDX files (gzipped or not), or ``<name>/`` with them.
+    download
+        Fetch missing files from the mirrors (checked against their MD5) first.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        (train_x uint8 ``[N, 28, 28]``, train_y, test_x, test_y).
+
+    Raises
+    ------
+    ValueError
+        An unknown ``name``.
+    DataError
+        A file not found (without ``download``), unreadable or failing its checksum, or a
+        download that failed.
+    """
     if name not in _MIRRORS:
         raise ValueError(f"dataset.name: unknown IDX dataset {name!r}")
     root = Path(root).expanduser()

@@ -162,8 +162,21 @@ def _femnist_user(path: Path, user: str, x: list, y: list) -> tuple[np.ndarray, 
 def read_femnist(root: str | Path) -> tuple[Records, Records]:
     """(train, test) FEMNIST ``Records`` from ``<root>/train/*.json`` and ``<root>/test/*.json``.
 
-    x float32 ``[N, 1, 28, 28]`` in [0, 1] as LEAF wrote it, y int64 in [0, 62), users are the
-    writers' LEAF ids (str), owners None.
+    Parameters
+    ----------
+    root
+        The folder holding LEAF's ``train/`` and ``test/`` json files.
+
+    Returns
+    -------
+    tuple of Records
+        x float32 ``[N, 1, 28, 28]`` in [0, 1] as LEAF wrote it, y int64 in [0, 62), users the
+        writers' LEAF ids (str), owners None.
+
+    Raises
+    ------
+    DataError
+        No json files under ``root``, or a file that is not LEAF's format.
     """
     root = Path(root)
     flags = "e.g. ./preprocess.sh -s niid --sf 1.0 -k 0"
@@ -225,10 +238,27 @@ def _shakespeare_converter(fallback: int | None) -> Convert:
 def read_shakespeare(root: str | Path, *, unknown: str = "error") -> tuple[Records, Records]:
     """(train, test) Shakespeare ``Records`` from ``<root>/train/*.json`` and ``<root>/test/``.
 
-    x int64 ``[N, 80]`` and y int64 ``[N]``: ids in LEAF's vocabulary ``VOCAB`` (80 classes);
-    users are LEAF's role ids (str), owners None. A character outside ``VOCAB`` is a
-    ``DataError`` naming the file, user and character (``unknown="error"``, the default); with
-    ``unknown=c`` (one character of ``VOCAB``, e.g. ``" "``) every such character gets ``c``'s id.
+    Parameters
+    ----------
+    root
+        The folder holding LEAF's ``train/`` and ``test/`` json files.
+    unknown
+        ``"error"`` (the default): a character outside LEAF's vocabulary ``VOCAB`` is an error;
+        one character of ``VOCAB`` (e.g. ``" "``): every such character gets that character's id.
+
+    Returns
+    -------
+    tuple of Records
+        x int64 ``[N, 80]`` and y int64 ``[N]``: ids in ``VOCAB`` (80 classes); users LEAF's role
+        ids (str), owners None.
+
+    Raises
+    ------
+    ValueError
+        ``unknown`` neither ``"error"`` nor one character of ``VOCAB``.
+    DataError
+        A character outside ``VOCAB`` with ``unknown="error"`` (naming the file, user and
+        character), or files that are not LEAF's format.
     """
     root, fallback = Path(root), _unknown_id(unknown)
     flags = "e.g. ./preprocess.sh -s niid --sf 1.0 -k 0"

@@ -223,12 +223,40 @@ def from_arrays(
     meta: Mapping[str, Any] | None = None,
     source: str = "",
 ) -> Records:
-    """``Records`` from numpy arrays or torch tensors (a ``TypeError`` for anything else).
+    """``Records`` from numpy arrays or torch tensors.
 
     Float or bool features become float32 and integer features int64 (token ids; an image given
     as uint8 is kept as integers, so scale it to floats first). Labels must be integers and become
-    int64. Ids (user, owner, meta columns of ids) become int64 or str. ``classes`` defaults to
-    ``max(y) + 1``. The result is checked as in ``Records``.
+    int64. Ids (user, owner, meta columns of ids) become int64 or str.
+
+    Parameters
+    ----------
+    x
+        The features, one row per record.
+    y
+        The integer labels.
+    user
+        The user id of each record.
+    owner
+        The owner id of each record (None: grouped later, e.g. with ``group_users``).
+    classes
+        The number of classes (default ``max(y) + 1``).
+    meta
+        Extra per-record id columns, by name.
+    source
+        Where the records come from (named in error messages).
+
+    Returns
+    -------
+    Records
+        The records, checked as in ``Records``.
+
+    Raises
+    ------
+    TypeError
+        An argument that is neither a numpy array nor a torch tensor.
+    DataError
+        Arrays that do not describe records (lengths, label range, ids).
     """
     xa, ya, ua = (_as_numpy(n, v) for n, v in (("x", x), ("y", y), ("user", user)))
     oa = None if owner is None else _ids("owner", _as_numpy("owner", owner), source)
@@ -305,16 +333,31 @@ def group_users(
 
     Every rule gives a user's owner from that user alone (its key ``natural.user_keys``, its own
     records) and public numbers, so removing or adding one user changes no other user's owner
-    (``fedudp.data.owner_rules``, docs/your-data.md#grouping-users-into-owners).
+    (``fedudp.data.owner_rules``, docs/your-data.md#grouping-users-into-owners). Users stay whole.
 
-    ``"random"`` (``num_owners``, ``seed``): a keyed hash of the user's key modulo ``num_owners``
-    (owners ``0..num_owners-1``; sizes Binomial(U, 1/K)).
-    ``"column"`` (``column``): the owner is the user's value of ``records.meta[column]``; a user
-    with two values is a one-line ``DataError`` naming the column and the user.
-    ``"dirichlet"`` (``num_owners``, ``alpha``, ``seed``): label-skewed; the user's keyed uniform
-    draw against the public ``P(owner | class)`` column of its majority label
-    (``owner_rules.dirichlet_owners``).
-    Owner ids are int64 ``0..num_owners-1`` (or the column's values). Users stay whole.
+    Parameters
+    ----------
+    records
+        The records, with their users.
+    rule
+        ``"random"`` (``num_owners``, ``seed``): a keyed hash of the user's key modulo
+        ``num_owners`` (sizes Binomial(U, 1/K)). ``"column"`` (``column``): the owner is the
+        user's value of ``records.meta[column]``. ``"dirichlet"`` (``num_owners``, ``alpha``,
+        ``seed``): label-skewed; the user's keyed uniform draw against the public
+        ``P(owner | class)`` column of its majority label (``owner_rules.dirichlet_owners``).
+    num_owners, seed, column, alpha
+        The rule's parameters, as above.
+
+    Returns
+    -------
+    Records
+        The records with owner ids int64 ``0..num_owners-1`` (or the column's values).
+
+    Raises
+    ------
+    DataError
+        A user with two values of ``column`` (naming the column and the user), or a rule's
+        parameter missing or out of range.
     """
     from fedudp.data.owner_rules import dirichlet_owners, random_owners, user_keys
 
@@ -385,16 +428,31 @@ def users_by_rule(
     Every record goes to exactly one user; users are int64 ``0..ceil(N / records_per_user)-1``;
     owners are reset to None (group the new users with ``group_users``).
 
-    ``"shuffle"``: the records are permuted with ``default_rng(seed)`` and dealt in consecutive
-    runs of ``records_per_user``: user ``u`` holds permuted positions ``u*r .. u*r + r - 1``. When
-    ``records_per_user`` does not divide N the last user is smaller (``N % records_per_user``).
+    Parameters
+    ----------
+    records
+        The records.
+    rule
+        ``"shuffle"``: the records are permuted with ``default_rng(seed)`` and dealt in
+        consecutive runs of ``records_per_user``: user ``u`` holds permuted positions
+        ``u*r .. u*r + r - 1``; when ``records_per_user`` does not divide N the last user is
+        smaller. ``"dirichlet"`` (label-skewed, needs ``alpha > 0``): each class's records are
+        shuffled; users ``0, 1, ...`` are filled in turn, each drawing a class mixture
+        ``q_u ~ Dirichlet(alpha)`` and then ``records_per_user`` records whose classes are drawn
+        from ``q_u`` (when a class runs out the mixture is renormalised over the classes that
+        still have records); the last user takes what is left. Small ``alpha``: each user's
+        records are mostly one class.
+    records_per_user
+        The records of each user.
+    seed
+        The permutation's (and the mixtures') seed.
+    alpha
+        The Dirichlet concentration (``"dirichlet"`` only).
 
-    ``"dirichlet"`` (label-skewed, needs ``alpha > 0``): each class's records are shuffled; users
-    ``0, 1, ...`` are filled in turn, each drawing a class mixture ``q_u ~ Dirichlet(alpha)`` and
-    then ``records_per_user`` records whose classes are drawn from ``q_u`` (multinomially, taking
-    records from the chosen class; when a class runs out the mixture is renormalised over the
-    classes that still have records). The last user takes what is left, so it may be smaller.
-    Small ``alpha``: each user's records are mostly one class.
+    Returns
+    -------
+    Records
+        The records with their new users.
     """
     if (
         isinstance(records_per_user, bool)
