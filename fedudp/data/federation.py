@@ -35,6 +35,38 @@ __all__ = [
 
 @dataclass
 class Federation:
+    """The planned data set of a run: its records laid out user by user, owner by owner.
+
+    Records of user ``u`` are ``x[user_offsets[u]:user_offsets[u + 1]]``; users of owner ``o``
+    are ``owner_user_offsets[o]:owner_user_offsets[o + 1]`` (``user_owner`` names each user's
+    owner). Built by ``synthetic``, ``partition_pool`` or ``fedudp.data.natural``.
+
+    Parameters
+    ----------
+    x, y
+        The training records' features and int64 labels, user by user.
+    user_offsets
+        ``[U + 1]`` offsets of each user's records in ``x``.
+    user_owner
+        ``[U]`` the owner of each user.
+    owner_user_offsets
+        ``[O + 1]`` offsets of each owner's users.
+    x_test, y_test
+        The test records, owner by owner.
+    test_offsets
+        ``[O + 1]`` offsets of each owner's test records.
+    num_classes
+        The number of classes.
+    owner_classes
+        The classes each owner was given (label-skewed partitions), or None.
+    owner_ids
+        The global id of each owner here (None: ``0..O-1``).
+    user_ids
+        A stable identity per user (the pool index of its first record), which keys the user's
+        own randomness and does not move when another user is added or removed (None:
+        ``0..U-1``).
+    """
+
     x: torch.Tensor
     y: torch.Tensor
     user_offsets: np.ndarray

@@ -69,14 +69,29 @@ def _first_conflict(user: np.ndarray, value: np.ndarray) -> tuple[Any, Any, Any]
 class Records:
     """One split of a federation, one row per record (see the module doc).
 
-    ``x``: features, ``[N, ...]``: float32 (images, tabular features) or int64 (token ids).
-    ``y``: int64 labels ``[N]`` in ``[0, classes)``. ``user``: ``[N]`` user ids, int64 or str.
-    ``owner``: ``[N]`` owner ids (int64 or str), or None while users are not yet grouped.
-    ``meta``: extra per-record columns (1-D, length N) by name, e.g. a column to group by.
-    ``source``: the file or folder the records came from, named in error messages.
+    ``from_arrays`` converts dtypes; the constructor only checks them.
 
-    ``from_arrays`` converts dtypes; the constructor only checks them and raises ``DataError``
-    (a ``ValueError``) with a one-line message naming ``source``.
+    Parameters
+    ----------
+    x
+        Features ``[N, ...]``: float32 (images, tabular features) or int64 (token ids).
+    y
+        int64 labels ``[N]`` in ``[0, classes)``.
+    user
+        ``[N]`` user ids, int64 or str.
+    owner
+        ``[N]`` owner ids (int64 or str), or None while users are not yet grouped.
+    classes
+        The number of classes.
+    meta
+        Extra per-record columns (1-D, length N) by name, e.g. a column to group by.
+    source
+        The file or folder the records came from, named in error messages.
+
+    Raises
+    ------
+    DataError
+        A dtype, shape or label out of place (a ``ValueError``; one line naming ``source``).
     """
 
     x: np.ndarray

@@ -138,7 +138,18 @@ class Parallel:
 
 def basic_composition(blocks: list[tuple[ApproxDp, int]] | list[ApproxDp]) -> ApproxDp:
     """Basic composition (Dwork–Roth Thm 3.16): k mechanisms (ε_i, δ_i)-DP compose to
-    (Σε_i, Σδ_i)-DP, adaptively. Entries are blocks or (block, count) pairs."""
+    (Σε_i, Σδ_i)-DP, adaptively.
+
+    Parameters
+    ----------
+    blocks
+        ``ApproxDp`` blocks, or (block, count) pairs.
+
+    Returns
+    -------
+    ApproxDp
+        The composed (Σε_i, Σδ_i).
+    """
     eps = dlt = 0.0
     for b in blocks:
         blk, c = b if isinstance(b, tuple) else (b, 1)
@@ -428,7 +439,20 @@ class Accountant:
 
 
 class ParallelAccountant:
-    """``Accountant``'s interface over ``Parallel`` events: one accountant per part, ε the max."""
+    """``Accountant``'s interface over ``Parallel`` events: one accountant per part, ε the max
+    (parallel composition over disjoint units).
+
+    Parameters
+    ----------
+    parts
+        The number of parts.
+    pld_interval
+        The PLD grid of each part's accountant.
+    target_epsilon
+        The events' target (``Accountant``).
+    engine
+        ``Accountant``'s engine (``"fast"`` or ``"public"``).
+    """
 
     def __init__(
         self,
@@ -525,9 +549,18 @@ class GroupConversion:
 
 
 class GroupAccountant:
-    """An accountant at record level read at user level through a ``GroupConversion``: events
-    are composed record-level by ``inner`` (``Accountant`` or ``ParallelAccountant``); epsilon
-    at the user-level δ is k times the record-level epsilon at the conversion's δ'."""
+    """An accountant at record level read at user level through a ``GroupConversion``.
+
+    Events are composed record-level by ``inner``; epsilon at the user-level δ is k times the
+    record-level epsilon at the conversion's δ'.
+
+    Parameters
+    ----------
+    inner
+        The record-level ``Accountant`` or ``ParallelAccountant``.
+    group
+        The conversion (k records per user, δ').
+    """
 
     def __init__(self, inner: Accountant | ParallelAccountant, group: GroupConversion) -> None:
         self.inner, self.group = inner, group
@@ -563,14 +596,31 @@ def accountant_for(
     target_epsilon: float | None = None,
     engine: str = "fast",
 ) -> Accountant | ParallelAccountant | GroupAccountant:
-    """The accountant for a run whose rounds release events like ``event``: one ``Accountant``,
-    or a ``ParallelAccountant`` with one part per part of a ``Parallel`` event (disjoint units),
-    read at user level through ``group`` where the events are record-level. Its PLD grid is the
-    one the noise was calibrated on: that of the events' own target (ε' = ε/k for record-level
-    events under group privacy), since a coarser grid is more pessimistic and would stop a
-    calibrated run before its last round. The target (that of the events) is the threshold above
-    which the accountant computes epsilon exactly rather than reading its grid (``Accountant``);
-    ``engine`` is ``Accountant``'s (``fast`` or ``public``)."""
+    """The accountant for a run whose rounds release events like ``event``.
+
+    Its PLD grid is the one the noise was calibrated on: that of the events' own target
+    (ε' = ε/k for record-level events under group privacy), since a coarser grid is more
+    pessimistic and would stop a calibrated run before its last round.
+
+    Parameters
+    ----------
+    event
+        One round's release: a dp-accounting event, an ``ApproxDp`` block, or a ``Parallel``
+        event (one part per disjoint set of units).
+    group
+        The conversion to user level where the events are record-level (group privacy).
+    target_epsilon
+        The events' target: above it the accountant computes epsilon exactly rather than reading
+        its grid (``Accountant``).
+    engine
+        ``Accountant``'s engine: ``"fast"`` or ``"public"`` (dp-accounting's public API alone).
+
+    Returns
+    -------
+    Accountant or ParallelAccountant or GroupAccountant
+        One ``Accountant``, or a ``ParallelAccountant`` with one part per part of a ``Parallel``
+        event, read at user level through ``group`` (a ``GroupAccountant``) when given.
+    """
     target = (
         group.record_epsilon(target_epsilon)
         if group is not None and target_epsilon

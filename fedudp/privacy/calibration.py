@@ -53,8 +53,26 @@ def schedule_epsilon(
     delta: float,
     interval: float = 1e-4,
 ) -> float:
-    """Epsilon of ``rounds`` self-composed releases of ``make_event(noise)`` (PLD; RDP for
-    events PLD cannot represent)."""
+    """Epsilon of ``rounds`` self-composed releases of ``make_event(noise)``.
+
+    Parameters
+    ----------
+    make_event
+        One round's release, given the noise multiplier.
+    noise
+        The noise multiplier.
+    rounds
+        The number of rounds.
+    delta
+        The δ at which epsilon is read.
+    interval
+        The PLD's discretization interval.
+
+    Returns
+    -------
+    float
+        The accountant's epsilon (PLD bounded by RDP; RDP for events PLD cannot represent).
+    """
     eps = event_epsilon(
         dp_accounting.SelfComposedDpEvent(make_event(noise), rounds), delta, interval
     )

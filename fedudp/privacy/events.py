@@ -56,7 +56,18 @@ def _classes() -> dict[str, type]:
 
 
 def event_to_json(event: dp_accounting.DpEvent) -> dict[str, Any]:
-    """``event`` as nested plain dicts and lists (``{"dp_event": class name, field: value}``)."""
+    """``event`` as nested plain dicts and lists.
+
+    Parameters
+    ----------
+    event
+        A dp-accounting event.
+
+    Returns
+    -------
+    dict
+        ``{"dp_event": class name, field: value, ...}``, nested for composed events.
+    """
     if not isinstance(event, _dp_event.DpEvent):
         raise TypeError(f"not a dp_accounting DpEvent: {event!r}")
     out: dict[str, Any] = {TAG: type(event).__name__}
@@ -76,7 +87,23 @@ def _value_to_json(v: Any) -> Any:
 
 
 def event_from_json(d: dict[str, Any]) -> dp_accounting.DpEvent:
-    """The ``DpEvent`` ``event_to_json`` wrote; a ``ValueError`` for anything else."""
+    """The ``DpEvent`` that ``event_to_json`` wrote.
+
+    Parameters
+    ----------
+    d
+        ``event_to_json``'s dict.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        The event.
+
+    Raises
+    ------
+    ValueError
+        Anything ``event_to_json`` does not write.
+    """
     classes = _classes()
     if not isinstance(d, dict) or not isinstance(d.get(TAG), str) or d[TAG] not in classes:
         raise ValueError(f"not a dp_accounting event: {str(d)[:80]}")

@@ -31,10 +31,23 @@ WEAKENED_MARK = "(weakened, not a guarantee)"
 
 
 def epsilon_kind(s: dict) -> str | None:
-    """What a summary's ε is: ``certified``, ``heuristic`` (an unproven accounting or
-    conversion, ``privacy.accounting=paper``), or None (no DP, no ε). Summaries written before
-    ``epsilon_kind`` existed are read from ``guarantee``; one with neither counts as heuristic
-    when its accounting is ``paper`` (never read a bound where none was proven)."""
+    """What a summary's ε is.
+
+    Summaries written before ``epsilon_kind`` existed are read from ``guarantee``; one with
+    neither counts as heuristic when its accounting is ``paper`` (never read a bound where none
+    was proven).
+
+    Parameters
+    ----------
+    s
+        A run's ``summary.json``.
+
+    Returns
+    -------
+    str or None
+        ``"certified"``, ``"heuristic"`` (an unproven accounting or conversion,
+        ``privacy.accounting=paper``), or None (no DP, no ε).
+    """
     kind = s.get("epsilon_kind")
     if kind in ("certified", "heuristic", "weakened"):
         return kind
@@ -74,8 +87,22 @@ def epsilon_text(epsilon: float, digits: int = 3) -> str:
 
 
 def epsilon_display(epsilon: float | None, kind: str | None, digits: int = 3) -> str:
-    """The text every fedudp output prints for a run's ε (``summary.json``'s
-    ``epsilon_display``)."""
+    """The text every fedudp output prints for a run's ε (``summary.json``'s ``epsilon_display``).
+
+    Parameters
+    ----------
+    epsilon
+        The ε, or None (no DP).
+    kind
+        ``epsilon_kind``'s value: a heuristic ε is printed ``1.000 (heuristic)``.
+    digits
+        The digits after the point.
+
+    Returns
+    -------
+    str
+        The ε as text.
+    """
     if epsilon is None:
         return "n/a (no DP)"
     if kind == "weakened":  # audit.noise_scale < 1: the ledger's ε is not what was released

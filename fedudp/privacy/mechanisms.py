@@ -50,7 +50,24 @@ def laplace(
     rng: torch.Generator,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
-    """i.i.d. Lap(scale) (density ∝ exp(-|x|/scale), variance 2 scale^2)."""
+    """i.i.d. Laplace noise Lap(scale): density ∝ exp(-|x|/scale), variance 2 scale².
+
+    Parameters
+    ----------
+    shape
+        The noise's shape.
+    scale
+        The Laplace scale b.
+    rng
+        The generator the noise is drawn from (a stream of ``fedudp.randomness``).
+    dtype
+        The noise's dtype (float64 by default).
+
+    Returns
+    -------
+    torch.Tensor
+        The noise.
+    """
     u = torch.rand(shape, generator=rng, dtype=dtype)
     e = -torch.log1p(-u)  # Exp(1), u in [0, 1)
     sign = torch.where(torch.rand(shape, generator=rng, dtype=dtype) < 0.5, -1.0, 1.0).to(dtype)
@@ -64,6 +81,24 @@ def gaussian(
     rng: torch.Generator,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:
+    """i.i.d. Gaussian noise N(0, std²).
+
+    Parameters
+    ----------
+    shape
+        The noise's shape.
+    std
+        The standard deviation.
+    rng
+        The generator the noise is drawn from (a stream of ``fedudp.randomness``).
+    dtype
+        The noise's dtype (float64 by default).
+
+    Returns
+    -------
+    torch.Tensor
+        The noise.
+    """
     return std * torch.randn(shape, generator=rng, dtype=dtype)
 
 
@@ -124,12 +159,26 @@ def row_norms64(G: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
 def clip_factors(
     G: torch.Tensor | Sequence[torch.Tensor], clip: float, norms: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(factor, was_clipped) per row of ``G`` (a tensor, or row-aligned blocks as in
-    ``row_norms64``): scaling row i by ``factor[i]`` (in ``G``'s dtype) leaves its l2 norm at
-    most ``clip``; rows within ``clip`` keep factor 1. The norms, which decide the branch, are
-    computed in float64; clipped rows are shrunk by a further 4 ulps so that the cast and the
-    multiplication cannot push them above ``clip``. ``norms``: ``row_norms64(G)`` where the
-    caller has them already."""
+    """The clipping factor of each row of ``G``.
+
+    The norms, which decide the branch, are computed in float64; clipped rows are shrunk by a
+    further 4 ulps so that the cast and the multiplication cannot push them above ``clip``.
+
+    Parameters
+    ----------
+    G
+        A tensor ``[n, d]``, or row-aligned blocks as in ``row_norms64``.
+    clip
+        The l2 bound.
+    norms
+        ``row_norms64(G)`` where the caller has them already.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        (factor, was_clipped) per row: scaling row i by ``factor[i]`` (in ``G``'s dtype) leaves
+        its l2 norm at most ``clip``; rows within ``clip`` keep factor 1.
+    """
     first = _blocks(G)[0]
     norms = row_norms64(G) if norms is None else norms
     was = norms > clip
@@ -167,8 +216,20 @@ def exponential_mechanism(log_weights: torch.Tensor, *, rng: torch.Generator) ->
     """Sample an index of the last dimension with P(i) ∝ exp(log_weights[..., i]).
 
     Gumbel-max in log space: ``argmax(log_w + Gumbel)``; ``-inf`` entries are never chosen.
-    For a score c with sensitivity Δ and budget eps, pass ``log_w = -eps * c / (2 Δ)`` (plus
-    ``log(multiplicity)`` where one entry stands for several equal-score outcomes).
+
+    Parameters
+    ----------
+    log_weights
+        The log-weights; for a score c with sensitivity Δ and budget eps, pass
+        ``log_w = -eps * c / (2 Δ)`` (plus ``log(multiplicity)`` where one entry stands for
+        several equal-score outcomes).
+    rng
+        The generator the Gumbel noise is drawn from.
+
+    Returns
+    -------
+    torch.Tensor
+        The chosen index (one per leading position).
     """
     g = _gumbel(log_weights.shape, rng=rng, dtype=log_weights.dtype)
     return torch.argmax(log_weights + g, dim=-1)
@@ -189,6 +250,17 @@ class AboveThreshold:
     noise; the instance halts at the first query whose noisy value falls *below* the noisy
     threshold (the [ASI] orientation). The whole stream is ``eps``-DP: its cost is paid once,
     not per query (``dp_event`` is the one-off event).
+
+    Parameters
+    ----------
+    threshold
+        The public threshold.
+    eps
+        The budget of the whole stream.
+    sensitivity
+        The queries' sensitivity s.
+    rng
+        The generator the noise is drawn from.
     """
 
     def __init__(
