@@ -24,8 +24,20 @@ class DataError(ConfigError):
 
 
 def one_line(e: BaseException, limit: int = 200) -> str:
-    """An exception as one line (its type and the first line of its message), at most
-    ``limit`` characters: how a dropped user's or a failed owner's reason is logged."""
+    """An exception as one line: how a dropped user's or a failed owner's reason is logged.
+
+    Parameters
+    ----------
+    e
+        The exception.
+    limit
+        The most characters kept.
+
+    Returns
+    -------
+    str
+        Its type and the first line of its message, cut at ``limit`` characters.
+    """
     text = str(e).strip().splitlines()
     one = f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
     return one if len(one) <= limit else one[:limit] + "..."

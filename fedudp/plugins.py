@@ -47,8 +47,22 @@ def load_entry_points() -> None:
 
 
 def load(modules: Iterable[str] = (), key: str = "plugins") -> None:
-    """Import the entry points' modules and ``modules`` (each registers its extensions); an
-    already imported module is not imported again."""
+    """Import the installed entry points' modules and ``modules`` (each registers its
+    extensions); an already imported module is not imported again.
+
+    Parameters
+    ----------
+    modules
+        Module names (``package.module``), e.g. the config's ``plugins``.
+    key
+        The configuration key named in errors.
+
+    Raises
+    ------
+    ConfigError
+        A name that is not a module name, a module that cannot be found, or one that fails on
+        import (one line naming it).
+    """
     load_entry_points()
     for name in modules:
         if not isinstance(name, str) or not name:

@@ -19,8 +19,15 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Named entries of one extension point. ``kind``: what an entry is (messages); ``key``:
-    the configuration key that names one (``aggregator``, ``dataset.name``, ...)."""
+    """Named entries of one extension point (estimators, algorithms, data readers, ...).
+
+    Parameters
+    ----------
+    kind
+        What an entry is (named in messages).
+    key
+        The configuration key that names one (``aggregator``, ``dataset.name``, ...).
+    """
 
     def __init__(self, kind: str, key: str) -> None:
         self.kind, self.key = kind, key

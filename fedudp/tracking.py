@@ -108,7 +108,18 @@ class Sweep:
 
 
 def require(kind: str) -> None:
-    """``ConfigError`` naming the extra when ``kind``'s package is not installed (no import)."""
+    """Check that ``kind``'s package is installed (without importing it).
+
+    Parameters
+    ----------
+    kind
+        ``tracking.kind``: ``mlflow``, ``tensorboard`` or ``none``.
+
+    Raises
+    ------
+    ConfigError
+        The package is missing; the message names the extra to install.
+    """
     package = PACKAGES.get(kind)
     if package is not None and importlib.util.find_spec(package) is None:
         raise ConfigError(
@@ -193,9 +204,34 @@ def start(
     sweep: Sweep | None = None,
     resumed_round: int | None = None,
 ) -> Tracker:
-    """The tracker of the run in ``out`` (``resumed_round``: the round of the checkpoint a
-    resumed run starts from; the tracked run recorded in ``out`` is continued). Never raises:
-    a tracker that cannot start reports it once and tracks nothing."""
+    """The tracker of the run in ``out``. Never raises: a tracker that cannot start reports it
+    once and tracks nothing.
+
+    Parameters
+    ----------
+    kind
+        ``tracking.kind``: ``mlflow``, ``tensorboard`` or anything else (no tracking).
+    out
+        The run folder.
+    uri
+        The MLflow tracking URI (None: the embedded store beside the run or sweep folder).
+    experiment
+        The MLflow experiment.
+    config
+        The resolved config (logged as parameters, dotted keys).
+    tags
+        The run's setting (method, aggregator, guarantee, ...), logged as tags.
+    sweep
+        The Hydra sweep the run is a job of (its runs become children of one parent run).
+    resumed_round
+        The round of the checkpoint a resumed run starts from: the tracked run recorded in
+        ``out`` is continued.
+
+    Returns
+    -------
+    Tracker
+        ``Tracker`` (tracks nothing), or the MLflow or TensorBoard tracker.
+    """
     out = Path(out)
     t: Tracker
     starter: Callable[..., None]

@@ -53,17 +53,51 @@ class ServerStep:
 
 
 class Billboard:
-    """The server of the billboard model, from plain parts: the initial ``shared`` parameters
-    (named tensors, in the order they are flattened), the ``aggregator`` that releases, the
-    ``sampling`` of units, the ``ledger`` it records into, the ``accountant`` that composes its
-    events (None for a non-private aggregator; ``fedudp.privacy.accountant.accountant_for``),
-    the seed of its keyed randomness, its ``step`` on the shared parameters, the target ε it
-    stops before exceeding (None: no stop) at ``delta``, and a training algorithm's ``plan``
-    (``fedudp.billboard.plan``: the round's cohort, event, estimator and step). ``randomness``: where
-    its sample and noise come from (default ``Randomness.seeded(seed)``; ``Randomness.secure``:
-    OS entropy). ``min_owners`` / ``min_users``: the fail-closed minimum (``withhold``), read
-    against ``owner_units``, each owner's public capacity in sampled units (its declared user
-    slots; 1 where the units are owners), indexed by owner id."""
+    """The server of the billboard model, from plain parts.
+
+    Each round it samples units, releases a user-level DP mean of the owners' contributions
+    through the one release path (``fedudp.billboard.release.ReleaseGate``: budget check,
+    fail-closed rule, composition and ledger append), and steps the shared parameters.
+
+    Parameters
+    ----------
+    shared
+        The initial shared parameters (named tensors, in the order they are flattened).
+    aggregator
+        The estimator that releases.
+    sampling
+        The sampling of units.
+    ledger
+        The ledger it records into.
+    accountant
+        The accountant that composes its events (``fedudp.privacy.accountant.accountant_for``;
+        None for a non-private aggregator).
+    seed
+        The seed of its keyed randomness.
+    step
+        Its step on the shared parameters.
+    target_epsilon, delta
+        The target ε it stops before exceeding (None: no stop), at ``delta``.
+    plan
+        A training algorithm's plan (``fedudp.billboard.plan``: the round's cohort, event,
+        estimator and step).
+    canaries
+        Canary units whose updates join each release (``fedudp.billboard.canaries``).
+    randomness
+        Where its sample and noise come from (default ``Randomness.seeded(seed)``;
+        ``Randomness.secure``: OS entropy).
+    min_owners, min_users
+        The fail-closed minimum (``withhold``), read against ``owner_units``.
+    owner_units
+        Each owner's public capacity in sampled units (its declared user slots; 1 where the
+        units are owners), indexed by owner id.
+
+    Raises
+    ------
+    ValueError
+        A minimum the declared capacities cannot meet, or a private aggregator without an
+        accountant.
+    """
 
     def __init__(
         self,

@@ -165,10 +165,22 @@ def _layer_problem(mod: nn.Module) -> str | None:
 
 
 def check_model(model: nn.Module, example: torch.Tensor | None = None) -> None:
-    """Refuse (one-line ``ValueError``) a model whose layers break per-record gradients or
-    per-user privacy (the module docstring's list), naming the layer and its replacement.
-    ``example``: a batch of inputs; also run one forward on it (no gradient, the model's mode)
-    and refuse any buffer or parameter it changed."""
+    """Refuse a model whose layers break per-record gradients or per-user privacy (the module
+    docstring's list), naming the layer and its replacement.
+
+    Parameters
+    ----------
+    model
+        The model.
+    example
+        A batch of inputs: also run one forward on it (no gradient, the model's mode) and refuse
+        any buffer or parameter it changed.
+
+    Raises
+    ------
+    ValueError
+        One line naming the offending layer (or the changed buffer) and what to use instead.
+    """
     if not isinstance(model, nn.Module):
         raise ValueError(f"a model must be a torch.nn.Module, got {type(model).__name__}")
     params = list(model.named_parameters())
@@ -219,10 +231,24 @@ def _probe(model: nn.Module, example: torch.Tensor) -> None:
 
 def fast_per_record(model: nn.Module, names: Iterable[str] | None = None) -> bool:
     """Whether DP-SGD's one-pass per-record gradients (``fedudp.owner.per_sample``) cover the
-    parameters ``names`` (all of the model's when None): each sits in a module that is exactly
-    an ``nn.Linear``, or an ``nn.Conv2d`` with groups = 1, zero padding and numeric padding.
-    False means the vmap path. ``fedudp.owner.per_sample.supported`` applies this rule (the owner
-    sits above models)."""
+    parameters ``names``.
+
+    Each must sit in a module that is exactly an ``nn.Linear``, or an ``nn.Conv2d`` with
+    groups = 1, zero padding and numeric padding. ``fedudp.owner.per_sample.supported`` applies
+    this rule (the owner sits above models).
+
+    Parameters
+    ----------
+    model
+        The model.
+    names
+        Parameter names (all of the model's when None).
+
+    Returns
+    -------
+    bool
+        True: the one-pass path; False: the vmap path.
+    """
     owners = {
         name: mod
         for name, mod in model.named_modules()
@@ -251,9 +277,28 @@ def example_batch(
     records: int = PROBE_BATCH,
     vocab: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A public example batch of ``records`` records (``PROBE_BATCH`` unless told) of the
-    declared ``input_shape`` (fixed random features; token id 0, or with ``vocab`` fixed random
-    token ids in ``[0, vocab)``) and labels in ``[0, classes)``: nothing read from the data."""
+    """A public example batch of the declared shape: nothing read from the data.
+
+    Parameters
+    ----------
+    input_shape
+        The shape of one record's features.
+    classes
+        The labels are in ``[0, classes)``.
+    tokens
+        Token-id features (int64): id 0, or with ``vocab`` fixed random ids in ``[0, vocab)``.
+    dtype
+        The dtype of float features (fixed random values).
+    records
+        The number of records (``PROBE_BATCH`` where the callers do not say).
+    vocab
+        The vocabulary size for token features.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        (features, labels).
+    """
     shape = (int(records), *(int(s) for s in input_shape))
     gen = torch.Generator().manual_seed(0)
     if tokens and vocab is None:
@@ -325,11 +370,30 @@ def probe(
     tokens: bool = False,
     per_record: bool = True,
 ) -> None:
-    """Refuse (one-line ``ValueError``) a model that does not fit the declared data or the
-    per-record path, before any data is read (the module docstring): one forward on
-    ``example_batch`` must give ``[batch, classes]``; each record's gradient through
-    ``torch.func.vmap(grad(...))`` must run (``per_record=False`` skips this step: for a model
-    whose vmap path is tested elsewhere). The model's parameters are not changed."""
+    """Refuse a model that does not fit the declared data or the per-record path, before any data
+    is read (the module docstring). The model's parameters are not changed.
+
+    Parameters
+    ----------
+    model
+        The model.
+    input_shape
+        The declared shape of one record's features.
+    classes
+        The declared number of classes: one forward on ``example_batch`` must give
+        ``[batch, classes]``.
+    tokens
+        The features are token ids (int64) rather than floats.
+    per_record
+        Also check that each record's gradient through ``torch.func.vmap(grad(...))`` runs
+        (False skips it: for a model whose vmap path is tested elsewhere).
+
+    Raises
+    ------
+    ValueError
+        One line saying what does not fit (the output's shape, the forward or the per-record
+        gradient that failed).
+    """
     import torch.nn.functional as F
     from torch.func import functional_call, grad, vmap
 

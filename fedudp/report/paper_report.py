@@ -472,7 +472,22 @@ def _claims_fig1(cells: dict, rows: list) -> list[str]:
 
 
 def write_paper_report(name: str, summaries: list[dict], out: Path) -> str:
-    """Write the layout ``name`` under ``out``; returns the Markdown."""
+    """Write the paper's layout ``name`` (Markdown, CSV and PNG) under ``out``.
+
+    Parameters
+    ----------
+    name
+        A layout of ``LAYOUTS`` (``huang_table1``, ...).
+    summaries
+        ``load_summaries``' summaries.
+    out
+        The folder to write into (created).
+
+    Returns
+    -------
+    str
+        The layout as Markdown.
+    """
     layout = LAYOUTS[name]
     out.mkdir(parents=True, exist_ok=True)
     cells = _cells(layout, summaries)

@@ -93,10 +93,23 @@ _METHOD_ORDER = {"per_silo": 0, "fedavg": 1, "full_dp": 2, "joint_dp": 3}
 
 # -- reading runs ---------------------------------------------------------------------------
 def load_summaries(folder: str | Path) -> list[dict]:
-    """Every run's summary below ``folder``, with its folder (``_dir``) and, where the run wrote
-    one, its resolved config (``_config``, a dict). Copies of run files that a tracker keeps
-    below the folder (the embedded MLflow store's artifacts, ``tracking.ARTIFACTS_DIR``) are not
-    runs and are skipped, so a tracked sweep's runs count once."""
+    """Every run's summary below ``folder``.
+
+    Copies of run files that a tracker keeps below the folder (the embedded MLflow store's
+    artifacts, ``tracking.ARTIFACTS_DIR``) are not runs and are skipped, so a tracked sweep's
+    runs count once.
+
+    Parameters
+    ----------
+    folder
+        A run or sweep folder, searched recursively for ``summary.json``.
+
+    Returns
+    -------
+    list of dict
+        Each summary with its folder (``_dir``) and, where the run wrote one, its resolved
+        config (``_config``, a dict).
+    """
     from fedudp.tracking import ARTIFACTS_DIR
 
     out = []
@@ -315,7 +328,19 @@ def _canary_cell(ss: list[dict]) -> str:
 
 
 def comparison_table(summaries: list[dict]) -> str:
-    """One row per configuration (see the module docstring): mean ± std over its runs."""
+    """The comparison table: one row per configuration (see the module docstring), mean ± std
+    over its runs.
+
+    Parameters
+    ----------
+    summaries
+        ``load_summaries``' summaries.
+
+    Returns
+    -------
+    str
+        The Markdown table (runs without a ``config.yaml`` in a table of their own).
+    """
     with_cfg, without = _group(summaries)
     parts: list[str] = []
     if with_cfg:

@@ -438,9 +438,23 @@ def plot_frontier(series: list[GroupSeries], path: Path, title: str, subtitle: s
 
 
 def write_report(summaries: list[dict], out: Path, name: str = "") -> dict[str, Path]:
-    """``report.md`` (the comparison table, the figures and what they show), ``curves.png`` and
-    ``frontier.png`` under ``out``; returns their paths. ``name``: the sweep's name in the
-    titles."""
+    """Write ``report.md`` (the comparison table, the figures and what they show),
+    ``curves.png`` and ``frontier.png`` under ``out``.
+
+    Parameters
+    ----------
+    summaries
+        ``load_summaries``' summaries.
+    out
+        The folder to write into (created).
+    name
+        The sweep's name in the titles.
+
+    Returns
+    -------
+    dict of str to Path
+        The written files by kind (``report``, ``curves``, ``frontier``).
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     series = group_series(summaries)
