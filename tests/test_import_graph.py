@@ -54,3 +54,32 @@ def test_a_cycle_and_an_upward_import_are_found_and_drawn(tmp_path, capsys):
 def test_this_checkout_has_no_cycle_and_no_upward_import(capsys):
     assert _tool().main([]) == 0
     assert "no cycle, no upward import" in capsys.readouterr().out
+
+
+def test_a_declaration_by_name_is_drawn_dashed_and_not_counted(tmp_path, capsys):
+    """The engine registry names ``fedudp.flower.server_app`` (a layer above it) by name: the
+    tool finds the declaration, draws it apart, and counts it neither as an import nor as an
+    upward one; the same module imported instead is an upward import (the weakened twin)."""
+    (tmp_path / "tests").mkdir()
+    shutil.copy(ROOT / "tests" / "test_layers.py", tmp_path / "tests" / "test_layers.py")
+    pkg = tmp_path / "fedudp"
+    (pkg / "engines").mkdir(parents=True)
+    (pkg / "flower").mkdir()
+    for name in ("__init__.py", "flower/__init__.py", "flower/server_app.py", "run.py"):
+        (pkg / name).write_text("")
+    (pkg / "engines" / "__init__.py").write_text(
+        'ENGINES = {}\nENGINES["flower"] = dict(module="x")\n'
+        'def Engine(module):\n    return module\nFLOWER = Engine("fedudp.flower.server_app")\n'
+    )
+    tool = _tool()
+    a = tool.analyse(tmp_path)
+    assert a["by_name"] == {("fedudp.engines", "fedudp.flower")}
+    assert ("fedudp.engines", "fedudp.flower") not in a["edges"] and a["upward"] == []
+    assert tool.main(["--root", str(tmp_path), "--out", str(tmp_path / "g.png")]) == 0
+    assert "by name (not an import): fedudp.engines declares fedudp.flower" in (
+        capsys.readouterr().out
+    )
+    (pkg / "engines" / "__init__.py").write_text("from fedudp.flower import server_app\n")
+    twin = tool.analyse(tmp_path)
+    assert twin["by_name"] == set()
+    assert ("fedudp.engines", "fedudp.flower.server_app") in twin["upward"]

@@ -289,6 +289,7 @@ CLIENT_MAY_IMPORT = (
     "fedudp.flower.guard",
     "fedudp.flower.fast",
     "fedudp.flower.fast_data",
+    "fedudp.flower.fast_checks",
 )
 CLIENT_BUILDS_WITH = {
     "fedudp.build": {"owners", "federation"},

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedudp.flower.fast_data import RUN_CONFIG, Unreproducible, data_arity, records_of, setting
+from fedudp.flower.fast_checks import check_declaration, positive_int, refused_layers
+from fedudp.flower.fast_data import RUN_CONFIG, Unreproducible, records_of, setting
 from fedudp.flower.guard import one_line
 from fedudp.owner import local_sgd, per_sample
 from fedudp.owner.one_step import one_step_vectors
@@ -46,41 +47,6 @@ Records = tuple[Any, Any] | Iterable[tuple[Any, Any]]
 
 # records per batched forward/backward (memory bound; the users of a chunk share one pass)
 CHUNK_RECORDS = 8192
-
-
-def _is_cross_entropy(loss: Any) -> bool:
-    if loss == "cross_entropy" or loss is F.cross_entropy:
-        return True
-    return (
-        type(loss) is nn.CrossEntropyLoss
-        and loss.weight is None
-        and loss.reduction == "mean"
-        and loss.label_smoothing == 0.0
-    )
-
-
-def _refused_layers(model: nn.Module) -> list[str]:
-    """Modules whose training-mode forward is random or couples a batch's records."""
-    bad = []
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            bad.append(f"{name or 'model'} ({type(m).__name__}: couples the records of a batch)")
-        elif isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            bad.append(f"{name or 'model'} ({type(m).__name__}: random)")
-    return bad
-
-
-def _positive_int(name: str, value: Any) -> int:
-    """``value`` as an int >= 1, else a one-line ``ValueError`` naming ``name``."""
-    if isinstance(value, str):
-        return 1  # a key: read (and checked) each round
-    try:
-        ok = float(value) == int(value) and int(value) >= 1
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(f"TorchTraining: {name} must be an int >= 1 (or a key), got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -189,39 +155,7 @@ class TorchTraining:
     _one_step_ok: bool = field(default=True, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not _is_cross_entropy(self.loss):
-            raise ValueError(
-                f"TorchTraining: loss={self.loss!r}: the fast path computes cross-entropy only; "
-                "leave fast= out of user_level_mod to run the app's own training step per user"
-            )
-        _positive_int("epochs", self.epochs)
-        if self.batch_size is not None:
-            _positive_int("batch_size", self.batch_size)
-        if not isinstance(self.lr, str) and not float(self.lr) > 0:
-            raise ValueError(f"TorchTraining: lr must be > 0 or a config key, got {self.lr!r}")
-        for name in ("momentum", "dampening", "weight_decay"):
-            if not float(getattr(self, name)) >= 0:
-                raise ValueError(f"TorchTraining: {name} must be >= 0, got {getattr(self, name)}")
-        if self.nesterov and (float(self.momentum) <= 0 or float(self.dampening) != 0):
-            raise ValueError(
-                "TorchTraining: nesterov=True needs momentum > 0 and dampening = 0 (as "
-                "torch.optim.SGD)"
-            )
-        if not callable(self.data):
-            raise TypeError("TorchTraining: data must be data(partition_id, num_partitions)")
-        accepts, requires = data_arity(self.data)
-        if accepts < 2 or requires > 3:
-            raise TypeError(
-                "TorchTraining: data must be data(partition_id, num_partitions) or "
-                "data(partition_id, num_partitions, batch_size)"
-            )
-        if requires == 3 and self.batch_size is None:
-            raise ValueError(
-                "TorchTraining: data takes (partition_id, num_partitions, batch_size) but no "
-                "batch_size is declared: pass batch_size=32 or the run-config key, e.g. "
-                "batch_size='batch-size' (Flower's quickstart)"
-            )
-        self._passes_batch = accepts >= 3 and self.batch_size is not None
+        self._passes_batch = check_declaration(self)
 
     @property
     def plain(self) -> bool:
@@ -234,10 +168,20 @@ class TorchTraining:
 
     def resolved(self, configs: Mapping[str, Any]) -> _Run:
         """The round's settings: ``lr``, ``epochs`` and ``batch_size`` read where given as keys
-        (the message's config records, then the run config), and the round number."""
-        epochs = _positive_int("epochs", setting("epochs", self.epochs, configs))
+        (the message's config records, then the run config), and the round number.
+
+        Parameters
+        ----------
+        configs : Mapping[str, Any]
+            The training message's config records and, under ``RUN_CONFIG``, the run config.
+
+        Returns
+        -------
+        _Run
+        """
+        epochs = positive_int("epochs", setting("epochs", self.epochs, configs))
         b = setting("batch_size", self.batch_size, configs)
-        batch = None if b is None else _positive_int("batch_size", b)
+        batch = None if b is None else positive_int("batch_size", b)
         dp = configs.get("fedudp.dp") or {}
         return _Run(self.learning_rate(configs), epochs, batch, int(dp.get("round", 0)))
 
@@ -248,7 +192,7 @@ class TorchTraining:
             m = self.model if isinstance(self.model, nn.Module) else self.model()
             if not isinstance(m, nn.Module):
                 raise TypeError("TorchTraining: model must be an nn.Module or build one")
-            bad = _refused_layers(m)
+            bad = refused_layers(m)
             if bad:
                 raise ValueError(
                     f"TorchTraining: the fast path refuses {', '.join(bad)}; leave fast= out "
@@ -262,7 +206,17 @@ class TorchTraining:
         outputs or gradients depend on other records of a batch: the one-step kernel reads every
         user's update from one pass over many users' records (``fedudp.owner.independence``, on
         a public example batch of the records' shape ``x.shape[1:]``, never their values;
-        remembered per model)."""
+        remembered per model).
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            A batch of one user's records.
+
+        Raises
+        ------
+        ValueError
+        """
         from fedudp.owner import independence
 
         shape, tokens = tuple(x.shape[1:]), not x.is_floating_point()
@@ -273,7 +227,17 @@ class TorchTraining:
 
     def learning_rate(self, configs: Mapping[str, Any]) -> float:
         """``lr``, or the value of the key ``lr`` in one of the message's config records (the
-        app's: fedudp's own ``fedudp.*`` records are not looked at), else in the run config."""
+        app's: fedudp's own ``fedudp.*`` records are not looked at), else in the run config.
+
+        Parameters
+        ----------
+        configs : Mapping[str, Any]
+            The training message's config records and, under ``RUN_CONFIG``, the run config.
+
+        Returns
+        -------
+        float
+        """
         lr = float(setting("lr", self.lr, configs))
         if not lr > 0:
             raise ValueError(f"TorchTraining: lr={self.lr!r} is {lr}; it must be > 0")
@@ -286,7 +250,20 @@ class TorchTraining:
         something that is not records), and {index into ``users``: the one-line reason} for
         those: a user's bad data is that user's alone (``fedudp.flower.guard``). ``batch_size``:
         the resolved declared one (``resolved``), passed to a three-argument ``data``. A loader
-        the declaration would not reproduce (``Unreproducible``) fails the client instead."""
+        the declaration would not reproduce (``Unreproducible``) fails the client instead.
+
+        Parameters
+        ----------
+        users : Sequence[int]
+            The users' global indices.
+        num_users : int
+            N.
+        batch_size : int or None
+
+        Returns
+        -------
+        tuple[list, dict[int, str]]
+        """
         if batch_size is None and isinstance(self.batch_size, int):
             batch_size = self.batch_size
         out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
@@ -335,7 +312,18 @@ class TorchTraining:
         self, users: Sequence[int], num_users: int, batch_size: int | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, np.ndarray, np.ndarray]:
         """(x, y, starts, sizes): the users' records, concatenated in the users' order (a
-        ``ValueError`` naming the first user whose ``data`` failed)."""
+        ``ValueError`` naming the first user whose ``data`` failed).
+
+        Parameters
+        ----------
+        users : Sequence[int]
+        num_users : int
+        batch_size : int or None
+
+        Returns
+        -------
+        tuple[torch.Tensor or None, torch.Tensor or None, numpy.ndarray, numpy.ndarray]
+        """
         loaded, raised = self.load(users, num_users, batch_size)
         if raised:
             raise ValueError(f"TorchTraining: {next(iter(raised.values()))}")
@@ -455,7 +443,25 @@ class TorchTraining:
         reason} for the users whose data or training raised (their rows are zeros, to be
         dropped: ``fedudp.flower.guard.user_rows``). ``configs``: the training message's config
         records (for ``lr`` given as a key). A user's NaN/inf record leaves a non-finite row of
-        its own (the kernels compute each user's update from its records only)."""
+        its own (the kernels compute each user's update from its records only).
+
+        Parameters
+        ----------
+        arrays : Mapping[str, numpy.ndarray]
+            The broadcast, every parameter by ``state_dict`` name.
+        names : Sequence[str]
+            The shared parameters, in order.
+        users : Sequence[int]
+            The sampled users' global indices.
+        num_users : int
+            N.
+        configs : Mapping[str, Any]
+            The training message's config records and, under ``RUN_CONFIG``, the run config.
+
+        Returns
+        -------
+        tuple[torch.Tensor, list, dict[int, str]]
+        """
         names = tuple(names)
         params = self._params(arrays)
         d = sum(int(params[k].numel()) for k in names)
@@ -553,7 +559,23 @@ class TorchTraining:
         """The client's personal parameters ``names`` after every user's SGD in order, each
         from ``arrays`` (the broadcast's shared parameters and the client's current personal
         ones) with the personal parameters the previous user left, as the per-user path
-        chains the app's step."""
+        chains the app's step.
+
+        Parameters
+        ----------
+        arrays : Mapping[str, numpy.ndarray]
+        names : Sequence[str]
+            The personal parameters.
+        users : Sequence[int]
+            All the client's users.
+        num_users : int
+        configs : Mapping[str, Any]
+            The training message's config records and, under ``RUN_CONFIG``, the run config.
+
+        Returns
+        -------
+        dict[str, numpy.ndarray]
+        """
         params = self._params(arrays)
         run = self.resolved(configs)
         loaded, _ = self.load(users, num_users, run.batch)  # a user whose data raised: skipped

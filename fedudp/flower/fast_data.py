@@ -36,7 +36,26 @@ class Unreproducible(ValueError):
 def setting(what: str, value: Any, configs: Mapping[str, Any]) -> Any:
     """``value``, or for a str the value of that key in the training message's config records
     (the app's: fedudp's own ``fedudp.*`` records are not looked at), else in the run config
-    (``configs[RUN_CONFIG]``); a ``ValueError`` naming ``what`` and the keys there are."""
+    (``configs[RUN_CONFIG]``); a ``ValueError`` naming ``what`` and the keys there are.
+
+    Parameters
+    ----------
+    what : str
+        The setting's name (the message's).
+    value : Any
+        The declared value, or the key that holds it.
+    configs : Mapping[str, Any]
+        The training message's config records and, under ``RUN_CONFIG``, the run config.
+
+    Returns
+    -------
+    Any
+
+    Raises
+    ------
+    ValueError
+        A key found nowhere.
+    """
     if not isinstance(value, str):
         return value
     apps = [rec for key, rec in configs.items() if not str(key).startswith("fedudp.")]
@@ -54,7 +73,17 @@ def setting(what: str, value: Any, configs: Mapping[str, Any]) -> Any:
 
 def data_arity(data: Callable[..., Any]) -> tuple[int, int]:
     """(positional parameters ``data`` accepts, how many it requires); (3, 2) when it cannot be
-    inspected or takes ``*args`` (then called with two arguments, or three with a batch size)."""
+    inspected or takes ``*args`` (then called with two arguments, or three with a batch size).
+
+    Parameters
+    ----------
+    data : callable
+        The app's ``load_data``.
+
+    Returns
+    -------
+    tuple[int, int]
+    """
     try:
         params = list(inspect.signature(data).parameters.values())
     except (TypeError, ValueError):
@@ -151,7 +180,30 @@ def records_of(
     """One user's ``(x, y)`` from what the app's ``data`` returned: ``(x, y)``; an iterable of
     batches; or a tuple of loaders whose first is the training loader (Flower's quickstart's
     ``(trainloader, testloader)``). A DataLoader is checked against the declared ``batch_size``
-    and ``shuffle`` (``Unreproducible`` naming the difference)."""
+    and ``shuffle`` (``Unreproducible`` naming the difference).
+
+    Parameters
+    ----------
+    got : Any
+        What ``data`` returned.
+    where : str
+        The user, for messages.
+    batch_size : int or None
+        The declared batch size.
+    shuffle : bool
+        The declared loader order.
+    keys : tuple[str, str] or None
+        The keys of a batch that is a mapping (x, y).
+
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+
+    Raises
+    ------
+    Unreproducible
+        A loader the declared SGD cannot reproduce.
+    """
     first = got[0] if isinstance(got, tuple) and len(got) >= 2 else None
     if first is not None and _loader_like(first) and not isinstance(first, (tuple, list)):
         got = first  # (trainloader, testloader, ...): the training loader

@@ -79,7 +79,21 @@ def user_rows(G: torch.Tensor, constraint: Constraint, raised: Mapping[int, str]
     """The rule of fedudp's own engine on the sampled users' updates ``G`` ([users, d], the rows
     of users whose step raised are ignored, whatever they hold): non-finite rows dropped and the
     constraint applied to the others by ``make_reply`` itself (not a copy of it); the users whose
-    step raised dropped the same way."""
+    step raised dropped the same way.
+
+    Parameters
+    ----------
+    G : torch.Tensor
+        The sampled users' updates, [users, d].
+    constraint : Constraint
+        The server's (clip, rows or sum).
+    raised : Mapping[int, str]
+        {row: reason} of the users whose step raised.
+
+    Returns
+    -------
+    UserRows
+    """
     bad = torch.zeros(len(G), dtype=torch.bool)
     if raised:
         bad[torch.tensor(sorted(raised), dtype=torch.long)] = True
@@ -99,7 +113,16 @@ def flower_dp_name(obj: Any) -> str | None:
     """The name of a Flower DP strategy wrapper or client mod (``obj`` one of them, or its
     class), else None: a class of ``flwr`` whose name (or a base's) starts with
     ``DifferentialPrivacy``, ``LocalDpMod``, or the functions ``fixedclipping_mod`` /
-    ``adaptiveclipping_mod``."""
+    ``adaptiveclipping_mod``.
+
+    Parameters
+    ----------
+    obj : Any
+
+    Returns
+    -------
+    str or None
+    """
     cls = obj if isinstance(obj, type) else type(obj)
     for c in getattr(cls, "__mro__", ()):
         mod = str(getattr(c, "__module__", ""))
@@ -124,7 +147,19 @@ def _refusal(name: str, where: str) -> str:
 
 def stacked_strategy(strategy: Any, depth: int = 8) -> str | None:
     """Why ``strategy`` (the one ``UserLevelDP`` wraps), or one it wraps (``.strategy``), is a
-    Flower DP wrapper (None: none is)."""
+    Flower DP wrapper (None: none is).
+
+    Parameters
+    ----------
+    strategy : Any
+    depth : int, default 8
+        How many ``.strategy`` levels are followed.
+
+    Returns
+    -------
+    str or None
+        The one-line refusal; None when there is nothing to refuse.
+    """
     s = strategy
     for _ in range(depth):
         if s is None:
@@ -138,7 +173,20 @@ def stacked_strategy(strategy: Any, depth: int = 8) -> str | None:
 
 def outer_wrapper(me: Any, depth: int = 16) -> str | None:
     """Why the call stack of ``me``'s method shows a Flower DP wrapper calling it (a strategy
-    wrapped around ``UserLevelDP``), None if it shows none. Frames' ``self`` only."""
+    wrapped around ``UserLevelDP``), None if it shows none. Frames' ``self`` only.
+
+    Parameters
+    ----------
+    me : Any
+        The ``UserLevelDP``.
+    depth : int, default 16
+        How many frames are looked at.
+
+    Returns
+    -------
+    str or None
+        The one-line refusal; None when there is nothing to refuse.
+    """
     f = sys._getframe(1)
     for _ in range(depth):
         f = f.f_back  # type: ignore[assignment]
@@ -175,7 +223,18 @@ def _chain(fn: Any, depth: int, limit: int = 2000) -> Iterator[Any]:
 
 def stacked_mods(call_next: Callable[..., Any], depth: int = 24) -> str | None:
     """Why the rest of the ClientApp's chain (``call_next``) holds a Flower DP mod (None: it
-    holds none)."""
+    holds none).
+
+    Parameters
+    ----------
+    call_next : callable
+    depth : int, default 24
+
+    Returns
+    -------
+    str or None
+        The one-line refusal; None when there is nothing to refuse.
+    """
     for o in _chain(call_next, depth):
         name = flower_dp_name(o)
         if name is not None:
@@ -185,7 +244,18 @@ def stacked_mods(call_next: Callable[..., Any], depth: int = 24) -> str | None:
 
 def foreign_keys(configs: Mapping[str, Any]) -> str | None:
     """Why the training message's config records carry another DP wrapper's keys (a Flower
-    ``DifferentialPrivacyClientSide*`` wrapper somewhere around the server), None if none."""
+    ``DifferentialPrivacyClientSide*`` wrapper somewhere around the server), None if none.
+
+    Parameters
+    ----------
+    configs : Mapping[str, Any]
+        The training message's config records.
+
+    Returns
+    -------
+    str or None
+        The one-line refusal; None when there is nothing to refuse.
+    """
     found: Sequence[str] = sorted(
         {k for key, rec in configs.items() if not str(key).startswith("fedudp.") for k in rec}
         & set(FOREIGN_KEYS)

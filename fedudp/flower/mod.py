@@ -117,7 +117,24 @@ def sampled_users(
     over the ``population`` users' global indices. Seeded (``randomness`` a seed or
     ``Randomness.seeded``): keyed by (seed, round), the billboard's own sample of fedudp's engine
     (``Billboard.sample``); secure: from this process's OS entropy (each client draws its own
-    users' sample; independent draws per user, so still Poisson over all users)."""
+    users' sample; independent draws per user, so still Poisson over all users).
+
+    Parameters
+    ----------
+    users : Sequence[int]
+        The client's users (global indices).
+    randomness : Randomness or int
+        ``Randomness.seeded``/a seed, or ``Randomness.secure``.
+    round_ : int
+    rate : float
+        q.
+    population : int
+        N.
+
+    Returns
+    -------
+    list[int]
+    """
     if rate >= 1.0:
         return list(users)
     rand = randomness if isinstance(randomness, Randomness) else Randomness.seeded(randomness)
@@ -514,7 +531,21 @@ def client_users(context: Context) -> tuple[list[int], int]:
     message being handled, in training and in evaluation alike: the stable way for an app to
     load *all* of its client's data (``load_data(u, N)`` for each ``u``), e.g. to evaluate,
     whatever ``partition-id`` says (in training the mod sets it to one user's index, in
-    evaluation it is the client's own). A ``LookupError`` outside the mod."""
+    evaluation it is the client's own). A ``LookupError`` outside the mod.
+
+    Parameters
+    ----------
+    context : flwr.app.Context
+
+    Returns
+    -------
+    tuple[list[int], int]
+
+    Raises
+    ------
+    LookupError
+        No ``user_level_mod`` handled this message.
+    """
     if K_USERS not in context.state:
         raise LookupError(
             "fedudp.flower.client_users: no user_level_mod in this ClientApp's mods (or it has "

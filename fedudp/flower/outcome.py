@@ -5,18 +5,21 @@ was released), ``log_utility`` before round 1 (public numbers only).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 
-from fedudp.flower.contract import release_noise
-from fedudp.flower.wire import is_personal
+from fedudp.flower.collect import Collected
+from fedudp.flower.wire import is_personal, weighted_metrics
 from fedudp.protocol import ledger_file
+from fedudp.protocol.contributions import Contribution
 
-__all__ = ["RunFailed", "finish", "log_utility"]
+__all__ = ["RunFailed", "finish", "log_utility", "release_noise", "hand_over", "summary"]
 
 
 class RunFailed(RuntimeError):
@@ -26,7 +29,23 @@ class RunFailed(RuntimeError):
 def finish(dp: Any, num_rounds: int) -> dict:
     """The run's outcome, in the log and the ledger (``ledger.extra["outcome"]``): every
     round released, some withheld (a warning naming them), or none released (``RunFailed``:
-    the ServerApp's run then ends failed, not completed)."""
+    the ServerApp's run then ends failed, not completed).
+
+    Parameters
+    ----------
+    dp : UserLevelDP
+    num_rounds : int
+
+    Returns
+    -------
+    dict
+        The outcome.
+
+    Raises
+    ------
+    RunFailed
+        No round released.
+    """
     released = [e.round for e in dp.ledger.entries]
     withheld = [r for r, _ in dp.withheld]
     status = (
@@ -88,7 +107,18 @@ def log_utility(dp: Any, initial_arrays: ArrayRecord) -> dict:
     released mean update and its expected norm over the d shared coordinates, against a
     typical update norm (``expected_update_norm``, else the clip C: no user's clipped
     update is longer, so a mean of aligned updates is at most C). Warns when the noise's
-    norm exceeds it. Public numbers only (the estimator's calibration, q, N, d)."""
+    norm exceeds it. Public numbers only (the estimator's calibration, q, N, d).
+
+    Parameters
+    ----------
+    dp : UserLevelDP
+    initial_arrays : flwr.app.ArrayRecord
+
+    Returns
+    -------
+    dict
+        What was logged (also ``dp.utility``).
+    """
     names = [k for k in initial_arrays if not is_personal(k, dp.personal)]
     dim = sum(int(np.prod(initial_arrays[k].shape)) for k in names)
     samp = dp.aggregator.sampling
@@ -150,3 +180,151 @@ def log_utility(dp: Any, initial_arrays: ArrayRecord) -> dict:
             u["noise_norm"] / typical,
         )
     return u
+
+
+def release_noise(aggregator: Any, dim: int) -> tuple[float | None, str]:
+    """(the standard deviation per coordinate of the noise on the released *mean* update, how it
+    was obtained), from the estimator's own calibrated constants; (None, why) where no single
+    number describes it. Clip + Gaussian: z·C / (q·N); outlier removal and FriendlyCore: their
+    Gaussian's std (added to the mean); winsorized: the Laplace noise's std per rotated
+    coordinate, sqrt(2)·(2/ε')·(2·h·τ') / N (the rotation keeps norms).
+
+    Parameters
+    ----------
+    aggregator : Aggregator
+        A calibrated fedudp estimator.
+    dim : int
+        The number of shared coordinates d.
+
+    Returns
+    -------
+    tuple[float or None, str]
+    """
+    from fedudp.aggregators.base import ClippedSumAggregator
+
+    if isinstance(aggregator, ClippedSumAggregator):
+        cohort = aggregator.sampling.expected_cohort
+        return float(aggregator.noise_std) / cohort, "z·C/(q·N)"
+    if aggregator.name == "winsorized":
+        n = aggregator.sampling.population
+        scale = aggregator.noise_multiplier * 2.0 * aggregator.h * aggregator.tau_coord
+        return math.sqrt(2.0) * scale / n, "Laplace sqrt(2)·(2/ε')·2hτ'/N"
+    std = getattr(aggregator, "noise_std", None)
+    if std is not None:
+        return float(std), "its Gaussian's std on the mean"
+    return None, f"{aggregator.name}: no single noise std (data-dependent)"
+
+
+# -- the docs' table ----------------------------------------------------------------------------
+
+
+def hand_over(
+    dp: Any,
+    server_round: int,
+    arrays: ArrayRecord,
+    replies: Sequence[Message],
+    got: Collected,
+    c: Contribution,
+    eps: float,
+) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    """The wrapped strategy applies the one private update as it would a client's model;
+    its metrics: the app's training metrics over all the clients' users, record-weighted
+    (outside the DP guarantee, as the ledger says).
+
+    Parameters
+    ----------
+    dp : UserLevelDP
+    server_round : int
+    arrays : flwr.app.ArrayRecord
+        The broadcast plus the released mean update.
+    replies : Sequence[flwr.app.Message]
+        The round's replies (the first is the wrapped strategy's ``reply_to``).
+    got : Collected
+        What the replies held.
+    c : Contribution
+        The merged contribution (its count of users).
+    eps : float
+        The ε after this release.
+
+    Returns
+    -------
+    tuple[flwr.app.ArrayRecord or None, flwr.app.MetricRecord or None]
+        The wrapped strategy's arrays (else ``arrays``) and the round's metrics.
+    """
+    app_metrics = (
+        weighted_metrics(got.train_metrics)
+        if got.train_metrics
+        else MetricRecord({"num-examples": 1})
+    )
+    inner_arrays, inner_metrics = dp.strategy.aggregate_train(
+        server_round,
+        [
+            Message(
+                RecordDict({"arrays": arrays, "metrics": app_metrics}),
+                reply_to=replies[0],
+            )
+        ]
+        if replies
+        else [],
+    )
+    metrics = MetricRecord(
+        {
+            "epsilon": eps,
+            "users": int(c.count),
+            "clients": len(got.parts),
+            "failed_clients": got.failed,
+            "nonfinite_users": got.nonfinite,
+            "raised_users": got.raised,
+            "delta": dp.delta,
+        }
+    )
+    shown = ", ".join(
+        f"{k} {v:.4g}" for k, v in app_metrics.items() if k != "num-examples" and got.train_metrics
+    )
+    log(
+        INFO,
+        "UserLevelDP round %s: %s clients replied (%s failed), %s users released as one "
+        "update, epsilon %.4f (delta %g)%s",
+        server_round,
+        len(got.parts),
+        got.failed,
+        c.count,
+        eps,
+        dp.delta,
+        f"; the app's training metrics: {shown}" if shown else "",
+    )
+    if inner_metrics is not None:
+        for k, v in inner_metrics.items():
+            if k not in metrics:
+                metrics[k] = v
+    return (inner_arrays if inner_arrays is not None else arrays), metrics
+
+
+def summary(dp: Any) -> None:
+    """Flower's strategy summary, logged by ``start`` before round 1: the estimator, the
+    rounds it is calibrated for, the budget and the randomness (and, once rounds have run,
+    the releases so far and their ε).
+
+    Parameters
+    ----------
+    dp : UserLevelDP
+    """
+    n = len(dp.ledger.entries)
+    so_far = (
+        f"{n} release{'s' if n != 1 else ''} so far, epsilon {dp.epsilon:.4f}"
+        if n or dp.withheld
+        else "nothing released yet"
+    )
+    log(
+        INFO,
+        "UserLevelDP: estimator %s for %s rounds, target epsilon %s at delta %g, "
+        "randomness %s; %s%s",
+        dp.aggregator.name,
+        dp.rounds if dp.rounds is not None else "any number of",
+        f"{dp.target_epsilon:g}" if dp.target_epsilon is not None else "none",
+        dp.delta,
+        dp.randomness.ledger_name,
+        so_far,
+        f" ({dp.stopped})" if dp.stopped else "",
+    )
+    dp.strategy.summary()

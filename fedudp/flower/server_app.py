@@ -376,21 +376,26 @@ def execute(
             client_app=flower_client.client_app,
             num_supernodes=fed.num_owners,
             backend_name="ray",
-            backend_config={
-                "client_resources": {
-                    "num_cpus": float(eo.num_cpus),
-                    "num_gpus": float(eo.num_gpus),
-                },
-                # "local": a new Ray of this run's own, never a stale cluster named
-                # in /tmp/ray/ray_current_cluster (ray.init's default would join it)
-                "init_args": {"address": str(eo.address) if eo.address else "local"},
-            },
+            backend_config=_backend_config(eo),
         )
     if error:
         raise error[0]
     if not result:
         raise RuntimeError("the Flower simulation ended without a result (see the log above)")
     return final_status(result[0])
+
+
+def _backend_config(eo: RunSettings) -> dict:
+    """Ray's client resources per owner and the cluster to run on."""
+    return {
+        "client_resources": {
+            "num_cpus": float(eo.num_cpus),
+            "num_gpus": float(eo.num_gpus),
+        },
+        # "local": a new Ray of this run's own, never a stale cluster named
+        # in /tmp/ray/ray_current_cluster (ray.init's default would join it)
+        "init_args": {"address": str(eo.address) if eo.address else "local"},
+    }
 
 
 def final_status(res: RoundsResult) -> RoundsResult:

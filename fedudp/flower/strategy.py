@@ -37,13 +37,13 @@ The strategy never imports the owner side (tests/test_layers.py).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from logging import INFO, WARNING
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -52,10 +52,11 @@ from fedudp.aggregators.base import Aggregator
 from fedudp.billboard.release import ReleaseGate
 from fedudp.flower.availability import availability_problem
 from fedudp.flower.collect import Collected, collect
+from fedudp.flower.configured import wrapper_arguments
 from fedudp.flower.guard import outer_wrapper, stacked_strategy
 from fedudp.flower.log_setup import root_placeholder
-from fedudp.flower.outcome import RunFailed, finish, log_utility
-from fedudp.flower.wire import K_DP, flat, is_personal, to_record, unflat, weighted_metrics
+from fedudp.flower.outcome import RunFailed, finish, hand_over, log_utility, summary
+from fedudp.flower.wire import K_DP, flat, is_personal, to_record, unflat
 from fedudp.privacy.accountant import Ledger, accountant_for
 from fedudp.privacy.protocol import AccountantLike
 from fedudp.protocol import ledger_file
@@ -252,54 +253,33 @@ class UserLevelDP(Strategy):
         ``RunConfigError`` naming it. Randomness is ``secure`` unless set (the wrapper's
         default, unlike fedudp's own engines). The estimator is calibrated by fedudp's config
         builder over the shared parameters of ``initial_arrays`` (those not matching
-        ``personal``); ``ledger_path``: the durable ``ledger.jsonl`` (the constructor's)."""
-        from fedudp import build
-        from fedudp.config import config_from_overrides
-        from fedudp.flower.contract import as_run_config_error, checked, config_overrides
-        from fedudp.protocol.contributions import Sampling
+        ``personal``); ``ledger_path``: the durable ``ledger.jsonl`` (the constructor's).
 
-        # the contract (fedudp/flower/contract.py): an unknown key, a wrong type, a missing
-        # epsilon / delta / N, two different numbers of rounds: an error naming the key
-        values = checked(run_config)
-        over = config_overrides(values)
-        secure = "fedudp.privacy.randomness" not in run_config  # the wrapper's default: secure
-        # the app's own data: its public numbers are the declared ones (records per user: 1
-        # unless declared, for the estimators that derive a radius from it)
-        over = {"dataset.name": "memory", "public.owner_capacity": over["public.users"], **over}
-        dim = sum(
-            int(np.prod(initial_arrays[k].shape))
-            for k in initial_arrays
-            if not is_personal(k, personal)
-        )
-        # (root_placeholder: dp-accounting's absl warnings configure no root logger)
-        try:  # the builder's errors name fedudp config keys: named here as run-config keys
-            with root_placeholder():
-                cfg = config_from_overrides({"method": "full_dp", **over})
-                build.check(cfg)
-                s = build.settings(cfg)
-                agg = build.estimator(
-                    cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds, dim
-                )
-        except ValueError as e:
-            raise as_run_config_error(e) from None
-        mode = Randomness.SECURE if secure else s.randomness
-        assert s.delta is not None  # the run-config contract requires fedudp.privacy.delta
-        out = cls(
-            strategy,
-            agg,
-            delta=float(s.delta),
-            target_epsilon=s.target_epsilon,
-            personal=personal,
-            seed=s.seed,
-            randomness=Randomness(s.seed, mode),
-            min_owners=s.min_owners,
-            min_users=s.min_users,
-            rounds=int(values["rounds"]),
-            expected_update_norm=values.get("fedudp.expected-update-norm"),
-            ledger_path=ledger_path,
-        )
-        if agg.constraint.rows:  # per-user rows: the rows' declared bound B
-            out.update_bound = float(values["fedudp.estimator.bound"])
+        Parameters
+        ----------
+        strategy : Strategy
+            The Flower strategy to wrap.
+        run_config : Mapping[str, Any]
+            ``context.run_config``.
+        initial_arrays : flwr.app.ArrayRecord
+            The initial model (its shared parameters' count d).
+        personal : Sequence[str]
+            The personal parameters' patterns.
+        ledger_path : str, Path or None
+
+        Returns
+        -------
+        UserLevelDP
+
+        Raises
+        ------
+        RunConfigError
+            A key of the contract broken, named.
+        """
+        agg, kwargs, bound = wrapper_arguments(run_config, initial_arrays, personal)
+        out = cls(strategy, agg, personal=personal, ledger_path=ledger_path, **kwargs)
+        if bound is not None:  # per-user rows: the rows' declared bound B
+            out.update_bound = bound
         return out
 
     # the release path's numbers, on the gate (one copy of each)
@@ -343,6 +323,26 @@ class UserLevelDP(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """The wrapped strategy's training messages, each with the round's ``K_DP`` record
+        (the sampling rate, the constraint, N); none once the budget stops training.
+
+        Parameters
+        ----------
+        server_round : int
+        arrays : flwr.app.ArrayRecord
+            The broadcast.
+        config : flwr.app.ConfigRecord
+        grid : flwr.serverapp.Grid
+
+        Returns
+        -------
+        Iterable[flwr.app.Message]
+
+        Raises
+        ------
+        ValueError
+            A Flower DP wrapper around this one (noise twice).
+        """
         if not self._outer_checked:  # a Flower DP wrapper around this one: refused
             self._outer_checked = True
             why = outer_wrapper(self)
@@ -378,7 +378,17 @@ class UserLevelDP(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The round's one private update: the clients' contributions merged and released by
         the estimator, composed and ledgered (durably, with ``ledger_path``) before the update
-        leaves; or nothing (withheld: fail closed) and no ε spent."""
+        leaves; or nothing (withheld: fail closed) and no ε spent.
+
+        Parameters
+        ----------
+        server_round : int
+        replies : Iterable[flwr.app.Message]
+
+        Returns
+        -------
+        tuple[flwr.app.ArrayRecord or None, flwr.app.MetricRecord or None]
+        """
         replies = list(replies)
         sent = self._sent.pop(server_round, None)
         if sent is None:
@@ -408,7 +418,7 @@ class UserLevelDP(Strategy):
         new = flat(sent, names) + agg.mean.to(torch.float64)
         updated = unflat(new, sent, names)
         arrays = to_record({k: updated.get(k, sent[k]) for k in sent})
-        return self._hand_over(server_round, arrays, replies, got, c, entry.epsilon)
+        return hand_over(self, server_round, arrays, replies, got, c, entry.epsilon)
 
     def _withhold(self, server_round: int, why: str, got: Collected) -> MetricRecord:
         """A withheld round's metrics (and its warning)."""
@@ -430,68 +440,6 @@ class UserLevelDP(Strategy):
             }
         )
 
-    def _hand_over(
-        self,
-        server_round: int,
-        arrays: ArrayRecord,
-        replies: Sequence[Message],
-        got: Collected,
-        c: Contribution,
-        eps: float,
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The wrapped strategy applies the one private update as it would a client's model;
-        its metrics: the app's training metrics over all the clients' users, record-weighted
-        (outside the DP guarantee, as the ledger says)."""
-        app_metrics = (
-            weighted_metrics(got.train_metrics)
-            if got.train_metrics
-            else MetricRecord({"num-examples": 1})
-        )
-        inner_arrays, inner_metrics = self.strategy.aggregate_train(
-            server_round,
-            [
-                Message(
-                    RecordDict({"arrays": arrays, "metrics": app_metrics}),
-                    reply_to=replies[0],
-                )
-            ]
-            if replies
-            else [],
-        )
-        metrics = MetricRecord(
-            {
-                "epsilon": eps,
-                "users": int(c.count),
-                "clients": len(got.parts),
-                "failed_clients": got.failed,
-                "nonfinite_users": got.nonfinite,
-                "raised_users": got.raised,
-                "delta": self.delta,
-            }
-        )
-        shown = ", ".join(
-            f"{k} {v:.4g}"
-            for k, v in app_metrics.items()
-            if k != "num-examples" and got.train_metrics
-        )
-        log(
-            INFO,
-            "UserLevelDP round %s: %s clients replied (%s failed), %s users released as one "
-            "update, epsilon %.4f (delta %g)%s",
-            server_round,
-            len(got.parts),
-            got.failed,
-            c.count,
-            eps,
-            self.delta,
-            f"; the app's training metrics: {shown}" if shown else "",
-        )
-        if inner_metrics is not None:
-            for k, v in inner_metrics.items():
-                if k not in metrics:
-                    metrics[k] = v
-        return (inner_arrays if inner_arrays is not None else arrays), metrics
-
     def start(
         self,
         grid: Grid,
@@ -502,7 +450,26 @@ class UserLevelDP(Strategy):
     ) -> Result:
         """Flower's ``Strategy.start``; then ``RunFailed`` if no round released because every
         training round was withheld (fail closed): raised from the ServerApp's main, the run
-        ends failed rather than completed."""
+        ends failed rather than completed.
+
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+        initial_arrays : flwr.app.ArrayRecord
+        num_rounds : int
+            Must be the T the estimator is calibrated for (``rounds``), when declared.
+
+        Returns
+        -------
+        flwr.serverapp.strategy.Result
+
+        Raises
+        ------
+        RunConfigError
+            Another number of rounds.
+        RunFailed
+            No round released.
+        """
         if self.rounds is not None and int(num_rounds) != self.rounds:
             from fedudp.flower.contract import RunConfigError
 
@@ -559,33 +526,38 @@ class UserLevelDP(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        """The wrapped strategy's evaluation messages (unchanged).
+
+        Parameters
+        ----------
+        server_round : int
+        arrays : flwr.app.ArrayRecord
+        config : flwr.app.ConfigRecord
+        grid : flwr.serverapp.Grid
+
+        Returns
+        -------
+        Iterable[flwr.app.Message]
+        """
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
+        """The wrapped strategy's evaluation metrics (outside the DP guarantee).
+
+        Parameters
+        ----------
+        server_round : int
+        replies : Iterable[flwr.app.Message]
+
+        Returns
+        -------
+        flwr.app.MetricRecord or None
+        """
         return self.strategy.aggregate_evaluate(server_round, replies)
 
     def summary(self) -> None:
-        """Flower's strategy summary, logged by ``start`` before round 1: the estimator, the
-        rounds it is calibrated for, the budget and the randomness (and, once rounds have run,
-        the releases so far and their ε)."""
-        n = len(self.ledger.entries)
-        so_far = (
-            f"{n} release{'s' if n != 1 else ''} so far, epsilon {self.epsilon:.4f}"
-            if n or self.withheld
-            else "nothing released yet"
-        )
-        log(
-            INFO,
-            "UserLevelDP: estimator %s for %s rounds, target epsilon %s at delta %g, "
-            "randomness %s; %s%s",
-            self.aggregator.name,
-            self.rounds if self.rounds is not None else "any number of",
-            f"{self.target_epsilon:g}" if self.target_epsilon is not None else "none",
-            self.delta,
-            self.randomness.ledger_name,
-            so_far,
-            f" ({self.stopped})" if self.stopped else "",
-        )
-        self.strategy.summary()
+        """Flower's strategy summary, logged by ``start`` before round 1
+        (``fedudp.flower.outcome.summary``)."""
+        summary(self)

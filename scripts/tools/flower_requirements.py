@@ -29,7 +29,7 @@ ROWS = ("outlier_removal", "friendlycore", "few_users", "winsorized")
 
 
 def release_noise(aggregator, dim):
-    from fedudp.flower.contract import release_noise as noise
+    from fedudp.flower.outcome import release_noise as noise
 
     return noise(aggregator, dim)
 
