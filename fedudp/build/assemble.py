@@ -94,10 +94,7 @@ def prepare(
         (and its declared public numbers checked) right after the config's own checks: its
         input shape and its counts come from them.
     """
-    if checked is None or checked.cfg is not cfg:
-        checked = check(cfg)
-    else:
-        check_run(cfg)
+    checked = check(cfg) if checked is None or checked.cfg is not cfg else _rest(checked)
     if model_object is not None and EngineName(cfg.engine) == EngineName.flower:
         raise ConfigError(
             "engine: a model object from the Python API lives in this process; "
@@ -136,9 +133,17 @@ def prepare(
         board = _billboard(
             cfg, run, spec, own, aggregator, sampling, led, algo, shared, owner_units
         )
+    fed = _federation(cfg, records, own, n_owners, n_users)
+    return Prepared(cfg, run, own, aggregator, led, board, fed, algo)
+
+
+def _federation(
+    cfg: RunConfig, records: Any, own: Owners, n_owners: int, n_users: int
+) -> Federation:
+    """The federation on the owners' device and dtype, with the plan's public n: a planned
+    federation has exactly it; a natural one the declared owner count, and at most the declared
+    users (the others are absent: zero contributions)."""
     fed = federation(cfg, records).to(own.dtype, own.device)
-    # the plan's public n: a planned federation has exactly it; a natural one the declared
-    # owner count, and at most the declared users (the others are absent: zero contributions)
     if fed.num_owners != n_owners or (
         fed.num_users > n_users if natural(cfg) else fed.num_users != n_users
     ):
@@ -146,7 +151,13 @@ def prepare(
             f"partition gave {fed.num_owners} owners / {fed.num_users} users, "
             f"planned {n_owners} / {n_users}"
         )
-    return Prepared(cfg, run, own, aggregator, led, board, fed, algo)
+    return fed
+
+
+def _rest(checked: Checked) -> Checked:
+    """The checks the runner's ``check_config`` left (``check_run``), on ``checked.cfg``."""
+    check_run(checked.cfg)
+    return checked
 
 
 def _estimator_or_algorithm(
