@@ -336,13 +336,19 @@ def draw(a: dict, out: Path, title: str) -> None:
                 zorder=2,
             )
         )
+        # the label at the arc's middle (arc3: control point off the chord by rad x its length)
+        dx, dy = p1[0] - p0[0], p1[1] - p0[1]
+        cx, cy = (p0[0] + p1[0]) / 2 - 0.2 * dy, (p0[1] + p1[1]) / 2 + 0.2 * dx
         ax.text(
-            (p0[0] + p1[0]) / 2 + 0.1,
-            (p0[1] + p1[1]) / 2,
+            0.25 * p0[0] + 0.5 * cx + 0.25 * p1[0],
+            0.25 * p0[1] + 0.5 * cy + 0.25 * p1[1],
             "by name",
             fontsize=7,
-            color="0.4",
+            color="0.35",
             style="italic",
+            ha="center",
+            va="center",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.9},
             zorder=6,
         )
     n_up, n_cyc = len(a["upward"]), len(a["unit_cycles"]) + len(a["module_cycles"])
