@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from fedudp import audit
+from fedudp.audit import cli as audit  # the command's module: the names ``main`` calls
 from fedudp.audit import main
 
 

@@ -246,7 +246,7 @@ def test_batched_tree_runs_keep_a_state_per_block():
     import numpy as np
     import torch
     from fedudp.protocol.contributions import Constraint
-    from fedudp.audit import _linear_sequences
+    from fedudp.audit.sequence import _linear_sequences
 
     agg = tree()
     base = Constraint(rows=False, clip=None).apply(torch.zeros(1, 2, dtype=torch.float64))

@@ -94,7 +94,7 @@ def moved(seeds: int) -> list[dict]:
 def audit_pair(seed: int, trials: int) -> list[dict]:
     import torch
 
-    from fedudp import audit as audit_mod
+    from fedudp.audit import local_dpsgd as audit_mod
     from fedudp.build import prepare
     from fedudp.config import config_from_overrides
     from fedudp.privacy.audit_stats import audit_samples
