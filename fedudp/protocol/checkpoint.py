@@ -30,6 +30,26 @@ from typing import Any
 
 import torch
 
+__all__ = [
+    "KEEP_AFTER_FINISH",
+    "MAGIC",
+    "atomic_write",
+    "Checkpointer",
+    "CheckpointError",
+    "ckpt_path",
+    "dump",
+    "fsync_dir",
+    "keep_after_finish",
+    "load_bytes",
+    "load_file",
+    "owner_file",
+    "owners_dir",
+    "plain",
+    "remove_all",
+    "rounds_on_disk",
+    "warn",
+]
+
 MAGIC = b"FEDUDP-CKPT-1\n"
 _NAME = re.compile(r"^ckpt-(\d{6,})\.pt$")
 _OWNERS = re.compile(r"^ckpt-(\d{6,})\.owners$")
@@ -40,20 +60,72 @@ class CheckpointError(Exception):
 
 
 def ckpt_path(folder: Path, round_: int) -> Path:
+    """The checkpoint file of round ``round_`` in ``folder``.
+
+    Parameters
+    ----------
+    folder : pathlib.Path
+        The run folder's checkpoint folder.
+    round_ : int
+        The round.
+
+    Returns
+    -------
+    pathlib.Path
+        The file's path.
+    """
     return Path(folder) / f"ckpt-{round_:06d}.pt"
 
 
 def owners_dir(folder: Path, round_: int) -> Path:
-    """Where the owners of a Flower run write their own personal state for a checkpoint."""
+    """Where the owners of a Flower run write their own personal state for a checkpoint.
+
+    Parameters
+    ----------
+    folder : pathlib.Path
+        The checkpoint folder.
+    round_ : int
+        The round.
+
+    Returns
+    -------
+    pathlib.Path
+        The owners' folder of that round.
+    """
     return Path(folder) / f"ckpt-{round_:06d}.owners"
 
 
 def owner_file(folder: Path | str, owner: int) -> Path:
+    """The file of one owner's personal state in an owners' folder.
+
+    Parameters
+    ----------
+    folder : pathlib.Path or str
+        The owners' folder.
+    owner : int
+        The owner's id.
+
+    Returns
+    -------
+    pathlib.Path
+        The file's path.
+    """
     return Path(folder) / f"owner-{owner}.pt"
 
 
 def dump(state: dict) -> bytes:
-    """Checkpoint bytes: magic, SHA-256 of the payload, payload."""
+    """Checkpoint bytes: magic, SHA-256 of the payload, payload.
+
+    Parameters
+    ----------
+    state : dict
+        The checkpoint's state.
+
+    Returns
+    -------
+    bytes
+        The checkpoint's bytes.
+    """
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
@@ -61,7 +133,23 @@ def dump(state: dict) -> bytes:
 
 
 def load_bytes(data: bytes) -> dict:
-    """Inverse of ``dump``; ``CheckpointError`` if the bytes are not an intact checkpoint."""
+    """Inverse of ``dump``; ``CheckpointError`` if the bytes are not an intact checkpoint.
+
+    Parameters
+    ----------
+    data : bytes
+        A checkpoint's bytes.
+
+    Returns
+    -------
+    dict
+        The state.
+
+    Raises
+    ------
+    CheckpointError
+        The bytes are not an intact checkpoint.
+    """
     if not data.startswith(MAGIC):
         raise CheckpointError("not a fedudp checkpoint (bad magic)" if data else "empty file")
     head = len(MAGIC)
@@ -78,6 +166,23 @@ def load_bytes(data: bytes) -> dict:
 
 
 def load_file(path: Path) -> dict:
+    """``load_bytes`` of a file.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The checkpoint file.
+
+    Returns
+    -------
+    dict
+        The state.
+
+    Raises
+    ------
+    CheckpointError
+        The file is not an intact checkpoint.
+    """
     try:
         return load_bytes(Path(path).read_bytes())
     except OSError as e:
@@ -85,7 +190,15 @@ def load_file(path: Path) -> dict:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Temporary file in the same folder, fsync, rename over ``path``, fsync the folder."""
+    """Temporary file in the same folder, fsync, rename over ``path``, fsync the folder.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The file.
+    data : bytes
+        Its new content.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
@@ -97,6 +210,13 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def fsync_dir(folder: Path) -> None:
+    """Flush a folder's entries to disk (a rename in it is durable).
+
+    Parameters
+    ----------
+    folder : pathlib.Path
+        The folder.
+    """
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:
@@ -110,7 +230,18 @@ def fsync_dir(folder: Path) -> None:
 
 
 def rounds_on_disk(folder: Path) -> list[int]:
-    """Rounds of the checkpoint files in ``folder``, newest first."""
+    """Rounds of the checkpoint files in ``folder``, newest first.
+
+    Parameters
+    ----------
+    folder : pathlib.Path
+        The checkpoint folder.
+
+    Returns
+    -------
+    list of int
+        The rounds, newest first.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         return []
@@ -119,7 +250,13 @@ def rounds_on_disk(folder: Path) -> list[int]:
 
 
 def remove_all(folder: Path) -> None:
-    """Delete every checkpoint file and owners' folder in ``folder`` (a run started afresh)."""
+    """Delete every checkpoint file and owners' folder in ``folder`` (a run started afresh).
+
+    Parameters
+    ----------
+    folder : pathlib.Path
+        The checkpoint folder.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         return
@@ -137,7 +274,20 @@ def keep_after_finish(folder: Path, policy: str) -> list[int]:
     """Once a run has finished (it is never resumed: re-running it is skipped), keep ``policy``
     of its checkpoints: ``none`` removes every checkpoint file and owners' folder, ``last``
     keeps the newest checkpoint (and its owners' folder), ``all`` leaves what the run kept.
-    Returns the rounds whose checkpoints remain."""
+    Returns the rounds whose checkpoints remain.
+
+    Parameters
+    ----------
+    folder : pathlib.Path
+        The checkpoint folder.
+    policy : str
+        ``checkpoint.keep_after_finish``'s value.
+
+    Returns
+    -------
+    list of int
+        The rounds kept.
+    """
     if policy not in KEEP_AFTER_FINISH:
         raise ValueError(f"keep_after_finish: one of {KEEP_AFTER_FINISH}, got {policy!r}")
     folder = Path(folder)
@@ -149,6 +299,13 @@ def keep_after_finish(folder: Path, policy: str) -> list[int]:
 
 
 def warn(message: str) -> None:
+    """Print a checkpoint warning on stderr.
+
+    Parameters
+    ----------
+    message : str
+        The warning.
+    """
     print(f"fedudp: warning: {message}", file=sys.stderr, flush=True)
 
 
@@ -162,7 +319,29 @@ class Checkpointer:
     checkpoint of another run is never used; ``same_identity`` (optional) decides that match
     instead of string equality (a configuration written before a key existed, with that key at
     its default, is the same run). ``resumed`` is the state a resumed run starts from (set by
-    ``load_latest``)."""
+    ``load_latest``).
+
+    Parameters
+    ----------
+    folder : pathlib.Path
+        The checkpoint folder.
+    every : int, default 1
+        Write a checkpoint every this many rounds.
+    keep : int, default 2
+        The newest checkpoints kept.
+    identity : str, default ""
+        The run's identity a checkpoint must carry.
+    resumed : dict or None, default None
+        The checkpoint the run resumed from.
+    report : callable, default warn
+        Where warnings go.
+    verify_state : callable or None, default None
+        Checks a loaded state (raises ``CheckpointError``).
+    same_identity : callable or None, default None
+        Decides whether a checkpoint's identity is this run's.
+    warned : set
+        The warnings already given.
+    """
 
     folder: Path
     every: int = 1
@@ -175,13 +354,50 @@ class Checkpointer:
     warned: set = field(default_factory=set, repr=False)
 
     def due(self, round_: int) -> bool:
+        """Whether round ``round_`` writes a checkpoint (every ``every`` rounds).
+
+        Parameters
+        ----------
+        round_ : int
+            The round.
+
+        Returns
+        -------
+        bool
+            True every ``every`` rounds.
+        """
         return self.every > 0 and round_ % self.every == 0
 
     def owners_dir(self, round_: int) -> Path:
+        """The owners' folder of round ``round_``.
+
+        Parameters
+        ----------
+        round_ : int
+            The round.
+
+        Returns
+        -------
+        pathlib.Path
+            The folder.
+        """
         return owners_dir(self.folder, round_)
 
     def save(self, round_: int, state: dict) -> Path:
-        """Atomically write ``state`` as round ``round_``'s checkpoint, then prune."""
+        """Atomically write ``state`` as round ``round_``'s checkpoint, then prune.
+
+        Parameters
+        ----------
+        round_ : int
+            The round.
+        state : dict
+            Its state.
+
+        Returns
+        -------
+        pathlib.Path
+            The checkpoint file.
+        """
         path = ckpt_path(self.folder, round_)
         atomic_write(path, dump({**state, "round": int(round_), "identity": self.identity}))
         self.prune()
@@ -238,7 +454,18 @@ class Checkpointer:
 
 
 def plain(x: Any) -> Any:
-    """Python scalars for numpy ones (a checkpoint loads with ``weights_only=True``)."""
+    """Python scalars for numpy ones (a checkpoint loads with ``weights_only=True``).
+
+    Parameters
+    ----------
+    x : Any
+        A value, nested containers included.
+
+    Returns
+    -------
+    Any
+        The value with numpy scalars as Python ones.
+    """
     if isinstance(x, dict):
         return {str(k): plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):

@@ -25,10 +25,31 @@ from fedudp.plain import jsonable
 from fedudp.privacy.accountant import Ledger, LedgerEntry
 from fedudp.protocol.checkpoint import atomic_write
 
+__all__ = [
+    "after_checkpoint",
+    "head",
+    "LedgerFile",
+    "read",
+    "release_digest",
+    "Resumed",
+    "write",
+]
+
 
 def release_digest(agg: Aggregate) -> str:
     """SHA-256 of what a release puts out: the released mean's dtype, shape and bytes, and
-    whether the estimator halted (a re-release is the same release exactly when it is equal)."""
+    whether the estimator halted (a re-release is the same release exactly when it is equal).
+
+    Parameters
+    ----------
+    agg : Aggregate
+        The release.
+
+    Returns
+    -------
+    str
+        The hex SHA-256.
+    """
     mean = agg.mean.detach().to("cpu").contiguous()
     h = hashlib.sha256(f"{mean.dtype}|{tuple(mean.shape)}|{bool(agg.halted)}|".encode())
     h.update(mean.reshape(-1).view(torch.uint8).numpy().tobytes() if mean.numel() else b"")
@@ -37,7 +58,18 @@ def release_digest(agg: Aggregate) -> str:
 
 def head(ledger: Ledger) -> dict[str, Any]:
     """``ledger.jsonl``'s head line: the ledger without its entries and what they give (its ε,
-    the rounds released)."""
+    the rounds released).
+
+    Parameters
+    ----------
+    ledger : Ledger
+        The run's ledger.
+
+    Returns
+    -------
+    dict
+        The head line's fields.
+    """
     derived = ("entries", "epsilon", "rounds_released")
     return {k: v for k, v in ledger.to_dict().items() if k not in derived}
 
@@ -49,16 +81,37 @@ def _line(d: dict[str, Any]) -> str:
 @dataclass
 class LedgerFile:
     """Appends ledger entries to ``path``, each one flushed and fsynced before ``append``
-    returns. ``written``: the entries the file holds after its head."""
+    returns. ``written``: the entries the file holds after its head.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The ``ledger.jsonl`` file.
+    written : int, default 0
+        The entries it holds after its head.
+    """
 
     path: Path
     written: int = 0
 
     def append(self, entry: LedgerEntry) -> None:
-        """Write ``entry``'s line durably (the billboard calls this before its release leaves)."""
+        """Write ``entry``'s line durably (the billboard calls this before its release leaves).
+
+        Parameters
+        ----------
+        entry : LedgerEntry
+            The release's entry.
+        """
         self.extend([entry])
 
     def extend(self, entries: list[LedgerEntry]) -> None:
+        """Write ``entries``' lines durably, in one flush and fsync.
+
+        Parameters
+        ----------
+        entries : list of LedgerEntry
+            The entries, in order.
+        """
         if not entries:
             return
         with open(self.path, "a") as f:
@@ -69,7 +122,17 @@ class LedgerFile:
 
 
 def write(path: Path, head: dict[str, Any], entries: list[LedgerEntry]) -> None:
-    """Replace ``path`` atomically with ``head`` and ``entries`` (a new or resumed run)."""
+    """Replace ``path`` atomically with ``head`` and ``entries`` (a new or resumed run).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The ``ledger.jsonl`` file.
+    head : dict
+        Its head line.
+    entries : list of LedgerEntry
+        Its entries.
+    """
     atomic_write(
         Path(path), "".join([_line(head)] + [_line(e.as_dict()) for e in entries]).encode()
     )
@@ -78,7 +141,23 @@ def write(path: Path, head: dict[str, Any], entries: list[LedgerEntry]) -> None:
 def read(path: Path) -> tuple[dict[str, Any], list[LedgerEntry]]:
     """(head, entries) of a ``ledger.jsonl``; a last line cut short (the process was killed while
     writing it, before the release left) is left out. ``ValueError`` naming the file for any
-    other damage."""
+    other damage.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The ``ledger.jsonl`` file.
+
+    Returns
+    -------
+    tuple of (dict, list of LedgerEntry)
+        The head and the entries.
+
+    Raises
+    ------
+    ValueError
+        Any damage but a last line cut short (naming the file).
+    """
     lines = Path(path).read_text().splitlines()
     if not lines:
         raise ValueError(f"{path}: empty (no head line)")
@@ -111,7 +190,17 @@ class Resumed:
     re-done rounds release again identically (by SHA-256) unless they differ
     (``Billboard.rereleases``); ``record``: the line ``ledger.jsonl``'s head keeps about it
     (``extra.resumes``), None where nothing was released after the checkpoint or every such
-    release may come again identically."""
+    release may come again identically.
+
+    Parameters
+    ----------
+    composed : list of LedgerEntry
+        Releases after the checkpoint that the resumed run composes.
+    rereleases : list of LedgerEntry
+        Those of a seeded run that its re-done rounds may release again identically.
+    record : dict or None
+        The line the head keeps about them (None: nothing to record).
+    """
 
     composed: list[LedgerEntry]
     rereleases: list[LedgerEntry]
@@ -127,7 +216,29 @@ def after_checkpoint(
     noise and sample on every draw) or without a recorded SHA-256, each is composed; a seeded
     run's may be released again identically, which ``Billboard.release`` checks.
     ``ValueError`` (naming the file) where the file does not begin with the checkpoint's
-    releases."""
+    releases.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The killed run's ``ledger.jsonl``.
+    checkpoint_entries : list of LedgerEntry
+        The checkpoint's billboard's entries.
+    round_ : int
+        The checkpoint's round.
+    secure : bool
+        The run's randomness is fresh on every draw.
+
+    Returns
+    -------
+    Resumed
+        What the file holds beyond the checkpoint.
+
+    Raises
+    ------
+    ValueError
+        The file does not begin with the checkpoint's releases (naming it).
+    """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: missing (the run's releases cannot be counted)")

@@ -17,11 +17,27 @@ import torch
 from fedudp.privacy.mechanisms import row_norms64
 from fedudp.protocol.contributions import Constraint, Contribution, finite_rows
 
+__all__ = [
+    "Failure",
+    "make_reply",
+    "OwnerFailure",
+    "OwnerReply",
+    "Raised",
+    "raised_metrics",
+    "rows_reply",
+]
+
 
 class OwnerFailure(Exception):
     """An owner could not take part in a round (its infrastructure, not a bug in fedudp): the
     billboard excludes it from that round's release and records the reason. The message
-    carries ``TAG`` so that the billboard recognizes it in a Flower error reply."""
+    carries ``TAG`` so that the billboard recognizes it in a Flower error reply.
+
+    Parameters
+    ----------
+    reason : str
+        Why the owner could not take part.
+    """
 
     TAG = "[fedudp.OwnerFailure]"
 
@@ -31,7 +47,17 @@ class OwnerFailure(Exception):
 
 @dataclass(frozen=True)
 class Failure:
-    """An owner excluded from a round: ``units`` of its sampled units did not contribute."""
+    """An owner excluded from a round: ``units`` of its sampled units did not contribute.
+
+    Parameters
+    ----------
+    owner : int
+        The owner.
+    units : int
+        Its sampled units that did not contribute.
+    reason : str
+        Why.
+    """
 
     owner: int
     units: int
@@ -42,7 +68,17 @@ class Failure:
 class Raised:
     """Users of one owner dropped from a round because their training step raised
     (``fedudp.owner.isolate``): ``owner`` (global id), how many ``users``, their one-line
-    ``reasons``."""
+    ``reasons``.
+
+    Parameters
+    ----------
+    owner : int
+        The owner.
+    users : int
+        Its users dropped.
+    reasons : tuple of str
+        The exceptions' one-line reasons.
+    """
 
     owner: int
     users: int
@@ -51,6 +87,20 @@ class Raised:
 
 @dataclass
 class OwnerReply:
+    """What an owner sends the billboard for one round.
+
+    Parameters
+    ----------
+    param_names : tuple of str
+        The shared parameters the vectors are of, in order.
+    contribution : Contribution
+        The constrained rows or their clipped sum and count.
+    failed : int, default 0
+        Units excluded on the owner for a NaN/inf vector or a raise (a diagnostic).
+    raised : tuple of Raised, default ()
+        Users dropped for a step that raised, per owner.
+    """
+
     param_names: tuple[str, ...]
     contribution: Contribution
     failed: int = 0  # units excluded on the owner for a NaN/inf vector or a raise (diagnostic)
@@ -59,7 +109,18 @@ class OwnerReply:
 
 def raised_metrics(replies: Iterable[OwnerReply]) -> dict:
     """A round's ``raised_users`` (how many users were dropped because their step raised) and
-    ``raised`` (per owner: ``owner``, ``raised_users``, ``reasons``); empty where none was."""
+    ``raised`` (per owner: ``owner``, ``raised_users``, ``reasons``); empty where none was.
+
+    Parameters
+    ----------
+    replies : iterable of OwnerReply
+        The round's replies.
+
+    Returns
+    -------
+    dict
+        ``raised_users`` and ``raised``, or empty.
+    """
     got = [r for rep in replies for r in rep.raised]
     if not got:
         return {}
@@ -85,7 +146,26 @@ def make_reply(
 
     Float32 rows to be clipped are screened by their float64 norms, computed once for both: a
     float32 row is finite exactly when the float64 sum of its squares is (no float32 square
-    overflows float64), so no element-wise mask of G is made."""
+    overflows float64), so no element-wise mask of G is made.
+
+    Parameters
+    ----------
+    G : torch.Tensor
+        The owner's units' vectors, [n, d].
+    names : tuple of str
+        The shared parameters the vectors are of.
+    constraint : Constraint
+        The aggregator's owner side.
+    weights : numpy.ndarray or None, default None
+        Per-row weights of owner-level updates (None: unweighted).
+    owned : bool, default False
+        ``G`` may be overwritten (clipped in place).
+
+    Returns
+    -------
+    OwnerReply
+        The reply (non-finite rows counted in ``failed``).
+    """
     norms = None
     if (
         weights is None
@@ -122,7 +202,28 @@ def rows_reply(
     written, in order, into one [units, dim] matrix allocated up front, so the rows are held
     once (not a list of chunks and then their concatenation, ``Contribution.merge``). Non-finite
     rows are dropped (they contribute zero, as in ``make_reply``) and counted in ``failed``.
-    ``device``: where the matrix lives (the chunks', ``engine_opts.device``; None: the CPU)."""
+    ``device``: where the matrix lives (the chunks', ``engine_opts.device``; None: the CPU).
+
+    Parameters
+    ----------
+    chunks : iterable of torch.Tensor
+        The row chunks, in order.
+    units : int
+        At most this many units.
+    dim : int
+        The vectors' length.
+    dtype : torch.dtype
+        The matrix's dtype.
+    names : tuple of str
+        The shared parameters the vectors are of.
+    device : torch.device or None, default None
+        Where the matrix lives (None: the CPU).
+
+    Returns
+    -------
+    OwnerReply
+        The reply of the finite rows (the others counted in ``failed``).
+    """
     out = torch.empty(units, dim, dtype=dtype, device=device)
     at = failed = 0
     for G in chunks:

@@ -32,6 +32,28 @@ __all__ = ["MethodSpec", "make_method"]
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """What a method is: its split, its privacy and what its owners send.
+
+    Parameters
+    ----------
+    method : Method
+        per_silo, fedavg, full_dp or joint_dp.
+    split : ParamSplit
+        The shared and personal parameters.
+    private : bool
+        Its releases are private (a ledger).
+    communicates : bool
+        The owners send updates.
+    feedback : bool
+        Shared vectors computed at the owner's own personal parameters.
+    unit : Unit
+        The privacy unit of the release (user or owner).
+    guarantee : str
+        ``certified``, ``heuristic`` or ``none``.
+    update : str, default "user_vectors"
+        user_vectors, owner_sgd or owner_dpsgd (the module docstring).
+    """
+
     method: Method
     split: ParamSplit
     private: bool
@@ -69,7 +91,33 @@ def make_method(
     default), the privacy ``unit`` (user, record, owner), where the noise is added
     (``placement``: server, local_dpsgd) and whether accounting follows the paper (``paper``:
     shared vectors at the owner's own personal parameters). A split that leaves no personal or
-    no shared parameter for joint_dp is a ``ValueError``."""
+    no shared parameter for joint_dp is a ``ValueError``.
+
+    Parameters
+    ----------
+    method : str
+        per_silo, fedavg, full_dp or joint_dp.
+    model : SplitModel
+        The model.
+    personal : tuple of str, default ()
+        Joint DP's personal parameter patterns (empty: the model's default).
+    unit : str, default "user"
+        The privacy unit: user, record or owner.
+    placement : str, default "server"
+        Where the noise is added: server or local_dpsgd.
+    paper : bool, default False
+        Accounting as in the paper (shared vectors at the owner's own personal parameters).
+
+    Returns
+    -------
+    MethodSpec
+        The method.
+
+    Raises
+    ------
+    ValueError
+        A joint_dp split that leaves no personal or no shared parameter.
+    """
     m = Method(method)
     names = tuple(n for n, _ in model.named_parameters())
     release_unit = Unit.owner if Unit(unit) == Unit.owner else Unit.user
