@@ -65,7 +65,15 @@ class BatchedPaths:
     device: torch.device
 
     def report_progress(self, stage: str, done: int, total: int) -> None:
-        """Progress inside a round (``Owners.report_progress``); it changes nothing."""
+        """Progress inside a round (``Owners.report_progress``); it changes nothing.
+
+        Parameters
+        ----------
+        stage : str
+            What is being computed.
+        done, total : int
+            Units done and in all.
+        """
         raise NotImplementedError
 
     def _one_step_owners(self, sizes: np.ndarray) -> np.ndarray:

@@ -297,7 +297,7 @@ def dpsgd_deltas(
     Raises
     ------
     ValueError
-        ``capacity`` is not one value >= 1 per owner, or an adaptive clip lacks ``fractions``.
+        ``capacity`` is not one value >= 1 per owner; an adaptive clip without ``fractions``.
     """
     k = len(users)
     capacity = np.asarray(capacity, dtype=np.int64)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from fedudp.data.federation import Federation
-from fedudp.owner.local_sgd import Params, bound, chunks, has_conv, select
+from fedudp.owner.gradients import bound
+from fedudp.owner.local_sgd import Params, chunks, has_conv, select
 
 __all__ = ["EVAL_RECORDS_CONV", "evaluate_owners", "evaluate_sums"]
 
@@ -113,10 +114,8 @@ def evaluate_sums(
 
     Parameters
     ----------
-    model : nn.Module
-        The model.
-    shared : Params
-        The shared parameters, unbatched.
+    model, shared : nn.Module, Params
+        The model and the shared parameters, unbatched.
     personal : Params
         Each unit's personal parameters, with a leading unit dimension (may be empty).
     x, y : Tensor

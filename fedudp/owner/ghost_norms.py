@@ -26,8 +26,22 @@ NORMS = (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNor
 
 
 def costs(mod: nn.Module, positions: int, k: int) -> tuple[int, int]:
-    """(multiply-adds of the Gram form, of the materialized form) of a Linear or Conv2d weight's
-    norm for a user of ``k`` records with ``positions`` output positions each."""
+    """The multiply-adds of a Linear or Conv2d weight's norm in either form, for one user.
+
+    Parameters
+    ----------
+    mod : nn.Module
+        A Linear or Conv2d layer.
+    positions : int
+        Output positions per record.
+    k : int
+        The user's records.
+
+    Returns
+    -------
+    tuple of int
+        (the Gram form's, the materialized form's).
+    """
     if isinstance(mod, nn.Linear):
         fan_in, fan_out = mod.in_features, mod.out_features
     else:
@@ -39,12 +53,29 @@ def costs(mod: nn.Module, positions: int, k: int) -> tuple[int, int]:
 
 
 def param_names(path: str) -> tuple[str, str]:
+    """(weight, bias) parameter names of the module at ``path`` (``""``: the model itself)."""
     return (f"{path}.weight", f"{path}.bias") if path else ("weight", "bias")
 
 
 @dataclass
 class SavedLayer:
-    """One shared layer's saved state for the weighted sum."""
+    """One shared layer's saved state for the weighted sum.
+
+    Parameters
+    ----------
+    path : str
+        The module's path.
+    mod : nn.Module
+        The module.
+    a, g : Tensor
+        Its input (token ids for an Embedding) and output gradient.
+    weight : Tensor or None
+        The weight the forward used (shape, dtype, layout).
+    per_user : dict of str to list of Tensor
+        Materialized: each user's weight gradient, [U, *shape] as row blocks in user order.
+    per_record : dict of str to Tensor
+        Small: each record's bias rows, a normalization layer's affine parameters.
+    """
 
     path: str
     mod: nn.Module
@@ -93,7 +124,21 @@ def _gram_sq(G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Chunk:
-    """A chunk's users as ``ghost_gradients`` indexes them."""
+    """A chunk's users as ``ghost_gradients`` indexes them.
+
+    Parameters
+    ----------
+    names : tuple of str
+        The shared parameters.
+    of, pos : Tensor
+        [R] each record's user and its position within its user.
+    U, k, R : int
+        Users, the largest user's record count, records.
+    sizes : np.ndarray
+        Each user's record count.
+    form : str or None
+        A forced weight form (tests), or None for the cheaper one.
+    """
 
     names: tuple[str, ...]
     of: torch.Tensor  # [R] each record's user

@@ -30,6 +30,8 @@ from fedudp.models.independence import NORM, Kernel, check_independent
 from fedudp.models.validate import example_batch
 from fedudp.owner import ghost, one_step, per_sample
 
+__all__ = ["GHOST", "ONE_STEP", "PER_RECORD", "check", "kernels"]
+
 Params = Mapping[str, torch.Tensor]
 
 
@@ -83,8 +85,19 @@ GHOST = "the ghost-clipping kernel (fedudp.owner.ghost)"
 
 
 def kernels(model: nn.Module) -> dict[str, Kernel]:
-    """Label -> kernel for every batched per-record kernel a configuration can take on
-    ``model`` (module doc)."""
+    """Every batched per-record kernel a configuration can take on ``model`` (module doc).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Returns
+    -------
+    dict of str to Kernel
+        Label (``PER_RECORD``, ``ONE_STEP``, ``GHOST``) -> the kernel, run on the parameters
+        it covers; a kernel that covers none is left out.
+    """
     every = tuple(n for n, _ in model.named_parameters())
     fast = tuple(n for n in every if per_sample.supported(model, (n,)))
     gh = tuple(n for n in every if ghost.supported(model, (n,)))
@@ -100,10 +113,25 @@ def kernels(model: nn.Module) -> dict[str, Kernel]:
 def check(
     model: nn.Module, input_shape: Sequence[int], classes: int | None = None, tokens: bool = False
 ) -> None:
-    """``fedudp.models.independence.check_independent`` on ``model`` with every kernel of
-    ``kernels(model)``: a one-line ``ValueError`` naming the module that mixes records.
-    ``classes``: the declared classes; None (an app's model with no declaration, the Flower fast
-    path): the width of the model's output on a public example record."""
+    """``fedudp.models.independence.check_independent`` with every kernel of ``kernels``.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+    input_shape : Sequence of int
+        One record's declared shape.
+    classes : int or None
+        The declared classes; None (an app's model with no declaration, the Flower fast
+        path): the width of the model's output on a public example record.
+    tokens : bool
+        Records are token ids.
+
+    Raises
+    ------
+    ValueError
+        One line naming the module that mixes records.
+    """
     if classes is None:
         p = next(model.parameters(), None)
         if p is None:

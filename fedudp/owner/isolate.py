@@ -52,9 +52,21 @@ NEVER_ISOLATED: tuple[type[BaseException], ...] = (ConfigError, OwnerFailure, Ru
 
 
 def without_users(fed: Federation, users: np.ndarray) -> Federation:
-    """The federation without the users ``users`` (indices here): their records removed, every
-    other user keeping its records, owner and identity, every owner kept (possibly with no
-    users); ``Federation.without_user`` applied to each of them."""
+    """The federation without the users ``users``: ``Federation.without_user`` for each.
+
+    Parameters
+    ----------
+    fed : Federation
+        The federation.
+    users : np.ndarray
+        User indices into ``fed``.
+
+    Returns
+    -------
+    Federation
+        Their records removed, every other user keeping its records, owner and identity,
+        every owner kept (possibly with no users).
+    """
     drop = np.zeros(fed.num_users, dtype=bool)
     drop[np.asarray(users, dtype=np.int64)] = True
     sizes = np.diff(fed.user_offsets)

@@ -17,31 +17,25 @@ result does not depend on how units are chunked, on the engine, or on scheduling
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
+from torch.func import grad, vmap
 
-from fedudp.randomness import Purpose, numpy_rng
+from fedudp.owner.gradients import bound, masked_loss, mean_gradients_loop, mean_gradients_vmap
 
 __all__ = [
     "AUTO_CHUNK_CONV",
     "AUTO_CHUNK_DENSE",
-    "LOOP_MAX_BATCH",
     "LOOP_MIN_RECORDS",
     "LocalSpec",
     "Params",
     "Units",
-    "batch_orders",
-    "bound",
     "chunk_budget",
     "chunks",
-    "epoch_keys",
     "expand",
     "flat_delta",
     "flatten",
@@ -61,14 +55,9 @@ class LocalSpec:
 
     Parameters
     ----------
-    seed : int
-        The run's seed (the batch orders' key).
-    lr : float
-        The step size.
-    batch_size : int
-        Records per step.
-    epochs : int
-        Passes over a unit's records per round.
+    seed, lr, batch_size, epochs : int, float, int, int
+        The run's seed (the batch orders' key), the step size, records per step and passes
+        over a unit's records per round.
     """
 
     seed: int
@@ -103,7 +92,7 @@ class Units:
         return len(self.starts)
 
     def subset(self, sel: np.ndarray) -> Units:
-        """The units ``sel`` (indices or a mask), in that order."""
+        """The units ``sel`` (``np.ndarray``: indices or a mask), in that order (``Units``)."""
         return Units(
             self.starts[sel],
             self.sizes[sel],
@@ -111,110 +100,6 @@ class Units:
             self.owner_starts[sel],
             self.owner_sizes[sel],
         )
-
-
-def epoch_keys(
-    seed: int, round_: int, epoch: int, purpose: Purpose, owner: int, n: int
-) -> np.ndarray:
-    """Sort keys for one owner's ``n`` records in one epoch (public randomness).
-
-    Parameters
-    ----------
-    seed, round_, epoch : int
-        The stream's keys.
-    purpose : Purpose
-        The stream (user, owner or personal order).
-    owner : int
-        The owner's global id.
-    n : int
-        Its records.
-
-    Returns
-    -------
-    np.ndarray
-        [n] uniform keys.
-    """
-    return numpy_rng(seed, purpose, round_, epoch, owner).random(n)
-
-
-def batch_orders(
-    units: Units,
-    spec: LocalSpec,
-    round_: int,
-    purpose: Purpose,
-    unit_keys: np.ndarray | None = None,
-) -> np.ndarray:
-    """Per unit and epoch, its records in visiting order.
-
-    Keys are drawn per owner (an owner's records, by position in the owner: owner-level
-    training), or, with ``unit_keys``, per unit from that unit's own stable identity (users:
-    a user's order must not move when another user of its owner is added or removed,
-    docs/algorithms.md#certified-vs-paper-accounting).
-
-    Parameters
-    ----------
-    units : Units
-        The units.
-    spec : LocalSpec
-        Their local training (seed, epochs).
-    round_ : int
-        The round.
-    purpose : Purpose
-        The order's stream.
-    unit_keys : np.ndarray or None
-        Each unit's stable id (users), or None for keys per owner.
-
-    Returns
-    -------
-    np.ndarray
-        [U, E, L] record indices, padded with -1.
-    """
-    L = int(units.sizes.max()) if len(units) else 0
-    U = len(units)
-    out = np.full((U, spec.epochs, L), -1, dtype=np.int64)
-    if U == 0 or L == 0:
-        return out
-    col = np.arange(L)[None, :]
-    valid = col < units.sizes[:, None]
-    idx = units.starts[:, None] + np.minimum(col, units.sizes[:, None] - 1)  # absolute
-    rel = idx - units.owner_starts[:, None]  # within owner
-    owners = np.unique(units.owners)
-    for e in range(spec.epochs):
-        keys = np.full((U, L), np.inf)
-        if unit_keys is not None:
-            for i in np.flatnonzero(units.sizes > 1):  # one record: nothing to order
-                size = int(units.sizes[i])
-                keys[i, :size] = numpy_rng(spec.seed, purpose, round_, e, int(unit_keys[i])).random(
-                    size
-                )
-            keys[units.sizes == 1, 0] = 0.0
-        for o in owners if unit_keys is None else ():
-            rows = np.flatnonzero(units.owners == o)
-            if not valid[rows].any():  # an owner without records: nothing to order
-                continue
-            k = epoch_keys(spec.seed, round_, e, purpose, int(o), int(units.owner_sizes[rows[0]]))
-            keys[rows] = np.where(valid[rows], k[rel[rows]], np.inf)
-        order = np.argsort(keys, axis=1, kind="stable")
-        out[:, e] = np.where(
-            np.take_along_axis(valid, order, 1), np.take_along_axis(idx, order, 1), -1
-        )
-    return out
-
-
-def _loss(
-    model: nn.Module,
-    params: Mapping[str, torch.Tensor],
-    xb: torch.Tensor,
-    yb: torch.Tensor,
-    mb: torch.Tensor,
-) -> torch.Tensor:
-    # a masked (padding) slot reads another unit's record: zero its input, so that a NaN/inf
-    # record of one unit never reaches another's gradient (NaN * 0 is NaN)
-    keep = mb.reshape(-1, *([1] * (xb.dim() - 1))) > 0
-    xb = torch.where(keep, xb, torch.zeros((), dtype=xb.dtype, device=xb.device))
-    out = functional_call(model, dict(params), (xb,))
-    per = F.cross_entropy(out, yb, reduction="none")
-    return (per * mb).sum() / mb.sum().clamp(min=1.0)
 
 
 def local_sgd(
@@ -238,16 +123,11 @@ def local_sgd(
     ----------
     model : nn.Module
         The model.
-    trainable, frozen_per_unit : Params
-        With a leading unit dimension: the trained parameters and each unit's frozen ones.
-    frozen_common : Params
-        Frozen parameters shared by all units.
-    x, y : Tensor
-        The records and their labels.
-    orders : np.ndarray
-        [U, E, L] ``batch_orders``.
-    spec : LocalSpec
-        Step size, batch size, epochs.
+    trainable, frozen_per_unit, frozen_common : Params
+        The trained parameters and each unit's frozen ones (a leading unit dimension), and
+        frozen parameters shared by all units.
+    x, y, orders, spec : Tensor, Tensor, np.ndarray, LocalSpec
+        The records, their labels, [U, E, L] ``batch_orders`` and the local training.
     path : str
         ``"auto"``: each unit takes the path ``loop_units`` gives it (the loop for convolution
         models whose unit steps are large enough, vmap for the rest); ``"loop"`` or ``"vmap"``
@@ -319,7 +199,7 @@ def _local_sgd_vmap(
     def unit_loss(
         tr: Params, fr: Params, xb: torch.Tensor, yb: torch.Tensor, mb: torch.Tensor
     ) -> torch.Tensor:
-        return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
+        return masked_loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
 
     g = vmap(grad(unit_loss), in_dims=(0, 0, 0, 0, 0))
     b = spec.batch_size
@@ -354,7 +234,6 @@ def has_conv(model: nn.Module) -> bool:
     Returns
     -------
     bool
-        Some module of it is a convolution.
     """
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
 
@@ -392,53 +271,6 @@ def loop_units(model: nn.Module, sizes: np.ndarray, batch: int | None) -> np.nda
         return sizes >= LOOP_MIN_RECORDS
     steps = np.maximum(-(-sizes // max(int(batch), 1)), 1)
     return (sizes > 0) & (sizes >= LOOP_MIN_RECORDS * steps)
-
-
-@contextmanager
-def bound(model: nn.Module, names: tuple[str, ...]) -> Iterator:
-    """A context in which ``bind(params)`` puts tensors into ``model`` in place of its own.
-
-    ``model(x)`` then computes what ``functional_call(model, params, (x,))`` does, without
-    re-parametrizing at every call; the module's own tensors are back on exit. For loops that
-    call one model many times with the same names.
-
-    Parameters
-    ----------
-    model : nn.Module
-        The model.
-    names : tuple of str
-        The parameters (or buffers) to replace.
-
-    Yields
-    ------
-    callable
-        ``bind(params)``: puts ``params[name]`` in place of each of ``names``.
-
-    Raises
-    ------
-    KeyError
-        A name that is neither a parameter nor a buffer of the model.
-    """
-    # (the module's parameter or buffer table, the name, its own tensor): a plain tensor is bound
-    # into the slot for the call and the module's own put back
-    slots: list[tuple[dict[str, Any], str, Any]] = []
-    for name in names:
-        path, _, attr = name.rpartition(".")
-        mod = model.get_submodule(path)
-        table: dict[str, Any] = mod._parameters if attr in mod._parameters else mod._buffers
-        if attr not in table:
-            raise KeyError(f"bound: {name} is neither a parameter nor a buffer of the model")
-        slots.append((table, attr, table[attr]))
-
-    def bind(params: Mapping[str, torch.Tensor]) -> None:
-        for (table, attr, _), name in zip(slots, names):
-            table[attr] = params[name]
-
-    try:
-        yield bind
-    finally:
-        for table, attr, own in slots:
-            table[attr] = own
 
 
 def _local_sgd_loop(
@@ -526,15 +358,21 @@ def mean_gradients(
     if path == "auto":
         looped = loop_units(model, sizes, None)
         path = "loop" if len(sizes) and looped.all() else "vmap" if not looped.any() else "auto"
+    starts = np.asarray(units.starts)
     if path == "loop":
-        return _mean_gradients_loop(model, trainable, frozen_per_unit, frozen_common, x, y, units)
+        return mean_gradients_loop(
+            model, trainable, frozen_per_unit, frozen_common, x, y, starts, sizes
+        )
     if path == "vmap":
-        return _mean_gradients_vmap(model, trainable, frozen_per_unit, frozen_common, x, y, units)
+        return mean_gradients_vmap(
+            model, trainable, frozen_per_unit, frozen_common, x, y, starts, sizes
+        )
     out = {k: torch.empty_like(v) for k, v in trainable.items()}
     for sel, run in (
-        (np.flatnonzero(looped), _mean_gradients_loop),
-        (np.flatnonzero(~looped), _mean_gradients_vmap),
+        (np.flatnonzero(looped), mean_gradients_loop),
+        (np.flatnonzero(~looped), mean_gradients_vmap),
     ):
+        sub = units.subset(sel)
         got = run(
             model,
             select(trainable, sel),
@@ -542,7 +380,8 @@ def mean_gradients(
             frozen_common,
             x,
             y,
-            units.subset(sel),
+            sub.starts,
+            sub.sizes,
         )
         t = torch.from_numpy(sel)
         for k in out:
@@ -550,79 +389,13 @@ def mean_gradients(
     return out
 
 
-def _mean_gradients_vmap(
-    model: nn.Module,
-    trainable: Params,
-    frozen_per_unit: Params,
-    frozen_common: Params,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    units: Units,
-) -> Params:
-    L = int(units.sizes.max()) if len(units) else 0
-    col = np.arange(L)[None, :]
-    mask = torch.from_numpy(col < units.sizes[:, None]).to(x.device)
-    idx = torch.from_numpy(units.starts[:, None] + np.minimum(col, units.sizes[:, None] - 1))
-    idx = idx.to(x.device)
-
-    def unit_loss(tr, fr, xb, yb, mb):
-        return _loss(model, {**frozen_common, **fr, **tr}, xb, yb, mb)
-
-    dtype = next(iter(trainable.values())).dtype
-    return vmap(grad(unit_loss), in_dims=(0, 0, 0, 0, 0))(
-        trainable, frozen_per_unit, x[idx], y[idx], mask.to(dtype)
-    )
-
-
-# the per-unit loop of ``mean_gradients`` takes a large unit's records in batches of at most
-# this many (memory); its gradient is the sum over the batches divided by the unit's size
-LOOP_MAX_BATCH = 1024
-
-
-def _mean_gradients_loop(
-    model: nn.Module,
-    trainable: Params,
-    frozen_per_unit: Params,
-    frozen_common: Params,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    units: Units,
-) -> Params:
-    names = tuple(trainable)
-    out = {k: torch.zeros_like(v) for k, v in trainable.items()}
-    every = (*frozen_common, *frozen_per_unit, *names)
-    with torch.enable_grad(), bound(model, every) as bind:
-        for u in range(len(units)):
-            a, m = int(units.starts[u]), int(units.sizes[u])
-            if m == 0:
-                continue
-            leaves = [trainable[k][u].detach().requires_grad_(True) for k in names]
-            bind(
-                {
-                    **frozen_common,
-                    **{k: v[u] for k, v in frozen_per_unit.items()},
-                    **dict(zip(names, leaves)),
-                }
-            )
-            for s in range(a, a + m, LOOP_MAX_BATCH):
-                e = min(s + LOOP_MAX_BATCH, a + m)
-                loss = F.cross_entropy(model(x[s:e]), y[s:e], reduction="sum") / m
-                grads = torch.autograd.grad(loss, leaves)
-                with torch.no_grad():
-                    for k, g in zip(names, grads):
-                        out[k][u] += g
-    return out
-
-
 def expand(params: Mapping[str, torch.Tensor], n: int) -> Params:
-    """Broadcast unbatched params to a leading unit dimension of size ``n`` (a copy).
+    """Broadcast unbatched ``params`` to a leading unit dimension of size ``n`` (a copy).
 
     Parameters
     ----------
-    params : Mapping of str to Tensor
-        Unbatched parameters.
-    n : int
-        The units.
+    params, n : Mapping of str to Tensor, int
+        Unbatched parameters and the units.
 
     Returns
     -------
@@ -633,14 +406,12 @@ def expand(params: Mapping[str, torch.Tensor], n: int) -> Params:
 
 
 def flatten(params: Mapping[str, torch.Tensor], names: tuple[str, ...]) -> torch.Tensor:
-    """The named batched params of each unit, concatenated in ``names`` order.
+    """The named batched ``params`` of each unit, concatenated in ``names`` order.
 
     Parameters
     ----------
-    params : Mapping of str to Tensor
-        Batched parameters [U, ...].
-    names : tuple of str
-        Which, in order.
+    params, names : Mapping of str to Tensor, tuple of str
+        Batched parameters [U, ...] and which, in order.
 
     Returns
     -------
@@ -660,12 +431,8 @@ def flat_delta(
 
     Parameters
     ----------
-    end : Mapping of str to Tensor
-        Batched parameters [U, ...].
-    start : Mapping of str to Tensor
-        Unbatched parameters.
-    names : tuple of str
-        Which, in order.
+    end, start, names : Mapping, Mapping, tuple of str
+        Batched [U, ...] and unbatched parameters, and which, in order.
     out : Tensor or None
         [U, d] to write into (no intermediate [U, d] copies).
 
@@ -752,14 +519,12 @@ def chunks(sizes: np.ndarray, budget: int, per_unit_cap: int | None = None) -> I
 
 
 def select(params: Params, idx: np.ndarray) -> Params:
-    """Rows ``idx`` of batched params.
+    """Rows ``idx`` of batched ``params``.
 
     Parameters
     ----------
-    params : Params
-        Batched parameters [U, ...].
-    idx : np.ndarray
-        Unit indices.
+    params, idx : Params, np.ndarray
+        Batched parameters [U, ...] and unit indices.
 
     Returns
     -------

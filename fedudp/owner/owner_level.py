@@ -16,6 +16,7 @@ from fedudp.data.federation import Federation
 from fedudp.owner import local_sgd
 from fedudp.owner.batched import BatchedPaths
 from fedudp.owner.dpsgd import DpSgdSpec, dpsgd_deltas
+from fedudp.owner.orders import batch_orders
 from fedudp.protocol.choices import OwnerWeights
 from fedudp.protocol.contributions import Constraint, finite_rows
 from fedudp.protocol.messages import OwnerReply, make_reply
@@ -47,7 +48,8 @@ def owner_units(fed: Federation, owners: np.ndarray) -> local_sgd.Units:
 
 
 class OwnerLevel(BatchedPaths):
-    """The owner side's owner-level updates (module doc); a base of ``Owners``."""
+    """The owner side's owner-level updates (module doc); a base of ``Owners``, whose
+    parameters and attributes it reads (``BatchedPaths``)."""
 
     def _frozen(
         self, fed: Federation, personal: Params, owners: np.ndarray
@@ -108,7 +110,7 @@ class OwnerLevel(BatchedPaths):
             rows = rest[sel]
             fr_unit, fr_common = self._frozen(fed, personal, owners[rows])
             start = local_sgd.expand(shared, len(rows))
-            orders = local_sgd.batch_orders(units.subset(rows), spec, round_, Purpose.OWNER_ORDER)
+            orders = batch_orders(units.subset(rows), spec, round_, Purpose.OWNER_ORDER)
             end = local_sgd.local_sgd(
                 self.model, start, fr_unit, fr_common, fed.x, fed.y, orders, spec
             )

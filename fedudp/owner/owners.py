@@ -36,6 +36,7 @@ from fedudp.data.federation import Federation
 from fedudp.owner import local_sgd, per_sample
 from fedudp.owner.evaluation import evaluate_owners
 from fedudp.owner.kernels import ONE_STEP_RECORDS
+from fedudp.owner.orders import batch_orders
 from fedudp.owner.owner_level import OwnerLevel, owner_units
 from fedudp.owner.settings import OwnerTraining
 from fedudp.protocol.choices import SharedUpdate, Unit
@@ -44,7 +45,7 @@ from fedudp.protocol.messages import OwnerReply, make_reply, rows_reply
 from fedudp.protocol.methods import MethodSpec
 from fedudp.randomness import Purpose
 
-__all__ = ["OwnerHooks", "Owners", "owner_units", "user_units"]
+__all__ = ["OwnerHooks", "Owners", "Params", "user_units"]
 
 Params = local_sgd.Params
 
@@ -77,7 +78,8 @@ def user_units(fed: Federation, users: np.ndarray) -> local_sgd.Units:
 
 class OwnerHooks:
     """The owner computation's declared extension points (a training algorithm's,
-    ``fedudp.algorithms``). Each returns None for the plain behaviour."""
+    ``fedudp.algorithms``): subclass and override; each returns None for the plain
+    behaviour. Takes no parameters."""
 
     def personal_round(
         self, owners: Owners, fed: Federation, shared: Params, personal: Params, round_: int
@@ -220,9 +222,25 @@ class Owners(OwnerLevel):
     def personal_round(
         self, fed: Federation, shared: Params, personal: Params, round_: int
     ) -> Params:
-        """Every owner's personal parameters after its epochs of SGD on all its records, the
-        shared parameters fixed at the broadcast. No noise: they never leave the owner.
-        A training algorithm's ``hooks.personal_round`` replaces this update."""
+        """Every owner's personal parameters after its epochs of SGD on all its records.
+
+        The shared parameters are fixed at the broadcast. No noise: they never leave the
+        owner. A training algorithm's ``hooks.personal_round`` replaces this update.
+
+        Parameters
+        ----------
+        fed : Federation
+            The owners here.
+        shared, personal : Params
+            The broadcast shared parameters; every owner's personal parameters, stacked.
+        round_ : int
+            The round (the batch orders' key).
+
+        Returns
+        -------
+        Params
+            The new personal parameters, stacked.
+        """
         hooked = self.hooks.personal_round(self, fed, shared, personal, round_)
         if hooked is not None:
             return hooked
@@ -232,7 +250,7 @@ class Owners(OwnerLevel):
         units = owner_units(fed, np.arange(fed.num_owners))
         new = {k: v.clone() for k, v in personal.items()}
         for sel in local_sgd.chunks(units.sizes, self.budget, spec.batch_size):
-            orders = local_sgd.batch_orders(units.subset(sel), spec, round_, Purpose.PERSONAL_ORDER)
+            orders = batch_orders(units.subset(sel), spec, round_, Purpose.PERSONAL_ORDER)
             out = local_sgd.local_sgd(
                 self.model,
                 local_sgd.select(personal, sel),
@@ -251,12 +269,28 @@ class Owners(OwnerLevel):
     def user_vectors(
         self, fed: Federation, shared: Params, personal: Params, users: np.ndarray, round_: int
     ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
-        """(users, [len, d_shared]) chunks of the users' shared vectors at the broadcast.
+        """Chunks of the users' shared vectors at the broadcast.
 
         ``delta``: the change of the shared parameters after the user's epochs of SGD on its own
         records; ``gradient``: its average gradient. Personal parameters are frozen at the
-        public copy (certified joint_dp, docs/algorithms.md#certified-vs-paper-accounting) or, with
-        ``spec.feedback`` (paper mode, owner level), at the user's owner's own parameters.
+        public copy (certified joint_dp, docs/algorithms.md#certified-vs-paper-accounting) or,
+        with ``spec.feedback`` (paper mode, owner level), at the user's owner's own parameters.
+
+        Parameters
+        ----------
+        fed : Federation
+            The owners here.
+        shared, personal : Params
+            The broadcast shared parameters; every owner's personal parameters, stacked.
+        users : np.ndarray
+            User indices into ``fed``.
+        round_ : int
+            The round (the batch orders' key).
+
+        Yields
+        ------
+        tuple of (np.ndarray, Tensor)
+            (the chunk's users, [len, d_shared] their vectors).
         """
         spec, names = self.training.user, self.spec.shared
         if self.training.sort_users and len(users) > 1:
@@ -269,7 +303,7 @@ class Owners(OwnerLevel):
             fr_unit, fr_common = self._frozen(fed, personal, fed.user_owner[users[sel]])
             start = local_sgd.expand(shared, len(sub))
             if delta:
-                orders = local_sgd.batch_orders(
+                orders = batch_orders(
                     sub, spec, round_, Purpose.USER_ORDER, fed.user_ids[users[sel]]
                 )
                 end = local_sgd.local_sgd(
@@ -296,8 +330,20 @@ class Owners(OwnerLevel):
     def unit_vectors(
         self, fed: Federation, shared: Params, personal: Params, units: np.ndarray, round_: int
     ) -> Iterator[torch.Tensor]:
-        """Row chunks for the billboard's sampled ``units`` of this federation: users, or with
-        ``privacy.unit=owner`` owners (each the mean of all its users' vectors)."""
+        """Row chunks for the billboard's sampled ``units`` of this federation.
+
+        Parameters
+        ----------
+        fed, shared, personal, round_
+            As in ``user_vectors``.
+        units : np.ndarray
+            Users, or with ``privacy.unit=owner`` owners (indices into ``fed``).
+
+        Yields
+        ------
+        Tensor
+            [len, d_shared] rows: users' vectors, or each owner's mean of its users' vectors.
+        """
         if self.spec.unit != Unit.owner:
             for _, G in self.user_vectors(fed, shared, personal, units, round_):
                 yield G
@@ -324,8 +370,30 @@ class Owners(OwnerLevel):
         round_: int,
         constraint: Constraint,
     ) -> OwnerReply:
-        """The owners' reply for their sampled ``units``: shared parts only, constrained chunk
-        by chunk (the cohort matrix is never built when sums suffice)."""
+        """The owners' reply for their sampled ``units``.
+
+        Shared parts only, constrained chunk by chunk (the cohort matrix is never built when
+        sums suffice); users of one SGD step take the batched paths ``training.kernels``
+        allows (``fedudp.owner.batched``), which reply the same up to float rounding.
+
+        Parameters
+        ----------
+        fed : Federation
+            The owners here.
+        shared, personal : Params
+            The broadcast shared parameters; every owner's personal parameters, stacked.
+        units : np.ndarray
+            The sampled users (owners for owner-level updates or ``privacy.unit=owner``).
+        round_ : int
+            The round.
+        constraint : Constraint
+            What the aggregator asks for (rows, or a clipped sum and counts).
+
+        Returns
+        -------
+        OwnerReply
+            The constrained contribution and the count of units dropped as non-finite.
+        """
         if self.spec.update != "user_vectors":
             return self._owner_level_reply(fed, shared, personal, units, round_, constraint)
         if constraint.rows and self.training.sort_users and self.spec.unit != Unit.owner:
@@ -418,10 +486,19 @@ class Owners(OwnerLevel):
     def evaluate(
         self, fed: Federation, shared: Params, personal: Params
     ) -> tuple[np.ndarray, np.ndarray]:
-        """(accuracy, loss) of each owner on its test shard with its own personal parameters
-        (NaN for an empty shard). A shard is evaluated in pieces of at most the evaluation
-        budget (a convolution model: ``EVAL_RECORDS_CONV`` records, whose forward on the CPU
-        is fastest in such chunks), several owners' pieces in one forward where they fit; each
-        owner's pieces' sums are added up in float64, in order. The pieces depend only on the
-        owner's own shard, so both engines compute the same numbers."""
+        """Each owner's accuracy and loss on its test shard (``evaluation.evaluate_owners``).
+
+        Parameters
+        ----------
+        fed : Federation
+            The owners and their test shards.
+        shared, personal : Params
+            The shared parameters; every owner's personal parameters, stacked.
+
+        Returns
+        -------
+        tuple of np.ndarray
+            (accuracy, loss) per owner, NaN for an empty shard; the pieces depend only on the
+            owner's own shard, so both engines compute the same numbers.
+        """
         return evaluate_owners(self.model, self.budget, fed, shared, personal, self.report_progress)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from fedudp.owner import evaluation, local_sgd
+from fedudp.owner.orders import batch_orders
 from fedudp.protocol.methods import make_method
 from fedudp.models.char_rnn import CharGRU
 from fedudp.models.cnn import PaperCNN
@@ -118,7 +119,7 @@ def test_char_gru_in_the_engines_vmapped_paths():
         np.array([0, 5]), np.array([5, 7]), np.array([0, 1]), np.array([0, 5]), np.array([5, 7])
     )
     spec = local_sgd.LocalSpec(seed=0, lr=0.1, batch_size=3, epochs=1)
-    orders = local_sgd.batch_orders(units, spec, 0, Purpose.PERSONAL_ORDER)
+    orders = batch_orders(units, spec, 0, Purpose.PERSONAL_ORDER)
     trained = local_sgd.local_sgd(m, local_sgd.expand(head, 2), {}, common, x, y, orders, spec)
     assert trained["head.weight"].shape == (2, 12, 8)
     assert not torch.equal(trained["head.weight"][0], trained["head.weight"][1])

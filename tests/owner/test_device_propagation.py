@@ -21,6 +21,8 @@ import torch.nn as nn
 from conftest import tiny_cfg
 from fedudp.protocol.contributions import Constraint, Contribution
 from fedudp.owner import ghost, ghost_norms, local_sgd, one_step, per_sample
+from fedudp.owner.orders import batch_orders
+from fedudp.randomness import Purpose
 from fedudp.owner.owners import Owners
 from fedudp.privacy import mechanisms
 from fedudp.protocol import messages
@@ -81,7 +83,7 @@ def test_the_owner_kernels_stay_on_their_inputs_device(kind, norms_to_cpu):
     for path in ("vmap", "loop"):
         outs[f"mean_{path}"] = local_sgd.mean_gradients(m, tr, {}, {}, x, y, units, path=path)
         spec = local_sgd.LocalSpec(0, 0.1, 4, 2)
-        orders = local_sgd.batch_orders(units, spec, 1, local_sgd.Purpose.USER_ORDER)
+        orders = batch_orders(units, spec, 1, Purpose.USER_ORDER)
         outs[f"sgd_{path}"] = local_sgd.local_sgd(m, tr, {}, {}, x, y, orders, spec, path=path)
     outs["flat_delta"] = local_sgd.flat_delta(tr, params, names)
     for name, out in outs.items():

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedudp.owner import local_sgd
+from fedudp.owner import gradients, local_sgd
+from fedudp.owner.orders import batch_orders
 from fedudp.owner.local_sgd import LocalSpec, Units
 from fedudp.models.cnn import PaperCNN
 from fedudp.models.linear import SharedPersonalLogistic
@@ -64,7 +65,7 @@ def test_local_sgd_paths_agree_and_leave_the_inputs_alone(per_unit_personal):
     m, params = cnn()
     x, y = data()
     units = units_of(SIZES)
-    orders = local_sgd.batch_orders(units, SPEC, 2, Purpose.OWNER_ORDER)
+    orders = batch_orders(units, SPEC, 2, Purpose.OWNER_ORDER)
     shared, personal = split(params)
     start = local_sgd.expand(shared, len(SIZES))
     # the personal layer: each unit its own copy (paper mode), or one common public copy
@@ -93,7 +94,7 @@ def test_loop_is_plain_minibatch_sgd_in_the_documented_order():
     m, params = cnn()
     x, y = data()
     units = units_of(SIZES[:1])  # 13 records: batches 8, 5
-    orders = local_sgd.batch_orders(units, SPEC, 2, Purpose.OWNER_ORDER)
+    orders = batch_orders(units, SPEC, 2, Purpose.OWNER_ORDER)
     got = local_sgd.local_sgd(
         m, local_sgd.expand(params, 1), {}, {}, x, y, orders, SPEC, path="loop"
     )
@@ -112,7 +113,7 @@ def test_loop_is_plain_minibatch_sgd_in_the_documented_order():
 
 
 def test_mean_gradients_paths_agree(monkeypatch):
-    monkeypatch.setattr(local_sgd, "LOOP_MAX_BATCH", 6)  # 40 records: 7 batches
+    monkeypatch.setattr(gradients, "LOOP_MAX_BATCH", 6)  # 40 records: 7 batches
     m, params = cnn()
     x, y = data()
     sizes = SIZES.copy()
@@ -151,11 +152,11 @@ def test_bound_model_computes_functional_call_and_gives_its_parameters_back():
     other = {k: torch.randn_like(v) for k, v in own.items()}
     x = torch.randn(3, 1, 28, 28)
     with pytest.raises(RuntimeError, match="boom"):
-        with local_sgd.bound(model, tuple(other)) as bind:
+        with gradients.bound(model, tuple(other)) as bind:
             bind(other)
             assert torch.equal(model(x), functional_call(model, other, (x,)))
             raise RuntimeError("boom")
     assert all(p is own[k] for k, p in model.named_parameters())  # its own, even on error
     with pytest.raises(KeyError, match="fc1.scale"):
-        with local_sgd.bound(model, ("fc1.scale",)):
+        with gradients.bound(model, ("fc1.scale",)):
             pass

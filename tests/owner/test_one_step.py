@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from fedudp.owner import local_sgd
+from fedudp.owner.orders import batch_orders
+from fedudp.randomness import Purpose
 from fedudp.owner.kernels import Kernels
 from fedudp.owner.one_step import one_step_vectors
 from fedudp.models.cnn import PaperCNN
@@ -30,7 +32,7 @@ def _reference(model, params, x, y, starts, sizes, names, lr, clip):
     U = len(sizes)
     units = local_sgd.Units(starts, sizes, np.zeros(U, np.int64), np.zeros(U, np.int64), sizes)
     spec = local_sgd.LocalSpec(seed=0, lr=lr, batch_size=int(sizes.max()), epochs=1)
-    orders = local_sgd.batch_orders(units, spec, 1, local_sgd.Purpose.USER_ORDER, np.arange(U))
+    orders = batch_orders(units, spec, 1, Purpose.USER_ORDER, np.arange(U))
     trainable = {k: params[k] for k in names}
     common = {k: v for k, v in params.items() if k not in names}
     end = local_sgd.local_sgd(model, local_sgd.expand(trainable, U), {}, common, x, y, orders, spec)
