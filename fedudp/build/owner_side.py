@@ -29,7 +29,8 @@ from fedudp.config import (
 from fedudp.models import make_model
 from fedudp.models.split import SplitModel
 from fedudp.owner import local_sgd
-from fedudp.owner.owners import OwnerHooks, Owners, OwnerTraining
+from fedudp.owner.owners import OwnerHooks, Owners
+from fedudp.owner.settings import OwnerTraining
 from fedudp.plugins import load as load_plugins
 from fedudp.protocol.methods import MethodSpec, make_method
 

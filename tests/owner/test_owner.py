@@ -6,7 +6,7 @@ synthetic config from tests/conftest.py) and from plain values (``Owners(model, 
 budget)``). What it computes is checked against computations written here without it: the
 logistic model's loss by hand (logits = x Wᵀ + b + p, mean cross-entropy), gradients with
 ``torch.autograd``, local SGD as a plain Python loop over the batch orders the module documents
-(fedudp.owner.local_sgd.batch_orders: per user keyed by its stable id, per owner by its global
+(fedudp.owner.orders.batch_orders: per user keyed by its stable id, per owner by its global
 id, both from fedudp.randomness).
 """
 
