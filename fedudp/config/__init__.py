@@ -3,8 +3,10 @@ and its files and overrides (``files``); docs/architecture.md#configuration-and-
 
 Importing it imports nothing of fedudp but the foundation modules (``fedudp.errors``,
 ``fedudp.plain``, ``fedudp.protocol.choices``): no plugin, no torch, no device query
-(tests/test_config_keys.py). ``validate`` reads the configuration's own values; the checks
+(tests/test_config_path.py). ``validate`` reads the configuration's own values; the checks
 that need the registered parts or the device are the builder's (``fedudp.build.checks``).
+Constructing a ``RunConfig`` reads the registered estimators' option defaults
+(``schema.estimator_defaults``), the one place the schema meets the registries.
 """
 
 from __future__ import annotations
