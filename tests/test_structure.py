@@ -161,7 +161,7 @@ def test_config_only_checks_run_before_any_data_is_loaded(monkeypatch):
     def no_data(cfg):
         raise AssertionError("data was loaded before the config-only checks")
 
-    monkeypatch.setattr(fedudp.build, "federation", no_data)
+    monkeypatch.setattr(fedudp.build.assemble, "federation", no_data)
     # an estimator's constraint, a closed form that does not exist, an unreachable budget,
     # an estimator's minimum n for its privacy proof: all before the data
     for kw, key in [
