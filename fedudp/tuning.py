@@ -92,9 +92,28 @@ class SweepRule:
 def declared_sweep(
     size: str = "grid", mean: float | None = None, shape: float | None = None
 ) -> SweepRule:
-    """The rule a sweep declared (``--sweep-size``, ``--sweep-mean``, ``--sweep-shape``), checked
-    before any summary is read: a random count needs its declared mean (and
-    ``negative_binomial`` its shape); a grid takes neither."""
+    """The rule a sweep declared, checked before any summary is read.
+
+    Parameters
+    ----------
+    size
+        ``--sweep-size``: ``grid`` (a fixed set of candidates), or the distribution their number
+        was drawn from (``poisson``, ``geometric``, ``logarithmic``, ``negative_binomial``).
+    mean
+        ``--sweep-mean``: that distribution's declared mean (a random count needs it).
+    shape
+        ``--sweep-shape``: ``negative_binomial``'s declared shape η > 0.
+
+    Returns
+    -------
+    SweepRule
+        The rule.
+
+    Raises
+    ------
+    SelectionError
+        An unknown size, a random count without its mean (or shape), or a grid given either.
+    """
     if size not in _SWEEP_SIZES:
         raise SelectionError(f"--sweep-size must be one of {', '.join(_SWEEP_SIZES)}, got {size!r}")
     if size == "grid":
@@ -315,7 +334,20 @@ def _with_tuning_epsilon(
 
 
 def selection_lines(sel: dict[str, Any], varying: list[str]) -> list[str]:
-    """The selection as Markdown lines (a heading, the choice, a table of ε, the caveats)."""
+    """The selection as Markdown lines (a heading, the choice, a table of ε, the caveats).
+
+    Parameters
+    ----------
+    sel
+        ``select_best``'s result.
+    varying
+        The keys that differ between candidates (shown for the choice).
+
+    Returns
+    -------
+    list of str
+        The lines.
+    """
     mark = " (heuristic)" if sel["heuristic"] else ""
     chosen = ", ".join(f"{k}={sel['settings'].get(k)}" for k in varying) or "the only configuration"
     way = "lowest" if sel["lower_is_better"] else "highest"

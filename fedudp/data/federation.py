@@ -213,13 +213,41 @@ class Pool:
 
 
 def planned_owner_records(num_records: int, num_owners: int) -> np.ndarray:
-    """Each owner's record count, known before loading the data (floor/ceil(N/n))."""
+    """Each owner's record count, known before loading the data.
+
+    Parameters
+    ----------
+    num_records
+        The records to partition (N).
+    num_owners
+        The owners (n).
+
+    Returns
+    -------
+    numpy.ndarray
+        floor/ceil(N/n) per owner.
+    """
     return partition.owner_sizes(num_records, num_owners)
 
 
 def planned_owner_users(num_records: int, num_owners: int, records_per_user: int) -> np.ndarray:
     """Each owner's user count, known before loading the data: owner sizes are floor/ceil(N/n)
-    for every scheme, and owners are cut into users of records_per_user."""
+    for every scheme, and owners are cut into users of ``records_per_user``.
+
+    Parameters
+    ----------
+    num_records
+        The records to partition (N).
+    num_owners
+        The owners (n).
+    records_per_user
+        The records of each user.
+
+    Returns
+    -------
+    numpy.ndarray
+        The users of each owner.
+    """
     return -(-partition.owner_sizes(num_records, num_owners) // records_per_user)
 
 
@@ -267,7 +295,22 @@ def pixel_stats(images: np.ndarray) -> tuple[np.float64, np.float64]:
 
 def image_pool(name: str, root: str, download: bool = False) -> Pool:
     """MNIST or Fashion-MNIST from IDX files under ``root``: scaled to [0, 1], standardized with
-    the training pool's statistics, a channel dimension added (``Pool.features``)."""
+    the training pool's statistics, a channel dimension added (``Pool.features``).
+
+    Parameters
+    ----------
+    name
+        ``"mnist"`` or ``"fashion_mnist"``.
+    root
+        The folder of the IDX files (``load_idx_dataset``).
+    download
+        Fetch missing files first.
+
+    Returns
+    -------
+    Pool
+        The pool.
+    """
     tx, ty, vx, vy = load_idx_dataset(name, root, download)
     mean, std = pixel_stats(tx)
     mean, std = mean / 255.0, std / 255.0
@@ -291,10 +334,36 @@ def partition_pool(
     test_per_owner: int | None = None,
     seed: int = 0,
 ) -> Federation:
-    """Partition ``num_records`` of the pool over ``num_owners`` owners by ``scheme``
-    (``paper_classes``, ``iid``, ``dirichlet``; docs/algorithms.md#data-partition), cut each
-    owner into users of ``records_per_user`` (all seeded). A split the data cannot give is a
-    ``ValueError``."""
+    """Partition ``num_records`` of the pool over ``num_owners`` owners by ``scheme``, each owner
+    cut into users of ``records_per_user`` (all seeded).
+
+    Parameters
+    ----------
+    pool
+        The pool (``synthetic`` or ``image_pool``).
+    num_owners, num_records, records_per_user
+        The owners, the records partitioned, the records of each user.
+    scheme
+        ``paper_classes``, ``iid`` or ``dirichlet`` (docs/algorithms.md#data-partition).
+    classes_per_owner
+        ``paper_classes``: the classes each owner sees.
+    dirichlet_alpha
+        ``dirichlet``: the concentration.
+    test_per_owner
+        Test records per owner (None: the scheme's default).
+    seed
+        The partition's seed.
+
+    Returns
+    -------
+    Federation
+        The federation.
+
+    Raises
+    ------
+    ValueError
+        A split the data cannot give.
+    """
     tx, ty, vx, vy, classes = pool.train_x, pool.train_y, pool.test_x, pool.test_y, pool.classes
     n, N = num_owners, num_records
     rng = numpy_rng(seed, Purpose.PARTITION)

@@ -126,7 +126,20 @@ def _value_from_json(v: Any) -> Any:
 
 
 def rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
-    """ε at ``delta`` of ``event`` under dp-accounting's RDP accountant."""
+    """ε at ``delta`` of ``event`` under dp-accounting's RDP accountant.
+
+    Parameters
+    ----------
+    event
+        The event.
+    delta
+        The δ.
+
+    Returns
+    -------
+    float
+        The ε.
+    """
     acc = rdp_privacy_accountant.RdpAccountant()
     with _quiet_absl():
         acc.compose(event)
@@ -135,7 +148,20 @@ def rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
 
 def pld_or_rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> tuple[float, str]:
     """ε at ``delta`` of ``event``: dp-accounting's PLD accountant where it supports the event,
-    else its RDP accountant; and which one."""
+    else its RDP accountant.
+
+    Parameters
+    ----------
+    event
+        The event.
+    delta
+        The δ.
+
+    Returns
+    -------
+    tuple
+        (ε, ``"pld"`` or ``"rdp"``: the accountant used).
+    """
     pld = dp_accounting.pld.PLDAccountant()
     if pld.supports(event):
         pld.compose(event)
@@ -144,9 +170,23 @@ def pld_or_rdp_epsilon(event: dp_accounting.DpEvent, delta: float) -> tuple[floa
 
 
 def composed_selection(events: list[dp_accounting.DpEvent], delta: float) -> tuple[float, str]:
-    """ε of choosing among a fixed set of runs with these events: their composition. Equal
-    events are grouped into one ``SelfComposedDpEvent`` each (the same composition; dp-accounting
-    self-composes a PLD in one step instead of convolving k copies)."""
+    """ε of choosing among a fixed set of runs with these events: their composition.
+
+    Equal events are grouped into one ``SelfComposedDpEvent`` each (the same composition;
+    dp-accounting self-composes a PLD in one step instead of convolving k copies).
+
+    Parameters
+    ----------
+    events
+        One event per run.
+    delta
+        The δ.
+
+    Returns
+    -------
+    tuple
+        (ε, the accountant used), as ``pld_or_rdp_epsilon``.
+    """
     groups: list[list] = []
     for e in events:
         for g in groups:
@@ -162,8 +202,19 @@ def composed_selection(events: list[dp_accounting.DpEvent], delta: float) -> tup
 
 
 def candidate_event(events: list[dp_accounting.DpEvent]) -> dp_accounting.DpEvent:
-    """One candidate's event: its runs (seeds) composed. k equal events are
-    ``SelfComposedDpEvent(event, k)``, different ones a ``ComposedDpEvent``; one run is itself."""
+    """One candidate's event: its runs (seeds) composed.
+
+    Parameters
+    ----------
+    events
+        The candidate's runs' events.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        k equal events: ``SelfComposedDpEvent(event, k)``; different ones: a
+        ``ComposedDpEvent``; one run: its event.
+    """
     if not events:
         raise ValueError("a candidate needs at least one run")
     if len(events) == 1:
@@ -176,7 +227,22 @@ def candidate_event(events: list[dp_accounting.DpEvent]) -> dp_accounting.DpEven
 def repeat_and_select(
     event: dp_accounting.DpEvent, mean: float, shape: float, delta: float
 ) -> float:
-    """ε at ``delta`` of releasing the best of a random number of runs of ``event``, the number
-    drawn from the truncated negative binomial of ``mean`` and ``shape`` (``SHAPES``; Poisson is
-    ``math.inf``), Papernot & Steinke 2022, via dp-accounting's RDP accountant."""
+    """ε at ``delta`` of releasing the best of a random number of runs of ``event`` (Papernot &
+    Steinke 2022, via dp-accounting's RDP accountant).
+
+    Parameters
+    ----------
+    event
+        One candidate's event.
+    mean, shape
+        The truncated negative binomial the number of runs is drawn from (``SHAPES``; Poisson is
+        ``math.inf``).
+    delta
+        The δ.
+
+    Returns
+    -------
+    float
+        The ε.
+    """
     return rdp_epsilon(_dp_event.RepeatAndSelectDpEvent(event, float(mean), float(shape)), delta)

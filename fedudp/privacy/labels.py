@@ -62,11 +62,36 @@ def epsilon_kind(s: dict) -> str | None:
 
 
 def is_heuristic(s: dict) -> bool:
+    """Whether a summary's ε is heuristic (``epsilon_kind(s) == "heuristic"``).
+
+    Parameters
+    ----------
+    s
+        A run's ``summary.json``.
+
+    Returns
+    -------
+    bool
+        True for a heuristic ε.
+    """
     return epsilon_kind(s) == "heuristic"
 
 
 def mark_epsilon(text: str, heuristic: bool) -> str:
-    """``1.000`` -> ``1.000 (heuristic)`` for a heuristic ε."""
+    """``1.000`` -> ``1.000 (heuristic)`` for a heuristic ε.
+
+    Parameters
+    ----------
+    text
+        The ε as text.
+    heuristic
+        Whether it is heuristic.
+
+    Returns
+    -------
+    str
+        The text, marked where heuristic.
+    """
     return f"{text} {HEURISTIC_MARK}" if heuristic else text
 
 
@@ -76,8 +101,20 @@ SCIENTIFIC_FROM = 1e6
 
 
 def epsilon_text(epsilon: float, digits: int = 3) -> str:
-    """One ε as every fedudp output prints it: ``1.000`` (``digits`` decimals) below
-    ``SCIENTIFIC_FROM``, ``6.908e+300`` from there, ``inf`` where infinite."""
+    """One ε as every fedudp output prints it.
+
+    Parameters
+    ----------
+    epsilon
+        The ε.
+    digits
+        The decimals below ``SCIENTIFIC_FROM``.
+
+    Returns
+    -------
+    str
+        ``1.000`` below ``SCIENTIFIC_FROM``, ``6.908e+300`` from there, ``inf`` where infinite.
+    """
     eps = float(epsilon)
     if eps != eps or abs(eps) == float("inf"):
         return str(eps)  # nan, inf
@@ -120,15 +157,38 @@ EPSILON_METRICS = {
 
 
 def epsilon_metric(kind: str | None) -> str:
-    """The metric name of an ε of ``kind`` (``epsilon_kind``: certified, heuristic, weakened;
-    None, no DP, has no ε to log and gets the plain name): ``epsilon`` only for a certified
-    one."""
+    """The metric name of an ε of ``kind``.
+
+    Parameters
+    ----------
+    kind
+        ``epsilon_kind``'s value: certified, heuristic, weakened; None (no DP, no ε to log) gets
+        the plain name.
+
+    Returns
+    -------
+    str
+        ``epsilon`` only for a certified ε (and None); ``epsilon_heuristic``,
+        ``epsilon_weakened`` otherwise.
+    """
     return EPSILON_METRICS.get(kind or "certified", "epsilon")
 
 
 def labelled_epsilon(line: dict, kind: str | None) -> dict:
-    """``line`` (a round's metrics) with its ``epsilon`` under ``epsilon_metric(kind)`` (a
-    copy where renamed; the same dict where nothing is to rename)."""
+    """A round's metrics line with its ``epsilon`` under ``epsilon_metric(kind)``.
+
+    Parameters
+    ----------
+    line
+        The round's metrics.
+    kind
+        The run's ``epsilon_kind``.
+
+    Returns
+    -------
+    dict
+        A copy where renamed; the same dict where nothing is to rename.
+    """
     name = epsilon_metric(kind)
     if name == "epsilon" or "epsilon" not in line:
         return line
@@ -138,8 +198,19 @@ def labelled_epsilon(line: dict, kind: str | None) -> dict:
 
 
 def metric_epsilon(line: dict) -> float | None:
-    """A round's ε from a metrics line of any kind (``epsilon``, ``epsilon_heuristic``,
-    ``epsilon_weakened``; lines written before the names existed use ``epsilon``)."""
+    """A round's ε from a metrics line of any kind.
+
+    Parameters
+    ----------
+    line
+        A line of ``metrics.jsonl`` (``epsilon``, ``epsilon_heuristic`` or ``epsilon_weakened``;
+        lines written before the names existed use ``epsilon``).
+
+    Returns
+    -------
+    float or None
+        The ε, None where the line has none.
+    """
     for name in EPSILON_METRICS.values():
         if line.get(name) is not None:
             return line[name]

@@ -236,7 +236,18 @@ def exponential_mechanism(log_weights: torch.Tensor, *, rng: torch.Generator) ->
 
 
 def pure_dp_event(eps0: float) -> dp_accounting.DpEvent:
-    """A pure eps0-DP step for the RDP accountant (eps0-DP => eps0^2/2-zCDP)."""
+    """A pure eps0-DP step for the RDP accountant (eps0-DP => eps0²/2-zCDP).
+
+    Parameters
+    ----------
+    eps0
+        The step's ε.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        The event.
+    """
     if not eps0 > 0:
         raise ValueError(f"pure DP step needs eps0 > 0, got {eps0}")
     return dp_accounting.ZCDpEvent(eps0**2 / 2)
@@ -313,6 +324,18 @@ class AboveThreshold:
 
 # -- randomized Hadamard rotation ----------------------------------------------------------------
 def next_pow2(d: int) -> int:
+    """The smallest power of two at least ``d`` (1 for ``d <= 1``).
+
+    Parameters
+    ----------
+    d
+        A length.
+
+    Returns
+    -------
+    int
+        The power of two.
+    """
     return 1 if d <= 1 else 1 << (d - 1).bit_length()
 
 
