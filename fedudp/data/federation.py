@@ -254,7 +254,24 @@ def planned_owner_users(num_records: int, num_owners: int, records_per_user: int
 def synthetic(
     features: int, classes: int, pool_train: int, pool_test: int, signal: float, seed: int
 ) -> Pool:
-    """The seeded synthetic pool (``fedudp.data.synthetic``)."""
+    """The seeded synthetic pool (``fedudp.data.synthetic``).
+
+    Parameters
+    ----------
+    features, classes
+        The features per record and the classes.
+    pool_train, pool_test
+        The pool's training and test records.
+    signal
+        How separable the classes are.
+    seed
+        The pool's seed.
+
+    Returns
+    -------
+    Pool
+        The pool.
+    """
     tx, ty, vx, vy = synthetic_pool(features, classes, pool_train, pool_test, signal, seed)
     return Pool(tx, ty, vx, vy, int(classes))
 

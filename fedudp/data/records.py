@@ -520,7 +520,18 @@ def _spread(counts: np.ndarray) -> tuple[int, float, int]:
 
 
 def summary(records: Records) -> Summary:
-    """Users, owners and the spread of records per user (and users per owner when grouped)."""
+    """Users, owners and the spread of records per user (and users per owner when grouped).
+
+    Parameters
+    ----------
+    records
+        The records.
+
+    Returns
+    -------
+    Summary
+        The counts.
+    """
     users, uinv = _user_index(records)
     per_user = np.bincount(uinv, minlength=len(users))
     per_owner = None

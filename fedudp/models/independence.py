@@ -94,7 +94,18 @@ _MEMO: weakref.WeakKeyDictionary[nn.Module, dict[tuple, str | None]] = weakref.W
 
 
 def tolerance(dtype: torch.dtype) -> float:
-    """The comparison's tolerance for tensors of ``dtype`` (module doc)."""
+    """The comparison's tolerance for tensors of ``dtype`` (module doc).
+
+    Parameters
+    ----------
+    dtype
+        The tensors' dtype.
+
+    Returns
+    -------
+    float
+        ``TOLERANCE[dtype]``, or the lower-precision tolerance.
+    """
     return TOLERANCE.get(dtype, _TOLERANCE_LOW)
 
 
@@ -244,15 +255,45 @@ def _forward(model: nn.Module, at: Mapping[str, torch.Tensor], x: torch.Tensor) 
 def own_outputs(
     model: nn.Module, at: Mapping[str, torch.Tensor], x: torch.Tensor
 ) -> list[torch.Tensor]:
-    """Each record's output from its own forward (a batch of one): the reference of step 1."""
+    """Each record's output from its own forward (a batch of one): the reference of step 1.
+
+    Parameters
+    ----------
+    model
+        The model.
+    at
+        The parameters to evaluate at, by name.
+    x
+        The records' inputs.
+
+    Returns
+    -------
+    list of torch.Tensor
+        One output per record.
+    """
     return [_forward(model, at, x[r : r + 1]) for r in range(len(x))]
 
 
 def own_gradients(
     model: nn.Module, at: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    """{parameter name: [R, ...]}: each record's gradient of its cross-entropy from its own
-    forward and backward (a batch of one): the reference of step 2."""
+    """Each record's gradient of its cross-entropy from its own forward and backward (a batch of
+    one): the reference of step 2.
+
+    Parameters
+    ----------
+    model
+        The model.
+    at
+        The parameters to evaluate at, by name.
+    x, y
+        The records' inputs and labels.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        ``{parameter name: [R, ...]}``.
+    """
     names = [n for n, _ in model.named_parameters()]
     own: list[dict[str, torch.Tensor]] = []
     for r in range(len(x)):

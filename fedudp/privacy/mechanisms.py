@@ -354,6 +354,23 @@ def fwht(x: torch.Tensor, block_bits: int = 6) -> torch.Tensor:
     small dense batched matmul over its axis, so the data is swept ceil(L / block_bits) times
     instead of L (the butterfly's memory traffic dominated on CPU). Work per row stays
     O(d · 2^block_bits) = O(d log d) up to the constant block size.
+
+    Parameters
+    ----------
+    x
+        Rows ``[..., d]``, d a power of two.
+    block_bits
+        The largest factor's bits.
+
+    Returns
+    -------
+    torch.Tensor
+        ``x @ H``.
+
+    Raises
+    ------
+    ValueError
+        A length that is not a power of two.
     """
     d = x.shape[-1]
     if d & (d - 1):
@@ -430,7 +447,24 @@ def fwht_into(x: torch.Tensor, out: torch.Tensor, work: torch.Tensor) -> torch.T
 
 def rotated_coordinate_radius(tau: float, d: int, n: int, alpha: float) -> float:
     """[LEVY] Lemma 2: after the rotation (length d), n points within τ (l2) of a center lie
-    within 10 τ sqrt(log(d n/α)/d) of it per coordinate, with probability >= 1-α."""
+    within 10 τ sqrt(log(d n/α)/d) of it per coordinate, with probability >= 1-α.
+
+    Parameters
+    ----------
+    tau
+        The l2 radius τ.
+    d
+        The rotated length.
+    n
+        The number of points.
+    alpha
+        The failure probability α.
+
+    Returns
+    -------
+    float
+        The per-coordinate radius.
+    """
     return 10 * tau * math.sqrt(math.log(max(d * n / alpha, 2.0)) / d)
 
 

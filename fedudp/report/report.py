@@ -144,8 +144,20 @@ def _not_setting(key: str) -> bool:
 
 
 def flat_settings(config: dict, defaults: bool = True) -> dict[str, Any]:
-    """A resolved config as ``{dotted key: value}``, less ``NOT_SETTINGS`` (``defaults``: first
-    filled in from the schema's defaults)."""
+    """A resolved config as ``{dotted key: value}``, less ``NOT_SETTINGS``.
+
+    Parameters
+    ----------
+    config
+        A run's resolved ``config.yaml``.
+    defaults
+        First fill in the schema's defaults.
+
+    Returns
+    -------
+    dict
+        The settings by dotted key.
+    """
     from fedudp.config import with_schema_defaults
 
     out: dict[str, Any] = {}
@@ -225,14 +237,35 @@ def _group(summaries: list[dict]) -> tuple[dict, dict]:
 
 
 def groups_of(summaries: list[dict]) -> tuple[dict, dict]:
-    """The table's groups (runs that differ only in ``seed`` and ``NOT_SETTINGS``): (those with
-    a config.yaml, those without), each ``{key: (settings, runs)}``."""
+    """The table's groups: runs that differ only in ``seed`` and ``NOT_SETTINGS``.
+
+    Parameters
+    ----------
+    summaries
+        ``load_summaries``' summaries.
+
+    Returns
+    -------
+    tuple of dict
+        (those with a config.yaml, those without), each ``{key: (settings, runs)}``.
+    """
     return _group(summaries)
 
 
 def varying_keys(groups: dict) -> tuple[list[str], list[str]]:
-    """(every key some group has, the keys whose value differs between groups): the latter are
-    the table's first columns."""
+    """The keys of the groups' settings.
+
+    Parameters
+    ----------
+    groups
+        ``groups_of``'s ``{key: (settings, runs)}``.
+
+    Returns
+    -------
+    tuple of list of str
+        (every key some group has, the keys whose value differs between groups): the latter are
+        the table's first columns.
+    """
     keys: list[str] = []
     for settings, _ in groups.values():
         keys += [k for k in settings if k not in keys]
@@ -241,8 +274,19 @@ def varying_keys(groups: dict) -> tuple[list[str], list[str]]:
 
 
 def group_order(varying: list[str]) -> Callable[[tuple[dict, list[dict]]], tuple]:
-    """The table's row order: by method (per_silo, fedavg, full_dp, joint_dp), then the
-    varying keys' values, then the guarantee; a key for ``sorted`` over ``(settings, runs)``."""
+    """The table's row order: by method (per_silo, fedavg, full_dp, joint_dp), then the varying
+    keys' values, then the guarantee.
+
+    Parameters
+    ----------
+    varying
+        ``varying_keys``' differing keys.
+
+    Returns
+    -------
+    callable
+        A key for ``sorted`` over ``(settings, runs)``.
+    """
 
     def order(item: tuple[dict, list[dict]]) -> tuple:
         settings, ss = item

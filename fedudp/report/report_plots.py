@@ -146,8 +146,19 @@ def _label(settings: dict, varying: list[str], method: Any) -> str:
 
 
 def group_series(summaries: list[dict]) -> list[GroupSeries]:
-    """One ``GroupSeries`` per group of the comparison table, in the table's order (runs with
-    a config.yaml first, then those without)."""
+    """One ``GroupSeries`` per group of the comparison table, in the table's order (runs with a
+    config.yaml first, then those without).
+
+    Parameters
+    ----------
+    summaries
+        ``load_summaries``' summaries.
+
+    Returns
+    -------
+    list of GroupSeries
+        The groups' curves and final numbers.
+    """
     out: list[GroupSeries] = []
     for groups, with_config in zip(groups_of(summaries), (True, False)):
         if not groups:
@@ -201,9 +212,21 @@ def _epsilon(g: GroupSeries) -> float:
 def frontier_lines(
     series: list[GroupSeries],
 ) -> tuple[list[tuple[str, list[GroupSeries]]], list[GroupSeries]]:
-    """(the frontier's lines: (label, groups sorted by ε), the reference groups without ε).
+    """The privacy–utility frontier's lines.
+
     A line holds the groups that share every differing key but the ε target, and the kind of
-    ε; its label names those keys."""
+    ε; its label names those keys.
+
+    Parameters
+    ----------
+    series
+        ``group_series``' groups.
+
+    Returns
+    -------
+    tuple
+        (the lines: (label, groups sorted by ε), the reference groups without ε).
+    """
     lines: dict[tuple, list[GroupSeries]] = {}
     refs = []
     for g in series:
@@ -274,7 +297,17 @@ def _common_line(summaries: list[dict]) -> str:
 
 
 def plot_curves(series: list[GroupSeries], path: Path, title: str, subtitle: str = "") -> None:
-    """Two panels, accuracy and ε per round; a shared legend below them."""
+    """Draw accuracy and ε per round (two panels, a shared legend below them) into ``path``.
+
+    Parameters
+    ----------
+    series
+        ``group_series``' groups.
+    path
+        The PNG to write.
+    title, subtitle
+        The figure's titles.
+    """
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
 
@@ -356,8 +389,18 @@ def plot_curves(series: list[GroupSeries], path: Path, title: str, subtitle: str
 
 
 def plot_frontier(series: list[GroupSeries], path: Path, title: str, subtitle: str = "") -> None:
-    """Final accuracy against ε spent, one line per non-ε setting; no-DP groups as
-    horizontal reference lines. The legend sits right of the axes."""
+    """Draw final accuracy against ε spent into ``path``: one line per non-ε setting, no-DP groups
+    as horizontal reference lines, the legend right of the axes.
+
+    Parameters
+    ----------
+    series
+        ``group_series``' groups.
+    path
+        The PNG to write.
+    title, subtitle
+        The figure's titles.
+    """
     plt = _plt()
     lines, refs = frontier_lines(series)
     delta, delta_in_label = _delta_text(series)
