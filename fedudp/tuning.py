@@ -65,9 +65,17 @@ class SelectionError(ValueError):
 
 @dataclass(frozen=True)
 class SweepRule:
-    """How the sweep's candidates were chosen, as declared before it ran: a ``grid`` (a fixed
-    set), or a random count of candidates drawn from ``size`` with mean ``mean`` and truncated
-    negative binomial shape ``shape`` (Poisson: ``math.inf``)."""
+    """How the sweep's candidates were chosen, as declared before it ran (``declared_sweep``).
+
+    Parameters
+    ----------
+    size
+        ``grid`` (a fixed set), or the distribution a random count of candidates was drawn from.
+    mean
+        The count's declared mean.
+    shape
+        The truncated negative binomial's shape (Poisson: ``math.inf``).
+    """
 
     size: str = "grid"
     mean: float | None = None

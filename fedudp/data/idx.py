@@ -197,7 +197,22 @@ def load_idx_dataset(
 
 
 def check_available(name: str, root: str | os.PathLike, download: bool) -> None:
-    """Fail fast (before any work) if the files are neither present nor downloadable."""
+    """Fail fast (before any work) if the files are neither present nor downloadable.
+
+    Parameters
+    ----------
+    name
+        ``"mnist"`` or ``"fashion_mnist"``.
+    root
+        The folder of the IDX files.
+    download
+        Whether missing files may be downloaded.
+
+    Raises
+    ------
+    DataError
+        A file missing under ``root`` without ``download`` (naming ``dataset.root``).
+    """
     root = Path(root).expanduser()
     for stem in FILES.values():
         if not any(p.is_file() for p in _candidates(root, name, stem)) and not download:

@@ -109,7 +109,15 @@ class ApproxDp:
     (docs/algorithms.md#blocks-without-a-dp-accounting-event): AboveThreshold's pure budget,
     a failure probability that enters delta (ASI's zeta, a concentration check passing
     wrongly), Esfandiari's (4ε, 4δ) sampler. Blocks compose with everything else by basic
-    composition (``basic_composition``)."""
+    composition (``basic_composition``).
+
+    Parameters
+    ----------
+    epsilon
+        The block's ε.
+    delta
+        The block's δ.
+    """
 
     epsilon: float
     delta: float = 0.0
@@ -128,7 +136,13 @@ class ApproxDp:
 class Parallel:
     """One round's releases on disjoint parts of the data (each owner's users under
     ``privacy.placement=local_dpsgd``): a unit is in one part only, so the run's ε is the worst
-    part's (parallel composition). ``parts[i]`` is part i's event for one round."""
+    part's (parallel composition).
+
+    Parameters
+    ----------
+    parts
+        ``parts[i]``: part i's event for one round.
+    """
 
     parts: tuple
 
@@ -509,7 +523,17 @@ class GroupConversion:
     ``for_user_budget`` picks the record-level (ε/k, δ') that yields the user-level target:
     certified δ' = δ / (k·e^{(k−1)ε/k}), the exact inverse of the standard form (at k = 1 it is
     δ); paper δ' = δ·r/m = δ/k as in the paper, which by its own form only gives user-level
-    (ε, e^ε·δ): heuristic."""
+    (ε, e^ε·δ): heuristic.
+
+    Parameters
+    ----------
+    size
+        k, the records of one user.
+    record_delta
+        The record-level δ'.
+    form
+        ``"certified"`` (the standard form) or ``"paper"`` (Huang et al.'s; heuristic).
+    """
 
     size: int
     record_delta: float

@@ -133,15 +133,26 @@ def _sq_long_rows(B: torch.Tensor) -> torch.Tensor:
 
 
 def row_norms64(G: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
-    """float64 l2 norm of each row of ``G`` ([n, d], any float dtype), or of the rows of
-    row-aligned blocks [n, d_1], [n, d_2], ... taken as one concatenated row (no copy made).
+    """float64 l2 norm of each row of ``G``.
 
     On the CPU the sum of squares is accumulated in float64 (products of float32 values are
     exact in float64): by numpy's einsum rather than torch's float64 reduction of a float32
     tensor, which converts element by element; rows of ``_LONG`` entries or more are instead
     converted ``_SEGMENT`` entries at a time into a float64 buffer that stays in cache, whose
     dot product with itself (BLAS) is taken. The timings:
-    docs/benchmarks.md#figures-from-the-codes-docstrings."""
+    docs/benchmarks.md#figures-from-the-codes-docstrings.
+
+    Parameters
+    ----------
+    G
+        ``[n, d]`` (any float dtype), or row-aligned blocks ``[n, d_1], [n, d_2], ...`` taken as
+        one concatenated row (no copy made).
+
+    Returns
+    -------
+    torch.Tensor
+        float64 ``[n]``.
+    """
     sq: torch.Tensor | None = None
     for B in _blocks(G):
         if B.device.type == "cpu" and B.dtype == torch.float32 and B.shape[1] >= _LONG:
@@ -189,14 +200,30 @@ def clip_factors(
 def finite_clip_factors(
     G: torch.Tensor | Sequence[torch.Tensor], clip: float, norms: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(factor, was_clipped, finite) per row of ``G``: ``clip_factors``, where a row whose
-    float64 norm is not finite (a NaN or inf entry; for float32 rows exactly those, as in
-    ``make_reply``: no float32 square overflows float64) is dropped: factor 0, not counted as
-    clipped, ``finite`` False. A dropped row contributes exactly zero only if the caller zeroes
-    it before any product (NaN * 0 is NaN): ``torch.where(finite, row, 0)``. The one rule for
-    a privacy unit with a non-finite vector inside a clipped sum (owner-side DP-SGD's users and
-    records, ``fedudp.owner.ghost``): it is absent, never the NaN that would make its owner's
-    whole noisy sum non-finite."""
+    """``clip_factors``, where a row whose float64 norm is not finite is dropped.
+
+    A row with a NaN or inf entry (for float32 rows exactly those, as in ``make_reply``: no
+    float32 square overflows float64) gets factor 0, is not counted as clipped, and ``finite``
+    False. A dropped row contributes exactly zero only if the caller zeroes it before any product
+    (NaN * 0 is NaN): ``torch.where(finite, row, 0)``. The one rule for a privacy unit with a
+    non-finite vector inside a clipped sum (owner-side DP-SGD's users and records,
+    ``fedudp.owner.ghost``): it is absent, never the NaN that would make its owner's whole noisy
+    sum non-finite.
+
+    Parameters
+    ----------
+    G
+        A tensor ``[n, d]``, or row-aligned blocks as in ``row_norms64``.
+    clip
+        The l2 bound.
+    norms
+        ``row_norms64(G)`` where the caller has them already.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        (factor, was_clipped, finite) per row.
+    """
     norms = row_norms64(G) if norms is None else norms
     ok = torch.isfinite(norms)
     factor, was = clip_factors(G, clip, norms)
@@ -475,6 +502,15 @@ class RandomRotation:
     ``omega`` is public, data-independent randomness; one draw is shared by all rows of a call,
     drawn on the CPU generator and moved to the rows' device (``engine_opts.device``).
     ``rotate`` pads rows to d' = 2^ceil(log2 d) with zeros; ``invert`` drops the padding.
+
+    Parameters
+    ----------
+    d
+        The rows' length before padding.
+    rng
+        The CPU generator omega is drawn from.
+    dtype
+        The rotation's dtype.
     """
 
     def __init__(self, d: int, *, rng: torch.Generator, dtype: torch.dtype = torch.float64) -> None:
