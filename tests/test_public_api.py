@@ -309,3 +309,36 @@ def test_the_hook_expands_a_package_into_its_public_modules():
     assert got == hooks.public_modules("fedudp.billboard", ROOT)
     assert got[0] == "fedudp.billboard" and "fedudp.billboard.server" in got
     assert not [m for m in got if "._" in m]
+
+
+# -- the built site agrees --------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_built_site_lists_exactly_all(tmp_path):
+    """The rendered pages themselves (``mkdocs build --strict``): each documented module's
+    member anchors (``id="module.Name"``) are its ``__all__``, as ``rendered`` computes."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("mkdocs")
+    site = tmp_path / "site"
+    mkdocs = Path(sys.executable).with_name("mkdocs")
+    done = subprocess.run(
+        [str(mkdocs), "build", "--strict", "-q", "-d", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ids: set[str] = set()
+    for page in (site / "api").glob("*.html"):
+        ids |= set(re.findall(r'id="(fedudp[\w.]*)"', page.read_text()))
+    got, documented = _rendered_here()
+    assert documented <= ids
+    for module in sorted(documented - {"fedudp"}):
+        anchors = {
+            i[len(module) + 1 :]
+            for i in ids
+            if i.startswith(module + ".") and "." not in i[len(module) + 1 :] and i not in PUBLIC
+        }
+        assert anchors == got[module], module
