@@ -30,7 +30,7 @@ from fedudp.aggregators import (
     Sampling,
     register,
 )
-from fedudp.aggregators.base import calibrate, check_budget, check_positive, check_sampling
+from fedudp.aggregators.plain_values import calibrate, check_budget, check_positive, check_sampling
 from fedudp.config import ConfigError, config_from_overrides
 
 PKG = Path(fedudp.__file__).resolve().parent

@@ -32,7 +32,8 @@ import dp_accounting
 import torch
 
 from fedudp.aggregators import Aggregate, Option, register
-from fedudp.aggregators.base import ClippedSumAggregator, calibrate
+from fedudp.aggregators.base import ClippedSumAggregator
+from fedudp.aggregators.plain_values import calibrate
 
 
 @register

@@ -16,12 +16,16 @@ your own through ``plugins=[...]`` (docs/architecture.md#how-to-add-an-extension
 
 from __future__ import annotations
 
-# each estimator's module registers its class when imported
+# each estimator's module registers its class when imported, in the registry's order
+# (outlier_removal before friendlycore, then winsorized)
 from fedudp.aggregators import adaptive_clip as adaptive_clip
 from fedudp.aggregators import banded as banded
 from fedudp.aggregators import few_users as few_users
 from fedudp.aggregators import gaussian as gaussian
 from fedudp.aggregators import outlier as outlier
+
+# isort: split
+from fedudp.aggregators import friendlycore as friendlycore
 from fedudp.aggregators import tree as tree
 from fedudp.aggregators import winsorized as winsorized
 from fedudp.aggregators.adaptive_clip import AdaptiveClipGaussian
@@ -36,9 +40,10 @@ from fedudp.aggregators.base import (
     register,
 )
 from fedudp.aggregators.few_users import FewUsersAggregator
+from fedudp.aggregators.friendlycore import FriendlyCoreAggregator
 from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
 from fedudp.aggregators.local_dpsgd import LocalDpSgdMean
-from fedudp.aggregators.outlier import FriendlyCoreAggregator, OutlierRemovalAggregator
+from fedudp.aggregators.outlier import OutlierRemovalAggregator
 from fedudp.aggregators.tree import TreeAggregator
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 from fedudp.protocol.contributions import Constraint, Contribution, Sampling, clip_rows, finite_rows

@@ -38,16 +38,28 @@ from fedudp.aggregators.base import (
     Aggregate,
     ClippedSumAggregator,
     ParameterError,
-    calibrate,
-    check_budget,
-    check_fraction,
     check_noise_scale,
-    check_positive,
-    check_sampling,
     register,
 )
 from fedudp.aggregators.gaussian import gaussian_round_event
+from fedudp.aggregators.plain_values import (
+    calibrate,
+    check_budget,
+    check_fraction,
+    check_positive,
+    check_sampling,
+)
 from fedudp.protocol.contributions import Contribution, Sampling
+
+__all__ = [
+    "COUNT_NOISE_DIVISOR",
+    "DEFAULT_CLIP_LR",
+    "DEFAULT_QUANTILE",
+    "AdaptiveClipGaussian",
+    "effective_noise_multiplier",
+    "next_clip",
+    "update_noise_multiplier",
+]
 
 COUNT_NOISE_DIVISOR = 20.0  # σ_b = expected cohort / 20 (the paper's Section 3 default)
 DEFAULT_QUANTILE = 0.5
@@ -56,7 +68,20 @@ DEFAULT_CLIP_LR = 0.2
 
 def update_noise_multiplier(noise_multiplier: float, count_noise: float) -> float:
     """z_Δ with (z_Δ⁻² + (2 σ_b)⁻²)^(-1/2) = z: the update's share of the effective multiplier z
-    when the count carries noise σ_b (infinite when z = 0 is asked, an error when 2 σ_b <= z)."""
+    when the count carries noise σ_b (infinite when z = 0 is asked, an error when 2 σ_b <= z).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        The effective z.
+    count_noise : float
+        σ_b.
+
+    Returns
+    -------
+    float
+        z_Δ, the noise multiplier of the update sum.
+    """
     z, sb = float(noise_multiplier), float(count_noise)
     if z == 0.0:
         return 0.0
@@ -73,19 +98,68 @@ def update_noise_multiplier(noise_multiplier: float, count_noise: float) -> floa
 
 
 def effective_noise_multiplier(update_multiplier: float, count_noise: float) -> float:
-    """z = (z_Δ⁻² + (2 σ_b)⁻²)^(-1/2): the one Gaussian mechanism the pair of releases is."""
+    """z = (z_Δ⁻² + (2 σ_b)⁻²)^(-1/2): the one Gaussian mechanism the pair of releases is.
+
+    Parameters
+    ----------
+    update_multiplier : float
+        z_Δ.
+    count_noise : float
+        σ_b.
+
+    Returns
+    -------
+    float
+        The effective z.
+    """
     return (float(update_multiplier) ** -2 + (2.0 * float(count_noise)) ** -2) ** -0.5
 
 
 def next_clip(clip: float, unclipped_fraction: float, quantile: float, clip_lr: float) -> float:
     """The geometric update C · exp(-η (b̄ - γ)): the clip grows while fewer than the target
-    quantile's share of units fit under it, and shrinks while more do."""
+    quantile's share of units fit under it, and shrinks while more do.
+
+    Parameters
+    ----------
+    clip : float
+        C_t.
+    unclipped_fraction : float
+        b̄: the noisy fraction of unclipped units.
+    quantile : float
+        γ.
+    clip_lr : float
+        η.
+
+    Returns
+    -------
+    float
+        C_{t+1}.
+    """
     return float(clip) * math.exp(-float(clip_lr) * (float(unclipped_fraction) - float(quantile)))
 
 
 @register
 class AdaptiveClipGaussian(ClippedSumAggregator):
-    """Clip + Gaussian whose clip follows a target quantile of the units' norms (module doc)."""
+    """Clip + Gaussian whose clip follows a target quantile of the units' norms (module doc).
+
+    Parameters
+    ----------
+    clip : float
+        The initial clip C_0.
+    noise_multiplier : float
+        The effective noise multiplier z the ledger accounts.
+    sampling : Sampling
+        The Poisson sampling of the units.
+    quantile : float, default DEFAULT_QUANTILE
+        γ: the target fraction of unclipped units.
+    clip_lr : float, default DEFAULT_CLIP_LR
+        η: the clip's geometric learning rate.
+    count_noise : float or None, default None
+        σ_b, the noise on the unclipped count (None: the expected cohort over
+        ``COUNT_NOISE_DIVISOR``).
+    noise_scale : float, default 1.0
+        Below 1: a deliberately weakened mechanism.
+    """
 
     name = "gaussian_adaptive"
     inputs = (
@@ -167,7 +241,37 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
     ) -> AdaptiveClipGaussian:
         """The smallest effective multiplier z meeting (ε, δ) over ``rounds`` Poisson-sampled
         releases (as for fixed clipping), split between the count (σ_b = ``clip_count_noise``,
-        default expected cohort / 20) and the update."""
+        default expected cohort / 20) and the update.
+
+        Parameters
+        ----------
+        clip : float
+            The initial clip C_0.
+        epsilon, delta : float
+            The target (ε, δ) over the run.
+        rounds : int
+            The releases the budget covers.
+        sampling : Sampling
+            The Poisson sampling of the units.
+        clip_quantile : float, default DEFAULT_QUANTILE
+            γ.
+        clip_lr : float, default DEFAULT_CLIP_LR
+            η.
+        clip_count_noise : float or None, default None
+            σ_b (None: derived from z).
+        noise_scale : float, default 1.0
+            Below 1: a deliberately weakened mechanism.
+
+        Returns
+        -------
+        AdaptiveClipGaussian
+            The calibrated estimator.
+
+        Raises
+        ------
+        ParameterError
+            A plain value out of range, or a target the accountant cannot reach.
+        """
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
@@ -194,7 +298,20 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         clip_count_noise: float | None = None,
         noise_scale: float = 1.0,
     ) -> AdaptiveClipGaussian:
-        """A given *effective* noise multiplier z (what the ledger accounts), split as above."""
+        """A given *effective* noise multiplier z (what the ledger accounts), split as above.
+
+        Parameters
+        ----------
+        noise_multiplier : float
+            The effective z.
+        clip, sampling, clip_quantile, clip_lr, clip_count_noise, noise_scale
+            As for ``calibrated``.
+
+        Returns
+        -------
+        AdaptiveClipGaussian
+            The estimator.
+        """
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)

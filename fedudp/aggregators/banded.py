@@ -48,20 +48,38 @@ from fedudp.aggregators.base import (
     ClippedSumAggregator,
     Option,
     ParameterError,
-    calibrate,
-    check_budget,
-    check_positive,
-    check_sampling,
     register,
 )
+from fedudp.aggregators.plain_values import calibrate, check_budget, check_positive, check_sampling
 from fedudp.aggregators.tree import CyclicParticipation
 from fedudp.protocol.contributions import Contribution, Sampling
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "BandedMatrixAggregator",
+    "bsr_coefficients",
+    "cycle_event",
+    "cycles",
+    "CyclicPoissonParticipation",
+    "resolve_bands",
+    "strategy_matrix",
+]
+
 
 def bsr_coefficients(bands: int) -> np.ndarray:
     """The first ``bands`` coefficients of the square root of the prefix-sum matrix:
-    c_k = binom(2k, k) / 4^k (float64; c_0 = 1), computed as c_k = c_{k-1}·(2k - 1)/(2k)."""
+    c_k = binom(2k, k) / 4^k (float64; c_0 = 1), computed as c_k = c_{k-1}·(2k - 1)/(2k).
+
+    Parameters
+    ----------
+    bands : int
+        b.
+
+    Returns
+    -------
+    numpy.ndarray
+        [b] float64.
+    """
     if int(bands) < 1:
         raise ParameterError("bands", f"bands must be >= 1, got {bands}")
     c = np.ones(int(bands), dtype=np.float64)
@@ -73,7 +91,20 @@ def bsr_coefficients(bands: int) -> np.ndarray:
 def strategy_matrix(bands: int, rounds: int) -> np.ndarray:
     """C̃ over ``rounds`` rounds: the b-banded lower-triangular Toeplitz matrix of the BSR
     coefficients, scaled to column norms <= 1 (for tests and the docs; the release never
-    builds it)."""
+    builds it).
+
+    Parameters
+    ----------
+    bands : int
+        b.
+    rounds : int
+        T.
+
+    Returns
+    -------
+    numpy.ndarray
+        [T, T] float64.
+    """
     c = bsr_coefficients(bands)
     c = c / np.linalg.norm(c)
     m = np.zeros((rounds, rounds))
@@ -84,7 +115,25 @@ def strategy_matrix(bands: int, rounds: int) -> np.ndarray:
 
 def resolve_bands(bands: int | None, rate: float) -> tuple[int, float]:
     """(b, p): the bands (default 1 / rate, which must then be whole) and the rate p = rate·b
-    at which a round samples its group (a ``ParameterError`` naming what to change)."""
+    at which a round samples its group (a ``ParameterError`` naming what to change).
+
+    Parameters
+    ----------
+    bands : int or None
+        b (None: 1 / rate).
+    rate : float
+        The sampling rate.
+
+    Returns
+    -------
+    tuple of (int, float)
+        (b, p).
+
+    Raises
+    ------
+    ParameterError
+        ``bands`` not a whole number >= 1, or a rate that gives no valid group rate p.
+    """
     q = float(rate)
     if bands is None:
         b = round(1.0 / q)
@@ -111,20 +160,54 @@ def resolve_bands(bands: int | None, rate: float) -> tuple[int, float]:
 
 
 def cycle_event(noise_multiplier: float, group_rate: float) -> dp_accounting.DpEvent:
-    """One cycle of b rounds: one DP-SGD step of rate p and multiplier z (module doc)."""
+    """One cycle of b rounds: one DP-SGD step of rate p and multiplier z (module doc).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        z.
+    group_rate : float
+        p.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        The cycle's event.
+    """
     g = dp_accounting.GaussianDpEvent(noise_multiplier)
     return g if group_rate >= 1.0 else dp_accounting.PoissonSampledDpEvent(group_rate, g)
 
 
 def cycles(rounds: int, bands: int) -> int:
-    """ceil(T / b): the cycles a T-round run starts (each unit at most once per cycle)."""
+    """ceil(T / b): the cycles a T-round run starts (each unit at most once per cycle).
+
+    Parameters
+    ----------
+    rounds : int
+        T.
+    bands : int
+        b.
+
+    Returns
+    -------
+    int
+        ceil(T / b).
+    """
     return -(-int(rounds) // int(bands))
 
 
 class CyclicPoissonParticipation(CyclicParticipation):
     """The billboard's plan (the hooks of ``fedudp.billboard.plan.Plan``, as the tree's): round r
     samples group (r - 1) mod b at rate p; the cycle's event at its first round, nothing at the
-    others (``round_event``)."""
+    others (``round_event``).
+
+    Parameters
+    ----------
+    agg : BandedMatrixAggregator
+        The banded mechanism.
+    seed : int
+        The groups' and the sampling's seed.
+    """
 
     # the banded mechanism in the tree's slot: the hooks read only what both have (round_event,
     # sampling); a different class, not a subtype of TreeAggregator
@@ -138,6 +221,18 @@ class CyclicPoissonParticipation(CyclicParticipation):
         )
 
     def sample(self, round_: int) -> np.ndarray:
+        """The units of round ``round_``: its group, Poisson-sampled at the group rate.
+
+        Parameters
+        ----------
+        round_ : int
+            The round, from 1.
+
+        Returns
+        -------
+        numpy.ndarray
+            Bool mask over the units.
+        """
         mask = self.group == (round_ - 1) % self.agg.bands
         if self.agg.group_rate < 1.0:
             mask &= (
@@ -148,7 +243,19 @@ class CyclicPoissonParticipation(CyclicParticipation):
 
 @register
 class BandedMatrixAggregator(ClippedSumAggregator):
-    """BSR-banded correlated noise on the cohort's clipped sums (module doc)."""
+    """BSR-banded correlated noise on the cohort's clipped sums (module doc).
+
+    Parameters
+    ----------
+    clip : float
+        The l2 clip norm C.
+    noise_multiplier : float
+        z.
+    sampling : Sampling
+        The units' sampling (cyclic groups of rate 1/b, Poisson within).
+    bands : int or None, default None
+        b (None: 1 / rate).
+    """
 
     name = "dp_mf_banded"
     inputs = ("clip", "epsilon", "delta", "rounds", "sampling")
@@ -193,7 +300,31 @@ class BandedMatrixAggregator(ClippedSumAggregator):
         sampling: Sampling,
         bands: int | None = None,
     ) -> BandedMatrixAggregator:
-        """The smallest z whose ceil(T / b) cycles meet (ε, δ) under the PLD accountant."""
+        """The smallest z whose ceil(T / b) cycles meet (ε, δ) under the PLD accountant.
+
+        Parameters
+        ----------
+        clip : float
+            The l2 clip norm C.
+        epsilon, delta : float
+            The target (ε, δ) over the run.
+        rounds : int
+            T.
+        sampling : Sampling
+            The units' sampling.
+        bands : int or None, default None
+            b (None: 1 / rate).
+
+        Returns
+        -------
+        BandedMatrixAggregator
+            The calibrated estimator.
+
+        Raises
+        ------
+        ParameterError
+            A plain value out of range, or an unreachable target.
+        """
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
@@ -207,17 +338,53 @@ class BandedMatrixAggregator(ClippedSumAggregator):
     def with_noise_multiplier(
         cls, noise_multiplier: float, *, clip: float, sampling: Sampling, bands: int | None = None
     ) -> BandedMatrixAggregator:
+        """with_noise_multiplier.
+
+        Parameters
+        ----------
+        noise_multiplier : float
+            z.
+        clip, sampling, bands
+            As for ``calibrated``.
+
+        Returns
+        -------
+        BandedMatrixAggregator
+            The estimator.
+        """
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
         return cls(clip, noise_multiplier, sampling, bands)
 
     def participation(self, seed: int) -> CyclicPoissonParticipation:
-        """The billboard's plan: cyclic groups, Poisson within, one event per cycle."""
+        """The billboard's plan: cyclic groups, Poisson within, one event per cycle.
+
+        Parameters
+        ----------
+        seed : int
+            The groups' seed.
+
+        Returns
+        -------
+        CyclicPoissonParticipation
+            The plan.
+        """
         return CyclicPoissonParticipation(self, seed)
 
     def round_event(self, round_: int) -> dp_accounting.DpEvent:
-        """The cycle's event at its first round, ``NoOpDpEvent`` at its other rounds."""
+        """The cycle's event at its first round, ``NoOpDpEvent`` at its other rounds.
+
+        Parameters
+        ----------
+        round_ : int
+            The round, from 1.
+
+        Returns
+        -------
+        dp_accounting.DpEvent
+            The round's event.
+        """
         if (round_ - 1) % self.bands:
             return dp_accounting.NoOpDpEvent()
         return cycle_event(self.noise_multiplier, self.group_rate)
@@ -227,7 +394,20 @@ class BandedMatrixAggregator(ClippedSumAggregator):
         return self.round_event(1)
 
     def noise_increment(self, dim: int, rng: torch.Generator) -> torch.Tensor:
-        """w_t = ||c|| u_t, u_t = ζ_t - Σ_k c_k u_{t-k}, ζ_t ~ N(0, (zC)² I) (float64)."""
+        """w_t = ||c|| u_t, u_t = ζ_t - Σ_k c_k u_{t-k}, ζ_t ~ N(0, (zC)² I) (float64).
+
+        Parameters
+        ----------
+        dim : int
+            The vectors' length.
+        rng : torch.Generator
+            The release's generator.
+
+        Returns
+        -------
+        torch.Tensor
+            w_t, [dim] float64.
+        """
         u = self.noise_std * torch.randn(dim, generator=rng, dtype=torch.float64)
         for k, prev in enumerate(self._history, start=1):
             u -= float(self.coefficients[k]) * prev

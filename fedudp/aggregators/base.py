@@ -26,12 +26,9 @@ itself (``calibrations``, ``fixed_noise``, ``replace_one``); estimators never se
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, ClassVar, Self
 
 import dp_accounting
@@ -40,15 +37,32 @@ import torch
 
 from fedudp.privacy.accountant import (
     ADJACENCY,
-    MAX_NOISE_MULTIPLIER,
     ApproxDp,
-    BudgetError,
     GroupConversion,
-    calibrate_noise_multiplier,
-    rounds_text,
 )
 from fedudp.protocol.contributions import Constraint, Contribution, Sampling
 from fedudp.registry import Registry
+
+__all__ = [
+    "BETA",
+    "BOUND",
+    "COMMON_OPTIONS",
+    "REGISTRY",
+    "RUN_INPUTS",
+    "TAU",
+    "Aggregate",
+    "Aggregator",
+    "as_generator",
+    "as_rows",
+    "check_declarations",
+    "check_noise_scale",
+    "ClippedSumAggregator",
+    "EstimatorRegistry",
+    "Option",
+    "ParameterError",
+    "register",
+    "RowsAggregator",
+]
 
 
 @dataclass
@@ -61,6 +75,17 @@ class Aggregate:
     nothing that changes later releases may read them (docs/algorithms.md#what-is-released).
     ``halted``: an
     AboveThreshold said stop ([ASI] Alg. 2); the run ends after composing this release.
+
+    Parameters
+    ----------
+    mean : torch.Tensor
+        The released estimate, [d].
+    users_used : int
+        The rows that entered the statistic.
+    diagnostics : dict, default {}
+        Simulator observations, not part of the release.
+    halted : bool, default False
+        An AboveThreshold said stop.
     """
 
     mean: torch.Tensor
@@ -72,14 +97,33 @@ class Aggregate:
 class Aggregator(ABC):
     """User-level mean estimator on the billboard (docs/architecture.md#aggregator).
 
-    Class attributes: ``name`` (the ``aggregator=`` value), ``private`` (does a release
-    need a DP ledger), ``needs_per_user_vectors`` (owners send rows, not sums), ``adjacency``
-    of the analysis, ``accountant`` (how its events are composed, for the ledger).
-    Instance attributes: ``sampling``, ``guarantee`` (``certified``, or ``heuristic`` when a
-    paper's unproven constant is used), ``noise_multiplier`` and ``noise_std`` (None where no
-    single Gaussian/Laplace multiplier describes the release), ``min_users_required`` (the
-    utility guarantee's minimum n; None if none), ``group`` (a ``GroupConversion`` when the
-    events are record-level and the run's user-level ε comes from group privacy; None if not).
+    Every attribute is declared here (below): the billboard, the ledger, the summary and the
+    engines read nothing else. ``noise_multiplier`` and ``noise_std`` are None where no single
+    Gaussian/Laplace multiplier describes the release.
+
+    Attributes
+    ----------
+    name : str
+        The ``aggregator=`` value.
+    private : bool
+        A release needs a DP ledger.
+    needs_per_user_vectors : bool
+        The owners send rows, not sums.
+    adjacency : str
+        The adjacency of the analysis.
+    accountant : str
+        How its events are composed (for the ledger).
+    sampling : Sampling
+        How units enter a release.
+    guarantee : str
+        ``certified``, or ``heuristic`` (a paper's unproven constant).
+    noise_multiplier : float or None
+        The release's noise multiplier, where one describes it.
+    min_users_required : int or None
+        The utility guarantee's minimum n.
+    group : GroupConversion or None
+        The group-privacy conversion where the events are record-level and the user-level ε
+        comes from group privacy.
     """
 
     name: ClassVar[str]
@@ -138,7 +182,25 @@ class Aggregator(ABC):
     def with_noise_multiplier(
         cls, noise_multiplier: float, *args: Any, **values: Any
     ) -> Aggregator:
-        """Construct with a given noise multiplier (``fixed_noise`` estimators only)."""
+        """Construct with a given noise multiplier (``fixed_noise`` estimators only).
+
+        Parameters
+        ----------
+        noise_multiplier : float
+            The noise multiplier z.
+        *args, **values
+            The estimator's other plain values.
+
+        Returns
+        -------
+        Aggregator
+            The estimator.
+
+        Raises
+        ------
+        ParameterError
+            The estimator calibrates its own noise (not ``fixed_noise``).
+        """
         raise ParameterError(
             "noise_multiplier", f"noise_multiplier: {cls.__name__} calibrates its own noise"
         )
@@ -187,7 +249,15 @@ class Aggregator(ABC):
 class ClippedSumAggregator(Aggregator):
     """An estimator on the cohort's clipped sum: the owners clip each unit's vector to
     ``self.clip`` and send the sum and a count (clip + Gaussian, adaptive clipping, DP-FTRL's
-    tree). ``noise_std``: ``noise_multiplier · clip`` unless the estimator says otherwise."""
+    tree). ``noise_std``: ``noise_multiplier · clip`` unless the estimator says otherwise.
+
+    Attributes
+    ----------
+    clip : float
+        The l2 clip norm of each unit's vector.
+    noise_multiplier : float
+        z: the noise on the clipped sum has std ``noise_multiplier · clip``.
+    """
 
     needs_per_user_vectors: ClassVar[bool] = False
     clip: float
@@ -211,7 +281,13 @@ class RowsAggregator(Aggregator):
     rows per chunk of every pass, or None for as many as fit in ``rows.WORK_BYTES`` (the
     released values are the same up to the summation order of sums over rows).
     ``working_bytes(rows, dim)``: what one release needs on top of the rows themselves, for
-    the pre-flight memory check (``fedudp.aggregators.memory``)."""
+    the pre-flight memory check (``fedudp.aggregators.memory``).
+
+    Attributes
+    ----------
+    chunk_rows : int or None
+        Rows per float64 chunk (None: as many as fit in ``rows.WORK_BYTES``).
+    """
 
     needs_per_user_vectors: ClassVar[bool] = True
     adjacency: ClassVar[str] = "replace_one"
@@ -234,7 +310,23 @@ class RowsAggregator(Aggregator):
 
 def as_rows(G: Any) -> torch.Tensor:
     """``G`` as a 2-D floating tensor (numpy arrays and integer tensors become float64); anything
-    else is a ``TypeError`` saying what an estimator takes."""
+    else is a ``TypeError`` saying what an estimator takes.
+
+    Parameters
+    ----------
+    G : array-like
+        The rows, [n, d] (a tensor or a numpy array).
+
+    Returns
+    -------
+    torch.Tensor
+        The rows as a 2-D floating tensor.
+
+    Raises
+    ------
+    TypeError
+        Anything else.
+    """
     if isinstance(G, np.ndarray):
         if not (np.issubdtype(G.dtype, np.floating) or np.issubdtype(G.dtype, np.integer)):
             raise TypeError(
@@ -261,7 +353,18 @@ def as_rows(G: Any) -> torch.Tensor:
 
 
 def as_generator(rng: Any) -> torch.Generator:
-    """A release's generator: itself, a seeded one for an int, a fresh OS-seeded one for None."""
+    """A release's generator: itself, a seeded one for an int, a fresh OS-seeded one for None.
+
+    Parameters
+    ----------
+    rng : torch.Generator, int or None
+        The generator, a seed, or None.
+
+    Returns
+    -------
+    torch.Generator
+        The release's generator.
+    """
     if isinstance(rng, torch.Generator):
         return rng
     if rng is None:
@@ -277,7 +380,21 @@ def as_generator(rng: Any) -> torch.Generator:
 class Option:
     """One option of an estimator, ``estimator.<name>`` in the configuration: its default, its
     type (float, int, bool or str; ``nullable``: null allowed) and a line of help. The config
-    builder passes it to ``calibrated`` by keyword; an estimator declares it in ``options``."""
+    builder passes it to ``calibrated`` by keyword; an estimator declares it in ``options``.
+
+    Parameters
+    ----------
+    name : str
+        The option's name (``estimator.<name>``).
+    default : Any
+        Its default.
+    type : type, default float
+        float, int, bool or str.
+    nullable : bool, default False
+        Null allowed.
+    help : str, default ""
+        A line of help.
+    """
 
     name: str
     default: Any
@@ -287,7 +404,23 @@ class Option:
 
     def value(self, given: Any) -> Any:
         """``given`` as this option's type (an int for a float option is widened); anything
-        else is a ``ValueError`` saying what the option takes."""
+        else is a ``ValueError`` saying what the option takes.
+
+        Parameters
+        ----------
+        given : Any
+            The configured value.
+
+        Returns
+        -------
+        Any
+            ``given`` as the option's type.
+
+        Raises
+        ------
+        ValueError
+            A value of another type.
+        """
         if given is None and self.nullable:
             return None
         t = self.type
@@ -386,26 +519,49 @@ def check_declarations(cls: type[Aggregator]) -> None:
 
 
 def check_noise_scale(noise_scale: float) -> float:
-    """An audit's weakening factor of the release noise: in (0, 1] (1: the accounted noise)."""
+    """An audit's weakening factor of the release noise: in (0, 1] (1: the accounted noise).
+
+    Parameters
+    ----------
+    noise_scale : float
+        The factor.
+
+    Returns
+    -------
+    float
+        The factor, checked.
+
+    Raises
+    ------
+    ParameterError
+        A factor outside (0, 1].
+    """
     if not (isinstance(noise_scale, (int, float)) and 0 < noise_scale <= 1):
         raise ParameterError("noise_scale", f"noise_scale must be in (0, 1], got {noise_scale}")
     return float(noise_scale)
 
 
 def register(cls: type[Aggregator]) -> type[Aggregator]:
-    """Class decorator: ``aggregator=<cls.name>`` builds ``cls`` (its declarations checked)."""
+    """Class decorator: ``aggregator=<cls.name>`` builds ``cls`` (its declarations checked).
+
+    Parameters
+    ----------
+    cls : type of Aggregator
+        The estimator.
+
+    Returns
+    -------
+    type of Aggregator
+        ``cls``, registered under ``cls.name``.
+
+    Raises
+    ------
+    TypeError
+        Declarations that do not match ``calibrated``'s keywords.
+    """
     check_declarations(cls)
     REGISTRY.add(cls.name, cls)
     return cls
-
-
-def pad_to_population(G: torch.Tensor, n: int) -> torch.Tensor:
-    """Rows for the public n of a replace-one estimator: missing units (failed owners, NaN/inf
-    rows) count as zero vectors, so n stays public
-    (docs/algorithms.md#privacy-units-and-adjacency)."""
-    if G.shape[0] < n:
-        G = torch.cat([G, G.new_zeros(n - G.shape[0], G.shape[1])])
-    return G
 
 
 # -- plain-value construction: ``calibrated(...)`` and its errors --------------------------------
@@ -414,132 +570,18 @@ class ParameterError(ValueError):
     parameter ``param`` (``"epsilon must be a finite number > 0, got -1"``); ``facts`` keeps the
     numbers behind it, so that the config builder can say the same with the config's keys.
     ``facts["config"]``, where present, is the exact ``ConfigError`` the config path raises (an
-    unreachable budget's ``BudgetError``)."""
+    unreachable budget's ``BudgetError``).
+
+    Parameters
+    ----------
+    param : str
+        The parameter the message names first.
+    message : str
+        The one-line message.
+    **facts
+        The numbers behind it.
+    """
 
     def __init__(self, param: str, message: str, **facts: Any) -> None:
         super().__init__(message)
         self.param, self.facts = param, facts
-
-
-def _real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _integer(x: Any) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def need(ok: bool, param: str, rule: str, value: Any) -> None:
-    """``ParameterError("<param> <rule>, got <value>")`` unless ``ok``."""
-    if not ok:
-        raise ParameterError(
-            param,
-            f"{param} {rule}, got {value!r}"
-            if isinstance(value, str)
-            else f"{param} {rule}, got {value}",
-        )
-
-
-def check_positive(param: str, value: Any) -> None:
-    need(_real(value) and value > 0, param, "must be > 0", value)
-
-
-def check_at_least(param: str, value: Any, low: float) -> None:
-    need(_real(value) and value >= low, param, f"must be >= {low:g}", value)
-
-
-def check_fraction(param: str, value: Any) -> None:
-    need(_real(value) and 0 < value < 1, param, "must be in (0, 1)", value)
-
-
-def check_count(param: str, value: Any, low: int = 1) -> None:
-    need(_integer(value) and value >= low, param, f"must be an integer >= {low}", value)
-
-
-def check_budget(epsilon: Any, delta: Any, rounds: Any) -> None:
-    """The target (ε, δ) over ``rounds`` releases (the accountant's own rules, plain names)."""
-    need(_real(epsilon) and epsilon > 0, "epsilon", "must be a finite number > 0", epsilon)
-    check_fraction("delta", delta)
-    check_count("rounds", rounds)
-
-
-def check_dim(dim: Any) -> None:
-    check_count("dim", dim)
-
-
-def check_sampling(sampling: Any, replace_one: str | None = None) -> None:
-    """``sampling`` is a ``Sampling``; a replace-one estimator (``replace_one``: its name) needs
-    rate 1 (every unit, every round, a public n: no amplification claimed)."""
-    if not isinstance(sampling, Sampling):
-        raise ParameterError(
-            "sampling",
-            f"sampling must be a Sampling(rate, population), got {type(sampling).__name__}",
-        )
-    if replace_one is not None:
-        need(
-            sampling.rate == 1.0,
-            "sampling.rate",
-            f"must be 1 for {replace_one} (replace-one "
-            "with a public n: every unit, every round; no amplification claimed)",
-            sampling.rate,
-        )
-
-
-def choice(param: str, value: Any, options: tuple[str, ...]) -> str:
-    """``value`` (a string or a config enum) as one of ``options``."""
-    plain = value.value if isinstance(value, Enum) else value
-    need(
-        isinstance(plain, str) and plain in options,
-        param,
-        "must be one of " + ", ".join(repr(o) for o in options),
-        value,
-    )
-    return plain
-
-
-def concentration_radius(tau: Any, default: Callable[[int], float], records_per_unit: Any) -> float:
-    """``tau`` when given (> 0); else ``default(records_per_unit)`` (the estimator's derivation
-    from the bound and the records per unit m, which must then be given)."""
-    if tau is not None:
-        check_positive("tau", tau)
-        return tau
-    if records_per_unit is None:
-        raise ParameterError(
-            "tau", "tau is None: give tau, or records_per_unit (and the bound) to derive it"
-        )
-    check_count("records_per_unit", records_per_unit)
-    return default(records_per_unit)
-
-
-def calibrate(
-    make_event: Callable[[float], Any],
-    epsilon: float,
-    delta: float,
-    rounds: int,
-    *,
-    run_rounds: int | None = None,
-) -> float:
-    """``calibrate_noise_multiplier`` for ``calibrated``: an unreachable target is a
-    ``ParameterError`` naming epsilon (the config builder re-raises the accountant's
-    ``BudgetError``). ``run_rounds``: the run's rounds where ``make_event`` is already the
-    whole run's event (``rounds`` is then 1), so that the refusal names the run's rounds."""
-    try:
-        return calibrate_noise_multiplier(make_event, epsilon, delta, rounds)
-    except BudgetError as err:
-        if "unreachable" not in str(err):  # another refusal (delta too large): its own words
-            param = "delta" if str(err).startswith("privacy.delta") else "epsilon"
-            raise ParameterError(param, f"{param}: {err}", config=err) from None
-        shown = rounds_text(rounds if run_rounds is None else run_rounds)
-        if run_rounds is not None:
-            err = BudgetError(
-                f"privacy.epsilon={epsilon} at privacy.delta={delta} is unreachable in "
-                f"{shown} even with noise multiplier {MAX_NOISE_MULTIPLIER:g}; lower "
-                "train.rounds or raise privacy.epsilon"
-            )
-        raise ParameterError(
-            "epsilon",
-            f"epsilon is unreachable: the noise calibration's target (epsilon="
-            f"{epsilon:g}, delta={delta:g}) is not met in {shown} even with noise "
-            f"multiplier {MAX_NOISE_MULTIPLIER:g}",
-            config=err,
-        ) from None

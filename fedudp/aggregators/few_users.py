@@ -40,6 +40,9 @@ from fedudp.aggregators.base import (
     Option,
     ParameterError,
     RowsAggregator,
+    register,
+)
+from fedudp.aggregators.plain_values import (
     check_at_least,
     check_budget,
     check_count,
@@ -49,18 +52,44 @@ from fedudp.aggregators.base import (
     check_sampling,
     concentration_radius,
     need,
-    register,
 )
 from fedudp.aggregators.rows import CohortRows, as_cohort, chunks_bytes
 from fedudp.privacy.accountant import ApproxDp
 from fedudp.privacy.mechanisms import RandomRotation, next_pow2, rotated_coordinate_radius
 from fedudp.protocol.contributions import Sampling
 
+__all__ = [
+    "ball_counts",
+    "check_privacy_conditions",
+    "dp_estimate_1",
+    "dp_estimate_2",
+    "FewUsersAggregator",
+    "log_accept",
+    "min_users",
+    "rotated_block",
+    "uniform_in_balls",
+]
+
 
 def uniform_in_balls(centers: torch.Tensor, radius: float, *, rng: torch.Generator) -> torch.Tensor:
     """One uniform point in each ball B(center, radius) (docs/algorithms.md#uniform-point-in-a-ball).
     The offsets are drawn and scaled on the CPU generator, then moved to the centers' device
-    (``engine_opts.device``): the same seed, the same offsets bit for bit."""
+    (``engine_opts.device``): the same seed, the same offsets bit for bit.
+
+    Parameters
+    ----------
+    centers : torch.Tensor
+        [b, d].
+    radius : float
+        The balls' radius.
+    rng : torch.Generator
+        The generator.
+
+    Returns
+    -------
+    torch.Tensor
+        [b, d].
+    """
     b, d = centers.shape
     g = torch.randn(b, d, generator=rng, dtype=centers.dtype)
     g = g / torch.linalg.vector_norm(g, dim=1, keepdim=True).clamp(min=1e-300)
@@ -69,7 +98,22 @@ def uniform_in_balls(centers: torch.Tensor, radius: float, *, rng: torch.Generat
 
 
 def log_accept(f: torch.Tensor, n: int, eps: float) -> torch.Tensor:
-    """log of (1/3)(n/f) exp(ε (min(f, 2n/3) - 2n/3))."""
+    """log of (1/3)(n/f) exp(ε (min(f, 2n/3) - 2n/3)).
+
+    Parameters
+    ----------
+    f : torch.Tensor
+        The ball counts.
+    n : int
+        The public n.
+    eps : float
+        ε.
+
+    Returns
+    -------
+    torch.Tensor
+        The log acceptance probabilities.
+    """
     f = f.to(torch.float64)
     return (
         math.log(n / 3)
@@ -80,7 +124,22 @@ def log_accept(f: torch.Tensor, n: int, eps: float) -> torch.Tensor:
 
 def check_privacy_conditions(n: int, eps: float, delta: float, tries: float) -> None:
     """Raise ValueError when DP-Estimate-1's proof does not apply: an acceptance probability
-    above 1 for some count f ∈ [1, n], or e^{ε(1-2n/3)} N > δ (Lemma 18)."""
+    above 1 for some count f ∈ [1, n], or e^{ε(1-2n/3)} N > δ (Lemma 18).
+
+    Parameters
+    ----------
+    n : int
+        The public n.
+    eps, delta : float
+        (ε1, δ1).
+    tries : float
+        N.
+
+    Raises
+    ------
+    ValueError
+        The proof does not apply.
+    """
     f = torch.arange(1, n + 1)
     worst = float(log_accept(f, n, eps).max())
     if worst > 0:
@@ -96,7 +155,20 @@ def check_privacy_conditions(n: int, eps: float, delta: float, tries: float) -> 
 
 
 def min_users(eps: float, delta: float, tries: float) -> int:
-    """Smallest n for which ``check_privacy_conditions`` passes (doubling then bisection)."""
+    """Smallest n for which ``check_privacy_conditions`` passes (doubling then bisection).
+
+    Parameters
+    ----------
+    eps, delta : float
+        (ε1, δ1).
+    tries : float
+        N.
+
+    Returns
+    -------
+    int
+        The n.
+    """
 
     def ok(n):
         try:
@@ -133,6 +205,26 @@ def dp_estimate_1(
     drawn and kept; G2: the geometric number of tries ran out). (4ε, 4δ)-DP (caller's split).
     ``X``: a tensor or ``CohortRows``; each batch's friend counts f compare float64 distances
     to the rows one float64 chunk at a time (the same values as on a whole float64 copy).
+
+    Parameters
+    ----------
+    X : torch.Tensor or CohortRows
+        The rows.
+    radius : float
+        The ball radius.
+    eps, delta : float
+        (ε1, δ1).
+    tries : float
+        N.
+    rng : torch.Generator
+        The generator.
+    batch : int, default 64
+        Candidate points per batch.
+
+    Returns
+    -------
+    tuple of (torch.Tensor or None, dict)
+        The estimate (None: garbage) and the diagnostics.
     """
     rows = as_cohort(X)
     n = rows.n
@@ -169,7 +261,24 @@ def dp_estimate_1(
 
 def ball_counts(P: torch.Tensor, rows: CohortRows, sq: torch.Tensor, radius: float) -> torch.Tensor:
     """For each point of ``P`` [b, d] (float64), the rows within ``radius``: float64
-    ||p||² + ||x||² - 2<p,x> against one chunk of rows at a time (``sq``: the rows' ||x||²)."""
+    ||p||² + ||x||² - 2<p,x> against one chunk of rows at a time (``sq``: the rows' ||x||²).
+
+    Parameters
+    ----------
+    P : torch.Tensor
+        [b, d] float64 points.
+    rows : CohortRows
+        The rows.
+    sq : torch.Tensor
+        The rows' float64 squared norms.
+    radius : float
+        The radius.
+
+    Returns
+    -------
+    torch.Tensor
+        [b] counts.
+    """
     pp = (P * P).sum(1, keepdim=True)
     f = torch.zeros(P.shape[0], dtype=torch.int64, device=P.device)
     for s, B in rows.chunks():
@@ -180,7 +289,22 @@ def ball_counts(P: torch.Tensor, rows: CohortRows, sq: torch.Tensor, radius: flo
 
 def rotated_block(rows: CohortRows, rot: RandomRotation, c0: int, c1: int) -> torch.Tensor:
     """Columns ``c0..c1-1`` of the rotated rows [n, c1-c0] (float64), rotating one chunk of
-    rows at a time (the whole rotated matrix is never held)."""
+    rows at a time (the whole rotated matrix is never held).
+
+    Parameters
+    ----------
+    rows : CohortRows
+        The rows.
+    rot : RandomRotation
+        The rotation.
+    c0, c1 : int
+        The columns.
+
+    Returns
+    -------
+    torch.Tensor
+        [n, c1 - c0] float64.
+    """
     out = torch.empty(rows.n, c1 - c0, dtype=torch.float64, device=rows.device)
     for s, B in rows.chunks(rows.rows_per_chunk(rot.dp)):
         out[s : s + len(B)] = rot.rotate(B)[:, c0:c1]
@@ -198,7 +322,28 @@ def dp_estimate_2(
     rng: torch.Generator,
 ) -> tuple[torch.Tensor | None, dict]:
     """DP-Estimate-2: coordinate-wise median of the non-garbage outputs of ``copies`` runs of
-    DP-Estimate-1 (each called with (eps, delta); the caller composes the copies)."""
+    DP-Estimate-1 (each called with (eps, delta); the caller composes the copies).
+
+    Parameters
+    ----------
+    X : torch.Tensor or CohortRows
+        The rows.
+    radius : float
+        The ball radius.
+    eps, delta : float
+        (ε1, δ1) per run.
+    tries : float
+        N.
+    copies : int
+        The runs.
+    rng : torch.Generator
+        The generator.
+
+    Returns
+    -------
+    tuple of (torch.Tensor or None, dict)
+        The median (None: every run garbage) and the diagnostics.
+    """
     outs, garbage = [], 0
     for _ in range(copies):
         p, _info = dp_estimate_1(X, radius, eps, delta, tries, rng=rng)
@@ -213,7 +358,31 @@ def dp_estimate_2(
 
 @register
 class FewUsersAggregator(RowsAggregator):
-    """``aggregator=few_users``: [ESF] DP-Estimate-2 at user level, optionally on rotated blocks."""
+    """``aggregator=few_users``: [ESF] DP-Estimate-2 at user level, optionally on rotated blocks.
+
+    Parameters
+    ----------
+    dim : int
+        The vectors' length.
+    tau : float
+        The users' concentration radius.
+    eps, delta : float
+        (ε1, δ1) of each DP-Estimate-1 run.
+    rounds : int
+        T.
+    sampling : Sampling
+        Rate 1 and the public n.
+    copies : int, default 1
+        Runs of DP-Estimate-1 (their median).
+    blocks : int, default 1
+        Rotated blocks (a power of two).
+    kappa : float, default 1.0
+        κ, the ball radius multiplier.
+    tries : float, default 1000.0
+        N, the expected tries.
+    beta : float, default 0.1
+        The rotation's failure probability.
+    """
 
     name = "few_users"
     min_users_required: int
@@ -299,25 +468,35 @@ class FewUsersAggregator(RowsAggregator):
     ) -> FewUsersAggregator:
         """[ESF] DP-Estimate-2 for ``rounds`` releases over all ``sampling.population`` units
         (rate 1) meeting (ε, δ) by basic composition: ε1 = ε/(4·copies·blocks·rounds), likewise δ1.
+        The derived ``tau``: [ESF]'s 10·bound/sqrt(m).
 
-        ``tau``: the users' concentration radius; None derives [ESF]'s 10·bound/sqrt(m) from
-        ``bound`` and ``records_per_unit`` m. ``copies``: runs of DP-Estimate-1 (median);
-        ``blocks``: a power of two <= dim's power of two (> 1: Hadamard rotation, one estimate
-        per block); ``kappa``: the ball radius multiplier κ; ``tries``: the expected tries N of
-        the geometric stop; ``beta``: the rotation's failure probability. A population too small
-        for DP-Estimate-1's privacy conditions is refused (``sampling.population``)."""
-        check_dim(dim)
-        check_budget(epsilon, delta, rounds)
-        check_sampling(sampling, cls.name)
-        check_count("copies", copies)
-        dp = next_pow2(int(dim))
-        need(
-            _integer_power_of_two(blocks) and (blocks == 1 or blocks <= dp),
-            "blocks",
-            f"must be a power of two <= {dp}",
-            blocks,
-        )
-        check_positive("kappa", kappa)
+        Parameters
+        ----------
+        dim : int
+            The vectors' length.
+        epsilon, delta : float
+            The target (ε, δ).
+        rounds : int
+            T.
+        sampling : Sampling
+            Rate 1 and the public n.
+        bound, tau, records_per_unit
+            The radius (None: derived from ``bound`` and m).
+        copies, blocks, kappa, tries, beta
+            As for the class (``blocks``: a power of two <= dim's; > 1: Hadamard rotation, one
+            estimate per block).
+
+        Returns
+        -------
+        FewUsersAggregator
+            The calibrated estimator.
+
+        Raises
+        ------
+        ParameterError
+            A plain value out of range, or a population too small for DP-Estimate-1's conditions.
+        """
+        _check_options(dim, epsilon, delta, rounds, sampling, cls.name, copies, blocks, kappa)
         check_at_least("tries", tries, 1)
         check_fraction("beta", beta)
         if bound is not None or tau is None:
@@ -400,3 +579,30 @@ def _integer_power_of_two(x: object) -> bool:
         return False
     v = int(x)
     return v >= 1 and not v & (v - 1)
+
+
+def _check_options(
+    dim: int,
+    epsilon: float,
+    delta: float,
+    rounds: int,
+    sampling: Sampling,
+    name: str,
+    copies: int,
+    blocks: int,
+    kappa: float,
+) -> None:
+    """``FewUsersAggregator.calibrated``'s plain values, checked in order (a ``ParameterError``
+    naming the first one refused)."""
+    check_dim(dim)
+    check_budget(epsilon, delta, rounds)
+    check_sampling(sampling, name)
+    check_count("copies", copies)
+    dp = next_pow2(int(dim))
+    need(
+        _integer_power_of_two(blocks) and (blocks == 1 or blocks <= dp),
+        "blocks",
+        f"must be a power of two <= {dp}",
+        blocks,
+    )
+    check_positive("kappa", kappa)

@@ -22,19 +22,34 @@ from fedudp.aggregators.base import (
     Aggregate,
     Aggregator,
     ClippedSumAggregator,
-    calibrate,
-    check_budget,
     check_noise_scale,
-    check_positive,
-    check_sampling,
     register,
 )
+from fedudp.aggregators.plain_values import calibrate, check_budget, check_positive, check_sampling
 from fedudp.protocol.contributions import Constraint, Contribution, Sampling
+
+__all__ = [
+    "gaussian_round_event",
+    "GaussianAggregator",
+    "MeanAggregator",
+]
 
 
 @register
 class GaussianAggregator(ClippedSumAggregator):
-    """Clip each unit's vector to l2 norm ``clip``, sum, add N(0, (z*clip)^2 I), divide by q*N."""
+    """Clip each unit's vector to l2 norm ``clip``, sum, add N(0, (z*clip)^2 I), divide by q*N.
+
+    Parameters
+    ----------
+    clip : float
+        The l2 clip norm C of each unit's vector.
+    noise_multiplier : float
+        z: the noise on the clipped sum is N(0, (z C)² I).
+    sampling : Sampling
+        Poisson sampling rate q and public population N (the divisor q N).
+    noise_scale : float, default 1.0
+        1.0, or below 1 for a deliberately weakened mechanism (audits).
+    """
 
     name = "gaussian"
     inputs = ("clip", "epsilon", "delta", "rounds", "sampling", "noise_scale")
@@ -73,7 +88,31 @@ class GaussianAggregator(ClippedSumAggregator):
     ) -> GaussianAggregator:
         """Clip to ``clip``, with the smallest noise multiplier z whose ``rounds`` releases,
         Poisson-sampled at ``sampling.rate`` (plain Gaussian at rate 1), meet (ε, δ) under the
-        PLD accountant. (A fixed z: ``GaussianAggregator(clip, z, sampling)``.)"""
+        PLD accountant. (A fixed z: ``GaussianAggregator(clip, z, sampling)``.)
+
+        Parameters
+        ----------
+        clip : float
+            The l2 clip norm C.
+        epsilon, delta : float
+            The target (ε, δ) over the run.
+        rounds : int
+            The releases the budget covers.
+        sampling : Sampling
+            The Poisson sampling of the units.
+        noise_scale : float, default 1.0
+            Below 1: a deliberately weakened mechanism (its accounted noise unchanged).
+
+        Returns
+        -------
+        GaussianAggregator
+            The calibrated estimator.
+
+        Raises
+        ------
+        ParameterError
+            A plain value out of range, or a target the accountant cannot reach.
+        """
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
@@ -84,7 +123,24 @@ class GaussianAggregator(ClippedSumAggregator):
     def with_noise_multiplier(
         cls, noise_multiplier: float, *, clip: float, sampling: Sampling, noise_scale: float = 1.0
     ) -> GaussianAggregator:
-        """Clip to ``clip`` with the given noise multiplier (the accountant then tracks ε)."""
+        """Clip to ``clip`` with the given noise multiplier (the accountant then tracks ε).
+
+        Parameters
+        ----------
+        noise_multiplier : float
+            z.
+        clip : float
+            The l2 clip norm C.
+        sampling : Sampling
+            The Poisson sampling of the units.
+        noise_scale : float, default 1.0
+            Below 1: a deliberately weakened mechanism.
+
+        Returns
+        -------
+        GaussianAggregator
+            The estimator.
+        """
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
@@ -112,14 +168,33 @@ class GaussianAggregator(ClippedSumAggregator):
 
 
 def gaussian_round_event(noise_multiplier: float, rate: float) -> dp_accounting.DpEvent:
-    """One clip+Gaussian release (noise multiplier z = sigma / C), Poisson-sampled at ``rate``."""
+    """One clip+Gaussian release (noise multiplier z = sigma / C), Poisson-sampled at ``rate``.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        z = σ / C.
+    rate : float
+        The Poisson sampling rate q (1: no amplification).
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        ``GaussianDpEvent(z)``, Poisson-sampled at ``rate`` where it is below 1.
+    """
     g = dp_accounting.GaussianDpEvent(noise_multiplier)
     return g if rate >= 1.0 else dp_accounting.PoissonSampledDpEvent(rate, g)
 
 
 @register
 class MeanAggregator(Aggregator):
-    """``aggregator=none``: the plain (non-private) mean of the received vectors (FedAvg)."""
+    """``aggregator=none``: the plain (non-private) mean of the received vectors (FedAvg).
+
+    Parameters
+    ----------
+    sampling : Sampling or None, default None
+        The cohort's sampling (None: every unit, population 1).
+    """
 
     name = "none"
     inputs = ("sampling",)
@@ -131,7 +206,18 @@ class MeanAggregator(Aggregator):
 
     @classmethod
     def calibrated(cls, *, sampling: Sampling | None = None) -> MeanAggregator:
-        """Nothing to calibrate (not private): the plain mean."""
+        """Nothing to calibrate (not private): the plain mean.
+
+        Parameters
+        ----------
+        sampling : Sampling or None, default None
+            The cohort's sampling.
+
+        Returns
+        -------
+        MeanAggregator
+            The plain mean.
+        """
         if sampling is not None:
             check_sampling(sampling)
         return cls(sampling)

@@ -47,14 +47,11 @@ from fedudp.aggregators.adaptive_clip import (
     next_clip,
     update_noise_multiplier,
 )
-from fedudp.aggregators.base import (
-    Aggregate,
-    Aggregator,
-    ParameterError,
+from fedudp.aggregators.base import Aggregate, Aggregator, ParameterError, check_declarations
+from fedudp.aggregators.plain_values import (
     calibrate,
     check_budget,
     check_count,
-    check_declarations,
     check_fraction,
     check_positive,
     check_sampling,
@@ -63,17 +60,53 @@ from fedudp.aggregators.base import (
 from fedudp.privacy.accountant import GroupConversion, Parallel
 from fedudp.protocol.contributions import Constraint, Contribution, Sampling
 
+__all__ = [
+    "COUNT_SHARE",
+    "default_count_noise",
+    "LocalDpSgdMean",
+    "owner_rates",
+    "owner_round_event",
+]
+
 
 def owner_rates(capacity: np.ndarray, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """(q_j, steps per epoch) for owners of public capacity M_j (``capacity``): q = min(B, M)/M,
-    ceil(M/B). Pass capacities, never the users an owner actually holds."""
+    ceil(M/B). Pass capacities, never the users an owner actually holds.
+
+    Parameters
+    ----------
+    capacity : numpy.ndarray
+        M_j.
+    batch : int
+        B.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        (q_j, steps per epoch).
+    """
     capacity = np.asarray(capacity, dtype=np.int64)
     b = np.minimum(batch, capacity)
     return b / np.maximum(capacity, 1), -(-capacity // batch)
 
 
 def owner_round_event(z: float, q: float, steps: int) -> dp_accounting.DpEvent:
-    """One round of one owner's DP-SGD: ``steps`` Poisson-sampled Gaussian steps."""
+    """One round of one owner's DP-SGD: ``steps`` Poisson-sampled Gaussian steps.
+
+    Parameters
+    ----------
+    z : float
+        The noise multiplier.
+    q : float
+        The sampling rate.
+    steps : int
+        The steps.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        The composed steps.
+    """
     g = dp_accounting.GaussianDpEvent(z)
     step = g if q >= 1.0 else dp_accounting.PoissonSampledDpEvent(float(q), g)
     return dp_accounting.SelfComposedDpEvent(step, int(steps))
@@ -85,7 +118,18 @@ COUNT_SHARE = 0.1  # the default adaptive clip's count: a tenth of each step's b
 def default_count_noise(noise_multiplier: float) -> float:
     """σ_b with (2σ_b)⁻² = COUNT_SHARE · z⁻²: the count takes a tenth of each step's Gaussian
     budget, so z_Δ = z / sqrt(0.9). (The server's default, expected cohort / 20, would leave
-    nothing for the update once z > B / 10 with DP-SGD's small batches.)"""
+    nothing for the update once z > B / 10 with DP-SGD's small batches.)
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        z.
+
+    Returns
+    -------
+    float
+        σ_b.
+    """
     return float(noise_multiplier) / (2.0 * COUNT_SHARE**0.5)
 
 
@@ -95,7 +139,33 @@ def _owner_event(q: float, s: int) -> Callable[[float], dp_accounting.DpEvent]:
 
 
 class LocalDpSgdMean(Aggregator):
-    """The billboard's side of ``privacy.placement=local_dpsgd`` (see the module docstring)."""
+    """The billboard's side of ``privacy.placement=local_dpsgd`` (see the module docstring).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        z (the effective z with an adaptive clip).
+    clip : float
+        The per-unit clip.
+    batch : int
+        B.
+    epochs : int
+        Local epochs per round.
+    owner_units : numpy.ndarray
+        Each owner's public capacity M_j.
+    sampling : Sampling
+        The owners' sampling.
+    group : GroupConversion or None, default None
+        The group-privacy conversion of record-level DP-SGD.
+    adaptive : bool, default False
+        The clip follows ``quantile``.
+    quantile : float, default DEFAULT_QUANTILE
+        γ.
+    clip_lr : float, default DEFAULT_CLIP_LR
+        η.
+    count_noise : float or None, default None
+        σ_b (None: ``default_count_noise``).
+    """
 
     name = "local_dpsgd"
     noise_multiplier: float
@@ -201,28 +271,47 @@ class LocalDpSgdMean(Aggregator):
     ) -> LocalDpSgdMean:
         """Owner-side DP-SGD whose worst owner meets (ε, δ) over ``rounds`` rounds of
         ``local_epochs`` epochs of Poisson-sampled batches of ``batch_size``, per-unit clip
-        ``clip``; ``owner_units``: each owner's public capacity M_j (users; records with
-        ``group_size``), fixed before any data is read. ``group_size`` k: DP-SGD on records,
-        converted to user level by group privacy over k records per user (``accounting``
-        ``"certified"``: the standard form; ``"paper"``: Huang et al.'s, heuristic); None: on
-        users. (A fixed z: the constructor.)"""
+        ``clip`` (a fixed z: the constructor).
+
+        Parameters
+        ----------
+        clip : float
+            The per-unit clip.
+        epsilon, delta : float
+            The target (ε, δ).
+        rounds : int
+            T.
+        batch_size : int
+            B.
+        local_epochs : int
+            Epochs per round.
+        owner_units : numpy.ndarray
+            Each owner's public capacity M_j (users; records with ``group_size``), fixed
+            before any data is read.
+        sampling : Sampling
+            The owners' sampling.
+        group_size : int or None, default None
+            k: DP-SGD on records, converted to user level by group privacy over k records per
+            user (None: DP-SGD on users).
+        accounting : {"certified", "paper"}, default "certified"
+            The group-privacy conversion: the standard form, or Huang et al.'s (heuristic).
+        clip_policy : {"fixed", "adaptive"}, default "fixed"
+            The clip.
+        clip_quantile, clip_lr, clip_count_noise
+            The adaptive clip's γ, η and σ_b.
+
+        Returns
+        -------
+        LocalDpSgdMean
+            The calibrated estimator.
+
+        Raises
+        ------
+        ParameterError
+            A plain value out of range, or an unreachable target.
+        """
         check_budget(epsilon, delta, rounds)
-        check_positive("clip", clip)
-        check_count("batch_size", batch_size)
-        check_count("local_epochs", local_epochs)
-        check_sampling(sampling)
-        units = np.asarray(owner_units)
-        if not (
-            units.ndim == 1
-            and units.size
-            and np.issubdtype(units.dtype, np.integer)
-            and (units >= 0).all()
-        ):
-            raise ParameterError(
-                "owner_units",
-                "owner_units must be a non-empty sequence of "
-                f"integers >= 0 (each owner's public capacity), got {owner_units!r}",
-            )
+        cls._check_schedule(clip, batch_size, local_epochs, sampling, owner_units)
         form = choice("accounting", accounting, ("certified", "paper"))
         if group_size is not None:
             check_count("group_size", group_size)
@@ -240,6 +329,27 @@ class LocalDpSgdMean(Aggregator):
             group,
             **cls._adaptive(clip_policy, clip_quantile, clip_lr, clip_count_noise),
         )
+
+    @staticmethod
+    def _check_schedule(
+        clip: float, batch_size: int, local_epochs: int, sampling: Sampling, owner_units: np.ndarray
+    ) -> None:
+        check_positive("clip", clip)
+        check_count("batch_size", batch_size)
+        check_count("local_epochs", local_epochs)
+        check_sampling(sampling)
+        units = np.asarray(owner_units)
+        if not (
+            units.ndim == 1
+            and units.size
+            and np.issubdtype(units.dtype, np.integer)
+            and (units >= 0).all()
+        ):
+            raise ParameterError(
+                "owner_units",
+                "owner_units must be a non-empty sequence of "
+                f"integers >= 0 (each owner's public capacity), got {owner_units!r}",
+            )
 
     @staticmethod
     def _adaptive(policy: str, quantile: float, clip_lr: float, count_noise: float | None) -> dict:
@@ -270,7 +380,20 @@ class LocalDpSgdMean(Aggregator):
         clip_count_noise: float | None = None,
     ) -> LocalDpSgdMean:
         """Owner-side DP-SGD with the given noise multiplier (the accountant then tracks ε;
-        ``epsilon`` and ``delta`` set the group-privacy conversion's grid where there is one)."""
+        ``epsilon`` and ``delta`` set the group-privacy conversion's grid where there is one).
+
+        Parameters
+        ----------
+        noise_multiplier : float
+            z.
+        clip, epsilon, delta, batch_size, local_epochs, owner_units, sampling, group_size, accounting, clip_policy, clip_quantile, clip_lr, clip_count_noise
+            As for ``calibrated``.
+
+        Returns
+        -------
+        LocalDpSgdMean
+            The estimator.
+        """
         check_positive("noise_multiplier", noise_multiplier)
         form = choice("accounting", accounting, ("certified", "paper"))
         group = cls._group(group_size, epsilon, delta, form)[0]

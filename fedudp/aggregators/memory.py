@@ -21,6 +21,15 @@ from fedudp.errors import ConfigError
 if TYPE_CHECKING:
     from fedudp.aggregators.base import Aggregator
 
+__all__ = [
+    "GIB",
+    "OWNER_ROW_COPIES",
+    "available_bytes",
+    "check_rows_fit",
+    "cohort_rows",
+    "rows_bytes",
+]
+
 GIB = 1024**3
 # The rows may be held twice for a moment: engine=local's ``Owners.reply`` writes a planned
 # cohort's row chunks into one matrix as they come (``fedudp.protocol.messages.rows_reply``), but a
@@ -31,7 +40,20 @@ OWNER_ROW_COPIES = 2
 
 
 def cohort_rows(rate: float, population: int) -> int:
-    """A high quantile of the Poisson cohort's size: q N + 6 sd, at most N."""
+    """A high quantile of the Poisson cohort's size: q N + 6 sd, at most N.
+
+    Parameters
+    ----------
+    rate : float
+        The Poisson sampling rate q.
+    population : int
+        N.
+
+    Returns
+    -------
+    int
+        The rows planned for.
+    """
     if rate >= 1.0:
         return int(population)
     sd = math.sqrt(population * rate * (1.0 - rate))
@@ -42,7 +64,24 @@ def rows_bytes(rows: int, dim: int, itemsize: int, aggregator: Aggregator | None
     """Peak bytes of one release's rows: the [rows, dim] matrix in the owners' dtype
     (``itemsize``) and the larger of what comes on top of it at any one time: its copy while
     the owners assemble it (``OWNER_ROW_COPIES``), or the estimator's working set
-    (``aggregator.working_bytes``; without an aggregator, a few float64 chunks)."""
+    (``aggregator.working_bytes``; without an aggregator, a few float64 chunks).
+
+    Parameters
+    ----------
+    rows : int
+        The cohort's rows.
+    dim : int
+        Their width.
+    itemsize : int
+        Bytes per value in the owners' dtype.
+    aggregator : Aggregator or None, default None
+        The estimator whose ``working_bytes`` may come on top (None: a few float64 chunks).
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
     matrix = int(rows) * int(dim) * int(itemsize)
     work = (
         aggregator.working_bytes(int(rows), int(dim))
@@ -53,7 +92,13 @@ def rows_bytes(rows: int, dim: int, itemsize: int, aggregator: Aggregator | None
 
 
 def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where unknown)."""
+    """MemAvailable from /proc/meminfo (None where unknown).
+
+    Returns
+    -------
+    int or None
+        Bytes.
+    """
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -68,7 +113,29 @@ def check_rows_fit(
     aggregator: Aggregator, dim: int, itemsize: int, available: int | None = None
 ) -> int:
     """Estimated bytes of one release's rows; ``ConfigError`` (naming the need) if an
-    aggregator that needs them would not fit in the memory available."""
+    aggregator that needs them would not fit in the memory available.
+
+    Parameters
+    ----------
+    aggregator : Aggregator
+        The row estimator.
+    dim : int
+        The rows' width.
+    itemsize : int
+        Bytes per value.
+    available : int or None, default None
+        The bytes available (None: ``available_bytes()``).
+
+    Returns
+    -------
+    int
+        The estimated bytes.
+
+    Raises
+    ------
+    ConfigError
+        The rows would not fit (naming what they need).
+    """
     if aggregator is None or not aggregator.needs_per_user_vectors:
         return 0
     s = aggregator.sampling

@@ -42,22 +42,39 @@ import dp_accounting
 import numpy as np
 import torch
 
-from fedudp.aggregators.base import (
-    Aggregate,
-    ClippedSumAggregator,
-    ParameterError,
-    calibrate,
-    check_budget,
-    check_positive,
-    check_sampling,
-    register,
-)
+from fedudp.aggregators.base import Aggregate, ClippedSumAggregator, ParameterError, register
+from fedudp.aggregators.plain_values import calibrate, check_budget, check_positive, check_sampling
 from fedudp.protocol.contributions import Contribution, Sampling
 from fedudp.randomness import Purpose, numpy_rng
 
+__all__ = [
+    "CyclicParticipation",
+    "run_event",
+    "tree_depth",
+    "tree_event",
+    "tree_size",
+    "TreeAggregator",
+]
+
 
 def tree_size(rate: float) -> int:
-    """k = 1 / rate, the rounds of one tree (a ``ParameterError`` naming sampling if not whole)."""
+    """k = 1 / rate, the rounds of one tree (a ``ParameterError`` naming sampling if not whole).
+
+    Parameters
+    ----------
+    rate : float
+        The sampling rate.
+
+    Returns
+    -------
+    int
+        k.
+
+    Raises
+    ------
+    ParameterError
+        1 / rate is not whole.
+    """
     k = round(1.0 / float(rate))
     if k < 1 or abs(k * float(rate) - 1.0) > 1e-9:
         raise ParameterError(
@@ -70,19 +87,58 @@ def tree_size(rate: float) -> int:
 
 
 def tree_depth(steps: int) -> int:
-    """The most completed nodes one leaf lies in, in a tree of ``steps`` leaves."""
+    """The most completed nodes one leaf lies in, in a tree of ``steps`` leaves.
+
+    Parameters
+    ----------
+    steps : int
+        The tree's leaves.
+
+    Returns
+    -------
+    int
+        The depth.
+    """
     return math.ceil(math.log2(steps + 1))
 
 
 def tree_event(noise_multiplier: float, steps: int) -> dp_accounting.DpEvent:
-    """One tree of ``steps`` rounds: the Gaussian of multiplier z / sqrt(depth) (module doc)."""
+    """One tree of ``steps`` rounds: the Gaussian of multiplier z / sqrt(depth) (module doc).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        z per node.
+    steps : int
+        The tree's rounds.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        The tree's event.
+    """
     return dp_accounting.GaussianDpEvent(noise_multiplier / math.sqrt(tree_depth(steps)))
 
 
 def run_event(noise_multiplier: float, rounds: int, k: int) -> dp_accounting.DpEvent:
     """All of a run's trees (composed; each unit at most once per tree): the full trees as one
     ``SelfComposedDpEvent`` (as the ledger composes them: one event, not one per tree, so 1e6
-    trees cost what one does), then the shorter last one."""
+    trees cost what one does), then the shorter last one.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        z per node.
+    rounds : int
+        T.
+    k : int
+        Rounds per tree.
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+        The run's event.
+    """
     full, rest = divmod(int(rounds), int(k))
     parts = (
         [dp_accounting.SelfComposedDpEvent(tree_event(noise_multiplier, k), full)] if full else []
@@ -95,7 +151,15 @@ def run_event(noise_multiplier: float, rounds: int, k: int) -> dp_accounting.DpE
 class CyclicParticipation:
     """The billboard's plan (the hooks of ``fedudp.billboard.plan.Plan``) for a tree: unit i trains in
     the rounds r with (r - 1) mod k = group[i]; the tree's event at its first round, nothing at
-    the others; the aggregator's release and the plain server step."""
+    the others; the aggregator's release and the plain server step.
+
+    Parameters
+    ----------
+    agg : TreeAggregator
+        The tree.
+    seed : int
+        The groups' seed.
+    """
 
     def __init__(self, agg: TreeAggregator, seed: int) -> None:
         self.agg = agg
@@ -104,18 +168,60 @@ class CyclicParticipation:
         )
 
     def sample(self, round_: int) -> np.ndarray:
+        """The units of round ``round_``: its group.
+
+        Parameters
+        ----------
+        round_ : int
+            The round, from 1.
+
+        Returns
+        -------
+        numpy.ndarray
+            Bool mask over the units.
+        """
         return self.group == (round_ - 1) % self.agg.k
 
     def event(self, round_: int) -> dp_accounting.DpEvent:
+        """The round's event (``agg.round_event``).
+
+        Parameters
+        ----------
+        round_ : int
+            The round.
+
+        Returns
+        -------
+        dp_accounting.DpEvent
+            The event.
+        """
         return self.agg.round_event(round_)
 
     def one_off(self) -> None:
         return None
 
     def aggregator(self, round_: int) -> None:
+        """No aggregator of the plan's own: the billboard's releases (None).
+
+        Parameters
+        ----------
+        round_ : int
+            The round.
+        """
         return None
 
     def step(self, u: torch.Tensor, mean: torch.Tensor | None, round_: int) -> None:
+        """No server step of the plan's own: the billboard's plain step (None).
+
+        Parameters
+        ----------
+        u : torch.Tensor
+            The shared update.
+        mean : torch.Tensor or None
+            The released mean.
+        round_ : int
+            The round.
+        """
         return None
 
     def checkpoint_state(self) -> dict:
@@ -128,7 +234,19 @@ class CyclicParticipation:
 
 @register
 class TreeAggregator(ClippedSumAggregator):
-    """DP-FTRL's tree-aggregated noise on the cohort's clipped sums (module doc)."""
+    """DP-FTRL's tree-aggregated noise on the cohort's clipped sums (module doc).
+
+    Parameters
+    ----------
+    clip : float
+        The l2 clip norm C.
+    noise_multiplier : float
+        z per tree node.
+    sampling : Sampling
+        The cohort's rate 1/k (k rounds per tree) and population.
+    rounds : int
+        The run's rounds T.
+    """
 
     name = "dp_ftrl_tree"
     inputs = ("clip", "epsilon", "delta", "rounds", "sampling")
@@ -154,7 +272,29 @@ class TreeAggregator(ClippedSumAggregator):
     def calibrated(
         cls, *, clip: float, epsilon: float, delta: float, rounds: int, sampling: Sampling
     ) -> TreeAggregator:
-        """The smallest per-node noise multiplier z whose trees over ``rounds`` meet (ε, δ)."""
+        """The smallest per-node noise multiplier z whose trees over ``rounds`` meet (ε, δ).
+
+        Parameters
+        ----------
+        clip : float
+            The l2 clip norm C.
+        epsilon, delta : float
+            The target (ε, δ) over the run.
+        rounds : int
+            T.
+        sampling : Sampling
+            Rate 1/k (the cyclic cohorts) and population.
+
+        Returns
+        -------
+        TreeAggregator
+            The calibrated estimator.
+
+        Raises
+        ------
+        ParameterError
+            A plain value out of range (a rate that is not 1/k), or an unreachable target.
+        """
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
@@ -167,17 +307,53 @@ class TreeAggregator(ClippedSumAggregator):
     def with_noise_multiplier(
         cls, noise_multiplier: float, *, clip: float, sampling: Sampling, rounds: int
     ) -> TreeAggregator:
+        """with_noise_multiplier.
+
+        Parameters
+        ----------
+        noise_multiplier : float
+            z per node.
+        clip, sampling, rounds
+            As for ``calibrated``.
+
+        Returns
+        -------
+        TreeAggregator
+            The estimator.
+        """
         check_sampling(sampling)
         check_positive("clip", clip)
         check_positive("noise_multiplier", noise_multiplier)
         return cls(clip, noise_multiplier, sampling, rounds)
 
     def participation(self, seed: int) -> CyclicParticipation:
-        """The billboard's plan: cyclic cohorts and one event per tree."""
+        """The billboard's plan: cyclic cohorts and one event per tree.
+
+        Parameters
+        ----------
+        seed : int
+            The cohorts' seed.
+
+        Returns
+        -------
+        CyclicParticipation
+            The plan.
+        """
         return CyclicParticipation(self, seed)
 
     def round_event(self, round_: int) -> dp_accounting.DpEvent:
-        """The whole tree's event at its first round, ``NoOpDpEvent`` at its other rounds."""
+        """The whole tree's event at its first round, ``NoOpDpEvent`` at its other rounds.
+
+        Parameters
+        ----------
+        round_ : int
+            The round, from 1.
+
+        Returns
+        -------
+        dp_accounting.DpEvent
+            The round's event.
+        """
         if (round_ - 1) % self.k:
             return dp_accounting.NoOpDpEvent()
         steps = min(self.k, self.rounds - round_ + 1) if round_ <= self.rounds else self.k
@@ -189,7 +365,20 @@ class TreeAggregator(ClippedSumAggregator):
 
     def noise_increment(self, dim: int, rng: torch.Generator) -> torch.Tensor:
         """Advance the tree by one leaf: the noise of the prefix sum at t minus that at t - 1
-        (float64): the node completed at t, less the nodes it replaces in the tiling."""
+        (float64): the node completed at t, less the nodes it replaces in the tiling.
+
+        Parameters
+        ----------
+        dim : int
+            The vectors' length.
+        rng : torch.Generator
+            The release's generator.
+
+        Returns
+        -------
+        torch.Tensor
+            The [dim] float64 noise increment.
+        """
         if self._t == self.k:  # restart: a new tree
             self._t, self._stack = 0, []
         self._t += 1

@@ -34,6 +34,7 @@ import dp_accounting
 import torch
 
 from fedudp.aggregators import GaussianAggregator
+from fedudp.aggregators import friendlycore
 from fedudp.aggregators import few_users
 from fedudp.aggregators import outlier
 from fedudp.aggregators import winsorized
@@ -93,16 +94,16 @@ def make(name: str, mode: str, n: int, d: int, m: int, eps: float):
     if name == "friendlycore":
         tau = tau_pair(m)
         z = calibrate_noise_multiplier(
-            lambda z: outlier.friendlycore_round_event(z, z), eps, DELTA / 2, 1
+            lambda z: friendlycore.friendlycore_round_event(z, z), eps, DELTA / 2, 1
         )
-        if outlier.friendlycore_failure(n, z) > DELTA / 4:
+        if friendlycore.friendlycore_failure(n, z) > DELTA / 4:
             return "needs more n"
         if mode == "paper":
             zeta = DELTA / (2 * (math.exp(eps) + 2))
             sens = tau * math.log(1 / zeta) / n
         else:
-            sens = outlier.friendlycore_sensitivity(tau, n, DELTA / 4)
-        return outlier.FriendlyCoreAggregator(tau, z, sens, s, z, DELTA / 2, 0)
+            sens = friendlycore.friendlycore_sensitivity(tau, n, DELTA / 4)
+        return friendlycore.FriendlyCoreAggregator(tau, z, sens, s, z, DELTA / 2, 0)
     if name == "few_users":
         try:
             return few_users.FewUsersAggregator(
@@ -195,10 +196,10 @@ def cost_per_call(n: int, d: int, eps: float) -> dict[str, float | str]:
         if isinstance(agg, str) and name == "friendlycore":
             # below its privacy minimum at this n: time the same computation anyway
             tau = tau_pair(100)
-            agg = outlier.FriendlyCoreAggregator(
+            agg = friendlycore.FriendlyCoreAggregator(
                 tau,
                 1.0,
-                outlier.friendlycore_sensitivity(tau, n, DELTA / 4),
+                friendlycore.friendlycore_sensitivity(tau, n, DELTA / 4),
                 Sampling(1.0, n),
                 1.0,
                 DELTA / 2,

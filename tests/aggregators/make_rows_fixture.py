@@ -25,13 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fedudp.protocol.contributions import Sampling  # noqa: E402
-from fedudp.aggregators.outlier import (  # noqa: E402
-    FriendlyCoreAggregator,
-    OutlierRemovalAggregator,
-    friend_counts,
-)
+from fedudp.aggregators.friendlycore import FriendlyCoreAggregator  # noqa: E402
+from fedudp.aggregators.outlier import OutlierRemovalAggregator  # noqa: E402
+from fedudp.aggregators.friend_counts import friend_counts  # noqa: E402
 from fedudp.aggregators.rows import CohortRows  # noqa: E402
-from fedudp.aggregators.winsorized import WinsorizedAggregator, private_range  # noqa: E402
+from fedudp.aggregators.winsorized import WinsorizedAggregator  # noqa: E402
+from fedudp.aggregators.private_range import private_range  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "data" / "rows_fixture.npz"
 N, RECEIVED, D = 300, 280, 200  # public n, rows received (the rest: zero rows), width

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from fedudp.aggregators import memory
+from fedudp.aggregators import friendlycore
+from fedudp.aggregators import private_range as prange
 from fedudp.aggregators import outlier, winsorized
 from fedudp.protocol.contributions import Constraint, Contribution, Sampling
 from fedudp.aggregators.few_users import FewUsersAggregator
-from fedudp.aggregators.outlier import (
-    FriendlyCoreAggregator,
-    OutlierRemovalAggregator,
-    friend_counts,
-)
+from fedudp.aggregators.friendlycore import FriendlyCoreAggregator
+from fedudp.aggregators.outlier import OutlierRemovalAggregator
+from fedudp.aggregators.friend_counts import friend_counts
 from fedudp.aggregators.rows import CohortRows
 from fedudp.aggregators.winsorized import WinsorizedAggregator, winsorized_mean_rows
 from fedudp.config import ConfigError
@@ -75,7 +75,7 @@ def legacy_winsorized(agg, G, rng):
     rot = RandomRotation(agg.dim, rng=rng)
     Y = rot.rotate(X)
     tau, eps, h = agg.tau_coord, agg.eps_coord, agg.h
-    mu = winsorized.private_range(Y, tau, agg.bound, eps / 2, rng=rng)  # tensor path: unchanged
+    mu = prange.private_range(Y, tau, agg.bound, eps / 2, rng=rng)  # tensor path: unchanged
     stat, frac = winsorized.winsorized_sum(Y, mu, h * tau)
     out = stat / n + laplace((Y.shape[1],), 4 * h * tau / (n * eps), rng=rng)
     return rot.invert(out).to(G.dtype), mu, frac
@@ -105,9 +105,9 @@ def legacy_friendlycore(agg, G, rng):
     n = agg.sampling.population
     V = legacy_pad(G, n)
     counts = legacy_friend_counts(V, (2 * agg.tau,))
-    p = outlier.friendly_keep_probabilities(counts[0], n)
+    p = friendlycore.friendly_keep_probabilities(counts[0], n)
     noisy = float(p.sum()) + float(laplace((1,), agg.check_scale, rng=rng)[0])
-    if noisy < outlier.MASS_RELEASE * n:
+    if noisy < friendlycore.MASS_RELEASE * n:
         return G.new_zeros(G.shape[1]), 0, counts
     mean, kept = legacy_filtered_mean(V, p, rng)
     return agg._noisy(mean, rng), kept, counts
@@ -240,12 +240,12 @@ def test_winsorized_two_passes_store_bins_and_find_the_same_centers():
     )
     Y = rot_b.rotate(legacy_pad(G.to(F64), n + 5))
     rng = gen(6)
-    mu = winsorized.private_range(Y, tau, bound, eps / 2, rng=rng)
+    mu = prange.private_range(Y, tau, bound, eps / 2, rng=rng)
     assert torch.equal(da["center"], mu)  # bins are integers: exactly the same μ̂
     assert len(set(mu.tolist())) > 1
-    assert winsorized.bin_dtype(tau, bound) == torch.uint8
-    assert winsorized.bin_dtype(1e-3, 1e9) == torch.int64
-    assert winsorized.bin_dtype(1e-3, 10.0) == torch.int16
+    assert prange.bin_dtype(tau, bound) == torch.uint8
+    assert prange.bin_dtype(1e-3, 1e9) == torch.int64
+    assert prange.bin_dtype(1e-3, 10.0) == torch.int16
 
 
 # -- friend counts, outlier removal, FriendlyCore ----------------------------------------------
@@ -340,7 +340,7 @@ def test_filters_chunks_release_the_whole_matrix_values(make, legacy, rows, dtyp
     ref, kept, counts = legacy(make(n, tau), G, ref_rng)
     assert kept > 0
     if make is friendly_agg:  # some users kept with 0 < p < 1
-        p = outlier.friendly_keep_probabilities(counts[0], n)
+        p = friendlycore.friendly_keep_probabilities(counts[0], n)
         assert bool(((p > 0) & (p < 1)).any())
     for chunk in (1, 4, None, 10**6):
         agg = make(n, tau)
@@ -466,11 +466,11 @@ def test_rows_bytes_counts_the_rows_once_plus_the_owners_copy_and_the_chunks():
     # work is three float64 blocks of 32 rotated rows and one PrivateRange block of int64 words
     nbins = math.ceil(w.bound / w.tau_coord)
     assert nbins == 8 <= winsorized.COUNT_BINS
-    words = 8 * winsorized.range_block(n) * (2 * n + 1)
+    words = 8 * prange.range_block(n) * (2 * n + 1)
     assert 3 * 32 * 32_768 * 8 + words <= w.working_bytes(n, dim) < 128 * 2**20
     # a narrow radius (more than COUNT_BINS bins) stores one byte per coordinate and row
     narrow = WinsorizedAggregator(dim, 0.05, 1.0, 1e-3, Sampling(1.0, n))
-    assert winsorized.bin_dtype(narrow.tau_coord, narrow.bound) == torch.uint8
+    assert prange.bin_dtype(narrow.tau_coord, narrow.bound) == torch.uint8
     assert n * 32_768 <= narrow.working_bytes(n, dim) < n * 32_768 + 1 * GIB
     few = load_aggregators(n, dim)[-1]  # blocks=4: one float64 block of d'/4
     assert few.working_bytes(n, dim) >= n * 32_768 // 4 * 8
@@ -491,11 +491,11 @@ def test_check_rows_fit_refuses_what_still_does_not_fit():
 MEASURE = textwrap.dedent("""
     import json, sys, torch
     torch.set_num_threads(1)
-    from fedudp.aggregators import rows, winsorized
+    from fedudp.aggregators import private_range as prange, rows
     from fedudp.protocol.contributions import Constraint, Contribution, Sampling
-    from fedudp.aggregators.outlier import FriendlyCoreAggregator
+    from fedudp.aggregators.friendlycore import FriendlyCoreAggregator
     from fedudp.aggregators.winsorized import WinsorizedAggregator
-    rows.WORK_BYTES, rows.OUTER_BYTES, winsorized.RANGE_ELEMS = 4 << 20, 32 << 20, 1 << 18
+    rows.WORK_BYTES, rows.OUTER_BYTES, prange.RANGE_ELEMS = 4 << 20, 32 << 20, 1 << 18
     name, n, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     G = torch.rand(n, d, generator=torch.Generator().manual_seed(0)) * 0.01
     s = Sampling(1.0, n)

@@ -19,7 +19,8 @@ import torch
 from fedudp.aggregators import REGISTRY, LocalDpSgdMean, Sampling
 from fedudp.aggregators.few_users import FewUsersAggregator
 from fedudp.aggregators.gaussian import GaussianAggregator, MeanAggregator
-from fedudp.aggregators.outlier import FriendlyCoreAggregator, OutlierRemovalAggregator
+from fedudp.aggregators.friendlycore import FriendlyCoreAggregator
+from fedudp.aggregators.outlier import OutlierRemovalAggregator
 from fedudp.aggregators.winsorized import WinsorizedAggregator
 from fedudp.config import ConfigError, config_from_overrides
 from fedudp.build import estimator, planned_owner_records, planned_owner_users

@@ -1,4 +1,4 @@
-"""Friend counts from low-rank bounds (fedudp/aggregators/friends.py, issue 40).
+"""Friend counts from low-rank bounds (fedudp/aggregators/friend_bounds.py, issue 40).
 
 The bracket must contain every exact count; rows made exact must equal ``friend_counts``; and
 outlier removal and FriendlyCore must release what they released before the bounds existed (the
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tests.aggregators import make_rows_fixture as fx
-from fedudp.aggregators import friends
+from fedudp.aggregators import friend_bounds
+from fedudp.aggregators import friendlycore
 from fedudp.aggregators import outlier as O
 from fedudp.protocol.contributions import Sampling
 from fedudp.aggregators.rows import CohortRows
@@ -33,9 +34,9 @@ def exact(name: str) -> torch.Tensor:
     "rank,block,tile", ((0, 64, 4096), (4, 7, 16), (16, 300, 4096), (40, 33, 50))
 )
 def test_bracket_contains_the_exact_counts(monkeypatch, name, rank, block, tile):
-    monkeypatch.setattr(friends, "TILE_COLUMNS", tile)
+    monkeypatch.setattr(friend_bounds, "TILE_COLUMNS", tile)
     G = torch.from_numpy(REC[name])
-    b = friends.friend_bounds(CohortRows(G, fx.N), RADII, rank=rank, block=block)
+    b = friend_bounds.friend_bounds(CohortRows(G, fx.N), RADII, rank=rank, block=block)
     want = exact(name)
     assert torch.equal(b.total_low, b.low.sum(1)) and torch.equal(b.total_high, b.high.sum(1))
     assert b.low.shape == want.shape == b.high.shape
@@ -50,12 +51,12 @@ def test_bracket_contains_the_exact_counts(monkeypatch, name, rank, block, tile)
 def test_totals_only_bracket_the_total(monkeypatch, name):
     """A radius counted for its total only: a tight bracket of Σ_j f_j (the score's), the
     trivial per-row bracket [1, n]; the per-row radii are unaffected."""
-    monkeypatch.setattr(friends, "TILE_COLUMNS", 40)
+    monkeypatch.setattr(friend_bounds, "TILE_COLUMNS", 40)
     G = torch.from_numpy(REC[name])
     V = CohortRows(G, fx.N)
-    both = friends.friend_bounds(V, RADII, rank=8, block=30)
+    both = friend_bounds.friend_bounds(V, RADII, rank=8, block=30)
     flags = (True, False, True, False, False)
-    part = friends.friend_bounds(V, RADII, rank=8, block=30, totals=flags)
+    part = friend_bounds.friend_bounds(V, RADII, rank=8, block=30, totals=flags)
     want = exact(name).sum(1)
     assert bool((part.total_low <= want).all()) and bool((want <= part.total_high).all())
     for k, only in enumerate(flags):
@@ -66,12 +67,12 @@ def test_totals_only_bracket_the_total(monkeypatch, name):
         else:
             assert torch.equal(part.low[k], both.low[k]) and torch.equal(part.high[k], both.high[k])
     with pytest.raises(ValueError, match="one flag per radius"):
-        friends.friend_bounds(V, RADII, totals=(True,))
+        friend_bounds.friend_bounds(V, RADII, totals=(True,))
 
 
 def test_norm_margin_grows_with_the_width():
-    assert friends.norm_margin(28938, 128) == friends.MARGIN_NORM
-    assert friends.norm_margin(10**7, 128) > 10 * friends.MARGIN_NORM
+    assert friend_bounds.norm_margin(28938, 128) == friend_bounds.MARGIN_NORM
+    assert friend_bounds.norm_margin(10**7, 128) > 10 * friend_bounds.MARGIN_NORM
 
 
 def test_more_directions_decide_more_pairs():
@@ -79,7 +80,7 @@ def test_more_directions_decide_more_pairs():
     V = CohortRows(G, fx.N)
     opened = []
     for k in (0, 8, 64):
-        b = friends.friend_bounds(V, RADII, rank=k)
+        b = friend_bounds.friend_bounds(V, RADII, rank=k)
         opened.append(int((b.high - b.low).sum()))
     assert opened[0] > opened[1] > opened[2]
 
@@ -88,8 +89,8 @@ def test_weakened_twin_without_the_residual_term_is_caught(monkeypatch):
     """Dropping |<Qa, Qb>| <= ρ_a ρ_b (pretending the directions hold all of every row) gives a
     bracket that misses exact counts: the containment check above catches it."""
     G = torch.from_numpy(REC["iid"])
-    monkeypatch.setattr(friends, "residual_norms", lambda sq, Y: torch.zeros_like(sq))
-    b = friends.friend_bounds(CohortRows(G, fx.N), RADII, rank=8)
+    monkeypatch.setattr(friend_bounds, "residual_norms", lambda sq, Y: torch.zeros_like(sq))
+    b = friend_bounds.friend_bounds(CohortRows(G, fx.N), RADII, rank=8)
     want = exact("iid")
     assert not (bool((b.low <= want).all()) and bool((want <= b.high).all()))
 
@@ -98,11 +99,11 @@ def test_weakened_twin_without_the_residual_term_is_caught(monkeypatch):
 def test_exact_rows_equal_friend_counts(name):
     G = torch.from_numpy(REC[name])
     V = CohortRows(G, fx.N)
-    b = friends.friend_bounds(V, RADII, rank=4)
+    b = friend_bounds.friend_bounds(V, RADII, rank=4)
     which = torch.zeros(fx.N, dtype=torch.bool)
     which[::7] = True
     which[fx.RECEIVED :] = True  # padding rows too
-    e = friends.exact_counts(V, b, which, (1, 3))
+    e = friend_bounds.exact_counts(V, b, which, (1, 3))
     want = exact(name)
     for k in (1, 3):
         assert torch.equal(e.low[k, which], want[k, which])
@@ -114,17 +115,17 @@ def test_exact_rows_equal_friend_counts(name):
 @pytest.fixture
 def bounded(monkeypatch):
     """The bounds path on the small fixture: no minimum size, 8 directions, 50-row blocks."""
-    monkeypatch.setattr(friends, "MIN_ROWS", 0)
-    monkeypatch.setattr(friends, "BOUND_RANK", 8)
-    monkeypatch.setattr(friends, "BLOCK_ROWS", 50)
+    monkeypatch.setattr(friend_bounds, "MIN_ROWS", 0)
+    monkeypatch.setattr(friend_bounds, "BOUND_RANK", 8)
+    monkeypatch.setattr(friend_bounds, "BLOCK_ROWS", 50)
     calls: list[int] = []
-    real = friends.exact_counts
+    real = friend_bounds.exact_counts
 
     def spy(V, bounds, which, ks):
         calls.append(int(which.sum()) if which.dtype == torch.bool else len(which))
         return real(V, bounds, which, ks)
 
-    monkeypatch.setattr(friends, "exact_counts", spy)
+    monkeypatch.setattr(friend_bounds, "exact_counts", spy)
     return calls
 
 
@@ -140,7 +141,7 @@ def test_filters_release_the_recorded_values_through_the_bounds(
 ):
     """exact_fraction 1: every open row made exact on its own; 0.25: the default switch to one
     full exact pass when many rows are open."""
-    monkeypatch.setattr(friends, "EXACT_FRACTION", exact_fraction)
+    monkeypatch.setattr(friend_bounds, "EXACT_FRACTION", exact_fraction)
     G = torch.from_numpy(REC[name])
     agg = O.OutlierRemovalAggregator(tau, 2.0, 0.01, Sampling(1.0, fx.N), 5.0, 3, 1e-6, 1)
     rng = torch.Generator().manual_seed(11)
@@ -164,7 +165,7 @@ def test_filters_release_the_recorded_values_through_the_bounds(
 def test_the_bounds_path_resolves_open_rows_and_leaves_scores_open(bounded, monkeypatch):
     """Across the fixture some keep decisions needed exact rows and some scores were decided
     from their bracket alone (else the test above would not exercise the bounds)."""
-    monkeypatch.setattr(friends, "EXACT_FRACTION", 1.0)
+    monkeypatch.setattr(friend_bounds, "EXACT_FRACTION", 1.0)
     open_scores = 0
     for name in NAMES:
         G = torch.from_numpy(REC[name])
@@ -181,8 +182,10 @@ def test_generator_state_is_unchanged_by_the_bounds(bounded, monkeypatch):
     G = torch.from_numpy(REC["clustered"])
     states = []
     for min_rows in (0, 10**9):  # the bounds, then the exact counts
-        monkeypatch.setattr(friends, "MIN_ROWS", min_rows)
-        agg = O.FriendlyCoreAggregator(0.6, 2.0, 0.01, Sampling(1.0, fx.N), 0.05, 1e-6, 1)
+        monkeypatch.setattr(friend_bounds, "MIN_ROWS", min_rows)
+        agg = friendlycore.FriendlyCoreAggregator(
+            0.6, 2.0, 0.01, Sampling(1.0, fx.N), 0.05, 1e-6, 1
+        )
         rng = torch.Generator().manual_seed(5)
         a = agg.estimate(G, rng=rng)
         states.append((a.mean.clone(), a.users_used, rng.get_state()))

@@ -13,6 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedudp.aggregators import GaussianAggregator
+from fedudp.aggregators import friend_counts as fcounts
+from fedudp.aggregators import friend_filter
+from fedudp.aggregators import friendlycore
 from fedudp.build import estimator as build_aggregator
 from fedudp.aggregators import few_users
 from fedudp.aggregators import outlier
@@ -58,12 +61,12 @@ def outlier_agg(tau, n=N, eps=EPS, delta=DELTA, rounds=1):
 
 def friendly_agg(tau, n=N, eps=EPS, delta=DELTA, rounds=1):
     z = calibrate_noise_multiplier(
-        lambda z: outlier.friendlycore_round_event(z, z), eps, delta / 2, rounds
+        lambda z: friendlycore.friendlycore_round_event(z, z), eps, delta / 2, rounds
     )
-    return outlier.FriendlyCoreAggregator(
+    return friendlycore.FriendlyCoreAggregator(
         tau,
         z,
-        outlier.friendlycore_sensitivity(tau, n, delta / (4 * rounds)),
+        friendlycore.friendlycore_sensitivity(tau, n, delta / (4 * rounds)),
         Sampling(1.0, n),
         z,
         delta / 2,
@@ -85,10 +88,10 @@ def mean_error(agg_factory, X, mu, reps=5):
 def test_chernoff_count_bounds_the_tail():
     # Poisson(6) is the extreme Bernoulli sum of mean 6; its exact tail must be below zeta
     for zeta in (1e-3, 1e-6, 1e-9):
-        k = outlier.chernoff_count(6.0, zeta)
+        k = friend_filter.chernoff_count(6.0, zeta)
         tail = 1 - sum(math.exp(-6) * 6**i / math.factorial(i) for i in range(k))
         assert tail <= zeta
-        assert outlier.chernoff_count(6.0, zeta) > 6
+        assert friend_filter.chernoff_count(6.0, zeta) > 6
 
 
 # -- pre-noise statistics under an adversarial replace-one neighbour ---------------------------
@@ -105,8 +108,8 @@ def test_friend_counts_score_and_mass_sensitivity(seed, j, new, tau):
     Y = X.clone()
     Y[j] = torch.tensor(new, dtype=F64)
     cx, cy = (
-        outlier.friend_counts(X, (tau, 2 * tau), chunk=16),
-        outlier.friend_counts(Y, (tau, 2 * tau), chunk=16),
+        fcounts.friend_counts(X, (tau, 2 * tau), chunk=16),
+        fcounts.friend_counts(Y, (tau, 2 * tau), chunk=16),
     )
     brute = (torch.cdist(X, X) <= tau).sum(1)
     assert torch.equal(cx[0], brute)
@@ -121,10 +124,10 @@ def test_friend_counts_score_and_mass_sensitivity(seed, j, new, tau):
     px, py = outlier.keep_probabilities(cx[1], n), outlier.keep_probabilities(cy[1], n)
     assert float((px - py)[others].abs().max()) <= 6 / n + 1e-12
     fx, fy = (
-        outlier.friendly_keep_probabilities(cx[1], n),
-        outlier.friendly_keep_probabilities(cy[1], n),
+        friendlycore.friendly_keep_probabilities(cx[1], n),
+        friendlycore.friendly_keep_probabilities(cy[1], n),
     )
-    assert abs(float(fx.sum() - fy.sum())) <= outlier.MASS_SENSITIVITY
+    assert abs(float(fx.sum() - fy.sum())) <= friendlycore.MASS_SENSITIVITY
 
 
 @pytest.mark.parametrize("kind", ["outlier_removal", "friendlycore"])
@@ -141,15 +144,15 @@ def test_filtered_mean_sensitivity_under_coupling(kind, adversary):
         sens, keep = outlier.sensitivity(tau, n, 1e-6), outlier.keep_probabilities
     else:
         sens, keep = (
-            outlier.friendlycore_sensitivity(tau, n, 1e-6),
-            outlier.friendly_keep_probabilities,
+            friendlycore.friendlycore_sensitivity(tau, n, 1e-6),
+            friendlycore.friendly_keep_probabilities,
         )
     worst = 0.0
     for s in range(50):
         means = []
         for V in (X, Y):
-            p = keep(outlier.friend_counts(V, (2 * tau,))[0], n)
-            mean, _ = outlier.filtered_mean(V, p, rng=torch.Generator().manual_seed(s))
+            p = keep(fcounts.friend_counts(V, (2 * tau,))[0], n)
+            mean, _ = friend_filter.filtered_mean(V, p, rng=torch.Generator().manual_seed(s))
             means.append(mean)
         worst = max(worst, float((means[0] - means[1]).norm()))
     assert worst <= sens

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tests.aggregators import make_rows_fixture as fx
-from fedudp.aggregators.outlier import friend_counts
+from fedudp.aggregators.friend_counts import friend_counts
 from fedudp.aggregators.rows import CohortRows
-from fedudp.aggregators.winsorized import private_range
+from fedudp.aggregators.private_range import private_range
 
 REC = np.load(fx.OUT)
 NAMES = ("clustered", "iid")

@@ -16,12 +16,8 @@ import torch
 
 from fedudp.aggregators import winsorized
 from fedudp.aggregators.rows import CohortRows
-from fedudp.aggregators.winsorized import (
-    _range_from_bins,
-    _range_from_counts,
-    uniforms_at,
-    winsorized_mean_rows,
-)
+from fedudp.aggregators.private_range import _range_from_bins, _range_from_counts, uniforms_at
+from fedudp.aggregators.winsorized import winsorized_mean_rows
 from fedudp.privacy.mechanisms import (
     RandomRotation,
     _hadamard,

@@ -164,7 +164,7 @@ def test_a_rate_that_is_not_one_over_k_is_refused():
 def test_an_unreachable_budget_names_the_runs_rounds(monkeypatch):
     # issue 49: 1e8 rounds were refused "in 1 rounds" (the whole run's event is calibrated as
     # one release); the refusal names the run's rounds, pluralised, and what to change
-    from fedudp.aggregators import base, tree
+    from fedudp.aggregators import plain_values, tree
     from fedudp.privacy.accountant import BudgetError, rounds_text
 
     def refused(calibrate_fn):
@@ -175,14 +175,14 @@ def test_an_unreachable_budget_names_the_runs_rounds(monkeypatch):
             )
         return e.value
 
-    err = refused(base.calibrate)
+    err = refused(plain_values.calibrate)
     config = err.facts["config"]
     assert isinstance(config, BudgetError)
     assert "is unreachable in 100,000,000 rounds even with noise multiplier" in str(config)
     assert str(config).endswith("lower train.rounds or raise privacy.epsilon")
     assert "is not met in 100,000,000 rounds even" in str(err)
     # the weakened twin: the run's rounds not passed (the message said "in 1 rounds")
-    twin = refused(lambda f, e, d, r, **kw: base.calibrate(f, e, d, r))
+    twin = refused(lambda f, e, d, r, **kw: plain_values.calibrate(f, e, d, r))
     assert "in 1 round even" in str(twin.facts["config"])
     assert "100,000,000" not in str(twin.facts["config"])
     assert [rounds_text(n) for n in (1, 2, 1000)] == ["1 round", "2 rounds", "1,000 rounds"]

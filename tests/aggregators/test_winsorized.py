@@ -14,12 +14,8 @@ from scipy import stats
 from conftest import tiny_cfg
 from fedudp.aggregators import Sampling
 from fedudp.build import estimator as build_aggregator
-from fedudp.aggregators.winsorized import (
-    private_range,
-    winsorized_mean_1d,
-    winsorized_sum,
-    winsorized_round_event,
-)
+from fedudp.aggregators.private_range import private_range
+from fedudp.aggregators.winsorized import winsorized_mean_1d, winsorized_sum, winsorized_round_event
 from fedudp.privacy.accountant import schedule_epsilon
 
 

@@ -155,7 +155,7 @@ def test_gaussian_noise_is_drawn_in_float64_then_cast():
 def test_friend_counts_far_from_the_origin_are_exact():
     # users at ||v|| ≈ 1e5 spaced 3 apart (radius 1): nobody is anybody's friend. A float32 Gram
     # matrix counts them all as friends (its rounding error there is ~1e3 in squared distance)
-    from fedudp.aggregators.outlier import friend_counts
+    from fedudp.aggregators.friend_counts import friend_counts
 
     n, d = 200, 8
     V = torch.full((n, d), 1e5, dtype=torch.float32)

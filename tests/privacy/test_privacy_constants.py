@@ -28,6 +28,9 @@ import fedudp.aggregators.outlier as outlier_mod
 import fedudp.aggregators.winsorized as winsorized_mod
 import fedudp.privacy.mechanisms as mechanisms_mod
 from fedudp.aggregators import Sampling
+from fedudp.aggregators import friend_counts as fcounts
+from fedudp.aggregators import friend_filter
+from fedudp.aggregators import friendlycore
 from fedudp.build import estimator as build_aggregator
 from fedudp.protocol.contributions import Contribution
 from fedudp.config import config_from_overrides
@@ -72,9 +75,9 @@ def identical_rows(monkeypatch) -> None:
     """Every cohort below has identical rows: every user is every user's friend. The O(n² d)
     friend counts are then replaced by that answer (checked against the real ones once)."""
     V = torch.full((50, 3), 0.7, dtype=torch.float64)
-    assert torch.equal(outlier_mod.friend_counts(V, (0.1, 0.2)), torch.full((2, 50), 50))
+    assert torch.equal(fcounts.friend_counts(V, (0.1, 0.2)), torch.full((2, 50), 50))
     monkeypatch.setattr(
-        outlier_mod,
+        fcounts,
         "friend_counts",
         lambda V, radii, chunk=1024: torch.full(
             (len(radii), V.shape[0]), V.shape[0], dtype=torch.int64
@@ -212,7 +215,7 @@ def friendlycore_eps(agg, n: int, T: int, delta: float, monkeypatch) -> float:
     """Per round: the kept-mass check Lap(b) over mass sensitivity 7 and the Gaussian release at
     the measured σ over Δ = 2 D K / s (D = 4τ, s = n/20, K = 2 + Chernoff(6, ζ)); δ less the
     failure terms T (½ e^{-(0.15 - 0.10) n / b} + e^{-(1/2)² 0.10 n / 2} + ζ), ζ = δ/(4T)."""
-    draws, real = record_laplace(outlier_mod, monkeypatch)
+    draws, real = record_laplace(friendlycore, monkeypatch)
     d = 2048
     v = torch.full((d,), -0.2, dtype=torch.float64)
     G = v.expand(n, d).clone()
@@ -222,7 +225,7 @@ def friendlycore_eps(agg, n: int, T: int, delta: float, monkeypatch) -> float:
     small = Contribution(torch.zeros(n, 4, dtype=torch.float64), None, n)
     for s in range(2000):
         agg.release(small, rng=gen(100 + s))
-    monkeypatch.setattr(outlier_mod, "laplace", real)
+    monkeypatch.setattr(friendlycore, "laplace", real)
     b = mean_abs(draws)
     zeta = delta / (4 * T)
     sens = 2 * (4 * agg.tau) * (2 + chernoff_k(6.0, zeta)) / (0.05 * n)
@@ -382,13 +385,13 @@ def _filter_pair_changes(friendly: bool, n: int = 300, tau: float = 1.0, seeds: 
     L = 4 * tau * (n - 1) / (0.55 * n)  # interior users see ~0.55 n within 2τ
     others = torch.zeros(n - 1, 2, dtype=torch.float64)
     others[:, 0] = torch.linspace(0, L, n - 1)
-    keep = outlier_mod.friendly_keep_probabilities if friendly else outlier_mod.keep_probabilities
+    keep = friendlycore.friendly_keep_probabilities if friendly else outlier_mod.keep_probabilities
 
     def filtered(canary, seed):
         V = torch.cat([canary[None], others])
-        counts = outlier_mod.friend_counts(V, (2 * tau,))
+        counts = fcounts.friend_counts(V, (2 * tau,))
         p = keep(counts[0], n)
-        return outlier_mod.filtered_mean(V, p, rng=gen(seed))[0], p
+        return friend_filter.filtered_mean(V, p, rng=gen(seed))[0], p
 
     inside = torch.tensor([0.0, 0.0], dtype=torch.float64)
     far = torch.tensor([1e4 * tau, 0.0], dtype=torch.float64)
@@ -399,7 +402,7 @@ def _filter_pair_changes(friendly: bool, n: int = 300, tau: float = 1.0, seeds: 
         fractional = int(((p > 0) & (p < 1)).sum())
     zeta = 1e-5 / 20
     sens = (
-        outlier_mod.friendlycore_sensitivity(tau, n, zeta)
+        friendlycore.friendlycore_sensitivity(tau, n, zeta)
         if friendly
         else outlier_mod.sensitivity(tau, n, zeta)
     )

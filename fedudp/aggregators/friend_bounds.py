@@ -1,10 +1,10 @@
 """Friend counts decided from low-rank bounds, exact where a decision needs them (issue 40).
 
-The filters of ``outlier_removal`` and ``friendlycore`` (``fedudp.aggregators.outlier``) need,
-for every user j, the number of users within a radius r of it. ``outlier.friend_counts``
-computes every count exactly from the n x n float64 Gram matrix: n²d/2 multiply-adds, 5·10¹³ at
-60,000 users of 28,938 coordinates, 8 to 12 minutes on two CPU cores (docs/results/rows). But the filters use the
-counts only through a few decisions:
+The filters of ``outlier_removal`` and ``friendlycore`` (``fedudp.aggregators.outlier``,
+``fedudp.aggregators.friendlycore``) need, for every user j, the number of users within a radius
+r of it. ``friend_counts.friend_counts`` computes every count exactly from the n x n float64
+Gram matrix: n²d/2 multiply-adds (the measured cost: docs/estimators.md#friend-counts). But the
+filters use the counts only through a few decisions:
 
 * the keep probability p_j = clip((f_j - a)/(n/6), 0, 1) is 0 below a and 1 above a + n/6, so
   f_j matters only in between;
@@ -24,9 +24,8 @@ centred rows a, b: <a, b> = <Pa, Pb> + <Qa, Qb> and |<Qa, Qb>| <= ρ_a ρ_b with
 
 A pair is surely within r when the upper side is below r², surely not when the lower side is
 above it; otherwise it is open. P is the top-k principal directions of evenly spaced rows
-(any orthonormal P gives valid bounds; a good one decides more pairs). On the 60,000-user MNIST
-rows of ``docs/results/rows`` k = 128 leaves about 1 % of the pairs and 0.02 % of the keep
-decisions open.
+(any orthonormal P gives valid bounds; a good one decides more pairs; how many it leaves open
+on real rows: docs/estimators.md#friend-counts).
 
 Rounding. Everything is float64. A pair is decided only with the margin
 ``MARGIN_REL`` r² + ν (||a||² + ||b||²) (ν = ``norm_margin(d, k)``, at least ``MARGIN_NORM``),
@@ -37,8 +36,7 @@ Gram block gives it.
 
 Cost: two passes over the rows (their mean; then norms and the k projections, n d k), an
 eigenproblem of 4k sample rows, and the pairwise rank-k products (n² k / 2, in cache-sized
-tiles). The open rows' exact counts cost one more pass (n d per open row). At 60,000 MNIST users
-a release of FriendlyCore took 22 s instead of 470 s (two threads).
+tiles). The open rows' exact counts cost one more pass (n d per open row).
 """
 
 from __future__ import annotations
@@ -66,7 +64,21 @@ class FriendBounds:
     ``total_low[k] <= Σ_j count <= total_high[k]``, exact integers. A radius counted for its
     total only (``friend_bounds(totals=...)``) has the trivial per-row bracket [1, n] and a
     tight total. ``centre`` and ``sq``: the centring mean and the centred rows' float64 squared
-    norms the counts were computed from."""
+    norms the counts were computed from.
+
+    Parameters
+    ----------
+    radii : tuple of float
+        The radii.
+    low, high : torch.Tensor
+        The per-row bracket of each count, [len(radii), n] int64.
+    total_low, total_high : torch.Tensor
+        The bracket of each radius' total, [len(radii)] int64.
+    centre : torch.Tensor
+        The rows' centre (float64).
+    sq : torch.Tensor
+        The centred rows' float64 squared norms.
+    """
 
     radii: tuple[float, ...]
     low: torch.Tensor
@@ -77,7 +89,18 @@ class FriendBounds:
     sq: torch.Tensor
 
     def open_rows(self, k: int) -> torch.Tensor:
-        """Rows whose count for radius ``radii[k]`` is not known exactly."""
+        """Rows whose count for radius ``radii[k]`` is not known exactly.
+
+        Parameters
+        ----------
+        k : int
+            The radius' index.
+
+        Returns
+        -------
+        torch.Tensor
+            Bool mask [n].
+        """
         return self.low[k] != self.high[k]
 
     @property
@@ -86,18 +109,60 @@ class FriendBounds:
         return bool(torch.equal(self.low, self.high))
 
     def total_known(self, k: int) -> bool:
+        """Whether the total for radius ``radii[k]`` is known exactly.
+
+        Parameters
+        ----------
+        k : int
+            The radius' index.
+
+        Returns
+        -------
+        bool
+            ``total_low[k] == total_high[k]``.
+        """
         return int(self.total_low[k]) == int(self.total_high[k])
 
 
 def worth_bounding(n: int, d: int, rank: int | None = None) -> bool:
-    """Whether bounds pay off: at least ``MIN_ROWS`` rows and a width above four times the rank."""
+    """Whether bounds pay off: at least ``MIN_ROWS`` rows and a width above four times the rank.
+
+    Parameters
+    ----------
+    n : int
+        The rows.
+    d : int
+        Their width.
+    rank : int or None, default None
+        The bound's rank (None: ``BOUND_RANK``).
+
+    Returns
+    -------
+    bool
+        Bounds pay off.
+    """
     k = BOUND_RANK if rank is None else rank
     return n >= MIN_ROWS and d > 4 * k
 
 
 def principal_directions(rows: CohortRows, centre: torch.Tensor, rank: int) -> torch.Tensor:
     """[k, d] orthonormal rows (k <= ``rank``): the top principal directions of up to 4·rank
-    evenly spaced centred rows (deterministic: no generator is drawn from)."""
+    evenly spaced centred rows (deterministic: no generator is drawn from).
+
+    Parameters
+    ----------
+    rows : CohortRows
+        The rows.
+    centre : torch.Tensor
+        Their centre.
+    rank : int
+        The most directions.
+
+    Returns
+    -------
+    torch.Tensor
+        [k, d] float64.
+    """
     n = rows.n
     m = min(n, 4 * rank)
     idx = torch.linspace(0, n - 1, m, dtype=F64).round().to(torch.int64).unique()
@@ -117,20 +182,57 @@ def norm_margin(d: int, k: int) -> float:
     carries a float64 error of at most e = 4 (d + k) sqrt(k + 1) 2^-53 ||a||² (the norms and the
     k projections, each a sum of d products), so ρ's error is at most sqrt(e) ||a|| and
     2 ρ_a ρ_b's at most 2 sqrt(e)(||a||² + ||b||²); ν is 8 sqrt(e), and never below
-    ``MARGIN_NORM``."""
+    ``MARGIN_NORM``.
+
+    Parameters
+    ----------
+    d : int
+        The rows' width.
+    k : int
+        The directions.
+
+    Returns
+    -------
+    float
+        ν (at least ``MARGIN_NORM``).
+    """
     e = 4 * (d + k) * math.sqrt(k + 1) * 2.0**-53
     return max(MARGIN_NORM, 8 * math.sqrt(e))
 
 
 def squared_norms(B: torch.Tensor) -> torch.Tensor:
-    """Each row's float64 squared norm (``outlier.friend_counts`` uses this too, so both paths
-    see the same values)."""
+    """Each row's float64 squared norm (``friend_counts.friend_counts`` uses this too, so both paths
+    see the same values).
+
+    Parameters
+    ----------
+    B : torch.Tensor
+        Float64 rows.
+
+    Returns
+    -------
+    torch.Tensor
+        [len(B)] float64.
+    """
     return torch.einsum("ij,ij->i", B, B)
 
 
 def residual_norms(sq: torch.Tensor, Y: torch.Tensor) -> torch.Tensor:
     """ρ = sqrt(||a||² - ||Pa||²) per row (clamped at 0): the norms outside the directions,
-    whose products bound the inner products the projection leaves out."""
+    whose products bound the inner products the projection leaves out.
+
+    Parameters
+    ----------
+    sq : torch.Tensor
+        The squared norms, [n].
+    Y : torch.Tensor
+        The projections, [n, k].
+
+    Returns
+    -------
+    torch.Tensor
+        ρ, [n] float64.
+    """
     return (sq - (Y * Y).sum(1)).clamp_min(0.0).sqrt()
 
 
@@ -144,7 +246,31 @@ def friend_bounds(
     """Bracket every row's friend count for each radius (module docstring): one pass over the
     rows for their norms and ``rank`` projections, then the rank-k pairs, ``block`` rows against
     every later row in tiles of ``TILE_COLUMNS`` columns (each pair once, counted for both
-    rows). ``totals[k]``: only the sum over rows is needed for ``radii[k]`` (cheaper)."""
+    rows).
+
+    Parameters
+    ----------
+    V : torch.Tensor or CohortRows
+        The rows, kept as given.
+    radii : tuple of float
+        The friend radii.
+    rank : int or None, default None
+        The principal directions of the bound (None: ``BOUND_RANK``).
+    block : int or None, default None
+        Rows per block of the pairwise pass (None: ``BLOCK_ROWS``).
+    totals : tuple of bool or None, default None
+        ``totals[k]``: only the sum over rows is needed for ``radii[k]`` (cheaper).
+
+    Returns
+    -------
+    FriendBounds
+        Every count bracketed between two exact integers, and the totals.
+
+    Raises
+    ------
+    ValueError
+        ``totals`` does not hold one flag per radius.
+    """
     rows = as_cohort(V)
     n, dev = rows.n, rows.device
     k = BOUND_RANK if rank is None else int(rank)
@@ -154,6 +280,33 @@ def friend_bounds(
     if len(only_total) != len(radii):
         raise ValueError(f"totals: one flag per radius, got {len(only_total)} for {len(radii)}")
     centre = rows.column_sum() / n if n else torch.zeros(rows.d, dtype=F64, device=dev)
+    sq, Y = _projected(rows, centre, k)
+    rho = residual_norms(sq, Y)
+    nu = norm_margin(rows.d, Y.shape[1])
+    sides = _augmented(Y, rho, sq, nu)
+    low, high, t_low, t_high = _count_pairs(sides, radii, only_total, b, tile)
+    for kk in range(len(radii)):
+        if only_total[kk]:  # trivial per-row bracket, tight total (itself included)
+            low[kk], high[kk] = 1, n
+            t_low[kk] += n
+            t_high[kk] += n
+        else:
+            t_low[kk], t_high[kk] = int(low[kk].sum()), int(high[kk].sum())
+    return FriendBounds(
+        tuple(float(x) for x in radii),
+        low,
+        high,
+        torch.tensor(t_low, dtype=torch.int64),
+        torch.tensor(t_high, dtype=torch.int64),
+        centre,
+        sq,
+    )
+
+
+def _projected(rows: CohortRows, centre: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass over the centred rows: their float64 squared norms (as ``friend_counts``) and
+    their projections on the top-``k`` principal directions ([n], [n, r])."""
+    n, dev = rows.n, rows.device
     P = principal_directions(rows, centre, k) if k > 0 and n else None
     r = 0 if P is None else P.shape[0]
     sq = torch.empty(n, dtype=F64, device=dev)
@@ -166,9 +319,15 @@ def friend_bounds(
         if P is not None and r:
             torch.mm(B, P.T, out=Y[s : s + len(B)])
     del buf
-    rho = residual_norms(sq, Y)
-    nu = norm_margin(rows.d, r)
-    # <a,b> - ||a||²/2 - ||b||²/2 bracketed by one product each: augmented columns
+    return sq, Y
+
+
+def _augmented(
+    Y: torch.Tensor, rho: torch.Tensor, sq: torch.Tensor, nu: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The augmented columns whose products bracket <a,b> - ||a||²/2 - ||b||²/2 by one matrix
+    product each: (L_left, L_right, H_left, H_right)."""
+    n, dev = len(sq), sq.device
     # lo_side: <Pa,Pb> + ρ_a ρ_b - (1-ν)(|a|²+|b|²)/2  (>= -r²(1+μ)/2: maybe friends)
     # hi_side: <Pa,Pb> - ρ_a ρ_b - (1+ν)(|a|²+|b|²)/2  (> -r²(1-μ)/2: surely friends)
     one = torch.ones(n, 1, dtype=F64, device=dev)
@@ -178,6 +337,21 @@ def friend_bounds(
     L_right = torch.cat([Y, rho[:, None], one, h_lo], 1)
     H_left = torch.cat([Y, rho[:, None], -h_hi, -one], 1)
     H_right = torch.cat([Y, -rho[:, None], one, h_hi], 1)
+    return L_left, L_right, H_left, H_right
+
+
+def _count_pairs(
+    sides: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    radii: tuple[float, ...],
+    only_total: tuple[bool, ...],
+    b: int,
+    tile: int,
+) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """The rank-k pairs: ``b`` rows against every later row in tiles of ``tile`` columns, each
+    pair once and counted for both rows (itself included): per radius the low and high counts
+    per row, or only their totals where ``only_total``."""
+    L_left, L_right, H_left, H_right = sides
+    n, dev = L_left.shape[0], L_left.device
     maybe_at = [-(rr * rr) * (1 + MARGIN_REL) / 2 for rr in radii]
     sure_at = [-(rr * rr) * (1 - MARGIN_REL) / 2 for rr in radii]
     low = torch.zeros(len(radii), n, dtype=torch.int64, device=dev)
@@ -213,22 +387,7 @@ def friend_bounds(
                     out[kk, j0:j1] += u.sum(0, dtype=torch.int32)
         low[:, i0:i1] += 1  # itself
         high[:, i0:i1] += 1
-    for kk in range(len(radii)):
-        if only_total[kk]:  # trivial per-row bracket, tight total (itself included)
-            low[kk], high[kk] = 1, n
-            t_low[kk] += n
-            t_high[kk] += n
-        else:
-            t_low[kk], t_high[kk] = int(low[kk].sum()), int(high[kk].sum())
-    return FriendBounds(
-        tuple(float(x) for x in radii),
-        low,
-        high,
-        torch.tensor(t_low, dtype=torch.int64),
-        torch.tensor(t_high, dtype=torch.int64),
-        centre,
-        sq,
-    )
+    return low, high, t_low, t_high
 
 
 def exact_counts(
@@ -236,7 +395,24 @@ def exact_counts(
 ) -> FriendBounds:
     """``bounds`` with the counts of the rows ``which`` (a bool mask or indices) made exact for
     the radii ``ks``: each such row against every row, ||a||² + ||b||² - 2<a,b> from float64
-    Gram blocks of the centred rows (as ``outlier.friend_counts``), itself at distance 0."""
+    Gram blocks of the centred rows (as ``friend_counts.friend_counts``), itself at distance 0.
+
+    Parameters
+    ----------
+    V : torch.Tensor or CohortRows
+        The rows.
+    bounds : FriendBounds
+        Their bounds.
+    which : torch.Tensor
+        A bool mask or indices of the rows to make exact.
+    ks : tuple of int
+        The radii's indices.
+
+    Returns
+    -------
+    FriendBounds
+        The bounds with those counts exact.
+    """
     rows = as_cohort(V)
     idx = torch.nonzero(which).squeeze(1) if which.dtype == torch.bool else which.to(torch.int64)
     if len(idx) == 0:
