@@ -222,7 +222,9 @@ class FriendlyCoreAggregator(FilterGaussian):
 
 
 MASS_SENSITIVITY = 7.0
-MASS_RELEASE, MASS_FLOOR, MASS_MIN = 0.15, 0.10, 0.05
+MASS_RELEASE = 0.15  # the check passes when the noisy kept mass is at least this fraction of n
+MASS_FLOOR = 0.10  # a pass with a kept mass below this fraction of n is a failure (in δ)
+MASS_MIN = 0.05  # s / n: the smallest kept set the sensitivity assumes
 
 
 def friendly_keep_probabilities(counts_2tau: torch.Tensor, n: int) -> torch.Tensor:
