@@ -75,8 +75,7 @@ def wrapper_arguments(
     try:  # the builder's errors name fedudp config keys: named here as run-config keys
         with root_placeholder():
             cfg = config_from_overrides({"method": "full_dp", **over})
-            build.check(cfg)
-            s = build.settings(cfg)
+            s = build.check(cfg).settings
             agg = build.estimator(
                 cfg, Sampling(s.sampling_rate, build.planned_units(cfg)[1]), s.rounds, dim
             )

@@ -389,8 +389,8 @@ def run_one(name: str, seed: int) -> dict:
     t0 = time.perf_counter()
     if kind == "server":  # as fedudp-audit's main builds it
         cfg = config_from_overrides({"method": "full_dp", **over})
-        build.check(cfg)
-        spec, s = build.method(cfg, build.model(cfg)), build.settings(cfg)
+        s = build.check(cfg).settings
+        spec = build.method(cfg, build.model(cfg))
         n_owners, n_users = build.planned_units(cfg)
         agg = build.estimator(
             cfg,
