@@ -106,8 +106,29 @@ _WORD = 1 << 32
 
 
 def entropy(seed: int, purpose: Purpose, *keys: int) -> list[int]:
-    """``[seed, purpose, *keys]``, checked: the purpose's key count (``KEYS``) and one 32-bit word
-    per value (``ValueError`` naming the purpose and its keys otherwise)."""
+    """The entropy of one stream: ``[seed, purpose, *keys]``, checked.
+
+    Parameters
+    ----------
+    seed
+        The run's seed (one 32-bit word).
+    purpose
+        What the stream is for (``Purpose``).
+    keys
+        The purpose's keys (``KEYS[purpose]``: e.g. the round, a user's stable id), one 32-bit
+        word each.
+
+    Returns
+    -------
+    list of int
+        The words a ``SeedSequence`` is built from.
+
+    Raises
+    ------
+    ValueError
+        The wrong number of keys for the purpose, or a value outside [0, 2**32) (naming the
+        purpose and its keys).
+    """
     purpose = Purpose(purpose)
     names = KEYS[purpose]
     if len(keys) != len(names):
@@ -126,10 +147,34 @@ def entropy(seed: int, purpose: Purpose, *keys: int) -> list[int]:
 
 
 def numpy_rng(seed: int, purpose: Purpose, *keys: int) -> np.random.Generator:
+    """The numpy generator of one stream (``entropy``'s words as its seed sequence).
+
+    Parameters
+    ----------
+    seed, purpose, keys
+        As ``entropy``.
+
+    Returns
+    -------
+    numpy.random.Generator
+        The stream.
+    """
     return np.random.default_rng(entropy(seed, purpose, *keys))
 
 
 def torch_generator(seed: int, purpose: Purpose, *keys: int) -> torch.Generator:
+    """The torch generator of one stream, seeded from ``entropy``'s seed sequence (63 bits).
+
+    Parameters
+    ----------
+    seed, purpose, keys
+        As ``entropy``.
+
+    Returns
+    -------
+    torch.Generator
+        The stream (on the CPU).
+    """
     seq = np.random.SeedSequence(entropy(seed, purpose, *keys))
     return torch.Generator().manual_seed(int(seq.generate_state(1, np.uint64)[0] >> np.uint64(1)))
 
@@ -147,7 +192,20 @@ def secure_torch_generator() -> torch.Generator:
 class Randomness:
     """Where a run's streams come from: ``Randomness.seeded(seed)`` (every stream keyed by the
     seed: reproducible, a simulation) or ``Randomness.secure(seed)`` (the ``PROTECTING``
-    purposes from OS entropy, a fresh stream per call, the rest keyed by the seed)."""
+    purposes from OS entropy, a fresh stream per call, the rest keyed by the seed).
+
+    Parameters
+    ----------
+    seed
+        The run's seed (one 32-bit word).
+    mode
+        ``"seeded"`` or ``"secure"``.
+
+    Raises
+    ------
+    ValueError
+        Another mode, or a seed outside [0, 2**32).
+    """
 
     SEEDED, SECURE = "seeded", "secure"
 

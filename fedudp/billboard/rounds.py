@@ -129,7 +129,21 @@ class RoundsResult:
 
 
 def summarize(acc: np.ndarray, loss: np.ndarray, sizes: np.ndarray) -> dict:
-    """Mean / std / test-size-weighted accuracy and mean loss over owners with test records."""
+    """Mean / std / test-size-weighted accuracy and mean loss over owners with test records.
+
+    Parameters
+    ----------
+    acc, loss
+        Each owner's accuracy and loss.
+    sizes
+        Each owner's test records (owners with none, or a non-finite accuracy, are left out).
+
+    Returns
+    -------
+    dict
+        ``accuracy_mean``, ``accuracy_std``, ``accuracy_weighted``, ``loss`` (None when no owner
+        counts).
+    """
     ok = (sizes > 0) & np.isfinite(acc)
     if not ok.any():
         return {
@@ -216,9 +230,32 @@ def run_rounds(
     on_round: Callable[[dict], None] | None = None,
     checkpoint: Checkpointer | None = None,
 ) -> RoundsResult:
-    """Run up to ``rounds`` rounds; ``test_sizes`` weight the accuracy summary. With
-    ``checkpoint``, a checkpoint after every ``checkpoint.every``-th completed round, and a
-    run that starts from ``checkpoint.resumed`` (a resumed run) if it is set."""
+    """Run up to ``rounds`` rounds: the round loop every engine runs.
+
+    Parameters
+    ----------
+    rounds
+        The rounds to run.
+    eval_every
+        Evaluate every ``eval_every`` rounds (and after the last).
+    billboard
+        The server side (None: no shared model, e.g. per-silo training).
+    transport
+        The engine's side of the loop: the owners' training and evaluation.
+    test_sizes
+        Each owner's test records: they weight the accuracy summary.
+    on_round
+        Called with each round's metrics line.
+    checkpoint
+        A checkpoint after every ``checkpoint.every``-th completed round, and a run that starts
+        from ``checkpoint.resumed`` (a resumed run) if it is set.
+
+    Returns
+    -------
+    RoundsResult
+        The final parameters, each owner's accuracy and loss, the rounds completed, why the run
+        stopped, and every round's metrics.
+    """
     bb = billboard
     done, stop, message, signum = 0, "completed", "", None
     history: list[dict] = []

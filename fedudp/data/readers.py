@@ -84,7 +84,31 @@ def register(
     test_without_users: bool = False,
     natural: bool = True,
 ) -> DataReader:
-    """Register a reader as ``dataset.name=<name>`` (one call in its module)."""
+    """Register a reader as ``dataset.name=<name>`` (one call in its module).
+
+    Parameters
+    ----------
+    name
+        The reader's name (an identifier).
+    read
+        The reader: a ``ReadRequest`` in, (train ``Records``, test ``Records`` or None) out.
+    inputs
+        What the reader declares before reading (input shape, classes), from the request alone.
+    test_without_users
+        Its test records carry no users.
+    natural
+        Its records come with natural users (not formed by ``partition.*``).
+
+    Returns
+    -------
+    DataReader
+        The registered reader.
+
+    Raises
+    ------
+    ValueError
+        A name that is not an identifier, or one registered with another reader.
+    """
     return READERS.add(name, DataReader(name, read, inputs, test_without_users, natural))
 
 
