@@ -56,8 +56,19 @@ _PAIR = {
 
 
 def leak_config(**overrides: Any) -> RunConfig:
-    """The pair's configuration; ``overrides`` (dotted keys) e.g. ``privacy.accounting``. The
-    pair runs on the CPU only (``engine_opts.device`` other than ``cpu`` is refused)."""
+    """The pair's configuration. The pair runs on the CPU only (``engine_opts.device`` other than
+    ``cpu`` is refused).
+
+    Parameters
+    ----------
+    overrides
+        Dotted keys, e.g. ``privacy.accounting``.
+
+    Returns
+    -------
+    RunConfig
+        The configuration.
+    """
     if str(overrides.get("engine_opts.device", "cpu")) != "cpu":
         raise ConfigError(
             f"engine_opts.device={overrides['engine_opts.device']}: the leak pair runs on the "
@@ -85,9 +96,19 @@ class LeakPair:
 
 
 def clipped_sums(cfg: RunConfig) -> LeakPair:
-    """Build the pair of the module doc for ``cfg`` (from ``leak_config``) and return the owner
-    side's contributions (every user's shared vector, clipped by the aggregator's constraint,
-    summed) on both neighbours."""
+    """The owner side's contributions on both neighbours of the pair of the module doc.
+
+    Parameters
+    ----------
+    cfg
+        The pair's configuration (``leak_config``).
+
+    Returns
+    -------
+    LeakPair
+        Every user's shared vector, clipped by the aggregator's constraint and summed, on each
+        neighbour.
+    """
     from fedudp.build import prepare
 
     p = prepare(cfg)

@@ -118,11 +118,33 @@ def from_target(
     seed: int,
     personal: Sequence[str] = (),
 ) -> nn.Module:
-    """The module ``target(**kwargs)`` (plus ``input_shape`` / ``classes`` / ``num_classes``
-    where its signature asks for them), built with torch seeded from ``seed`` (the global torch
-    generator is restored afterwards), carrying ``personal`` (or its class's
-    ``default_personal``) as joint_dp's default personal patterns, and checked by
-    ``check_model``. Any failure is a one-line ``ValueError`` naming the target."""
+    """The module ``target(**kwargs)``, built with torch seeded from ``seed`` (the global torch
+    generator is restored afterwards) and checked by ``check_model``.
+
+    Parameters
+    ----------
+    target
+        The class or factory, ``package.module.Name``.
+    kwargs
+        Its arguments (plus ``input_shape`` / ``classes`` / ``num_classes`` where its signature
+        asks for them).
+    input_shape, classes
+        The declared data.
+    seed
+        The seed its initialization draws from.
+    personal
+        joint_dp's default personal patterns (else its class's ``default_personal``).
+
+    Returns
+    -------
+    torch.nn.Module
+        The model.
+
+    Raises
+    ------
+    ValueError
+        Any failure, in one line naming the target.
+    """
     fn = _resolve(target)
     given = dict(kwargs or {})
     call = {**given, **_signature_kwargs(fn, given, tuple(input_shape), classes)}
@@ -146,9 +168,26 @@ def from_target(
 
 def adopt(module: nn.Module, personal: Sequence[str]) -> nn.Module:
     """``module`` itself (not a copy or a wrapper: its parameter names stay as they are) with
-    ``default_personal = tuple(personal)`` set on the instance. Each pattern must match a
-    parameter (``split_by_patterns``' ``ValueError`` otherwise); ``()`` leaves joint_dp to
-    the config's ``model.personal``."""
+    ``default_personal = tuple(personal)`` set on the instance.
+
+    Parameters
+    ----------
+    module
+        Your model.
+    personal
+        Its personal parameters' patterns; ``()`` leaves joint_dp to the config's
+        ``model.personal``.
+
+    Returns
+    -------
+    torch.nn.Module
+        ``module``.
+
+    Raises
+    ------
+    ValueError
+        A pattern that matches no parameter (``split_by_patterns``).
+    """
     if not isinstance(module, nn.Module):
         raise ValueError(f"a model must be a torch.nn.Module, got {type(module).__name__}")
     if isinstance(personal, str):
@@ -164,10 +203,21 @@ def adopt(module: nn.Module, personal: Sequence[str]) -> nn.Module:
 
 
 def fresh_copy(model: nn.Module) -> nn.Module:
-    """An independent deep copy of ``model`` (no parameter, buffer or attribute shared with
-    the caller's object or another run), checked by ``check_model``; a plain module gets
+    """An independent deep copy of ``model`` (no parameter, buffer or attribute shared with the
+    caller's object or another run), checked by ``check_model``; a plain module gets
     ``default_personal = ()`` unless it has one. For ``engine=local`` (the object lives in this
-    process); Flower owners rebuild their model from the config (``model.target``)."""
+    process); Flower owners rebuild their model from the config (``model.target``).
+
+    Parameters
+    ----------
+    model
+        Your model.
+
+    Returns
+    -------
+    torch.nn.Module
+        The copy.
+    """
     check_model(model)
     try:
         out = copy.deepcopy(model)

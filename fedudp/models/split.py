@@ -40,6 +40,25 @@ def _expand(pattern: str) -> list[str]:
 
 
 def split_by_patterns(model: nn.Module, patterns: Sequence[str]) -> ParamSplit:
+    """The model's parameters split into shared and personal by name patterns.
+
+    Parameters
+    ----------
+    model
+        The model.
+    patterns
+        ``fnmatch`` patterns of the personal parameters' names (``model.personal``).
+
+    Returns
+    -------
+    ParamSplit
+        The shared and the personal names, in the model's parameter order.
+
+    Raises
+    ------
+    ValueError
+        A pattern that matches no parameter (naming the model's parameters).
+    """
     names = [n for n, _ in model.named_parameters()]
     personal: set[str] = set()
     for pat in patterns:
