@@ -92,8 +92,8 @@ def _main_server(a: argparse.Namespace, over: dict) -> list[AuditResult]:
     from fedudp.protocol.contributions import Sampling
 
     cfg = config_from_overrides({"method": "full_dp", **over})
-    build.check(cfg)
-    spec, s = build.method(cfg, build.model(cfg)), build.settings(cfg)
+    s = build.check(cfg).settings
+    spec = build.method(cfg, build.model(cfg))
     if not spec.private:
         raise ConfigError("method: the audit needs a private method (full_dp or joint_dp)")
     n_owners, n_users = build.planned_units(cfg)
