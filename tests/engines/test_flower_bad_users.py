@@ -370,7 +370,7 @@ def test_weakened_fast_paths_are_caught(monkeypatch):
         assert not neighbour_gap(weak, nbr)[0]
         assert weak[0].withheld and weak[0].withheld[0][0] == 1
     # the vectorized local SGD's padding reading another user's NaN record (NaN * 0 = NaN)
-    from fedudp.owner import local_sgd
+    from fedudp.owner import gradients, local_sgd
 
     def leaky_loss(model, params, xb, yb, mb):
         out = torch.func.functional_call(model, dict(params), (xb,))
@@ -378,6 +378,7 @@ def test_weakened_fast_paths_are_caught(monkeypatch):
         return (per * mb).sum() / mb.sum().clamp(min=1.0)
 
     with monkeypatch.context() as m:
-        m.setattr(local_sgd, "_loss", leaky_loss)
+        m.setattr(local_sgd, "masked_loss", leaky_loss)
+        m.setattr(gradients, "masked_loss", leaky_loss)
         weak = fast_run("nan", epochs=2)
     assert neighbour_gap(weak, fast_run("absent", epochs=2))[1] > 1e-3
