@@ -167,22 +167,26 @@ def expand_api(markdown: str, root: Path) -> str:
 
 def module_exports(identifier: str, root: Path) -> list[str] | None:
     """The names of the literal ``__all__`` of module ``identifier`` of the repository at
-    ``root``, read from its source; None when ``identifier`` is no module there or its
-    ``__all__`` is missing or not a literal list."""
+    ``root`` (with any literal ``__all__ += [...]`` after it), read from its source; None when
+    ``identifier`` is no module there or its ``__all__`` is missing or not a literal list."""
     base = root.joinpath(*identifier.split("."))
     path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
     if not path.is_file():
         return None
+    names: list[str] | None = None
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-                try:
-                    names = ast.literal_eval(node.value)
-                except ValueError:
-                    return None
-                return [str(n) for n in names]
-    return None
+        if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            continue
+        if isinstance(node, ast.AugAssign) and names is None:
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and node.value is not None:
+            try:
+                value = [str(n) for n in ast.literal_eval(node.value)]
+            except ValueError:
+                return None
+            names = (names or []) + value if isinstance(node, ast.AugAssign) else value
+    return names
 
 
 def expand_members(markdown: str, root: Path) -> str:

@@ -230,32 +230,9 @@ def run_rounds(
     on_round: Callable[[dict], None] | None = None,
     checkpoint: Checkpointer | None = None,
 ) -> RoundsResult:
-    """Run up to ``rounds`` rounds: the round loop every engine runs.
-
-    Parameters
-    ----------
-    rounds
-        The rounds to run.
-    eval_every
-        Evaluate every ``eval_every`` rounds (and after the last).
-    billboard
-        The server side (None: no shared model, e.g. per-silo training).
-    transport
-        The engine's side of the loop: the owners' training and evaluation.
-    test_sizes
-        Each owner's test records: they weight the accuracy summary.
-    on_round
-        Called with each round's metrics line.
-    checkpoint
-        A checkpoint after every ``checkpoint.every``-th completed round, and a run that starts
-        from ``checkpoint.resumed`` (a resumed run) if it is set.
-
-    Returns
-    -------
-    RoundsResult
-        The final parameters, each owner's accuracy and loss, the rounds completed, why the run
-        stopped, and every round's metrics.
-    """
+    """Run up to ``rounds`` rounds; ``test_sizes`` weight the accuracy summary. With
+    ``checkpoint``, a checkpoint after every ``checkpoint.every``-th completed round, and a
+    run that starts from ``checkpoint.resumed`` (a resumed run) if it is set."""
     bb = billboard
     done, stop, message, signum = 0, "completed", "", None
     history: list[dict] = []

@@ -360,26 +360,16 @@ def partition_pool(
         The pool (``synthetic`` or ``image_pool``).
     num_owners, num_records, records_per_user
         The owners, the records partitioned, the records of each user.
-    scheme
-        ``paper_classes``, ``iid`` or ``dirichlet`` (docs/algorithms.md#data-partition).
-    classes_per_owner
-        ``paper_classes``: the classes each owner sees.
-    dirichlet_alpha
-        ``dirichlet``: the concentration.
-    test_per_owner
-        Test records per owner (None: the scheme's default).
-    seed
-        The partition's seed.
+    scheme, classes_per_owner, dirichlet_alpha
+        ``paper_classes`` (each owner sees ``classes_per_owner`` classes), ``iid`` or
+        ``dirichlet`` (concentration ``dirichlet_alpha``); docs/algorithms.md#data-partition.
+    test_per_owner, seed
+        Test records per owner (None: the scheme's default); the partition's seed.
 
     Returns
     -------
     Federation
-        The federation.
-
-    Raises
-    ------
-    ValueError
-        A split the data cannot give.
+        The federation; a split the data cannot give is a ``ValueError``.
     """
     tx, ty, vx, vy, classes = pool.train_x, pool.train_y, pool.test_x, pool.test_y, pool.classes
     n, N = num_owners, num_records

@@ -109,15 +109,7 @@ class ApproxDp:
     (docs/algorithms.md#blocks-without-a-dp-accounting-event): AboveThreshold's pure budget,
     a failure probability that enters delta (ASI's zeta, a concentration check passing
     wrongly), Esfandiari's (4ε, 4δ) sampler. Blocks compose with everything else by basic
-    composition (``basic_composition``).
-
-    Parameters
-    ----------
-    epsilon
-        The block's ε.
-    delta
-        The block's δ.
-    """
+    composition (``basic_composition``)."""
 
     epsilon: float
     delta: float = 0.0
@@ -136,13 +128,7 @@ class ApproxDp:
 class Parallel:
     """One round's releases on disjoint parts of the data (each owner's users under
     ``privacy.placement=local_dpsgd``): a unit is in one part only, so the run's ε is the worst
-    part's (parallel composition).
-
-    Parameters
-    ----------
-    parts
-        ``parts[i]``: part i's event for one round.
-    """
+    part's (parallel composition). ``parts[i]`` is part i's event for one round."""
 
     parts: tuple
 
@@ -152,18 +138,7 @@ class Parallel:
 
 def basic_composition(blocks: list[tuple[ApproxDp, int]] | list[ApproxDp]) -> ApproxDp:
     """Basic composition (Dwork–Roth Thm 3.16): k mechanisms (ε_i, δ_i)-DP compose to
-    (Σε_i, Σδ_i)-DP, adaptively.
-
-    Parameters
-    ----------
-    blocks
-        ``ApproxDp`` blocks, or (block, count) pairs.
-
-    Returns
-    -------
-    ApproxDp
-        The composed (Σε_i, Σδ_i).
-    """
+    (Σε_i, Σδ_i)-DP, adaptively. Entries are blocks or (block, count) pairs."""
     eps = dlt = 0.0
     for b in blocks:
         blk, c = b if isinstance(b, tuple) else (b, 1)
@@ -453,20 +428,7 @@ class Accountant:
 
 
 class ParallelAccountant:
-    """``Accountant``'s interface over ``Parallel`` events: one accountant per part, ε the max
-    (parallel composition over disjoint units).
-
-    Parameters
-    ----------
-    parts
-        The number of parts.
-    pld_interval
-        The PLD grid of each part's accountant.
-    target_epsilon
-        The events' target (``Accountant``).
-    engine
-        ``Accountant``'s engine (``"fast"`` or ``"public"``).
-    """
+    """``Accountant``'s interface over ``Parallel`` events: one accountant per part, ε the max."""
 
     def __init__(
         self,
@@ -523,17 +485,7 @@ class GroupConversion:
     ``for_user_budget`` picks the record-level (ε/k, δ') that yields the user-level target:
     certified δ' = δ / (k·e^{(k−1)ε/k}), the exact inverse of the standard form (at k = 1 it is
     δ); paper δ' = δ·r/m = δ/k as in the paper, which by its own form only gives user-level
-    (ε, e^ε·δ): heuristic.
-
-    Parameters
-    ----------
-    size
-        k, the records of one user.
-    record_delta
-        The record-level δ'.
-    form
-        ``"certified"`` (the standard form) or ``"paper"`` (Huang et al.'s; heuristic).
-    """
+    (ε, e^ε·δ): heuristic."""
 
     size: int
     record_delta: float
@@ -573,18 +525,9 @@ class GroupConversion:
 
 
 class GroupAccountant:
-    """An accountant at record level read at user level through a ``GroupConversion``.
-
-    Events are composed record-level by ``inner``; epsilon at the user-level δ is k times the
-    record-level epsilon at the conversion's δ'.
-
-    Parameters
-    ----------
-    inner
-        The record-level ``Accountant`` or ``ParallelAccountant``.
-    group
-        The conversion (k records per user, δ').
-    """
+    """An accountant at record level read at user level through a ``GroupConversion``: events
+    are composed record-level by ``inner`` (``Accountant`` or ``ParallelAccountant``); epsilon
+    at the user-level δ is k times the record-level epsilon at the conversion's δ'."""
 
     def __init__(self, inner: Accountant | ParallelAccountant, group: GroupConversion) -> None:
         self.inner, self.group = inner, group
@@ -620,30 +563,25 @@ def accountant_for(
     target_epsilon: float | None = None,
     engine: str = "fast",
 ) -> Accountant | ParallelAccountant | GroupAccountant:
-    """The accountant for a run whose rounds release events like ``event``.
-
-    Its PLD grid is the one the noise was calibrated on: that of the events' own target
-    (ε' = ε/k for record-level events under group privacy), since a coarser grid is more
-    pessimistic and would stop a calibrated run before its last round.
+    """The accountant for a run whose rounds release events like ``event``, on the PLD grid
+    the noise was calibrated on (that of the events' own target: ε' = ε/k for record-level
+    events under group privacy; a coarser grid would stop a calibrated run early).
 
     Parameters
     ----------
     event
-        One round's release: a dp-accounting event, an ``ApproxDp`` block, or a ``Parallel``
-        event (one part per disjoint set of units).
+        One round's release: a dp-accounting event, an ``ApproxDp`` or a ``Parallel`` event.
     group
         The conversion to user level where the events are record-level (group privacy).
     target_epsilon
-        The events' target: above it the accountant computes epsilon exactly rather than reading
-        its grid (``Accountant``).
+        The events' target, above which epsilon is computed exactly (``Accountant``).
     engine
-        ``Accountant``'s engine: ``"fast"`` or ``"public"`` (dp-accounting's public API alone).
+        ``Accountant``'s engine: ``"fast"`` or ``"public"`` (dp-accounting's public API).
 
     Returns
     -------
     Accountant or ParallelAccountant or GroupAccountant
-        One ``Accountant``, or a ``ParallelAccountant`` with one part per part of a ``Parallel``
-        event, read at user level through ``group`` (a ``GroupAccountant``) when given.
+        One per part of a ``Parallel`` event; read at user level through ``group`` if given.
     """
     target = (
         group.record_epsilon(target_epsilon)

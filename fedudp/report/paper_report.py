@@ -6,8 +6,7 @@ A layout has rows (n for Table 1; the personal layers for Table 2; (n, m/r) for 
 the mean over owners of each owner's test accuracy, the paper's number and the difference beside
 it, the best of the compared columns in bold as in the paper. Writes ``<name>.md``,
 ``<name>.csv`` and ``<name>.png`` (ours solid, the paper's dashed) and, for Table 1, states the
-paper's qualitative claims as holds / does not hold on the numbers found.
-"""
+paper's qualitative claims as holds / does not hold on the numbers found."""
 
 from __future__ import annotations
 
@@ -22,16 +21,8 @@ import numpy as np
 
 from fedudp.privacy.labels import HEURISTIC_MARK, is_heuristic
 
-__all__ = [
-    "HUANG_TABLE1",
-    "HUANG_TABLE2",
-    "HUANG_TABLE4",
-    "PROTOCOL",
-    "Layout",
-    "LAYOUTS",
-    "PRESET_HYPER",
-    "write_paper_report",
-]
+__all__ = ["HUANG_TABLE1", "HUANG_TABLE2", "HUANG_TABLE4", "PROTOCOL", "Layout", "LAYOUTS",
+           "PRESET_HYPER", "write_paper_report"]  # fmt: skip
 
 # Huang et al. (001) Table 1: test accuracy, mean ± std over 5 runs, ε = 1
 HUANG_TABLE1 = {
@@ -472,22 +463,7 @@ def _claims_fig1(cells: dict, rows: list) -> list[str]:
 
 
 def write_paper_report(name: str, summaries: list[dict], out: Path) -> str:
-    """Write the paper's layout ``name`` (Markdown, CSV and PNG) under ``out``.
-
-    Parameters
-    ----------
-    name
-        A layout of ``LAYOUTS`` (``huang_table1``, ...).
-    summaries
-        ``load_summaries``' summaries.
-    out
-        The folder to write into (created).
-
-    Returns
-    -------
-    str
-        The layout as Markdown.
-    """
+    """Write the layout ``name`` under ``out``; returns the Markdown."""
     layout = LAYOUTS[name]
     out.mkdir(parents=True, exist_ok=True)
     cells = _cells(layout, summaries)

@@ -297,17 +297,7 @@ def _common_line(summaries: list[dict]) -> str:
 
 
 def plot_curves(series: list[GroupSeries], path: Path, title: str, subtitle: str = "") -> None:
-    """Draw accuracy and ε per round (two panels, a shared legend below them) into ``path``.
-
-    Parameters
-    ----------
-    series
-        ``group_series``' groups.
-    path
-        The PNG to write.
-    title, subtitle
-        The figure's titles.
-    """
+    """Two panels, accuracy and ε per round; a shared legend below them."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
 
@@ -389,18 +379,8 @@ def plot_curves(series: list[GroupSeries], path: Path, title: str, subtitle: str
 
 
 def plot_frontier(series: list[GroupSeries], path: Path, title: str, subtitle: str = "") -> None:
-    """Draw final accuracy against ε spent into ``path``: one line per non-ε setting, no-DP groups
-    as horizontal reference lines, the legend right of the axes.
-
-    Parameters
-    ----------
-    series
-        ``group_series``' groups.
-    path
-        The PNG to write.
-    title, subtitle
-        The figure's titles.
-    """
+    """Final accuracy against ε spent, one line per non-ε setting; no-DP groups as
+    horizontal reference lines. The legend sits right of the axes."""
     plt = _plt()
     lines, refs = frontier_lines(series)
     delta, delta_in_label = _delta_text(series)
