@@ -457,7 +457,8 @@ def flat_delta(
     return out
 
 
-AUTO_CHUNK_CONV, AUTO_CHUNK_DENSE = 512, 8192
+AUTO_CHUNK_CONV = 512
+AUTO_CHUNK_DENSE = 8192
 
 
 def chunk_budget(requested: int, model: nn.Module) -> int:
