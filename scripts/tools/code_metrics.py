@@ -8,7 +8,8 @@ functions and methods over ``--function-lines`` lines (80, from ``def`` to the l
 body, decorators aside, read with ``ast``), public modules without ``__all__`` (a module whose
 name and whose packages' names do not start with ``_``; ``__init__``/``__main__`` count as
 their package), and, from ``git ls-files``, the tracked files under ``docs/results/`` and the
-lines of the ``.py`` files under ``scripts/``. Standard library only.
+lines of the ``.py`` files under ``scripts/``; the package's lines, and how many of them are
+docstrings (module, class and function docstrings). Standard library only.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _public(rel: Path) -> bool:
 def metrics(root: Path, module_lines: int = 600, function_lines: int = 80) -> dict:
     """The figures of the checkout at ``root`` (a dict of counts and the offending names)."""
     pkg = root / "fedudp"
-    big, long_fns, no_all, n_modules = [], [], [], 0
+    big, long_fns, no_all, n_modules, doc_lines = [], [], [], 0, 0
     for path in sorted(pkg.rglob("*.py")):
         rel = path.relative_to(root)
         n_modules += 1
@@ -40,6 +41,15 @@ def metrics(root: Path, module_lines: int = 600, function_lines: int = 80) -> di
             big.append((str(rel), lines))
         tree = ast.parse(text)
         for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (
+                isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                doc_lines += body[0].end_lineno - body[0].lineno + 1
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > function_lines:
@@ -65,6 +75,7 @@ def metrics(root: Path, module_lines: int = 600, function_lines: int = 80) -> di
     return {
         "modules": n_modules,
         "package_lines": sum(p.read_text().count("\n") for p in pkg.rglob("*.py")),
+        "docstring_lines": doc_lines,
         f"modules_over_{module_lines}": sorted(big, key=lambda x: -x[1]),
         f"functions_over_{function_lines}": sorted(long_fns, key=lambda x: -x[1]),
         "public_modules_without_all": no_all,
