@@ -463,8 +463,7 @@ class Owners(OwnerLevel):
         epoch, no more records than a batch) or its mean gradient (for a convolution model, over
         at most ``ONE_STEP_RECORDS`` records; larger users loop in ``local_sgd``). It is faster than
         both of ``local_sgd``'s paths for such users on the CPU: the vmapped one's grouped
-        convolutions and the loop's small per-user batches (one thread, the paper CNN, users of
-        10 to 32 records: 7-20 % faster than the loop; docs/results/bench_pfl)."""
+        convolutions and the loop's small per-user batches (measured in docs/benchmarks.md)."""
         if constraint.rows or constraint.clip is None or self.spec.unit == Unit.owner:
             return None
         if self.spec.feedback and self.spec.personal:
