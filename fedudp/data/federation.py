@@ -188,7 +188,19 @@ IMAGE_CLASSES = 10
 
 @dataclass(frozen=True)
 class Pool:
-    """Training and test records a federation is cut from (features, int64 labels)."""
+    """Training and test records a federation is cut from (features, int64 labels).
+
+    Attributes
+    ----------
+    train_x, test_x : numpy.ndarray
+        Training and test features (private data), or uint8 images ``[N, rows, cols]``.
+    train_y, test_y : numpy.ndarray
+        Their int64 labels ``[N]``.
+    classes : int
+        The number of classes.
+    levels : numpy.ndarray or None
+        Byte images: ``levels[v]`` is the float32 feature of pixel value v.
+    """
 
     train_x: np.ndarray
     train_y: np.ndarray
@@ -292,7 +304,25 @@ def pixel_stats(images: np.ndarray) -> tuple[np.float64, np.float64]:
     """``(images.mean(), images.std())`` of a uint8 array, bit for bit, without numpy's float64
     copy of the whole array: the sum of bytes is an exact integer (as it is in numpy's float64
     sum, below 2**53), and the squared deviations, one per byte value, are summed in numpy's
-    pairwise order a block at a time (``_pairwise_sum``)."""
+    pairwise order a block at a time (``_pairwise_sum``).
+
+    Parameters
+    ----------
+    images : numpy.ndarray
+        A uint8 array, any shape.
+
+    Returns
+    -------
+    tuple of numpy.float64
+        The mean and standard deviation of its values.
+
+    Raises
+    ------
+    TypeError
+        ``images`` is not uint8.
+    ValueError
+        The sum of its values reaches 2**53.
+    """
     if images.dtype != np.uint8:
         raise TypeError(f"pixel_stats needs uint8 images, got {images.dtype}")
     flat = images.reshape(-1)

@@ -37,7 +37,29 @@ UNDECLARED = 2**62
 @dataclass(frozen=True)
 class ReadRequest:
     """What a reader reads with (the configuration's ``dataset.*`` and ``partition.*`` as plain
-    values, given by the config builder)."""
+    values, given by the config builder).
+
+    Attributes
+    ----------
+    name : str
+        ``dataset.name``.
+    path, test_path : str or None
+        Training and test file (npz, parquet) or folder (hf).
+    root : str
+        The folder of femnist, shakespeare, cifar10 / cifar100.
+    split, test_split : str, str or None
+        The training and test splits' names.
+    features, label, user, owner, meta : str, tuple of str or None
+        ``dataset.columns.*``: the column names.
+    classes : int
+        ``dataset.classes``; ``UNDECLARED`` where the configuration declares none.
+    coarse : bool
+        cifar100: the 20 coarse labels.
+    unknown_char : str or None
+        shakespeare: the character that stands for unknown ones.
+    user_rule, records_per_user, dirichlet_alpha, seed
+        ``partition.*``: how users are formed for a format without users.
+    """
 
     name: str  # dataset.name
     path: str | None = None  # a file (npz, parquet) or a folder (hf)
@@ -64,7 +86,19 @@ Inputs = tuple[tuple[int, ...], int, bool]
 
 @dataclass(frozen=True)
 class DataReader:
-    """A registered data reader (module doc)."""
+    """A registered data reader (module doc).
+
+    Attributes
+    ----------
+    name : str
+        ``dataset.name``.
+    read : callable or None
+        ``ReadRequest`` in, (train ``Records``, test ``Records`` or None) out.
+    inputs : callable or None
+        The input shape, classes and whether inputs are tokens, from the request alone.
+    test_without_users, natural : bool
+        Its test records carry no users; its records come with natural users.
+    """
 
     name: str
     read: Callable[[ReadRequest], tuple[Records, Records | None]] | None = None
@@ -115,7 +149,22 @@ def register(
 def fixed_inputs(
     shape: tuple[int, ...], classes: int, tokens: bool = False
 ) -> Callable[[ReadRequest], Inputs]:
-    """``inputs`` for a format that always has the same input shape and classes."""
+    """``inputs`` for a format that always has the same input shape and classes.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        The input shape of one record.
+    classes : int
+        The number of classes.
+    tokens : bool, default False
+        The inputs are token ids.
+
+    Returns
+    -------
+    callable
+        A ``ReadRequest`` in, ``(shape, classes, tokens)`` out, whatever the request.
+    """
     return lambda request: (tuple(shape), int(classes), bool(tokens))
 
 

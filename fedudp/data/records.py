@@ -492,7 +492,19 @@ def users_by_rule(
 
 @dataclass(frozen=True)
 class Summary:
-    """Sizes of a split: counts, and (min, median, max) of records per user / users per owner."""
+    """Sizes of a split: counts, and (min, median, max) of records per user / users per owner.
+
+    Attributes
+    ----------
+    records, users, classes : int
+        The counts of records, users and classes.
+    owners : int or None
+        The count of owners; None for records not grouped by owner.
+    records_per_user : tuple of (int, float, int)
+        (min, median, max) records per user.
+    users_per_owner : tuple of (int, float, int) or None
+        (min, median, max) users per owner; None without owners.
+    """
 
     records: int
     users: int

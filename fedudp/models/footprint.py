@@ -36,12 +36,38 @@ __all__ = ["model_copies", "model_need", "check_model"]
 
 def model_copies(units: int) -> int:
     """How many copies of the shared parameters the rule above counts beside the model and the
-    probe's gradients: the billboard's update and ``units`` stacked owner copies."""
+    probe's gradients: the billboard's update and ``units`` stacked owner copies.
+
+    Parameters
+    ----------
+    units : int
+        U, the owner copies stacked in one step (at least 1 counted).
+
+    Returns
+    -------
+    int
+        ``1 + max(1, units)``.
+    """
     return 1 + max(1, int(units))
 
 
 def model_need(parameters: int, shared: int, itemsize: int, units: int) -> int:
-    """Bytes a run holds at least (the module doc's rule)."""
+    """Bytes a run holds at least (the module doc's rule).
+
+    Parameters
+    ----------
+    parameters, shared : int
+        The model's parameter count P and its shared ones S.
+    itemsize : int
+        Bytes per value.
+    units : int
+        U (``model_copies``).
+
+    Returns
+    -------
+    int
+        ``itemsize * ((1 + PROBE_BATCH) * P + model_copies(U) * S)``.
+    """
     from fedudp.models.validate import PROBE_BATCH
 
     return itemsize * ((1 + PROBE_BATCH) * int(parameters) + model_copies(units) * int(shared))
@@ -61,7 +87,28 @@ def check_model(
     is built: ``build_model(classes)`` is called on the ``meta`` device (no memory), and
     ``shared_and_units(meta_model)`` gives the names of its shared parameters and U (the
     config builder's). A model that cannot be built there is not checked (it is built for real
-    next, and checked by what it allocates)."""
+    next, and checked by what it allocates).
+
+    Parameters
+    ----------
+    build_model : callable
+        The model for a number of classes.
+    classes : int
+        ``dataset.classes``.
+    model_key : str
+        The configuration key the refusal names otherwise.
+    float64 : bool
+        The run computes in float64 (8 bytes per value).
+    device : str
+        ``engine_opts.device``: whose memory is compared.
+    shared_and_units : callable
+        The meta model in, (shared parameter names, U) out.
+
+    Raises
+    ------
+    ConfigError
+        The model needs more memory than ``device`` has.
+    """
     import torch
 
     try:

@@ -43,7 +43,13 @@ MIN_NOISE_MULTIPLIER = 1e-6  # calibration below it: the target does not need no
 
 
 class BudgetError(ConfigError):
-    """The target (epsilon, delta) cannot be met by the configured schedule (a user error)."""
+    """The target (epsilon, delta) cannot be met by the configured schedule (a user error).
+
+    Parameters
+    ----------
+    *args
+        The message, as for ``ValueError``.
+    """
 
 
 def schedule_epsilon(
@@ -81,7 +87,18 @@ def schedule_epsilon(
 
 
 def rounds_text(rounds: int) -> str:
-    """``1 round``, ``100,000,000 rounds``: a count of rounds as every message prints it."""
+    """``1 round``, ``100,000,000 rounds``: a count of rounds as every message prints it.
+
+    Parameters
+    ----------
+    rounds : int
+        The count of rounds.
+
+    Returns
+    -------
+    str
+        The count with thousands separators and ``round`` or ``rounds``.
+    """
     return f"{int(rounds):,} round{'' if int(rounds) == 1 else 's'}"
 
 

@@ -37,7 +37,24 @@ def _classes() -> dict[str, type]:
 
 def parse_event(text: str) -> dp_accounting.DpEvent | ApproxDp | Parallel:
     """The event an entry's ``event`` text names (``str`` of a dp-accounting event, an
-    ``ApproxDp`` block or a ``Parallel`` one); ``ValueError`` for anything else."""
+    ``ApproxDp`` block or a ``Parallel`` one); ``ValueError`` for anything else.
+
+    Parameters
+    ----------
+    text : str
+        The entry's ``event`` text.
+
+    Returns
+    -------
+    dp_accounting.DpEvent or ApproxDp or Parallel
+        The event it names, rebuilt.
+
+    Raises
+    ------
+    ValueError
+        The text is not Python, names an unknown event class, or holds anything but
+        constants, lists, ``inf``/``nan`` and event calls.
+    """
     try:
         tree = ast.parse(text, mode="eval").body
     except SyntaxError:

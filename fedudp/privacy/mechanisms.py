@@ -421,7 +421,23 @@ def fwht_gemm(x: torch.Tensor) -> torch.Tensor:
     H_{ab} = H_a ⊗ H_b. Each product is a BLAS GEMM with a long inner loop, faster on CPU than
     ``fwht``'s small batched products for more multiply-adds (docs/benchmarks.md). Values
     equal ``fwht``'s up to float rounding (a different summation order); each row is
-    transformed on its own (no value of another row enters it). L > 18: ``fwht``."""
+    transformed on its own (no value of another row enters it). L > 18: ``fwht``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Rows ``[..., d]``, d a power of two.
+
+    Returns
+    -------
+    torch.Tensor
+        The transformed rows, same shape.
+
+    Raises
+    ------
+    ValueError
+        ``d`` is not a power of two.
+    """
     d = x.shape[-1]
     if d & (d - 1):
         raise ValueError(f"fwht needs a power-of-two length, got {d}")
@@ -439,7 +455,23 @@ def fwht_factors(d: int) -> tuple[int, ...]:
     """The Kronecker factor sizes ``fwht_into`` applies to a row of length d = 2^L, in order:
     the first acts on the last axis (one plain GEMM), the others on axes of stride >= 64
     (batched products of wide matrices). L <= 6: one factor; else 64 first and the other L-6
-    bits split in two (2^15: 64, 32, 16)."""
+    bits split in two (2^15: 64, 32, 16).
+
+    Parameters
+    ----------
+    d : int
+        The row length, a power of two.
+
+    Returns
+    -------
+    tuple of int
+        The factor sizes; their product is ``d``.
+
+    Raises
+    ------
+    ValueError
+        ``d`` is not a positive power of two.
+    """
     if d < 1 or d & (d - 1):
         raise ValueError(f"fwht needs a power-of-two length, got {d}")
     L = d.bit_length() - 1
@@ -455,7 +487,25 @@ def fwht_into(x: torch.Tensor, out: torch.Tensor, work: torch.Tensor) -> torch.T
     with ``work`` (same shape, contiguous) as scratch; ``x`` is only read. For blocks of a few
     dozen rows that stay in cache: the factors of ``fwht_factors`` (2^15: 64, 32, 16) cost 112
     multiply-adds per value against ``fwht_gemm``'s 384 (the timings: docs/benchmarks.md). Values
-    equal ``fwht``'s up to float rounding; each row is transformed on its own."""
+    equal ``fwht``'s up to float rounding; each row is transformed on its own.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Input rows ``[r, d]``, d a power of two (read only).
+    out, work : torch.Tensor
+        Result and scratch buffers, shape of ``x``, contiguous.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, holding the transform.
+
+    Raises
+    ------
+    ValueError
+        ``d`` is not a power of two.
+    """
     d = x.shape[-1]
     fs = fwht_factors(d)
     src, inner = x, 1
