@@ -53,7 +53,24 @@ _LEVEL = 0.95
 
 
 class Canaries:
-    """``count`` canary units in a ``dim``-dimensional release, sampled at ``rate``."""
+    """``count`` canary units in a ``dim``-dimensional release, sampled at ``rate``.
+
+    Parameters
+    ----------
+    count : int
+        How many canary units (K, at least 2).
+    dim : int
+        The dimension of the released shared vector.
+    rate : float
+        Their Poisson sampling rate per round (the run's).
+    seed : int
+        The seed that keys their directions and their sample.
+
+    Raises
+    ------
+    ValueError
+        When ``count`` < 2.
+    """
 
     def __init__(self, count: int, dim: int, rate: float, seed: int) -> None:
         if count < 2:
@@ -129,7 +146,33 @@ def andrew_estimate(
     smallest where σ̂ equals the null's 1/√d, so noise in σ̂ pushes ε̂ and every resample up:
     the bootstrap interval sits above the truth more often than its level says (measured in
     docs/results/privacy_audit/canaries.md); ``ci`` is the one reported. An estimate, not a
-    bound."""
+    bound.
+
+    Parameters
+    ----------
+    cos : np.ndarray
+        The inserted canaries' cosines with the final Δ, shape ``[K]``.
+    dim : int
+        The dimension d of Δ (the null is N(0, 1/d)).
+    delta : float
+        The δ of the estimate.
+    rng : np.random.Generator, optional
+        The bootstrap's randomness (default seed 0).
+    bootstrap : int, default 1000
+        How many bootstrap resamples.
+    level : float, default 0.95
+        The intervals' confidence level.
+
+    Returns
+    -------
+    dict
+        ``value`` (ε̂, None without spread), ``ci``, ``ci_bootstrap``, the fit and its labels.
+
+    Raises
+    ------
+    ValueError
+        When ``cos`` is not one-dimensional with at least 2 entries.
+    """
     cos = np.asarray(cos, dtype=np.float64)
     if cos.ndim != 1 or len(cos) < 2:
         raise ValueError(f"need the cosines of at least 2 canaries, got shape {cos.shape}")
@@ -173,7 +216,28 @@ def region_interval(
     ``n`` canaries, assuming they are Gaussian (the paper's model): a Bonferroni rectangle of
     Student's t interval for μ and the χ² interval for σ, each at 1 − (1 − level)/2, on a
     ``grid`` × ``grid`` lattice (its corners, edges and, where the rectangle holds them, μ = 0
-    and σ = 1/√d, where ε is smallest)."""
+    and σ = 1/√d, where ε is smallest).
+
+    Parameters
+    ----------
+    mu, sd : float
+        The observed cosines' mean and standard deviation.
+    n : int
+        How many canaries.
+    dim : int
+        The dimension d (the null's standard deviation is 1/√d).
+    delta : float
+        The δ of ε.
+    level : float, default 0.95
+        The region's confidence level.
+    grid : int, default 41
+        The lattice's points per side.
+
+    Returns
+    -------
+    list[float]
+        ``[min, max]`` of ε over the region.
+    """
     from scipy.stats import chi2
     from scipy.stats import t as student_t
 
@@ -206,7 +270,20 @@ def hockey_stick(m1, s1, m2, s2, eps):
     """δ_{P‖Q}(ε) = P[L > ε] − e^ε Q[L > ε] for P = N(m1, s1²), Q = N(m2, s2²) with the privacy
     loss L(x) = log p(x)/q(x) = a x² + b x + c (exact, float64, elementwise over arrays).
     {L > ε} is a half-line (equal variances), the outside of two roots (a > 0) or the inside
-    (a < 0)."""
+    (a < 0).
+
+    Parameters
+    ----------
+    m1, s1, m2, s2 : array_like
+        Means and standard deviations of P and Q (broadcast together).
+    eps : array_like
+        The ε at which δ is evaluated.
+
+    Returns
+    -------
+    np.ndarray
+        δ_{P‖Q}(ε), clipped at 0, in float64.
+    """
     m1, s1, m2, s2, eps = np.broadcast_arrays(
         *(np.asarray(v, dtype=np.float64) for v in (m1, s1, m2, s2, eps))
     )
@@ -252,7 +329,27 @@ def two_gaussian_epsilon(
     Q = N(m2, s2²): the pair's tight (ε, δ), both directions (elementwise over arrays of the
     parameters; bisection on the non-increasing δ(ε) to ``tol``). The variances may differ,
     where the privacy loss is unbounded and every ε has a δ > 0. Not accounting: fedudp uses it
-    only for the canary estimate."""
+    only for the canary estimate.
+
+    Parameters
+    ----------
+    m1, s1, m2, s2 : array_like
+        Means and standard deviations of P and Q (broadcast together; deviations positive).
+    delta : float
+        The δ, in (0, 1).
+    tol : float, default 1e-10
+        The bisection's relative tolerance.
+
+    Returns
+    -------
+    np.ndarray or float
+        The smallest ε, a float for scalar parameters.
+
+    Raises
+    ------
+    ValueError
+        When ``delta`` is outside (0, 1), a deviation is not positive or a parameter not finite.
+    """
     args = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (m1, s1, m2, s2)))
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
@@ -301,7 +398,28 @@ def simulated_release(
     vectors of norm ``clip`` (stand-ins for real users), the round's sampled canaries'
     ``clip · c_k`` and N(0, (z·clip)²) noise in every coordinate, float64; Δ is the sum over
     ``rounds``. With the canaries' rate 1 the final Δ is a Gaussian mechanism whose ε is that
-    of ``rounds`` Gaussian releases at noise multiplier z (dp-accounting composes them)."""
+    of ``rounds`` Gaussian releases at noise multiplier z (dp-accounting composes them).
+
+    Parameters
+    ----------
+    canaries : Canaries
+        The inserted canaries (their dimension and rate).
+    noise_multiplier : float
+        z: the noise's standard deviation is ``z · clip``.
+    rounds : int
+        How many releases are summed.
+    rng : np.random.Generator
+        The stand-in users' and the noise's randomness.
+    clip : float, default 1.0
+        The norm of every update.
+    others : int, default 0
+        Stand-in users per round.
+
+    Returns
+    -------
+    torch.Tensor
+        Δ, shape ``[d]``, float64.
+    """
     d = canaries.dim
     total = torch.zeros(d, dtype=torch.float64)
     # a sequence of simulated releases of one mechanism (no training: the run's round loop is

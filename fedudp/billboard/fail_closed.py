@@ -95,7 +95,20 @@ def minimum_error(
     min_owners: int, min_users: int, capacity: Sequence[int] | np.ndarray
 ) -> str | None:
     """Why the declared minimum can never be met even with every owner answering (None: it
-    can): every round would be withheld, so refuse the run before any work."""
+    can): every round would be withheld, so refuse the run before any work.
+
+    Parameters
+    ----------
+    min_owners, min_users : int
+        The declared minimum (``train.min_owners``, ``train.min_users``).
+    capacity : sequence of int
+        Each owner's public capacity (declared user slots).
+
+    Returns
+    -------
+    str or None
+        The reason naming the config key; None when the minimum can be met.
+    """
     cap = np.asarray(capacity, dtype=np.int64)
     if min_owners > cap.size:
         return (

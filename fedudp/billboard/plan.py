@@ -34,7 +34,25 @@ if TYPE_CHECKING:
 
 
 class Plan:
-    """Default hooks: the plain round (billboard's Poisson sample, its aggregator and step)."""
+    """Default hooks: the plain round (billboard's Poisson sample, its aggregator and step).
+
+    Methods
+    -------
+    sample(round_)
+        The round's cohort mask over the billboard's units.
+    event(round_)
+        The round's accounting event.
+    one_off()
+        The once-per-run event.
+    aggregator(round_)
+        The estimator that releases this round.
+    step(u, mean, round_)
+        The server step from the released mean.
+
+    Notes
+    -----
+    Every hook returns None here (the plain round's behaviour); see the module doc.
+    """
 
     def sample(self, round_: int) -> np.ndarray | None:
         return None

@@ -61,7 +61,15 @@ Params = dict[str, torch.Tensor]
 
 @dataclass
 class Collected:
-    """The cohort's replies, and the owners excluded from the round with their reasons."""
+    """The cohort's replies, and the owners excluded from the round with their reasons.
+
+    Attributes
+    ----------
+    replies : list[OwnerReply]
+        The answering owners' replies (their shared parts, private data).
+    failures : list[Failure]
+        The owners excluded from the round, with their reasons.
+    """
 
     replies: list[OwnerReply]
     failures: list[Failure] = field(default_factory=list)
@@ -69,7 +77,15 @@ class Collected:
 
 @dataclass
 class Evaluation:
-    """Each owner's test accuracy and loss (NaN for an owner that failed to answer)."""
+    """Each owner's test accuracy and loss (NaN for an owner that failed to answer).
+
+    Attributes
+    ----------
+    accuracy, loss : np.ndarray
+        Each owner's test accuracy and loss, shape ``[owners]``.
+    failures : list[Failure]
+        The owners that failed to answer, with their reasons.
+    """
 
     accuracy: np.ndarray
     loss: np.ndarray
@@ -77,7 +93,14 @@ class Evaluation:
 
 
 class Transport(Protocol):
-    """How an engine reaches its owners (in-process vectorized, or Flower messages)."""
+    """How an engine reaches its owners (in-process vectorized, or Flower messages).
+
+    Attributes
+    ----------
+    stop_flag : StopFlag, optional
+        Where present, the main thread's flag ``run_rounds`` polls when it runs outside the
+        main thread (Flower's ServerApp).
+    """
 
     def train(self, shared: Params, cohort: np.ndarray | None, round_: int) -> Collected:
         """Owners update their personal parameters; those with sampled units (``cohort``: the
@@ -116,6 +139,28 @@ class Transport(Protocol):
 
 @dataclass
 class RoundsResult:
+    """What ``run_rounds`` returns.
+
+    Attributes
+    ----------
+    shared, personal : Params
+        The final shared (released) parameters; the personal ones the server sees.
+    owner_accuracy, owner_loss : np.ndarray
+        Each owner's last test accuracy and loss, shape ``[owners]``.
+    rounds_completed : int
+        Rounds released (or withheld) before the stop.
+    stop_reason : str
+        ``completed``, ``budget``, ``halted``, ``diverged``, ``interrupted`` or ``failed``.
+    history : list[dict]
+        The per-round metrics lines.
+    extra : dict
+        The transport's engine facts (``Transport.info``).
+    message : str
+        Why a run diverged, failed or was interrupted, or its completion notes (one line).
+    signum : int or None
+        The signal that interrupted it.
+    """
+
     shared: Params
     personal: Params
     owner_accuracy: np.ndarray
@@ -232,7 +277,16 @@ def run_rounds(
 ) -> RoundsResult:
     """Run up to ``rounds`` rounds; ``test_sizes`` weight the accuracy summary. With
     ``checkpoint``, a checkpoint after every ``checkpoint.every``-th completed round, and a
-    run that starts from ``checkpoint.resumed`` (a resumed run) if it is set."""
+    run that starts from ``checkpoint.resumed`` (a resumed run) if it is set.
+
+    Parameters
+    ----------
+    rounds, eval_every, billboard, transport, test_sizes, on_round, checkpoint
+        Evaluate every ``eval_every``-th round and the last; no billboard: nothing released.
+
+    Returns
+    -------
+    RoundsResult"""
     bb = billboard
     done, stop, message, signum = 0, "completed", "", None
     history: list[dict] = []
@@ -441,7 +495,20 @@ def completion_notes(history: Sequence[Mapping[str, Any]], done: int) -> str:
     """The one-line note of a run that completed with rounds that released nothing (withheld,
     fail closed) or in which every sampled unit's vector was non-finite ('' when there were
     none): the summary's ``stop_message``, so that such a run does not read as a plain
-    ``completed``. Both engines' round loop calls it (``drive``)."""
+    ``completed``. Both engines' round loop calls it (``drive``).
+
+    Parameters
+    ----------
+    history : Sequence[Mapping[str, Any]]
+        The per-round metrics lines.
+    done : int
+        Rounds completed.
+
+    Returns
+    -------
+    str
+        The note, '' when no round was withheld or all non-finite.
+    """
     held = [int(h["round"]) for h in history if h.get("withheld") and "round" in h]
     empty = [int(h["round"]) for h in history if h.get("all_units_nonfinite") and "round" in h]
 

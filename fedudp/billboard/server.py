@@ -43,7 +43,15 @@ __all__ = ["Billboard", "Event", "ServerStep"]
 @dataclass(frozen=True)
 class ServerStep:
     """The billboard's plain step on the shared parameters from the released mean: u + lr·mean
-    for local deltas (``mode="delta"``), u − lr·mean for gradients (``mode="gradient"``)."""
+    for local deltas (``mode="delta"``), u − lr·mean for gradients (``mode="gradient"``).
+
+    Attributes
+    ----------
+    lr : float
+        The server's step size.
+    mode : str, default "delta"
+        ``"delta"`` (step along the mean) or ``"gradient"`` (against it).
+    """
 
     lr: float
     mode: str = "delta"
