@@ -123,6 +123,20 @@ class KeepAfterFinish(Choice):
 
 @dataclass
 class PrivacyConfig:
+    """privacy.*: the guarantee and the mechanism (field comments give the details).
+
+    Attributes
+    ----------
+    epsilon, delta, unit : float, float, Unit
+        The (ε, δ) target of the whole run, and its privacy unit.
+    accounting, calibration, placement, clip : Accounting, Calibration, Placement, float
+        Certified or paper ε; how σ is calibrated; where noise is added; the clip norm.
+    noise_multiplier : float or None
+        None: calibrated to (ε, δ); a number: used, stopping before the budget is exceeded.
+    group_privacy, clip_policy, clip_quantile, clip_lr, clip_count_noise, randomness : Any
+        Group privacy (local_dpsgd); adaptive clipping; seeded or secure randomness.
+    """
+
     epsilon: float = 1.0
     delta: float = 1e-5
     unit: Unit = Unit.user
@@ -155,6 +169,18 @@ class PrivacyConfig:
 
 @dataclass
 class TrainConfig:
+    """train.*: the round schedule and the owners' local training.
+
+    Attributes
+    ----------
+    rounds, local_epochs, sampling_rate, shared_update : int, int, float, SharedUpdate
+        Rounds T; local epochs per round; the units' sampling rate; delta or gradient.
+    lr, batch_size, server_lr, personal_epochs, eval_every : float, int, float, int, int
+        Local SGD step and batch; billboard step; personal epochs (None: local_epochs).
+    owner_weights, min_owners, min_users : OwnerWeights, int, int
+        Owner-level averaging; fail closed below these (owners answered, user slots).
+    """
+
     rounds: int = 20
     local_epochs: int = 1
     sampling_rate: float = 1.0
@@ -181,7 +207,13 @@ class TrainConfig:
 class ColumnsConfig:
     """npz / parquet / hf: the column (array) names of the features (one name, or a list of
     scalar columns), label, user and owner, and the metadata columns kept
-    (``partition.owner_rule=column`` groups by one of them)."""
+    (``partition.owner_rule=column`` groups by one of them).
+
+    Attributes
+    ----------
+    x, y, user, owner, meta : str or list of str, str, str, str or None, list of str
+        The feature column(s), label, user, owner (or None) and metadata columns.
+    """
 
     x: Any = "x"
     y: str = "y"
@@ -192,6 +224,22 @@ class ColumnsConfig:
 
 @dataclass
 class DatasetConfig:
+    """dataset.*: the data reader and its options (field comments say which reader reads which).
+
+    Attributes
+    ----------
+    name, root, download, num_records : str, str, bool, int
+        A registered reader's name; its folder; may it download; the paper's N.
+    features, pool_train, pool_test, signal : int, int, int, float
+        synthetic only: feature dimension, pool sizes, teacher strength.
+    classes, input_shape, tokens : int or None, list of int or None, bool
+        Public: number of classes, each record's feature shape, token-id features.
+    path, test_path, split, test_split, test_fraction, columns : Any
+        Natural users: files (or splits), the held-out fraction, a ``ColumnsConfig``.
+    coarse, unknown_char : bool, str or None
+        cifar100's coarse labels; shakespeare's character outside LEAF's 80.
+    """
+
     # a registered data reader's name (fedudp.data.readers.READERS): synthetic, mnist,
     # fashion_mnist (planned), npz, parquet, hf, femnist, shakespeare, cifar10, cifar100, memory
     # (natural users, docs/your-data.md) or a plugin's
@@ -227,6 +275,18 @@ class DatasetConfig:
 
 @dataclass
 class PartitionConfig:
+    """partition.*: how records and users are dealt to owners.
+
+    Attributes
+    ----------
+    num_owners, records_per_user, test_per_owner : int, int, int or None
+        Owners; records per user; test records per owner (None: the pool split evenly).
+    scheme, classes_per_owner, dirichlet_alpha : Scheme, int, float
+        Planned data: the split of classes over owners.
+    owner_rule, owner_column, user_rule : OwnerRule, str or None, UserRule
+        Natural users: grouping users into owners; forming users (CIFAR).
+    """
+
     num_owners: int = 64
     records_per_user: int = 1
     scheme: Scheme = Scheme.paper_classes
@@ -241,6 +301,16 @@ class PartitionConfig:
 
 @dataclass
 class ModelConfig:
+    """model.*: the model.
+
+    Attributes
+    ----------
+    name, personal : str, list of str
+        A registered model's name (or auto); joint_dp's personal parameter patterns.
+    target, kwargs : str or None, dict
+        Your own ``torch.nn.Module`` ("package.module.Class" or factory) and its kwargs.
+    """
+
     # a registered model's name (fedudp.models.MODELS) or auto: linear for flat features, cnn
     # for images, char_gru for token sequences
     name: str = "auto"
@@ -259,7 +329,13 @@ class PublicConfig:
     the number of users N (the sampling denominator), every owner's user capacity M (owner-side
     DP-SGD's schedule) and the most records one user holds (group privacy's k, the estimators'
     m). Planned federations (synthetic, mnist, fashion_mnist) take them from the plan; set here
-    they must agree with it."""
+    they must agree with it.
+
+    Attributes
+    ----------
+    users, owner_capacity, records_per_user : int or None
+        N, every owner's capacity M, the most records of one user (None: from the plan).
+    """
 
     users: int | None = None
     owner_capacity: int | None = None
@@ -273,7 +349,13 @@ def estimator_defaults() -> dict[str, Any]:
     config builder. The shared ones: ``bound``, the public a-priori bound B on each unit vector
     (l2 norm, or per coordinate where the estimator says so); ``tau``, the concentration radius
     (None: the estimator derives it from its own assumptions, e.g. ~bound/sqrt(m)); ``beta``, the
-    failure probability."""
+    failure probability.
+
+    Returns
+    -------
+    dict of str to Any
+        Each option's dotted name (sorted) to its default.
+    """
     from fedudp.aggregators import REGISTRY
     from fedudp.plugins import load_entry_points
 
@@ -295,6 +377,15 @@ class AlgorithmConfig:
     ``smoothness``: H (Levy Alg. 4's per-phase step 1/(H + λ_t)). ``noise_personal``: Huang
     Alg. 1 only (``method=joint_dp``): the paper's full-DP baseline, the shared step's noise σ
     also added to every owner's personal block every step (``fedudp.algorithms.huang_alg1``).
+
+    Attributes
+    ----------
+    name, noise_personal : str, bool
+        A registered training algorithm's name (or none); Huang's full-DP baseline.
+    step_size, lipschitz, sigma, smoothing_radius, lam, phases, averaged : Any
+        The paper's symbols (None: its formula); ``averaged``: return the averaged iterate.
+    radius, strong_convexity, smoothness : float
+        R, μ, H (above).
     """
 
     # a registered training algorithm's name (fedudp.algorithms.ALGORITHMS), or none
@@ -316,6 +407,16 @@ class AlgorithmConfig:
 
 @dataclass
 class EngineConfig:
+    """engine_opts.*: how the engine runs (changes no number but ``float64``).
+
+    Attributes
+    ----------
+    chunk_records, threads, float64, device : int, int, bool, str
+        local: records per chunk (0: auto); torch threads; float64 mode; cpu / cuda:N.
+    num_cpus, num_gpus, address, timeout_s : float, float, str or None, float or None
+        flower: Ray resources per owner, a cluster, the reply timeout (None: none).
+    """
+
     chunk_records: int = 0  # local engine: records per vmapped chunk (0: auto, see chunk_budget)
     threads: int = 0  # torch threads (0: torch default)
     float64: bool = False  # equivalence mode
@@ -336,7 +437,15 @@ class CheckpointConfig:
     runs, and ``keep_after_finish`` of them once it has finished (a finished run is never
     resumed: ``none`` by default, so a sweep of many runs keeps no file it cannot use; an
     interrupted or failed run keeps its checkpoints). They change nothing a run computes, so a
-    finished or resumed run compares its configuration without them."""
+    finished or resumed run compares its configuration without them.
+
+    Attributes
+    ----------
+    every, keep : int
+        Checkpoint every this many rounds (0: none); how many are kept while running.
+    keep_after_finish : KeepAfterFinish
+        Which stay once the run has finished.
+    """
 
     every: int = 1
     keep: int = 2
@@ -351,7 +460,13 @@ class TrackingConfig:
     scalars. It changes nothing a run computes. ``uri``: an MLflow tracking URI (a server,
     ``http://host:5000``, or a database); null: an embedded SQLite store in the run folder
     (a sweep's: in the sweep folder) that needs no server. ``experiment``: the MLflow
-    experiment's name."""
+    experiment's name.
+
+    Attributes
+    ----------
+    kind, uri, experiment : TrackingKind, str or None, str
+        none, mlflow or tensorboard; the MLflow URI and experiment (above).
+    """
 
     kind: TrackingKind = TrackingKind.none
     uri: str | None = None
@@ -365,7 +480,13 @@ class AuditConfig:
     one-run ε estimate from them beside the ledger's ε. ``noise_scale``: multiplies the release
     noise of clip + Gaussian *without telling the ledger* (1.0: off). Below 1 the run is a
     deliberately broken mechanism for checking an audit: its ε is marked ``(weakened, not a
-    guarantee)`` everywhere."""
+    guarantee)`` everywhere.
+
+    Attributes
+    ----------
+    canaries, noise_scale : int, float
+        K canary users (0: none); the unaccounted release noise factor (1.0: off).
+    """
 
     canaries: int = 0
     noise_scale: float = 1.0
@@ -373,6 +494,20 @@ class AuditConfig:
 
 @dataclass
 class RunConfig:
+    """The whole run configuration: ``fedudp key=value ...`` and ``fedudp.simulate`` compose it.
+
+    Attributes
+    ----------
+    method, aggregator, engine, seed : Method, str, EngineName, int
+        The method; an estimator's name (or auto); local or flower; the run seed.
+    privacy, train, dataset, partition, model : PrivacyConfig, TrainConfig, ...
+        The sections above (``DatasetConfig``, ``PartitionConfig``, ``ModelConfig``).
+    engine_opts, algorithm, checkpoint, tracking, public, audit : EngineConfig, ...
+        The sections above (``AlgorithmConfig``, ``CheckpointConfig``, ...).
+    estimator, resume, progress, plugins : dict, str or None, bool, list of str
+        Estimator options; a run folder to resume; a progress bar; modules imported first.
+    """
+
     method: Method = Method.joint_dp
     # a registered estimator's name (fedudp.aggregators.REGISTRY), or auto: gaussian for
     # full_dp / joint_dp, none for fedavg and per_silo
@@ -405,7 +540,23 @@ HUANG_TABLE3 = {4: (20, 10), 16: (10, 10), 64: (10, 10), 128: (5, 20), 256: (5, 
 
 
 def huang_table3(owners: Any, which: str) -> int:
-    """``${huang_table3:${partition.num_owners},E}`` (or ``T``) in the Huang presets."""
+    """``${huang_table3:${partition.num_owners},E}`` (or ``T``) in the Huang presets.
+
+    Parameters
+    ----------
+    owners, which : Any, str
+        The number of owners n; ``E`` (local epochs) or ``T`` (rounds).
+
+    Returns
+    -------
+    int
+        Table 3's value.
+
+    Raises
+    ------
+    ConfigError
+        n is not in Table 3, or ``which`` is neither E nor T.
+    """
     n = int(owners)
     if n not in HUANG_TABLE3 or which not in ("E", "T"):
         raise ConfigError(
@@ -417,7 +568,18 @@ def huang_table3(owners: Any, which: str) -> int:
 
 def resolved_aggregator(cfg: RunConfig) -> str:
     """The estimator's registry name; ``aggregator=auto``: gaussian for the private methods,
-    none otherwise."""
+    none otherwise.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    str
+        ``cfg.aggregator``, with auto resolved by ``cfg.method``.
+    """
     name = str(getattr(cfg.aggregator, "value", cfg.aggregator))
     if name != "auto":
         return name
