@@ -23,6 +23,11 @@ __all__ = [
 
 
 def register() -> None:
+    """Register the schema with Hydra and the ``huang_table3`` resolver with OmegaConf.
+
+    Stores ``RunConfig`` as ``fedudp_schema`` in Hydra's ConfigStore and registers (replacing
+    any earlier one) the ``${huang_table3:...}`` interpolation the Huang presets use.
+    """
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -31,7 +36,19 @@ def register() -> None:
 
 
 def unknown_key_message(key: str) -> str:
-    """The one line for a key the schema does not have (given with or without ``+``)."""
+    """The one line for a key the schema does not have (given with or without ``+``).
+
+    Parameters
+    ----------
+    key : str
+        The dotted key, e.g. ``train.roundz`` or ``model.kwargs.hidden``.
+
+    Returns
+    -------
+    str
+        The message: for ``model.kwargs.*`` how to add it with ``+``, else where your own
+        settings go.
+    """
     if key.startswith("model.kwargs."):  # a free-form dict: a new key needs Hydra's '+'
         return (
             f"{key}: a model argument is a new key of the free-form dict model.kwargs: "
@@ -50,7 +67,21 @@ def check_known_keys(node: Any, prefix: str = "") -> None:
     it silently (``+train.roundz=3`` ran with the default rounds). The free-form dict
     ``model.kwargs`` takes any key, and so does ``estimator`` (``validate`` checks its keys
     against the registered estimators' options). Raises a one-line ``ConfigError`` naming the first unknown
-    key."""
+    key.
+
+    Parameters
+    ----------
+    node : Any
+        The composed config (an OmegaConf node); anything but a structured ``DictConfig`` is
+        accepted as it is.
+    prefix : str, default ""
+        The dotted path of ``node`` (``"train."``), for the message.
+
+    Raises
+    ------
+    ConfigError
+        A key the node's schema does not declare (searched recursively).
+    """
     import dataclasses
 
     from omegaconf import DictConfig, OmegaConf
@@ -84,19 +115,54 @@ def _effective_classes(d: Any) -> Any:
 
 
 def config_dict(cfg: RunConfig) -> dict:
+    """The configuration as a plain, JSON-able nested dict (enums as their values).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    dict
+        Its sections as dicts; ``dataset.classes`` null on a planned data set is written as 10.
+    """
     import dataclasses
 
     return _effective_classes(jsonable(dataclasses.asdict(cfg)))
 
 
 def config_to_json(cfg: RunConfig) -> str:
+    """The configuration as JSON (``config_dict``, keys sorted).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    str
+        The JSON text; ``config_from_json`` reads it back.
+    """
     import json
 
     return json.dumps(config_dict(cfg), sort_keys=True)
 
 
 def config_from_json(text: str) -> RunConfig:
-    """Inverse of ``config_to_json`` (the schema turns strings back into enums)."""
+    """Inverse of ``config_to_json`` (the schema turns strings back into enums).
+
+    Parameters
+    ----------
+    text : str
+        JSON of a (possibly partial) configuration, merged over the schema's defaults.
+
+    Returns
+    -------
+    RunConfig
+        The configuration.
+    """
     import json
 
     from omegaconf import OmegaConf
@@ -107,7 +173,24 @@ def config_from_json(text: str) -> RunConfig:
 
 def config_from_overrides(overrides: dict[str, Any]) -> RunConfig:
     """``{"train.rounds": 3, "method": "fedavg"}`` -> a ``RunConfig``; an unknown key or a bad
-    value is a ``ConfigError`` naming the key."""
+    value is a ``ConfigError`` naming the key.
+
+    Parameters
+    ----------
+    overrides : dict of str to Any
+        Dotted keys over the defaults, as Python values; ``tracking`` may be a kind
+        (``"mlflow"``); ``model.kwargs.*`` and ``estimator.*`` take new keys.
+
+    Returns
+    -------
+    RunConfig
+        The defaults with the overrides applied (not yet validated: see ``validate``).
+
+    Raises
+    ------
+    ConfigError
+        An unknown key, or a value of the wrong type or outside an enum, naming the key.
+    """
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import ConfigAttributeError, OmegaConfBaseException
 
@@ -133,7 +216,18 @@ def with_schema_defaults(config: Any) -> dict:
     """A saved config (a dict or an OmegaConf node) over the current schema's defaults: a key
     added after the run was made, at its default, does not make an old run another run, and
     ``1`` and ``1.0`` compare equal. A config the schema cannot read (a key it no longer has)
-    comes back as saved."""
+    comes back as saved.
+
+    Parameters
+    ----------
+    config : Any
+        A saved config: a dict or an OmegaConf node.
+
+    Returns
+    -------
+    dict
+        The merged config as plain values (enums as strings), or the saved one as it is.
+    """
     from omegaconf import OmegaConf
 
     node = config if OmegaConf.is_config(config) else OmegaConf.create(config)

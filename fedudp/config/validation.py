@@ -31,7 +31,20 @@ def _finite_pos(x: Any) -> bool:
 
 
 def coerce(obj: Any, prefix: str = "") -> None:
-    """Turn plain strings into the schema's enums in place (programmatic use), naming bad keys."""
+    """Turn plain strings into the schema's enums in place (programmatic use), naming bad keys.
+
+    Parameters
+    ----------
+    obj : Any
+        A config dataclass (``RunConfig`` or a section), changed in place, recursively.
+    prefix : str, default ""
+        The dotted path of ``obj``, for the message.
+
+    Raises
+    ------
+    ConfigError
+        A value that is not one of its enum's values.
+    """
     import dataclasses
     import typing
 
