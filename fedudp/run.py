@@ -65,7 +65,24 @@ def execute(
 ) -> RoundsResult:
     """The round loop on the configured engine (``grid``: ``flwr run``'s, for engine=flower;
     ``checkpoint``: where and how often it checkpoints, and the state a resumed run starts
-    from)."""
+    from).
+
+    Parameters
+    ----------
+    p : Prepared
+        The prepared run (``fedudp.build.prepare``).
+    on_round : Callable[[dict], None] or None
+        Called with each round's metrics line.
+    grid : Any, default None
+        ``flwr run``'s grid (engine=flower only).
+    checkpoint : Checkpointer or None
+        The checkpointing (None: no checkpoints).
+
+    Returns
+    -------
+    RoundsResult
+        The round loop's result (final parameters, history, stop reason).
+    """
     on_engine = execute_for(p.settings.engine)  # the engine registry (fedudp.engines)
     t = p.settings
 
@@ -109,7 +126,29 @@ class RunOutcome(NamedTuple):
 def run(
     cfg: RunConfig, out_dir: str | Path, grid: Any = None, *, sweep: tracking.Sweep | None = None
 ) -> dict:
-    """One fedudp run in ``out_dir``; returns summary.json's content (``run_with_result``)."""
+    """One fedudp run in ``out_dir``; returns summary.json's content (``run_with_result``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run's configuration.
+    out_dir : str or Path
+        The run folder (see ``run_with_result``).
+    grid : Any, default None
+        ``flwr run``'s grid (engine=flower).
+    sweep : tracking.Sweep or None
+        The Hydra sweep this run is a job of.
+
+    Returns
+    -------
+    dict
+        summary.json's content (``skipped: true`` where the run had finished before).
+
+    Raises
+    ------
+    ConfigError
+        A bad configuration, named, before any work.
+    """
     return run_with_result(cfg, out_dir, grid, sweep=sweep).summary
 
 
@@ -371,7 +410,28 @@ def summary_of(
     source: dict | None = None,
 ) -> dict:
     """summary.json's content for a run that ended with ``res`` (None: failed with ``error``);
-    ``seconds`` counts from ``t_start`` (None: not timed)."""
+    ``seconds`` counts from ``t_start`` (None: not timed).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+    p : Prepared
+        The prepared run (its federation, ledger, aggregator, settings).
+    res : RoundsResult or None
+        The round loop's result; None: the run failed.
+    t_start : float or None
+        ``time.perf_counter()`` at the start.
+    error : str or None
+        The failure's message (the stop message of a failed run).
+    source : dict or None
+        The code's provenance as read at the start (None: read now).
+
+    Returns
+    -------
+    dict
+        Accuracy (mean, std, weighted), loss, ε and its kind, rounds, stop reason, ... .
+    """
     fed, spec, ledger, aggregator, s = p.fed, p.spec, p.ledger, p.aggregator, p.settings
     n = fed.num_owners
     summ = summarize(

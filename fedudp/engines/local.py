@@ -38,7 +38,22 @@ __all__ = ["LocalTransport", "execute"]
 
 
 class LocalTransport:
-    """Owners in this process: their personal parameters live here, stacked."""
+    """Owners in this process: their personal parameters live here, stacked.
+
+    Parameters
+    ----------
+    owners : Owners
+        The owners' training and evaluation kernels.
+    fed : Federation
+        The federation (every owner's private records).
+    constraint : ConstraintSource
+        Where the round's contribution constraint (from the aggregator) is read.
+
+    Attributes
+    ----------
+    personal_params : dict of str to torch.Tensor
+        Every owner's personal parameters, stacked over owners (``[owners, ...]``).
+    """
 
     def __init__(self, owners: Owners, fed: Federation, constraint: ConstraintSource) -> None:
         self.owners, self.fed, self.constraint = owners, fed, constraint
@@ -109,7 +124,31 @@ def execute(
     drive: Callable[[Transport], RoundsResult],
     grid: Any = None,
 ) -> RoundsResult:
-    """Run ``drive`` (the round loop) on an in-process transport (``grid``: Flower only)."""
+    """Run ``drive`` (the round loop) on an in-process transport (``grid``: Flower only).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (unused here; the engines' common signature).
+    settings : RunSettings
+        The run's settings (unused here).
+    owners, fed, constraint : Owners, Federation, ConstraintSource
+        As ``LocalTransport`` takes them.
+    drive : Callable[[Transport], RoundsResult]
+        The round loop, run on the transport.
+    grid : Any, default None
+        Must be None (a Flower grid needs ``engine=flower``).
+
+    Returns
+    -------
+    RoundsResult
+        What ``drive`` returned.
+
+    Raises
+    ------
+    ValueError
+        ``grid`` is given.
+    """
     if grid is not None:
         raise ValueError("engine=local runs in-process; a Flower grid needs engine=flower")
     return drive(LocalTransport(owners, fed, constraint))
