@@ -38,7 +38,13 @@ __all__ = ["read_npz", "read_parquet", "MissingDependency"]
 
 
 class MissingDependency(DataError, ImportError):
-    """An optional package a reader needs is not installed (the message says what to install)."""
+    """An optional package a reader needs is not installed (the message says what to install).
+
+    Parameters
+    ----------
+    *args
+        The message, as for ``ImportError``.
+    """
 
 
 def _existing(path: str | Path, how: str) -> Path:

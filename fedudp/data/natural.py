@@ -33,7 +33,27 @@ def holdout(records: Records, fraction: float, seed: int) -> tuple[Records, Reco
 
     Which of a user's records are held out is a function of its key (``user_keys``), the
     records' positions among its own records and the seed only (the smallest keyed priorities,
-    ``owner_rules.keyed_u64``), so removing or adding another user changes no user's split."""
+    ``owner_rules.keyed_u64``), so removing or adding another user changes no user's split.
+
+    Parameters
+    ----------
+    records : Records
+        The records, each with its user (private data).
+    fraction : float
+        The share of each user's records held out, in [0, 1).
+    seed : int
+        The run's seed (public).
+
+    Returns
+    -------
+    tuple of Records
+        (train, test).
+
+    Raises
+    ------
+    ValueError
+        ``fraction`` is not in [0, 1).
+    """
     if not 0 <= fraction < 1:
         raise ValueError(f"fraction must be in [0, 1), got {fraction}")
     users, inv = np.unique(records.user, return_inverse=True)
@@ -77,7 +97,22 @@ def deal(records: Records, owners: np.ndarray, seed: int) -> Records:
     """Records without natural users (each its own) dealt to ``owners`` evenly at random
     (``default_rng(seed)``), as the owners' test shards. ``owners`` is the public owner list
     where the rule has one (``0..num_owners-1`` for ``random`` and ``dirichlet``), so the deal
-    depends on the test set (not a neighbour's data) and public numbers only."""
+    depends on the test set (not a neighbour's data) and public numbers only.
+
+    Parameters
+    ----------
+    records : Records
+        Test records without natural users.
+    owners : numpy.ndarray
+        The public owner ids to deal to.
+    seed : int
+        The run's seed (public).
+
+    Returns
+    -------
+    Records
+        ``records`` with an owner per record.
+    """
     owners = np.asarray(owners)
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(records))
@@ -89,7 +124,22 @@ def deal(records: Records, owners: np.ndarray, seed: int) -> Records:
 def deal_test_users(test: Records, train: Records, owners: np.ndarray, seed: int) -> Records:
     """``test`` with an owner per record: a user's training owner where it has training records,
     else ``owners[keyed hash of its key mod len(owners)]`` (``owner_rules.keyed_u64``): a
-    test-only user's owner depends on its own key, the seed and ``owners`` only."""
+    test-only user's owner depends on its own key, the seed and ``owners`` only.
+
+    Parameters
+    ----------
+    test, train : Records
+        The test records and the grouped training records.
+    owners : numpy.ndarray
+        The public owner ids a test-only user may get.
+    seed : int
+        The run's seed (public).
+
+    Returns
+    -------
+    Records
+        ``test`` with an owner per record.
+    """
     owners = np.asarray(owners)
     known = owner_of_users(train)
     users = np.unique(test.user)
@@ -103,7 +153,18 @@ def deal_test_users(test: Records, train: Records, owners: np.ndarray, seed: int
 
 
 def owner_of_users(records: Records) -> dict:
-    """user id -> owner id of grouped records."""
+    """user id -> owner id of grouped records.
+
+    Parameters
+    ----------
+    records : Records
+        Grouped records (an owner per record).
+
+    Returns
+    -------
+    dict
+        Each user's owner.
+    """
     assert records.owner is not None, "grouped records"
     users, first = np.unique(records.user, return_index=True)
     return dict(zip(users.tolist(), records.owner[first].tolist()))
@@ -122,7 +183,29 @@ def layout(
     id the data lacks an owner without users; default the data's own. ``num_owners``: the
     declared owner count (an upper bound): owners without users are appended after the data's
     until there are that many. Both keep the federation's owner count public when an owner's
-    last user leaves."""
+    last user leaves.
+
+    Parameters
+    ----------
+    train : Records
+        Grouped training records.
+    test : Records or None
+        Their test records.
+    num_owners : int or None, default None
+        The declared owner count.
+    owner_ids : numpy.ndarray or None, default None
+        Every owner's id, sorted.
+
+    Returns
+    -------
+    Federation
+        The records in the rounds' layout.
+
+    Raises
+    ------
+    ValueError
+        ``train`` has no owners, owners outside ``owner_ids``, or more owners than ``num_owners``.
+    """
     if train.owner is None:
         raise ValueError("layout needs grouped records (an owner per record): use group_users")
     data_owners = np.unique(train.owner)

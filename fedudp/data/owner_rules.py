@@ -45,7 +45,25 @@ _SINKHORN_STEPS, _SINKHORN_TOL, _FLOOR = 20_000, 1e-12, 1e-12
 
 
 def user_keys(ids: np.ndarray, source: str = "records") -> np.ndarray:
-    """A stable int64 key in [0, 2³²) per (distinct) user id; a collision is a ``DataError``."""
+    """A stable int64 key in [0, 2³²) per (distinct) user id; a collision is a ``DataError``.
+
+    Parameters
+    ----------
+    ids : numpy.ndarray
+        User ids (integers, strings, ...).
+    source : str, default "records"
+        The data's name, for the message.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 key per id: the id itself for integers in [0, 2**32), else a BLAKE2b-32 hash.
+
+    Raises
+    ------
+    DataError
+        Two ids hash to the same key.
+    """
     ids = np.asarray(ids)
     if ids.dtype.kind in "iu" and (len(ids) == 0 or (ids.min() >= 0 and ids.max() < 2**32)):
         keys = ids.astype(np.int64)
@@ -96,7 +114,22 @@ def keyed_u64(keys: np.ndarray, seed: int, purpose: bytes) -> np.ndarray:
 
 
 def keyed_uniform(keys: np.ndarray, seed: int, purpose: bytes) -> np.ndarray:
-    """A float64 in [0, 1) per key, the top 53 bits of ``keyed_u64``."""
+    """A float64 in [0, 1) per key, the top 53 bits of ``keyed_u64``.
+
+    Parameters
+    ----------
+    keys : numpy.ndarray
+        Integer keys.
+    seed : int
+        The run's seed (public).
+    purpose : bytes
+        What the draw is for (``keyed_u64``).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 draw per key.
+    """
     return (keyed_u64(keys, seed, purpose) >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
@@ -127,6 +160,20 @@ def dirichlet_table(num_owners: int, classes: int, alpha: float, seed: int) -> n
     keyed hash of the seed; entries floored at 1e-12); the matrix is then Sinkhorn-scaled to row sums classes/num_owners
     and column sums 1, which keeps its cross-ratios (the skew) and gives every owner U/K users in
     expectation when the classes are equally frequent. Depends on public numbers only.
+
+    Parameters
+    ----------
+    num_owners, classes : int
+        The declared owner and class counts (public).
+    alpha : float
+        The Dirichlet concentration (``partition.dirichlet_alpha``).
+    seed : int
+        The run's seed (public).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``[num_owners, classes]``, columns summing to 1.
     """
     rng = np.random.default_rng(int(keyed_u64(np.zeros(1, np.int64), seed, b"dirichlet")[0]))
     mix = rng.dirichlet(np.full(classes, float(alpha)), num_owners)
@@ -173,7 +220,20 @@ def dirichlet_owners(
 def capacity_bound(users: int, num_owners: int, failure: float = 1e-6) -> int:
     """The smallest M with P(some owner of ``random_owners`` holds more than M of ``users``
     users) at most ``failure`` (a union bound over the owners of the Binomial(U, 1/K) tail): a
-    ``public.owner_capacity`` to declare that the data exceeds with probability ``failure``."""
+    ``public.owner_capacity`` to declare that the data exceeds with probability ``failure``.
+
+    Parameters
+    ----------
+    users, num_owners : int
+        The user count U and owner count K.
+    failure : float, default 1e-6
+        The allowed probability that some owner exceeds the bound.
+
+    Returns
+    -------
+    int
+        M, at least ``ceil(U / K)`` and at most U.
+    """
     from scipy.stats import binom
 
     m = int(binom.isf(failure / num_owners, users, 1.0 / num_owners))  # P(size > m) <= share

@@ -32,6 +32,23 @@ __all__ = [
 
 
 def owner_sizes(total: int, owners: int) -> np.ndarray:
+    """Split ``total`` records over ``owners`` as evenly as possible (the first ones one more).
+
+    Parameters
+    ----------
+    total, owners : int
+        The record and owner counts.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[owners]`` sizes summing to ``total``.
+
+    Raises
+    ------
+    ValueError
+        ``owners`` is below 1 or above ``total``.
+    """
     if owners < 1 or owners > total:
         raise ValueError(f"cannot split {total} records over {owners} owners")
     base, extra = divmod(total, owners)
@@ -86,6 +103,31 @@ def paper_classes(
     test_per_owner: int,
     rng: np.random.Generator,
 ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Each owner draws ``classes_per_owner`` classes and fills its quota from them, round robin.
+
+    Parameters
+    ----------
+    train_labels, test_labels : numpy.ndarray
+        The pool's int labels.
+    total, owners : int
+        The training records to deal and the owner count.
+    classes_per_owner, classes : int
+        Classes per owner and in all.
+    test_per_owner : int
+        Test records per owner (fewer where its classes run short).
+    rng : numpy.random.Generator
+        The draws' generator.
+
+    Returns
+    -------
+    tuple of list of numpy.ndarray
+        (train indices, test indices, classes) per owner.
+
+    Raises
+    ------
+    ValueError
+        ``classes_per_owner > classes``, or an owner's classes run out of training records.
+    """
     if classes_per_owner > classes:
         raise ValueError(f"partition.classes_per_owner={classes_per_owner} > {classes} classes")
     owner_classes = [
@@ -114,6 +156,29 @@ def iid(
     test_per_owner: int,
     rng: np.random.Generator,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Uniformly random owner shards of ``total`` training and ``test_per_owner`` test records.
+
+    Parameters
+    ----------
+    n_train, n_test : int
+        The pool's training and test sizes.
+    total, owners : int
+        The training records to deal and the owner count.
+    test_per_owner : int
+        Test records per owner.
+    rng : numpy.random.Generator
+        The draws' generator.
+
+    Returns
+    -------
+    tuple of list of numpy.ndarray
+        (train indices, test indices) per owner.
+
+    Raises
+    ------
+    ValueError
+        ``owners`` is below 1 or above ``total`` (``owner_sizes``).
+    """
     sizes = owner_sizes(total, owners)
     sub = rng.permutation(n_train)[:total]
     train = np.split(sub, np.cumsum(sizes)[:-1])
@@ -132,6 +197,31 @@ def dirichlet(
     test_per_owner: int,
     rng: np.random.Generator,
 ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """Label-skewed shards: each owner's class mix drawn from ``Dirichlet(alpha)``.
+
+    Parameters
+    ----------
+    train_labels, test_labels : numpy.ndarray
+        The pool's int labels.
+    total, owners : int
+        The training records to deal and the owner count.
+    alpha : float
+        The Dirichlet concentration.
+    classes, test_per_owner : int
+        The class count and test records per owner.
+    rng : numpy.random.Generator
+        The draws' generator.
+
+    Returns
+    -------
+    tuple
+        (train indices, test indices) per owner and the ``[owners, classes]`` mixes.
+
+    Raises
+    ------
+    ValueError
+        The training records run out before every owner's quota is met.
+    """
     props = rng.dirichlet(np.full(classes, alpha), size=owners)
 
     def fill(labels: np.ndarray, quotas: np.ndarray) -> list[np.ndarray]:
@@ -164,6 +254,18 @@ def assign_users(n_records: int, records_per_user: int, rng: np.random.Generator
     """User index (0..r-1) of each of an owner's records: shuffled, ``records_per_user`` each.
 
     The last user holds fewer when ``records_per_user`` does not divide the owner's size.
+
+    Parameters
+    ----------
+    n_records, records_per_user : int
+        The owner's record count and records per user.
+    rng : numpy.random.Generator
+        The shuffle's generator.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 user index per record.
     """
     order = rng.permutation(n_records)
     users = np.empty(n_records, dtype=np.int64)

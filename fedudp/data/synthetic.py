@@ -25,7 +25,24 @@ TRAIN_SPLIT, TEST_SPLIT = 1, 2  # the two draws' stream keys (under the run seed
 def synthetic_pool(
     features: int, classes: int, n_train: int, n_test: int, signal: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(train_x float32 [n,features], train_y int64, test_x, test_y), all from ``seed``."""
+    """(train_x float32 [n,features], train_y int64, test_x, test_y), all from ``seed``.
+
+    Parameters
+    ----------
+    features, classes : int
+        Feature and class counts.
+    n_train, n_test : int
+        Training and test record counts.
+    signal : float
+        The teacher's logit scale.
+    seed : int
+        The run's seed.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(train_x, train_y, test_x, test_y)``.
+    """
     rng = numpy_rng(seed, Purpose.SYNTHETIC_TEACHER)
     teacher = rng.standard_normal((features, classes)) * signal / np.sqrt(features)
     bias = rng.standard_normal(classes) * 0.5
