@@ -45,7 +45,27 @@ __all__ = ["Prepared", "prepare"]
 
 @dataclass
 class Prepared:
-    """A validated run before its first round: the owner side, the billboard, the data."""
+    """A validated run before its first round: the owner side, the billboard, the data.
+
+    Attributes
+    ----------
+    cfg, settings : RunConfig, RunSettings
+        The configuration and its plain settings.
+    owners : Owners
+        The owner side (model, method, training kernels, device).
+    aggregator : Aggregator or None
+        The user-level estimator (None: no estimator).
+    ledger : Ledger
+        The privacy ledger every release is recorded in.
+    billboard : Billboard or None
+        The server side of the round loop.
+    fed : Federation
+        The federation (every owner's private records).
+    algorithm : Any, default None
+        A training algorithm's setup (``fedudp.algorithms.Setup``; ``algorithm.name != none``).
+    spec : MethodSpec
+        The method's spec (``owners.spec``), a property.
+    """
 
     cfg: RunConfig
     settings: RunSettings

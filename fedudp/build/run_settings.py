@@ -24,7 +24,35 @@ __all__ = ["RunSettings", "settings", "placement", "randomness"]
 # -- the run's plain settings (what the runner, the engines and the tools read) -----------------
 @dataclass(frozen=True)
 class RunSettings:
-    """The plain values a runner needs from a config, besides the built objects."""
+    """The plain values a runner needs from a config, besides the built objects.
+
+    Attributes
+    ----------
+    method, private, placement : str, bool, str or None
+        The method; whether it is a DP one; ``server`` or ``local_dpsgd`` (private only).
+    engine, dataset, seed : str, str, int
+        The engine's and the data reader's names; the run seed.
+    rounds, eval_every : int
+        ``train.rounds`` and ``train.eval_every``.
+    target_epsilon, delta : float or None
+        ``privacy.epsilon`` and ``privacy.delta`` (private methods only).
+    checkpoint_every, checkpoint_keep, keep_after_finish : int, int, str
+        ``checkpoint.every``, ``checkpoint.keep`` and ``checkpoint.keep_after_finish``.
+    resume, progress : str or None, bool
+        The run folder to resume; whether a progress bar is shown.
+    threads, timeout_s, num_cpus, num_gpus, address : int, float or None, float, float, Any
+        ``engine_opts``: torch threads; Flower's reply timeout, Ray resources, cluster.
+    noise_personal : bool
+        Huang Alg. 1's full-DP baseline (the ledger says so).
+    sampling_rate, bound, accounting : float, float, str
+        The billboard's Poisson rate q; ``estimator.bound``; certified or paper.
+    tracking, tracking_uri, tracking_experiment : str, str or None, str
+        ``tracking.kind``, ``tracking.uri`` and ``tracking.experiment``.
+    randomness : str
+        ``privacy.randomness``: seeded or secure.
+    min_owners, min_users : int
+        ``train.min_owners`` and ``train.min_users`` (fail closed).
+    """
 
     method: str
     private: bool
@@ -59,6 +87,23 @@ class RunSettings:
 
 
 def settings(cfg: RunConfig) -> RunSettings:
+    """The run's plain settings, read from ``cfg`` once.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (validated, or at least its enums valid).
+
+    Returns
+    -------
+    RunSettings
+        Plain values (enums as their strings); the privacy ones None for non-DP methods.
+
+    Raises
+    ------
+    ValueError
+        An enum field holds a value outside its choices (``validate`` names it first).
+    """
     private = Method(cfg.method) in (Method.full_dp, Method.joint_dp)
     p, e = cfg.privacy, cfg.engine_opts
     return RunSettings(
@@ -97,7 +142,18 @@ def settings(cfg: RunConfig) -> RunSettings:
 
 def placement(cfg: RunConfig) -> Placement:
     """Where the noise is added: in the owners (``local_dpsgd``, private methods only) or on the
-    billboard (``server``). Decided here, once."""
+    billboard (``server``). Decided here, once.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    Placement
+        ``local_dpsgd`` for a private method configured so, else ``server``.
+    """
     private = Method(cfg.method) in (Method.full_dp, Method.joint_dp)
     if private and Placement(cfg.privacy.placement) == Placement.local_dpsgd:
         return Placement.local_dpsgd
@@ -105,5 +161,16 @@ def placement(cfg: RunConfig) -> Placement:
 
 
 def randomness(cfg: RunConfig) -> Randomness:
-    """The run's randomness (``privacy.randomness``): seeded by ``seed``, or secure."""
+    """The run's randomness (``privacy.randomness``): seeded by ``seed``, or secure.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    Randomness
+        Every stream of the run, keyed by ``cfg.seed``.
+    """
     return Randomness(int(cfg.seed), RandomnessMode(cfg.privacy.randomness).value)
