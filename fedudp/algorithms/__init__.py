@@ -51,7 +51,23 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Requirements:
-    """What an algorithm needs from the rest of the run (checked by the config builder)."""
+    """What an algorithm needs from the rest of the run (checked by the config builder).
+
+    Attributes
+    ----------
+    methods : tuple[str, ...]
+        The ``method`` values it runs under.
+    aggregator : str
+        The registered estimator its steps release with.
+    engines : tuple[str, ...], default ("local",)
+        The engines it runs on.
+    shared_update : str, default "gradient"
+        The owners' shared update it needs.
+    units : tuple[str, ...], default ("user", "record")
+        The privacy units it supports.
+    equal_owners : bool, default False
+        Whether every owner must hold the same number of users.
+    """
 
     methods: tuple[str, ...]
     aggregator: str  # the registered estimator its steps release with
@@ -64,7 +80,25 @@ class Requirements:
 @dataclass(frozen=True)
 class AlgorithmParams:
     """The algorithms' options (``algorithm.*``); ``None``: the paper's formula (each module's
-    docstring gives it)."""
+    docstring gives it).
+
+    Attributes
+    ----------
+    step_size, lipschitz, sigma, smoothing_radius : float or None
+        Step size η, Lipschitz constant G, noise scale σ, smoothing radius r (None: the paper's).
+    radius : float, default 10.0
+        R, the radius of the parameter ball.
+    phases : int or None
+        How many phases (None: the paper's).
+    lam : float or None
+        λ of the public regulariser (None: the paper's).
+    strong_convexity, smoothness : float
+        μ (default 0.1) and H (default 1.0).
+    averaged : bool or None
+        Return the averaged iterate (None: the algorithm's default).
+    noise_personal : bool, default False
+        Noise the personal blocks too (the full-DP baseline).
+    """
 
     step_size: float | None = None
     radius: float = 10.0
@@ -107,7 +141,35 @@ class Context:
     records per user), the shared and per-owner personal dimensions, the public bounds, and
     ``estimator(name, sampling, rounds, **overrides)``, which returns the registered estimator
     ``name`` calibrated with the run's privacy settings (``overrides``: e.g. the algorithm's
-    own ``tau``)."""
+    own ``tau``).
+
+    Attributes
+    ----------
+    params : AlgorithmParams
+        The algorithm's options.
+    epsilon, delta : float
+        The run's target (ε, δ).
+    paper : bool
+        ``privacy.accounting=paper``.
+    rounds, seed : int
+        The schedule's rounds; the run's seed.
+    owner_users : np.ndarray
+        Users of each owner (public), shape ``[owners]``.
+    records_per_user : int
+        Records per user (m).
+    dim, personal_dim : int
+        The shared dimension; one owner's personal dimension (default 0).
+    clip, bound : float
+        The clipping norm and the public bound.
+    tau : float or None
+        The configured winsorization radius τ (None: the algorithm's own).
+    beta : float
+        The estimator's failure probability.
+    estimator : Callable[..., Aggregator]
+        ``estimator(name, sampling, rounds, **overrides)``: a calibrated registered estimator.
+    method : str, default "joint_dp"
+        The run's ``method``.
+    """
 
     params: AlgorithmParams
     epsilon: float
@@ -142,6 +204,24 @@ class Context:
 
 @dataclass
 class Setup:
+    """What an algorithm's ``setup`` returns.
+
+    Attributes
+    ----------
+    aggregator : Aggregator
+        The billboard's estimator (the first phase's where there are several).
+    plan : Plan
+        A ``fedudp.algorithms.schedule.AlgorithmPlan``.
+    sampling : Sampling
+        The billboard's units and rate.
+    summary : dict
+        The algorithm's entry in summary.json.
+    notes : list[str]
+        Notes for the run's record.
+    owner_hooks : OwnerHooks or None
+        The owners' hooks (smoothing, personal steps), None: the plain owners.
+    """
+
     aggregator: Aggregator  # the billboard's (the first phase's where there are several)
     plan: Plan  # a fedudp.algorithms.schedule.AlgorithmPlan
     sampling: Sampling  # the billboard's units and rate
@@ -153,7 +233,19 @@ class Setup:
 @dataclass(frozen=True)
 class Algorithm:
     """A registered training algorithm: its requirements, its ``setup`` and its own ``check``
-    of the context's plain values (None: only the options' ranges)."""
+    of the context's plain values (None: only the options' ranges).
+
+    Attributes
+    ----------
+    name : str
+        Its ``algorithm.name``.
+    requires : Requirements
+        What it needs from the run.
+    setup : Callable[[Context], Setup]
+        Builds its estimators, plan and owner hooks.
+    check : Callable[[Context], None] or None
+        Its own checks (``ParameterError``).
+    """
 
     name: str
     requires: Requirements
@@ -171,7 +263,24 @@ def register(
     check: Callable[[Context], None] | None = None,
 ) -> Algorithm:
     """Register a training algorithm as ``algorithm.name=<name>`` (one call at the end of its
-    module)."""
+    module).
+
+    Parameters
+    ----------
+    name : str
+        The ``algorithm.name`` it answers to.
+    requires : Requirements
+        What it needs from the run.
+    setup : Callable[[Context], Setup]
+        Builds its estimators, plan and owner hooks.
+    check : Callable[[Context], None], optional
+        Its own checks of the context.
+
+    Returns
+    -------
+    Algorithm
+        The registered entry.
+    """
     return ALGORITHMS.add(name, Algorithm(name, requires, setup, check))
 
 
@@ -182,11 +291,42 @@ def _module(name: str) -> Algorithm:
 
 
 def requirements(name: str) -> Requirements:
+    """What the registered algorithm ``name`` needs from the run.
+
+    Parameters
+    ----------
+    name : str
+        An ``algorithm.name``.
+
+    Returns
+    -------
+    Requirements
+
+    Raises
+    ------
+    ValueError
+        When no algorithm is registered as ``name``.
+    """
     return _module(name).requires
 
 
 def check(name: str, ctx: Context) -> None:
-    """The algorithm's own checks on plain values (``ParameterError``)."""
+    """The algorithm's own checks on plain values (``ParameterError``).
+
+    Parameters
+    ----------
+    name : str
+        An ``algorithm.name``.
+    ctx : Context
+        The run's public values.
+
+    Raises
+    ------
+    ParameterError
+        When an option is out of range or the algorithm's own check fails.
+    ValueError
+        When no algorithm is registered as ``name``.
+    """
     ctx.params.check()
     fn = _module(name).check
     if fn is not None:
@@ -194,7 +334,27 @@ def check(name: str, ctx: Context) -> None:
 
 
 def setup(name: str, ctx: Context) -> Setup:
-    """The algorithm's estimators, plan and owner hooks."""
+    """The algorithm's estimators, plan and owner hooks.
+
+    Parameters
+    ----------
+    name : str
+        An ``algorithm.name``.
+    ctx : Context
+        The run's public values.
+
+    Returns
+    -------
+    Setup
+        With ``summary["name"]`` set to ``name``.
+
+    Raises
+    ------
+    ParameterError
+        When the checks (``check``) or the algorithm's setup reject the context.
+    ValueError
+        When no algorithm is registered as ``name``.
+    """
     check(name, ctx)
     s = _module(name).setup(ctx)
     s.summary = {"name": name, **s.summary}
@@ -202,18 +362,62 @@ def setup(name: str, ctx: Context) -> Setup:
 
 
 def need(cond: bool, key: str, msg: str) -> None:
-    """``ParameterError`` naming ``key`` (``train.rounds``, or one of the algorithm's options)."""
+    """``ParameterError`` naming ``key`` (``train.rounds``, or one of the algorithm's options).
+
+    Parameters
+    ----------
+    cond : bool
+        The condition that must hold.
+    key, msg : str
+        The option it names; the message after it.
+
+    Raises
+    ------
+    ParameterError
+        When ``cond`` is false.
+    """
     if not cond:
         raise ParameterError(key, f"{key}: {msg}")
 
 
 def split_rounds(total: int, parts: int, key: str = "rounds") -> list[int]:
+    """``total`` rounds split over ``parts`` phases, the later phases one longer where uneven.
+
+    Parameters
+    ----------
+    total, parts : int
+        The rounds and the phases.
+    key : str, default "rounds"
+        The option the error names.
+
+    Returns
+    -------
+    list[int]
+        Each phase's rounds, summing to ``total``.
+
+    Raises
+    ------
+    ParameterError
+        When ``total`` < ``parts``.
+    """
     need(total >= parts, key, f"{total} rounds cannot be split over {parts} phases")
     base, extra = divmod(total, parts)
     return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
 
 
 def public_permutation(seed: int, n: int) -> np.ndarray:
+    """A public permutation of ``n`` units keyed by ``seed`` (``Purpose.SCHEDULE``).
+
+    Parameters
+    ----------
+    seed, n : int
+        The run's seed; how many units.
+
+    Returns
+    -------
+    np.ndarray
+        A permutation of ``0..n-1``.
+    """
     from fedudp.randomness import Purpose, numpy_rng
 
     return numpy_rng(seed, Purpose.SCHEDULE, 0).permutation(n)

@@ -50,7 +50,24 @@ REQUIRES = Requirements(methods=("full_dp", "joint_dp"), aggregator="outlier_rem
 def paper_parameters(
     n: int, m: int, d: int, eps: float, delta: float, G: float, R: float, T: int
 ) -> dict:
-    """Theorem 4.1's r, η, τ for T steps, and the paper's T."""
+    """Theorem 4.1's r, η, τ for T steps, and the paper's T.
+
+    Parameters
+    ----------
+    n, m, d : int
+        Users, records per user, dimension.
+    eps, delta : float
+        The target (ε, δ).
+    G, R : float
+        The Lipschitz constant and the ball's radius.
+    T : int
+        The steps.
+
+    Returns
+    -------
+    dict
+        ``smoothing_radius``, ``step_size``, ``tau``, ``paper_T``.
+    """
     logs = math.log(m * n * d / delta) ** 2
     eta = (R / G) * min(
         math.sqrt(m) * n * eps / (T * math.sqrt(d * logs)), T**-0.75, math.sqrt(n * m) / T
@@ -73,7 +90,30 @@ def phase(
     reg: float = 0.0,
 ) -> tuple[Phase, dict]:
     """One run of Algorithm 3 on ``n`` users (``units``) for ``T`` steps from the phase's start,
-    inside the ball of radius R around ``centre``."""
+    inside the ball of radius R around ``centre``.
+
+    Parameters
+    ----------
+    ctx : Context
+        The run's public values.
+    n : int
+        The phase's users.
+    R : float
+        The ball's radius.
+    T : int
+        The phase's steps.
+    units : np.ndarray, optional
+        The phase's fixed cohort (billboard unit ids; None: every unit).
+    centre : str, default "zero"
+        The ball's centre, ``"zero"`` or ``"start"``.
+    reg : float, default 0.0
+        λ of the public regulariser.
+
+    Returns
+    -------
+    tuple[Phase, dict]
+        The phase and its summary entry.
+    """
     a = ctx.params
     G = a.lipschitz or ctx.bound
     p = paper_parameters(n, ctx.m, ctx.dim, ctx.epsilon, ctx.delta, G, R, T)
@@ -99,6 +139,21 @@ def phase(
 
 
 def smoothing(ctx: Context, R: float, T: int) -> float:
+    """The smoothing radius: ``algorithm.smoothing_radius``, else Theorem 4.1's d^¼ R / √T.
+
+    Parameters
+    ----------
+    ctx : Context
+        The run's public values.
+    R : float
+        The ball's radius.
+    T : int
+        The steps.
+
+    Returns
+    -------
+    float
+    """
     a = ctx.params
     return (
         a.smoothing_radius if a.smoothing_radius is not None else ctx.dim**0.25 * R / math.sqrt(T)
@@ -106,6 +161,17 @@ def smoothing(ctx: Context, R: float, T: int) -> float:
 
 
 def setup(ctx: Context) -> Setup:
+    """Asi & Liu's Algorithm 3 for this run (one phase, one AboveThreshold).
+
+    Parameters
+    ----------
+    ctx : Context
+        The run's public values.
+
+    Returns
+    -------
+    Setup
+    """
     a = ctx.params
     n, T, R = ctx.n_users, ctx.rounds, a.radius
     ph, info = phase(ctx, n, R, T)

@@ -52,6 +52,19 @@ REQUIRES = Requirements(methods=("full_dp", "joint_dp"), aggregator="outlier_rem
 
 
 def phase_sizes(n: int, m: int, phases: int | None = None) -> list[int]:
+    """The phases' users n_i = n / 2^(k+1-i), k = ``phases`` or ⌈log log(mn)⌉.
+
+    Parameters
+    ----------
+    n, m : int
+        Users and records per user.
+    phases : int, optional
+        k (None: the paper's).
+
+    Returns
+    -------
+    list[int]
+    """
     k = phases or max(1, math.ceil(math.log(max(math.log(m * n), 1.0 + 1e-12))))
     return [n // 2 ** (k + 1 - i) for i in range(1, k + 1)]
 
@@ -59,7 +72,24 @@ def phase_sizes(n: int, m: int, phases: int | None = None) -> list[int]:
 def radii(
     sizes: list[int], n: int, m: int, d: int, eps: float, delta: float, G: float, mu: float
 ) -> list[float]:
-    """R̂_1 = 2G/μ, R̂_i = sqrt(2 D_{i-1}/μ) (App. B.4 with C = 1)."""
+    """R̂_1 = 2G/μ, R̂_i = sqrt(2 D_{i-1}/μ) (App. B.4 with C = 1).
+
+    Parameters
+    ----------
+    sizes : list[int]
+        The phases' users.
+    n, m, d : int
+        Users, records per user, dimension.
+    eps, delta : float
+        The target (ε, δ).
+    G, mu : float
+        The Lipschitz constant and the strong convexity μ.
+
+    Returns
+    -------
+    list[float]
+        Each phase's radius.
+    """
 
     def E(ni: float) -> float:
         return (4 * G**2 / mu) * (
@@ -75,6 +105,22 @@ def radii(
 
 
 def setup(ctx: Context) -> Setup:
+    """Asi & Liu's Algorithm 4 for this run (phases of Alg. 3 on disjoint users).
+
+    Parameters
+    ----------
+    ctx : Context
+        The run's public values.
+
+    Returns
+    -------
+    Setup
+
+    Raises
+    ------
+    ParameterError
+        When a phase would have no user, or the rounds cannot be split over the phases.
+    """
     a = ctx.params
     n, m, d, mu = ctx.n_users, ctx.m, ctx.dim, a.strong_convexity
     G = a.lipschitz or ctx.bound

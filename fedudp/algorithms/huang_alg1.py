@@ -68,6 +68,18 @@ REQUIRES = Requirements(methods=("joint_dp", "full_dp"), aggregator="gaussian")
 
 
 def check(ctx: Context) -> None:
+    """Huang et al.'s Algorithm 1's own checks.
+
+    Parameters
+    ----------
+    ctx : Context
+        The run's public values.
+
+    Raises
+    ------
+    ParameterError
+        When a user holds more than one record, or ``noise_personal`` without ``joint_dp``.
+    """
     need(
         ctx.records_per_user == 1,
         "records_per_user",
@@ -85,12 +97,40 @@ def check(ctx: Context) -> None:
 def paper_step_size(
     R: float, L: float, T: int, N: int, ell: int, eps: float, delta: float
 ) -> float:
-    """η = R / (L T sqrt(1/N + ℓ log(1/δ)/(ε² N²))), N = mn records."""
+    """η = R / (L T sqrt(1/N + ℓ log(1/δ)/(ε² N²))), N = mn records.
+
+    Parameters
+    ----------
+    R, L : float
+        The ball's radius and the Lipschitz constant.
+    T, N, ell : int
+        Steps, records, noised coordinates ℓ.
+    eps, delta : float
+        The target (ε, δ).
+
+    Returns
+    -------
+    float
+    """
     return R / (L * T * math.sqrt(1 / N + ell * math.log(1 / delta) / (eps**2 * N**2)))
 
 
 def paper_sigma(L: float, T: int, N: int, eps: float, delta: float) -> float:
-    """Algorithm 1's σ = L sqrt(T log(1/δ)) / (ε m n) (up to Lemma 3.2's unknown c2)."""
+    """Algorithm 1's σ = L sqrt(T log(1/δ)) / (ε m n) (up to Lemma 3.2's unknown c2).
+
+    Parameters
+    ----------
+    L : float
+        The Lipschitz constant.
+    T, N : int
+        Steps and records (mn).
+    eps, delta : float
+        The target (ε, δ).
+
+    Returns
+    -------
+    float
+    """
     return L * math.sqrt(T * math.log(1 / delta)) / (eps * N)
 
 

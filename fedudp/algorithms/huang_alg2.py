@@ -59,6 +59,21 @@ REQUIRES = Requirements(methods=("joint_dp", "full_dp"), aggregator="winsorized"
 
 
 def lemma_b4_tau(L: float, r: int, m: int, ell: int, R: float, H: float, gamma: float) -> float:
+    """Lemma B.4's τ = L √(r/m) (√log(1/γ) + √(ℓ log max(R H m / (ℓ L), e))).
+
+    Parameters
+    ----------
+    L, R, H : float
+        Lipschitz constant, radius, smoothness.
+    r, m, ell : int
+        Users per owner, records per user, shared coordinates ℓ.
+    gamma : float
+        The failure probability γ.
+
+    Returns
+    -------
+    float
+    """
     return (
         L
         * math.sqrt(r / m)

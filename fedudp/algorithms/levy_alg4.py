@@ -52,7 +52,20 @@ REQUIRES = Requirements(methods=("full_dp", "joint_dp"), aggregator="winsorized"
 
 
 def paper_parameters(n: int, m: int, d: int, eps: float, G: float, sigma: float, R: float) -> dict:
-    """P and λ of Algorithm 4 (at least one phase)."""
+    """P and λ of Algorithm 4 (at least one phase).
+
+    Parameters
+    ----------
+    n, m, d : int
+        Users, records per user, dimension.
+    eps, G, sigma, R : float
+        ε, the Lipschitz constant, the noise scale σ, the radius.
+
+    Returns
+    -------
+    dict
+        ``phases`` (P), ``lam`` (λ), ``g_low``.
+    """
     g_low = min(G, sigma * math.sqrt(d))
     P = max(1, math.ceil(math.log2(G * n * math.sqrt(m) * eps / (sigma * d))))
     lam = math.sqrt(G * g_low / (n * m) + sigma**2 * d**2 / (n**2 * m * eps**2)) / R
@@ -68,20 +81,48 @@ def default_phases(paper_phases: int, n: int, rounds: int) -> int:
     P = 12 at n = 4000, m = 10, ε = 1, d = 20: n/2^P = 0.98). With n_t = floor(n/2^t) the largest
     usable P is floor(log2 n); ``train.rounds`` (split over the phases) caps it too. Where the
     paper's P fits, it is used unchanged; an explicit ``algorithm.phases`` is never capped (too
-    many is an error)."""
+    many is an error).
+
+    Parameters
+    ----------
+    paper_phases, n, rounds : int
+        The paper's P, the users, ``train.rounds``.
+
+    Returns
+    -------
+    int
+    """
     return max(1, min(paper_phases, n.bit_length() - 1, rounds))
 
 
 def corollary2_rounds(
     n_t: int, m: int, d: int, eps: float, G: float, sigma: float, R: float, H: float, mu: float
 ) -> int:
-    """Corollary 2's T = (H/μ) log(n² m (G/G̃²) μ R ε² / d), G̃ = σ sqrt(d) (at least 1)."""
+    """Corollary 2's T = (H/μ) log(n² m (G/G̃²) μ R ε² / d), G̃ = σ sqrt(d) (at least 1).
+
+    Parameters
+    ----------
+    n_t, m, d : int
+        The phase's users, records per user, dimension.
+    eps, G, sigma, R, H, mu : float
+        ε, Lipschitz constant, σ, radius, smoothness, the phase's λ (as μ).
+
+    Returns
+    -------
+    int
+    """
     g_tilde = sigma * math.sqrt(d)
     arg = n_t**2 * m * (G / g_tilde**2) * mu * R * eps**2 / d
     return max(1, math.ceil(H / mu * math.log(max(arg, math.e))))
 
 
 def setup(ctx: Context) -> Setup:
+    """Levy et al.'s Algorithm 4 for this run.
+
+    Parameters
+    ----------
+    ctx : Context
+        The run's public values; returns its ``Setup`` (``ParameterError``: too many phases)."""
     a = ctx.params
     n, m, d = ctx.n_users, ctx.m, ctx.dim
     G = a.lipschitz or ctx.bound

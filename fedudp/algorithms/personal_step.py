@@ -31,7 +31,19 @@ __all__ = [
 
 
 class PersonalStep(OwnerHooks):
-    """``cohort(round_)``: the round's sampled unit ids (the plan's public sample)."""
+    """``cohort(round_)``: the round's sampled unit ids (the plan's public sample).
+
+    Parameters
+    ----------
+    step : float
+        The personal step size η.
+    cohort : Callable[[int], np.ndarray]
+        The round's sampled unit ids.
+    seed : int
+        Keys the personal noise.
+    noise_std : float, optional
+        The personal noise's standard deviation (None: no noise).
+    """
 
     def __init__(
         self,

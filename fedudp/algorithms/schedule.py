@@ -39,6 +39,26 @@ __all__ = [
 
 @dataclass
 class Phase:
+    """One phase of a training algorithm's schedule.
+
+    Attributes
+    ----------
+    rounds : int
+        The phase's rounds.
+    aggregator : Aggregator
+        Its estimator.
+    step_size : float
+        Its step size.
+    units : np.ndarray or None
+        Its fixed cohort (billboard unit ids); None: the plan's ``sampler``.
+    reg : float, default 0.0
+        λ of the public regulariser (λ/2)||u - centre||².
+    reg_centre, ball_centre : str
+        ``"zero"`` or ``"start"`` (this phase's starting point).
+    radius : float or None
+        The projection ball's radius (None: no projection).
+    """
+
     rounds: int
     aggregator: Aggregator
     step_size: float
@@ -50,6 +70,27 @@ class Phase:
 
 
 class AlgorithmPlan(Plan):
+    """A training algorithm's phases as the billboard's ``Plan``.
+
+    Parameters
+    ----------
+    phases : list[Phase]
+        The phases, in order.
+    population : int
+        The billboard's units.
+    averaged : bool
+        Whether the result is the averaged iterate.
+    sampler : Callable[[int], np.ndarray], optional
+        The round's cohort mask, for phases without fixed ``units``.
+    event_fn : Callable[[int], object], optional
+        The round's accounting event (None: from the phases' estimators).
+
+    Raises
+    ------
+    ValueError
+        When ``phases`` is empty.
+    """
+
     def __init__(
         self,
         phases: list[Phase],

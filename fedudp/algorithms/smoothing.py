@@ -26,7 +26,22 @@ __all__ = [
 
 def uniform_ball(rng: np.random.Generator, k: int, d: int, radius: float) -> np.ndarray:
     """[k, d] points uniform in the l2 ball of ``radius``
-    (docs/algorithms.md#uniform-point-in-a-ball), float64."""
+    (docs/algorithms.md#uniform-point-in-a-ball), float64.
+
+    Parameters
+    ----------
+    rng : np.random.Generator
+        The randomness (public).
+    k, d : int
+        How many points; their dimension.
+    radius : float
+        The ball's radius.
+
+    Returns
+    -------
+    np.ndarray
+        Shape ``[k, d]``.
+    """
     g = rng.standard_normal((k, d))
     u = rng.random((k, 1))
     return (
@@ -35,7 +50,15 @@ def uniform_ball(rng: np.random.Generator, k: int, d: int, radius: float) -> np.
 
 
 class Smoothing(OwnerHooks):
-    """Users' gradients at randomly smoothed shared parameters (radius ``radius``; 0: plain)."""
+    """Users' gradients at randomly smoothed shared parameters (radius ``radius``; 0: plain).
+
+    Parameters
+    ----------
+    radius : float
+        The smoothing radius r (0: plain gradients).
+    seed : int
+        Keys the perturbations (public randomness).
+    """
 
     def __init__(self, radius: float, seed: int) -> None:
         self.radius, self.seed = float(radius), int(seed)
