@@ -27,7 +27,23 @@ __all__ = ["algorithm_context", "check_algorithm", "algorithm_error"]
 # -- training algorithms --------------------------------------------------------------------------
 def algorithm_context(cfg: RunConfig, dim: int, personal_dim: int = 0) -> algorithms.Context:
     """The plain values a seed's training algorithm is set up from; its estimators are built
-    by ``estimator`` with the run's privacy settings (``Context.estimator``)."""
+    by ``estimator`` with the run's privacy settings (``Context.estimator``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``algorithm.*``, ``privacy.*``, ``estimator.*``, ...).
+    dim : int
+        The shared parameters' dimension d.
+    personal_dim : int, default 0
+        The personal parameters' dimension (Huang Alg. 1).
+
+    Returns
+    -------
+    algorithms.Context
+        The algorithm's parameters, the privacy budget, the plan's counts and an estimator
+        factory.
+    """
     a, e = cfg.algorithm, cfg.estimator
 
     def make_estimator(name: str, sampling: Sampling, rounds: int, **overrides: Any) -> Aggregator:
@@ -66,7 +82,20 @@ def algorithm_context(cfg: RunConfig, dim: int, personal_dim: int = 0) -> algori
 
 
 def check_algorithm(cfg: RunConfig) -> None:
-    """The chosen training algorithm's declared requirements and its parameters' ranges."""
+    """The chosen training algorithm's declared requirements and its parameters' ranges.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Raises
+    ------
+    ConfigError
+        ``noise_personal`` without huang_alg1; an engine, method, aggregator, shared update or
+        unit the algorithm does not run with; unequal owners where it needs them; a parameter
+        it refuses (``algorithm_error``).
+    """
     name = str(cfg.algorithm.name)
     if cfg.algorithm.noise_personal and name != "huang_alg1":
         raise ConfigError(
@@ -119,7 +148,18 @@ def check_algorithm(cfg: RunConfig) -> None:
 
 def algorithm_error(err: ParameterError) -> ConfigError:
     """A training algorithm's refused value as a ``ConfigError`` naming its config key
-    (``algorithm.<option>``, ``train.rounds``, ``partition.records_per_user``, ...)."""
+    (``algorithm.<option>``, ``train.rounds``, ``partition.records_per_user``, ...).
+
+    Parameters
+    ----------
+    err : ParameterError
+        The training algorithm's error (its ``param`` names the parameter).
+
+    Returns
+    -------
+    ConfigError
+        The error, its message led by the config key (returned, not raised).
+    """
     import dataclasses
 
     options = {f.name for f in dataclasses.fields(algorithms.AlgorithmParams)}

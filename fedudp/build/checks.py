@@ -84,7 +84,18 @@ def check_config(cfg: RunConfig) -> Checked:
 
 def check_names(cfg: RunConfig) -> None:
     """The configured names against the registries (their choices in the message), and the
-    ``estimator.*`` keys against the registered estimators' options."""
+    ``estimator.*`` keys against the registered estimators' options.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``aggregator``, ``dataset.name``, ``algorithm.name``, ``model.name``).
+
+    Raises
+    ------
+    ConfigError
+        A name no registry holds, or an ``estimator.*`` key no estimator takes.
+    """
     from fedudp.aggregators import REGISTRY
     from fedudp.algorithms import ALGORITHMS
     from fedudp.data.readers import READERS
@@ -113,7 +124,18 @@ def check_names(cfg: RunConfig) -> None:
 
 def check_device(cfg: RunConfig) -> None:
     """A CUDA ``engine_opts.device`` only where torch sees that device (its form, cpu, cuda or
-    cuda:N, and engine=local are the schema's checks, ``fedudp.config.validate``)."""
+    cuda:N, and engine=local are the schema's checks, ``fedudp.config.validate``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``engine_opts.device``).
+
+    Raises
+    ------
+    ConfigError
+        CUDA is not available, or the device index is beyond torch's device count.
+    """
     dev = str(cfg.engine_opts.device)
     if dev == "cpu":
         return
@@ -135,7 +157,19 @@ def check_device(cfg: RunConfig) -> None:
 def check_run(cfg: RunConfig) -> None:
     """Every check that needs the registered parts (after ``check_config``): the planned public
     numbers, the estimator's and the algorithm's declared requirements, the randomness, the
-    data files' presence. ``ConfigError`` naming the key."""
+    data files' presence. ``ConfigError`` naming the key.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration, after ``check_config``.
+
+    Raises
+    ------
+    ConfigError
+        A requirement not met, a training algorithm on natural data, in-memory records with
+        engine=flower, or a missing data set (naming the key).
+    """
     check_planned_public(cfg)
     check_estimator(cfg)
     check_algorithm(cfg)
@@ -184,7 +218,18 @@ def check_randomness(cfg: RunConfig) -> None:
     """``privacy.randomness=secure`` covers the billboard's sample and noise and owner-side
     DP-SGD's; the seeds' training algorithms and the banded mechanism draw their own privacy
     sampling or noise from the seed (their plans), so they refuse it rather than run half
-    seeded."""
+    seeded.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Raises
+    ------
+    ConfigError
+        ``privacy.randomness=secure`` with a seed's training algorithm or ``dp_mf_banded``.
+    """
     if RandomnessMode(cfg.privacy.randomness) != RandomnessMode.secure:
         return
     if str(cfg.algorithm.name) != "none":

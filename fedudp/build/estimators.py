@@ -54,7 +54,18 @@ CONFIG_KEYS = {
 
 
 def config_key(param: str) -> str:
-    """The configuration key of a plain value's name (itself when there is none)."""
+    """The configuration key of a plain value's name (itself when there is none).
+
+    Parameters
+    ----------
+    param : str
+        A ``ParameterError``'s parameter name (``clip``, ``sampling.rate``, ``tau``, ...).
+
+    Returns
+    -------
+    str
+        Its dotted config key (``privacy.clip``, ``estimator.tau``), or ``param``.
+    """
     if param in CONFIG_KEYS:
         return CONFIG_KEYS[param]
     if param in REGISTRY.options():
@@ -67,7 +78,18 @@ _BUDGET = ("epsilon", "delta", "rounds")
 
 def config_message(err: ParameterError) -> str:
     """``err``'s message with the parameter's name replaced by its config key
-    (``"clip must be > 0, got 0"`` -> ``"privacy.clip must be > 0, got 0"``)."""
+    (``"clip must be > 0, got 0"`` -> ``"privacy.clip must be > 0, got 0"``).
+
+    Parameters
+    ----------
+    err : ParameterError
+        The refused value's error.
+
+    Returns
+    -------
+    str
+        The message led by the config key.
+    """
     key, text = config_key(err.param), str(err)
     if text.startswith(err.param + " "):
         return key + text[len(err.param) :]
@@ -78,7 +100,22 @@ def config_error(
     err: ParameterError, name: str = "", sampling: Sampling | None = None
 ) -> ConfigError:
     """The ``ConfigError`` for a refused plain value: the key named, a budget that cannot be met
-    a ``BudgetError``, a population too small for an estimator's proof a ``partition`` error."""
+    a ``BudgetError``, a population too small for an estimator's proof a ``partition`` error.
+
+    Parameters
+    ----------
+    err : ParameterError
+        The refused value's error (a ``ConfigError`` in its ``facts["config"]`` is returned).
+    name : str, default ""
+        The estimator's name, for a population error.
+    sampling : Sampling or None
+        The units' sampling (its population n quoted).
+
+    Returns
+    -------
+    ConfigError
+        The error to raise (a ``BudgetError`` for epsilon, delta or rounds).
+    """
     given = err.facts.get("config")
     if isinstance(given, ConfigError):
         return given
@@ -100,7 +137,23 @@ def config_error(
 def estimator_class(cfg: RunConfig) -> type[Aggregator]:
     """The configured estimator's class: owner-side DP-SGD's billboard mean under
     ``placement=local_dpsgd``, else the registered ``aggregator`` (auto: gaussian for the
-    private methods, the plain mean otherwise)."""
+    private methods, the plain mean otherwise).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    type[Aggregator]
+        The estimator's class (``AdaptiveClipGaussian`` under ``clip_policy=adaptive``).
+
+    Raises
+    ------
+    ConfigError
+        Adaptive clipping with an estimator other than gaussian, or an unregistered name.
+    """
     adaptive = ClipPolicy(cfg.privacy.clip_policy) == ClipPolicy.adaptive
     if placement(cfg) == Placement.local_dpsgd:
         return LocalDpSgdMean  # an adaptive clip is its own option (clip_policy)
@@ -123,7 +176,19 @@ def estimator_class(cfg: RunConfig) -> type[Aggregator]:
 def check_estimator(cfg: RunConfig) -> None:
     """What an estimator declares about itself, checked against the config before any work:
     the calibrations it supports, whether it takes a fixed noise multiplier, whether it is
-    analysed replace-one (every unit every round)."""
+    analysed replace-one (every unit every round).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Raises
+    ------
+    ConfigError
+        An unsupported calibration, a fixed noise multiplier it does not take, or sampling
+        below 1 for a replace-one estimator (or ``estimator_class``'s errors).
+    """
     cls = estimator_class(cfg)
     if not cls.private:
         return
@@ -147,7 +212,22 @@ def check_estimator(cfg: RunConfig) -> None:
 
 def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) -> dict:
     """The run's values an estimator may take (``RUN_INPUTS``, every one), read from the
-    config; an estimator's ``inputs`` pick from them."""
+    config; an estimator's ``inputs`` pick from them.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+    sampling : Sampling
+        The units' sampling (rate, population).
+    rounds, dim : int
+        The number of releases, and the dimension of each released vector.
+
+    Returns
+    -------
+    dict
+        Every ``RUN_INPUTS`` name to its value.
+    """
     p, t = cfg.privacy, cfg.train
     group = bool(p.group_privacy)
     values = {
@@ -177,7 +257,25 @@ def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) 
 def estimator_options(cfg: RunConfig, cls: type[Aggregator]) -> dict:
     """The estimator's declared options (``cls.options``), each read from
     ``estimator.<name>`` as its declared type; a value of the wrong type is a ``ConfigError``
-    naming the key."""
+    naming the key.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``estimator.*``).
+    cls : type[Aggregator]
+        The estimator's class.
+
+    Returns
+    -------
+    dict
+        Each declared option's name to its typed value (its default where not given).
+
+    Raises
+    ------
+    ConfigError
+        A value of the wrong type, naming ``estimator.<name>``.
+    """
     out = {}
     for opt in cls.options:
         given = cfg.estimator.get(opt.name, opt.default)
@@ -202,7 +300,34 @@ def estimator(
     the class declares (``inputs``) and its options (``options``, from ``estimator.*``);
     ``overrides`` replace some of them (a training algorithm's own τ), and one the class does
     not declare is a ``TypeError``. A fixed ``privacy.noise_multiplier`` goes to the class's
-    ``with_noise_multiplier`` with its ``noise_inputs``."""
+    ``with_noise_multiplier`` with its ``noise_inputs``.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+    sampling : Sampling
+        The units' sampling (rate, population).
+    rounds, dim : int
+        The number of releases and each vector's dimension.
+    name : str or None
+        A registered estimator's name (None: the configured one, checked first).
+    **overrides : Any
+        Values replacing declared inputs or options.
+
+    Returns
+    -------
+    Aggregator
+        The calibrated estimator.
+
+    Raises
+    ------
+    ConfigError
+        The config's estimator checks, no shared parameter for a per-user estimator, or a
+        refused value (a ``BudgetError`` for an unreachable budget).
+    TypeError
+        An override the class does not declare.
+    """
     cls = REGISTRY[name] if name is not None else estimator_class(cfg)
     if name is None:
         check_estimator(cfg)
