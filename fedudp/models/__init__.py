@@ -19,7 +19,19 @@ MODELS: Registry[Factory] = Registry("model", "model.name")
 
 
 def register(name: str) -> Callable[[Factory], Factory]:
-    """Decorator: ``model.name=<name>`` builds the model from this factory."""
+    """Decorator: ``model.name=<name>`` builds the model from this factory.
+
+    Parameters
+    ----------
+    name : str
+        The ``model.name`` (an identifier).
+
+    Returns
+    -------
+    callable
+        The decorator; it registers the factory and returns it unchanged. It raises
+        ``ValueError`` for a name that is not an identifier or is taken by another factory.
+    """
     return MODELS.register(name)
 
 
@@ -27,7 +39,29 @@ def make_model(name: str, input_shape: tuple[int, ...], classes: int, seed: int)
     """The model ``name`` (``auto``: linear for flat inputs, cnn for images; ``char_gru``: a
     character-level GRU over token ids) for inputs of
     ``input_shape`` and ``classes`` classes, initialised from ``seed`` (public randomness).
-    An unknown name or a CNN on flat inputs is a ``ValueError``."""
+    An unknown name or a CNN on flat inputs is a ``ValueError``.
+
+    Parameters
+    ----------
+    name : str
+        ``model.name``: a registered name or ``auto``.
+    input_shape : tuple of int
+        One record's input shape.
+    classes : int
+        The number of classes.
+    seed : int
+        The initialisation seed (public).
+
+    Returns
+    -------
+    SplitModel
+        The freshly initialised model.
+
+    Raises
+    ------
+    ValueError
+        An unknown name, or an input shape the model cannot take.
+    """
     if name == "auto":
         name = "linear" if len(input_shape) == 1 else "cnn"
     if name not in MODELS:

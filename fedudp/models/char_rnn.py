@@ -63,12 +63,28 @@ __all__ = [
 class RecurrentLinear(nn.Linear):
     """An ``nn.Linear`` applied at every step (the hidden-to-hidden map). Its own type keeps it
     off ``fedudp.owner.per_sample``'s one-pass path, which needs each layer applied once per
-    forward (it would raise "called twice"); per-record gradients go through vmap instead."""
+    forward (it would raise "called twice"); per-record gradients go through vmap instead.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        As ``nn.Linear``'s.
+    bias : bool, default True
+        As ``nn.Linear``'s.
+    """
 
 
 class GRULayer(nn.Module):
     """One GRU layer (the equations above) over a sequence ``[..., T, in]``: ``ih`` an
-    ``nn.Linear`` applied once to the whole sequence, ``hh`` a ``RecurrentLinear``."""
+    ``nn.Linear`` applied once to the whole sequence, ``hh`` a ``RecurrentLinear``.
+
+    Parameters
+    ----------
+    input_size : int
+        Features per step of the input sequence.
+    hidden : int
+        The hidden state's width H.
+    """
 
     def __init__(self, input_size: int, hidden: int) -> None:
         super().__init__()
@@ -99,7 +115,24 @@ class GRULayer(nn.Module):
 
 
 class CharGRU(SplitModel):
-    """Embedding -> ``layers`` GRU layers -> Linear head on the last step (module docstring)."""
+    """Embedding -> ``layers`` GRU layers -> Linear head on the last step (module docstring).
+
+    Parameters
+    ----------
+    vocab : int, default 80
+        The token vocabulary (embedding rows).
+    classes : int or None, default None
+        The head's outputs; None: ``vocab``.
+    embed, hidden : int, default 8, 128
+        The embedding and hidden widths.
+    layers : int, default 1
+        GRU layers.
+
+    Raises
+    ------
+    ValueError
+        A size below 1; ``forward`` too, for float inputs or an empty sequence.
+    """
 
     default_personal = ("head.*",)
     # records per vmapped step when engine_opts.chunk_records is auto (0): per-record cost is
@@ -146,7 +179,25 @@ class CharGRU(SplitModel):
 
 @register("char_gru")
 def char_gru(input_shape: tuple[int, ...], classes: int) -> CharGRU:
-    """``model.name=char_gru``: the character GRU over token-id sequences (T,)."""
+    """``model.name=char_gru``: the character GRU over token-id sequences (T,).
+
+    Parameters
+    ----------
+    input_shape : tuple of int
+        ``(T,)``: a sequence of T token ids.
+    classes : int
+        The vocabulary, which is also the number of classes.
+
+    Returns
+    -------
+    CharGRU
+        The model.
+
+    Raises
+    ------
+    ValueError
+        ``input_shape`` is not one-dimensional.
+    """
     if len(input_shape) != 1:
         raise ValueError(f"char_gru needs token-id sequences (T,), got shape {input_shape}")
     return CharGRU(vocab=classes, classes=classes)

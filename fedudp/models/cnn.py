@@ -29,13 +29,38 @@ PAPER_TABLE2_COUNTS = {"conv1": 416, "conv2": 12_832, "fc1": 17_248}
 
 def channels_last(x: torch.Tensor) -> torch.Tensor:
     """``x`` in channels-last memory format where it is a plain 4-D batch (torch.func's
-    transforms keep theirs: vmap refuses the format); its values are unchanged."""
+    transforms keep theirs: vmap refuses the format); its values are unchanged.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        A tensor (a batch ``[B, C, H, W]`` is converted).
+
+    Returns
+    -------
+    torch.Tensor
+        ``x`` itself, or its channels-last copy.
+    """
     if x.dim() != 4 or torch._C._functorch.is_functorch_wrapped_tensor(x):
         return x
     return x.contiguous(memory_format=torch.channels_last)
 
 
 class PaperCNN(SplitModel):
+    """The paper CNN: two 5x5 conv + max-pool layers, two linear heads averaged (``fc1`` personal).
+
+    Parameters
+    ----------
+    in_channels : int, default 1
+        The image channels C.
+    classes : int, default 10
+        The number of classes.
+    side : int, default 28
+        The image height and width.
+    channels_last : bool, default True
+        Channels-last activations from conv1 on; False for Opacus and similar hook-based tools.
+    """
+
     default_personal = ("fc1.*",)
 
     def __init__(
@@ -70,7 +95,18 @@ class PaperCNN(SplitModel):
 
 
 def layer_counts(model: nn.Module) -> dict[str, int]:
-    """Parameters per top-level layer (weights + biases)."""
+    """Parameters per top-level layer (weights + biases).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Returns
+    -------
+    dict of str to int
+        Parameter count per top-level layer name.
+    """
     out: dict[str, int] = {}
     for name, p in model.named_parameters():
         layer = name.split(".")[0]
@@ -80,7 +116,25 @@ def layer_counts(model: nn.Module) -> dict[str, int]:
 
 @register("cnn")
 def paper_cnn(input_shape: tuple[int, ...], classes: int) -> PaperCNN:
-    """``model.name=cnn``: the paper CNN on (C, H, W) images."""
+    """``model.name=cnn``: the paper CNN on (C, H, W) images.
+
+    Parameters
+    ----------
+    input_shape : tuple of int
+        ``(C, H, W)`` images (square: H is taken as the side).
+    classes : int
+        The number of classes.
+
+    Returns
+    -------
+    PaperCNN
+        The model.
+
+    Raises
+    ------
+    ValueError
+        ``input_shape`` is not three-dimensional.
+    """
     if len(input_shape) != 3:
         raise ValueError(f"cnn needs image inputs (C,H,W), got shape {input_shape}")
     return PaperCNN(input_shape[0], classes, input_shape[1])

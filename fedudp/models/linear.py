@@ -24,6 +24,14 @@ __all__ = [
 
 
 class PersonalOffset(nn.Module):
+    """A personal per-class bias added to the logits (zeros at first).
+
+    Parameters
+    ----------
+    classes : int
+        The number of classes.
+    """
+
     def __init__(self, classes: int) -> None:
         super().__init__()
         self.bias = nn.Parameter(torch.zeros(classes))
@@ -33,6 +41,16 @@ class PersonalOffset(nn.Module):
 
 
 class SharedPersonalLogistic(SplitModel):
+    """Logistic regression: a shared ``nn.Linear`` (zeros at first), then a personal offset.
+
+    Parameters
+    ----------
+    features : int
+        Input features (inputs are flattened).
+    classes : int
+        The number of classes.
+    """
+
     default_personal = ("personal.*",)
 
     def __init__(self, features: int, classes: int) -> None:
@@ -49,7 +67,20 @@ class SharedPersonalLogistic(SplitModel):
 
 @register("linear")
 def linear(input_shape: tuple[int, ...], classes: int) -> SharedPersonalLogistic:
-    """``model.name=linear``: shared + personal logistic regression on the flattened inputs."""
+    """``model.name=linear``: shared + personal logistic regression on the flattened inputs.
+
+    Parameters
+    ----------
+    input_shape : tuple of int
+        One record's input shape, flattened to its product.
+    classes : int
+        The number of classes.
+
+    Returns
+    -------
+    SharedPersonalLogistic
+        The model.
+    """
     features = 1
     for s in input_shape:
         features *= s

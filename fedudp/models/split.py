@@ -24,13 +24,27 @@ __all__ = [
 
 class SplitModel(nn.Module):
     """A fedudp model: declares which parameters joint_dp keeps personal by default
-    (fnmatch patterns over ``named_parameters()``; ``model.personal`` overrides them)."""
+    (fnmatch patterns over ``named_parameters()``; ``model.personal`` overrides them).
+
+    Attributes
+    ----------
+    default_personal : tuple of str
+        Patterns of the parameters kept personal by default.
+    """
 
     default_personal: ClassVar[tuple[str, ...]] = ()
 
 
 @dataclass(frozen=True)
 class ParamSplit:
+    """The parameter names of a model, split (``split_by_patterns``).
+
+    Attributes
+    ----------
+    shared, personal : tuple of str
+        The shared and the personal parameter names, in the model's order.
+    """
+
     shared: tuple[str, ...]
     personal: tuple[str, ...]
 
