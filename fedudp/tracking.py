@@ -99,7 +99,17 @@ PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
 @dataclass(frozen=True)
 class Sweep:
     """The Hydra sweep a run is one job of: its folder (the parent run's key), the job's name
-    and its own overrides."""
+    and its own overrides.
+
+    Attributes
+    ----------
+    folder, job : str
+        The sweep's folder (the parent run's key); the job's name.
+    overrides : tuple[str, ...]
+        The job's own overrides.
+    command : str
+        The sweep's command line.
+    """
 
     folder: str
     job: str
@@ -137,7 +147,17 @@ class Tracker:
     """What the run calls: ``log_round`` after every round, ``finish`` once at the end. The
     base class tracks nothing (``tracking=none``). Each call of a real tracker is guarded: the
     first failure is reported once (``fedudp: warning: tracking ...``) and the tracker turns
-    itself off."""
+    itself off.
+
+    Attributes
+    ----------
+    kind, where : str
+        ``tracking.kind`` (default ``none``) and where it logs.
+    failed : bool
+        Set once it turned itself off after a failure.
+    epsilon_kind : str or None
+        The run's guarantee (a heuristic ε is logged as ``epsilon_heuristic``).
+    """
 
     kind: str = "none"
     where: str = ""

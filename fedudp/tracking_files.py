@@ -50,7 +50,13 @@ ARTIFACT_FILES = (
 
 
 def clear(folder: Path) -> None:
-    """Forget a run folder's tracking state (a run started afresh gets a new tracked run)."""
+    """Forget a run folder's tracking state (a run started afresh gets a new tracked run).
+
+    Parameters
+    ----------
+    folder : Path
+        The run folder (its state file and TensorBoard folder are removed).
+    """
     import shutil
 
     folder = Path(folder)
@@ -59,7 +65,20 @@ def clear(folder: Path) -> None:
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"rounds": 3}}`` -> ``{"train.rounds": 3}`` (an empty dict stays a value)."""
+    """``{"train": {"rounds": 3}}`` -> ``{"train.rounds": 3}`` (an empty dict stays a value).
+
+    Parameters
+    ----------
+    d : Mapping
+        A nested dict.
+    prefix : str, default ""
+        Put before every key.
+
+    Returns
+    -------
+    dict[str, Any]
+        Dotted keys to the leaf values.
+    """
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
@@ -70,7 +89,18 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def numeric(d: dict) -> dict[str, float]:
-    """The finite numbers of a (flattened) dict as floats; booleans as 0/1."""
+    """The finite numbers of a (flattened) dict as floats; booleans as 0/1.
+
+    Parameters
+    ----------
+    d : dict
+        A dict, nested or flat.
+
+    Returns
+    -------
+    dict[str, float]
+        Its finite numbers under dotted keys.
+    """
     out = {}
     for k, v in flatten(d).items():
         if isinstance(v, bool):
@@ -81,13 +111,34 @@ def numeric(d: dict) -> dict[str, float]:
 
 
 def param_value(v: Any) -> str:
-    """``v`` as an MLflow parameter value: a string, JSON otherwise, cut at MLflow's limit."""
+    """``v`` as an MLflow parameter value: a string, JSON otherwise, cut at MLflow's limit.
+
+    Parameters
+    ----------
+    v : Any
+        A parameter's value.
+
+    Returns
+    -------
+    str
+        At most 6000 characters.
+    """
     text = v if isinstance(v, str) else json.dumps(v)
     return text[:6000]  # MLflow's limit on a parameter value
 
 
 def read_state(path: Path) -> dict:
-    """The state file at ``path`` (``{}`` when missing, unreadable or not a JSON object)."""
+    """The state file at ``path`` (``{}`` when missing, unreadable or not a JSON object).
+
+    Parameters
+    ----------
+    path : Path
+        The state file.
+
+    Returns
+    -------
+    dict
+    """
     try:
         state = json.loads(path.read_text())
         return state if isinstance(state, dict) else {}
@@ -96,7 +147,15 @@ def read_state(path: Path) -> dict:
 
 
 def write_state(path: Path, state: dict) -> None:
-    """Write the state file at ``path`` atomically (a temporary file, then a rename)."""
+    """Write the state file at ``path`` atomically (a temporary file, then a rename).
+
+    Parameters
+    ----------
+    path : Path
+        The state file.
+    state : dict
+        What it holds (JSON).
+    """
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps(state, indent=2) + "\n")
     os.replace(tmp, path)
@@ -104,7 +163,18 @@ def write_state(path: Path, state: dict) -> None:
 
 @contextlib.contextmanager
 def locked(folder: Path) -> Iterator[None]:
-    """An exclusive lock on ``folder`` (a sweep's jobs may run in parallel processes)."""
+    """An exclusive lock on ``folder`` (a sweep's jobs may run in parallel processes).
+
+    Parameters
+    ----------
+    folder : Path
+        The folder whose ``.tracking.lock`` is locked.
+
+    Yields
+    ------
+    None
+        While the lock is held (without ``fcntl``: no lock).
+    """
     try:
         import fcntl
     except ImportError:  # no fcntl (Windows): jobs of one sweep run one at a time there
@@ -126,7 +196,18 @@ def quiet_store_logs() -> None:
 
 def probe_sqlite(uri: str) -> None:
     """A SQLite store that cannot be opened for writing fails here at once (MLflow retries
-    opening a database with backoff for about 100 s before it gives up)."""
+    opening a database with backoff for about 100 s before it gives up).
+
+    Parameters
+    ----------
+    uri : str
+        A tracking URI (only ``sqlite:///`` files are probed).
+
+    Raises
+    ------
+    OSError
+        When the SQLite store cannot be opened for writing.
+    """
     if not uri.startswith("sqlite:///"):
         return
     path = uri[len("sqlite:///") :].split("?", 1)[0]
@@ -146,12 +227,33 @@ def probe_sqlite(uri: str) -> None:
 
 
 def embedded_uri(folder: Path) -> str:
-    """The URI of the embedded MLflow store in ``folder`` (``sqlite:///<folder>/mlflow.db``)."""
+    """The URI of the embedded MLflow store in ``folder`` (``sqlite:///<folder>/mlflow.db``).
+
+    Parameters
+    ----------
+    folder : Path
+        The folder of the store.
+
+    Returns
+    -------
+    str
+    """
     return f"sqlite:///{(folder / STORE_FILE).absolute()}"
 
 
 def artifacts(out: Path) -> list[Path]:
     """The files of run folder ``out`` logged as artifacts: ``ARTIFACT_FILES`` and its plots and
-    tables (``*.png``, ``*.md``)."""
+    tables (``*.png``, ``*.md``).
+
+    Parameters
+    ----------
+    out : Path
+        The run folder.
+
+    Returns
+    -------
+    list[Path]
+        The files that exist, ``ARTIFACT_FILES`` first.
+    """
     files = [out / n for n in ARTIFACT_FILES if (out / n).is_file()]
     return files + sorted(p for p in out.iterdir() if p.is_file() and p.suffix in (".png", ".md"))
