@@ -25,7 +25,20 @@ __all__ = ["run_guarantee", "ledger", "check_audit", "warn_min_users"]
 # -- the ledger -----------------------------------------------------------------------------------
 def run_guarantee(spec: MethodSpec, aggregator: Aggregator | None) -> str:
     """The method's guarantee, downgraded to heuristic when the aggregator's own accounting
-    follows a paper's unproven constant (``privacy.accounting=paper``)."""
+    follows a paper's unproven constant (``privacy.accounting=paper``).
+
+    Parameters
+    ----------
+    spec : MethodSpec
+        The method's spec (its guarantee).
+    aggregator : Aggregator or None
+        The estimator.
+
+    Returns
+    -------
+    str
+        ``weakened`` (``audit.noise_scale`` != 1), ``heuristic`` or the method's guarantee.
+    """
     if aggregator is not None and aggregator.noise_scale != 1.0:
         return "weakened"  # audit.noise_scale: less noise than the ledger accounts
     if aggregator is not None and aggregator.guarantee == "heuristic":
@@ -35,7 +48,18 @@ def run_guarantee(spec: MethodSpec, aggregator: Aggregator | None) -> str:
 
 def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> Ledger:
     """The run's ledger head: unit, adjacency, accounting, guarantee, what is public, what is
-    released outside the guarantee."""
+    released outside the guarantee.
+
+    Parameters
+    ----------
+    cfg, spec, aggregator : RunConfig, MethodSpec, Aggregator or None
+        The configuration, the method's spec and its estimator.
+
+    Returns
+    -------
+    Ledger
+        The ledger, no release yet (its notes, public numbers and randomness set).
+    """
     p = cfg.privacy
     private = spec.private
     notes = [
@@ -103,7 +127,19 @@ AUDITABLE = ("gaussian", "gaussian_adaptive")
 
 
 def check_audit(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> None:
-    """``audit.canaries`` and ``audit.noise_scale`` need clip + Gaussian on the billboard."""
+    """``audit.canaries`` and ``audit.noise_scale`` need clip + Gaussian on the billboard.
+
+    Parameters
+    ----------
+    cfg, spec, aggregator : RunConfig, MethodSpec, Aggregator or None
+        The configuration, the method's spec and its estimator.
+
+    Raises
+    ------
+    ConfigError
+        An audit key set without clip + Gaussian on the billboard, or with a training
+        algorithm.
+    """
     for key, on in (
         ("audit.canaries", cfg.audit.canaries != 0),
         ("audit.noise_scale", cfg.audit.noise_scale != 1.0),
@@ -126,7 +162,18 @@ def check_audit(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None)
 
 def warn_min_users(aggregator: Aggregator | None) -> dict:
     """An unmet theoretical minimum number of users for the estimator's utility guarantee: a
-    warning (privacy holds for any n) and the summary's fields."""
+    warning (privacy holds for any n) and the summary's fields.
+
+    Parameters
+    ----------
+    aggregator : Aggregator or None
+        The estimator (its ``min_users_required`` and sampling population).
+
+    Returns
+    -------
+    dict
+        ``min_users_met``, ``min_users_required`` and ``units``; empty where no minimum.
+    """
     need = aggregator.min_users_required if aggregator is not None else None
     if need is None or aggregator is None:
         return {}

@@ -55,7 +55,25 @@ def model(
     char_gru for token sequences); ``given``: a module object from the Python API (copied).
     Layers that break per-user privacy (BatchNorm, ...) are refused, naming the layer.
     ``probe``: also run ``probe_model`` (``prepare`` does, once per run: a Flower owner
-    rebuilding the model from the same config skips it)."""
+    rebuilding the model from the same config skips it).
+
+    Parameters
+    ----------
+    cfg, records, given : RunConfig, Any, torch.nn.Module or None
+        The configuration; in-memory records (their input shape); a module object.
+    probe : bool, default False
+        Also run ``probe_model``.
+
+    Returns
+    -------
+    SplitModel
+        The model, parameters frozen (float64 under ``engine_opts.float64``).
+
+    Raises
+    ------
+    ConfigError
+        A model that cannot be built, does not fit, or fails the checks or the probe.
+    """
     from fedudp.models import custom, footprint
     from fedudp.models import validate as model_check
 
@@ -137,7 +155,18 @@ def builtin_model(m: Any) -> bool:
     per-record ``torch.func.vmap(grad(...))`` path ``tests/models/test_model_probe.py`` runs for
     every registered name: the run's probe skips that step for them (it imports
     ``torch._dynamo``, about a second of a small run's start); a user's or a plugin's model is
-    always probed."""
+    always probed.
+
+    Parameters
+    ----------
+    m : Any
+        A model.
+
+    Returns
+    -------
+    bool
+        Whether its class is defined under ``fedudp.models``.
+    """
     return type(m).__module__.startswith("fedudp.models.")
 
 
@@ -147,7 +176,24 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
     it (whichever of them a method shares, the kernel then runs on a subset of these layers; an
     exact nn.Linear applied twice per forward fails there); then every batched kernel's
     per-record outputs and gradients against each record's own pass (a model mixing the records
-    of a batch is refused: ``fedudp.owner.independence``). One-line ``ValueError``."""
+    of a batch is refused: ``fedudp.owner.independence``). One-line ``ValueError``.
+
+    Parameters
+    ----------
+    m : Any
+        The model (a ``torch.nn.Module``).
+    shape : tuple of int
+        Each record's declared feature shape.
+    classes : int
+        The number of classes (the output width).
+    tokens : bool
+        Whether the features are integer token ids.
+
+    Raises
+    ------
+    ValueError
+        A wrong output shape, a failing per-record kernel, or records mixed in a batch.
+    """
     from fedudp.models import validate as model_check
     from fedudp.owner import independence, per_sample
 
@@ -168,7 +214,25 @@ def probe_model(m: Any, shape: tuple[int, ...], classes: int, tokens: bool) -> N
 
 
 def method(cfg: RunConfig, net: SplitModel) -> MethodSpec:
-    """The method's split, privacy and update (decided here, once)."""
+    """The method's split, privacy and update (decided here, once).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``method``, ``model.personal``, ``privacy.*``).
+    net : SplitModel
+        The model whose parameters are split into shared and personal.
+
+    Returns
+    -------
+    MethodSpec
+        The method's spec.
+
+    Raises
+    ------
+    ConfigError
+        The method refuses the split (named ``model.personal``).
+    """
     try:
         return make_method(
             Method(cfg.method).value,
@@ -184,7 +248,18 @@ def method(cfg: RunConfig, net: SplitModel) -> MethodSpec:
 
 def owner_training(cfg: RunConfig) -> OwnerTraining:
     """The owner side's public hyperparameters, and each owner's public capacity for
-    owner-side DP-SGD (planned users; planned records under group privacy)."""
+    owner-side DP-SGD (planned users; planned records under group privacy).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``train.*``, ``privacy.*``, the plan).
+
+    Returns
+    -------
+    OwnerTraining
+        The shared and personal local SGD specs, the update, weights and capacities.
+    """
     t = cfg.train
     records = planned_owner_records(cfg)
     capacity = records if cfg.privacy.group_privacy else planned_owner_users(cfg)
@@ -204,7 +279,18 @@ def owner_training(cfg: RunConfig) -> OwnerTraining:
 def device(cfg: RunConfig) -> torch.device:
     """``engine_opts.device`` (checked by ``fedudp.build.check_config``): where the local engine's
     model, records and owner kernels live; the billboard, the ledger, the generators and every
-    noise draw stay on the CPU (docs/architecture.md#engines)."""
+    noise draw stay on the CPU (docs/architecture.md#engines).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    torch.device
+        The device.
+    """
     return torch.device(str(cfg.engine_opts.device))
 
 
@@ -216,7 +302,29 @@ def owners(
     records: Any = None,
 ) -> Owners:
     """The owner component from the config alone: the billboard process and every Flower
-    owner build the same. ``hooks``: a training algorithm's (``prepare`` passes them)."""
+    owner build the same. ``hooks``: a training algorithm's (``prepare`` passes them).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+    hooks : OwnerHooks or None
+        A training algorithm's owner hooks.
+    net, spec : SplitModel or None, MethodSpec or None
+        The model and method already built (None: built here with ``model`` / ``method``).
+    records : Any, default None
+        In-memory records (the model's input shape).
+
+    Returns
+    -------
+    Owners
+        The owner component, its model moved to ``engine_opts.device``.
+
+    Raises
+    ------
+    ConfigError
+        ``model``'s or ``method``'s errors, where they are built here.
+    """
     if cfg.engine_opts.threads:
         torch.set_num_threads(cfg.engine_opts.threads)
     net = net if net is not None else model(cfg, records)
