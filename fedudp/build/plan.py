@@ -31,7 +31,23 @@ __all__ = [
 
 # -- the public plan: counts known before any data is read ----------------------------------------
 def reader(cfg: RunConfig) -> DataReader:
-    """The registered data reader of ``dataset.name`` (``fedudp.data.readers.READERS``)."""
+    """The registered data reader of ``dataset.name`` (``fedudp.data.readers.READERS``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (its ``plugins`` are loaded first).
+
+    Returns
+    -------
+    DataReader
+        The reader.
+
+    Raises
+    ------
+    ConfigError
+        No reader of that name is registered.
+    """
     load_plugins(cfg.plugins)
     name = str(cfg.dataset.name)
     if name not in READERS:
@@ -40,7 +56,18 @@ def reader(cfg: RunConfig) -> DataReader:
 
 
 def read_request(cfg: RunConfig) -> ReadRequest:
-    """The reader's plain values from ``dataset.*``, ``partition.*`` and the seed."""
+    """The reader's plain values from ``dataset.*``, ``partition.*`` and the seed.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    ReadRequest
+        Paths, splits, column names, the user rule and the seed.
+    """
     d, part, cols = cfg.dataset, cfg.partition, cfg.dataset.columns
     return ReadRequest(
         name=str(d.name),
@@ -64,13 +91,47 @@ def read_request(cfg: RunConfig) -> ReadRequest:
 
 
 def natural(cfg: RunConfig) -> bool:
-    """Whether the users (and owner sizes) come from the data (docs/your-data.md)."""
+    """Whether the users (and owner sizes) come from the data (docs/your-data.md).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    bool
+        The reader's ``natural``.
+
+    Raises
+    ------
+    ConfigError
+        An unknown ``dataset.name`` (``reader``).
+    """
     return reader(cfg).natural
 
 
 def declared(cfg: RunConfig, key: str) -> int:
     """A natural federation's declared public number ``public.<key>`` (``ConfigError`` if not
-    declared; ``prepare`` first reads the data so that its message gives the data's value)."""
+    declared; ``prepare`` first reads the data so that its message gives the data's value).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+    key : str
+        ``users``, ``owner_capacity`` or ``records_per_user``.
+
+    Returns
+    -------
+    int
+        The declared value.
+
+    Raises
+    ------
+    ConfigError
+        ``public.<key>`` is null.
+    """
     v = getattr(cfg.public, key)
     if v is None:
         raise ConfigError(
@@ -82,7 +143,23 @@ def declared(cfg: RunConfig, key: str) -> int:
 
 def planned_owner_records(cfg: RunConfig) -> np.ndarray:
     """Each owner's public record count: floor/ceil(N/n) planned; for a natural federation
-    the declared capacity times the declared records per user (an upper bound)."""
+    the declared capacity times the declared records per user (an upper bound).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[owners]`` int64 record counts.
+
+    Raises
+    ------
+    ConfigError
+        A natural federation's undeclared ``public.*`` (``declared``).
+    """
     if natural(cfg):
         return np.full(
             cfg.partition.num_owners,
@@ -94,7 +171,23 @@ def planned_owner_records(cfg: RunConfig) -> np.ndarray:
 
 def planned_owner_users(cfg: RunConfig) -> np.ndarray:
     """Each owner's public user count: its records cut into users of records_per_user planned;
-    for a natural federation the declared capacity ``public.owner_capacity``."""
+    for a natural federation the declared capacity ``public.owner_capacity``.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[owners]`` int64 user counts.
+
+    Raises
+    ------
+    ConfigError
+        A natural federation's undeclared ``public.owner_capacity``.
+    """
     if natural(cfg):
         return np.full(cfg.partition.num_owners, declared(cfg, "owner_capacity"), dtype=np.int64)
     return federation_mod.planned_owner_users(
@@ -103,7 +196,23 @@ def planned_owner_users(cfg: RunConfig) -> np.ndarray:
 
 
 def planned_units(cfg: RunConfig) -> tuple[int, int]:
-    """(owners, users) of the federation: planned, or declared (``public.users``)."""
+    """(owners, users) of the federation: planned, or declared (``public.users``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    tuple of (int, int)
+        The number of owners and of users.
+
+    Raises
+    ------
+    ConfigError
+        A natural federation's undeclared ``public.users``.
+    """
     if natural(cfg):
         return int(cfg.partition.num_owners), declared(cfg, "users")
     users = planned_owner_users(cfg)
@@ -112,7 +221,25 @@ def planned_units(cfg: RunConfig) -> tuple[int, int]:
 
 def planned_shape(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], int]:
     """(input shape, classes) of the configured dataset: public, known before any data is read
-    (``input_spec``)."""
+    (``input_spec``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+    records : Any, default None
+        Accepted, not read.
+
+    Returns
+    -------
+    tuple of (tuple of int, int)
+        Each record's feature shape and the number of classes.
+
+    Raises
+    ------
+    ConfigError
+        As ``input_spec``.
+    """
     return input_spec(cfg, records)[:2]
 
 
@@ -122,7 +249,18 @@ SYNTHETIC_CLASSES = 10  # dataset.classes=null on the synthetic data set
 def declares_inputs(cfg: RunConfig) -> bool:
     """Whether the configuration declares the inputs (``dataset.classes``,
     ``dataset.input_shape``, ``dataset.tokens``): a reader with no ``inputs`` of its own (npz,
-    parquet, hf, memory, most plugins)."""
+    parquet, hf, memory, most plugins).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    bool
+        True where the reader declares no inputs of its own (never for synthetic).
+    """
     return str(cfg.dataset.name) != "synthetic" and reader(cfg).inputs is None
 
 
@@ -132,7 +270,25 @@ def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], in
     ``dataset.classes``, 10 when null); the others take ``dataset.input_shape``,
     ``dataset.classes`` and ``dataset.tokens`` (``ConfigError`` when one is missing;
     ``prepare`` first reads the data so that the message gives its value). ``records`` is
-    accepted for callers that pass them and is not read."""
+    accepted for callers that pass them and is not read.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``dataset.*``).
+    records : Any, default None
+        Accepted, not read.
+
+    Returns
+    -------
+    tuple of (tuple of int, int, bool)
+        Each record's feature shape, the number of classes, whether the features are tokens.
+
+    Raises
+    ------
+    ConfigError
+        A declared value other than the reader's own, or a missing declaration.
+    """
     d = cfg.dataset
     name = str(d.name)
     if name == "synthetic":
@@ -170,7 +326,23 @@ def input_spec(cfg: RunConfig, records: Any = None) -> tuple[tuple[int, ...], in
 def records_per_unit(cfg: RunConfig) -> int:
     """Records per privacy unit m (public): records_per_user, or an owner's share at owner
     level; a natural federation's declared ``public.records_per_user`` (times the declared
-    owner capacity at owner level)."""
+    owner capacity at owner level).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    int
+        m, at least 1.
+
+    Raises
+    ------
+    ConfigError
+        A natural federation's undeclared ``public.*``.
+    """
     if natural(cfg):
         m = declared(cfg, "records_per_user")
         return m * declared(cfg, "owner_capacity") if Unit(cfg.privacy.unit) == Unit.owner else m
@@ -182,7 +354,24 @@ def records_per_unit(cfg: RunConfig) -> int:
 def public_numbers(cfg: RunConfig) -> dict:
     """The numbers the accountant treats as public, and where they come from (the ledger):
     the populations (upper bounds for a natural federation) and the model's input shape and
-    classes (``input_spec``)."""
+    classes (``input_spec``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    dict
+        ``users``, ``owners``, ``owner_capacity``, ``records_per_user``, ``classes``,
+        ``input_shape``, ``tokens`` and ``source`` (where they come from).
+
+    Raises
+    ------
+    ConfigError
+        An undeclared public number or input (natural federations).
+    """
     shape, classes, tokens = input_spec(cfg)
     inputs = {
         "classes": int(classes),
@@ -217,7 +406,18 @@ def public_numbers(cfg: RunConfig) -> dict:
 
 
 def check_planned_public(cfg: RunConfig) -> None:
-    """A planned federation's ``public.*``, where set, must be the plan's."""
+    """A planned federation's ``public.*``, where set, must be the plan's.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (nothing is checked for a natural federation).
+
+    Raises
+    ------
+    ConfigError
+        A declared ``public.*`` value other than the plan's.
+    """
     if natural(cfg):
         return
     plan = public_numbers(cfg)
