@@ -40,7 +40,26 @@ def _natural_key(cfg: RunConfig) -> str:
 def natural_records(cfg: RunConfig, given: Any = None) -> tuple[Records, Records | None]:
     """The grouped training records (every user has an owner) and the test records of a
     natural federation: read from the configured files (once per process), or ``given``
-    (``dataset.name=memory``: a ``Records`` or a (train, test) pair)."""
+    (``dataset.name=memory``: a ``Records`` or a (train, test) pair).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``dataset.*``, ``partition.*``).
+    given : Records or tuple of Records or None
+        In-memory records (``dataset.name=memory`` only).
+
+    Returns
+    -------
+    tuple of (Records, Records or None)
+        The grouped training records (private data) and the test records.
+
+    Raises
+    ------
+    ConfigError
+        memory without records, records with another reader, a missing declaration or a
+        grouping that fails (a ``DataError`` for data that disagrees with the declaration).
+    """
     name = str(cfg.dataset.name)
     if name == "memory":
         if given is None:
@@ -78,7 +97,26 @@ def declared_inputs(
     (a missing one is one line giving the data's values), every record must have the declared
     shape, integer features need ``dataset.tokens=true`` (and float ones false), and every label
     must lie in [0, classes) (a ``DataError`` naming the file). The records come back with the
-    declared class count (in-memory records' own ``classes`` is replaced)."""
+    declared class count (in-memory records' own ``classes`` is replaced).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``dataset.*``).
+    train, test : Records, Records or None
+        The records read (private data).
+
+    Returns
+    -------
+    tuple of (Records, Records or None)
+        The same records with the declared class count.
+
+    Raises
+    ------
+    ConfigError
+        A missing declaration, a wrong shape or feature type; ``DataError``: a label
+        outside [0, classes).
+    """
     from dataclasses import replace
 
     name = str(cfg.dataset.name)
@@ -176,7 +214,18 @@ def _group(cfg: RunConfig, train: Records, test: Records | None) -> tuple[Record
 
 def natural_numbers(train: Records) -> dict:
     """What a grouped natural federation holds: users, owners, the largest owner (users), the
-    largest user (records)."""
+    largest user (records).
+
+    Parameters
+    ----------
+    train : Records
+        The grouped training records (every user has an owner).
+
+    Returns
+    -------
+    dict
+        ``users``, ``owners``, ``owner_capacity`` and ``records_per_user`` (private counts).
+    """
     users, uinv = np.unique(train.user, return_inverse=True)
     per_user = np.bincount(uinv)
     first = np.unique(train.user, return_index=True)[1]
@@ -195,7 +244,20 @@ def check_public(cfg: RunConfig, train: Records) -> None:
     users in at most ``partition.num_owners`` owners, every owner within the capacity, every
     user within the records bound (fewer users, or empty owners, run under the same declaration
     with the same schedule, divisor and noise). A missing declaration is one line that gives the
-    data's value; data exceeding one is one line naming the key."""
+    data's value; data exceeding one is one line naming the key.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration (``public.*``, ``partition.num_owners``).
+    train : Records
+        The grouped training records.
+
+    Raises
+    ------
+    ConfigError
+        A missing declaration, or data exceeding a declared bound.
+    """
     have = natural_numbers(train)
     missing = [
         k for k in ("users", "owner_capacity", "records_per_user") if getattr(cfg.public, k) is None
@@ -234,7 +296,26 @@ def check_public(cfg: RunConfig, train: Records) -> None:
 
 def federation(cfg: RunConfig, records: Any = None) -> Federation:
     """Load the configured pool and partition it over owners and users (seeded); a natural
-    federation's grouped records laid out, its declared public numbers checked first."""
+    federation's grouped records laid out, its declared public numbers checked first.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+    records : Any, default None
+        In-memory records (``dataset.name=memory``).
+
+    Returns
+    -------
+    Federation
+        Every owner's training and test records (private data).
+
+    Raises
+    ------
+    ConfigError
+        ``natural_records``' and ``check_public``'s errors, more records asked for than the
+        data set holds, or a partition that cannot be made.
+    """
     d, part = cfg.dataset, cfg.partition
     if natural(cfg):
         from fedudp.data import natural as nat
