@@ -54,7 +54,20 @@ def same_config(out: Path, cfg: RunConfig) -> bool | None:
     """Whether ``out/config.yaml`` is this config (``progress``, ``engine_opts.threads`` and
     ``engine_opts.device`` aside: they change how a run is shown and scheduled, not the
     experiment, though a thread count or a GPU can move float rounding); None if there is none
-    (an unreadable one counts as another run's)."""
+    (an unreadable one counts as another run's).
+
+    Parameters
+    ----------
+    out : Path
+        A run folder.
+    cfg : RunConfig
+        This run's configuration.
+
+    Returns
+    -------
+    bool or None
+        True: the same experiment; False: another (or unreadable); None: no config.yaml.
+    """
     path = out / "config.yaml"
     if not path.is_file():
         return None
@@ -67,7 +80,18 @@ def same_config(out: Path, cfg: RunConfig) -> bool | None:
 
 def saved_config(path: Path) -> dict:
     """A run's saved config.yaml with the current schema's defaults for keys it predates
-    (``config.with_schema_defaults``)."""
+    (``config.with_schema_defaults``).
+
+    Parameters
+    ----------
+    path : Path
+        The config.yaml file.
+
+    Returns
+    -------
+    dict
+        The config as plain values.
+    """
     from omegaconf import OmegaConf
 
     return with_schema_defaults(OmegaConf.load(path))
@@ -76,7 +100,18 @@ def saved_config(path: Path) -> dict:
 def comparable(d: Any) -> Any:
     """A config dict without what changes how a run is shown, scheduled, checkpointed, tracked
     or resumed, not what it computes (``progress``, ``engine_opts.threads``,
-    ``engine_opts.device``, ``checkpoint``, ``tracking``, ``resume``)."""
+    ``engine_opts.device``, ``checkpoint``, ``tracking``, ``resume``).
+
+    Parameters
+    ----------
+    d : Any
+        A config dict (anything else comes back as it is).
+
+    Returns
+    -------
+    Any
+        A copy without those keys.
+    """
     if not isinstance(d, dict):
         return d
     d = {k: v for k, v in d.items() if k not in ("progress", "checkpoint", "tracking", "resume")}
@@ -88,7 +123,20 @@ def comparable(d: Any) -> Any:
 
 
 def config_differences(out: Path, cfg: RunConfig) -> list[str]:
-    """Dotted keys where ``out/config.yaml`` and ``cfg`` differ (``comparable`` parts)."""
+    """Dotted keys where ``out/config.yaml`` and ``cfg`` differ (``comparable`` parts).
+
+    Parameters
+    ----------
+    out : Path
+        A run folder holding config.yaml.
+    cfg : RunConfig
+        This run's configuration.
+
+    Returns
+    -------
+    list of str
+        The differing keys, sorted (``train.rounds``, ...).
+    """
     theirs = comparable(saved_config(out / "config.yaml"))
     mine = comparable(config_dict(cfg))
 
@@ -107,7 +155,20 @@ def config_differences(out: Path, cfg: RunConfig) -> list[str]:
 def finished_summary(cfg: RunConfig, out_dir: str | Path) -> dict | None:
     """summary.json of a run of this very config that already finished in ``out_dir`` (a
     re-run sweep skips it), else None. ``progress`` does not count; a run that stopped
-    ``interrupted`` or ``failed`` has not finished."""
+    ``interrupted`` or ``failed`` has not finished.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        This run's configuration.
+    out_dir : str or Path
+        The run folder.
+
+    Returns
+    -------
+    dict or None
+        summary.json's content, or None (no finished run of this config, unreadable JSON).
+    """
     out = Path(out_dir)
     if not (out / "summary.json").is_file() or not same_config(out, cfg):
         return None
@@ -130,7 +191,25 @@ OUTPUT_FILES = (
 
 def output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
     """The run's folder, writable. A folder holding another configuration's run is refused (runs
-    are never mixed); an unfinished run of this very configuration is cleared and redone."""
+    are never mixed); an unfinished run of this very configuration is cleared and redone.
+
+    Parameters
+    ----------
+    out_dir : str or Path
+        The run folder (created if needed).
+    cfg : RunConfig
+        This run's configuration.
+
+    Returns
+    -------
+    Path
+        The folder.
+
+    Raises
+    ------
+    ConfigError
+        The folder holds another run, or cannot be written.
+    """
     out = Path(out_dir)
     same = same_config(out, cfg)
     if same is False:
@@ -156,7 +235,18 @@ def output_folder(out_dir: str | Path, cfg: RunConfig) -> Path:
 
 
 def ledger_head(p: Prepared) -> dict:
-    """ledger.jsonl's head line: the ledger without its entries and what they give."""
+    """ledger.jsonl's head line: the ledger without its entries and what they give.
+
+    Parameters
+    ----------
+    p : Prepared
+        The prepared run (its ledger).
+
+    Returns
+    -------
+    dict
+        The head line's content.
+    """
     return ledger_file.head(p.ledger)
 
 
@@ -170,7 +260,31 @@ def start_outputs(
     """The run folder, its checkpointer, the durable writer of ledger.jsonl (the billboard's
     ledger sink) and the round a resumed run starts from. A new run (``resume`` unset) writes
     its config.yaml, an empty metrics.jsonl and ledger.jsonl's head line; a resumed one
-    continues from its newest usable checkpoint (``resume_from``)."""
+    continues from its newest usable checkpoint (``resume_from``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run's configuration.
+    out_dir : str or Path
+        The run folder.
+    resume : str or None
+        The folder being resumed (set: continue there).
+    p : Prepared
+        The prepared run.
+    metrics_path : Path
+        metrics.jsonl (emptied for a new run).
+
+    Returns
+    -------
+    tuple of (Path, Checkpointer, LedgerFile, int or None)
+        The folder, its checkpointer, ledger.jsonl's writer, the round resumed from (None: new).
+
+    Raises
+    ------
+    ConfigError
+        ``output_folder``'s or ``resume_from``'s errors.
+    """
     ledger_path = Path(out_dir) / "ledger.jsonl"
     if resume:
         out = Path(out_dir)
@@ -186,13 +300,35 @@ def start_outputs(
 
 
 def identity(cfg: RunConfig) -> str:
-    """What a checkpoint must have been written by: this configuration (``comparable``)."""
+    """What a checkpoint must have been written by: this configuration (``comparable``).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    str
+        Its comparable part as JSON (keys sorted).
+    """
     return json.dumps(comparable(config_dict(cfg)), sort_keys=True)
 
 
 def same_identity(cfg: RunConfig) -> Callable[[str], bool]:
     """A checkpoint's identity read through the current schema's defaults (as ``saved_config``
-    reads an old config.yaml) equals this configuration's."""
+    reads an old config.yaml) equals this configuration's.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+
+    Returns
+    -------
+    Callable[[str], bool]
+        Whether a checkpoint's identity (``identity``'s JSON) is this configuration.
+    """
     mine = comparable(config_dict(cfg))
 
     def same(identity: str) -> bool:
@@ -212,7 +348,22 @@ def same_identity(cfg: RunConfig) -> Callable[[str], bool]:
 
 def checkpointer(out: Path, cfg: RunConfig, s: RunSettings) -> checkpoints.Checkpointer:
     """The run's checkpointer in ``out``: every ``checkpoint.every``-th round, the newest
-    ``checkpoint.keep`` kept (``s``: the run's settings), written by this configuration."""
+    ``checkpoint.keep`` kept (``s``: the run's settings), written by this configuration.
+
+    Parameters
+    ----------
+    out : Path
+        The run folder.
+    cfg : RunConfig
+        The configuration (the checkpoints' identity).
+    s : RunSettings
+        The run's settings.
+
+    Returns
+    -------
+    Checkpointer
+        The checkpointer.
+    """
     return checkpoints.Checkpointer(
         out,
         s.checkpoint_every,
@@ -223,7 +374,20 @@ def checkpointer(out: Path, cfg: RunConfig, s: RunSettings) -> checkpoints.Check
 
 
 def check_resumable(out: Path, cfg: RunConfig) -> None:
-    """``resume=<folder>`` must name a run folder of this very configuration."""
+    """``resume=<folder>`` must name a run folder of this very configuration.
+
+    Parameters
+    ----------
+    out : Path
+        The folder to resume.
+    cfg : RunConfig
+        This run's configuration.
+
+    Raises
+    ------
+    ConfigError
+        No config.yaml there, or another configuration's (the differing keys named).
+    """
     if not (out / "config.yaml").is_file():
         raise ConfigError(f"resume={out}: not a fedudp run folder (no config.yaml there)")
     if not same_config(out, cfg):
@@ -239,7 +403,27 @@ def resume_from(out: Path, cfg: RunConfig, p: Prepared) -> tuple[checkpoints.Che
     """Load the newest usable checkpoint in ``out`` (reporting each unusable one on stderr),
     cut metrics.jsonl back to its round and account for every release ledger.jsonl holds
     after it (``releases_after``); returns the checkpointer and the number of entries
-    ledger.jsonl then holds."""
+    ledger.jsonl then holds.
+
+    Parameters
+    ----------
+    out : Path
+        The run folder.
+    cfg : RunConfig
+        The configuration.
+    p : Prepared
+        The prepared run (its ledger and billboard).
+
+    Returns
+    -------
+    tuple of (Checkpointer, int)
+        The checkpointer (its ``resumed`` state set) and ledger.jsonl's entry count.
+
+    Raises
+    ------
+    ConfigError
+        No usable checkpoint, or releases that cannot be accounted.
+    """
     ckpt = checkpointer(out, cfg, p.settings)
     state = ckpt.load_latest()
     if state is None:
@@ -265,7 +449,27 @@ def releases_after(out: Path, state: dict, p: Prepared) -> list[LedgerEntry]:
     budget check and ε count them; the run may stop earlier) and the head's
     ``extra.resumes`` says how many; a seeded run's are handed to the billboard, which
     composes any that its re-done round does not release again identically
-    (``Billboard.rereleases``). ledger.jsonl is then the checkpoint's entries and these."""
+    (``Billboard.rereleases``). ledger.jsonl is then the checkpoint's entries and these.
+
+    Parameters
+    ----------
+    out : Path
+        The run folder (its ledger.jsonl).
+    state : dict
+        The checkpoint's state (its ``billboard`` entries and ``round``; updated in place).
+    p : Prepared
+        The prepared run (its ledger's ``extra.resumes`` set).
+
+    Returns
+    -------
+    list of LedgerEntry
+        The checkpoint's entries and the releases after it that are composed.
+
+    Raises
+    ------
+    ConfigError
+        ledger.jsonl does not agree with the checkpoint.
+    """
     board = state["billboard"]
     if board is None:
         return []
@@ -288,6 +492,17 @@ def releases_after(out: Path, state: dict, p: Prepared) -> list[LedgerEntry]:
 
 
 def write_owners(path: Path, fed: Federation, res: RoundsResult) -> None:
+    """Write owners.csv: one row per owner (records, users, test records, accuracy, loss).
+
+    Parameters
+    ----------
+    path : Path
+        The file written.
+    fed : Federation
+        The federation (each owner's counts and classes).
+    res : RoundsResult
+        The round loop's result (each owner's final accuracy and loss).
+    """
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
@@ -309,6 +524,18 @@ def write_owners(path: Path, fed: Federation, res: RoundsResult) -> None:
 
 
 def to_yaml(d: dict) -> str:
+    """A config dict as YAML (config.yaml's text).
+
+    Parameters
+    ----------
+    d : dict
+        The config (``config_dict``).
+
+    Returns
+    -------
+    str
+        The YAML.
+    """
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.create(d))
