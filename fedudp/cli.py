@@ -101,7 +101,18 @@ def _hydra_main() -> None:
 
 def canary_text(est: dict | None) -> str:
     """The last line's canary part (``audit.canaries``): the one-run ε estimate, its interval
-    and that it is an estimate, not a bound ('' without canaries)."""
+    and that it is an estimate, not a bound ('' without canaries).
+
+    Parameters
+    ----------
+    est : dict or None
+        summary.json's ``canary_epsilon_estimate`` (``value``, ``ci``, ``kind``, ``canaries``).
+
+    Returns
+    -------
+    str
+        The text, led by two spaces; '' for None or an empty dict.
+    """
     if not est:
         return ""
     if est.get("value") is None:
@@ -140,7 +151,25 @@ def user_searchpath(argv: list[str], cwd: str | Path | None = None) -> list[str]
     own config tree), where that folder exists and is not fedudp's own (a checkout's top-level
     ``conf/`` is). A ``hydra.searchpath=...`` given on the command line is left as it is (it
     replaces this one). A file there that shadows one of fedudp's with other content is refused:
-    fedudp's comes first on the path, so the user's would be ignored silently."""
+    fedudp's comes first on the path, so the user's would be ignored silently.
+
+    Parameters
+    ----------
+    argv : list of str
+        The command line's arguments.
+    cwd : str or Path or None
+        The current directory (None: ``Path.cwd()``).
+
+    Returns
+    -------
+    list of str
+        ``argv``, with ``hydra.searchpath=[...]`` inserted before the first override.
+
+    Raises
+    ------
+    SystemExit
+        Status 2 (``fail``): a file in ``./conf`` shadows one of fedudp's with other content.
+    """
     conf = Path(cwd or Path.cwd()) / USER_CONF
     if not conf.is_dir() or conf.resolve() == Path(CONF_DIR).resolve():
         return argv
@@ -163,7 +192,19 @@ def user_searchpath(argv: list[str], cwd: str | Path | None = None) -> list[str]
 
 def preflight(argv: list[str]) -> None:
     """Compose the config the way Hydra will (first value of each sweep) so that an unknown key
-    or a bad value ends as ``fedudp: error: <key>: ...`` before Hydra starts any job."""
+    or a bad value ends as ``fedudp: error: <key>: ...`` before Hydra starts any job.
+
+    Parameters
+    ----------
+    argv : list of str
+        The command line's arguments (``key=value`` overrides and flags).
+
+    Raises
+    ------
+    SystemExit
+        Status 2 (``fail``): an unparsable override, an unusable output folder, an unknown
+        key, a bad value or a missing config group option.
+    """
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -289,6 +330,16 @@ def help_text(cwd: str | Path | None = None) -> str:
 
 
 def main() -> None:
+    """The ``fedudp`` command: ``--version``, ``--help``, else a Hydra run (or sweep).
+
+    Reads ``sys.argv``: resumes in place, adds ``./conf`` to the search path, checks the
+    config (``preflight``) and hands over to Hydra.
+
+    Raises
+    ------
+    SystemExit
+        Status 2 for a user error (one line on stderr).
+    """
     if sys.argv[1:] == ["--version"]:
         from fedudp.provenance import version
 
