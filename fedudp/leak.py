@@ -79,7 +79,17 @@ def leak_config(**overrides: Any) -> RunConfig:
 
 @dataclass
 class LeakPair:
-    """The owner side's output on D (with the canary user) and D' (without)."""
+    """The owner side's output on D (with the canary user) and D' (without).
+
+    Attributes
+    ----------
+    with_user, without_user : Contribution
+        The clipped sums on D and D'.
+    clip : float
+        The clipping norm C.
+    prepared : Any
+        The ``fedudp.run.Prepared`` of the pair (its aggregator, ledger, config).
+    """
 
     with_user: Contribution
     without_user: Contribution

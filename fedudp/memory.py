@@ -18,7 +18,18 @@ __all__ = ["memory_bytes", "size_text", "check_arrays"]
 def memory_bytes(device: str = "cpu") -> int | None:
     """The memory an allocation on ``device`` can use: the machine's physical memory (its
     cgroup's ``memory.max`` where that is lower), or a CUDA device's total memory; None where
-    it cannot be read."""
+    it cannot be read.
+
+    Parameters
+    ----------
+    device : str, default "cpu"
+        ``cpu`` or a CUDA device (``cuda``, ``cuda:1``).
+
+    Returns
+    -------
+    int or None
+        Bytes.
+    """
     if device.startswith("cuda"):
         import torch
 
@@ -41,7 +52,17 @@ def memory_bytes(device: str = "cpu") -> int | None:
 
 
 def size_text(n: float) -> str:
-    """``6.4e12`` -> ``5.82 TiB`` (binary units)."""
+    """``6.4e12`` -> ``5.82 TiB`` (binary units).
+
+    Parameters
+    ----------
+    n : float
+        Bytes.
+
+    Returns
+    -------
+    str
+    """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
         if n < 1024 or unit == "EiB":
             return f"{n:.3g} {unit}" if unit != "B" else f"{int(n)} B"
@@ -51,7 +72,24 @@ def size_text(n: float) -> str:
 
 def check_arrays(what: str, elements: float, itemsize: int, fix: str) -> None:
     """Refuse (``ConfigError``: ``<what>: ...; <fix>``) arrays of ``elements`` elements of
-    ``itemsize`` bytes that exceed this machine's memory, before they are allocated."""
+    ``itemsize`` bytes that exceed this machine's memory, before they are allocated.
+
+    Parameters
+    ----------
+    what : str
+        What needs them (the message's start).
+    elements : float
+        How many elements.
+    itemsize : int
+        Bytes per element.
+    fix : str
+        What to change (the message's end).
+
+    Raises
+    ------
+    ConfigError
+        When they exceed this machine's memory.
+    """
     have = memory_bytes()
     need = float(elements) * itemsize
     if have is not None and need > have:

@@ -18,7 +18,16 @@ LONG_RUN_SECONDS = 86_400.0  # a day
 
 
 def duration_text(seconds: float) -> str:
-    """``90`` -> ``1.5 minutes``; ``5e7`` -> ``1.6 years``."""
+    """``90`` -> ``1.5 minutes``; ``5e7`` -> ``1.6 years``.
+
+    Parameters
+    ----------
+    seconds : float
+
+    Returns
+    -------
+    str
+    """
     for unit, size in (("year", 365.25 * 86400), ("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds >= size:
             n = f"{seconds / size:.3g}"
@@ -29,7 +38,19 @@ def duration_text(seconds: float) -> str:
 def rounds_notice(rounds: int, done: int = 0, limit: int | None = None) -> str | None:
     """Before round ``done + 1`` of a run of ``rounds`` rounds (``done``: a resumed run's rounds
     so far): the notice when more than ``limit`` (``LONG_RUN_ROUNDS``) rounds are left, else
-    None."""
+    None.
+
+    Parameters
+    ----------
+    rounds, done : int
+        The run's rounds; those already done.
+    limit : int, optional
+        The most rounds left without a notice (default ``LONG_RUN_ROUNDS``).
+
+    Returns
+    -------
+    str or None
+    """
     limit = LONG_RUN_ROUNDS if limit is None else int(limit)
     left = int(rounds) - int(done)
     if left <= limit:
@@ -47,7 +68,21 @@ def speed_notice(
     """After round ``round_`` (this process's second) took ``seconds``: the notice when the
     ``rounds - round_`` rounds left would take more than ``limit`` (``LONG_RUN_SECONDS``)
     seconds at that speed (an estimate: a round's time varies, and a budget or the estimator
-    may stop the run earlier), else None."""
+    may stop the run earlier), else None.
+
+    Parameters
+    ----------
+    rounds, round_ : int
+        The run's rounds; the round just measured.
+    seconds : float
+        How long it took.
+    limit : float, optional
+        The most seconds left without a notice (default ``LONG_RUN_SECONDS``).
+
+    Returns
+    -------
+    str or None
+    """
     limit = LONG_RUN_SECONDS if limit is None else float(limit)
     left = int(rounds) - int(round_)
     estimate = max(float(seconds), 0.0) * left

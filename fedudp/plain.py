@@ -20,7 +20,18 @@ class Choice(str, Enum):  # noqa: UP042 - StrEnum would change format() and auto
 
 
 def jsonable(x: Any) -> Any:
-    """Plain JSON types: enums as their values, numpy scalars as Python, non-finite as None."""
+    """Plain JSON types: enums as their values, numpy scalars as Python, non-finite as None.
+
+    Parameters
+    ----------
+    x : Any
+        A value (dicts and sequences converted throughout).
+
+    Returns
+    -------
+    Any
+        Dicts (string keys), lists and plain scalars.
+    """
     import numpy as np
 
     if isinstance(x, dict):

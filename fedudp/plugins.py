@@ -29,7 +29,13 @@ _entry_points_loaded = False
 
 
 def load_entry_points() -> None:
-    """Import every installed ``fedudp.plugins`` entry point's module (once per process)."""
+    """Import every installed ``fedudp.plugins`` entry point's module (once per process).
+
+    Raises
+    ------
+    ConfigError
+        When an entry point cannot be loaded (naming it and the error).
+    """
     global _entry_points_loaded
     if _entry_points_loaded:
         return

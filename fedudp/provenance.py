@@ -21,7 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) ab
 @lru_cache(maxsize=1)
 def version() -> str:
     """The installed distribution's version (``pyproject.toml``'s ``version``); ``0+unknown``
-    when fedudp is imported without being installed."""
+    when fedudp is imported without being installed.
+
+    Returns
+    -------
+    str
+    """
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
 
@@ -44,7 +49,12 @@ def _git(*args: str) -> str | None:
 def source() -> dict:
     """``{"commit": sha or None, "modified": bool or None}``: the commit of the checkout fedudp
     is imported from, and whether its tracked files differ from that commit (None for both
-    where fedudp is not imported from a git checkout, e.g. an installed wheel)."""
+    where fedudp is not imported from a git checkout, e.g. an installed wheel).
+
+    Returns
+    -------
+    dict
+    """
     if not (ROOT / ".git").exists() or not (ROOT / "fedudp" / "provenance.py").is_file():
         return {"commit": None, "modified": None}
     head = _git("rev-parse", "HEAD")
@@ -56,5 +66,11 @@ def source() -> dict:
 
 
 def provenance() -> dict:
-    """What a run folder records: ``fedudp_version`` and ``source`` (commit, modified)."""
+    """What a run folder records: ``fedudp_version`` and ``source`` (commit, modified).
+
+    Returns
+    -------
+    dict
+        ``{"fedudp_version": ..., "source": {"commit": ..., "modified": ...}}``.
+    """
     return {"fedudp_version": version(), "source": source()}

@@ -46,6 +46,24 @@ __all__ = [
 
 
 class Purpose(IntEnum):
+    """What a stream is for: the second word of its key (``entropy``).
+
+    Attributes
+    ----------
+    USER_ORDER, PERSONAL_ORDER, OWNER_ORDER : int
+        Record orders: a user's in local SGD, an owner's personal update's, standard FedAvg's.
+    DPSGD_SAMPLE, DPSGD_NOISE, DPSGD_COUNT_NOISE : int
+        An owner's DP-SGD step: its Poisson sample of users, its noise, its count's noise.
+    SAMPLE, NOISE : int
+        The billboard's Poisson sample of units and its release noise.
+    SMOOTHING, SCHEDULE, PERSONAL_NOISE : int
+        Alg. 3's smoothing, an algorithm's public schedule, Alg. 1's personal-block noise.
+    CANARY, CANARY_SAMPLE : int
+        A canary's fixed direction; the billboard's sample of the canaries.
+    SYNTHETIC_TEACHER, PARTITION : int
+        The synthetic dataset's teacher; the owners' classes, record split and users.
+    """
+
     USER_ORDER = 1  # a user's record order in local SGD (shared vectors)
     PERSONAL_ORDER = 2  # an owner's record order in its personal update
     OWNER_ORDER = 3  # an owner's record order in standard FedAvg (all its records)
@@ -180,12 +198,23 @@ def torch_generator(seed: int, purpose: Purpose, *keys: int) -> torch.Generator:
 
 
 def secure_numpy_rng() -> np.random.Generator:
-    """A numpy generator from 128 bits of fresh OS entropy (nothing of the run in it)."""
+    """A numpy generator from 128 bits of fresh OS entropy (nothing of the run in it).
+
+    Returns
+    -------
+    np.random.Generator
+    """
     return np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
 
 
 def secure_torch_generator() -> torch.Generator:
-    """A torch generator seeded from 64 bits of fresh OS entropy (``manual_seed`` takes 64)."""
+    """A torch generator seeded from 64 bits of fresh OS entropy (``manual_seed`` takes 64).
+
+    Returns
+    -------
+    torch.Generator
+        On the CPU.
+    """
     return torch.Generator().manual_seed(secrets.randbits(64))
 
 

@@ -29,7 +29,17 @@ _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | signal.Hand
 
 
 class RunInterrupted(Exception):
-    """SIGINT or SIGTERM arrived during a run (``signum``)."""
+    """SIGINT or SIGTERM arrived during a run (``signum``).
+
+    Parameters
+    ----------
+    signum : int
+        The signal's number (the message is its name).
+
+    Attributes
+    ----------
+    signum : int
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -40,7 +50,13 @@ class StopFlag:
     """A stop signal caught by the main thread for a round loop that runs in another thread
     (Flower's ServerApp): ``catching()`` installs SIGINT/SIGTERM handlers that only record the
     signal (a second one acts as the signal's default would); the loop and the transport's
-    waits poll ``signum``."""
+    waits poll ``signum``.
+
+    Attributes
+    ----------
+    signum : int or None
+        The first stop signal caught (None: none yet).
+    """
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -77,7 +93,18 @@ class StopFlag:
 class StopSignals:
     """SIGINT/SIGTERM as ``RunInterrupted`` (main thread only), deferred inside ``critical()``;
     in another thread, the ``flag`` the main thread sets, polled by ``check()`` (each round,
-    the end of each critical section, and the transport's waits)."""
+    the end of each critical section, and the transport's waits).
+
+    Parameters
+    ----------
+    flag : StopFlag, optional
+        The main thread's flag, polled by ``check()``.
+
+    Attributes
+    ----------
+    pending : int or None
+        A signal deferred until the critical section ends.
+    """
 
     def __init__(self, flag: StopFlag | None = None) -> None:
         self.pending: int | None = None

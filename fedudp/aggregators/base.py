@@ -467,7 +467,12 @@ RUN_INPUTS = {
 
 
 class EstimatorRegistry(Registry):
-    """The estimators by ``aggregator=`` name; ``register`` checks each one's declarations."""
+    """The estimators by ``aggregator=`` name; ``register`` checks each one's declarations.
+
+    Parameters
+    ----------
+    kind, key : str
+        As ``Registry``'s: what an entry is, and its configuration key."""
 
     def options(self) -> dict[str, Option]:
         """Every registered estimator's options (and the common ones) by name: the
@@ -491,7 +496,12 @@ def _keywords(fn: Callable[..., Any], skip: tuple[str, ...] = ()) -> set[str]:
 def check_declarations(cls: type[Aggregator]) -> None:
     """An estimator's ``inputs``, ``options`` and ``noise_inputs`` are exactly what its
     ``calibrated`` (and ``with_noise_multiplier``) take: the builder passes every one of them by
-    keyword and nothing else, so no parameter silently keeps its default. ``TypeError``."""
+    keyword and nothing else, so no parameter silently keeps its default. ``TypeError``.
+
+    Raises
+    ------
+    TypeError
+        When an input is not a run value, an option is declared differently, or they differ."""
     where = f"{cls.__module__}.{cls.__qualname__}"
     unknown = [k for k in cls.inputs if k not in RUN_INPUTS]
     if unknown:

@@ -23,7 +23,22 @@ def rotated_blocks(
     rows: CohortRows, rotation: RandomRotation | None, step: int, k: int
 ) -> Callable[[], Iterator[tuple[int, torch.Tensor]]]:
     """The passes' blocks: each ``step`` received rows rotated in float64 into reused buffers
-    (``RandomRotation.rotate_block``), or copied there (the rows stay unwritten); (start, block)."""
+    (``RandomRotation.rotate_block``), or copied there (the rows stay unwritten); (start, block).
+
+    Parameters
+    ----------
+    rows : CohortRows
+        The cohort's received rows (private data).
+    rotation : RandomRotation or None
+        The release's rotation (None: the rows as they are).
+    step, k : int
+        Rows per block; the (padded) dimension.
+
+    Returns
+    -------
+    Callable[[], Iterator[tuple[int, torch.Tensor]]]
+        A fresh iterator over (start, block ``[<= step, k]``) at each call.
+    """
     dev, f64 = rows.device, torch.float64
     out = torch.empty(step, k, dtype=f64, device=dev)
     padded, work = out, out  # the rotation's input and scratch blocks, only where it rotates
@@ -53,7 +68,28 @@ def first_pass(
 ) -> tuple[Binned | Counted, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pass 1: every entry's PrivateRange bin (their counts per column where there are at most
     ``count_bins`` bins, else the bins themselves), the column sums and each column's min and
-    max (float64), the zero rows past the received ones counted, not rotated."""
+    max (float64), the zero rows past the received ones counted, not rotated.
+
+    Parameters
+    ----------
+    blocks : Callable[[], Iterator[tuple[int, torch.Tensor]]]
+        The rows' blocks (``rotated_blocks``); each is written in place.
+    rows : CohortRows
+        The cohort's rows (their count ``n`` and how many were received).
+    k : int
+        The dimension.
+    tau, bound : float
+        The bins' half width τ and the public bound B.
+    step : int
+        Rows per block.
+    count_bins : int
+        The most bins that are counted per column rather than stored.
+
+    Returns
+    -------
+    tuple[Binned | Counted, torch.Tensor, torch.Tensor, torch.Tensor]
+        The bins (or their counts), the column sums, minima and maxima, each ``[k]``.
+    """
     n, dev, f64 = rows.n, rows.device, torch.float64
     zeros = n - rows.received  # padding rows: exactly zero after the rotation
     nbins = max(1, math.ceil(bound / tau))
@@ -103,7 +139,26 @@ def clipped_sums(
     dev: torch.device,
 ) -> tuple[torch.Tensor, int]:
     """Pass 2: each block rotated again, clipped to [lo, hi] and summed (float64), the ``zeros``
-    zero rows clipped once; (the clipped sums, how many entries lay outside)."""
+    zero rows clipped once; (the clipped sums, how many entries lay outside).
+
+    Parameters
+    ----------
+    blocks : Callable[[], Iterator[tuple[int, torch.Tensor]]]
+        The rows' blocks (``rotated_blocks``).
+    zeros : int
+        The padding rows (exactly zero).
+    lo, hi : torch.Tensor
+        Each column's clipping range, ``[k]``.
+    k : int
+        The dimension.
+    dev : torch.device
+        Where the sums are kept.
+
+    Returns
+    -------
+    tuple[torch.Tensor, int]
+        The clipped column sums ``[k]`` (float64) and how many entries lay outside.
+    """
     f64 = torch.float64
     stat = torch.zeros(k, dtype=f64, device=dev)
     outside = 0
