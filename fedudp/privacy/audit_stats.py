@@ -50,7 +50,22 @@ __all__ = [
 
 def clopper_pearson(k: np.ndarray, n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """One-sided (lower, upper) Clopper–Pearson bounds, each at level 1 - ``alpha``, on a
-    binomial proportion with ``k`` successes of ``n``."""
+    binomial proportion with ``k`` successes of ``n``.
+
+    Parameters
+    ----------
+    k : numpy.ndarray
+        Success counts.
+    n : int
+        Trials.
+    alpha : float
+        Each bound's error probability.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        (lower, upper) bounds on the proportion, shaped as ``k``.
+    """
     from scipy.stats import beta
 
     k = np.asarray(k, dtype=np.float64)
@@ -103,7 +118,24 @@ def threshold_bound(
     alpha: float,
 ) -> tuple[float, str]:
     """Distribution-free lower bound on ε (probability ≥ 1 - ``alpha``): the best rejection
-    region of the selection samples, tested once on the test samples. Returns (ε, the region)."""
+    region of the selection samples, tested once on the test samples. Returns (ε, the region).
+
+    Parameters
+    ----------
+    d_select, dp_select : numpy.ndarray
+        Scores on D and D' ``[n]`` that select the region.
+    d_test, dp_test : numpy.ndarray
+        Held-out scores on D and D' that test it.
+    delta : float
+        The δ of the bound.
+    alpha : float
+        The bound's error probability.
+
+    Returns
+    -------
+    tuple of (float, str)
+        The ε lower bound (0.0 if no region separates) and the region in words.
+    """
     ts = _thresholds(d_select, dp_select)
     sel = _region_epsilons(d_select, dp_select, ts, delta, alpha)
     r, i = np.unravel_index(int(np.argmax(sel)), sel.shape)
@@ -120,7 +152,18 @@ def gaussian_mu_for_epsilon(epsilon: float, delta: float) -> float:
     (``epsilon``, ``delta``), by bisection on dp-accounting's optimistic Gaussian PLD. The
     bracket starts at ±2% around μ-GDP's closed form (Dong, Roth and Su 2019, Corollary 2.13:
     δ(ε) = Φ(-ε/μ + μ/2) - e^ε Φ(-ε/μ - μ/2)), which only saves PLD evaluations: the bracket is
-    checked with the PLD and widened to [1e-3, 20] if it does not hold."""
+    checked with the PLD and widened to [1e-3, 20] if it does not hold.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The point of the curve.
+
+    Returns
+    -------
+    float
+        μ, to a relative 1e-5 (the bracket's lower end), within [1e-3, 20].
+    """
     lo, hi = 1e-3, 20.0
     guess = _closed_form_mu(epsilon, delta)
     if guess is not None and 1e-3 < guess / 1.02 and guess * 1.02 < 20.0:
@@ -154,7 +197,20 @@ def _closed_form_mu(epsilon: float, delta: float) -> float | None:
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
     """ε at δ of μ-GDP: dp-accounting's Gaussian privacy loss distribution (std 1/μ, sensitivity
-    1), optimistic estimate, so that a lower bound on μ gives a lower bound on ε."""
+    1), optimistic estimate, so that a lower bound on μ gives a lower bound on ε.
+
+    Parameters
+    ----------
+    mu : float
+        The GDP parameter μ (<= 0: no loss).
+    delta : float
+        The δ at which ε is read.
+
+    Returns
+    -------
+    float
+        ε >= 0.
+    """
     if mu <= 0:
         return 0.0
     return _gaussian_epsilon(round(float(mu), 12), float(delta))
@@ -176,6 +232,20 @@ def _gaussian_epsilon(mu: float, delta: float) -> float:
 
 @dataclass
 class GaussianFit:
+    """The Gaussian-DP fit of two score samples (``gaussian_fit``).
+
+    Attributes
+    ----------
+    mu_hat, mu_lower : float
+        μ̂ and its lower confidence bound.
+    standard_error : float
+        The standard error of μ̂.
+    model_ok : bool
+        Neither normality nor equal variances is rejected.
+    why : str
+        Why the model is rejected, or that it is not.
+    """
+
     mu_hat: float
     mu_lower: float
     standard_error: float
@@ -189,7 +259,22 @@ def gaussian_fit(
     """μ̂ = |mean_D - mean_D'| / pooled std and its one-sided (1 - ``alpha``) lower confidence
     bound (normal approximation of the standardized mean difference). ``model_ok`` is False when
     either side rejects normality (D'Agostino–Pearson) or the two variances differ (Levene's
-    test), each at ``check_alpha``: then the fit says nothing and is not used."""
+    test), each at ``check_alpha``: then the fit says nothing and is not used.
+
+    Parameters
+    ----------
+    d, dp : numpy.ndarray
+        Scores on D and D' ``[n]``.
+    alpha : float
+        The lower bound's error probability.
+    check_alpha : float, default 0.001
+        The level of the normality and variance tests.
+
+    Returns
+    -------
+    GaussianFit
+        The fit.
+    """
     from scipy.stats import levene, norm, normaltest
 
     n1, n2 = len(d), len(dp)
@@ -208,6 +293,20 @@ def gaussian_fit(
 
 @dataclass
 class Bound:
+    """One ε lower bound of an audit (``SampleAudit.bounds``).
+
+    Attributes
+    ----------
+    statistic : str
+        The score it is computed on.
+    method : str
+        ``"threshold (held-out)"`` or ``"Gaussian-DP fit"``.
+    epsilon : float
+        The bound.
+    detail : str
+        The region or the fit, in words.
+    """
+
     statistic: str
     method: str
     epsilon: float
@@ -216,7 +315,25 @@ class Bound:
 
 @dataclass
 class SampleAudit:
-    """Every bound tried on the samples, the reported one (their maximum) and the level."""
+    """Every bound tried on the samples, the reported one (their maximum) and the level.
+
+    Attributes
+    ----------
+    bounds : list of Bound
+        Every bound tried.
+    alpha : float
+        The joint error probability.
+    tests : int
+        The bounds the level is split over (Bonferroni).
+    separation : GaussianFit
+        The main projection's standardized mean difference (test halves).
+    gaussian_used : bool
+        The Gaussian-DP fit is among ``bounds``.
+    notes : list of str
+        Remarks (a Gaussian fit not used, and why).
+    best, lower_bound : Bound, float
+        The largest bound and its ε (properties).
+    """
 
     bounds: list[Bound]
     alpha: float
@@ -289,7 +406,29 @@ def audit_samples(
     too (and kept only if the samples do not reject the model). ``discriminant``: score the
     projection on the linear discriminant (``_discriminant_direction``) instead of the plain mean
     shift, for releases whose coordinates carry noise of different scales or correlated noise (a
-    whole sequence of releases flattened into one vector)."""
+    whole sequence of releases flattened into one vector).
+
+    Parameters
+    ----------
+    d, dp : numpy.ndarray
+        Releases on D and D', ``[n, dim]`` or ``[n]``.
+    delta : float
+        The δ of the bounds.
+    alpha : float, default 0.01
+        The joint error probability.
+    gaussian, discriminant : bool, default False
+        Try the Gaussian-DP fit; score on the linear discriminant.
+
+    Returns
+    -------
+    SampleAudit
+        The bounds.
+
+    Raises
+    ------
+    ValueError
+        Fewer than 200 releases per side.
+    """
     n = min(len(d), len(dp))
     if n < 200:
         raise ValueError(f"audit: {n} releases per side are too few (need >= 200)")
@@ -334,7 +473,26 @@ def power_gaussian(
 ) -> float:
     """The largest noise factor f (< 1: the noise cut to f times the audited noise) that the
     Gaussian-DP fit detects with probability ≥ 1/2 at ``releases_per_side`` releases per side
-    (half of them tested), for a release whose measured μ is ``mu``: μ/f - z·se > μ(claim)."""
+    (half of them tested), for a release whose measured μ is ``mu``: μ/f - z·se > μ(claim).
+
+    Parameters
+    ----------
+    claimed_epsilon, delta : float
+        The claimed (ε, δ).
+    mu : float
+        The measured μ of the release.
+    releases_per_side : int
+        Releases on each of D and D'.
+    alpha : float
+        The joint error probability.
+    tests : int, default 3
+        The bounds the level is split over.
+
+    Returns
+    -------
+    float
+        f in (0, 1].
+    """
     from scipy.stats import norm
 
     target = gaussian_mu_for_epsilon(claimed_epsilon, delta)
@@ -359,7 +517,26 @@ def power_threshold(
     """The largest noise factor f that the distribution-free threshold test detects with
     probability about 1/2, were the projection Gaussian with separation μ/f: the expected
     Clopper–Pearson bound at the best threshold, with the test half's expected counts, exceeds
-    the claim. (A planning number: the bound itself assumes nothing.)"""
+    the claim. (A planning number: the bound itself assumes nothing.)
+
+    Parameters
+    ----------
+    claimed_epsilon, delta : float
+        The claimed (ε, δ).
+    mu : float
+        The measured μ of the projection.
+    releases_per_side : int
+        Releases on each of D and D'.
+    alpha : float
+        The joint error probability.
+    tests : int, default 2
+        The bounds the level is split over.
+
+    Returns
+    -------
+    float
+        f in [0, 1] (0.0: not even f = 0.01 is detected).
+    """
     from scipy.stats import norm
 
     m = releases_per_side - releases_per_side // 2

@@ -87,13 +87,30 @@ def check_engine(engine: str) -> str:
 def pld_interval(target_epsilon: float | None) -> float:
     """PLD discretization: 1e-4 up to epsilon 1, coarser (relative 1e-4) above, for speed.
 
-    PLD accounting with a coarser grid stays an upper bound on epsilon (pessimistic)."""
+    PLD accounting with a coarser grid stays an upper bound on epsilon (pessimistic).
+
+    Parameters
+    ----------
+    target_epsilon : float or None
+        The target (None: 1).
+
+    Returns
+    -------
+    float
+        The interval.
+    """
     return 1e-4 * max(1.0, float(target_epsilon or 1.0))
 
 
 @contextlib.contextmanager
 def quiet_absl() -> Iterator[None]:
-    """dp-accounting's RDP logs a warning per excluded order; keep the terminal readable."""
+    """dp-accounting's RDP logs a warning per excluded order; keep the terminal readable.
+
+    Yields
+    ------
+    None
+        While absl logs errors only.
+    """
     log = logging.getLogger("absl")
     level = log.level
     log.setLevel(logging.ERROR)
@@ -107,7 +124,13 @@ def quiet_absl() -> Iterator[None]:
 
 
 def rdp_accountant() -> rdp_privacy_accountant.RdpAccountant:
-    """A fresh dp-accounting ``RdpAccountant`` under ``ADD_OR_REMOVE_ONE``."""
+    """A fresh dp-accounting ``RdpAccountant`` under ``ADD_OR_REMOVE_ONE``.
+
+    Returns
+    -------
+    dp_accounting.rdp.RdpAccountant
+        An empty accountant.
+    """
     return rdp_privacy_accountant.RdpAccountant(neighboring_relation=RELATION)
 
 
@@ -140,7 +163,22 @@ def rdp_runs_epsilon(
     runs: Sequence[Sequence[Any]], delta: float, engine: str = "fast"
 ) -> float | None:
     """RdpAccountant's epsilon of the runs [(event, count), ...] composed in order (None:
-    unsupported); ``engine="public"``: ``RdpAccountant.compose`` on the runs' event."""
+    unsupported); ``engine="public"``: ``RdpAccountant.compose`` on the runs' event.
+
+    Parameters
+    ----------
+    runs : sequence of (DpEvent, int)
+        The runs, in order.
+    delta : float
+        The δ at which ε is read.
+    engine : str, default "fast"
+        ``"fast"`` or ``"public"``.
+
+    Returns
+    -------
+    float or None
+        ε, or None where RDP does not support an event.
+    """
     if engine == "public":
         return rdp_epsilon(composed_event(runs), delta, engine)
     global _RDP_ORDERS
@@ -183,7 +221,18 @@ def _rdp_orders() -> np.ndarray:
 
 
 def rdp_event_epsilon(event: dp_accounting.DpEvent, delta: float) -> float | None:
-    """RDP epsilon of ``event`` at ``delta`` (``_rdp_total``; None: unsupported)."""
+    """RDP epsilon of ``event`` at ``delta`` (``_rdp_total``; None: unsupported).
+
+    Parameters
+    ----------
+    event, delta : DpEvent, float
+        The event and the δ at which ε is read.
+
+    Returns
+    -------
+    float or None
+        ε, or None where RDP does not support the event.
+    """
     total = _rdp_total(event)
     if total is None:
         return None
@@ -193,7 +242,23 @@ def rdp_event_epsilon(event: dp_accounting.DpEvent, delta: float) -> float | Non
 
 def rdp_epsilon(event: dp_accounting.DpEvent, delta: float, engine: str = "fast") -> float | None:
     """RDP epsilon of ``event`` at ``delta`` (None: unsupported): ``rdp_event_epsilon``
-    (``fast``), or a fresh ``RdpAccountant``'s ``compose`` and ``get_epsilon`` (``public``)."""
+    (``fast``), or a fresh ``RdpAccountant``'s ``compose`` and ``get_epsilon`` (``public``).
+
+    Parameters
+    ----------
+    event, delta, engine : DpEvent, float, str
+        As ``rdp_runs_epsilon``'s, for one event.
+
+    Returns
+    -------
+    float or None
+        ε, or None where RDP does not support the event.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``engine``.
+    """
     if check_engine(engine) == "fast":
         return rdp_event_epsilon(event, delta)
     acc = rdp_accountant()
@@ -205,7 +270,18 @@ def rdp_epsilon(event: dp_accounting.DpEvent, delta: float, engine: str = "fast"
 
 
 def composed_event(runs: Sequence[Sequence[Any]]) -> dp_accounting.DpEvent:
-    """The runs [(event, count), ...] as one event (each run self-composed)."""
+    """The runs [(event, count), ...] as one event (each run self-composed).
+
+    Parameters
+    ----------
+    runs : sequence of (DpEvent, int)
+        The runs, in order (at least one).
+
+    Returns
+    -------
+    DpEvent
+        A ``SelfComposedDpEvent``, or a ``ComposedDpEvent`` of them.
+    """
     parts = [dp_accounting.SelfComposedDpEvent(e, c) for e, c in runs]
     return parts[0] if len(parts) == 1 else dp_accounting.ComposedDpEvent(parts)
 
@@ -219,7 +295,29 @@ def event_epsilon(
 ) -> float | None:
     """Epsilon of one (composed) event at ``delta``: PLD, or RDP for events PLD cannot
     represent (or when ``rdp_only``); None if neither supports it, inf when delta <= 0.
-    PLD: the numbers of a fresh ``PLDAccountant`` (``direct_pld_epsilon``, memoized)."""
+    PLD: the numbers of a fresh ``PLDAccountant`` (``direct_pld_epsilon``, memoized).
+
+    Parameters
+    ----------
+    event : DpEvent or None
+        The event (None: blocks only).
+    delta, interval : float
+        The δ at which ε is read; the PLD grid.
+    rdp_only : bool, default False
+        Use RDP even where PLD supports the event.
+    engine : str, default "fast"
+        ``"fast"`` or ``"public"``.
+
+    Returns
+    -------
+    float or None
+        ε (inf when ``delta <= 0``), or None where neither accountant supports the event.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``engine``, where PLD supports the event.
+    """
     if event is None:  # nothing but blocks: fine while they leave δ >= 0
         return 0.0 if delta >= 0 else math.inf
     if delta <= 0:  # events need some δ: none is left
@@ -245,13 +343,35 @@ MAX_PLD_POINTS = 5 * 10**7
 
 def gaussian_pld_points(z: float, interval: float = 1e-4) -> float:
     """Estimated size of a Gaussian mechanism's PLD (noise multiplier z, sensitivity 1): at
-    most 1.03x dp-accounting's, never below it (tests/privacy/test_accountant.py)."""
+    most 1.03x dp-accounting's, never below it (tests/privacy/test_accountant.py).
+
+    Parameters
+    ----------
+    z, interval : float
+        The noise multiplier (> 0) and the PLD grid.
+
+    Returns
+    -------
+    float
+        The estimated number of PLD values.
+    """
     return 2.0 * (1.0 / (2.0 * z * z) + 10.0 / z) / interval
 
 
 def pld_tractable(event: dp_accounting.DpEvent) -> bool:
     """Whether every Gaussian inside ``event`` has a PLD of at most ``MAX_PLD_POINTS`` values
-    at the finest grid (``gaussian_pld_points``)."""
+    at the finest grid (``gaussian_pld_points``).
+
+    Parameters
+    ----------
+    event : DpEvent
+        The event.
+
+    Returns
+    -------
+    bool
+        No Gaussian inside is too large (other events count as tractable).
+    """
     if isinstance(event, dp_accounting.GaussianDpEvent):
         z = float(event.noise_multiplier)
         return z == 0 or gaussian_pld_points(z) <= MAX_PLD_POINTS  # 0: non-private, no PLD
@@ -290,7 +410,24 @@ def pld_size(
 ) -> float:
     """About how many values the PLD of ``count`` x ``event`` holds (its largest PMF; the sum
     over a composition's parts); inf where a Gaussian would not fit (``pld_tractable``).
-    ``engine="public"``: a sampled Gaussian's k-fold window is not read (0; see the module)."""
+    ``engine="public"``: a sampled Gaussian's k-fold window is not read (0; see the module).
+
+    Parameters
+    ----------
+    event : DpEvent
+        The event.
+    interval : float
+        The PLD grid.
+    count : int, default 1
+        Its self-compositions.
+    engine : str, default "fast"
+        ``"fast"`` or ``"public"``.
+
+    Returns
+    -------
+    float
+        The estimated size; 0.0 for events without a sampled Gaussian or Gaussian.
+    """
     if isinstance(event, dp_accounting.SelfComposedDpEvent):
         return pld_size(event.event, interval, count * event.count, engine)
     if isinstance(event, dp_accounting.ComposedDpEvent):
@@ -319,7 +456,25 @@ def pld_epsilon(
 ) -> float:
     """``PLDAccountant(ADD_OR_REMOVE_ONE, interval).compose(event).get_epsilon(delta)``:
     ``direct_pld_epsilon`` (``fast``: the same numbers, memoized) or that call itself
-    (``public``)."""
+    (``public``).
+
+    Parameters
+    ----------
+    event, delta, interval : DpEvent, float, float
+        The event, the δ at which ε is read and the PLD grid.
+    engine : str, default "fast"
+        ``"fast"`` or ``"public"``.
+
+    Returns
+    -------
+    float
+        PLD's ε.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``engine``.
+    """
     if check_engine(engine) == "fast":
         return direct_pld_epsilon(event, delta, interval)
     acc = pld_accountant(interval)
@@ -330,7 +485,25 @@ def pld_epsilon(
 def with_rdp(
     pld_epsilon: float, event: dp_accounting.DpEvent, delta: float, engine: str = "fast"
 ) -> float:
-    """The smaller of ``pld_epsilon`` and RDP's epsilon of ``event`` (where RDP supports it)."""
+    """The smaller of ``pld_epsilon`` and RDP's epsilon of ``event`` (where RDP supports it).
+
+    Parameters
+    ----------
+    pld_epsilon : float
+        PLD's ε of ``event``.
+    event, delta, engine : DpEvent, float, str
+        As ``rdp_epsilon``'s.
+
+    Returns
+    -------
+    float
+        The smaller ε.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``engine``.
+    """
     rdp = rdp_epsilon(event, delta, engine)
     return pld_epsilon if rdp is None else min(pld_epsilon, rdp)
 
@@ -341,7 +514,25 @@ def bounded_epsilon(
     """Epsilon of ``event`` (PLD-supported) at ``delta``: the smaller of two upper bounds, PLD
     (``direct_pld_epsilon``; left out where it would hold more than ``MAX_PLD_WINDOW`` values)
     and RDP. PLD is the smaller one for all but very long schedules; the calibration, the ledger
-    and ``event_epsilon`` all read this one function."""
+    and ``event_epsilon`` all read this one function.
+
+    Parameters
+    ----------
+    event, delta, interval : DpEvent, float, float
+        The event, the δ at which ε is read and the PLD grid.
+    engine : str, default "fast"
+        ``"fast"`` or ``"public"``.
+
+    Returns
+    -------
+    float
+        The smaller of PLD's and RDP's ε.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``engine``.
+    """
     pld = (
         pld_epsilon(event, delta, interval, engine)
         if pld_size(event, interval, engine=engine) <= MAX_PLD_WINDOW
@@ -352,7 +543,18 @@ def bounded_epsilon(
 
 def pld_too_large(event: dp_accounting.DpEvent) -> bool:
     """Whether ``event`` is one dp-accounting's PLD accountant supports but whose PLD would not
-    fit (``pld_tractable``), so that the accountant composes it with RDP instead."""
+    fit (``pld_tractable``), so that the accountant composes it with RDP instead.
+
+    Parameters
+    ----------
+    event : DpEvent
+        The event.
+
+    Returns
+    -------
+    bool
+        PLD supports it but it is not ``pld_tractable``.
+    """
     return (
         isinstance(event, dp_accounting.DpEvent)
         and pld_accountant().supports(event)
@@ -362,7 +564,18 @@ def pld_too_large(event: dp_accounting.DpEvent) -> bool:
 
 def pld_supports(event: dp_accounting.DpEvent) -> bool:
     """dp-accounting's PLD accountant supports ``event`` and its PLD fits (``pld_tractable``);
-    otherwise the accountant is RDP."""
+    otherwise the accountant is RDP.
+
+    Parameters
+    ----------
+    event : DpEvent
+        The event (the answer is cached).
+
+    Returns
+    -------
+    bool
+        PLD supports it and it is ``pld_tractable``.
+    """
     key = event_key(event)
     if key not in _PLD_SUPPORTS:
         if len(_PLD_SUPPORTS) > 4096:

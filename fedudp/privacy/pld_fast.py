@@ -63,7 +63,18 @@ RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
 def pld_accountant(interval: float = 1e-4) -> pld_privacy_accountant.PLDAccountant:
-    """A fresh dp-accounting ``PLDAccountant`` under ``ADD_OR_REMOVE_ONE`` at grid ``interval``."""
+    """A fresh dp-accounting ``PLDAccountant`` under ``ADD_OR_REMOVE_ONE`` at grid ``interval``.
+
+    Parameters
+    ----------
+    interval : float, default 1e-4
+        The PLD grid.
+
+    Returns
+    -------
+    dp_accounting.pld.PLDAccountant
+        An empty accountant.
+    """
     return pld_privacy_accountant.PLDAccountant(RELATION, value_discretization_interval=interval)
 
 
@@ -76,7 +87,22 @@ def pld_accountant(interval: float = 1e-4) -> pld_privacy_accountant.PLDAccounta
 
 
 def lru_get(cache: OrderedDict, key: Any, make: Callable[[], Any], size: int) -> Any:
-    """``cache[key]``, made by ``make()`` when absent; at most ``size`` entries (least recent out)."""
+    """``cache[key]``, made by ``make()`` when absent; at most ``size`` entries (least recent out).
+
+    Parameters
+    ----------
+    cache : OrderedDict
+        The cache, updated in place.
+    key, make : hashable, callable
+        The entry's key; what builds its value.
+    size : int
+        The most entries kept.
+
+    Returns
+    -------
+    object
+        The cached or new value.
+    """
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
@@ -101,13 +127,35 @@ def forget() -> None:
 
 def event_key(event: dp_accounting.DpEvent) -> str:
     """A hashable, exact name for an event (dp-accounting's events are attrs classes whose repr
-    lists every field; floats repr exactly)."""
+    lists every field; floats repr exactly).
+
+    Parameters
+    ----------
+    event : DpEvent
+        The event.
+
+    Returns
+    -------
+    str
+        Its ``repr``.
+    """
     return repr(event)
 
 
 def sampled_gaussian(event: dp_accounting.DpEvent) -> tuple[float, float] | None:
     """(q, z) of a ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (q = 0 and z = 0 excluded:
-    dp-accounting composes nothing, or a non-private event)."""
+    dp-accounting composes nothing, or a non-private event).
+
+    Parameters
+    ----------
+    event : DpEvent
+        The event.
+
+    Returns
+    -------
+    tuple of float or None
+        (q, z), or None for any other event.
+    """
     if (
         isinstance(event, dp_accounting.PoissonSampledDpEvent)
         and isinstance(event.event, dp_accounting.GaussianDpEvent)
@@ -120,7 +168,18 @@ def sampled_gaussian(event: dp_accounting.DpEvent) -> tuple[float, float] | None
 
 def raw_sampled_gaussian(q: float, z: float, interval: float) -> _PLD.PrivacyLossDistribution:
     """The PLD dp-accounting's PLDAccountant builds for one ``PoissonSampledDpEvent(q,
-    GaussianDpEvent(z))`` before self-composing it (its own code path, argument for argument)."""
+    GaussianDpEvent(z))`` before self-composing it (its own code path, argument for argument).
+
+    Parameters
+    ----------
+    q, z, interval : float
+        Sampling rate, noise multiplier and PLD grid.
+
+    Returns
+    -------
+    PrivacyLossDistribution
+        The one-release PLD (the last four kept).
+    """
     return lru_get(
         _RAW,
         (q, z, interval),
@@ -194,7 +253,20 @@ def _pld_parts(event: dp_accounting.DpEvent, interval: float, count: int, parts:
 
 def direct_pld_epsilon(event: dp_accounting.DpEvent, delta: float, interval: float) -> float:
     """``PLDAccountant(ADD_OR_REMOVE_ONE, interval).compose(event).get_epsilon(delta)``, the
-    same numbers (memoized; a sampled Gaussian's PLD built once)."""
+    same numbers (memoized; a sampled Gaussian's PLD built once).
+
+    Parameters
+    ----------
+    event : DpEvent
+        The event, PLD-supported.
+    delta, interval : float
+        The δ at which ε is read; the PLD grid.
+
+    Returns
+    -------
+    float
+        ε (inf for a non-private part).
+    """
 
     def make():
         parts: list = []
@@ -326,7 +398,20 @@ class FastPLD:
     (remove, add) of dp-accounting's PLD, self-composed as dp-accounting does. The add pair's
     epsilon (far below the remove pair's for small q) is computed only where its value at the
     next power of two does not already lie below the remove pair's (epsilon of either pair
-    grows with the count, so that value bounds it)."""
+    grows with the count, so that value bounds it).
+
+    Parameters
+    ----------
+    q, z, interval : float
+        Sampling rate, noise multiplier and PLD grid.
+
+    Attributes
+    ----------
+    raw : PrivacyLossDistribution
+        The one-release PLD (``raw_sampled_gaussian``).
+    dense : bool
+        Its PMFs are dense: ``epsilon`` is available.
+    """
 
     def __init__(self, q: float, z: float, interval: float) -> None:
         raw = raw_sampled_gaussian(q, z, interval)
@@ -396,7 +481,20 @@ class FastPLD:
 def sparse_goes_dense(pmf: pld_pmf.PLDPmf, k: int) -> bool:
     """Whether ``SparsePLDPmf.self_compose(k)`` converts to dense (its test
     ``size ** k > _MAX_PMF_SPARSE_SIZE``, decided without computing the power); a one-value PMF
-    is also composed densely beyond a thousand rounds (the same point mass)."""
+    is also composed densely beyond a thousand rounds (the same point mass).
+
+    Parameters
+    ----------
+    pmf : PLDPmf
+        One side's PMF.
+    k : int
+        The self-compositions.
+
+    Returns
+    -------
+    bool
+        The k-fold composition is computed densely.
+    """
     if not isinstance(pmf, pld_pmf.SparsePLDPmf) or k <= 1:
         return False
     size, cap = pmf.size, pld_pmf._MAX_PMF_SPARSE_SIZE
@@ -407,7 +505,18 @@ def sparse_goes_dense(pmf: pld_pmf.PLDPmf, k: int) -> bool:
 
 def fast_atom(event: dp_accounting.DpEvent) -> tuple[float, float, int] | None:
     """(q, z, m) when one ``event`` is m releases of a Poisson-sampled Gaussian (possibly inside
-    ``SelfComposedDpEvent``s), else None."""
+    ``SelfComposedDpEvent``s), else None.
+
+    Parameters
+    ----------
+    event : DpEvent
+        The event.
+
+    Returns
+    -------
+    tuple of (float, float, int) or None
+        (q, z, m), or None.
+    """
     m = 1
     while isinstance(event, dp_accounting.SelfComposedDpEvent):
         m *= event.count
@@ -417,12 +526,36 @@ def fast_atom(event: dp_accounting.DpEvent) -> tuple[float, float, int] | None:
 
 
 def fast_pld(q: float, z: float, interval: float) -> FastPLD:
-    """The ``FastPLD`` of a sampled Gaussian (q, z) at grid ``interval`` (the last two kept)."""
+    """The ``FastPLD`` of a sampled Gaussian (q, z) at grid ``interval`` (the last two kept).
+
+    Parameters
+    ----------
+    q, z, interval : float
+        Sampling rate, noise multiplier and PLD grid.
+
+    Returns
+    -------
+    FastPLD
+        The cached or new one.
+    """
     return lru_get(_FAST, (q, z, interval), lambda: FastPLD(q, z, interval), 2)
 
 
 def fast_epsilon(q: float, z: float, k: int, delta: float, interval: float) -> float | None:
-    """Epsilon of k releases of the sampled Gaussian (``FastPLD``); None for a sparse PLD."""
+    """Epsilon of k releases of the sampled Gaussian (``FastPLD``); None for a sparse PLD.
+
+    Parameters
+    ----------
+    q, z, k : float, float, int
+        Sampling rate, noise multiplier and the number of releases.
+    delta, interval : float
+        The δ at which ε is read; the PLD grid.
+
+    Returns
+    -------
+    float or None
+        ε, or None where the PLD is sparse.
+    """
     fast = fast_pld(q, z, interval)
     return fast.epsilon(k, delta) if fast.dense else None
 
