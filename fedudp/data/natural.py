@@ -187,14 +187,8 @@ def layout(
 
     Parameters
     ----------
-    train : Records
-        Grouped training records.
-    test : Records or None
-        Their test records.
-    num_owners : int or None, default None
-        The declared owner count.
-    owner_ids : numpy.ndarray or None, default None
-        Every owner's id, sorted.
+    train, test, num_owners, owner_ids : Records, Records or None, int or None, array or None
+        Grouped training records, their test records; the other two as above (default None).
 
     Returns
     -------
