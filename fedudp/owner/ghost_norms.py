@@ -53,7 +53,17 @@ def costs(mod: nn.Module, positions: int, k: int) -> tuple[int, int]:
 
 
 def param_names(path: str) -> tuple[str, str]:
-    """(weight, bias) parameter names of the module at ``path`` (``""``: the model itself)."""
+    """(weight, bias) parameter names of the module at ``path`` (``""``: the model itself).
+
+    Parameters
+    ----------
+    path : str
+        The module's path in the model.
+
+    Returns
+    -------
+    tuple[str, str]
+    """
     return (f"{path}.weight", f"{path}.bias") if path else ("weight", "bias")
 
 

@@ -11,6 +11,20 @@ __all__ = ["Method", "Unit", "Placement", "SharedUpdate", "OwnerWeights"]
 
 
 class Method(Choice):
+    """The compared method (docs/algorithms.md: one algorithm, four configurations).
+
+    Attributes
+    ----------
+    joint_dp : str
+        The shared part released with DP, ``model.personal`` kept by each owner.
+    full_dp : str
+        Every parameter shared and released with DP.
+    fedavg : str
+        Every parameter shared, a plain mean (no privacy).
+    per_silo : str
+        Nothing shared: each owner trains alone.
+    """
+
     joint_dp = "joint_dp"
     full_dp = "full_dp"
     fedavg = "fedavg"
@@ -18,7 +32,13 @@ class Method(Choice):
 
 
 class Unit(Choice):
-    """The privacy unit."""
+    """The privacy unit.
+
+    Attributes
+    ----------
+    user, record, owner : str
+        What one unit of privacy protects: a user's records, one record, an owner's users.
+    """
 
     user = "user"
     record = "record"
@@ -26,21 +46,41 @@ class Unit(Choice):
 
 
 class Placement(Choice):
-    """Where the noise is added: on the billboard, or in the owners (DP-SGD)."""
+    """Where the noise is added: on the billboard, or in the owners (DP-SGD).
+
+    Attributes
+    ----------
+    server : str
+        The billboard's release noise.
+    local_dpsgd : str
+        DP-SGD in the owners.
+    """
 
     server = "server"
     local_dpsgd = "local_dpsgd"
 
 
 class SharedUpdate(Choice):
-    """What the owners send for the shared parameters: a model delta or a gradient."""
+    """What the owners send for the shared parameters: a model delta or a gradient.
+
+    Attributes
+    ----------
+    delta, gradient : str
+        A model delta after local training; a gradient.
+    """
 
     delta = "delta"
     gradient = "gradient"
 
 
 class OwnerWeights(Choice):
-    """How the billboard averages owner-level updates (fedavg, owner-side DP-SGD)."""
+    """How the billboard averages owner-level updates (fedavg, owner-side DP-SGD).
+
+    Attributes
+    ----------
+    uniform, size : str
+        Every owner alike; by its records (owner-side DP-SGD: its public records).
+    """
 
     uniform = "uniform"
     size = "size"
