@@ -52,7 +52,17 @@ _NO_CONFIG = "(no config.yaml)"
 @dataclass
 class RunCurve:
     """One run's per-round numbers (``metrics.jsonl``): ``{round: value}``, rounds without the
-    value (not evaluated that round, no DP) left out."""
+    value (not evaluated that round, no DP) left out.
+
+    Attributes
+    ----------
+    folder : str
+        The run folder.
+    seed : Any
+        The run's seed.
+    accuracy, epsilon : dict[int, float]
+        Round to mean test accuracy; round to ε spent.
+    """
 
     folder: str
     seed: Any
@@ -62,7 +72,29 @@ class RunCurve:
 
 @dataclass
 class GroupSeries:
-    """One group of the table (one row): what the figures draw for it."""
+    """One group of the table (one row): what the figures draw for it.
+
+    Attributes
+    ----------
+    label : str
+        The differing keys, e.g. ``"method=joint_dp, privacy.epsilon=1.0"``.
+    settings : dict[str, Any]
+        Those keys' values.
+    method, epsilon_kind : str or None
+        The method; ``certified``, ``heuristic`` or None (no DP).
+    deltas : tuple[float, ...]
+        The runs' δ.
+    runs : list[RunCurve]
+        The group's runs (one per seed).
+    accuracy, epsilon : dict[int, float]
+        Round to the mean over the runs that have that round.
+    final_accuracy, final_accuracy_std, final_epsilon : float or None
+        summary.json's accuracy (mean, population std over runs) and mean ε (None: no ε).
+    with_config : bool, default True
+        Whether the runs have a config.yaml.
+    frontier_key : tuple
+        The settings one frontier line shares.
+    """
 
     label: str  # the differing keys, e.g. "method=joint_dp, privacy.epsilon=1.0"
     settings: dict[str, Any]  # those keys' values
