@@ -40,7 +40,7 @@ class RunSettings:
         ``checkpoint.every``, ``checkpoint.keep`` and ``checkpoint.keep_after_finish``.
     resume, progress : str or None, bool
         The run folder to resume; whether a progress bar is shown.
-    threads, timeout_s, num_cpus, num_gpus, address : int, float or None, float, float, Any
+    threads, timeout_s, num_cpus, num_gpus, address : int, float or None, float, float, str
         ``engine_opts``: torch threads; Flower's reply timeout, Ray resources, cluster.
     noise_personal : bool
         Huang Alg. 1's full-DP baseline (the ledger says so).
