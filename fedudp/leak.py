@@ -68,6 +68,11 @@ def leak_config(**overrides: Any) -> RunConfig:
     -------
     RunConfig
         The configuration.
+
+    Raises
+    ------
+    ConfigError
+        When ``engine_opts.device`` is not ``cpu``, or an override is invalid.
     """
     if str(overrides.get("engine_opts.device", "cpu")) != "cpu":
         raise ConfigError(

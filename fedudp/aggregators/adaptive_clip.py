@@ -81,6 +81,11 @@ def update_noise_multiplier(noise_multiplier: float, count_noise: float) -> floa
     -------
     float
         z_Δ, the noise multiplier of the update sum.
+
+    Raises
+    ------
+    ParameterError
+        When 2 σ_b <= z (the count's noise leaves the update no budget).
     """
     z, sb = float(noise_multiplier), float(count_noise)
     if z == 0.0:
@@ -159,6 +164,12 @@ class AdaptiveClipGaussian(ClippedSumAggregator):
         ``COUNT_NOISE_DIVISOR``).
     noise_scale : float, default 1.0
         Below 1: a deliberately weakened mechanism.
+
+    Raises
+    ------
+    ParameterError
+        When ``clip`` or ``clip_lr`` is not positive, ``noise_multiplier`` not > 0, or
+        ``clip_quantile`` not in (0, 1).
     """
 
     name = "gaussian_adaptive"

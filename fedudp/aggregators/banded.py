@@ -79,6 +79,11 @@ def bsr_coefficients(bands: int) -> np.ndarray:
     -------
     numpy.ndarray
         [b] float64.
+
+    Raises
+    ------
+    ParameterError
+        When ``bands`` < 1.
     """
     if int(bands) < 1:
         raise ParameterError("bands", f"bands must be >= 1, got {bands}")

@@ -49,6 +49,11 @@ class GaussianAggregator(ClippedSumAggregator):
         Poisson sampling rate q and public population N (the divisor q N).
     noise_scale : float, default 1.0
         1.0, or below 1 for a deliberately weakened mechanism (audits).
+
+    Raises
+    ------
+    ValueError
+        When ``clip`` is not > 0 or the noise multiplier is negative.
     """
 
     name = "gaussian"

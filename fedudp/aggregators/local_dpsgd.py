@@ -165,6 +165,11 @@ class LocalDpSgdMean(Aggregator):
         η.
     count_noise : float or None, default None
         σ_b (None: ``default_count_noise``).
+
+    Raises
+    ------
+    ParameterError
+        With ``adaptive``: when ``clip_quantile`` is not in (0, 1) or ``clip_lr`` not positive.
     """
 
     name = "local_dpsgd"

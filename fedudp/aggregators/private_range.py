@@ -160,6 +160,11 @@ def private_range(
     -------
     torch.Tensor
         μ̂, [k] float64.
+
+    Raises
+    ------
+    ValueError
+        When ``X`` holds bin counts but counts do not suffice for its bins.
     """
     n, k = X.shape
     out = torch.empty(k, dtype=torch.float64)

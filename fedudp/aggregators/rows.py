@@ -110,6 +110,11 @@ class CohortRows:
         The public number of rows (None: k); rows past k are zero.
     chunk : int or None, default None
         Rows per float64 chunk of every pass (None: as many as fit in ``WORK_BYTES``).
+
+    Raises
+    ------
+    ValueError
+        When ``G`` is not a matrix.
     """
 
     def __init__(self, G: torch.Tensor, n: int | None = None, chunk: int | None = None) -> None:

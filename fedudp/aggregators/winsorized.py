@@ -345,6 +345,11 @@ class WinsorizedAggregator(RowsAggregator):
         h: the clip to [μ̂ ± hτ'].
     min_users_required : int or None, default None
         The utility guarantee's minimum n.
+
+    Raises
+    ------
+    ValueError
+        When the sampling rate is below 1 (replace-one with a public n).
     """
 
     name = "winsorized"

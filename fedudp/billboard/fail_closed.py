@@ -42,6 +42,11 @@ def answered_slots(capacity: Sequence[int] | np.ndarray, failed: Collection[int]
     -------
     int
         The sum of the capacities of the owners not in ``failed``.
+
+    Raises
+    ------
+    ValueError
+        When a failed owner id is outside ``0..len(capacity) - 1``.
     """
     cap = np.asarray(capacity, dtype=np.int64)
     gone = np.unique(np.asarray(sorted(failed), dtype=np.int64))

@@ -182,6 +182,11 @@ def user_level_mod(
     -------
     callable
         The mod, ``mod(message, context, call_next)``, for ``ClientApp(mods=[...])``.
+
+    Raises
+    ------
+    ValueError
+        When ``users_per_client`` < 1.
     """
     if users_per_client is not None and int(users_per_client) < 1:
         raise ValueError(f"users_per_client must be >= 1, got {users_per_client}")

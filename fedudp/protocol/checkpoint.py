@@ -287,6 +287,11 @@ def keep_after_finish(folder: Path, policy: str) -> list[int]:
     -------
     list of int
         The rounds kept.
+
+    Raises
+    ------
+    ValueError
+        When ``policy`` is not one of ``none``, ``last``, ``all``.
     """
     if policy not in KEEP_AFTER_FINISH:
         raise ValueError(f"keep_after_finish: one of {KEEP_AFTER_FINISH}, got {policy!r}")

@@ -223,6 +223,11 @@ def rows_reply(
     -------
     OwnerReply
         The reply of the finite rows (the others counted in ``failed``).
+
+    Raises
+    ------
+    ValueError
+        When the chunks hold more rows than ``units``.
     """
     out = torch.empty(units, dim, dtype=dtype, device=device)
     at = failed = 0
