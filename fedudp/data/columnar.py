@@ -40,10 +40,7 @@ __all__ = ["read_npz", "read_parquet", "MissingDependency"]
 class MissingDependency(DataError, ImportError):
     """An optional package a reader needs is not installed (the message says what to install).
 
-    Parameters
-    ----------
-    *args
-        The message, as for ``ImportError``.
+    Raised with one message, as ``ImportError`` is.
     """
 
 

@@ -65,12 +65,7 @@ class RecurrentLinear(nn.Linear):
     off ``fedudp.owner.per_sample``'s one-pass path, which needs each layer applied once per
     forward (it would raise "called twice"); per-record gradients go through vmap instead.
 
-    Parameters
-    ----------
-    in_features, out_features : int
-        As ``nn.Linear``'s.
-    bias : bool, default True
-        As ``nn.Linear``'s.
+    Takes ``nn.Linear``'s arguments (``in_features``, ``out_features``, ``bias``).
     """
 
 

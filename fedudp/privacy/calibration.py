@@ -45,10 +45,7 @@ MIN_NOISE_MULTIPLIER = 1e-6  # calibration below it: the target does not need no
 class BudgetError(ConfigError):
     """The target (epsilon, delta) cannot be met by the configured schedule (a user error).
 
-    Parameters
-    ----------
-    *args
-        The message, as for ``ValueError``.
+    Raised with one message, as ``ValueError`` is.
     """
 
 
