@@ -199,7 +199,7 @@ def run_one(side: str, n: int, rounds: int) -> dict:
     from flwr.simulation import run_simulation
 
     from fedudp.aggregators import GaussianAggregator, Sampling
-    from fedudp.engines import ray_watchdog
+    from fedudp.flower import ray_watchdog
     from fedudp.flower import UserLevelDP
     from user_dp_app.task import make_model
 
