@@ -167,7 +167,7 @@ def local_sgd_skip_done(model, trainable, frozen_per_unit, frozen_common, x, y, 
     """``fedudp.owner.local_sgd.local_sgd`` with each step's vmapped gradient taken over the units
     that still have records in that step only (a finished unit's masked gradient is zero)."""
     from torch.func import grad, vmap
-    from fedudp.owner.local_sgd import _loss
+    from fedudp.owner.gradients import masked_loss as _loss
 
     U, E, L = orders.shape
     if U == 0 or L == 0:
