@@ -60,6 +60,9 @@ class Purpose(IntEnum):
         Alg. 3's smoothing, an algorithm's public schedule, Alg. 1's personal-block noise.
     CANARY, CANARY_SAMPLE : int
         A canary's fixed direction; the billboard's sample of the canaries.
+    ROTATION, ROUNDING, SHARE_NOISE, DROPOUT : int
+        The distributed mechanisms' public rotation, a user's stochastic rounding, an owner's
+        integer noise share, the simulated owner dropouts.
     SYNTHETIC_TEACHER, PARTITION : int
         The synthetic dataset's teacher; the owners' classes, record split and users.
     """
@@ -77,6 +80,10 @@ class Purpose(IntEnum):
     CANARY = 16  # a canary unit's fixed random direction (audit.canaries)
     CANARY_SAMPLE = 17  # the billboard's Poisson sample of the canaries
     DPSGD_COUNT_NOISE = 18  # an owner's noise on a DP-SGD step's unclipped count (adaptive clip)
+    ROTATION = 19  # the distributed mechanisms' public random rotation (per round)
+    ROUNDING = 20  # a user's conditional stochastic rounding (distributed mechanisms)
+    SHARE_NOISE = 21  # an owner's integer noise share (distributed mechanisms)
+    DROPOUT = 22  # the simulated owner dropouts of a distributed round (secure.dropout)
     SYNTHETIC_TEACHER = 0x5EED  # the synthetic dataset's teacher
     PARTITION = 0xFA27  # owners' classes, record split, users
 
@@ -97,6 +104,10 @@ KEYS: dict[Purpose, tuple[str, ...]] = {
     Purpose.CANARY: ("canary",),
     Purpose.CANARY_SAMPLE: ("round",),
     Purpose.DPSGD_COUNT_NOISE: ("round", "epoch", "step", "owner"),
+    Purpose.ROTATION: ("round",),
+    Purpose.ROUNDING: ("round", "user"),
+    Purpose.SHARE_NOISE: ("round", "owner"),
+    Purpose.DROPOUT: ("round",),
     Purpose.SYNTHETIC_TEACHER: (),
     Purpose.PARTITION: (),
 }
@@ -117,6 +128,8 @@ PROTECTING: frozenset[Purpose] = frozenset(
         Purpose.SAMPLE,
         Purpose.NOISE,
         Purpose.PERSONAL_NOISE,
+        Purpose.ROUNDING,
+        Purpose.SHARE_NOISE,
     }
 )
 
