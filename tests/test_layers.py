@@ -28,6 +28,9 @@ LAYERS = [
         "fedudp.logs",
     ),
     ("fedudp.privacy",),  # privacy math: accountant, mechanisms, audit statistics
+    # distributed DP's owner-side encoding and secure aggregation (simulated): rotation,
+    # rounding, integer noise shares, pairwise masks; below the boundary types that carry them
+    ("fedudp.secure",),
     ("fedudp.data", "fedudp.models"),
     # the boundary types both sides and every estimator share (Constraint, Contribution,
     # Sampling): below the estimators, which take and return them
