@@ -22,7 +22,7 @@ from fedudp.errors import ConfigError
 from fedudp.secure.masks import centered
 from fedudp.secure.noise import NOISE_KINDS, noise_share
 from fedudp.secure.rotation import padded_dim, rotate_into, unrotate
-from fedudp.secure.rounding import rounded_rows_sum
+from fedudp.secure.rounding import ConditionalRounder
 
 __all__ = [
     "FLOAT_EXACT",
@@ -208,9 +208,10 @@ def encode_owner(
     step = max(1, _BLOCK_VALUES // D)
     buf = np.empty((min(step, n), D), dtype=np.float64)
     gains = _clip_factors(rows, enc.clip) * enc.scale
+    rounder = ConditionalRounder(D, enc.rounded_bound)
     for s in range(0, n, step):
         z = rotate_into(rows[s : s + step], signs, buf[: min(step, n - s)], gains[s : s + step])
-        rounded_rows_sum(z, enc.rounded_bound, rounding_rngs[s : s + step], out=total)
+        rounder.add_rows(z, rounding_rngs[s : s + step], total)
     total += noise_share(enc.noise, D, enc.local_std * enc.scale, noise_rng)
     return reduce_mod(total, enc.bits) if reduced else total
 

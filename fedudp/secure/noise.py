@@ -81,7 +81,7 @@ def discrete_gaussian(
     out = np.empty(n, dtype=np.int64)
     filled = 0
     while filled < n:
-        batch = max(64, 3 * (n - filled))  # acceptance is above 0.45 for every sigma
+        batch = max(64, 2 * (n - filled))  # acceptance >= 0.46 (0.7 for sigma >= 3)
         y = rng.geometric(p, batch).astype(np.int64) - rng.geometric(p, batch).astype(np.int64)
         d = np.abs(y).astype(np.float64) - shift
         keep = y[rng.random(batch) < np.exp(-(d * d) / two_var)]

@@ -20,15 +20,34 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = [
+    "ConditionalRounder",
     "conditional_round",
     "rounded_rows_sum",
 ]
 
 
-class _RowRounder:
-    """Conditional rounding of rows of one length, with its scratch buffers allocated once."""
+class ConditionalRounder:
+    """Conditional rounding of rows of length ``D``, its scratch buffers allocated once.
 
-    def __init__(self, D: int, bound: float, max_tries: int) -> None:
+    :func:`conditional_round` and :func:`rounded_rows_sum` use one per call; an encoder that
+    rounds its rows a block at a time keeps one for all its blocks (:meth:`add_rows`).
+
+    Parameters
+    ----------
+    D
+        The row length.
+    bound
+        The l2 bound of one rounded row (float64 comparison).
+    max_tries
+        Draws allowed per row.
+
+    Raises
+    ------
+    ValueError
+        If the bound is negative or not finite, or ``max_tries < 1``.
+    """
+
+    def __init__(self, D: int, bound: float, max_tries: int = 1000) -> None:
         bound = float(bound)
         if not np.isfinite(bound) or bound < 0:
             raise ValueError(f"conditional_round: bound must be finite and >= 0, not {bound}")
@@ -42,7 +61,28 @@ class _RowRounder:
         self.ints = np.empty(D, dtype=np.int64)
 
     def round(self, x: np.ndarray, rng: np.random.Generator, row: int) -> np.ndarray:
-        """Row ``x`` rounded (float64 integers in ``self.low``), its norm at most the bound."""
+        """Row ``x`` rounded, its norm at most the bound.
+
+        Parameters
+        ----------
+        x
+            float64 ``[D]``.
+        rng
+            The row's stream.
+        row
+            The row's index (for the error message).
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 ``[D]`` of integers: a view of the rounder's buffer, overwritten by the
+            next call.
+
+        Raises
+        ------
+        RuntimeError
+            If no draw within ``max_tries`` meets the bound.
+        """
         low, frac, u, up = self.low, self.frac, self.u, self.up
         for _ in range(self.max_tries):
             np.floor(x, out=low)
@@ -57,6 +97,36 @@ class _RowRounder:
             f"{self.max_tries} draws; the bound (from beta) is too tight for the clip and "
             "scale: raise beta or check the bound"
         )
+
+    def add_rows(
+        self, X: np.ndarray, rngs: Sequence[np.random.Generator], out: np.ndarray
+    ) -> np.ndarray:
+        """Round each row of ``X`` (row ``i`` with ``rngs[i]``) and add it into ``out``.
+
+        Parameters
+        ----------
+        X
+            float64 ``[n, D]``.
+        rngs
+            ``n`` generators.
+        out
+            int64 ``[D]``, added into.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``out``.
+
+        Raises
+        ------
+        ValueError, RuntimeError
+            As in :func:`conditional_round`.
+        """
+        X = _checked(X, rngs)
+        for i, rng in enumerate(rngs):
+            np.copyto(self.ints, self.round(X[i], rng, i), casting="unsafe")  # exact integers
+            out += self.ints
+        return out
 
 
 def _checked(X: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
@@ -104,7 +174,7 @@ def conditional_round(
         the declared ``beta``, or the row was not clipped and scaled as declared).
     """
     X = _checked(X, rngs)
-    rounder = _RowRounder(X.shape[1], bound, max_tries)
+    rounder = ConditionalRounder(X.shape[1], bound, max_tries)
     out = np.empty(X.shape, dtype=np.int64)
     for i, rng in enumerate(rngs):
         out[i] = rounder.round(X[i], rng, i)
@@ -138,9 +208,5 @@ def rounded_rows_sum(
         As in :func:`conditional_round`.
     """
     X = _checked(X, rngs)
-    rounder = _RowRounder(X.shape[1], bound, max_tries)
     total = np.zeros(X.shape[1], dtype=np.int64) if out is None else out
-    for i, rng in enumerate(rngs):
-        np.copyto(rounder.ints, rounder.round(X[i], rng, i), casting="unsafe")  # exact
-        total += rounder.ints
-    return total
+    return ConditionalRounder(X.shape[1], bound, max_tries).add_rows(X, rngs, total)

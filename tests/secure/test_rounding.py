@@ -16,7 +16,7 @@ import pytest
 import fedudp.secure.encoding as encoding
 from fedudp.secure.encoding import SecureEncoding, encode_owner
 from fedudp.secure.rotation import padded_dim, rotation_signs
-from fedudp.secure.rounding import conditional_round, rounded_rows_sum
+from fedudp.secure.rounding import ConditionalRounder, conditional_round, rounded_rows_sum
 
 
 def kairouz_bound(c: float, beta: float, D: int) -> float:
@@ -98,10 +98,13 @@ def test_rounded_rows_sum_is_the_sum_of_the_rows():
     np.testing.assert_array_equal(total, rows.sum(axis=0) + 7)
 
 
-def sum_then_round(X, bound, rngs, max_tries=1000, out=None):
+class SumThenRound(ConditionalRounder):
     """Weakened twin: round the owner's sum (with its first user's stream), not each user."""
-    r = conditional_round(X.sum(axis=0, keepdims=True), bound * len(X), rngs[:1], max_tries)[0]
-    return r if out is None else np.add(out, r, out=out)
+
+    def add_rows(self, X, rngs, out):
+        s = X.sum(axis=0, keepdims=True)
+        out += conditional_round(s, self.bound * len(X), rngs[:1], self.max_tries)[0]
+        return out
 
 
 def owner_sum(rows, ids, enc, signs):
@@ -117,7 +120,7 @@ def test_neighbouring_owners_differ_by_one_rounded_row(monkeypatch, twin):
     norm) and exceeds the bound for every removed user whose stream it used.
     """
     if twin:
-        monkeypatch.setattr(encoding, "rounded_rows_sum", sum_then_round)
+        monkeypatch.setattr(encoding, "ConditionalRounder", SumThenRound)
     d, n, C, scale, beta = 4096, 20, 1.0, 10.0, math.exp(-0.5)
     bound = kairouz_bound(C * scale, beta, padded_dim(d))
     enc = SecureEncoding("ddgauss", C, scale, 30, beta, 0.0, d, bound)
