@@ -28,7 +28,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import dp_accounting
 
@@ -59,6 +59,7 @@ from fedudp.privacy.calibration import (
     schedule_epsilon,
     validate_budget,
 )
+from fedudp.privacy.distributed import DistributedDpEvent, distributed_rdp_epsilon
 from fedudp.privacy.ledger import Ledger, LedgerEntry
 from fedudp.privacy.pld_fast import event_key, fast_atom, fast_epsilon
 
@@ -136,6 +137,10 @@ class Parallel:
         return "Parallel(" + ", ".join(str(p) for p in self.parts) + ")"
 
 
+# what one release composes (fedudp.privacy.protocol.Release)
+_Release: TypeAlias = dp_accounting.DpEvent | ApproxDp | Parallel | DistributedDpEvent
+
+
 def basic_composition(blocks: list[tuple[ApproxDp, int]] | list[ApproxDp]) -> ApproxDp:
     """Basic composition (Dwork–Roth Thm 3.16): k mechanisms (ε_i, δ_i)-DP compose to
     (Σε_i, Σδ_i)-DP, adaptively. Entries are blocks or (block, count) pairs."""
@@ -199,6 +204,15 @@ class _Series:
         return self.exact(c) if v > threshold else v
 
 
+def _distributed(runs: Sequence[Sequence[Any]]) -> bool:
+    """Whether the runs are distributed events (``compose`` never mixes the two kinds)."""
+    return any(isinstance(e, DistributedDpEvent) for e, _ in runs)
+
+
+def _pld_supports(event: object) -> bool:
+    return not isinstance(event, DistributedDpEvent) and pld_supports(event)
+
+
 class Accountant:
     """Composes released events; reports epsilon at a delta (PLD, RDP as cross-check).
 
@@ -259,11 +273,32 @@ class Accountant:
         """Every composed event, one per release (the runs expanded)."""
         return [e for e, c in self.runs for _ in range(c)]
 
-    def supports(self, event: dp_accounting.DpEvent | ApproxDp) -> bool:
-        """Whether ``event`` can be composed (a block, or an event PLD or RDP supports)."""
-        if isinstance(event, ApproxDp):
+    def supports(self, event: dp_accounting.DpEvent | ApproxDp | DistributedDpEvent) -> bool:
+        """Whether ``event`` can be composed (a block, an event PLD or RDP supports, or a
+        ``DistributedDpEvent``), and composed with what this accountant holds (distributed
+        events mix with blocks and ``NoOpDpEvent``s only)."""
+        if isinstance(event, (ApproxDp, dp_accounting.NoOpDpEvent)):
+            return True
+        if self._mixes(event):
+            return False
+        if isinstance(event, DistributedDpEvent):
             return True
         return pld_supports(event) or rdp_accountant().supports(event)
+
+    def _mixes(self, event: object) -> bool:
+        """Whether ``event`` and the composed events are distributed and dp-accounting ones."""
+        if not self._canon:  # compose keeps one kind: the first run's tells it
+            return False
+        held = isinstance(self._canon[0][0], DistributedDpEvent)
+        return isinstance(event, DistributedDpEvent) != held
+
+    def _check_mix(self, event: object) -> None:
+        if not isinstance(event, (ApproxDp, dp_accounting.NoOpDpEvent)) and self._mixes(event):
+            held = "dp-accounting" if isinstance(event, DistributedDpEvent) else "distributed"
+            raise dp_accounting.UnsupportedEventError(
+                f"cannot compose {event} with the {held} events already composed: "
+                "one accountant per kind"
+            )
 
     @property
     def primary(self) -> str:
@@ -272,17 +307,23 @@ class Accountant:
         docs/algorithms.md#events-and-accountants)."""
         if not self.runs:
             return "pld"
-        return "pld" if all(pld_supports(e) for e, _ in self.runs) else "rdp"
+        return "pld" if all(_pld_supports(e) for e, _ in self.runs) else "rdp"
 
     def composed_event(self) -> dp_accounting.DpEvent | None:
         """Everything composed so far as one ``DpEvent`` (runs of equal events self-composed);
-        None when nothing was, or when an ``ApproxDp`` block (no dp-accounting event) was."""
-        if self.blocks or not self.runs:
+        None when nothing was, or when an ``ApproxDp`` block or a ``DistributedDpEvent`` (no
+        dp-accounting event) was."""
+        if self.blocks or not self.runs or _distributed(self.runs):
             return None
         return composed_event(self.runs)
 
-    def compose(self, event: dp_accounting.DpEvent | ApproxDp | Parallel, count: int = 1) -> None:
-        """Compose ``count`` releases of ``event`` (a ``DpEvent`` or an ``ApproxDp`` block).
+    def compose(
+        self,
+        event: dp_accounting.DpEvent | ApproxDp | Parallel | DistributedDpEvent,
+        count: int = 1,
+    ) -> None:
+        """Compose ``count`` releases of ``event`` (a ``DpEvent``, an ``ApproxDp`` block or a
+        ``DistributedDpEvent``, whose RDP curves add up).
 
         Raises
         ------
@@ -290,7 +331,8 @@ class Accountant:
             For a ``NonPrivateDpEvent``.
         dp_accounting.UnsupportedEventError
             For an event neither PLD nor RDP supports (a ``Parallel`` one included: that is
-            ``ParallelAccountant``'s).
+            ``ParallelAccountant``'s), or a ``DistributedDpEvent`` mixed with dp-accounting
+            events other than ``NoOpDpEvent`` (either way round).
         """
         if isinstance(event, Parallel):
             raise dp_accounting.UnsupportedEventError(f"neither PLD nor RDP supports {event}")
@@ -302,6 +344,7 @@ class Accountant:
             else:
                 self.blocks.append((event, count))
             return
+        self._check_mix(event)
         if not self.supports(event):
             raise dp_accounting.UnsupportedEventError(f"neither PLD nor RDP supports {event}")
         if self.runs and self.runs[-1][0] == event:
@@ -380,6 +423,8 @@ class Accountant:
             return math.inf
         if not runs:  # only NoOpDpEvents: nothing released
             return 0.0
+        if _distributed(runs):
+            return distributed_rdp_epsilon(runs, delta)
         if not rdp_only and all(pld_supports(e) for e, _ in runs):
             threshold = math.inf if self.target_epsilon is None else self.target_epsilon - spent
             return self._series_for(runs[:-1], runs[-1][0], delta).value(runs[-1][1], threshold)
@@ -397,7 +442,8 @@ class Accountant:
         return float(e) + e_blk
 
     def epsilon_rdp(self, delta: float) -> float | None:
-        """The RDP accountant's (looser) epsilon, as a cross-check; None if unsupported."""
+        """The RDP accountant's (looser) epsilon, as a cross-check; None if unsupported (for
+        ``DistributedDpEvent``s, ``epsilon``'s value: it is RDP)."""
         if not self.runs and not self.blocks:
             return 0.0
         d_ev, e_blk = self._split(delta)
@@ -405,7 +451,10 @@ class Accountant:
         return None if e is None else float(e) + e_blk
 
     def epsilon_if(
-        self, event: dp_accounting.DpEvent | ApproxDp | Parallel, delta: float, count: int = 1
+        self,
+        event: dp_accounting.DpEvent | ApproxDp | Parallel | DistributedDpEvent,
+        delta: float,
+        count: int = 1,
     ) -> float:
         """Epsilon after composing ``event`` ``count`` more times, without composing it.
 
@@ -413,9 +462,12 @@ class Accountant:
         ------
         TypeError
             For an event neither PLD nor RDP supports (a ``Parallel`` one included).
+        dp_accounting.UnsupportedEventError
+            For a ``DistributedDpEvent`` mixed with dp-accounting events (``compose``).
         """
         if isinstance(event, Parallel):
             raise TypeError(f"neither PLD nor RDP supports {event}")
+        self._check_mix(event)
         d_ev, e_blk = self._split(delta, event, count)
         runs = self._with(event, count)
         if not self.runs and not runs and not isinstance(event, ApproxDp) and count:
@@ -439,7 +491,7 @@ class ParallelAccountant:
     ) -> None:
         self.parts = [Accountant(pld_interval, target_epsilon, engine) for _ in range(parts)]
 
-    def compose(self, event: dp_accounting.DpEvent | ApproxDp | Parallel, count: int = 1) -> None:
+    def compose(self, event: _Release, count: int = 1) -> None:
         """Compose ``count`` of a ``Parallel`` event (one event per part) or of an ``ApproxDp``
         block (into every part)."""
         if isinstance(event, ApproxDp):
@@ -460,9 +512,7 @@ class ParallelAccountant:
         eps = [e for a in self.parts if (e := a.epsilon_rdp(delta)) is not None]
         return None if len(eps) < len(self.parts) else max(eps)
 
-    def epsilon_if(
-        self, event: dp_accounting.DpEvent | ApproxDp | Parallel, delta: float, count: int = 1
-    ) -> float:
+    def epsilon_if(self, event: _Release, delta: float, count: int = 1) -> float:
         """The worst part's epsilon after ``count`` more of ``event``, without composing it."""
         if isinstance(event, ApproxDp):
             return max(a.epsilon_if(event, delta, count) for a in self.parts)
@@ -532,7 +582,7 @@ class GroupAccountant:
     def __init__(self, inner: Accountant | ParallelAccountant, group: GroupConversion) -> None:
         self.inner, self.group = inner, group
 
-    def compose(self, event: dp_accounting.DpEvent | ApproxDp | Parallel, count: int = 1) -> None:
+    def compose(self, event: _Release, count: int = 1) -> None:
         """Compose ``count`` releases of ``event`` at record level."""
         self.inner.compose(event, count)
 
@@ -545,9 +595,7 @@ class GroupAccountant:
         e = self.inner.epsilon_rdp(self.group.record_delta)
         return None if e is None else self.group.user_epsilon(e)
 
-    def epsilon_if(
-        self, event: dp_accounting.DpEvent | ApproxDp | Parallel, delta: float, count: int = 1
-    ) -> float:
+    def epsilon_if(self, event: _Release, delta: float, count: int = 1) -> float:
         """User-level epsilon after ``count`` more of ``event``, without composing it."""
         eps = self.inner.epsilon_if(event, self.group.record_delta, count)
         return self.group.user_epsilon(eps)

@@ -14,11 +14,13 @@ from typing import Protocol, TypeAlias, runtime_checkable
 import dp_accounting
 
 from fedudp.privacy.accountant import ApproxDp, Parallel
+from fedudp.privacy.distributed import DistributedDpEvent
 
 __all__ = ["AccountantLike", "Release"]
 
-# what one release composes: a dp-accounting event, an (ε, δ) block, or one event per part
-Release: TypeAlias = dp_accounting.DpEvent | ApproxDp | Parallel
+# what one release composes: a dp-accounting event, an (ε, δ) block, one event per part, or a
+# round of a distributed mechanism
+Release: TypeAlias = dp_accounting.DpEvent | ApproxDp | Parallel | DistributedDpEvent
 
 
 @runtime_checkable
@@ -34,7 +36,7 @@ class AccountantLike(Protocol):
 
         Parameters
         ----------
-        event : DpEvent, ApproxDp or Parallel
+        event : DpEvent, ApproxDp, Parallel or DistributedDpEvent
             One release.
         count : int
             How many releases of it.
