@@ -89,8 +89,10 @@ class MaskKeys:
 
         Parameters
         ----------
-        i, j
-            Two different owners (the order does not matter).
+        i
+            One owner.
+        j
+            Another owner (the order of ``i`` and ``j`` does not matter).
         round_
             The round (>= 0).
 
@@ -187,8 +189,16 @@ def mask(
     ----------
     vec
         The owner's reduced vector, uint64 ``[dim]`` in ``[0, 2^bits)``.
-    keys, owner, peers, round_, bits
-        As in :func:`owner_mask`.
+    keys
+        The owners' keys.
+    owner
+        This owner.
+    peers
+        The round's owners the masks are set up with.
+    round_
+        The round.
+    bits
+        The modulus exponent.
 
     Returns
     -------

@@ -119,7 +119,9 @@ class ConditionalRounder:
 
         Raises
         ------
-        ValueError, RuntimeError
+        ValueError
+            As in :func:`conditional_round`.
+        RuntimeError
             As in :func:`conditional_round`.
         """
         X = _checked(X, rngs)
@@ -192,8 +194,14 @@ def rounded_rows_sum(
 
     Parameters
     ----------
-    X, bound, rngs, max_tries
-        As in :func:`conditional_round`.
+    X
+        float64 ``[n, D]``, as in :func:`conditional_round`.
+    bound
+        The l2 bound of one rounded row.
+    rngs
+        ``n`` generators, row ``i`` drawn from ``rngs[i]`` only.
+    max_tries
+        Draws allowed per row.
     out
         int64 ``[D]`` to add the rows into (a new zero vector if ``None``).
 
@@ -204,7 +212,9 @@ def rounded_rows_sum(
 
     Raises
     ------
-    ValueError, RuntimeError
+    ValueError
+        As in :func:`conditional_round`.
+    RuntimeError
         As in :func:`conditional_round`.
     """
     X = _checked(X, rngs)
