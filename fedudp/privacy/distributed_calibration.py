@@ -41,8 +41,11 @@ def _check(**kw: Any) -> None:
             raise ValueError(f"{name} must be an integer >= 1, got {kw[name]}")
 
 
-def _smallest(meets: Callable[[float], bool], start: float, what: str) -> float:
-    """The smallest x > 0 with ``meets(x)`` (monotone: false below, true above), to _RTOL."""
+def _smallest(
+    meets: Callable[[float], bool], start: float, what: str, rtol: float = _RTOL
+) -> float:
+    """The smallest x > 0 with ``meets(x)`` (monotone: false below, true above), returned from
+    above within a relative ``rtol``."""
     lo = hi = start
     for _ in range(_STEPS):
         if meets(hi):
@@ -58,7 +61,7 @@ def _smallest(meets: Callable[[float], bool], start: float, what: str) -> float:
             hi = lo
         else:
             return hi
-    while hi / lo - 1.0 > _RTOL:
+    while hi / lo - 1.0 > rtol:
         mid = math.sqrt(lo * hi)
         lo, hi = (lo, mid) if meets(mid) else (mid, hi)
     return hi
@@ -114,23 +117,27 @@ def calibrate_local_std(
     """
     _check(noise=noise, epsilon=epsilon, delta=delta, rounds=rounds, clip=clip, scale=scale)
     _check(beta=beta, dim=dim, owners=owners, rate=rate)
-
-    def meets(std: float) -> bool:
-        ev = distributed_event(
-            noise,
-            clip=clip,
-            local_std=std,
-            scale=scale,
-            beta=beta,
-            dim=dim,
-            owners=owners,
-            rate=rate,
-        )
-        return ev.epsilon(delta, rounds) <= epsilon
-
     # start near the Gaussian's std for one round at this ε (the bracket moves from there)
     start = clip * math.sqrt(2.0 * math.log(1.25 / delta)) / (epsilon * math.sqrt(owners))
-    return _smallest(meets, start, "local_std")
+    kw = {"clip": clip, "scale": scale, "beta": beta, "dim": dim, "owners": owners, "rate": rate}
+    return _calibrate(noise, epsilon, delta, rounds, kw, start, _RTOL)
+
+
+def _calibrate(
+    noise: str,
+    epsilon: float,
+    delta: float,
+    rounds: int,
+    kw: dict[str, Any],
+    start: float,
+    rtol: float,
+) -> float:
+    """``calibrate_local_std`` on checked inputs, from ``start``, within ``rtol`` above."""
+
+    def meets(std: float) -> bool:
+        return distributed_event(noise, local_std=std, **kw).epsilon(delta, rounds) <= epsilon
+
+    return _smallest(meets, start, "local_std", rtol)
 
 
 def heuristic_scale(
@@ -247,27 +254,21 @@ def distributed_params(
     _check(beta=beta, dim=dim, owners=owners, rate=rate, k=k, rho=rho)
     top = heuristic_scale(0.0, clip, bits, owners, dim, k, rho)
 
-    def std(scale: float) -> float:
-        return calibrate_local_std(
-            noise,
-            epsilon=epsilon,
-            delta=delta,
-            rounds=rounds,
-            clip=clip,
-            scale=scale,
-            beta=beta,
-            dim=dim,
-            owners=owners,
-            rate=rate,
-        )
+    kw = {"clip": clip, "beta": beta, "dim": dim, "owners": owners, "rate": rate}
+    hint = [clip / math.sqrt(owners)]  # the last std found: where the next bracket starts
 
-    def fits(scale: float) -> bool:
-        return scale <= heuristic_scale(std(scale), clip, bits, owners, dim, k, rho)
+    def std(scale: float, rtol: float = _RTOL) -> float:
+        hint[0] = _calibrate(noise, epsilon, delta, rounds, {**kw, "scale": scale}, hint[0], rtol)
+        return hint[0]
 
+    def fits(scale: float, rtol: float = _RTOL) -> bool:
+        return scale <= heuristic_scale(std(scale, rtol), clip, bits, owners, dim, k, rho)
+
+    # the scan may use a coarse std: it is an over-estimate, so a coarse fit is a fit
     hi = top  # never fits: σ > 0 makes heuristic_scale(σ) < top
     lo = hi / 2.0
     for _ in range(64):
-        if fits(lo):
+        if fits(lo, 1e-3):
             break
         hi, lo = lo, lo / 2.0
     else:
