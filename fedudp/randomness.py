@@ -60,9 +60,9 @@ class Purpose(IntEnum):
         Alg. 3's smoothing, an algorithm's public schedule, Alg. 1's personal-block noise.
     CANARY, CANARY_SAMPLE : int
         A canary's fixed direction; the billboard's sample of the canaries.
-    ROTATION, ROUNDING, SHARE_NOISE, DROPOUT : int
+    ROTATION, ROUNDING, SHARE_NOISE, DROPOUT, MASKS : int
         The distributed mechanisms' public rotation, a user's stochastic rounding, an owner's
-        integer noise share, the simulated owner dropouts.
+        integer noise share, the simulated owner dropouts, the owners' mask secret (seeded).
     SYNTHETIC_TEACHER, PARTITION : int
         The synthetic dataset's teacher; the owners' classes, record split and users.
     """
@@ -83,7 +83,8 @@ class Purpose(IntEnum):
     ROTATION = 19  # the distributed mechanisms' public random rotation (per round)
     ROUNDING = 20  # a user's conditional stochastic rounding (distributed mechanisms)
     SHARE_NOISE = 21  # an owner's integer noise share (distributed mechanisms)
-    DROPOUT = 22  # the simulated owner dropouts of a distributed round (secure.dropout)
+    DROPOUT = 22  # the simulated owner dropouts of a round (train.owner_dropout)
+    MASKS = 23  # the owners' pairwise-mask secret in a seeded simulation (never the billboard's)
     SYNTHETIC_TEACHER = 0x5EED  # the synthetic dataset's teacher
     PARTITION = 0xFA27  # owners' classes, record split, users
 
@@ -108,6 +109,7 @@ KEYS: dict[Purpose, tuple[str, ...]] = {
     Purpose.ROUNDING: ("round", "user"),
     Purpose.SHARE_NOISE: ("round", "owner"),
     Purpose.DROPOUT: ("round",),
+    Purpose.MASKS: (),
     Purpose.SYNTHETIC_TEACHER: (),
     Purpose.PARTITION: (),
 }

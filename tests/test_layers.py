@@ -285,6 +285,9 @@ CLIENT_MAY_IMPORT = (
     "fedudp.data",
     "fedudp.models",
     "fedudp.privacy",
+    # a distributed mechanism's encoding and the owners' pairwise masks (the client's side of
+    # the simulated secure aggregation)
+    "fedudp.secure",
     "fedudp.randomness",
     "fedudp.errors",
     "fedudp.plain",

@@ -146,6 +146,12 @@ class Aggregator(ABC):
     inputs: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[Option, ...]] = ()
     noise_inputs: ClassVar[tuple[str, ...]] = ()
+    # the event of a release depends on how many owners answered (a distributed mechanism's
+    # noise is the sum of the survivors' shares): the billboard composes
+    # ``dp_event_for(answered)`` once the owners answered; ``dp_event()`` is the worst case
+    survivor_event: ClassVar[bool] = False
+    # whom the guarantee trusts with the noise (the ledger's ``trust``)
+    trust: ClassVar[str] = "server: trusted (central DP: the billboard adds the noise)"
 
     sampling: Sampling
     guarantee: str = "certified"
@@ -226,6 +232,22 @@ class Aggregator(ABC):
     @abstractmethod
     def dp_event(self) -> dp_accounting.DpEvent | ApproxDp:
         """Exactly what one release released, for the accountant."""
+
+    def dp_event_for(self, answered_owners: int) -> Any:
+        """What one release released when ``answered_owners`` owners answered (public); the
+        same as ``dp_event()`` unless the estimator declares ``survivor_event``.
+
+        Parameters
+        ----------
+        answered_owners : int
+            The owners that answered this round.
+
+        Returns
+        -------
+        Any
+            The release's event for the accountant.
+        """
+        return self.dp_event()
 
     def one_off_event(self) -> ApproxDp | None:
         """A block spent once per run (AboveThreshold's ε, failure probabilities in δ)."""
@@ -463,6 +485,8 @@ RUN_INPUTS = {
     "owner_units": "partition",
     "group_size": "partition.records_per_user",
     "noise_scale": "audit.noise_scale",
+    "min_owners": "train.min_owners",
+    "seed": "seed",
 }
 
 

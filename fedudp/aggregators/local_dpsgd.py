@@ -172,6 +172,7 @@ class LocalDpSgdMean(Aggregator):
         With ``adaptive``: when ``clip_quantile`` is not in (0, 1) or ``clip_lr`` not positive.
     """
 
+    trust = "owners add DP-SGD noise; the billboard sees each owner's noisy update"
     name = "local_dpsgd"
     noise_multiplier: float
     count_noise: float | None  # the adaptive clip's count noise (None: a fixed clip)

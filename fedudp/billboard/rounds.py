@@ -429,7 +429,7 @@ def _release_round(
                 ),
             )
         return False, "completed", ""
-    agg = bb.release(got.replies, r)
+    agg = bb.release(got.replies, r, bb.answered_owners([f.owner for f in got.failures]))
     failed = sum(rep.failed for rep in got.replies) + sum(f.units for f in got.failures)
     info.update(
         cohort=len(cohort),

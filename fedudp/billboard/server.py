@@ -154,6 +154,9 @@ class Billboard:
         # each owner's public capacity (declared user slots), what the fail-closed rule counts
         self.owner_units = None if owner_units is None else tuple(int(c) for c in owner_units)
         self.withheld: list[int] = []  # the rounds that released nothing (fail closed)
+        # the owners that answered each released round, where the event depends on it
+        # (``Aggregator.survivor_event``: a distributed mechanism), for a checkpoint's restore
+        self.answered: dict[int, int] = {}
         # a seeded resume: the releases the killed run made after its checkpoint, by round; a
         # re-release identical to one (same SHA-256) is that very release, any other is composed
         self.rereleases: dict[int, LedgerEntry] = {}
@@ -334,15 +337,32 @@ class Billboard:
         """Whether the next round's release stays within the budget (``ReleaseGate``)."""
         return self.gate.within_budget(self.round_event(self.next_round))
 
-    def release(self, replies: Sequence[OwnerReply], round_: int) -> Aggregate:
+    def answered_owners(self, failed: Collection[int]) -> int | None:
+        """How many owners answered when the ``failed`` ones did not (None: no owner
+        structure declared)."""
+        if self.owner_units is None:
+            return None
+        return len(self.owner_units) - len({int(j) for j in failed})
+
+    def release(
+        self, replies: Sequence[OwnerReply], round_: int, answered: int | None = None
+    ) -> Aggregate:
         """Merge the owners' contributions (rows or clipped sums, as the aggregator's constraint
         asked), release, compose the event into the ledger and step the shared parameters.
         A halted estimator (AboveThreshold said stop) still released its answer: composed,
-        but the shared parameters do not move."""
+        but the shared parameters do not move. ``answered``: the owners that answered (public;
+        an estimator whose event depends on it, ``Aggregator.survivor_event``, needs it)."""
         aggregator = (
             self.plan.aggregator(round_) if self.plan is not None else None
         ) or self.aggregator
         event = self.round_event(round_)
+        if aggregator.survivor_event:
+            if answered is None:
+                raise ValueError(
+                    f"aggregator={aggregator.name}: the release needs how many owners answered"
+                )
+            self.answered[int(round_)] = int(answered)
+            event = aggregator.dp_event_for(int(answered))
         c = Contribution.merge(
             [r.contribution for r in replies],
             self.dim,
@@ -432,6 +452,7 @@ class Billboard:
             "u": self.u.clone(),
             "diverged": bool(self.diverged),
             "withheld": list(getattr(self, "withheld", [])),
+            "answered": {str(r): n for r, n in getattr(self, "answered", {}).items()},
             "entries": [plain(asdict(e)) for e in self.ledger.entries],
             "rereleases": [plain(asdict(e)) for e in getattr(self, "rereleases", {}).values()],
             "aggregator": self.aggregator.checkpoint_state(),
@@ -439,7 +460,11 @@ class Billboard:
         }
 
     def _event_of(self, round_: int) -> Event | None:
-        """The event round ``round_`` released (a plan's, where an algorithm has one)."""
+        """The event round ``round_`` released (a plan's, where an algorithm has one; the
+        survivors' where the estimator's event depends on them)."""
+        answered = getattr(self, "answered", {})
+        if self.aggregator.survivor_event and round_ in answered:
+            return self.aggregator.dp_event_for(answered[round_])
         of = getattr(self, "round_event", None)
         return of(round_) if of is not None else self.event
 
@@ -468,6 +493,8 @@ class Billboard:
             raise CheckpointError(
                 "its ledger entries and withheld rounds are not rounds 1, 2, ... in order"
             )
+        if hasattr(self, "answered"):
+            self.answered = {int(r): int(n) for r, n in state.get("answered", {}).items()}
         if self.accountant is not None:
             events = [self._event_of(e.round) for e in entries]
             for e, event in zip(entries, events):

@@ -249,6 +249,8 @@ def estimator_values(cfg: RunConfig, sampling: Sampling, rounds: int, dim: int) 
         "owner_units": planned_owner_records(cfg) if group else planned_owner_users(cfg),
         "group_size": int(cfg.partition.records_per_user) if group else None,
         "noise_scale": float(cfg.audit.noise_scale),
+        "min_owners": int(t.min_owners),
+        "seed": int(cfg.seed),
     }
     assert values.keys() == RUN_INPUTS.keys()  # the builder gives every declared run value
     return values

@@ -117,6 +117,7 @@ def ledger(cfg: RunConfig, spec: MethodSpec, aggregator: Aggregator | None) -> L
         delta=p.delta if private else None,
         target_epsilon=p.epsilon if private else None,
         notes=notes,
+        trust=dp_agg.trust if dp_agg is not None else None,
     )
     led.extra["public"] = public_numbers(cfg)
     led.randomness = randomness(cfg).ledger_name

@@ -56,7 +56,7 @@ class RunSettings:
 
     method: str
     private: bool
-    placement: str | None  # server | local_dpsgd (private methods only)
+    placement: str | None  # server | local_dpsgd | distributed (private methods only)
     engine: str
     dataset: str
     seed: int
@@ -157,6 +157,8 @@ def placement(cfg: RunConfig) -> Placement:
     private = Method(cfg.method) in (Method.full_dp, Method.joint_dp)
     if private and Placement(cfg.privacy.placement) == Placement.local_dpsgd:
         return Placement.local_dpsgd
+    if private and Placement(cfg.privacy.placement) == Placement.distributed:
+        return Placement.distributed
     return Placement.server
 
 

@@ -179,6 +179,8 @@ class TrainConfig:
         Local SGD step and batch; billboard step; personal epochs (None: local_epochs).
     owner_weights, min_owners, min_users : OwnerWeights, int, int
         Owner-level averaging; fail closed below these (owners answered, user slots).
+    owner_dropout : float
+        Simulated: each owner drops out of each round with this probability.
     """
 
     rounds: int = 20
@@ -197,6 +199,10 @@ class TrainConfig:
     # declared user slots (their public capacities, never the sampled count)
     min_owners: int = 1
     min_users: int = 1
+    # simulated infrastructure: each owner drops out of each round with this probability
+    # (public randomness keyed by seed and round, never data; engine=local): a dropped owner
+    # is an owner failure (fail closed below min_owners; docs/algorithms.md#fail-closed)
+    owner_dropout: float = 0.0
 
     def resolved_personal_epochs(self) -> int:
         """``personal_epochs``, defaulting to ``local_epochs``."""
@@ -584,4 +590,6 @@ def resolved_aggregator(cfg: RunConfig) -> str:
     if name != "auto":
         return name
     private = cfg.method in (Method.full_dp, Method.joint_dp)
+    if private and cfg.privacy.placement == Placement.distributed:
+        return "ddgauss"
     return "gaussian" if private else "none"

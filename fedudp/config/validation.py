@@ -14,7 +14,14 @@ import math
 from enum import Enum
 from typing import Any
 
-from fedudp.config.schema import EngineName, RunConfig, TrainConfig
+from fedudp.config.schema import (
+    ClipPolicy,
+    EngineName,
+    RandomnessMode,
+    RunConfig,
+    TrainConfig,
+    resolved_aggregator,
+)
 from fedudp.errors import ConfigError
 from fedudp.protocol.choices import Method, Placement, Unit
 
@@ -163,6 +170,11 @@ def _check_training(t: TrainConfig) -> None:
         f"must be an integer >= 1, got {t.min_owners}",
     )
     _need(
+        isinstance(t.owner_dropout, (int, float)) and 0.0 <= t.owner_dropout < 1.0,
+        "train.owner_dropout",
+        f"must be a probability in [0, 1), got {t.owner_dropout}",
+    )
+    _need(
         isinstance(t.min_users, int) and t.min_users >= 0,
         "train.min_users",
         f"must be an integer >= 0, got {t.min_users}",
@@ -264,6 +276,7 @@ def _check_method(cfg: RunConfig) -> None:
             "privacy.placement=local_dpsgd clips each user's gradient (user level); owner level "
             "needs privacy.placement=server",
         )
+    _check_distributed(cfg)
     if p.group_privacy:
         _need(
             p.placement == Placement.local_dpsgd
@@ -291,6 +304,71 @@ def _check_method(cfg: RunConfig) -> None:
             "partition.records_per_user=1 (a user-level guarantee, privacy.unit=user, already "
             "implies record level)",
         )
+
+
+DISTRIBUTED = ("ddgauss", "skellam")  # the estimators of privacy.placement=distributed
+
+
+def _check_distributed(cfg: RunConfig) -> None:
+    """privacy.placement=distributed and its estimators (ddgauss, skellam), before any work."""
+    p, t = cfg.privacy, cfg.train
+    name = resolved_aggregator(cfg)
+    private = cfg.method in (Method.full_dp, Method.joint_dp)
+    _need(
+        not t.owner_dropout or cfg.engine == EngineName.local.value,
+        "train.owner_dropout",
+        "simulates owner dropouts on engine=local only (on engine=flower owners fail for "
+        "real); set it to 0",
+    )
+    if name in DISTRIBUTED:
+        _need(
+            private and p.placement == Placement.distributed,
+            "aggregator",
+            f"aggregator={name} adds its noise in the owners under secure aggregation: it needs "
+            "privacy.placement=distributed and method=full_dp or joint_dp",
+        )
+    if not (private and p.placement == Placement.distributed):
+        return
+    _need(
+        name in DISTRIBUTED,
+        "aggregator",
+        f"privacy.placement=distributed needs aggregator=ddgauss or skellam (or auto), got {name}",
+    )
+    _need(
+        p.unit == Unit.user,
+        "privacy.unit",
+        "privacy.placement=distributed rounds and clips each user's vector (user level); "
+        f"got privacy.unit={Unit(p.unit).value}",
+    )
+    _need(
+        t.min_owners >= 2,
+        "train.min_owners",
+        "privacy.placement=distributed calibrates each owner's noise share for at least "
+        f"train.min_owners surviving owners, and masks need two: set it >= 2, got {t.min_owners}",
+    )
+    _need(
+        p.noise_multiplier is None,
+        "privacy.noise_multiplier",
+        "privacy.placement=distributed calibrates the owners' noise shares; leave it null",
+    )
+    _need(
+        ClipPolicy(p.clip_policy) == ClipPolicy.fixed,
+        "privacy.clip_policy",
+        "privacy.placement=distributed clips to a fixed privacy.clip; set privacy.clip_policy=fixed",
+    )
+    _need(
+        cfg.engine == EngineName.local.value or p.randomness == RandomnessMode.seeded,
+        "privacy.randomness",
+        "secure with privacy.placement=distributed needs the owners to agree on pairwise mask "
+        "seeds the billboard never sees (SecAgg's key agreement), which engine=flower does not "
+        "simulate: use engine=local, or privacy.randomness=seeded (docs/threat-model.md)",
+    )
+    _need(
+        not cfg.audit.canaries,
+        "audit.canaries",
+        "canaries join the billboard's clipped sum, which privacy.placement=distributed never "
+        "sees; set audit.canaries=0",
+    )
 
 
 def _check_outputs(cfg: RunConfig) -> None:

@@ -28,7 +28,12 @@ from fedudp.config import RunConfig
 from fedudp.data.federation import Federation
 from fedudp.owner.isolate import isolated_reply
 from fedudp.owner.owners import Owners, Params
+from fedudp.owner.secure_reply import owner_randomness, secure_reply
 from fedudp.protocol.contributions import ConstraintSource, current_constraint
+from fedudp.protocol.messages import Failure
+from fedudp.randomness import Purpose, numpy_rng
+from fedudp.secure.masks import MaskKeys
+from fedudp.secure.public import mask_secret
 
 if TYPE_CHECKING:
     from fedudp.build import RunSettings
@@ -48,6 +53,12 @@ class LocalTransport:
         The federation (every owner's private records).
     constraint : ConstraintSource
         Where the round's contribution constraint (from the aggregator) is read.
+    owner_dropout : float, default 0.0
+        Simulated infrastructure (``train.owner_dropout``): each owner drops out of each round
+        with this probability (keyed by ``seed`` and the round, never by data): it sends
+        nothing and is reported as a failed owner (fail closed below ``train.min_owners``).
+    seed : int, default 0
+        The run seed (the dropouts' key).
 
     Attributes
     ----------
@@ -55,9 +66,33 @@ class LocalTransport:
         Every owner's personal parameters, stacked over owners (``[owners, ...]``).
     """
 
-    def __init__(self, owners: Owners, fed: Federation, constraint: ConstraintSource) -> None:
+    def __init__(
+        self,
+        owners: Owners,
+        fed: Federation,
+        constraint: ConstraintSource,
+        owner_dropout: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         self.owners, self.fed, self.constraint = owners, fed, constraint
         self.personal_params = owners.initial_personal(fed.num_owners)
+        self.owner_dropout, self.seed = float(owner_dropout), int(seed)
+        self._mask_keys: MaskKeys | None = None  # the owners' pairwise seeds (distributed)
+
+    def dropped(self, round_: int) -> np.ndarray:
+        """The global ids of the owners that drop out of round ``round_`` (simulated)."""
+        if not self.owner_dropout:
+            return np.zeros(0, dtype=np.int64)
+        out = numpy_rng(self.seed, Purpose.DROPOUT, round_).random(self.fed.num_owners)
+        return np.asarray(self.fed.owner_ids, dtype=np.int64)[out < self.owner_dropout]
+
+    def mask_keys(self) -> MaskKeys:
+        """The owners' pairwise-mask seeds, made once on the owner side (OS entropy under
+        ``privacy.randomness=secure``; never handed to the billboard)."""
+        if self._mask_keys is None:
+            secret = mask_secret(owner_randomness(self.owners))
+            self._mask_keys = MaskKeys(secret, int(np.max(self.fed.owner_ids)) + 1)
+        return self._mask_keys
 
     def _here(self, shared: Params) -> Params:
         """The broadcast on the owners' device (the same tensors where that is the CPU)."""
@@ -74,13 +109,43 @@ class LocalTransport:
         cohort = self.fed.present(cohort, self.owners.spec.cohort_is_owners)
         constraint = current_constraint(self.constraint)
         assert constraint is not None  # a cohort comes from a billboard, with its aggregator
+        gone = self.dropped(round_)
+        failures = []
+        if len(gone):
+            index = {int(g): j for j, g in enumerate(self.fed.owner_ids)}
+            owner_of = cohort if self.owners.spec.cohort_is_owners else self.fed.user_owner[cohort]
+            lost = np.isin(owner_of, [index[int(g)] for g in gone])
+            failures = [
+                Failure(
+                    int(g),
+                    int((owner_of[lost] == index[int(g)]).sum()),
+                    "dropped out (simulated: train.owner_dropout)",
+                )
+                for g in gone
+            ]
+            cohort = cohort[~lost]
+        if constraint.secure is not None:  # masked shares of every surviving owner
+            reply = secure_reply(
+                self.owners,
+                self.fed,
+                shared,
+                self.personal_params,
+                cohort,
+                round_,
+                constraint,
+                keys=self.mask_keys(),
+                roster=[int(g) for g in self.fed.owner_ids],
+                dropped=[int(g) for g in gone],
+            )
+            return Collected([reply], failures)
         # a user whose step raises is dropped alone, on the failure path only (isolate)
         return Collected(
             [
                 isolated_reply(
                     self.owners, self.fed, shared, self.personal_params, cohort, round_, constraint
                 )
-            ]
+            ],
+            failures,
         )
 
     def evaluate(
@@ -151,4 +216,6 @@ def execute(
     """
     if grid is not None:
         raise ValueError("engine=local runs in-process; a Flower grid needs engine=flower")
-    return drive(LocalTransport(owners, fed, constraint))
+    return drive(
+        LocalTransport(owners, fed, constraint, float(cfg.train.owner_dropout), int(cfg.seed))
+    )

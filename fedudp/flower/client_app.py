@@ -9,7 +9,8 @@ engine runs for all owners at once:
 * ``@train``: personal update (no noise), then the reply for its sampled units under the
   aggregator's ``Constraint`` sent with the message (shared parts only);
 * ``@evaluate``: accuracy and loss on its test shard with its own personal parameters;
-* ``@query``: which owner this node is.
+* ``@query``: which owner this node is; under a distributed mechanism, a survivor's pair
+  seeds with the owners that dropped (the billboard removes their masks with them).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import threading
 import time
 from typing import cast
 
+import numpy as np
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -39,7 +41,11 @@ from fedudp.data.federation import Federation
 from fedudp.flower.wire import K_PERSONAL_IN, K_PERSONAL_OUT, K_STATE, K_STATE_RUN
 from fedudp.owner.isolate import isolated_reply
 from fedudp.owner.owners import Owners, Params
+from fedudp.owner.secure_reply import owner_randomness, secure_reply
 from fedudp.protocol import checkpoint
+from fedudp.protocol.contributions import Reveal
+from fedudp.secure.masks import MaskKeys
+from fedudp.secure.public import mask_secret
 
 __all__ = ["client_app", "owner_side", "foreign", "query", "train", "evaluate", "NOT_FEDUDP"]
 
@@ -72,6 +78,26 @@ def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
             _CACHE.clear()  # one run per process at a time
             _CACHE[key] = (owners, build.federation(cfg).to(owners.dtype))
         return _CACHE[key]
+
+
+def mask_keys(owners: Owners, fed: Federation) -> MaskKeys:
+    """The owners' pairwise-mask seeds of a run (every owner's process derives the same ones
+    from the run seed: a seeded simulation only, ``fedudp.secure.public.mask_secret``; the
+    billboard's code never calls this).
+
+    Parameters
+    ----------
+    owners : Owners
+        The owner side (its randomness).
+    fed : Federation
+        The whole federation (its number of owners).
+
+    Returns
+    -------
+    MaskKeys
+        The seeds.
+    """
+    return MaskKeys(mask_secret(owner_randomness(owners)), fed.num_owners)
 
 
 def _setup(
@@ -156,8 +182,14 @@ def query(msg: Message, context: Context) -> Message:
     """
     if (err := foreign(msg)) is not None:
         return err
-    _owners, fed = owner_side(str(msg.content[wire.K_RUN]["cfg"]))
+    run = cast(ConfigRecord, msg.content[wire.K_RUN])
+    owners, fed = owner_side(str(run["cfg"]))
     j = int(context.node_config["partition-id"])
+    if "reveal" in run:  # a survivor's pair seeds with the owners that dropped
+        keys, round_ = mask_keys(owners, fed), int(cast(int, run["round"]))
+        gone = [int(d) for d in np.frombuffer(cast(bytes, run["reveal"]), dtype=np.int64)]
+        reveals = [Reveal(j, d, keys.pair_seed(j, d, round_)) for d in gone]
+        return Message(wire.reveals_to_records(j, reveals), reply_to=msg)
     n = int(context.node_config.get("num-partitions", fed.num_owners))
     if n != fed.num_owners or not 0 <= j < n:
         raise ValueError(
@@ -204,6 +236,21 @@ def train(msg: Message, context: Context) -> Message:
     if asked is None:  # per_silo: nothing is sent
         return Message(wire.ack_record(j), reply_to=msg)
     units, constraint = asked
+    if constraint.secure is not None:  # its masked share (every owner is in the roster)
+        _, fed = owner_side(str(run["cfg"]))
+        rep = secure_reply(
+            owners,
+            shard,
+            shared,
+            personal,
+            units,
+            round_,
+            constraint,
+            keys=mask_keys(owners, fed),
+            roster=range(fed.num_owners),
+            count_wraps=False,
+        )
+        return Message(wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
     # a user whose step raises is dropped alone, as on the local engine (owner.isolate; its
     # count crosses the wire in ``failed``, the reasons are logged here)
     rep = isolated_reply(owners, shard, shared, personal, units, round_, constraint)

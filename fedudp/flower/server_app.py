@@ -48,7 +48,12 @@ from fedudp.config import RunConfig, config_to_json
 from fedudp.data.federation import Federation
 from fedudp.owner.owners import Owners, Params
 from fedudp.protocol import checkpoint
-from fedudp.protocol.contributions import ConstraintSource, current_constraint
+from fedudp.protocol.contributions import (
+    ConstraintSource,
+    Contribution,
+    Reveal,
+    current_constraint,
+)
 from fedudp.protocol.messages import Failure, OwnerFailure, OwnerReply
 from fedudp.stopping import StopFlag
 
@@ -223,8 +228,63 @@ class FlowerTransport:
                 replies.append(rep)
             except (KeyError, ValueError, TypeError) as e:
                 failed[j] = f"{type(e).__name__}: {e}"
+        constraint = current_constraint(self.constraint)
+        if constraint is not None and constraint.secure is not None and cohort is not None:
+            replies = self._reveal(replies, failed, round_)
         fails = [Failure(j, len(units.get(j, ())), r) for j, r in sorted(failed.items())]
         return Collected(replies, fails)
+
+    def _reveal(
+        self, replies: list[OwnerReply], failed: dict[int, str], round_: int
+    ) -> list[OwnerReply]:
+        """SecAgg's unmasking step (simulated): the surviving owners are asked for their pair
+        seeds with the owners that sent no share, so that the billboard can remove those
+        masks; a survivor that does not reveal is dropped too (its reason in ``failed``) and the
+        others are asked again for it. Returns the replies whose shares stay in the sum, one
+        more reply carrying the reveals."""
+        shares = {r.contribution.shares[0].owner: r for r in replies}
+        reveals: dict[tuple[int, int], Reveal] = {}
+        for _ in range(self.fed.num_owners):
+            gone = sorted(set(range(self.fed.num_owners)) - set(shares))
+            ask = {j: sorted(d for d in gone if (j, d) not in reveals) for j in sorted(shares)}
+            ask = {j: ds for j, ds in ask.items() if ds}
+            if not ask:
+                break
+            msgs = {
+                j: Message(
+                    RecordDict({wire.K_RUN: wire.reveal_request(self.cfg_json, round_, j, ds)}),
+                    dst_node_id=self.node_of_owner[j],
+                    message_type="query",
+                    group_id=str(round_),
+                )
+                for j, ds in ask.items()
+            }
+            got, lost = self._exchange(msgs, round_, stage="reveals")
+            for j, m in got.items():
+                try:
+                    rs = wire.records_to_reveals(m.content)
+                    if {r.dropped for r in rs} != set(ask[j]) or any(r.survivor != j for r in rs):
+                        raise ValueError("seeds for other owners than asked")
+                    reveals.update({(r.survivor, r.dropped): r for r in rs})
+                except (KeyError, ValueError, TypeError) as e:
+                    lost[j] = f"reveal: {type(e).__name__}: {e}"
+            for j, why in lost.items():
+                failed[j] = f"reveal: {why}"
+                shares.pop(j, None)
+        kept = list(shares.values())
+        if kept:
+            c = kept[0].contribution
+            live = set(shares)
+            extra = Contribution(
+                None,
+                None,
+                0,
+                roster=c.roster,
+                reveals=tuple(r for (s, _), r in sorted(reveals.items()) if s in live),
+                round_=c.round_,
+            )
+            kept.append(OwnerReply(kept[0].param_names, extra))
+        return kept
 
     def evaluate(
         self, shared: Params, round_: int, while_waiting: Callable[[], None] | None = None
@@ -300,7 +360,9 @@ def _check_reply(rep: OwnerReply, owner: int, expected: int, units_sent: int, di
     for t in (c.rows, c.total):
         if t is not None and (t.shape[-1] != dim or not bool(torch.isfinite(t).all())):
             raise ValueError("shared vector of the wrong length or not finite")
-    if c.count and c.rows is None and c.total is None:
+    if c.shares and (len(c.shares) != 1 or c.shares[0].owner != expected):
+        raise ValueError("a distributed reply must carry its owner's one masked share")
+    if c.count and c.rows is None and c.total is None and not c.shares:
         raise ValueError("units counted but no vectors")
     if c.fraction_reports not in (0, 1) or not math.isfinite(c.fraction_sum):
         raise ValueError("an owner's adaptive-clip report is not one finite fraction")

@@ -117,6 +117,7 @@ def _gate(
         delta=float(delta),
         target_epsilon=target_epsilon,
         notes=list(LEDGER_NOTES),
+        trust=aggregator.trust,
     )
     gate = ReleaseGate(
         ledger,

@@ -26,6 +26,7 @@ The codec: ``to_numpy`` reads an ``Array``, ``to_record`` writes an ``ArrayRecor
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, fields
 from typing import Any, cast
@@ -34,8 +35,9 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedudp.protocol.contributions import Constraint, Contribution
+from fedudp.protocol.contributions import Constraint, Contribution, MaskedShare, Reveal
 from fedudp.protocol.messages import OwnerReply
+from fedudp.secure.encoding import SecureEncoding
 
 __all__ = [
     "K_DP",
@@ -49,6 +51,8 @@ __all__ = [
     "K_RUN",
     "K_SHARED",
     "K_REPLY",
+    "K_SECURE",
+    "K_REVEAL",
     "K_NAMES",
     "K_VECTORS",
     "K_EVAL",
@@ -69,6 +73,9 @@ __all__ = [
     "run_record",
     "read_units",
     "reply_to_records",
+    "reveal_request",
+    "reveals_to_records",
+    "records_to_reveals",
     "records_to_reply",
     "ack_record",
     "eval_record",
@@ -91,6 +98,8 @@ K_CLIENT_PARTITIONS = "fedudp.client-num-partitions"  # ... and num-partitions
 K_RUN = "fedudp.run"
 K_SHARED = "fedudp.shared"
 K_REPLY = "fedudp.reply"
+K_SECURE = "fedudp.secure"  # ConfigRecord beside a masked share: its roster and round
+K_REVEAL = "fedudp.reveal"  # ConfigRecord: a survivor's pair seeds with dropped owners
 K_NAMES = "fedudp.names"
 K_VECTORS = "fedudp.vectors"
 K_EVAL = "fedudp.eval"
@@ -363,6 +372,9 @@ def run_record(
         assert constraint is not None  # sent with the units
         fields = asdict(constraint)
         rec["rows"] = bool(fields.pop("rows"))
+        secure = fields.pop("secure")
+        if secure is not None:  # a distributed mechanism's public encoding, as JSON
+            rec["secure"] = json.dumps(secure)
         rec.update({k: -1.0 if v is None else float(v) for k, v in fields.items()})  # -1: None
     return ConfigRecord(rec)
 
@@ -385,11 +397,13 @@ def read_units(run: ConfigRecord) -> tuple[np.ndarray, Constraint] | None:
     # our own wire format: each key's type is the one owner_message wrote (a ConfigRecord's
     # values are typed as the union of every type a record may hold)
     rec: Any = run
-    opt = {
+    opt: dict[str, Any] = {
         f.name: None if float(rec[f.name]) < 0 else float(rec[f.name])
         for f in fields(Constraint)
-        if f.name != "rows"
+        if f.name not in ("rows", "secure")
     }
+    if "secure" in rec:
+        opt["secure"] = SecureEncoding(**json.loads(str(rec["secure"])))
     return np.frombuffer(rec["units"], dtype=np.int64), Constraint(rows=bool(rec["rows"]), **opt)
 
 
@@ -425,6 +439,15 @@ def reply_to_records(rep: OwnerReply, owner: int, seconds: float) -> RecordDict:
     for key, t in (("rows", c.rows), ("total", c.total)):
         if t is not None:
             rd[K_VECTORS] = to_record({key: t})
+    if c.roster:  # a distributed mechanism: the masked share (uint64), its roster and round
+        (share,) = c.shares
+        rd[K_VECTORS] = ArrayRecord({"share": Array(np.ascontiguousarray(share.vector))})
+        rd[K_SECURE] = ConfigRecord(
+            {
+                "roster": np.asarray(c.roster, dtype=np.int64).tobytes(),
+                "round": int(cast(int, c.round_)),
+            }
+        )
     return rd
 
 
@@ -451,6 +474,21 @@ def records_to_reply(rd: RecordDict) -> tuple[int, OwnerReply]:
     names: tuple[str, ...] = tuple(n for n in cast(Any, rd[K_NAMES])["names"] if n)
     arrays: Any = rd.get(K_VECTORS, {})
     got = record_to_params({k: arrays[k] for k in ("rows", "total") if k in arrays})
+    if K_SECURE in rd:  # a masked share
+        sec: Any = rd[K_SECURE]
+        vec = arrays["share"].numpy()
+        if vec.dtype != np.uint64 or vec.ndim != 1:
+            raise ValueError(f"a masked share must be a uint64 vector, got {vec.dtype}{vec.shape}")
+        c = Contribution(
+            None,
+            None,
+            int(meta["count"]),
+            int(meta["clipped"]),
+            shares=(MaskedShare(int(meta["owner"]), vec),),
+            roster=tuple(int(o) for o in np.frombuffer(sec["roster"], dtype=np.int64)),
+            round_=int(sec["round"]),
+        )
+        return int(meta["owner"]), OwnerReply(names, c, int(meta["failed"]))
     c = Contribution(
         got.get("rows"),
         got.get("total"),
@@ -460,6 +498,83 @@ def records_to_reply(rd: RecordDict) -> tuple[int, OwnerReply]:
         fraction_reports=int(meta.get("fraction_reports", 0)),
     )
     return int(meta["owner"]), OwnerReply(names, c, int(meta["failed"]))
+
+
+def reveal_request(cfg_json: str, round_: int, owner: int, dropped: Sequence[int]) -> ConfigRecord:
+    """A survivor asked for its pair seeds with the owners that dropped (``K_RUN``).
+
+    Parameters
+    ----------
+    cfg_json : str
+        The run's configuration.
+    round_ : int
+        The round whose masks are removed.
+    owner : int
+        The survivor.
+    dropped : sequence of int
+        The owners of the round's roster that sent no share.
+
+    Returns
+    -------
+    flwr.app.ConfigRecord
+    """
+    return ConfigRecord(
+        {
+            "cfg": cfg_json,
+            "round": int(round_),
+            "owner": int(owner),
+            "reveal": np.asarray(list(dropped), dtype=np.int64).tobytes(),
+        }
+    )
+
+
+def reveals_to_records(owner: int, reveals: Sequence[Reveal]) -> RecordDict:
+    """A survivor's revealed pair seeds (``K_REVEAL``).
+
+    Parameters
+    ----------
+    owner : int
+        The survivor.
+    reveals : sequence of Reveal
+        Its seeds with the dropped owners.
+
+    Returns
+    -------
+    flwr.app.RecordDict
+    """
+    rd = RecordDict()
+    rd[K_REVEAL] = ConfigRecord(
+        {
+            "owner": int(owner),
+            "dropped": np.asarray([r.dropped for r in reveals], dtype=np.int64).tobytes(),
+            "seeds": b"".join(r.seed for r in reveals),
+        }
+    )
+    return rd
+
+
+def records_to_reveals(rd: RecordDict) -> list[Reveal]:
+    """``reveals_to_records`` read back (32-byte seeds).
+
+    Parameters
+    ----------
+    rd : flwr.app.RecordDict
+        A survivor's reply to a reveal request.
+
+    Returns
+    -------
+    list of Reveal
+        Its seeds.
+    """
+    rec: Any = rd[K_REVEAL]
+    dropped = np.frombuffer(rec["dropped"], dtype=np.int64)
+    seeds = bytes(rec["seeds"])
+    if len(seeds) != 32 * len(dropped):
+        raise ValueError("a reveal must carry one 32-byte seed per dropped owner")
+    return [
+        Reveal(int(rec["owner"]), int(d), seeds[32 * i : 32 * (i + 1)])
+        for i, d in enumerate(dropped)
+    ]
 
 
 def ack_record(owner: int) -> RecordDict:

@@ -95,6 +95,10 @@ class Ledger:
     randomness : str
         Where the release noise and the privacy sampling came from: ``seeded (simulation)``
         (keyed by the run seed) or ``secure`` (OS entropy).
+    trust : str or None
+        Whom the guarantee trusts with the noise (the mechanism's placement):
+        ``server: trusted (central DP)``, ``server: sees owner-side DP-SGD's noisy updates``
+        or ``server: untrusted (secure aggregation)``; None without DP.
     """
 
     # unit, adjacency, accounting, accountant and delta are None for a run without DP
@@ -112,6 +116,7 @@ class Ledger:
     # where the release noise and the privacy sampling came from (fedudp.randomness.Randomness):
     # "seeded (simulation)" (keyed by the run seed) or "secure" (OS entropy)
     randomness: str = "seeded (simulation)"
+    trust: str | None = None
 
     @property
     def epsilon(self) -> float | None:

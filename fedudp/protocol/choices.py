@@ -54,10 +54,14 @@ class Placement(Choice):
         The billboard's release noise.
     local_dpsgd : str
         DP-SGD in the owners.
+    distributed : str
+        Integer noise shares in the owners, summed under secure aggregation (the server is
+        not trusted with the noise: ``aggregator=ddgauss`` or ``skellam``).
     """
 
     server = "server"
     local_dpsgd = "local_dpsgd"
+    distributed = "distributed"
 
 
 class SharedUpdate(Choice):

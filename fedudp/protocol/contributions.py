@@ -15,16 +15,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
+import numpy as np
 import torch
 
 from fedudp.privacy.mechanisms import clip_factors
+
+if TYPE_CHECKING:
+    from fedudp.secure.encoding import SecureEncoding
 
 __all__ = [
     "Constraint",
     "ConstraintSource",
     "Contribution",
+    "MaskedShare",
+    "Reveal",
     "Sampling",
     "clip_rows",
     "current_constraint",
@@ -68,6 +74,44 @@ class Sampling:
         return self.rate * self.population
 
 
+@dataclass(frozen=True)
+class MaskedShare:
+    """One owner's message under a distributed mechanism (``Constraint.secure``): its users'
+    rounded vectors summed with its integer noise share, reduced mod 2^bits and masked with the
+    pairwise masks of every owner in the round's roster (``fedudp.secure.masks``). Alone it is
+    uniform mod 2^bits; the billboard decodes only the sum of the survivors' shares.
+
+    Parameters
+    ----------
+    owner : int
+        The owner's global id.
+    vector : numpy.ndarray
+        uint64 [D], the masked message.
+    """
+
+    owner: int
+    vector: np.ndarray
+
+
+@dataclass(frozen=True)
+class Reveal:
+    """A surviving owner's pair seed with a dropped one, revealed so that the billboard can
+    remove the masks the two shared (SecAgg's unmasking step, simulated: a deployment reveals
+    Shamir shares of the dropped owner's key instead, docs/threat-model.md).
+
+    Parameters
+    ----------
+    survivor, dropped : int
+        The two owners' global ids.
+    seed : bytes
+        Their pair seed for the round.
+    """
+
+    survivor: int
+    dropped: int
+    seed: bytes
+
+
 @dataclass
 class Contribution:
     """What owners send for their sampled units: each unit's row (``rows``, [n, d]) or the sum
@@ -93,6 +137,18 @@ class Contribution:
         The sum of the owners' released unclipped fractions (owner-side adaptive clipping).
     fraction_reports : int, default 0
         How many owners reported one.
+    shares : tuple of MaskedShare, default ()
+        A distributed mechanism's masked messages, one per surviving owner (``rows`` and
+        ``total`` are then None).
+    roster : tuple of int, default ()
+        The owners whose pairwise masks the shares carry (every owner asked this round).
+    reveals : tuple of Reveal, default ()
+        The survivors' pair seeds with the owners of the roster that dropped.
+    round_ : int or None, default None
+        The round the shares were encoded for (the public rotation is keyed by it).
+    wraps : int or None, default None
+        Simulator diagnostic: coordinates whose unreduced integer sum fell outside the modular
+        range (None where no single process saw every owner's message, e.g. engine=flower).
     """
 
     rows: torch.Tensor | None
@@ -102,6 +158,11 @@ class Contribution:
     weight: float | None = None
     fraction_sum: float = 0.0
     fraction_reports: int = 0
+    shares: tuple[MaskedShare, ...] = ()
+    roster: tuple[int, ...] = ()
+    reveals: tuple[Reveal, ...] = ()
+    round_: int | None = None
+    wraps: int | None = None
 
     @property
     def total_weight(self) -> float:
@@ -149,6 +210,8 @@ class Contribution:
         """
         count = sum(p.count for p in parts)
         clipped = sum(p.clipped for p in parts)
+        if any(p.shares or p.roster for p in parts):
+            return Contribution._merge_shares(parts, count, clipped)
         device = next(
             (t.device for p in parts for t in (p.rows, p.total) if t is not None),
             torch.device("cpu"),
@@ -178,6 +241,26 @@ class Contribution:
             int(sum(p.fraction_reports for p in parts)),
         )
 
+    @staticmethod
+    def _merge_shares(parts: Sequence[Contribution], count: int, clipped: int) -> Contribution:
+        """The cohort's masked shares, rosters and reveals gathered (nothing is decoded here:
+        the distributed estimator's release sums and unmasks them)."""
+        rounds = {p.round_ for p in parts if p.round_ is not None}
+        if len(rounds) > 1:
+            raise ValueError(f"masked shares of different rounds {sorted(rounds)} in one release")
+        wraps = [p.wraps for p in parts]
+        return Contribution(
+            None,
+            None,
+            count,
+            clipped,
+            shares=tuple(s for p in parts for s in p.shares),
+            roster=tuple(sorted({o for p in parts for o in p.roster})),
+            reveals=tuple(r for p in parts for r in p.reveals),
+            round_=next(iter(rounds), None),
+            wraps=None if any(w is None for w in wraps) else int(sum(w for w in wraps if w)),
+        )
+
 
 @dataclass(frozen=True)
 class Constraint:
@@ -199,6 +282,10 @@ class Constraint:
         Owner-side DP-SGD's per-user clip norm.
     dpsgd_count_noise : float or None, default None
         An adaptive clip's noise on each DP-SGD step's unclipped count.
+    secure : SecureEncoding or None, default None
+        A distributed mechanism (``privacy.placement=distributed``): each owner encodes its
+        sampled users' rows with it (clip, rotate, scale, round each user, sum, add its integer
+        noise share, reduce mod 2^bits) and masks the result (``fedudp.owner.secure_reply``).
     """
 
     rows: bool
@@ -206,6 +293,7 @@ class Constraint:
     dpsgd_noise: float | None = None
     dpsgd_clip: float | None = None
     dpsgd_count_noise: float | None = None  # an adaptive clip's noise on each step's count
+    secure: SecureEncoding | None = None
 
     def apply(
         self, G: torch.Tensor, norms: torch.Tensor | None = None, inplace: bool = False

@@ -250,6 +250,7 @@ class FakeFlowerTransport(FlowerTransport):
             spec=SimpleNamespace(cohort_is_owners=False), trains_personal=False, shared_dim=2
         )
         self.asked: list[list[int]] = []
+        self.constraint = Constraint(rows=False, clip=1.0)
 
     def _message(self, j, round_, kind, shared, units=None):
         rec = flower_wire.run_record("{}", round_, j, units, Constraint(rows=False, clip=1.0))
