@@ -59,7 +59,7 @@ from fedudp.privacy.calibration import (
     schedule_epsilon,
     validate_budget,
 )
-from fedudp.privacy.distributed import DistributedDpEvent, distributed_rdp_epsilon
+from fedudp.privacy.distributed_rdp import DistributedDpEvent, distributed_rdp_epsilon
 from fedudp.privacy.ledger import Ledger, LedgerEntry
 from fedudp.privacy.pld_fast import event_key, fast_atom, fast_epsilon
 

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from fedudp.privacy.distributed import NOISES, distributed_event
+from fedudp.privacy.distributed_rdp import NOISES, distributed_event
 
 __all__ = ["calibrate_local_std", "distributed_params", "heuristic_scale"]
 

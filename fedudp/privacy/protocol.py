@@ -14,7 +14,7 @@ from typing import Protocol, TypeAlias, runtime_checkable
 import dp_accounting
 
 from fedudp.privacy.accountant import ApproxDp, Parallel
-from fedudp.privacy.distributed import DistributedDpEvent
+from fedudp.privacy.distributed_rdp import DistributedDpEvent
 
 __all__ = ["AccountantLike", "Release"]
 

@@ -1,4 +1,4 @@
-"""The guard of ``fedudp/privacy/distributed.py`` and ``distributed_calibration.py``
+"""The guard of ``fedudp/privacy/distributed.py`` (``distributed_rdp.py``, ``distributed_calibration.py``)
 (docs/algorithms.md#distributed-dp): the distributed discrete Gaussian (Kairouz, Liu & Steinke
 2021, Prop. 14) and Skellam (Agarwal, Kairouz & Liu 2021) RDP curves, Zhu–Wang's Poisson
 subsampling, the calibration and the accountant's composition.
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 
-import fedudp.privacy.distributed as dist
+import fedudp.privacy.distributed_rdp as dist
 from fedudp.privacy.accountant import Accountant, ApproxDp, GroupAccountant, GroupConversion
 from fedudp.privacy.distributed import (
     RDP_ORDERS,
