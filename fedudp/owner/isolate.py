@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
 from fedudp.data.federation import Federation
 from fedudp.errors import ConfigError, one_line
@@ -43,7 +44,7 @@ from fedudp.stopping import RunInterrupted
 if TYPE_CHECKING:
     from fedudp.owner.owners import Owners, Params
 
-__all__ = ["isolated_reply", "without_users", "NEVER_ISOLATED"]
+__all__ = ["isolated_reply", "isolated_vectors", "without_users", "NEVER_ISOLATED"]
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +174,62 @@ def isolated_reply(
     return rep
 
 
+def isolated_vectors(
+    owners: Owners,
+    fed: Federation,
+    shared: Params,
+    personal: Params,
+    users: np.ndarray,
+    round_: int,
+) -> tuple[list[tuple[np.ndarray, torch.Tensor]], tuple[Raised, ...]]:
+    """``owners.user_vectors`` of the ``users`` (each chunk's users and their vectors); where
+    that raises, the vectors without the user(s) whose step raises alone (as
+    ``isolated_reply``: bisection, the original exception where the failure is not tied to
+    single users), with the dropped users per owner (a distributed mechanism's owners encode
+    each user on its own, so they need the users, not a reply).
+
+    Parameters
+    ----------
+    owners, fed, shared, personal, users, round_
+        As ``Owners.user_vectors``.
+
+    Returns
+    -------
+    tuple
+        (the chunks, the dropped users per owner with their reasons).
+    """
+
+    def compute(us: np.ndarray) -> list[tuple[np.ndarray, torch.Tensor]]:
+        return list(owners.user_vectors(fed, shared, personal, us, round_))
+
+    users = np.asarray(users, dtype=np.int64)
+    try:
+        return compute(users), ()
+    except NEVER_ISOLATED:
+        raise
+    except Exception as e:  # noqa: BLE001  (the failure path below; a bug is re-raised)
+        first = e
+    progress, owners.on_progress = owners.on_progress, None  # probes are no progress
+    try:
+        bad = _raising_users(users, first, compute)
+        if bad is None:
+            raise first
+        got = compute(users[~np.isin(users, np.array(sorted(bad), dtype=np.int64))])
+    finally:
+        owners.on_progress = progress
+    for u in sorted(bad):
+        log.warning(
+            "round %s: user %s of owner %s dropped: its training step raised: %s",
+            round_,
+            int(fed.user_ids[u]),
+            int(fed.owner_ids[fed.user_owner[u]]),
+            bad[u],
+        )
+    return got, _per_owner(fed, bad)
+
+
 def _raising_users(
-    cands: np.ndarray, first: Exception, compute: Callable[[np.ndarray], OwnerReply]
+    cands: np.ndarray, first: Exception, compute: Callable[[np.ndarray], object]
 ) -> dict[int, str] | None:
     """{user: one-line reason} of the users in ``cands`` whose computation raises alone (the
     whole of ``cands`` raised ``first``), by bisection; None where the failure is not tied to

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fedudp.data.federation import Federation
+from fedudp.owner.isolate import isolated_vectors
 from fedudp.privacy.mechanisms import row_norms64
 from fedudp.protocol.contributions import Constraint, Contribution, MaskedShare, Reveal
 from fedudp.protocol.messages import OwnerReply
@@ -118,7 +119,8 @@ def secure_reply(
     users = users[live[fed.user_owner[users]]]  # a dropped owner computes nothing
     rows: dict[int, list[tuple[int, np.ndarray]]] = {}
     failed = clipped = 0
-    for us, G in owners.user_vectors(fed, shared, personal, users, round_):
+    chunks, raised = isolated_vectors(owners, fed, shared, personal, users, round_)
+    for us, G in chunks:
         G64 = G.detach().to("cpu", torch.float64)
         norms = row_norms64(G64)
         ok = torch.isfinite(norms).numpy()
@@ -164,4 +166,5 @@ def secure_reply(
         round_=int(round_),
         wraps=wraps(unreduced, enc.bits) if count_wraps else None,
     )
-    return OwnerReply(owners.spec.shared, c, failed)
+    failed += sum(r.users for r in raised)  # a user whose step raised contributes nothing
+    return OwnerReply(owners.spec.shared, c, failed, raised)

@@ -233,3 +233,54 @@ def test_bad_settings_are_one_line_config_errors():
         prepared(**{"estimator.bits": 3})
     with pytest.raises(ConfigError, match="train.owner_dropout"):
         prepared(**{"train.owner_dropout": 1.0})
+
+
+def test_a_user_whose_step_raises_is_dropped_alone(monkeypatch):
+    """The shares with a raising user 5 equal the neighbour's without it (its step contributes
+    nothing, every other user and share as they were), and it is counted as raised."""
+    from fedudp.owner.owners import Owners
+
+    p = prepared()
+    enc = p.aggregator.encoding
+    uid = int(p.fed.user_ids[5])
+    without = one_round(p, p.fed.without_user(5)).replies[0].contribution
+    honest = Owners.user_vectors
+
+    def user_vectors(self, fed, shared, personal, users, round_):
+        if uid in set(int(u) for u in fed.user_ids[np.asarray(users, dtype=np.int64)]):
+            raise RuntimeError("injected: the user's training step raised")
+        return honest(self, fed, shared, personal, users, round_)
+
+    monkeypatch.setattr(Owners, "user_vectors", user_vectors)
+    (rep,) = one_round(p, p.fed).replies
+    np.testing.assert_array_equal(
+        unmasked_sum(rep.contribution, enc.bits, enc.padded),
+        unmasked_sum(without, enc.bits, enc.padded),
+    )
+    assert rep.failed == 1 and [(r.owner, r.users) for r in rep.raised] == [
+        (int(p.fed.user_owner[5]), 1)
+    ]
+
+
+def test_a_user_with_a_non_finite_vector_contributes_nothing(monkeypatch):
+    from fedudp.owner.owners import Owners
+
+    p = prepared()
+    enc = p.aggregator.encoding
+    uid = int(p.fed.user_ids[5])
+    without = one_round(p, p.fed.without_user(5)).replies[0].contribution
+    honest = Owners.user_vectors
+
+    def user_vectors(self, fed, shared, personal, users, round_):
+        for us, G in honest(self, fed, shared, personal, users, round_):
+            G = G.clone()
+            G[torch.from_numpy(fed.user_ids[us] == uid)] = float("nan")
+            yield us, G
+
+    monkeypatch.setattr(Owners, "user_vectors", user_vectors)
+    (rep,) = one_round(p, p.fed).replies
+    np.testing.assert_array_equal(
+        unmasked_sum(rep.contribution, enc.bits, enc.padded),
+        unmasked_sum(without, enc.bits, enc.padded),
+    )
+    assert rep.failed == 1
