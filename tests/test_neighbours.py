@@ -68,6 +68,8 @@ FAMILIES = {
     "adaptive": {"privacy.clip_policy": "adaptive", "privacy.clip_count_noise": 5.0},
     "dpsgd": {"privacy.placement": "local_dpsgd", "privacy.noise_multiplier": 1.5},
     "dpsgd_adaptive": {"privacy.placement": "local_dpsgd", "privacy.clip_policy": "adaptive"},
+    # integer noise shares from the owners under secure aggregation (issue 51)
+    "distributed": {"privacy.placement": "distributed", "train.min_owners": 2},
     "sum_calibrated": {"aggregator": "gaussian", "train.sampling_rate": 0.5},
     "dpsgd_calibrated": {"privacy.placement": "local_dpsgd"},
 }

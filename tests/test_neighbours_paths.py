@@ -309,8 +309,8 @@ def releases_observed(monkeypatch) -> list[tuple[int, bytes]]:
 
     honest, seen = Billboard.release, []
 
-    def release(self, replies, round_):
-        agg = honest(self, replies, round_)
+    def release(self, replies, round_, answered=None):
+        agg = honest(self, replies, round_, answered)
         seen.append((int(round_), self.u.detach().cpu().numpy().tobytes()))
         return agg
 

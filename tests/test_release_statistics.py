@@ -32,14 +32,14 @@ def _record(monkeypatch) -> list[dict]:
     got: list[dict] = []
     orig = Billboard.release
 
-    def release(self, replies, round_):
+    def release(self, replies, round_, answered=None):
         c = Contribution.merge(
             [r.contribution for r in replies],
             self.dim,
             torch.float64,
             self.aggregator.needs_per_user_vectors,
         )
-        agg = orig(self, replies, round_)
+        agg = orig(self, replies, round_, answered)
         noise = agg.mean.to(torch.float64) * self.sampling.expected_cohort - c.total
         got.append(
             {
