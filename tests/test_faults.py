@@ -206,6 +206,15 @@ def test_sigint_gives_interrupted_with_all_files_and_resumes_exactly(
                 "privacy.epsilon": 50.0,
             },
         ),
+        # distributed DP with dropouts: each round's event is its survivors' (issue 51)
+        (
+            "joint_dp",
+            {
+                "privacy.placement": "distributed",
+                "train.min_owners": 2,
+                "train.owner_dropout": 0.3,
+            },
+        ),
     ],
 )
 def test_every_method_resumes_exactly(tmp_path, monkeypatch, method, kw):
