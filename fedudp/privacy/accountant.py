@@ -11,7 +11,8 @@
   dp-accounting's public API alone.
 * Calibration (``calibrate_noise_multiplier``, ...): ``fedudp.privacy.calibration``; the ledger
   (``Ledger``, ``LedgerEntry``): ``fedudp.privacy.ledger``. Both are re-exported here, so
-  ``from fedudp.privacy.accountant import X`` keeps working for every name in ``__all__``.
+  ``from fedudp.privacy.accountant import X`` keeps working for every name in ``__all__``
+  (``GroupConversion`` too: ``fedudp.privacy.group``).
 
 Cost per round (docs/results/ledger/README.md): the PLD of an event is built once (the
 expensive part of dp-accounting's Poisson-sampled Gaussian), a state's epsilon is computed
@@ -60,6 +61,7 @@ from fedudp.privacy.calibration import (
     validate_budget,
 )
 from fedudp.privacy.distributed_rdp import DistributedDpEvent, distributed_rdp_epsilon
+from fedudp.privacy.group import GroupConversion
 from fedudp.privacy.ledger import Ledger, LedgerEntry
 from fedudp.privacy.pld_fast import event_key, fast_atom, fast_epsilon
 
@@ -523,55 +525,6 @@ class ParallelAccountant:
     def part_epsilons(self, delta: float) -> list[float]:
         """Each part's epsilon at ``delta``."""
         return [a.epsilon(delta) for a in self.parts]
-
-
-@dataclass(frozen=True)
-class GroupConversion:
-    """User level from record level by group privacy (docs/algorithms.md#group-privacy; Huang et al.
-    (001) Lemma 3.6): a mechanism (ε', δ')-DP for one-record changes is, for the ``size`` = k
-    records of one user, (kε', k·e^{(k−1)ε'}·δ')-DP (the standard form, ``form="certified"``)
-    or, as Huang et al. write it, (kε', k·e^{kε'}·δ') (``form="paper"``).
-
-    ``for_user_budget`` picks the record-level (ε/k, δ') that yields the user-level target:
-    certified δ' = δ / (k·e^{(k−1)ε/k}), the exact inverse of the standard form (at k = 1 it is
-    δ); paper δ' = δ·r/m = δ/k as in the paper, which by its own form only gives user-level
-    (ε, e^ε·δ): heuristic."""
-
-    size: int
-    record_delta: float
-    form: str = "certified"
-
-    @classmethod
-    def for_user_budget(cls, size: int, epsilon: float, delta: float, form: str) -> GroupConversion:
-        """The conversion whose user-level guarantee is (``epsilon``, ``delta``) for groups of
-        ``size`` records."""
-        if size < 1:
-            raise ValueError(f"group size must be >= 1, got {size}")
-        if form not in ("certified", "paper"):
-            raise ValueError(f"form must be certified or paper, got {form}")
-        k = int(size)
-        rd = delta / (k * math.exp((k - 1) * epsilon / k)) if form == "certified" else delta / k
-        return cls(k, rd, form)
-
-    def user_epsilon(self, record_epsilon: float) -> float:
-        """The user-level ε of a record-level ``record_epsilon``: k times it."""
-        return self.size * record_epsilon
-
-    def record_epsilon(self, user_epsilon: float) -> float:
-        """The record-level ε' whose conversion is ``user_epsilon`` (what the noise is
-        calibrated to, and whose PLD grid the ledger accounts on)."""
-        return user_epsilon / self.size
-
-    def user_delta(self, record_epsilon: float) -> float:
-        """The user-level δ that group privacy gives at record level (record_epsilon, δ')."""
-        k, e = self.size, record_epsilon
-        return k * math.exp(((k - 1) if self.form == "certified" else k) * e) * self.record_delta
-
-    def __str__(self) -> str:
-        return (
-            f"GroupConversion(k={self.size}, record_delta={self.record_delta:.6g}, "
-            f"form={self.form})"
-        )
 
 
 class GroupAccountant:

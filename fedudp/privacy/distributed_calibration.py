@@ -87,8 +87,10 @@ def calibrate_local_std(
     ----------
     noise : {"ddgauss", "skellam"}
         The noise shares' distribution.
-    epsilon, delta : float
-        The target.
+    epsilon : float
+        The target ε (> 0).
+    delta : float
+        The target δ, in (0, 1).
     rounds : int
         Rounds composed.
     clip : float
@@ -195,6 +197,23 @@ def heuristic_scale(
     return math.sqrt(room) / (2.0 * k * math.sqrt(spread))
 
 
+def _largest_fitting(fits: Callable[[float, float], bool], top: float) -> float | None:
+    """The largest scale below ``top`` (which never fits) with ``fits(scale, rtol)``, within
+    a relative _SCALE_RTOL from below; None if none down to top/2^64. The downward scan may use
+    a coarse std (rtol 1e-3): it is an over-estimate, so a coarse fit is a fit."""
+    hi, lo = top, top / 2.0
+    for _ in range(64):
+        if fits(lo, 1e-3):
+            break
+        hi, lo = lo, lo / 2.0
+    else:
+        return None
+    while hi / lo - 1.0 > _SCALE_RTOL:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if fits(mid, _RTOL) else (lo, mid)
+    return lo
+
+
 def distributed_params(
     noise: str,
     *,
@@ -221,8 +240,10 @@ def distributed_params(
     ----------
     noise : {"ddgauss", "skellam"}
         The noise shares' distribution.
-    epsilon, delta : float
-        The target.
+    epsilon : float
+        The target ε (> 0).
+    delta : float
+        The target δ, in (0, 1).
     rounds : int
         Rounds composed.
     clip : float
@@ -237,8 +258,10 @@ def distributed_params(
         The declared minimum of surviving owners.
     rate : float
         Users' Poisson sampling rate.
-    k, rho : float
-        As in ``heuristic_scale``.
+    k : float
+        Stds of the aggregate kept within 2^bits (``heuristic_scale``).
+    rho : float
+        The rotation's flatness (``heuristic_scale``).
 
     Returns
     -------
@@ -264,19 +287,10 @@ def distributed_params(
     def fits(scale: float, rtol: float = _RTOL) -> bool:
         return scale <= heuristic_scale(std(scale, rtol), clip, bits, owners, dim, k, rho)
 
-    # the scan may use a coarse std: it is an over-estimate, so a coarse fit is a fit
-    hi = top  # never fits: σ > 0 makes heuristic_scale(σ) < top
-    lo = hi / 2.0
-    for _ in range(64):
-        if fits(lo, 1e-3):
-            break
-        hi, lo = lo, lo / 2.0
-    else:
+    lo = _largest_fitting(fits, top)
+    if lo is None:
         raise ValueError(
             f"bits={bits} too small for n={owners} owners and k={k} at epsilon={epsilon}: no "
             "scale keeps k stds of the noisy sum within 2^bits (raise bits or lower k)"
         )
-    while hi / lo - 1.0 > _SCALE_RTOL:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo, std(lo)

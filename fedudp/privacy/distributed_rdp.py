@@ -156,8 +156,10 @@ def ddg_rdp(
     ----------
     orders : numpy.ndarray
         The RDP orders α (> 1).
-    l2, l1 : float
-        One user's l2 and l1 sensitivity, integer domain.
+    l2 : float
+        One user's l2 sensitivity, integer domain.
+    l1 : float
+        Its l1 sensitivity, integer domain.
     local_std : float
         s, one share's std, integer domain.
     owners : int
@@ -194,8 +196,10 @@ def skellam_rdp(
     ----------
     orders : numpy.ndarray
         The RDP orders α (> 1).
-    l2, l1 : float
-        One user's l2 and l1 sensitivity, integer domain.
+    l2 : float
+        One user's l2 sensitivity, integer domain.
+    l1 : float
+        Its l1 sensitivity, integer domain.
     local_std : float
         s, one share's std, integer domain.
     owners : int
