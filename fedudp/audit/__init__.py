@@ -23,7 +23,13 @@ What is audited:
   1..K records each instead, built in memory from plain arrays with every public number declared
   (``natural_records``), the owner's capacity, q and steps the prepared run's own; the default pairs are one owner below the batch B and one
   crossing a multiple of B (``B//3`` and ``B+1``: 10 → 9 and 33 → 32 at B = 32);
-* ``--pair paper_leak``: the joint-DP paper-mode leak pair (``fedudp.leak``).
+* ``--pair paper_leak``: the joint-DP paper-mode leak pair (``fedudp.leak``);
+* the distributed mechanisms (``aggregator=ddgauss`` / ``skellam``, ``privacy.placement=
+  distributed``; ``audit_distributed``): one round of the whole protocol per trial, every
+  owner encoding its users with fresh rounding and noise streams and masking with fresh
+  pairwise keys, the last ``--dropped`` owners dropping out (the survivors reveal), the
+  billboard's secure sum and decoding; D's owner 0 holds a canary user at the clip norm, D''s
+  does not; the claim is the round's ε at its survivors.
 
 Stateful and sequential mechanisms (``audit_sequence``): every trial starts from a fresh copy of
 the configured aggregator (never one reused across trials: an adaptive clip carried from trial
@@ -60,7 +66,8 @@ and says little (it is said).
 
 The package, one module per part: ``result`` (what an audit returns, the ledger's claim, the
 ``--break`` weakenings), ``server`` (the billboard's release: ``audit``, ``audit_pair``),
-``sequence`` (stateful and sequential mechanisms: ``audit_sequence``), ``local_dpsgd``
+``sequence`` (stateful and sequential mechanisms: ``audit_sequence``), ``distributed``
+(the distributed mechanisms under secure aggregation: ``audit_distributed``), ``local_dpsgd``
 (owner-side DP-SGD: ``audit_local_dpsgd``, ``natural_records``), ``report`` (the printed
 table), ``flags`` (the command line and its checks) and ``cli`` (``main``, the console script
 ``fedudp-audit``).
@@ -69,6 +76,7 @@ table), ``flags`` (the command line and its checks) and ``cli`` (``main``, the c
 from __future__ import annotations
 
 from fedudp.audit.cli import main
+from fedudp.audit.distributed import audit_distributed
 from fedudp.audit.local_dpsgd import AUDIT_DPSGD, audit_local_dpsgd, natural_records
 from fedudp.audit.result import (
     ALPHA,
@@ -90,6 +98,7 @@ __all__ = [
     "SEQUENCE_AUDITED",
     "AuditResult",
     "audit",
+    "audit_distributed",
     "audit_local_dpsgd",
     "audit_pair",
     "audit_sequence",

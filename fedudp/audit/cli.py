@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from fedudp.audit.distributed import audit_distributed, check_audit
 from fedudp.audit.flags import check_flags, parser, releases_per_trial
 from fedudp.audit.local_dpsgd import AUDIT_DPSGD, audit_local_dpsgd
 from fedudp.audit.report import TABLE_HEAD, details, finish, row
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fedudp.aggregators.base import Aggregator
+    from fedudp.aggregators.distributed import DistributedAggregator
 
 __all__ = ["main"]
 
@@ -71,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         placement = over.get("privacy.placement", "server")
+        if a.dropped and placement != "distributed":
+            raise ValueError(
+                "--dropped: owner dropouts are audited for privacy.placement=distributed "
+                "(aggregator=ddgauss or skellam)"
+            )
         if placement == "local_dpsgd":
             return _main_local_dpsgd(a, over)
         if a.natural is not None:
@@ -105,6 +112,8 @@ def _main_server(a: argparse.Namespace, over: dict) -> list[AuditResult]:
         )
 
     first = make()
+    if getattr(first, "survivor_event", False):  # ddgauss, skellam: one round of the protocol
+        return _main_distributed(a, first, s.delta)
     releases = releases_per_trial(a, s.rounds, first.name in LINEAR_NOISE)
     if releases < 1:
         raise ValueError(f"--sequence {releases}: at least one release per trial")
@@ -132,6 +141,24 @@ def _main_server(a: argparse.Namespace, over: dict) -> list[AuditResult]:
 
         def one(seed: int) -> AuditResult:
             return audit(make(), a.dim, a.trials, delta, seed, a.broken, s.bound)
+
+    return _repeat(one, list(range(a.seed, a.seed + a.repeat)))
+
+
+def _main_distributed(
+    a: argparse.Namespace, first: Aggregator, delta: float | None
+) -> list[AuditResult]:
+    """A distributed mechanism (``fedudp.audit.distributed``): one round per trial, the last
+    ``--dropped`` owners dropping out, repeated over the seeds."""
+    if a.sequence not in (None, 1):
+        raise ValueError("--sequence: the distributed audit releases one round per trial")
+    assert delta is not None  # a private method's
+    agg = cast("DistributedAggregator", first)  # its survivor_event says so (not changed)
+    check_audit(agg, a.dropped, a.broken)
+    print(TABLE_HEAD)
+
+    def one(seed: int) -> AuditResult:
+        return audit_distributed(agg, a.trials, delta, seed, a.broken, dropped=a.dropped)
 
     return _repeat(one, list(range(a.seed, a.seed + a.repeat)))
 

@@ -83,6 +83,13 @@ def _audit_flags(ap: argparse.ArgumentParser) -> None:
         "many releases; default: the run's rounds for dp_ftrl_tree and "
         "dp_mf_banded, 1 otherwise",
     )
+    ap.add_argument(
+        "--dropped",
+        type=int,
+        default=0,
+        help="distributed (ddgauss, skellam): owners that drop out of every audited round "
+        "(the survivors reveal their pair seeds; the claim is the round's ε at its survivors)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--repeat",
@@ -152,6 +159,7 @@ def check_flags(a: argparse.Namespace, over: dict) -> str | None:
         ("--sequence", a.sequence, 1),
         ("--rounds", a.rounds, 1),
         ("--natural", a.natural, 1),
+        ("--dropped", a.dropped, 0),
     ):
         if value is not None and value < least:
             what = {
@@ -161,6 +169,7 @@ def check_flags(a: argparse.Namespace, over: dict) -> str | None:
                 "--sequence": "release per trial",
                 "--rounds": "round to calibrate the noise for",
                 "--natural": "record per user",
+                "--dropped": "owners (0: none drops)",
             }[flag]
             return f"{flag} {value}: at least {least} {what}"
     server = over.get("privacy.placement", "server") != "local_dpsgd" and not a.pair
