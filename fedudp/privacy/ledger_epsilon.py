@@ -18,6 +18,7 @@ import dp_accounting
 from dp_accounting import dp_event as _dp_event
 
 from fedudp.privacy.accountant import ApproxDp, LedgerEntry, Parallel, accountant_for
+from fedudp.privacy.distributed import NOISES, DistributedDpEvent
 
 __all__ = [
     "parse_event",
@@ -32,6 +33,7 @@ def _classes() -> dict[str, type]:
         if isinstance(obj, type) and issubclass(obj, _dp_event.DpEvent)
     }
     out["ApproxDp"] = ApproxDp
+    out["DistributedDpEvent"] = DistributedDpEvent
     return out
 
 
@@ -70,6 +72,8 @@ def parse_event(text: str) -> dp_accounting.DpEvent | ApproxDp | Parallel:
             return [value(x) for x in node.elts]
         if isinstance(node, ast.Name) and node.id in ("inf", "nan"):
             return float(node.id)
+        if isinstance(node, ast.Name) and node.id in NOISES:  # a distributed event's noise
+            return node.id
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             name = node.func.id
             args = [value(a) for a in node.args]

@@ -24,7 +24,7 @@ from fedudp.aggregators import DdgAggregator, Sampling, SkellamAggregator
 from fedudp.config import ConfigError, config_from_overrides
 from fedudp.engines.local import LocalTransport
 from fedudp.owner import secure_reply as secure_reply_module
-from fedudp.privacy.distributed import distributed_event
+from fedudp.privacy.distributed import DistributedDpEvent, distributed_event
 from fedudp.protocol.contributions import Contribution
 from fedudp.run import execute
 from fedudp.randomness import Purpose
@@ -284,3 +284,16 @@ def test_a_user_with_a_non_finite_vector_contributes_nothing(monkeypatch):
         unmasked_sum(without, enc.bits, enc.padded),
     )
     assert rep.failed == 1
+
+
+def test_the_ledger_file_recomputes_the_runs_epsilon(tmp_path):
+    """``ledger.jsonl``'s events read back (``parse_event``) compose to the run's ε exactly."""
+    from fedudp.privacy.ledger_epsilon import epsilon_of_ledger, parse_event
+    from fedudp.protocol import ledger_file
+    from fedudp.run import run
+
+    cfg = config_from_overrides({**BASE, "train.owner_dropout": 0.3, "train.rounds": 3})
+    s = run(cfg, tmp_path)
+    head, entries = ledger_file.read(tmp_path / "ledger.jsonl")
+    assert entries and all(isinstance(parse_event(e.event), DistributedDpEvent) for e in entries)
+    assert epsilon_of_ledger(head, entries) == s["epsilon"]
