@@ -2,7 +2,8 @@
 docs/algorithms.md#distributed-dp-under-secure-aggregation).
 
 Each surviving owner encodes its sampled users' shared vectors with the round's public
-``SecureEncoding`` (``fedudp.secure.encoding.encode_owner``: clip each user's vector, rotate,
+``SecureEncoding`` (``fedudp.secure.share.owner_share``, through
+``fedudp.secure.encoding.encode_owner``: clip each user's vector, rotate,
 scale, round *each user's* vector on its own stream, sum, add the owner's integer noise share,
 reduce mod 2^bits) and masks the result with the pairwise masks of every owner in the round's
 roster (``fedudp.secure.masks``); the survivors then reveal their pair seeds with the owners
@@ -30,10 +31,11 @@ from fedudp.owner.isolate import isolated_vectors
 from fedudp.privacy.mechanisms import row_norms64
 from fedudp.protocol.contributions import Constraint, Contribution, MaskedShare, Reveal
 from fedudp.protocol.messages import OwnerReply
-from fedudp.randomness import Purpose, Randomness
-from fedudp.secure.encoding import encode_owner, reduce_mod, wraps
-from fedudp.secure.masks import MaskKeys, mask
+from fedudp.randomness import Randomness
+from fedudp.secure.encoding import wraps
+from fedudp.secure.masks import MaskKeys
 from fedudp.secure.public import round_signs
+from fedudp.secure.share import owner_share
 
 if TYPE_CHECKING:
     from fedudp.owner.owners import Owners, Params
@@ -138,18 +140,10 @@ def secure_reply(
         ids = [uid for uid, _ in got]
         X = np.stack([r for _, r in got]) if got else np.zeros((0, enc.dim), dtype=np.float64)
         gid = int(gids[j])
-        v = encode_owner(
-            X,
-            enc,
-            signs,
-            [rand.numpy_rng(Purpose.ROUNDING, round_, uid) for uid in ids],
-            rand.numpy_rng(Purpose.SHARE_NOISE, round_, gid),
-            reduced=False,
-        )
+        masked, v = owner_share(X, ids, gid, enc, rand, round_, signs, keys, peers)
         unreduced += v
         count += len(got)
-        reduced = reduce_mod(v, enc.bits)
-        shares.append(MaskedShare(gid, mask(reduced, keys, gid, peers, round_, enc.bits)))
+        shares.append(MaskedShare(gid, masked))
     reveals = tuple(
         Reveal(int(s.owner), d, keys.pair_seed(int(s.owner), d, round_))
         for s in shares
