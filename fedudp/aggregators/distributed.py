@@ -279,6 +279,10 @@ class DistributedAggregator(Aggregator):
         check_sampling(sampling)
         check_budget(epsilon, delta, rounds)
         check_positive("clip", clip)
+        if not (isinstance(rounding_beta, float) and 0.0 <= rounding_beta < 1.0):
+            raise ParameterError(
+                "rounding_beta", f"rounding_beta must be in [0, 1), got {rounding_beta!r}"
+            )
         owners = len(owner_units)
         D = padded_dim(int(dim))
         common: dict[str, Any] = {
@@ -291,25 +295,33 @@ class DistributedAggregator(Aggregator):
             "owners": int(min_owners),
             "rate": sampling.rate,
         }
-        if scale is None:
-            s, std = heuristic_params(
-                cls.noise, bits, k_stddevs, sampling.expected_cohort, owners, common
+        try:
+            if scale is None:
+                s, std = heuristic_params(
+                    cls.noise, bits, k_stddevs, sampling.expected_cohort, owners, common
+                )
+                how = "heuristic"
+            else:
+                check_positive("scale", scale)
+                s, how = float(scale), "declared"
+                std = calibrate_local_std(cls.noise, scale=s, **common)
+        except ParameterError:
+            raise
+        except ValueError as e:  # the accountant cannot reach the target at these settings
+            raise ParameterError("epsilon", f"epsilon={epsilon:g} unreachable: {e}") from None
+        try:
+            enc = SecureEncoding(
+                noise=cls.noise,
+                clip=float(clip),
+                scale=float(s),
+                bits=int(bits),
+                beta=float(rounding_beta),
+                local_std=float(std) * check_noise_scale(noise_scale),
+                dim=int(dim),
+                rounded_bound=rounded_l2_bound(float(clip) * float(s), float(rounding_beta), D),
             )
-            how = "heuristic"
-        else:
-            check_positive("scale", scale)
-            s, how = float(scale), "declared"
-            std = calibrate_local_std(cls.noise, scale=s, **common)
-        enc = SecureEncoding(
-            noise=cls.noise,
-            clip=float(clip),
-            scale=float(s),
-            bits=int(bits),
-            beta=float(rounding_beta),
-            local_std=float(std) * check_noise_scale(noise_scale),
-            dim=int(dim),
-            rounded_bound=rounded_l2_bound(float(clip) * float(s), float(rounding_beta), D),
-        )
+        except ValueError as e:  # the float path's exactness (one line naming the scale)
+            raise ParameterError("scale", f"scale={s:g} ({how}) is unusable: {e}") from None
         return cls(enc, sampling, min_owners, owners, seed, std, how, noise_scale)
 
     @property

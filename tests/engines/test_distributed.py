@@ -233,6 +233,12 @@ def test_bad_settings_are_one_line_config_errors():
         prepared(**{"estimator.bits": 3})
     with pytest.raises(ConfigError, match="train.owner_dropout"):
         prepared(**{"train.owner_dropout": 1.0})
+    with pytest.raises(ConfigError, match=r"^estimator.scale: .*2\^52"):
+        prepared(**{"estimator.scale": 1e20})
+    with pytest.raises(ConfigError, match="^estimator.rounding_beta"):
+        prepared(**{"estimator.rounding_beta": 1.5})
+    with pytest.raises(ConfigError, match="privacy.randomness"):
+        prepared(**{"engine": "flower", "privacy.randomness": "secure"})
 
 
 def test_a_user_whose_step_raises_is_dropped_alone(monkeypatch):
