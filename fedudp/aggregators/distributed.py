@@ -191,6 +191,13 @@ class DistributedAggregator(Aggregator):
     options = (BITS, ROUNDING_BETA, K_STDDEVS, SCALE)
     survivor_event = True
     trust = TRUST
+    k_stddevs: float = 4.0  # the heuristic scale's standard deviations within 2^bits
+
+    @property
+    def wrap_probability(self) -> float:
+        """2·Φ(−k): the heuristic per-coordinate chance that the noisy sum leaves the modular
+        range (a sub-Gaussian sum at the heuristic scale; marked heuristic in the ledger)."""
+        return math.erfc(self.k_stddevs / math.sqrt(2.0))
 
     def __init__(
         self,
@@ -322,7 +329,9 @@ class DistributedAggregator(Aggregator):
             )
         except ValueError as e:  # the float path's exactness (one line naming the scale)
             raise ParameterError("scale", f"scale={s:g} ({how}) is unusable: {e}") from None
-        return cls(enc, sampling, min_owners, owners, seed, std, how, noise_scale)
+        out = cls(enc, sampling, min_owners, owners, seed, std, how, noise_scale)
+        out.k_stddevs = float(k_stddevs)
+        return out
 
     @property
     def noise_std(self) -> float:
@@ -406,6 +415,11 @@ class DistributedAggregator(Aggregator):
             f"{self.noise} shares: std {self.accounted_std:.6g} per owner (float domain), "
             f"calibrated for train.min_owners={self.min_owners} of {self.owners} owners; "
             "rounds accounted at their survivors",
+            f"modular wrap probability per coordinate about 2*Phi(-k) = "
+            f"{self.wrap_probability:.3g} at k_stddevs={self.k_stddevs:g} (heuristic: a "
+            "sub-Gaussian sum; the simulator counts the actual wraps)"
+            if self.scale_from == "heuristic"
+            else "modular wraps: scale declared (estimator.scale), counted by the simulator",
             f"encoding: bits={e.bits}, scale={e.scale:.6g} ({self.scale_from}), "
             f"rounding beta={e.beta:.6g}, padded dim={e.padded}, "
             f"rounded l2 bound={e.rounded_bound:.6g}",
