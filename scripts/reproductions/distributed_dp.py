@@ -14,8 +14,10 @@ Two setups, one seed, ``method=joint_dp``:
 Against central DP (``aggregator=gaussian``, the server adds the noise) each setup runs
 ``privacy.placement=distributed`` with ``aggregator=ddgauss`` and ``skellam`` (owners add integer
 noise shares; the server sees only the secure-aggregation sum), in this order: (1) 16 bits,
-no dropout, ε = 1 and 8; (2) 12 and 20 bits; (3) 16 bits at owner dropout 0.1 and 0.3 (central
-too), ``train.min_owners`` = n, ⌈0.8 n⌉, ⌈0.6 n⌉ at dropout 0, 0.1, 0.3. Each finished run
+no dropout, ε = 1 and 8, both setups; (2) 12 and 20 bits on ``natural``, 12 bits on
+``huang64``; (3) 16 bits at owner dropout 0.1 and 0.3 (central too) on ``natural``; then
+``huang64`` at 20 bits and with dropout (a huang64 run costs about four natural ones).
+``train.min_owners`` = n, ⌈0.8 n⌉, ⌈0.6 n⌉ at dropout 0, 0.1, 0.3. Each finished run
 writes its full folder under ``--out`` (gitignored) and a condensed ``run.json`` (summary,
 per-round metrics, the ledger's trust and notes) that ``docs/results/distributed_dp/raw.jsonl``
 packs, one line per run (``scripts/tools/results_archive.py``); a run whose ``run.json`` is on
@@ -81,16 +83,16 @@ MIN_SURVIVING = {0.0: 1.0, 0.1: 0.8, 0.3: 0.6}  # train.min_owners = ceil(fracti
 MECHS = ("central", "ddgauss", "skellam")
 
 
-def run_name(setup: str, mech: str, bits: int, dropout: float, eps: float) -> str:
+def run_name(setup: str, mech: str, bits: int, dropout: float, eps: float, seed: int = 0) -> str:
     """The run's folder under ``--out``, e.g. ``natural/ddgauss_b16_drop0_eps1``."""
     b = "" if mech == "central" else f"_b{bits}"
-    return f"{setup}/{mech}{b}_drop{dropout:g}_eps{eps:g}"
+    return f"{setup}/{mech}{b}_drop{dropout:g}_eps{eps:g}" + (f"_s{seed}" if seed else "")
 
 
-def overrides(setup: str, mech: str, bits: int, dropout: float, eps: float) -> dict:
+def overrides(setup: str, mech: str, bits: int, dropout: float, eps: float, seed: int = 0) -> dict:
     """The run's config overrides (without the data paths and threads)."""
     n = OWNERS[setup]
-    over = {**SETUPS[setup], "method": "joint_dp", "seed": 0, "privacy.epsilon": eps}
+    over = {**SETUPS[setup], "method": "joint_dp", "seed": seed, "privacy.epsilon": eps}
     if mech == "central":
         over |= {"privacy.placement": "server", "aggregator": "gaussian"}
     else:
@@ -105,28 +107,30 @@ def grid() -> list[tuple[str, dict]]:
     """(run name, overrides) in priority order (see the module docstring)."""
     out: list[tuple[str, dict]] = []
 
-    def add(setup, mech, bits, dropout, eps):
-        out.append(
-            (
-                run_name(setup, mech, bits, dropout, eps),
-                overrides(setup, mech, bits, dropout, eps),
-            )
-        )
+    def add(setup, mech, bits, dropout, eps, seed=0):
+        args = (setup, mech, bits, dropout, eps, seed)
+        out.append((run_name(*args), overrides(*args)))
 
     for eps in (1.0, 8.0):  # (1) 16 bits, no dropout; the cheaper setup first
         for setup in ("natural", "huang64"):
             for mech in MECHS:
                 add(setup, mech, 16, 0.0, eps)
-    for bits in (12, 20):  # (2) fewer and more bits
-        for setup in ("natural", "huang64"):
-            for eps in (1.0, 8.0):
-                for mech in MECHS[1:]:
-                    add(setup, mech, bits, 0.0, eps)
-    for dropout in (0.1, 0.3):  # (3) owners dropping out, central too
-        for setup in ("natural", "huang64"):
-            for eps in (1.0, 8.0):
-                for mech in MECHS:
-                    add(setup, mech, 16, dropout, eps)
+    for seed in (1, 2):  # how far one seed moves central DP's accuracy (the 0.01 goal's scale)
+        add("natural", "central", 16, 0.0, 1.0, seed)
+    # (2) fewer and more bits, (3) 16 bits with owners dropping out (central too); the cheap
+    # natural rows of both first, so that each dimension is measured on one setup early
+    bit_rows = [(b, e, m) for b in (12, 20) for e in (1.0, 8.0) for m in MECHS[1:]]
+    drop_rows = [(p, e, m) for p in (0.1, 0.3) for e in (1.0, 8.0) for m in MECHS]
+    for bits, eps, mech in bit_rows:
+        add("natural", mech, bits, 0.0, eps)
+    for bits, eps, mech in bit_rows[:4]:  # huang64 at 12 bits, where a wrap is likeliest
+        add("huang64", mech, bits, 0.0, eps)
+    for dropout, eps, mech in drop_rows:
+        add("natural", mech, 16, dropout, eps)
+    for bits, eps, mech in bit_rows[4:]:
+        add("huang64", mech, bits, 0.0, eps)
+    for dropout, eps, mech in drop_rows:
+        add("huang64", mech, 16, dropout, eps)
     return out
 
 
@@ -178,6 +182,7 @@ def condense(folder: Path, name: str, over: dict, wall: float) -> dict:
         "bits": over.get("estimator.bits"),
         "dropout": over.get("train.owner_dropout", 0.0),
         "min_owners": over["train.min_owners"],
+        "seed": over["seed"],
         "command": command(name, over),
         "wall_s": round(wall, 1),
         "summary": {
@@ -231,6 +236,8 @@ def _fmt(x, spec: str = ".4f") -> str:
 
 def table(recs: list[dict]) -> str:
     """The Markdown table of the finished runs, and the 16-bit goal read off it."""
+    spread = [r for r in recs if r.get("seed", 0)]
+    recs = [r for r in recs if not r.get("seed", 0)]
     central = {
         (r["setup"], r["dropout"], r["summary"]["target_epsilon"]): r
         for r in recs
@@ -267,8 +274,22 @@ def table(recs: list[dict]) -> str:
             f"| {_fmt(delta, '+.4f')} | {wraps if r['mechanism'] != 'central' else '—'} "
             f"| {withheld} | {spr:.1f} | {_fmt(ratio, '.2f')} |"
         )
-    pending = [name for name, _ in grid() if name not in {r["run"] for r in recs}]
+    done = {r["run"] for r in recs + spread}
+    pending = [name for name, _ in grid() if name not in done]
     text = head + "\n".join(lines) + "\n"
+    for setup, eps in sorted({(r["setup"], r["summary"]["target_epsilon"]) for r in spread}):
+        c = central.get((setup, 0.0, eps))
+        accs = [c["summary"]["accuracy_mean"]] if c else []
+        accs += [
+            r["summary"]["accuracy_mean"]
+            for r in spread
+            if (r["setup"], r["summary"]["target_epsilon"]) == (setup, eps)
+        ]
+        text += (
+            f"\nCentral DP over {len(accs)} seeds ({setup}, ε = {eps:g}, no dropout; seeds 1 "
+            f"and up are not in the table): accuracy mean {', '.join(f'{x:.4f}' for x in accs)}"
+            f" (range {max(accs) - min(accs):.4f}).\n"
+        )
     text += "\nThe goal at 16 bits, no dropout (|Δ| ≤ 0.01, s/round ≤ 1.5× central):\n\n"
     text += "\n".join(goal or ["- no pair measured yet"]) + "\n"
     text += f"\n{len(recs)} of {len(grid())} runs measured; pending, in order: "
@@ -298,7 +319,7 @@ def plot(out: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = [r for r in records(out) if r["dropout"] == 0.0]
+    recs = [r for r in records(out) if r["dropout"] == 0.0 and not r.get("seed", 0)]
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.5), sharex=True)
     for i, setup in enumerate(("natural", "huang64")):
         for j, eps in enumerate((1.0, 8.0)):
