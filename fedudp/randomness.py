@@ -63,6 +63,9 @@ class Purpose(IntEnum):
     ROTATION, ROUNDING, SHARE_NOISE, DROPOUT, MASKS : int
         The distributed mechanisms' public rotation, a user's stochastic rounding, an owner's
         integer noise share, the simulated owner dropouts, the owners' mask secret (seeded).
+    USER_SAMPLE : int
+        An owner's Poisson coin for one of its users under a distributed mechanism (the
+        billboard does not sample there).
     SYNTHETIC_TEACHER, PARTITION : int
         The synthetic dataset's teacher; the owners' classes, record split and users.
     """
@@ -85,6 +88,7 @@ class Purpose(IntEnum):
     SHARE_NOISE = 21  # an owner's integer noise share (distributed mechanisms)
     DROPOUT = 22  # the simulated owner dropouts of a round (train.owner_dropout)
     MASKS = 23  # the owners' pairwise-mask secret in a seeded simulation (never the billboard's)
+    USER_SAMPLE = 24  # an owner's Poisson coin for one of its users (distributed mechanisms)
     SYNTHETIC_TEACHER = 0x5EED  # the synthetic dataset's teacher
     PARTITION = 0xFA27  # owners' classes, record split, users
 
@@ -110,6 +114,7 @@ KEYS: dict[Purpose, tuple[str, ...]] = {
     Purpose.SHARE_NOISE: ("round", "owner"),
     Purpose.DROPOUT: ("round",),
     Purpose.MASKS: (),
+    Purpose.USER_SAMPLE: ("round", "user"),
     Purpose.SYNTHETIC_TEACHER: (),
     Purpose.PARTITION: (),
 }
@@ -132,6 +137,7 @@ PROTECTING: frozenset[Purpose] = frozenset(
         Purpose.PERSONAL_NOISE,
         Purpose.ROUNDING,
         Purpose.SHARE_NOISE,
+        Purpose.USER_SAMPLE,
     }
 )
 

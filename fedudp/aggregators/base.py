@@ -150,6 +150,9 @@ class Aggregator(ABC):
     # noise is the sum of the survivors' shares): the billboard composes
     # ``dp_event_for(answered)`` once the owners answered; ``dp_event()`` is the worst case
     survivor_event: ClassVar[bool] = False
+    # the owners Poisson-sample their own users on streams the billboard never sees (the
+    # billboard asks every user): amplification by sampling then holds against the billboard
+    samples_on_owners: ClassVar[bool] = False
     # whom the guarantee trusts with the noise (the ledger's ``trust``)
     trust: ClassVar[str] = "server: trusted (central DP: the billboard adds the noise)"
 

@@ -190,6 +190,7 @@ class DistributedAggregator(Aggregator):
     )
     options = (BITS, ROUNDING_BETA, K_STDDEVS, SCALE)
     survivor_event = True
+    samples_on_owners = True
     trust = TRUST
     k_stddevs: float = 4.0  # the heuristic scale's standard deviations within 2^bits
 
@@ -326,6 +327,7 @@ class DistributedAggregator(Aggregator):
                 local_std=float(std) * check_noise_scale(noise_scale),
                 dim=int(dim),
                 rounded_bound=rounded_l2_bound(float(clip) * float(s), float(rounding_beta), D),
+                rate=float(sampling.rate),
             )
         except ValueError as e:  # the float path's exactness (one line naming the scale)
             raise ParameterError("scale", f"scale={s:g} ({how}) is unusable: {e}") from None

@@ -256,14 +256,16 @@ class Billboard:
 
     def sample(self, round_: int) -> np.ndarray:
         """Poisson sample of the ``population`` units at rate q (True: in this round's cohort),
-        or the plan's cohort."""
+        or the plan's cohort; every unit where the owners sample their own users
+        (``Aggregator.samples_on_owners``: a distributed mechanism, whose amplification by
+        sampling must hold against the billboard)."""
         mask = self.plan.sample(round_) if self.plan is not None else None
         if mask is not None:
             return mask
         q = self.sampling.rate
         # the population's real units (canaries, when there are any, are sampled by their own)
         n = self.sampling.population - (self.canaries.count if self.canaries is not None else 0)
-        if q >= 1.0:
+        if q >= 1.0 or self.aggregator.samples_on_owners:  # (the owners sample: every unit)
             return np.ones(n, dtype=bool)
         return self.randomness.numpy_rng(Purpose.SAMPLE, round_).random(n) < q
 

@@ -11,6 +11,13 @@ that dropped, so that the billboard can remove those masks. Nothing else leaves 
 billboard's code receives the masked shares, the roster and the reveals
 (``fedudp.protocol.contributions.MaskedShare``).
 
+Sampling: the owners draw the users' Poisson coins themselves (``fedudp.secure.public.
+owner_sample``, each user's coin on its own stream keyed by (round, its stable id)); the
+billboard asks every user, so it never learns who was sampled and the amplification by
+sampling the ledger composes holds against it. The count of sampled users each reply carries
+is a simulator diagnostic (``users_used`` in ``metrics.jsonl``): the release never reads it
+(its divisor is the public q·N) and a deployment would not send it.
+
 Randomness: a user's rounding is keyed by (round, its stable id) and an owner's share by
 (round, its global id) (``Purpose.ROUNDING``, ``Purpose.SHARE_NOISE``: from OS entropy under
 ``privacy.randomness=secure``), so a neighbour federation without one user leaves every other
@@ -34,7 +41,7 @@ from fedudp.protocol.messages import OwnerReply
 from fedudp.randomness import Randomness
 from fedudp.secure.encoding import wraps
 from fedudp.secure.masks import MaskKeys
-from fedudp.secure.public import round_signs
+from fedudp.secure.public import owner_sample, round_signs
 from fedudp.secure.share import owner_share
 
 if TYPE_CHECKING:
@@ -119,6 +126,8 @@ def secure_reply(
     live = np.array([int(g) not in gone for g in gids], dtype=bool)
     users = np.asarray(users, dtype=np.int64)
     users = users[live[fed.user_owner[users]]]  # a dropped owner computes nothing
+    # the owners' own Poisson sample (the billboard asked every user: it learns nobody's coin)
+    users = users[owner_sample(fed.user_ids[users], enc.rate, rand, round_)]
     rows: dict[int, list[tuple[int, np.ndarray]]] = {}
     failed = clipped = 0
     chunks, raised = isolated_vectors(owners, fed, shared, personal, users, round_)

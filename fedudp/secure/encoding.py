@@ -70,6 +70,9 @@ class SecureEncoding:
     rounded_bound
         The l2 bound of one user's rounded vector, integer domain
         (``privacy.distributed.rounded_l2_bound``).
+    rate
+        The users' Poisson sampling rate q, drawn by the owners themselves on each user's own
+        stream (the billboard does not learn who was sampled); 1: every user.
 
     Raises
     ------
@@ -87,6 +90,7 @@ class SecureEncoding:
     local_std: float
     dim: int
     rounded_bound: float
+    rate: float = 1.0
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_KINDS:
@@ -96,6 +100,8 @@ class SecureEncoding:
         _positive("clip", self.clip)
         _positive("scale", self.scale)
         _positive("rounded_bound", self.rounded_bound)
+        if not (math.isfinite(self.rate) and 0.0 < self.rate <= 1.0):
+            raise ConfigError(f"SecureEncoding.rate = {self.rate}: must be in (0, 1]")
         if (
             isinstance(self.bits, bool)
             or not isinstance(self.bits, int)

@@ -17,7 +17,7 @@ import numpy as np
 
 from fedudp.randomness import Purpose, Randomness, numpy_rng
 
-__all__ = ["mask_secret", "round_signs"]
+__all__ = ["mask_secret", "owner_sample", "round_signs"]
 
 
 def round_signs(seed: int, round_: int, padded: int) -> np.ndarray:
@@ -59,3 +59,35 @@ def mask_secret(randomness: Randomness) -> bytes:
     if randomness.is_secure:
         return secrets.token_bytes(32)
     return numpy_rng(randomness.seed, Purpose.MASKS).bytes(32)
+
+
+def owner_sample(
+    user_ids: np.ndarray, rate: float, randomness: Randomness, round_: int
+) -> np.ndarray:
+    """Which of an owner's users enter round ``round_``: a Poisson coin per user at ``rate``,
+    each from the stream keyed by (round, that user's stable id) (``Purpose.USER_SAMPLE``:
+    OS entropy under ``privacy.randomness=secure``). Drawn by the owners, never by the
+    billboard, so that amplification by sampling holds against it; one user's coin does not
+    depend on any other user.
+
+    Parameters
+    ----------
+    user_ids : numpy.ndarray
+        The users' stable ids.
+    rate : float
+        The Poisson rate q (1: every user, no coin drawn).
+    randomness : Randomness
+        The owners' randomness.
+    round_ : int
+        The round.
+
+    Returns
+    -------
+    numpy.ndarray
+        bool, one per user: True where the user is in the round.
+    """
+    ids = np.asarray(user_ids, dtype=np.int64)
+    if rate >= 1.0:
+        return np.ones(len(ids), dtype=bool)
+    coins = [randomness.numpy_rng(Purpose.USER_SAMPLE, round_, int(u)).random() for u in ids]
+    return np.asarray(coins, dtype=np.float64) < float(rate)

@@ -303,3 +303,26 @@ def test_the_ledger_file_recomputes_the_runs_epsilon(tmp_path):
     head, entries = ledger_file.read(tmp_path / "ledger.jsonl")
     assert entries and all(isinstance(parse_event(e.event), DistributedDpEvent) for e in entries)
     assert epsilon_of_ledger(head, entries) == s["epsilon"]
+
+
+def test_the_owners_sample_their_users_not_the_billboard(monkeypatch):
+    """At q = 1/2 the billboard asks every user (it learns nobody's coin), each user's coin is
+    its own (a neighbour still moves the sum by its own rounded vector or by nothing), and
+    about half the users enter; a twin that samples on the billboard is caught."""
+    from fedudp.secure.public import owner_sample
+
+    p = prepared(**{"train.sampling_rate": 0.5})
+
+    def billboard_asks_everyone(bb) -> bool:
+        return bool(bb.sample(1).all()) and bool(bb.sample(2).all())
+
+    assert billboard_asks_everyone(p.billboard)
+    rand = secure_reply_module.owner_randomness(p.owners)
+    coins = owner_sample(p.fed.user_ids, 0.5, rand, 1)
+    assert 0 < coins.sum() < len(coins)
+    (rep,) = one_round(p, p.fed).replies
+    assert rep.contribution.count == int(coins.sum())
+    expected = user5_alone(p) if coins[5] else 0
+    np.testing.assert_array_equal(neighbour_difference(p), expected)
+    monkeypatch.setattr(DdgAggregator, "samples_on_owners", False)
+    assert not billboard_asks_everyone(prepared(**{"train.sampling_rate": 0.5}).billboard)
