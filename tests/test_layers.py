@@ -296,6 +296,7 @@ CLIENT_MAY_IMPORT = (
     "fedudp.flower.fast",
     "fedudp.flower.fast_data",
     "fedudp.flower.fast_checks",
+    "fedudp.flower.secure_mod",
 )
 CLIENT_BUILDS_WITH = {
     "fedudp.build": {"owners", "federation"},

@@ -44,6 +44,7 @@ from flwr.common import log
 from flwr.common.constant import ErrorCode
 
 from fedudp.flower.guard import NO_WRAPPER, foreign_keys, one_line, stacked_mods, user_rows
+from fedudp.flower.secure_mod import K_REVEAL_ASK, reveal_reply, secure_round, share_reply
 from fedudp.flower.wire import (
     K_CLIENT_PARTITION,
     K_CLIENT_PARTITIONS,
@@ -316,6 +317,11 @@ class _UserLevelMod:
 
     # -- the mod ------------------------------------------------------------------------------
     def __call__(self, msg: Message, context: Context, call_next: CallNext) -> Message:
+        if K_REVEAL_ASK in msg.content:  # distributed DP: the server asks for pair seeds
+            try:
+                return reveal_reply(msg, context)
+            except (ValueError, KeyError) as e:
+                return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, str(e)), reply_to=msg)
         if str(msg.metadata.message_type).split(".")[0] != "train":
             return self.pass_through(msg, context, call_next)
         # never in the clear: no UserLevelDP record, no training; no second DP wrapper or mod
@@ -357,6 +363,7 @@ class _UserLevelMod:
         self, msg: Message, rnd: _Round, context: Context, call_next: CallNext
     ) -> Message:
         patterns = self.personal or rnd.personal
+        sec = secure_round(msg, context)  # distributed DP: a masked share replaces the sum
         arrays_key = next(iter(msg.content.array_records.keys()))
         # every user's update at the broadcast: its personal layers are the server's initial,
         # public values (the server never moves them), never this client's own
@@ -389,7 +396,8 @@ class _UserLevelMod:
             )
         self.personal_step(msg, arrays_key, base, patterns, mine, context, total, call_next)
         kept = [metrics[i] for i in got.kept] if metrics else []
-        return self.reply(msg, rnd, got, len(mine), int(G.shape[1]), kept)
+        out = self.reply(msg, rnd, got, len(mine), int(G.shape[1]), kept)
+        return out if sec is None else share_reply(out, msg, sec, rnd.round, G, sampled, got.kept)
 
     def user_updates(
         self,

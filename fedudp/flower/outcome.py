@@ -201,7 +201,11 @@ def release_noise(aggregator: Any, dim: int) -> tuple[float | None, str]:
     tuple[float or None, str]
     """
     from fedudp.aggregators.base import ClippedSumAggregator
+    from fedudp.aggregators.distributed import DistributedAggregator
 
+    if isinstance(aggregator, DistributedAggregator):  # the shares' sum at min_owners
+        cohort = aggregator.sampling.expected_cohort
+        return float(aggregator.noise_std) / cohort, "the noise shares' sum/(q·N)"
     if isinstance(aggregator, ClippedSumAggregator):
         cohort = aggregator.sampling.expected_cohort
         return float(aggregator.noise_std) / cohort, "z·C/(q·N)"

@@ -53,6 +53,7 @@ from fedudp.billboard.release import ReleaseGate
 from fedudp.flower.availability import availability_problem
 from fedudp.flower.collect import Collected, collect
 from fedudp.flower.configured import wrapper_arguments
+from fedudp.flower.distributed import SIMULATION_NOTE, secure_rounds
 from fedudp.flower.guard import outer_wrapper, stacked_strategy
 from fedudp.flower.log_setup import root_placeholder
 from fedudp.flower.outcome import RunFailed, finish, hand_over, log_utility, summary
@@ -220,7 +221,11 @@ class UserLevelDP(Strategy):
         self.seed = self.randomness.seed
         self.withheld: list[tuple[int, str]] = []  # (round, why): nothing released
         self.event = aggregator.dp_event()
+        # a distributed estimator: masked shares, reveals (fedudp.flower.distributed)
+        self.secure = secure_rounds(aggregator, self.randomness, min_owners)
         self.gate = _gate(aggregator, delta, target_epsilon, min_owners, min_users, self.randomness)
+        if self.secure is not None:
+            self.ledger.notes += [*aggregator.ledger_notes(), SIMULATION_NOTE]
         self.ledger_path = None if ledger_path is None else Path(ledger_path)
         if self.ledger_path is not None:  # each release durable before it leaves
             ledger_file.write(self.ledger_path, ledger_file.head(self.ledger), [])
@@ -372,6 +377,10 @@ class UserLevelDP(Strategy):
             if not self.randomness.is_secure:  # a seeded simulation: the clients' sample
                 rec["seed"] = self.seed
             m.content[K_DP] = rec
+        if self.secure is not None:  # the encoding and the round's roster
+            shared = [k for k in arrays if not is_personal(k, self.personal)]
+            dim = sum(int(np.prod(arrays[k].shape)) for k in shared)
+            self.secure.configure(server_round, messages, dim, grid)
         return messages
 
     def aggregate_train(
@@ -396,6 +405,8 @@ class UserLevelDP(Strategy):
             return None, None
         names = [k for k in sent if not is_personal(k, self.personal)]
         dim = sum(int(np.prod(sent[k].shape)) for k in names)
+        if self.secure is not None:  # masked shares, decoded only as their sum
+            return self.secure.aggregate(self, server_round, replies, sent, names)
         got = collect(replies, dim, server_round)
         # fail closed (the billboard's rule): answering clients and their declared user slots
         why = self.gate.withhold(
