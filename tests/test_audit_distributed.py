@@ -75,10 +75,10 @@ def test_twin_owners_adding_a_tenth_of_the_noise_is_flagged():
 
 def test_real_skellam_is_consistent_and_its_broken_shares_are_flagged():
     agg = calibrated(SkellamAggregator)
-    r = audit_distributed(agg, 1000, DELTA, seed=1)
+    r = audit_distributed(agg, 600, DELTA, seed=1)
     assert r.claimed_epsilon == agg.dp_event_for(4).epsilon(DELTA)
     assert not r.violation and r.lower_bound <= r.claimed_epsilon
-    broken = audit_distributed(agg, 1000, DELTA, seed=1, broken="noise=0.1")
+    broken = audit_distributed(agg, 600, DELTA, seed=1, broken="noise=0.1")
     assert broken.claimed_epsilon == r.claimed_epsilon  # the ledger is unchanged
     assert broken.violation and broken.broken == "noise=0.1"
     assert agg.encoding.local_std == calibrated(SkellamAggregator).encoding.local_std  # intact
