@@ -348,6 +348,9 @@ def _share_failure(
         return f"error {r.error.code}: {error_reason(r.error.reason)}"
     if any(k not in r.content for k in (K_CONTRIB, K_COUNTS, K_SECURE)):
         return f"no {K_CONTRIB} / {K_COUNTS} / {K_SECURE} in the reply (user_level_mod's share)"
+    counts: Any = r.content[K_COUNTS]
+    if any(k not in counts for k in ("users", "count", "clipped")):
+        return f"{K_COUNTS} lacks users / count / clipped (a user_level_mod older than this server)"
     node = int(r.metadata.src_node_id)
     sec: Any = r.content[K_SECURE]
     if node not in roster or int(sec["owner"]) != roster.index(node):
@@ -372,7 +375,10 @@ def read_shares(
     """The round's usable shares (failed clients logged) and counts."""
     enc, out = aggregator.encoding, _Shares()
     for r in replies:
-        why = _share_failure(r, roster, enc.padded, enc.bits, round_)
+        try:
+            why = _share_failure(r, roster, enc.padded, enc.bits, round_)
+        except (KeyError, TypeError, ValueError) as e:  # a malformed record fails its client
+            why = f"{type(e).__name__}: {e}"
         j = roster.index(int(r.metadata.src_node_id)) if why is None else -1
         if why is None and j in out.shares:
             why = "a second share"

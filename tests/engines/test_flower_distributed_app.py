@@ -139,7 +139,9 @@ def test_the_strategy_receives_only_masked_uint64_shares():
     assert not only_masked_shares(grid_c, agg.encoding.padded)
 
 
-def the_survivors_unmasked_decoding(grid: LocalGrid, round_: int, enc: SecureEncoding):
+def the_survivors_unmasked_decoding(
+    grid: LocalGrid, round_: int, enc: SecureEncoding, without: set[int] = frozenset()
+):
     """The release re-derived without any mask: each surviving client's users' updates (App's
     rule, at the broadcast this round sent) encoded by ``encode_owner`` on the streams keyed
     by (round, user) and (round, its position), summed mod 2^bits, decoded, divided by q N."""
@@ -156,7 +158,7 @@ def the_survivors_unmasked_decoding(grid: LocalGrid, round_: int, enc: SecureEnc
     w = next(iter(sent.content.array_records.values()))["w"].numpy()
     total = np.zeros(enc.padded, dtype=np.int64)
     for j, node in enumerate(roster):
-        if node not in live:
+        if node not in live or node in without:
             continue
         p = node - 100
         users = sampled_users(range(p * PER, (p + 1) * PER), SEED, round_, RATE, N)
@@ -273,6 +275,27 @@ def test_unmasking_impossible_withholds_the_round_and_spends_nothing(monkeypatch
     s2, _, released2 = run(mod=dropping(node=101, in_round=2))
     assert sorted(released2) == [1] and len(s2.ledger.entries) == 1
     assert "cannot be unmasked" in s2.withheld[0][1]
+
+
+def test_a_malformed_share_fails_its_client_alone():
+    mod = user_level_mod(users_per_client=PER)
+
+    def floats(msg, context, call_next):
+        out = mod(msg, context, call_next)
+        if msg.metadata.message_type == "train" and context.node_id == 102:
+            share = out.content[K_CONTRIB]["share"].numpy()
+            out.content[K_CONTRIB] = arrays_of({"share": share.astype(np.float64)})
+        return out
+
+    s, grid, released = run(mod=floats, rounds=1)
+    assert sorted(released) == [1] and accounted_events(s) == [2]  # 100 and 101 survive
+    assert [m.metadata.dst_node_id for m in grid.sent if K_REVEAL_ASK in m.content] == [100, 101]
+    # 102's (float) share is not in the sum and its masks were removed by the reveals: the
+    # release is the two survivors' unmasked decoding
+    enc = aggregator().encoding
+    np.testing.assert_array_equal(
+        released[1], the_survivors_unmasked_decoding(grid, 1, enc, without={102})
+    )
 
 
 def test_setups_a_distributed_round_refuses_are_one_line_errors():
