@@ -318,10 +318,7 @@ class _UserLevelMod:
     # -- the mod ------------------------------------------------------------------------------
     def __call__(self, msg: Message, context: Context, call_next: CallNext) -> Message:
         if K_REVEAL_ASK in msg.content:  # distributed DP: the server asks for pair seeds
-            try:
-                return reveal_reply(msg, context)
-            except (ValueError, KeyError) as e:
-                return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, str(e)), reply_to=msg)
+            return reveal_reply(msg, context)
         if str(msg.metadata.message_type).split(".")[0] != "train":
             return self.pass_through(msg, context, call_next)
         # never in the clear: no UserLevelDP record, no training; no second DP wrapper or mod

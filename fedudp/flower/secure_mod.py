@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
 
 from fedudp.flower.wire import K_CONTRIB, K_COUNTS, K_DP, K_SECURE, reveals_to_records
 from fedudp.protocol.contributions import Reveal
@@ -247,7 +248,8 @@ def share_reply(
 
 
 def reveal_reply(msg: Message, context: Context) -> Message:
-    """A survivor's pair seeds with the positions the server names as dropped.
+    """A survivor's pair seeds with the positions the server names as dropped (an error reply,
+    ``MOD_FAILED_PRECONDITION`` with the reason, for a request it cannot answer).
 
     Parameters
     ----------
@@ -258,16 +260,18 @@ def reveal_reply(msg: Message, context: Context) -> Message:
     Returns
     -------
     flwr.app.Message
-        ``fedudp.flower.wire.reveals_to_records``.
-
-    Raises
-    ------
-    ValueError
-        This node is not in the roster, or a dropped position is itself or outside it.
+        ``fedudp.flower.wire.reveals_to_records``; an error reply when this node is not in the
+        roster, a dropped position is itself or outside it, or the request is malformed.
     """
-    r: Any = msg.content[K_REVEAL_ASK]
+    try:
+        return Message(_reveals(msg.content[K_REVEAL_ASK], int(context.node_id)), reply_to=msg)
+    except (KeyError, TypeError, ValueError) as e:
+        return Message(error=Error(ErrorCode.MOD_FAILED_PRECONDITION, str(e)), reply_to=msg)
+
+
+def _reveals(r: Any, node: int) -> RecordDict:
+    """The seeds a reveal request ``r`` asks node ``node`` for."""
     roster = roster_of(r["roster"])
-    node = int(context.node_id)
     if node not in roster:
         raise ValueError(f"user_level_mod: node {node} is not in the round's roster")
     j, round_ = roster.index(node), int(r["round"])
@@ -275,7 +279,4 @@ def reveal_reply(msg: Message, context: Context) -> Message:
     if any(d == j or not 0 <= d < len(roster) for d in gone):
         raise ValueError(f"user_level_mod: a reveal asked for positions {gone} (own: {j})")
     keys = mask_keys(int(r["seed"]), len(roster))
-    return Message(
-        reveals_to_records(j, [Reveal(j, d, keys.pair_seed(j, d, round_)) for d in gone]),
-        reply_to=msg,
-    )
+    return reveals_to_records(j, [Reveal(j, d, keys.pair_seed(j, d, round_)) for d in gone])

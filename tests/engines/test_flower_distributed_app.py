@@ -318,3 +318,30 @@ def test_setups_a_distributed_round_refuses_are_one_line_errors():
             min_owners=2,
         )
         s.start(grid=grid, initial_arrays=arrays_of({"w": np.zeros(10, np.float32)}), num_rounds=1)
+
+
+def test_a_client_refuses_a_reveal_of_itself_or_from_outside_the_roster():
+    from flwr.app import Context
+
+    from fedudp.flower.secure_mod import reveal_reply, roster_bytes
+    from fedudp.flower.wire import K_REVEAL
+
+    def ask(node: int, dropped: list[int]) -> Message:
+        rec = ConfigRecord(
+            {
+                "round": 1,
+                "roster": roster_bytes([100, 101, 102]),
+                "dropped": np.asarray(dropped, dtype=np.int64).tobytes(),
+                "seed": SEED,
+            }
+        )
+        msg = Message(RecordDict({K_REVEAL_ASK: rec}), dst_node_id=node, message_type="query")
+        ctx = Context(run_id=1, node_id=node, node_config={}, state=RecordDict(), run_config={})
+        return reveal_reply(msg, ctx)
+
+    ok = ask(100, [1])
+    assert not ok.has_error() and [r.dropped for r in records_to_reveals(ok.content)] == [1]
+    assert K_REVEAL in ok.content
+    assert ask(100, [0]).has_error()  # its own masks: never revealed
+    assert ask(100, [3]).has_error()  # outside the roster
+    assert ask(999, [1]).has_error()  # not in the roster
