@@ -9,7 +9,9 @@ counts; the strategy never sees a client's float vector. The survivors are the c
 share is well formed (public: which clients answered, never data); a round with fewer than
 ``min_owners`` of them is withheld (``ReleaseGate.withhold``). When some of the roster sent
 nothing, the survivors are asked for their pair seeds with those clients (a second message
-round, a ``query``, as engine=flower's ``FlowerTransport._reveal``); a survivor that does not
+round, as engine=flower's ``FlowerTransport._reveal``: a ``train`` message carrying only the
+request, since a Flower ``ClientApp`` routes a message through its mods only to a registered
+function, and every app that trains registers ``train``); a survivor that does not
 reveal is dropped too and the others are asked again. The estimator's ``release`` then sums the
 shares, removes the dropped clients' masks and decodes only the sum; if that is impossible (a
 seed missing) the round is withheld (fail closed). A released round is accounted at its
@@ -272,7 +274,7 @@ class SecureRounds:
                 Message(
                     RecordDict({K_REVEAL_ASK: self.ask_record(server_round, roster, ds)}),
                     dst_node_id=roster[j],
-                    message_type="query",
+                    message_type="train",  # the app's train function (and its mods) exists
                     group_id=str(server_round),
                 )
                 for j, ds in ask.items()

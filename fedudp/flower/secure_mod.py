@@ -10,7 +10,7 @@ users' updates into one masked share with ``fedudp.secure.share.owner_share``, t
 fedudp's own engines use (each user rounded on the stream of (round, its global index), the
 client's noise share on that of (round, its position)), and replies with that uint64 vector and
 its counts: no float vector of its users leaves it. Asked by the server for its pair seeds with
-the clients that dropped (a ``query`` carrying ``K_REVEAL_ASK``), it answers with
+the clients that dropped (a ``train`` message carrying only ``K_REVEAL_ASK``), it answers with
 ``fedudp.flower.wire.reveals_to_records``.
 
 Simulation only: the pairwise masks come from one secret derived from the run seed
@@ -53,7 +53,7 @@ __all__ = [
     "share_reply",
 ]
 
-#: a ConfigRecord in a ``query`` from the server: reveal your pair seeds with these positions
+#: a ConfigRecord in a message from the server: reveal your pair seeds with these positions
 K_REVEAL_ASK = "fedudp.dp.reveal"
 
 SEEDED_ONLY = (
@@ -254,7 +254,7 @@ def reveal_reply(msg: Message, context: Context) -> Message:
     Parameters
     ----------
     msg : flwr.app.Message
-        The server's ``query`` with ``K_REVEAL_ASK`` (round, roster, dropped, seed).
+        The server's message with ``K_REVEAL_ASK`` (round, roster, dropped, seed).
     context : flwr.app.Context
 
     Returns

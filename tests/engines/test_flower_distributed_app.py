@@ -65,7 +65,7 @@ def dropping(node: int, in_round: int, reveal_fails: int | None = None):
         if K_REVEAL_ASK in msg.content and context.node_id == reveal_fails:
             return Message(RecordDict(), reply_to=msg)  # no seeds
         if (
-            msg.metadata.message_type == "train"
+            "config" in msg.content
             and context.node_id == node
             and int(msg.content["config"]["server-round"]) == in_round
         ):
@@ -108,7 +108,7 @@ def train_replies(grid: LocalGrid, round_: int) -> list[Message]:
     return [
         r
         for m, r in zip(grid.sent, grid.replies)
-        if m.metadata.message_type == "train" and int(m.content[K_DP]["round"]) == round_
+        if K_DP in m.content and int(m.content[K_DP]["round"]) == round_
     ]
 
 
@@ -151,9 +151,7 @@ def the_survivors_unmasked_decoding(
         int(r.metadata.src_node_id) for r in train_replies(grid, round_) if K_SECURE in r.content
     }
     sent = next(
-        m
-        for m in grid.sent
-        if m.metadata.message_type == "train" and int(m.content[K_DP]["round"]) == round_
+        m for m in grid.sent if K_DP in m.content and int(m.content[K_DP]["round"]) == round_
     )
     w = next(iter(sent.content.array_records.values()))["w"].numpy()
     total = np.zeros(enc.padded, dtype=np.int64)
@@ -224,6 +222,19 @@ def test_a_dropped_client_is_unmasked_by_the_survivors_reveals_exactly():
     assert all(m.metadata.group_id == "2" for m in asks)
     assert matches(released, grid)
     assert np.abs(released[2]).max() < 1.0  # the clipped mean plus small noise
+
+
+def test_a_flower_client_app_routes_the_reveal_through_its_mods():
+    """The same dropout through Flower's own ``ClientApp(mods=[user_level_mod(...)])`` with a
+    registered ``train`` function only: the reveal reaches the mod."""
+    from flwr.clientapp import ClientApp
+
+    fake = App()
+    client_app = ClientApp(mods=[dropping(node=101, in_round=2)])
+    client_app.train()(fake)
+    s, grid, released = run(mod=lambda msg, ctx, _app: client_app(msg, ctx))
+    assert sorted(released) == [1, 2] and accounted_events(s) == [3, 2]
+    assert matches(released, grid)
 
 
 class SkipsTheReveal(DdgAggregator):
@@ -335,7 +346,7 @@ def test_a_client_refuses_a_reveal_of_itself_or_from_outside_the_roster():
                 "seed": SEED,
             }
         )
-        msg = Message(RecordDict({K_REVEAL_ASK: rec}), dst_node_id=node, message_type="query")
+        msg = Message(RecordDict({K_REVEAL_ASK: rec}), dst_node_id=node, message_type="train")
         ctx = Context(run_id=1, node_id=node, node_config={}, state=RecordDict(), run_config={})
         return reveal_reply(msg, ctx)
 
