@@ -73,8 +73,8 @@ def arm(kill_round: int, phase: str) -> None:
         if phase == "after_round" and info.get("round") == kill_round:
             die()
 
-    def patched_release(self, replies, round_):
-        agg = release(self, replies, round_)
+    def patched_release(self, replies, round_, answered=None):
+        agg = release(self, replies, round_, answered)
         if phase == "after_release" and round_ == kill_round:
             die()
         return agg

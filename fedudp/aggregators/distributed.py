@@ -400,14 +400,8 @@ class DistributedAggregator(Aggregator):
         total = secure.unmask(dropped, survivors, revealed, c.round_)
         decoded = decode_sum(total, e, round_signs(self.seed, c.round_, e.padded))
         mean = torch.from_numpy(decoded / self.sampling.expected_cohort)
-        diag: dict = {
-            "cohort": c.count,
-            "survivors": len(survivors),
-            "clipped_fraction": (c.clipped / c.count) if c.count else 0.0,
-        }
-        if c.wraps is not None:
-            diag["modular_wraps"] = int(c.wraps)
-        return Aggregate(mean=mean, users_used=c.count, diagnostics=diag)
+        # the billboard learns no count of users: only who answered
+        return Aggregate(mean=mean, users_used=0, diagnostics={"survivors": len(survivors)})
 
     def ledger_notes(self) -> list[str]:
         e = self.encoding

@@ -69,10 +69,15 @@ class Collected:
         The answering owners' replies (their shared parts, private data).
     failures : list[Failure]
         The owners excluded from the round, with their reasons.
+    observed : dict
+        The simulator's own observations of the owners (``sim_*``: e.g. a distributed
+        mechanism's user counts and modular wraps), written to the round's metrics line; the
+        billboard never reads them.
     """
 
     replies: list[OwnerReply]
     failures: list[Failure] = field(default_factory=list)
+    observed: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -364,6 +369,7 @@ def _train_round(
     if got.failures:
         info["failures"] = _failures("train", got.failures)["failed_train"]
     info.update(raised_metrics(got.replies))  # users dropped alone (isolate)
+    info.update(got.observed)  # the simulator's observations (never the billboard's input)
     return got, info
 
 

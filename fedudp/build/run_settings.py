@@ -52,6 +52,8 @@ class RunSettings:
         ``privacy.randomness``: seeded or secure.
     min_owners, min_users : int
         ``train.min_owners`` and ``train.min_users`` (fail closed).
+    owner_dropout : float
+        ``train.owner_dropout``: each owner's simulated chance to drop out of a round.
     """
 
     method: str
@@ -84,6 +86,7 @@ class RunSettings:
     randomness: str = "seeded"  # privacy.randomness: seeded | secure (fedudp.randomness)
     min_owners: int = 1  # train.min_owners / min_users: fail closed (Billboard)
     min_users: int = 1
+    owner_dropout: float = 0.0  # train.owner_dropout: simulated owner dropouts (engine=local)
 
 
 def settings(cfg: RunConfig) -> RunSettings:
@@ -137,6 +140,7 @@ def settings(cfg: RunConfig) -> RunSettings:
         randomness=RandomnessMode(p.randomness).value,
         min_owners=int(cfg.train.min_owners),
         min_users=int(cfg.train.min_users),
+        owner_dropout=float(cfg.train.owner_dropout),
     )
 
 

@@ -125,7 +125,7 @@ class LocalTransport:
             ]
             cohort = cohort[~lost]
         if constraint.secure is not None:  # masked shares of every surviving owner
-            reply = secure_reply(
+            reply, observed = secure_reply(
                 self.owners,
                 self.fed,
                 shared,
@@ -137,7 +137,7 @@ class LocalTransport:
                 roster=[int(g) for g in self.fed.owner_ids],
                 dropped=[int(g) for g in gone],
             )
-            return Collected([reply], failures)
+            return Collected([reply], failures, observed)
         # a user whose step raises is dropped alone, on the failure path only (isolate)
         return Collected(
             [
@@ -196,7 +196,7 @@ def execute(
     cfg : RunConfig
         The configuration (unused here; the engines' common signature).
     settings : RunSettings
-        The run's settings (unused here).
+        The run's settings (the seed and ``owner_dropout``).
     owners, fed, constraint : Owners, Federation, ConstraintSource
         As ``LocalTransport`` takes them.
     drive : Callable[[Transport], RoundsResult]
@@ -216,6 +216,4 @@ def execute(
     """
     if grid is not None:
         raise ValueError("engine=local runs in-process; a Flower grid needs engine=flower")
-    return drive(
-        LocalTransport(owners, fed, constraint, float(cfg.train.owner_dropout), int(cfg.seed))
-    )
+    return drive(LocalTransport(owners, fed, constraint, settings.owner_dropout, settings.seed))

@@ -238,7 +238,7 @@ def train(msg: Message, context: Context) -> Message:
     units, constraint = asked
     if constraint.secure is not None:  # its masked share (every owner is in the roster)
         _, fed = owner_side(str(run["cfg"]))
-        rep = secure_reply(
+        rep, _observed = secure_reply(
             owners,
             shard,
             shared,

@@ -28,7 +28,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common.constant import ErrorCode
 
 from fedudp.flower.wire import K_CONTRIB, K_COUNTS, K_DP, K_SECURE, reveals_to_records
@@ -201,8 +210,9 @@ def share_reply(
     sampled: Sequence[int],
     kept: Sequence[int],
 ) -> Message:
-    """The client's masked share in place of its clipped sum: the plain reply's counts (and the
-    app's metrics, outside the guarantee) and one uint64 vector.
+    """The client's masked share in place of its clipped sum: one uint64 vector and its declared
+    capacity; no count of its users and none of the app's metrics (data, under an untrusted
+    server: they are logged on the client only).
 
     Parameters
     ----------
@@ -239,9 +249,22 @@ def share_reply(
         mask_keys(sec.seed, len(sec.roster)),
         range(len(sec.roster)),
     )
-    out = RecordDict({K_COUNTS: plain.content[K_COUNTS]})
-    if "metrics" in plain.content:
-        out["metrics"] = plain.content["metrics"]
+    # under an untrusted server no count of users and no metric of theirs leaves the client:
+    # only its declared capacity (public), which the fail-closed rule reads
+    declared: Any = plain.content[K_COUNTS]
+    out = RecordDict(
+        {
+            K_COUNTS: MetricRecord(
+                {
+                    "count": 0,
+                    "clipped": 0,
+                    "users": int(declared["users"]),
+                    "failed": 0,
+                    "raised": 0,
+                }
+            )
+        }
+    )
     out[K_CONTRIB] = ArrayRecord({"share": Array(np.ascontiguousarray(masked))})
     out[K_SECURE] = ConfigRecord({"owner": int(sec.owner), "round": int(round_)})
     return Message(out, reply_to=msg)

@@ -15,8 +15,10 @@ Sampling: the owners draw the users' Poisson coins themselves (``fedudp.secure.p
 owner_sample``, each user's coin on its own stream keyed by (round, its stable id)); the
 billboard asks every user, so it never learns who was sampled and the amplification by
 sampling the ledger composes holds against it. The count of sampled users each reply carries
-is a simulator diagnostic (``users_used`` in ``metrics.jsonl``): the release never reads it
-(its divisor is the public q·N) and a deployment would not send it.
+is not sent: the counts (sampled, clipped, non-finite, raised users) and the modular wraps are
+the simulator's observations, returned beside the reply and written to ``metrics.jsonl`` as
+``sim_*`` by engine=local, never handed to the billboard (under an untrusted server a count of
+users is data); the release's divisor is the public q·N.
 
 Randomness: a user's rounding is keyed by (round, its stable id) and an owner's share by
 (round, its global id) (``Purpose.ROUNDING``, ``Purpose.SHARE_NOISE``: from OS entropy under
@@ -81,7 +83,7 @@ def secure_reply(
     dropped: Sequence[int] = (),
     randomness: Randomness | None = None,
     count_wraps: bool = True,
-) -> OwnerReply:
+) -> tuple[OwnerReply, dict[str, int]]:
     """The masked shares of this federation's surviving owners for their sampled ``users``.
 
     Parameters
@@ -109,13 +111,16 @@ def secure_reply(
         The owners' randomness (None: ``owner_randomness(owners)``).
     count_wraps : bool, default True
         ``fed`` holds every surviving owner (engine=local): count the coordinates of the
-        unreduced sum outside the modular range (a simulator diagnostic; False: None).
+        unreduced sum outside the modular range (a simulator observation).
 
     Returns
     -------
-    OwnerReply
-        One masked share per surviving owner here, the roster and the reveals; ``failed``
-        counts users whose vector was not finite (they contribute nothing, as a removed user).
+    tuple of (OwnerReply, dict)
+        The reply: one masked share per surviving owner here, the roster and the reveals, and
+        no count (a user whose vector is not finite or whose step raised contributes nothing,
+        as a removed user). The simulator's observations, which never reach the billboard:
+        ``sim_sampled_users``, ``sim_clipped_users``, ``sim_nonfinite_users``,
+        ``sim_raised_users`` and, with ``count_wraps``, ``sim_modular_wraps``.
     """
     enc = constraint.secure
     assert enc is not None  # a distributed round
@@ -158,16 +163,23 @@ def secure_reply(
         for s in shares
         for d in sorted(gone)
     )
+    # what crosses to the billboard: the shares, the roster and the reveals, nothing counted
+    # (under an untrusted server a count of sampled, clipped or failed users is data)
     c = Contribution(
         None,
         None,
-        count,
-        clipped,
+        0,
         shares=tuple(shares),
         roster=tuple(sorted(peers)),
         reveals=reveals,
         round_=int(round_),
-        wraps=wraps(unreduced, enc.bits) if count_wraps else None,
     )
-    failed += sum(r.users for r in raised)  # a user whose step raised contributes nothing
-    return OwnerReply(owners.spec.shared, c, failed, raised)
+    observed = {
+        "sim_sampled_users": count,
+        "sim_clipped_users": clipped,
+        "sim_nonfinite_users": failed,
+        "sim_raised_users": sum(r.users for r in raised),
+    }
+    if count_wraps:
+        observed["sim_modular_wraps"] = wraps(unreduced, enc.bits)
+    return OwnerReply(owners.spec.shared, c), observed

@@ -146,9 +146,6 @@ class Contribution:
         The survivors' pair seeds with the owners of the roster that dropped.
     round_ : int or None, default None
         The round the shares were encoded for (the public rotation is keyed by it).
-    wraps : int or None, default None
-        Simulator diagnostic: coordinates whose unreduced integer sum fell outside the modular
-        range (None where no single process saw every owner's message, e.g. engine=flower).
     """
 
     rows: torch.Tensor | None
@@ -162,7 +159,6 @@ class Contribution:
     roster: tuple[int, ...] = ()
     reveals: tuple[Reveal, ...] = ()
     round_: int | None = None
-    wraps: int | None = None
 
     @property
     def total_weight(self) -> float:
@@ -248,7 +244,6 @@ class Contribution:
         rounds = {p.round_ for p in parts if p.round_ is not None}
         if len(rounds) > 1:
             raise ValueError(f"masked shares of different rounds {sorted(rounds)} in one release")
-        wraps = [p.wraps for p in parts]
         return Contribution(
             None,
             None,
@@ -258,7 +253,6 @@ class Contribution:
             roster=tuple(sorted({o for p in parts for o in p.roster})),
             reveals=tuple(r for p in parts for r in p.reveals),
             round_=next(iter(rounds), None),
-            wraps=None if any(w is None for w in wraps) else int(sum(w for w in wraps if w)),
         )
 
 

@@ -398,10 +398,10 @@ def check(aggregator, dim, itemsize, available=None):
     return need
 build.check_rows_fit = check
 release = Billboard.release
-def timed(self, replies, round_):
+def timed(self, replies, round_, answered=None):
     t0 = time.perf_counter()
     try:
-        return release(self, replies, round_)
+        return release(self, replies, round_, answered)
     finally:
         print(f"load_run: release {round_} {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 Billboard.release = timed
