@@ -149,12 +149,13 @@ def secure_reply(
     signs = round_signs(rand.seed, round_, enc.padded)
     shares, unreduced = [], np.zeros(enc.padded, dtype=np.int64)
     count = 0
+    pairs: dict[tuple[int, int], np.ndarray] = {}  # each pair's mask expanded once here
     for j in np.flatnonzero(live):
         got = rows.get(int(j), [])
         ids = [uid for uid, _ in got]
         X = np.stack([r for _, r in got]) if got else np.zeros((0, enc.dim), dtype=np.float64)
         gid = int(gids[j])
-        masked, v = owner_share(X, ids, gid, enc, rand, round_, signs, keys, peers)
+        masked, v = owner_share(X, ids, gid, enc, rand, round_, signs, keys, peers, pairs)
         unreduced += v
         count += len(got)
         shares.append(MaskedShare(gid, masked))

@@ -141,11 +141,17 @@ def expand(seed: bytes, dim: int, bits: int) -> np.ndarray:
     if int(dim) < 0:
         raise ValueError(f"expand: dim must be >= 0, not {dim}")
     raw = hashlib.shake_256(bytes(seed)).digest(8 * int(dim))
-    return np.frombuffer(raw, dtype="<u8").astype(np.uint64) & m
+    return np.frombuffer(raw, dtype="<u8") & m  # a new (writable) uint64 array
 
 
 def owner_mask(
-    keys: MaskKeys, owner: int, peers: Sequence[int], round_: int, dim: int, bits: int
+    keys: MaskKeys,
+    owner: int,
+    peers: Sequence[int],
+    round_: int,
+    dim: int,
+    bits: int,
+    cache: dict[tuple[int, int], np.ndarray] | None = None,
 ) -> np.ndarray:
     """Owner ``owner``'s total mask: ``sum_{j>owner} m_{owner,j} - sum_{j<owner} m_{j,owner}``.
 
@@ -163,6 +169,10 @@ def owner_mask(
         The vector length.
     bits
         The modulus exponent.
+    cache
+        Several owners of one round in one process (engine=local): each pair's expansion is
+        kept here by the first of its two owners and taken out by the second, so it is computed
+        once instead of twice (both would derive the same values from their shared seed).
 
     Returns
     -------
@@ -172,7 +182,13 @@ def owner_mask(
     m = _modulus_mask(bits)
     total = np.zeros(int(dim), dtype=np.uint64)
     for j in sorted({int(p) for p in peers} - {int(owner)}):
-        e = expand(keys.pair_seed(owner, j, round_), dim, bits)
+        pair = (min(int(owner), j), max(int(owner), j))
+        if cache is not None and pair in cache:
+            e = cache.pop(pair)
+        else:
+            e = expand(keys.pair_seed(owner, j, round_), dim, bits)
+            if cache is not None:
+                cache[pair] = e
         if j > owner:
             total += e  # uint64 arithmetic wraps mod 2^64, a multiple of 2^bits
         else:
@@ -181,7 +197,13 @@ def owner_mask(
 
 
 def mask(
-    vec: np.ndarray, keys: MaskKeys, owner: int, peers: Sequence[int], round_: int, bits: int
+    vec: np.ndarray,
+    keys: MaskKeys,
+    owner: int,
+    peers: Sequence[int],
+    round_: int,
+    bits: int,
+    cache: dict[tuple[int, int], np.ndarray] | None = None,
 ) -> np.ndarray:
     """An owner's masked message: ``(vec + owner_mask) mod 2^bits``.
 
@@ -200,6 +222,9 @@ def mask(
     bits
         The modulus exponent.
 
+    cache
+        ``owner_mask``'s pair cache (several owners of a round in one process).
+
     Returns
     -------
     numpy.ndarray
@@ -212,7 +237,7 @@ def mask(
     """
     m = _modulus_mask(bits)
     vec = _check_reduced(vec, bits, "mask")
-    return (vec + owner_mask(keys, owner, peers, round_, vec.shape[0], bits)) & m
+    return (vec + owner_mask(keys, owner, peers, round_, vec.shape[0], bits, cache)) & m
 
 
 class SecureSum:

@@ -32,6 +32,7 @@ def owner_share(
     signs: np.ndarray,
     keys: MaskKeys,
     peers: Sequence[int],
+    cache: dict[tuple[int, int], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """An owner's masked share and its unreduced integer message.
 
@@ -56,6 +57,9 @@ def owner_share(
         The owners' pairwise seeds.
     peers : sequence of int
         The round's roster (the owners the masks are set up with).
+    cache : dict or None, default None
+        ``fedudp.secure.masks.owner_mask``'s pair cache, shared by the owners of one round in
+        one process (each pair's mask expanded once).
 
     Returns
     -------
@@ -80,4 +84,4 @@ def owner_share(
         reduced=False,
     )
     reduced = reduce_mod(unreduced, enc.bits)
-    return mask(reduced, keys, int(owner), peers, round_, enc.bits), unreduced
+    return mask(reduced, keys, int(owner), peers, round_, enc.bits, cache), unreduced

@@ -36,7 +36,7 @@ def looks_uniform(msg: np.ndarray, jitter: np.random.Generator) -> bool:
     return chi > ALPHA and ks > ALPHA
 
 
-def half_mask(keys, owner, peers, round_, dim, bits):
+def half_mask(keys, owner, peers, round_, dim, bits, cache=None):
     """Weakened twin: masks only with the peers above the owner."""
     up = [j for j in peers if j > owner]
     return (
@@ -89,7 +89,7 @@ def test_the_masked_sum_is_the_sum_exactly(bits):
     np.testing.assert_array_equal(got.astype(object), exact.astype(object))
 
 
-def plus_plus(keys, owner, peers, round_, dim, bits):
+def plus_plus(keys, owner, peers, round_, dim, bits, cache=None):
     """Weakened twin: both owners of a pair add the mask (it does not cancel)."""
     total = np.zeros(dim, dtype=np.uint64)
     for j in sorted(set(peers) - {owner}):
