@@ -126,6 +126,8 @@ def grid() -> list[tuple[str, dict]]:
         add("natural", mech, bits, 0.0, eps)
     for dropout, eps, mech in drop_rows:
         add("natural", mech, 16, dropout, eps)
+    for seed in (1, 2):
+        add("huang64", "central", 16, 0.0, 1.0, seed)
     for bits, eps, mech in bit_rows[:4]:  # huang64 at 12 bits, where a wrap is likeliest
         add("huang64", mech, bits, 0.0, eps)
     for bits, eps, mech in bit_rows[4:]:
@@ -169,7 +171,8 @@ def condense(folder: Path, name: str, over: dict, wall: float) -> dict:
         "accuracy_weighted",
         "epsilon",
         "seconds",
-        "agg_modular_wraps",
+        "agg_modular_wraps",  # before a53a4db; since: sim_modular_wraps (never the billboard's)
+        "sim_modular_wraps",
         "agg_survivors",
         "failed_owners",
         "withheld",
@@ -266,7 +269,7 @@ def table(recs: list[dict]) -> str:
                     f"{delta:+.4f} ({verdict} 0.01); {ratio:.2f}× central's s/round "
                     f"({'meets' if ratio <= 1.5 else 'misses'} ≤ 1.5×)"
                 )
-        wraps = sum(x.get("agg_modular_wraps", 0) for x in r["rounds"])
+        wraps = sum(x.get("sim_modular_wraps", x.get("agg_modular_wraps", 0)) for x in r["rounds"])
         withheld = sum(1 for x in r["rounds"] if x.get("withheld"))
         lines.append(
             f"| {r['setup']} | {r['mechanism']} | {r['bits'] or '—'} | {r['dropout']:g} "
@@ -321,6 +324,7 @@ def plot(out: Path, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     recs = [r for r in records(out) if r["dropout"] == 0.0 and not r.get("seed", 0)]
+    others = [r for r in records(out) if r["dropout"] == 0.0 and r.get("seed", 0)]
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.5), sharex=True)
     for i, setup in enumerate(("natural", "huang64")):
         for j, eps in enumerate((1.0, 8.0)):
@@ -341,6 +345,15 @@ def plot(out: Path, png: Path) -> None:
                     acc = r["summary"]["accuracy_mean"]
                     ax.axhline(acc, color="k", ls="--", label="central DP")
                     ax.axhspan(acc - 0.01, acc + 0.01, color="k", alpha=0.08)
+            for r in others:  # other seeds: central dotted, a distributed run hollow
+                if r["setup"] != setup or r["summary"]["target_epsilon"] != eps:
+                    continue
+                acc = r["summary"]["accuracy_mean"]
+                if r["mechanism"] == "central":
+                    ax.axhline(acc, color="k", ls=":", lw=0.8)
+                else:
+                    color = "tab:blue" if r["mechanism"] == "ddgauss" else "tab:orange"
+                    ax.plot([r["bits"]], [acc], marker="o", mfc="none", color=color)
             ax.set_title(f"{setup}, ε = {eps:g}", fontsize=10)
             ax.set_xticks([12, 16, 20])
             ax.set_xlim(11, 21)
@@ -351,7 +364,11 @@ def plot(out: Path, png: Path) -> None:
                 ax.set_xlabel("bits per coordinate (modulus 2^b)")
             if mine:
                 ax.legend(fontsize=8)
-    fig.suptitle("joint DP on MNIST: central vs distributed DP (no dropout; band: ±0.01)")
+    fig.suptitle(
+        "joint DP on MNIST: central vs distributed DP, no dropout\n"
+        "(band: central ± 0.01; dotted / hollow: other seeds)",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
