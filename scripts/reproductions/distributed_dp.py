@@ -248,9 +248,9 @@ def table(recs: list[dict]) -> str:
         if r["mechanism"] == "central"
     }
     head = (
-        "| setup | mechanism | bits | dropout | min owners | ε target | ε spent | accuracy mean "
+        "| setup | mechanism | bits | dropout | min owners | answered | ε target | ε spent | accuracy mean "
         "| weighted | Δ mean vs central | wraps | withheld rounds | s/round | × central |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines, goal = [], []
     for r in recs:
@@ -271,9 +271,11 @@ def table(recs: list[dict]) -> str:
                 )
         wraps = sum(x.get("sim_modular_wraps", x.get("agg_modular_wraps", 0)) for x in r["rounds"])
         withheld = sum(1 for x in r["rounds"] if x.get("withheld"))
+        answered = [s["num_owners"] - x.get("failed_owners", 0) for x in r["rounds"]]
+        span = f"{min(answered)}–{max(answered)}" if min(answered) < max(answered) else answered[0]
         lines.append(
             f"| {r['setup']} | {r['mechanism']} | {r['bits'] or '—'} | {r['dropout']:g} "
-            f"| {r['min_owners']} | {s['target_epsilon']:g} | {_fmt(s['epsilon'], '.3f')} "
+            f"| {r['min_owners']} | {span} | {s['target_epsilon']:g} | {_fmt(s['epsilon'], '.3f')} "
             f"| {_fmt(s['accuracy_mean'])} | {_fmt(s['accuracy_weighted'])} "
             f"| {_fmt(delta, '+.4f')} | {wraps if r['mechanism'] != 'central' else '—'} "
             f"| {withheld} | {spr:.1f} | {_fmt(ratio, '.2f')} |"
