@@ -221,6 +221,23 @@ def condense(folder: Path, name: str, over: dict, wall: float) -> dict:
     }
 
 
+def refused(name: str, over: dict, message: str) -> dict:
+    """The ``run.json`` of a configuration fedudp refused before any work (its one-line error)."""
+    setup, rest = name.split("/")
+    return {
+        "run": name,
+        "setup": setup,
+        "mechanism": rest.split("_")[0],
+        "bits": over.get("estimator.bits"),
+        "dropout": over.get("train.owner_dropout", 0.0),
+        "min_owners": over["train.min_owners"],
+        "seed": over["seed"],
+        "command": command(name, over),
+        "target_epsilon": over["privacy.epsilon"],
+        "refused": message.splitlines()[0],
+    }
+
+
 def records(out: Path) -> list[dict]:
     """Every finished run's ``run.json`` (on disk or packed), in grid order."""
     order = {name: i for i, (name, _) in enumerate(grid())}
@@ -240,6 +257,9 @@ def _fmt(x, spec: str = ".4f") -> str:
 
 def table(recs: list[dict]) -> str:
     """The Markdown table of the finished runs, and the 16-bit goal read off it."""
+    refusals = [r for r in recs if "refused" in r]
+    done_runs = {r["run"] for r in recs}
+    recs = [r for r in recs if "refused" not in r]
     spread = [r for r in recs if r.get("seed", 0)]
     recs = [r for r in recs if not r.get("seed", 0)]
     central = {
@@ -280,9 +300,16 @@ def table(recs: list[dict]) -> str:
             f"| {_fmt(delta, '+.4f')} | {wraps if r['mechanism'] != 'central' else '—'} "
             f"| {withheld} | {spr:.1f} | {_fmt(ratio, '.2f')} |"
         )
-    done = {r["run"] for r in recs + spread}
-    pending = [name for name, _ in grid() if name not in done]
+    pending = [name for name, _ in grid() if name not in done_runs]
     text = head + "\n".join(lines) + "\n"
+    if refusals:
+        text += "\nRefused before any work (fedudp's one-line error):\n\n"
+        text += "\n".join(
+            f"- {r['setup']}, {r['mechanism']}, {r['bits']} bits, dropout {r['dropout']:g}, "
+            f"ε = {r['target_epsilon']:g}: `{r['refused']}`"
+            for r in refusals
+        )
+        text += "\n"
     groups = sorted({r["run"].rsplit("_s", 1)[0] for r in spread})
     by_run = {r["run"]: r for r in recs}
     for base in groups:
@@ -325,8 +352,9 @@ def plot(out: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = [r for r in records(out) if r["dropout"] == 0.0 and not r.get("seed", 0)]
-    others = [r for r in records(out) if r["dropout"] == 0.0 and r.get("seed", 0)]
+    measured = [r for r in records(out) if "refused" not in r and r["dropout"] == 0.0]
+    recs = [r for r in measured if not r.get("seed", 0)]
+    others = [r for r in measured if r.get("seed", 0)]
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.5), sharex=True)
     for i, setup in enumerate(("natural", "huang64")):
         for j, eps in enumerate((1.0, 8.0)):
@@ -392,13 +420,14 @@ def fits(name: str, out: Path, stop_at: dt.datetime | None) -> bool:
     walls = [
         r["wall_s"]
         for r in records(out)
-        if r["setup"] == setup and (r["mechanism"] == "central") == kind
+        if "refused" not in r and r["setup"] == setup and (r["mechanism"] == "central") == kind
     ]
     need = max(walls, default=0.0)
     return dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=need) <= stop_at
 
 
 def run_grid(a: argparse.Namespace, out: Path, todo: list[tuple[str, dict]]) -> int:
+    from fedudp.errors import ConfigError
     from fedudp.run import run
 
     stop_at = (
@@ -418,6 +447,12 @@ def run_grid(a: argparse.Namespace, out: Path, todo: list[tuple[str, dict]]) -> 
             run_over["resume"] = str(out / name)
         try:
             s = run(compose(name, run_over, a), out / name)
+        except ConfigError as e:  # refused before any work (e.g. bits too small): a result
+            (out / name).mkdir(parents=True, exist_ok=True)
+            rec = refused(name, over, str(e))
+            (out / name / "run.json").write_text(json.dumps(rec, indent=1) + "\n")
+            print(json.dumps(rec), flush=True)
+            continue
         except Exception:  # noqa: BLE001  (log, go on with the grid)
             (out / "grid_errors.log").open("a").write(f"{name}\n{traceback.format_exc()}\n")
             print(f"FAILED {name} (see grid_errors.log)", flush=True)
