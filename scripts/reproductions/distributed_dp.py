@@ -269,17 +269,20 @@ def table(recs: list[dict]) -> str:
     }
     head = (
         "| setup | mechanism | bits | dropout | min owners | answered | ε target | ε spent | accuracy mean "
-        "| weighted | Δ mean vs central | wraps | withheld rounds | s/round | × central |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| weighted | Δ mean vs central | noise std × central | wraps | withheld rounds | s/round "
+        "| × central |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines, goal = [], []
     for r in recs:
         s = r["summary"]
         c = central.get((r["setup"], r["dropout"], s["target_epsilon"]))
         spr = s["seconds"] / max(s["rounds_completed"], 1)
-        delta = ratio = None
+        delta = ratio = noise = None
         if c is not None and r is not c:
             delta = s["accuracy_mean"] - c["summary"]["accuracy_mean"]
+            mine, theirs = r["ledger"]["noise_std_round1"], c["ledger"]["noise_std_round1"]
+            noise = mine / theirs if mine and theirs else None
             cs = c["summary"]
             ratio = spr / (cs["seconds"] / max(cs["rounds_completed"], 1))
             if r["bits"] == 16 and r["dropout"] == 0.0:
@@ -297,7 +300,7 @@ def table(recs: list[dict]) -> str:
             f"| {r['setup']} | {r['mechanism']} | {r['bits'] or '—'} | {r['dropout']:g} "
             f"| {r['min_owners']} | {span} | {s['target_epsilon']:g} | {_fmt(s['epsilon'], '.3f')} "
             f"| {_fmt(s['accuracy_mean'])} | {_fmt(s['accuracy_weighted'])} "
-            f"| {_fmt(delta, '+.4f')} | {wraps if r['mechanism'] != 'central' else '—'} "
+            f"| {_fmt(delta, '+.4f')} | {_fmt(noise, '.2f')} | {wraps if r['mechanism'] != 'central' else '—'} "
             f"| {withheld} | {spr:.1f} | {_fmt(ratio, '.2f')} |"
         )
     pending = [name for name, _ in grid() if name not in done_runs]
