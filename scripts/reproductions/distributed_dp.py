@@ -326,6 +326,18 @@ def table(recs: list[dict]) -> str:
             f"\nSeeds {seeds} of `{base}` (seeds 1 and up are not in the table): accuracy mean "
             f"{', '.join(f'{x:.4f}' for x in accs)} (range {max(accs) - min(accs):.4f}).\n"
         )
+    made: dict[str, int] = {}
+    for r in recs + spread:
+        src = r["summary"].get("source") or {}
+        key = (src.get("commit") or "?")[:7] + (
+            " + uncommitted edits" if src.get("modified") else ""
+        )
+        made[key] = made.get(key, 0) + 1
+    text += (
+        "\nfedudp code the runs were made on (summary.json `source`): "
+        + ", ".join(f"`{k}` ({v})" for k, v in sorted(made.items()))
+        + ".\n"
+    )
     text += "\nThe goal at 16 bits, no dropout (|Δ| ≤ 0.01, s/round ≤ 1.5× central):\n\n"
     text += "\n".join(goal or ["- no pair measured yet"]) + "\n"
     text += f"\n{len(recs)} of {len(grid())} runs measured; pending, in order: "
