@@ -340,7 +340,7 @@ def table(recs: list[dict]) -> str:
     )
     text += "\nThe goal at 16 bits, no dropout (|Δ| ≤ 0.01, s/round ≤ 1.5× central):\n\n"
     text += "\n".join(goal or ["- no pair measured yet"]) + "\n"
-    text += f"\n{len(recs)} of {len(grid())} runs measured; pending, in order: "
+    text += f"\n{len(done_runs)} of {len(grid())} runs done ({len(refusals)} refused); pending, in order: "
     text += (", ".join(f"`{p}`" for p in pending) or "none") + ".\n"
     return text
 
