@@ -255,6 +255,47 @@ def _fmt(x, spec: str = ".4f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _notes(recs: list[dict], spread: list[dict], refusals: list[dict]) -> str:
+    """The lines below the table: refusals, the seeds' spread, wall time, code versions."""
+    text = ""
+    if refusals:
+        text += "\nRefused before any work (fedudp's one-line error):\n\n"
+        text += "\n".join(
+            f"- {r['setup']}, {r['mechanism']}, {r['bits']} bits, dropout {r['dropout']:g}, "
+            f"ε = {r['target_epsilon']:g}: `{r['refused']}`"
+            for r in refusals
+        )
+        text += "\n"
+    groups = sorted({r["run"].rsplit("_s", 1)[0] for r in spread})
+    by_run = {r["run"]: r for r in recs}
+    for base in groups:
+        runs = [by_run[base]] if base in by_run else []
+        runs += sorted(
+            (r for r in spread if r["run"].rsplit("_s", 1)[0] == base), key=lambda r: r["seed"]
+        )
+        accs = [r["summary"]["accuracy_mean"] for r in runs]
+        seeds = ", ".join(str(r.get("seed", 0)) for r in runs)
+        text += (
+            f"\nSeeds {seeds} of `{base}` (seeds 1 and up are not in the table): accuracy mean "
+            f"{', '.join(f'{x:.4f}' for x in accs)} (range {max(accs) - min(accs):.4f}).\n"
+        )
+    made: dict[str, int] = {}
+    for r in recs + spread:
+        src = r["summary"].get("source") or {}
+        key = (src.get("commit") or "?")[:7] + (
+            " + uncommitted edits" if src.get("modified") else ""
+        )
+        made[key] = made.get(key, 0) + 1
+    text += (
+        "\nfedudp code the runs were made on (summary.json `source`): "
+        + ", ".join(f"`{k}` ({v})" for k, v in sorted(made.items()))
+        + ".\n"
+    )
+    wall = sum(r["wall_s"] for r in recs + spread)
+    text += f"\nWall time of these runs: {wall / 60:.0f} min (the sum of their `wall_s`).\n"
+    return text
+
+
 def table(recs: list[dict]) -> str:
     """The Markdown table of the finished runs, and the 16-bit goal read off it."""
     refusals = [r for r in recs if "refused" in r]
@@ -305,39 +346,7 @@ def table(recs: list[dict]) -> str:
         )
     pending = [name for name, _ in grid() if name not in done_runs]
     text = head + "\n".join(lines) + "\n"
-    if refusals:
-        text += "\nRefused before any work (fedudp's one-line error):\n\n"
-        text += "\n".join(
-            f"- {r['setup']}, {r['mechanism']}, {r['bits']} bits, dropout {r['dropout']:g}, "
-            f"ε = {r['target_epsilon']:g}: `{r['refused']}`"
-            for r in refusals
-        )
-        text += "\n"
-    groups = sorted({r["run"].rsplit("_s", 1)[0] for r in spread})
-    by_run = {r["run"]: r for r in recs}
-    for base in groups:
-        runs = [by_run[base]] if base in by_run else []
-        runs += sorted(
-            (r for r in spread if r["run"].rsplit("_s", 1)[0] == base), key=lambda r: r["seed"]
-        )
-        accs = [r["summary"]["accuracy_mean"] for r in runs]
-        seeds = ", ".join(str(r.get("seed", 0)) for r in runs)
-        text += (
-            f"\nSeeds {seeds} of `{base}` (seeds 1 and up are not in the table): accuracy mean "
-            f"{', '.join(f'{x:.4f}' for x in accs)} (range {max(accs) - min(accs):.4f}).\n"
-        )
-    made: dict[str, int] = {}
-    for r in recs + spread:
-        src = r["summary"].get("source") or {}
-        key = (src.get("commit") or "?")[:7] + (
-            " + uncommitted edits" if src.get("modified") else ""
-        )
-        made[key] = made.get(key, 0) + 1
-    text += (
-        "\nfedudp code the runs were made on (summary.json `source`): "
-        + ", ".join(f"`{k}` ({v})" for k, v in sorted(made.items()))
-        + ".\n"
-    )
+    text += _notes(recs, spread, refusals)
     text += "\nThe goal at 16 bits, no dropout (|Δ| ≤ 0.01, s/round ≤ 1.5× central):\n\n"
     text += "\n".join(goal or ["- no pair measured yet"]) + "\n"
     text += f"\n{len(done_runs)} of {len(grid())} runs done ({len(refusals)} refused); pending, in order: "
