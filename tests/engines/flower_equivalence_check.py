@@ -129,7 +129,14 @@ def main(aggregator: str) -> None:
     @server.main()
     def server_main(grid: Grid, context: Context) -> None:
         s = UserLevelDP(
-            FedAvg(fraction_train=1.0, fraction_evaluate=0.0),
+            # every client in every round: the first round waits for all the nodes (with
+            # FedAvg's default minimum of 2 it may start with the first two that connected)
+            FedAvg(
+                fraction_train=1.0,
+                fraction_evaluate=0.0,
+                min_train_nodes=OWNERS,
+                min_available_nodes=OWNERS,
+            ),
             agg,
             delta=float(cfg["privacy.delta"]),
             target_epsilon=float(cfg["privacy.epsilon"]),
