@@ -376,6 +376,7 @@ def plot(out: Path, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    refusals = [r for r in records(out) if "refused" in r]
     measured = [r for r in records(out) if "refused" not in r and r["dropout"] == 0.0]
     recs = [r for r in measured if not r.get("seed", 0)]
     others = [r for r in measured if r.get("seed", 0)]
@@ -408,6 +409,22 @@ def plot(out: Path, png: Path) -> None:
                 else:
                     color = "tab:blue" if r["mechanism"] == "ddgauss" else "tab:orange"
                     ax.plot([r["bits"]], [acc], marker="o", mfc="none", color=color)
+            for bits in sorted(
+                {
+                    r["bits"]
+                    for r in refusals
+                    if (r["setup"], r["target_epsilon"], r["dropout"]) == (setup, eps, 0.0)
+                }
+            ):
+                ax.annotate(
+                    "refused",
+                    (bits, 0.5),
+                    xycoords=("data", "axes fraction"),
+                    ha="center",
+                    rotation=90,
+                    color="gray",
+                    fontsize=9,
+                )
             ax.set_title(f"{setup}, ε = {eps:g}", fontsize=10)
             ax.set_xticks([12, 16, 20])
             ax.set_xlim(11, 21)
