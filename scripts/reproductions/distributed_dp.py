@@ -442,6 +442,7 @@ def plot(out: Path, png: Path) -> None:
     )
     fig.tight_layout()
     fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def pack(out: Path) -> None:
