@@ -136,7 +136,9 @@ def heuristic_params(
         hi, lo = lo, lo / 2.0
         if lo < top * 1e-12:
             raise ParameterError(
-                "bits", f"bits={bits}: no scale keeps {k:g} standard deviations of the sum"
+                "bits",
+                f"bits={bits}: no scale keeps {k:g} standard deviations of the sum within "
+                "2^bits at this noise: raise estimator.bits or lower estimator.k_stddevs",
             )
     if lo != top:
         while hi / lo > 1 + 1e-6:
