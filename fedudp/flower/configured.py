@@ -55,7 +55,12 @@ def wrapper_arguments(
     """
     from fedudp import build
     from fedudp.config import config_from_overrides
-    from fedudp.flower.contract import as_run_config_error, checked, config_overrides
+    from fedudp.flower.contract import (
+        RunConfigError,
+        as_run_config_error,
+        checked,
+        config_overrides,
+    )
     from fedudp.protocol.contributions import Sampling
 
     # the contract (fedudp/flower/contract.py): an unknown key, a wrong type, a missing
@@ -63,6 +68,13 @@ def wrapper_arguments(
     values = checked(run_config)
     over = config_overrides(values)
     secure = "fedudp.privacy.randomness" not in run_config  # the wrapper's default: secure
+    if values.get("fedudp.privacy.placement") == "distributed":
+        if "fedudp.clients" not in values:
+            raise RunConfigError(
+                'fedudp.clients: required with fedudp.privacy.placement = "distributed": '
+                "declare the number of clients that may send a share"
+            )
+        over["partition.num_owners"] = values["fedudp.clients"]
     # the app's own data: its public numbers are the declared ones (records per user: 1
     # unless declared, for the estimators that derive a radius from it)
     over = {"dataset.name": "memory", "public.owner_capacity": over["public.users"], **over}

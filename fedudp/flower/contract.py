@@ -148,9 +148,65 @@ KEYS: tuple[RunKey, ...] = (
         "gaussian",
         TO_CHANGE,
         "The estimator: `gaussian` (clip + Gaussian), `gaussian_adaptive`, `winsorized`, "
-        "`outlier_removal`, `friendlycore`, `few_users` (requirements: "
+        "`outlier_removal`, `friendlycore`, `few_users`, and under "
+        '`fedudp.privacy.placement = "distributed"` `ddgauss` or `skellam` (requirements: '
         "[below](#what-each-estimator-needs)).",
         config_key="aggregator",
+    ),
+    RunKey(
+        "fedudp.privacy.placement",
+        str,
+        "server",
+        "for distributed DP",
+        '`"server"`: the strategy adds the noise (a trusted server); `"distributed"`: each '
+        "client adds a discrete noise share to its integer-encoded users' updates under "
+        "simulated secure aggregation (`fedudp.aggregator` `ddgauss` or `skellam`, seeded "
+        "randomness, `fedudp.train.min_owners` ≥ 2 the declared survivors).",
+        config_key="privacy.placement",
+    ),
+    RunKey(
+        "fedudp.clients",
+        int,
+        UNSET,
+        "with distributed DP",
+        "`ddgauss`/`skellam`: the number of clients that may send a share (public; the "
+        "heuristic scale keeps all their noise shares within 2^bits; fedudp's "
+        '`partition.num_owners`). Required under `fedudp.privacy.placement = "distributed"`, '
+        "unused otherwise.",
+    ),
+    RunKey(
+        "fedudp.estimator.bits",
+        int,
+        16,
+        TO_CHANGE,
+        "`ddgauss`/`skellam`: bits per coordinate of the modular sum (2^bits).",
+        config_key="estimator.bits",
+    ),
+    RunKey(
+        "fedudp.estimator.rounding_beta",
+        float,
+        math.exp(-0.5),
+        TO_CHANGE,
+        "`ddgauss`/`skellam`: conditional stochastic rounding's β (0: unconditional).",
+        config_key="estimator.rounding_beta",
+    ),
+    RunKey(
+        "fedudp.estimator.k_stddevs",
+        float,
+        4.0,
+        TO_CHANGE,
+        "`ddgauss`/`skellam`: standard deviations of the noisy sum kept within 2^bits (the "
+        "heuristic scale).",
+        config_key="estimator.k_stddevs",
+    ),
+    RunKey(
+        "fedudp.estimator.scale",
+        float,
+        UNSET,
+        "to fix the scale",
+        "`ddgauss`/`skellam`: the scale 1/γ before rounding; unset: the heuristic (the largest "
+        "that keeps `fedudp.estimator.k_stddevs` standard deviations within 2^bits).",
+        config_key="estimator.scale",
     ),
     RunKey(
         "fedudp.privacy.clip",

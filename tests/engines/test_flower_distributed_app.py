@@ -356,3 +356,94 @@ def test_a_client_refuses_a_reveal_of_itself_or_from_outside_the_roster():
     assert ask(100, [0]).has_error()  # its own masks: never revealed
     assert ask(100, [3]).has_error()  # outside the roster
     assert ask(999, [1]).has_error()  # not in the roster
+
+
+def run_config(**extra) -> dict:
+    """A distributed app's run config (Flower's ``[tool.flwr.app.config]``)."""
+    return {
+        "fedudp.privacy.epsilon": 8.0,
+        "fedudp.privacy.delta": 1e-5,
+        "fedudp.public.users": N,
+        "num-server-rounds": 2,
+        "fedudp.train.sampling_rate": RATE,
+        "fedudp.privacy.clip": CLIP,
+        "fedudp.aggregator": "ddgauss",
+        "fedudp.privacy.placement": "distributed",
+        "fedudp.privacy.randomness": "seeded",
+        "fedudp.seed": SEED,
+        "fedudp.train.min_owners": 2,
+        "fedudp.clients": CLIENTS,
+        "fedudp.estimator.bits": 20,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("noise", ["ddgauss", "skellam"])
+def test_from_run_config_builds_the_distributed_estimator_of_the_declared_numbers(noise):
+    """The run config's estimator is the one ``calibrated`` gives for the declared ε, δ, T,
+    q, N, clip, bits, survivors and clients (so the contract's keys reach it), and a run with
+    it releases exactly the estimator's release of the masked shares it received."""
+    from fedudp.aggregators import SkellamAggregator
+
+    cls = DdgAggregator if noise == "ddgauss" else SkellamAggregator
+    init = arrays_of({"w": np.zeros(DIM, np.float32)})
+    s = UserLevelDP.from_run_config(
+        FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=1),
+        run_config(**{"fedudp.aggregator": noise}),
+        init,
+    )
+    want = cls.calibrated(
+        clip=CLIP,
+        epsilon=8.0,
+        delta=1e-5,
+        rounds=2,
+        sampling=Sampling(RATE, N),
+        dim=DIM,
+        min_owners=2,
+        owner_units=[N] * CLIENTS,
+        seed=SEED,
+        bits=20,
+    )
+    got = s.aggregator
+    assert type(got) is cls and got.encoding == want.encoding
+    assert (got.min_owners, got.owners) == (2, CLIENTS)
+    # twin: the default number of owners (64) would give another heuristic scale
+    other = cls.calibrated(
+        clip=CLIP,
+        epsilon=8.0,
+        delta=1e-5,
+        rounds=2,
+        sampling=Sampling(RATE, N),
+        dim=DIM,
+        min_owners=2,
+        owner_units=[N] * 64,
+        seed=SEED,
+        bits=20,
+    )
+    assert other.encoding.scale != got.encoding.scale
+    _, grid, released = run(got, rounds=1)
+    assert only_masked_shares(grid, padded_dim(DIM)) and released
+    for r, mean in released.items():
+        assert np.array_equal(mean, the_survivors_unmasked_decoding(grid, r, got.encoding))
+
+
+@pytest.mark.parametrize(
+    ("drop", "override", "key"),
+    [
+        ("fedudp.clients", {}, "fedudp.clients"),
+        ("fedudp.privacy.randomness", {}, "fedudp.privacy.randomness"),
+        ("fedudp.privacy.placement", {}, "fedudp.aggregator"),
+        (None, {"fedudp.train.min_owners": 1}, "fedudp.train.min_owners"),
+    ],
+)
+def test_from_run_config_refuses_an_incomplete_distributed_config_naming_the_key(
+    drop, override, key
+):
+    rc = {**run_config(), **override}
+    if drop:
+        del rc[drop]
+    init = arrays_of({"w": np.zeros(DIM, np.float32)})
+    with pytest.raises(ValueError) as err:
+        UserLevelDP.from_run_config(FedAvg(), rc, init)
+    text = str(err.value)
+    assert key in text and "\n" not in text, text
