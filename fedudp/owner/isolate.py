@@ -181,6 +181,7 @@ def isolated_vectors(
     personal: Params,
     users: np.ndarray,
     round_: int,
+    one_step: bool = False,
 ) -> tuple[list[tuple[np.ndarray, torch.Tensor]], tuple[Raised, ...]]:
     """``owners.user_vectors`` of the ``users`` (each chunk's users and their vectors); where
     that raises, the vectors without the user(s) whose step raises alone (as
@@ -190,7 +191,7 @@ def isolated_vectors(
 
     Parameters
     ----------
-    owners, fed, shared, personal, users, round_
+    owners, fed, shared, personal, users, round_, one_step
         As ``Owners.user_vectors``.
 
     Returns
@@ -200,7 +201,7 @@ def isolated_vectors(
     """
 
     def compute(us: np.ndarray) -> list[tuple[np.ndarray, torch.Tensor]]:
-        return list(owners.user_vectors(fed, shared, personal, us, round_))
+        return list(owners.user_vectors(fed, shared, personal, us, round_, one_step))
 
     users = np.asarray(users, dtype=np.int64)
     try:

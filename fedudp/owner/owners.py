@@ -267,7 +267,13 @@ class Owners(OwnerLevel):
         return new
 
     def user_vectors(
-        self, fed: Federation, shared: Params, personal: Params, users: np.ndarray, round_: int
+        self,
+        fed: Federation,
+        shared: Params,
+        personal: Params,
+        users: np.ndarray,
+        round_: int,
+        one_step: bool = False,
     ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         """Chunks of the users' shared vectors at the broadcast.
 
@@ -286,12 +292,26 @@ class Owners(OwnerLevel):
             User indices into ``fed``.
         round_ : int
             The round (the batch orders' key).
+        one_step : bool, default False
+            Users whose vector is one SGD step (or their mean gradient) first, from one batched
+            forward/backward per chunk (``fedudp.owner.one_step``, where ``_one_step_users``
+            allows it: equal to the other paths up to float rounding); the distributed path's
+            owners, which encode each user's vector, take it as the clipped sum does.
 
         Yields
         ------
         tuple of (np.ndarray, Tensor)
-            (the chunk's users, [len, d_shared] their vectors).
+            (the chunk's users, [len, d_shared] their vectors; each chunk its own tensor).
         """
+        if one_step and (fast := self._one_step_users(fed, users, vectors=True)) is not None:
+            if fast.any():
+                sub, at = user_units(fed, users[fast]), users[fast]
+                scale = -self.training.user.lr if self._delta_mode else 1.0
+                for sel, V in self._one_step_chunks(fed, shared, sub.starts, sub.sizes, scale):
+                    yield at[sel], V.detach().clone()  # the chunks' scratch matrix is reused
+            users = users[~fast]
+            if not len(users):
+                return
         spec, names = self.training.user, self.spec.shared
         if self.training.sort_users and len(users) > 1:
             users = users[np.argsort(np.diff(fed.user_offsets)[users], kind="stable")]
@@ -464,14 +484,29 @@ class Owners(OwnerLevel):
         at most ``ONE_STEP_RECORDS`` records; larger users loop in ``local_sgd``). It is faster than
         both of ``local_sgd``'s paths for such users on the CPU: the vmapped one's grouped
         convolutions and the loop's small per-user batches (measured in docs/benchmarks.md)."""
-        if constraint.rows or constraint.clip is None or self.spec.unit == Unit.owner:
+        if constraint.rows or constraint.clip is None:
+            return None
+        return self._one_step_users(fed, units)
+
+    @property
+    def _delta_mode(self) -> bool:
+        return self.training.mode == SharedUpdate.delta.value
+
+    def _one_step_users(
+        self, fed: Federation, units: np.ndarray, vectors: bool = False
+    ) -> np.ndarray | None:
+        """``_one_step_units``' rule without the constraint: which users take the one-step
+        path, or None where it does not apply (``vectors``: the users' vectors are needed, so
+        the ghost path, which gives only a clipped sum, does not count)."""
+        if self.spec.unit == Unit.owner or not self.training.kernels.one_step:
             return None
         if self.spec.feedback and self.spec.personal:
             return None
         if type(self.hooks).user_gradients is not OwnerHooks.user_gradients:
             return None
         if not len(units) or not (
-            per_sample.supported(self.model, self.spec.shared) or self._ghost(fed, np.ones(1))
+            per_sample.supported(self.model, self.spec.shared)
+            or (not vectors and self._ghost(fed, np.ones(1)))
         ):
             return None
         spec = self.training.user

@@ -135,7 +135,7 @@ def secure_reply(
     users = users[owner_sample(fed.user_ids[users], enc.rate, rand, round_)]
     rows: dict[int, list[tuple[int, np.ndarray]]] = {}
     failed = clipped = 0
-    chunks, raised = isolated_vectors(owners, fed, shared, personal, users, round_)
+    chunks, raised = isolated_vectors(owners, fed, shared, personal, users, round_, True)
     for us, G in chunks:
         G64 = G.detach().to("cpu", torch.float64)
         norms = row_norms64(G64)

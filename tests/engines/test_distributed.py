@@ -253,10 +253,10 @@ def test_a_user_whose_step_raises_is_dropped_alone(monkeypatch):
     without = one_round(p, p.fed.without_user(5)).replies[0].contribution
     honest = Owners.user_vectors
 
-    def user_vectors(self, fed, shared, personal, users, round_):
+    def user_vectors(self, fed, shared, personal, users, round_, *rest):
         if uid in set(int(u) for u in fed.user_ids[np.asarray(users, dtype=np.int64)]):
             raise RuntimeError("injected: the user's training step raised")
-        return honest(self, fed, shared, personal, users, round_)
+        return honest(self, fed, shared, personal, users, round_, *rest)
 
     monkeypatch.setattr(Owners, "user_vectors", user_vectors)
     got = one_round(p, p.fed)
@@ -278,8 +278,8 @@ def test_a_user_with_a_non_finite_vector_contributes_nothing(monkeypatch):
     without = one_round(p, p.fed.without_user(5)).replies[0].contribution
     honest = Owners.user_vectors
 
-    def user_vectors(self, fed, shared, personal, users, round_):
-        for us, G in honest(self, fed, shared, personal, users, round_):
+    def user_vectors(self, fed, shared, personal, users, round_, *rest):
+        for us, G in honest(self, fed, shared, personal, users, round_, *rest):
             G = G.clone()
             G[torch.from_numpy(fed.user_ids[us] == uid)] = float("nan")
             yield us, G
@@ -329,3 +329,44 @@ def test_the_owners_sample_their_users_not_the_billboard(monkeypatch):
     np.testing.assert_array_equal(neighbour_difference(p), expected)
     monkeypatch.setattr(DdgAggregator, "samples_on_owners", False)
     assert not billboard_asks_everyone(prepared(**{"train.sampling_rate": 0.5}).billboard)
+
+
+def test_owners_encode_one_step_users_from_the_batched_kernel_as_the_loop_would():
+    """The owners' users of one SGD step take the batched one-step kernel (as the server
+    placement's clipped sum does): their vectors equal the per-user path's up to float
+    rounding, and the distributed round calls it."""
+    from fedudp.owner.owners import Owners
+
+    p = prepared()
+    shared = p.billboard.shared_params()
+    personal = p.owners.initial_personal(p.fed.num_owners)
+    users = np.arange(p.fed.num_users)
+    fast = p.owners._one_step_users(p.fed, users, vectors=True)
+    assert fast is not None and fast.all()  # 5 records, batch 5, one epoch
+    got = dict(
+        (int(u), g)
+        for us, G in p.owners.user_vectors(p.fed, shared, personal, users, 1, one_step=True)
+        for u, g in zip(us, G)
+    )
+    want = dict(
+        (int(u), g)
+        for us, G in p.owners.user_vectors(p.fed, shared, personal, users, 1)
+        for u, g in zip(us, G)
+    )
+    assert set(got) == set(want) == set(users.tolist())
+    for u in want:
+        torch.testing.assert_close(got[u], want[u], rtol=1e-5, atol=1e-6)
+    calls = []
+    chunks = Owners._one_step_chunks
+
+    def spy(self, *a, **k):
+        calls.append(1)
+        return chunks(self, *a, **k)
+
+    orig = Owners._one_step_chunks
+    Owners._one_step_chunks = spy  # type: ignore[method-assign]
+    try:
+        one_round(p, p.fed)
+    finally:
+        Owners._one_step_chunks = orig  # type: ignore[method-assign]
+    assert calls
