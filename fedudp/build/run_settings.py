@@ -54,6 +54,8 @@ class RunSettings:
         ``train.min_owners`` and ``train.min_users`` (fail closed).
     owner_dropout : float
         ``train.owner_dropout``: each owner's simulated chance to drop out of a round.
+    owners_per_node, connect_timeout_s : int, float
+        ``engine_opts``: Flower's owners per SuperNode; its connect timeout.
     """
 
     method: str
@@ -87,6 +89,8 @@ class RunSettings:
     min_owners: int = 1  # train.min_owners / min_users: fail closed (Billboard)
     min_users: int = 1
     owner_dropout: float = 0.0  # train.owner_dropout: simulated owner dropouts (engine=local)
+    owners_per_node: int = 1  # engine_opts.owners_per_node (engine=flower)
+    connect_timeout_s: float = 300.0  # engine_opts.connect_timeout_s (engine=flower)
 
 
 def settings(cfg: RunConfig) -> RunSettings:
@@ -141,6 +145,8 @@ def settings(cfg: RunConfig) -> RunSettings:
         min_owners=int(cfg.train.min_owners),
         min_users=int(cfg.train.min_users),
         owner_dropout=float(cfg.train.owner_dropout),
+        owners_per_node=int(e.owners_per_node),
+        connect_timeout_s=float(e.connect_timeout_s),
     )
 
 

@@ -420,7 +420,12 @@ class EngineConfig:
     chunk_records, threads, float64, device : int, int, bool, str
         local: records per chunk (0: auto); torch threads; float64 mode; cpu / cuda:N.
     num_cpus, num_gpus, address, timeout_s : float, float, str or None, float or None
-        flower: Ray resources per owner, a cluster, the reply timeout (None: none).
+        flower: Ray resources per SuperNode, a cluster, the reply timeout (None: none).
+    owners_per_node : int
+        flower: owners per SuperNode, in contiguous blocks (node k holds owners
+        ``[k·b, min((k+1)·b, n))``); 1: one owner per node.
+    connect_timeout_s : float
+        flower: how long the SuperNodes may take to connect and answer the first query.
     """
 
     chunk_records: int = 0  # local engine: records per vmapped chunk (0: auto, see chunk_budget)
@@ -434,6 +439,8 @@ class EngineConfig:
     num_gpus: float = 0.0
     address: str | None = None
     timeout_s: float | None = None  # flower engine: wait for owners' replies (None: no limit)
+    owners_per_node: int = 1  # flower engine: owners per SuperNode (contiguous blocks)
+    connect_timeout_s: float = 300.0  # flower engine: nodes connect and answer within this
 
 
 @dataclass

@@ -390,6 +390,18 @@ def _check_outputs(cfg: RunConfig) -> None:
     )
     if cfg.engine_opts.chunk_records < 0:
         raise ConfigError("engine_opts.chunk_records: must be >= 1, or 0 for auto")
+    opn = cfg.engine_opts.owners_per_node
+    _need(
+        isinstance(opn, int) and not isinstance(opn, bool) and opn >= 1,
+        "engine_opts.owners_per_node",
+        f"must be an integer >= 1 (owners per Flower SuperNode), got {opn!r}",
+    )
+    cts = cfg.engine_opts.connect_timeout_s
+    _need(
+        isinstance(cts, (int, float)) and not isinstance(cts, bool) and cts > 0,
+        "engine_opts.connect_timeout_s",
+        f"must be a number of seconds > 0, got {cts!r}",
+    )
     _check_device(cfg)
 
 
