@@ -294,7 +294,7 @@ def check_public(cfg: RunConfig, train: Records) -> None:
         )
 
 
-def federation(cfg: RunConfig, records: Any = None) -> Federation:
+def federation(cfg: RunConfig, records: Any = None, owners: range | None = None) -> Federation:
     """Load the configured pool and partition it over owners and users (seeded); a natural
     federation's grouped records laid out, its declared public numbers checked first.
 
@@ -304,11 +304,16 @@ def federation(cfg: RunConfig, records: Any = None) -> Federation:
         The configuration.
     records : Any, default None
         In-memory records (``dataset.name=memory``).
+    owners : range or None, default None
+        A block of owners (a Flower SuperNode's, ``engine_opts.owners_per_node``): the public
+        plan is made as for the whole federation, and only the block's records are read where
+        the format allows (``fedudp.build.block_data``); equal to the whole federation's
+        ``block(owners.start, owners.stop)``.
 
     Returns
     -------
     Federation
-        Every owner's training and test records (private data).
+        Every owner's training and test records (private data), or the block's.
 
     Raises
     ------
@@ -317,6 +322,10 @@ def federation(cfg: RunConfig, records: Any = None) -> Federation:
         data set holds, or a partition that cannot be made.
     """
     d, part = cfg.dataset, cfg.partition
+    if natural(cfg) and owners is not None:
+        from fedudp.build.block_data import natural_block
+
+        return natural_block(cfg, records, owners)
     if natural(cfg):
         from fedudp.data import natural as nat
 
@@ -349,6 +358,7 @@ def federation(cfg: RunConfig, records: Any = None) -> Federation:
             dirichlet_alpha=part.dirichlet_alpha,
             test_per_owner=part.test_per_owner,
             seed=cfg.seed,
+            owners=owners,
         )
     except ValueError as e:  # the data cannot be split as configured
         raise ConfigError(f"partition.scheme={Scheme(part.scheme).value}: {e}") from None

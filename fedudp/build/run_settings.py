@@ -90,7 +90,7 @@ class RunSettings:
     min_users: int = 1
     owner_dropout: float = 0.0  # train.owner_dropout: simulated owner dropouts (engine=local)
     owners_per_node: int = 1  # engine_opts.owners_per_node (engine=flower)
-    connect_timeout_s: float = 300.0  # engine_opts.connect_timeout_s (engine=flower)
+    connect_timeout_s: float = 600.0  # engine_opts.connect_timeout_s (engine=flower)
 
 
 def settings(cfg: RunConfig) -> RunSettings:

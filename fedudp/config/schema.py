@@ -440,7 +440,7 @@ class EngineConfig:
     address: str | None = None
     timeout_s: float | None = None  # flower engine: wait for owners' replies (None: no limit)
     owners_per_node: int = 1  # flower engine: owners per SuperNode (contiguous blocks)
-    connect_timeout_s: float = 300.0  # flower engine: nodes connect and answer within this
+    connect_timeout_s: float = 600.0  # flower engine: nodes connect, and answer, within this
 
 
 @dataclass

@@ -144,6 +144,39 @@ class Federation:
             user_ids=self.user_ids[u0:u1].copy(),
         )
 
+    def block(self, a: int, b: int) -> Federation:
+        """Owners ``a..b-1`` as a federation of their own (what a Flower SuperNode holding a
+        block of owners computes; ``block(j, j + 1)`` is ``owner(j)``).
+
+        Parameters
+        ----------
+        a, b : int
+            The block's first owner and one past its last (``0 <= a < b <= num_owners``).
+
+        Returns
+        -------
+        Federation
+            Their records, users and test records in the same order, their global owner ids
+            and their users' stable ids.
+        """
+        u0, u1 = int(self.owner_user_offsets[a]), int(self.owner_user_offsets[b])
+        r0, r1 = int(self.user_offsets[u0]), int(self.user_offsets[u1])
+        t0, t1 = int(self.test_offsets[a]), int(self.test_offsets[b])
+        return Federation(
+            x=self.x[r0:r1],
+            y=self.y[r0:r1],
+            user_offsets=self.user_offsets[u0 : u1 + 1] - r0,
+            user_owner=self.user_owner[u0:u1] - a,
+            owner_user_offsets=self.owner_user_offsets[a : b + 1] - u0,
+            x_test=self.x_test[t0:t1],
+            y_test=self.y_test[t0:t1],
+            test_offsets=self.test_offsets[a : b + 1] - t0,
+            num_classes=self.num_classes,
+            owner_classes=None if self.owner_classes is None else self.owner_classes[a:b],
+            owner_ids=self.owner_ids[a:b].copy(),
+            user_ids=self.user_ids[u0:u1].copy(),
+        )
+
     def without_user(self, u: int) -> Federation:
         """The neighbouring federation without user ``u`` (its records removed; every other user
         keeps its records, owner and identity): add/remove-one-user adjacency."""
@@ -380,6 +413,7 @@ def partition_pool(
     dirichlet_alpha: float = 0.5,
     test_per_owner: int | None = None,
     seed: int = 0,
+    owners: range | None = None,
 ) -> Federation:
     """Partition ``num_records`` of the pool over ``num_owners`` owners by ``scheme``, each owner
     cut into users of ``records_per_user`` (all seeded).
@@ -395,11 +429,14 @@ def partition_pool(
         ``dirichlet`` (concentration ``dirichlet_alpha``); docs/algorithms.md#data-partition.
     test_per_owner, seed
         Test records per owner (None: the scheme's default); the partition's seed.
+    owners : range or None, default None
+        A block of owners: the whole partition is planned (from the labels), then only the
+        block's records are gathered (``Federation.block`` of the whole, exactly).
 
     Returns
     -------
     Federation
-        The federation; a split the data cannot give is a ``ValueError``.
+        The federation (or the block's); a split the data cannot give is a ``ValueError``.
     """
     tx, ty, vx, vy, classes = pool.train_x, pool.train_y, pool.test_x, pool.test_y, pool.classes
     n, N = num_owners, num_records
@@ -429,19 +466,25 @@ def partition_pool(
         owner_user_offsets.append(len(user_owner))
     rec = np.concatenate(rec_idx)
     tst = np.concatenate(test)
-    return Federation(
-        x=torch.from_numpy(pool.features(tx, rec)),
+    offs = np.array(user_offsets, dtype=np.int64)
+    plan = Federation(  # the plan: pool indices in place of features (labels are public here)
+        x=torch.from_numpy(rec),
         y=torch.from_numpy(ty[rec]),
-        user_offsets=np.array(user_offsets, dtype=np.int64),
+        user_offsets=offs,
         user_owner=np.array(user_owner, dtype=np.int64),
         owner_user_offsets=np.array(owner_user_offsets, dtype=np.int64),
-        x_test=torch.from_numpy(pool.features(vx, tst)),
+        x_test=torch.from_numpy(tst),
         y_test=torch.from_numpy(vy[tst]),
         test_offsets=np.concatenate([[0], np.cumsum([len(t) for t in test])]).astype(np.int64),
         num_classes=classes,
         owner_classes=owner_classes,
-        user_ids=rec[np.array(user_offsets[:-1], dtype=np.int64)].astype(np.int64),
+        user_ids=rec[offs[:-1]].astype(np.int64),
     )
+    if owners is not None:  # a block of owners: only its rows are gathered
+        plan = plan.block(owners.start, owners.stop)
+    plan.x = torch.from_numpy(pool.features(tx, plan.x.numpy()))
+    plan.x_test = torch.from_numpy(pool.features(vx, plan.x_test.numpy()))
+    return plan
 
 
 # the planned data sets: users and owners planned from the configuration (``partition_pool``);

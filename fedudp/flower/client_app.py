@@ -22,6 +22,7 @@ import time
 from typing import cast
 
 import numpy as np
+import torch
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -38,6 +39,7 @@ import fedudp.flower.wire as wire
 from fedudp import build
 from fedudp.config import config_from_json
 from fedudp.data.federation import Federation
+from fedudp.flower.blocks import block_eval_record, read_block
 from fedudp.flower.wire import K_PERSONAL_IN, K_PERSONAL_OUT, K_STATE, K_STATE_RUN
 from fedudp.owner.isolate import isolated_reply
 from fedudp.owner.owners import Owners, Params
@@ -47,7 +49,17 @@ from fedudp.protocol.contributions import Reveal
 from fedudp.secure.masks import MaskKeys
 from fedudp.secure.public import mask_secret
 
-__all__ = ["client_app", "owner_side", "foreign", "query", "train", "evaluate", "NOT_FEDUDP"]
+__all__ = [
+    "client_app",
+    "owner_side",
+    "block_side",
+    "mask_keys",
+    "foreign",
+    "query",
+    "train",
+    "evaluate",
+    "NOT_FEDUDP",
+]
 
 _CACHE: dict[str, tuple[Owners, Federation]] = {}
 _LOCK = threading.Lock()
@@ -72,7 +84,7 @@ def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
     """
     key = _key(cfg_json)
     with _LOCK:
-        if key not in _CACHE:
+        if key not in _CACHE or _CACHE[key][1] is None:  # None: a block node's owners only
             cfg = config_from_json(cfg_json)
             owners = build.owners(cfg)
             _CACHE.clear()  # one run per process at a time
@@ -80,7 +92,54 @@ def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
         return _CACHE[key]
 
 
-def mask_keys(owners: Owners, fed: Federation) -> MaskKeys:
+_BLOCKS: dict[tuple[str, int, int], Federation] = {}
+
+
+def block_side(cfg_json: str, block: range) -> tuple[Owners, Federation]:
+    """(owners component, the block's federation) of a run: only the block's owners' records
+    are read (``fedudp.build.federation(cfg, owners=block)``), once per process and block.
+
+    Parameters
+    ----------
+    cfg_json : str
+        The run's configuration as the billboard sends it.
+    block : range
+        The node's owners (``fedudp.flower.blocks.owner_blocks``).
+
+    Returns
+    -------
+    tuple[Owners, Federation]
+        The owners component and the block's federation (equal to the whole federation's
+        ``block(a, b)``).
+    """
+    key = _key(cfg_json)
+    with _LOCK:
+        if not any(k[0] == key for k in _BLOCKS):
+            _BLOCKS.clear()  # one run per process at a time
+            _CACHE.clear()
+        if key not in _CACHE:
+            cfg = config_from_json(cfg_json)
+            _CACHE[key] = (build.owners(cfg), cast(Federation, None))
+        owners = _CACHE[key][0]
+        bk = (key, block.start, block.stop)
+        if bk not in _BLOCKS:
+            cfg = config_from_json(cfg_json)
+            _BLOCKS[bk] = build.federation(cfg, owners=block).to(owners.dtype)
+        return owners, _BLOCKS[bk]
+
+
+def _owners_only(cfg_json: str) -> Owners:
+    """The owners component of a run (block mode: no federation built)."""
+    key = _key(cfg_json)
+    with _LOCK:
+        if key not in _CACHE:
+            _BLOCKS.clear()
+            _CACHE.clear()
+            _CACHE[key] = (build.owners(config_from_json(cfg_json)), cast(Federation, None))
+        return _CACHE[key][0]
+
+
+def mask_keys(owners: Owners, fed: Federation | int) -> MaskKeys:
     """The owners' pairwise-mask seeds of a run (every owner's process derives the same ones
     from the run seed: a seeded simulation only, ``fedudp.secure.public.mask_secret``; the
     billboard's code never calls this).
@@ -89,39 +148,65 @@ def mask_keys(owners: Owners, fed: Federation) -> MaskKeys:
     ----------
     owners : Owners
         The owner side (its randomness).
-    fed : Federation
-        The whole federation (its number of owners).
+    fed : Federation or int
+        The whole federation, or its number of owners.
 
     Returns
     -------
     MaskKeys
         The seeds.
     """
-    return MaskKeys(mask_secret(owner_randomness(owners)), fed.num_owners)
+    n = fed if isinstance(fed, int) else fed.num_owners
+    return MaskKeys(mask_secret(owner_randomness(owners)), n)
 
 
 def _setup(
     msg: Message, context: Context
-) -> tuple[ConfigRecord, Owners, Federation, Params, Params]:
+) -> tuple[ConfigRecord, Owners, Federation, Params, Params, range, int]:
+    """The message's run record, the owners, this node's owners' federation (one owner, or a
+    block), the broadcast, their personal parameters (stacked), the node's owners and the
+    number of owners."""
     run = cast(ConfigRecord, msg.content[wire.K_RUN])
-    owners, fed = owner_side(str(run["cfg"]))
-    j = int(context.node_config["partition-id"])
-    shard = fed.owner(j)
+    cfg_json = str(run["cfg"])
+    marked = read_block(run)
+    if marked is None:  # one owner per node: its shard of the whole federation (as always)
+        owners, fed = owner_side(cfg_json)
+        j = int(context.node_config["partition-id"])
+        shard, n = fed.owner(j), fed.num_owners
+        block = range(int(shard.owner_ids[0]), int(shard.owner_ids[0]) + 1)
+    else:
+        block, n = marked
+        owners, shard = block_side(cfg_json, block)
     shared = (
         wire.record_to_params(cast(ArrayRecord, msg.content[wire.K_SHARED]))
         if wire.K_SHARED in msg.content
         else {}
     )
-    key = _key(str(run["cfg"]))
+    key = _key(cfg_json)
     if K_STATE in context.state and context.state[K_STATE_RUN]["run"] == key:
         personal = wire.record_to_params(cast(ArrayRecord, context.state[K_STATE]))
     elif K_PERSONAL_IN in run and owners.trains_personal:
-        personal = checkpoint.load_file(checkpoint.owner_file(str(run[K_PERSONAL_IN]), j))[
-            "personal"
-        ]
+        personal = _load_personal(str(run[K_PERSONAL_IN]), block)
     else:
-        personal = owners.initial_personal(1)
-    return run, owners, shard, shared, personal
+        personal = owners.initial_personal(len(block))
+    return run, owners, shard, shared, personal, block, n
+
+
+def _load_personal(folder: str, block: range) -> Params:
+    """The block's personal parameters from its owners' checkpoint files, stacked."""
+    parts = [checkpoint.load_file(checkpoint.owner_file(folder, j))["personal"] for j in block]
+    if len(parts) == 1:
+        return parts[0]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _save_personal(folder: str, block: range, personal: Params) -> None:
+    """Each owner of the block saves its own slice (``owner-<j>.pt``, as one-owner nodes do)."""
+    for i, j in enumerate(block):
+        mine = personal if len(block) == 1 else {k: v[i : i + 1] for k, v in personal.items()}
+        checkpoint.atomic_write(
+            checkpoint.owner_file(folder, j), checkpoint.dump({"personal": mine})
+        )
 
 
 client_app = ClientApp()
@@ -183,13 +268,27 @@ def query(msg: Message, context: Context) -> Message:
     if (err := foreign(msg)) is not None:
         return err
     run = cast(ConfigRecord, msg.content[wire.K_RUN])
-    owners, fed = owner_side(str(run["cfg"]))
+    cfg_json = str(run["cfg"])
     j = int(context.node_config["partition-id"])
+    marked = read_block(run)
     if "reveal" in run:  # a survivor's pair seeds with the owners that dropped
-        keys, round_ = mask_keys(owners, fed), int(cast(int, run["round"]))
+        if marked is None:
+            owners, fed = owner_side(cfg_json)
+            block, n_owners = range(j, j + 1), fed.num_owners
+        else:
+            owners, (block, n_owners) = _owners_only(cfg_json), marked
+        keys, round_ = mask_keys(owners, n_owners), int(cast(int, run["round"]))
         gone = [int(d) for d in np.frombuffer(cast(bytes, run["reveal"]), dtype=np.int64)]
-        reveals = [Reveal(j, d, keys.pair_seed(j, d, round_)) for d in gone]
-        return Message(wire.reveals_to_records(j, reveals), reply_to=msg)
+        reveals = [Reveal(s, d, keys.pair_seed(s, d, round_)) for s in block for d in gone]
+        return Message(wire.reveals_to_records(block.start, reveals), reply_to=msg)
+    if config_from_json(cfg_json).engine_opts.owners_per_node > 1:
+        # a node of blocks: which block is its partition id; the billboard checks the count
+        # (nothing is read here: the block's records are read on its first message)
+        return Message(
+            RecordDict({wire.K_REPLY: MetricRecord({"owner": j, "pid": os.getpid()})}),
+            reply_to=msg,
+        )
+    owners, fed = owner_side(cfg_json)
     n = int(context.node_config.get("num-partitions", fed.num_owners))
     if n != fed.num_owners or not 0 <= j < n:
         raise ValueError(
@@ -220,24 +319,20 @@ def train(msg: Message, context: Context) -> Message:
     if (err := foreign(msg)) is not None:
         return err
     t0 = time.perf_counter()
-    run, owners, shard, shared, personal = _setup(msg, context)
+    run, owners, shard, shared, personal, block, n_owners = _setup(msg, context)
     round_ = int(cast(int, run["round"]))  # owner_message writes an int
     personal = owners.personal_round(shard, shared, personal, round_)
-    j = int(shard.owner_ids[0])
+    j = block.start
     if personal:
         context.state[K_STATE] = wire.params_to_record(personal)
         context.state[K_STATE_RUN] = ConfigRecord({"run": _key(str(run["cfg"]))})
         if K_PERSONAL_OUT in run and owners.trains_personal:
-            checkpoint.atomic_write(
-                checkpoint.owner_file(str(run[K_PERSONAL_OUT]), j),
-                checkpoint.dump({"personal": personal}),
-            )
+            _save_personal(str(run[K_PERSONAL_OUT]), block, personal)
     asked = wire.read_units(run)
     if asked is None:  # per_silo: nothing is sent
         return Message(wire.ack_record(j), reply_to=msg)
     units, constraint = asked
-    if constraint.secure is not None:  # its masked share (every owner is in the roster)
-        _, fed = owner_side(str(run["cfg"]))
+    if constraint.secure is not None:  # its masked shares (every owner is in the roster)
         rep, _observed = secure_reply(
             owners,
             shard,
@@ -246,8 +341,8 @@ def train(msg: Message, context: Context) -> Message:
             units,
             round_,
             constraint,
-            keys=mask_keys(owners, fed),
-            roster=range(fed.num_owners),
+            keys=mask_keys(owners, n_owners),
+            roster=range(n_owners),
             count_wraps=False,
         )
         return Message(wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
@@ -272,9 +367,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     """
     if (err := foreign(msg)) is not None:
         return err
-    _run, owners, shard, shared, personal = _setup(msg, context)
+    run, owners, shard, shared, personal, block, _n = _setup(msg, context)
     acc, loss = owners.evaluate(shard, shared, personal)
-    return Message(
-        wire.eval_record(int(shard.owner_ids[0]), acc[0], loss[0], int(shard.x_test.shape[0])),
-        reply_to=msg,
-    )
+    first, examples = block.start, int(shard.x_test.shape[0])
+    if read_block(run) is not None:
+        return Message(block_eval_record(first, acc, loss, examples), reply_to=msg)
+    return Message(wire.eval_record(first, acc[0], loss[0], examples), reply_to=msg)

@@ -46,6 +46,13 @@ from fedudp.billboard.rounds import Collected, Evaluation, RoundsResult, Transpo
 from fedudp.build import RunSettings
 from fedudp.config import RunConfig, config_to_json
 from fedudp.data.federation import Federation
+from fedudp.flower.blocks import (
+    block_failures,
+    block_of_owner,
+    block_units,
+    mark_block,
+    owner_blocks,
+)
 from fedudp.owner.owners import Owners, Params
 from fedudp.protocol import checkpoint
 from fedudp.protocol.contributions import (
@@ -54,7 +61,7 @@ from fedudp.protocol.contributions import (
     Reveal,
     current_constraint,
 )
-from fedudp.protocol.messages import Failure, OwnerFailure, OwnerReply
+from fedudp.protocol.messages import OwnerFailure, OwnerReply
 from fedudp.stopping import StopFlag
 
 __all__ = ["FlowerTransport", "execute", "final_status", "INFRASTRUCTURE"]
@@ -108,6 +115,11 @@ class FlowerTransport:
         self.stop_flag = stop_flag  # SIGINT/SIGTERM seen by the main thread (run_rounds polls it)
         self.cfg_json = config_to_json(cfg)
         self.timeout = settings.timeout_s
+        self.connect_timeout = float(settings.connect_timeout_s)
+        self.per_node = int(settings.owners_per_node)
+        # the public plan: node k holds owners blocks[k] (one owner per node by default)
+        self.blocks = owner_blocks(fed.num_owners, self.per_node)
+        self.node_of_block: dict[int, int] = {}
         self.node_of_owner: dict[int, int] = {}
         self.owner_pids: dict[int, int] = {}
         self._save: tuple[int, Path] | None = None  # (round, folder): owners save their state
@@ -115,9 +127,14 @@ class FlowerTransport:
         self._connect()
 
     def _message(
-        self, j: int, round_: int, kind: str, shared: Params | None, units: np.ndarray | None = None
+        self, k: int, round_: int, kind: str, shared: Params | None, units: np.ndarray | None = None
     ) -> Message:
-        rec = wire.run_record(self.cfg_json, round_, j, units, current_constraint(self.constraint))
+        """Node ``k``'s message (its block's owners; with one owner per node, owner ``k``)."""
+        block = self.blocks[k]
+        constraint = current_constraint(self.constraint)
+        rec = wire.run_record(self.cfg_json, round_, block.start, units, constraint)
+        if self.per_node > 1:
+            mark_block(rec, block, self.fed.num_owners)
         if kind == "train" and self._save is not None and self._save[0] == round_:
             rec[wire.K_PERSONAL_OUT] = str(self._save[1])
         if self._resume is not None:
@@ -126,16 +143,23 @@ class FlowerTransport:
         if shared:
             content[wire.K_SHARED] = wire.params_to_record(shared)
         return Message(
-            content, dst_node_id=self.node_of_owner[j], message_type=kind, group_id=str(round_)
+            content, dst_node_id=self.node_of_block[k], message_type=kind, group_id=str(round_)
         )
 
     def _connect(self) -> None:
-        n, t_end = self.fed.num_owners, time.time() + 300
-        while len(nodes := sorted(self.grid.get_node_ids())) < n:
+        """Wait for one SuperNode per block and ask each which block it is, each step within
+        ``engine_opts.connect_timeout_s`` (the query's answer within the larger of it and
+        ``engine_opts.timeout_s``)."""
+        n, nb, limit = self.fed.num_owners, len(self.blocks), self.connect_timeout
+        t_end = time.time() + limit
+        while len(nodes := sorted(self.grid.get_node_ids())) < nb:
             self._check_stop()
             if time.time() > t_end:
                 raise RuntimeError(
-                    f"only {len(nodes)} Flower nodes connected, partition.num_owners={n} needed"
+                    f"only {len(nodes)} Flower nodes connected within "
+                    f"engine_opts.connect_timeout_s={limit:g}, {nb} needed "
+                    f"(partition.num_owners={n}, engine_opts.owners_per_node={self.per_node}): "
+                    "start more SuperNodes or raise engine_opts.connect_timeout_s"
                 )
             time.sleep(0.2)
         msgs = [
@@ -146,14 +170,26 @@ class FlowerTransport:
             )
             for nid in nodes
         ]
-        for rep in self.grid.send_and_receive(msgs, timeout=max(self.timeout or 0, 600)):
+        wait = max(self.timeout or 0, limit)
+        for rep in self.grid.send_and_receive(msgs, timeout=wait):
             if rep.has_error():
                 raise RuntimeError(f"owner query failed: {rep.error.reason}")
-            j = int(cast(int, rep.content[wire.K_REPLY]["owner"]))
-            self.node_of_owner[j] = rep.metadata.src_node_id
-            self.owner_pids[j] = int(cast(int, rep.content[wire.K_REPLY]["pid"]))
+            k = int(cast(int, rep.content[wire.K_REPLY]["owner"]))
+            if not 0 <= k < nb:
+                raise RuntimeError(
+                    f"a Flower node has partition-id {k}, but there are {nb} blocks of "
+                    f"engine_opts.owners_per_node={self.per_node} owners: start Flower with "
+                    f"num-supernodes={nb}"
+                )
+            self.node_of_block[k] = rep.metadata.src_node_id
+            for j in self.blocks[k]:
+                self.node_of_owner[j] = rep.metadata.src_node_id
+                self.owner_pids[j] = int(cast(int, rep.content[wire.K_REPLY]["pid"]))
         if missing := sorted(set(range(n)) - set(self.node_of_owner)):
-            raise RuntimeError(f"no Flower node for owners {missing[:10]}")
+            raise RuntimeError(
+                f"no Flower node for owners {missing[:10]} (no answer to the first query "
+                f"within engine_opts.connect_timeout_s={limit:g})"
+            )
 
     def _exchange(
         self,
@@ -181,7 +217,7 @@ class FlowerTransport:
             interval = 0.002 if new else min(interval * 1.5, 0.05)
             if pending:
                 time.sleep(interval)
-        owner_of_node = {v: k for k, v in self.node_of_owner.items()}
+        owner_of_node = {v: k for k, v in self.node_of_block.items()}  # node -> block
         replies = {owner_of_node[m.metadata.src_node_id]: m for m in got}
         failed = {
             j: f"timeout: no reply within engine_opts.timeout_s={self.timeout}"
@@ -214,67 +250,77 @@ class FlowerTransport:
             }
         # every owner is asked in a round of the billboard (those without sampled units with an
         # empty list): which owners fail must not depend on the sample, since the fail-closed
-        # rule (Billboard.withhold) reads it
+        # rule (Billboard.withhold) reads it. One message per node: its block's units
         ask_all = self.owners.trains_personal or cohort is not None
-        targets = range(self.fed.num_owners) if ask_all else sorted(units)
-        none = None if cohort is None else np.zeros(0, dtype=np.int64)
-        msgs = {j: self._message(j, round_, "train", shared, units.get(j, none)) for j in targets}
+        blocks = self.blocks
+        targets = (
+            range(len(blocks))
+            if ask_all
+            else sorted({int(k) for k in block_of_owner(blocks)[sorted(units)]})
+        )
+        offs, by_owner = self.fed.owner_user_offsets, self.owners.spec.cohort_is_owners
+        sent = {  # each node's units (None: nothing asked back)
+            k: None if cohort is None else block_units(units, blocks[k], offs, by_owner)
+            for k in targets
+        }
+        msgs = {k: self._message(k, round_, "train", shared, sent[k]) for k in targets}
         got, failed = self._exchange(msgs, round_)
-        replies: list[OwnerReply] = []
-        for j, m in sorted(got.items()) if cohort is not None else ():  # per_silo: acks
+        replies: dict[int, OwnerReply] = {}
+        for k, m in sorted(got.items()) if cohort is not None else ():  # per_silo: acks
             try:
                 owner, rep = wire.records_to_reply(m.content)
-                _check_reply(rep, owner, j, len(units.get(j, ())), self.owners.shared_dim)
-                replies.append(rep)
+                n_sent = len(cast(np.ndarray, sent[k]))
+                _check_reply(rep, owner, blocks[k], n_sent, self.owners.shared_dim)
+                replies[k] = rep
             except (KeyError, ValueError, TypeError) as e:
-                failed[j] = f"{type(e).__name__}: {e}"
+                failed[k] = f"{type(e).__name__}: {e}"
         constraint = current_constraint(self.constraint)
+        kept = [replies[k] for k in sorted(replies)]
         if constraint is not None and constraint.secure is not None and cohort is not None:
-            replies = self._reveal(replies, failed, round_)
-        fails = [Failure(j, len(units.get(j, ())), r) for j, r in sorted(failed.items())]
-        return Collected(replies, fails)
+            kept = self._reveal(replies, failed, round_)
+        # a failed node is a failure of every owner of its block, each with its units
+        return Collected(kept, block_failures(failed, blocks, units))
 
     def _reveal(
-        self, replies: list[OwnerReply], failed: dict[int, str], round_: int
+        self, replies: dict[int, OwnerReply], failed: dict[int, str], round_: int
     ) -> list[OwnerReply]:
         """SecAgg's unmasking step (simulated): the surviving owners are asked for their pair
         seeds with the owners that sent no share, so that the billboard can remove those
         masks; a survivor that does not reveal is dropped too (its reason in ``failed``) and the
-        others are asked again for it. Returns the replies whose shares stay in the sum, one
-        more reply carrying the reveals."""
-        shares = {r.contribution.shares[0].owner: r for r in replies}
+        others are asked again for it. ``replies`` and ``failed`` are by node (its block of
+        owners, each with its own share and seeds). Returns the replies whose shares stay in
+        the sum, one more reply carrying the reveals."""
+        n, blocks = self.fed.num_owners, self.blocks
+        shares = dict(sorted(replies.items()))
         reveals: dict[tuple[int, int], Reveal] = {}
-        for _ in range(self.fed.num_owners):
-            gone = sorted(set(range(self.fed.num_owners)) - set(shares))
-            ask = {j: sorted(d for d in gone if (j, d) not in reveals) for j in sorted(shares)}
-            ask = {j: ds for j, ds in ask.items() if ds}
+        for _ in range(n):
+            live = {j for k in shares for j in blocks[k]}
+            gone = sorted(set(range(n)) - live)
+            ask = {
+                k: sorted(d for d in gone if any((j, d) not in reveals for j in blocks[k]))
+                for k in shares
+            }
+            ask = {k: ds for k, ds in ask.items() if ds}
             if not ask:
                 break
-            msgs = {
-                j: Message(
-                    RecordDict({wire.K_RUN: wire.reveal_request(self.cfg_json, round_, j, ds)}),
-                    dst_node_id=self.node_of_owner[j],
-                    message_type="query",
-                    group_id=str(round_),
-                )
-                for j, ds in ask.items()
-            }
+            msgs = {k: self._reveal_message(k, ds, round_) for k, ds in ask.items()}
             got, lost = self._exchange(msgs, round_, stage="reveals")
-            for j, m in got.items():
+            for k, m in got.items():
                 try:
                     rs = wire.records_to_reveals(m.content)
-                    if {r.dropped for r in rs} != set(ask[j]) or any(r.survivor != j for r in rs):
+                    want = {(j, d) for j in blocks[k] for d in ask[k]}
+                    if {(r.survivor, r.dropped) for r in rs} != want or len(rs) != len(want):
                         raise ValueError("seeds for other owners than asked")
                     reveals.update({(r.survivor, r.dropped): r for r in rs})
                 except (KeyError, ValueError, TypeError) as e:
-                    lost[j] = f"reveal: {type(e).__name__}: {e}"
-            for j, why in lost.items():
-                failed[j] = f"reveal: {why}"
-                shares.pop(j, None)
+                    lost[k] = f"reveal: {type(e).__name__}: {e}"
+            for k, why in lost.items():
+                failed[k] = f"reveal: {why}"
+                shares.pop(k, None)
         kept = list(shares.values())
         if kept:
             c = kept[0].contribution
-            live = set(shares)
+            live = {j for k in shares for j in blocks[k]}
             extra = Contribution(
                 None,
                 None,
@@ -286,26 +332,42 @@ class FlowerTransport:
             kept.append(OwnerReply(kept[0].param_names, extra))
         return kept
 
+    def _reveal_message(self, k: int, dropped: list[int], round_: int) -> Message:
+        """Node ``k`` asked for its owners' pair seeds with the ``dropped`` owners."""
+        block = self.blocks[k]
+        rec = wire.reveal_request(self.cfg_json, round_, block.start, dropped)
+        if self.per_node > 1:
+            mark_block(rec, block, self.fed.num_owners)
+        return Message(
+            RecordDict({wire.K_RUN: rec}),
+            dst_node_id=self.node_of_block[k],
+            message_type="query",
+            group_id=str(round_),
+        )
+
     def evaluate(
         self, shared: Params, round_: int, while_waiting: Callable[[], None] | None = None
     ) -> Evaluation:
-        n = self.fed.num_owners
-        msgs = {j: self._message(j, round_, "evaluate", shared) for j in range(n)}
+        n, blocks = self.fed.num_owners, self.blocks
+        msgs = {k: self._message(k, round_, "evaluate", shared) for k in range(len(blocks))}
         got, failed = self._exchange(msgs, round_, while_waiting, stage="evaluating")
         acc, loss = np.full(n, np.nan), np.full(n, np.nan)
-        for j, m in got.items():
-            acc[j], loss[j] = (
-                float(cast(float, m.content[wire.K_EVAL]["accuracy"])),
-                float(cast(float, m.content[wire.K_EVAL]["loss"])),
-            )
-        return Evaluation(acc, loss, [Failure(j, 0, r) for j, r in sorted(failed.items())])
+        for k, m in got.items():
+            rec: Any = m.content[wire.K_EVAL]
+            b = blocks[k]
+            if "accuracies" in rec:  # a block's, one per owner
+                acc[b.start : b.stop] = [float(v) for v in rec["accuracies"]]
+                loss[b.start : b.stop] = [float(v) for v in rec["losses"]]
+            else:
+                acc[b.start], loss[b.start] = float(rec["accuracy"]), float(rec["loss"])
+        return Evaluation(acc, loss, block_failures(failed, blocks, {}))
 
     def personal(self) -> Params:
         return {}  # personal parameters stay with the owners (context.state)
 
     def info(self) -> dict:
         return {
-            "flower_nodes": len(self.node_of_owner),
+            "flower_nodes": len(self.node_of_block),
             "ray_address": _ray_address(),
             "flower_worker_pids": sorted(set(self.owner_pids.values())),
         }
@@ -350,9 +412,11 @@ def _short(reason: str) -> str:
     return line.rstrip("'>")
 
 
-def _check_reply(rep: OwnerReply, owner: int, expected: int, units_sent: int, dim: int) -> None:
-    """Reject (-> failed owner) a reply whose origin, shape, counts or values cannot be right."""
+def _check_reply(rep: OwnerReply, owner: int, block: range, units_sent: int, dim: int) -> None:
+    """Reject (-> failed owners of the block) a reply whose origin, shape, counts or values
+    cannot be right."""
     c = rep.contribution
+    expected = block.start
     if owner != expected:
         raise ValueError(f"reply from owner {owner}, expected {expected}")
     if c.count + rep.failed > units_sent:
@@ -360,11 +424,11 @@ def _check_reply(rep: OwnerReply, owner: int, expected: int, units_sent: int, di
     for t in (c.rows, c.total):
         if t is not None and (t.shape[-1] != dim or not bool(torch.isfinite(t).all())):
             raise ValueError("shared vector of the wrong length or not finite")
-    if c.shares and (len(c.shares) != 1 or c.shares[0].owner != expected):
-        raise ValueError("a distributed reply must carry its owner's one masked share")
+    if c.shares and [s.owner for s in c.shares] != list(block):
+        raise ValueError("a distributed reply must carry one masked share per owner of its node")
     if c.count and c.rows is None and c.total is None and not c.shares:
         raise ValueError("units counted but no vectors")
-    if c.fraction_reports not in (0, 1) or not math.isfinite(c.fraction_sum):
+    if not 0 <= c.fraction_reports <= len(block) or not math.isfinite(c.fraction_sum):
         raise ValueError("an owner's adaptive-clip report is not one finite fraction")
 
 
@@ -436,7 +500,7 @@ def execute(
         run_simulation(
             server_app=app,
             client_app=flower_client.client_app,
-            num_supernodes=fed.num_owners,
+            num_supernodes=len(owner_blocks(fed.num_owners, settings.owners_per_node)),
             backend_name="ray",
             backend_config=_backend_config(eo),
         )

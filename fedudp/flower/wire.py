@@ -439,15 +439,19 @@ def reply_to_records(rep: OwnerReply, owner: int, seconds: float) -> RecordDict:
     for key, t in (("rows", c.rows), ("total", c.total)):
         if t is not None:
             rd[K_VECTORS] = to_record({key: t})
-    if c.roster:  # a distributed mechanism: the masked share (uint64), its roster and round
-        (share,) = c.shares
-        rd[K_VECTORS] = ArrayRecord({"share": Array(np.ascontiguousarray(share.vector))})
-        rd[K_SECURE] = ConfigRecord(
-            {
-                "roster": np.asarray(c.roster, dtype=np.int64).tobytes(),
-                "round": int(cast(int, c.round_)),
-            }
-        )
+    if c.roster:  # a distributed mechanism: the masked share(s) (uint64), roster and round
+        sec: dict = {
+            "roster": np.asarray(c.roster, dtype=np.int64).tobytes(),
+            "round": int(cast(int, c.round_)),
+        }
+        if len(c.shares) == 1:
+            (share,) = c.shares
+            rd[K_VECTORS] = ArrayRecord({"share": Array(np.ascontiguousarray(share.vector))})
+        else:  # a block of owners (engine_opts.owners_per_node): one share per owner
+            stacked = np.stack([s.vector for s in c.shares])
+            rd[K_VECTORS] = ArrayRecord({"shares": Array(np.ascontiguousarray(stacked))})
+            sec["owners"] = np.asarray([s.owner for s in c.shares], dtype=np.int64).tobytes()
+        rd[K_SECURE] = ConfigRecord(sec)
     return rd
 
 
@@ -474,17 +478,27 @@ def records_to_reply(rd: RecordDict) -> tuple[int, OwnerReply]:
     names: tuple[str, ...] = tuple(n for n in cast(Any, rd[K_NAMES])["names"] if n)
     arrays: Any = rd.get(K_VECTORS, {})
     got = record_to_params({k: arrays[k] for k in ("rows", "total") if k in arrays})
-    if K_SECURE in rd:  # a masked share
+    if K_SECURE in rd:  # a masked share (or a block's, one per owner)
         sec: Any = rd[K_SECURE]
-        vec = arrays["share"].numpy()
-        if vec.dtype != np.uint64 or vec.ndim != 1:
-            raise ValueError(f"a masked share must be a uint64 vector, got {vec.dtype}{vec.shape}")
+        if "owners" in sec:
+            vecs = arrays["shares"].numpy()
+            who = np.frombuffer(sec["owners"], dtype=np.int64)
+            if vecs.dtype != np.uint64 or vecs.ndim != 2 or len(vecs) != len(who):
+                raise ValueError(f"a block's shares must be uint64 [owners, d], got {vecs.shape}")
+            shares = tuple(MaskedShare(int(o), v) for o, v in zip(who, vecs, strict=True))
+        else:
+            vec = arrays["share"].numpy()
+            if vec.dtype != np.uint64 or vec.ndim != 1:
+                raise ValueError(
+                    f"a masked share must be a uint64 vector, got {vec.dtype}{vec.shape}"
+                )
+            shares = (MaskedShare(int(meta["owner"]), vec),)
         c = Contribution(
             None,
             None,
             int(meta["count"]),
             int(meta["clipped"]),
-            shares=(MaskedShare(int(meta["owner"]), vec),),
+            shares=shares,
             roster=tuple(int(o) for o in np.frombuffer(sec["roster"], dtype=np.int64)),
             round_=int(sec["round"]),
         )
@@ -543,13 +557,14 @@ def reveals_to_records(owner: int, reveals: Sequence[Reveal]) -> RecordDict:
     flwr.app.RecordDict
     """
     rd = RecordDict()
-    rd[K_REVEAL] = ConfigRecord(
-        {
-            "owner": int(owner),
-            "dropped": np.asarray([r.dropped for r in reveals], dtype=np.int64).tobytes(),
-            "seeds": b"".join(r.seed for r in reveals),
-        }
-    )
+    rec: dict = {
+        "owner": int(owner),
+        "dropped": np.asarray([r.dropped for r in reveals], dtype=np.int64).tobytes(),
+        "seeds": b"".join(r.seed for r in reveals),
+    }
+    if any(r.survivor != owner for r in reveals):  # a block's survivors
+        rec["survivors"] = np.asarray([r.survivor for r in reveals], dtype=np.int64).tobytes()
+    rd[K_REVEAL] = ConfigRecord(rec)
     return rd
 
 
@@ -571,9 +586,16 @@ def records_to_reveals(rd: RecordDict) -> list[Reveal]:
     seeds = bytes(rec["seeds"])
     if len(seeds) != 32 * len(dropped):
         raise ValueError("a reveal must carry one 32-byte seed per dropped owner")
+    survivors = (
+        np.frombuffer(rec["survivors"], dtype=np.int64)
+        if "survivors" in rec
+        else np.full(len(dropped), int(rec["owner"]), dtype=np.int64)
+    )
+    if len(survivors) != len(dropped):
+        raise ValueError("a reveal must name one survivor per seed")
     return [
-        Reveal(int(rec["owner"]), int(d), seeds[32 * i : 32 * (i + 1)])
-        for i, d in enumerate(dropped)
+        Reveal(int(s), int(d), seeds[32 * i : 32 * (i + 1)])
+        for i, (s, d) in enumerate(zip(survivors, dropped, strict=True))
     ]
 
 
