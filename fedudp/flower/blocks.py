@@ -9,7 +9,7 @@ over the block's federation, as ``engine=local`` does over all owners).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sized
 from typing import Any
 
 import numpy as np
@@ -158,7 +158,7 @@ def read_block(rec: ConfigRecord) -> tuple[range, int] | None:
 
 
 def block_eval_record(
-    first: int, accuracy: Sequence[float], loss: Sequence[float], examples: int
+    first: int, accuracy: Iterable[float], loss: Iterable[float], examples: int
 ) -> RecordDict:
     """A block of owners' evaluation (``K_EVAL``): one accuracy and loss per owner.
 
@@ -166,7 +166,7 @@ def block_eval_record(
     ----------
     first : int
         The block's first owner.
-    accuracy, loss : sequence of float
+    accuracy, loss : iterable of float
         Each owner's, on its test shard with its own personal parameters, in block order.
     examples : int
         The block's test records.
