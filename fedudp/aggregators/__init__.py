@@ -20,6 +20,7 @@ from __future__ import annotations
 # (outlier_removal before friendlycore, then winsorized)
 from fedudp.aggregators import adaptive_clip as adaptive_clip
 from fedudp.aggregators import banded as banded
+from fedudp.aggregators import blt as blt
 from fedudp.aggregators import distributed as distributed
 from fedudp.aggregators import few_users as few_users
 from fedudp.aggregators import gaussian as gaussian
@@ -40,6 +41,7 @@ from fedudp.aggregators.base import (
     ParameterError,
     register,
 )
+from fedudp.aggregators.blt import BltAggregator
 from fedudp.aggregators.distributed import DdgAggregator, SkellamAggregator
 from fedudp.aggregators.few_users import FewUsersAggregator
 from fedudp.aggregators.friendlycore import FriendlyCoreAggregator
@@ -73,6 +75,7 @@ __all__ = [
     "AdaptiveClipGaussian",
     "TreeAggregator",
     "BandedMatrixAggregator",
+    "BltAggregator",
     "DdgAggregator",
     "SkellamAggregator",
 ]
