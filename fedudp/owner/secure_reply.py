@@ -137,12 +137,13 @@ def secure_reply(
     failed = clipped = 0
     chunks, raised = isolated_vectors(owners, fed, shared, personal, users, round_, True)
     for us, G in chunks:
-        G64 = G.detach().to("cpu", torch.float64)
-        norms = row_norms64(G64)
+        # the rows stay in the model's dtype until their owner's share (float64 there: an
+        # exact widening, so the same numbers, without a second copy of every row held)
+        A = G.detach().cpu().numpy()
+        norms = row_norms64(torch.from_numpy(A))  # float64 norms decide the counts
         ok = torch.isfinite(norms).numpy()
         failed += int((~ok).sum())
         clipped += int((norms[torch.from_numpy(ok)] > enc.clip).sum())
-        A = G64.numpy()
         for i in np.flatnonzero(ok):
             u = int(us[i])
             rows.setdefault(int(fed.user_owner[u]), []).append((int(fed.user_ids[u]), A[i]))
@@ -153,7 +154,11 @@ def secure_reply(
     for j in np.flatnonzero(live):
         got = rows.get(int(j), [])
         ids = [uid for uid, _ in got]
-        X = np.stack([r for _, r in got]) if got else np.zeros((0, enc.dim), dtype=np.float64)
+        X = (
+            np.stack([r for _, r in got]).astype(np.float64, copy=False)
+            if got
+            else np.zeros((0, enc.dim), dtype=np.float64)
+        )
         gid = int(gids[j])
         masked, v = owner_share(X, ids, gid, enc, rand, round_, signs, keys, peers, pairs)
         unreduced += v
