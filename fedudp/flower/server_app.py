@@ -40,6 +40,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 import fedudp.flower.client_app as flower_client
+import fedudp.flower.cluster as cluster
 import fedudp.flower.ray_watchdog as ray_watchdog
 import fedudp.flower.wire as wire
 from fedudp.billboard.rounds import Collected, Evaluation, RoundsResult, Transport
@@ -229,12 +230,17 @@ class FlowerTransport:
                 continue
             del replies[j]
             reason = str(m.error.reason)
-            if m.error.code not in INFRASTRUCTURE and OwnerFailure.TAG not in reason:
+            ray_lost = cluster.lost(m.error.code, reason)  # its actor or node lost: infrastructure
+            if (
+                ray_lost is None
+                and m.error.code not in INFRASTRUCTURE
+                and (OwnerFailure.TAG not in reason)
+            ):
                 raise RuntimeError(
                     f"owner {j} raised in round {round_} (a fedudp bug, not an "
                     f"owner failure): {reason.strip()}"
                 )
-            failed[j] = _short(reason)
+            failed[j] = ray_lost or _short(reason)
         return replies, failed
 
     def train(self, shared: Params, cohort: np.ndarray | None, round_: int) -> Collected:
@@ -478,6 +484,9 @@ def execute(
         _loopback_only()
     if not eo.address:  # the Ray this run starts ends with it, even after SIGKILL
         ray_watchdog.start()
+    # Ray started (or joined) here and checked before Flower's threads start: a refused run
+    # ends with one line and no thread left waiting (fedudp.flower.cluster)
+    cluster.preflight(eo)
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
@@ -496,7 +505,7 @@ def execute(
     # The round loop runs in Flower's ServerApp thread, where no signal handler can be set: the
     # main thread records SIGINT/SIGTERM, the loop abandons its round, returns ``interrupted``,
     # and Flower then stops its runtime and Ray as after a finished run.
-    with stop.catching(), _keep_sigterm_handler():
+    with stop.catching(), _keep_sigterm_handler(), cluster.using_backend():
         run_simulation(
             server_app=app,
             client_app=flower_client.client_app,
@@ -519,8 +528,9 @@ def _backend_config(eo: RunSettings) -> dict:
             "num_gpus": float(eo.num_gpus),
         },
         # "local": a new Ray of this run's own, never a stale cluster named
-        # in /tmp/ray/ray_current_cluster (ray.init's default would join it)
-        "init_args": {"address": str(eo.address) if eo.address else "local"},
+        # in /tmp/ray/ray_current_cluster (ray.init's default would join it); used only where
+        # Ray is not yet initialized (cluster.preflight initializes it first)
+        "init_args": cluster.ray_init_args(eo),
     }
 
 

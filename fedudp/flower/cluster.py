@@ -1,0 +1,313 @@
+"""``engine=flower`` on a Ray cluster: its resources checked before any work, and a lost actor
+or node treated as an owner failure (docs/engines.md#failures).
+
+* ``preflight(settings)`` starts (or joins, ``engine_opts.address``) the Ray that Flower's
+  simulation then uses, and refuses in one line (``ConfigError``: exit status 2) a request no
+  node can hold: ``engine_opts.num_cpus`` / ``num_gpus`` above every alive node's, a GPU on a
+  cluster without one (the Flower engine computes on the CPU: ``engine_opts.device=cuda`` is
+  refused with engine=flower, ``fedudp.config.validation``; ``num_gpus`` only reserves GPUs,
+  and noise is drawn in float64 on the CPU in every engine). It runs before
+  Flower's threads start, so a refused run leaves no thread behind that keeps the process up.
+* ``lost(code, reason)`` reads a Flower error reply: Flower's Ray backend reports an exception
+  raised *by Ray* while it ran a message (its actor's worker or node died, or became
+  unreachable) with ``ErrorCode.UNKNOWN`` and the reason ``<class 'ray.exceptions.X'>:<'…'>``;
+  those ``X`` (``RAY_LOSSES``) are infrastructure, an owner failure under the fail-closed rule.
+  An exception raised in fedudp's own ``ClientApp`` arrives as
+  ``CLIENT_APP_RAISED_EXCEPTION`` and stays a bug.
+* ``SurvivingRayBackend``: Flower's ``RayBackend`` puts an actor back into its pool after any
+  error, a dead one included, so every later message it is handed fails at once (and takes
+  the place of a live actor). This backend drops an actor Ray has lost, starts a replacement
+  only where the cluster has the resources free now (never one that would wait to be
+  scheduled), and lets the messages wait for the actors still alive; when none is left each
+  message fails at once (``ClusterLost``, an owner failure too). ``using_backend`` installs it
+  for one simulation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from fedudp.build import RunSettings
+from fedudp.errors import ConfigError
+
+__all__ = [
+    "RAY_LOSSES",
+    "ClusterLost",
+    "lost",
+    "preflight",
+    "check_resources",
+    "ray_init_args",
+    "using_backend",
+]
+
+# exceptions Ray raises when a worker, an actor, its node or its objects are gone: the owner's
+# infrastructure failed, not its code (ray.exceptions; their subclasses are named here too)
+RAY_LOSSES = frozenset(
+    {
+        "RayActorError",
+        "ActorDiedError",
+        "ActorUnavailableError",
+        "ActorUnschedulableError",
+        "NodeDiedError",
+        "WorkerCrashedError",
+        "LocalRayletDiedError",
+        "ObjectLostError",
+        "ObjectFetchTimedOutError",
+        "OwnerDiedError",
+        "ObjectReconstructionFailedError",
+        "ObjectReconstructionFailedMaxAttemptsExceededError",
+        "ObjectReconstructionFailedLineageEvictedError",
+        "OutOfMemoryError",
+    }
+)
+
+_UNKNOWN = 0  # flwr.common.constant.ErrorCode.UNKNOWN: an exception the backend raised itself
+_REASON = re.compile(r"\s*<class '([\w.]+)'>:<'")
+
+
+class ClusterLost(RuntimeError):
+    """Every actor of the simulation is lost: no alive node of the cluster can run an owner."""
+
+
+def lost(code: int, reason: str) -> str | None:
+    """The short reason of a Flower error reply that says Ray lost the owner's worker or node.
+
+    Parameters
+    ----------
+    code : int
+        The reply's ``error.code`` (``flwr.common.constant.ErrorCode``).
+    reason : str
+        Its ``error.reason``.
+
+    Returns
+    -------
+    str or None
+        ``"ray: <exception>: <first line>"`` for a Ray loss (or ``ClusterLost``); None for
+        anything else, an exception raised inside the ``ClientApp`` in particular.
+    """
+    if int(code) != _UNKNOWN:
+        return None
+    m = _REASON.match(reason)
+    if m is None:
+        return None
+    module, _, name = m.group(1).rpartition(".")
+    ray_loss = module == "ray.exceptions" and name in RAY_LOSSES
+    if not ray_loss and m.group(1) != f"{__name__}.{ClusterLost.__name__}":
+        return None
+    text = reason[m.end() :].strip().rstrip("'>").strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return f"ray: {name}: {first[:160]}" if first else f"ray: {name}"
+
+
+# -- before any work: the cluster can hold what the run asks for ---------------------------------
+def ray_init_args(settings: RunSettings) -> dict[str, Any]:
+    """``ray.init``'s arguments for a run: the cluster of ``engine_opts.address`` or a new local
+    Ray of this run's own (``"local"``: never a stale cluster named in
+    ``/tmp/ray/ray_current_cluster``, which ``ray.init``'s default would join).
+
+    Parameters
+    ----------
+    settings : RunSettings
+
+    Returns
+    -------
+    dict
+    """
+    return {"address": str(settings.address) if settings.address else "local"}
+
+
+def preflight(settings: RunSettings) -> None:
+    """Start or join the run's Ray and check that it can hold one owner's actor.
+
+    Ray stays initialized for Flower's simulation (its backend then skips ``ray.init``); the
+    workers get this process's ``sys.path`` as ``PYTHONPATH``, as Flower's own start gives
+    them. On a refusal Ray is shut down before the error is raised.
+
+    Parameters
+    ----------
+    settings : RunSettings
+        ``engine_opts.num_cpus``, ``num_gpus`` and ``address``.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the key and what the cluster has.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        path = os.pathsep.join(sys.path)
+        if os.environ.get("PYTHONPATH"):
+            path = f"{path}{os.pathsep}{os.environ['PYTHONPATH']}"
+        os.environ["PYTHONPATH"] = path
+        ray.init(
+            runtime_env={"env_vars": {"PYTHONPATH": path}},
+            include_dashboard=False,
+            **ray_init_args(settings),
+        )
+    nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive", True)]
+    try:
+        check_resources(settings, nodes)
+    except ConfigError:
+        ray.shutdown()
+        raise
+
+
+def check_resources(settings: RunSettings, nodes: list[dict[str, float]]) -> int:
+    """How many owner actors the alive nodes hold (each on one node, as Ray places actors).
+
+    Parameters
+    ----------
+    settings : RunSettings
+        ``engine_opts.num_cpus`` and ``num_gpus``: one actor's resources.
+    nodes : list of dict
+        Each alive node's resources (``ray.nodes()``'s ``Resources``: ``CPU``, ``GPU``, …).
+
+    Returns
+    -------
+    int
+        The number of actors, at least 1.
+
+    Raises
+    ------
+    ConfigError
+        No node holds one actor (the message names the key and the cluster's resources).
+    """
+    cpus, gpus = float(settings.num_cpus), float(settings.num_gpus)
+    have_c = [float(n.get("CPU", 0)) for n in nodes]
+    have_g = [float(n.get("GPU", 0)) for n in nodes]
+    fit = 0
+    for c, g in zip(have_c, have_g, strict=True):
+        k = int(c // cpus) if cpus > 0 else 1 << 30
+        if gpus > 0:
+            k = min(k, int(g // gpus))
+        fit += k
+    if fit > 0:
+        return fit
+    where = (
+        f"the Ray cluster's {len(nodes)} node(s) have CPU {_amounts(have_c)}, "
+        f"GPU {_amounts(have_g)}"
+    )
+    if gpus > 0 and not any(g >= gpus for g in have_g):
+        raise ConfigError(
+            f"engine_opts.num_gpus={gpus:g}: no node has that many GPUs ({where}); set "
+            "engine_opts.num_gpus=0 (the Flower engine only reserves GPUs) or join a cluster "
+            "with GPUs (engine_opts.address)"
+        )
+    raise ConfigError(
+        f"engine_opts.num_cpus={cpus:g}"
+        + (f" with engine_opts.num_gpus={gpus:g}" if gpus > 0 else "")
+        + f": no node holds one owner's actor ({where}); lower engine_opts.num_cpus"
+    )
+
+
+def _amounts(xs: list[float]) -> str:
+    return "/".join(f"{x:g}" for x in xs) if xs else "none"
+
+
+# -- while it runs: a lost actor leaves the pool -------------------------------------------------
+def _surviving_backend_class() -> type:
+    """``SurvivingRayBackend``, defined on first use (it subclasses Flower's ``RayBackend``,
+    which imports Ray)."""
+    import ray
+    from flwr.common.constant import PARTITION_ID_KEY
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    losses: tuple[type[BaseException], ...] = tuple(
+        cls
+        for name in sorted(RAY_LOSSES)
+        if isinstance(cls := getattr(ray.exceptions, name, None), type)
+        and issubclass(cls, BaseException)
+    )
+
+    class SurvivingRayBackend(RayBackend):
+        """Flower's Ray backend, less the actors Ray has lost (see the module doc)."""
+
+        def build(self, app_fn: Any) -> None:
+            super().build(app_fn)
+            self._idle = threading.Condition()
+            self._alive = self._pool().num_actors
+
+        def _pool(self) -> Any:
+            if self.pool is None or self.app_fn is None:
+                raise ValueError("the Ray backend is not built")
+            return self.pool
+
+        def process_message(self, message: Any, context: Any) -> tuple[Any, Any]:
+            actor = self._take()
+            try:
+                ref = actor.run.remote(
+                    self.app_fn, message, str(context.node_config[PARTITION_ID_KEY]), context
+                )
+                _, out, updated = ray.get(ref)
+            except losses:
+                self._lose(actor)
+                raise
+            except BaseException:
+                self._give_back(actor)
+                raise
+            self._give_back(actor)
+            return out, updated
+
+        def _take(self) -> Any:
+            pool = self._pool()
+            with self._idle:
+                while not pool.pool:
+                    if self._alive <= 0:
+                        raise ClusterLost(
+                            "every Ray actor of the simulation is lost (no alive node left)"
+                        )
+                    self._idle.wait(0.5)
+                return pool.pool.pop()
+
+        def _give_back(self, actor: Any) -> None:
+            with self._idle:
+                self._pool().pool.append(actor)
+                self._idle.notify()
+
+        def _lose(self, actor: Any) -> None:
+            pool = self._pool()
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            spare = _free_now(self.client_resources)
+            with self._idle:
+                if spare:
+                    pool.pool.append(pool.create_actor_fn())
+                else:
+                    self._alive -= 1
+                    pool.num_actors -= 1
+                self._idle.notify_all()
+
+    return SurvivingRayBackend
+
+
+def _free_now(resources: dict[str, float]) -> bool:
+    """Whether one more actor of ``resources`` fits on an alive node now (not: once scheduled)."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        need_c = float(resources.get("num_cpus", 1))
+        need_g = float(resources.get("num_gpus", 0))
+        free = ray.available_resources()
+        return float(free.get("CPU", 0)) >= need_c and float(free.get("GPU", 0)) >= need_g
+    return False
+
+
+@contextlib.contextmanager
+def using_backend() -> Iterator[None]:
+    """Flower's simulation uses ``SurvivingRayBackend`` while the block runs (its Ray backend
+    is looked up by module attribute when the simulation starts)."""
+    import flwr.server.superlink.fleet.vce.backend.raybackend as raybackend
+
+    original = raybackend.RayBackend
+    setattr(raybackend, "RayBackend", _surviving_backend_class())  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(raybackend, "RayBackend", original)  # noqa: B010
