@@ -3,15 +3,18 @@ public numbers and grouped into owners (docs/your-data.md); a planned one's pool
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal, cast
 
 import numpy as np
+import torch
 
 from fedudp.build.plan import declares_inputs, input_spec, natural, read_request, reader
 from fedudp.config import ConfigError, DataError, OwnerRule, RunConfig, Scheme, jsonable
 from fedudp.data import federation as federation_mod
 from fedudp.data.federation import Federation
 from fedudp.data.records import Records, group_users
+from fedudp.data.row_reads import RowReader, read_npz_plan, read_parquet_plan
 
 __all__ = [
     "natural_records",
@@ -307,7 +310,7 @@ def federation(cfg: RunConfig, records: Any = None, owners: range | None = None)
     owners : range or None, default None
         A block of owners (a Flower SuperNode's, ``engine_opts.owners_per_node``): the public
         plan is made as for the whole federation, and only the block's records are read where
-        the format allows (``fedudp.build.block_data``); equal to the whole federation's
+        the format allows (npz, Parquet: by row, see "A block of owners" below); equal to the whole federation's
         ``block(owners.start, owners.stop)``.
 
     Returns
@@ -323,9 +326,7 @@ def federation(cfg: RunConfig, records: Any = None, owners: range | None = None)
     """
     d, part = cfg.dataset, cfg.partition
     if natural(cfg) and owners is not None:
-        from fedudp.build.block_data import natural_block
-
-        return natural_block(cfg, records, owners)
+        return _natural_block(cfg, records, owners)
     if natural(cfg):
         from fedudp.data import natural as nat
 
@@ -362,3 +363,95 @@ def federation(cfg: RunConfig, records: Any = None, owners: range | None = None)
         )
     except ValueError as e:  # the data cannot be split as configured
         raise ConfigError(f"partition.scheme={Scheme(part.scheme).value}: {e}") from None
+
+
+# -- a block of owners (a Flower SuperNode's, engine_opts.owners_per_node) ----------------------
+# The public plan (which users go to which owner) is made as for the whole federation; the
+# block's federation is the whole one's ``block(a, b)``, exactly. npz and Parquet plan from the
+# labels, users, owners and metadata only (``fedudp.data.row_reads``: every record's index
+# stands in for its features) and then read the block's features by row; the other formats
+# read every record and keep the block's (docs/engines.md#multi-node).
+
+
+def _natural_block(cfg: RunConfig, records: Any, owners: range) -> Federation:
+    """The block ``owners`` of a natural federation.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The configuration.
+    records : Any
+        In-memory records (``dataset.name=memory``), or None.
+    owners : range
+        The block's owners.
+
+    Returns
+    -------
+    Federation
+        Equal to the whole federation's ``block(owners.start, owners.stop)``.
+    """
+    if str(cfg.dataset.name) in ("npz", "parquet") and records is None:
+        return _columnar_block(cfg, owners)
+    train, test = natural_records(cfg, records)
+    check_public(cfg, train)
+    return _layout(cfg, train, test).block(owners.start, owners.stop)
+
+
+def _layout(cfg: RunConfig, train: Records, test: Records | None) -> Federation:
+    """``fedudp.build.data.federation``'s layout of grouped records (the declared owners)."""
+    from fedudp.data import natural as nat
+
+    n = int(cfg.partition.num_owners)
+    if OwnerRule(cfg.partition.owner_rule).value in ("random", "dirichlet"):
+        return nat.layout(train, test, n, owner_ids=np.arange(n, dtype=np.int64))
+    return nat.layout(train, test, n)
+
+
+def _columnar_block(cfg: RunConfig, owners: range) -> Federation:
+    """The block of an npz or Parquet federation: planned from the record indices, features
+    by row."""
+    req = read_request(cfg)
+    npz = str(cfg.dataset.name) == "npz"
+    if not req.path or (npz and not isinstance(req.features, str)):
+        train, test = natural_records(cfg)
+        return _layout(cfg, train, test).block(owners.start, owners.stop)
+
+    def plan(path: str) -> tuple[Records, RowReader]:
+        read = read_npz_plan if npz else read_parquet_plan
+        return read(
+            path,
+            features=str(req.features) if npz else req.features,
+            label=req.label,
+            user=req.user,
+            owner=req.owner,
+            meta=tuple(req.meta),
+            classes=req.classes,
+        )
+
+    train, rows = plan(req.path)
+    test, test_rows = plan(req.test_path) if req.test_path else (None, None)
+    classes = input_spec(cfg)[1]
+    train = replace(train, classes=classes)  # the labels checked against the declaration
+    test = None if test is None else replace(test, classes=classes)
+    held_out = test is None  # dataset.test_fraction: test records are training-file rows
+    train, test = _group(cfg, train, test)
+    check_public(cfg, train)
+    fed = _layout(cfg, train, test).block(owners.start, owners.stop)
+    shape, _classes, tokens = input_spec(cfg)
+    none = np.zeros((0, *shape), dtype=np.int64 if tokens else np.float32)  # no other's row read
+
+    def read(src: RowReader, idx: np.ndarray) -> np.ndarray:
+        return src.rows(idx) if len(idx) else none
+
+    x = read(rows, fed.x.numpy())
+    x_test = read(rows if held_out or test_rows is None else test_rows, fed.x_test.numpy())
+    # the declared shape and feature type, on the block's features (declared_inputs' checks)
+    declared_inputs(cfg, _as_records(x, fed, rows.path), None)
+    fed.x, fed.x_test = torch.from_numpy(x), torch.from_numpy(x_test)
+    return fed
+
+
+def _as_records(x: np.ndarray, fed: Federation, source: str) -> Records:
+    """The block's features as records (for ``declared_inputs``' checks only)."""
+    y = fed.y.numpy()
+    return Records(x, y, np.zeros(len(y), dtype=np.int64), None, int(fed.num_classes), {}, source)

@@ -18,13 +18,25 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
-from fedudp.data.columnar import _existing, _load_npz, _missing_column, _npz_column, _wanted
+from fedudp.data.columnar import (
+    _declared,
+    _existing,
+    _load_npz,
+    _missing_column,
+    _npz_column,
+    _parquet_features,
+    _parquet_ids,
+    _pyarrow,
+    _schema_names,
+    _wanted,
+)
 from fedudp.data.records import Records, _features, from_arrays
 
-__all__ = ["RowReader", "npz_rows", "read_npz_plan"]
+__all__ = ["RowReader", "npz_rows", "read_npz_plan", "ParquetRows", "read_parquet_plan"]
 
 
 @dataclass
@@ -35,10 +47,11 @@ class RowReader:
     ----------
     path : str
         The file (named in errors).
-    array : numpy.ndarray
-        A read-only memory map of the array (or, for a compressed member, the array).
+    array : numpy.ndarray or ParquetRows
+        A read-only memory map of the array (for a compressed member, the array; for Parquet,
+        the file's row groups).
     mapped : bool
-        True: ``array`` is a memory map and reading rows touches only those rows' bytes.
+        True: reading rows touches only those rows' bytes (Parquet: their row groups').
     """
 
     path: str
@@ -58,7 +71,8 @@ class RowReader:
         numpy.ndarray
             float32 or int64 features ``[len(idx), ...]``.
         """
-        return _features(np.asarray(self.array[np.asarray(idx, dtype=np.int64)]), self.path)
+        got = np.array(self.array[np.asarray(idx, dtype=np.int64)])  # a writable copy
+        return np.require(_features(got, self.path), requirements=["W", "C"])
 
 
 def npz_rows(path: str | Path, name: str) -> RowReader:
@@ -132,8 +146,6 @@ def read_npz_plan(
     DataError
         As ``read_npz``.
     """
-    from fedudp.data.columnar import _declared
-
     p = _existing(path, "write it with np.savez(path, x=..., y=..., user=...)")
     with _load_npz(p) as npz:
         present = list(npz.files)
@@ -157,3 +169,87 @@ def read_npz_plan(
         source=str(p),
     )
     return recs, rows
+
+
+class ParquetRows:
+    """A Parquet file's features, read by row: only the row groups that hold the asked rows,
+    and only the feature columns (``fedudp.data.columnar.read_parquet``'s features).
+
+    Parameters
+    ----------
+    path : Path
+        The Parquet file.
+    features : str or sequence of str
+        One list column, or scalar columns stacked into ``[N, F]``.
+    """
+
+    def __init__(self, path: Path, features: str | Sequence[str]) -> None:
+        _pa, _pc, pq = _pyarrow()
+        self.path, self.features = path, features
+        self.file = pq.ParquetFile(path)
+        sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
+        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.shape = (int(self.starts[-1]),)
+        self.ndim = 1
+
+    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
+        pa, pc, _pq = _pyarrow()
+        idx = np.asarray(idx, dtype=np.int64)
+        cols = [self.features] if isinstance(self.features, str) else list(self.features)
+        group = np.searchsorted(self.starts, idx, side="right") - 1
+        wanted = np.unique(group)
+        table = self.file.read_row_groups([int(g) for g in wanted], columns=cols)
+        sizes = np.diff(self.starts)[wanted]
+        base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        pos = base[np.searchsorted(wanted, group)] + idx - self.starts[group]
+        return _parquet_features(pa, pc, table.take(pa.array(pos)), self.path, self.features)
+
+
+def read_parquet_plan(
+    path: str | Path,
+    *,
+    features: str | Sequence[str] = "x",
+    label: str = "y",
+    user: str = "user",
+    owner: str | None = None,
+    meta: Sequence[str] = (),
+    classes: int | None = None,
+) -> tuple[Records, RowReader]:
+    """A Parquet file's records without their features (``x``: each record's index; only the
+    id and label columns are read) and a ``RowReader`` of the features by row group.
+
+    Parameters
+    ----------
+    path, features, label, user, owner, meta, classes
+        As ``fedudp.data.columnar.read_parquet``.
+
+    Returns
+    -------
+    tuple of (Records, RowReader)
+        The records (``x``: int64 record indices) and their features by row.
+
+    Raises
+    ------
+    DataError
+        As ``read_parquet``.
+    """
+    _pa, _pc, pq = _pyarrow()
+    p = _existing(path, "write it with pyarrow.parquet.write_table")
+    present = _schema_names(pq, p)
+    wanted = _wanted(features, label, user, owner, meta)
+    for column, key in wanted:
+        if column not in present:
+            raise _missing_column(p, column, present, key)
+    names = list(dict.fromkeys([label, user, *([] if owner is None else [owner]), *meta]))
+    table = pq.read_table(p, columns=names)
+    ids = {name: _parquet_ids(table, p, name) for name in names}
+    recs = from_arrays(
+        np.arange(table.num_rows, dtype=np.int64),
+        ids[label],
+        ids[user],
+        None if owner is None else ids[owner],
+        _declared(classes, p),
+        meta={m: ids[m] for m in meta},
+        source=str(p),
+    )
+    return recs, RowReader(str(p), cast(Any, ParquetRows(p, features)), True)

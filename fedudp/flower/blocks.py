@@ -22,9 +22,6 @@ __all__ = [
     "owner_blocks",
     "block_units",
     "block_of_owner",
-    "K_BLOCK_START",
-    "K_BLOCK_STOP",
-    "K_NUM_OWNERS",
     "mark_block",
     "read_block",
     "block_eval_record",
@@ -114,7 +111,7 @@ def block_units(
 
 
 # -- the block's fields in engine=flower's records ---------------------------------------------
-K_BLOCK_START, K_BLOCK_STOP, K_NUM_OWNERS = "block_start", "block_stop", "num_owners"
+_K_BLOCK_START, _K_BLOCK_STOP, _K_NUM_OWNERS = "block_start", "block_stop", "num_owners"
 
 
 def mark_block(rec: ConfigRecord, block: range, num_owners: int) -> ConfigRecord:
@@ -134,8 +131,8 @@ def mark_block(rec: ConfigRecord, block: range, num_owners: int) -> ConfigRecord
     flwr.app.ConfigRecord
         ``rec``.
     """
-    rec[K_BLOCK_START], rec[K_BLOCK_STOP] = int(block.start), int(block.stop)
-    rec[K_NUM_OWNERS] = int(num_owners)
+    rec[_K_BLOCK_START], rec[_K_BLOCK_STOP] = int(block.start), int(block.stop)
+    rec[_K_NUM_OWNERS] = int(num_owners)
     return rec
 
 
@@ -151,10 +148,10 @@ def read_block(rec: ConfigRecord) -> tuple[range, int] | None:
     -------
     tuple of (range, int) or None
     """
-    if K_BLOCK_STOP not in rec:
+    if _K_BLOCK_STOP not in rec:
         return None
     r: Any = rec
-    return range(int(r[K_BLOCK_START]), int(r[K_BLOCK_STOP])), int(r[K_NUM_OWNERS])
+    return range(int(r[_K_BLOCK_START]), int(r[_K_BLOCK_STOP])), int(r[_K_NUM_OWNERS])
 
 
 def block_eval_record(

@@ -52,7 +52,21 @@ def _setups(tmp_path):
     packed = tmp_path / "packed.npz"
     np.savez_compressed(packed, **natural_arrays(SIZES, OWNERS))
     test = write_npz(tmp_path / "test.npz", [2] * 16, OWNERS, seed=1)
+    pq = pytest.importorskip("pyarrow.parquet")
+    pa = pytest.importorskip("pyarrow")
+    arrays = natural_arrays(SIZES, OWNERS)
+    table = pa.table(
+        {
+            "x": pa.array(list(arrays["x"])),
+            "y": arrays["y"],
+            "user": arrays["user"],
+            "owner": arrays["owner"],
+        }
+    )
+    parquet = tmp_path / "fed.parquet"
+    pq.write_table(table, parquet, row_group_size=16)
     return [
+        npz_cfg(parquet, **GIVEN, **{"dataset.name": "parquet"}),
         npz_cfg(plain, **GIVEN),
         npz_cfg(plain, **{"partition.owner_rule": "random", "dataset.test_fraction": 0.25}),
         npz_cfg(packed, **GIVEN),
@@ -126,3 +140,24 @@ def test_a_block_build_reading_the_whole_file_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(row_reads.RowReader, "rows", whole_then_keep)
     with pytest.raises(AssertionError):
         _check_only_its_rows(tmp_path, monkeypatch)
+
+
+def test_a_parquet_block_reads_only_the_row_groups_of_its_rows(tmp_path, monkeypatch):
+    cfg = _setups(tmp_path)[0]
+    groups: list = []
+    orig = row_reads.ParquetRows.__getitem__
+
+    def spying(self, idx):
+        real = self.file.read_row_groups
+
+        def read_row_groups(gs, columns=None):
+            groups.extend(gs)
+            assert columns == ["x"]  # the feature column only
+            return real(gs, columns=columns)
+
+        self.file.read_row_groups = read_row_groups
+        return orig(self, idx)
+
+    monkeypatch.setattr(row_reads.ParquetRows, "__getitem__", spying)
+    build.federation(cfg, owners=range(0, 1))  # owner 0: users 0..2, rows 0..8
+    assert set(groups) == {0}  # rows 0..8 lie in the first row group of 16
