@@ -292,6 +292,7 @@ CLIENT_MAY_IMPORT = (
     "fedudp.errors",
     "fedudp.plain",
     "fedudp.flower.wire",
+    "fedudp.flower.blocks",  # the public plan of owners per SuperNode and its records
     "fedudp.flower.guard",
     "fedudp.flower.fast",
     "fedudp.flower.fast_data",
