@@ -3,6 +3,7 @@ public numbers and grouped into owners (docs/your-data.md); a planned one's pool
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal, cast
 
@@ -417,7 +418,7 @@ def _columnar_block(cfg: RunConfig, owners: range) -> Federation:
         return _layout(cfg, train, test).block(owners.start, owners.stop)
 
     def plan(path: str) -> tuple[Records, RowReader]:
-        read = read_npz_plan if npz else read_parquet_plan
+        read: Callable[..., tuple[Records, RowReader]] = read_npz_plan if npz else read_parquet_plan
         return read(
             path,
             features=str(req.features) if npz else req.features,
