@@ -228,7 +228,8 @@ def check_randomness(cfg: RunConfig) -> None:
     Raises
     ------
     ConfigError
-        ``privacy.randomness=secure`` with a seed's training algorithm or ``dp_mf_banded``.
+        ``privacy.randomness=secure`` with a seed's training algorithm, ``dp_mf_banded`` or
+        ``dp_mf_blt``.
     """
     if RandomnessMode(cfg.privacy.randomness) != RandomnessMode.secure:
         return
@@ -238,9 +239,9 @@ def check_randomness(cfg: RunConfig) -> None:
             f"(algorithm.name={cfg.algorithm.name!s} draws its "
             "cohorts and noise from the seed); use privacy.randomness=seeded"
         )
-    if resolved_aggregator(cfg) == "dp_mf_banded":
+    if (name := resolved_aggregator(cfg)) in ("dp_mf_banded", "dp_mf_blt"):
         raise ConfigError(
-            "privacy.randomness=secure: not with aggregator=dp_mf_banded (its "
+            f"privacy.randomness=secure: not with aggregator={name} (its "
             "groups' Poisson sample is drawn from the seed); use "
             "privacy.randomness=seeded or another aggregator"
         )
