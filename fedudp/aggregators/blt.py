@@ -338,8 +338,8 @@ class BltAggregator(ClippedSumAggregator):
         if self._state is None:
             self._state = torch.zeros(self.buffers, dim, dtype=torch.float64)
         w = self.noise_std * torch.randn(dim, generator=rng, dtype=torch.float64)
-        omega = torch.as_tensor(np.asarray(self.omega), dtype=torch.float64)
-        theta = torch.as_tensor(np.asarray(self.theta), dtype=torch.float64)
+        omega = torch.tensor(np.array(self.omega), dtype=torch.float64)
+        theta = torch.tensor(np.array(self.theta), dtype=torch.float64)
         w -= omega @ self._state
         self._state.mul_(theta[:, None]).add_(w)
         self._t += 1

@@ -211,6 +211,7 @@ NOISE_BREAKABLE = (
     "gaussian_adaptive",
     "dp_ftrl_tree",
     "dp_mf_banded",
+    "dp_mf_blt",
 )
 
 

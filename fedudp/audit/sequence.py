@@ -1,5 +1,5 @@
 """Audits of stateful and sequential mechanisms (``audit_sequence``): an adaptive clip, a
-tree (``dp_ftrl_tree``), a banded mechanism (``dp_mf_banded``).
+tree (``dp_ftrl_tree``), a banded mechanism (``dp_mf_banded``), a BLT (``dp_mf_blt``).
 
 Every trial starts from a fresh copy of the configured aggregator (never one reused across
 trials: an adaptive clip carried from trial to trial drifts, and the audit would then measure
@@ -46,7 +46,8 @@ def canary_rounds(agg: Aggregator, releases: int, rng: np.random.Generator) -> n
     """The rounds of one trial the canary unit takes part in, by the mechanism's own
     participation rule, the canary in the worst-case public group: a tree's unit in group 0
     trains in the first round of every tree (its leaf lies in the most noisy nodes); a banded
-    mechanism's in the first round of every cycle of b rounds, sampled there at the group rate;
+    mechanism's (and a BLT's) in the first round of every cycle of b rounds, sampled there at
+    the group rate (for the BLT the worst pattern 0, b, 2b, ...);
     any other aggregator's Poisson-sampled at its rate in every round.
 
     Parameters
@@ -67,14 +68,14 @@ def canary_rounds(agg: Aggregator, releases: int, rng: np.random.Generator) -> n
     mech: Any = agg  # a tree's or a banded mechanism's own attributes, by name
     if agg.name == "dp_ftrl_tree":
         return r % mech.k == 0
-    if agg.name == "dp_mf_banded":
+    if agg.name in ("dp_mf_banded", "dp_mf_blt"):
         return (r % mech.bands == 0) & (rng.random(releases) < mech.group_rate)
     return rng.random(releases) < agg.sampling.rate
 
 
 # mechanisms whose release is (clipped sum + noise) / (public divisor), with noise independent
 # across coordinates and a state (the noise history) kept per coordinate
-LINEAR_NOISE = ("dp_ftrl_tree", "dp_mf_banded")
+LINEAR_NOISE = ("dp_ftrl_tree", "dp_mf_banded", "dp_mf_blt")
 # audited by ``audit_sequence`` (one release or several per trial)
 SEQUENCE_AUDITED = LINEAR_NOISE + ("gaussian_adaptive",)
 
@@ -309,7 +310,9 @@ def _sequence_result(
     # mechanism taking its whole group; Poisson at rate 1)
     gaussian = (
         template.name == "dp_ftrl_tree"
-        or (template.name == "dp_mf_banded" and cast(Any, template).group_rate >= 1.0)
+        or (
+            template.name in ("dp_mf_banded", "dp_mf_blt") and cast(Any, template).group_rate >= 1.0
+        )
         or (template.name in ("gaussian", "gaussian_adaptive") and q >= 1.0)
     )
     samples: SampleAudit = audit_samples(
