@@ -393,7 +393,16 @@ def _natural_block(cfg: RunConfig, records: Any, owners: range) -> Federation:
     """
     if str(cfg.dataset.name) in ("npz", "parquet") and records is None:
         return _columnar_block(cfg, owners)
-    train, test = natural_records(cfg, records)
+    return _whole_then_block(cfg, records, owners)
+
+
+def _whole_then_block(cfg: RunConfig, records: Any, owners: range) -> Federation:
+    """A format that cannot be read by row (LEAF's JSON, HF, CIFAR's batches, in-memory
+    records): every record read, the block's kept (not cached: the rest is freed)."""
+    if records is not None or str(cfg.dataset.name) == "memory":
+        train, test = natural_records(cfg, records)
+    else:
+        train, test = _group(cfg, *declared_inputs(cfg, *_read_natural(cfg)))
     check_public(cfg, train)
     return _layout(cfg, train, test).block(owners.start, owners.stop)
 
@@ -414,8 +423,7 @@ def _columnar_block(cfg: RunConfig, owners: range) -> Federation:
     req = read_request(cfg)
     npz = str(cfg.dataset.name) == "npz"
     if not req.path or (npz and not isinstance(req.features, str)):
-        train, test = natural_records(cfg)
-        return _layout(cfg, train, test).block(owners.start, owners.stop)
+        return _whole_then_block(cfg, None, owners)
 
     def plan(path: str) -> tuple[Records, RowReader]:
         read: Callable[..., tuple[Records, RowReader]] = read_npz_plan if npz else read_parquet_plan

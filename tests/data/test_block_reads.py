@@ -161,3 +161,40 @@ def test_a_parquet_block_reads_only_the_row_groups_of_its_rows(tmp_path, monkeyp
     monkeypatch.setattr(row_reads.ParquetRows, "__getitem__", spying)
     build.federation(cfg, owners=range(0, 1))  # owner 0: users 0..2, rows 0..8
     assert set(groups) == {0}  # rows 0..8 lie in the first row group of 16
+
+
+def _fed_cfgs(tmp_path):
+    from conftest import tiny_mnist
+    from formats import write_femnist
+
+    fem = write_femnist(tmp_path / "femnist", [3, 9, 1, 14, 6, 2])
+    femnist = config_from_overrides(
+        {
+            "progress": False,
+            "seed": 3,
+            "dataset.name": "femnist",
+            "dataset.root": str(fem),
+            "model.name": "cnn",
+            "partition.num_owners": 3,
+            "public.users": 6,
+            "public.owner_capacity": 6,
+            "public.records_per_user": 14,
+        }
+    )
+    mnist = config_from_overrides(
+        {
+            "progress": False,
+            "dataset.name": "mnist",
+            "dataset.root": str(tiny_mnist(tmp_path / "mnist")),
+            "dataset.num_records": 240,
+            "partition.num_owners": 3,
+        }
+    )
+    return [femnist, mnist]
+
+
+def test_leaf_and_idx_blocks_equal_the_whole_federations_block(tmp_path):
+    for cfg in _fed_cfgs(tmp_path):
+        whole = build.federation(cfg)
+        for r in owner_blocks(whole.num_owners, 2):
+            _same(build.federation(cfg, owners=r), whole.block(r.start, r.stop))
