@@ -1,10 +1,14 @@
-"""One owner as a Flower ``ClientApp`` (Message API; docs/architecture.md#engines).
+"""One owner, or a block of owners, as a Flower ``ClientApp`` (Message API;
+docs/architecture.md#engines, docs/engines.md#multi-node-owners-in-blocks-each-node-reading-only-its-block).
 
-The node's partition id is the owner id. The owner rebuilds, once per worker process, the
-model, split and federation from the run configuration the billboard sends (all seeded, so
-every process gets the same), takes its own shard, keeps its personal parameters **only** in
-``context.state``, and runs ``fedudp.owner.owners.Owners`` on that shard, the code the local
-engine runs for all owners at once:
+With ``engine_opts.owners_per_node=1`` the node's partition id is the owner id: the owner
+rebuilds, once per worker process, the model, split and federation from the run configuration
+the billboard sends (all seeded, so every process gets the same) and takes its own shard. With
+blocks, node ``k`` holds the owners its messages name (``fedudp.flower.blocks``) and builds
+only their federation (``fedudp.build.federation(cfg, owners=...)``). Personal parameters stay
+**only** in ``context.state`` (stacked over the node's owners), and the node runs
+``fedudp.owner.owners.Owners`` on its owners, the code the local engine runs for all owners at
+once:
 
 * ``@train``: personal update (no noise), then the reply for its sampled units under the
   aggregator's ``Constraint`` sent with the message (shared parts only);

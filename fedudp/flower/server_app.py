@@ -2,8 +2,10 @@
 (docs/architecture.md#engines).
 
 A transport only: ``FlowerTransport`` sends each round's broadcast and the owners' sampled
-units as Flower messages (one ``train`` message per owner in every round of the billboard, an
-empty unit list to an owner without sampled units, so that which owners fail never depends on
+units as Flower messages (one ``train`` message per SuperNode, i.e. per owner or per block
+of ``engine_opts.owners_per_node`` owners (``fedudp.flower.blocks``), in every round of the
+billboard, an empty unit list to an owner without sampled units, so that which owners fail
+never depends on
 the sample; in a round without a billboard, every owner when personal parameters are trained,
 else none), checks the replies and
 hands them to ``fedudp.billboard.rounds.run_rounds``; ``evaluate`` messages score the owners.

@@ -120,3 +120,18 @@ def test_connect_waits_no_longer_than_the_declared_timeout():
     t.blocks = blocks.owner_blocks(t.fed.num_owners, 2)
     with pytest.raises(RuntimeError, match=r"engine_opts.connect_timeout_s=0.3, 2 needed"):
         t._connect()
+
+
+def test_a_blocks_personal_state_is_saved_per_owner_and_loads_back(tmp_path):
+    import fedudp.flower.client_app as client
+    from fedudp.protocol import checkpoint
+
+    stacked = {"w": torch.arange(6.0).reshape(3, 2), "b": torch.tensor([1.0, 2.0, 3.0])}
+    client._save_personal(str(tmp_path), range(4, 7), stacked)
+    for i, j in enumerate(range(4, 7)):  # owner j's file: its own [1, ...] slice, as b = 1 writes
+        got = checkpoint.load_file(checkpoint.owner_file(tmp_path, j))["personal"]
+        assert all(torch.equal(got[k], stacked[k][i : i + 1]) for k in stacked)
+    back = client._load_personal(str(tmp_path), range(4, 7))
+    assert all(torch.equal(back[k], stacked[k]) for k in stacked)
+    part = client._load_personal(str(tmp_path), range(5, 6))  # another plan reads the same files
+    assert torch.equal(part["w"], stacked["w"][1:2])
