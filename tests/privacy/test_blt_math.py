@@ -127,3 +127,11 @@ def test_optimisation_is_deterministic_and_public():
     np.testing.assert_array_equal(a[1], b[1])
     with pytest.raises(ValueError, match="buffers"):
         optimal_blt(32, 4, 0)
+
+
+def test_every_round_participation_optimum_is_the_identity():
+    """b = 1, k = n: the identity (plain clip + Gaussian) is optimal, loss n·n(n+1)/2 (as
+    jax_privacy's optimiser tests expect); the BLT optimum is within 1 % of it."""
+    n = 16
+    th, om = optimal_blt(n, 1, 3)
+    assert blt_loss(th, om, n, 1) == pytest.approx(n * n * (n + 1) / 2, rel=1e-2)
