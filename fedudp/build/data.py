@@ -371,7 +371,7 @@ def federation(cfg: RunConfig, records: Any = None, owners: range | None = None)
 # block's federation is the whole one's ``block(a, b)``, exactly. npz and Parquet plan from the
 # labels, users, owners and metadata only (``fedudp.data.row_reads``: every record's index
 # stands in for its features) and then read the block's features by row; the other formats
-# read every record and keep the block's (docs/engines.md#multi-node).
+# read every record and keep the block's (docs/engines.md, "Multi-node").
 
 
 def _natural_block(cfg: RunConfig, records: Any, owners: range) -> Federation:

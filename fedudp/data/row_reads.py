@@ -1,5 +1,5 @@
 """Reading some records' features without the others' (a block of owners' records on a Flower
-SuperNode, ``engine_opts.owners_per_node``; docs/engines.md#multi-node).
+SuperNode, ``engine_opts.owners_per_node``; docs/engines.md, "Multi-node").
 
 The plan of a natural federation (which user goes to which owner, which record to which
 user) needs the labels, users, owners and metadata columns only; ``read_npz_plan`` reads

@@ -1,5 +1,5 @@
 """One owner, or a block of owners, as a Flower ``ClientApp`` (Message API;
-docs/architecture.md#engines, docs/engines.md#multi-node-owners-in-blocks-each-node-reading-only-its-block).
+docs/architecture.md#engines; blocks: docs/engines.md, "Multi-node").
 
 With ``engine_opts.owners_per_node=1`` the node's partition id is the owner id: the owner
 rebuilds, once per worker process, the model, split and federation from the run configuration
