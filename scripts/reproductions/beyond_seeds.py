@@ -13,6 +13,9 @@ E and T for n) with one mechanism:
 * ``banded``: ``aggregator=dp_mf_banded`` (BSR banded matrix factorization) with b = 10 bands
   at ``train.sampling_rate=0.1`` (each group whole, one cycle over T = 10); ``banded_amp``: b = 5
   bands at the same rate, each group sampled at 0.5 (two cycles, amplified by sampling);
+* ``blt``: ``aggregator=dp_mf_blt`` (buffered linear Toeplitz, 4 buffers) with min-separation
+  b = 10 at ``train.sampling_rate=0.1`` (each group whole; one Gaussian for the run, no
+  amplification);
 * ``canary`` / ``canary_half``: clip 1 with ``audit.canaries`` (the one-run estimate), and the
   same with ``audit.noise_scale=0.5`` (a deliberately weakened twin); ``canary_sparse`` /
   ``canary_sparse_half``: the same pair with 100 users a round (``train.sampling_rate=0.01``)
@@ -31,12 +34,25 @@ as it is; running more first unpacks it (``runs/`` is gitignored), and ``python
 scripts/tools/results_archive.py pack docs/results/beyond_seeds runs`` folds the new runs back in.
 
     .venv/bin/python scripts/reproductions/beyond_seeds.py --data DATA --n 64 --epsilon 1 8
+
+``--blt-table`` writes ``blt.json`` and README.md's BLT block without training: for n rounds and
+min-separation b (every unit at most k = ceil(n / b) times, fixed participation) the expected
+squared error of the n prefix sums per coordinate, as one Gaussian of the whole run at noise
+multiplier z and clip 1, is z²·loss: BLT ||A C⁻¹||_F²·sens(C)² (``fedudp.privacy.blt``), banded
+(BSR, b bands, column norms 1) ||A C̃⁻¹||_F²·k, the tree (restarted every k = b rounds)
+depth·trees·Σ_t nodes(t); RMSE = sqrt(loss / n), and times the z of one Gaussian meeting
+ε = 1 and 8 (δ = 1e-5). Memory: the model-sized float64 vectors a round holds. ε parity: each
+``blt`` run's ledger ε against the analytic Gaussian mechanism (Balle & Wang 2018, Theorem 8) at
+its z.
+
+    .venv/bin/python scripts/reproductions/beyond_seeds.py --blt-table
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -48,6 +64,8 @@ sys.path.insert(0, str(ROOT / "scripts" / "tools"))
 import results_archive  # noqa: E402  (scripts/tools/: the result folder's raw.tar.xz)
 
 OUT = ROOT / "docs" / "results" / "beyond_seeds"
+BLT_SETTINGS = ((10, 10), (64, 64), (64, 8), (256, 256), (256, 32))  # (rounds n, min-sep b)
+BUFFERS = (1, 2, 3, 4, 5, 7)
 CLIPS = (0.1, 1.0, 15.0)
 NATURAL_CLIPS = (0.1, 0.5, 2.0)
 # docs/results/natural_mnist's settings (its public numbers are declared, checked against the data)
@@ -81,6 +99,12 @@ def natural_mechanisms() -> dict[str, list[str]]:
         "train.sampling_rate=0.2",
         "estimator.bands=2",
     ]
+    m["blt"] = [
+        "aggregator=dp_mf_blt",
+        "privacy.clip=0.5",
+        "train.sampling_rate=0.2",
+        "estimator.buffers=4",
+    ]
     return m
 
 
@@ -94,6 +118,12 @@ def mechanisms(canaries: int) -> dict[str, list[str]]:
         "privacy.clip=1.0",
         "train.sampling_rate=0.1",
         "estimator.bands=5",
+    ]
+    m["blt"] = [
+        "aggregator=dp_mf_blt",
+        "privacy.clip=1.0",
+        "train.sampling_rate=0.1",
+        "estimator.buffers=4",
     ]
     m["canary"] = ["privacy.clip=1.0", f"audit.canaries={canaries}"]
     m["canary_half"] = ["privacy.clip=1.0", f"audit.canaries={canaries}", "audit.noise_scale=0.5"]
@@ -258,6 +288,154 @@ def write_readme() -> None:
     path.write_text(text)
 
 
+def tree_loss(n: int, k: int) -> float:
+    """fedudp's tree restarted every k rounds: depth · trees · Σ_t nodes(t) (z = 1)."""
+    sys.path.insert(0, str(ROOT))
+    from fedudp.aggregators.tree import tree_depth
+
+    nodes = [(t // k) * bin(k).count("1") + bin(t % k).count("1") for t in range(1, n + 1)]
+    return tree_depth(k) * -(-n // k) * float(sum(nodes))
+
+
+def bsr_loss(n: int, b: int) -> float:
+    """BSR with b bands at min-separation b: ||A C̃⁻¹||_F² · k (disjoint column supports)."""
+    import numpy as np
+
+    from fedudp.aggregators.banded import strategy_matrix
+    from fedudp.privacy.blt import max_participations
+
+    C = strategy_matrix(b, n)
+    A = np.tril(np.ones((n, n)))
+    return float(np.linalg.norm(A @ np.linalg.inv(C)) ** 2) * max_participations(n, b)
+
+
+def analytic_gaussian_epsilon(z: float, delta: float) -> float:
+    """ε of the Gaussian mechanism of multiplier z at δ (Balle & Wang 2018, Theorem 8)."""
+    from scipy.stats import norm
+
+    def d(eps: float) -> float:
+        return norm.cdf(-eps * z + 0.5 / z) - math.exp(eps) * norm.cdf(-eps * z - 0.5 / z)
+
+    lo, hi = 0.0, 200.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if d(mid) > delta else (lo, mid)
+    return hi
+
+
+def gaussian_z(eps: float, delta: float) -> float:
+    """The z of one Gaussian meeting (ε, δ) (bisection on ``analytic_gaussian_epsilon``)."""
+    lo, hi = 0.05, 500.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if analytic_gaussian_epsilon(mid, delta) <= eps else (mid, hi)
+    return hi
+
+
+def blt_rows(dim: int) -> list[dict]:
+    """The prefix-sum error and memory rows (module doc, ``--blt-table``)."""
+    sys.path.insert(0, str(ROOT))
+    from fedudp.aggregators.tree import tree_depth
+    from fedudp.privacy.blt import blt_loss, max_participations, optimal_blt
+
+    out = []
+    z = {e: gaussian_z(e, 1e-5) for e in (1.0, 8.0)}
+    for n, b in BLT_SETTINGS:
+        k = max_participations(n, b)
+        mech: list[tuple[str, float, int]] = [
+            ("tree", tree_loss(n, b), tree_depth(b) + 1),
+            ("banded", bsr_loss(n, b), b),
+        ]
+        for m in BUFFERS:
+            t = time.perf_counter()
+            th, om = optimal_blt(n, b, m)
+            mech.append((f"blt{m}", blt_loss(th, om, n, b), m + 1))
+            print(f"n={n} b={b} nbuf={m}: {time.perf_counter() - t:.2f} s", flush=True)
+        for name, loss, vectors in mech:
+            rmse = math.sqrt(loss / n)
+            out.append(
+                {
+                    "n": n,
+                    "b": b,
+                    "k": k,
+                    "mechanism": name,
+                    "loss": loss,
+                    "rmse_z1": rmse,
+                    "rmse_eps1": rmse * z[1.0],
+                    "rmse_eps8": rmse * z[8.0],
+                    "vectors": vectors,
+                    "bytes": vectors * dim * 8,
+                }
+            )
+    return out
+
+
+def blt_parity() -> list[dict]:
+    """Each ``blt`` run's ledger ε against the analytic Gaussian ε at its z."""
+    out = []
+    for p in sorted(results_archive.glob(OUT / "runs", "*/*/*/blt/summary.json")):
+        s = json.loads(results_archive.read_text(p))
+        ref = analytic_gaussian_epsilon(s["noise_multiplier"], s["delta"])
+        out.append(
+            {
+                "run": str(p.parent.relative_to(OUT / "runs")),
+                "z": s["noise_multiplier"],
+                "delta": s["delta"],
+                "ledger_epsilon": s["epsilon"],
+                "analytic_gaussian_epsilon": ref,
+                "accuracy_mean": s["accuracy_mean"],
+                "shared_dim": s.get("shared_dim"),
+            }
+        )
+    return out
+
+
+def blt_markdown(data: dict) -> list[str]:
+    """README.md's BLT tables."""
+    lines = [
+        "| n | b | k | mechanism | prefix-sum RMSE (z = 1) | RMSE at ε = 1 | RMSE at ε = 8 | "
+        "vectors held | noise memory (bytes) |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["error"]:
+        lines.append(
+            f"| {r['n']} | {r['b']} | {r['k']} | {r['mechanism']} | {r['rmse_z1']:.4f} | "
+            f"{r['rmse_eps1']:.3f} | {r['rmse_eps8']:.4f} | {r['vectors']} | {r['bytes']:,} |"
+        )
+    lines += [
+        "",
+        "| run | z | ledger ε | analytic Gaussian ε (Balle & Wang 2018) | accuracy |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in data["parity"]:
+        lines.append(
+            f"| {r['run']} | {r['z']:.6f} | {r['ledger_epsilon']:.6f} | "
+            f"{r['analytic_gaussian_epsilon']:.6f} | {r['accuracy_mean']:.4f} |"
+        )
+    return lines
+
+
+def write_blt(dim: int = 0) -> None:
+    """``--blt-table``: blt.json and README.md's BLT block (prefix-sum error, memory, ε parity;
+    no training)."""
+    t = time.perf_counter()
+    par = blt_parity()
+    dim = dim or next((r["shared_dim"] for r in par if r["shared_dim"]), 1)
+    data = {"dim": dim, "error": blt_rows(dim), "parity": par}
+    data["wall_s"] = round(time.perf_counter() - t, 1)
+    (OUT / "blt.json").write_text(json.dumps(data, indent=1) + "\n")
+    path = OUT / "README.md"
+    text = path.read_text()
+    block = "<!-- blt:table -->\n" + "\n".join(blt_markdown(data)) + "\n<!-- /blt:table -->"
+    if "<!-- blt:table -->" in text:
+        head, rest = text.split("<!-- blt:table -->", 1)
+        text = head + block + rest.split("<!-- /blt:table -->", 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+    print(f"wrote {OUT / 'blt.json'} in {data['wall_s']} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -275,7 +453,11 @@ def main() -> None:
         help="the natural-user federation instead of Huang's protocol",
     )
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--blt-table", action="store_true", help="blt.json only (no training)")
     a = ap.parse_args()
+    if a.blt_table:
+        write_blt()
+        return
     if not a.table_only:
         if not a.data and not a.natural:
             raise SystemExit(
