@@ -336,3 +336,42 @@ def test_resources_that_no_node_holds_are_refused():
         cluster.check_resources(settings(num_cpus=4.0), nodes)
     assert str(e.value).startswith("engine_opts.num_cpus=4: no node holds one owner's actor")
     assert cluster.check_resources(settings(num_gpus=0.5), [{"CPU": 4.0, "GPU": 1.0}]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_gpu_the_cluster_lacks_ends_the_run_with_exit_2(tmp_path):
+    """Before: a failed summary, then a process that never exited (Flower's ServerApp thread
+    waiting on an actor pool that was never built). Now one line, exit status 2, promptly."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    t0 = time.time()
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "fedudp"),
+            "engine=flower",
+            "method=joint_dp",
+            "engine_opts.num_gpus=1",
+            "partition.num_owners=2",
+            "dataset.num_records=40",
+            "dataset.pool_train=200",
+            "dataset.pool_test=40",
+            "dataset.features=5",
+            "train.rounds=1",
+            "progress=false",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fedudp: error: engine_opts.num_gpus=1: no node has that many GPUs")
+    assert time.time() - t0 < 200
