@@ -1,6 +1,6 @@
 """Buffered linear Toeplitz (BLT) matrices: coefficients, min-separation sensitivity, the
-prefix-sum error, and the public optimisation of the parameters (docs/algorithms.md#buffered-
-linear-toeplitz-blt).
+prefix-sum error, and the public optimisation of the parameters
+(docs/algorithms.md#buffered-linear-toeplitz-blt).
 
 A BLT with ``nbuf`` buffers, decays θ ∈ (0, 1)^nbuf and output scales ω > 0 is the
 lower-triangular Toeplitz matrix C with coefficients c_0 = 1, c_k = Σ_i ω_i θ_i^(k-1) (k >= 1)
