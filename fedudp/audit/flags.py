@@ -80,7 +80,7 @@ def _audit_flags(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="releases per trial (server side): each trial is a fresh mechanism "
         "releasing this many times, audited as one sequence against the ε of as "
-        "many releases; default: the run's rounds for dp_ftrl_tree and "
+        "many releases; default: the run's rounds for dp_ftrl_tree, dp_mf_blt and "
         "dp_mf_banded, 1 otherwise",
     )
     ap.add_argument(
