@@ -372,11 +372,32 @@ class BltAggregator(ClippedSumAggregator):
         ]
 
     def checkpoint_state(self) -> dict:
-        return {"t": self._t, "buffers": None if self._state is None else self._state.clone()}
+        return {
+            "t": self._t,
+            "buffers": None if self._state is None else self._state.clone(),
+            # the matrix the stream so far used: a resumed run must go on with the same one
+            # (the sensitivity is that of one Toeplitz C over the whole run)
+            "theta": [float(x) for x in self.theta],
+            "omega": [float(x) for x in self.omega],
+        }
 
     def restore_checkpoint_state(self, state: dict) -> None:
-        if set(state) != {"t", "buffers"}:
+        if set(state) != {"t", "buffers", "theta", "omega"}:
             raise ValueError(f"aggregator={self.name}: unexpected state {sorted(state)}")
+        theta, omega = [float(x) for x in state["theta"]], [float(x) for x in state["omega"]]
+        if len(theta) != self.buffers or len(omega) != self.buffers:
+            raise ValueError(
+                f"aggregator={self.name}: the checkpoint has {len(theta)} buffers, "
+                f"estimator.buffers={self.buffers}"
+            )
+        # go on with the checkpoint's matrix (another machine's optimiser may differ in the
+        # last digits), and its sensitivity, so that z = sigma / sensitivity stays the run's
+        self.theta, self.omega = theta, omega
+        self.sensitivity = math.sqrt(
+            minsep_sensitivity_squared(
+                blt_coefficients(self.theta, self.omega, self.rounds), self.bands, self.rounds
+            )
+        )
         self._t = int(state["t"])
         s = state["buffers"]
         self._state = None if s is None else s.to(torch.float64).clone()

@@ -59,7 +59,7 @@ def test_streaming_noise_is_the_dense_inverse_times_zeta(cls, ok):
     # memory: nbuf model-sized float64 buffers, the state and nothing else
     assert agg._state is not None
     assert agg._state.shape == (4, 5) and agg._state.dtype == torch.float64
-    assert set(agg.checkpoint_state()) == {"t", "buffers"}
+    assert set(agg.checkpoint_state()) == {"t", "buffers", "theta", "omega"}
 
 
 def test_release_steps_with_the_sum_plus_noise_over_the_public_divisor():
@@ -215,3 +215,26 @@ def test_sequence_audit_is_consistent_and_a_half_noise_twin_is_caught():
         make(), dim=2, trials=6_000, releases=8, delta=1e-5, seed=0, broken="noise=0.5"
     )
     assert w.violation and w.lower_bound > 1.5, w.samples.bounds
+
+
+def test_a_resumed_run_goes_on_with_the_checkpoints_matrix():
+    """Another machine's optimiser may land a few ulps away: the resumed stream keeps the
+    checkpoint's θ, ω (the whole run is one Toeplitz C, whose sensitivity z is relative to),
+    and its noise equals the uninterrupted run's."""
+    a = BltAggregator(1.0, 1.0, Sampling(0.25, 40), rounds=8, buffers=3)
+    g = torch.Generator().manual_seed(0)
+    c = Contribution(None, torch.zeros(4, dtype=torch.float64), 1)
+    for _ in range(3):
+        a.release(c, rng=g)
+    state = a.checkpoint_state()
+    b = BltAggregator(1.0, 1.0, Sampling(0.25, 40), rounds=8, buffers=3)
+    b.theta = [t * (1 + 1e-9) for t in b.theta]  # a slightly different optimum
+    b.restore_checkpoint_state(state)
+    assert np.array_equal(b.theta, a.theta) and np.array_equal(b.omega, a.omega)
+    assert b.sensitivity == a.sensitivity
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(a.release(c, rng=g1).mean, b.release(c, rng=g2).mean)
+    with pytest.raises(ValueError, match="buffers"):
+        BltAggregator(1.0, 1.0, Sampling(0.25, 40), rounds=8, buffers=2).restore_checkpoint_state(
+            state
+        )
