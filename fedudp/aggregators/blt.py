@@ -392,7 +392,7 @@ class BltAggregator(ClippedSumAggregator):
             )
         # go on with the checkpoint's matrix (another machine's optimiser may differ in the
         # last digits), and its sensitivity, so that z = sigma / sensitivity stays the run's
-        self.theta, self.omega = theta, omega
+        self.theta, self.omega = np.array(theta), np.array(omega)
         self.sensitivity = math.sqrt(
             minsep_sensitivity_squared(
                 blt_coefficients(self.theta, self.omega, self.rounds), self.bands, self.rounds
