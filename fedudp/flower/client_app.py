@@ -26,7 +26,6 @@ import time
 from typing import cast
 
 import numpy as np
-import torch
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
@@ -197,20 +196,20 @@ def _setup(
 
 
 def _load_personal(folder: str, block: range) -> Params:
-    """The block's personal parameters from its owners' checkpoint files, stacked."""
-    parts = [checkpoint.load_file(checkpoint.owner_file(folder, j))["personal"] for j in block]
-    if len(parts) == 1:
-        return parts[0]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    """The block's personal parameters from the checkpoint's state files (one per owner or
+    per block, whichever nodes wrote them), stacked."""
+    return checkpoint.load_owners_personal(folder, list(block))
 
 
 def _save_personal(folder: str, block: range, personal: Params) -> None:
-    """Each owner of the block saves its own slice (``owner-<j>.pt``, as one-owner nodes do)."""
-    for i, j in enumerate(block):
-        mine = personal if len(block) == 1 else {k: v[i : i + 1] for k, v in personal.items()}
-        checkpoint.atomic_write(
-            checkpoint.owner_file(folder, j), checkpoint.dump({"personal": mine})
-        )
+    """The block's personal state in one file (``owner-<j>.pt`` for a one-owner node,
+    ``owners-<a>-<b>.pt`` for a block): one atomic write per node and checkpoint."""
+    path = (
+        checkpoint.owner_file(folder, block[0])
+        if len(block) == 1
+        else checkpoint.block_file(folder, block[0], block[-1])
+    )
+    checkpoint.atomic_write(path, checkpoint.dump({"personal": personal}))
 
 
 client_app = ClientApp()

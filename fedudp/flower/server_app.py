@@ -401,7 +401,7 @@ class FlowerTransport:
         folder = self._save[1] if self._save is not None and self._save[0] == round_ else None
         holders = self._holders()
         if holders and (
-            folder is None or not all(checkpoint.owner_file(folder, j).is_file() for j in holders)
+            folder is None or not set(holders) <= set(checkpoint.owner_state_files(folder))
         ):
             return None
         return {"owners_saved": holders}

@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ __all__ = [
     "KEEP_AFTER_FINISH",
     "MAGIC",
     "atomic_write",
+    "block_file",
     "Checkpointer",
     "CheckpointError",
     "ckpt_path",
@@ -42,7 +43,9 @@ __all__ = [
     "keep_after_finish",
     "load_bytes",
     "load_file",
+    "load_owners_personal",
     "owner_file",
+    "owner_state_files",
     "owners_dir",
     "plain",
     "remove_all",
@@ -111,6 +114,92 @@ def owner_file(folder: Path | str, owner: int) -> Path:
         The file's path.
     """
     return Path(folder) / f"owner-{owner}.pt"
+
+
+def block_file(folder: Path | str, first: int, last: int) -> Path:
+    """The file of a block of owners' personal state (owners ``first`` .. ``last``, stacked in
+    that order: one engine=flower node holding several owners writes one file).
+
+    Parameters
+    ----------
+    folder : pathlib.Path or str
+        The owners' folder.
+    first, last : int
+        The block's first and last owner ids.
+
+    Returns
+    -------
+    pathlib.Path
+        The file's path.
+    """
+    return Path(folder) / f"owners-{first}-{last}.pt"
+
+
+_OWNER_FILE = re.compile(r"^owner-(\d+)\.pt$")
+_BLOCK_FILE = re.compile(r"^owners-(\d+)-(\d+)\.pt$")
+
+
+def owner_state_files(folder: Path | str) -> dict[int, tuple[Path, int]]:
+    """Where each owner's personal state is in an owners' folder: owner -> (file, its row in
+    the file's stacked parameters), from ``owner-<j>.pt`` (row 0) and ``owners-<a>-<b>.pt``
+    files (rows 0 .. b - a).
+
+    Parameters
+    ----------
+    folder : pathlib.Path or str
+        The owners' folder (missing: none).
+
+    Returns
+    -------
+    dict of int to (pathlib.Path, int)
+    """
+    out: dict[int, tuple[Path, int]] = {}
+    folder = Path(folder)
+    if not folder.is_dir():
+        return out
+    for p in sorted(folder.iterdir()):
+        if m := _OWNER_FILE.match(p.name):
+            out[int(m.group(1))] = (p, 0)
+        elif m := _BLOCK_FILE.match(p.name):
+            a, b = int(m.group(1)), int(m.group(2))
+            out.update({j: (p, j - a) for j in range(a, b + 1)})
+    return out
+
+
+def load_owners_personal(folder: Path | str, owners: Sequence[int]) -> dict:
+    """The personal parameters of ``owners`` from an owners' folder, stacked in that order
+    (each file read once, whichever blocks wrote them).
+
+    Parameters
+    ----------
+    folder : pathlib.Path or str
+        The owners' folder.
+    owners : sequence of int
+        The owner ids.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        ``[len(owners), ...]`` each.
+
+    Raises
+    ------
+    CheckpointError
+        An owner without a state file, or a file that does not load.
+    """
+    where = owner_state_files(folder)
+    files: dict[Path, dict] = {}
+    rows = []
+    for j in owners:
+        if j not in where:
+            raise CheckpointError(f"no state file for owner {j} in {folder}")
+        path, row = where[j]
+        if path not in files:
+            files[path] = load_file(path)["personal"]
+        rows.append({k: v[row : row + 1] for k, v in files[path].items()})
+    if len(rows) == 1:
+        return rows[0]
+    return {k: torch.cat([r[k] for r in rows]) for k in rows[0]}
 
 
 def dump(state: dict) -> bytes:
@@ -424,11 +513,16 @@ class Checkpointer:
         """A Flower run's checkpoint is usable only with every owner's own file intact."""
         saved = (state.get("transport") or {}).get("owners_saved") or []
         folder = self.owners_dir(round_)
+        where, loaded = owner_state_files(folder), set()
         for j in saved:
+            path = where.get(j, (owner_file(folder, j), 0))[0]
+            if path in loaded:
+                continue
             try:
-                load_file(owner_file(folder, j))
-            except CheckpointError as e:
-                raise CheckpointError(f"owner {j}'s state {owner_file(folder, j)}: {e}") from None
+                load_file(path)
+            except (CheckpointError, OSError) as e:
+                raise CheckpointError(f"owner {j}'s state {path}: {e}") from None
+            loaded.add(path)
 
     def load_latest(self) -> dict | None:
         """The newest checkpoint that loads, checks and belongs to this run; each unusable one

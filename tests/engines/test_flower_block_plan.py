@@ -122,15 +122,16 @@ def test_connect_waits_no_longer_than_the_declared_timeout():
         t._connect()
 
 
-def test_a_blocks_personal_state_is_saved_per_owner_and_loads_back(tmp_path):
+def test_a_blocks_personal_state_is_saved_in_one_file_and_loads_back(tmp_path):
     import fedudp.flower.client_app as client
     from fedudp.protocol import checkpoint
 
     stacked = {"w": torch.arange(6.0).reshape(3, 2), "b": torch.tensor([1.0, 2.0, 3.0])}
     client._save_personal(str(tmp_path), range(4, 7), stacked)
-    for i, j in enumerate(range(4, 7)):  # owner j's file: its own [1, ...] slice, as b = 1 writes
-        got = checkpoint.load_file(checkpoint.owner_file(tmp_path, j))["personal"]
-        assert all(torch.equal(got[k], stacked[k][i : i + 1]) for k in stacked)
+    # one atomic write per node: the block's file, each owner's row found in it
+    assert [p.name for p in tmp_path.iterdir()] == ["owners-4-6.pt"]
+    where = checkpoint.owner_state_files(tmp_path)
+    assert {j: r for j, (_, r) in where.items()} == {4: 0, 5: 1, 6: 2}
     back = client._load_personal(str(tmp_path), range(4, 7))
     assert all(torch.equal(back[k], stacked[k]) for k in stacked)
     part = client._load_personal(str(tmp_path), range(5, 6))  # another plan reads the same files

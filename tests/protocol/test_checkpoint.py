@@ -492,3 +492,38 @@ def test_a_kill_mid_write_leaves_the_previous_checkpoint(tmp_path):
     assert Checkpointer(tmp_path, identity="A", report=pytest.fail).load_latest()["round"] == 1
     ck.save(2, {"u": torch.ones(8)})  # the next write of that round still works
     assert Checkpointer(tmp_path, identity="A").load_latest()["round"] == 2
+
+
+def test_owner_state_in_block_files_reads_back_for_any_blocking(tmp_path):
+    """A node of several owners writes one ``owners-<a>-<b>.pt`` (one atomic write, not one per
+    owner); a resume with other blocks (or one owner per node) reads each owner's row."""
+    d = tmp_path / "o"
+    d.mkdir()
+    w = torch.arange(5 * 3, dtype=torch.float64).reshape(5, 3)
+    checkpoint.atomic_write(
+        checkpoint.block_file(d, 0, 2), checkpoint.dump({"personal": {"w": w[0:3]}})
+    )
+    checkpoint.atomic_write(
+        checkpoint.block_file(d, 3, 4), checkpoint.dump({"personal": {"w": w[3:5]}})
+    )
+    assert sorted(checkpoint.owner_state_files(d)) == [0, 1, 2, 3, 4]
+    assert torch.equal(checkpoint.load_owners_personal(d, [1, 2, 3])["w"], w[1:4])
+    assert torch.equal(checkpoint.load_owners_personal(d, [4])["w"], w[4:5])
+    with pytest.raises(checkpoint.CheckpointError, match="owner 7"):
+        checkpoint.load_owners_personal(d, [7])
+
+
+def test_a_damaged_block_file_fails_the_checkpoint_naming_an_owner(tmp_path):
+    seen, report = reporter()
+    ck = Checkpointer(tmp_path, every=1, keep=2, identity="x", report=report)
+    for r in (1, 2):
+        ck.owners_dir(r).mkdir()
+        checkpoint.atomic_write(
+            checkpoint.block_file(ck.owners_dir(r), 0, 1),
+            checkpoint.dump({"personal": {"w": torch.zeros(2, 2)}}),
+        )
+        ck.save(r, {"transport": {"owners_saved": [0, 1]}})
+    bad = checkpoint.block_file(ck.owners_dir(2), 0, 1)
+    bad.write_bytes(bad.read_bytes()[:-3])
+    assert ck.load_latest()["round"] == 1
+    assert len(seen) == 1 and "owner 0's state" in seen[0] and str(bad) in seen[0]
