@@ -14,7 +14,9 @@ or node treated as an owner failure (docs/engines.md#failures).
   those ``X`` (``RAY_LOSSES``) are infrastructure, an owner failure under the fail-closed rule.
   An exception raised in fedudp's own ``ClientApp`` arrives as
   ``CLIENT_APP_RAISED_EXCEPTION`` and stays a bug.
-* ``SurvivingRayBackend``: Flower's ``RayBackend`` puts an actor back into its pool after any
+* ``SurvivingRayBackend``: it builds as many actors as the *alive* nodes hold (Flower counts a
+  dead node's resources too, so a run resumed after a node loss would wait forever on an actor
+  that cannot be placed). Flower's ``RayBackend`` puts an actor back into its pool after any
   error, a dead one included, so every later message it is handed fails at once (and takes
   the place of a live actor). This backend drops an actor Ray has lost, starts a replacement
   only where the cluster has the resources free now (never one that would wait to be
@@ -42,6 +44,7 @@ __all__ = [
     "lost",
     "preflight",
     "check_resources",
+    "actors_fit",
     "ray_init_args",
     "using_backend",
 ]
@@ -151,9 +154,8 @@ def preflight(settings: RunSettings) -> None:
             include_dashboard=False,
             **ray_init_args(settings),
         )
-    nodes = [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive", True)]
     try:
-        check_resources(settings, nodes)
+        check_resources(settings, _alive_nodes())
     except ConfigError:
         ray.shutdown()
         raise
@@ -182,12 +184,7 @@ def check_resources(settings: RunSettings, nodes: list[dict[str, float]]) -> int
     cpus, gpus = float(settings.num_cpus), float(settings.num_gpus)
     have_c = [float(n.get("CPU", 0)) for n in nodes]
     have_g = [float(n.get("GPU", 0)) for n in nodes]
-    fit = 0
-    for c, g in zip(have_c, have_g, strict=True):
-        k = int(c // cpus) if cpus > 0 else 1 << 30
-        if gpus > 0:
-            k = min(k, int(g // gpus))
-        fit += k
+    fit = actors_fit(cpus, gpus, nodes)
     if fit > 0:
         return fit
     where = (
@@ -207,6 +204,37 @@ def check_resources(settings: RunSettings, nodes: list[dict[str, float]]) -> int
     )
 
 
+def actors_fit(cpus: float, gpus: float, nodes: list[dict[str, float]]) -> int:
+    """How many actors of ``cpus`` CPUs and ``gpus`` GPUs the ``nodes`` hold, node by node.
+
+    Parameters
+    ----------
+    cpus, gpus : float
+        One actor's resources.
+    nodes : list of dict
+        Each node's resources (``CPU``, ``GPU``).
+
+    Returns
+    -------
+    int
+    """
+    fit = 0
+    for n in nodes:
+        c, g = float(n.get("CPU", 0)), float(n.get("GPU", 0))
+        k = int(c // cpus) if cpus > 0 else 1 << 30
+        if gpus > 0:
+            k = min(k, int(g // gpus))
+        fit += k
+    return fit
+
+
+def _alive_nodes() -> list[dict[str, float]]:
+    """The resources of the cluster's alive nodes (``ray.nodes()`` lists dead ones too)."""
+    import ray
+
+    return [n.get("Resources") or {} for n in ray.nodes() if n.get("Alive", True)]
+
+
 def _amounts(xs: list[float]) -> str:
     return "/".join(f"{x:g}" for x in xs) if xs else "none"
 
@@ -218,6 +246,7 @@ def _surviving_backend_class() -> type:
     import ray
     from flwr.common.constant import PARTITION_ID_KEY
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+    from flwr.simulation.ray_transport.ray_actor import BasicActorPool, ClientAppActor
 
     losses: tuple[type[BaseException], ...] = tuple(
         cls
@@ -230,9 +259,19 @@ def _surviving_backend_class() -> type:
         """Flower's Ray backend, less the actors Ray has lost (see the module doc)."""
 
         def build(self, app_fn: Any) -> None:
-            super().build(app_fn)
+            # as many actors as the *alive* nodes hold: Flower counts a dead node's resources
+            # too, and an actor that cannot be placed would leave its messages waiting forever
+            pool = BasicActorPool(
+                actor_type=ClientAppActor,
+                client_resources=self.client_resources,
+                actor_kwargs=self.actor_kwargs,
+            )
+            res = self.client_resources
+            n = actors_fit(float(res["num_cpus"]), float(res.get("num_gpus", 0)), _alive_nodes())
+            pool.add_actors_to_pool(min(n, pool.actors_capacity))
+            self.pool, self.app_fn = pool, app_fn
             self._idle = threading.Condition()
-            self._alive = self._pool().num_actors
+            self._alive = pool.num_actors
 
         def _pool(self) -> Any:
             if self.pool is None or self.app_fn is None:

@@ -178,11 +178,22 @@ def test_two_nodes_equal_local_and_a_lost_node_is_an_owner_failure(tmp_path, two
     out = finish(fedudp(["train.rounds=2", f"hydra.run.dir={local}"], env))
     assert (local / "summary.json").is_file(), out[-3000:]
     p = fedudp([*flower, "train.rounds=2", f"hydra.run.dir={across}"], env)
+    on_head, on_worker = set(), set()  # each node's processes while the run runs (its actors
+
+    def sample() -> None:  # exit with the driver)
+        while p.poll() is None:
+            on_head.update(session_pids(head.pid))
+            on_worker.update(session_pids(worker.pid))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     out = finish(p)
+    sampler.join()
     assert p.returncode == 0, out[-3000:]
     assert comparable(across) == comparable(local)
     pids = set(json.loads((across / "summary.json").read_text())["flower_worker_pids"])
-    assert pids & set(session_pids(head.pid)) and pids & set(session_pids(worker.pid)), pids
+    assert pids & on_head and pids & on_worker, (pids, on_head, on_worker)
 
     # 2. the worker node lost once round 1 is written: its owners fail, the run goes on; it is
     # interrupted (SIGTERM) as soon as the round that lost the node is written
