@@ -31,6 +31,7 @@ from fedudp.billboard.rounds import Collected, Evaluation, run_rounds
 from fedudp.billboard.server import Billboard
 import fedudp.flower.wire as flower_wire
 from fedudp.flower.server_app import FlowerTransport
+from fedudp.flower.blocks import owner_blocks
 from fedudp.privacy.accountant import ADJACENCY, Ledger, accountant_for
 from fedudp.protocol.messages import Failure, make_reply
 
@@ -251,6 +252,7 @@ class FakeFlowerTransport(FlowerTransport):
         )
         self.asked: list[list[int]] = []
         self.constraint = Constraint(rows=False, clip=1.0)
+        self.blocks = owner_blocks(OWNERS, 1)  # the public plan: node k holds owner k
 
     def _message(self, j, round_, kind, shared, units=None):
         rec = flower_wire.run_record("{}", round_, j, units, Constraint(rows=False, clip=1.0))
