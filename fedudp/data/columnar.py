@@ -98,6 +98,29 @@ def _npz_column(npz: Any, path: Path, name: str) -> np.ndarray:
         ) from e
 
 
+def _npz_columns(
+    p: Path,
+    features: str,
+    label: str,
+    user: str,
+    owner: str | None,
+    meta: Sequence[str],
+    load_features: bool = True,
+) -> dict[str, np.ndarray]:
+    """The archive's wanted columns, each checked (a missing one named); the features only
+    with ``load_features``."""
+    with _load_npz(p) as npz:
+        present = list(npz.files)
+        for column, key in _wanted(features, label, user, owner, meta):
+            if column not in present:
+                raise _missing_column(p, column, present, key)
+        return {
+            name: _npz_column(npz, p, name)
+            for name, _ in _wanted(features, label, user, owner, meta)
+            if load_features or name != features
+        }
+
+
 def read_npz(
     path: str | Path,
     *,
@@ -132,15 +155,7 @@ def read_npz(
         the file and the array).
     """
     p = _existing(path, "write it with np.savez(path, x=..., y=..., user=...)")
-    with _load_npz(p) as npz:
-        present = list(npz.files)
-        for column, key in _wanted(features, label, user, owner, meta):
-            if column not in present:
-                raise _missing_column(p, column, present, key)
-        cols = {
-            name: _npz_column(npz, p, name)
-            for name, _ in _wanted(features, label, user, owner, meta)
-        }
+    cols = _npz_columns(p, features, label, user, owner, meta)
     return from_arrays(
         cols[features],
         cols[label],

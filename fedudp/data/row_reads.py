@@ -28,6 +28,7 @@ from fedudp.data.columnar import (
     _load_npz,
     _missing_column,
     _npz_column,
+    _npz_columns,
     _parquet_features,
     _parquet_ids,
     _pyarrow,
@@ -147,16 +148,7 @@ def read_npz_plan(
         As ``read_npz``.
     """
     p = _existing(path, "write it with np.savez(path, x=..., y=..., user=...)")
-    with _load_npz(p) as npz:
-        present = list(npz.files)
-        for column, key in _wanted(features, label, user, owner, meta):
-            if column not in present:
-                raise _missing_column(p, column, present, key)
-        cols = {
-            name: _npz_column(npz, p, name)
-            for name, _ in _wanted(features, label, user, owner, meta)
-            if name != features
-        }
+    cols = _npz_columns(p, features, label, user, owner, meta, load_features=False)
     rows = npz_rows(p, features)
     n = int(rows.array.shape[0]) if rows.array.ndim else 0
     recs = from_arrays(
