@@ -51,10 +51,10 @@ __all__ = [
 
 
 def same_config(out: Path, cfg: RunConfig) -> bool | None:
-    """Whether ``out/config.yaml`` is this config (``progress``, ``engine_opts.threads`` and
-    ``engine_opts.device`` aside: they change how a run is shown and scheduled, not the
-    experiment, though a thread count or a GPU can move float rounding); None if there is none
-    (an unreadable one counts as another run's).
+    """Whether ``out/config.yaml`` is this config (what ``comparable`` drops aside: how a run
+    is shown and scheduled, the engine included, not the experiment, though a thread count, a
+    GPU or the engine can move float rounding); None if there is none (an unreadable one counts
+    as another run's).
 
     Parameters
     ----------
@@ -99,8 +99,10 @@ def saved_config(path: Path) -> dict:
 
 def comparable(d: Any) -> Any:
     """A config dict without what changes how a run is shown, scheduled, checkpointed, tracked
-    or resumed, not what it computes (``progress``, ``engine_opts.threads``,
-    ``engine_opts.device``, ``checkpoint``, ``tracking``, ``resume``).
+    or resumed, not what it computes (``progress``, ``engine`` and every ``engine_opts`` key but
+    ``float64``, ``checkpoint``, ``tracking``, ``resume``): a run checkpointed on one engine
+    resumes on the other (a cluster's run on one machine), as the engines give the same numbers
+    (tests/engines), a thread count, a GPU or another engine moving float rounding at most.
 
     Parameters
     ----------
@@ -114,11 +116,10 @@ def comparable(d: Any) -> Any:
     """
     if not isinstance(d, dict):
         return d
-    d = {k: v for k, v in d.items() if k not in ("progress", "checkpoint", "tracking", "resume")}
-    if isinstance(d.get("engine_opts"), dict):
-        d["engine_opts"] = {
-            k: v for k, v in d["engine_opts"].items() if k not in ("threads", "device")
-        }
+    drop = ("progress", "checkpoint", "tracking", "resume", "engine")
+    d = {k: v for k, v in d.items() if k not in drop}
+    if isinstance(d.get("engine_opts"), dict):  # all but float64 (equivalence mode)
+        d["engine_opts"] = {k: v for k, v in d["engine_opts"].items() if k == "float64"}
     return d
 
 

@@ -530,6 +530,47 @@ def test_flower_sigkill_after_a_random_round_then_resume_is_the_uninterrupted_ru
     _assert_ray_gone(seen)
 
 
+def _same_experiment(a: Path, b: Path) -> None:
+    """Two run folders of one experiment on two engines: the same rounds, accuracy, ε, ledger
+    events and final shared parameters (equivalence mode: to float rounding; the released
+    bytes' hash, of the sums' float order, aside)."""
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    for k in ("stop_reason", "rounds_completed", "accuracy_mean", "epsilon", "releases_made"):
+        assert sa[k] == sb[k], k
+    la, lb = (
+        [{k: v for k, v in e.items() if k != "release_sha256"} for e in _lines(d / "ledger.jsonl")]
+        for d in (a, b)
+    )
+    assert la == lb
+    ua, ub = (_final_state(d, sa["rounds_completed"])["billboard"]["u"] for d in (a, b))
+    assert torch.allclose(ua.double(), ub.double(), rtol=0, atol=1e-10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("first,then", [("local", "flower"), ("flower", "local")])
+def test_a_run_checkpointed_on_one_engine_resumes_on_the_other(tmp_path, first, then):
+    """A cluster's run resumed on one machine, and back (issue 52): the checkpoint's personal
+    state is the local engine's stacked rows or the Flower owners' own files, either read by
+    the other engine; the resumed run is the uninterrupted one."""
+    rounds = FLOWER["train.rounds"]
+    ref, _, err = _run_watching(_kill_args(tmp_path / "ref", 0, "none", engine="local"))
+    assert ref.returncode == 0, err[-3000:]
+    killed, _, err = _run_watching(
+        _kill_args(tmp_path / "run", 2, "after_checkpoint", engine=first)
+    )
+    assert killed.returncode == -signal.SIGKILL, err[-3000:]
+    again, _, err = _run_watching(
+        _kill_args(tmp_path / "run", 0, "none", engine=then, resume=str(tmp_path / "run"))
+    )
+    assert again.returncode == 0, err[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["engine"] == then
+    assert [m["round"] for m in _lines(tmp_path / "run" / "metrics.jsonl")] == list(
+        range(1, rounds + 1)
+    )
+    _same_experiment(tmp_path / "ref", tmp_path / "run")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(

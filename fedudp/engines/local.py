@@ -168,10 +168,19 @@ class LocalTransport:
         return {"personal": {k: v.detach().cpu().clone() for k, v in self.personal_params.items()}}
 
     def restore(self, state: dict, folder: Path | None = None) -> None:
-        """The stacked personal parameters of the checkpoint (same names, shapes, dtypes)."""
+        """The stacked personal parameters of the checkpoint (same names, shapes, dtypes), or
+        of its owners' folder for a checkpoint of engine=flower."""
+        from fedudp.protocol import checkpoint
         from fedudp.protocol.checkpoint import CheckpointError
 
-        saved = state["personal"]
+        if "owners_saved" in state:  # engine=flower's: each node wrote its owners' rows
+            saved = (
+                checkpoint.load_owners_personal(folder, range(self.fed.num_owners))
+                if state["owners_saved"] and folder is not None
+                else {k: v.clone() for k, v in self.personal_params.items()}
+            )
+        else:
+            saved = state["personal"]
         mine = self.personal_params
         if set(saved) != set(mine) or any(
             saved[k].shape != mine[k].shape or saved[k].dtype != mine[k].dtype for k in mine

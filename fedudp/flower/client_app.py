@@ -201,17 +201,6 @@ def _load_personal(folder: str, block: range) -> Params:
     return checkpoint.load_owners_personal(folder, list(block))
 
 
-def _save_personal(folder: str, block: range, personal: Params) -> None:
-    """The block's personal state in one file (``owner-<j>.pt`` for a one-owner node,
-    ``owners-<a>-<b>.pt`` for a block): one atomic write per node and checkpoint."""
-    path = (
-        checkpoint.owner_file(folder, block[0])
-        if len(block) == 1
-        else checkpoint.block_file(folder, block[0], block[-1])
-    )
-    checkpoint.atomic_write(path, checkpoint.dump({"personal": personal}))
-
-
 client_app = ClientApp()
 
 # the error code of a reply to a message that is not fedudp's (a foreign ServerApp)
@@ -330,7 +319,7 @@ def train(msg: Message, context: Context) -> Message:
         context.state[K_STATE] = wire.params_to_record(personal)
         context.state[K_STATE_RUN] = ConfigRecord({"run": _key(str(run["cfg"]))})
         if K_PERSONAL_OUT in run and owners.trains_personal:
-            _save_personal(str(run[K_PERSONAL_OUT]), block, personal)
+            checkpoint.save_owners_personal(str(run[K_PERSONAL_OUT]), block, personal)
     asked = wire.read_units(run)
     if asked is None:  # per_silo: nothing is sent
         return Message(wire.ack_record(j), reply_to=msg)

@@ -39,6 +39,7 @@ from fedudp.build import RunSettings
 from fedudp.errors import ConfigError
 
 __all__ = [
+    "LOST",
     "RAY_LOSSES",
     "ClusterLost",
     "lost",
@@ -48,6 +49,8 @@ __all__ = [
     "ray_init_args",
     "using_backend",
 ]
+
+LOST = "ray: "  # how an owner failure that Ray lost begins (``lost``)
 
 # exceptions Ray raises when a worker, an actor, its node or its objects are gone: the owner's
 # infrastructure failed, not its code (ray.exceptions; their subclasses are named here too)
@@ -105,7 +108,7 @@ def lost(code: int, reason: str) -> str | None:
         return None
     text = reason[m.end() :].strip().rstrip("'>").strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return f"ray: {name}: {first[:160]}" if first else f"ray: {name}"
+    return f"{LOST}{name}: {first[:160]}" if first else f"{LOST}{name}"
 
 
 # -- before any work: the cluster can hold what the run asks for ---------------------------------
@@ -260,7 +263,9 @@ def _surviving_backend_class() -> type:
 
         def build(self, app_fn: Any) -> None:
             # as many actors as the *alive* nodes hold: Flower counts a dead node's resources
-            # too, and an actor that cannot be placed would leave its messages waiting forever
+            # too. An actor joins the pool only once Ray has started it (``_admit``): one that
+            # cannot be placed (a node that died but is still listed alive, its resources
+            # counted) never takes a message, so no message waits on it.
             pool = BasicActorPool(
                 actor_type=ClientAppActor,
                 client_resources=self.client_resources,
@@ -268,10 +273,27 @@ def _surviving_backend_class() -> type:
             )
             res = self.client_resources
             n = actors_fit(float(res["num_cpus"]), float(res.get("num_gpus", 0)), _alive_nodes())
-            pool.add_actors_to_pool(min(n, pool.actors_capacity))
+            n = max(1, min(n, pool.actors_capacity))
             self.pool, self.app_fn = pool, app_fn
             self._idle = threading.Condition()
-            self._alive = pool.num_actors
+            self._alive = 0  # actors started and not lost
+            self._pending: dict[Any, Any] = {}  # readiness ref -> actor not yet started
+            self._stop = threading.Event()
+            for _ in range(n):
+                self._start_actor()
+            pool.num_actors = n  # Flower runs this many worker threads
+            self._admitter = threading.Thread(
+                target=self._admit, name="fedudp-ray-admit", daemon=True
+            )
+            self._admitter.start()
+
+        def _start_actor(self) -> None:
+            actor = self._pool().create_actor_fn()
+            with self._idle:
+                self._pending[actor.__ray_ready__.remote()] = actor
+
+        def _admit(self) -> None:
+            _admit_started(self)
 
         def _pool(self) -> Any:
             if self.pool is None or self.app_fn is None:
@@ -298,7 +320,7 @@ def _surviving_backend_class() -> type:
             pool = self._pool()
             with self._idle:
                 while not pool.pool:
-                    if self._alive <= 0:
+                    if self._alive <= 0 and not self._pending:
                         raise ClusterLost(
                             "every Ray actor of the simulation is lost (no alive node left)"
                         )
@@ -311,19 +333,59 @@ def _surviving_backend_class() -> type:
                 self._idle.notify()
 
         def _lose(self, actor: Any) -> None:
-            pool = self._pool()
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-            spare = _free_now(self.client_resources)
             with self._idle:
-                if spare:
-                    pool.pool.append(pool.create_actor_fn())
-                else:
-                    self._alive -= 1
-                    pool.num_actors -= 1
+                self._alive -= 1
                 self._idle.notify_all()
+            if _free_now(self.client_resources):  # a replacement only where one fits now
+                self._start_actor()
+
+        def terminate(self) -> None:
+            self._stop.set()
+            with self._idle:
+                pending = list(self._pending.values())
+                self._pending.clear()
+            for actor in pending:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+            super().terminate()
 
     return SurvivingRayBackend
+
+
+def _admit_started(b: Any) -> None:
+    """``SurvivingRayBackend``'s admission thread: move each actor Ray has started into the
+    pool, drop one Ray lost before it started, until the backend terminates."""
+    import ray
+
+    while not b._stop.is_set():
+        with b._idle:
+            refs = list(b._pending)
+        if not refs:
+            b._stop.wait(0.2)
+            continue
+        try:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
+        except Exception:  # noqa: BLE001  (Ray shut down under us: the run is over)
+            return
+        for ref in ready:
+            with b._idle:
+                actor = b._pending.pop(ref, None)
+            if actor is None:  # terminated meanwhile
+                continue
+            try:
+                ray.get(ref)
+            except Exception:  # noqa: BLE001  (never started, e.g. its node died: not pooled)
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+                with b._idle:
+                    b._idle.notify_all()
+                continue
+            with b._idle:
+                b._alive += 1
+                b._pool().pool.append(actor)
+                b._idle.notify_all()
 
 
 def _free_now(resources: dict[str, float]) -> bool:

@@ -127,6 +127,8 @@ class FlowerTransport:
         self.owner_pids: dict[int, int] = {}
         self._save: tuple[int, Path] | None = None  # (round, folder): owners save their state
         self._resume: Path | None = None  # owners without state load it from here
+        self._last_saved: tuple[int, Path] | None = None  # newest checkpoint: round, owners' folder
+        self._unchanged: tuple[int, set[int]] = (0, set())  # (round, blocks Ray lost in train)
         self._connect()
 
     def _message(
@@ -273,6 +275,8 @@ class FlowerTransport:
         }
         msgs = {k: self._message(k, round_, "train", shared, sent[k]) for k in targets}
         got, failed = self._exchange(msgs, round_)
+        # a node Ray lost returned no context: its owners' personal state is last round's
+        self._unchanged = (round_, {k for k, r in failed.items() if r.startswith(cluster.LOST)})
         replies: dict[int, OwnerReply] = {}
         for k, m in sorted(got.items()) if cohort is not None else ():  # per_silo: acks
             try:
@@ -397,19 +401,54 @@ class FlowerTransport:
 
     def checkpoint_state(self, round_: int) -> dict | None:
         """The owners who saved their state for ``round_``; None (no checkpoint this round)
-        if one of them did not (it failed or timed out)."""
+        if one of them did not (it failed or timed out).
+
+        A node whose train message Ray lost (its actor or node died: ``cluster.lost``) ran
+        nothing Flower kept: where the newest checkpoint is last round's, its owners' personal
+        state is still that checkpoint's, so their rows are copied from it into this round's
+        folder (over anything the lost node may have written before it died). A node that timed
+        out or sent a bad reply may have advanced its state, and so may a lost node whose
+        previous round was not checkpointed: no checkpoint."""
         folder = self._save[1] if self._save is not None and self._save[0] == round_ else None
         holders = self._holders()
-        if holders and (
-            folder is None or not set(holders) <= set(checkpoint.owner_state_files(folder))
-        ):
+        if not holders:
+            return {"owners_saved": holders}
+        if folder is None:
             return None
-        return {"owners_saved": holders}
+        lost_round, lost = self._unchanged
+        if lost_round == round_ and lost:
+            if self._last_saved is None or self._last_saved[0] != round_ - 1:
+                return None
+            for k in sorted(lost):
+                block = self.blocks[k]
+                try:
+                    rows = checkpoint.load_owners_personal(self._last_saved[1], list(block))
+                except checkpoint.CheckpointError:
+                    return None
+                for j in block:  # whatever the lost node wrote goes
+                    path, _ = checkpoint.owner_state_files(folder).get(j, (None, 0))
+                    if path is not None:
+                        path.unlink(missing_ok=True)
+                checkpoint.save_owners_personal(folder, block, rows)
+        if not set(holders) <= set(checkpoint.owner_state_files(folder)):
+            return None
+        self._last_saved = (round_, folder)
+        return {"owners_saved": holders, "round": round_}
 
     def restore(self, state: dict, folder: Path) -> None:
         """Owners load their personal state from the checkpoint's folder on their first
-        message (their ``context.state`` is empty in a new simulation)."""
+        message (their ``context.state`` is empty in a new simulation); a checkpoint of
+        engine=local holds the stacked rows itself: they are written there first."""
+        restored = state.get("personal")
+        if "personal" in state:  # engine=local's: its stacked rows, one file for every owner
+            state = {"owners_saved": self._holders()}
+            if state["owners_saved"]:
+                n = self.fed.num_owners
+                Path(folder).mkdir(parents=True, exist_ok=True)
+                checkpoint.save_owners_personal(folder, range(n), cast(Params, restored))
         self._resume = Path(folder) if state["owners_saved"] else None
+        if self._resume is not None and "round" in state:
+            self._last_saved = (int(state["round"]), self._resume)
 
 
 def _short(reason: str) -> str:

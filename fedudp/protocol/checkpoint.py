@@ -44,6 +44,7 @@ __all__ = [
     "load_bytes",
     "load_file",
     "load_owners_personal",
+    "save_owners_personal",
     "owner_file",
     "owner_state_files",
     "owners_dir",
@@ -200,6 +201,32 @@ def load_owners_personal(folder: Path | str, owners: Sequence[int]) -> dict:
     if len(rows) == 1:
         return rows[0]
     return {k: torch.cat([r[k] for r in rows]) for k in rows[0]}
+
+
+def save_owners_personal(folder: Path | str, block: range, personal: dict) -> Path:
+    """Write the personal parameters of the owners ``block`` (stacked in that order) as one
+    state file: ``owner-<j>.pt`` for one owner, ``owners-<a>-<b>.pt`` for a block; one atomic
+    write (``atomic_write``).
+
+    Parameters
+    ----------
+    folder : pathlib.Path or str
+        The owners' folder.
+    block : range
+        The owners, consecutive.
+    personal : dict of str to torch.Tensor
+        ``[len(block), ...]`` each.
+
+    Returns
+    -------
+    pathlib.Path
+        The file written.
+    """
+    path = (
+        owner_file(folder, block[0]) if len(block) == 1 else block_file(folder, block[0], block[-1])
+    )
+    atomic_write(path, dump({"personal": personal}))
+    return path
 
 
 def dump(state: dict) -> bytes:

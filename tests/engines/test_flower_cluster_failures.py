@@ -236,7 +236,7 @@ def backend(actors, twin: bool = False):
         cls = Twin
     b = object.__new__(cls)
     b.pool, b.app_fn, b.client_resources = _Pool(actors), (lambda: None), {"num_cpus": 1}
-    b._idle, b._alive = threading.Condition(), len(actors)
+    b._idle, b._alive, b._pending = threading.Condition(), len(actors), {}
     return b
 
 
@@ -272,7 +272,7 @@ def later_messages_recover(b) -> bool:
 def test_a_lost_actor_leaves_the_pool(fake_ray):
     b = backend([_Actor("live"), _Actor("dead", dead=True)])
     assert later_messages_recover(b)
-    assert b.pool.num_actors == 1 and b._alive == 1
+    assert b._alive == 1 and [a.name for a in b.pool.pool] == ["live"]
 
 
 def test_weakened_twin_dead_actor_back_in_the_pool_is_caught(fake_ray):
@@ -292,6 +292,120 @@ def test_with_no_actor_left_messages_fail_at_once(fake_ray):
     with pytest.raises(cluster.ClusterLost):
         b.process_message(_request(), ctx)
     assert time.time() - t0 < 2
+
+
+# -- the backend: an actor takes messages only once Ray has started it ---------------------------
+class _Starting(_Actor):
+    """An actor Ray places (``starts``), never places (a node that died but is still listed
+    alive: it waits forever), or loses before it starts (``died``)."""
+
+    def __init__(self, name: str, starts: bool = True, died: bool = False) -> None:
+        super().__init__(name)
+        self.starts, self.died = starts or died, died
+        self.__ray_ready__ = self
+
+    def remote(self, *args):
+        return ("ready", self) if not args else (self, args[2])
+
+
+@pytest.fixture
+def starting_ray(monkeypatch):
+    never = threading.Event()
+
+    def get(ref):
+        actor = ref[1] if ref[0] == "ready" else ref[0]
+        if not actor.starts:  # a message to an actor that is never placed waits (here: 3 s)
+            never.wait(3)
+            raise TimeoutError(f"waited on {actor.name}, which Ray never started")
+        if ref[0] == "ready":
+            if actor.died:
+                raise ray.exceptions.ActorDiedError()
+            return True
+        return ref[1], f"reply by {actor.name}", "ctx"
+
+    def wait(refs, num_returns=1, timeout=None):
+        ready = [r for r in refs if r[1].starts]
+        if not ready:
+            time.sleep(timeout or 0)
+        return ready[:num_returns], [r for r in refs if r not in ready[:num_returns]]
+
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "kill", lambda *a, **k: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(cluster, "_free_now", lambda resources: False)
+
+
+def built(actors, monkeypatch, twin: bool = False):
+    """``SurvivingRayBackend.build`` over ``actors`` on a cluster listing two alive nodes."""
+    import flwr.server.superlink.fleet.vce.backend.raybackend as raybackend
+    import flwr.simulation.ray_transport.ray_actor as ray_actor
+
+    made = iter(actors)
+
+    class Pool:
+        def __init__(self, **kw) -> None:
+            self.pool, self.num_actors, self.actors_capacity = [], 0, len(actors)
+            self.create_actor_fn = lambda: next(made)
+
+        def add_actors_to_pool(self, n: int) -> None:  # Flower's: every actor in at once
+            self.pool += [self.create_actor_fn() for _ in range(n)]
+            self.num_actors += n
+
+        def terminate_all_actors(self) -> None:
+            self.pool.clear()
+
+    monkeypatch.setattr(ray_actor, "BasicActorPool", Pool)
+    monkeypatch.setattr(raybackend, "BasicActorPool", Pool)
+    monkeypatch.setattr(cluster, "_alive_nodes", lambda: [{"CPU": 1.0}] * len(actors))
+    cls = cluster._surviving_backend_class()
+    b = object.__new__(cls)
+    b.client_resources, b.actor_kwargs = {"num_cpus": 1}, {}
+    if twin:  # the weakened twin: Flower's build, every actor in the pool before it started
+        raybackend.RayBackend.build(b, lambda: None)
+        b._idle, b._alive, b._pending = threading.Condition(), len(actors), {}
+    else:
+        b.build(lambda: None)
+    return b
+
+
+def served_by(b, n: int) -> list[str]:
+    ctx = Context(
+        run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={}
+    )
+    return [b.process_message(_request(), ctx)[0] for _ in range(n)]
+
+
+def test_an_actor_ray_never_places_takes_no_message(starting_ray, monkeypatch):
+    """Resumed after a node loss, the dead node still listed alive: one actor is never placed.
+    Every message goes to the started one; none waits on the other (the hang of issue 52)."""
+    b = built([_Starting("placed"), _Starting("unplaceable", starts=False)], monkeypatch)
+    try:
+        t0 = time.time()
+        assert served_by(b, 4) == ["reply by placed"] * 4
+        assert time.time() - t0 < 2.5
+        assert b._alive == 1 and len(b._pending) == 1
+    finally:
+        b.terminate()
+    assert not b._pending
+
+
+def test_an_actor_lost_before_it_started_is_dropped(starting_ray, monkeypatch):
+    b = built([_Starting("died", died=True), _Starting("placed")], monkeypatch)
+    try:
+        assert served_by(b, 3) == ["reply by placed"] * 3
+        deadline = time.time() + 2
+        while b._pending and time.time() < deadline:
+            time.sleep(0.05)
+        assert b._alive == 1 and not b._pending
+    finally:
+        b.terminate()
+
+
+def test_weakened_twin_every_actor_in_the_pool_at_build_is_caught(starting_ray, monkeypatch):
+    b = built([_Starting("placed"), _Starting("unplaceable", starts=False)], monkeypatch, True)
+    with pytest.raises(TimeoutError, match="never started"):
+        served_by(b, 4)
 
 
 # -- resources before work ---------------------------------------------------------------------------
