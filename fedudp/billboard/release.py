@@ -182,6 +182,7 @@ class ReleaseGate:
         aggregator: Aggregator,
         sampling_rate: float,
         release_sha256: str | None,
+        owners_failed: int | None = None,
     ) -> LedgerEntry:
         """Compose round ``round_``'s release and ledger it (memory, then the sink), before it
         leaves.
@@ -200,6 +201,8 @@ class ReleaseGate:
         release_sha256 : str or None
             The SHA-256 of what the estimator released
             (``fedudp.protocol.ledger_file.release_digest``).
+        owners_failed : int or None, default None
+            How many owners failed in the round (None: no owners declared).
 
         Returns
         -------
@@ -215,6 +218,7 @@ class ReleaseGate:
             None,
             None,
             release_sha256,
+            owners_failed=owners_failed,
         )
         return self.append(entry, event)
 

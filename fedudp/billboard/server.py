@@ -391,7 +391,10 @@ class Billboard:
             )
             self._record(replace(earlier, superseded=True), self._event_of(round_))
         # composed and ledgered (durably, with a sink) before the release leaves: step, broadcast
-        self.gate.record(round_, event, aggregator, self.sampling.rate, digest)
+        failed = None
+        if answered is not None and self.owner_units is not None:
+            failed = len(self.owner_units) - int(answered)
+        self.gate.record(round_, event, aggregator, self.sampling.rate, digest, failed)
         self.next_round = round_ + 1
         # the release may live on the owners' device (engine_opts.device): the billboard's
         # state stays on the CPU

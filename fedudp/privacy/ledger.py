@@ -41,6 +41,10 @@ class LedgerEntry:
         A release made before a resume whose round was computed again
         (docs/usage.md#checkpoint-and-resume): it was made, so it is composed (``epsilon``
         counts it), but the run continued from the release computed after it.
+    owners_failed : int or None
+        How many owners of the round failed (a fault, a timeout, a lost node: the fail-closed
+        rule released from the others; their reasons are in metrics.jsonl). None where the
+        run declares no owners (a Flower strategy over the app's clients).
     """
 
     round: int
@@ -52,6 +56,7 @@ class LedgerEntry:
     epsilon_rdp: float | None
     release_sha256: str | None = None
     superseded: bool = False
+    owners_failed: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The entry as a ledger line: the optional fields only where they are set."""
@@ -60,6 +65,8 @@ class LedgerEntry:
             del d["release_sha256"]
         if not d["superseded"]:
             del d["superseded"]
+        if d["owners_failed"] is None:
+            del d["owners_failed"]
         return d
 
 

@@ -10,7 +10,8 @@ finalizer (never ``ray stop``, which stops every Ray on the machine). Then:
 2. a run whose worker node's raylet is SIGKILLed once round 1 is written survives: the round
    that lost the node records its owners as failed (``ray: …`` reasons in the metrics line's
    ``failures``, or ``failed_eval`` when the loss hit an evaluation),
-   released from the head's owners (fail closed); the run is then interrupted (SIGTERM);
+   released from the head's owners (fail closed), the ledger's line of the round counting them
+   (``owners_failed``); the run is then interrupted (SIGTERM);
 3. ``resume=`` on the same cluster, its worker node dead (and, for the first seconds, still
    listed alive by Ray, its CPU counted: the actor meant for it is never placed and must take no
    message), finishes the run on the head's actors: the rounds kept from the checkpoint are the
@@ -237,6 +238,11 @@ def test_two_nodes_equal_local_and_a_lost_node_is_an_owner_failure(tmp_path, two
     lost = [r for r in rounds if failed(r)]  # the loss hits a train or an evaluate message
     assert lost and all("ray:" in f["reason"] for r in lost for f in failed(r)), lost
     assert all(r["failed_owners"] < 4 for r in lost)  # the head's owners answered: released
+    ledger = {  # the ledger's round line counts the failed owners of a round it released
+        e["round"]: e
+        for e in map(json.loads, (lossy / "ledger.jsonl").read_text().splitlines()[1:])
+    }
+    assert all(ledger[r["round"]]["owners_failed"] == r["failed_owners"] for r in rounds)
     assert "a fedudp bug" not in out
     assert p.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert json.loads((lossy / "summary.json").read_text())["stop_reason"] == "interrupted"
