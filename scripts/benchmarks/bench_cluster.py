@@ -1,20 +1,26 @@
 """Benchmark: owners in blocks per Flower SuperNode (``engine_opts.owners_per_node``) against
-the local engine, on one machine (a local Ray on loopback).
+the local engine, on one machine: a local Ray on loopback (one node, started by each run) or
+a two-node Ray cluster on loopback (a head and a worker node, one CPU each, started by this
+script and stopped by their sessions; ``_loopback_cluster.py``).
 
-Workload: joint_dp on synthetic records (20 features, 10 one-record users per owner, Poisson
-sampling q = 0.5, a given noise multiplier: no calibration), ``n`` owners, ``R`` rounds,
-evaluation after the last round only, no checkpoints unless ``--checkpoint-every`` (on the
-Flower engine each owner writes and fsyncs its own state file). Each configuration runs in a fresh process (its own
-session); reported: the median seconds of the rounds 2..R (a round: the transport's train
-call, what the billboard waits for), the connect time (``FlowerTransport._connect``: nodes up
-and the first query answered), the wall time of the whole run, and the peak RSS of each Ray
-worker process of the run (the client actors; sampled every 0.2 s) and of the driver.
+Workload: joint_dp on synthetic records (``--features``, default 20; 10 users per owner of
+``--rpu`` records each, default 1), or on an uncompressed ``.npz`` written by this script
+(``--grid memory``: the block's features are read by row from it), Poisson sampling
+q = 0.5, a given noise multiplier (no calibration), ``R`` rounds, evaluation after the last
+round only, no checkpoints unless ``--checkpoint-every``. Each run is a fresh process (its own
+session); reported: the median seconds of rounds 2..R (the transport's ``train``, what the
+billboard waits for), the connect time (``FlowerTransport._connect``: nodes up and the first
+query answered) with its time points (``_cluster_child.py``), the wall time of the run, the
+peak RSS (and peak anonymous RSS) of each Flower client actor (sampled every 0.2 s, labelled
+by the node it ran on) and of the driver.
 
     .venv/bin/python scripts/benchmarks/bench_cluster.py --owners 1000 10000 --rounds 3 \\
         --cpus 2 --out docs/results/cluster
+    .venv/bin/python scripts/benchmarks/bench_cluster.py --grid scale --reps 3 \\
+        --out docs/results/cluster            # also: --grid memory, --grid overhead
 
-Writes ``<out>/results.json`` (one row per run) and ``<out>/README.md`` (the table, the
-command and its wall time).
+A grid appends each run to ``<out>/results.json`` as it finishes and skips the runs already
+there (resumable); the plain form writes ``results.json`` and ``TABLE.md`` at its end.
 """
 
 from __future__ import annotations
@@ -25,103 +31,80 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+T_START = time.time()  # a child run's time points are relative to this
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray on 127.0.0.1 only
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+from _cluster_grids import GRIDS, npz_file  # noqa: E402
+from _cluster_report import plot, report, table  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
+BOOT = next(
+    int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines() if ln[:5] == "btime"
+)
+TICK = os.sysconf("SC_CLK_TCK")
+KEY_FIELDS = ("grid", "owners", "engine", "per", "nodes", "features", "rpu", "npz", "variant")
 
 
-def make_cfg(n: int, rounds: int, engine: str, per_node: int, cpus: int, checkpoint_every: int = 0):
-    """The workload above on ``engine`` (``per_node`` owners per SuperNode)."""
-    from fedudp.config import RunConfig
-
-    cfg = RunConfig()
-    cfg.progress = False
-    cfg.method = "joint_dp"
-    cfg.engine = engine
-    cfg.dataset.num_records = 10 * n
-    cfg.dataset.pool_train = 10 * n
-    cfg.dataset.pool_test = max(2 * n, 1000)
-    cfg.dataset.features = 20
-    cfg.partition.num_owners = n
-    cfg.partition.scheme = "iid"
-    cfg.partition.records_per_user = 1
-    cfg.train.rounds = rounds
-    cfg.train.sampling_rate = 0.5
-    cfg.train.eval_every = 10**6  # after the last round only
-    cfg.privacy.noise_multiplier = 3.0
-    cfg.privacy.epsilon = 1e6
-    cfg.engine_opts.threads = 1
-    cfg.engine_opts.num_cpus = 1.0
-    cfg.engine_opts.owners_per_node = per_node
-    cfg.checkpoint.every = checkpoint_every  # 0: none (each Flower owner writes its own file)
-    return cfg
-
-
-def child(spec: dict) -> None:
-    """One run in this process; prints one JSON line of timings."""
-    import torch
-
-    torch.set_num_threads(1)
-    import fedudp.engines.local as local
-    from fedudp.run import run
-
-    times: list[float] = []
-    connect: list[float] = []
-
-    def timed(cls, name, sink):
-        orig = getattr(cls, name)
-
-        def wrapper(self, *a, **k):
-            t0 = time.perf_counter()
-            try:
-                return orig(self, *a, **k)
-            finally:
-                sink.append(time.perf_counter() - t0)
-
-        setattr(cls, name, wrapper)
-
-    timed(local.LocalTransport, "train", times)
-    if spec["engine"] == "flower":
-        import fedudp.flower.server_app as server
-
-        timed(server.FlowerTransport, "train", times)
-        timed(server.FlowerTransport, "_connect", connect)
-    cfg = make_cfg(
-        spec["owners"], spec["rounds"], spec["engine"], spec["per"], spec["cpus"], spec["ckpt"]
-    )
-    with tempfile.TemporaryDirectory() as d:
-        s = run(cfg, Path(d))
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "rounds": times,
-                "connect_s": connect[0] if connect else None,
-                "stop_reason": s["stop_reason"],
-                "accuracy_mean": s.get("accuracy_mean"),
-                "flower_nodes": s.get("flower_nodes"),
-            }
-        )
-    )
-
-
-def _rss_kib(pid: str) -> int:
+def _status_kib(pid: str) -> tuple[int, int]:
+    rss = anon = 0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+            rss = int(line.split()[1])
+        elif line.startswith("RssAnon:"):
+            anon = int(line.split()[1])
+    return rss, anon
 
 
-def measure(spec: dict, timeout: float) -> dict:
-    """Run ``spec`` in a fresh session; peak RSS per process, by its command line."""
-    env = dict(os.environ)
+class Sampler:
+    """Peak RSS of every process of some sessions, every 0.2 s (a thread)."""
+
+    def __init__(self, sessions: dict[int, str]) -> None:
+        self.sessions = sessions  # sid -> node label
+        self.peak: dict[int, dict] = {}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _one(self, d: Path) -> None:
+        stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        node = self.sessions.get(int(stat[3]))
+        if node is None:
+            return
+        rss, anon = _status_kib(d.name)
+        cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+        p = self.peak.setdefault(
+            int(d.name),
+            {"rss": 0, "anon": 0, "node": node, "start": BOOT + int(stat[19]) / TICK},
+        )
+        p["rss"], p["anon"], p["cmd"] = max(p["rss"], rss), max(p["anon"], anon), cmd
+        if "ClientApp" in cmd:
+            p.setdefault("t_actor", time.time())  # first seen as an actor
+
+    def _loop(self) -> None:
+        while not self.done.is_set():
+            for d in Path("/proc").iterdir():
+                if d.name.isdigit():
+                    try:
+                        self._one(d)
+                    except (OSError, ValueError, IndexError):
+                        continue
+            time.sleep(0.2)
+
+    def stop(self) -> dict[int, dict]:
+        self.done.set()
+        self.thread.join()
+        return self.peak
+
+
+def _run_child(spec: dict, timeout: float, env: dict, sessions: dict[int, str]):
     t0 = time.time()
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", json.dumps(spec)],
@@ -132,112 +115,140 @@ def measure(spec: dict, timeout: float) -> dict:
         env=env,
         cwd=ROOT,
     )
-    peak: dict[int, tuple[int, str]] = {}
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            for d in Path("/proc").iterdir():
-                if not d.name.isdigit():
-                    continue
-                try:
-                    stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                    if int(stat[3]) != proc.pid:
-                        continue
-                    rss = _rss_kib(d.name)
-                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
-                    if rss > peak.get(int(d.name), (0, ""))[0]:
-                        peak[int(d.name)] = (rss, cmd)
-                except (OSError, ValueError, IndexError):
-                    continue
-            time.sleep(0.2)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
+    sampler = Sampler({**sessions, proc.pid: "own"})
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 15)
         out, _ = proc.communicate()
         out += "\nTIMEOUT"
-    done.set()
-    th.join()
-    wall = time.time() - t0
+    peak = sampler.stop()
+    return proc.pid, time.time() - t0, out, peak
+
+
+def measure(spec: dict, timeout: float, env: dict | None = None, sessions=None) -> dict:
+    """Run ``spec`` in a fresh session; timings, and peak RSS per process by its command line.
+
+    Parameters
+    ----------
+    spec : dict
+        The run (``_cluster_child.make_cfg``).
+    timeout : float
+        Seconds before the run is stopped.
+    env : dict or None
+        The driver's environment (None: this process's).
+    sessions : dict[int, str] or None
+        Other sessions whose processes to sample (a cluster's nodes), by session id: label.
+
+    Returns
+    -------
+    dict
+        One row of ``results.json``.
+    """
+    pid, wall, out, peak = _run_child(spec, timeout, env or dict(os.environ), sessions or {})
     got = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     res = json.loads(got[-1][7:]) if got else {"error": out[-600:]}
     actors = sorted(
-        (r for r, c in peak.values() if "ray::" in c and "ClientApp" in c), reverse=True
-    ) or sorted((r for r, c in peak.values() if "default_worker" in c), reverse=True)
-    driver = peak.get(proc.pid, (0, ""))[0]
+        (p for p in peak.values() if "t_actor" in p),  # seen as a ClientApp actor once
+        key=lambda p: -p["rss"],
+    )
     rounds = res.get("rounds", [])
-    return {
-        **spec,
+    row = {
+        **{k: v for k, v in spec.items() if k != "address"},
         "wall_s": round(wall, 1),
         "s_per_round": round(statistics.median(rounds[1:] or rounds), 3) if rounds else None,
+        "round_s": [round(r, 3) for r in rounds],
         "connect_s": None if res.get("connect_s") is None else round(res["connect_s"], 2),
-        "actor_peak_rss_mib": [round(r / 1024) for r in actors],
-        "driver_peak_rss_mib": round(driver / 1024),
+        "actor_peak_rss_mib": [round(p["rss"] / 1024) for p in actors],
+        "actor_peak_anon_mib": [round(p["anon"] / 1024) for p in actors],
+        "actor_node": [p["node"] for p in actors],
+        "driver_peak_rss_mib": round(peak.get(pid, {"rss": 0})["rss"] / 1024),
+        "driver_peak_anon_mib": round(peak.get(pid, {"anon": 0})["anon"] / 1024),
+        "load1": round(os.getloadavg()[0], 2),
         **{k: res[k] for k in ("stop_reason", "flower_nodes", "error") if k in res},
+    }
+    if res.get("exchanges"):
+        row["exchange_s"] = [round(x, 3) for x in res["exchanges"]]
+    if "points" in res and actors:
+        row["connect_points"] = _connect_points(res["points"], actors)
+    return row
+
+
+def _connect_points(pt: dict, actors: list[dict]) -> dict:
+    """Seconds after the driver started: run called, actor processes started and first seen
+    as actors, ``_connect`` started, nodes listed, first query answered."""
+    t0 = pt["t_child0"]
+
+    def rel(t: float | None) -> float | None:
+        return None if t is None else round(t - t0, 2)
+
+    return {
+        "run_called": rel(pt.get("t_run0")),
+        "actor_process_started": [rel(a["start"]) for a in actors],
+        "actor_first_seen": [rel(a.get("t_actor")) for a in actors],
+        "connect_start": rel(pt.get("t__connect0")),
+        "nodes_listed": rel(pt.get("t_nodes")),
+        "connect_end": rel(pt.get("t__connect1")),
+        "run_end": rel(pt.get("t_end")),
     }
 
 
-def table(rows: list[dict]) -> str:
-    head = (
-        "| owners | engine | owners/node | nodes | s/round | connect s | actor peak RSS MiB "
-        "| driver peak RSS MiB | wall s |\n|---|---|---|---|---|---|---|---|---|\n"
-    )
-    body = ""
-    for r in rows:
-        body += (
-            f"| {r['owners']} | {r['engine']} | {r['per'] if r['engine'] == 'flower' else '-'} "
-            f"| {r.get('flower_nodes') or '-'} | {r['s_per_round']} | {r['connect_s'] or '-'} "
-            f"| {', '.join(map(str, r['actor_peak_rss_mib'])) or '-'} "
-            f"| {r['driver_peak_rss_mib']} | {r['wall_s']} |\n"
-        )
-    return head + body
+def _key(row: dict) -> tuple:
+    return (*(row.get(k) for k in KEY_FIELDS), row.get("rep"))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--child", default=None)
-    ap.add_argument("--owners", type=int, nargs="+", default=[1000])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--cpus", type=int, default=2, help="client actors (Ray CPUs)")
-    ap.add_argument("--per-node", type=int, nargs="+", default=[0], help="0: owners / cpus")
-    ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint.every")
-    ap.add_argument("--out", default="")
-    a = ap.parse_args(argv)
-    if a.child:
-        child(json.loads(a.child))
-        return
-    t0 = time.time()
-    rows = []
+def run_grid(name: str, reps: int, out: Path, timeout: float, rounds: int) -> None:
+    """Run grid ``name`` (``_cluster_grids.GRIDS``), ``reps`` interleaved repetitions,
+    appending each row to ``out/results.json`` as it finishes, skipping rows already there."""
+    from _loopback_cluster import LoopbackCluster
+
+    path = out / "results.json"
+    rows = json.loads(path.read_text()) if path.is_file() else []
+    done = {
+        _key(r)
+        for r in rows
+        if "error" not in r and (r["engine"] == "local" or r["actor_peak_rss_mib"])
+    }
+    todo = [
+        {**s, "grid": name, "rounds": rounds, "cpus": 2, "ckpt": 0, "rep": rep}
+        for rep in range(reps)
+        for s in GRIDS[name]()
+    ]
+    todo = [s for s in todo if _key(s) not in done]
+    for s in todo:
+        if s.get("npz") is True:
+            s["npz"] = str(npz_file(s["owners"], s["features"], s["rpu"]))
+    print(f"{len(todo)} runs to do", flush=True)
+    cluster = None
+    try:
+        for s in todo:
+            env, sessions = None, {}
+            if s.get("nodes") == 2:
+                if cluster is None:
+                    cluster = LoopbackCluster(1)
+                    cluster.__enter__()
+                env = {**cluster.env}
+                sessions = {v: k for k, v in cluster.sessions.items()}
+                s = {**s, "address": cluster.address}
+            row = measure(s, timeout, env, sessions)
+            row["utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            rows.append(row)
+            path.write_text(json.dumps(rows, separators=(",", ":")).replace("},{", "},\n{") + "\n")
+            print(json.dumps(row), flush=True)
+    finally:
+        if cluster is not None:
+            cluster.__exit__()
+
+
+def _plain(a: argparse.Namespace) -> None:
+    t0, rows = time.time(), []
     for n in a.owners:
-        rows.append(
-            measure(
-                {
-                    "owners": n,
-                    "engine": "local",
-                    "per": 1,
-                    "rounds": a.rounds,
-                    "cpus": a.cpus,
-                    "ckpt": a.checkpoint_every,
-                },
-                a.timeout,
-            )
-        )
+        base = {"owners": n, "rounds": a.rounds, "cpus": a.cpus, "ckpt": a.checkpoint_every}
+        base.update(features=a.features, rpu=a.rpu, nodes=1)
+        rows.append(measure({**base, "engine": "local", "per": 1}, a.timeout))
         print(json.dumps(rows[-1]), flush=True)
         for per in a.per_node:
-            b = per or -(-n // a.cpus)
-            spec = {
-                "owners": n,
-                "engine": "flower",
-                "per": b,
-                "rounds": a.rounds,
-                "cpus": a.cpus,
-                "ckpt": a.checkpoint_every,
-            }
+            spec = {**base, "engine": "flower", "per": per or -(-n // a.cpus)}
             rows.append(measure(spec, a.timeout))
             print(json.dumps(rows[-1]), flush=True)
     if a.out:
@@ -249,6 +260,36 @@ def main(argv: list[str] | None = None) -> None:
             f"Command: `.venv/bin/python {cmd}` (wall {time.time() - t0:.0f} s)\n\n" + table(rows)
         )
         print(table(rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--child", default=None)
+    ap.add_argument("--grid", choices=sorted(GRIDS), default=None)
+    ap.add_argument("--reps", type=int, default=1, help="--grid: interleaved repetitions")
+    ap.add_argument("--owners", type=int, nargs="+", default=[1000])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cpus", type=int, default=2, help="client actors (Ray CPUs)")
+    ap.add_argument("--per-node", type=int, nargs="+", default=[0], help="0: owners / cpus")
+    ap.add_argument("--features", type=int, default=20)
+    ap.add_argument("--rpu", type=int, default=1, help="records per user")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint.every")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--report", action="store_true", help="print the grids' tables, plot")
+    a = ap.parse_args(argv)
+    if a.child:
+        from _cluster_child import child
+
+        child(json.loads(a.child), T_START)
+    elif a.report:
+        out = Path(a.out or "docs/results/cluster")
+        print(report(out / "results.json"))
+        plot(out / "results.json", out / "cluster.png")
+    elif a.grid:
+        run_grid(a.grid, a.reps, Path(a.out or "docs/results/cluster"), a.timeout, a.rounds)
+    else:
+        _plain(a)
 
 
 if __name__ == "__main__":
