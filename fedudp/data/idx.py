@@ -105,6 +105,32 @@ def _read(path: Path) -> bytes:
         return f.read()
 
 
+def _mapped_images(path: Path) -> np.ndarray | None:
+    """An uncompressed IDX image file memory-mapped read-only (``[N, rows, cols]`` uint8): only
+    the rows a run gathers are read from it (a Flower node its block's, docs/engines.md), the
+    page cache shared by the processes that map it. None for a gzipped file (decompressed whole
+    by ``_read``) or another magic number (``parse_idx`` says what is wrong).
+
+    Raises
+    ------
+    ValueError
+        A truncated header, or a payload of another size than the header's.
+    """
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head[:2] == b"\x1f\x8b" or len(head) < 8 or struct.unpack(">I", head[:4])[0] != 2051:
+        return None
+    if len(head) < 16:
+        raise ValueError("IDX image header truncated")
+    n, rows, cols = struct.unpack(">III", head[4:16])
+    size = path.stat().st_size - 16
+    if size != n * rows * cols:
+        raise ValueError(f"IDX image payload has {size} bytes, header says {n}x{rows}x{cols}")
+    if n * rows * cols == 0:
+        return np.zeros((n, rows, cols), dtype=np.uint8)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=16, shape=(n, rows, cols))
+
+
 def _download(name: str, stem: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     target = dest / (stem + ".gz")
@@ -166,7 +192,8 @@ def load_idx_dataset(
                 )
             path = _download(name, stem, root / name)
         try:
-            arrays[key] = parse_idx(_read(path))
+            mapped = _mapped_images(path) if key.endswith("_images") else None
+            arrays[key] = mapped if mapped is not None else parse_idx(_read(path))
         except (ValueError, OSError, EOFError) as e:
             raise DataError(f"{path}: {e}") from None
         paths[key] = path

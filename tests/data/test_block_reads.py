@@ -198,3 +198,78 @@ def test_leaf_and_idx_blocks_equal_the_whole_federations_block(tmp_path):
         whole = build.federation(cfg)
         for r in owner_blocks(whole.num_owners, 2):
             _same(build.federation(cfg, owners=r), whole.block(r.start, r.stop))
+
+
+# -- IDX: uncompressed image files are memory-mapped; a block gathers only its records' rows ----
+class _Gathered(np.ndarray):
+    """A memory-mapped IDX image array that records the rows gathered from it by index
+    array (``Pool.features``; slices, as the pixel statistics read, are not gathers)."""
+
+    log: dict
+
+    def __getitem__(self, key):
+        if isinstance(key, np.ndarray) and key.dtype != bool:
+            self.log.setdefault(self.name, set()).update(int(i) for i in key.reshape(-1))
+        return super().__getitem__(key)
+
+
+def _raw_mnist(tmp_path):
+    import gzip
+
+    from conftest import tiny_mnist
+
+    root = tiny_mnist(tmp_path / "raw")
+    for gz in (root / "mnist").glob("*.gz"):
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+        gz.unlink()
+    return root
+
+
+def _gathers(tmp_path, monkeypatch, owners):
+    import fedudp.data.idx as idx
+
+    log: dict = {}
+    real = idx._mapped_images
+
+    def spying(path):
+        arr = real(path)
+        if arr is None:
+            return None
+        out = arr.view(_Gathered)
+        out.log, out.name = log, path.name
+        return out
+
+    monkeypatch.setattr(idx, "_mapped_images", spying)
+    cfg = config_from_overrides(
+        {
+            "progress": False,
+            "dataset.name": "mnist",
+            "dataset.root": str(_raw_mnist(tmp_path)),
+            "dataset.num_records": 240,
+            "partition.num_owners": 3,
+        }
+    )
+    fed = build.federation(cfg, owners=owners)
+    return fed, log
+
+
+def test_an_uncompressed_idx_block_gathers_only_its_records(tmp_path, monkeypatch):
+    whole, log_whole = _gathers(tmp_path / "w", monkeypatch, None)
+    block, log = _gathers(tmp_path / "b", monkeypatch, range(1, 2))
+    _same(block, whole.block(1, 2))
+    train = "train-images-idx3-ubyte"
+    assert len(log[train]) == len(block.y) < len(whole.y) == len(log_whole[train]) == 240
+
+
+def test_an_idx_block_gathering_every_record_is_caught(tmp_path, monkeypatch):
+    # the weakened twin: the whole federation gathered, then the block kept
+    real = build.federation
+
+    def whole_then_block(cfg, records=None, owners=None):
+        fed = real(cfg, records)
+        return fed if owners is None else fed.block(owners.start, owners.stop)
+
+    monkeypatch.setattr(build, "federation", whole_then_block)
+    block, log = _gathers(tmp_path, monkeypatch, range(1, 2))
+    with pytest.raises(AssertionError):
+        assert len(log["train-images-idx3-ubyte"]) == len(block.y)
