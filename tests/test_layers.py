@@ -293,6 +293,7 @@ CLIENT_MAY_IMPORT = (
     "fedudp.plain",
     "fedudp.flower.wire",
     "fedudp.flower.blocks",  # the public plan of owners per SuperNode and its records
+    "fedudp.flower.actor_device",  # an actor's device check, its CPU replies and state
     "fedudp.flower.guard",
     "fedudp.flower.fast",
     "fedudp.flower.fast_data",

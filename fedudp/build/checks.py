@@ -123,21 +123,26 @@ def check_names(cfg: RunConfig) -> None:
 
 
 def check_device(cfg: RunConfig) -> None:
-    """A CUDA ``engine_opts.device`` only where torch sees that device (its form, cpu, cuda or
-    cuda:N, and engine=local are the schema's checks, ``fedudp.config.validate``).
+    """A CUDA ``engine_opts.device`` with engine=local only where torch sees that device (its
+    form, cpu, cuda or cuda:N, and engine=flower's ``engine_opts.num_gpus`` are the schema's
+    checks, ``fedudp.config.validate``). With engine=flower this process is the driver, which
+    builds and computes on the CPU: the cluster's GPUs are checked by
+    ``fedudp.flower.cluster.preflight``, each actor's by the actor
+    (``fedudp.flower.client_app``), never here.
 
     Parameters
     ----------
     cfg : RunConfig
-        The configuration (``engine_opts.device``).
+        The configuration (``engine_opts.device``, ``engine``).
 
     Raises
     ------
     ConfigError
-        CUDA is not available, or the device index is beyond torch's device count.
+        engine=local: CUDA is not available, or the device index is beyond torch's device
+        count.
     """
     dev = str(cfg.engine_opts.device)
-    if dev == "cpu":
+    if dev == "cpu" or EngineName(cfg.engine) == EngineName.flower:
         return
     import torch
 

@@ -276,21 +276,27 @@ def owner_training(cfg: RunConfig) -> OwnerTraining:
     )
 
 
-def device(cfg: RunConfig) -> torch.device:
-    """``engine_opts.device`` (checked by ``fedudp.build.check_config``): where the local engine's
-    model, records and owner kernels live; the billboard, the ledger, the generators and every
-    noise draw stay on the CPU (docs/architecture.md#engines).
+def device(cfg: RunConfig, *, actor: bool = False) -> torch.device:
+    """Where the owners built in this process live: ``engine_opts.device`` (checked by
+    ``fedudp.build.check_config``) with engine=local and in an engine=flower actor
+    (``actor=True``); the CPU in engine=flower's driver, which runs no owner kernel. The
+    billboard, the ledger, the generators and every noise draw stay on the CPU in every engine
+    (docs/architecture.md#engines, docs/engines.md#gpus).
 
     Parameters
     ----------
     cfg : RunConfig
         The configuration.
+    actor : bool, default False
+        The owners are built by a Flower actor (``fedudp.flower.client_app``), not the driver.
 
     Returns
     -------
     torch.device
         The device.
     """
+    if EngineName(cfg.engine) == EngineName.flower and not actor:
+        return torch.device("cpu")
     return torch.device(str(cfg.engine_opts.device))
 
 
@@ -300,9 +306,12 @@ def owners(
     net: SplitModel | None = None,
     spec: MethodSpec | None = None,
     records: Any = None,
+    *,
+    actor: bool = False,
 ) -> Owners:
     """The owner component from the config alone: the billboard process and every Flower
-    owner build the same. ``hooks``: a training algorithm's (``prepare`` passes them).
+    owner build the same (on ``device(cfg, actor=actor)``). ``hooks``: a training algorithm's
+    (``prepare`` passes them).
 
     Parameters
     ----------
@@ -314,11 +323,14 @@ def owners(
         The model and method already built (None: built here with ``model`` / ``method``).
     records : Any, default None
         In-memory records (the model's input shape).
+    actor : bool, default False
+        Built by an engine=flower actor: its owners go on ``engine_opts.device``; the driver's
+        (False) stay on the CPU (``device``).
 
     Returns
     -------
     Owners
-        The owner component, its model moved to ``engine_opts.device``.
+        The owner component, its model moved to ``device(cfg, actor=actor)``.
 
     Raises
     ------
@@ -328,7 +340,7 @@ def owners(
     if cfg.engine_opts.threads:
         torch.set_num_threads(cfg.engine_opts.threads)
     net = net if net is not None else model(cfg, records)
-    net.to(device(cfg))  # in place: the owners' model on engine_opts.device
+    _place(net, device(cfg, actor=actor))  # in place: the owners' model on their device
     spec = spec if spec is not None else method(cfg, net)
     return Owners(
         net,
@@ -337,3 +349,8 @@ def owners(
         local_sgd.chunk_budget(cfg.engine_opts.chunk_records, net),
         hooks=hooks,
     )
+
+
+def _place(net: SplitModel, where: torch.device) -> None:
+    """Move the owners' model to ``where``, in place (a test's spy sees the device here)."""
+    net.to(where)

@@ -406,18 +406,29 @@ def _check_outputs(cfg: RunConfig) -> None:
 
 
 def _check_device(cfg: RunConfig) -> None:
-    """``engine_opts.device``: cpu, cuda or cuda:N, a CUDA device only with engine=local (the
-    Flower engine places nothing on a GPU). Whether torch sees that device is the builder's
-    check (``fedudp.build.checks.check_device``)."""
+    """``engine_opts.device``: cpu, cuda or cuda:N. A CUDA device with engine=local, or with
+    engine=flower where each owner actor holds a GPU (``engine_opts.num_gpus > 0``: Ray then
+    sets the actor's ``CUDA_VISIBLE_DEVICES``, so ``cuda`` is the actor's own GPU and ``cuda:N``
+    with N > 0 is refused). Whether torch sees that device is the builder's check
+    (``fedudp.build.checks.check_device``) with engine=local, the cluster's
+    (``fedudp.flower.cluster.preflight``) and each actor's with engine=flower."""
     import re
 
     dev = cfg.engine_opts.device
     if not isinstance(dev, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", dev):
         raise ConfigError(f"engine_opts.device: must be cpu, cuda or cuda:N, got {dev!r}")
-    if dev == "cpu":
+    if dev == "cpu" or cfg.engine != EngineName.flower.value:
         return
-    if cfg.engine != EngineName.local.value:
+    gpus = cfg.engine_opts.num_gpus
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not gpus > 0:
         raise ConfigError(
-            f"engine_opts.device={dev}: only engine=local runs on a GPU (the Flower engine "
-            "places nothing on one); use engine_opts.device=cpu with engine=flower"
+            f"engine_opts.device={dev} with engine=flower needs engine_opts.num_gpus > 0 (got "
+            f"{gpus!r}): each owner actor computes on the GPU Ray gives it; set "
+            "engine_opts.num_gpus=1 (a fraction shares a GPU) or engine_opts.device=cpu"
+        )
+    if int(dev.partition(":")[2] or 0) > 0:
+        raise ConfigError(
+            f"engine_opts.device={dev}: with engine=flower an actor sees only the GPU(s) Ray "
+            "gives it, numbered from 0 (CUDA_VISIBLE_DEVICES); use engine_opts.device=cuda "
+            "(Ray chooses the GPU)"
         )

@@ -42,6 +42,7 @@ import fedudp.flower.wire as wire
 from fedudp import build
 from fedudp.config import config_from_json
 from fedudp.data.federation import Federation
+from fedudp.flower.actor_device import actor_device, cpu_reply, on_cpu, on_device
 from fedudp.flower.blocks import block_eval_record, read_block
 from fedudp.flower.wire import K_PERSONAL_IN, K_PERSONAL_OUT, K_STATE, K_STATE_RUN
 from fedudp.owner.isolate import isolated_reply
@@ -49,6 +50,7 @@ from fedudp.owner.owners import Owners, Params
 from fedudp.owner.secure_reply import owner_randomness, secure_reply
 from fedudp.protocol import checkpoint
 from fedudp.protocol.contributions import Reveal
+from fedudp.protocol.messages import OwnerFailure
 from fedudp.secure.masks import MaskKeys
 from fedudp.secure.public import mask_secret
 
@@ -89,9 +91,9 @@ def owner_side(cfg_json: str) -> tuple[Owners, Federation]:
     with _LOCK:
         if key not in _CACHE or _CACHE[key][1] is None:  # None: a block node's owners only
             cfg = config_from_json(cfg_json)
-            owners = build.owners(cfg)
+            owners = _build_owners(cfg_json)
             _CACHE.clear()  # one run per process at a time
-            _CACHE[key] = (owners, build.federation(cfg).to(owners.dtype))
+            _CACHE[key] = (owners, build.federation(cfg).to(owners.dtype, owners.device))
         return _CACHE[key]
 
 
@@ -121,13 +123,13 @@ def block_side(cfg_json: str, block: range) -> tuple[Owners, Federation]:
             _BLOCKS.clear()  # one run per process at a time
             _CACHE.clear()
         if key not in _CACHE:
-            cfg = config_from_json(cfg_json)
-            _CACHE[key] = (build.owners(cfg), cast(Federation, None))
+            _CACHE[key] = (_build_owners(cfg_json), cast(Federation, None))
         owners = _CACHE[key][0]
         bk = (key, block.start, block.stop)
         if bk not in _BLOCKS:
             cfg = config_from_json(cfg_json)
-            _BLOCKS[bk] = build.federation(cfg, owners=block).to(owners.dtype)
+            fed = build.federation(cfg, owners=block)
+            _BLOCKS[bk] = fed.to(owners.dtype, owners.device)
         return owners, _BLOCKS[bk]
 
 
@@ -138,8 +140,16 @@ def _owners_only(cfg_json: str) -> Owners:
         if key not in _CACHE:
             _BLOCKS.clear()
             _CACHE.clear()
-            _CACHE[key] = (build.owners(config_from_json(cfg_json)), cast(Federation, None))
+            _CACHE[key] = (_build_owners(cfg_json), cast(Federation, None))
         return _CACHE[key][0]
+
+
+def _build_owners(cfg_json: str) -> Owners:
+    """This actor's owners component, on its device (``engine_opts.device``: the actor's GPU
+    under ``cuda``; ``OwnerFailure`` where its torch sees none, ``actor_device``)."""
+    cfg = config_from_json(cfg_json)
+    actor_device(str(cfg.engine_opts.device))  # nothing is cached when it raises: each retries
+    return build.owners(cfg, actor=True)
 
 
 def mask_keys(owners: Owners, fed: Federation | int) -> MaskKeys:
@@ -180,16 +190,17 @@ def _setup(
     else:
         block, n = marked
         owners, shard = block_side(cfg_json, block)
+    dev = owners.device  # the wire, the state and the checkpoints hold CPU arrays
     shared = (
-        wire.record_to_params(cast(ArrayRecord, msg.content[wire.K_SHARED]))
+        on_device(wire.record_to_params(cast(ArrayRecord, msg.content[wire.K_SHARED])), dev)
         if wire.K_SHARED in msg.content
         else {}
     )
     key = _key(cfg_json)
     if K_STATE in context.state and context.state[K_STATE_RUN]["run"] == key:
-        personal = wire.record_to_params(cast(ArrayRecord, context.state[K_STATE]))
+        personal = on_device(wire.record_to_params(cast(ArrayRecord, context.state[K_STATE])), dev)
     elif K_PERSONAL_IN in run and owners.trains_personal:
-        personal = _load_personal(str(run[K_PERSONAL_IN]), block)
+        personal = on_device(_load_personal(str(run[K_PERSONAL_IN]), block), dev)
     else:
         personal = owners.initial_personal(len(block))
     return run, owners, shard, shared, personal, block, n
@@ -280,7 +291,13 @@ def query(msg: Message, context: Context) -> Message:
             RecordDict({wire.K_REPLY: MetricRecord({"owner": j, "pid": os.getpid()})}),
             reply_to=msg,
         )
-    owners, fed = owner_side(cfg_json)
+    try:
+        owners, fed = owner_side(cfg_json)
+    except OwnerFailure:  # e.g. no CUDA device here: its train/evaluate fail as owner failures
+        return Message(
+            RecordDict({wire.K_REPLY: MetricRecord({"owner": j, "pid": os.getpid()})}),
+            reply_to=msg,
+        )
     n = int(context.node_config.get("num-partitions", fed.num_owners))
     if n != fed.num_owners or not 0 <= j < n:
         raise ValueError(
@@ -315,11 +332,12 @@ def train(msg: Message, context: Context) -> Message:
     round_ = int(cast(int, run["round"]))  # owner_message writes an int
     personal = owners.personal_round(shard, shared, personal, round_)
     j = block.start
-    if personal:
-        context.state[K_STATE] = wire.params_to_record(personal)
+    if personal:  # kept and checkpointed as CPU tensors: any engine or device resumes them
+        kept = on_cpu(personal)
+        context.state[K_STATE] = wire.params_to_record(kept)
         context.state[K_STATE_RUN] = ConfigRecord({"run": _key(str(run["cfg"]))})
         if K_PERSONAL_OUT in run and owners.trains_personal:
-            checkpoint.save_owners_personal(str(run[K_PERSONAL_OUT]), block, personal)
+            checkpoint.save_owners_personal(str(run[K_PERSONAL_OUT]), block, kept)
     asked = wire.read_units(run)
     if asked is None:  # per_silo: nothing is sent
         return Message(wire.ack_record(j), reply_to=msg)
@@ -337,10 +355,12 @@ def train(msg: Message, context: Context) -> Message:
             roster=range(n_owners),
             count_wraps=False,
         )
-        return Message(wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
+        return Message(
+            wire.reply_to_records(cpu_reply(rep), j, time.perf_counter() - t0), reply_to=msg
+        )
     # a user whose step raises is dropped alone, as on the local engine (owner.isolate; its
     # count crosses the wire in ``failed``, the reasons are logged here)
-    rep = isolated_reply(owners, shard, shared, personal, units, round_, constraint)
+    rep = cpu_reply(isolated_reply(owners, shard, shared, personal, units, round_, constraint))
     return Message(wire.reply_to_records(rep, j, time.perf_counter() - t0), reply_to=msg)
 
 

@@ -1,13 +1,15 @@
 """``engine=flower`` on a Ray cluster: its resources checked before any work, and a lost actor
 or node treated as an owner failure (docs/engines.md#failures).
 
-* ``preflight(settings)`` starts (or joins, ``engine_opts.address``) the Ray that Flower's
-  simulation then uses, and refuses in one line (``ConfigError``: exit status 2) a request no
-  node can hold: ``engine_opts.num_cpus`` / ``num_gpus`` above every alive node's, a GPU on a
-  cluster without one (the Flower engine computes on the CPU: ``engine_opts.device=cuda`` is
-  refused with engine=flower, ``fedudp.config.validation``; ``num_gpus`` only reserves GPUs,
-  and noise is drawn in float64 on the CPU in every engine). It runs before
-  Flower's threads start, so a refused run leaves no thread behind that keeps the process up.
+* ``preflight(settings, device)`` starts (or joins, ``engine_opts.address``) the Ray that
+  Flower's simulation then uses, and refuses in one line (``ConfigError``: exit status 2) a
+  request no node can hold: ``engine_opts.num_cpus`` / ``num_gpus`` above every alive node's,
+  a GPU on a cluster without one. With ``engine_opts.device=cuda`` (which needs
+  ``num_gpus > 0``, ``fedudp.config.validation``) each actor computes its owners' kernels on
+  the GPU Ray gives it (``fedudp.flower.actor_device``); without it ``num_gpus`` only reserves
+  GPUs. The driver itself builds and computes on the CPU, and noise is drawn in float64 on the
+  CPU in every engine (docs/engines.md#gpus). It runs before Flower's threads start, so a
+  refused run leaves no thread behind that keeps the process up.
 * ``lost(code, reason)`` reads a Flower error reply: Flower's Ray backend reports an exception
   raised *by Ray* while it ran a message (its actor's worker or node died, or became
   unreachable) with ``ErrorCode.UNKNOWN`` and the reason ``<class 'ray.exceptions.X'>:<'…'>``;
@@ -128,8 +130,9 @@ def ray_init_args(settings: RunSettings) -> dict[str, Any]:
     return {"address": str(settings.address) if settings.address else "local"}
 
 
-def preflight(settings: RunSettings) -> None:
-    """Start or join the run's Ray and check that it can hold one owner's actor.
+def preflight(settings: RunSettings, device: str = "cpu") -> None:
+    """Start or join the run's Ray and check that it can hold one owner's actor (on a GPU
+    under ``device=cuda``).
 
     Ray stays initialized for Flower's simulation (its backend then skips ``ray.init``); the
     workers get this process's ``sys.path`` as ``PYTHONPATH``, as Flower's own start gives
@@ -139,6 +142,8 @@ def preflight(settings: RunSettings) -> None:
     ----------
     settings : RunSettings
         ``engine_opts.num_cpus``, ``num_gpus`` and ``address``.
+    device : str, default "cpu"
+        ``engine_opts.device``: where each actor computes its owners' kernels.
 
     Raises
     ------
@@ -158,13 +163,15 @@ def preflight(settings: RunSettings) -> None:
             **ray_init_args(settings),
         )
     try:
-        check_resources(settings, _alive_nodes())
+        check_resources(settings, _alive_nodes(), device)
     except ConfigError:
         ray.shutdown()
         raise
 
 
-def check_resources(settings: RunSettings, nodes: list[dict[str, float]]) -> int:
+def check_resources(
+    settings: RunSettings, nodes: list[dict[str, float]], device: str = "cpu"
+) -> int:
     """How many owner actors the alive nodes hold (each on one node, as Ray places actors).
 
     Parameters
@@ -173,6 +180,8 @@ def check_resources(settings: RunSettings, nodes: list[dict[str, float]]) -> int
         ``engine_opts.num_cpus`` and ``num_gpus``: one actor's resources.
     nodes : list of dict
         Each alive node's resources (``ray.nodes()``'s ``Resources``: ``CPU``, ``GPU``, …).
+    device : str, default "cpu"
+        ``engine_opts.device``: ``cuda`` needs an alive node with a GPU.
 
     Returns
     -------
@@ -182,23 +191,36 @@ def check_resources(settings: RunSettings, nodes: list[dict[str, float]]) -> int
     Raises
     ------
     ConfigError
-        No node holds one actor (the message names the key and the cluster's resources).
+        No node holds one actor, or ``device`` is a GPU and no alive node has one (the
+        message names the key and the cluster's resources).
     """
     cpus, gpus = float(settings.num_cpus), float(settings.num_gpus)
     have_c = [float(n.get("CPU", 0)) for n in nodes]
     have_g = [float(n.get("GPU", 0)) for n in nodes]
-    fit = actors_fit(cpus, gpus, nodes)
-    if fit > 0:
-        return fit
     where = (
         f"the Ray cluster's {len(nodes)} node(s) have CPU {_amounts(have_c)}, "
         f"GPU {_amounts(have_g)}"
     )
+    on_gpu = str(device).startswith("cuda")
+    if on_gpu and not any(g > 0 for g in have_g):
+        raise ConfigError(
+            f"engine_opts.device={device}: no alive node of the Ray cluster has a GPU ({where}); "
+            "use engine_opts.device=cpu with engine_opts.num_gpus=0, or join a cluster with "
+            "GPUs (engine_opts.address)"
+        )
+    fit = actors_fit(cpus, gpus, nodes)
+    if fit > 0:
+        return fit
     if gpus > 0 and not any(g >= gpus for g in have_g):
         raise ConfigError(
-            f"engine_opts.num_gpus={gpus:g}: no node has that many GPUs ({where}); set "
-            "engine_opts.num_gpus=0 (the Flower engine only reserves GPUs) or join a cluster "
-            "with GPUs (engine_opts.address)"
+            f"engine_opts.num_gpus={gpus:g}: no node has that many GPUs ({where}); "
+            + (
+                "lower engine_opts.num_gpus (a fraction shares a GPU)"
+                if on_gpu
+                else "set engine_opts.num_gpus=0 (without engine_opts.device=cuda the Flower "
+                "engine only reserves GPUs)"
+            )
+            + " or join a cluster with GPUs (engine_opts.address)"
         )
     raise ConfigError(
         f"engine_opts.num_cpus={cpus:g}"

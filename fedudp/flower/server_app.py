@@ -527,7 +527,7 @@ def execute(
         ray_watchdog.start()
     # Ray started (or joined) here and checked before Flower's threads start: a refused run
     # ends with one line and no thread left waiting (fedudp.flower.cluster)
-    cluster.preflight(eo)
+    cluster.preflight(eo, str(cfg.engine_opts.device))
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 

@@ -98,7 +98,10 @@ def test_cuda_without_a_cuda_device_is_refused_before_any_work(monkeypatch, dev)
 
 
 @pytest.mark.parametrize("dev", ["cuda", "cuda:0"])
-def test_the_flower_engine_with_a_gpu_device_is_refused(monkeypatch, dev):
+def test_the_flower_engine_with_a_gpu_device_needs_num_gpus(monkeypatch, dev):
+    """engine=flower computes on each actor's GPU only with a GPU reserved per actor
+    (tests/engines/test_flower_gpu_owners.py for the rest)."""
+
     def never(*a, **k):
         raise AssertionError("work started before the config was refused")
 
@@ -106,7 +109,7 @@ def test_the_flower_engine_with_a_gpu_device_is_refused(monkeypatch, dev):
     with pytest.raises(ConfigError) as e:
         prepare(tiny_cfg("full_dp", engine="flower", **{"engine_opts.device": dev}))
     msg = str(e.value)
-    assert msg.startswith(f"engine_opts.device={dev}: only engine=local runs on a GPU")
+    assert msg.startswith(f"engine_opts.device={dev} with engine=flower needs engine_opts.num_gpus")
     assert "engine_opts.device=cpu" in msg and "\n" not in msg
 
 
