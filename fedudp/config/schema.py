@@ -418,7 +418,8 @@ class EngineConfig:
     Attributes
     ----------
     chunk_records, threads, float64, device : int, int, bool, str
-        local: records per chunk (0: auto); torch threads; float64 mode; cpu / cuda:N.
+        local: records per chunk (0: auto); torch threads; float64 mode; cpu / cuda:N (flower:
+        cpu / cuda, each actor's GPU, with num_gpus > 0).
     num_cpus, num_gpus, address, timeout_s : float, float, str or None, float or None
         flower: Ray resources per SuperNode, a cluster, the reply timeout (None: none).
     owners_per_node : int
@@ -431,8 +432,9 @@ class EngineConfig:
     chunk_records: int = 0  # local engine: records per vmapped chunk (0: auto, see chunk_budget)
     threads: int = 0  # torch threads (0: torch default)
     float64: bool = False  # equivalence mode
-    # local engine: where the model, the records and the owners' kernels run (cpu | cuda |
-    # cuda:N); noise is still drawn in float64 on the CPU generators (docs/architecture.md#engines)
+    # where the model, the records and the owners' kernels run (cpu | cuda | cuda:N; flower:
+    # each actor's GPU, with num_gpus > 0); noise is still drawn in float64 on the CPU generators
+    # (docs/architecture.md#engines, docs/engines.md#gpus)
     device: str = "cpu"
     # flower engine only (Ray resources per owner, an existing cluster, reply timeout)
     num_cpus: float = 1.0
