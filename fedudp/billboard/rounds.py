@@ -17,7 +17,8 @@ exactly the releases that happened; a signal during the release is deferred to i
 the loop runs outside the main thread, as in Flower's ServerApp, the main thread's ``StopFlag``
 is polled at the same points and in the transport's waits); ``failed`` (fail closed,
 ``Billboard.withhold``: every round was withheld because owners failed, so nothing was released
-and no ε spent; or a training algorithm's schedule, which cannot skip a round, had one withheld).
+and no ε spent; or a training algorithm's schedule, which cannot skip a round, had one withheld;
+or no owner can answer again, ``Collected.gone``: a Flower run's whole cluster lost).
 A withheld round releases nothing, composes nothing and leaves the shared parameters as they
 are; its metrics line says why (``withheld``) and lists the failed owners' reasons, and a run
 that completed with withheld rounds says so in its one-line message (``completion_notes``: the
@@ -73,11 +74,17 @@ class Collected:
         The simulator's own observations of the owners (``sim_*``: e.g. a distributed
         mechanism's user counts and modular wraps), written to the round's metrics line; the
         billboard never reads them.
+    gone : str
+        Non-empty: no owner can answer again (every Ray actor of a Flower run is lost: the
+        cluster is gone), and why. The round is withheld or released as its failures say, and
+        the run ends ``failed`` with this reason (resumable elsewhere) instead of withholding
+        every remaining round.
     """
 
     replies: list[OwnerReply]
     failures: list[Failure] = field(default_factory=list)
     observed: dict = field(default_factory=dict)
+    gone: str = ""
 
 
 @dataclass
@@ -331,6 +338,8 @@ def run_rounds(
                         if released:
                             shared = bb.shared_params()
                     done = r
+                    if got.gone and stop == "completed":  # no owner can answer again
+                        stop, message = "failed", f"round {r}: {got.gone}; stopped after it"
                 if stop == "completed" and (r % eval_every == 0 or r == rounds):
                     ev = transport.evaluate(shared, r, check_budget if r < rounds else None)
                     info.update(summarize(ev.accuracy, ev.loss, test_sizes))

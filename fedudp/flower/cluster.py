@@ -44,6 +44,7 @@ __all__ = [
     "LOST",
     "RAY_LOSSES",
     "ClusterLost",
+    "gone",
     "lost",
     "preflight",
     "check_resources",
@@ -111,6 +112,32 @@ def lost(code: int, reason: str) -> str | None:
     text = reason[m.end() :].strip().rstrip("'>").strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     return f"{LOST}{name}: {first[:160]}" if first else f"{LOST}{name}"
+
+
+def gone(reasons: dict[int, str], asked: int) -> str:
+    """Why no owner can answer again, or '' : every one of the ``asked`` messages of a round
+    failed because every Ray actor of the simulation is lost (``ClusterLost``).
+
+    Parameters
+    ----------
+    reasons : dict of int to str
+        The round's failure reasons by node (``lost``'s for Ray losses).
+    asked : int
+        How many messages the round sent.
+
+    Returns
+    -------
+    str
+    """
+    cluster_lost = f"{LOST}{ClusterLost.__name__}"
+    if asked == 0 or len(reasons) < asked:
+        return ""
+    if not all(r.startswith(cluster_lost) for r in reasons.values()):
+        return ""
+    return (
+        "every Ray actor of the simulation is lost (no alive node left); resume= on another "
+        "cluster or with engine=local"
+    )
 
 
 # -- before any work: the cluster can hold what the run asks for ---------------------------------

@@ -291,7 +291,8 @@ class FlowerTransport:
         if constraint is not None and constraint.secure is not None and cohort is not None:
             kept = self._reveal(replies, failed, round_)
         # a failed node is a failure of every owner of its block, each with its units
-        return Collected(kept, block_failures(failed, blocks, units))
+        why = cluster.gone(failed, len(msgs))
+        return Collected(kept, block_failures(failed, blocks, units), gone=why)
 
     def _reveal(
         self, replies: dict[int, OwnerReply], failed: dict[int, str], round_: int

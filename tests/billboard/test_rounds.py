@@ -538,3 +538,30 @@ def test_a_secure_run_resumes_with_fresh_entropy(tmp_path):
     assert second.ledger.epsilon == pytest.approx(fresh_epsilon(2.0, 4, 0.5), rel=1e-3)
     seeded = gaussian_board(z=2.0, rate=0.5, seed=5)
     assert any(not np.array_equal(c, np.flatnonzero(seeded.sample(r))) for r, c, _ in tr.trained)
+
+
+class _GoneAt(FakeTransport):
+    """Every owner lost from round ``at`` on, and no owner can answer again (``gone``)."""
+
+    def __init__(self, constraint, at: int, say: bool = True) -> None:
+        super().__init__(constraint, lost={r: (0, 1) for r in range(at, 10)})
+        self.at, self.say = at, say
+
+    def train(self, shared, cohort, round_):
+        got = super().train(shared, cohort, round_)
+        if round_ >= self.at and self.say:
+            got.gone = "every Ray actor of the simulation is lost"
+        return got
+
+
+def test_a_transport_that_can_answer_no_more_ends_the_run_failed_after_that_round():
+    bb = gaussian_board(z=2.0)
+    res, lines = run(bb, _GoneAt(bb.aggregator.constraint, at=2), rounds=5)
+    assert res.stop_reason == "failed" and res.rounds_completed == 2
+    assert res.message == "round 2: every Ray actor of the simulation is lost; stopped after it"
+    assert [e.round for e in bb.ledger.entries] == [1] and bb.withheld == [2]
+    assert [x["round"] for x in lines] == [1, 2] and "withheld" in lines[1]
+    # the twin that does not say so withholds every remaining round and calls the run completed
+    twin = gaussian_board(z=2.0)
+    res_twin, _ = run(twin, _GoneAt(twin.aggregator.constraint, at=2, say=False), rounds=5)
+    assert res_twin.stop_reason == "completed" and twin.withheld == [2, 3, 4, 5]

@@ -209,6 +209,18 @@ def test_weakened_twin_client_app_exception_as_infrastructure_is_caught(monkeypa
     assert not bug_stops_the_run()
 
 
+def test_a_round_whose_every_node_the_lost_cluster_failed_says_the_cluster_is_gone():
+    whole = flower_error_reply(cluster.ClusterLost("every Ray actor of the simulation is lost"))
+    died = flower_error_reply(ray.exceptions.ActorDiedError())
+    lost_all = cluster.lost(whole.error.code, str(whole.error.reason))
+    lost_one = cluster.lost(died.error.code, str(died.error.reason))
+    assert lost_all is not None and lost_one is not None
+    assert "resume=" in cluster.gone({0: lost_all, 1: lost_all}, 2)
+    assert cluster.gone({0: lost_all, 1: lost_one}, 2) == ""  # an actor died: others may live
+    assert cluster.gone({0: lost_all}, 2) == ""  # node 1 answered
+    assert cluster.gone({}, 0) == ""
+
+
 # -- the backend: a lost actor leaves the pool -----------------------------------------------------
 class _Actor:
     def __init__(self, name: str, dead: bool = False) -> None:
