@@ -8,7 +8,10 @@ blocks, node ``k`` holds the owners its messages name (``fedudp.flower.blocks``)
 only their federation (``fedudp.build.federation(cfg, owners=...)``). Personal parameters stay
 **only** in ``context.state`` (stacked over the node's owners), and the node runs
 ``fedudp.owner.owners.Owners`` on its owners, the code the local engine runs for all owners at
-once:
+once. Under ``engine_opts.device=cuda`` the owners and the node's records live on the actor's
+GPU (``fedudp.flower.actor_device``; an actor whose torch sees none fails as an owner): the
+broadcast and the stored personal parameters are moved there, the replies, ``context.state``
+and the checkpoints' state files get CPU tensors.
 
 * ``@train``: personal update (no noise), then the reply for its sampled units under the
   aggregator's ``Constraint`` sent with the message (shared parts only);

@@ -181,7 +181,7 @@ def test_execute_hands_the_device_to_preflight(monkeypatch):
     monkeypatch.setattr(cluster, "preflight", refuse)
     cfg = gpu_cfg(**{"engine_opts.address": "127.0.0.1:1"})  # joined: no watchdog started
     with pytest.raises(ConfigError, match="stop before any work"):
-        server_app.execute(cfg, settings(cfg), None, None, None, lambda t: None)  # type: ignore[arg-type]
+        server_app.execute(cfg, settings(cfg), None, None, None, lambda t: None)
     assert got == ["cuda"]
 
 
