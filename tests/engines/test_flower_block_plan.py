@@ -127,7 +127,7 @@ def test_a_blocks_personal_state_is_saved_in_one_file_and_loads_back(tmp_path):
     from fedudp.protocol import checkpoint
 
     stacked = {"w": torch.arange(6.0).reshape(3, 2), "b": torch.tensor([1.0, 2.0, 3.0])}
-    client._save_personal(str(tmp_path), range(4, 7), stacked)
+    checkpoint.save_owners_personal(str(tmp_path), range(4, 7), stacked)
     # one atomic write per node: the block's file, each owner's row found in it
     assert [p.name for p in tmp_path.iterdir()] == ["owners-4-6.pt"]
     where = checkpoint.owner_state_files(tmp_path)
