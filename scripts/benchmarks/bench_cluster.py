@@ -12,7 +12,7 @@ session); reported: the median seconds of rounds 2..R (the transport's ``train``
 billboard waits for), the connect time (``FlowerTransport._connect``: nodes up and the first
 query answered) with its time points (``_cluster_child.py``), the wall time of the run, the
 peak RSS (and peak anonymous RSS) of each Flower client actor (sampled every 0.2 s, labelled
-by the node it ran on) and of the driver.
+by the node it ran on; also its last sample as an actor) and of the driver.
 
     .venv/bin/python scripts/benchmarks/bench_cluster.py --owners 1000 10000 --rounds 3 \\
         --cpus 2 --out docs/results/cluster
@@ -87,6 +87,7 @@ class Sampler:
         p["rss"], p["anon"], p["cmd"] = max(p["rss"], rss), max(p["anon"], anon), cmd
         if "ClientApp" in cmd:
             p.setdefault("t_actor", time.time())  # first seen as an actor
+            p["last"], p["last_anon"] = rss, anon  # its last sample as an actor
 
     def _loop(self) -> None:
         while not self.done.is_set():
@@ -162,6 +163,8 @@ def measure(spec: dict, timeout: float, env: dict | None = None, sessions=None) 
         "actor_peak_rss_mib": [round(p["rss"] / 1024) for p in actors],
         "actor_peak_anon_mib": [round(p["anon"] / 1024) for p in actors],
         "actor_node": [p["node"] for p in actors],
+        "actor_last_rss_mib": [round(p["last"] / 1024) for p in actors],
+        "actor_last_anon_mib": [round(p["last_anon"] / 1024) for p in actors],
         "driver_peak_rss_mib": round(peak.get(pid, {"rss": 0})["rss"] / 1024),
         "driver_peak_anon_mib": round(peak.get(pid, {"anon": 0})["anon"] / 1024),
         "load1": round(os.getloadavg()[0], 2),
