@@ -237,6 +237,7 @@ class SecureRounds:
             self.aggregator,
             self.aggregator.sampling.rate,
             ledger_file.release_digest(agg),
+            len(roster) - len(survivors),
         )
         assert entry.epsilon is not None  # composed by the distributed accountant
         new = flat(sent, names) + agg.mean.to(torch.float64)

@@ -425,6 +425,7 @@ class UserLevelDP(Strategy):
             self.aggregator,
             self.aggregator.sampling.rate,
             ledger_file.release_digest(agg),
+            got.failed,
         )
         assert entry.epsilon is not None  # composed by a private estimator's accountant
         new = flat(sent, names) + agg.mean.to(torch.float64)
