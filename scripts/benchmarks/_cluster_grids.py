@@ -58,12 +58,42 @@ def overhead() -> list[dict]:
     ]
 
 
+def poll() -> list[dict]:
+    """The polling what-ifs over more rounds (run with ``--rounds 12``): 20 and 1,000 owners."""
+    return [
+        _run(n, e, variant=v)
+        for n in (20, 1000)
+        for e, v in (
+            ("local", ""),
+            ("flower", ""),
+            ("flower", "flower_poll_2ms"),
+            ("flower", "poll_2ms"),
+        )
+    ]
+
+
+def heavy() -> list[dict]:
+    """A heavier round (784 features, 5 records per user, 1,000 owners; ``--rounds 12``):
+    local against Flower on 1 and on 2 nodes."""
+    return [
+        _run(1000, e, nodes, features=784, rpu=5)
+        for e, nodes in (("local", 1), ("flower", 1), ("flower", 2))
+    ]
+
+
 def smoke() -> list[dict]:
     """A quick check of the machinery (not reported)."""
     return [_run(100, "flower", 2), _run(100, "flower", 1, variant="poll_2ms")]
 
 
-GRIDS = {"scale": scale, "memory": memory, "overhead": overhead, "smoke": smoke}
+GRIDS = {
+    "scale": scale,
+    "memory": memory,
+    "overhead": overhead,
+    "poll": poll,
+    "heavy": heavy,
+    "smoke": smoke,
+}
 
 
 def npz_file(n: int, features: int, rpu: int) -> Path:

@@ -78,7 +78,9 @@ def _rss(g: list[dict], field: str = "actor_peak_rss_mib") -> str:
 def _scale(rows: list[dict], grid: str) -> str:
     groups = _groups(rows, grid)
     local = {
-        k[0]: _med([r["s_per_round"] for r in g]) for k, g in groups.items() if k[1] == "local"
+        (k[0], k[4], k[5]): _med([r["s_per_round"] for r in g])
+        for k, g in groups.items()
+        if k[1] == "local"
     }
     out = (
         "| owners | features × records/user | engine | owners/node | s/round min / median "
@@ -98,16 +100,7 @@ def _scale(rows: list[dict], grid: str) -> str:
         ),
     ):
         r0, s = g[0], [r["s_per_round"] for r in g]
-        base = local.get(k[0]) if k[4] == 20 and k[5] == 1 else None
-        if k[4] != 20 or k[5] != 1:  # the heavier workload: its own local row
-            base = next(
-                (
-                    _med([r["s_per_round"] for r in gg])
-                    for kk, gg in groups.items()
-                    if kk[1] == "local" and kk[0] == k[0] and kk[4:6] == k[4:6]
-                ),
-                None,
-            )
+        base = local.get((k[0], k[4], k[5]))
         ratio = "-" if k[1] == "local" or not base else f"{_med(s) / base:.2f}"
         variant = f" ({r0['variant']})" if r0.get("variant") else ""
         out += (
