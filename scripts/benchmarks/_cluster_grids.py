@@ -96,7 +96,7 @@ GRIDS = {
 }
 
 
-def npz_file(n: int, features: int, rpu: int) -> Path:
+def npz_file(n: int, features: int, rpu: int, write: bool = True) -> Path:
     """An uncompressed ``.npz`` of ``n`` owners × 10 users × ``rpu`` records (float32
     features ``x``, labels ``y`` of 10 classes from a random linear teacher, ``user``,
     ``owner``), written once to ``NPZ_DIR``.
@@ -104,13 +104,15 @@ def npz_file(n: int, features: int, rpu: int) -> Path:
     Parameters
     ----------
     n, features, rpu : int
+    write : bool, default True
+        False: only the path.
 
     Returns
     -------
     pathlib.Path
     """
     path = NPZ_DIR / f"fed-{n}-{features}-{rpu}.npz"
-    if path.is_file():
+    if path.is_file() or not write:
         return path
     NPZ_DIR.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

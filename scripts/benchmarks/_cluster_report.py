@@ -232,6 +232,15 @@ def plot(path: Path, png: Path) -> None:
                         ys.append(x)
         if xs:
             b.plot(xs, ys, mark, label=lab, alpha=0.7)
+    base = [
+        a
+        for r in rows
+        if r.get("grid") == "scale" and r["engine"] == "flower" and r["owners"] == 1000
+        for a in r["actor_peak_rss_mib"]
+    ]
+    if base:
+        xs = [0.0, 400.0]
+        b.plot(xs, [_med(base) + 4 * x for x in xs], "k--", lw=0.8, label="baseline + 4 × block")
     b.set(
         xlabel="block's features (MiB)",
         ylabel="actor peak RSS (MiB)",

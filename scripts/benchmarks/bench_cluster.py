@@ -217,10 +217,13 @@ def run_grid(name: str, reps: int, out: Path, timeout: float, rounds: int) -> No
         for rep in range(reps)
         for s in GRIDS[name]()
     ]
+    for s in todo:  # the file's path is part of the key
+        if s.get("npz") is True:
+            s["npz"] = str(npz_file(s["owners"], s["features"], s["rpu"], write=False))
     todo = [s for s in todo if _key(s) not in done]
     for s in todo:
-        if s.get("npz") is True:
-            s["npz"] = str(npz_file(s["owners"], s["features"], s["rpu"]))
+        if s.get("npz"):
+            npz_file(s["owners"], s["features"], s["rpu"])
     print(f"{len(todo)} runs to do", flush=True)
     cluster = None
     try:
