@@ -38,7 +38,10 @@ def session_sample(sid: int) -> tuple[int, int, dict[int, float]]:
             cpu[int(d.name)] = (int(stat[11]) + int(stat[12])) / _TICK  # utime, stime
             if stat[0] == "Z":  # field 3 (state): ended, not yet reaped; no memory left
                 continue
-            total += status_kib("VmRSS", d.name) * 1024
+            rss = status_kib("VmRSS", d.name) * 1024
+            if rss == 0:  # it ended between the two reads (a loaded machine): no memory left
+                continue
+            total += rss
             count += 1
         except (OSError, ValueError, IndexError):
             continue
