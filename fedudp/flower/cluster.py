@@ -16,25 +16,21 @@ or node treated as an owner failure (docs/engines.md#failures).
   those ``X`` (``RAY_LOSSES``) are infrastructure, an owner failure under the fail-closed rule.
   An exception raised in fedudp's own ``ClientApp`` arrives as
   ``CLIENT_APP_RAISED_EXCEPTION`` and stays a bug.
-* ``SurvivingRayBackend``: it builds as many actors as the *alive* nodes hold (Flower counts a
-  dead node's resources too, so a run resumed after a node loss would wait forever on an actor
-  that cannot be placed). Flower's ``RayBackend`` puts an actor back into its pool after any
+* ``fedudp.flower.ray_backend.SurvivingRayBackend`` (its own module: it imports Ray and
+  Flower's Ray backend): Flower's ``RayBackend`` puts an actor back into its pool after any
   error, a dead one included, so every later message it is handed fails at once (and takes
-  the place of a live actor). This backend drops an actor Ray has lost, starts a replacement
-  only where the cluster has the resources free now (never one that would wait to be
-  scheduled), and lets the messages wait for the actors still alive; when none is left each
-  message fails at once (``ClusterLost``, an owner failure too). ``using_backend`` installs it
-  for one simulation.
+  the place of a live actor), and it counts a dead node's resources. That backend starts the
+  actors the *alive* nodes hold, hands messages only to actors Ray has started, drops an actor
+  Ray has lost, starts a replacement only where the cluster has the resources free now, and
+  when none is left each message fails at once (``ClusterLost``, an owner failure too; a round
+  in which every node failed so says the cluster is gone, ``gone``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 from fedudp.build import RunSettings
@@ -50,7 +46,6 @@ __all__ = [
     "check_resources",
     "actors_fit",
     "ray_init_args",
-    "using_backend",
 ]
 
 LOST = "ray: "  # how an owner failure that Ray lost begins (``lost``)
@@ -289,175 +284,3 @@ def _alive_nodes() -> list[dict[str, float]]:
 
 def _amounts(xs: list[float]) -> str:
     return "/".join(f"{x:g}" for x in xs) if xs else "none"
-
-
-# -- while it runs: a lost actor leaves the pool -------------------------------------------------
-def _surviving_backend_class() -> type:
-    """``SurvivingRayBackend``, defined on first use (it subclasses Flower's ``RayBackend``,
-    which imports Ray)."""
-    import ray
-    from flwr.common.constant import PARTITION_ID_KEY
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-    from flwr.simulation.ray_transport.ray_actor import BasicActorPool, ClientAppActor
-
-    losses: tuple[type[BaseException], ...] = tuple(
-        cls
-        for name in sorted(RAY_LOSSES)
-        if isinstance(cls := getattr(ray.exceptions, name, None), type)
-        and issubclass(cls, BaseException)
-    )
-
-    class SurvivingRayBackend(RayBackend):
-        """Flower's Ray backend, less the actors Ray has lost (see the module doc)."""
-
-        def build(self, app_fn: Any) -> None:
-            # as many actors as the *alive* nodes hold: Flower counts a dead node's resources
-            # too. An actor joins the pool only once Ray has started it (``_admit``): one that
-            # cannot be placed (a node that died but is still listed alive, its resources
-            # counted) never takes a message, so no message waits on it.
-            pool = BasicActorPool(
-                actor_type=ClientAppActor,
-                client_resources=self.client_resources,
-                actor_kwargs=self.actor_kwargs,
-            )
-            res = self.client_resources
-            n = actors_fit(float(res["num_cpus"]), float(res.get("num_gpus", 0)), _alive_nodes())
-            n = max(1, min(n, pool.actors_capacity))
-            self.pool, self.app_fn = pool, app_fn
-            self._idle = threading.Condition()
-            self._alive = 0  # actors started and not lost
-            self._pending: dict[Any, Any] = {}  # readiness ref -> actor not yet started
-            self._stop = threading.Event()
-            for _ in range(n):
-                self._start_actor()
-            pool.num_actors = n  # Flower runs this many worker threads
-            self._admitter = threading.Thread(
-                target=self._admit, name="fedudp-ray-admit", daemon=True
-            )
-            self._admitter.start()
-
-        def _start_actor(self) -> None:
-            actor = self._pool().create_actor_fn()
-            with self._idle:
-                self._pending[actor.__ray_ready__.remote()] = actor
-
-        def _admit(self) -> None:
-            _admit_started(self)
-
-        def _pool(self) -> Any:
-            if self.pool is None or self.app_fn is None:
-                raise ValueError("the Ray backend is not built")
-            return self.pool
-
-        def process_message(self, message: Any, context: Any) -> tuple[Any, Any]:
-            actor = self._take()
-            try:
-                ref = actor.run.remote(
-                    self.app_fn, message, str(context.node_config[PARTITION_ID_KEY]), context
-                )
-                _, out, updated = ray.get(ref)
-            except losses:
-                self._lose(actor)
-                raise
-            except BaseException:
-                self._give_back(actor)
-                raise
-            self._give_back(actor)
-            return out, updated
-
-        def _take(self) -> Any:
-            pool = self._pool()
-            with self._idle:
-                while not pool.pool:
-                    if self._alive <= 0 and not self._pending:
-                        raise ClusterLost(
-                            "every Ray actor of the simulation is lost (no alive node left)"
-                        )
-                    self._idle.wait(0.5)
-                return pool.pool.pop()
-
-        def _give_back(self, actor: Any) -> None:
-            with self._idle:
-                self._pool().pool.append(actor)
-                self._idle.notify()
-
-        def _lose(self, actor: Any) -> None:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-            with self._idle:
-                self._alive -= 1
-                self._idle.notify_all()
-            if _free_now(self.client_resources):  # a replacement only where one fits now
-                self._start_actor()
-
-        def terminate(self) -> None:
-            self._stop.set()
-            with self._idle:
-                pending = list(self._pending.values())
-                self._pending.clear()
-            for actor in pending:
-                with contextlib.suppress(Exception):
-                    ray.kill(actor, no_restart=True)
-            super().terminate()
-
-    return SurvivingRayBackend
-
-
-def _admit_started(b: Any) -> None:
-    """``SurvivingRayBackend``'s admission thread: move each actor Ray has started into the
-    pool, drop one Ray lost before it started, until the backend terminates."""
-    import ray
-
-    while not b._stop.is_set():
-        with b._idle:
-            refs = list(b._pending)
-        if not refs:
-            b._stop.wait(0.2)
-            continue
-        try:
-            ready, _ = ray.wait(refs, num_returns=1, timeout=0.5)
-        except Exception:  # noqa: BLE001  (Ray shut down under us: the run is over)
-            return
-        for ref in ready:
-            with b._idle:
-                actor = b._pending.pop(ref, None)
-            if actor is None:  # terminated meanwhile
-                continue
-            try:
-                ray.get(ref)
-            except Exception:  # noqa: BLE001  (never started, e.g. its node died: not pooled)
-                with contextlib.suppress(Exception):
-                    ray.kill(actor, no_restart=True)
-                with b._idle:
-                    b._idle.notify_all()
-                continue
-            with b._idle:
-                b._alive += 1
-                b._pool().pool.append(actor)
-                b._idle.notify_all()
-
-
-def _free_now(resources: dict[str, float]) -> bool:
-    """Whether one more actor of ``resources`` fits on an alive node now (not: once scheduled)."""
-    import ray
-
-    with contextlib.suppress(Exception):
-        need_c = float(resources.get("num_cpus", 1))
-        need_g = float(resources.get("num_gpus", 0))
-        free = ray.available_resources()
-        return float(free.get("CPU", 0)) >= need_c and float(free.get("GPU", 0)) >= need_g
-    return False
-
-
-@contextlib.contextmanager
-def using_backend() -> Iterator[None]:
-    """Flower's simulation uses ``SurvivingRayBackend`` while the block runs (its Ray backend
-    is looked up by module attribute when the simulation starts)."""
-    import flwr.server.superlink.fleet.vce.backend.raybackend as raybackend
-
-    original = raybackend.RayBackend
-    setattr(raybackend, "RayBackend", _surviving_backend_class())  # noqa: B010
-    try:
-        yield
-    finally:
-        setattr(raybackend, "RayBackend", original)  # noqa: B010

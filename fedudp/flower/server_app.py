@@ -547,7 +547,9 @@ def execute(
     # The round loop runs in Flower's ServerApp thread, where no signal handler can be set: the
     # main thread records SIGINT/SIGTERM, the loop abandons its round, returns ``interrupted``,
     # and Flower then stops its runtime and Ray as after a finished run.
-    with stop.catching(), _keep_sigterm_handler(), cluster.using_backend():
+    from fedudp.flower.ray_backend import using_backend  # imports Ray and Flower's backend
+
+    with stop.catching(), _keep_sigterm_handler(), using_backend():
         run_simulation(
             server_app=app,
             client_app=flower_client.client_app,

@@ -10,7 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
-__all__ = ["table", "report", "plot"]
+__all__ = ["table", "sections", "report", "plot"]
 
 KEY = ("owners", "engine", "per", "nodes", "features", "rpu", "npz", "variant")
 MIB = 2**20
@@ -158,8 +158,35 @@ def _points(rows: list[dict]) -> str:
     return out
 
 
+def sections(path: Path) -> dict[str, str]:
+    """The grids' tables of ``results.json``, by grid (``POINTS``: the scale grid's connect
+    time points).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        ``results.json``.
+
+    Returns
+    -------
+    dict[str, str]
+        ``SCALE``, ``POINTS``, ``OVERHEAD``, ``POLL``, ``HEAVY``, ``MEMORY``: Markdown tables.
+    """
+    rows = json.loads(path.read_text())
+    base = [
+        a
+        for r in rows
+        if r.get("grid") == "scale" and r["engine"] == "flower" and r["owners"] == 1000
+        for a in r["actor_peak_rss_mib"]
+    ]
+    out = {g.upper(): _scale(rows, g) for g in ("scale", "overhead", "poll", "heavy")}
+    out["POINTS"] = _points(rows)
+    out["MEMORY"] = _memory(rows, _med(base) if base else 0.0)
+    return out
+
+
 def report(path: Path) -> str:
-    """The grids' tables (scale, connect time points, overhead, memory) of ``results.json``.
+    """The grids' tables (``sections``), one after the other.
 
     Parameters
     ----------
@@ -170,23 +197,7 @@ def report(path: Path) -> str:
     -------
     str
     """
-    rows = json.loads(path.read_text())
-    base = [
-        a
-        for r in rows
-        if r.get("grid") == "scale" and r["engine"] == "flower" and r["owners"] == 1000
-        for a in r["actor_peak_rss_mib"]
-    ]
-    baseline = _med(base) if base else 0.0
-    return (
-        "## scale\n\n" + _scale(rows, "scale") + "\n## connect time points (s after the "
-        "driver started)\n\n"
-        + _points(rows)
-        + "\n## overhead\n\n"
-        + _scale(rows, "overhead")
-        + f"\n## memory (baseline {baseline:.0f} MiB)\n\n"
-        + _memory(rows, baseline)
-    )
+    return "\n".join(f"## {k.lower()}\n\n{v}" for k, v in sections(path).items())
 
 
 def plot(path: Path, png: Path) -> None:

@@ -27,6 +27,7 @@ from flwr.common.constant import ErrorCode
 from flwr.server.superlink.fleet.vce import vce_api
 
 import fedudp.flower.cluster as cluster
+import fedudp.flower.ray_backend as ray_backend
 from fedudp.build import RunSettings
 from fedudp.config import ConfigError
 from fedudp.flower.server_app import FlowerTransport
@@ -238,7 +239,7 @@ class _Pool:
 
 
 def backend(actors, twin: bool = False):
-    cls = cluster._surviving_backend_class()
+    cls = ray_backend.SurvivingRayBackend
     if twin:  # Flower's pool: the lost actor goes back into the pool
 
         class Twin(cls):
@@ -262,7 +263,7 @@ def fake_ray(monkeypatch):
 
     monkeypatch.setattr(ray, "get", get)
     monkeypatch.setattr(ray, "kill", lambda *a, **k: None)
-    monkeypatch.setattr(cluster, "_free_now", lambda resources: False)
+    monkeypatch.setattr(ray_backend, "_free_now", lambda resources: False)
 
 
 def later_messages_recover(b) -> bool:
@@ -345,7 +346,7 @@ def starting_ray(monkeypatch):
     monkeypatch.setattr(ray, "wait", wait)
     monkeypatch.setattr(ray, "kill", lambda *a, **k: None)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
-    monkeypatch.setattr(cluster, "_free_now", lambda resources: False)
+    monkeypatch.setattr(ray_backend, "_free_now", lambda resources: False)
 
 
 def built(actors, monkeypatch, twin: bool = False):
@@ -370,7 +371,7 @@ def built(actors, monkeypatch, twin: bool = False):
     monkeypatch.setattr(ray_actor, "BasicActorPool", Pool)
     monkeypatch.setattr(raybackend, "BasicActorPool", Pool)
     monkeypatch.setattr(cluster, "_alive_nodes", lambda: [{"CPU": 1.0}] * len(actors))
-    cls = cluster._surviving_backend_class()
+    cls = ray_backend.SurvivingRayBackend
     b = object.__new__(cls)
     b.client_resources, b.actor_kwargs = {"num_cpus": 1}, {}
     if twin:  # the weakened twin: Flower's build, every actor in the pool before it started
