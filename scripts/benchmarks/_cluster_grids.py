@@ -81,6 +81,12 @@ def heavy() -> list[dict]:
     ]
 
 
+def trace() -> list[dict]:
+    """Which blocks each actor serves (``--rounds 8``): npz at 1,000 owners, 1 and 2 nodes."""
+    big = {"features": 1000, "rpu": 10, "npz": True, "trace": True}
+    return [_run(1000, "flower", nodes, **big) for nodes in (1, 2)]
+
+
 def smoke() -> list[dict]:
     """A quick check of the machinery (not reported)."""
     return [_run(100, "flower", 2), _run(100, "flower", 1, variant="poll_2ms")]
@@ -92,6 +98,7 @@ GRIDS = {
     "overhead": overhead,
     "poll": poll,
     "heavy": heavy,
+    "trace": trace,
     "smoke": smoke,
 }
 

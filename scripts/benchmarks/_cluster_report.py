@@ -158,6 +158,26 @@ def _points(rows: list[dict]) -> str:
     return out
 
 
+def _trace(rows: list[dict]) -> str:
+    out = (
+        "| owners | nodes | rep | actor (node) | blocks read (first owner, in order) "
+        "| block_side calls | actor peak RSS MiB | actor peak anon MiB | rounds 1–3 s |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+    )
+    for r in rows:
+        if r.get("grid") != "trace" or "actor_blocks" not in r:
+            continue
+        for i, served in enumerate(r["actor_blocks"]):
+            read = ", ".join(str(b[0]) for b in served if b[1]) or "-"
+            out += (
+                f"| {r['owners']} | {r['nodes']} | {r['rep']} | {i} ({r['actor_node'][i]}) "
+                f"| {read} | {len(served)} | {r['actor_peak_rss_mib'][i]} "
+                f"| {r['actor_peak_anon_mib'][i]} "
+                f"| {', '.join(str(x) for x in r['round_s'][:3])} |\n"
+            )
+    return out
+
+
 def sections(path: Path) -> dict[str, str]:
     """The grids' tables of ``results.json``, by grid (``POINTS``: the scale grid's connect
     time points).
@@ -170,7 +190,8 @@ def sections(path: Path) -> dict[str, str]:
     Returns
     -------
     dict[str, str]
-        ``SCALE``, ``POINTS``, ``OVERHEAD``, ``POLL``, ``HEAVY``, ``MEMORY``: Markdown tables.
+        ``SCALE``, ``POINTS``, ``OVERHEAD``, ``POLL``, ``HEAVY``, ``MEMORY``, ``TRACE``:
+        Markdown tables.
     """
     rows = json.loads(path.read_text())
     base = [
@@ -182,6 +203,7 @@ def sections(path: Path) -> dict[str, str]:
     out = {g.upper(): _scale(rows, g) for g in ("scale", "overhead", "poll", "heavy")}
     out["POINTS"] = _points(rows)
     out["MEMORY"] = _memory(rows, _med(base) if base else 0.0)
+    out["TRACE"] = _trace(rows)
     return out
 
 

@@ -50,6 +50,8 @@ BOOT = next(
     int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines() if ln[:5] == "btime"
 )
 TICK = os.sysconf("SC_CLK_TCK")
+TRACE = Path(__file__).resolve().parent / "_trace"  # sitecustomize: blocks served, by pid
+TRACE_LOG = Path(f"/tmp/fedudp-bench-blocks-{os.getpid()}.log")
 KEY_FIELDS = ("grid", "owners", "engine", "per", "nodes", "features", "rpu", "npz", "variant")
 
 
@@ -82,7 +84,13 @@ class Sampler:
         cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
         p = self.peak.setdefault(
             int(d.name),
-            {"rss": 0, "anon": 0, "node": node, "start": BOOT + int(stat[19]) / TICK},
+            {
+                "rss": 0,
+                "anon": 0,
+                "node": node,
+                "start": BOOT + int(stat[19]) / TICK,
+                "pid": int(d.name),
+            },
         )
         p["rss"], p["anon"], p["cmd"] = max(p["rss"], rss), max(p["anon"], anon), cmd
         if "ClientApp" in cmd:
@@ -146,7 +154,8 @@ def measure(spec: dict, timeout: float, env: dict | None = None, sessions=None) 
     dict
         One row of ``results.json``.
     """
-    pid, wall, out, peak = _run_child(spec, timeout, env or dict(os.environ), sessions or {})
+    env = traced(env or dict(os.environ)) if spec.get("trace") else (env or dict(os.environ))
+    pid, wall, out, peak = _run_child(spec, timeout, env, sessions or {})
     got = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     res = json.loads(got[-1][7:]) if got else {"error": out[-600:]}
     actors = sorted(
@@ -174,7 +183,27 @@ def measure(spec: dict, timeout: float, env: dict | None = None, sessions=None) 
         row["exchange_s"] = [round(x, 3) for x in res["exchanges"]]
     if "points" in res and actors:
         row["connect_points"] = _connect_points(res["points"], actors)
+    if spec.get("trace"):
+        row["actor_blocks"] = _blocks_served([p["pid"] for p in actors])
     return row
+
+
+def traced(env: dict) -> dict:
+    """``env`` with ``_trace/sitecustomize.py`` on the path, logging to ``TRACE_LOG``."""
+    path = f"{TRACE}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(TRACE)
+    return {**env, "PYTHONPATH": path, "FEDUDP_BENCH_BLOCK_LOG": str(TRACE_LOG)}
+
+
+def _blocks_served(pids: list[int]) -> list[list[list[int]]]:
+    """Per actor (as ``pids``): ``[block start, 1 if read then]`` for each block it served."""
+    lines = TRACE_LOG.read_text().split("\n") if TRACE_LOG.is_file() else []
+    got: dict[int, list[list[int]]] = {p: [] for p in pids}
+    for ln in lines:
+        if ln.strip():
+            pid, start, _stop, new = map(int, ln.split())
+            if pid in got:
+                got[pid].append([start, new])
+    return [got[p] for p in pids]
 
 
 def _connect_points(pt: dict, actors: list[dict]) -> dict:
@@ -232,6 +261,8 @@ def run_grid(name: str, reps: int, out: Path, timeout: float, rounds: int) -> No
             if s.get("nodes") == 2:
                 if cluster is None:
                     cluster = LoopbackCluster(1)
+                    if any(t.get("trace") for t in todo):  # the nodes' workers inherit it
+                        cluster.env = traced(cluster.env)
                     cluster.__enter__()
                 env = {**cluster.env}
                 sessions = {v: k for k, v in cluster.sessions.items()}
