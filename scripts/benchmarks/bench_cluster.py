@@ -17,7 +17,7 @@ by the node it ran on; also its last sample as an actor) and of the driver.
     .venv/bin/python scripts/benchmarks/bench_cluster.py --owners 1000 10000 --rounds 3 \\
         --cpus 2 --out docs/results/cluster
     .venv/bin/python scripts/benchmarks/bench_cluster.py --grid scale --reps 3 \\
-        --out docs/results/cluster            # also: --grid memory, --grid overhead
+        --out docs/results/cluster   # also memory, overhead, poll, heavy, trace
 
 A grid appends each run to ``<out>/results.json`` as it finishes and skips the runs already
 there (resumable); the plain form writes ``results.json`` and ``TABLE.md`` at its end.
