@@ -27,7 +27,50 @@ from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
 import fedudp.flower.cluster as cluster
 
-__all__ = ["SurvivingRayBackend", "using_backend"]
+__all__ = ["SurvivingRayBackend", "using_backend", "wake"]
+
+# set when the driver has pushed messages (``wake``): Flower's simulation thread that moves
+# pushed messages to the workers looks for them every 0.1 s; while ``using_backend`` runs it
+# looks at once when woken, and every 0.1 s otherwise, as before
+_PUSHED = threading.Event()
+
+# [True]: each node's messages go to one actor (``SurvivingRayBackend._take``), set by
+# ``using_backend(pin=...)`` for a run with owners in blocks
+_PIN = [False]
+
+
+def wake() -> None:
+    """Tell the simulation that the driver has just pushed messages (``using_backend``).
+
+    A no-op outside a simulation (e.g. under ``flwr run``), where nothing waits on it.
+    """
+    _PUSHED.set()
+
+
+class _WokenStop:
+    """Flower's stop event as its message injector sees it: ``wait`` ends at the stop, or
+    when ``wake`` is called, or after its timeout (the stop itself is checked each loop)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+
+    def is_set(self) -> bool:
+        return self._stop.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        _PUSHED.wait(timeout)
+        _PUSHED.clear()
+        return self._stop.is_set()
+
+
+def _injector(original: Any) -> Any:
+    """Flower's ``add_messages_to_queue`` run with a ``_WokenStop``."""
+
+    def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: Any) -> None:
+        original(state, queue, nodes_mapping, _WokenStop(f_stop))
+
+    return add_messages_to_queue
+
 
 # Ray's loss exceptions (``cluster.RAY_LOSSES``) that this Ray defines
 _LOSSES: tuple[type[BaseException], ...] = tuple(
@@ -70,6 +113,10 @@ class SurvivingRayBackend(RayBackend):
         self._alive = 0  # actors started and not lost
         self._pending: dict[Any, Any] = {}  # readiness ref -> actor not yet started
         self._stop = threading.Event()
+        # node -> actor by slot (``_PIN``): slot k holds the k-th started actor (None: not yet
+        # started, or lost); the busy ones run a message
+        self._slots: list[Any] = [None] * n
+        self._busy: set[int] = set()
         for _ in range(n):
             self._start_actor()
         pool.num_actors = n  # Flower runs this many worker threads
@@ -101,7 +148,7 @@ class SurvivingRayBackend(RayBackend):
         tuple
             (reply, updated context).
         """
-        actor = self._take()
+        actor = self._take(int(context.node_config[PARTITION_ID_KEY]))
         try:
             ref = actor.run.remote(
                 self.app_fn, message, str(context.node_config[PARTITION_ID_KEY]), context
@@ -116,27 +163,51 @@ class SurvivingRayBackend(RayBackend):
         self._give_back(actor)
         return out, updated
 
-    def _take(self) -> Any:
+    def _take(self, partition: int) -> Any:
+        """A started, idle actor for node ``partition``: with ``_PIN`` the node's slot's actor
+        (the next started slot's while it has none), so that an actor keeps the blocks of its
+        nodes only; else any idle one."""
         pool = self._pool()
         with self._idle:
-            while not pool.pool:
+            while True:
                 if self._alive <= 0 and not self._pending:
                     raise cluster.ClusterLost(
                         "every Ray actor of the simulation is lost (no alive node left)"
                     )
+                actor = self._route(partition) if _PIN[0] else None
+                if actor is not None and id(actor) not in self._busy:
+                    pool.pool.remove(actor)
+                    break
+                if not _PIN[0] and pool.pool:
+                    actor = pool.pool.pop()
+                    break
                 self._idle.wait(0.5)
-            return pool.pool.pop()
+            self._busy.add(id(actor))
+            return actor
+
+    def _route(self, partition: int) -> Any:
+        """The actor of ``partition``'s slot, or of the next slot that has one (None: none
+        started yet)."""
+        n = len(self._slots)
+        for i in range(n):
+            actor = self._slots[(partition + i) % n]
+            if actor is not None:
+                return actor
+        return None
 
     def _give_back(self, actor: Any) -> None:
         with self._idle:
+            self._busy.discard(id(actor))
             self._pool().pool.append(actor)
-            self._idle.notify()
+            self._idle.notify_all()
 
     def _lose(self, actor: Any) -> None:
         with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
         with self._idle:
             self._alive -= 1
+            self._busy.discard(id(actor))
+            self._slots = [None if a is actor else a for a in self._slots]
             self._idle.notify_all()
         if _free_now(self.client_resources):  # a replacement only where one fits now
             self._start_actor()
@@ -182,6 +253,9 @@ def _admit_started(b: SurvivingRayBackend) -> None:
             with b._idle:
                 b._alive += 1
                 b._pool().pool.append(actor)
+                empty = [k for k, a in enumerate(b._slots) if a is None]
+                if empty:
+                    b._slots[empty[0]] = actor
                 b._idle.notify_all()
 
 
@@ -196,19 +270,34 @@ def _free_now(resources: dict[str, float]) -> bool:
 
 
 @contextlib.contextmanager
-def using_backend() -> Iterator[None]:
+def using_backend(pin: bool = False) -> Iterator[None]:
     """Flower's simulation uses ``SurvivingRayBackend`` while the block runs (its Ray backend
-    is looked up by module attribute when the simulation starts).
+    is looked up by module attribute when the simulation starts), and its message injector
+    looks for pushed messages as soon as the driver says it pushed some (``wake``) rather than
+    at its next 0.1 s tick (a short round waited for that tick twice: docs/results/cluster).
+
+    Parameters
+    ----------
+    pin : bool, default False
+        Each node's messages to one actor (slot ``partition % actors``; a lost actor's nodes
+        to the next slot's): with owners in blocks an actor then builds and keeps only its
+        nodes' blocks (Flower's pool hands a message to any idle actor, so every actor came
+        to hold every block).
 
     Yields
     ------
     None
     """
     import flwr.server.superlink.fleet.vce.backend.raybackend as raybackend
+    import flwr.server.superlink.fleet.vce.vce_api as vce_api
 
-    original = raybackend.RayBackend
+    original = raybackend.RayBackend, vce_api.add_messages_to_queue
+    _PIN[0] = bool(pin)
     setattr(raybackend, "RayBackend", SurvivingRayBackend)  # noqa: B010
+    setattr(vce_api, "add_messages_to_queue", _injector(original[1]))  # noqa: B010
     try:
         yield
     finally:
-        setattr(raybackend, "RayBackend", original)  # noqa: B010
+        _PIN[0] = False
+        setattr(raybackend, "RayBackend", original[0])  # noqa: B010
+        setattr(vce_api, "add_messages_to_queue", original[1])  # noqa: B010

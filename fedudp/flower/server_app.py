@@ -104,6 +104,8 @@ class FlowerTransport:
         Fewer Flower nodes than owners connect, or an owner's query fails.
     """
 
+    poll_cap = 0.05  # the longest wait between two pulls for replies (``__init__`` sets it)
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -115,6 +117,9 @@ class FlowerTransport:
         stop_flag: StopFlag | None = None,
     ) -> None:
         self.owners, self.fed, self.constraint, self.grid = owners, fed, constraint, grid
+        # polling for replies: 5 ms at most in a simulation (in-process state), 50 ms against a
+        # SuperLink over the network (``flwr run``)
+        self.poll_cap = 0.005 if _in_process(grid) else 0.05
         self.stop_flag = stop_flag  # SIGINT/SIGTERM seen by the main thread (run_rounds polls it)
         self.cfg_json = config_to_json(cfg)
         self.timeout = settings.timeout_s
@@ -204,9 +209,13 @@ class FlowerTransport:
         stage: str = "owners",
     ) -> tuple[dict[int, Message], dict[int, str]]:
         """Push, run ``while_waiting``, pull until every reply or the timeout (polling from 2 ms,
-        backing off to 50 ms). Returns (replies, failure reasons) by owner. The replies so far
+        backing off to ``poll_cap``). Returns (replies, failure reasons) by owner. The replies so far
         go to the owners' progress hook (``Owners.on_progress``) as (stage, replied, sent)."""
         pending = set(self.grid.push_messages(list(msgs.values()))) if msgs else set()
+        if pending:
+            from fedudp.flower.ray_backend import wake  # the simulation looks at once
+
+            wake()
         if while_waiting is not None:
             while_waiting()
         end = None if self.timeout is None else time.time() + float(self.timeout)
@@ -219,7 +228,7 @@ class FlowerTransport:
             pending.difference_update(m.metadata.reply_to_message_id for m in new)
             if new:
                 self.owners.report_progress(stage, len(msgs) - len(pending), len(msgs))
-            interval = 0.002 if new else min(interval * 1.5, 0.05)
+            interval = 0.002 if new else min(interval * 1.5, self.poll_cap)
             if pending:
                 time.sleep(interval)
         owner_of_node = {v: k for k, v in self.node_of_block.items()}  # node -> block
@@ -452,6 +461,15 @@ class FlowerTransport:
             self._last_saved = (int(state["round"]), self._resume)
 
 
+def _in_process(grid: Any) -> bool:
+    """Whether ``grid`` is the simulation's in-process grid (Flower's ``InMemoryGrid``)."""
+    try:
+        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+    except ImportError:  # another Flower layout: poll as over the network
+        return False
+    return isinstance(grid, InMemoryGrid)
+
+
 def _short(reason: str) -> str:
     """The line of a Flower error reason that says what failed (no Ray traceback)."""
     lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
@@ -549,7 +567,8 @@ def execute(
     # and Flower then stops its runtime and Ray as after a finished run.
     from fedudp.flower.ray_backend import using_backend  # imports Ray and Flower's backend
 
-    with stop.catching(), _keep_sigterm_handler(), using_backend():
+    pin = settings.owners_per_node > 1  # an actor keeps only its nodes' blocks
+    with stop.catching(), _keep_sigterm_handler(), using_backend(pin):
         run_simulation(
             server_app=app,
             client_app=flower_client.client_app,

@@ -14,7 +14,9 @@ Variants (``spec["variant"]``):
 * ``"flower_poll_2ms"``: Flower's simulation moves a pushed message from its state to the
   actors' queue every 2 ms instead of every 0.1 s (``vce_api.add_messages_to_queue``);
 * ``"poll_2ms"``: that, and fedudp's ``_exchange`` sleeps at most 2 ms between pulls (instead
-  of backing off to 50 ms).
+  of backing off to 50 ms);
+* ``"pinned"``: no what-if; a label for the runs made on the commit that pins each node's
+  messages to one actor and wakes Flower's injector on push (fedudp as it is then).
 """
 
 from __future__ import annotations

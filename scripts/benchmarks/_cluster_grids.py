@@ -87,6 +87,28 @@ def trace() -> list[dict]:
     return [_run(1000, "flower", nodes, **big) for nodes in (1, 2)]
 
 
+def pinned_memory() -> list[dict]:
+    """The memory and trace grids again on the commit that sends each node's messages to one
+    actor (``fedudp.flower.ray_backend``, ``using_backend(pin=True)``) and wakes Flower's
+    message injector on push (variant ``"pinned"``: fedudp as it is then; ``--rounds 8``)."""
+    big = {"features": 1000, "rpu": 10, "npz": True, "variant": "pinned"}
+    return [
+        _run(n, e, nodes, **big, trace=e == "flower")
+        for n in (1000, 2000)
+        for e, nodes in (("local", 1), ("flower", 1), ("flower", 2))
+    ]
+
+
+def pinned_poll() -> list[dict]:
+    """The fixed cost of a Flower round on that commit (variant ``"pinned"``; ``--rounds 12``):
+    20 and 1,000 owners, local against Flower on 1 and on 2 nodes."""
+    return [
+        _run(n, e, nodes, variant="pinned")
+        for n in (20, 1000)
+        for e, nodes in (("local", 1), ("flower", 1), ("flower", 2))
+    ]
+
+
 def smoke() -> list[dict]:
     """A quick check of the machinery (not reported)."""
     return [_run(100, "flower", 2), _run(100, "flower", 1, variant="poll_2ms")]
@@ -99,6 +121,8 @@ GRIDS = {
     "poll": poll,
     "heavy": heavy,
     "trace": trace,
+    "pinned_memory": pinned_memory,
+    "pinned_poll": pinned_poll,
     "smoke": smoke,
 }
 

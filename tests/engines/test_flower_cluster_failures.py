@@ -250,6 +250,7 @@ def backend(actors, twin: bool = False):
     b = object.__new__(cls)
     b.pool, b.app_fn, b.client_resources = _Pool(actors), (lambda: None), {"num_cpus": 1}
     b._idle, b._alive, b._pending = threading.Condition(), len(actors), {}
+    b._slots, b._busy = list(actors), set()
     return b
 
 
@@ -377,16 +378,43 @@ def built(actors, monkeypatch, twin: bool = False):
     if twin:  # the weakened twin: Flower's build, every actor in the pool before it started
         raybackend.RayBackend.build(b, lambda: None)
         b._idle, b._alive, b._pending = threading.Condition(), len(actors), {}
+        b._slots, b._busy = list(b.pool.pool), set()
     else:
         b.build(lambda: None)
     return b
 
 
-def served_by(b, n: int) -> list[str]:
-    ctx = Context(
-        run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(), run_config={}
-    )
-    return [b.process_message(_request(), ctx)[0] for _ in range(n)]
+def served_by(b, n: int, partitions=(0,)) -> list[str]:
+    out = []
+    for i in range(n):
+        ctx = Context(
+            run_id=1,
+            node_id=1,
+            node_config={"partition-id": partitions[i % len(partitions)]},
+            state=RecordDict(),
+            run_config={},
+        )
+        out.append(b.process_message(_request(), ctx)[0])
+    return out
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_with_blocks_each_node_is_served_by_one_actor(starting_ray, monkeypatch, pin):
+    """Owners in blocks (``using_backend(pin=True)``): node k's messages go to one actor, so an
+    actor builds and keeps only its nodes' blocks. The twin without pinning (Flower's pool: any
+    idle actor) has an actor serve both nodes: caught."""
+    monkeypatch.setattr(ray_backend, "_PIN", [pin])
+    b = built([_Starting("a"), _Starting("b")], monkeypatch)
+    try:
+        deadline = time.time() + 2
+        while b._alive < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        got = served_by(b, 8, partitions=(0, 1))
+        by_node = {k: set(got[k::2]) for k in (0, 1)}
+        disjoint = len(by_node[0]) == len(by_node[1]) == 1 and not by_node[0] & by_node[1]
+        assert disjoint == pin, by_node
+    finally:
+        b.terminate()
 
 
 def test_an_actor_ray_never_places_takes_no_message(starting_ray, monkeypatch):
