@@ -252,19 +252,25 @@ def plot(path: Path, png: Path) -> None:
         yscale="log",
         xlabel="owners",
         ylabel="s / round (rounds 2..3)",
-        title="joint_dp, 20 features, n/2 owners a node",
+        title="joint_dp, 20 features, n/2 owners a node (before 3772818)",
     )
     a.legend()
-    for lab, mark in (("flower, 1 node", "o"), ("flower, 2 nodes", "s")):
+    series = (
+        ("memory", "flower, 1 node", "o", ""),
+        ("memory", "flower, 2 nodes", "s", ""),
+        ("pinned_memory", "flower, 1 node", "^", " (3772818: nodes pinned)"),
+        ("pinned_memory", "flower, 2 nodes", "v", " (3772818: nodes pinned)"),
+    )
+    for grid, lab, mark, note in series:
         xs, ys = [], []
-        for k, g in _groups(rows, "memory").items():
+        for k, g in _groups(rows, grid).items():
             if _label(g[0]) == lab:
                 for r in g:
                     for x in r["actor_peak_rss_mib"]:
                         xs.append(k[0] / 2 * 10 * k[5] * k[4] * 4 / MIB)
                         ys.append(x)
         if xs:
-            b.plot(xs, ys, mark, label=lab, alpha=0.7)
+            b.plot(xs, ys, mark, label=lab + note, alpha=0.7)
     base = [
         a
         for r in rows
@@ -274,6 +280,7 @@ def plot(path: Path, png: Path) -> None:
     if base:
         xs = [0.0, 400.0]
         b.plot(xs, [_med(base) + 4 * x for x in xs], "k--", lw=0.8, label="baseline + 4 × block")
+        b.plot(xs, [_med(base) + 2.7 * x for x in xs], "k:", lw=0.8, label="baseline + 2.7 × block")
     b.set(
         xlabel="block's features (MiB)",
         ylabel="actor peak RSS (MiB)",
