@@ -335,6 +335,8 @@ def starting_ray(monkeypatch):
             if actor.died:
                 raise ray.exceptions.ActorDiedError()
             return True
+        if getattr(actor, "lost", False):  # its node died mid-run
+            raise ray.exceptions.ActorDiedError()
         return ref[1], f"reply by {actor.name}", "ctx"
 
     def wait(refs, num_returns=1, timeout=None):
@@ -447,6 +449,27 @@ def test_weakened_twin_every_actor_in_the_pool_at_build_is_caught(starting_ray, 
     b = built([_Starting("placed"), _Starting("unplaceable", starts=False)], monkeypatch, True)
     with pytest.raises(TimeoutError, match="never started"):
         served_by(b, 4)
+
+
+def test_with_blocks_a_lost_actors_nodes_go_to_the_next_slots_actor(starting_ray, monkeypatch):
+    """Pinned (owners in blocks) and one actor lost mid-run: its message fails (an owner
+    failure), and its node's later messages go to the surviving actor, with no wait."""
+    monkeypatch.setattr(ray_backend, "_PIN", [True])
+    a, b_ = _Starting("a"), _Starting("b")
+    b = built([a, b_], monkeypatch)
+    try:
+        deadline = time.time() + 2
+        while b._alive < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        lost_slot = b._slots.index(b_)
+        b_.lost = True
+        with pytest.raises(ray.exceptions.ActorDiedError):
+            served_by(b, 1, partitions=(lost_slot,))
+        t0 = time.time()
+        assert served_by(b, 6, partitions=(0, 1)) == ["reply by a"] * 6
+        assert time.time() - t0 < 2 and b._slots.count(None) == 1 and b._alive == 1
+    finally:
+        b.terminate()
 
 
 # -- resources before work ---------------------------------------------------------------------------
