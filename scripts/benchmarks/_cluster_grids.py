@@ -109,6 +109,16 @@ def pinned_poll() -> list[dict]:
     ]
 
 
+def pinned_scale() -> list[dict]:
+    """5,000 and 10,000 owners on that commit (variant ``"pinned"``): local against Flower on
+    1 and on 2 nodes, connect time included."""
+    return [
+        _run(n, e, nodes, variant="pinned")
+        for n in (5000, 10000)
+        for e, nodes in (("local", 1), ("flower", 1), ("flower", 2))
+    ]
+
+
 def smoke() -> list[dict]:
     """A quick check of the machinery (not reported)."""
     return [_run(100, "flower", 2), _run(100, "flower", 1, variant="poll_2ms")]
@@ -123,6 +133,7 @@ GRIDS = {
     "trace": trace,
     "pinned_memory": pinned_memory,
     "pinned_poll": pinned_poll,
+    "pinned_scale": pinned_scale,
     "smoke": smoke,
 }
 
