@@ -82,13 +82,9 @@ _LOSSES: tuple[type[BaseException], ...] = tuple(
 
 
 class SurvivingRayBackend(RayBackend):
-    """Flower's Ray backend, less the actors Ray has lost (see the module doc).
-
-    Parameters
-    ----------
-    backend_config : dict
-        Flower's backend configuration (``RayBackend``'s).
-    """
+    """Flower's Ray backend, less the actors Ray has lost (see the module doc); constructed by
+    Flower's simulation as its ``RayBackend`` is (``using_backend``), from its backend
+    configuration."""
 
     def build(self, app_fn: Any) -> None:
         """Start the actors the alive nodes hold; each joins the pool once Ray has started it.
