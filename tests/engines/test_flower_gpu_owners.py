@@ -467,44 +467,5 @@ def raised_reply(e: BaseException) -> Message:
     return Message(error=Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, str(e)), reply_to=_request())
 
 
-class _Grid:
-    def __init__(self, replies: dict[int, Message]) -> None:
-        self.replies, self.sent = replies, {}
-
-    def push_messages(self, msgs):
-        ids = []
-        for m in msgs:
-            mid = f"id{m.metadata.dst_node_id}"
-            self.sent[mid] = m.metadata.dst_node_id
-            ids.append(mid)
-        return ids
-
-    def pull_messages(self, ids):
-        out = []
-        for mid in ids:
-            rep = self.replies[self.sent[mid]]
-            rep.metadata.__dict__["_reply_to_message_id"] = mid
-            rep.metadata.__dict__["_src_node_id"] = self.sent[mid]
-            out.append(rep)
-        return out
-
-
-class _Owners:
-    def report_progress(self, *a):
-        pass
-
-
-def exchange(replies: dict[int, Message]):
-    """``FlowerTransport._exchange`` over blocks 0..n-1 on nodes 100.. (no Flower grid)."""
-    t = object.__new__(server_app.FlowerTransport)
-    nodes = {j: 100 + j for j in replies}
-    t.grid, t.owners, t.stop_flag, t.timeout = (
-        _Grid({nodes[j]: r for j, r in replies.items()}),
-        _Owners(),
-        None,
-        5.0,
-    )
-    t.node_of_block = nodes
-    t.node_of_owner = nodes
-    msgs = {j: Message(RecordDict(), dst_node_id=nodes[j], message_type="train") for j in replies}
-    return t._exchange(msgs, 2)
+# FlowerTransport._exchange over prepared replies, as the failure tests drive it
+from test_flower_cluster_failures import exchange  # noqa: E402
