@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import shutil
 import socket
 import subprocess
@@ -53,6 +54,14 @@ def test_the_ray_launcher_imports_beside_flwr():
     import hydra_plugins.hydra_ray_launcher  # noqa: F401
 
 
+def _clean_env() -> dict:
+    """This process's environment without ``PYTHONPATH``/``PYTHONHOME``: an in-process Flower
+    simulation earlier in the session sets ``PYTHONPATH`` to the driver's ``sys.path``
+    (Flower's ``RayBackend.init_ray``), which would put this venv's packages before the
+    scratch venv's own in every subprocess."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
 def _launchers_venv(tmp: Path) -> Path:
     """A venv that sees this one's packages (a ``.pth`` naming its site-packages) with the
     launchers extra's requirements installed into it: what ``pip install '.[launchers]'`` does
@@ -64,6 +73,7 @@ def _launchers_venv(tmp: Path) -> Path:
     py = tmp / "bin" / "python"
     theirs = subprocess.run(
         [str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+        env=_clean_env(),
         capture_output=True,
         text=True,
         check=True,
@@ -77,7 +87,11 @@ def _launchers_venv(tmp: Path) -> Path:
         "launchers"
     ]
     proc = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", *reqs], capture_output=True, text=True, timeout=600
+        [str(py), "-m", "pip", "install", "-q", *reqs],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return py
@@ -90,12 +104,13 @@ def test_the_launchers_extra_installs_cleanly_and_its_ray_sweep_runs_on_loopback
     kept; then docs/usage.md's Ray-launcher sweep, as written for loopback, on a head started
     here (its own session, stopped by PID): both runs finish with the sequential numbers."""
     import json
-    import os
     import signal
     import time
 
     py = _launchers_venv(tmp_path / "venv")
-    check = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True)
+    check = subprocess.run(
+        [str(py), "-m", "pip", "check"], env=_clean_env(), capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     versions = subprocess.run(
         [
@@ -104,6 +119,7 @@ def test_the_launchers_extra_installs_cleanly_and_its_ray_sweep_runs_on_loopback
             "import ray, flwr, hydra_plugins.hydra_ray_launcher as h; "
             "print(ray.__version__, flwr.__version__)",
         ],
+        env=_clean_env(),
         capture_output=True,
         text=True,
     )
@@ -114,7 +130,7 @@ def test_the_launchers_extra_installs_cleanly_and_its_ray_sweep_runs_on_loopback
     assert versions.stdout.split() == [ray.__version__, flwr.__version__]
 
     env = dict(
-        os.environ,
+        _clean_env(),
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
         FLWR_TELEMETRY_ENABLED="0",
         RAY_USAGE_STATS_ENABLED="0",
