@@ -415,8 +415,9 @@ class FlowerTransport:
 
         A node whose train message Ray lost (its actor or node died: ``cluster.lost``) ran
         nothing Flower kept: where the newest checkpoint is last round's, its owners' personal
-        state is still that checkpoint's, so their rows are copied from it into this round's
-        folder (over anything the lost node may have written before it died). A node that timed
+        state is still that checkpoint's, so the node's state file is copied from it into this
+        round's folder (its bytes, never opened here: over anything the lost node may have
+        written before it died; another blocking's files there: no checkpoint). A node that timed
         out or sent a bad reply may have advanced its state, and so may a lost node whose
         previous round was not checkpointed: no checkpoint."""
         folder = self._save[1] if self._save is not None and self._save[0] == round_ else None
@@ -430,16 +431,22 @@ class FlowerTransport:
             if self._last_saved is None or self._last_saved[0] != round_ - 1:
                 return None
             for k in sorted(lost):
+                # the node's own state file of last round, its bytes copied unread (the
+                # server never opens an owner's personal state); none: no checkpoint
                 block = self.blocks[k]
-                try:
-                    rows = checkpoint.load_owners_personal(self._last_saved[1], list(block))
-                except checkpoint.CheckpointError:
+                name = (
+                    checkpoint.owner_file(folder, block[0])
+                    if len(block) == 1
+                    else checkpoint.block_file(folder, block[0], block[-1])
+                ).name
+                before = Path(self._last_saved[1]) / name
+                if not before.is_file():
                     return None
                 for j in block:  # whatever the lost node wrote goes
                     path, _ = checkpoint.owner_state_files(folder).get(j, (None, 0))
                     if path is not None:
                         path.unlink(missing_ok=True)
-                checkpoint.save_owners_personal(folder, block, rows)
+                checkpoint.atomic_write(Path(folder) / name, before.read_bytes())
         if not set(holders) <= set(checkpoint.owner_state_files(folder)):
             return None
         self._last_saved = (round_, folder)
